@@ -1,0 +1,112 @@
+"""The public Python API. The CLI is a thin layer over these functions.
+
+    from transbench import api
+    from transbench.spec import RunSpec
+    outcome = api.run(RunSpec(models=["bert-tiny"], batches=[1, 8], seqs=[32]), db="bench.db")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from .errors import SpecError
+from .measure import env as env_mod
+from .runner import grid
+from .runner.cell import Cell, CellResult
+from .runner.sweep import SweepOptions, run_grid
+from .spec import RunSpec
+from .store import Store, export
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    name: str
+    records: list[dict]
+    resumed: bool = False
+
+
+def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = None, csv_path: str | None = None,
+        resume: bool = False, on_start: Callable[[list[Cell]], None] = lambda cells: None,
+        on_cell: Callable[[Cell, CellResult | None], None] = lambda c, r: None) -> RunOutcome:
+    """Validate, expand and run an inference sweep; every finished cell is stored as it ends.
+
+    A run whose name is already in the store is resumed: its finished cells are not run again.
+    `resume=True` without a name resumes the newest run."""
+    if spec.nproc > 1:
+        from .runner import launch
+
+        return launch.run_data_parallel(spec, db, json_path=json_path, csv_path=csv_path)
+    spec = grid.validate(spec)
+    cells = grid.expand(spec)
+    store = Store(db)
+    try:
+        existing = store.find_run(spec.name) if spec.name else (store.find_run("last") if resume else None)
+        if resume and existing is None:
+            raise SpecError(f"nothing to resume: no run named {spec.name or '(any)'} in {db}")
+        if existing is not None:
+            if not spec.name:  # resume the newest run with its own grid
+                spec = grid.validate(RunSpec.from_dict(existing["spec"]))
+                cells = grid.expand(spec)
+            run_id, name = existing["run_id"], existing["name"]
+        else:
+            run_id, name = store.create_run(spec.name, "inference", spec_to_store(spec),
+                                            env_mod.collect(open_cuda=False))
+        on_start(cells)
+        run_grid(store, run_id, cells, SweepOptions(spec.timeout, spec.gpus, spec.max_batch, spec.max_batch_limit),
+                 on_cell)
+        recs = export.records(store, [run_id])
+    finally:
+        store.close()
+    if json_path:
+        export.write_json(recs, json_path)
+    if csv_path:
+        export.write_csv(recs, csv_path)
+    return RunOutcome(run_id, name, recs, existing is not None)
+
+
+def spec_to_store(spec: RunSpec) -> dict:
+    """The spec as stored with its run: every axis resolved, so `run --spec` repeats the same grid."""
+    return replace(spec, name=None).to_dict()
+
+
+def runs(db: str = "transbench.db") -> list[dict]:
+    store = Store(db)
+    try:
+        return store.runs()
+    finally:
+        store.close()
+
+
+def records(db: str, run_refs: list[str] | None = None, baseline: str | None = None) -> list[dict]:
+    store = Store(db)
+    try:
+        missing = [r for r in (run_refs or []) if store.find_run(r) is None]
+        if missing:
+            raise SpecError(f"no run {', '.join(missing)} in {db}: `transbench runs` lists them")
+        return export.records(store, run_refs, baseline)
+    finally:
+        store.close()
+
+
+def merge(target: str, sources: list[str]) -> tuple[int, int]:
+    """Join stores (e.g. the shards of one sweep run on several hosts) without duplicate cells."""
+    import os
+
+    store = Store(target)
+    added = [0, 0]
+    try:
+        for src in sources:
+            if not os.path.isfile(src):
+                raise SpecError(f"store {src} not found")
+            r, c = store.merge_from(src)
+            added[0] += r
+            added[1] += c
+    finally:
+        store.close()
+    return added[0], added[1]
+
+
+def environment() -> dict:
+    return env_mod.collect(open_cuda=True)

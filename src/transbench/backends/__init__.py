@@ -1,0 +1,50 @@
+"""The backend registry: each backend lives in its own module and exposes BACKEND (or a list)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from ..errors import SpecError
+from .base import Backend, Prepared
+
+# Module names, in the order tables show them.
+_MODULES = ("eager", "sdpa", "flash_attn2", "compile", "cudagraph", "onnxruntime", "fused")
+
+
+def _load() -> dict[str, Backend]:
+    found: dict[str, Backend] = {}
+    mods = list(_MODULES)
+    # Test-only backends (a broken one, a hanging one, ...) come in through this variable.
+    extra = os.environ.get("TRANSBENCH_EXTRA_BACKENDS")
+    for name in mods + (extra.split(",") if extra else []):
+        try:
+            mod = importlib.import_module(name if "." in name else f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.endswith(name):
+                continue  # that backend module is not written yet
+            raise
+        for b in [getattr(mod, "BACKEND", None), *getattr(mod, "FORCED", [])]:
+            if b is not None:
+                found[b.name] = b
+    return found
+
+
+_REGISTRY: dict[str, Backend] | None = None
+
+
+def registry() -> dict[str, Backend]:
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = _load()
+    return _REGISTRY
+
+
+def get(name: str) -> Backend:
+    reg = registry()
+    if name not in reg:
+        raise SpecError(f"unknown backend '{name}': choose from {', '.join(reg)}")
+    return reg[name]
+
+
+__all__ = ["Backend", "Prepared", "get", "registry"]

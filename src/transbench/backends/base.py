@@ -1,0 +1,56 @@
+"""What a backend is: how the model is built for it, whether it can run a cell, and how to call it."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Prepared:
+    """A ready-to-time forward: `fn()` runs one batch and returns the model's output."""
+
+    fn: Callable[[], Any]
+    info: dict = field(default_factory=dict)  # what really ran (kernel, compile seconds, ...), stored with the cell
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    prepare: Callable[..., Prepared]  # (model, inputs, cell) -> Prepared
+    attn: str = "sdpa"  # the attention implementation transformers runs the model with
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    dtypes: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+    tasks: tuple[str, ...] | None = None  # None: every task
+    requires: tuple[str, ...] = ()  # importable modules this backend needs
+    extra: str | None = None  # the pip extra that brings them
+    describe: str = ""
+
+    def unsupported_reason(self, device_type: str, dtype: str, task: str) -> str | None:
+        """Why this backend cannot run such a cell here, or None when it can."""
+        missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
+        if missing:
+            how = f"pip install 'transbench[{self.extra}]'" if self.extra else f"pip install {' '.join(missing)}"
+            return f"{self.name} needs {', '.join(missing)}: {how}"
+        if device_type not in self.devices:
+            return f"{self.name} runs on {', '.join(self.devices)} only"
+        if dtype not in self.dtypes:
+            return f"{self.name} runs {', '.join(self.dtypes)} only"
+        if self.tasks is not None and task not in self.tasks:
+            return f"{self.name} does not run task {task}"
+        return None
+
+
+def hf_call(model, inputs) -> Callable[[], Any]:
+    """A plain call of the transformers model on the cell's inputs."""
+    import torch
+
+    kwargs = inputs.model_kwargs()
+
+    def fn():
+        with torch.inference_mode():
+            return model(**kwargs)
+
+    return fn

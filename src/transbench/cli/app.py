@@ -1,0 +1,35 @@
+"""The shared typer app and the one way a command reports bad input (one line, exit code 2)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import typer
+
+from ..errors import SpecError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="How fast transformer models really run on your GPU, and where the time goes.")
+
+
+def fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def friendly(fn):
+    """Turn bad input into one line on stderr and exit code 2, never a stack trace."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SpecError as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            typer.echo("interrupted: finished cells are in the store; rerun with the same --name to resume",
+                       err=True)
+            sys.exit(130)
+
+    return wrapper

@@ -1,0 +1,75 @@
+"""What the BERT and GPT-2 engines share: options, the ops seam, graph cache, packing in and out."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .attention import Packing, make_packing
+from .config import Dims, EngineOptions, EngineUnsupported
+from .graphs import GraphCache
+from .ops import select_ops
+from .weights import Converter, Layer
+
+
+class EngineBase:
+    dims: Dims
+    layers: list[Layer]
+
+    def __init__(self, opts: EngineOptions):
+        self.opts = opts
+        if opts.fp8:
+            if opts.device.type != "cuda" or torch.cuda.get_device_capability(opts.device) < (8, 9):
+                raise EngineUnsupported("fp8 needs a CUDA GPU of compute capability 8.9 or newer (Ada/Hopper)")
+            if opts.dtype not in (torch.float16, torch.bfloat16):
+                raise EngineUnsupported("fp8 linear layers need dtype fp16 or bf16 for activations")
+        self.conv = Converter(opts.dtype, opts.device, opts.fp8)
+        self.ops = select_ops(opts.device)
+        self.graphs = GraphCache(opts.cuda_graphs, opts.max_graphs)
+        # Packed sizes are rounded to this on the GPU so similar batches reuse one captured graph.
+        self.bucket = 128 if opts.device.type == "cuda" else 1
+
+    def check_fp8_dims(self) -> None:
+        d = self.dims
+        if self.opts.fp8 and any(n % 16 for n in (d.hidden, d.ffn)):
+            raise EngineUnsupported(f"fp8 GEMMs need hidden and ffn sizes divisible by 16 (got {d.hidden}, {d.ffn})")
+
+    def check_shape(self, B: int, S: int) -> None:
+        if S > self.dims.max_positions:
+            raise ValueError(f"sequence length {S} exceeds the model's {self.dims.max_positions} positions")
+        if B > self.opts.max_batch or S > self.opts.max_seq:
+            raise ValueError(f"batch {B} x seq {S} exceeds compile_model(max_batch={self.opts.max_batch}, "
+                             f"max_seq={self.opts.max_seq})")
+
+    def packing(self, mask: torch.Tensor | None, B: int, S: int) -> Packing:
+        return make_packing(None if mask is None else mask.to(self.opts.device), B, S, self.bucket)
+
+    @staticmethod
+    def take(t: torch.Tensor | None, p: Packing) -> torch.Tensor | None:
+        """(B, S, ...) -> (tokens, ...): the real tokens only when packed."""
+        if t is None:
+            return None
+        flat = t.reshape(p.B * p.S, *t.shape[2:])
+        return flat if p.dense else flat.index_select(0, p.gidx)
+
+    @staticmethod
+    def positions(p: Packing, position_ids: torch.Tensor | None, device) -> torch.Tensor:
+        if position_ids is not None:
+            return EngineBase.take(position_ids.expand(p.B, p.S), p)
+        if p.dense:
+            return torch.arange(p.S, device=device).repeat(p.B)
+        return p.gidx % p.S  # HF numbers positions by column, padding included
+
+    @staticmethod
+    def unpack(x: torch.Tensor, p: Packing) -> torch.Tensor:
+        if p.dense:
+            return x.view(p.B, p.S, -1)
+        # Padding positions come back as zeros (HF returns unspecified values there).
+        out = x.new_zeros(p.B * p.S + 1, x.shape[-1]).index_copy_(0, p.sidx, x)
+        return out[: p.B * p.S].view(p.B, p.S, -1)
+
+    def mlp(self, x: torch.Tensor, L: Layer) -> torch.Tensor:
+        """fc2(gelu(fc1 x + b1)) without fc2's bias, which the following LayerNorm kernel adds."""
+        h = self.ops.linear(x, L.fc1, bias=False)
+        h = self.ops.bias_gelu(h, L.fc1.bias, self.dims.gelu) if L.fc1.bias is not None else \
+            F.gelu(h, approximate="tanh" if self.dims.gelu == "tanh" else "none")
+        return self.ops.linear(h, L.fc2, bias=False)

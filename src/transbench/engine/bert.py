@@ -1,0 +1,76 @@
+"""BERT-family encoder: post-LN layers over packed tokens."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .attention import Packing, attention
+from .base import EngineBase
+from .config import GELU_KINDS, Dims, EngineOptions, EngineUnsupported
+from .weights import bert_layer
+
+
+class BertEngine(EngineBase):
+    def __init__(self, bert, opts: EngineOptions):
+        super().__init__(opts)
+        cfg = bert.config
+        if getattr(cfg, "is_decoder", False) or getattr(cfg, "add_cross_attention", False):
+            raise EngineUnsupported("BERT as a decoder (causal / cross-attention) is not supported")
+        if getattr(cfg, "position_embedding_type", "absolute") != "absolute":
+            raise EngineUnsupported(f"position_embedding_type={cfg.position_embedding_type!r} is not supported")
+        if not isinstance(cfg.hidden_act, str) or cfg.hidden_act not in GELU_KINDS:
+            raise EngineUnsupported(f"activation {cfg.hidden_act!r} is not supported (gelu / gelu-tanh only)")
+        H, nh = cfg.hidden_size, cfg.num_attention_heads
+        self.dims = Dims(H, nh, H // nh, cfg.num_hidden_layers, cfg.intermediate_size, cfg.layer_norm_eps,
+                         GELU_KINDS[cfg.hidden_act], False, cfg.max_position_embeddings)
+        self.check_fp8_dims()
+        c, e = self.conv, bert.embeddings
+        self.word = c.t(e.word_embeddings.weight)
+        self.pos = c.t(e.position_embeddings.weight)
+        self.type = c.t(e.token_type_embeddings.weight)
+        self.emb_norm = c.norm(e.LayerNorm)
+        self.layers = [bert_layer(c, layer, self.dims.scale) for layer in bert.encoder.layer]
+
+    def _layers(self, x: torch.Tensor, p: Packing) -> torch.Tensor:
+        ops, heads = self.ops, self.dims.heads
+        for L in self.layers:
+            a = attention(ops.linear(x, L.qkv), p, heads, L.scale, causal=False)
+            a = ops.linear(a, L.out, bias=False)
+            x = ops.add_layernorm(a, x, L.out.bias, L.norm1.weight, L.norm1.bias, L.norm1.eps)
+            x = ops.add_layernorm(self.mlp(x, L), x, L.fc2.bias, L.norm2.weight, L.norm2.bias, L.norm2.eps)
+        return x
+
+    def _embed(self, p: Packing, ids, embeds, token_type_ids, position_ids) -> torch.Tensor:
+        x = F.embedding(self.take(ids, p), self.word) if embeds is None else self.take(embeds, p)
+        r = F.embedding(self.positions(p, position_ids, self.word.device), self.pos)
+        r = r + (self.type[0] if token_type_ids is None else F.embedding(self.take(token_type_ids, p), self.type))
+        n = self.emb_norm
+        return self.ops.add_layernorm(x.contiguous(), r, None, n.weight, n.bias, n.eps)
+
+    def _forward(self, p: Packing, ids, embeds, token_type_ids, position_ids):
+        return self.unpack(self._layers(self._embed(p, ids, embeds, token_type_ids, position_ids), p), p)
+
+    def _encode(self, p: Packing, hidden):
+        return self.unpack(self._layers(self.take(hidden, p).contiguous(), p), p)
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None) -> torch.Tensor:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        dev = self.opts.device
+        ids = None if input_ids is None else input_ids.to(dev)
+        embeds = None if inputs_embeds is None else inputs_embeds.to(dev, self.opts.dtype)
+        B, S = (ids if ids is not None else embeds).shape[:2]
+        self.check_shape(B, S)
+        p = self.packing(attention_mask, B, S)
+        tt = None if token_type_ids is None else token_type_ids.to(dev).expand(B, S)
+        pos = None if position_ids is None else position_ids.to(dev)
+        key = ("fwd", B, S, p.tokens, ids is None, tt is None, pos is None)
+        return self.graphs(key, self._forward, p, ids, embeds, tt, pos)
+
+    def encode(self, hidden_states: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        h = hidden_states.to(self.opts.device, self.opts.dtype)
+        B, S = h.shape[:2]
+        self.check_shape(B, S)
+        p = self.packing(attention_mask, B, S)
+        return self.graphs(("enc", B, S, p.tokens), self._encode, p, h)

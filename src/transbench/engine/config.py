@@ -1,0 +1,46 @@
+"""Typed configuration of the engine and the one exception it raises for models it cannot run."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class EngineUnsupported(Exception):
+    """The engine cannot run this model/option; `reason` says why (the benchmark reports it as `unsupported`)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+# HF activation names -> our two fused GELU variants; anything else is refused rather than approximated.
+GELU_KINDS = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    dtype: torch.dtype = torch.float16
+    device: torch.device = torch.device("cpu")
+    max_batch: int = 256
+    max_seq: int = 512
+    cuda_graphs: bool = True
+    fp8: bool = False
+    max_graphs: int = 32  # LRU bound on captured (batch, seq) buckets: each holds its own activations
+
+
+@dataclass(frozen=True)
+class Dims:
+    hidden: int
+    heads: int
+    head_dim: int
+    layers: int
+    ffn: int
+    eps: float
+    gelu: str  # "exact" | "tanh"
+    causal: bool
+    max_positions: int
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5

@@ -1,0 +1,82 @@
+"""The environment a result was measured in: GPUs, driver, clocks, library versions, peak row."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from importlib import metadata
+
+from . import device as dev
+from . import peaks
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _nvml_gpu(index: int) -> dict:
+    nv, h = dev.nvml_handle(index)
+    if h is None:
+        return {}
+    out: dict = {}
+    for key, call in {
+        "sm_clock_mhz": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+        "mem_clock_mhz": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+        "max_sm_clock_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
+        "max_mem_clock_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM),
+        "power_limit_w": lambda: nv.nvmlDeviceGetPowerManagementLimit(h) / 1000,
+        "temperature_c": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+        "memory_used_mb": lambda: nv.nvmlDeviceGetMemoryInfo(h).used / 2**20,
+    }.items():
+        try:
+            out[key] = call()
+        except Exception:
+            out[key] = None
+    return out
+
+
+def collect(open_cuda: bool = True) -> dict:
+    """With open_cuda=False, GPUs are read through NVML only (no CUDA context in this process)."""
+    import torch
+
+    env: dict = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "triton": _version("triton") or _version("pytorch-triton"),
+        "transbench": _version("transbench"),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "gpus": [],
+    }
+    nv = dev._nvml()
+    if nv is not None:
+        try:
+            env["driver"] = nv.nvmlSystemGetDriverVersion()
+        except Exception:
+            env["driver"] = None
+    if not open_cuda:
+        for g in dev.nvml_gpus():
+            row = peaks.lookup(g["name"], g["memory_gb"])
+            peak = None if row is None else {"gpu": row.gpu, "tflops": row.tflops, "bandwidth_gbs": row.bandwidth_gbs}
+            env["gpus"].append({**g, "memory_gb": round(g["memory_gb"], 2), "peak": peak, **_nvml_gpu(g["index"])})
+    elif torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            mem_gb = p.total_memory / 2**30
+            row = peaks.lookup(p.name, mem_gb)
+            env["gpus"].append({
+                "index": i,
+                "name": p.name,
+                "memory_gb": round(mem_gb, 2),
+                "capability": f"{p.major}.{p.minor}",
+                "multiprocessors": p.multi_processor_count,
+                "peak": None if row is None else {"gpu": row.gpu, "tflops": row.tflops, "bandwidth_gbs": row.bandwidth_gbs},
+                **_nvml_gpu(i),
+            })
+    return env

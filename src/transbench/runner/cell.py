@@ -1,0 +1,70 @@
+"""One point of a sweep and what measuring it produced."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+STATUSES = ("ok", "oom", "timeout", "error", "wrong", "unsupported", "skipped")
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str
+    task: str
+    backend: str
+    dtype: str
+    batch: int
+    seq: int
+    device: str = "cpu"
+    seq_stdev: float = 0.0
+    activation: str | None = None
+    embeddings: bool = True
+    new_tokens: int = 128
+    compile_mode: str = "default"
+    seed: int = 0
+    warmup: int = 3
+    min_time: float = 1.0
+    min_count: int = 10
+    nproc: int = 1
+
+    @property
+    def scenario(self) -> str:
+        return "generation" if self.task == "generate" else "inference"
+
+    def key(self) -> str:
+        """Identity within a run: the sweep axes (resume and merge match on this)."""
+        return json.dumps([self.model, self.task, self.backend, self.dtype, self.batch, self.seq])
+
+    def oom_group(self) -> tuple:
+        """Cells that differ only in batch: once one is out of memory, larger batches are skipped."""
+        return (self.model, self.task, self.backend, self.dtype, self.seq)
+
+    def model_key(self) -> tuple:
+        """Cells sharing one built model inside a worker."""
+        return (self.model, self.task, self.activation)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Cell:
+        return cls(**d)
+
+
+@dataclass
+class CellResult:
+    status: str
+    record: dict = field(default_factory=dict)  # the contract's record keys that this cell measured
+    samples_ms: list[float] = field(default_factory=list)
+    info: dict = field(default_factory=dict)  # what ran: kernel, attention, compile time, memory detail, ...
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CellResult:
+        return cls(**d)

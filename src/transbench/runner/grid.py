@@ -1,0 +1,81 @@
+"""From a validated spec to the ordered list of cells, and deterministic shards of it."""
+
+from __future__ import annotations
+
+import itertools
+
+from .. import backends
+from ..errors import SpecError
+from ..measure import device as dev
+from ..models import build
+from ..models.build import ACTIVATIONS
+from ..spec import RunSpec, device_defaults, parse_shard
+from .cell import Cell
+
+
+def validate(spec: RunSpec) -> RunSpec:
+    """Check every option; return the spec with device-sized defaults filled in."""
+    device = dev.resolve(spec.device)
+    spec = device_defaults(spec, device.type)
+    refs = [build.resolve(m) for m in spec.models]
+    for name in spec.backends:
+        backends.get(name)
+    for d in spec.dtypes:
+        dev.torch_dtype(d)
+        if d == "tf32" and device.type != "cuda":
+            raise SpecError("dtype tf32 needs a CUDA GPU: use fp32 on the CPU")
+        if not dev.dtype_runs(str(device), d):
+            raise SpecError(f"dtype {d} does not run on {device}: use fp32 there, or a GPU")
+    for v, what in [*((b, "batch") for b in spec.batches), *((s, "seq") for s in spec.seqs)]:
+        if v < 1:
+            raise SpecError(f"{what} must be at least 1, got {v}")
+    if spec.activation is not None and spec.activation not in ACTIVATIONS:
+        raise SpecError(f"unknown activation '{spec.activation}': choose from {', '.join(ACTIVATIONS)}")
+    if spec.baseline is not None and spec.baseline not in spec.backends:
+        raise SpecError(f"--baseline {spec.baseline} is not among the backends being run ({', '.join(spec.backends)})")
+    if spec.seq_stdev < 0:
+        raise SpecError("--seq-stdev must be 0 or more")
+    if spec.new_tokens < 1:
+        raise SpecError("--new-tokens must be at least 1")
+    if spec.timeout <= 0:
+        raise SpecError("--timeout must be positive")
+    if spec.min_time < 0 or spec.warmup < 0 or spec.min_count < 1:
+        raise SpecError("--min-time and --warmup must be 0 or more")
+    for ref in refs:
+        for task in spec.tasks:
+            build.check_task(ref, task)
+            extra = spec.new_tokens if task == "generate" else 0
+            for s in spec.seqs:
+                if s + extra > ref.shape.max_positions:
+                    what = f"seq {s} + {extra} new tokens" if extra else f"seq {s}"
+                    raise SpecError(f"{what} is longer than {ref.name} allows ({ref.shape.max_positions} "
+                                    f"positions): use --seq {ref.shape.max_positions - extra} or less")
+    parse_shard(spec.shard)
+    return spec
+
+
+def expand(spec: RunSpec) -> list[Cell]:
+    """Cells ordered so that a worker reuses its model and batches grow within each OOM group."""
+    device = str(dev.resolve(spec.device))
+    cells = []
+    for model, task, dtype, backend, seq, batch in itertools.product(
+        spec.models, spec.tasks, spec.dtypes, spec.backends, sorted(spec.seqs), sorted(spec.batches)
+    ):
+        cells.append(Cell(
+            model=model, task=task, backend=backend, dtype=dtype, batch=batch, seq=seq, device=device,
+            seq_stdev=spec.seq_stdev, activation=spec.activation, embeddings=spec.embeddings,
+            new_tokens=spec.new_tokens, compile_mode=spec.compile_mode, seed=spec.seed, warmup=spec.warmup,
+            min_time=spec.min_time, min_count=spec.min_count, nproc=spec.nproc,
+        ))
+    return shard(cells, parse_shard(spec.shard))
+
+
+def shard(cells: list[Cell], which: tuple[int, int] | None) -> list[Cell]:
+    """Shard I of N: whole OOM groups dealt round-robin in grid order, so each host skips consistently
+    and the same spec always gives the same slice."""
+    if which is None:
+        return cells
+    i, n = which
+    groups = list(dict.fromkeys(c.oom_group() for c in cells))
+    owner = {g: k % n for k, g in enumerate(groups)}
+    return [c for c in cells if owner[c.oom_group()] == i - 1]

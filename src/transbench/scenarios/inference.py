@@ -1,0 +1,166 @@
+"""The inference scenario: build, check against an fp32 reference, time, and count one cell."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from .. import backends
+from ..measure import device as dev
+from ..measure import memory, peaks, timer
+from ..models import build, flops
+from ..runner.cell import Cell, CellResult
+from .inputs import Inputs, make_inputs, point_seed
+
+# Relative error allowed against the fp32 reference, by dtype. Half precision over 12-48 layers
+# lands near 1e-3..1e-2; a broken kernel lands near 1.
+TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 2e-2, "bf16": 4e-2, "fp8": 1e-1}
+
+
+class ModelCache:
+    """Per worker: the fp32 model of each (model, task, activation), kept on the CPU, and the reference
+    outputs computed from it, so cells that share them build them once."""
+
+    def __init__(self):
+        self.models: dict[tuple, object] = {}
+        self.refs: dict[tuple, object] = {}
+
+    def base_model(self, cell: Cell):
+        key = cell.model_key()
+        if key not in self.models:
+            self.models.clear()  # one model family at a time: keeps host memory bounded
+            self.refs.clear()
+            ref = build.resolve(cell.model)
+            self.models[key] = build.build_model(ref, cell.task, attn="eager", activation=cell.activation,
+                                                 seed=cell.seed)
+        return self.models[key]
+
+
+def reference_rows(batch: int) -> list[int]:
+    """The sequences the reference is computed for: the first two and the last two."""
+    return sorted({0, 1, batch - 2, batch - 1} & set(range(batch)))
+
+
+def output_tensor(out, task: str):
+    """The tensor the correctness check compares: logits for heads, last hidden state otherwise."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    if task == "qa":
+        return torch.stack([out.start_logits, out.end_logits], -1)
+    for name in ("logits", "last_hidden_state"):
+        value = getattr(out, name, None)
+        if value is None and isinstance(out, dict):
+            value = out.get(name)
+        if value is not None:
+            return value
+    return out[0]
+
+
+def rel_err(out, ref, lengths: list[int] | None) -> float:
+    """||out - ref|| / ||ref|| in float64 over real tokens only (padding positions are undefined)."""
+    import torch
+
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    if lengths is not None and o.dim() >= 2 and o.shape[1] == max(lengths) and o.shape[0] == len(lengths):
+        keep = torch.arange(o.shape[1])[None, :] < torch.tensor(lengths)[:, None]
+        o, r = o[keep], r[keep]
+    if not torch.isfinite(o).all():
+        return float("inf")
+    return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r).clamp_min(1e-30))
+
+
+def cell_inputs(cell: Cell, shape) -> Inputs:
+    seed = point_seed(cell.model, cell.batch, cell.seq, cell.seq_stdev, cell.seed)
+    return make_inputs(shape.family, shape.vocab, cell.batch, cell.seq, stdev=cell.seq_stdev,
+                       max_len=shape.max_positions, seed=seed)
+
+
+def reference(cache: ModelCache, cell: Cell, inputs: Inputs, device):
+    """fp32, eager attention, no TF32, on the device: the rows of `reference_rows` only."""
+    import torch
+
+    rows = reference_rows(cell.batch)
+    key = (cell.model_key(), cell.batch, cell.seq, cell.seq_stdev, cell.embeddings)
+    if key not in cache.refs:
+        model = cache.base_model(cell)
+        dev.set_matmul_precision("fp32")
+        sub = inputs.rows(rows)
+        try:
+            model.to(device)
+            with torch.inference_mode():
+                cache.refs[key] = output_tensor(model(**sub.to(device).model_kwargs()), cell.task).float().cpu()
+        finally:
+            model.to("cpu")
+            dev.free_memory(device)
+    return rows, cache.refs[key]
+
+
+def encoders_only(model, inputs: Inputs, family: str) -> None:
+    """Move the embedding layer out of the timed region: BERT's whole embedding block is computed once
+    and replayed; GPT-2 gets its token embeddings passed in (its position add stays inside)."""
+    import torch
+
+    with torch.inference_mode():
+        if family == "bert":
+            emb = model.base_model.embeddings
+            cached = emb(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)
+            emb.forward = lambda *args, **kwargs: cached
+        else:
+            inputs.inputs_embeds = model.get_input_embeddings()(inputs.input_ids)
+
+
+def run(cell: Cell, cache: ModelCache) -> CellResult:
+    import torch
+
+    device = dev.resolve(cell.device)
+    backend = backends.get(cell.backend)
+    reason = backend.unsupported_reason(device.type, cell.dtype, cell.task)
+    if reason:
+        return CellResult("unsupported", error=reason)
+    shape = build.resolve(cell.model).shape
+    inputs = cell_inputs(cell, shape)
+    rows, ref = reference(cache, cell, inputs, device)
+
+    dev.free_memory(device)
+    memory.reset_peak(device)
+    dev.set_matmul_precision(cell.dtype)
+    model = copy.deepcopy(cache.base_model(cell)).to(device=device, dtype=dev.torch_dtype(cell.dtype))
+    if model.config._attn_implementation != backend.attn:
+        model.set_attn_implementation(backend.attn)
+    inputs = inputs.to(device)
+    if not cell.embeddings:
+        encoders_only(model, inputs, shape.family)
+
+    t0 = time.perf_counter()
+    prepared = backend.prepare(model, inputs, cell)
+    out = prepared.fn()  # the first call also compiles or captures where the backend does that
+    dev.synchronize(device)
+    prepare_s = time.perf_counter() - t0
+    err = rel_err(output_tensor(out, cell.task)[rows], ref, [inputs.lengths[i] for i in rows])
+    info = {"attn_implementation": model.config._attn_implementation, "prepare_s": prepare_s,
+            "param_dtype": str(next(model.parameters()).dtype), "device": str(device), **prepared.info}
+    record = {"rel_err": err}
+    if not err <= TOLERANCE[cell.dtype]:
+        return CellResult("wrong", record=record, info=info,
+                          error=f"rel_err {err:.3g} over the {cell.dtype} tolerance {TOLERANCE[cell.dtype]:g}")
+
+    samples = timer.sample(prepared.fn, device, timer.TimerConfig(cell.warmup, cell.min_time, cell.min_count))
+    stats = timer.summarize(samples)
+    mem = memory.snapshot(device)
+    gpu = dev.gpu_info(device)
+    seconds = stats.median_ms / 1e3
+    fl = flops.forward_flops(shape, inputs.lengths, cell.task)
+    tflops = fl / seconds / 1e12
+    record.update({
+        "latency_ms": stats.median_ms, "latency_p90_ms": stats.p90_ms, "latency_p99_ms": stats.p99_ms,
+        "latency_iqr_ms": stats.iqr_ms, "n_samples": stats.n,
+        "throughput_per_s": cell.batch / seconds, "tokens_per_s": inputs.real_tokens / seconds,
+        "tflops": tflops, "mfu": peaks.mfu(fl / seconds, gpu and gpu.name, cell.dtype, gpu and gpu.memory_gb),
+        "peak_mem_mb": mem["peak_mem_mb"], "gpu": gpu.name if gpu else None,
+    })
+    info.update({"stats": stats.as_dict(), "memory": mem, "flops_per_batch": fl, "real_tokens": inputs.real_tokens})
+    warnings = [f"noisy: IQR/median {stats.iqr_ms / stats.median_ms:.1%} > 5%"] if stats.noisy else []
+    del model, prepared, out
+    return CellResult("ok", record=record, samples_ms=samples, info=info, warnings=warnings)

@@ -1,0 +1,83 @@
+"""Flat records with the contract's keys, baseline comparisons, and JSON/CSV export."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from .db import Store
+
+RECORD_KEYS = (
+    "run_id", "run_name", "scenario", "model", "task", "backend", "dtype", "device", "gpu", "batch_size",
+    "seq_len", "status", "latency_ms", "latency_p90_ms", "latency_p99_ms", "latency_iqr_ms", "n_samples",
+    "throughput_per_s", "tokens_per_s", "tflops", "mfu", "peak_mem_mb", "rel_err", "speedup", "mem_saved",
+    "error",
+)
+TRAINING_KEYS = ("samples_per_s", "tflops_per_gpu", "world_size", "strategy")
+GENERATION_KEYS = ("prefill_ms", "decode_ms_per_token")
+# A speed is never shown for these: the output was wrong or nothing was measured.
+SPEED_KEYS = ("latency_ms", "latency_p90_ms", "latency_p99_ms", "latency_iqr_ms", "throughput_per_s",
+              "tokens_per_s", "tflops", "mfu", "samples_per_s", "tflops_per_gpu", "prefill_ms",
+              "decode_ms_per_token", "speedup")
+
+
+def point(rec: dict) -> tuple:
+    """What makes two records comparable across backends."""
+    return (rec.get("scenario"), rec.get("model"), rec.get("task"), rec.get("dtype"), rec.get("batch_size"),
+            rec.get("seq_len"))
+
+
+def apply_baseline(records: list[dict], baseline: str | None) -> list[dict]:
+    """speedup % = (baseline latency / latency - 1) x 100; mem_saved % = (1 - peak / baseline peak) x 100."""
+    if not baseline:
+        return records
+    base = {point(r): r for r in records if r.get("backend") == baseline and r.get("status") == "ok"}
+    for r in records:
+        b = base.get(point(r))
+        if r.get("status") != "ok" or b is None or r is b:
+            continue
+        if r.get("latency_ms") and b.get("latency_ms"):
+            r["speedup"] = (b["latency_ms"] / r["latency_ms"] - 1) * 100
+        if r.get("peak_mem_mb") and b.get("peak_mem_mb"):
+            r["mem_saved"] = (1 - r["peak_mem_mb"] / b["peak_mem_mb"]) * 100
+    return records
+
+
+def records(store: Store, run_refs: list[str] | None = None, baseline: str | None = None) -> list[dict]:
+    runs = [store.find_run(r) for r in run_refs] if run_refs else store.runs()
+    out: list[dict] = []
+    for run in runs:
+        if run is None:
+            continue
+        recs = []
+        for c in store.cells(run["run_id"]):
+            rec = {k: None for k in RECORD_KEYS}
+            rec.update(c["record"])
+            rec.update(run_id=run["run_id"], run_name=run["name"], status=c["status"])
+            if rec["status"] != "ok":
+                for k in SPEED_KEYS:
+                    rec[k] = None
+            recs.append(rec)
+        out += apply_baseline(recs, baseline or run["spec"].get("baseline"))
+    return out
+
+
+def columns(recs: list[dict]) -> list[str]:
+    extra = [k for k in (*GENERATION_KEYS, *TRAINING_KEYS) if any(k in r for r in recs)]
+    rest = sorted({k for r in recs for k in r} - set(RECORD_KEYS) - set(extra))
+    return [*RECORD_KEYS, *extra, *rest]
+
+
+def write_json(recs: list[dict], path: str) -> None:
+    cols = columns(recs)
+    with open(path, "w") as f:
+        json.dump([{k: r.get(k) for k in cols} for r in recs], f, indent=1, default=str)
+
+
+def write_csv(recs: list[dict], path: str) -> None:
+    cols = columns(recs)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in recs:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
