@@ -14,14 +14,15 @@ _MODULES = ("eager", "sdpa", "flash_attn2", "compile", "cudagraph", "onnxruntime
 
 def _load() -> dict[str, Backend]:
     found: dict[str, Backend] = {}
-    mods = list(_MODULES)
+    names = [f"{__name__}.{m}" for m in _MODULES]
     # Test-only backends (a broken one, a hanging one, ...) come in through this variable.
     extra = os.environ.get("TRANSBENCH_EXTRA_BACKENDS")
-    for name in mods + (extra.split(",") if extra else []):
+    names += extra.split(",") if extra else []
+    for name in names:
         try:
-            mod = importlib.import_module(name if "." in name else f"{__name__}.{name}")
+            mod = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name and exc.name.endswith(name):
+            if exc.name == name and name.startswith(__name__):
                 continue  # that backend module is not written yet
             raise
         for b in [getattr(mod, "BACKEND", None), *getattr(mod, "FORCED", [])]:

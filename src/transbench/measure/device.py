@@ -191,10 +191,16 @@ def nvml_other_processes(index: int) -> list[int]:
 
 
 def nvml_throttle_reasons(index: int) -> list[str]:
-    """Active clock-throttle reasons other than idle and application-clock settings."""
+    """Active clock-throttle reasons, when the SM clock really is below 90% of its maximum (the power-cap
+    bit alone is also set on a lightly loaded GPU that runs at full clock)."""
     nv, h = nvml_handle(index)
     if h is None:
         return []
+    try:
+        if nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM) >= 0.9 * nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM):
+            return []
+    except Exception:
+        pass
     try:
         mask = nv.nvmlDeviceGetCurrentClocksEventReasons(h)
     except Exception:

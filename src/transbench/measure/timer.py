@@ -17,6 +17,7 @@ class TimerConfig:
     min_count: int = 10
     max_count: int = 10_000
     max_time_s: float = 120.0  # a hard stop for very slow cells, whatever min_count says
+    warmup_time_s: float = 0.25  # GPU only: clocks ramp up from idle over a fraction of a second
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,11 @@ class Clock:
 def sample(fn: Callable[[], object], device, cfg: TimerConfig = TimerConfig()) -> list[float]:
     """Warm up, then time `fn` until both min_time and min_count are reached; the raw samples in ms."""
     clock = Clock(device)
-    for _ in range(cfg.warmup):
+    warm_started = time.perf_counter()
+    done = 0
+    while done < cfg.warmup or (clock.cuda and time.perf_counter() - warm_started < cfg.warmup_time_s):
         clock.time_ms(fn)
+        done += 1
     samples: list[float] = []
     started = time.perf_counter()
     while True:

@@ -44,7 +44,7 @@ def _now() -> str:
 class Store:
     def __init__(self, path: str | Path = "transbench.db"):
         self.path = str(path)
-        self.conn = sqlite3.connect(self.path, timeout=60)
+        self.conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False)  # lanes share it under a lock
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self.conn.executescript(SCHEMA)

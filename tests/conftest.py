@@ -1,0 +1,23 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Spawned workers import test-only backends from tests/ by module name.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+
+
+@pytest.fixture
+def quick():
+    """Timer options that keep a CPU cell to a fraction of a second."""
+    return {"min_time": 0.01, "min_count": 3, "warmup": 1, "device": "cpu"}
+
+
+@pytest.fixture
+def db(tmp_path):
+    return str(tmp_path / "t.db")
