@@ -27,7 +27,11 @@ def test_formula_matches_torch_flop_counter(model, task):
     ids = torch.randint(1, ref.shape.vocab, (2, 16))
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         m(input_ids=ids)
-    assert counter.get_total_flops() == flops.forward_flops(ref.shape, [16, 16], task)
+    counted = counter.get_total_flops()
+    if ref.family == "gpt2":  # eager attention computes the full square and masks half of it away
+        s, h, layers = 16, ref.shape.hidden, ref.shape.layers
+        counted -= 2 * layers * (4 * s * s * h - 2 * s * (s + 1) * h)
+    assert counted == flops.forward_flops(ref.shape, [16, 16], task)
 
 
 def test_variable_lengths_count_real_tokens():

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from .errors import SpecError
 from .measure import env as env_mod
 from .runner import grid
+from .scenarios.training import TrainSpec, train  # noqa: F401  (api.train, as the design lists it)
 from .runner.cell import Cell, CellResult
 from .runner.sweep import SweepOptions, run_grid
 from .spec import RunSpec
@@ -110,3 +111,27 @@ def merge(target: str, sources: list[str]) -> tuple[int, int]:
 
 def environment() -> dict:
     return env_mod.collect(open_cuda=True)
+
+
+def micro(kind: str, options, db: str = "transbench.db"):
+    """A micro-benchmark: kind gemm|bandwidth|layer|breakdown with its options dataclass
+    (transbench.scenarios.micro: GemmOptions, BandwidthOptions, LayerOptions, BreakdownOptions)."""
+    from .scenarios.micro import run_micro
+
+    return run_micro(kind, options, db)
+
+
+def report(db: str = "transbench.db", runs: list[str] | None = None, out_dir: str = "report",
+           baseline: str | None = None, **kwargs):
+    """report.md, PNG plots and a self-contained report.html for stored runs."""
+    from .report import build_report
+
+    return build_report(db, runs or ["last"], out_dir, baseline, **kwargs)
+
+
+def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: float = 0.03):
+    """Per-cell median ratios with a Mann-Whitney U verdict (faster / slower / same)."""
+    from .report import CompareConfig
+    from .report import compare as compare_runs
+
+    return compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))

@@ -77,7 +77,7 @@ def device_defaults(spec: RunSpec, device_type: str) -> RunSpec:
     if out.dtypes is None:
         out.dtypes = ["fp16"] if gpu else ["fp32"]
     if out.batches is None:
-        out.batches = [1, 8, 64, 256] if gpu else [1, 4]
+        out.batches = [1, 8, 64, 256] if gpu else [1, 2]
     if out.seqs is None:
         out.seqs = [128, 384] if gpu else [128]
     if out.min_time is None:

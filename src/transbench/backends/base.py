@@ -27,6 +27,9 @@ class Backend:
     requires: tuple[str, ...] = ()  # importable modules this backend needs
     extra: str | None = None  # the pip extra that brings them
     describe: str = ""
+    # (model, cell) -> an object with prefill(ids)->(B,V) logits and decode(next_ids)->(B,V) logits, for
+    # --task generate; None: transformers' own forward with a DynamicCache (scenarios/generation.py)
+    generator: Callable[..., Any] | None = None
 
     def unsupported_reason(self, device_type: str, dtype: str, task: str) -> str | None:
         """Why this backend cannot run such a cell here, or None when it can."""

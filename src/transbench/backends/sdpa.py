@@ -43,7 +43,7 @@ FORCED = [
         name=name,
         attn="sdpa",
         prepare=_forced(kernel),
-        devices=("cpu", "cuda") if name in ("sdpa-math", "sdpa-efficient", "sdpa-flash") else ("cuda",),
+        devices=("cpu", "cuda") if name in ("sdpa-math", "sdpa-flash") else ("cuda",),
         describe=f"transformers with torch SDPA forced to {kernel.lower()}",
     )
     for name, kernel in KERNELS.items()

@@ -28,9 +28,14 @@ def models() -> None:
 
 
 @app.command()
-def env(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+def env(as_json: bool = typer.Option(False, "--json", help="print JSON"),
+        db: str = typer.Option("transbench.db", help="SQLite store whose `micro gemm`/`micro bandwidth` runs give the measured ceilings")) -> None:
     """GPUs, driver, clocks, power limit, library versions, datasheet peaks and measured ceilings."""
+    from ..scenarios.micro import measured_ceilings
+
     info = api.environment()
+    for g in info["gpus"]:
+        g["measured"] = measured_ceilings(db, g["name"])
     if as_json:
         typer.echo(json.dumps(info, indent=1, default=str))
         return
@@ -53,6 +58,9 @@ def env(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> Non
         console.print(gt)
     if not info["gpus"]:
         console.print("no CUDA GPU visible: benchmarks run on the CPU")
+        cpu = measured_ceilings(db, "cpu")
+        if cpu:
+            console.print("measured on this store's CPU runs: " + ", ".join(f"{k} {v:.4g}" for k, v in cpu.items()))
 
 
 @app.command()

@@ -29,6 +29,7 @@ def run(
     activation: Optional[str] = typer.Option(None, help="gelu|gelu-tanh (default: the model's own)"),
     embeddings: Optional[bool] = typer.Option(None, "--embeddings/--encoders-only", help="time the embedding layer too, or the encoder stack only"),
     min_time: Optional[float] = typer.Option(None, help="seconds of timed calls per cell, at least"),
+    min_count: Optional[int] = typer.Option(None, help="timed calls per cell, at least"),
     warmup: Optional[int] = typer.Option(None, help="untimed calls before timing"),
     timeout: Optional[float] = typer.Option(None, help="seconds a cell may take before it is `timeout`"),
     baseline: Optional[str] = typer.Option(None, help="backend to compute speedup and mem_saved against"),
@@ -52,7 +53,7 @@ def run(
         "backends": backend and split_list(backend), "dtypes": dtype and split_list(dtype),
         "batches": batch and split_list(batch, int), "seqs": seq and split_list(seq, int),
         "seq_stdev": seq_stdev, "device": device, "activation": activation, "embeddings": embeddings,
-        "min_time": min_time, "warmup": warmup, "timeout": timeout, "baseline": baseline,
+        "min_time": min_time, "min_count": min_count, "warmup": warmup, "timeout": timeout, "baseline": baseline,
         "new_tokens": new_tokens, "compile_mode": compile_mode, "max_batch": max_batch,
         "gpus": gpus and split_list(gpus, int), "nproc": nproc, "shard": shard, "name": name, "seed": seed,
     }
@@ -71,9 +72,9 @@ def run(
         label = f"{cell.model} {cell.task} {cell.backend} {cell.dtype} b{cell.batch} s{cell.seq}"
         if result is not None:
             detail = f"{result.record.get('latency_ms', 0):.3f} ms" if result.status == "ok" else (result.error or "")
-            progress.console.print(f"  {label}: {result.status} {detail}"[:160], highlight=False)
+            progress.console.print(f"  {label}: {result.status} {detail}"[:160], highlight=False, markup=False)
             for w in result.warnings:
-                progress.console.print(f"    [yellow]warning:[/] {w}")
+                progress.console.print(f"    warning: {w}", highlight=False, markup=False)
         progress.advance(bar["id"])
 
     try:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .attention import Packing, make_packing
 from .config import Dims, EngineOptions, EngineUnsupported
@@ -69,7 +68,4 @@ class EngineBase:
 
     def mlp(self, x: torch.Tensor, L: Layer) -> torch.Tensor:
         """fc2(gelu(fc1 x + b1)) without fc2's bias, which the following LayerNorm kernel adds."""
-        h = self.ops.linear(x, L.fc1, bias=False)
-        h = self.ops.bias_gelu(h, L.fc1.bias, self.dims.gelu) if L.fc1.bias is not None else \
-            F.gelu(h, approximate="tanh" if self.dims.gelu == "tanh" else "none")
-        return self.ops.linear(h, L.fc2, bias=False)
+        return self.ops.linear(self.ops.linear_gelu(x, L.fc1, self.dims.gelu), L.fc2, bias=False)

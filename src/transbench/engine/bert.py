@@ -64,8 +64,8 @@ class BertEngine(EngineBase):
         self.check_shape(B, S)
         p = self.packing(attention_mask, B, S)
         tt = None if token_type_ids is None else token_type_ids.to(dev).expand(B, S)
-        pos = None if position_ids is None else position_ids.to(dev)
-        key = ("fwd", B, S, p.tokens, ids is None, tt is None, pos is None)
+        pos = None if position_ids is None else position_ids.to(dev).expand(B, S)
+        key = ("fwd", B, S, p.dense, p.tokens, ids is None, tt is None, pos is None)
         return self.graphs(key, self._forward, p, ids, embeds, tt, pos)
 
     def encode(self, hidden_states: torch.Tensor, attention_mask=None) -> torch.Tensor:
@@ -73,4 +73,4 @@ class BertEngine(EngineBase):
         B, S = h.shape[:2]
         self.check_shape(B, S)
         p = self.packing(attention_mask, B, S)
-        return self.graphs(("enc", B, S, p.tokens), self._encode, p, h)
+        return self.graphs(("enc", B, S, p.dense, p.tokens), self._encode, p, h)

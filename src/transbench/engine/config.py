@@ -5,8 +5,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import Unsupported
 
-class EngineUnsupported(Exception):
+
+class EngineUnsupported(Unsupported):
     """The engine cannot run this model/option; `reason` says why (the benchmark reports it as `unsupported`)."""
 
     def __init__(self, reason: str):

@@ -11,8 +11,9 @@ of ``s`` real tokens, hidden ``h``, FFN width ``i``:
     FFN (two matrices)    2 * s * h * i * 2 = 4 s h i
     layer total           8 s h^2 + 4 s h i + 4 s^2 h      (= 24 s h^2 + 4 s^2 h when i = 4h)
 
-Decoders count the full s x s attention products as well (what eager attention and the FLOP counter
-compute; causal kernels skip about half of that work, so their MFU reads slightly low, never high).
+Decoders need only the causal half of the attention products: s (s + 1) / 2 query-key pairs, so their
+attention terms are 4 h * s (s + 1) / 2 = 2 s (s + 1) h. Counting the full square (what eager attention
+computes and then masks) would credit a causal kernel with work it never does and overstate MFU.
 Heads on top of the last layer:
 
     mlm                   2 s h^2 (transform) + 2 s h V (decoder)
@@ -34,9 +35,16 @@ from .presets import Preset
 NUM_LABELS = 2
 
 
+def attention_flops(shape: Preset, seq: int) -> int:
+    """Scores and values products of one layer: the full square for encoders, the causal half for decoders."""
+    if shape.family == "gpt2":
+        return 2 * seq * (seq + 1) * shape.hidden
+    return 4 * seq * seq * shape.hidden
+
+
 def layer_flops(shape: Preset, seq: int) -> int:
     h, i = shape.hidden, shape.intermediate
-    return 8 * seq * h * h + 4 * seq * h * i + 4 * seq * seq * h
+    return 8 * seq * h * h + 4 * seq * h * i + attention_flops(shape, seq)
 
 
 def head_flops(shape: Preset, task: str, seq: int) -> int:

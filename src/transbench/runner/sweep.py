@@ -80,6 +80,7 @@ def run_grid(store: Store, run_id: str, cells: list[Cell], opts: SweepOptions,
                 except queue.Empty:
                     return
                 oom_at = prior_oom.get(group[0].oom_group())
+                fitted = 1  # the largest batch of this group that ran: the max-batch search starts there
                 for cell in group:
                     if cell.key() in done:
                         on_cell(cell, None)
@@ -90,12 +91,14 @@ def run_grid(store: Store, run_id: str, cells: list[Cell], opts: SweepOptions,
                         result = lane.run(cell, opts.timeout)
                         if result.status == "oom":
                             oom_at = cell.batch if oom_at is None else min(oom_at, cell.batch)
+                        elif result.status == "ok":
+                            fitted = max(fitted, cell.batch)
                     with lock:
                         store_result(store, run_id, cell, result)
                         on_cell(cell, result)
                 if opts.max_batch:
                     result, best = find_max_batch(lambda b: lane.run(replace(group[0], batch=b), opts.timeout),
-                                                  opts.max_batch_limit)
+                                                  opts.max_batch_limit, start=fitted)
                     mcell = replace(group[0], batch=best or 0)
                     rec_key = '["max-batch", ' + group[0].key()[1:]
                     with lock:
@@ -117,11 +120,13 @@ def run_grid(store: Store, run_id: str, cells: list[Cell], opts: SweepOptions,
         t.join()
 
 
-def find_max_batch(probe: Callable[[int], CellResult], limit: int = 65536) -> tuple[CellResult, int | None]:
-    """The largest batch whose cell is not out of memory: double from 1, then bisect the last gap.
-    Returns the result at that batch (its throughput) and the batch, or (first failure, None)."""
+def find_max_batch(probe: Callable[[int], CellResult], limit: int = 65536,
+                   start: int = 1) -> tuple[CellResult, int | None]:
+    """The largest batch whose cell is not out of memory: double from `start` (a batch known to fit
+    saves the small probes), then bisect the last gap. Returns the result at that batch (its throughput)
+    and the batch, or (first failure, None)."""
     best: tuple[int, CellResult] | None = None
-    batch, failed_at = 1, None
+    batch, failed_at = start, None
     while batch <= limit:
         r = probe(batch)
         if r.status == "ok":

@@ -43,7 +43,7 @@ def _failure(cell, exc, unsupported_cls, dev, memory, caught) -> CellResult:
         dev.free_memory(device)
         return CellResult("oom", info={"memory_at_failure": memory.current(device)}, error=message)
     why = [str(w.message).splitlines()[0] for w in caught if "kernel" in str(w.message).lower()]
-    if isinstance(exc, unsupported_cls) or "No available kernel" in str(exc):
+    if isinstance(exc, unsupported_cls) or any(s in str(exc) for s in ("No available kernel", "No viable backend")):
         return CellResult("unsupported", error="; ".join([str(exc).splitlines()[0], *why[:4]]))
     return CellResult("error", error=message, info={"traceback": traceback.format_exc()[-4000:]})
 

@@ -160,6 +160,8 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
         "tflops": tflops, "mfu": peaks.mfu(fl / seconds, gpu and gpu.name, cell.dtype, gpu and gpu.memory_gb),
         "peak_mem_mb": mem["peak_mem_mb"], "gpu": gpu.name if gpu else None,
     })
+    if cell.task == "causal-lm":  # time per step of the whole context, as the seeds' notes quote it
+        record["ms_per_token"] = stats.median_ms / inputs.input_ids.shape[1]
     info.update({"stats": stats.as_dict(), "memory": mem, "flops_per_batch": fl, "real_tokens": inputs.real_tokens})
     warnings = [f"noisy: IQR/median {stats.iqr_ms / stats.median_ms:.1%} > 5%"] if stats.noisy else []
     del model, prepared, out

@@ -1,0 +1,239 @@
+"""Development benchmark of transbench.engine against transformers on one GPU (random weights, fp16).
+
+Times with CUDA events after warm-up (median of many); checks each output against an fp32 reference.
+  PYTHONPATH=src python benchmarks/engine_bench.py [--quick] [--models bert-base,bert-large] [--fp8]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
+
+from transbench.engine import compile_model
+
+SHAPES = {"bert-base": (12, 768, 12), "bert-large": (24, 1024, 16)}
+
+
+def bench(fn, budget_s=0.25, min_reps=5, max_reps=200) -> float:
+    """Median ms of fn() over CUDA-event-timed repetitions, after warm-up."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    reps = int(min(max_reps, max(min_reps, budget_s / max(time.perf_counter() - t0, 1e-6))))
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ev)
+
+
+def rel(out, ref, mask=None):
+    out, ref = out.double(), ref.double()
+    if mask is not None:
+        out, ref = out[mask.bool()], ref[mask.bool()]
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def graphed(fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn(), fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def bert(name, attn="sdpa"):
+    L, H, nh = SHAPES[name]
+    cfg = BertConfig(hidden_size=H, num_hidden_layers=L, num_attention_heads=nh, intermediate_size=4 * H,
+                     attn_implementation=attn)
+    with torch.device("cuda"):
+        return BertModel(cfg).eval()
+
+
+def flops(L, H, S):
+    return L * (24 * S * H * H + 4 * S * S * H)
+
+
+@torch.inference_mode()
+def encoders(name, batches, seqs, fp8=False):
+    L, H, _ = SHAPES[name]
+    ref32 = bert(name)
+    sdpa16 = bert(name).half()
+    sdpa16.load_state_dict(ref32.state_dict())
+    eager16 = bert(name, "eager").half()
+    eager16.load_state_dict(ref32.state_dict())
+    eng = compile_model(sdpa16, dtype=torch.float16, max_batch=max(batches), fp8=fp8)
+    print(f"\n## {name} encoders-only fp16{' fp8' if fp8 else ''} (ms, median; engine seq/s and TFLOPS)", flush=True)
+    print(f"{'B':>4} {'S':>4} | {'eager':>8} {'sdpa':>8} {'sdpa+g':>8} {'engine':>8} | {'seq/s':>9} {'TFLOPS':>7}"
+          f" {'xbest':>6} | rel_err eager/sdpa/engine", flush=True)
+    for S in seqs:
+        for B in batches:
+            x = torch.randn(B, S, H, device="cuda", dtype=torch.float16)
+            r = {}
+            r["eager"] = bench(lambda: eager16.encoder(x))
+            r["sdpa"] = bench(lambda: sdpa16.encoder(x))
+            g = graphed(lambda: sdpa16.encoder(x))
+            r["sdpa+g"] = bench(g.replay)
+            del g
+            r["engine"] = bench(lambda: eng.encode(x))
+            n = min(B, 8)  # rows are independent: an fp32 reference of the first few is enough
+            ref = ref32.encoder(x[:n].float()).last_hidden_state
+            errs = [rel(eager16.encoder(x[:n]).last_hidden_state, ref), rel(sdpa16.encoder(x[:n]).last_hidden_state, ref),
+                    rel(eng.encode(x)[:n], ref)]
+            best_hf = min(r["eager"], r["sdpa"], r["sdpa+g"])
+            ms = r["engine"]
+            print(f"{B:>4} {S:>4} | {r['eager']:8.3f} {r['sdpa']:8.3f} {r['sdpa+g']:8.3f} {ms:8.3f} | "
+                  f"{B / ms * 1e3:9.0f} {flops(L, H, S) * B / ms / 1e9:7.1f} {best_hf / ms:6.2f} | "
+                  + "/".join(f"{e:.1e}" for e in errs), flush=True)
+            torch.cuda.empty_cache()
+    torch.cuda.empty_cache()
+
+
+@torch.inference_mode()
+def varlen(name, cases):
+    L, H, _ = SHAPES[name]
+    m = bert(name).half()
+    eng = compile_model(m, dtype=torch.float16)
+    print(f"\n## {name} varlen (lengths uniform in [0.2, 1.0] x max, mean ~0.6) vs padded, full model fp16", flush=True)
+    print(f"{'B':>4} {'S':>4} | {'mean':>5} {'padded ms':>10} {'varlen ms':>10} {'speedup':>8} {'hf-sdpa mask ms':>16} | rel_err", flush=True)
+    for B, S in cases:
+        g = torch.Generator().manual_seed(B * S)
+        ids = torch.randint(0, 30000, (B, S), generator=g).cuda()
+        lens = (S * (0.2 + 0.8 * torch.rand(B, generator=g))).long().clamp(1, S)
+        mask = (torch.arange(S)[None] < lens[:, None]).long().cuda()
+        full = torch.ones_like(mask)
+        t_pad = bench(lambda: eng(ids, attention_mask=full))
+        t_var = bench(lambda: eng(ids, attention_mask=mask))
+        t_hf = bench(lambda: m(ids, attention_mask=mask))
+        n = min(B, 8)
+        ref = bert(name)
+        ref.load_state_dict(m.state_dict())
+        err = rel(eng(ids, attention_mask=mask).last_hidden_state[:n],
+                  ref(ids[:n], attention_mask=mask[:n]).last_hidden_state, mask[:n])
+        del ref
+        print(f"{B:>4} {S:>4} | {lens.float().mean().item() / S:5.2f} {t_pad:10.3f} {t_var:10.3f} "
+              f"{t_pad / t_var:8.2f} {t_hf:16.3f} | {err:.1e}", flush=True)
+    # The host sync that sizes packed batches: cost of passing an all-ones mask instead of none at batch 1.
+    ids = ids[:1, :128].contiguous()
+    t_none = bench(lambda: eng(ids))
+    t_ones = bench(lambda: eng(ids, attention_mask=torch.ones_like(ids)))
+    print(f"1x128 full model: no mask {t_none:.3f} ms, all-ones mask {t_ones:.3f} ms", flush=True)
+
+
+@torch.inference_mode()
+def generation(prompt_len=512, new_tokens=128):
+    with torch.device("cuda"):
+        ref32 = GPT2LMHeadModel(GPT2Config(attn_implementation="sdpa")).eval()
+    m = GPT2LMHeadModel(GPT2Config(attn_implementation="sdpa")).cuda().half().eval()
+    m.load_state_dict(ref32.state_dict())
+    eng = compile_model(m, dtype=torch.float16)
+    ids = torch.randint(0, 50257, (1, prompt_len), device="cuda")
+    gen = eng.generator(1, prompt_len + new_tokens)
+    t_pre = bench(lambda: gen.prefill(ids))
+    t_hf_pre = bench(lambda: m(ids, use_cache=True))
+    logits = gen.prefill(ids)
+    err = rel(logits, ref32(ids).logits[:, -1])
+    nxt = logits.argmax(-1)
+    starts, ends = [], []
+    for _ in range(new_tokens):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        logits = gen.decode(nxt)
+        nxt = logits.argmax(-1)
+        b.record()
+        starts.append(a), ends.append(b)
+    torch.cuda.synchronize()
+    dec = statistics.median(a.elapsed_time(b) for a, b in zip(starts[8:], ends[8:]))  # first steps capture graphs
+    # HF decode step: eager with its DynamicCache (what transformers.generate runs per token).
+    out = m(ids, use_cache=True)
+    past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    hf_times = []
+    for _ in range(32):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        out = m(tok, past_key_values=past, use_cache=True)
+        past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        b.record()
+        hf_times.append((a, b))
+    torch.cuda.synchronize()
+    hf_dec = statistics.median(a.elapsed_time(b) for a, b in hf_times[4:])
+    print(f"\n## gpt2 generation batch 1, prompt {prompt_len}, {new_tokens} new tokens (fp16)", flush=True)
+    print(f"prefill: engine {t_pre:.3f} ms, HF sdpa {t_hf_pre:.3f} ms | decode: engine {dec:.3f} ms/token, "
+          f"HF sdpa eager {hf_dec:.3f} ms/token | prefill logits rel_err {err:.1e}", flush=True)
+
+
+@torch.inference_mode()
+def profile(name, shapes):
+    """Where the engine's GPU time goes (eager engine, kernels grouped by kind), per forward."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    L, H, _ = SHAPES[name]
+    m = bert(name).half()
+    eng = compile_model(m, dtype=torch.float16, cuda_graphs=False)
+    kinds = [("attention", ("flash", "fmha", "cudnn", "attention", "attn")), ("triton gemm+gelu", ("_linear_gelu",)),
+             ("layernorm", ("_add_layernorm",)), ("bias+gelu", ("_bias_gelu",)),
+             ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "splitk", "gemv"))]  # first match wins
+    for B, S in shapes:
+        x = torch.randn(B, S, H, device="cuda", dtype=torch.float16)
+        for _ in range(3):
+            eng.encode(x)
+        torch.cuda.synchronize()
+        with prof(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(5):
+                eng.encode(x)
+            torch.cuda.synchronize()
+        per = defaultdict(float)
+        names = defaultdict(float)
+        for e in p.key_averages():
+            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if t <= 0 or e.key.startswith(("cuda", "Memcpy", "Memset")) or "Activity Buffer" in e.key:
+                continue
+            kind = next((k for k, pats in kinds if any(q in e.key.lower() for q in pats)), "other")
+            per[kind] += t / 5 / 1e3
+            names[e.key[:60]] += t / 5 / 1e3
+        tot = sum(per.values())
+        print(f"\n## profile {name} {B}x{S} (engine without graphs): kernels {tot:.3f} ms per forward", flush=True)
+        print("  " + " | ".join(f"{k} {v:.3f} ms ({v / tot:.0%})" for k, v in sorted(per.items(), key=lambda kv: -kv[1])))
+        for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:8]:
+            print(f"  {v:8.3f} ms  {k}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a few points only")
+    ap.add_argument("--parts", default="bert-base,generate,varlen,profile,bert-large,fp8", help="run in this order")
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference stays fp32
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    batches, seqs = ([1, 256], [128]) if a.quick else ([1, 8, 64, 256], [128, 384, 512])
+    for part in a.parts.split(","):
+        if part == "bert-base":
+            encoders(part, batches, seqs)
+        elif part == "bert-large":
+            encoders(part, batches if a.quick else [1, 8, 64, 128, 256], seqs)
+        elif part == "varlen":
+            varlen("bert-base", [(64, 512), (256, 128), (16, 512)])
+        elif part == "generate":
+            generation()
+        elif part == "profile":
+            profile("bert-base", [(1, 128), (256, 128)])
+        elif part == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
+            encoders("bert-base", [1, 256], [128], fp8=True)
+
+
+if __name__ == "__main__":
+    main()

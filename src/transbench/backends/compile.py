@@ -1,0 +1,75 @@
+"""torch.compile of the whole transformers model, one static shape per cell.
+
+Compile time is measured around the first call (which traces, compiles and runs) and stored apart from
+run time. Dynamo's caches are reset per cell so every cell compiles from scratch (a worker runs many
+cells, and reused caches would hit the recompile limit and silently fall back to eager). The timed calls
+run under the "fail_on_recompile" stance: a recompile inside the timed region is an error, not a number."""
+
+from __future__ import annotations
+
+import time
+
+from .base import Backend, Prepared
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        from ..errors import SpecError
+
+        raise SpecError(f"unknown --compile-mode '{mode}': choose from {', '.join(MODES)}")
+    return mode
+
+
+def compiled_call(model, kwargs: dict, mode: str, device):
+    """The compiled model's forward on fixed inputs, its compile seconds, and dynamo's counts."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from ..measure import device as dev
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, mode=check_mode(mode), dynamic=False)
+
+    def first():
+        with torch.inference_mode():
+            return compiled(**kwargs)
+
+    t0 = time.perf_counter()
+    first()
+    dev.synchronize(device)
+    compile_s = time.perf_counter() - t0
+    info = {
+        "compile_mode": mode, "compile_s": compile_s,
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+    }
+
+    def fn():
+        with torch.inference_mode(), torch.compiler.set_stance("fail_on_recompile"):
+            return compiled(**kwargs)
+
+    return fn, info
+
+
+def _prepare(model, inputs, cell) -> Prepared:
+    device = next(model.parameters()).device
+    fn, info = compiled_call(model, inputs.model_kwargs(), cell.compile_mode, device)
+    return Prepared(fn, info)
+
+
+def make_generator(model, cell):
+    from ..scenarios.generation import StaticGenerator
+
+    return StaticGenerator(model, cell.batch, cell.seq + cell.new_tokens, step="compile", mode=cell.compile_mode)
+
+
+BACKEND = Backend(
+    name="compile",
+    attn="sdpa",
+    prepare=_prepare,
+    generator=make_generator,
+    describe="torch.compile of the transformers model (sdpa attention), mode from --compile-mode",
+)

@@ -1,0 +1,43 @@
+"""transbench's own fused engine (transbench.engine): packed tokens, fused kernels, CUDA graphs."""
+
+from __future__ import annotations
+
+from .base import Backend, Prepared
+
+
+def _compile(model, cell=None):
+    from ..engine import compile_model
+
+    p = next(model.parameters())
+    # fp32/tf32 cells run the engine in fp32; CUDA graphs only where there is CUDA.
+    return compile_model(model, dtype=p.dtype, device=p.device, max_batch=max(getattr(cell, "batch", 1), 1))
+
+
+def _prepare(model, inputs, cell) -> Prepared:
+    import torch
+
+    compiled = _compile(model, cell)
+    kwargs = inputs.model_kwargs()
+    if not cell.embeddings and model.config.model_type == "bert":
+        # The scenario froze BERT's embedding block (encoders-only): run the engine's layers on its output.
+        with torch.inference_mode():
+            compiled.backbone.fixed_embeddings = model.base_model.embeddings(
+                input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)
+
+    def fn():
+        return compiled(**kwargs)
+
+    return Prepared(fn, {"engine_ops": compiled.engine.ops.name, "cuda_graphs": compiled.engine.graphs.enabled})
+
+
+def _generator(model, cell):
+    return _compile(model, cell).generator(cell.batch, cell.seq + cell.new_tokens)
+
+
+BACKEND = Backend(
+    name="fused",
+    attn="sdpa",
+    prepare=_prepare,
+    generator=_generator,
+    describe="transbench.engine: fused QKV, Triton bias+GELU / residual+LayerNorm, packed varlen, CUDA graphs",
+)

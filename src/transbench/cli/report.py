@@ -1,0 +1,73 @@
+"""`transbench report` and `transbench compare`: what the stored runs say, and whether a change is real."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from .app import app, friendly
+from .tables import console
+
+VERDICT_STYLE = {"slower": "bold red", "broken": "bold red", "faster": "bold green", "fixed": "green"}
+
+
+@app.command()
+@friendly
+def report(
+    runs: Optional[list[str]] = typer.Argument(None, help="run names or ids, or 'last' (default: the newest run)"),
+    out: str = typer.Option("report", "--out", "-o", help="folder for report.md, report.html and the PNG plots"),
+    db: str = typer.Option("transbench.db", help="SQLite store"),
+    baseline: Optional[str] = typer.Option(None, help="backend for speedup and memory saved "
+                                                      "(default: the run's --baseline, else eager)"),
+    compare: Optional[bool] = typer.Option(None, "--compare/--no-compare",
+                                           help="compare the first run with each other one (default: on when "
+                                                "two or more runs are given)"),
+    alpha: float = typer.Option(0.05, help="significance level of the comparison"),
+    min_effect: float = typer.Option(0.03, help="smallest latency change that counts (0.03 = 3%)"),
+) -> None:
+    """Write report.md, PNG plots and a self-contained report.html for one or more stored runs."""
+    from ..report import CompareConfig, build_report
+
+    paths = build_report(db, runs or ["last"], out, baseline, compare_runs=compare,
+                         config=CompareConfig(alpha, min_effect))
+    console.print(f"wrote {paths.markdown}, {paths.html} and {len(paths.figures)} plot(s) in {paths.out_dir}")
+    for failure in paths.plot_failures:
+        console.print(f"[yellow]warning:[/] {failure}", highlight=False)
+    for cmp in paths.comparisons:
+        console.print(cmp.summary(), highlight=False)
+
+
+@app.command()
+@friendly
+def compare(
+    run_a: str = typer.Argument(..., help="the reference run (name, id or 'last')"),
+    run_b: str = typer.Argument(..., help="the run to judge against it"),
+    db: str = typer.Option("transbench.db", help="SQLite store"),
+    alpha: float = typer.Option(0.05, help="significance level of the Mann-Whitney U test"),
+    min_effect: float = typer.Option(0.03, help="smallest latency change that counts (0.03 = 3%)"),
+) -> None:
+    """Per-cell latency ratio B/A with a Mann-Whitney U test; exit code 1 when a cell got slower or broke."""
+    from ..report import CompareConfig
+    from ..report import compare as compare_runs
+    from ..report.compare import IDENT, comparison_table
+
+    cmp = compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
+    t = Table(title=f"A = {cmp.run_a['name']}, B = {cmp.run_b['name']}")
+    for _, header in IDENT:
+        t.add_column(header)
+    for header in ("A ms", "B ms", "B/A", "p", "verdict", "note"):
+        t.add_column(header, justify="right" if header in ("A ms", "B ms", "B/A", "p") else "left")
+    for c, row in zip(cmp.cells, comparison_table(cmp).rows):
+        style = VERDICT_STYLE.get(c.verdict)
+        t.add_row(*row[:-2], f"[{style}]{c.verdict}[/]" if style else c.verdict, row[-1])
+    console.print(t)
+    for side, recs in (("A", cmp.only_a), ("B", cmp.only_b)):
+        for r in recs:
+            console.print(f"unmatched, only in {side}: {r.get('scenario')} {r.get('model')} {r.get('task')} "
+                          f"{r.get('backend')} {r.get('dtype')} b{r.get('batch_size')} s{r.get('seq_len')}",
+                          highlight=False)
+    console.print(cmp.summary(), highlight=False)
+    if cmp.regressions:
+        raise typer.Exit(1)

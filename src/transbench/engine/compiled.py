@@ -1,0 +1,127 @@
+"""compile_model: the engine in place of a transformers backbone, with the model's own head on top."""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import (BaseModelOutputWithPastAndCrossAttentions,
+                                           BaseModelOutputWithPoolingAndCrossAttentions)
+
+from .bert import BertEngine
+from .config import EngineOptions, EngineUnsupported
+from .gpt2 import Generator, GPT2Engine
+
+
+class EngineBackbone(nn.Module):
+    """Stands where `model.bert` / `model.transformer` stood, with the same call signature and outputs."""
+
+    def __init__(self, engine, pooler: nn.Module | None):
+        super().__init__()
+        self.engine = engine
+        self.pooler = pooler
+        # Encoders-only timing (BERT): the embedding block's output, computed once; calls then run the
+        # encoder layers on it, as the benchmark does to transformers by replacing embeddings.forward.
+        self.fixed_embeddings: torch.Tensor | None = None
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, past_key_values=None, output_attentions=None, output_hidden_states=None,
+                encoder_hidden_states=None, return_dict=None, **unused):
+        if output_attentions or output_hidden_states:
+            raise EngineUnsupported("output_attentions / output_hidden_states are not produced by the engine")
+        if past_key_values is not None or encoder_hidden_states is not None:
+            raise EngineUnsupported("past_key_values / cross-attention inputs: use compiled.generator() instead")
+        if self.fixed_embeddings is not None:
+            h = self.engine.encode(self.fixed_embeddings, attention_mask)
+        else:
+            h = self.engine.forward(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        if isinstance(self.engine, BertEngine):
+            out = BaseModelOutputWithPoolingAndCrossAttentions(
+                last_hidden_state=h, pooler_output=self.pooler(h) if self.pooler is not None else None)
+        else:
+            out = BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=h)
+        return out if return_dict is not False else out.to_tuple()
+
+
+def _engine_for(hf_model: nn.Module, opts: EngineOptions):
+    cfg = getattr(hf_model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    backbone = getattr(hf_model, "base_model", None)
+    if kind == "bert" and type(backbone).__name__ == "BertModel":
+        return backbone, BertEngine(backbone, opts)
+    if kind == "gpt2" and type(backbone).__name__ == "GPT2Model":
+        head = getattr(hf_model, "lm_head", None)
+        return backbone, GPT2Engine(backbone, opts, head.weight if isinstance(head, nn.Linear) else None)
+    raise EngineUnsupported(f"{type(hf_model).__name__} (model_type={kind!r}): the engine runs BERT and GPT-2 only")
+
+
+class CompiledModel:
+    """Callable like the transformers model it was built from; returns the same ModelOutput type."""
+
+    def __init__(self, hf_model: nn.Module, opts: EngineOptions):
+        self.opts = opts
+        backbone, self.engine = _engine_for(hf_model, opts)
+        pooler = getattr(backbone, "pooler", None)
+        self.backbone = EngineBackbone(self.engine, self._convert(pooler, {}) if pooler is not None else None)
+        self.module = self.backbone if backbone is hf_model else self._shell(hf_model, backbone)
+
+    def _convert(self, module: nn.Module, memo: dict) -> nn.Module:
+        return copy.deepcopy(module, memo).to(self.opts.device, self.opts.dtype).eval()
+
+    def _shell(self, hf_model: nn.Module, backbone: nn.Module) -> nn.Module:
+        # A shallow copy of the head model whose children are the engine backbone and converted copies of
+        # the head modules: the user's model is left untouched and the HF head code runs unchanged.
+        shell = copy.copy(hf_model)
+        memo = {}
+        emb = backbone.get_input_embeddings().weight
+        if isinstance(self.engine, GPT2Engine):  # keep lm_head tied to the engine's own embedding copy
+            memo[id(emb)] = nn.Parameter(self.engine.wte, requires_grad=False)
+        elif isinstance(self.engine, BertEngine):
+            memo[id(emb)] = nn.Parameter(self.engine.word, requires_grad=False)
+        shell._modules = {n: (self.backbone if m is backbone else self._convert(m, memo) if m is not None else None)
+                          for n, m in hf_model._modules.items()}
+        shell._parameters = {n: self._convert_t(p) for n, p in hf_model._parameters.items()}
+        shell._buffers = {n: self._convert_t(b) for n, b in hf_model._buffers.items()}
+        shell.training = False
+        return shell
+
+    def _convert_t(self, t):
+        if t is None:
+            return None
+        return t.detach().to(self.opts.device, self.opts.dtype if t.is_floating_point() else t.dtype)
+
+    @torch.inference_mode()
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @torch.inference_mode()
+    def encode(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """BERT only: the encoder layers on already-embedded (B, S, hidden) states."""
+        if not isinstance(self.engine, BertEngine):
+            raise EngineUnsupported("encode() is for BERT; pass inputs_embeds to a GPT-2 model instead")
+        return self.engine.encode(hidden_states, attention_mask)
+
+    def generator(self, batch_size: int, max_total_len: int) -> Generator:
+        """GPT-2 only: greedy-decoding state with a static KV cache (see Generator.prefill / decode)."""
+        if not isinstance(self.engine, GPT2Engine):
+            raise EngineUnsupported("generation needs a GPT-2 model")
+        return Generator(self.engine, batch_size, max_total_len)
+
+
+def compile_model(hf_model: nn.Module, dtype: torch.dtype = torch.float16, max_batch: int = 256,
+                  max_seq: int | None = None, cuda_graphs: bool = True, fp8: bool = False,
+                  device: torch.device | str | None = None) -> CompiledModel:
+    """Build the fused engine from a transformers BERT/GPT-2 model (bare or with a task head).
+
+    Raises EngineUnsupported(reason) for models or options the engine cannot run."""
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise EngineUnsupported(f"dtype {dtype} is not supported (fp16, bf16, fp32)")
+    if device is None:
+        p = next(hf_model.parameters(), None)
+        device = p.device if p is not None else torch.device("cpu")
+    cfg = getattr(hf_model, "config", None)
+    max_pos = getattr(cfg, "max_position_embeddings", None) or 1 << 30
+    opts = EngineOptions(dtype=dtype, device=torch.device(device), max_batch=max_batch,
+                         max_seq=min(max_seq or max_pos, max_pos), cuda_graphs=cuda_graphs, fp8=fp8)
+    with torch.no_grad():
+        return CompiledModel(hf_model, opts)

@@ -1,0 +1,95 @@
+"""Reports of stored runs (markdown tables, PNG plots, a self-contained HTML page) and run-to-run
+comparison with a statistical verdict.
+
+    from transbench.report import build_report, compare
+    paths = build_report("transbench.db", ["last"], "report/")
+    cmp = compare("transbench.db", "before", "after")   # cmp.regressions gates a pipeline
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .compare import CompareConfig, Comparison, compare, compare_records, comparison_table, unmatched_table
+from .document import Figure, Section, to_markdown
+
+__all__ = ["ReportPaths", "build_report", "compare", "CompareConfig", "Comparison"]
+
+
+@dataclass
+class ReportPaths:
+    out_dir: Path
+    markdown: Path
+    html: Path
+    figures: list[Figure] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)
+    plot_failures: list[str] = field(default_factory=list)
+
+    @property
+    def plots(self) -> list[Path]:
+        return [f.path for f in self.figures]
+
+
+def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline: str | None = None, *,
+                 compare_runs: bool | None = None, config: CompareConfig | None = None) -> ReportPaths:
+    """Write report.md, the PNG plots and report.html for the runs (names, ids or 'last'; default the
+    newest). With two or more runs (or compare_runs=True) the first is compared with each other one."""
+    from ..store import Store
+    from . import html, plots, tables
+    from .data import load
+
+    out = Path(out_dir)
+    store = Store(db)
+    try:
+        data = load(store, runs or ["last"], baseline)
+    finally:
+        store.close()
+    out.mkdir(parents=True, exist_ok=True)
+    figures, plot_failures = plots.all_figures(data, out)
+    comparisons = []
+    if compare_runs is None:
+        compare_runs = len(data.runs) > 1
+    if compare_runs and len(data.runs) < 2:
+        from ..errors import SpecError
+
+        raise SpecError("--compare needs two runs: transbench report RUN_A RUN_B --compare")
+    if compare_runs:
+        by_run = {r["run_id"]: [x for x in data.records if x["run_id"] == r["run_id"]] for r in data.runs}
+        a = data.runs[0]
+        comparisons = [compare_records(a, by_run[a["run_id"]], b, by_run[b["run_id"]], config or CompareConfig())
+                       for b in data.runs[1:]]
+
+    sections = [Section("Runs", [tables.runs_table(data)])]
+    engine = tables.engine_tables(data)
+    if engine:
+        sections.append(Section("Inference: latency and QPS per backend", [
+            "One table per model, task, dtype and sequence length; latency is the median per call; "
+            "OOM = out of memory; a status name replaces the numbers of a cell without a valid measurement.",
+            *engine]))
+    for title, table in (("Inference: every cell", tables.inference_detail(data)),
+                         ("Largest batch", tables.max_batch_table(data)),
+                         ("Generation", tables.generation_table(data)),
+                         ("Training", tables.training_table(data))):
+        if table is not None:
+            sections.append(Section(title, [table]))
+    micro = tables.micro_tables(data)
+    if micro:
+        sections.append(Section("Micro-benchmarks", micro))
+    problems = tables.problems_table(data)
+    if problems is not None:
+        sections.append(Section("Cells without a valid measurement", [problems]))
+    if figures or plot_failures:
+        sections.append(Section("Plots", [*plot_failures, *figures]))
+    for cmp in comparisons:
+        blocks = [comparison_table(cmp)]
+        extra = unmatched_table(cmp)
+        if extra is not None:
+            blocks.append(extra)
+        sections.append(Section(f"Comparison: {cmp.run_b['name']} vs {cmp.run_a['name']}", blocks))
+
+    title = "transbench report: " + ", ".join(r["name"] for r in data.runs)
+    md_path, html_path = out / "report.md", out / "report.html"
+    md_path.write_text(to_markdown(title, sections, out))
+    html_path.write_text(html.to_html(title, sections))
+    return ReportPaths(out, md_path, html_path, figures, comparisons, plot_failures)

@@ -1,0 +1,89 @@
+"""What a report reads from the store: the runs, their flat records, and each cell's raw samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import SpecError
+from ..store import Store, export
+
+OK = "ok"
+
+
+@dataclass
+class ReportData:
+    runs: list[dict]  # Store.find_run dicts, in the order asked for
+    records: list[dict]  # export.records rows plus private keys: _key, _samples, _label, _baseline
+    baselines: dict[str, str | None]  # run_id -> the backend its speedup and mem_saved are against
+
+    @property
+    def multi_run(self) -> bool:
+        return len(self.runs) > 1
+
+
+def spec_baseline(run: dict) -> str | None:
+    return run["spec"].get("baseline") if isinstance(run["spec"], dict) else None
+
+
+def effective_baseline(explicit: str | None, run: dict, recs: list[dict]) -> str | None:
+    """--baseline, else the run spec's baseline, else eager when the run has it (as in the seeds' study)."""
+    if explicit or spec_baseline(run):
+        return explicit or spec_baseline(run)
+    return "eager" if any(r.get("backend") == "eager" for r in recs) else None
+
+
+def load(store: Store, run_refs: list[str], baseline: str | None = None) -> ReportData:
+    runs = []
+    for ref in run_refs or ["last"]:
+        run = store.find_run(ref)
+        if run is None:
+            hint = "the store has no runs yet" if not store.runs() else "`transbench runs` lists them"
+            raise SpecError(f"no run '{ref}' in {store.path}: {hint}")
+        if run["run_id"] not in {r["run_id"] for r in runs}:
+            runs.append(run)
+    records: list[dict] = []
+    baselines: dict[str, str | None] = {}
+    for run in runs:
+        # export.records keeps the contract: no speed for a cell that is not ok.
+        recs = export.records(store, [run["run_id"]], baseline)
+        cells = store.cells(run["run_id"])  # same order as the records: both read the cells by rowid
+        base = effective_baseline(baseline, run, recs)
+        if base and not (baseline or spec_baseline(run)):
+            export.apply_baseline(recs, base)
+        baselines[run["run_id"]] = base
+        for rec, cell in zip(recs, cells, strict=True):
+            rec["_key"] = cell["key"]
+            rec["_samples"] = cell["samples"] if cell["status"] == OK else []
+            rec["_baseline"] = base
+            rec["_label"] = rec.get("backend") if len(runs) == 1 else f"{run['name']}/{rec.get('backend')}"
+        records += recs
+    if baseline and not any(r.get("backend") == baseline for r in records):
+        present = sorted({str(r.get("backend")) for r in records})
+        raise SpecError(f"baseline '{baseline}' is not a backend of these runs: use one of {', '.join(present)}")
+    return ReportData(runs, records, baselines)
+
+
+def is_ok(rec: dict, key: str | None = None) -> bool:
+    """A record whose value may be shown as a measurement."""
+    return rec.get("status") == OK and (key is None or rec.get(key) is not None)
+
+
+def by_scenario(records: list[dict], scenario: str) -> list[dict]:
+    return [r for r in records if r.get("scenario") == scenario]
+
+
+def groups(records: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for r in records:
+        out.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    return dict(sorted(out.items(), key=lambda kv: _order(kv[0])))
+
+
+def _order(values: tuple) -> tuple:
+    """Numbers in numeric order (batch 8 before 64), then text, then None."""
+    return tuple((0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)) if v is not None else (2, 0, "")
+                 for v in values)
+
+
+def sorted_values(records: list[dict], key: str) -> list:
+    return sorted({r.get(key) for r in records if r.get(key) is not None})

@@ -1,0 +1,341 @@
+"""The report's PNG plots. Only cells that are ok are drawn: a cell that was out of memory, wrong, timed
+out or crashed has no point, bar or box (the heatmap writes its status name instead of a colour).
+
+Figures are built with matplotlib's object API (no pyplot), so nothing global changes in the caller's
+process and no display is needed."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from .data import ReportData, by_scenario, groups, is_ok, sorted_values
+from .document import STATUS_TEXT, Figure
+
+DPI = 110
+
+
+def _figure(ncols: int, nrows: int = 1, width: float = 4.6, height: float = 3.6):
+    from matplotlib.figure import Figure as MplFigure
+
+    fig = MplFigure(figsize=(max(width * ncols, 6.0), height * nrows), dpi=DPI, layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, axes
+
+
+def slug(*parts) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", "_".join(str(p) for p in parts)).strip("-")
+
+
+def _save(fig, path: Path, title: str, points: list[dict]) -> Figure:
+    fig.savefig(path)
+    return Figure(path, title, points)
+
+
+def _log_axes(ax, x_values: list | None = None, y: bool = True) -> None:
+    """Log axes that read as plain numbers, ticked at the batch sizes measured."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    if x_values:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x_values, [str(v) for v in x_values])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if y:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+        few = FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else "")
+        span = _decades(ax)
+        ax.yaxis.set_minor_formatter(plain if span < 0.7 else few if span < 2 else NullFormatter())
+
+
+def _decades(ax) -> float:
+    lo, hi = ax.get_ylim()
+    return math.log10(hi / lo) if lo > 0 and hi > 0 else 0.0
+
+
+def _colors(labels: list[str]) -> dict[str, str]:
+    import matplotlib
+
+    cycle = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {lab: cycle[i % len(cycle)] for i, lab in enumerate(labels)}
+
+
+def _inference_groups(data: ReportData) -> dict[tuple, list[dict]]:
+    return groups(by_scenario(data.records, "inference"), ("model", "task", "dtype"))
+
+
+def latency_throughput(data: ReportData, out: Path) -> list[Figure]:
+    """Latency and throughput against batch size, one line per backend, one column per sequence length."""
+    figs = []
+    for (model, task, dtype), recs in _inference_groups(data).items():
+        seqs = sorted_values(recs, "seq_len")
+        labels = list(dict.fromkeys(r["_label"] for r in recs))
+        colors = _colors(labels)
+        fig, axes = _figure(len(seqs), 2)
+        points = []
+        for j, seq in enumerate(seqs):
+            for row, (key, ylabel) in enumerate((("latency_ms", "latency (ms, median)"),
+                                                 ("throughput_per_s", "throughput (seq/s)"))):
+                ax = axes[row][j]
+                for lab in labels:
+                    pts = sorted((r["batch_size"], r[key]) for r in recs
+                                 if r["_label"] == lab and r["seq_len"] == seq and is_ok(r, key))
+                    if not pts:
+                        continue
+                    ax.plot(*zip(*pts), marker="o", label=lab, color=colors[lab])
+                    points += [{"plot": key, "series": lab, "model": model, "seq": seq, "batch": b, "value": v}
+                               for b, v in pts]
+                _log_axes(ax, sorted_values([r for r in recs if r["seq_len"] == seq], "batch_size"))
+                ax.set_xlabel("batch size")
+                ax.set_ylabel(ylabel)
+                ax.set_title(f"seq {seq}")
+                ax.grid(True, which="both", alpha=0.3)
+        handles, names = axes[0][0].get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, names, loc="outside right upper")
+        title = f"{model} {task} {dtype}: latency and throughput vs batch"
+        fig.suptitle(title)
+        figs.append(_save(fig, out / f"latency_throughput_{slug(model, task, dtype)}.png", title, points))
+    return figs
+
+
+def _bars(ax, recs: list[dict], key: str, labels: list[str], colors: dict[str, str]) -> list[dict]:
+    batches = sorted_values([r for r in recs if is_ok(r, key)], "batch_size")
+    labels = [lab for lab in labels if any(r["_label"] == lab and is_ok(r, key) for r in recs)]
+    width = 0.8 / max(len(labels), 1)
+    points = []
+    for i, lab in enumerate(labels):
+        vals = {r["batch_size"]: r[key] for r in recs if r["_label"] == lab and is_ok(r, key)}
+        xs = [x for x, b in enumerate(batches) if b in vals]
+        ax.bar([x - 0.4 + width * (i + 0.5) for x in xs], [vals[batches[x]] for x in xs], width, label=lab,
+               color=colors[lab])
+        points += [{"plot": key, "series": lab, "batch": batches[x], "value": vals[batches[x]]} for x in xs]
+    ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("batch size")
+    ax.grid(True, axis="y", alpha=0.3)
+    return points
+
+
+def speedup_memory(data: ReportData, out: Path) -> list[Figure]:
+    """Speedup % and memory saved % against the baseline per sequence length, as in the seeds' attention
+    study: one bar per backend and batch size."""
+    figs = []
+    for (model, task, dtype), recs in _inference_groups(data).items():
+        recs = [r for r in recs if r.get("backend") != r.get("_baseline")]
+        if not any(is_ok(r, "speedup") for r in recs):
+            continue
+        rows = [("speedup", "speedup %")] + ([("mem_saved", "memory saved %")]
+                                             if any(is_ok(r, "mem_saved") for r in recs) else [])
+        seqs = sorted_values([r for r in recs if is_ok(r, "speedup")], "seq_len")
+        labels = list(dict.fromkeys(r["_label"] for r in recs))
+        colors = _colors(labels)
+        fig, axes = _figure(len(seqs), len(rows))
+        points = []
+        for j, seq in enumerate(seqs):
+            for i, (key, ylabel) in enumerate(rows):
+                ax = axes[i][j]
+                pts = _bars(ax, [r for r in recs if r["seq_len"] == seq], key, labels, colors)
+                points += [{**p, "model": model, "seq": seq} for p in pts]
+                ax.set_ylabel(ylabel)
+                ax.set_title(f"SeqLen {seq}")
+        handles, names = axes[0][0].get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, names, loc="outside right upper")
+        bases = ", ".join(sorted({str(r["_baseline"]) for r in recs}))
+        what = "speedup and memory saved" if len(rows) > 1 else "speedup (no memory measured)"
+        title = f"{model} {task} {dtype}: {what} vs {bases}"
+        fig.suptitle(title)
+        figs.append(_save(fig, out / f"speedup_{slug(model, task, dtype)}.png", title, points))
+    return figs
+
+
+def efficiency_heatmap(data: ReportData, out: Path) -> list[Figure]:
+    """MFU over batch x sequence length per backend; TFLOPS where the device's peak is unknown (MFU empty)."""
+    figs = []
+    for (model, task, dtype), recs in _inference_groups(data).items():
+        use_mfu = any(is_ok(r, "mfu") for r in recs)
+        key = "mfu" if use_mfu else "tflops"
+        if not any(is_ok(r, key) for r in recs):
+            continue
+        labels = list(dict.fromkeys(r["_label"] for r in recs))
+        batches, seqs = sorted_values(recs, "batch_size"), sorted_values(recs, "seq_len")
+        scale = 100.0 if use_mfu else 1.0
+        top = max(r[key] * scale for r in recs if is_ok(r, key))
+        fig, axes = _figure(len(labels), 1, width=1.2 + 0.9 * len(seqs), height=1.6 + 0.45 * len(batches))
+        points = []
+        for j, lab in enumerate(labels):
+            ax = axes[0][j]
+            cell = {(r["batch_size"], r["seq_len"]): r for r in recs if r["_label"] == lab}
+            grid = [[math.nan] * len(seqs) for _ in batches]
+            for bi, b in enumerate(batches):
+                for si, s in enumerate(seqs):
+                    r = cell.get((b, s))
+                    if r is None:
+                        continue
+                    if is_ok(r, key):
+                        grid[bi][si] = r[key] * scale
+                        points.append({"plot": key, "series": lab, "batch": b, "seq": s, "value": r[key]})
+                        text = f"{r[key] * scale:.1f}%" if use_mfu else f"{r[key]:.3g}"
+                    else:
+                        text = STATUS_TEXT.get(r["status"], "")
+                    ax.text(si, bi, text, ha="center", va="center", fontsize=8,
+                            color="red" if r["status"] != "ok" else "white")
+            im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=top or 1, aspect="auto", origin="lower")
+            ax.set_xticks(range(len(seqs)), [str(s) for s in seqs])
+            ax.set_yticks(range(len(batches)), [str(b) for b in batches])
+            ax.set_xlabel("sequence length")
+            ax.set_ylabel("batch size")
+            ax.set_title(lab)
+        fig.colorbar(im, ax=axes[0].tolist(), label="MFU %" if use_mfu else "TFLOPS")
+        what = "MFU (dense datasheet peak)" if use_mfu else "TFLOPS (no datasheet peak for this device: no MFU)"
+        title = f"{model} {task} {dtype}: {what}"
+        fig.suptitle(title)
+        figs.append(_save(fig, out / f"{key}_heatmap_{slug(model, task, dtype)}.png", title, points))
+    return figs
+
+
+def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
+    """Box plots of the raw per-call samples, one panel per (sequence length, batch) on a linear axis, so
+    the spread behind each median is visible."""
+    from matplotlib.patches import Patch
+
+    figs = []
+    for (model, task, dtype), group in _inference_groups(data).items():
+        recs = [r for r in group if is_ok(r) and r["_samples"]]
+        if not recs:
+            continue
+        failed = [r for r in group if not is_ok(r)]
+        seqs, batches = sorted_values(recs, "seq_len"), sorted_values(recs, "batch_size")
+        labels = list(dict.fromkeys(r["_label"] for r in recs))
+        colors = _colors(labels)
+        fig, axes = _figure(len(batches), len(seqs), width=0.9 + 0.55 * len(labels), height=2.8)
+        points = []
+        for i, seq in enumerate(seqs):
+            for j, b in enumerate(batches):
+                ax = axes[i][j]
+                cells = [r for lab in labels for r in recs
+                         if r["_label"] == lab and r["seq_len"] == seq and r["batch_size"] == b]
+                if cells:
+                    box = ax.boxplot([r["_samples"] for r in cells], widths=0.7, patch_artist=True,
+                                     flierprops={"markersize": 2}, medianprops={"color": "black"})
+                    for patch, r in zip(box["boxes"], cells):
+                        patch.set_facecolor(colors[r["_label"]])
+                    points += [{"plot": "samples", "series": r["_label"], "seq": seq, "batch": b,
+                                "value": len(r["_samples"])} for r in cells]
+                gone = [f"{r['_label']}: {STATUS_TEXT.get(r['status'], r['status'])}" for r in failed
+                        if r["seq_len"] == seq and r["batch_size"] == b]
+                if gone:
+                    ax.text(0.02, 0.98, "\n".join(gone), transform=ax.transAxes, va="top", fontsize=7, color="red")
+                ax.set_xticks([])
+                ax.set_title(f"b{b} s{seq}", fontsize=9)
+                ax.tick_params(labelsize=7)
+                ax.grid(True, axis="y", alpha=0.3)
+            axes[i][0].set_ylabel("ms per call")
+        fig.legend([Patch(color=colors[lab]) for lab in labels], labels, loc="outside right upper")
+        title = f"{model} {task} {dtype}: latency distribution of the raw samples"
+        fig.suptitle(title)
+        figs.append(_save(fig, out / f"latency_dist_{slug(model, task, dtype)}.png", title, points))
+    return figs
+
+
+def training_scaling(data: ReportData, out: Path) -> list[Figure]:
+    """Training throughput and scaling efficiency (throughput / (N x one-GPU throughput)) over GPUs."""
+    recs = [r for r in by_scenario(data.records, "training") if is_ok(r, "samples_per_s") and r.get("world_size")]
+    if not recs:
+        return []
+    fig, axes = _figure(2, 1)
+    ident = ("run_id", "model", "backend", "dtype", "batch_size", "seq_len")
+    single = {tuple(r.get(k) for k in ident): r["samples_per_s"] for r in recs if r["world_size"] == 1}
+    # A series per strategy over several GPUs, each starting from the one-GPU run of the same shape.
+    series = groups([r for r in recs if r["world_size"] > 1], (*ident, "strategy")) or groups(recs, (*ident, "strategy"))
+    points = []
+    for key, rs in series.items():
+        one = single.get(key[:-1])
+        pts = sorted({**({1: one} if one else {}), **{r["world_size"]: r["samples_per_s"] for r in rs}}.items())
+        r0 = rs[0]
+        name = f"{r0['model']} {r0['dtype']} b{r0['batch_size']} s{r0['seq_len']} {key[-1] or ''}".strip()
+        axes[0][0].plot(*zip(*pts), marker="o", label=name)
+        points += [{"plot": "samples_per_s", "series": name, "world_size": n, "value": v} for n, v in pts]
+        if one:
+            eff = [(n, v / (n * one)) for n, v in pts]
+            axes[0][1].plot(*zip(*eff), marker="o", label=name)
+            points += [{"plot": "efficiency", "series": name, "world_size": n, "value": e} for n, e in eff]
+    axes[0][0].set_ylabel("samples/s (all GPUs)")
+    axes[0][1].set_ylabel("scaling efficiency")
+    if not single:
+        axes[0][1].text(0.5, 0.5, "no one-GPU run to compare with", ha="center", transform=axes[0][1].transAxes)
+    sizes = sorted({p["world_size"] for p in points})
+    for ax in axes[0]:
+        ax.set_xlabel("GPUs (world size)")
+        ax.set_xticks(sizes)
+        ax.grid(True, alpha=0.3)
+    axes[0][1].set_ylim(0, max([1.05] + [p["value"] * 1.05 for p in points if p["plot"] == "efficiency"]))
+    axes[0][0].legend(fontsize=7)
+    title = "training scaling over GPUs"
+    fig.suptitle(title)
+    return [_save(fig, out / "training_scaling.png", title, points)]
+
+
+def _ceilings(recs: list[dict]) -> tuple[dict[str, float], float | None]:
+    """The ceilings the micro run judged its points by (peak_tflops, peak_gbs in its records), the best
+    GEMM the run measured, and the datasheet where the records carry no peak."""
+    from ..measure import peaks
+
+    compute = {f"{r['dtype']} peak": r["peak_tflops"] for r in recs if r.get("peak_tflops") and r.get("dtype")}
+    for r in recs:
+        if r.get("scenario") == "micro-gemm" and is_ok(r, "tflops"):
+            name = f"{r.get('dtype')} best GEMM measured"
+            compute[name] = max(compute.get(name, 0.0), r["tflops"])
+    bandwidth = next((r["peak_gbs"] for r in recs if r.get("peak_gbs")), None)
+    copies = [r["gbps"] for r in recs if r.get("scenario") == "micro-bandwidth" and is_ok(r, "gbps")]
+    if bandwidth is None and copies:
+        bandwidth = max(copies)
+    row = next((peaks.lookup(r["gpu"]) for r in recs if r.get("gpu") and peaks.lookup(r["gpu"])), None)
+    if row is not None:
+        bandwidth = bandwidth or row.bandwidth_gbs
+        for dtype in sorted({r["dtype"] for r in recs if r.get("dtype")}):
+            if row.peak(dtype) and not any(k.startswith(f"{dtype} peak") for k in compute):
+                compute[f"{dtype} peak"] = row.peak(dtype)
+    return compute, bandwidth
+
+
+def roofline(data: ReportData, out: Path) -> list[Figure]:
+    """The micro-benchmark points (GEMMs, layer parts) against the compute and memory ceilings, one plot
+    per micro run; drawn by report/roofline.py and scenarios/micro, skipped where those are absent."""
+    try:
+        from ..scenarios.micro.run import roofline_points
+        from .roofline import plot_roofline
+    except ImportError:
+        return []
+    figs = []
+    for run in data.runs:
+        recs = [r for r in data.records if r["run_id"] == run["run_id"] and str(r.get("scenario")).startswith("micro-")]
+        pts = roofline_points(recs)  # ok cells only
+        if not pts:
+            continue
+        compute, bandwidth = _ceilings(recs)
+        path = out / (f"roofline_{slug(run['name'])}.png" if data.multi_run else "roofline.png")
+        title = f"roofline: {run['name']}"
+        plot_roofline(pts, compute or None, bandwidth, str(path), title=title)
+        figs.append(Figure(path, title, [{"plot": "roofline", "series": p["group"], "label": p["label"],
+                                          "intensity": p["intensity"], "value": p["tflops"]} for p in pts]))
+    return figs
+
+
+PLOTS = (latency_throughput, speedup_memory, efficiency_heatmap, latency_distributions, training_scaling,
+         roofline)
+
+
+def all_figures(data: ReportData, out: Path) -> tuple[list[Figure], list[str]]:
+    """Every plot the data allows, and a line for each plot that failed: the tables still get written."""
+    out.mkdir(parents=True, exist_ok=True)
+    figures, failures = [], []
+    for plot in PLOTS:
+        try:
+            figures += plot(data, out)
+        except Exception as exc:  # noqa: BLE001 - one broken plot must not cost the whole report
+            failures.append(f"plot {plot.__name__} failed: {type(exc).__name__}: {exc}")
+    return figures, failures

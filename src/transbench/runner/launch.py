@@ -1,0 +1,236 @@
+"""Launching one cell in its own process(es): a plain child for one process, torchrun for several ranks
+or hosts. A deadline ends the whole process tree; every rank's log tail is kept with the result.
+
+Also `run_data_parallel`: `transbench run --nproc N`, each batch split over N GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .cell import CellResult
+
+# The GPU hosts this runs on need NVLink multicast off; a user's own setting wins.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+LOG_TAIL_CHARS = 2000
+KILL_GRACE_S = 5.0
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    nproc: int = 1  # processes on this node
+    torchrun: bool = False  # False: one plain process, no process group
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None  # host:port of node 0, for several hosts
+    rdzv_id: str = "transbench"
+    timeout: float = 900.0
+    env: dict = field(default_factory=dict)  # extra environment for the ranks (NCCL choices)
+
+
+@dataclass
+class Launched:
+    results: dict[int, CellResult]  # by rank: rank 0's, and those of failed ranks
+    returncode: int | None
+    timed_out: bool
+    logs: dict[str, str]  # log file name -> its tail
+    wall_s: float
+
+
+def environment(extra: dict) -> dict:
+    env = dict(os.environ)
+    for k, v in SAFE_ENV.items():
+        env.setdefault(k, v)
+    env.update(extra)
+    package_root = str(Path(__file__).resolve().parents[2])  # the children import this same transbench
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def command(module: str, workdir: Path, cfg: LaunchConfig) -> list[str]:
+    cmd = [sys.executable]
+    if cfg.torchrun:
+        cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={cfg.nproc}", f"--nnodes={cfg.nnodes}",
+                "--max-restarts=0"]
+        if cfg.nnodes == 1:
+            cmd.append("--standalone")  # a free local port for the rendezvous
+        else:
+            cmd += [f"--node-rank={cfg.node_rank}", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={cfg.rdzv_endpoint}", f"--rdzv-id={cfg.rdzv_id}"]
+    return cmd + ["-m", module, "--cell", str(workdir / "cell.json"), "--out", str(workdir)]
+
+
+def _ours(workdir: Path) -> list[int]:
+    """Live processes of this launch: every one carries the launch's unique folder in its command line."""
+    mark = str(workdir).encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if mark in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _stop(proc: subprocess.Popen, workdir: Path) -> None:
+    """SIGTERM first (torchrun then stops its ranks itself), SIGKILL whatever is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    _kill_leftovers(workdir)
+    proc.wait()
+
+
+def _kill_leftovers(workdir: Path) -> None:
+    if not Path("/proc").is_dir():
+        return
+    for pid in _ours(workdir):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + KILL_GRACE_S
+    while _ours(workdir) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+    except OSError:
+        return ""
+
+
+def launch(module: str, payload: dict, cfg: LaunchConfig) -> Launched:
+    """Run `python -m module --cell ... --out ...` (through torchrun when cfg.torchrun) until it ends or
+    its deadline passes; no process of it is left running afterwards."""
+    workdir = Path(tempfile.mkdtemp(prefix="transbench-launch-"))
+    try:
+        (workdir / "cell.json").write_text(json.dumps(payload))
+        started = time.monotonic()
+        with open(workdir / "launcher.log", "w") as log:
+            proc = subprocess.Popen(command(module, workdir, cfg), env=environment(cfg.env), stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=cfg.timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                _stop(proc, workdir)
+                rc, timed_out = None, True
+            except BaseException:  # Ctrl-C: take the ranks down with us
+                _stop(proc, workdir)
+                raise
+        _kill_leftovers(workdir)  # a rank that outlived its launcher
+        results = {}
+        for f in sorted(workdir.glob("result-rank*.json")):
+            results[int(f.stem.removeprefix("result-rank"))] = CellResult.from_dict(json.loads(f.read_text()))
+        logs = {f.name: _tail(f) for f in sorted(workdir.glob("*.log"))}
+        return Launched(results, rc, timed_out, logs, time.monotonic() - started)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def outcome(launched: Launched, cfg: LaunchConfig) -> CellResult:
+    """The cell's result: rank 0's, else the first failed rank's, else a timeout or an error, with the
+    ranks' log tails kept whenever it is not ok."""
+    res = launched.results
+    if 0 in res:
+        result = res[0]
+    elif res:
+        result = res[min(res)]
+    elif launched.timed_out:
+        silent = [name for name, text in launched.logs.items() if name.startswith("rank") and not text.strip()]
+        result = CellResult("timeout", error=f"no result within the {cfg.timeout:g} s deadline"
+                            + (f" (no output from {', '.join(silent)})" if silent else ""))
+    elif launched.returncode == 0 and cfg.node_rank > 0:
+        result = CellResult("ok", info={"note": "this node's ranks finished; node 0 stores the result"})
+    else:
+        why = next((_last_line(t) for n, t in sorted(launched.logs.items()) if n.startswith("rank") and t.strip()),
+                   _last_line(launched.logs.get("launcher.log", "")))
+        result = CellResult("error", error=f"exited with code {launched.returncode} and no result: {why}")
+    result.info = {**result.info, "wall_s": launched.wall_s}
+    if result.status != "ok":
+        result.info["logs"] = launched.logs
+    return result
+
+
+# --- data-parallel inference ---------------------------------------------------------------------
+
+def run_data_parallel(spec, db: str, *, json_path: str | None = None, csv_path: str | None = None):
+    """`run --nproc N`: every cell's batch split over N ranks (torchrun), timed iteration by iteration
+    from a common start; latency = the slowest rank's, throughput = the whole batch over it."""
+    from .. import api
+    from ..errors import SpecError
+    from ..measure import device as dev
+    from ..measure import env as env_mod
+    from ..store import Store, export
+    from . import grid
+    from .sweep import store_result
+
+    spec = grid.validate(spec)
+    device = dev.resolve(spec.device)
+    if device.type == "cuda":
+        import torch
+
+        if spec.nproc > torch.cuda.device_count():
+            raise SpecError(f"--nproc {spec.nproc} needs {spec.nproc} GPUs; {torch.cuda.device_count()} visible")
+    small = [b for b in spec.batches if b < spec.nproc]
+    if small:
+        raise SpecError(f"batch {small[0]} cannot be split over --nproc {spec.nproc}: use batches of {spec.nproc} or more")
+    if spec.gpus or spec.max_batch:
+        raise SpecError("--nproc runs each cell on all its GPUs: leave out --gpus and --max-batch")
+    cells = [replace(c, device=device.type) for c in grid.expand(spec)]
+    cfg = LaunchConfig(nproc=spec.nproc, torchrun=True, timeout=spec.timeout)
+    store = Store(db)
+    try:
+        existing = store.find_run(spec.name) if spec.name else None
+        if existing is not None:
+            run_id, name = existing["run_id"], existing["name"]
+        else:
+            run_id, name = store.create_run(spec.name, "inference", api.spec_to_store(spec),
+                                            env_mod.collect(open_cuda=False))
+        done = store.finished_keys(run_id)
+        oom_at: dict = {}
+        for cell in cells:
+            if cell.key() in done:
+                continue
+            group = cell.oom_group()
+            if group in oom_at and cell.batch > oom_at[group]:
+                result = CellResult("skipped", error=f"batch {oom_at[group]} was out of memory")
+            else:
+                result = outcome(launch("transbench.scenarios.inference_dp", cell.to_dict(), cfg), cfg)
+                if result.status == "oom":
+                    oom_at[group] = min(oom_at.get(group, cell.batch), cell.batch)
+            store_result(store, run_id, cell, result)
+            print(f"  {cell.model} {cell.task} {cell.backend} {cell.dtype} b{cell.batch} s{cell.seq} "
+                  f"x{spec.nproc}: {result.status} {result.error or ''}"[:160], flush=True)
+        recs = export.records(store, [run_id])
+    finally:
+        store.close()
+    if json_path:
+        export.write_json(recs, json_path)
+    if csv_path:
+        export.write_csv(recs, csv_path)
+    return api.RunOutcome(run_id, name, recs, existing is not None)

@@ -1,0 +1,13 @@
+"""Micro-benchmarks: the ceilings of the device (gemm, bandwidth) and the cost of one transformer layer
+and of its parts (layer, breakdown). They run in this process, one stored cell per measured point.
+
+    from transbench.scenarios.micro import GemmOptions, run_micro
+    outcome = run_micro("gemm", GemmOptions(sizes=[4096, 8192], dtypes=["bf16"]), db="bench.db")
+"""
+
+from .ceilings import measured_ceilings
+from .options import BandwidthOptions, BreakdownOptions, GemmOptions, LayerOptions, parse_sizes
+from .run import KINDS, MicroOutcome, plot_micro, roofline_points, run_micro
+
+__all__ = ["BandwidthOptions", "BreakdownOptions", "GemmOptions", "KINDS", "LayerOptions", "MicroOutcome",
+           "measured_ceilings", "parse_sizes", "plot_micro", "roofline_points", "run_micro"]

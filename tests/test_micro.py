@@ -1,0 +1,285 @@
+"""Micro-benchmarks on CPU at tiny sizes: every command stores rows, the part costs match hand counts,
+the roofline classifies fixed numbers, and bad options are one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from transbench.cli import app
+from transbench.models import flops
+from transbench.models.parts import PARTS, attention_ffn_ratio, layer_parts
+from transbench.models.presets import PRESETS
+from transbench.report.roofline import attainable_tflops, bound, plot_roofline, ridge_point
+from transbench.scenarios import micro
+from transbench.scenarios.micro import common, gemm
+from transbench.store import Store
+
+FAST = ["--device", "cpu", "--min-time", "0.01"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, ["micro", *args, *FAST])
+
+
+def cells(db, scenario):
+    store = Store(db)
+    try:
+        return [c for r in store.runs() for c in store.cells(r["run_id"]) if c["scenario"] == scenario]
+    finally:
+        store.close()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny ops on a shared 2-core machine: more threads only spin against each other."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def db(tmp_path):
+    return str(tmp_path / "micro.db")
+
+
+# --- the commands, end to end ---------------------------------------------------------------------
+
+def test_gemm_stores_square_and_layer_shapes(db, tmp_path):
+    out_json = tmp_path / "g.json"
+    res = invoke("gemm", "--sizes", "32,2^6", "--dtypes", "fp32,bf16", "--models", "bert-tiny", "--tokens", "16",
+                 "--db", db, "--json", str(out_json), "--plot", str(tmp_path / "g.png"))
+    assert res.exit_code == 0, res.output
+    rows = cells(db, "micro-gemm")
+    assert len(rows) == (2 + 4) * 2
+    assert {c["status"] for c in rows} == {"ok"}
+    by = {(c["record"]["shape"], c["record"]["m"], c["record"]["dtype"]): c["record"] for c in rows}
+    sq = by[("square", 64, "fp32")]
+    assert (sq["n"], sq["k"], sq["flops"]) == (64, 64, 2 * 64**3)
+    assert sq["bytes"] == 3 * 64 * 64 * 4 and sq["tflops"] > 0 and sq["n_samples"] >= 10
+    assert sq["rel_err"] < 1e-5 and by[("square", 64, "bf16")]["bytes"] == 3 * 64 * 64 * 2
+    qkv = by[("qkv", 16, "fp32")]
+    assert (qkv["model"], qkv["n"], qkv["k"]) == ("bert-tiny", 3 * 48, 48)
+    assert by[("ffn-down", 16, "fp32")]["k"] == 96
+    assert sq["pct_of_peak"] is None  # no datasheet row for a CPU: nothing invented
+    assert len(json.loads(out_json.read_text())) == 12
+    assert (tmp_path / "g.png").stat().st_size > 1000
+    assert "n=64" in res.output
+
+
+def test_bandwidth_counts_bytes_read_and_written(db):
+    res = invoke("bandwidth", "--sizes", "2^10,4096", "--dtype", "fp32", "--db", db)
+    assert res.exit_code == 0, res.output
+    recs = {(c["record"]["op"], c["record"]["elements"]): c for c in cells(db, "micro-bandwidth")}
+    assert len(recs) == 6 and {c["status"] for c in recs.values()} == {"ok"}
+    copy, add, scale = recs[("copy", 4096)]["record"], recs[("add", 4096)]["record"], recs[("scale", 1024)]["record"]
+    assert copy["bytes"] == 2 * 4096 * 4 and copy["flops"] == 0 and copy["tflops"] == 0
+    assert add["bytes"] == 3 * 4096 * 4 and add["flops"] == 4096
+    assert scale["gbps"] == pytest.approx(scale["bytes"] / (scale["latency_ms"] / 1e3) / 1e9)
+    assert recs[("copy", 1024)]["info"]["operand_sets"] == 1  # no rotation without a known L2
+
+
+def test_layer_forward_and_backward_flops(db):
+    res = invoke("layer", "--model", "bert-tiny", "--batch", "1,2", "--seq", "8", "--db", db)
+    assert res.exit_code == 0, res.output
+    rows = cells(db, "micro-layer")
+    assert len(rows) == 4 and {c["status"] for c in rows} == {"ok"}
+    shape = PRESETS["bert-tiny"]
+    for c in rows:
+        r = c["record"]
+        fwd = r["batch_size"] * flops.layer_flops(shape, 8)
+        assert r["flops"] == (fwd if r["pass"] == "fwd" else 3 * fwd)
+        assert r["rel_err"] < 1e-4
+        assert c["info"]["attn_implementation"] == "sdpa" and c["info"]["training_mode"] is False
+    assert "fwd+bwd seq=8" in res.output
+
+
+def test_breakdown_parts_shares_and_measured_ceilings(db, tmp_path):
+    assert invoke("gemm", "--sizes", "64", "--db", db).exit_code == 0
+    assert invoke("bandwidth", "--sizes", "2^12", "--ops", "copy", "--db", db).exit_code == 0
+    plot = tmp_path / "b.png"
+    res = invoke("breakdown", "--model", "bert-tiny", "--batch", "2", "--seq", "8", "--db", db, "--plot", str(plot))
+    assert res.exit_code == 0, res.output
+    rows = {c["record"]["part"]: c for c in cells(db, "micro-breakdown")}
+    assert list(rows) == list(PARTS) and {c["status"] for c in rows.values()} == {"ok"}
+    costs = layer_parts(PRESETS["bert-tiny"], 2, 8, 4)
+    for part, c in rows.items():
+        r = c["record"]
+        assert r["flops"] == costs[part].flops and r["bytes"] == costs[part].min_bytes
+        assert r["ceiling_source"] == "measured" and r["bound"] in ("compute", "memory")
+        assert r["share"] == pytest.approx(r["latency_ms"] / rows["layer"]["record"]["latency_ms"])
+    ceil = micro.measured_ceilings(db, "cpu")
+    assert rows["qkv"]["record"]["peak_tflops"] == ceil["fp32 GEMM TFLOPS"]
+    assert rows["qkv"]["record"]["peak_gbs"] == ceil["copy GB/s"]
+    r = rows["layernorms"]["record"]
+    assert r["bound"] == bound(r["intensity"], ceil["fp32 GEMM TFLOPS"], ceil["copy GB/s"])
+    assert plot.stat().st_size > 1000
+    assert "attention / FFN FLOP ratio" in res.output
+
+
+def test_breakdown_gpt2_and_no_ceilings(db):
+    out = micro.run_micro("breakdown", micro.BreakdownOptions(model="gpt2-tiny", batch=1, seq=8, device="cpu",
+                                                              min_time=0.01), db)
+    recs = {r["part"]: r for r in out.records}
+    assert {r["status"] for r in recs.values()} == {"ok"}
+    assert recs["attention core"]["flops"] == layer_parts(PRESETS["gpt2-tiny"], 1, 8, 4)["attention core"].flops
+    assert recs["qkv"]["bound"] is None and recs["qkv"]["ceiling_source"] is None  # CPU, nothing stored
+
+
+def test_oom_becomes_a_row_and_the_sweep_goes_on(db, monkeypatch):
+    import torch
+
+    real = gemm.build_calls
+
+    def build(g, dtype, device, sets, seed):
+        if g.m >= 64:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(g, dtype, device, sets, seed)
+
+    monkeypatch.setattr(gemm, "build_calls", build)
+    out = micro.run_micro("gemm", micro.GemmOptions(sizes=[32, 64], device="cpu", min_time=0.01), db)
+    assert [r["status"] for r in out.records] == ["ok", "oom"]
+    assert "out of memory" in out.records[1]["error"] and out.records[1]["tflops"] is None
+
+
+def test_measured_ceilings_feed_env(db, monkeypatch):
+    from transbench import api
+
+    store = Store(db)
+    run_id, _ = store.create_run("h100", "micro", {}, {})
+    for dtype, tf in (("bf16", 700.0), ("bf16", 736.5), ("fp16", 741.0)):
+        store.put_cell(run_id, f"{dtype}{tf}", "micro-gemm", "ok",
+                       {"dtype": dtype, "tflops": tf, "gpu": "NVIDIA H100 80GB HBM3", "device": "cuda:0"}, cell={})
+    store.put_cell(run_id, "bad", "micro-gemm", "wrong", {"dtype": "fp8", "tflops": 5000.0,
+                                                         "gpu": "NVIDIA H100 80GB HBM3"}, cell={})
+    store.put_cell(run_id, "copy", "micro-bandwidth", "ok", {"op": "copy", "gbps": 2860.0, "dtype": "fp32",
+                                                            "gpu": "NVIDIA H100 80GB HBM3"}, cell={})
+    store.close()
+    expected = {"bf16 GEMM TFLOPS": 736.5, "fp16 GEMM TFLOPS": 741.0, "copy GB/s": 2860.0}
+    assert micro.measured_ceilings(db, "NVIDIA H100 80GB HBM3") == expected
+    assert micro.measured_ceilings(db, "NVIDIA A100-SXM4-80GB") == {}
+    monkeypatch.setattr(api, "environment", lambda: {"gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3",
+                                                               "peak": None}]})
+    res = CliRunner().invoke(app, ["env", "--db", db, "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["gpus"][0]["measured"] == expected
+
+
+# --- counts by hand -----------------------------------------------------------------------------
+
+def test_part_costs_by_hand():
+    # bert-tiny: h=48, 3 heads, i=96; batch 2 x seq 8 -> T=16 tokens; fp16 (2 bytes)
+    p = layer_parts(PRESETS["bert-tiny"], 2, 8, 2)
+    assert (p["qkv"].matmul_flops, p["qkv"].elementwise_flops) == (2 * 16 * 48 * 144, 3 * 16 * 48)
+    assert p["qkv"].min_bytes == 2 * (16 * 48 + 3 * 48 * 48 + 3 * 48 + 3 * 16 * 48)
+    core = p["attention core"]
+    assert (core.matmul_flops, core.elementwise_flops) == (4 * 2 * 64 * 48, 6 * 2 * 3 * 64)
+    assert p["attention core"].min_bytes == 2 * 4 * 16 * 48
+    assert p["output proj"].matmul_flops == 2 * 16 * 48 * 48
+    assert p["dense"].flops == 2 * 16 * 48 * 96 + 16 * 96
+    assert p["dense+act"].flops == 2 * 16 * 48 * 96 + 16 * 96 * 6  # bias + erf GELU (5)
+    assert p["dense"].min_bytes == p["dense+act"].min_bytes == 2 * (16 * 48 + 48 * 96 + 96 + 16 * 96)
+    assert p["layernorms"].flops == 2 * 7 * 16 * 48 and p["layernorms"].matmul_flops == 0
+    assert p["ffn"].matmul_flops == 4 * 16 * 48 * 96
+    assert p["layer"].matmul_flops == 2 * flops.layer_flops(PRESETS["bert-tiny"], 8)
+    assert p["layer"].min_bytes == 2 * (2 * 16 * 48 + 4 * 48 * 48 + 4 * 48 + 2 * 48 * 96 + 96 + 48 + 4 * 48)
+    assert p["dense"].intensity == pytest.approx(p["dense"].flops / p["dense"].min_bytes)
+    g = layer_parts(PRESETS["gpt2-tiny"], 2, 8, 2)
+    assert g["attention core"].matmul_flops == 2 * 2 * 8 * 9 * 48  # causal: s (s + 1) / 2 of the s^2 pairs
+    assert g["dense+act"].elementwise_flops == 16 * 96 * 10  # bias + tanh GELU (9)
+
+
+def test_attention_ffn_ratio_matches_the_seed():
+    assert attention_ffn_ratio(PRESETS["bert-large-uncased"], 128) == pytest.approx(0.53125)
+
+
+# --- roofline ------------------------------------------------------------------------------------
+
+def test_roofline_classification_on_fixed_numbers(tmp_path):
+    assert ridge_point(989.4, 3350) == pytest.approx(295.34, rel=1e-3)
+    assert bound(100.0, 989.4, 3350) == "memory"
+    assert bound(300.0, 989.4, 3350) == "compute"
+    assert bound(295.34, 989.4, 3350) == "memory" and bound(296.0, 989.4, 3350) == "compute"
+    assert bound(1000.0, None, 3350) is None and bound(1.0, 989.4, None) is None
+    assert attainable_tflops(10.0, 989.4, 3350) == pytest.approx(33.5)
+    assert attainable_tflops(1e4, 989.4, 3350) == 989.4
+    path = plot_roofline([{"label": "qkv", "intensity": 400.0, "tflops": 600.0, "group": "compute"},
+                          {"label": "ln", "intensity": 0.9, "tflops": 2.5, "group": "memory"},
+                          {"label": "zero", "intensity": 0.0, "tflops": 0.0}],
+                         {"bf16": 989.4, "fp8": 1978.9}, 3350, str(tmp_path / "r.png"))
+    assert (tmp_path / "r.png").stat().st_size > 1000 and path.endswith("r.png")
+
+
+# --- measuring helpers ---------------------------------------------------------------------------
+
+def test_operand_rotation_outgrows_l2(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(common, "l2_bytes", lambda device: 1 << 20)
+    assert common.operand_sets(64 << 10, torch.device("cuda")) == 32
+    assert common.operand_sets(4 << 20, torch.device("cuda")) == 1
+    order = []
+    call = common.cycling([lambda i=i: order.append(i) for i in range(3)])
+    for _ in range(7):
+        call()
+    assert order == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_short_calls_are_timed_many_per_sample():
+    import torch
+
+    ctx = common.make_context(torch.device("cpu"), "", min_time=0.01, warmup=1)
+    per_call, reps = common.time_calls(lambda: None, ctx)
+    assert reps > 100 and len(per_call) >= 10 and max(per_call) < 0.1
+
+
+def test_fp8_path_checks_its_output():
+    import torch
+
+    g = gemm.GemmShape("square", 32, 32, 32)
+    try:
+        calls, check, info = gemm.build_calls(g, "fp8", torch.device("cpu"), 2, 0)
+        calls[1]()
+        calls[0]()
+    except (RuntimeError, NotImplementedError) as exc:  # CPU builds without fp8 matmul
+        pytest.skip(f"no fp8 matmul on this CPU build: {exc}")
+    out, ref = check()
+    assert out.dtype == torch.bfloat16 and info["use_fast_accum"] is False
+    assert 0 < common.rel_err(out, ref) < 0.05
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, words", [
+    (["gemm", "--sizes", "0,64"], "size 0"),
+    (["gemm", "--sizes", "abc"], "cannot read size"),
+    (["gemm", "--dtypes", "fp64"], "unknown dtype 'fp64'"),
+    (["gemm", "--dtypes", "fp8"], "needs a CUDA GPU"),
+    (["gemm", "--sizes", "64", "--models", "bert-huge"], "unknown model"),
+    (["bandwidth", "--sizes", "-4"], "cannot read size"),
+    (["bandwidth", "--ops", "triad"], "unknown op"),
+    (["bandwidth", "--dtype", "tf32"], "unknown dtype"),
+    (["layer", "--model", "bert-tiny", "--batch", "0"], "batch 0"),
+    (["layer", "--model", "bert-tiny", "--seq", "4096"], "longer than"),
+    (["breakdown", "--model", "gpt2-tiny", "--dtype", "tf32"], "needs a CUDA GPU"),
+])
+def test_bad_options_are_one_line_errors(db, args, words):
+    res = CliRunner().invoke(app, ["micro", *args, "--db", db, *FAST])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], res.output
+    import os
+
+    assert not os.path.exists(db)  # refused before anything was stored
+
+
+def test_a_taken_name_is_refused(db):
+    assert invoke("gemm", "--sizes", "32", "--db", db, "--name", "mine").exit_code == 0
+    res = invoke("gemm", "--sizes", "32", "--db", db, "--name", "mine")
+    assert res.exit_code == 2 and "already in" in res.output
+    assert len(cells(db, "micro-gemm")) == 1

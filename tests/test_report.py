@@ -1,0 +1,190 @@
+"""transbench report: tables in the seeds' engine README shape, plots, and failed cells never shown as speeds."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+from report_helpers import bad_result, cell, make_run, ok_result
+from typer.testing import CliRunner
+
+from transbench import api
+from transbench.cli import app
+from transbench.errors import SpecError
+from transbench.report import build_report, plots
+from transbench.report.data import load
+from transbench.report.document import num
+from transbench.runner.sweep import store_result
+from transbench.spec import RunSpec
+from transbench.store import Store
+
+# Speeds planted in the records of failed cells: none of them may appear anywhere in a report.
+# Values no real tiny cell can have, so a match means a leak.
+PLANTED = {"latency_ms": 98765.4321, "throughput_per_s": 87654.321, "tflops": 76543.21, "latency_p99_ms": 65432.1}
+BAD = {  # (backend, batch, seq) -> status
+    ("eager", 4, 16): "oom", ("sdpa", 4, 16): "wrong", ("eager", 4, 8): "timeout", ("sdpa", 4, 8): "error",
+}
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """A real run of bert-tiny (eager, sdpa x batch 1, 2 x seq 8, 16) plus failed cells at batch 4."""
+    db = str(tmp_path_factory.mktemp("store") / "t.db")
+    outcome = api.run(RunSpec(models=["bert-tiny"], backends=["eager", "sdpa"], batches=[1, 2], seqs=[8, 16],
+                              min_time=0.01, min_count=3, warmup=1, name="tiny"), db=db)
+    assert all(r["status"] == "ok" for r in outcome.records), outcome.records
+    store = Store(db)
+    for (backend, batch, seq), status in BAD.items():
+        error = {"oom": "CUDA out of memory", "wrong": "rel_err 0.5 over the fp32 tolerance 0.001",
+                 "timeout": "passed its 900 s deadline", "error": "RuntimeError: boom | second line\nthird"}[status]
+        store_result(store, outcome.run_id, cell(backend, batch, seq), bad_result(status, error, **PLANTED))
+    store.close()
+    out = tmp_path_factory.mktemp("report")
+    paths = build_report(db, ["tiny"], out)
+    return {"db": db, "outcome": outcome, "paths": paths, "md": paths.markdown.read_text(),
+            "html": paths.html.read_text()}
+
+
+def _table(md: str, title_part: str) -> list[str]:
+    """The lines of the markdown table whose title contains title_part."""
+    lines = md.split(title_part, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def test_engine_tables_have_the_seed_readme_shape(stored):
+    md = stored["md"]
+    for seq in (8, 16):
+        lines = _table(md, f"bert-tiny · base · fp32 · sequence length {seq}")
+        assert lines[0] == ("| Batch size | eager Latency (ms) | eager QPS (seq/s) | sdpa Latency (ms) | "
+                            "sdpa QPS (seq/s) |")
+        assert [line.split("|")[1].strip() for line in lines[2:]] == ["1", "2", "4"]
+        for batch in (1, 2):
+            rec = {r["backend"]: r for r in stored["outcome"].records if r["batch_size"] == batch and r["seq_len"] == seq}
+            row = f"| {batch} | {num(rec['eager']['latency_ms'])} | {num(rec['eager']['throughput_per_s'])} | " \
+                  f"{num(rec['sdpa']['latency_ms'])} | {num(rec['sdpa']['throughput_per_s'])} |"
+            assert row in lines
+    assert "| 4 | OOM | OOM | wrong | wrong |" in _table(md, "sequence length 16")
+    assert "| 4 | timeout | timeout | error | error |" in _table(md, "sequence length 8")
+
+
+def test_failed_cells_show_their_status_and_never_a_number(stored):
+    page = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", stored["html"])
+    for text in (stored["md"], page):
+        for value in PLANTED.values():
+            for shown in {num(value), f"{value:g}", f"{value:.2f}", str(value)}:
+                assert shown not in text, f"{shown} of a failed cell is in the report"
+    detail = _table(stored["md"], "#### every inference cell")
+    bad_rows = [r for r in detail if re.search(r"\| (OOM|wrong|timeout|error) \|", r)]
+    assert len(bad_rows) == 4
+    for row in bad_rows:
+        status = row.split("|")[7].strip()
+        # every measured column of the row says the status (or nothing), never a figure
+        measured = [c.strip() for c in row.split("|")[8:-1]]
+        assert all(c in (status, "") for c in measured), row
+    problems = _table(stored["md"], "#### cells without a valid measurement")
+    assert len(problems) == 2 + 4
+    assert "RuntimeError: boom \\| second line third" in stored["md"]  # pipe escaped, one line
+    assert "CUDA out of memory" in stored["md"]
+
+
+def test_no_plot_point_for_a_failed_cell(stored):
+    figures = stored["paths"].figures
+    names = {f.path.name for f in figures}
+    assert {"latency_throughput_bert-tiny-base-fp32.png", "speedup_bert-tiny-base-fp32.png",
+            "latency_dist_bert-tiny-base-fp32.png", "tflops_heatmap_bert-tiny-base-fp32.png"} <= names
+    for f in figures:
+        assert f.path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f.path.name in stored["md"]
+        assert not [p for p in f.points if p.get("batch") == 4], f"{f.path.name} plots a failed cell"
+    by_name = {f.path.name: f for f in figures}
+    lat = [p for p in by_name["latency_throughput_bert-tiny-base-fp32.png"].points if p["plot"] == "latency_ms"]
+    assert len(lat) == 8  # every ok cell is there
+    assert len(by_name["latency_dist_bert-tiny-base-fp32.png"].points) == 8
+    speed = by_name["speedup_bert-tiny-base-fp32.png"].points
+    assert {p["series"] for p in speed} == {"sdpa"} and len(speed) == 4  # against eager, the default baseline
+
+
+def test_baseline_option(stored, tmp_path):
+    store = Store(stored["db"])
+    try:
+        data = load(store, ["tiny"], baseline="sdpa")
+        with pytest.raises(SpecError, match="baseline 'flash' is not a backend"):
+            load(store, ["tiny"], baseline="flash")
+    finally:
+        store.close()
+    assert {r["backend"] for r in data.records if r["speedup"] is not None} == {"eager"}
+    (speed,) = plots.speedup_memory(data, tmp_path)
+    assert {p["series"] for p in speed.points} == {"eager"} and len(speed.points) == 4
+    assert "vs sdpa" in speed.title
+
+
+def test_cli_report_and_its_errors(stored, tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["report", "last", "--db", stored["db"], "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r" / "report.md").is_file() and (tmp_path / "r" / "report.html").is_file()
+    res = runner.invoke(app, ["report", "nope", "--db", stored["db"], "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2
+    assert res.output.strip().startswith("error: no run 'nope'") and len(res.output.strip().splitlines()) == 1
+    res = runner.invoke(app, ["report", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "y")])
+    assert res.exit_code == 2 and "no runs yet" in res.output
+    res = runner.invoke(app, ["report", "tiny", "--compare", "--db", stored["db"], "--out", str(tmp_path / "z")])
+    assert res.exit_code == 2 and "needs two runs" in res.output
+
+
+def test_generation_training_micro_and_max_batch_tables(tmp_path):
+    db = str(tmp_path / "s.db")
+    gen = ok_result([30.0, 31.0, 32.0], 1, prefill_ms=4.25, decode_ms_per_token=0.2125, kv_cache_mb=3.5,
+                    kv_cache_analytic_mb=3.375)
+    make_run(db, "gen", [(cell("sdpa", 1, 32, model="gpt2-tiny", task="generate"), gen),
+                         (cell("eager", 1, 32, model="gpt2-tiny", task="generate"), bad_result("oom", "oom"))])
+    store = Store(db)
+    train_id, _ = store.create_run("train", "training", {}, {})
+    for n, sps, status in ((1, 100.0, "ok"), (2, 190.0, "ok"), (4, 360.0, "ok"), (8, 5432.1, "timeout")):
+        rec = {"scenario": "training", "model": "bert-tiny", "task": "mlm", "backend": "sdpa", "dtype": "bf16",
+               "batch_size": 8, "seq_len": 128, "world_size": n, "strategy": "ddp" if n > 1 else "none",
+               "samples_per_s": sps, "tflops_per_gpu": 1.5, "latency_ms": 80.0 * 8 * n / sps}
+        store.put_cell(train_id, f"t{n}", "training", status, rec, cell={}, samples=[1.0])
+    micro_id, _ = store.create_run("micro", "micro", {}, {})
+    gemm = {"scenario": "micro-gemm", "dtype": "fp32", "shape": "square", "peak_tflops": None}
+    store.put_cell(micro_id, "g1", "micro-gemm", "ok", {**gemm, "m": 256, "n": 256, "k": 256, "tflops": 0.5,
+                   "latency_ms": 0.067, "intensity": 42.7}, cell={})
+    store.put_cell(micro_id, "g2", "micro-gemm", "oom", {**gemm, "m": 65536, "n": 65536, "k": 65536,
+                   "tflops": 4321.98, "intensity": 21845.3}, cell={})
+    store.close()
+
+    paths = build_report(db, ["gen", "train", "micro"], tmp_path / "out", compare_runs=False)
+    md = paths.markdown.read_text()
+    gen_rows = _table(md, "#### generation")
+    assert "prefill ms" in gen_rows[0] and "KV cache MiB" in gen_rows[0]
+    assert any("4.25" in r and "0.212" in r for r in gen_rows)
+    assert any("| OOM |" in r for r in gen_rows)
+    train_rows = _table(md, "#### training")
+    assert len(train_rows) == 2 + 4 and any("| 8 | ddp | timeout |" in r for r in train_rows)
+    assert "5432" not in md
+    micro_rows = _table(md, "#### micro-gemm")
+    assert micro_rows[0] == "| run | dtype | shape | m | n | k | latency_ms | tflops | intensity | status |"
+    # the sizes say which point failed; what was measured says OOM
+    assert "| micro | fp32 | square | 65536 | 65536 | 65536 | OOM | OOM | OOM | OOM |" in micro_rows
+    assert "4322" not in md and "4321" not in md
+    scaling = next(f for f in paths.figures if f.path.name == "training_scaling.png")
+    eff = {p["world_size"]: p["value"] for p in scaling.points if p["plot"] == "efficiency"}
+    assert eff == pytest.approx({1: 1.0, 2: 0.95, 4: 0.9})  # the timed-out 8-GPU cell is not drawn
+    if importlib.util.find_spec("transbench.report.roofline") is None:
+        return
+    roof = [f for f in paths.figures if f.path.name.startswith("roofline")]
+    assert len(roof) == 1 and [(p["label"], p["value"]) for p in roof[0].points] == [("n=256", 0.5)]
+
+
+def test_a_failing_plot_leaves_the_rest_of_the_report(stored, tmp_path, monkeypatch):
+    def broken(data, out):
+        raise ValueError("no such axis")
+
+    monkeypatch.setattr(plots, "PLOTS", (broken, plots.latency_throughput))
+    paths = build_report(stored["db"], ["tiny"], tmp_path)
+    assert paths.plot_failures == ["plot broken failed: ValueError: no such axis"]
+    md = paths.markdown.read_text()
+    assert "plot broken failed" in md and "latency_throughput_bert-tiny-base-fp32.png" in md

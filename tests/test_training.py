@@ -1,0 +1,190 @@
+"""Training scenario on CPU with tiny presets: the loop learns, every option runs and takes effect,
+failures get the right status, the grid and the scaling arithmetic are right."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from transbench.cli import app
+from transbench.errors import SpecError
+from transbench.models import flops
+from transbench.models.presets import PRESETS
+from transbench.runner.cell import CellResult
+from transbench.runner.rank import RankInfo, guarded
+from transbench.scenarios import training_loop
+from transbench.scenarios.training import TrainSpec, add_scaling, expand, validate
+from transbench.scenarios.training_cell import TrainCell
+from transbench.store import Store
+from transbench.store.export import RECORD_KEYS, TRAINING_KEYS
+
+BASE = TrainCell(model="bert-tiny", task="mlm", attn="sdpa", precision="fp32", optim="adamw", batch=4, seq=16,
+                 steps=2, warmup_steps=1, lr=1e-3, device="cpu")
+
+
+def run_guarded(cell: TrainCell) -> CellResult:
+    """In this process, with the same failure mapping a rank process applies."""
+    result, _ = guarded(lambda device: training_loop.run(cell, RankInfo(), device), RankInfo(), cell.device)
+    return result
+
+
+@pytest.mark.parametrize("model,task", [("bert-tiny", "mlm"), ("gpt2-tiny", "causal-lm")])
+def test_loss_decreases_on_a_fixed_batch(model, task):
+    r = training_loop.run(replace(BASE, model=model, task=task, optim="adamw-fused", steps=29, warmup_steps=1))
+    losses = r.info["losses"]
+    assert len(losses) == 30
+    assert r.record["loss_start"] == losses[0] and r.record["loss_end"] == losses[-1]
+    assert r.record["loss_end"] < r.record["loss_start"] - 1.0, losses
+
+
+def _check_arithmetic(cell: TrainCell, r: CellResult) -> None:
+    rec = r.record
+    seconds = rec["latency_ms"] / 1e3
+    assert rec["samples_per_s"] == pytest.approx(cell.global_batch / seconds)
+    assert rec["throughput_per_s"] == rec["samples_per_s"]
+    assert rec["tokens_per_s"] == pytest.approx(cell.global_batch * cell.seq / seconds)
+    fl = flops.training_flops(PRESETS[cell.model], cell.seq, cell.task, cell.grad_ckpt) * cell.global_batch
+    assert rec["tflops"] == pytest.approx(fl / seconds / 1e12)
+    assert rec["tflops_per_gpu"] == pytest.approx(rec["tflops"] / rec["world_size"])
+    assert rec["mfu"] is None  # no datasheet peak for a CPU: never a guessed one
+    assert len(r.samples_ms) == cell.steps and rec["n_samples"] == cell.steps
+
+
+@pytest.mark.parametrize("change", [
+    {}, {"precision": "bf16"}, {"optim": "adamw-foreach"}, {"optim": "adamw-fused"}, {"optim": "sgd"},
+    {"grad_accum": 2}, {"grad_ckpt": True}, {"attn": "eager"}, {"attn": "sdpa-math"},
+    {"task": "classification"}, {"model": "gpt2-tiny", "task": "classification", "grad_ckpt": True},
+])
+def test_every_option_runs_and_takes_effect(change):
+    cell = replace(BASE, **change)
+    r = training_loop.run(cell)
+    assert r.status == "ok"
+    _check_arithmetic(cell, r)
+    info, rec = r.info, r.record
+    assert info["gradient_checkpointing"] == cell.grad_ckpt
+    assert info["attn_implementation"] == ("eager" if cell.attn == "eager" else "sdpa")
+    assert info["sdpa_kernel"] == ("math" if cell.attn == "sdpa-math" else None)
+    assert info["param_dtype"] == "torch.float32"  # bf16 is autocast over fp32 master weights
+    assert info["autocast_dtype"] == ("torch.bfloat16" if cell.precision == "bf16" else None)
+    fused = {"adamw": (False, False), "adamw-foreach": (None, True), "adamw-fused": (True, None)}
+    if cell.optim in fused:
+        assert (info["optimizer_fused"], info["optimizer_foreach"]) == fused[cell.optim]
+    # Parameters, gradients and optimizer state are measured apart: fp32 gradients are as large as the
+    # parameters; Adam keeps two moments per parameter, SGD with momentum one.
+    assert rec["grads_mb"] == pytest.approx(rec["params_mb"])
+    assert rec["optim_state_mb"] == pytest.approx(rec["params_mb"] * (1 if cell.optim == "sgd" else 2), rel=1e-3)
+    assert rec["params_mb"] == pytest.approx(info["parameters"] * 4 / 2**20)
+
+
+def test_nan_loss_is_an_error_without_speed():
+    r = run_guarded(replace(BASE, lr=1e30, steps=3))
+    assert r.status == "error"
+    assert "NonFiniteLoss" in r.error and "loss is" in r.error
+    assert "samples_per_s" not in r.record and "latency_ms" not in r.record
+
+
+@pytest.mark.parametrize("change,needs", [
+    ({"optim": "ds-fused-adam"}, ("deepspeed", "transbench[deepspeed]")),
+    ({"strategy": "deepspeed", "zero_stage": 2}, ("deepspeed", "transbench[deepspeed]")),
+    ({"optim": "apex-fused-adam"}, ("apex", "NVIDIA/apex")),
+    ({"attn": "flash-attn2"}, ("flash_attn", "transbench[flash]")),
+    ({"attn": "sdpa-cudnn"}, (None, "CUDA only")),
+    ({"precision": "fp16"}, (None, "CUDA only")),
+])
+def test_unavailable_choices_are_unsupported_with_the_fix(change, needs):
+    module, text = needs
+    if module and importlib.util.find_spec(module) is not None:
+        pytest.skip(f"{module} is installed here")
+    r = run_guarded(replace(BASE, **change))
+    assert r.status == "unsupported"
+    assert text in r.error
+
+
+def test_validation_errors_are_one_line():
+    ok = dict(models=["bert-tiny"], device="cpu")
+    bad = [
+        ({"precisions": ["fp16"]}, "CUDA only"),
+        ({"precisions": ["tf32"]}, "CUDA only"),
+        ({"optims": ["adam"]}, "unknown optimizer"),
+        ({"attns": ["fused"]}, "unknown attention"),
+        ({"tasks": ["qa"]}, "not a training task"),
+        ({"tasks": ["causal-lm"]}, "gpt2-family"),
+        ({"strategies": ["none"], "nprocs": [2]}, "strategy none runs one process"),
+        ({"nnodes": 2}, "--rdzv-endpoint"),
+        ({"zero_stages": [4]}, "--zero-stage"),
+        ({"nccl_envs": ["P2P=1"]}, "--nccl-env"),
+        ({"seqs": [4096]}, "longer than"),
+        ({"warmup_steps": 0}, "at least 1"),
+    ]
+    for change, text in bad:
+        with pytest.raises(SpecError, match=text):
+            validate(TrainSpec(**{**ok, **change}))
+
+
+def test_expand_scaling_defaults_and_dedup():
+    spec = validate(TrainSpec(models=["bert-tiny", "gpt2-tiny"], device="cpu", nprocs=[2], scaling=True,
+                              strategies=["ddp", "deepspeed"], zero_stages=[1, 2], nccl_p2p=["on", "off"],
+                              batches=[4, 2]))
+    cells = expand(spec)
+    assert {c.task for c in cells} == {"mlm", "causal-lm"}  # each family's own LM task by default
+    ones = [c for c in cells if c.world_size == 1]
+    assert cells[:len(ones)] == ones  # one-GPU baselines run first
+    assert {(c.strategy, c.zero_stage, c.nccl) for c in ones} == {("none", None, "")}
+    many = [c for c in cells if c.world_size == 2]
+    assert {c.zero_stage for c in many if c.strategy == "ddp"} == {None}
+    assert {c.zero_stage for c in many if c.strategy == "deepspeed"} == {1, 2}
+    assert {c.nccl for c in many} == {"NCCL_P2P_DISABLE=0", "NCCL_P2P_DISABLE=1"}
+    # per model: 2 batches x (1 baseline + 2 nccl x (ddp + 2 zero stages))
+    assert len(cells) == 2 * 2 * (1 + 2 * 3)
+    assert len({c.key() for c in cells}) == len(cells)
+    batches = [c.batch for c in cells if c.oom_group() == cells[0].oom_group()]
+    assert batches == [2, 4]  # growing, so an OOM skips the larger ones
+
+
+def test_scaling_efficiency_against_the_one_gpu_run(tmp_path):
+    store = Store(tmp_path / "s.db")
+    old, _ = store.create_run(None, "training", {}, {})
+    one = replace(BASE, strategy="none")
+    store.put_cell(old, one.key(), "training", "ok", {"samples_per_s": 100.0, "gpu": "X"}, cell=one.to_dict())
+    new, _ = store.create_run(None, "training", {}, {})
+    two = replace(BASE, strategy="ddp", nproc=2, nccl="NCCL_P2P_DISABLE=1")
+    result = CellResult("ok", record={"samples_per_s": 150.0, "gpu": "X"})
+    add_scaling(store, new, two, result)
+    assert result.record["scaling_efficiency"] == pytest.approx(0.75)
+    assert result.info["scaling_baseline"]["run_id"] == old
+    other_gpu = CellResult("ok", record={"samples_per_s": 150.0, "gpu": "Y"})
+    add_scaling(store, new, two, other_gpu)
+    assert "scaling_efficiency" not in other_gpu.record and "--scaling" in other_gpu.warnings[0]
+    store.close()
+
+
+def test_cli_train_stores_records_and_resumes(tmp_path):
+    db, out = str(tmp_path / "t.db"), tmp_path / "t.json"
+    args = ["train", "--model", "gpt2-tiny", "--batch", "2", "--seq", "16", "--steps", "2", "--warmup-steps", "1",
+            "--device", "cpu", "--optim", "sgd", "--db", db, "--json", str(out), "--name", "t1", "--timeout", "120"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    (rec,) = json.loads(out.read_text())
+    assert set(RECORD_KEYS) | set(TRAINING_KEYS) <= set(rec)
+    assert (rec["scenario"], rec["status"], rec["backend"], rec["dtype"], rec["task"]) == \
+        ("training", "ok", "sdpa", "fp32", "causal-lm")
+    assert (rec["world_size"], rec["strategy"], rec["optim"]) == (1, "none", "sgd")
+    assert rec["samples_per_s"] > 0 and rec["loss_end"] == rec["loss_end"]
+    store = Store(db)
+    (run,) = store.runs()
+    assert run["kind"] == "training" and run["cells"] == 1
+    store.close()
+    again = CliRunner().invoke(app, args)  # same name: nothing is run again
+    assert again.exit_code == 0 and "already stored" in again.output
+
+
+def test_cli_bad_input_exits_2_with_one_line(tmp_path):
+    res = CliRunner().invoke(app, ["train", "--model", "bert-tiny", "--device", "cpu", "--optim", "adam",
+                                   "--db", str(tmp_path / "x.db")])
+    assert res.exit_code == 2
+    assert res.output.strip().startswith("error: unknown optimizer 'adam'") and len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "x.db").exists()
