@@ -168,7 +168,6 @@ def test_spec_file_rejects_unknown_keys(tmp_path):
 def test_variable_lengths_count_real_tokens(db, quick):
     out = api.run(RunSpec(models=["bert-tiny"], backends=["sdpa"], batches=[8], seqs=[32], seq_stdev=8.0, **quick), db)
     rec = out.records[0]
-    cell = [c for c in api.runs(db)]  # noqa: F841
     assert rec["status"] == "ok"
     real = rec["tokens_per_s"] * rec["latency_ms"] / 1e3
     assert real < 8 * 40 and real == pytest.approx(round(real))  # a whole number of real tokens, not 8 x padded width

@@ -60,10 +60,7 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
         recs = export.records(store, [run_id])
     finally:
         store.close()
-    if json_path:
-        export.write_json(recs, json_path)
-    if csv_path:
-        export.write_csv(recs, csv_path)
+    export.write(recs, json_path, csv_path)
     return RunOutcome(run_id, name, recs, existing is not None)
 
 

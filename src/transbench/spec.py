@@ -46,16 +46,21 @@ class RunSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> RunSpec:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise SpecError(f"unknown spec key(s) {', '.join(unknown)}: known keys are {', '.join(sorted(known))}")
+        check_keys(cls, data)
         clean = {}
         for k, v in data.items():
             if k in SCALAR_SEQUENCE_FIELDS and v is not None and not isinstance(v, list):
                 v = split_list(v, int if k in ("batches", "seqs", "gpus") else str)
             clean[k] = v
         return cls(**clean)
+
+
+def check_keys(cls, data: dict) -> None:
+    """Spec files and stored specs may only hold the dataclass's fields: a typo is an error, not ignored."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SpecError(f"unknown spec key(s) {', '.join(unknown)}: known keys are {', '.join(sorted(known))}")
 
 
 def split_list(value, kind=str) -> list:

@@ -229,8 +229,5 @@ def run_data_parallel(spec, db: str, *, json_path: str | None = None, csv_path: 
         recs = export.records(store, [run_id])
     finally:
         store.close()
-    if json_path:
-        export.write_json(recs, json_path)
-    if csv_path:
-        export.write_csv(recs, csv_path)
+    export.write(recs, json_path, csv_path)
     return api.RunOutcome(run_id, name, recs, existing is not None)

@@ -97,8 +97,15 @@ def run_grid(store: Store, run_id: str, cells: list[Cell], opts: SweepOptions,
                         store_result(store, run_id, cell, result)
                         on_cell(cell, result)
                 if opts.max_batch:
-                    result, best = find_max_batch(lambda b: lane.run(replace(group[0], batch=b), opts.timeout),
-                                                  opts.max_batch_limit, start=fitted)
+                    tried: list[tuple[int, str]] = []
+
+                    def probe(b: int) -> CellResult:
+                        r = lane.run(replace(group[0], batch=b), opts.timeout)
+                        tried.append((b, r.status))
+                        return r
+
+                    result, best = find_max_batch(probe, opts.max_batch_limit, start=fitted)
+                    result.info["probes"] = tried  # the search's trail: which batches fitted, which did not
                     mcell = replace(group[0], batch=best or 0)
                     rec_key = '["max-batch", ' + group[0].key()[1:]
                     with lock:

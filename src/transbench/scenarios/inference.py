@@ -112,7 +112,6 @@ def encoders_only(model, inputs: Inputs, family: str) -> None:
 
 
 def run(cell: Cell, cache: ModelCache) -> CellResult:
-    import torch
 
     device = dev.resolve(cell.device)
     backend = backends.get(cell.backend)

@@ -13,10 +13,11 @@ import itertools
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from ..errors import SpecError
 from ..runner.cell import CellResult
+from ..spec import check_keys
 from .training_cell import ATTENTION, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
 
 DEFAULT_TASK = {"bert": "mlm", "gpt2": "causal-lm"}
@@ -62,10 +63,7 @@ class TrainSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainSpec:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise SpecError(f"unknown spec key(s) {', '.join(unknown)}: known keys are {', '.join(sorted(known))}")
+        check_keys(cls, data)
         clean = {}
         for k, v in data.items():
             if k in LIST_FIELDS and v is not None:
@@ -324,8 +322,5 @@ def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None =
         recs = export.records(store, [run_id])
     finally:
         store.close()
-    if json_path:
-        export.write_json(recs, json_path)
-    if csv_path:
-        export.write_csv(recs, csv_path)
+    export.write(recs, json_path, csv_path)
     return recs

@@ -68,6 +68,14 @@ def columns(recs: list[dict]) -> list[str]:
     return [*RECORD_KEYS, *extra, *rest]
 
 
+def write(recs: list[dict], json_path: str | None = None, csv_path: str | None = None) -> None:
+    """The --json / --csv exports of a command, where asked for."""
+    if json_path:
+        write_json(recs, json_path)
+    if csv_path:
+        write_csv(recs, csv_path)
+
+
 def write_json(recs: list[dict], path: str) -> None:
     cols = columns(recs)
     with open(path, "w") as f:
