@@ -66,6 +66,14 @@ def test_run_writes_db_json_csv(tmp_path):
     (["--baseline", "sdpa", "--backend", "eager"], "not among the backends"),
     (["--shard", "3/2"], "bad --shard"),
     (["--spec", "/no/such.yaml"], "not found"),
+    (["--min-count", "0"], "--min-count must be at least 1"),
+    (["--min-time", "-1"], "must be 0 or more"),
+    (["--timeout", "0"], "--timeout must be positive"),
+    (["--seq-stdev", "-2"], "--seq-stdev must be 0 or more"),
+    (["--task", "generate", "--model", "gpt2-tiny", "--new-tokens", "0"], "--new-tokens must be at least 1"),
+    (["--task", "generate", "--model", "gpt2-tiny", "--seq", "100", "--new-tokens", "64"], "longer than gpt2-tiny allows"),
+    (["--backend", "compile", "--compile-mode", "ludicrous"], "unknown --compile-mode"),
+    (["--gpus", "zero"], "cannot read"),
 ])
 def test_bad_input_is_one_line_exit_2_and_store_untouched(stored_run, tmp_path, args, needle):
     db = tmp_path / "keep.db"

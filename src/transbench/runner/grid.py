@@ -43,8 +43,12 @@ def validate(spec: RunSpec) -> RunSpec:
         check_mode(spec.compile_mode)
     if spec.timeout <= 0:
         raise SpecError("--timeout must be positive")
-    if spec.min_time < 0 or spec.warmup < 0 or spec.min_count < 1:
+    if spec.min_time < 0 or spec.warmup < 0:
         raise SpecError("--min-time and --warmup must be 0 or more")
+    if spec.min_count < 1:
+        raise SpecError("--min-count must be at least 1")
+    if spec.nproc < 1:
+        raise SpecError("--nproc must be at least 1")
     for ref in refs:
         for task in spec.tasks:
             build.check_task(ref, task)
