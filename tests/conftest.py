@@ -21,3 +21,16 @@ def quick():
 @pytest.fixture
 def db(tmp_path):
     return str(tmp_path / "t.db")
+
+
+@pytest.fixture
+def extra_backends(monkeypatch):
+    """Registers test-only backend modules (tests/*_backends.py) in this process and in spawned workers."""
+    from transbench import backends
+
+    def register(*modules):
+        monkeypatch.setenv("TRANSBENCH_EXTRA_BACKENDS", ",".join(modules))
+        monkeypatch.setattr(backends, "_REGISTRY", None)
+
+    yield register
+    backends._REGISTRY = None

@@ -18,11 +18,8 @@ FAST = dict(min_time=0.0, warmup=1, min_count=2)
 
 
 @pytest.fixture()
-def with_broken(monkeypatch):
-    monkeypatch.setenv("TRANSBENCH_EXTRA_BACKENDS", "broken_backends")
-    monkeypatch.setattr(backends, "_REGISTRY", None)
-    yield
-    backends._REGISTRY = None
+def with_broken(extra_backends):
+    extra_backends("broken_backends")
 
 
 def test_sweep_statuses_and_no_speed_for_wrong_output(tmp_path, with_broken):

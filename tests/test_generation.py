@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from transbench import api, backends
+from transbench import api
 from transbench.runner.cell import Cell
 from transbench.runner.worker import execute
 from transbench.scenarios.inference import ModelCache
@@ -18,11 +18,8 @@ N = 6
 
 
 @pytest.fixture()
-def with_broken(monkeypatch):
-    monkeypatch.setenv("TRANSBENCH_EXTRA_BACKENDS", "broken_backends")
-    monkeypatch.setattr(backends, "_REGISTRY", None)
-    yield
-    backends._REGISTRY = None
+def with_broken(extra_backends):
+    extra_backends("broken_backends")
 
 
 def test_generation_records_and_consistency(tmp_path, with_broken):

@@ -21,13 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def faults(monkeypatch):
-    monkeypatch.setenv("TRANSBENCH_EXTRA_BACKENDS", "fault_backends")
-    from transbench import backends
-
-    monkeypatch.setattr(backends, "_REGISTRY", None)
-    yield
-    backends._REGISTRY = None
+def faults(extra_backends):
+    extra_backends("fault_backends")
 
 
 def statuses(outcome):

@@ -39,6 +39,22 @@ class EngineBase:
             raise ValueError(f"batch {B} x seq {S} exceeds compile_model(max_batch={self.opts.max_batch}, "
                              f"max_seq={self.opts.max_seq})")
 
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None) -> torch.Tensor:
+        """One forward over (B, S) inputs, HF-style; each engine supplies `_forward` on packed tokens."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        dev = self.opts.device
+        ids = None if input_ids is None else input_ids.to(dev)
+        embeds = None if inputs_embeds is None else inputs_embeds.to(dev, self.opts.dtype)
+        B, S = (ids if ids is not None else embeds).shape[:2]
+        self.check_shape(B, S)
+        p = self.packing(attention_mask, B, S)
+        tt = None if token_type_ids is None else token_type_ids.to(dev).expand(B, S)
+        pos = None if position_ids is None else position_ids.to(dev).expand(B, S)
+        key = ("fwd", B, S, p.dense, p.tokens, ids is None, tt is None, pos is None)
+        return self.graphs(key, self._forward, p, ids, embeds, tt, pos)
+
     def packing(self, mask: torch.Tensor | None, B: int, S: int) -> Packing:
         return make_packing(None if mask is None else mask.to(self.opts.device), B, S, self.bucket)
 

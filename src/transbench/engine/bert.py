@@ -53,21 +53,6 @@ class BertEngine(EngineBase):
     def _encode(self, p: Packing, hidden):
         return self.unpack(self._layers(self.take(hidden, p).contiguous(), p), p)
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None) -> torch.Tensor:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        dev = self.opts.device
-        ids = None if input_ids is None else input_ids.to(dev)
-        embeds = None if inputs_embeds is None else inputs_embeds.to(dev, self.opts.dtype)
-        B, S = (ids if ids is not None else embeds).shape[:2]
-        self.check_shape(B, S)
-        p = self.packing(attention_mask, B, S)
-        tt = None if token_type_ids is None else token_type_ids.to(dev).expand(B, S)
-        pos = None if position_ids is None else position_ids.to(dev).expand(B, S)
-        key = ("fwd", B, S, p.dense, p.tokens, ids is None, tt is None, pos is None)
-        return self.graphs(key, self._forward, p, ids, embeds, tt, pos)
-
     def encode(self, hidden_states: torch.Tensor, attention_mask=None) -> torch.Tensor:
         h = hidden_states.to(self.opts.device, self.opts.dtype)
         B, S = h.shape[:2]

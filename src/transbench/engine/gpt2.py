@@ -64,21 +64,6 @@ class GPT2Engine(EngineBase):
         heads = self.dims.heads
         return self.unpack(self._blocks(x, lambda i, qkv: attention(qkv, p, heads, self.layers[i].scale, True)), p)
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None) -> torch.Tensor:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        dev = self.opts.device
-        ids = None if input_ids is None else input_ids.to(dev)
-        embeds = None if inputs_embeds is None else inputs_embeds.to(dev, self.opts.dtype)
-        B, S = (ids if ids is not None else embeds).shape[:2]
-        self.check_shape(B, S)
-        p = self.packing(attention_mask, B, S)
-        tt = None if token_type_ids is None else token_type_ids.to(dev).expand(B, S)
-        pos = None if position_ids is None else position_ids.to(dev).expand(B, S)
-        key = ("fwd", B, S, p.dense, p.tokens, ids is None, tt is None, pos is None)
-        return self.graphs(key, self._forward, p, ids, embeds, tt, pos)
-
 
 class Generator:
     """Greedy-decoding state for one batch: a static KV cache, graphed prefill and decode steps."""
