@@ -36,10 +36,7 @@ def _pct(value: float | None, pct: float | None) -> str:
 
 
 def _finish(outcome, db: str, json_path, csv_path, plot_path=None) -> None:
-    if json_path:
-        export.write_json(outcome.records, json_path)
-    if csv_path:
-        export.write_csv(outcome.records, csv_path)
+    export.write(outcome.records, json_path, csv_path)
     if plot_path:
         micro.plot_micro(outcome, db, plot_path)
         console.print(f"roofline plot: {plot_path}")

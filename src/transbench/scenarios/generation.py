@@ -15,7 +15,6 @@ and `cache_bytes()`). The default is transformers' own forward with a DynamicCac
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 import time
 
@@ -25,7 +24,7 @@ from ..measure import device as dev
 from ..measure import memory, peaks, timer
 from ..models import build, flops
 from ..runner.cell import Cell, CellResult
-from .inference import TOLERANCE, ModelCache, cell_inputs, reference_rows, rel_err
+from .inference import TOLERANCE, ModelCache, cell_inputs, model_for, reference_rows, rel_err
 
 # --- decoders ---------------------------------------------------------------------------------------
 
@@ -302,12 +301,7 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     prompt = cell_inputs(cell, shape).input_ids
     rows, ref_first, ref_tokens = _reference(cache, cell, prompt, device)
 
-    dev.free_memory(device)
-    memory.reset_peak(device)
-    dev.set_matmul_precision(cell.dtype)
-    model = copy.deepcopy(cache.base_model(cell)).to(device=device, dtype=dev.torch_dtype(cell.dtype))
-    if model.config._attn_implementation != backend.attn:
-        model.set_attn_implementation(backend.attn)
+    model = model_for(cache, cell, backend, device)
     prompt = prompt.to(device)
     n = cell.new_tokens
 

@@ -111,6 +111,18 @@ def encoders_only(model, inputs: Inputs, family: str) -> None:
             inputs.inputs_embeds = model.get_input_embeddings()(inputs.input_ids)
 
 
+def model_for(cache: ModelCache, cell: Cell, backend, device):
+    """A copy of the cell's fp32 model, in the cell's dtype on the device, with the backend's attention;
+    the memory peak starts here, so the cell's peak is this model plus what running it takes."""
+    dev.free_memory(device)
+    memory.reset_peak(device)
+    dev.set_matmul_precision(cell.dtype)
+    model = copy.deepcopy(cache.base_model(cell)).to(device=device, dtype=dev.torch_dtype(cell.dtype))
+    if model.config._attn_implementation != backend.attn:
+        model.set_attn_implementation(backend.attn)
+    return model
+
+
 def run(cell: Cell, cache: ModelCache) -> CellResult:
 
     device = dev.resolve(cell.device)
@@ -122,12 +134,7 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     inputs = cell_inputs(cell, shape)
     rows, ref = reference(cache, cell, inputs, device)
 
-    dev.free_memory(device)
-    memory.reset_peak(device)
-    dev.set_matmul_precision(cell.dtype)
-    model = copy.deepcopy(cache.base_model(cell)).to(device=device, dtype=dev.torch_dtype(cell.dtype))
-    if model.config._attn_implementation != backend.attn:
-        model.set_attn_implementation(backend.attn)
+    model = model_for(cache, cell, backend, device)
     inputs = inputs.to(device)
     if not cell.embeddings:
         encoders_only(model, inputs, shape.family)

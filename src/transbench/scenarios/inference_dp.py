@@ -6,7 +6,6 @@ Started by runner/launch.py as `python -m transbench.scenarios.inference_dp --ce
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import replace
 
@@ -69,12 +68,7 @@ def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
     cache = inference.ModelCache()
     ref_rows, ref = inference.reference(cache, local, inputs, device)
 
-    dev.free_memory(device)
-    memory.reset_peak(device)
-    dev.set_matmul_precision(cell.dtype)
-    model = copy.deepcopy(cache.base_model(local)).to(device=device, dtype=dev.torch_dtype(cell.dtype))
-    if model.config._attn_implementation != backend.attn:
-        model.set_attn_implementation(backend.attn)
+    model = inference.model_for(cache, local, backend, device)
     inputs = inputs.to(device)
     if not cell.embeddings:
         inference.encoders_only(model, inputs, shape.family)
