@@ -184,7 +184,7 @@ def profile(name, shapes):
     L, H, _ = SHAPES[name]
     m = bert(name).half()
     eng = compile_model(m, dtype=torch.float16, cuda_graphs=False)
-    kinds = [("attention", ("flash", "fmha", "cudnn", "attention", "attn")), ("triton gemm+gelu", ("_linear_gelu",)),
+    kinds = [("attention", ("flash", "fmha", "cudnn", "attention", "attn")), ("triton gemm", ("_linear_kernel",)),
              ("layernorm", ("_add_layernorm",)), ("bias+gelu", ("_bias_gelu",)),
              ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "splitk", "gemv"))]  # first match wins
     for B, S in shapes:
@@ -212,6 +212,41 @@ def profile(name, shapes):
             print(f"  {v:8.3f} ms  {k}")
 
 
+@torch.inference_mode()
+def gemms():
+    """The engine's GEMM routes per bert-base shape: cuBLAS (+ separate GELU) vs each Triton config, GPU time
+    from CUDA-graph replays (tuning._gpu_ms), TFLOPS and weight GB/s. (A flattened, warp-specialised variant
+    of the Triton kernel ran no faster under Triton 3.6 on an H100, 2026-11-22, and was dropped.)"""
+    from transbench.engine import gemm, kernels
+    from transbench.engine.tuning import _gpu_ms
+
+    print("\n## GEMM routes (us per call, graph-replayed; TFLOPS; weight GB/s)", flush=True)
+    for M, N, K in [(32768, 3072, 768), (32768, 768, 3072), (32768, 2304, 768), (128, 2304, 768), (128, 3072, 768),
+                    (128, 768, 3072), (3072, 3072, 768), (1, 3072, 768)]:
+        x = torch.randn(M, K, device="cuda", dtype=torch.float16)
+        w = torch.randn(N, K, device="cuda", dtype=torch.float16) / K**0.5
+        b = torch.randn(N, device="cuda", dtype=torch.float16)
+        ref = torch.nn.functional.gelu(x.float() @ w.float().t() + b.float())
+        cands = {"cublas": lambda: torch.nn.functional.linear(x, w, b),
+                 "cublas+gelu": lambda: kernels.bias_gelu(torch.nn.functional.linear(x, w), b, False)}
+        for cfg in gemm.CONFIGS:
+            cands[f"triton{cfg} none"] = lambda cfg=cfg: gemm.linear(x, w, b, 0, cfg=cfg)
+            cands[f"triton{cfg} gelu"] = lambda cfg=cfg: gemm.linear(x, w, b, 1, cfg=cfg)
+        rows = []
+        for name, fn in cands.items():
+            try:
+                us = _gpu_ms(fn, 20) * 1e3
+                err = rel(fn(), ref) if "gelu" in name else float("nan")
+                rows.append((us, name, err))
+            except Exception as e:  # noqa: BLE001 - a config this Triton cannot build
+                rows.append((float("inf"), name, f"{type(e).__name__}: {str(e)[:80]}"))
+        print(f"M={M} N={N} K={K}", flush=True)
+        shown = sorted(rows, key=lambda r: r[0])[:8] + [r for r in rows if r[1].startswith("cublas")]
+        for us, name, err in dict.fromkeys(shown):
+            print(f"  {us:9.1f} us {2 * M * N * K / us / 1e6:7.1f} TFLOPS {N * K * 2 / us / 1e3:7.0f} GB/s  {name}  "
+                  f"{err if isinstance(err, str) else f'{err:.1e}'}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few points only")
@@ -225,6 +260,10 @@ def main():
             encoders(part, batches, seqs)
         elif part == "bert-large":
             encoders(part, batches if a.quick else [1, 8, 64, 128, 256], seqs)
+        elif part == "gemm":
+            gemms()
+        elif part == "bert-large-target":
+            encoders("bert-large", [128], [384])
         elif part == "varlen":
             varlen("bert-base", [(64, 512), (256, 128), (16, 512)])
         elif part == "generate":
@@ -233,6 +272,10 @@ def main():
             profile("bert-base", [(1, 128), (256, 128)])
         elif part == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
             encoders("bert-base", [1, 256], [128], fp8=True)
+    from transbench.engine.tuning import tuner
+    print("\n## routes the tuner chose")
+    for key, choice in sorted(tuner().table.items()):
+        print(f"  {key.split('|', 2)[-1]:60s} {choice}")
 
 
 if __name__ == "__main__":

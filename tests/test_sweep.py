@@ -67,6 +67,15 @@ def test_max_batch_search_against_a_fake_allocator_limit():
     assert best == 37 and result.record["throughput_per_s"] == 37.0
     assert tried[:7] == [1, 2, 4, 8, 16, 32, 64]  # doubling, then bisection between 32 and 64
     assert len(tried) <= 7 + 5
+    tried.clear()
+
+    def big(batch):
+        tried.append(batch)
+        return CellResult("ok" if batch <= 5000 else "oom")
+
+    # Large batches: bisection stops within 1/32 of the limit, below it, in a handful of probes.
+    result, best = find_max_batch(big, start=4096)
+    assert 5000 - 4096 // 32 <= best <= 5000 and tried[0] == 4096 and len(tried) <= 7
     assert find_max_batch(lambda b: CellResult("oom"), 64)[1] is None
     assert find_max_batch(lambda b: CellResult("ok"), 64)[1] == 64  # capped at the limit
 
@@ -174,10 +183,27 @@ def test_variable_lengths_count_real_tokens(db, quick):
     assert info["real_tokens"] != 8 * 32
 
 
+@pytest.mark.parametrize("embeddings", [True, False])
+def test_variable_lengths_when_the_reference_rows_are_shorter_than_the_batch(db, quick, embeddings):
+    # Seeded so the longest sequence is not among the reference rows: outputs must still line up.
+    from transbench.scenarios.inference import reference_rows
+    from transbench.scenarios.inputs import make_inputs, point_seed
+
+    lens = make_inputs("bert", 1000, 8, 40, stdev=20.0, max_len=128, seed=point_seed("bert-tiny", 8, 40, 20.0, 0)).lengths
+    assert max(lens[i] for i in reference_rows(8)) < max(lens)
+    out = api.run(RunSpec(models=["bert-tiny"], backends=["sdpa", "fused"], batches=[8], seqs=[40], seq_stdev=20.0,
+                          embeddings=embeddings, **quick), db)
+    assert [r["status"] for r in out.records] == ["ok", "ok"] and all(r["rel_err"] < 1e-4 for r in out.records)
+
+
 def test_gpu_lanes_run_every_cell_once(db, quick):
     out = api.run(RunSpec(models=["bert-tiny"], backends=["eager", "sdpa"], batches=[1, 2], seqs=[8], gpus=[0, 1], **quick), db)
     assert sorted((r["backend"], r["batch_size"]) for r in out.records) == [("eager", 1), ("eager", 2), ("sdpa", 1), ("sdpa", 2)]
     assert all(r["status"] == "ok" for r in out.records)
+    from transbench.store import Store
+
+    s = Store(db)
+    assert {c["info"]["lane_gpu"] for c in s.cells(s.find_run("last")["run_id"])} <= {0, 1}
 
 
 def test_interference_warnings(monkeypatch):

@@ -142,13 +142,53 @@ def test_tuning_is_cached_on_disk(tmp_path):
     assert any("dense|2x64" in k for k in table) and any("varlen|2x64" in k for k in table)
 
 
-@pytest.mark.parametrize("tanh", [False, True])
+@pytest.mark.parametrize("act", [0, 1, 2])
 @pytest.mark.parametrize("M,N,K", [(1, 1536, 384), (77, 3072, 768), (1000, 4096, 1024), (4097, 6400, 1600)])
-def test_linear_gelu_kernel_every_config(M, N, K, tanh):
-    from transbench.engine import kernels as Kn
+def test_triton_gemm_every_config(M, N, K, act):
+    from transbench.engine import gemm
     x = torch.randn(M, K, device="cuda", dtype=torch.float16)
     w = torch.randn(N, K, device="cuda", dtype=torch.float16) / K**0.5
     b = torch.randn(N, device="cuda", dtype=torch.float16)
-    ref = F.gelu(x.float() @ w.float().t() + b.float(), approximate="tanh" if tanh else "none")
-    for cfg in Kn.GEMM_CONFIGS:
-        assert rel(Kn.linear_gelu(x, w, b, tanh, cfg), ref) < 1e-2, cfg
+    r = torch.randn(M, N, device="cuda", dtype=torch.float16)
+    lin = x.float() @ w.float().t() + b.float()
+    ref = {0: lin, 1: F.gelu(lin), 2: F.gelu(lin, approximate="tanh")}[act]
+    for cfg in gemm.CONFIGS:
+        assert rel(gemm.linear(x, w, b, act, cfg=cfg), ref) < 1e-2, cfg
+        if act == 0:
+            assert rel(gemm.linear(x, w, b, residual=r, cfg=cfg), lin + r.float()) < 1e-2, cfg
+
+
+@pytest.mark.parametrize("store", [False, True])
+@pytest.mark.parametrize("M", [1, 256, 4096])
+def test_every_linear_add_layernorm_route_agrees(M, store):
+    """Whatever route the tuner picks (cuBLAS + LN, cuBLAS addmm + LN, Triton GEMM + LN), same result."""
+    from transbench.engine import ops as O
+    H, K = 768, 3072
+    x = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    res = torch.randn(M, H, device="cuda", dtype=torch.float16)
+    lin = O.Linear(torch.randn(H, K, device="cuda", dtype=torch.float16) / K**0.5,
+                   torch.randn(H, device="cuda", dtype=torch.float16))
+    norm = O.Norm(torch.randn(H, device="cuda", dtype=torch.float16), torch.randn(H, device="cuda", dtype=torch.float16), 1e-12)
+    s = x.float() @ lin.weight.float().t() + lin.bias.float() + res.float()
+    ref = F.layer_norm(s, (H,), norm.weight.float(), norm.bias.float(), 1e-12)
+    ops = O.TritonOps()
+    seen = []
+    import transbench.engine.tuning as tuning
+    real_choose = tuning.Tuner.choose
+
+    def every(self, key, cands, reps=20):
+        for name, fn in cands.items():  # run each route once and check it, then let the tuner decide
+            out = fn()
+            y, r = out if store else (out, None)
+            assert rel(y, ref) < 1e-2, name
+            if store:
+                assert rel(r, s) < 1e-2, name
+            seen.append(name)
+        return real_choose(self, key, cands, reps)
+
+    tuning.Tuner.choose = every
+    try:
+        ops.linear_add_layernorm(x, lin, res, norm, store_residual=store)
+    finally:
+        tuning.Tuner.choose = real_choose
+    assert {"cublas+ln", "cublas_addmm+ln"} <= set(seen) and any(n.startswith("triton") for n in seen)

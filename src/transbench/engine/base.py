@@ -81,7 +81,3 @@ class EngineBase:
         # Padding positions come back as zeros (HF returns unspecified values there).
         out = x.new_zeros(p.B * p.S + 1, x.shape[-1]).index_copy_(0, p.sidx, x)
         return out[: p.B * p.S].view(p.B, p.S, -1)
-
-    def mlp(self, x: torch.Tensor, L: Layer) -> torch.Tensor:
-        """fc2(gelu(fc1 x + b1)) without fc2's bias, which the following LayerNorm kernel adds."""
-        return self.ops.linear(self.ops.linear_gelu(x, L.fc1, self.dims.gelu), L.fc2, bias=False)

@@ -32,12 +32,11 @@ class BertEngine(EngineBase):
         self.layers = [bert_layer(c, layer, self.dims.scale) for layer in bert.encoder.layer]
 
     def _layers(self, x: torch.Tensor, p: Packing) -> torch.Tensor:
-        ops, heads = self.ops, self.dims.heads
+        ops, heads, gelu = self.ops, self.dims.heads, self.dims.gelu
         for L in self.layers:
             a = attention(ops.linear(x, L.qkv), p, heads, L.scale, causal=False)
-            a = ops.linear(a, L.out, bias=False)
-            x = ops.add_layernorm(a, x, L.out.bias, L.norm1.weight, L.norm1.bias, L.norm1.eps)
-            x = ops.add_layernorm(self.mlp(x, L), x, L.fc2.bias, L.norm2.weight, L.norm2.bias, L.norm2.eps)
+            x = ops.linear_add_layernorm(a, L.out, x, L.norm1)
+            x = ops.linear_add_layernorm(ops.linear_gelu(x, L.fc1, gelu), L.fc2, x, L.norm2)
         return x
 
     def _embed(self, p: Packing, ids, embeds, token_type_ids, position_ids) -> torch.Tensor:

@@ -38,18 +38,16 @@ class GPT2Engine(EngineBase):
         return self.layers[i + 1].norm1 if i + 1 < len(self.layers) else self.ln_f
 
     def _blocks(self, x: torch.Tensor, attend) -> torch.Tensor:
-        """Pre-LN stack; each bias + residual add is fused with the following LayerNorm.
+        """Pre-LN stack; each projection's bias + residual add is fused with the following LayerNorm.
 
         `attend(i, qkv) -> context` is the only difference between full-sequence and decode steps."""
-        ops = self.ops
+        ops, gelu = self.ops, self.dims.gelu
         n = self.layers[0].norm1
         h = ops.add_layernorm(x, None, None, n.weight, n.bias, n.eps)
         for i, L in enumerate(self.layers):
-            a = ops.linear(attend(i, ops.linear(h, L.qkv)), L.out, bias=False)
-            n = L.norm2
-            h, x = ops.add_layernorm(a, x, L.out.bias, n.weight, n.bias, n.eps, store_residual=True)
-            n = self._norm_next(i)
-            h, x = ops.add_layernorm(self.mlp(h, L), x, L.fc2.bias, n.weight, n.bias, n.eps, store_residual=True)
+            h, x = ops.linear_add_layernorm(attend(i, ops.linear(h, L.qkv)), L.out, x, L.norm2, store_residual=True)
+            h, x = ops.linear_add_layernorm(ops.linear_gelu(h, L.fc1, gelu), L.fc2, x, self._norm_next(i),
+                                            store_residual=True)
         return h  # == ln_f(last residual)
 
     def _embed(self, p: Packing, ids, embeds, token_type_ids, position_ids) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Triton kernels for the elementwise work around the GEMMs. Imported only when Triton is present (see ops.py)."""
+"""Triton kernels for the element-wise work around the GEMMs (the GEMMs themselves: gemm.py). Imported only when Triton is present (see ops.py)."""
 from __future__ import annotations
 
 import torch
@@ -73,57 +73,3 @@ def bias_gelu(x, bias, tanh: bool):
     _bias_gelu_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, bias, x2, n, TANH=tanh, BLOCK=block,
                                                           num_warps=_warps(block))
     return x
-
-
-@triton.jit
-def _gelu(x, TANH: tl.constexpr):
-    if TANH:
-        return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
-    return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
-
-
-@triton.jit
-def _linear_gelu_kernel(X, W, BIAS, Y, M, N, K, TANH: tl.constexpr,
-                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
-    # Y = gelu(X @ W^T + bias), X (M, K), W (N, K) row-major: the MLP's first GEMM with its activation as
-    # the epilogue, so the (M, 4*hidden) intermediate is written once instead of written, read and rewritten.
-    pid = tl.program_id(0)
-    n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    group = pid // (GROUP * n_n)  # grouped order: neighbouring programs share X tiles in L2
-    first_m = group * GROUP
-    size_m = min(n_m - first_m, GROUP)
-    pm = first_m + (pid % (GROUP * n_n)) % size_m
-    pn = (pid % (GROUP * n_n)) // size_m
-    rm = (pm * BM + tl.arange(0, BM)) % M
-    rn = (pn * BN + tl.arange(0, BN)) % N
-    rk = tl.arange(0, BK)
-    xp = X + rm[:, None].to(tl.int64) * K + rk[None, :]
-    wp = W + rn[None, :].to(tl.int64) * K + rk[:, None]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BK)):
-        kmask = rk < K - k * BK
-        a = tl.load(xp, mask=kmask[None, :], other=0.0)
-        b = tl.load(wp, mask=kmask[:, None], other=0.0)
-        acc = tl.dot(a, b, acc)
-        xp += BK
-        wp += BK
-    acc += tl.load(BIAS + rn).to(tl.float32)[None, :]
-    y = _gelu(acc, TANH).to(Y.dtype.element_ty)
-    om = pm * BM + tl.arange(0, BM)
-    on = pn * BN + tl.arange(0, BN)
-    tl.store(Y + om[:, None].to(tl.int64) * N + on[None, :], y, mask=(om[:, None] < M) & (on[None, :] < N))
-
-
-# (BM, BN, BK, stages, warps): the tuner times each against cuBLAS + a separate activation kernel.
-GEMM_CONFIGS = [(128, 256, 64, 3, 8), (128, 128, 64, 4, 4), (128, 128, 32, 4, 4), (64, 128, 64, 4, 4)]
-
-
-def linear_gelu(x, weight, bias, tanh: bool, cfg=GEMM_CONFIGS[0]):
-    M, K = x.shape
-    N = weight.shape[0]
-    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    bm, bn, bk, stages, warps = cfg
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    _linear_gelu_kernel[grid](x, weight, bias, y, M, N, K, TANH=tanh, BM=bm, BN=bn, BK=bk, GROUP=8,
-                              num_stages=stages, num_warps=warps)
-    return y

@@ -9,9 +9,10 @@ import torch.nn.functional as F
 from .tuning import tuner
 
 try:  # Triton is optional: the CPU path must import without it.
+    from . import gemm as _gemm
     from . import kernels as _triton
 except Exception:  # noqa: BLE001 - ImportError, or a broken Triton install
-    _triton = None
+    _gemm = _triton = None
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -22,6 +23,13 @@ class Linear:
     bias: torch.Tensor | None
     weight_fp8: torch.Tensor | None = None  # (out, in) float8_e4m3fn, per-tensor scaled
     weight_scale: torch.Tensor | None = None
+
+
+@dataclass
+class Norm:
+    weight: torch.Tensor
+    bias: torch.Tensor
+    eps: float
 
 
 def quantize_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,13 +51,12 @@ class TorchOps:
             return y + lin.bias if bias and lin.bias is not None else y
         return F.linear(x, lin.weight, lin.bias if bias else None)
 
-    def bias_gelu(self, x: torch.Tensor, bias: torch.Tensor, kind: str) -> torch.Tensor:
-        return F.gelu(x + bias, approximate="tanh" if kind == "tanh" else "none")
+    def bias_gelu(self, x: torch.Tensor, bias: torch.Tensor | None, kind: str) -> torch.Tensor:
+        return F.gelu(x if bias is None else x + bias, approximate="tanh" if kind == "tanh" else "none")
 
     def linear_gelu(self, x: torch.Tensor, lin: Linear, kind: str) -> torch.Tensor:
-        h = self.linear(x, lin, bias=False)
-        return self.bias_gelu(h, lin.bias, kind) if lin.bias is not None else \
-            F.gelu(h, approximate="tanh" if kind == "tanh" else "none")
+        """gelu(x W^T + b): the MLP's first half."""
+        return self.bias_gelu(self.linear(x, lin, bias=False), lin.bias, kind)
 
     def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False):
         s = x if bias is None else x + bias
@@ -57,31 +64,72 @@ class TorchOps:
         y = F.layer_norm(s, (s.shape[-1],), weight, ln_bias, eps)
         return (y, s) if store_residual else y
 
+    def linear_add_layernorm(self, x: torch.Tensor, lin: Linear, residual: torch.Tensor, norm: Norm,
+                             store_residual: bool = False):
+        """LayerNorm(x W^T + b + residual), and with store_residual also the sum (pre-LN's next residual)."""
+        return self.add_layernorm(self.linear(x, lin, bias=False), residual, lin.bias, norm.weight, norm.bias,
+                                  norm.eps, store_residual)
+
 
 class TritonOps(TorchOps):
-    """CUDA: bias+GELU and bias+residual+LayerNorm each one Triton kernel; GEMMs stay on cuBLAS."""
+    """CUDA: every GEMM and its epilogue by whichever route the tuner timed fastest for the shape (cuBLAS,
+    cuBLAS with its own epilogue, or our Triton GEMM with the epilogue fused); element-wise work in Triton."""
 
     name = "triton"
 
+    @staticmethod
+    def _tritonable(x: torch.Tensor, lin: Linear) -> bool:
+        return lin.weight_fp8 is None and _gemm.supported(x, lin.weight)
+
+    @staticmethod
+    def _choose(op: str, x: torch.Tensor, lin: Linear, cands: dict, triton_cand) -> torch.Tensor:
+        for cfg in _gemm.CONFIGS:
+            cands["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(cfg)
+        (M, K), N = x.shape, lin.weight.shape[0]
+        return cands[tuner().choose(f"{op}|{M}x{N}x{K}|{x.dtype}", cands)]()
+
+    def linear(self, x, lin, bias=True):
+        if not self._tritonable(x, lin):
+            return super().linear(x, lin, bias)
+        b = lin.bias if bias else None
+        return self._choose(f"linear|bias={b is not None}", x, lin,
+                            {"cublas": lambda: F.linear(x, lin.weight, b)},
+                            lambda cfg: _gemm.linear(x, lin.weight, b, cfg=cfg))
+
     def bias_gelu(self, x, bias, kind):
+        if bias is None:
+            return super().bias_gelu(x, bias, kind)
         return _triton.bias_gelu(x, bias, kind == "tanh")
 
     def linear_gelu(self, x, lin, kind):
-        """The MLP's first GEMM + bias + GELU, by whichever route is fastest for this shape."""
-        if lin.weight_fp8 is not None or lin.bias is None or x.dim() != 2:
+        if not self._tritonable(x, lin) or lin.bias is None:
             return super().linear_gelu(x, lin, kind)
-        tanh = kind == "tanh"
-        cands = {"cublas+triton": lambda: super(TritonOps, self).linear_gelu(x, lin, kind)}
-        if tanh:  # cuBLASLt's GELU epilogue is the tanh form: exact only for tanh-GELU models
-            cands["cublaslt_epilogue"] = lambda: torch._addmm_activation(lin.bias, x, lin.weight.t(), use_gelu=True)
-        for cfg in _triton.GEMM_CONFIGS:
-            cands["triton_gemm" + "x".join(map(str, cfg))] = \
-                lambda cfg=cfg: _triton.linear_gelu(x, lin.weight, lin.bias, tanh, cfg)
-        (M, K), N = x.shape, lin.weight.shape[0]
-        return cands[tuner().choose(f"linear_gelu|{M}x{N}x{K}|{x.dtype}|{kind}", cands)]()
+        cands = {"cublas+triton_gelu": lambda: _triton.bias_gelu(F.linear(x, lin.weight), lin.bias, kind == "tanh")}
+        if kind == "tanh":  # cuBLASLt's GELU epilogue is the tanh form: only right for tanh-GELU models
+            cands["cublaslt_gelu"] = lambda: torch._addmm_activation(lin.bias, x, lin.weight.t(), use_gelu=True)
+        act = _gemm.ACT_GELU_TANH if kind == "tanh" else _gemm.ACT_GELU
+        return self._choose(f"linear_gelu|{kind}", x, lin, cands,
+                            lambda cfg: _gemm.linear(x, lin.weight, lin.bias, act, cfg=cfg))
 
     def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False):
         return _triton.add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual)
+
+    def linear_add_layernorm(self, x, lin, residual, norm, store_residual=False):
+        if not self._tritonable(x, lin) or not residual.is_contiguous():
+            return super().linear_add_layernorm(x, lin, residual, norm, store_residual)
+        n = norm
+
+        def ln(h, r, b, store=store_residual):
+            return _triton.add_layernorm(h, r, b, n.weight, n.bias, n.eps, store)
+
+        def fused(cfg):  # the GEMM writes x W^T + b + residual, itself the next residual of a pre-LN model
+            h = _gemm.linear(x, lin.weight, lin.bias, residual=residual, cfg=cfg)
+            return (ln(h, None, None, False), h) if store_residual else ln(h, None, None)
+
+        cands = {"cublas+ln": lambda: ln(F.linear(x, lin.weight), residual, lin.bias),
+                 # cuBLAS adds the residual as its C operand (beta = 1): the LayerNorm reads one tensor, not two
+                 "cublas_addmm+ln": lambda: ln(torch.addmm(residual, x, lin.weight.t()), None, lin.bias)}
+        return self._choose(f"linear_add_ln|store={store_residual}", x, lin, cands, fused)
 
 
 def select_ops(device: torch.device) -> TorchOps:

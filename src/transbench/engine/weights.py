@@ -6,14 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .ops import Linear, quantize_fp8
-
-
-@dataclass
-class Norm:
-    weight: torch.Tensor
-    bias: torch.Tensor
-    eps: float
+from .ops import Linear, Norm, quantize_fp8
 
 
 @dataclass

@@ -58,12 +58,13 @@ def output_tensor(out, task: str):
     return out[0]
 
 
-def rel_err(out, ref, lengths: list[int] | None) -> float:
+def rel_err(out, ref, lengths: list[int] | None, width: int | None = None) -> float:
     """||out - ref|| / ||ref|| in float64 over real tokens only (padding positions are undefined)."""
     import torch
 
     o, r = out.detach().double().cpu(), ref.detach().double().cpu()
-    if lengths is not None and o.dim() >= 2 and o.shape[1] == max(lengths) and o.shape[0] == len(lengths):
+    # Per-token outputs are (rows, width, ...), width the padded batch's: these rows may all be shorter.
+    if lengths is not None and o.dim() >= 2 and o.shape[1] == (width or max(lengths)) and o.shape[0] == len(lengths):
         keep = torch.arange(o.shape[1])[None, :] < torch.tensor(lengths)[:, None]
         o, r = o[keep], r[keep]
     if not torch.isfinite(o).all():
@@ -144,7 +145,7 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     out = prepared.fn()  # the first call also compiles or captures where the backend does that
     dev.synchronize(device)
     prepare_s = time.perf_counter() - t0
-    err = rel_err(output_tensor(out, cell.task)[rows], ref, [inputs.lengths[i] for i in rows])
+    err = rel_err(output_tensor(out, cell.task)[rows], ref, [inputs.lengths[i] for i in rows], inputs.input_ids.shape[1])
     info = {"attn_implementation": model.config._attn_implementation, "prepare_s": prepare_s,
             "param_dtype": str(next(model.parameters()).dtype), "device": str(device), **prepared.info}
     record = {"rel_err": err}

@@ -76,7 +76,7 @@ def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
     out = prepared.fn()
     dev.synchronize(device)
     err = inference.rel_err(inference.output_tensor(out, cell.task)[ref_rows], ref,
-                            [inputs.lengths[i] for i in ref_rows])
+                            [inputs.lengths[i] for i in ref_rows], inputs.input_ids.shape[1])
     errs = _gather(err)
     worst = max(errs, key=lambda e: e if e == e else math.inf)  # NaN counts as the worst
     record = {"rel_err": worst, "world_size": info.world_size, "strategy": "data-parallel"}

@@ -36,13 +36,11 @@ class Inputs:
         return kw
 
     def rows(self, idx: list[int]) -> Inputs:
-        """The same inputs restricted to some sequences (the reference runs on a few rows only)."""
+        """The same inputs restricted to some sequences (the reference runs on a few rows only). The width
+        stays the batch's, so the reference lines up with the timed output column for column."""
         pick = lambda t: None if t is None else t[idx]  # noqa: E731
-        lens = [self.lengths[i] for i in idx]
-        width = max(lens)
-        cut = lambda t: None if t is None else t[:, :width]  # noqa: E731
-        return Inputs(cut(pick(self.input_ids)), lens, cut(pick(self.attention_mask)),
-                      cut(pick(self.token_type_ids)), cut(pick(self.inputs_embeds)))
+        return Inputs(pick(self.input_ids), [self.lengths[i] for i in idx], pick(self.attention_mask),
+                      pick(self.token_type_ids), pick(self.inputs_embeds))
 
     def to(self, device) -> Inputs:
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731
