@@ -46,6 +46,17 @@ def _finish(outcome, db: str, json_path, csv_path, plot_path=None) -> None:
     console.print(f"stored in {db} as run [bold]{outcome.name}[/] ({len(outcome.records)} points)")
 
 
+def _grid(title: str, corner: str, columns: list[str], rows: dict[str, dict[str, str]]) -> None:
+    """Print `rows` ({row label: {column: text}}) as one table; a cell a row lacks stays blank."""
+    t = Table(title=title)
+    t.add_column(corner, justify="right")
+    for c in columns:
+        t.add_column(c, justify="right")
+    for label, cells in rows.items():
+        t.add_row(label, *(cells.get(c, "") for c in columns))
+    console.print(t)
+
+
 def _progress(p) -> None:
     if p.status != "ok":
         return
@@ -69,18 +80,12 @@ def gemm(
                              device=device, min_time=min_time, name=name)
     outcome = micro.run_micro("gemm", opts, db, on_point=_progress)
     recs = outcome.records
-    cols = list(dict.fromkeys(r["dtype"] for r in recs))
-    t = Table(title=f"GEMM TFLOPS (% of datasheet peak) on {recs[0]['gpu'] or 'cpu'}" if recs else "GEMM")
-    t.add_column("m x n x k")
-    for c in cols:
-        t.add_column(c, justify="right")
     rows: dict[str, dict] = {}
     for r in recs:
         label = f"n={r['m']}" if r["shape"] == "square" else f"{r['model']} {r['shape']} {r['m']}x{r['n']}x{r['k']}"
         rows.setdefault(label, {})[r["dtype"]] = _status(r) or _pct(r.get("tflops"), r.get("pct_of_peak"))
-    for label, cells in rows.items():
-        t.add_row(label, *(cells.get(c, "") for c in cols))
-    console.print(t)
+    _grid(f"GEMM TFLOPS (% of datasheet peak) on {recs[0]['gpu'] or 'cpu'}" if recs else "GEMM", "m x n x k",
+          list(dict.fromkeys(r["dtype"] for r in recs)), rows)
     _finish(outcome, db, json_path, csv_path, plot)
 
 
@@ -98,21 +103,15 @@ def bandwidth(
                                   device=device, min_time=min_time, name=name)
     outcome = micro.run_micro("bandwidth", opts, db, on_point=_progress)
     recs = outcome.records
-    op_names = list(dict.fromkeys(r["op"] for r in recs))
-    t = Table(title=f"memory bandwidth, {opts.dtype}: GB/s (% of datasheet) and TFLOPS on {recs[0]['gpu'] or 'cpu'}"
-              if recs else "bandwidth")
-    t.add_column("elements", justify="right")
-    for op in op_names:
-        t.add_column(f"{op} GB/s", justify="right")
-        t.add_column(f"{op} TFLOPS", justify="right")
-    rows: dict[int, dict] = {}
+    rows: dict[str, dict] = {}
     for r in recs:
         status = _status(r)
-        rows.setdefault(r["elements"], {})[r["op"]] = (
-            status or _pct(r.get("gbps"), r.get("pct_of_peak")), "" if status else f"{r['tflops']:.3g}")
-    for n, cells in rows.items():
-        t.add_row(f"{n:,}", *(v for op in op_names for v in cells.get(op, ("", ""))))
-    console.print(t)
+        cells = rows.setdefault(f"{r['elements']:,}", {})
+        cells[f"{r['op']} GB/s"] = status or _pct(r.get("gbps"), r.get("pct_of_peak"))
+        cells[f"{r['op']} TFLOPS"] = "" if status else f"{r['tflops']:.3g}"
+    _grid(f"memory bandwidth, {opts.dtype}: GB/s (% of datasheet) and TFLOPS on {recs[0]['gpu'] or 'cpu'}"
+          if recs else "bandwidth", "elements",
+          [f"{op} {unit}" for op in dict.fromkeys(r["op"] for r in recs) for unit in ("GB/s", "TFLOPS")], rows)
     _finish(outcome, db, json_path, csv_path)
 
 
@@ -132,18 +131,12 @@ def layer(
     outcome = micro.run_micro("layer", opts, db, on_point=_progress)
     recs = outcome.records
     res = outcome.options
-    cols = [f"{p} seq={s}" for s in res.seqs for p in ("fwd", "fwd+bwd")]
-    t = Table(title=f"one {res.model} layer, {res.dtype}: TFLOPS (% of datasheet peak)")
-    t.add_column("batch", justify="right")
-    for c in cols:
-        t.add_column(c, justify="right")
-    rows: dict[int, dict] = {}
+    rows: dict[str, dict] = {}
     for r in recs:
-        rows.setdefault(r["batch_size"], {})[f"{r['pass']} seq={r['seq_len']}"] = (
+        rows.setdefault(str(r["batch_size"]), {})[f"{r['pass']} seq={r['seq_len']}"] = (
             _status(r) or _pct(r.get("tflops"), r.get("pct_of_peak")))
-    for b, cells in rows.items():
-        t.add_row(str(b), *(cells.get(c, "") for c in cols))
-    console.print(t)
+    _grid(f"one {res.model} layer, {res.dtype}: TFLOPS (% of datasheet peak)", "batch",
+          [f"{p} seq={s}" for s in res.seqs for p in ("fwd", "fwd+bwd")], rows)
     _finish(outcome, db, json_path, csv_path)
 
 
