@@ -169,47 +169,59 @@ def generation(prompt_len=512, new_tokens=128):
         hf_times.append((a, b))
     torch.cuda.synchronize()
     hf_dec = statistics.median(a.elapsed_time(b) for a, b in hf_times[4:])
+    replay = bench(gen.graphs.entries["decode"].graph.replay)  # the step's GPU work alone, no host round trip
     print(f"\n## gpt2 generation batch 1, prompt {prompt_len}, {new_tokens} new tokens (fp16)", flush=True)
-    print(f"prefill: engine {t_pre:.3f} ms, HF sdpa {t_hf_pre:.3f} ms | decode: engine {dec:.3f} ms/token, "
-          f"HF sdpa eager {hf_dec:.3f} ms/token | prefill logits rel_err {err:.1e}", flush=True)
+    print(f"prefill: engine {t_pre:.3f} ms, HF sdpa {t_hf_pre:.3f} ms | decode: engine {dec:.3f} ms/token "
+          f"(its graph replay alone {replay:.3f} ms), HF sdpa eager {hf_dec:.3f} ms/token | prefill logits rel_err "
+          f"{err:.1e}", flush=True)
+    eng = compile_model(m, dtype=torch.float16, cuda_graphs=False)
+    gen = eng.generator(1, prompt_len + new_tokens)
+    nxt = gen.prefill(ids).argmax(-1)
+    _kernel_table("gpt2 decode step at position 512", lambda: gen.decode(nxt), 5)
 
 
 @torch.inference_mode()
 def profile(name, shapes):
     """Where the engine's GPU time goes (eager engine, kernels grouped by kind), per forward."""
+    L, H, _ = SHAPES[name]
+    m = bert(name).half()
+    eng = compile_model(m, dtype=torch.float16, cuda_graphs=False)
+    for B, S in shapes:
+        x = torch.randn(B, S, H, device="cuda", dtype=torch.float16)
+        _kernel_table(f"{name} {B}x{S}", lambda: eng.encode(x), 5)
+
+
+def _kernel_table(title, fn, reps):
+    """GPU kernel time per fn() call, grouped by kind, and the top kernels (profiler, engine without graphs)."""
     from collections import defaultdict
 
     from torch.profiler import ProfilerActivity, profile as prof
 
-    L, H, _ = SHAPES[name]
-    m = bert(name).half()
-    eng = compile_model(m, dtype=torch.float16, cuda_graphs=False)
-    kinds = [("attention", ("flash", "fmha", "cudnn", "attention", "attn")), ("triton gemm", ("_linear_kernel",)),
+    kinds = [("attention", ("flash", "fmha", "cudnn", "attention", "attn")), ("triton gemm", ("_linear_kernel", "_linear_splitk")),
              ("layernorm", ("_add_layernorm",)), ("bias+gelu", ("_bias_gelu",)),
              ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "splitk", "gemv"))]  # first match wins
-    for B, S in shapes:
-        x = torch.randn(B, S, H, device="cuda", dtype=torch.float16)
-        for _ in range(3):
-            eng.encode(x)
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(reps):
+            fn()
         torch.cuda.synchronize()
-        with prof(activities=[ProfilerActivity.CUDA]) as p:
-            for _ in range(5):
-                eng.encode(x)
-            torch.cuda.synchronize()
-        per = defaultdict(float)
-        names = defaultdict(float)
-        for e in p.key_averages():
-            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-            if t <= 0 or e.key.startswith(("cuda", "Memcpy", "Memset")) or "Activity Buffer" in e.key:
-                continue
-            kind = next((k for k, pats in kinds if any(q in e.key.lower() for q in pats)), "other")
-            per[kind] += t / 5 / 1e3
-            names[e.key[:60]] += t / 5 / 1e3
-        tot = sum(per.values())
-        print(f"\n## profile {name} {B}x{S} (engine without graphs): kernels {tot:.3f} ms per forward", flush=True)
-        print("  " + " | ".join(f"{k} {v:.3f} ms ({v / tot:.0%})" for k, v in sorted(per.items(), key=lambda kv: -kv[1])))
-        for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:8]:
-            print(f"  {v:8.3f} ms  {k}")
+    per, names, count = defaultdict(float), defaultdict(float), 0
+    for e in p.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t <= 0 or e.key.startswith(("cuda", "Activity Buffer")) or "Activity Buffer" in e.key:
+            continue
+        kind = next((k for k, pats in kinds if any(q in e.key.lower() for q in pats)), "other")
+        per[kind] += t / reps / 1e3
+        names[e.key[:60]] += t / reps / 1e3
+        count += e.count
+    tot = sum(per.values())
+    print(f"\n## profile {title} (engine without graphs): kernels {tot:.3f} ms, {count / reps:.0f} kernels per call",
+          flush=True)
+    print("  " + " | ".join(f"{k} {v:.3f} ms ({v / tot:.0%})" for k, v in sorted(per.items(), key=lambda kv: -kv[1])))
+    for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:10]:
+        print(f"  {v:8.3f} ms  {k}")
 
 
 @torch.inference_mode()

@@ -1,4 +1,4 @@
-"""The engine's Triton kernels (GEMM with fused epilogues, LayerNorm, GELU) in Triton's CPU interpreter.
+"""The engine's Triton kernels (GEMMs with fused epilogues, attention, LayerNorm, GELU) in Triton's CPU interpreter.
 
 The same kernel source that runs on the GPU, checked against torch without one; tests/gpu repeats this on
 the device at real sizes."""
@@ -20,10 +20,14 @@ def test_triton_kernels_match_torch_in_the_interpreter():
                          env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     errors = json.loads(out.stdout.strip().splitlines()[-1])
-    from transbench.engine.gemm import CONFIGS
+    from transbench.engine.gemm import CONFIGS, splitk_configs
+    from transbench.engine.kernels import ATTENTION_CONFIGS
     routes = [k for k in errors if k.startswith("route ")]
-    # every case ran: kernels, then each op's routes (cuBLAS ones and one per Triton config)
-    assert len(errors) - len(routes) == 2 * 3 * 3 + 2 * 3 + 2 * 4
-    assert len(routes) == 2 * (2 + len(CONFIGS)) + (1 + len(CONFIGS)) + (2 + len(CONFIGS)) + (1 + len(CONFIGS))
+    # every case ran: GEMM, split-K GEMM, decode attention, attention, LayerNorm and GELU kernels, then each op's routes
+    # (cuBLAS ones and one per Triton config; the routes' M = 37 also gets the split-K configs)
+    assert len(errors) - len(routes) == 2 * 3 * 3 + 2 * 3 + 2 * 2 * 2 + 3 * 2 + 2 * 2 * len(ATTENTION_CONFIGS) + 2 * 4
+    ours = len(CONFIGS) + len(splitk_configs(37))
+    assert splitk_configs(37) and splitk_configs(1) and not splitk_configs(4096)
+    assert len(routes) == 2 * (2 + ours) + (1 + ours) + (2 + ours) + (1 + ours)
     bad = {k: v for k, v in errors.items() if not v < 2e-3}  # fp16 outputs: ~3e-4 expected
     assert not bad, bad

@@ -34,6 +34,25 @@ def main():
                 errors[f"gemm act={act} {M}x{N}x{K} cfg={cfg[:2]}"] = rel(gemm.linear(x, w, b, act, cfg=cfg), ref)
         errors[f"gemm residual {M}x{N}x{K}"] = rel(gemm.linear(x, w, b, residual=r, cfg=cfgs[0]), lin + b.float() + r.float())
         errors[f"gemm no bias {M}x{N}x{K}"] = rel(gemm.linear(x, w, None, cfg=cfgs[1]), lin)
+    split_cfgs = [(16, 32, 32, 2, 2, 4), (64, 64, 32, 4, 2, 4)]
+    for M, N, K in [(1, 96, 128), (37, 64, 160)]:  # K = 160: the last split of 4 gets 32 of 5 x 32
+        x, w, b, r = rnd(M, K), rnd(N, K, scale=K**-0.5), rnd(N), rnd(M, N)
+        lin = x.float() @ w.float().t() + b.float()
+        for cfg in split_cfgs:
+            errors[f"splitk gelu {M}x{N}x{K} cfg={cfg[:4]}"] = rel(gemm.linear_splitk(x, w, b, gemm.ACT_GELU, cfg=cfg),
+                                                                 F.gelu(lin))
+            # a second call: the first left its arrival counters at zero
+            errors[f"splitk residual {M}x{N}x{K} cfg={cfg[:4]}"] = rel(
+                gemm.linear_splitk(x, w, b, residual=r, cfg=cfg), lin + r.float())
+    decode(errors, rnd)
+    for B, S, H, D in [(2, 77, 3, 24), (1, 130, 2, 64)]:  # odd length and head size; more than one block
+        qkv = rnd(B * S, 3 * H * D)
+        q, k, v = qkv.float().view(B, S, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+        for causal in (False, True):
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.2).transpose(1, 2).reshape(B * S, -1)
+            for cfg in kernels.ATTENTION_CONFIGS:
+                errors[f"attention {B}x{S}x{H}x{D} causal={causal} cfg={cfg}"] = rel(
+                    kernels.attention(qkv, B, S, H, 0.2, causal, cfg), ref)
     for T, N in [(3, 96), (33, 100)]:
         x, r, b, lw, lb = rnd(T, N), rnd(T, N), rnd(N), rnd(N), rnd(N)
         s = x.float() + b.float() + r.float()
@@ -45,6 +64,23 @@ def main():
             errors[f"bias_gelu tanh={tanh} {T}x{N}"] = rel(kernels.bias_gelu((x * 3).contiguous(), b, tanh), ref)
     routes(errors, rnd)
     print(json.dumps(errors))
+
+
+def decode(errors, rnd):
+    """Decode attention writes k, v at pos and attends over 0..pos, as the torch path does (odd head size,
+    positions inside the first block and past it)."""
+    from transbench.engine.ops import TorchOps
+    B, H, L, D = 2, 3, 300, 24
+    for pos in (0, 5, 200):
+        qkv = rnd(B, 3 * H * D)
+        caches = [rnd(B, H, L, D) for _ in range(2)]
+        p = torch.tensor([pos])
+        mine = [c.clone() for c in caches]
+        out = kernels.decode_attention(qkv, mine[0], mine[1], p, 0.3)
+        want = [c.float() for c in caches]
+        ref = TorchOps().decode_attention(qkv.float(), want[0], want[1], p, 0.3)
+        errors[f"decode attention pos={pos}"] = rel(out, ref)
+        errors[f"decode cache write pos={pos}"] = max(rel(m, w) for m, w in zip(mine, want))
 
 
 def routes(errors, rnd):

@@ -110,7 +110,7 @@ def test_gpt2_shape_vs_transformers_and_generation(dtype):
         prompt = ids[:2, :37]
         gen = c.generator(2, 37 + 300)
         logits, seq = gen.prefill(prompt), prompt
-        for step in range(300):  # crosses a KV bucket boundary (256)
+        for step in range(300):  # decode attention walks the cache in blocks of 128: crosses two boundaries
             if step % 50 == 0 or step == 299:
                 assert rel(logits, m(seq).logits[:, -1]) <= 1e-2
             nxt = m(seq).logits[:, -1].argmax(-1) if step % 50 == 0 else logits.argmax(-1)
@@ -156,6 +156,56 @@ def test_triton_gemm_every_config(M, N, K, act):
         assert rel(gemm.linear(x, w, b, act, cfg=cfg), ref) < 1e-2, cfg
         if act == 0:
             assert rel(gemm.linear(x, w, b, residual=r, cfg=cfg), lin + r.float()) < 1e-2, cfg
+
+
+@pytest.mark.parametrize("act", [0, 1, 2])
+@pytest.mark.parametrize("M,N,K", [(1, 2304, 768), (8, 50257, 768), (128, 768, 3072), (200, 1000, 1600)])
+def test_splitk_gemm_every_config(M, N, K, act):
+    """Split-K on the small-M shapes it is offered for (N = 50257: a GPT-2 LM head, rows not 16-byte aligned);
+    each config runs twice, since a counter left non-zero would corrupt only the second call."""
+    from transbench.engine import gemm
+    x = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.float16) / K**0.5
+    b = torch.randn(N, device="cuda", dtype=torch.float16)
+    r = torch.randn(M, N, device="cuda", dtype=torch.float16)
+    lin = x.float() @ w.float().t() + b.float()
+    ref = {0: lin, 1: F.gelu(lin), 2: F.gelu(lin, approximate="tanh")}[act]
+    assert gemm.splitk_configs(M)
+    for cfg in gemm.SPLITK_CONFIGS:
+        for _ in range(2):
+            assert rel(gemm.linear_splitk(x, w, b, act, cfg=cfg), ref) < 1e-2, cfg
+        if act == 0:
+            assert rel(gemm.linear_splitk(x, w, b, residual=r, cfg=cfg), lin + r.float()) < 1e-2, cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,H,D,L", [(1, 12, 64, 640), (4, 25, 64, 1024), (3, 5, 40, 200)])
+def test_decode_attention_kernel(B, H, D, L, dtype):
+    """The fused KV write + one-token attention against the torch path, at positions 0, mid-block, and last."""
+    from transbench.engine import kernels as K
+    from transbench.engine.ops import TorchOps
+    for pos in (0, 77, L - 1):
+        qkv = torch.randn(B, 3 * H * D, device="cuda", dtype=dtype)
+        kc, vc = (torch.randn(B, H, L, D, device="cuda", dtype=dtype) for _ in range(2))
+        want = [kc.float(), vc.float()]
+        p = torch.tensor([pos], device="cuda")
+        ref = TorchOps().decode_attention(qkv.float(), want[0], want[1], p, D**-0.5)
+        out = K.decode_attention(qkv, kc, vc, p, D**-0.5)
+        assert rel(out, ref) < 1e-2
+        assert torch.equal(kc.float(), want[0]) and torch.equal(vc.float(), want[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,S,H,D", [(1, 128, 12, 64), (256, 128, 12, 64), (3, 77, 25, 64), (2, 333, 5, 40),
+                                     (1, 512, 16, 128)])
+def test_attention_kernel_every_config(B, S, H, D, dtype):
+    from transbench.engine import kernels as K
+    qkv = torch.randn(B * S, 3 * H * D, device="cuda", dtype=dtype)
+    q, k, v = qkv.float().view(B, S, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+    for causal in (False, True):
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=D**-0.5).transpose(1, 2).reshape(B * S, -1)
+        for cfg in K.ATTENTION_CONFIGS:
+            assert rel(K.attention(qkv, B, S, H, D**-0.5, causal, cfg), ref) < 1e-2, (causal, cfg)
 
 
 @pytest.mark.parametrize("store", [False, True])

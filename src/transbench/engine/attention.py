@@ -13,6 +13,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .tuning import tuner
 
+try:  # Triton is optional (see ops.py)
+    from . import kernels as _kernels
+except Exception:  # noqa: BLE001
+    _kernels = None
+
 _SDPA = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
@@ -73,14 +78,18 @@ def _split(buf: torch.Tensor, B: int, S: int, heads: int):
 
 def dense(qkv: torch.Tensor, B: int, S: int, heads: int, scale: float, causal: bool) -> torch.Tensor:
     q, k, v = _split(qkv, B, S, heads)
+
+    def sdpa(backend):  # flash/cuDNN/efficient return (B, H, S, D) views of (B, S, H, D) memory: reshape is free
+        return _sdpa(q, k, v, backend, is_causal=causal, scale=scale).transpose(1, 2).reshape(B * S, -1)
+
     if not qkv.is_cuda:
-        o = _sdpa(q, k, v, None, is_causal=causal, scale=scale)
-    else:
-        key = f"dense|{B}x{S}x{heads}x{q.shape[-1]}|{qkv.dtype}|causal={causal}"
-        cands = {n: (lambda n=n: _sdpa(q, k, v, n, is_causal=causal, scale=scale)) for n in _SDPA}
-        o = cands[tuner().choose(key, cands)]()
-    # flash/cuDNN/efficient return (B, H, S, D) views of (B, S, H, D) memory: this reshape is free.
-    return o.transpose(1, 2).reshape(B * S, -1)
+        return sdpa(None)
+    cands = {n: (lambda n=n: sdpa(n)) for n in _SDPA}
+    if _kernels is not None:
+        for cfg in _kernels.ATTENTION_CONFIGS:
+            cands["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: _kernels.attention(qkv, B, S, heads, scale,
+                                                                                          causal, cfg)
+    return cands[tuner().choose(f"dense|{B}x{S}x{heads}x{q.shape[-1]}|{qkv.dtype}|causal={causal}", cands)]()
 
 
 def _varlen_flash(qkv, p: Packing, heads, scale, causal):

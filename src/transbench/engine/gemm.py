@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .kernels import scratch
+
 ACT_NONE, ACT_GELU, ACT_GELU_TANH = 0, 1, 2
 
 
@@ -75,23 +77,87 @@ CONFIGS = [
 ]
 
 
+@triton.jit
+def _linear_splitk_kernel(x_desc, w_desc, Y, R, BIAS, PARTIAL, ARRIVED, M, N, K,
+                          ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
+    # Small M (batch 1-8 tokens x seq): too few output tiles to occupy the SMs, so SPLIT programs share each
+    # tile's K range, write fp32 partials, and the last to arrive sums them in a fixed order (deterministic)
+    # and runs the epilogue. It also resets the tile's arrival count, so no memset precedes the next call.
+    tile, part = tl.program_id(0) // SPLIT, tl.program_id(0) % SPLIT
+    n_n = tl.cdiv(N, BN)
+    om, on = (tile // n_n) * BM, (tile % n_n) * BN
+    k_tiles = tl.cdiv(K, BK)
+    per = tl.cdiv(k_tiles, SPLIT)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(part * per, min(part * per + per, k_tiles)):
+        a = x_desc.load([om, k * BK])
+        b = w_desc.load([on, k * BK])
+        acc = tl.dot(a, b.T, acc)
+    rows, cols = om + tl.arange(0, BM), on + tl.arange(0, BN)
+    inside = (rows < M)[:, None] & (cols < N)[None, :]
+    offs = rows[:, None] * N + cols[None, :]
+    tl.store(PARTIAL + part * M * N + offs, acc, mask=inside)
+    tl.debug_barrier()  # every thread's partial is written before this program announces itself
+    if tl.atomic_add(ARRIVED + tile, 1, sem="acq_rel") == SPLIT - 1:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for p in range(SPLIT):  # .cg: read from L2, where the other programs' stores landed
+            acc += tl.load(PARTIAL + p * M * N + offs, mask=inside, other=0.0, cache_modifier=".cg")
+        tl.store(ARRIVED + tile, 0)
+        if HAS_BIAS:
+            acc += tl.load(BIAS + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        acc = _activate(acc, ACT)
+        if HAS_RES:
+            acc += tl.load(R + offs, mask=inside, other=0.0).to(tl.float32)
+        tl.store(Y + offs, acc.to(Y.dtype.element_ty), mask=inside)
+
+
+# (BM, BN, BK, split, stages, warps) for the split-K kernel, candidates only where M <= SPLITK_MAX_M.
+SPLITK_CONFIGS = [(64, 64, 128, 2, 3, 4), (64, 64, 128, 4, 3, 4), (64, 64, 64, 8, 3, 4),
+                  (16, 64, 128, 4, 3, 4), (16, 64, 64, 8, 3, 4)]
+SPLITK_MAX_M = 256
+
+
+def splitk_configs(M: int) -> list:
+    """The split-K configs worth timing for M rows: 16-row tiles only for the few-token (decode) case."""
+    if M > SPLITK_MAX_M:
+        return []
+    return [c for c in SPLITK_CONFIGS if (c[0] == 16) == (M <= 16)]
+
+
+def linear_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: int = ACT_NONE,
+                  residual: torch.Tensor | None = None, cfg=SPLITK_CONFIGS[0]) -> torch.Tensor:
+    if not supported(x, weight) or (residual is not None and not residual.is_contiguous()):
+        raise ValueError("shape/alignment not supported by the TMA GEMM")
+    (M, K), N = x.shape, weight.shape[0]
+    bm, bn, bk, split, stages, warps = cfg
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    _linear_splitk_kernel[(tiles * split,)](
+        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
+        y, residual.view(M, N) if residual is not None else y, bias if bias is not None else y,
+        scratch(x.device, torch.float32, split * M * N), scratch(x.device, torch.int32, tiles), M, N, K,
+        ACT=act, HAS_BIAS=bias is not None, HAS_RES=residual is not None, BM=bm, BN=bn, BK=bk, SPLIT=split,
+        num_stages=stages, num_warps=warps)
+    return y
+
+
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """TMA needs 16-byte aligned row strides and base addresses, and 2-D row-major operands."""
-    es = x.element_size()
+    """TMA reads of x and weight need 16-byte aligned row strides and base addresses, 2-D row-major operands."""
     return (x.dim() == 2 and x.is_contiguous() and weight.is_contiguous() and x.dtype == weight.dtype
-            and x.dtype in (torch.float16, torch.bfloat16)
-            and (x.shape[1] * es) % 16 == 0 and (weight.shape[0] * es) % 16 == 0
+            and x.dtype in (torch.float16, torch.bfloat16) and (x.shape[1] * x.element_size()) % 16 == 0
             and all(t.data_ptr() % 16 == 0 for t in (x, weight)))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: int = ACT_NONE,
            residual: torch.Tensor | None = None, cfg=CONFIGS[0]) -> torch.Tensor:
-    if not supported(x, weight) or (residual is not None and not residual.is_contiguous()):
+    if (not supported(x, weight) or (weight.shape[0] * x.element_size()) % 16  # y is written through TMA too
+            or (residual is not None and not residual.is_contiguous())):
         raise ValueError("shape/alignment not supported by the TMA GEMM")
     (M, K), N = x.shape, weight.shape[0]
     bm, bn, bk, stages, warps, persistent = cfg

@@ -8,6 +8,7 @@ from .attention import Packing, attention
 from .base import EngineBase
 from .config import GELU_KINDS, Dims, EngineOptions, EngineUnsupported
 from .graphs import GraphCache
+from .ops import Linear
 from .weights import gpt2_layer
 
 
@@ -32,7 +33,8 @@ class GPT2Engine(EngineBase):
                   / (i + 1 if cfg.scale_attn_by_inverse_layer_idx else 1) for i in range(cfg.num_hidden_layers)]
         self.layers = [gpt2_layer(c, b, s) for b, s in zip(gpt2.h, scales)]
         # GPT-2 ties its LM head to wte; a separate head weight (if any) is converted like the rest.
-        self.head = self.wte if lm_head_weight is None or lm_head_weight is gpt2.wte.weight else c.t(lm_head_weight)
+        head = self.wte if lm_head_weight is None or lm_head_weight is gpt2.wte.weight else c.t(lm_head_weight)
+        self.head = Linear(head, None)  # not fp8: logits keep the activation dtype's precision
 
     def _norm_next(self, i: int):
         return self.layers[i + 1].norm1 if i + 1 < len(self.layers) else self.ln_f
@@ -66,8 +68,6 @@ class GPT2Engine(EngineBase):
 class Generator:
     """Greedy-decoding state for one batch: a static KV cache, graphed prefill and decode steps."""
 
-    KV_BUCKET = 256  # decode attends over the cache rounded up to this, not over all of max_total_len
-
     def __init__(self, engine: GPT2Engine, batch_size: int, max_total_len: int):
         d, o = engine.dims, engine.opts
         if max_total_len > d.max_positions:
@@ -82,7 +82,7 @@ class Generator:
         self.graphs = GraphCache(o.cuda_graphs, max_entries=64)  # owns graphs that write this cache
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.e.head)
+        return self.e.ops.linear(h.contiguous(), self.e.head)
 
     def _prefill(self, ids: torch.Tensor) -> torch.Tensor:
         e, (B, S) = self.e, ids.shape
@@ -97,18 +97,12 @@ class Generator:
         h = e._blocks(e._embed(p, ids, None, None, None), attend)
         return self._logits(h.view(B, S, -1)[:, -1])
 
-    def _decode(self, ids: torch.Tensor, pos: torch.Tensor, n: int) -> torch.Tensor:
-        e, B = self.e, ids.shape[0]
-        d = e.dims
+    def _decode(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        e = self.e
         x = (F.embedding(ids, e.wte) + F.embedding(pos, e.wpe)).contiguous()
-        valid = (torch.arange(n, device=ids.device) <= pos)[None, None, None, :]
 
         def attend(i, qkv):
-            q, kv = qkv.view(B, 3, d.heads, d.head_dim)[:, :1], qkv.view(B, 3, d.heads, d.head_dim)[:, 1:]
-            self.kv[i].index_copy_(3, pos, kv.permute(1, 0, 2, 3).unsqueeze(3))
-            k, v = self.kv[i][:, :, :, :n].unbind(0)
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=valid, scale=e.layers[i].scale)
-            return o.reshape(B, d.hidden)
+            return e.ops.decode_attention(qkv, self.kv[i][0], self.kv[i][1], pos, e.layers[i].scale)
 
         return self._logits(e._blocks(x, attend))
 
@@ -128,9 +122,8 @@ class Generator:
         """(B,) tokens at the next position -> (B, vocab) logits; appends to the cache."""
         if self.pos >= self.L:
             raise ValueError(f"generator is full ({self.L} tokens)")
-        n = min(self.L, -(-(self.pos + 1) // self.KV_BUCKET) * self.KV_BUCKET)
         self.pos_t.fill_(self.pos)
         ids = next_ids.to(self.e.opts.device).reshape(self.B)
-        out = self.graphs(("decode", n), lambda i, p: self._decode(i, p, n), ids, self.pos_t)
+        out = self.graphs("decode", self._decode, ids, self.pos_t)
         self.pos += 1
         return out

@@ -1,4 +1,5 @@
-"""Triton kernels for the element-wise work around the GEMMs (the GEMMs themselves: gemm.py). Imported only when Triton is present (see ops.py)."""
+"""Triton kernels besides the GEMM (gemm.py): the element-wise work around it, and one-token decode attention.
+Imported only when Triton is present (see ops.py)."""
 from __future__ import annotations
 
 import torch
@@ -73,3 +74,143 @@ def bias_gelu(x, bias, tanh: bool):
     _bias_gelu_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, bias, x2, n, TANH=tanh, BLOCK=block,
                                                           num_warps=_warps(block))
     return x
+
+
+_scratch: dict = {}
+
+
+def scratch(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """Zeroed scratch kept for the process: CUDA graphs capture its address, so it must never move or be
+    freed. Kernels that count arrivals in it leave the counters at zero for the next call."""
+    key = (device, dtype, numel)
+    if key not in _scratch:
+        _scratch[key] = torch.zeros(numel, device=device, dtype=dtype)
+    return _scratch[key]
+
+
+@triton.jit
+def _decode_attention_kernel(QKV, K, V, POS, OUT, PART, ARRIVED, L, scale, H: tl.constexpr, D: tl.constexpr,
+                             BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                             CHUNKS_P2: tl.constexpr):
+    # Flash-decoding: program (sequence x head, chunk of the cache). At batch 1 one program per head would
+    # leave most SMs idle and walk the cache serially. The position comes from device memory, so one graph
+    # serves every step; chunks past it return at once. The last program of a head to finish merges the
+    # chunks' partial softmaxes, and resets its arrival counter.
+    bh, c = tl.program_id(0), tl.program_id(1)
+    chunks = tl.num_programs(1)
+    b, h = bh // H, bh % H
+    pos = tl.load(POS)
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    row = QKV + b * (3 * H * D) + h * D
+    q = tl.load(row + d, mask=dm, other=0.0).to(tl.float32) * scale
+    cache = bh.to(tl.int64) * L * D
+    start = c * CHUNK
+    # The chunk holding pos writes the new k, v there and seeds its softmax with them from registers: every
+    # program reads only rows < pos, never the row being written.
+    own = (pos >= start) & (pos < start + CHUNK)
+    at = pos + d * 0  # pos per element: masks are built element-wise
+    new_m = dm & (at >= start) & (at < start + CHUNK)
+    k_new = tl.load(row + H * D + d, mask=new_m, other=0.0)
+    v_new = tl.load(row + 2 * H * D + d, mask=new_m, other=0.0)
+    tl.store(K + cache + pos * D + d, k_new, mask=new_m)
+    tl.store(V + cache + pos * D + d, v_new, mask=new_m)
+    m_i = tl.where(own, tl.sum(q * k_new.to(tl.float32), 0), -1e30)  # finite: empty chunks stay NaN-free
+    l_i = tl.where(own, 1.0, 0.0)
+    acc = v_new.to(tl.float32)
+    for off in range(start, tl.minimum(start + CHUNK, pos), BLOCK):
+        j = off + tl.arange(0, BLOCK)
+        jm = (j < pos) & (j < start + CHUNK)
+        offs = cache + j[:, None] * D + d[None, :]
+        k = tl.load(K + offs, mask=jm[:, None] & dm[None, :], other=0.0).to(tl.float32)
+        s = tl.where(jm, tl.sum(k * q[None, :], 1), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new)
+        v = tl.load(V + offs, mask=jm[:, None] & dm[None, :], other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    part = PART + (bh * chunks + c) * (BLOCK_D + 2)
+    tl.store(part + d, acc)
+    tl.store(part + BLOCK_D, m_i)
+    tl.store(part + BLOCK_D + 1, l_i)
+    tl.debug_barrier()  # every thread's share of the partial is written before this program announces itself
+    if tl.atomic_add(ARRIVED + bh, 1, sem="acq_rel") == chunks - 1:
+        cs = tl.arange(0, CHUNKS_P2)
+        cm = cs < chunks
+        parts = PART + (bh * chunks + cs) * (BLOCK_D + 2)
+        ms = tl.load(parts + BLOCK_D, mask=cm, other=-1e30, cache_modifier=".cg")
+        w = tl.exp(ms - tl.max(ms, 0))
+        ls = tl.load(parts + BLOCK_D + 1, mask=cm, other=0.0, cache_modifier=".cg")
+        accs = tl.load(parts[:, None] + d[None, :], mask=cm[:, None], other=0.0, cache_modifier=".cg")
+        out = tl.sum(w[:, None] * accs, 0) / tl.sum(w * ls, 0)
+        tl.store(OUT + b * (H * D) + h * D + d, out.to(OUT.dtype.element_ty), mask=dm)
+        tl.store(ARRIVED + bh, 0)
+
+
+def decode_attention(qkv, k_cache, v_cache, pos, scale):
+    """qkv (B, 3*H*D) of one new token per sequence; caches (B, H, L, D); pos a 1-element device tensor.
+    Writes the token's k and v at pos and returns its attention over positions 0..pos, (B, H*D)."""
+    B, H, L, D = k_cache.shape
+    block_d = triton.next_power_of_2(D)
+    chunk = max(64, triton.next_power_of_2(triton.cdiv(L, 32)))  # at most 32 chunks, at least 64 rows each
+    chunks = triton.cdiv(L, chunk)
+    out = qkv.new_empty(B, H * D)
+    _decode_attention_kernel[(B * H, chunks)](
+        qkv, k_cache, v_cache, pos, out, scratch(qkv.device, torch.float32, B * H * chunks * (block_d + 2)),
+        scratch(qkv.device, torch.int32, B * H), L, scale, H=H, D=D, BLOCK_D=block_d, CHUNK=chunk, BLOCK=64,
+        CHUNKS_P2=triton.next_power_of_2(chunks), num_warps=4)
+    return out
+
+
+@triton.jit
+def _attention_kernel(QKV, OUT, S, scale, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr):
+    # Flash-style attention straight off the fused QKV rows (B*S, 3*H*D), output (B*S, H*D). Exists for short
+    # sequences at small batch, where SDPA's kernels spend more on setup than on the few tiles of work.
+    qb, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    stride: tl.constexpr = 3 * H * D
+    base = QKV + b.to(tl.int64) * S * stride
+    rows, d = qb * BM + tl.arange(0, BM), tl.arange(0, BLOCK_D)
+    dm = d < D
+    q = tl.load(base + rows[:, None] * stride + h * D + d[None, :], mask=(rows < S)[:, None] & dm[None, :], other=0.0)
+    qk_scale = scale * 1.4426950408889634  # exp2 instead of exp
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BLOCK_D], tl.float32)
+    hi = tl.minimum(S, (qb + 1) * BM) if CAUSAL else S
+    for start in range(0, hi, BN):
+        cols = start + tl.arange(0, BN)
+        kv_mask = (cols < S)[:, None] & dm[None, :]
+        k = tl.load(base + cols[:, None] * stride + (H + h) * D + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, k.T) * qk_scale
+        valid = (cols < S)[None, :]
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None])
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(base + cols[:, None] * stride + (2 * H + h) * D + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = OUT + (b.to(tl.int64) * S + rows[:, None]) * (H * D) + h * D + d[None, :]
+    tl.store(out, (acc / l_i[:, None]).to(OUT.dtype.element_ty), mask=(rows < S)[:, None] & dm[None, :])
+
+
+ATTENTION_CONFIGS = [(64, 64, 4), (128, 64, 8), (32, 64, 4)]  # (BM, BN, warps)
+
+
+def attention(qkv, B, S, heads, scale, causal, cfg=ATTENTION_CONFIGS[0]):
+    """Dense (B, S) attention over the fused QKV buffer (B*S, 3*heads*D) -> (B*S, heads*D)."""
+    D = qkv.shape[-1] // (3 * heads)
+    bm, bn, warps = cfg
+    qkv = qkv.contiguous()
+    out = qkv.new_empty(B * S, heads * D)
+    _attention_kernel[(triton.cdiv(S, bm), B * heads)](qkv, out, S, scale, H=heads, D=D,
+                                                       BLOCK_D=max(16, triton.next_power_of_2(D)),
+                                                       BM=bm, BN=bn, CAUSAL=causal, num_warps=warps)
+    return out

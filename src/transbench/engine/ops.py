@@ -71,6 +71,18 @@ class TorchOps:
                                   norm.eps, store_residual)
 
 
+    def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
+        """One new token per sequence: write its k, v at `pos` of the (B, heads, L, head_dim) caches and attend
+        over positions 0..pos. `pos` is a 1-element device tensor, so a captured graph serves every step."""
+        B, H, L, D = k_cache.shape
+        q, k, v = qkv.view(B, 3, H, D).unbind(1)
+        k_cache.index_copy_(2, pos, k.unsqueeze(2))
+        v_cache.index_copy_(2, pos, v.unsqueeze(2))
+        valid = (torch.arange(L, device=qkv.device) <= pos)[None, None, None, :]
+        return F.scaled_dot_product_attention(q.unsqueeze(2), k_cache, v_cache, attn_mask=valid,
+                                              scale=scale).reshape(B, H * D)
+
+
 class TritonOps(TorchOps):
     """CUDA: every GEMM and its epilogue by whichever route the tuner timed fastest for the shape (cuBLAS,
     cuBLAS with its own epilogue, or our Triton GEMM with the epilogue fused); element-wise work in Triton."""
@@ -83,9 +95,12 @@ class TritonOps(TorchOps):
 
     @staticmethod
     def _choose(op: str, x: torch.Tensor, lin: Linear, cands: dict, triton_cand) -> torch.Tensor:
-        for cfg in _gemm.CONFIGS:
-            cands["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(cfg)
+        """`triton_cand(gemm_fn, cfg)` runs the op with one of our GEMM kernels; each config is a candidate."""
         (M, K), N = x.shape, lin.weight.shape[0]
+        for cfg in _gemm.CONFIGS:
+            cands["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear, cfg)
+        for cfg in _gemm.splitk_configs(M):
+            cands["splitk" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear_splitk, cfg)
         return cands[tuner().choose(f"{op}|{M}x{N}x{K}|{x.dtype}", cands)]()
 
     def linear(self, x, lin, bias=True):
@@ -94,7 +109,7 @@ class TritonOps(TorchOps):
         b = lin.bias if bias else None
         return self._choose(f"linear|bias={b is not None}", x, lin,
                             {"cublas": lambda: F.linear(x, lin.weight, b)},
-                            lambda cfg: _gemm.linear(x, lin.weight, b, cfg=cfg))
+                            lambda gemm, cfg: gemm(x, lin.weight, b, cfg=cfg))
 
     def bias_gelu(self, x, bias, kind):
         if bias is None:
@@ -109,7 +124,10 @@ class TritonOps(TorchOps):
             cands["cublaslt_gelu"] = lambda: torch._addmm_activation(lin.bias, x, lin.weight.t(), use_gelu=True)
         act = _gemm.ACT_GELU_TANH if kind == "tanh" else _gemm.ACT_GELU
         return self._choose(f"linear_gelu|{kind}", x, lin, cands,
-                            lambda cfg: _gemm.linear(x, lin.weight, lin.bias, act, cfg=cfg))
+                            lambda gemm, cfg: gemm(x, lin.weight, lin.bias, act, cfg=cfg))
+
+    def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
+        return _triton.decode_attention(qkv.contiguous(), k_cache, v_cache, pos, scale)
 
     def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False):
         return _triton.add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual)
@@ -122,8 +140,8 @@ class TritonOps(TorchOps):
         def ln(h, r, b, store=store_residual):
             return _triton.add_layernorm(h, r, b, n.weight, n.bias, n.eps, store)
 
-        def fused(cfg):  # the GEMM writes x W^T + b + residual, itself the next residual of a pre-LN model
-            h = _gemm.linear(x, lin.weight, lin.bias, residual=residual, cfg=cfg)
+        def fused(gemm, cfg):  # the GEMM writes x W^T + b + residual, itself the next residual of a pre-LN model
+            h = gemm(x, lin.weight, lin.bias, residual=residual, cfg=cfg)
             return (ln(h, None, None, False), h) if store_residual else ln(h, None, None)
 
         cands = {"cublas+ln": lambda: ln(F.linear(x, lin.weight), residual, lin.bias),
