@@ -142,16 +142,22 @@ def test_tuning_is_cached_on_disk(tmp_path):
     assert any("dense|2x64" in k for k in table) and any("varlen|2x64" in k for k in table)
 
 
-@pytest.mark.parametrize("act", [0, 1, 2])
-@pytest.mark.parametrize("M,N,K", [(1, 1536, 384), (77, 3072, 768), (1000, 4096, 1024), (4097, 6400, 1600)])
-def test_triton_gemm_every_config(M, N, K, act):
-    from transbench.engine import gemm
+def _gemm_case(M, N, K, act):
+    """Operands of a linear layer, its fp32 result without activation, and with activation `act`."""
     x = torch.randn(M, K, device="cuda", dtype=torch.float16)
     w = torch.randn(N, K, device="cuda", dtype=torch.float16) / K**0.5
     b = torch.randn(N, device="cuda", dtype=torch.float16)
     r = torch.randn(M, N, device="cuda", dtype=torch.float16)
     lin = x.float() @ w.float().t() + b.float()
     ref = {0: lin, 1: F.gelu(lin), 2: F.gelu(lin, approximate="tanh")}[act]
+    return x, w, b, r, lin, ref
+
+
+@pytest.mark.parametrize("act", [0, 1, 2])
+@pytest.mark.parametrize("M,N,K", [(1, 1536, 384), (77, 3072, 768), (1000, 4096, 1024), (4097, 6400, 1600)])
+def test_triton_gemm_every_config(M, N, K, act):
+    from transbench.engine import gemm
+    x, w, b, r, lin, ref = _gemm_case(M, N, K, act)
     for cfg in gemm.CONFIGS:
         assert rel(gemm.linear(x, w, b, act, cfg=cfg), ref) < 1e-2, cfg
         if act == 0:
@@ -164,12 +170,7 @@ def test_splitk_gemm_every_config(M, N, K, act):
     """Split-K on the small-M shapes it is offered for (N = 50257: a GPT-2 LM head, rows not 16-byte aligned);
     each config runs twice, since a counter left non-zero would corrupt only the second call."""
     from transbench.engine import gemm
-    x = torch.randn(M, K, device="cuda", dtype=torch.float16)
-    w = torch.randn(N, K, device="cuda", dtype=torch.float16) / K**0.5
-    b = torch.randn(N, device="cuda", dtype=torch.float16)
-    r = torch.randn(M, N, device="cuda", dtype=torch.float16)
-    lin = x.float() @ w.float().t() + b.float()
-    ref = {0: lin, 1: F.gelu(lin), 2: F.gelu(lin, approximate="tanh")}[act]
+    x, w, b, r, lin, ref = _gemm_case(M, N, K, act)
     assert gemm.splitk_configs(M)
     for cfg in gemm.SPLITK_CONFIGS:
         for _ in range(2):
