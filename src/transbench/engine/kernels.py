@@ -1,5 +1,5 @@
-"""Triton kernels besides the GEMM (gemm.py): the element-wise work around it, and one-token decode attention.
-Imported only when Triton is present (see ops.py)."""
+"""Triton kernels besides the GEMM (gemm.py): the element-wise work around it, attention over the fused QKV
+rows, and one-token decode attention. Imported only when Triton is present (see ops.py)."""
 from __future__ import annotations
 
 import torch

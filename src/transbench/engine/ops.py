@@ -70,7 +70,6 @@ class TorchOps:
         return self.add_layernorm(self.linear(x, lin, bias=False), residual, lin.bias, norm.weight, norm.bias,
                                   norm.eps, store_residual)
 
-
     def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
         """One new token per sequence: write its k, v at `pos` of the (B, heads, L, head_dim) caches and attend
         over positions 0..pos. `pos` is a 1-element device tensor, so a captured graph serves every step."""
