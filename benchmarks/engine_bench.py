@@ -227,8 +227,8 @@ def _kernel_table(title, fn, reps):
 @torch.inference_mode()
 def gemms():
     """The engine's GEMM routes per bert-base shape: cuBLAS (+ separate GELU) vs each Triton config, GPU time
-    from CUDA-graph replays (tuning._gpu_ms), TFLOPS and weight GB/s. (A flattened, warp-specialised variant
-    of the Triton kernel ran no faster under Triton 3.6 on an H100, 2026-11-22, and was dropped.)"""
+    from CUDA-graph replays (tuning._gpu_ms), TFLOPS and weight GB/s. (Triton 3.6's warp specialisation of
+    the tile loop ran no faster on an H100, 2026-11-23: on Hopper the GELU epilogue still runs between tiles.)"""
     from transbench.engine import gemm, kernels
     from transbench.engine.tuning import _gpu_ms
 

@@ -23,7 +23,7 @@ def main():
         return (torch.randn(*shape, generator=g) * scale).to(torch.float16)
 
     errors = {}
-    cfgs = [(64, 64, 64, 2, 4, True), (64, 32, 64, 2, 4, False)]
+    cfgs = [(64, 64, 64, 2, 4, True, True), (64, 32, 64, 2, 4, False, False)]
     for M, N, K in [(1, 64, 64), (77, 192, 128), (300, 128, 256)]:
         x, w, b, r = rnd(M, K), rnd(N, K, scale=K**-0.5), rnd(N), rnd(M, N)
         lin = x.float() @ w.float().t()
