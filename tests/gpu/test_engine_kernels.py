@@ -116,7 +116,7 @@ def test_gpt2_shape_vs_transformers_and_generation(dtype):
         prompt = ids[:2, :37]
         gen = c.generator(2, 37 + 300)
         logits, seq = gen.prefill(prompt), prompt
-        for step in range(300):  # decode attention walks the cache in blocks of 128: crosses two boundaries
+        for step in range(300):  # the cache splits into 64-position chunks: the steps cross several of them
             if step % 50 == 0 or step == 299:
                 assert rel(logits, m(seq).logits[:, -1]) <= 1e-2
             nxt = m(seq).logits[:, -1].argmax(-1) if step % 50 == 0 else logits.argmax(-1)
