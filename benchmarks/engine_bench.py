@@ -1,7 +1,7 @@
 """Development benchmark of transbench.engine against transformers on one GPU (random weights, fp16).
 
 Times with CUDA events after warm-up (median of many); checks each output against an fp32 reference.
-  PYTHONPATH=src python benchmarks/engine_bench.py [--quick] [--models bert-base,bert-large] [--fp8]
+  PYTHONPATH=src python benchmarks/engine_bench.py [--quick] [--parts bert-base,profile,pdl,...]
 """
 from __future__ import annotations
 
@@ -181,6 +181,52 @@ def generation(prompt_len=512, new_tokens=128):
 
 
 @torch.inference_mode()
+def pdl_effect(name, shapes, rounds=5):
+    """The engine with and without programmatic dependent launch (same tuned routes; graphs captured each way),
+    timed in alternation so clock drift cannot favour either, and whether the outputs are bit-identical."""
+    from transbench.engine import gemm, kernels
+
+    L, H, _ = SHAPES[name]
+    m = bert(name).half()
+    print(f"\n## programmatic dependent launch on / off: {name} encoders-only and gpt2 decode, fp16 "
+          f"(ms, median of {rounds} alternating medians)", flush=True)
+    default_max_m = gemm.PREFETCH_MAX_M
+    modes = {"pdl (shipped)": (True, default_max_m), "pdl, no prefetch": (True, 0), "off": (False, 0)}
+
+    def compare(label, make):  # make() -> (callable to time, its output)
+        runs = {}
+        for mode, (on, pre) in modes.items():  # each mode compiles its own kernels and captures its own graphs
+            kernels.USE_PDL, gemm.PREFETCH_MAX_M = on, pre
+            runs[mode] = make()
+        kernels.USE_PDL, gemm.PREFETCH_MAX_M = True, default_max_m
+        samples = {m: [] for m in modes}
+        for _ in range(rounds):  # alternate: a mode timed first in every round would carry any warm-up drift
+            for m in modes:
+                samples[m].append(bench(runs[m][0]))
+        t = {m: statistics.median(v) for m, v in samples.items()}
+        same = all(torch.equal(runs[m][1], runs["off"][1]) for m in modes)
+        print(f"{label:>22}  " + "  ".join(f"{m} {v:7.3f}" for m, v in t.items()) + f"  bit-identical: {same}",
+              flush=True)
+
+    for B, S in shapes:
+        x = torch.randn(B, S, H, device="cuda", dtype=torch.float16)
+
+        def encoder():
+            eng = compile_model(m, dtype=torch.float16, max_batch=B)
+            return (lambda: eng.encode(x)), eng.encode(x)
+        compare(f"{B} x {S}", encoder)
+    gpt = GPT2LMHeadModel(GPT2Config(attn_implementation="sdpa")).cuda().half().eval()
+    ids = torch.randint(0, 50257, (1, 512), device="cuda")
+
+    def decoder():
+        gen = compile_model(gpt, dtype=torch.float16).generator(1, 640)
+        nxt = gen.prefill(ids).argmax(-1)
+        out = gen.decode(nxt)
+        return gen.graphs.entries["decode"].graph.replay, out
+    compare("gpt2 decode step @512", decoder)
+
+
+@torch.inference_mode()
 def profile(name, shapes):
     """Where the engine's GPU time goes (eager engine, kernels grouped by kind), per forward."""
     L, H, _ = SHAPES[name]
@@ -197,16 +243,24 @@ def _kernel_table(title, fn, reps):
 
     from torch.profiler import ProfilerActivity, profile as prof
 
+    from transbench.engine import kernels
+
     kinds = [("attention", ("flash", "fmha", "cudnn", "attention", "attn")), ("triton gemm", ("_linear_kernel", "_linear_splitk")),
              ("layernorm", ("_add_layernorm",)), ("bias+gelu", ("_bias_gelu",)),
              ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "splitk", "gemv"))]  # first match wins
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with prof(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(reps):
+    # Under programmatic dependent launch a kernel's span includes its wait for the previous one: the spans
+    # would overlap and their sum overstate the work, so the profile runs without it.
+    kernels.USE_PDL = False
+    try:
+        for _ in range(3):
             fn()
         torch.cuda.synchronize()
+        with prof(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+    finally:
+        kernels.USE_PDL = True
     per, names, count = defaultdict(float), defaultdict(float), 0
     for e in p.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
@@ -217,8 +271,8 @@ def _kernel_table(title, fn, reps):
         names[e.key[:60]] += t / reps / 1e3
         count += e.count
     tot = sum(per.values())
-    print(f"\n## profile {title} (engine without graphs): kernels {tot:.3f} ms, {count / reps:.0f} kernels per call",
-          flush=True)
+    print(f"\n## profile {title} (engine without graphs or PDL): kernels {tot:.3f} ms, {count / reps:.0f} kernels "
+          "per call", flush=True)
     print("  " + " | ".join(f"{k} {v:.3f} ms ({v / tot:.0%})" for k, v in sorted(per.items(), key=lambda kv: -kv[1])))
     for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:10]:
         print(f"  {v:8.3f} ms  {k}")
@@ -282,6 +336,8 @@ def main():
             generation()
         elif part == "profile":
             profile("bert-base", [(1, 128), (256, 128)])
+        elif part == "pdl":
+            pdl_effect("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "fp8" and torch.cuda.get_device_capability() >= (8, 9):
             encoders("bert-base", [1, 256], [128], fp8=True)
     from transbench.engine.tuning import tuner

@@ -13,9 +13,14 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .kernels import scratch
+from .kernels import launch_options, pdl_enter, scratch
 
 ACT_NONE, ACT_GELU, ACT_GELU_TANH = 0, 1, 2
+# Under PDL, GEMMs of at most this many rows prefetch their weights into L2 before waiting on the previous kernel:
+# only there is streaming the weights most of a GEMM's time. H100, bert-base (benchmarks/engine_bench.py --parts
+# pdl): 1 x 128 0.357 -> 0.341 ms and a gpt2 decode step 0.418 -> 0.414 ms; prefetching in every GEMM gained
+# nothing at 1024 or 4096 rows (8 x 128: 0.694 vs 0.696 ms, 8 x 512: 2.089 vs 2.086).
+PREFETCH_MAX_M = 128
 
 
 @triton.jit
@@ -49,6 +54,20 @@ def _tile_origin(tile, n_m, n_n, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.c
 
 
 @triton.jit
+def _prefetch_weights(W, row0, N, K, k0, k1, PDL: tl.constexpr, BR: tl.constexpr, PREFETCH: tl.constexpr):
+    # Weights never depend on the previous kernel: under PDL, ask for this program's rows [row0, row0 + BR) x
+    # columns [k0, k1) of W (N x K, 2-byte elements) in L2 while that kernel finishes, one request per 128-byte
+    # line. At a few tokens a GEMM is the time to stream its weights, so this is most of its work.
+    if PDL and PREFETCH:
+        rows = tl.minimum(row0 + tl.arange(0, BR), N - 1).to(tl.int64)
+        for k in range(k0, k1, 512):
+            cols = tl.minimum(k + tl.arange(0, 8) * 64, K - 1)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [W + rows[:, None] * K + cols[None, :]],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+    pdl_enter(PDL)
+
+
+@triton.jit
 def _epilogue(acc, om, on, y_desc, r_desc, BIAS, N, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
               HAS_RES: tl.constexpr, BN: tl.constexpr):
     if HAS_BIAS:
@@ -61,11 +80,14 @@ def _epilogue(acc, om, on, y_desc, r_desc, BIAS, N, ACT: tl.constexpr, HAS_BIAS:
 
 
 @triton.jit
-def _linear_kernel(x_desc, w_desc, y_desc, r_desc, BIAS, M, N, K,
+def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, M, N, K,
                    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-                   PROGRAMS: tl.constexpr, SUBTILE: tl.constexpr):
+                   PROGRAMS: tl.constexpr, SUBTILE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    first_om, first_on = _tile_origin(tl.program_id(0), n_m, n_n, GROUP, BM, BN)
+    # Programs whose first tiles share a weight slab (M > BM) would fetch it once each: only row block 0 asks.
+    _prefetch_weights(W, first_on, N, K, 0, tl.where(first_om == 0, K, 0), PDL, BN, PREFETCH)
     # flatten: the tile loop and its K loop pipeline as one, so the next tile's first loads are in flight
     # while this one runs its epilogue (worth ~10% on a GELU epilogue at large M). The epilogue keeps its own
     # tile counter, as Triton's persistent-matmul tutorial does, so the pipeliner need not carry `tile` across.
@@ -102,9 +124,10 @@ CONFIGS = [
 
 
 @triton.jit
-def _linear_splitk_kernel(x_desc, w_desc, Y, R, BIAS, PARTIAL, ARRIVED, M, N, K,
+def _linear_splitk_kernel(x_desc, w_desc, Y, R, W, BIAS, PARTIAL, ARRIVED, M, N, K,
                           ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
+                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                          PDL: tl.constexpr, PREFETCH: tl.constexpr):
     # Small M (batch 1-8 tokens x seq): too few output tiles to occupy the SMs, so SPLIT programs share each
     # tile's K range, write fp32 partials, and the last to arrive sums them in a fixed order (deterministic)
     # and runs the epilogue. It also resets the tile's arrival count, so no memset precedes the next call.
@@ -113,6 +136,7 @@ def _linear_splitk_kernel(x_desc, w_desc, Y, R, BIAS, PARTIAL, ARRIVED, M, N, K,
     om, on = (tile // n_n) * BM, (tile % n_n) * BN
     k_tiles = tl.cdiv(K, BK)
     per = tl.cdiv(k_tiles, SPLIT)
+    _prefetch_weights(W, on, N, K, part * per * BK, tl.minimum(part * per * BK + per * BK, K), PDL, BN, PREFETCH)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(part * per, min(part * per + per, k_tiles)):
         a = x_desc.load([om, k * BK])
@@ -159,10 +183,10 @@ def linear_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     _linear_splitk_kernel[(tiles * split,)](
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
-        y, residual.view(M, N) if residual is not None else y, bias if bias is not None else y,
+        y, residual.view(M, N) if residual is not None else y, weight, bias if bias is not None else y,
         scratch(x.device, torch.float32, split * M * N), scratch(x.device, torch.int32, tiles), M, N, K,
         ACT=act, HAS_BIAS=bias is not None, HAS_RES=residual is not None, BM=bm, BN=bn, BK=bk, SPLIT=split,
-        num_stages=stages, num_warps=warps)
+        num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M, **launch_options(x.device))
     return y
 
 
@@ -192,8 +216,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
     out_block = [bm, bn // 2 if subtile else bn]
     _linear_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
-        TensorDescriptor.from_tensor(y, out_block), TensorDescriptor.from_tensor(r, out_block),
+        TensorDescriptor.from_tensor(y, out_block), TensorDescriptor.from_tensor(r, out_block), weight,
         bias if bias is not None else y, M, N, K, ACT=act, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None, BM=bm, BN=bn, BK=bk, GROUP=8, PROGRAMS=programs, SUBTILE=subtile,
-        num_stages=stages, num_warps=warps)
+        num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M, **launch_options(x.device))
     return y

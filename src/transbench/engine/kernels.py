@@ -2,17 +2,43 @@
 rows, and one-token decode attention. Imported only when Triton is present (see ops.py)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+USE_PDL = True  # benchmarks/engine_bench.py turns it off to measure what it buys
+
+
+@functools.cache
+def _sm90_or_newer(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch (Hopper on): a kernel may start while the previous one in the stream
+    finishes, so its launch and prologue hide under that tail. Every kernel launched so calls `pdl_enter` first."""
+    return USE_PDL and device.type == "cuda" and _sm90_or_newer(device)
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    # Wait for the previous kernel (its writes become visible) before touching activations or outputs, then
+    # let the next kernel launch: it can only get as far as its own wait, so the lookahead is one kernel.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
 def _add_layernorm_kernel(X, R, BIAS, W, B, Y, RES_OUT, N, eps,
                           HAS_R: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_RES: tl.constexpr,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr):
     # One row per program: rows are at most a few thousand wide, so the whole row sits in registers
     # and x + bias + residual is read once, normalised and written once.
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < N
@@ -32,8 +58,9 @@ def _add_layernorm_kernel(X, R, BIAS, W, B, Y, RES_OUT, N, eps,
 
 
 @triton.jit
-def _bias_gelu_kernel(X, BIAS, Y, N, TANH: tl.constexpr, BLOCK: tl.constexpr):
+def _bias_gelu_kernel(X, BIAS, Y, N, TANH: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # 2-D grid (row, column block) so the bias index needs no per-element modulo.
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < N
@@ -44,6 +71,12 @@ def _bias_gelu_kernel(X, BIAS, Y, N, TANH: tl.constexpr, BLOCK: tl.constexpr):
     else:
         y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
     tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=m)
+
+
+def launch_options(device: torch.device) -> dict:
+    """The PDL constexpr and the launch option that go together on every kernel launch."""
+    on = pdl(device)
+    return {"PDL": on, "launch_pdl": on}
 
 
 def _warps(block: int) -> int:
@@ -60,7 +93,7 @@ def add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual=False)
     _add_layernorm_kernel[(x2.shape[0],)](
         x2, r, bias if bias is not None else weight, weight, ln_bias, y, res_out, n, eps,
         HAS_R=residual is not None, HAS_BIAS=bias is not None, STORE_RES=store_residual,
-        BLOCK=block, num_warps=_warps(block))
+        BLOCK=block, num_warps=_warps(block), **launch_options(x.device))
     y = y.view_as(x)
     return (y, res_out.view_as(x)) if store_residual else y
 
@@ -72,7 +105,7 @@ def bias_gelu(x, bias, tanh: bool):
     block = min(1024, triton.next_power_of_2(n))
     # In place: the GEMM output is dead after the activation, so no second buffer is needed.
     _bias_gelu_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, bias, x2, n, TANH=tanh, BLOCK=block,
-                                                          num_warps=_warps(block))
+                                                          num_warps=_warps(block), **launch_options(x.device))
     return x
 
 
@@ -91,11 +124,12 @@ def scratch(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tenso
 @triton.jit
 def _decode_attention_kernel(QKV, K, V, POS, OUT, PART, ARRIVED, L, scale, H: tl.constexpr, D: tl.constexpr,
                              BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                             CHUNKS_P2: tl.constexpr):
+                             CHUNKS_P2: tl.constexpr, PDL: tl.constexpr):
     # Flash-decoding: program (sequence x head, chunk of the cache). At batch 1 one program per head would
     # leave most SMs idle and walk the cache serially. The position comes from device memory, so one graph
     # serves every step; chunks past it return at once. The last program of a head to finish merges the
     # chunks' partial softmaxes, and resets its arrival counter.
+    pdl_enter(PDL)
     bh, c = tl.program_id(0), tl.program_id(1)
     chunks = tl.num_programs(1)
     b, h = bh // H, bh % H
@@ -160,15 +194,16 @@ def decode_attention(qkv, k_cache, v_cache, pos, scale):
     _decode_attention_kernel[(B * H, chunks)](
         qkv, k_cache, v_cache, pos, out, scratch(qkv.device, torch.float32, B * H * chunks * (block_d + 2)),
         scratch(qkv.device, torch.int32, B * H), L, scale, H=H, D=D, BLOCK_D=block_d, CHUNK=chunk, BLOCK=64,
-        CHUNKS_P2=triton.next_power_of_2(chunks), num_warps=4)
+        CHUNKS_P2=triton.next_power_of_2(chunks), num_warps=4, **launch_options(qkv.device))
     return out
 
 
 @triton.jit
 def _attention_kernel(QKV, OUT, S, scale, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr):
+                      BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr, PDL: tl.constexpr):
     # Flash-style attention straight off the fused QKV rows (B*S, 3*H*D), output (B*S, H*D). Exists for short
     # sequences at small batch, where SDPA's kernels spend more on setup than on the few tiles of work.
+    pdl_enter(PDL)
     qb, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     stride: tl.constexpr = 3 * H * D
@@ -212,5 +247,6 @@ def attention(qkv, B, S, heads, scale, causal, cfg=ATTENTION_CONFIGS[0]):
     out = qkv.new_empty(B * S, heads * D)
     _attention_kernel[(triton.cdiv(S, bm), B * heads)](qkv, out, S, scale, H=heads, D=D,
                                                        BLOCK_D=max(16, triton.next_power_of_2(D)),
-                                                       BM=bm, BN=bn, CAUSAL=causal, num_warps=warps)
+                                                       BM=bm, BN=bn, CAUSAL=causal, num_warps=warps,
+                                                       **launch_options(qkv.device))
     return out
