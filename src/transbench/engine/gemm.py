@@ -64,7 +64,6 @@ def _prefetch_weights(W, row0, N, K, k0, k1, PDL: tl.constexpr, BR: tl.constexpr
             cols = tl.minimum(k + tl.arange(0, 8) * 64, K - 1)
             tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [W + rows[:, None] * K + cols[None, :]],
                                       dtype=tl.int32, is_pure=False, pack=1)
-    pdl_enter(PDL)
 
 
 @triton.jit
@@ -88,6 +87,7 @@ def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, M, N, K,
     first_om, first_on = _tile_origin(tl.program_id(0), n_m, n_n, GROUP, BM, BN)
     # Programs whose first tiles share a weight slab (M > BM) would fetch it once each: only row block 0 asks.
     _prefetch_weights(W, first_on, N, K, 0, tl.where(first_om == 0, K, 0), PDL, BN, PREFETCH)
+    pdl_enter(PDL)
     # flatten: the tile loop and its K loop pipeline as one, so the next tile's first loads are in flight
     # while this one runs its epilogue (worth ~10% on a GELU epilogue at large M). The epilogue keeps its own
     # tile counter, as Triton's persistent-matmul tutorial does, so the pipeliner need not carry `tile` across.
@@ -137,6 +137,7 @@ def _linear_splitk_kernel(x_desc, w_desc, Y, R, W, BIAS, PARTIAL, ARRIVED, M, N,
     k_tiles = tl.cdiv(K, BK)
     per = tl.cdiv(k_tiles, SPLIT)
     _prefetch_weights(W, on, N, K, part * per * BK, tl.minimum(part * per * BK + per * BK, K), PDL, BN, PREFETCH)
+    pdl_enter(PDL)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(part * per, min(part * per + per, k_tiles)):
         a = x_desc.load([om, k * BK])
