@@ -1,7 +1,7 @@
 """Development benchmark of transbench.engine against transformers on one GPU (random weights, fp16).
 
 Times with CUDA events after warm-up (median of many); checks each output against an fp32 reference.
-  PYTHONPATH=src python benchmarks/engine_bench.py [--quick] [--parts bert-base,profile,pdl,...]
+  PYTHONPATH=src python benchmarks/engine_bench.py [--quick] [--parts bert-base,profile,pdl,refine,...]
 """
 from __future__ import annotations
 
@@ -183,17 +183,16 @@ def generation(prompt_len=512, new_tokens=128):
 @torch.inference_mode()
 def pdl_effect(name, shapes, rounds=5):
     """The engine with and without programmatic dependent launch (same tuned routes; graphs captured each way),
-    timed in alternation so clock drift cannot favour either, and whether the outputs are bit-identical."""
+    timed in alternation so clock drift cannot favour either, and whether the outputs are bit-identical. (Session 5's
+    figures timed encode(), input copy and output clone included; the graph replay alone is timed now.)"""
     from transbench.engine import gemm, kernels
 
-    L, H, _ = SHAPES[name]
-    m = bert(name).half()
     print(f"\n## programmatic dependent launch on / off: {name} encoders-only and gpt2 decode, fp16 "
           f"(ms, median of {rounds} alternating medians)", flush=True)
     default_max_m = gemm.PREFETCH_MAX_M
     modes = {"pdl (shipped)": (True, default_max_m), "pdl, no prefetch": (True, 0), "off": (False, 0)}
 
-    def compare(label, make):  # make() -> (callable to time, its output)
+    def compare(label, make):  # make() -> (graph replay to time, its output)
         runs = {}
         for mode, (on, pre) in modes.items():  # each mode compiles its own kernels and captures its own graphs
             kernels.USE_PDL, gemm.PREFETCH_MAX_M = on, pre
@@ -208,12 +207,59 @@ def pdl_effect(name, shapes, rounds=5):
         print(f"{label:>22}  " + "  ".join(f"{m} {v:7.3f}" for m, v in t.items()) + f"  bit-identical: {same}",
               flush=True)
 
+    _engine_cases(name, shapes, compare)
+
+
+@torch.inference_mode()
+def refine_effect(name, shapes, rounds=5):
+    """Routes chosen by timing each op alone vs settled in the whole captured forward (tuning.REFINE): each mode
+    tunes from an empty table of its own, then the two graphs are timed in alternation. Prints the routes that
+    differ and how far the outputs are apart (different kernels: not bit-identical)."""
+    import tempfile
+    from pathlib import Path
+
+    from transbench.engine import tuning
+
+    print(f"\n## routes settled alone vs in the whole forward: {name} encoders-only, gpt2 decode, fp16 "
+          f"(ms, median of {rounds} alternating medians)", flush=True)
+
+    def compare(label, make):  # make() -> (graph replay to time, its output)
+        runs, tables = {}, {}
+        for mode, on in {"alone": False, "refined": True}.items():
+            tuning.REFINE = on
+            tuning._TUNER = tuning.Tuner(Path(tempfile.mkdtemp()) / "tuning.json")
+            t0 = time.perf_counter()
+            runs[mode] = make()
+            tables[mode] = dict(tuning._TUNER.table)
+            print(f"{label:>22}  {mode}: tuned and captured in {time.perf_counter() - t0:.1f} s", flush=True)
+        tuning.REFINE, tuning._TUNER = True, None
+        samples = {mode: [] for mode in runs}
+        for _ in range(rounds):
+            for mode in runs:
+                samples[mode].append(bench(runs[mode][0]))
+        t = {mode: statistics.median(v) for mode, v in samples.items()}
+        print(f"{label:>22}  " + "  ".join(f"{mode} {v:7.3f}" for mode, v in t.items())
+              + f"  outputs apart: {rel(runs['refined'][1], runs['alone'][1]):.1e}", flush=True)
+        for key in sorted(set(tables["alone"]) | set(tables["refined"])):
+            if tables["alone"].get(key) != tables["refined"].get(key):
+                print(f"{'':>24}{key.split('|', 2)[-1]:50s} {tables['alone'].get(key)} -> {tables['refined'].get(key)}")
+
+    _engine_cases(name, shapes, compare)
+
+
+def _engine_cases(name, shapes, compare):
+    """compare(label, make) for the encoder of each (batch, seq) and a gpt2 decode step at position 512: make()
+    builds the engine anew, in whatever mode compare has set, and returns (its captured graph's replay, the
+    output)."""
+    H = SHAPES[name][1]
+    m = bert(name).half()
     for B, S in shapes:
         x = torch.randn(B, S, H, device="cuda", dtype=torch.float16)
 
         def encoder():
             eng = compile_model(m, dtype=torch.float16, max_batch=B)
-            return (lambda: eng.encode(x)), eng.encode(x)
+            out = eng.encode(x)
+            return next(iter(eng.engine.graphs.entries.values())).graph.replay, out
         compare(f"{B} x {S}", encoder)
     gpt = GPT2LMHeadModel(GPT2Config(attn_implementation="sdpa")).cuda().half().eval()
     ids = torch.randint(0, 50257, (1, 512), device="cuda")
@@ -336,6 +382,10 @@ def main():
             generation()
         elif part == "profile":
             profile("bert-base", [(1, 128), (256, 128)])
+        elif part == "refine":
+            refine_effect("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
+        elif part == "refine-large":
+            refine_effect("bert-large", [(1, 128), (8, 512), (128, 384)])
         elif part == "pdl":
             pdl_effect("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "fp8" and torch.cuda.get_device_capability() >= (8, 9):

@@ -175,6 +175,31 @@ def test_tuning_is_cached_on_disk():
     assert any("dense|2x64" in k for k in table) and any("varlen|2x64" in k for k in table)
 
 
+def test_routes_are_settled_in_the_whole_captured_forward(tmp_path, monkeypatch):
+    """The first captured forward of a shape races each close runner-up inside the whole graph: afterwards no
+    rival of that forward's ops is left untried, nothing stays forced, the answer is still right, and a new
+    process finds the settled routes on disk without timing anything."""
+    from transbench.engine import compile_model, tuning
+    monkeypatch.setenv("TRANSBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "_TUNER", None)
+    m = _bert(layers=2)
+    c = compile_model(m, dtype=torch.float16)
+    ids, mask = _padded_batch(1, 128, m.config.vocab_size, 3)
+    with tuning.tuner().recording() as keys, torch.no_grad():
+        out = c(ids).last_hidden_state
+        ref = m(ids).last_hidden_state
+    t = tuning.tuner()
+    assert rel(out, ref) <= 1e-2
+    assert any(k.split("|")[2] == "linear_gelu" for k in keys)
+    assert not any(t.rivals.get(k) for k in keys) and t.forced == {}
+    fresh = tuning.Tuner(timer=lambda fn, reps: pytest.fail("a settled route was timed again"))
+    assert all(fresh.table[k] == t.table[k] for k in keys)
+    monkeypatch.setattr(tuning, "_TUNER", fresh)
+    c2 = compile_model(m, dtype=torch.float16)
+    with torch.no_grad():
+        assert torch.equal(c2(ids).last_hidden_state, out)  # same routes, same kernels: the same bits
+
+
 def _gemm_case(M, N, K, act):
     """Operands of a linear layer, its fp32 result without activation, and with activation `act`."""
     x = torch.randn(M, K, device="cuda", dtype=torch.float16)

@@ -8,6 +8,8 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
+from .tuning import replay_ms, tuner
+
 
 @dataclass
 class _Entry:
@@ -24,7 +26,8 @@ class GraphCache:
     """`cache(key, fn, *args)` == `fn(*args)`; on CUDA the first call per key captures, later ones replay.
 
     All graphs share one memory pool: each replay's outputs are cloned out before any other graph can run,
-    so no graph ever holds state another needs, and activation memory is paid once, not per shape.
+    so no graph ever holds state another needs, and activation memory is paid once, not per shape. A key's
+    first capture also settles the close route choices of its ops by racing whole graphs (Tuner.refine).
     """
 
     def __init__(self, enabled: bool, max_entries: int = 32):
@@ -32,6 +35,9 @@ class GraphCache:
         self.max_entries = max_entries
         self.entries: OrderedDict[Any, _Entry] = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle() if self.enabled else None
+        # One warm-up stream for every capture: the allocator keeps freed blocks per stream, so a new stream
+        # per capture (several per shape while routes are raced) would strand activation memory on each.
+        self.side = torch.cuda.Stream() if self.enabled else None
 
     def __call__(self, key, fn: Callable, *args):
         leaves, spec = pytree.tree_flatten(args)
@@ -54,12 +60,15 @@ class GraphCache:
     def _capture(self, fn, leaves, spec) -> _Entry:
         static = [t.clone() if isinstance(t, torch.Tensor) else t for t in leaves]
         args = pytree.tree_unflatten(static, spec)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside the capture: Triton JIT, cuBLAS handles, shape tuning
+        with tuner().recording() as keys:  # the first warm-up times each op's candidates alone
+            return tuner().refine(keys, lambda: self._graph(fn, args, static), lambda e: replay_ms(e.graph.replay))
+
+    def _graph(self, fn, args, static) -> _Entry:
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):  # warm-up outside the capture: Triton JIT, cuBLAS handles, shape tuning
             for _ in range(2):
                 fn(*args)
-        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.current_stream().wait_stream(self.side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             out = fn(*args)

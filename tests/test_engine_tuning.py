@@ -1,0 +1,125 @@
+"""The tuner's logic on CPU, with a fake timer: choices alone, rivals, and the whole-forward refinement."""
+import pytest
+
+from transbench.engine import tuning
+
+
+def _timer(costs):
+    """A timer that reads each candidate's time from `costs` (candidates are named callables here)."""
+    return lambda fn, reps: costs[fn()]
+
+
+def _cands(*names):
+    return {n: (lambda n=n: n) for n in names}
+
+
+def test_choose_takes_the_fastest_keeps_close_rivals_and_persists(tmp_path):
+    costs = {"a": 1.0, "b": 0.8, "c": 0.9, "d": 0.8 * (1 + tuning.RIVAL_MARGIN) * 1.01, "e": 0.95}
+    t = tuning.Tuner(tmp_path / "t.json", timer=_timer(costs))
+    assert t.choose("op|1x2x3", _cands("a", "b", "c", "d", "e")) == "b"
+    (key,) = t.table
+    # runners-up within RIVAL_MARGIN of 0.8 (d is just outside), the closest first, at most RIVALS_PER_OP
+    assert list(t.rivals[key]) == ["c", "e", "a"][: tuning.RIVALS_PER_OP]
+    assert t.rivals[key]["c"] == pytest.approx(0.9 / 0.8)
+
+    def never(fn, reps):
+        raise AssertionError("a second process must not time again")
+    again = tuning.Tuner(tmp_path / "t.json", timer=never)
+    assert again.choose("op|1x2x3", _cands("a", "b", "c", "d", "e")) == "b" and again.rivals == {}
+
+
+def test_choose_skips_candidates_that_raise(tmp_path):
+    def timer(fn, reps):
+        return fn()
+    t = tuning.Tuner(tmp_path / "t.json", timer=timer)
+
+    def broken():
+        raise ValueError("shape not supported")
+    assert t.choose("op", {"broken": broken, "ok": lambda: 2.0}) == "ok"
+    with pytest.raises(RuntimeError, match="no candidate ran"):
+        t.choose("op2", {"broken": broken})
+
+
+class _Model:
+    """A 'forward' that asks the tuner for two ops; its whole time depends on the pair of choices, unlike the
+    ops' times alone: in context, op1's rival is faster and op2's rival is not."""
+
+    alone = {"x": 1.0, "x2": 1.1, "y": 2.0, "y2": 2.1}
+    whole = {("x", "y"): 10.0, ("x2", "y"): 9.0, ("x", "y2"): 11.0, ("x2", "y2"): 9.5}
+
+    def __init__(self, tuner):
+        self.t = tuner
+        self.builds = 0
+
+    def build(self):
+        self.builds += 1
+        return (self.t.choose("op1", _cands("x", "x2")), self.t.choose("op2", _cands("y", "y2")))
+
+    def time_ms(self, built):
+        return self.whole[built]
+
+
+def test_refine_keeps_a_rival_only_where_the_whole_forward_gains(tmp_path):
+    t = tuning.Tuner(tmp_path / "t.json", timer=_timer(_Model.alone))
+    model = _Model(t)
+    with t.recording() as keys:
+        best = t.refine(keys, model.build, model.time_ms)
+    assert best == ("x2", "y")
+    k1, k2 = (f"{t._device_key()}|{op}" for op in ("op1", "op2"))
+    assert keys == {k1, k2} and t.table[k1] == "x2" and t.table[k2] == "y"
+    assert model.builds == 3 and t.rivals == {} and t.forced == {}  # one build, one trial per rival
+    assert tuning.Tuner(tmp_path / "t.json").table == t.table  # the settled choices are on disk
+    # a later forward of the same shape in this process tries nothing again
+    assert t.refine({k1, k2}, model.build, model.time_ms) == ("x2", "y") and model.builds == 4
+
+
+def test_refine_ignores_gains_under_the_threshold_and_can_be_switched_off(tmp_path, monkeypatch):
+    t = tuning.Tuner(tmp_path / "t.json", timer=_timer(_Model.alone))
+    model = _Model(t)
+    monkeypatch.setattr(_Model, "whole", {("x", "y"): 10.0, ("x2", "y"): 10.0 * (1 - tuning.MIN_GAIN / 2),
+                                          ("x", "y2"): 12.0, ("x2", "y2"): 12.0})
+    with t.recording() as keys:
+        assert t.refine(keys, model.build, model.time_ms) == ("x", "y")
+
+    off = tuning.Tuner(tmp_path / "off.json", timer=_timer(_Model.alone))
+    monkeypatch.setattr(tuning, "REFINE", False)
+    model = _Model(off)
+    with off.recording() as keys:
+        assert off.refine(keys, model.build, model.time_ms) == ("x", "y")
+    assert model.builds == 1
+
+
+def test_a_rival_that_fails_to_build_is_dropped(tmp_path):
+    t = tuning.Tuner(tmp_path / "t.json", timer=_timer(_Model.alone))
+    model = _Model(t)
+
+    def build():
+        if t.forced:
+            raise RuntimeError("capture failed")
+        return model.build()
+    with t.recording() as keys:
+        assert t.refine(keys, build, model.time_ms) == ("x", "y")
+    assert t.forced == {} and t.rivals == {}
+
+
+def test_refine_races_the_closest_rivals_first_within_its_time_budget(tmp_path, monkeypatch):
+    """Rivals of all ops in one queue, closest alone-time first; once RACE_BUDGET_S has passed, no more
+    trials start (a long forward must not outlast the benchmark cell that builds it)."""
+    t = tuning.Tuner(tmp_path / "t.json", timer=_timer({"x": 1.0, "x2": 1.3, "x3": 1.1, "y": 2.0, "y2": 2.1}))
+    raced = []
+
+    def build():
+        choice = (t.choose("op1", _cands("x", "x2", "x3")), t.choose("op2", _cands("y", "y2")))
+        if t.forced:
+            raced.append(choice)
+        return choice
+
+    now = [0.0]
+
+    def clock():  # each reading is 0.45 budgets later: the third trial would start 1.35 budgets in
+        now[0] += tuning.RACE_BUDGET_S * 0.45
+        return now[0]
+    with t.recording() as keys:
+        assert t.refine(keys, build, lambda built: 1.0, clock=clock) == ("x", "y")
+    assert raced == [("x", "y2"), ("x3", "y")]  # 2.1/2.0 and 1.1/1.0 raced; x2 (1.3) was past the budget
+    assert t.rivals == {}  # the rest is not tried again in this process
