@@ -123,3 +123,39 @@ def test_refine_races_the_closest_rivals_first_within_its_time_budget(tmp_path, 
         assert t.refine(keys, build, lambda built: 1.0, clock=clock) == ("x", "y")
     assert raced == [("x", "y2"), ("x3", "y")]  # 2.1/2.0 and 1.1/1.0 raced; x2 (1.3) was past the budget
     assert t.rivals == {}  # the rest is not tried again in this process
+
+
+class _FakeEvents:
+    """torch.cuda.Event / synchronize stand-ins on a clock that only the timed work advances."""
+
+    def __init__(self, monkeypatch):
+        self.now, self.calls = 0.0, 0
+        clock = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = clock.now
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+        monkeypatch.setattr(tuning.torch.cuda, "Event", Event)
+        monkeypatch.setattr(tuning.torch.cuda, "synchronize", lambda: None)
+
+    def work(self, ms):
+        def run():
+            self.calls += 1
+            self.now += ms
+        return run
+
+
+def test_replay_timing_reports_one_run_and_batches_short_ones(monkeypatch):
+    clock = _FakeEvents(monkeypatch)
+    assert tuning.replay_ms(clock.work(0.125)) == pytest.approx(0.125)
+    # 0.125 ms runs: 4 per sample (capped), 15 samples (capped), after a warm-up and a one-run probe
+    assert clock.calls == 2 + 4 * 15
+    clock.calls = 0
+    assert tuning.replay_ms(clock.work(200.0)) == pytest.approx(200.0)
+    assert clock.calls == 2 + 3  # a long forward: one run per sample, the 3-sample minimum

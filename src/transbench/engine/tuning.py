@@ -35,6 +35,19 @@ def cache_path() -> Path:
     return Path(root) / "engine-tuning.json"
 
 
+def _event_ms(run: Callable[[], object], reps: int, per_sample: int = 1) -> float:
+    """Median (the upper one for an even count) over `reps` CUDA-event samples of `per_sample` back-to-back
+    run() calls, per call."""
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        a.record()
+        for _ in range(per_sample):
+            run()
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median_high(a.elapsed_time(b) for a, b in ev) / per_sample
+
+
 def _gpu_ms(fn: Callable[[], object], reps: int, inner: int = 10) -> float:
     """Median GPU time of one fn() call. Calls shorter than ~0.2 ms are timed as a CUDA graph of `inner`
     back-to-back calls, as the engine runs them: timed one by one, the host's launch cost (higher for a
@@ -45,48 +58,23 @@ def _gpu_ms(fn: Callable[[], object], reps: int, inner: int = 10) -> float:
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(side)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    torch.cuda.synchronize()
-    run, per = fn, 1
-    if a.elapsed_time(b) < 0.2:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(inner):
-                fn()
-        run, per = graph.replay, inner
-        run()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        run()
-        b.record()
-    torch.cuda.synchronize()
-    return sorted(a.elapsed_time(b) for a, b in ev)[reps // 2] / per
+    if _event_ms(fn, 1) >= 0.2:
+        return _event_ms(fn, reps)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    graph.replay()
+    return _event_ms(graph.replay, reps) / inner
 
 
 def replay_ms(run: Callable[[], object], budget_ms: float = 40.0) -> float:
     """Median GPU time of run() (a captured forward's replay) over about budget_ms of back-to-back runs,
     several runs per timed sample where one is short."""
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     run()
-    a.record()
-    run()
-    b.record()
-    torch.cuda.synchronize()
-    once = max(a.elapsed_time(b), 1e-3)
+    once = max(_event_ms(run, 1), 1e-3)
     inner = max(1, min(4, round(0.5 / once)))
-    reps = max(3, min(15, round(budget_ms / (once * inner))))
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        for _ in range(inner):
-            run()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev) / inner
+    return _event_ms(run, max(3, min(15, round(budget_ms / (once * inner)))), inner)
 
 
 class Tuner:
