@@ -1,7 +1,7 @@
 """Development benchmark of transbench.engine against transformers on one GPU (random weights, fp16).
 
 Times with CUDA events after warm-up (median of many); checks each output against an fp32 reference.
-  PYTHONPATH=src python benchmarks/engine_bench.py [--quick] [--parts bert-base,profile,pdl,refine,...]
+  PYTHONPATH=src python benchmarks/engine_bench.py [--quick] [--parts bert-base,profile,pdl,refine,call,...]
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 
 from transbench.engine import compile_model
+from transbench.engine.tuning import replay_ms
 
 SHAPES = {"bert-base": (12, 768, 12), "bert-large": (24, 1024, 16)}
 
@@ -273,6 +274,41 @@ def _engine_cases(name, shapes, compare):
 
 
 @torch.inference_mode()
+def call_cost(name, shapes):
+    """Where a synchronized call's time goes beyond the GPU work, timed as transbench times a cell (CUDA events
+    around one call on an idle device, then a synchronize; measure.timer.sample): the captured graph replayed
+    back to back, the same graph replayed once from idle, engine.encode, and the whole call the fused backend
+    makes (HF-style outputs, pooler); then the host time to enqueue that call, without synchronizing."""
+    from transbench.measure.timer import TimerConfig, sample
+
+    cfg, dev = TimerConfig(min_time_s=0.3, min_count=50), torch.device("cuda")
+    med = lambda fn: statistics.median(sample(fn, dev, cfg))  # noqa: E731
+    tiny = torch.zeros(1, device="cuda")
+    g = graphed(lambda: tiny.add_(1))
+    print(f"\n## one synchronized call, {name} encoders-only fp16 (ms, median): a one-kernel graph from idle "
+          f"{med(g.replay):.4f}", flush=True)
+    m = bert(name).half()
+    for B, S in shapes:
+        eng = compile_model(m, dtype=torch.float16, max_batch=B)
+        ids = torch.randint(1, 30000, (B, S), device="cuda")
+        eng.backbone.fixed_embeddings = m.embeddings(input_ids=ids)
+        types = torch.zeros_like(ids)
+        call = lambda: eng(input_ids=ids, attention_mask=None, token_type_ids=types)  # noqa: E731
+        call()
+        replay = next(iter(eng.engine.graphs.entries.values())).graph.replay
+        host = []
+        for _ in range(200):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            call()
+            host.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+        print(f"{B:>4} x {S:<4} replay back to back {replay_ms(replay):.4f} | from idle: replay {med(replay):.4f}, "
+              f"encode {med(lambda: eng.engine.encode(eng.backbone.fixed_embeddings)):.4f}, whole call {med(call):.4f}"
+              f" | host enqueue of the call {statistics.median(host):.4f}", flush=True)
+
+
+@torch.inference_mode()
 def profile(name, shapes):
     """Where the engine's GPU time goes (eager engine, kernels grouped by kind), per forward."""
     L, H, _ = SHAPES[name]
@@ -382,6 +418,8 @@ def main():
             generation()
         elif part == "profile":
             profile("bert-base", [(1, 128), (256, 128)])
+        elif part == "call":
+            call_cost("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "refine":
             refine_effect("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "refine-large":

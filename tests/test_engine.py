@@ -205,3 +205,37 @@ def test_fused_backend_encoders_only():
     m.base_model.embeddings.forward = lambda *a, **k: emb  # what the scenario does for --encoders-only
     prepared = fused.BACKEND.prepare(m, inputs, SimpleNamespace(embeddings=False, batch=3))
     assert rel(prepared.fn().logits, ref) < 1e-5
+
+
+def test_graph_cache_argument_walk_rebuilds_packing_and_clones_outputs():
+    """The replay path flattens arguments one level by hand (torch's pytree cost more host time than a small
+    forward's graph launch): Packing must come back as a Packing over the static copies, outputs as fresh tensors."""
+    from transbench.engine import graphs
+    from transbench.engine.attention import make_packing
+
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    p, h = make_packing(mask, 2, 3, 1), torch.randn(2, 3, 4)
+    args = (p, h, None, 7)
+    leaves = graphs._flat(args)
+    assert len(leaves) == len(p) + 3 and leaves[len(p)] is h
+    static = [t.clone() if isinstance(t, torch.Tensor) else t for t in leaves]
+    rebuilt = graphs._with_static(args, static)
+    assert type(rebuilt[0]) is type(p) and rebuilt[0].B == 2 and rebuilt[0].tokens == p.tokens
+    assert rebuilt[0].gidx is static[2] and rebuilt[1] is static[len(p)] and rebuilt[2:] == (None, 7)
+    assert torch.equal(rebuilt[0].gidx, p.gidx) and torch.equal(rebuilt[1], h)
+    out = (h, None)
+    copy = graphs._clone(out)
+    assert copy[1] is None and torch.equal(copy[0], h) and copy[0].data_ptr() != h.data_ptr()
+    assert graphs._clone(h).data_ptr() != h.data_ptr()
+
+
+def test_bert_pooler_output_and_encode_from_the_engine():
+    m = BertModel(bert_cfg()).eval()
+    c = compile_model(m, dtype=torch.float32)
+    ids, mask = batch()
+    with torch.no_grad():
+        ref = m(ids, attention_mask=mask)
+        hidden, pooled = c.engine.encode(m.embeddings(ids), mask)
+    assert rel(pooled, ref.pooler_output) < 1e-5 and rel(hidden, ref.last_hidden_state, mask) < 1e-5
+    bare = BertModel(bert_cfg(), add_pooling_layer=False).eval()
+    assert compile_model(bare, dtype=torch.float32)(ids).pooler_output is None

@@ -28,6 +28,30 @@ def test_choose_takes_the_fastest_keeps_close_rivals_and_persists(tmp_path):
     assert again.choose("op|1x2x3", _cands("a", "b", "c", "d", "e")) == "b" and again.rivals == {}
 
 
+def test_candidates_are_timed_in_alternation_so_drift_cannot_choose(tmp_path):
+    """Every sample a little slower than the one before (clocks settling): timed one candidate after the other,
+    the first would win; in alternating rounds the truly faster one does."""
+    calls = []
+
+    def drifting(fn, reps):
+        calls.append(fn())
+        return {"first": 1.0, "faster": 0.8}[calls[-1]] + 0.1 * len(calls)
+    t = tuning.Tuner(tmp_path / "t.json", timer=drifting)
+    assert t.choose("op", _cands("first", "faster")) == "faster"
+    assert calls == ["first", "faster"] * tuning.ROUNDS
+
+
+def test_rivals_include_the_best_of_each_other_route_family(tmp_path):
+    """Four Triton tile sizes within 4% of the winner do not crowd out cuBLAS at 30%: in the whole forward the
+    families differ most (PDL overlap), tile sizes least."""
+    costs = {"triton1": 1.0, "triton2": 1.01, "triton3": 1.02, "triton4": 1.03, "triton5": 1.04, "cublas": 1.3,
+             "splitk8": 1.6}
+    t = tuning.Tuner(tmp_path / "t.json", timer=_timer(costs))
+    t.choose("op", _cands(*costs))
+    (rivals,) = t.rivals.values()
+    assert list(rivals) == ["cublas", "triton2", "triton3", "triton4"][: tuning.RIVALS_PER_OP]  # splitk: > margin
+
+
 def test_choose_skips_candidates_that_raise(tmp_path):
     def timer(fn, reps):
         return fn()

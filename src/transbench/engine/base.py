@@ -40,8 +40,9 @@ class EngineBase:
                              f"max_seq={self.opts.max_seq})")
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None) -> torch.Tensor:
-        """One forward over (B, S) inputs, HF-style; each engine supplies `_forward` on packed tokens."""
+                inputs_embeds=None):
+        """One forward over (B, S) inputs, HF-style; each engine supplies `_forward` on packed tokens (GPT-2: the
+        last hidden state; BERT: it and the pooler output)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         dev = self.opts.device

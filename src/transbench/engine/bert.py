@@ -30,6 +30,8 @@ class BertEngine(EngineBase):
         self.type = c.t(e.token_type_embeddings.weight)
         self.emb_norm = c.norm(e.LayerNorm)
         self.layers = [bert_layer(c, layer, self.dims.scale) for layer in bert.encoder.layer]
+        pool = getattr(bert, "pooler", None)
+        self.pool = None if pool is None else c.linear(pool.dense.weight, pool.dense.bias)
 
     def _layers(self, x: torch.Tensor, p: Packing) -> torch.Tensor:
         ops, heads, gelu = self.ops, self.dims.heads, self.dims.gelu
@@ -46,13 +48,20 @@ class BertEngine(EngineBase):
         n = self.emb_norm
         return self.ops.add_layernorm(x.contiguous(), r, None, n.weight, n.bias, n.eps)
 
+    def _outputs(self, x: torch.Tensor, p: Packing):
+        """(last hidden state, pooler output or None): HF's pooler (tanh of a dense layer on each sequence's first
+        token) runs inside the captured graph, not as separate launches after it."""
+        h = self.unpack(x, p)
+        return h, None if self.pool is None else torch.tanh(self.ops.linear(h[:, 0].contiguous(), self.pool))
+
     def _forward(self, p: Packing, ids, embeds, token_type_ids, position_ids):
-        return self.unpack(self._layers(self._embed(p, ids, embeds, token_type_ids, position_ids), p), p)
+        return self._outputs(self._layers(self._embed(p, ids, embeds, token_type_ids, position_ids), p), p)
 
     def _encode(self, p: Packing, hidden):
-        return self.unpack(self._layers(self.take(hidden, p).contiguous(), p), p)
+        return self._outputs(self._layers(self.take(hidden, p).contiguous(), p), p)
 
-    def encode(self, hidden_states: torch.Tensor, attention_mask=None) -> torch.Tensor:
+    def encode(self, hidden_states: torch.Tensor, attention_mask=None):
+        """(last hidden state, pooler output or None) of the encoder layers on already-embedded states."""
         h = hidden_states.to(self.opts.device, self.opts.dtype)
         B, S = h.shape[:2]
         self.check_shape(B, S)

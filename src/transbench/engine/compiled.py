@@ -16,10 +16,9 @@ from .gpt2 import Generator, GPT2Engine
 class EngineBackbone(nn.Module):
     """Stands where `model.bert` / `model.transformer` stood, with the same call signature and outputs."""
 
-    def __init__(self, engine, pooler: nn.Module | None):
+    def __init__(self, engine):
         super().__init__()
         self.engine = engine
-        self.pooler = pooler
         # Encoders-only timing (BERT): the embedding block's output, computed once; calls then run the
         # encoder layers on it, as the benchmark does to transformers by replacing embeddings.forward.
         self.fixed_embeddings: torch.Tensor | None = None
@@ -36,8 +35,8 @@ class EngineBackbone(nn.Module):
         else:
             h = self.engine.forward(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
         if isinstance(self.engine, BertEngine):
-            out = BaseModelOutputWithPoolingAndCrossAttentions(
-                last_hidden_state=h, pooler_output=self.pooler(h) if self.pooler is not None else None)
+            h, pooled = h
+            out = BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=h, pooler_output=pooled)
         else:
             out = BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=h)
         return out if return_dict is not False else out.to_tuple()
@@ -61,8 +60,7 @@ class CompiledModel:
     def __init__(self, hf_model: nn.Module, opts: EngineOptions):
         self.opts = opts
         backbone, self.engine = _engine_for(hf_model, opts)
-        pooler = getattr(backbone, "pooler", None)
-        self.backbone = EngineBackbone(self.engine, self._convert(pooler, {}) if pooler is not None else None)
+        self.backbone = EngineBackbone(self.engine)
         self.module = self.backbone if backbone is hf_model else self._shell(hf_model, backbone)
 
     def _convert(self, module: nn.Module, memo: dict) -> nn.Module:
@@ -99,7 +97,7 @@ class CompiledModel:
         """BERT only: the encoder layers on already-embedded (B, S, hidden) states."""
         if not isinstance(self.engine, BertEngine):
             raise EngineUnsupported("encode() is for BERT; pass inputs_embeds to a GPT-2 model instead")
-        return self.engine.encode(hidden_states, attention_mask)
+        return self.engine.encode(hidden_states, attention_mask)[0]
 
     def generator(self, batch_size: int, max_total_len: int) -> Generator:
         """GPT-2 only: greedy-decoding state with a static KV cache (see Generator.prefill / decode)."""

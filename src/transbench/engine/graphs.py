@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .tuning import replay_ms, tuner
 
@@ -14,12 +13,33 @@ from .tuning import replay_ms, tuner
 @dataclass
 class _Entry:
     graph: torch.cuda.CUDAGraph
-    static_in: list  # flat leaves of the captured call's arguments
+    static_in: list  # the tensors the captured call read, in _flat order
     out: Any
 
 
-def _clone(tree):
-    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, tree)
+# Arguments and outputs are tensors, None, ints, or tuples (NamedTuples such as Packing) of those: flattening
+# one level by hand costs ~1 us per call where torch's pytree cost ~17 (its time is the host's, before the replay
+# is launched, so it adds to every synchronized call's latency).
+def _flat(args: tuple) -> list:
+    return [leaf for a in args for leaf in (a if isinstance(a, tuple) else (a,))]
+
+
+def _with_static(args: tuple, static: list) -> tuple:
+    """args with each tensor replaced by its static copy (static: _flat(args) with tensors cloned)."""
+    it, out = iter(static), []
+    for a in args:
+        if isinstance(a, tuple):
+            fields = [next(it) for _ in a]
+            out.append(type(a)(*fields) if hasattr(a, "_fields") else tuple(fields))
+        else:
+            out.append(next(it))
+    return tuple(out)
+
+
+def _clone(out):
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in out)
 
 
 class GraphCache:
@@ -40,26 +60,27 @@ class GraphCache:
         self.side = torch.cuda.Stream() if self.enabled else None
 
     def __call__(self, key, fn: Callable, *args):
-        leaves, spec = pytree.tree_flatten(args)
-        if not self.enabled or not any(isinstance(t, torch.Tensor) and t.is_cuda for t in leaves):
+        if not self.enabled:
             return fn(*args)
         e = self.entries.get(key)
-        if e is None:
-            e = self._capture(fn, leaves, spec)
+        if e is not None:
+            self.entries.move_to_end(key)
+            for s, a in zip(e.static_in, (t for t in _flat(args) if isinstance(t, torch.Tensor)), strict=True):
+                s.copy_(a, non_blocking=True)
+        else:
+            leaves = _flat(args)
+            if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in leaves):
+                return fn(*args)
+            e = self._capture(fn, args, [t.clone() if isinstance(t, torch.Tensor) else t for t in leaves])
             self.entries[key] = e
             if len(self.entries) > self.max_entries:
                 self.entries.popitem(last=False)
-        else:
-            self.entries.move_to_end(key)
-            for s, a in zip(e.static_in, leaves):
-                if isinstance(a, torch.Tensor):
-                    s.copy_(a, non_blocking=True)
         e.graph.replay()
         return _clone(e.out)
 
-    def _capture(self, fn, leaves, spec) -> _Entry:
-        static = [t.clone() if isinstance(t, torch.Tensor) else t for t in leaves]
-        args = pytree.tree_unflatten(static, spec)
+    def _capture(self, fn, args, static) -> _Entry:
+        args = _with_static(args, static)
+        static = [t for t in static if isinstance(t, torch.Tensor)]
         with tuner().recording() as keys:  # the first warm-up times each op's candidates alone
             return tuner().refine(keys, lambda: self._graph(fn, args, static), lambda e: replay_ms(e.graph.replay))
 
