@@ -89,9 +89,8 @@ def _family(name: str) -> str:
 
 def _rivals(ranked: list[str]) -> list[str]:
     """Of the winner (first) and its close runners-up (the rest, fastest first), the ones worth racing, at most
-    RIVALS_PER_OP: the best of each other route family first (whole forwards
-    differ most between families: under PDL a Triton kernel overlaps its predecessor's tail, a cuBLAS one does
-    not), then the closest of the rest."""
+    RIVALS_PER_OP: the best of each other route family first (whole forwards differ most between families: under
+    PDL a Triton kernel overlaps its predecessor's tail, a cuBLAS one does not), then the closest of the rest."""
     families, firsts = {_family(ranked[0])}, []
     for name in ranked[1:]:
         if _family(name) not in families:
