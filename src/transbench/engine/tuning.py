@@ -129,7 +129,8 @@ class Tuner:
         return f"{device}|torch {torch.__version__}"
 
     def choose(self, key: str, candidates: dict[str, Callable[[], object]], reps: int = 20) -> str:
-        """Fastest candidate name for `key` (median of CUDA-event timings); candidates that raise are skipped."""
+        """Fastest candidate name for `key`: the median of ROUNDS alternating rounds, each `timer(fn, reps // ROUNDS)`;
+        candidates that raise are skipped. Keeps the close runners-up worth racing in `rivals`."""
         full = f"{self._device_key()}|{key}"
         for keys in self._recordings:
             keys.add(full)
