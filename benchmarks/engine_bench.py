@@ -395,11 +395,19 @@ def gemms():
                   f"{err if isinstance(err, str) else f'{err:.1e}'}", flush=True)
 
 
-def main():
+PARTS = ("bert-base", "bert-large", "gemm", "bert-large-target", "varlen", "generate", "profile", "call", "refine",
+         "refine-large", "pdl", "fp8")
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few points only")
-    ap.add_argument("--parts", default="bert-base,generate,varlen,profile,bert-large,fp8", help="run in this order")
-    a = ap.parse_args()
+    ap.add_argument("--parts", default="bert-base,generate,varlen,profile,bert-large,fp8",
+                    help=f"run in this order, any of: {','.join(PARTS)}")
+    a = ap.parse_args(argv)
+    unknown = sorted(set(a.parts.split(",")) - set(PARTS))
+    if unknown:  # before any GPU work: a typo must not cost a device call
+        ap.error(f"unknown part {', '.join(unknown)} (choose from {', '.join(PARTS)})")
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference stays fp32
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     batches, seqs = ([1, 256], [128]) if a.quick else ([1, 8, 64, 256], [128, 384, 512])

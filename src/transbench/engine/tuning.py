@@ -26,7 +26,7 @@ RIVAL_MARGIN = 0.5
 RIVALS_PER_OP = 4
 # Candidates are timed in this many alternating rounds (median of the rounds), so that whatever drifts while they
 # are timed (clocks, temperature) cannot favour the ones timed first. Two tuning runs on one H100 before this
-# chose different routes for 12 of the 17 bert-base ops both tuned; 8 x 128 forwards replayed in 1.107 vs 0.709 ms.
+# chose different routes for 12 of the 17 bert-base ops both tuned; 8 x 128 forwards replayed in 1.1067 vs 0.7094 ms.
 ROUNDS = 4
 MIN_GAIN = 0.01  # a rival replaces the winner only if the whole forward gets at least this much faster
 # Wall time one shape may spend racing, closest rivals first: a bert-large 256 x 512 forward takes ~0.2 s, so
