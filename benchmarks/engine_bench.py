@@ -395,8 +395,48 @@ def gemms():
                   f"{err if isinstance(err, str) else f'{err:.1e}'}", flush=True)
 
 
-PARTS = ("bert-base", "bert-large", "gemm", "bert-large-target", "varlen", "generate", "profile", "call", "refine",
-         "refine-large", "pdl", "fp8")
+@torch.inference_mode()
+def routes(rows_list=(1, 128, 1024)):
+    """Every route the engine's ops offer for bert-base's (and gpt2's) four GEMMs at few rows, each timed alone
+    (tuning._gpu_ms, graph-replayed), fastest first: the ten fastest and the cuBLAS ones."""
+    from transbench.engine import ops
+    from transbench.engine.tuning import _gpu_ms
+
+    class TimeEvery:  # stands in for the tuner: times every candidate, prints them, returns the fastest
+        def choose(self, key, cands):
+            times = {}
+            for name, fn in cands.items():
+                try:
+                    times[name] = _gpu_ms(fn, 20) * 1e3
+                except Exception as e:  # noqa: BLE001 - a config this Triton or GPU cannot build
+                    print(f"    {name}: {type(e).__name__}")
+            ranked = sorted(times, key=times.get)
+            shown = dict.fromkeys(ranked[:10] + [n for n in ranked if "cublas" in n])
+            print(f"  {key}", flush=True)
+            for n in shown:
+                print(f"    {times[n]:8.2f} us  {n}", flush=True)
+            return ranked[0]
+
+    saved = ops.tuner
+    ops.tuner = lambda: TimeEvery()
+    t = ops.TritonOps()
+    print("\n## bert-base GEMM routes alone (us)", flush=True)
+    try:
+        for M in rows_list:
+            f16 = dict(device="cuda", dtype=torch.float16)
+            lin = lambda n, k: ops.Linear(torch.randn(n, k, **f16) / k**0.5, torch.randn(n, **f16))  # noqa: E731
+            norm = ops.Norm(torch.randn(768, **f16), torch.randn(768, **f16), 1e-12)
+            x, inner, res = torch.randn(M, 768, **f16), torch.randn(M, 3072, **f16), torch.randn(M, 768, **f16)
+            t.linear(x, lin(2304, 768))
+            t.linear_add_layernorm(x, lin(768, 768), res, norm)
+            t.linear_gelu(x, lin(3072, 768), "exact")
+            t.linear_add_layernorm(inner, lin(768, 3072), res, norm)
+    finally:  # the parts after this one tune for real
+        ops.tuner = saved
+
+
+PARTS = ("bert-base", "bert-large", "gemm", "routes", "bert-large-target", "varlen", "generate", "profile", "call",
+         "refine", "refine-large", "pdl", "fp8")
 
 
 def main(argv=None):
@@ -418,6 +458,8 @@ def main(argv=None):
             encoders(part, batches if a.quick else [1, 8, 64, 128, 256], seqs)
         elif part == "gemm":
             gemms()
+        elif part == "routes":
+            routes()
         elif part == "bert-large-target":
             encoders("bert-large", [128], [384])
         elif part == "varlen":

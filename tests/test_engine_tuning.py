@@ -28,6 +28,16 @@ def test_choose_takes_the_fastest_keeps_close_rivals_and_persists(tmp_path):
     assert again.choose("op|1x2x3", _cands("a", "b", "c", "d", "e")) == "b" and again.rivals == {}
 
 
+def test_a_new_candidate_is_timed_not_hidden_by_an_older_choice(tmp_path):
+    """A table written before a route existed must not keep that route from ever being timed."""
+    costs = {"a": 1.0, "b": 0.8, "new": 0.5}
+    tuning.Tuner(tmp_path / "t.json", timer=_timer(costs)).choose("op", _cands("a", "b"))
+    later = tuning.Tuner(tmp_path / "t.json", timer=_timer(costs))
+    assert later.choose("op", _cands("a", "b")) == "b"
+    assert later.choose("op", _cands("a", "b", "new")) == "new"
+    assert len(later.table) == 2
+
+
 def test_candidates_are_timed_in_alternation_so_drift_cannot_choose(tmp_path):
     """Every sample a little slower than the one before (clocks settling): timed one candidate after the other,
     the first would win; in alternating rounds the truly faster one does."""
@@ -89,7 +99,7 @@ def test_refine_keeps_a_rival_only_where_the_whole_forward_gains(tmp_path):
     with t.recording() as keys:
         best = t.refine(keys, model.build, model.time_ms)
     assert best == ("x2", "y")
-    k1, k2 = (f"{t._device_key()}|{op}" for op in ("op1", "op2"))
+    k1, k2 = t.key("op1", _cands("x", "x2")), t.key("op2", _cands("y", "y2"))
     assert keys == {k1, k2} and t.table[k1] == "x2" and t.table[k2] == "y"
     assert model.builds == 3 and t.rivals == {} and t.forced == {}  # one build, one trial per rival
     assert tuning.Tuner(tmp_path / "t.json").table == t.table  # the settled choices are on disk

@@ -13,6 +13,7 @@ import re
 import statistics
 import tempfile
 import time
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -124,14 +125,18 @@ class Tuner:
 
     @staticmethod
     def _device_key() -> str:
-        # Choices are only valid for the GPU and library versions that measured them.
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         return f"{device}|torch {torch.__version__}"
+
+    def key(self, op: str, names) -> str:
+        """The table's key for `op` among candidates `names`: a choice holds only for the GPU and library versions
+        that measured it, and only among the candidates it beat (a new route gets timed, not ignored)."""
+        return f"{self._device_key()}|{op}|{zlib.crc32(','.join(sorted(names)).encode()):08x}"
 
     def choose(self, key: str, candidates: dict[str, Callable[[], object]], reps: int = 20) -> str:
         """Fastest candidate name for `key`: the median of ROUNDS alternating rounds, each `timer(fn, reps // ROUNDS)`;
         candidates that raise are skipped. Keeps the close runners-up worth racing in `rivals`."""
-        full = f"{self._device_key()}|{key}"
+        full = self.key(key, candidates)
         for keys in self._recordings:
             keys.add(full)
         if self.forced.get(full) in candidates:
