@@ -1,13 +1,15 @@
 """Development benchmark of transbench.engine against transformers on one GPU (random weights, fp16).
 
 Times with CUDA events after warm-up (median of many); checks each output against an fp32 reference.
-  PYTHONPATH=src python benchmarks/engine_bench.py [--quick] [--parts bert-base,profile,pdl,refine,call,...]
+  PYTHONPATH=src python benchmarks/engine_bench.py [--quick] [--parts bert-base,profile,pdl,refine,defer,call,...]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
@@ -212,40 +214,91 @@ def pdl_effect(name, shapes, rounds=5):
 
 
 @torch.inference_mode()
-def refine_effect(name, shapes, rounds=5):
-    """Routes chosen by timing each op alone vs settled in the whole captured forward (tuning.REFINE): each mode
-    tunes from an empty table of its own, then the two graphs are timed in alternation. Prints the routes that
-    differ and how far the outputs are apart (different kernels: not bit-identical)."""
-    import tempfile
-    from pathlib import Path
+def tuned_modes(name, shapes, title, modes, rounds=5):
+    """The engine in each of `modes` (name -> a function that switches it on), each tuning from an empty table of
+    its own and capturing its own graphs, then timed in alternation (graph replay). Prints the routes that differ
+    between the first two modes and how far the outputs are apart (different kernels: not bit-identical)."""
+    from transbench.engine import ops, tuning
 
-    from transbench.engine import tuning
-
-    print(f"\n## routes settled alone vs in the whole forward: {name} encoders-only, gpt2 decode, fp16 "
-          f"(ms, median of {rounds} alternating medians)", flush=True)
+    print(f"\n## {title}: {name} encoders-only, gpt2 decode, fp16 (ms, median of {rounds} alternating medians)",
+          flush=True)
 
     def compare(label, make):  # make() -> (graph replay to time, its output)
         runs, tables = {}, {}
-        for mode, on in {"alone": False, "refined": True}.items():
-            tuning.REFINE = on
+        for mode, switch in modes.items():
+            switch()
             tuning._TUNER = tuning.Tuner(Path(tempfile.mkdtemp()) / "tuning.json")
             t0 = time.perf_counter()
             runs[mode] = make()
             tables[mode] = dict(tuning._TUNER.table)
             print(f"{label:>22}  {mode}: tuned and captured in {time.perf_counter() - t0:.1f} s", flush=True)
-        tuning.REFINE, tuning._TUNER = True, None
+        tuning.REFINE, ops.DEFER_LAYERNORM, tuning._TUNER = True, True, None  # the shipped modes
         samples = {mode: [] for mode in runs}
         for _ in range(rounds):
             for mode in runs:
                 samples[mode].append(bench(runs[mode][0]))
         t = {mode: statistics.median(v) for mode, v in samples.items()}
-        print(f"{label:>22}  " + "  ".join(f"{mode} {v:7.3f}" for mode, v in t.items())
-              + f"  outputs apart: {rel(runs['refined'][1], runs['alone'][1]):.1e}", flush=True)
-        for key in sorted(set(tables["alone"]) | set(tables["refined"])):
-            if tables["alone"].get(key) != tables["refined"].get(key):
-                print(f"{'':>24}{key.split('|', 2)[-1]:50s} {tables['alone'].get(key)} -> {tables['refined'].get(key)}")
+        a, b = list(runs)[:2]
+        print(f"{label:>22}  " + "  ".join(f"{mode} {v:7.4f}" for mode, v in t.items())
+              + f"  outputs apart: {rel(runs[b][1], runs[a][1]):.1e}", flush=True)
+        for key in sorted(set(tables[a]) | set(tables[b])):
+            if tables[a].get(key) != tables[b].get(key):
+                print(f"{'':>24}{key.split('|', 2)[-1]:50s} {tables[a].get(key)} -> {tables[b].get(key)}")
 
     _engine_cases(name, shapes, compare)
+
+
+def refine_effect(name, shapes):
+    """Routes chosen by timing each op alone vs settled in the whole captured forward (tuning.REFINE)."""
+    from transbench.engine import tuning
+    tuned_modes(name, shapes, "routes settled alone vs in the whole forward",
+                {"alone": lambda: setattr(tuning, "REFINE", False), "refined": lambda: setattr(tuning, "REFINE", True)})
+
+
+@torch.inference_mode()
+def defer_effect(name, shapes, rounds=5):
+    """LayerNorms after GEMMs as kernels of their own vs deferred to the GEMMs that read them (ops.DEFER_LAYERNORM),
+    with every GEMM on one fixed config in both modes (split-K and a plain tile; attention as tuned, the same in
+    both): the effect of the deferral alone, free of the spread between independent tunings (0.3165 vs 0.3913 ms
+    for the same code at 1 x 128 in session 7)."""
+    from transbench.engine import ops, tuning
+
+    print(f"\n## LayerNorm kernels vs deferred to the next GEMMs, each GEMM on a fixed config: {name} encoders-only, "
+          f"gpt2 decode, fp16 (ms, median of {rounds} alternating medians)", flush=True)
+
+    class Fixed(tuning.Tuner):  # GEMM ops on `cfg` (deferring where the mode allows), the rest tuned as usual
+        cfg = ""
+
+        def choose(self, key, candidates, reps=20):
+            if key.startswith(("linear", "linear_gelu", "linear_add_ln")):
+                want = ("defer+" if key.startswith("linear_add_ln") and ops.DEFER_LAYERNORM else "") + self.cfg
+                if want in candidates:
+                    return want
+            return super().choose(key, candidates, reps)
+
+    tuning.REFINE = False
+    tuning._TUNER = Fixed(Path(tempfile.mkdtemp()) / "tuning.json")
+
+    def compare(label, make):  # make() -> (graph replay to time, its output)
+        for cfg in ("splitk64x64x128x2x3x4", "triton64x32x256x3x4xFalsexFalse"):
+            Fixed.cfg = cfg
+            runs = {}
+            for mode in (False, True):
+                ops.DEFER_LAYERNORM = mode
+                runs[mode] = make()
+            ops.DEFER_LAYERNORM = True
+            samples = {mode: [] for mode in runs}
+            for _ in range(rounds):
+                for mode in runs:
+                    samples[mode].append(bench(runs[mode][0]))
+            t = {mode: statistics.median(v) for mode, v in samples.items()}
+            print(f"{label:>22}  {cfg:34s} ln kernels {t[False]:7.4f}  deferred {t[True]:7.4f}  "
+                  f"outputs apart: {rel(runs[True][1], runs[False][1]):.1e}", flush=True)
+
+    try:
+        _engine_cases(name, shapes, compare)
+    finally:
+        tuning.REFINE, tuning._TUNER = True, None
 
 
 def _engine_cases(name, shapes, compare):
@@ -436,7 +489,7 @@ def routes(rows_list=(1, 128, 1024)):
 
 
 PARTS = ("bert-base", "bert-large", "gemm", "routes", "bert-large-target", "varlen", "generate", "profile", "call",
-         "refine", "refine-large", "pdl", "fp8")
+         "refine", "refine-large", "pdl", "defer", "defer-large", "fp8")
 
 
 def main(argv=None):
@@ -474,6 +527,10 @@ def main(argv=None):
             refine_effect("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "refine-large":
             refine_effect("bert-large", [(1, 128), (8, 512), (128, 384)])
+        elif part == "defer":
+            defer_effect("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
+        elif part == "defer-large":
+            defer_effect("bert-large", [(1, 128), (128, 384)])
         elif part == "pdl":
             pdl_effect("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "fp8" and torch.cuda.get_device_capability() >= (8, 9):

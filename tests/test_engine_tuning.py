@@ -62,6 +62,20 @@ def test_rivals_include_the_best_of_each_other_route_family(tmp_path):
     assert list(rivals) == ["cublas", "triton2", "triton3", "triton4"][: tuning.RIVALS_PER_OP]  # splitk: > margin
 
 
+def test_the_best_route_of_the_other_kind_is_raced_first_when_one_defers_its_layernorm(tmp_path):
+    """A 'defer+' route leaves its LayerNorm to the GEMMs after it, so alone it looks cheaper than it is: the best
+    route that does not defer is raced in the forward first (ratio 1), however far behind it came alone; and the
+    other way round."""
+    costs = {"defer+triton1": 1.0, "defer+triton2": 1.05, "triton1": 1.9, "cublas+ln": 2.5}
+    t = tuning.Tuner(tmp_path / "t.json", timer=_timer(costs))
+    assert t.choose("op", _cands(*costs)) == "defer+triton1"
+    costs.update({"cublas+ln2": 1.0, "defer+splitk": 3.0, "defer+triton3": 2.0})
+    assert t.choose("op2", _cands("cublas+ln2", "defer+splitk", "defer+triton3")) == "cublas+ln2"
+    first, second = t.rivals.values()
+    assert list(first) == ["triton1", "defer+triton2"] and first["triton1"] == 1.0  # cublas+ln: neither
+    assert list(second) == ["defer+triton3"] and second["defer+triton3"] == 1.0
+
+
 def test_choose_skips_candidates_that_raise(tmp_path):
     def timer(fn, reps):
         return fn()

@@ -88,6 +88,11 @@ def _family(name: str) -> str:
     return re.sub(r"\d.*", "", name)
 
 
+def _defers(name: str) -> bool:
+    """A route named 'defer+...' returns its LayerNorm unapplied (ops.Normed) for the next GEMMs to apply."""
+    return name.startswith("defer+")
+
+
 def _rivals(ranked: list[str]) -> list[str]:
     """Of the winner (first) and its close runners-up (the rest, fastest first), the ones worth racing, at most
     RIVALS_PER_OP: the best of each other route family first (whole forwards differ most between families: under
@@ -160,7 +165,13 @@ class Tuner:
         ranked = sorted(times, key=times.get)
         self.table[full] = ranked[0]
         close = [n for n in ranked if times[n] <= times[ranked[0]] * (1 + RIVAL_MARGIN)]
-        self.rivals[full] = {n: times[n] / max(times[ranked[0]], 1e-9) for n in _rivals(close)}
+        rivals = {n: times[n] / max(times[ranked[0]], 1e-9) for n in _rivals(close)}
+        # A route that defers its LayerNorm is timed without the normalising its consumers then do, so time alone
+        # cannot rank it against one that does not: the best of the other kind is raced, and first (ratio 1).
+        other = next((n for n in ranked if _defers(n) != _defers(ranked[0])), None)
+        if other is not None:
+            rivals = {other: 1.0, **{n: r for n, r in rivals.items() if n != other}}
+        self.rivals[full] = rivals
         self._save()
         return ranked[0]
 
