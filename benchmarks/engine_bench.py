@@ -1,7 +1,7 @@
 """Development benchmark of transbench.engine against transformers on one GPU (random weights, fp16).
 
 Times with CUDA events after warm-up (median of many); checks each output against an fp32 reference.
-  PYTHONPATH=src python benchmarks/engine_bench.py [--quick] [--parts bert-base,profile,pdl,refine,defer,call,...]
+  PYTHONPATH=src python benchmarks/engine_bench.py [--quick] [--parts bert-base,profile,pdl,refine,call,...]
 """
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def tuned_modes(name, shapes, title, modes, rounds=5):
     """The engine in each of `modes` (name -> a function that switches it on), each tuning from an empty table of
     its own and capturing its own graphs, then timed in alternation (graph replay). Prints the routes that differ
     between the first two modes and how far the outputs are apart (different kernels: not bit-identical)."""
-    from transbench.engine import ops, tuning
+    from transbench.engine import tuning
 
     print(f"\n## {title}: {name} encoders-only, gpt2 decode, fp16 (ms, median of {rounds} alternating medians)",
           flush=True)
@@ -232,7 +232,7 @@ def tuned_modes(name, shapes, title, modes, rounds=5):
             runs[mode] = make()
             tables[mode] = dict(tuning._TUNER.table)
             print(f"{label:>22}  {mode}: tuned and captured in {time.perf_counter() - t0:.1f} s", flush=True)
-        tuning.REFINE, ops.DEFER_LAYERNORM, tuning._TUNER = True, True, None  # the shipped modes
+        tuning.REFINE, tuning._TUNER = True, None  # the shipped mode
         samples = {mode: [] for mode in runs}
         for _ in range(rounds):
             for mode in runs:
@@ -253,52 +253,6 @@ def refine_effect(name, shapes):
     from transbench.engine import tuning
     tuned_modes(name, shapes, "routes settled alone vs in the whole forward",
                 {"alone": lambda: setattr(tuning, "REFINE", False), "refined": lambda: setattr(tuning, "REFINE", True)})
-
-
-@torch.inference_mode()
-def defer_effect(name, shapes, rounds=5):
-    """LayerNorms after GEMMs as kernels of their own vs deferred to the GEMMs that read them (ops.DEFER_LAYERNORM),
-    with every GEMM on one fixed config in both modes (split-K and a plain tile; attention as tuned, the same in
-    both): the effect of the deferral alone, free of the spread between independent tunings (0.3165 vs 0.3913 ms
-    for the same code at 1 x 128 in session 7)."""
-    from transbench.engine import ops, tuning
-
-    print(f"\n## LayerNorm kernels vs deferred to the next GEMMs, each GEMM on a fixed config: {name} encoders-only, "
-          f"gpt2 decode, fp16 (ms, median of {rounds} alternating medians)", flush=True)
-
-    class Fixed(tuning.Tuner):  # GEMM ops on `cfg` (deferring where the mode allows), the rest tuned as usual
-        cfg = ""
-
-        def choose(self, key, candidates, reps=20):
-            if key.startswith(("linear", "linear_gelu", "linear_add_ln")):
-                want = ("defer+" if key.startswith("linear_add_ln") and ops.DEFER_LAYERNORM else "") + self.cfg
-                if want in candidates:
-                    return want
-            return super().choose(key, candidates, reps)
-
-    tuning.REFINE = False
-    tuning._TUNER = Fixed(Path(tempfile.mkdtemp()) / "tuning.json")
-
-    def compare(label, make):  # make() -> (graph replay to time, its output)
-        for cfg in ("splitk64x64x128x2x3x4", "triton64x32x256x3x4xFalsexFalse"):
-            Fixed.cfg = cfg
-            runs = {}
-            for mode in (False, True):
-                ops.DEFER_LAYERNORM = mode
-                runs[mode] = make()
-            ops.DEFER_LAYERNORM = True
-            samples = {mode: [] for mode in runs}
-            for _ in range(rounds):
-                for mode in runs:
-                    samples[mode].append(bench(runs[mode][0]))
-            t = {mode: statistics.median(v) for mode, v in samples.items()}
-            print(f"{label:>22}  {cfg:34s} ln kernels {t[False]:7.4f}  deferred {t[True]:7.4f}  "
-                  f"outputs apart: {rel(runs[True][1], runs[False][1]):.1e}", flush=True)
-
-    try:
-        _engine_cases(name, shapes, compare)
-    finally:
-        tuning.REFINE, tuning._TUNER = True, None
 
 
 def _engine_cases(name, shapes, compare):
@@ -489,7 +443,7 @@ def routes(rows_list=(1, 128, 1024)):
 
 
 PARTS = ("bert-base", "bert-large", "gemm", "routes", "bert-large-target", "varlen", "generate", "profile", "call",
-         "refine", "refine-large", "pdl", "defer", "defer-large", "fp8")
+         "refine", "refine-large", "pdl", "fp8")
 
 
 def main(argv=None):
@@ -527,10 +481,6 @@ def main(argv=None):
             refine_effect("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "refine-large":
             refine_effect("bert-large", [(1, 128), (8, 512), (128, 384)])
-        elif part == "defer":
-            defer_effect("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
-        elif part == "defer-large":
-            defer_effect("bert-large", [(1, 128), (128, 384)])
         elif part == "pdl":
             pdl_effect("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "fp8" and torch.cuda.get_device_capability() >= (8, 9):

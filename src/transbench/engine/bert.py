@@ -30,10 +30,6 @@ class BertEngine(EngineBase):
         self.type = c.t(e.token_type_embeddings.weight)
         self.emb_norm = c.norm(e.LayerNorm)
         self.layers = [bert_layer(c, layer, self.dims.scale) for layer in bert.encoder.layer]
-        for L, after in zip(self.layers, self.layers[1:] + [None]):  # the LayerNorms each GEMM's input comes from
-            self.ops.fold(L.fc1, L.norm1)
-            if after is not None:
-                self.ops.fold(after.qkv, L.norm2)
         pool = getattr(bert, "pooler", None)
         self.pool = None if pool is None else c.linear(pool.dense.weight, pool.dense.bias)
 
@@ -43,7 +39,7 @@ class BertEngine(EngineBase):
             a = attention(ops.linear(x, L.qkv), p, heads, L.scale, causal=False)
             x = ops.linear_add_layernorm(a, L.out, x, L.norm1)
             x = ops.linear_add_layernorm(ops.linear_gelu(x, L.fc1, gelu), L.fc2, x, L.norm2)
-        return ops.dense(x)  # x may be a Normed: its consumers above normalise on load, the output must be written
+        return x
 
     def _embed(self, p: Packing, ids, embeds, token_type_ids, position_ids) -> torch.Tensor:
         x = F.embedding(self.take(ids, p), self.word) if embeds is None else self.take(embeds, p)

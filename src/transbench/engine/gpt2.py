@@ -32,9 +32,6 @@ class GPT2Engine(EngineBase):
         scales = [(self.dims.scale if cfg.scale_attn_weights else 1.0)
                   / (i + 1 if cfg.scale_attn_by_inverse_layer_idx else 1) for i in range(cfg.num_hidden_layers)]
         self.layers = [gpt2_layer(c, b, s) for b, s in zip(gpt2.h, scales)]
-        for L in self.layers:  # pre-LN: each block's GEMMs read the LayerNorm right before them
-            self.ops.fold(L.qkv, L.norm1)
-            self.ops.fold(L.fc1, L.norm2)
         # GPT-2 ties its LM head to wte; a separate head weight (if any) is converted like the rest.
         head = self.wte if lm_head_weight is None or lm_head_weight is gpt2.wte.weight else c.t(lm_head_weight)
         self.head = Linear(head, None)  # not fp8: logits keep the activation dtype's precision
@@ -53,7 +50,7 @@ class GPT2Engine(EngineBase):
             h, x = ops.linear_add_layernorm(attend(i, ops.linear(h, L.qkv)), L.out, x, L.norm2, store_residual=True)
             h, x = ops.linear_add_layernorm(ops.linear_gelu(h, L.fc1, gelu), L.fc2, x, self._norm_next(i),
                                             store_residual=True)
-        return ops.dense(h)  # == ln_f(last residual); h may be a Normed, read by the GEMMs above as they load it
+        return h  # == ln_f(last residual)
 
     def _embed(self, p: Packing, ids, embeds, token_type_ids, position_ids) -> torch.Tensor:
         x = F.embedding(self.take(ids, p), self.wte) if embeds is None else self.take(embeds, p)

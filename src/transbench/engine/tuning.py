@@ -1,9 +1,9 @@
 """Per-shape kernel choices, timed once on the device and kept on disk so a second process starts warm.
 
-Each op's candidates are first timed alone; where a runner-up came close, the choice is settled by timing the
-whole captured forward with each (`Tuner.refine`): next to its real neighbours a kernel can gain or lose what
-it did not alone (under programmatic dependent launch a Triton kernel overlaps the previous kernel's tail,
-a cuBLAS one does not).
+Each op's candidates are first timed alone; the choices are then settled by timing whole captured forwards
+(`Tuner.refine`): one with every op on its fastest library route, then one per close runner-up. Next to its
+real neighbours a kernel can gain or lose what it did not alone (under programmatic dependent launch a Triton
+kernel overlaps the previous kernel's tail, a cuBLAS one does not).
 """
 from __future__ import annotations
 
@@ -88,9 +88,9 @@ def _family(name: str) -> str:
     return re.sub(r"\d.*", "", name)
 
 
-def _defers(name: str) -> bool:
-    """A route named 'defer+...' returns its LayerNorm unapplied (ops.Normed) for the next GEMMs to apply."""
-    return name.startswith("defer+")
+def _ours(name: str) -> bool:
+    """A route whose GEMM or attention is one of our Triton kernels, not a library's (cuBLAS, SDPA's kernels)."""
+    return _family(name) in ("triton", "splitk")
 
 
 def _rivals(ranked: list[str]) -> list[str]:
@@ -116,6 +116,7 @@ class Tuner:
         # key -> {runner-up: its time alone / the winner's} within RIVAL_MARGIN, timed in this process
         self.rivals: dict[str, dict[str, float]] = {}
         self.forced: dict[str, str] = {}  # key -> candidate, while refine() captures a trial forward
+        self.ranked: dict[str, list[str]] = {}  # key -> candidates timed in this process, fastest alone first
         self._recordings: list[set[str]] = []
 
     @contextmanager
@@ -163,47 +164,60 @@ class Tuner:
             raise RuntimeError(f"no candidate ran for {key}")
         times = {name: statistics.median(v) for name, v in samples.items()}
         ranked = sorted(times, key=times.get)
-        self.table[full] = ranked[0]
+        self.table[full], self.ranked[full] = ranked[0], ranked
         close = [n for n in ranked if times[n] <= times[ranked[0]] * (1 + RIVAL_MARGIN)]
-        rivals = {n: times[n] / max(times[ranked[0]], 1e-9) for n in _rivals(close)}
-        # A route that defers its LayerNorm is timed without the normalising its consumers then do, so time alone
-        # cannot rank it against one that does not: the best of the other kind is raced, and first (ratio 1).
-        other = next((n for n in ranked if _defers(n) != _defers(ranked[0])), None)
-        if other is not None:
-            rivals = {other: 1.0, **{n: r for n, r in rivals.items() if n != other}}
-        self.rivals[full] = rivals
+        self.rivals[full] = {n: times[n] / max(times[ranked[0]], 1e-9) for n in _rivals(close)}
         self._save()
         return ranked[0]
 
     def refine(self, keys: set[str], build: Callable[[], T], time_ms: Callable[[T], float], rounds: int = 3,
                clock: Callable[[], float] = time.perf_counter) -> T:
-        """Settle close choices in context: `build()` captures the whole forward with the current choices; each
-        rival (from this process's timings) of the ops in `keys`, the closest first, one at a time and for at
-        most RACE_BUDGET_S, is forced into a new build that races the best so far (timed in alternation,
-        `rounds` times) and replaces it if at least MIN_GAIN faster. Returns the best build; the table keeps
-        its choices. Each rival is tried at most once per process."""
+        """Settle close choices in context: `build()` captures the whole forward with the current choices. First
+        the forward with every op in `keys` on its fastest library route (timed in this process) races it; then
+        each rival of those ops, the closest first, one at a time and for at most RACE_BUDGET_S. A trial forward
+        replaces the best so far if at least MIN_GAIN faster (timed in alternation, `rounds` times). Returns the
+        best build; the table keeps its choices. Each rival is tried at most once per process."""
         best = build()
         if not REFINE:
             return best
-        trials = sorted((ratio, key, rival) for key in keys for rival, ratio in self.rivals.pop(key, {}).items())
+        # Routes picked one op at a time can lose, as a whole, to libraries' kernels throughout (H100 bert-base
+        # 8 x 512: 2.176 ms against the cudagraph backend's 2.158, which runs cuBLAS and SDPA), and racing one
+        # change at a time never reaches that forward.
+        library = {k: next((n for n in self.ranked.pop(k, ()) if not _ours(n)), None) for k in keys}
+        library = {k: n for k, n in library.items() if n is not None and n != self.table.get(k)}
         start = clock()
+        if library:
+            alone = {k: self.table.get(k) for k in library}
+            best = self._race(best, library, build, time_ms, rounds)
+            for k, n in alone.items():  # if the library forward won, each route it displaced is raced back first
+                if n is not None and self.table.get(k) != n:
+                    self.rivals.setdefault(k, {})[n] = 1.0
+        trials = sorted((ratio, key, rival) for key in keys for rival, ratio in self.rivals.pop(key, {}).items())
         for _, key, rival in trials:
             if clock() - start > RACE_BUDGET_S:
                 break
-            self.forced[key] = rival
-            try:
-                trial = build()
-            except Exception:  # noqa: BLE001 - a rival that cannot be captured is no rival
-                continue
-            finally:
-                del self.forced[key]
-            t_best, t_trial = [], []
-            for _ in range(rounds):
-                t_best.append(time_ms(best))
-                t_trial.append(time_ms(trial))
-            if statistics.median(t_trial) < statistics.median(t_best) * (1 - MIN_GAIN):
-                self.table[key], best = rival, trial
+            if rival != self.table.get(key):
+                best = self._race(best, {key: rival}, build, time_ms, rounds)
         self._save()
+        return best
+
+    def _race(self, best: T, choices: dict[str, str], build: Callable[[], T], time_ms: Callable[[T], float],
+              rounds: int) -> T:
+        """A forward built with `choices` forced, if it beats `best` by MIN_GAIN (then the table takes them)."""
+        self.forced.update(choices)
+        try:
+            trial = build()
+        except Exception:  # noqa: BLE001 - a rival that cannot be captured is no rival
+            return best
+        finally:
+            self.forced.clear()
+        t_best, t_trial = [], []
+        for _ in range(rounds):
+            t_best.append(time_ms(best))
+            t_trial.append(time_ms(trial))
+        if statistics.median(t_trial) < statistics.median(t_best) * (1 - MIN_GAIN):
+            self.table.update(choices)
+            return trial
         return best
 
     def _save(self) -> None:
