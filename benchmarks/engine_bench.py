@@ -475,6 +475,7 @@ def main(argv=None):
             generation()
         elif part == "profile":
             profile("bert-base", [(1, 128), (256, 128)])
+            profile("bert-large", [(128, 384)])
         elif part == "call":
             call_cost("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "refine":

@@ -12,12 +12,15 @@ export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # The engine's tuned routes live beside the store: a run resumed in a later call (both brought back) re-tunes nothing.
 export TRANSBENCH_CACHE_DIR=${TRANSBENCH_CACHE_DIR:-$(dirname "$DB")/engine-tuning}
 TB="python3 -m transbench"
-grid() {
+grid() {  # model, batches, seqs, run name
   $TB run --model "$1" --dtype fp16 --encoders-only --backend eager,sdpa,sdpa-flash,sdpa-cudnn,cudagraph,fused \
-    --batch 1,8,64,256 --seq 128,384,512 --baseline sdpa --min-time 0.2 --timeout 120 --name "fused-$1" --db "$DB"
+    --batch "$2" --seq "$3" --baseline sdpa --min-time 0.2 --timeout 120 --name "$4" --db "$DB"
 }
-[[ ,$PARTS, == *,base,* ]] && grid bert-base-uncased
-[[ ,$PARTS, == *,large,* ]] && grid bert-large-uncased
+[[ ,$PARTS, == *,base,* ]] && grid bert-base-uncased 1,8,64,256 128,384,512 fused-bert-base-uncased
+if [[ ,$PARTS, == *,large,* ]]; then
+  grid bert-large-uncased 128 384 fused-bert-large-target  # the bert-large target point
+  grid bert-large-uncased 1,8,64,256 128,384,512 fused-bert-large-uncased
+fi
 if [[ ,$PARTS, == *,extra,* ]]; then
   $TB run --model gpt2 --task generate --dtype fp16 --seq 512 --new-tokens 128 --batch 1 --backend eager,sdpa,cudagraph,fused \
     --min-time 0.3 --timeout 180 --name fused-generate --db "$DB"

@@ -205,6 +205,8 @@ def test_fused_backend_encoders_only():
     m.base_model.embeddings.forward = lambda *a, **k: emb  # what the scenario does for --encoders-only
     prepared = fused.BACKEND.prepare(m, inputs, SimpleNamespace(embeddings=False, batch=3))
     assert rel(prepared.fn().logits, ref) < 1e-5
+    # what ran is recorded; on CPU there are no graphs, so no tuned routes (tests/gpu checks them on CUDA)
+    assert prepared.what_ran() == {"engine_ops": "torch", "cuda_graphs": False, "engine_tuning": {}}
 
 
 def test_graph_cache_argument_walk_rebuilds_packing_and_clones_outputs():

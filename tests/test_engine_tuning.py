@@ -139,10 +139,35 @@ def test_refine_races_the_all_library_forward_that_no_single_change_reaches(tmp_
         return built[-1]
     with t.recording() as keys:
         assert t.refine(keys, build, whole.get) == ("cublas1", "cublas2")
-    assert built[:2] == [("triton1", "triton2"), ("cublas1", "cublas2")]
+    # the all-library forward, then the all-ours one (which here is the forward the choices alone gave)
+    assert built[:3] == [("triton1", "triton2"), ("cublas1", "cublas2"), ("triton1", "triton2")]
     # then the displaced routes, one at a time from the new best (and splitk2, op2's remaining rival)
-    assert set(built[2:]) == {("triton1", "cublas2"), ("cublas1", "triton2"), ("cublas1", "splitk2")}
+    assert set(built[3:]) == {("triton1", "cublas2"), ("cublas1", "triton2"), ("cublas1", "splitk2")}
     assert sorted(t.table.values()) == ["cublas1", "cublas2"] and t.rivals == {} and t.forced == {}
+    assert [(r["trial"], r["won"]) for r in t.races[:2]] == [("library", True), ("ours", False)]
+    assert t.races[0]["routes"] == {"op1": "cublas1", "op2": "cublas2"}
+    assert t.races[0]["trial_ms"] == 9.0 and t.races[0]["best_ms"] == 10.0
+
+
+def test_refine_races_the_all_ours_forward_and_keeps_a_record_of_every_trial(tmp_path):
+    """Alone, cuBLAS wins op2; in the forward, our kernels pay only together (H100 bert-base 1 x 128: two tunings
+    replayed in 0.3165 and 0.3913 ms, the faster with both LayerNorm GEMMs on Triton). No single swap and not the
+    library forward get there; the all-ours forward does. Every trial is recorded with its times."""
+    alone = {"triton1": 1.0, "cublas1": 1.2, "cublas2": 2.0, "splitk2": 2.1}
+    whole = {("triton1", "cublas2"): 10.0, ("cublas1", "cublas2"): 10.3, ("triton1", "splitk2"): 9.0,
+             ("cublas1", "splitk2"): 10.4}
+    t = tuning.Tuner(tmp_path / "t.json", timer=_timer(alone))
+
+    def build():
+        return (t.choose("op1", _cands("triton1", "cublas1")), t.choose("op2", _cands("cublas2", "splitk2")))
+    with t.recording() as keys:
+        assert t.refine(keys, build, whole.get) == ("triton1", "splitk2")
+    assert t.routes(keys) == {"op1": "triton1", "op2": "splitk2"}
+    trials = [(r["trial"], r["routes"], r["won"]) for r in t.races]
+    assert trials[:2] == [("library", {"op1": "cublas1"}, False), ("ours", {"op2": "splitk2"}, True)]
+    # op2's displaced choice alone is raced back first, and loses (10.0 against 9.0); op1's rival loses too
+    assert trials[2:] == [("rival", {"op2": "cublas2"}, False), ("rival", {"op1": "cublas1"}, False)]
+    assert all(r["best_ms"] == 9.0 for r in t.races[2:])
 
 
 def test_a_rival_that_fails_to_build_is_dropped(tmp_path):
@@ -156,6 +181,7 @@ def test_a_rival_that_fails_to_build_is_dropped(tmp_path):
     with t.recording() as keys:
         assert t.refine(keys, build, model.time_ms) == ("x", "y")
     assert t.forced == {} and t.rivals == {}
+    assert t.races and all(r["error"] == "RuntimeError: capture failed" and "won" not in r for r in t.races)
 
 
 def test_refine_races_the_closest_rivals_first_within_its_time_budget(tmp_path, monkeypatch):

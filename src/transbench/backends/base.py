@@ -14,6 +14,12 @@ class Prepared:
 
     fn: Callable[[], Any]
     info: dict = field(default_factory=dict)  # what really ran (kernel, compile seconds, ...), stored with the cell
+    # What really ran that only the first call settles (the fused engine's tuned kernel routes), for the cell's info.
+    ran: Callable[[], dict] | None = None
+
+    def what_ran(self) -> dict:
+        """info and, after the first call, what that call settled."""
+        return {**self.info, **(self.ran() if self.ran else {})}
 
 
 @dataclass(frozen=True)

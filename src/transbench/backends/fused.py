@@ -27,7 +27,8 @@ def _prepare(model, inputs, cell) -> Prepared:
     def fn():
         return compiled(**kwargs)
 
-    return Prepared(fn, {"engine_ops": compiled.engine.ops.name, "cuda_graphs": compiled.engine.graphs.enabled})
+    return Prepared(fn, {"engine_ops": compiled.engine.ops.name, "cuda_graphs": compiled.engine.graphs.enabled},
+                    ran=lambda: {"engine_tuning": compiled.tuning()})
 
 
 def _generator(model, cell):

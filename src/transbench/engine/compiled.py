@@ -99,6 +99,11 @@ class CompiledModel:
             raise EngineUnsupported("encode() is for BERT; pass inputs_embeds to a GPT-2 model instead")
         return self.engine.encode(hidden_states, attention_mask)[0]
 
+    def tuning(self) -> dict[str, dict]:
+        """Per captured shape: the kernel route each op runs and the whole-forward races that chose them
+        (empty without CUDA graphs)."""
+        return self.engine.graphs.tuning()
+
     def generator(self, batch_size: int, max_total_len: int) -> Generator:
         """GPT-2 only: greedy-decoding state with a static KV cache (see Generator.prefill / decode)."""
         if not isinstance(self.engine, GPT2Engine):

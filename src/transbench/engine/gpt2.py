@@ -81,6 +81,11 @@ class Generator:
         self.pos_t = torch.zeros(1, dtype=torch.long, device=o.device)
         self.graphs = GraphCache(o.cuda_graphs, max_entries=64)  # owns graphs that write this cache
 
+    @property
+    def info(self) -> dict:
+        """For the benchmark's record: the kernel routes of the prefill and decode graphs captured so far."""
+        return {"engine_tuning": self.graphs.tuning()}
+
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.e.ops.linear(h.contiguous(), self.e.head)
 

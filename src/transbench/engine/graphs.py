@@ -15,6 +15,8 @@ class _Entry:
     graph: torch.cuda.CUDAGraph
     static_in: list  # the tensors the captured call read, in _flat order
     out: Any
+    routes: dict | None = None  # op name -> the route it runs in this graph (Tuner.routes)
+    races: list | None = None  # the whole-forward trials its capture ran (Tuner.races)
 
 
 # Arguments and outputs are tensors, None, ints, or tuples (NamedTuples such as Packing) of those: flattening
@@ -81,8 +83,16 @@ class GraphCache:
     def _capture(self, fn, args, static) -> _Entry:
         args = _with_static(args, static)
         static = [t for t in static if isinstance(t, torch.Tensor)]
-        with tuner().recording() as keys:  # the first warm-up times each op's candidates alone
-            return tuner().refine(keys, lambda: self._graph(fn, args, static), lambda e: replay_ms(e.graph.replay))
+        t, first_race = tuner(), len(tuner().races)
+        with t.recording() as keys:  # the first warm-up times each op's candidates alone
+            e = t.refine(keys, lambda: self._graph(fn, args, static), lambda e: replay_ms(e.graph.replay))
+        e.routes, e.races = t.routes(keys), t.races[first_race:]
+        return e
+
+    def tuning(self) -> dict[str, dict]:
+        """Per captured shape (its key, '|'-joined): the route each op runs and the races that settled them."""
+        return {key if isinstance(key, str) else "|".join(map(str, key)): {"routes": e.routes, "races": e.races}
+                for key, e in self.entries.items()}
 
     def _graph(self, fn, args, static) -> _Entry:
         self.side.wait_stream(torch.cuda.current_stream())

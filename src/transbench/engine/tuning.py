@@ -1,9 +1,9 @@
 """Per-shape kernel choices, timed once on the device and kept on disk so a second process starts warm.
 
 Each op's candidates are first timed alone; the choices are then settled by timing whole captured forwards
-(`Tuner.refine`): one with every op on its fastest library route, then one per close runner-up. Next to its
-real neighbours a kernel can gain or lose what it did not alone (under programmatic dependent launch a Triton
-kernel overlaps the previous kernel's tail, a cuBLAS one does not).
+(`Tuner.refine`): one with every op on its fastest library route, one with every op on its fastest route of
+ours, then one per close runner-up. Next to its real neighbours a kernel can gain or lose what it did not alone
+(under programmatic dependent launch a Triton kernel overlaps the previous kernel's tail, a cuBLAS one does not).
 """
 from __future__ import annotations
 
@@ -117,6 +117,7 @@ class Tuner:
         self.rivals: dict[str, dict[str, float]] = {}
         self.forced: dict[str, str] = {}  # key -> candidate, while refine() captures a trial forward
         self.ranked: dict[str, list[str]] = {}  # key -> candidates timed in this process, fastest alone first
+        self.races: list[dict] = []  # each whole-forward trial refine() ran in this process, in order
         self._recordings: list[set[str]] = []
 
     @contextmanager
@@ -133,6 +134,15 @@ class Tuner:
     def _device_key() -> str:
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         return f"{device}|torch {torch.__version__}"
+
+    @staticmethod
+    def op_name(key: str) -> str:
+        """A table key without its device, versions and candidate digest: 'linear|bias=True|128x2304x768|torch.float16'."""
+        return "|".join(key.split("|")[2:-1])
+
+    def routes(self, keys) -> dict[str, str]:
+        """The route each op of `keys` takes now, by op name."""
+        return {self.op_name(k): self.table[k] for k in sorted(keys) if k in self.table}
 
     def key(self, op: str, names) -> str:
         """The table's key for `op` among candidates `names`: a choice holds only for the GPU and library versions
@@ -173,41 +183,48 @@ class Tuner:
     def refine(self, keys: set[str], build: Callable[[], T], time_ms: Callable[[T], float], rounds: int = 3,
                clock: Callable[[], float] = time.perf_counter) -> T:
         """Settle close choices in context: `build()` captures the whole forward with the current choices. First
-        the forward with every op in `keys` on its fastest library route (timed in this process) races it; then
-        each rival of those ops, the closest first, one at a time and for at most RACE_BUDGET_S. A trial forward
+        the forward with every op in `keys` on its fastest library route (timed in this process) races it, then the
+        one with every op on its fastest route of ours; then each rival of those ops, the closest first, one at a time and for at most RACE_BUDGET_S. A trial forward
         replaces the best so far if at least MIN_GAIN faster (timed in alternation, `rounds` times). Returns the
         best build; the table keeps its choices. Each rival is tried at most once per process."""
         best = build()
         if not REFINE:
             return best
-        # Routes picked one op at a time can lose, as a whole, to libraries' kernels throughout (H100 bert-base
-        # 8 x 512: 2.176 ms against the cudagraph backend's 2.158, which runs cuBLAS and SDPA), and racing one
-        # change at a time never reaches that forward.
-        library = {k: next((n for n in self.ranked.pop(k, ()) if not _ours(n)), None) for k in keys}
-        library = {k: n for k, n in library.items() if n is not None and n != self.table.get(k)}
+        # Routes picked one op at a time can lose, as a whole, to one family's kernels throughout, and racing one
+        # change at a time never reaches such a forward: H100 bert-base 8 x 512 lost to the cudagraph backend,
+        # which runs cuBLAS and SDPA (2.176 ms against 2.158); two tunings of 1 x 128 replayed in 0.3165 and
+        # 0.3913 ms, the faster with both LayerNorm GEMMs on our kernels.
+        ranked = {k: self.ranked.pop(k, ()) for k in keys}
+        alone = {k: self.table.get(k) for k in keys}
         start = clock()
-        if library:
-            alone = {k: self.table.get(k) for k in library}
-            best = self._race(best, library, build, time_ms, rounds)
-            for k, n in alone.items():  # if the library forward won, each route it displaced is raced back first
-                if n is not None and self.table.get(k) != n:
-                    self.rivals.setdefault(k, {})[n] = 1.0
+        for family, wanted in (("library", lambda n: not _ours(n)), ("ours", _ours)):
+            uniform = {k: next((n for n in names if wanted(n)), None) for k, names in ranked.items()}
+            uniform = {k: n for k, n in uniform.items() if n is not None and n != self.table.get(k)}
+            if uniform:
+                best = self._race(best, uniform, build, time_ms, rounds, family)
+        for k, n in alone.items():  # where a uniform forward won, each route it displaced is raced back first
+            if n is not None and self.table.get(k) != n:
+                self.rivals.setdefault(k, {})[n] = 1.0
         trials = sorted((ratio, key, rival) for key in keys for rival, ratio in self.rivals.pop(key, {}).items())
         for _, key, rival in trials:
             if clock() - start > RACE_BUDGET_S:
                 break
             if rival != self.table.get(key):
-                best = self._race(best, {key: rival}, build, time_ms, rounds)
+                best = self._race(best, {key: rival}, build, time_ms, rounds, "rival")
         self._save()
         return best
 
     def _race(self, best: T, choices: dict[str, str], build: Callable[[], T], time_ms: Callable[[T], float],
-              rounds: int) -> T:
-        """A forward built with `choices` forced, if it beats `best` by MIN_GAIN (then the table takes them)."""
+              rounds: int, trial_of: str) -> T:
+        """A forward built with `choices` forced, if it beats `best` by MIN_GAIN (then the table takes them).
+        Each trial is kept in `races`, so what a tuning tried and what won can be read afterwards."""
+        race = {"trial": trial_of, "routes": {self.op_name(k): n for k, n in sorted(choices.items())}}
+        self.races.append(race)
         self.forced.update(choices)
         try:
             trial = build()
-        except Exception:  # noqa: BLE001 - a rival that cannot be captured is no rival
+        except Exception as e:  # noqa: BLE001 - a rival that cannot be captured is no rival
+            race["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             return best
         finally:
             self.forced.clear()
@@ -215,7 +232,9 @@ class Tuner:
         for _ in range(rounds):
             t_best.append(time_ms(best))
             t_trial.append(time_ms(trial))
-        if statistics.median(t_trial) < statistics.median(t_best) * (1 - MIN_GAIN):
+        race.update(best_ms=statistics.median(t_best), trial_ms=statistics.median(t_trial))
+        race["won"] = race["trial_ms"] < race["best_ms"] * (1 - MIN_GAIN)
+        if race["won"]:
             self.table.update(choices)
             return trial
         return best

@@ -147,7 +147,7 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     prepare_s = time.perf_counter() - t0
     err = rel_err(output_tensor(out, cell.task)[rows], ref, [inputs.lengths[i] for i in rows], inputs.input_ids.shape[1])
     info = {"attn_implementation": model.config._attn_implementation, "prepare_s": prepare_s,
-            "param_dtype": str(next(model.parameters()).dtype), "device": str(device), **prepared.info}
+            "param_dtype": str(next(model.parameters()).dtype), "device": str(device), **prepared.what_ran()}
     record = {"rel_err": err}
     if not err <= TOLERANCE[cell.dtype]:
         return CellResult("wrong", record=record, info=info,

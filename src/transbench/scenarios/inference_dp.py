@@ -82,7 +82,7 @@ def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
     record = {"rel_err": worst, "world_size": info.world_size, "strategy": "data-parallel"}
     run_info = {"attn_implementation": model.config._attn_implementation, "device": str(device),
                 "param_dtype": str(next(model.parameters()).dtype), "rel_err_per_rank": errs,
-                "dist_backend": info.backend, "nccl_env": info.nccl_env(), **prepared.info}
+                "dist_backend": info.backend, "nccl_env": info.nccl_env(), **prepared.what_ran()}
     tol = inference.TOLERANCE[cell.dtype]
     if not worst <= tol:
         if not lead:
