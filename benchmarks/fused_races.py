@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import argparse
+import sqlite3
+from pathlib import Path
 
 from transbench.store.db import Store
 
@@ -26,8 +28,14 @@ def main(argv=None):
     ap.add_argument("db")
     ap.add_argument("--routes", action="store_true", help="also print every op's final route")
     a = ap.parse_args(argv)
-    store = Store(a.db)
-    for run in store.runs():
+    if not Path(a.db).is_file():  # Store() would create an empty store there and print nothing
+        ap.error(f"no transbench store at {a.db}")
+    try:
+        store = Store(a.db)
+        runs = store.runs()
+    except sqlite3.DatabaseError as e:
+        ap.error(f"{a.db} is not a transbench store ({e})")
+    for run in runs:
         for c in store.cells(run["run_id"]):
             cell = c["cell"]
             if cell.get("backend") != "fused":

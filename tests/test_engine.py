@@ -209,6 +209,18 @@ def test_fused_backend_encoders_only():
     assert prepared.what_ran() == {"engine_ops": "torch", "cuda_graphs": False, "engine_tuning": {}}
 
 
+def test_graph_cache_reports_each_graphs_routes_under_a_readable_key():
+    """Tuple keys (encoder shapes) are '|'-joined; a string key (GPT-2's decode step) stays whole."""
+    from transbench.engine import graphs
+
+    cache = graphs.GraphCache(enabled=False)
+    races = [{"trial": "ours", "routes": {"op": "triton"}, "best_ms": 2.0, "trial_ms": 1.0, "won": True}]
+    cache.entries[("enc", 1, 128, True, 128)] = graphs._Entry(None, [], None, {"op": "triton"}, races)
+    cache.entries["decode"] = graphs._Entry(None, [], None, {"op": "cublas"}, [])
+    assert cache.tuning() == {"enc|1|128|True|128": {"routes": {"op": "triton"}, "races": races},
+                              "decode": {"routes": {"op": "cublas"}, "races": []}}
+
+
 def test_graph_cache_argument_walk_rebuilds_packing_and_clones_outputs():
     """The replay path flattens arguments one level by hand (torch's pytree cost more host time than a small
     forward's graph launch): Packing must come back as a Packing over the static copies, outputs as fresh tensors."""

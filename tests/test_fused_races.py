@@ -2,15 +2,22 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from transbench.store.db import Store
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fused_races.py"
 
 
-def test_races_of_each_fused_cell_are_printed(tmp_path, capsys):
+def _script():
     spec = importlib.util.spec_from_file_location("fused_races", SCRIPT)
-    races = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(races)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_races_of_each_fused_cell_are_printed(tmp_path, capsys):
+    races = _script()
     tuned = {"routes": {"linear|bias=True|128x2304x768|torch.float16": "cublas"},
              "races": [{"trial": "library", "routes": {"linear|bias=True|128x2304x768|torch.float16": "cublas"},
                         "best_ms": 0.40, "trial_ms": 0.35, "won": True},
@@ -29,3 +36,16 @@ def test_races_of_each_fused_cell_are_printed(tmp_path, capsys):
                               "linear|bias=True|128x2304x768|torch.float16", "->", "cublas"]
     assert "RuntimeError: capture failed" in out[2] and out[2].split()[0] == "rival"
     assert out[3].split() == ["linear|bias=True|128x2304x768|torch.float16", "cublas"] and len(out) == 4
+
+
+@pytest.mark.parametrize("content", [None, b"not a database at all, just some text" * 40])
+def test_a_missing_or_foreign_store_is_refused_with_exit_2_and_left_as_it_was(tmp_path, capsys, content):
+    path = tmp_path / "r.db"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(SystemExit) as e:
+        _script().main([str(path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ("no transbench store at" if content is None else "is not a transbench store") in err
+    assert (not path.exists()) if content is None else path.read_bytes() == content
