@@ -83,7 +83,8 @@ class GraphCache:
     def _capture(self, fn, args, static) -> _Entry:
         args = _with_static(args, static)
         static = [t for t in static if isinstance(t, torch.Tensor)]
-        t, first_race = tuner(), len(tuner().races)
+        t = tuner()
+        first_race = len(t.races)
         with t.recording() as keys:  # the first warm-up times each op's candidates alone
             e = t.refine(keys, lambda: self._graph(fn, args, static), lambda e: replay_ms(e.graph.replay))
         e.routes, e.races = t.routes(keys), t.races[first_race:]

@@ -184,9 +184,10 @@ class Tuner:
                clock: Callable[[], float] = time.perf_counter) -> T:
         """Settle close choices in context: `build()` captures the whole forward with the current choices. First
         the forward with every op in `keys` on its fastest library route (timed in this process) races it, then the
-        one with every op on its fastest route of ours; then each rival of those ops, the closest first, one at a time and for at most RACE_BUDGET_S. A trial forward
-        replaces the best so far if at least MIN_GAIN faster (timed in alternation, `rounds` times). Returns the
-        best build; the table keeps its choices. Each rival is tried at most once per process."""
+        one with every op on its fastest route of ours; then each rival of those ops, the closest first, one at a
+        time and for at most RACE_BUDGET_S. A trial forward replaces the best so far if at least MIN_GAIN faster
+        (timed in alternation, `rounds` times). Returns the best build; the table keeps its choices. Each rival is
+        tried at most once per process."""
         best = build()
         if not REFINE:
             return best
