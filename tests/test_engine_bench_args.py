@@ -1,18 +1,14 @@
 """benchmarks/engine_bench.py refuses unknown parts before touching the GPU (runs on CPU)."""
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
+from script_helpers import BENCHMARKS, load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "engine_bench.py"
+SCRIPT = BENCHMARKS / "engine_bench.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("engine_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("engine_bench")
 
 
 def test_unknown_part_is_refused_with_exit_2(capsys):

@@ -1,19 +1,12 @@
 """benchmarks/fused_races.py prints what the fused engine's tuner raced in each stored cell (runs on CPU)."""
-import importlib.util
-from pathlib import Path
-
 import pytest
+from script_helpers import load_script
 
 from transbench.store.db import Store
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fused_races.py"
-
 
 def _script():
-    spec = importlib.util.spec_from_file_location("fused_races", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("fused_races")
 
 
 def test_races_of_each_fused_cell_are_printed(tmp_path, capsys):
