@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from transbench.runner.cell import Cell, CellResult
+from transbench.cells import Cell, CellResult
 from transbench.runner.sweep import store_result
 from transbench.store import Store
 

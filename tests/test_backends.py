@@ -9,7 +9,7 @@ import json
 import pytest
 
 from transbench import api, backends
-from transbench.runner.cell import Cell
+from transbench.cells import Cell
 from transbench.runner.worker import execute
 from transbench.scenarios.inference import ModelCache
 from transbench.spec import RunSpec

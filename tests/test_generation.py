@@ -8,7 +8,7 @@ import json
 import pytest
 
 from transbench import api
-from transbench.runner.cell import Cell
+from transbench.cells import Cell
 from transbench.runner.worker import execute
 from transbench.scenarios.inference import ModelCache
 from transbench.spec import RunSpec

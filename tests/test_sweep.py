@@ -13,7 +13,7 @@ import pytest
 
 from transbench import api
 from transbench.runner import grid
-from transbench.runner.cell import CellResult
+from transbench.cells import CellResult
 from transbench.runner.sweep import find_max_batch
 from transbench.spec import RunSpec, dump_file, load_file
 
@@ -209,7 +209,7 @@ def test_gpu_lanes_run_every_cell_once(db, quick):
 def test_interference_warnings(monkeypatch):
     from transbench.measure import device
     from transbench.runner import worker
-    from transbench.runner.cell import Cell
+    from transbench.cells import Cell
 
     monkeypatch.setattr(device, "nvml_other_processes", lambda i: [4242])
     monkeypatch.setattr(device, "nvml_throttle_reasons", lambda i: ["hw_slowdown"])

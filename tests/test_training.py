@@ -14,7 +14,7 @@ from transbench.cli import app
 from transbench.errors import SpecError
 from transbench.models import flops
 from transbench.models.presets import PRESETS
-from transbench.runner.cell import CellResult
+from transbench.cells import CellResult
 from transbench.runner.rank import RankInfo, guarded
 from transbench.scenarios import training_loop
 from transbench.scenarios.training import TrainSpec, add_scaling, expand, validate

@@ -14,7 +14,7 @@ from .errors import SpecError
 from .measure import env as env_mod
 from .runner import grid
 from .scenarios.training import TrainSpec, train  # noqa: F401  (api.train, as the design lists it)
-from .runner.cell import Cell, CellResult
+from .cells import Cell, CellResult
 from .runner.sweep import SweepOptions, run_grid
 from .spec import RunSpec
 from .store import Store, export

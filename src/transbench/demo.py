@@ -155,7 +155,7 @@ def _run_backend(backend, base, ref, task: str, ids: list[int], device, dtype: s
 
     from .errors import Unsupported
     from .measure import device as dev
-    from .runner.cell import Cell
+    from .cells import Cell
     from .scenarios.inference import output_tensor
     from .scenarios.inputs import Inputs
 

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from transbench.runner.cell import Cell  # noqa: E402
+from transbench.cells import Cell  # noqa: E402
 from transbench.runner.worker import execute  # noqa: E402
 from transbench.scenarios.inference import ModelCache  # noqa: E402
 

@@ -10,7 +10,7 @@ from ..measure import device as dev
 from ..models import build
 from ..models.build import ACTIVATIONS
 from ..spec import RunSpec, device_defaults, parse_shard
-from .cell import Cell
+from ..cells import Cell
 
 
 def validate(spec: RunSpec) -> RunSpec:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from .cell import CellResult
+from ..cells import CellResult
 
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "NVSHMEM_", "TORCH_SYMM_MEM_")
 HANG_RANK_VAR = "TRANSBENCH_TEST_HANG_RANK"  # test-only: this rank sleeps instead of joining

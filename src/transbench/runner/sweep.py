@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..store import Store
-from .cell import Cell, CellResult
+from ..cells import Cell, CellResult
 from .worker import Worker
 
 

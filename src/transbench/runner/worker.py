@@ -9,7 +9,7 @@ import tempfile
 import traceback
 import warnings
 
-from .cell import Cell, CellResult
+from ..cells import Cell, CellResult
 
 LOG_TAIL_CHARS = 2000
 

@@ -23,7 +23,7 @@ from ..errors import Unsupported
 from ..measure import device as dev
 from ..measure import memory, peaks, timer
 from ..models import build, flops
-from ..runner.cell import Cell, CellResult
+from ..cells import Cell, CellResult
 from .inference import TOLERANCE, ModelCache, cell_inputs, model_for, reference_rows, rel_err
 
 # --- decoders ---------------------------------------------------------------------------------------

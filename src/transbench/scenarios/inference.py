@@ -9,7 +9,7 @@ from .. import backends
 from ..measure import device as dev
 from ..measure import memory, peaks, timer
 from ..models import build, flops
-from ..runner.cell import Cell, CellResult
+from ..cells import Cell, CellResult
 from .inputs import Inputs, make_inputs, point_seed
 
 # Relative error allowed against the fp32 reference, by dtype. Half precision over 12-48 layers

@@ -14,7 +14,7 @@ from ..measure import device as dev
 from ..measure import memory, peaks, timer
 from ..models import build, flops
 from ..runner import rank as rank_mod
-from ..runner.cell import Cell, CellResult
+from ..cells import Cell, CellResult
 from . import inference
 
 

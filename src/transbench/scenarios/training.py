@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..errors import SpecError
-from ..runner.cell import CellResult
+from ..cells import CellResult
 from ..spec import check_keys
 from .training_cell import ATTENTION, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
 

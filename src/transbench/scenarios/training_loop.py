@@ -15,7 +15,7 @@ from ..errors import Unsupported
 from ..measure import device as dev
 from ..measure import memory, peaks, timer
 from ..models import build, flops
-from ..runner.cell import CellResult
+from ..cells import CellResult
 from ..runner.rank import RankInfo
 from .inputs import point_seed
 from .training_cell import ATTENTION, TrainCell
