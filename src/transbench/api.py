@@ -15,7 +15,7 @@ from .measure import env as env_mod
 from .runner import grid
 from .scenarios.training import TrainSpec, train  # noqa: F401  (api.train, as the design lists it)
 from .cells import Cell, CellResult
-from .runner.sweep import SweepOptions, run_grid
+from .runner.sweep import SweepOptions, Target, open_run, run_grid
 from .spec import RunSpec
 from .store import Store, export
 
@@ -29,39 +29,49 @@ class RunOutcome:
 
 
 def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = None, csv_path: str | None = None,
-        resume: bool = False, on_start: Callable[[list[Cell]], None] = lambda cells: None,
-        on_cell: Callable[[Cell, CellResult | None], None] = lambda c, r: None) -> RunOutcome:
+        resume: bool = False, on_start: Callable[[list[Cell], int], None] = lambda cells, done: None,
+        on_cell: Callable[[Cell, CellResult | None], None] = lambda c, r: None,
+        on_probe: Callable[[Cell, CellResult], None] = lambda c, r: None) -> RunOutcome:
     """Validate, expand and run an inference sweep; every finished cell is stored as it ends.
 
-    A run whose name is already in the store is resumed: its finished cells are not run again.
-    `resume=True` without a name resumes the newest run."""
-    if spec.nproc > 1:
-        from .runner import launch
-
-        return launch.run_data_parallel(spec, db, json_path=json_path, csv_path=csv_path)
+    A run whose name is already in the store is resumed (its finished cells are not run again); the same
+    name with a different grid is refused. `resume=True` without a name resumes the newest run.
+    `on_start(cells, already_done)` is called once the grid is known."""
     spec = grid.validate(spec)
+    if spec.nproc > 1:
+        grid.check_data_parallel(spec)
     cells = grid.expand(spec)
     store = Store(db)
     try:
-        existing = store.find_run(spec.name) if spec.name else (store.find_run("last") if resume else None)
-        if resume and existing is None:
-            raise SpecError(f"nothing to resume: no run named {spec.name or '(any)'} in {db}")
-        if existing is not None:
-            if not spec.name:  # resume the newest run with its own grid
-                spec = grid.validate(RunSpec.from_dict(existing["spec"]))
-                cells = grid.expand(spec)
-            run_id, name = existing["run_id"], existing["name"]
-        else:
-            run_id, name = store.create_run(spec.name, "inference", spec_to_store(spec),
-                                            env_mod.collect(open_cuda=False))
-        on_start(cells)
-        run_grid(store, run_id, cells, SweepOptions(spec.timeout, spec.gpus, spec.max_batch, spec.max_batch_limit),
-                 on_cell)
+        name = spec.name
+        if resume and not name:  # the newest run, with its own grid
+            last = store.find_run("last")
+            if last is None or last["kind"] != "inference":
+                raise SpecError(f"nothing to resume: no inference run in {db}")
+            spec = grid.validate(RunSpec.from_dict({**last["spec"], "name": last["name"]}))
+            cells, name = grid.expand(spec), last["name"]
+        elif resume and store.find_run(name) is None:
+            raise SpecError(f"nothing to resume: no run named {name} in {db}")
+        run_id, name, done = open_run(store, "inference", spec_to_store(spec), name,
+                                      lambda: env_mod.collect(open_cuda=False))
+        on_start(cells, done)
+        opts = SweepOptions(spec.timeout, spec.gpus, spec.max_batch, spec.max_batch_limit)
+        run_grid(store, run_id, cells, inference_target(spec), opts, on_cell, on_probe)
         recs = export.records(store, [run_id])
     finally:
         store.close()
     export.write(recs, json_path, csv_path)
-    return RunOutcome(run_id, name, recs, existing is not None)
+    return RunOutcome(run_id, name, recs, done > 0)
+
+
+def inference_target(spec: RunSpec) -> Target:
+    """One worker per lane for plain cells; with --nproc, each cell's ranks launched through torchrun."""
+    if spec.nproc <= 1:
+        return Target(Cell, measure="transbench.scenarios.inference:measure")
+    from .runner.launch import LaunchConfig
+
+    cfg = LaunchConfig(nproc=spec.nproc, torchrun=True, timeout=spec.timeout)
+    return Target(Cell, launch=lambda cell: ("transbench.scenarios.inference_dp", cfg))
 
 
 def spec_to_store(spec: RunSpec) -> dict:

@@ -33,13 +33,35 @@ class Cell:
     def scenario(self) -> str:
         return "generation" if self.task == "generate" else "inference"
 
-    def key(self) -> str:
-        """Identity within a run: the sweep axes (resume and merge match on this)."""
-        return json.dumps([self.model, self.task, self.backend, self.dtype, self.batch, self.seq])
+    def identity(self) -> dict:
+        """Every setting that changes what this cell measures (timing settings such as min_time do not).
+        Settings that only apply to some cells appear only there: new_tokens for generation, the compile
+        mode for the compile backend."""
+        ident = {"scenario": self.scenario, "model": self.model, "task": self.task, "backend": self.backend,
+                 "dtype": self.dtype, "batch": self.batch, "seq": self.seq, "seq_stdev": self.seq_stdev,
+                 "embeddings": self.embeddings, "activation": self.activation, "seed": self.seed,
+                 "nproc": self.nproc}
+        if self.task == "generate":
+            ident["new_tokens"] = self.new_tokens
+        if self.backend == "compile":
+            ident["compile_mode"] = self.compile_mode
+        return ident
 
-    def oom_group(self) -> tuple:
+    def key(self) -> str:
+        """Identity within a run: resume, merge and compare match cells on it."""
+        return json.dumps(self.identity(), sort_keys=True)
+
+    def oom_group(self) -> str:
         """Cells that differ only in batch: once one is out of memory, larger batches are skipped."""
-        return (self.model, self.task, self.backend, self.dtype, self.seq)
+        ident = self.identity()
+        ident.pop("batch")
+        return json.dumps(ident, sort_keys=True)
+
+    def record_fields(self) -> dict:
+        """The identity as the contract's flat record keys."""
+        ident = self.identity()
+        ident.update(device=self.device, batch_size=ident.pop("batch"), seq_len=ident.pop("seq"))
+        return ident
 
     def model_key(self) -> tuple:
         """Cells sharing one built model inside a worker."""

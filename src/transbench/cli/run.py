@@ -64,9 +64,16 @@ def run(
                         console=console, transient=False)
     bar = {}
 
-    def on_start(cells):
+    def on_start(cells, done):
+        if done:
+            console.print(f"resuming: {done} of {len(cells)} cells already stored", markup=False, highlight=False)
         bar["id"] = progress.add_task("cells", total=len(cells))
         progress.start()
+
+    def on_probe(cell, result):
+        detail = f"{result.record.get('latency_ms', 0):.3f} ms" if result.status == "ok" else (result.error or "")
+        progress.console.print(f"  max-batch search {cell.model} {cell.backend} {cell.dtype} s{cell.seq}: "
+                               f"batch {cell.batch} {result.status} {detail}"[:160], highlight=False, markup=False)
 
     def on_cell(cell, result):
         label = f"{cell.model} {cell.task} {cell.backend} {cell.dtype} b{cell.batch} s{cell.seq}"
@@ -79,7 +86,7 @@ def run(
 
     try:
         outcome = api.run(the_spec, db, json_path=json_path, csv_path=csv_path, resume=resume,
-                          on_start=on_start, on_cell=on_cell)
+                          on_start=on_start, on_cell=on_cell, on_probe=on_probe)
     finally:
         progress.stop()
     console.print(records_table(outcome.records, title=f"run {outcome.name} ({outcome.run_id})"))

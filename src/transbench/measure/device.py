@@ -190,26 +190,3 @@ def nvml_other_processes(index: int) -> list[int]:
     return [p.pid for p in procs if p.pid != os.getpid()]
 
 
-def nvml_throttle_reasons(index: int) -> list[str]:
-    """Active clock-throttle reasons, when the SM clock really is below 90% of its maximum (the power-cap
-    bit alone is also set on a lightly loaded GPU that runs at full clock)."""
-    nv, h = nvml_handle(index)
-    if h is None:
-        return []
-    try:
-        if nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM) >= 0.9 * nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM):
-            return []
-    except Exception:
-        pass
-    try:
-        mask = nv.nvmlDeviceGetCurrentClocksEventReasons(h)
-    except Exception:
-        try:
-            mask = nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)
-        except Exception:
-            return []
-    names = {
-        0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
-        0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks",
-    }
-    return [name for bit, name in names.items() if mask & bit]

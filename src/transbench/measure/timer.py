@@ -1,11 +1,15 @@
-"""Timing: warm-up, adaptive stop on a minimum time and count, robust statistics over raw samples."""
+"""The one sampler: warm-up (a count and a minimum time), adaptive stop on a minimum time and count, robust
+statistics over the raw samples, and the device context of the timed region. Every scenario times through
+`sample` / `sample_steps` (the engine's tuner keeps its own timer: the engine depends on nothing here)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+
+from .context import DeviceContext
 
 NOISY_IQR_RATIO = 0.05
 
@@ -88,19 +92,71 @@ class Clock:
         return (time.perf_counter() - t0) * 1e3
 
 
-def sample(fn: Callable[[], object], device, cfg: TimerConfig = TimerConfig()) -> list[float]:
-    """Warm up, then time `fn` until both min_time and min_count are reached; the raw samples in ms."""
+@dataclass
+class Sampled:
+    """What the sampler collected over a timed region."""
+
+    samples_ms: list[float]  # one per timed sample, in time order (compare relies on the order)
+    stats: Stats
+    calls: int  # calls of the measured work inside the region (a sample may hold several)
+    context: DeviceContext  # SM clock, power, energy during the region (empty on CPUs)
+    parts: dict[str, list[float]] = field(default_factory=dict)  # per-sample parts (prefill, phases, ...)
+
+    def per_call(self, reps: int) -> Sampled:
+        """Samples that each timed `reps` back-to-back calls, as per-call times."""
+        per = [s / reps for s in self.samples_ms]
+        return Sampled(per, summarize(per), self.calls * reps, self.context, self.parts)
+
+
+Step = Callable[[], "float | tuple[float, dict[str, list[float] | float]]"]
+
+
+def sample(fn: Callable[[], object], device, cfg: TimerConfig = TimerConfig(), *,
+           sync: Callable[[bool], bool] | None = None, before: Callable[[], None] | None = None) -> Sampled:
+    """Time `fn`, one call per sample, with a Clock (CUDA events on a GPU); `before()` runs ahead of each
+    call, outside the timed region (a barrier). See `sample_steps`."""
     clock = Clock(device)
+
+    def step():
+        if before is not None:
+            before()
+        return clock.time_ms(fn)
+
+    return sample_steps(step, device, cfg, sync=sync)
+
+
+def sample_steps(step: Step, device, cfg: TimerConfig = TimerConfig(), *,
+                 sync: Callable[[bool], bool] | None = None) -> Sampled:
+    """The one sampler of every scenario. `step()` does one timed sample and returns its milliseconds, or
+    (milliseconds, {part: ms or [ms, ...]}) when the sample has parts (generation's prefill and decode
+    steps, training's phases).
+
+    Warm-up: `cfg.warmup` samples and, on a GPU, at least `cfg.warmup_time_s` of them, so the clocks have
+    left idle. Then samples until both `min_time_s` of sampled time and `min_count` samples are reached
+    (or `max_count` / `max_time_s`). `sync(go_on) -> bool`, where given, makes each of those decisions
+    collectively (data-parallel ranks: any rank that wants another sample keeps all going, so none waits in
+    a barrier alone). The device context (clock, power, energy) is read over the timed samples only."""
+    from .context import Monitor
+
+    agree = sync or (lambda go_on: go_on)
+    gpu = getattr(device, "type", "cpu") == "cuda"
     warm_started = time.perf_counter()
     done = 0
-    while done < cfg.warmup or (clock.cuda and time.perf_counter() - warm_started < cfg.warmup_time_s):
-        clock.time_ms(fn)
+    while agree(done < cfg.warmup or (gpu and time.perf_counter() - warm_started < cfg.warmup_time_s)):
+        step()
         done += 1
     samples: list[float] = []
-    started = time.perf_counter()
-    while True:
-        samples.append(clock.time_ms(fn))
-        wall = time.perf_counter() - started
-        enough = sum(samples) >= cfg.min_time_s * 1e3 and len(samples) >= cfg.min_count
-        if enough or len(samples) >= cfg.max_count or wall >= cfg.max_time_s:
-            return samples
+    parts: dict[str, list[float]] = {}
+    with Monitor(device) as monitor:
+        started = time.perf_counter()
+        while True:
+            out = step()
+            ms, got = (out if isinstance(out, tuple) else (out, None))
+            samples.append(ms)
+            for name, v in (got or {}).items():
+                parts.setdefault(name, []).extend(v if isinstance(v, list) else [v])
+            wall = time.perf_counter() - started
+            enough = sum(samples) >= cfg.min_time_s * 1e3 and len(samples) >= cfg.min_count
+            if not agree(not (enough or len(samples) >= cfg.max_count or wall >= cfg.max_time_s)):
+                break
+    return Sampled(samples, summarize(samples), len(samples), monitor.context, parts)

@@ -62,6 +62,21 @@ def validate(spec: RunSpec) -> RunSpec:
     return spec
 
 
+def check_data_parallel(spec: RunSpec) -> None:
+    """`run --nproc N` splits each batch over N GPUs of this node."""
+    device = dev.resolve(spec.device)
+    if device.type == "cuda":
+        import torch
+
+        if spec.nproc > torch.cuda.device_count():
+            raise SpecError(f"--nproc {spec.nproc} needs {spec.nproc} GPUs; {torch.cuda.device_count()} visible")
+    small = [b for b in spec.batches if b < spec.nproc]
+    if small:
+        raise SpecError(f"batch {small[0]} cannot be split over --nproc {spec.nproc}: use batches of {spec.nproc} or more")
+    if spec.gpus or spec.max_batch:
+        raise SpecError("--nproc runs each cell on all its GPUs: leave out --gpus and --max-batch")
+
+
 def expand(spec: RunSpec) -> list[Cell]:
     """Cells ordered so that a worker reuses its model and batches grow within each OOM group."""
     device = str(dev.resolve(spec.device))

@@ -1,7 +1,5 @@
 """Launching one cell in its own process(es): a plain child for one process, torchrun for several ranks
-or hosts. A deadline ends the whole process tree; every rank's log tail is kept with the result.
-
-Also `run_data_parallel`: `transbench run --nproc N`, each batch split over N GPUs."""
+or hosts. A deadline ends the whole process tree; every rank's log tail is kept with the result."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cells import CellResult
@@ -174,60 +172,3 @@ def outcome(launched: Launched, cfg: LaunchConfig) -> CellResult:
     if result.status != "ok":
         result.info["logs"] = launched.logs
     return result
-
-
-# --- data-parallel inference ---------------------------------------------------------------------
-
-def run_data_parallel(spec, db: str, *, json_path: str | None = None, csv_path: str | None = None):
-    """`run --nproc N`: every cell's batch split over N ranks (torchrun), timed iteration by iteration
-    from a common start; latency = the slowest rank's, throughput = the whole batch over it."""
-    from .. import api
-    from ..errors import SpecError
-    from ..measure import device as dev
-    from ..measure import env as env_mod
-    from ..store import Store, export
-    from . import grid
-    from .sweep import store_result
-
-    spec = grid.validate(spec)
-    device = dev.resolve(spec.device)
-    if device.type == "cuda":
-        import torch
-
-        if spec.nproc > torch.cuda.device_count():
-            raise SpecError(f"--nproc {spec.nproc} needs {spec.nproc} GPUs; {torch.cuda.device_count()} visible")
-    small = [b for b in spec.batches if b < spec.nproc]
-    if small:
-        raise SpecError(f"batch {small[0]} cannot be split over --nproc {spec.nproc}: use batches of {spec.nproc} or more")
-    if spec.gpus or spec.max_batch:
-        raise SpecError("--nproc runs each cell on all its GPUs: leave out --gpus and --max-batch")
-    cells = [replace(c, device=device.type) for c in grid.expand(spec)]
-    cfg = LaunchConfig(nproc=spec.nproc, torchrun=True, timeout=spec.timeout)
-    store = Store(db)
-    try:
-        existing = store.find_run(spec.name) if spec.name else None
-        if existing is not None:
-            run_id, name = existing["run_id"], existing["name"]
-        else:
-            run_id, name = store.create_run(spec.name, "inference", api.spec_to_store(spec),
-                                            env_mod.collect(open_cuda=False))
-        done = store.finished_keys(run_id)
-        oom_at: dict = {}
-        for cell in cells:
-            if cell.key() in done:
-                continue
-            group = cell.oom_group()
-            if group in oom_at and cell.batch > oom_at[group]:
-                result = CellResult("skipped", error=f"batch {oom_at[group]} was out of memory")
-            else:
-                result = outcome(launch("transbench.scenarios.inference_dp", cell.to_dict(), cfg), cfg)
-                if result.status == "oom":
-                    oom_at[group] = min(oom_at.get(group, cell.batch), cell.batch)
-            store_result(store, run_id, cell, result)
-            print(f"  {cell.model} {cell.task} {cell.backend} {cell.dtype} b{cell.batch} s{cell.seq} "
-                  f"x{spec.nproc}: {result.status} {result.error or ''}"[:160], flush=True)
-        recs = export.records(store, [run_id])
-    finally:
-        store.close()
-    export.write(recs, json_path, csv_path)
-    return api.RunOutcome(run_id, name, recs, existing is not None)

@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 from ..cells import CellResult
 
@@ -108,9 +107,9 @@ def guarded(body: Callable[[object], CellResult | None], info: RankInfo,
             from ..errors import Unsupported
             from ..measure import device as dev
             from ..measure import memory
-            from .worker import _failure
+            from .worker import failure
 
-            result = _failure(SimpleNamespace(device=device_str), exc, Unsupported, dev, memory, caught)
+            result = failure(device_str, exc, Unsupported, dev, memory, caught)
             result.info["rank"] = info.rank
             return result, True
 

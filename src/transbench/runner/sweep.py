@@ -1,28 +1,40 @@
-"""Running a grid: resume, OOM skipping, max-batch search, one worker per GPU, storing each cell."""
+"""The one sweep loop of every scenario: resume by run name, OOM skipping (also across a resume), the
+max-batch search, one worker per GPU lane, one SQLite transaction per finished cell.
+
+A scenario supplies its cells and a `Target` (how one cell is measured); this module names no scenario.
+A cell is any frozen dataclass with `batch`, `scenario`, `key()` (its identity in a run: every setting
+that changes what is measured), `oom_group()` (cells that differ only in batch), `record_fields()` (the
+identity as flat record keys) and `to_dict()` / `from_dict()`."""
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
-from ..store import Store
-from ..cells import Cell, CellResult
+from ..cells import CellResult
+from ..errors import SpecError
 from .worker import Worker
 
-
-def flat_record(cell: Cell, result: CellResult) -> dict:
-    return {
-        "scenario": cell.scenario, "model": cell.model, "task": cell.task, "backend": cell.backend,
-        "dtype": cell.dtype, "device": cell.device, "batch_size": cell.batch, "seq_len": cell.seq,
-        **result.record, "status": result.status, "error": result.error,
-    }
+# Spec settings a resumed run may change: they decide where and how long cells run, not what they measure.
+RESUMABLE = frozenset({"timeout", "gpus", "shard", "name", "node_rank", "rdzv_endpoint"})
 
 
-def store_result(store: Store, run_id: str, cell: Cell, result: CellResult, key: str | None = None) -> None:
-    store.put_cell(run_id, key or cell.key(), cell.scenario, result.status, flat_record(cell, result),
-                   cell=cell.to_dict(), samples=result.samples_ms, info=result.info, warnings=result.warnings)
+@dataclass(frozen=True)
+class Target:
+    """How a scenario's cells are measured: `measure` ('module:function', called as function(cell_dict,
+    state) in a worker process kept between cells, `state` a dict the scenario keeps built models in), or
+    `launch(cell) -> (module, LaunchConfig)` for a process tree per cell (torchrun ranks, whose module
+    runs `runner.rank.main`)."""
+
+    cell_type: type  # rebuilds stored cells (which batches were out of memory before a resume)
+    measure: str | None = None
+    launch: Callable[[Any], tuple] | None = None
+    # Called with (store, run_id, cell, result) before a result is stored (training's scaling efficiency).
+    after: Callable[..., None] | None = None
 
 
 @dataclass
@@ -33,23 +45,77 @@ class SweepOptions:
     max_batch_limit: int = 65536
 
 
-class _Lane:
-    """One worker and the cells it owns; replaced after a timeout or crash."""
+def flat_record(cell, result: CellResult) -> dict:
+    return {**cell.record_fields(), **result.record, "status": result.status, "error": result.error}
 
-    def __init__(self, gpu: int | None):
-        self.gpu = gpu
+
+def store_result(store, run_id: str, cell, result: CellResult, key: str | None = None,
+                 scenario: str | None = None) -> None:
+    rec = flat_record(cell, result)
+    if scenario:
+        rec["scenario"] = scenario
+    store.put_cell(run_id, key or cell.key(), scenario or cell.scenario, result.status, rec,
+                   cell=cell.to_dict(), samples=result.samples_ms, info=result.info, warnings=result.warnings)
+
+
+def check_same_grid(stored: dict, given: dict, name: str) -> None:
+    """A run name reused with a different grid would mix two grids in one run: refuse it."""
+    differ = sorted(k for k in set(stored) | set(given)
+                    if k not in RESUMABLE and stored.get(k) != given.get(k))
+    if differ:
+        shown = ", ".join(f"{k} {json.dumps(stored.get(k))} -> {json.dumps(given.get(k))}" for k in differ[:3])
+        raise SpecError(f"run '{name}' already holds a different grid ({shown}): repeat its options to "
+                        "resume it, or choose another --name")
+
+
+def open_run(store, kind: str, spec: dict, name: str | None, env: Callable[[], dict]) -> tuple[str, str, int]:
+    """(run_id, name, cells already stored): the named run when it exists (same grid, else SpecError),
+    else a new run."""
+    existing = store.find_run(name) if name else None
+    if existing is None:
+        run_id, name = store.create_run(name, kind, spec, env())
+        return run_id, name, 0
+    if existing["kind"] != kind:
+        raise SpecError(f"run '{name}' is a {existing['kind']} run: choose another --name")
+    check_same_grid(existing["spec"], spec, name)
+    return existing["run_id"], existing["name"], len(store.finished_keys(existing["run_id"]))
+
+
+class _Lane:
+    """One GPU (or the one device) and its worker; the worker is replaced after a timeout, a crash, or
+    a cell that left device memory behind."""
+
+    def __init__(self, gpu: int | None, target: Target):
+        self.gpu, self.target = gpu, target
         self.env = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)}
         self.worker: Worker | None = None
 
-    def run(self, cell: Cell, timeout: float) -> CellResult:
-        if self.worker is None or not self.worker.alive():
-            self.worker = Worker(self.env)
-        result = self.worker.run(cell, timeout)
+    def run(self, cell, timeout: float) -> CellResult:
+        if self.target.launch is not None:
+            result = self._launch(cell, timeout)
+        else:
+            if self.worker is None or not self.worker.alive():
+                self.worker = Worker(self.env)
+            result = self.worker.run(self.target.measure, cell.to_dict(), timeout)
+            left = self.worker.left_mb if self.worker.alive() else None
+            if not self.worker.alive():
+                self.worker = None
+            elif left is not None:
+                from ..measure.memory import LEFTOVER_MB
+
+                if left > LEFTOVER_MB:  # the next cell must not start on this one's leftovers
+                    result.info["worker_replaced_mb_left"] = left
+                    self.close()
         if self.gpu is not None:  # the worker sees its GPU as cuda:0: keep which physical one it was
             result.info["lane_gpu"] = self.gpu
-        if not self.worker.alive():
-            self.worker = None
         return result
+
+    def _launch(self, cell, timeout: float) -> CellResult:
+        from . import launch
+
+        module, cfg = self.target.launch(cell)
+        cfg = replace(cfg, timeout=timeout, env={**cfg.env, **self.env})
+        return launch.outcome(launch.launch(module, cell.to_dict(), cfg), cfg)
 
     def close(self) -> None:
         if self.worker is not None:
@@ -57,25 +123,44 @@ class _Lane:
             self.worker = None
 
 
-def run_grid(store: Store, run_id: str, cells: list[Cell], opts: SweepOptions,
-             on_cell: Callable[[Cell, CellResult | None], None] = lambda c, r: None) -> None:
-    """Run every cell not yet stored for this run. Cells of one OOM group go to one lane, in batch order."""
-    done = store.finished_keys(run_id)
-    prior_oom: dict[tuple, int] = {}
+def prior_ooms(store, run_id: str, cell_type: type) -> dict:
+    """The smallest out-of-memory batch of each OOM group already stored in this run."""
+    out: dict = {}
     for c in store.cells(run_id):
         if c["status"] == "oom":
-            cell = Cell.from_dict(c["cell"])
-            prior_oom[cell.oom_group()] = min(prior_oom.get(cell.oom_group(), cell.batch), cell.batch)
-    groups: dict[tuple, list[Cell]] = {}
+            try:
+                cell = cell_type.from_dict(c["cell"])
+            except TypeError:  # a cell stored by another version of transbench
+                continue
+            g = cell.oom_group()
+            out[g] = min(out.get(g, cell.batch), cell.batch)
+    return out
+
+
+def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions,
+             on_cell: Callable[[Any, CellResult | None], None] = lambda c, r: None,
+             on_probe: Callable[[Any, CellResult], None] = lambda c, r: None) -> None:
+    """Run every cell not yet stored for this run. Cells of one OOM group go to one lane, in batch order;
+    a batch above one that ran out of memory (now or before a resume) is `skipped`."""
+    done = store.finished_keys(run_id)
+    prior_oom = prior_ooms(store, run_id, target.cell_type)
+    groups: dict = {}
     for c in cells:
         groups.setdefault(c.oom_group(), []).append(c)
     work: queue.Queue = queue.Queue()
     for g in groups.values():
-        work.put(g)
+        work.put(sorted(g, key=lambda c: c.batch))
     lock = threading.Lock()
 
+    def finish(cell, result: CellResult) -> None:
+        with lock:
+            if target.after is not None:
+                target.after(store, run_id, cell, result)
+            store_result(store, run_id, cell, result)
+            on_cell(cell, result)
+
     def lane_loop(gpu: int | None) -> None:
-        lane = _Lane(gpu)
+        lane = _Lane(gpu, target)
         try:
             while True:
                 try:
@@ -96,26 +181,9 @@ def run_grid(store: Store, run_id: str, cells: list[Cell], opts: SweepOptions,
                             oom_at = cell.batch if oom_at is None else min(oom_at, cell.batch)
                         elif result.status == "ok":
                             fitted = max(fitted, cell.batch)
-                    with lock:
-                        store_result(store, run_id, cell, result)
-                        on_cell(cell, result)
+                    finish(cell, result)
                 if opts.max_batch:
-                    tried: list[tuple[int, str]] = []
-
-                    def probe(b: int) -> CellResult:
-                        r = lane.run(replace(group[0], batch=b), opts.timeout)
-                        tried.append((b, r.status))
-                        return r
-
-                    result, best = find_max_batch(probe, opts.max_batch_limit, start=fitted)
-                    result.info["probes"] = tried  # the search's trail: which batches fitted, which did not
-                    mcell = replace(group[0], batch=best or 0)
-                    rec_key = '["max-batch", ' + group[0].key()[1:]
-                    with lock:
-                        store.put_cell(run_id, rec_key, "max-batch", "ok" if best else result.status,
-                                       {**flat_record(mcell, result), "scenario": "max-batch",
-                                        "status": "ok" if best else result.status},
-                                       cell=mcell.to_dict(), samples=result.samples_ms, info=result.info)
+                    search_max_batch(store, run_id, group[0], lane, opts, fitted, done, lock, on_probe)
         finally:
             lane.close()
 
@@ -128,6 +196,37 @@ def run_grid(store: Store, run_id: str, cells: list[Cell], opts: SweepOptions,
         t.start()
     for t in threads:
         t.join()
+
+
+def max_batch_key(cell) -> str:
+    return json.dumps({"max-batch": json.loads(replace(cell, batch=0).key())}, sort_keys=True)
+
+
+def search_max_batch(store, run_id: str, first, lane: _Lane, opts: SweepOptions, fitted: int, done: set,
+                     lock, on_probe) -> None:
+    key = max_batch_key(first)
+    if key in done:
+        return
+    tried: list[tuple[int, str]] = []
+
+    def probe(b: int) -> CellResult:
+        r = lane.run(replace(first, batch=b), opts.timeout)
+        tried.append((b, r.status))
+        on_probe(replace(first, batch=b), r)
+        return r
+
+    result, best = find_max_batch(probe, opts.max_batch_limit, start=fitted)
+    result.info["probes"] = tried  # the search's trail: which batches fitted, which did not
+    capped = best is not None and best * 2 > opts.max_batch_limit and all(s == "ok" for _, s in tried)
+    if capped:  # it never ran out of memory: the answer is the cap, not the largest batch that fits
+        result.warnings.append(f"batch {best} is the search's cap (--max-batch-limit {opts.max_batch_limit}), "
+                               "not the largest batch that fits: raise the limit to search further")
+        result.info["capped"] = True
+    status = "ok" if best else result.status
+    with lock:
+        store_result(store, run_id, replace(first, batch=best or 0), CellResult(
+            status, result.record, result.samples_ms, result.info, result.warnings, result.error),
+            key=key, scenario="max-batch")
 
 
 def find_max_batch(probe: Callable[[int], CellResult], limit: int = 65536,

@@ -1,45 +1,71 @@
 """Child-process isolation: cells run in a spawned worker with a deadline; a crash, a signal or a hang
-ends that cell's worker, never the sweep. A worker keeps its built models between cells."""
+ends that cell's worker, never the sweep. A worker keeps its state (built models) between cells, but not
+its device memory: after each cell it releases what the cell left, and reports what it still holds so
+the sweep can replace it (measure/memory.py says why)."""
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import os
+import sys
 import tempfile
 import traceback
 import warnings
 
-from ..cells import Cell, CellResult
+from ..cells import CellResult
 
 LOG_TAIL_CHARS = 2000
 
 
-def execute(cell: Cell, cache) -> CellResult:
-    """Run one cell in this process and map every failure to a status."""
+def resolve_target(target: str):
+    """'package.module:function' -> the function."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def execute(target: str, cell: dict, state: dict) -> CellResult:
+    """Run one cell in this process through `target(cell, state)` and map every failure to a status.
+    The memory the process holds when the cell starts is recorded as mem_before_mb."""
     from ..errors import Unsupported
     from ..measure import device as dev
     from ..measure import memory
 
+    device_str = cell.get("device", "cpu")
+    device = _device(device_str)
+    before = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            if cell.scenario == "generation":
-                from ..scenarios import generation as scenario
-            else:
-                from ..scenarios import inference as scenario
-            result = scenario.run(cell, cache)
+            if device is not None:
+                before = memory.allocated_mb(device)
+            result = resolve_target(target)(cell, state)
         except Exception as exc:  # every failure of a cell is a result, not a crash
-            result = _failure(cell, exc, Unsupported, dev, memory, caught)
-    if cell.device.startswith("cuda"):
-        result.warnings += _interference(cell)
+            result = failure(device_str, exc, Unsupported, dev, memory, caught)
+    if before is not None and result.status == "ok":
+        result.record.setdefault("mem_before_mb", before)
+    if device_str.startswith("cuda"):
+        result.warnings += _interference()
     return result
 
 
-def _failure(cell, exc, unsupported_cls, dev, memory, caught) -> CellResult:
+def _device(device_str: str):
+    try:
+        import torch
+
+        return torch.device("cuda", 0 if ":" not in device_str else int(device_str.split(":")[1])) \
+            if device_str.startswith("cuda") else torch.device("cpu")
+    except Exception:
+        return None
+
+
+def failure(device_str: str, exc, unsupported_cls, dev, memory, caught) -> CellResult:
+    """A failed cell's result: oom (device memory freed), unsupported (with the kernels' own reasons) or
+    error with its message and traceback."""
     message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     if dev.is_oom(exc):
         traceback.clear_frames(exc.__traceback__)  # frames hold the tensors that filled the device
-        device = dev.resolve(cell.device)
+        device = dev.resolve(device_str)
         dev.free_memory(device)
         return CellResult("oom", info={"memory_at_failure": memory.current(device)}, error=message)
     why = [str(w.message).splitlines()[0] for w in caught if "kernel" in str(w.message).lower()]
@@ -48,18 +74,22 @@ def _failure(cell, exc, unsupported_cls, dev, memory, caught) -> CellResult:
     return CellResult("error", error=message, info={"traceback": traceback.format_exc()[-4000:]})
 
 
-def _interference(cell: Cell) -> list[str]:
+def _interference() -> list[str]:
     from ..measure import device as dev
 
-    index = int(cell.device.split(":")[1]) if ":" in cell.device else 0
-    out = []
-    others = [p for p in dev.nvml_other_processes(index) if p != int(os.environ.get("TRANSBENCH_PARENT_PID", -1))]
-    if others:
-        out.append(f"other processes on the GPU: {others}")
-    throttled = dev.nvml_throttle_reasons(index)
-    if throttled:
-        out.append(f"clocks throttled: {', '.join(throttled)}")
-    return out
+    others = [p for p in dev.nvml_other_processes(0) if p != int(os.environ.get("TRANSBENCH_PARENT_PID", -1))]
+    return [f"other processes on the GPU: {others}"] if others else []
+
+
+def _release(cell: dict) -> float | None:
+    """Free what the cell left behind; what is still allocated afterwards, in MiB."""
+    from ..measure import memory
+
+    device = _device(cell.get("device", "cpu"))
+    if device is None:
+        return None
+    memory.release(device)
+    return memory.allocated_mb(device)
 
 
 def _child_main(conn, env: dict, log_path: str) -> None:
@@ -67,9 +97,7 @@ def _child_main(conn, env: dict, log_path: str) -> None:
     log = open(log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    from ..scenarios.inference import ModelCache
-
-    cache = ModelCache()
+    state: dict = {}
     while True:
         try:
             msg = conn.recv()
@@ -77,7 +105,29 @@ def _child_main(conn, env: dict, log_path: str) -> None:
             return
         if msg is None:
             return
-        conn.send(execute(Cell.from_dict(msg), cache).to_dict())
+        target, cell = msg
+        result = execute(target, cell, state)
+        left = _release(cell)
+        conn.send((result.to_dict(), left))
+
+
+def _start_without_main(proc) -> None:
+    """Start a spawned process without re-running the user's script in it. Spawn re-imports `__main__`
+    from its file (or module name) in every child, so a script that calls the API at module level, with
+    no `if __name__ == "__main__":` guard, would run again there and fail (issue 22). Workers need nothing
+    from `__main__` (targets are named by module path), so the file and spec are hidden while the child
+    is prepared, and the API needs no guard."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            if "__spec__" in main.__dict__:
+                main.__spec__ = None
+        proc.start()
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
 
 
 class Worker:
@@ -90,21 +140,23 @@ class Worker:
         os.close(fd)
         env = {"TRANSBENCH_PARENT_PID": str(os.getpid()), **(env or {})}
         self.proc = ctx.Process(target=_child_main, args=(child, env, self.log_path), daemon=True)
-        self.proc.start()
+        _start_without_main(self.proc)
         child.close()
+        self.left_mb: float | None = None  # what the last cell left allocated after its release
 
     def alive(self) -> bool:
         return self.proc.is_alive()
 
-    def run(self, cell: Cell, timeout: float) -> CellResult:
+    def run(self, target: str, cell: dict, timeout: float) -> CellResult:
         try:
-            self.conn.send(cell.to_dict())
+            self.conn.send((target, cell))
             if not self.conn.poll(timeout):
                 tail = self._log_tail()
                 self.stop(kill=True)
                 return CellResult("timeout", error=f"no result within the {timeout:g} s deadline",
                                   info={"log_tail": tail})
-            return CellResult.from_dict(self.conn.recv())
+            result, self.left_mb = self.conn.recv()
+            return CellResult.from_dict(result)
         except (EOFError, BrokenPipeError, ConnectionResetError):
             self.proc.join(5)
             code = self.proc.exitcode

@@ -21,7 +21,8 @@ import time
 from .. import backends
 from ..errors import Unsupported
 from ..measure import device as dev
-from ..measure import memory, peaks, timer
+from ..measure import memory, timer
+from ..measure.record import timing_record
 from ..models import build, flops
 from ..cells import Cell, CellResult
 from .inference import TOLERANCE, ModelCache, cell_inputs, model_for, reference_rows, rel_err
@@ -324,49 +325,37 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
                           error=f"prefill rel_err {err:.3g} over the {cell.dtype} tolerance {TOLERANCE[cell.dtype]:g}")
 
     clock = StepClock(device, n)
-    for _ in range(cell.warmup):
-        greedy(gen, prompt, n, clock)
-        clock.elapsed_ms()
-    totals, prefills, decodes = [], [], []
-    started = time.perf_counter()
-    cfg = timer.TimerConfig(cell.warmup, cell.min_time, cell.min_count)
-    while True:
+
+    def one_generation():
         greedy(gen, prompt, n, clock)
         steps = clock.elapsed_ms()
-        totals.append(sum(steps))
-        prefills.append(steps[0])
-        decodes += steps[1:]
-        enough = sum(totals) >= cfg.min_time_s * 1e3 and len(totals) >= cfg.min_count
-        if enough or len(totals) >= cfg.max_count or time.perf_counter() - started >= cfg.max_time_s:
-            break
+        return sum(steps), {"prefill": steps[0], "decode": steps[1:]}
 
-    stats = timer.summarize(totals)
-    pre = timer.summarize(prefills)
+    sampled = timer.sample_steps(one_generation, device, timer.TimerConfig(cell.warmup, cell.min_time, cell.min_count))
+    pre = timer.summarize(sampled.parts["prefill"])
+    decodes = sampled.parts.get("decode", [])
     dec = timer.summarize(decodes) if decodes else None
     mem = memory.snapshot(device)
     gpu = dev.gpu_info(device)
-    seconds = stats.median_ms / 1e3
     fl = flops.generation_flops(shape, cell.seq, n) * cell.batch
     elem = torch.empty((), dtype=dev.torch_dtype(cell.dtype)).element_size()
     measured = cache_bytes(gen)
+    timing, warnings = timing_record(sampled, items=cell.batch, tokens=cell.batch * n, flops=fl, gpu=gpu,
+                                     dtype=cell.dtype)
+    record.update(timing)
     record.update({
-        "latency_ms": stats.median_ms, "latency_p90_ms": stats.p90_ms, "latency_p99_ms": stats.p99_ms,
-        "latency_iqr_ms": stats.iqr_ms, "n_samples": stats.n,
-        "prefill_ms": pre.median_ms, "decode_ms_per_token": dec.median_ms if dec else None,
-        "decode_p90_ms_per_token": dec.p90_ms if dec else None,
-        "throughput_per_s": cell.batch / seconds, "tokens_per_s": cell.batch * n / seconds,
-        "tflops": fl / seconds / 1e12, "mfu": peaks.mfu(fl / seconds, gpu and gpu.name, cell.dtype,
-                                                         gpu and gpu.memory_gb),
-        "peak_mem_mb": mem["peak_mem_mb"], "gpu": gpu.name if gpu else None,
+        "prefill_ms": pre.median_ms, "ttft_ms": pre.median_ms,
+        "decode_ms_per_token": dec.median_ms if dec else None,
+        "decode_p90_ms_per_token": dec.p90_ms if dec else None, "itl_p99_ms": dec.p99_ms if dec else None,
+        "peak_mem_mb": mem["peak_mem_mb"], "gpu": gpu.name if gpu else None, "flops_method": "analytic",
         # What a cache needs for the tokens it stores (prompt + new tokens - 1: the last one is never fed
         # back), next to what the decoder's cache tensors really hold.
         "kv_cache_analytic_mb": flops.kv_cache_bytes(shape, cell.seq + n - 1, elem) * cell.batch / 2**20,
         "kv_cache_mb": measured / 2**20 if measured is not None else None,
     })
-    info.update({"stats": stats.as_dict(), "prefill_stats": pre.as_dict(),
+    info.update({"stats": sampled.stats.as_dict(), "prefill_stats": pre.as_dict(),
                  "decode_stats": dec.as_dict() if dec else None, "memory": mem, "flops_per_generation": fl,
                  "allocated_growth_mb": (after - before) if before is not None else None,
-                 "prefill_samples_ms": prefills})
-    warnings = [f"noisy: IQR/median {stats.iqr_ms / stats.median_ms:.1%} > 5%"] if stats.noisy else []
+                 "prefill_samples_ms": sampled.parts["prefill"], "device_context": sampled.context.summary()})
     del model, gen
-    return CellResult("ok", record=record, samples_ms=totals, info=info, warnings=warnings)
+    return CellResult("ok", record=record, samples_ms=sampled.samples_ms, info=info, warnings=warnings)

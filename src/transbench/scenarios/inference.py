@@ -7,7 +7,8 @@ import time
 
 from .. import backends
 from ..measure import device as dev
-from ..measure import memory, peaks, timer
+from ..measure import memory, timer
+from ..measure.record import timing_record
 from ..models import build, flops
 from ..cells import Cell, CellResult
 from .inputs import Inputs, make_inputs, point_seed
@@ -153,23 +154,28 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
         return CellResult("wrong", record=record, info=info,
                           error=f"rel_err {err:.3g} over the {cell.dtype} tolerance {TOLERANCE[cell.dtype]:g}")
 
-    samples = timer.sample(prepared.fn, device, timer.TimerConfig(cell.warmup, cell.min_time, cell.min_count))
-    stats = timer.summarize(samples)
+    sampled = timer.sample(prepared.fn, device, timer.TimerConfig(cell.warmup, cell.min_time, cell.min_count))
     mem = memory.snapshot(device)
     gpu = dev.gpu_info(device)
-    seconds = stats.median_ms / 1e3
-    fl = flops.forward_flops(shape, inputs.lengths, cell.task)
-    tflops = fl / seconds / 1e12
-    record.update({
-        "latency_ms": stats.median_ms, "latency_p90_ms": stats.p90_ms, "latency_p99_ms": stats.p99_ms,
-        "latency_iqr_ms": stats.iqr_ms, "n_samples": stats.n,
-        "throughput_per_s": cell.batch / seconds, "tokens_per_s": inputs.real_tokens / seconds,
-        "tflops": tflops, "mfu": peaks.mfu(fl / seconds, gpu and gpu.name, cell.dtype, gpu and gpu.memory_gb),
-        "peak_mem_mb": mem["peak_mem_mb"], "gpu": gpu.name if gpu else None,
-    })
+    fl, method = flops.forward_flops(shape, inputs.lengths, cell.task), "analytic"
+    timing, warnings = timing_record(sampled, items=cell.batch, tokens=inputs.real_tokens, flops=fl, gpu=gpu,
+                                     dtype=cell.dtype)
+    record.update(timing, peak_mem_mb=mem["peak_mem_mb"], gpu=gpu.name if gpu else None, flops_method=method)
     if cell.task == "causal-lm":  # time per step of the whole context, as the seeds' notes quote it
-        record["ms_per_token"] = stats.median_ms / inputs.input_ids.shape[1]
-    info.update({"stats": stats.as_dict(), "memory": mem, "flops_per_batch": fl, "real_tokens": inputs.real_tokens})
-    warnings = [f"noisy: IQR/median {stats.iqr_ms / stats.median_ms:.1%} > 5%"] if stats.noisy else []
+        record["ms_per_token"] = sampled.stats.median_ms / inputs.input_ids.shape[1]
+    info.update({"stats": sampled.stats.as_dict(), "memory": mem, "flops_per_batch": fl,
+                 "real_tokens": inputs.real_tokens, "device_context": sampled.context.summary()})
     del model, prepared, out
-    return CellResult("ok", record=record, samples_ms=samples, info=info, warnings=warnings)
+    return CellResult("ok", record=record, samples_ms=sampled.samples_ms, info=info, warnings=warnings)
+
+
+def measure(cell: dict, state: dict) -> CellResult:
+    """The sweep's target for `run` cells: inference, or generation for --task generate. `state` is the
+    worker's: its ModelCache outlives the cell, the device memory the cell used does not."""
+    c = Cell.from_dict(cell)
+    cache = state.setdefault("models", ModelCache())
+    if c.scenario == "generation":
+        from . import generation
+
+        return generation.run(c, cache)
+    return run(c, cache)

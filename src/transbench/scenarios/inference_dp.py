@@ -11,7 +11,8 @@ from dataclasses import replace
 
 from .. import backends
 from ..measure import device as dev
-from ..measure import memory, peaks, timer
+from ..measure import memory, timer
+from ..measure.record import timing_record
 from ..models import build, flops
 from ..runner import rank as rank_mod
 from ..cells import Cell, CellResult
@@ -33,25 +34,16 @@ def _gather(obj) -> list:
     return out
 
 
-def synced_sample(fn, device, cfg: timer.TimerConfig) -> list[float]:
-    """Like timer.sample, but every call starts after a barrier and all ranks take the same number of
-    samples (fixed from the slowest rank's first call, so the adaptive stop cannot differ between ranks)."""
+def agree(go_on: bool) -> bool:
+    """The sampler's decisions made by all ranks together: any rank that wants another sample (its warm-up
+    time is not up, its minimum not reached) keeps every rank going, so all take the same samples."""
+    return any(_gather(bool(go_on)))
+
+
+def barrier() -> None:
     import torch.distributed as dist
 
-    clock = timer.Clock(device)
-    for _ in range(cfg.warmup):
-        dist.barrier()
-        clock.time_ms(fn)
     dist.barrier()
-    first = max(_gather(clock.time_ms(fn)))
-    per_call = max(first, 1e-3)
-    count = max(cfg.min_count, math.ceil(cfg.min_time_s * 1e3 / per_call))
-    count = min(count, cfg.max_count, max(cfg.min_count, int(cfg.max_time_s * 1e3 / per_call)))
-    samples = []
-    for _ in range(count):
-        dist.barrier()
-        samples.append(clock.time_ms(fn))
-    return samples
 
 
 def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
@@ -90,30 +82,30 @@ def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
         return CellResult("wrong", record=record, info=run_info,
                           error=f"rel_err {worst:.3g} over the {cell.dtype} tolerance {tol:g}")
 
-    samples = synced_sample(prepared.fn, device, timer.TimerConfig(cell.warmup, cell.min_time, cell.min_count))
-    per_rank = _gather({"samples": samples, "mem": memory.snapshot(device), "lengths": inputs.lengths,
-                        "device": str(device)})
+    sampled = timer.sample(prepared.fn, device, timer.TimerConfig(cell.warmup, cell.min_time, cell.min_count),
+                           sync=agree, before=barrier)
+    per_rank = _gather({"samples": sampled.samples_ms, "mem": memory.snapshot(device), "lengths": inputs.lengths,
+                        "device": str(device), "context": sampled.context})
     if not lead:
         return None
-    latency = [max(r["samples"][i] for r in per_rank) for i in range(len(samples))]
-    stats = timer.summarize(latency)
-    seconds = stats.median_ms / 1e3
+    # An iteration lasts as long as its slowest rank; energy is the sum over the ranks' boards.
+    latency = [max(r["samples"][i] for r in per_rank) for i in range(len(sampled.samples_ms))]
+    energies = [r["context"].energy_j for r in per_rank]
+    context = per_rank[0]["context"]
+    context.energy_j = sum(energies) if all(e is not None for e in energies) else None
+    slowest = timer.Sampled(latency, timer.summarize(latency), sampled.calls, context)
     lengths = [n for r in per_rank for n in r["lengths"]]
     fl = flops.forward_flops(shape, lengths, cell.task)
     gpu = dev.gpu_info(device)
+    timing, warnings = timing_record(slowest, items=cell.batch, tokens=sum(lengths), flops=fl, gpu=gpu,
+                                     dtype=cell.dtype, world=info.world_size)
     peak = [r["mem"]["peak_mem_mb"] for r in per_rank if r["mem"]["peak_mem_mb"] is not None]
-    record.update({
-        "latency_ms": stats.median_ms, "latency_p90_ms": stats.p90_ms, "latency_p99_ms": stats.p99_ms,
-        "latency_iqr_ms": stats.iqr_ms, "n_samples": stats.n,
-        "throughput_per_s": cell.batch / seconds, "tokens_per_s": sum(lengths) / seconds,
-        "tflops": fl / seconds / 1e12, "tflops_per_gpu": fl / seconds / 1e12 / info.world_size,
-        "mfu": peaks.mfu(fl / seconds / info.world_size, gpu and gpu.name, cell.dtype, gpu and gpu.memory_gb),
-        "peak_mem_mb": max(peak) if peak else None, "gpu": gpu.name if gpu else None,
-    })
-    run_info.update({"stats": stats.as_dict(), "flops_per_batch": fl, "rows_per_rank": [len(r["lengths"]) for r in per_rank],
-                     "per_rank": [{"device": r["device"], "mem": r["mem"],
+    record.update(timing, tflops_per_gpu=timing["tflops"] / info.world_size,
+                  peak_mem_mb=max(peak) if peak else None, gpu=gpu.name if gpu else None, flops_method="analytic")
+    run_info.update({"stats": slowest.stats.as_dict(), "flops_per_batch": fl,
+                     "rows_per_rank": [len(r["lengths"]) for r in per_rank],
+                     "per_rank": [{"device": r["device"], "mem": r["mem"], "context": r["context"].summary(),
                                    "median_ms": timer.summarize(r["samples"]).median_ms} for r in per_rank]})
-    warnings = [f"noisy: IQR/median {stats.iqr_ms / stats.median_ms:.1%} > 5%"] if stats.noisy else []
     return CellResult("ok", record=record, samples_ms=latency, info=run_info, warnings=warnings)
 
 

@@ -1,0 +1,131 @@
+"""What the GPU was doing while a cell was timed: SM clock, power, temperature, throttle reasons and energy,
+read through NVML on a thread during the timed region (never in the parent: no CUDA context needed).
+
+Why: an H100 at its 700 W cap runs large GEMMs below its maximum clock, so the same kernel reads 652 or
+721 TFLOPS depending on the power state (issue 21). A figure is only comparable with the clock it ran at,
+so every GPU cell records the clock and power beside its latency, and energy from the board's own counter."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+from . import device as dev
+
+POLL_S = 0.02  # NVML refreshes clocks and power every ~20 ms; polling faster reads the same values
+LOW_CLOCK = 0.9  # a cell whose SM clock fell below this share of its maximum carries a warning
+
+# nvmlClocksEventReasons bits (nvml.h); the power-cap bit alone is also set on a GPU running at full
+# clock, so reasons are reported only when the clock really was low (see DeviceContext.warnings).
+THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
+                 0x80: "hw_power_brake", 0x100: "display_clocks"}
+
+
+@dataclass
+class DeviceContext:
+    """The device's state over one timed region."""
+
+    sm_clock_mhz: list[float] = field(default_factory=list)
+    power_w: list[float] = field(default_factory=list)
+    temp_c: list[float] = field(default_factory=list)
+    reasons: set[str] = field(default_factory=set)
+    max_sm_clock_mhz: float | None = None
+    energy_j: float | None = None  # from the total-energy counter, over the region
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+        return {
+            "sm_clock_mhz": med(self.sm_clock_mhz),
+            "sm_clock_min_mhz": min(self.sm_clock_mhz) if self.sm_clock_mhz else None,
+            "sm_clock_max_mhz": self.max_sm_clock_mhz,
+            "power_median_w": med(self.power_w),
+            "temp_c": max(self.temp_c) if self.temp_c else None,
+            "throttle_reasons": sorted(self.reasons),
+            "energy_region_j": self.energy_j,
+            "region_s": self.seconds,
+        }
+
+    def low_clock(self) -> bool:
+        return bool(self.sm_clock_mhz and self.max_sm_clock_mhz
+                    and min(self.sm_clock_mhz) < LOW_CLOCK * self.max_sm_clock_mhz)
+
+    def warnings(self) -> list[str]:
+        if not self.low_clock():
+            return []
+        why = f" ({', '.join(sorted(self.reasons))})" if self.reasons else ""
+        return [f"SM clock fell to {min(self.sm_clock_mhz):.0f} MHz, below {LOW_CLOCK:.0%} of its "
+                f"{self.max_sm_clock_mhz:.0f} MHz maximum{why}"]
+
+
+class Monitor:
+    """`with Monitor(device) as m:` around a timed region; `m.context` afterwards. A no-op on CPUs and
+    where NVML is missing. `nvml` and `handle` can be injected (tests)."""
+
+    def __init__(self, device=None, *, nvml=None, handle=None, poll_s: float = POLL_S):
+        if nvml is None and device is not None and getattr(device, "type", "cpu") == "cuda":
+            nvml, handle = dev.nvml_handle(device.index or 0)
+        self.nv, self.h, self.poll_s = nvml, handle, poll_s
+        self.context = DeviceContext()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._energy0: float | None = None
+        self._t0 = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.nv is not None and self.h is not None
+
+    def _try(self, fn, *args):
+        try:
+            return fn(*args)
+        except Exception:  # a reading NVML does not support on this board stays empty
+            return None
+
+    def _read(self) -> None:
+        nv, h, c = self.nv, self.h, self.context
+        clock = self._try(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
+        if clock is not None:
+            c.sm_clock_mhz.append(float(clock))
+        power = self._try(nv.nvmlDeviceGetPowerUsage, h)
+        if power is not None:
+            c.power_w.append(power / 1e3)
+        temp = self._try(nv.nvmlDeviceGetTemperature, h, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+        if temp is not None:
+            c.temp_c.append(float(temp))
+        mask = self._try(getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                         or nv.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+        if mask:
+            c.reasons |= {name for bit, name in THROTTLE_BITS.items() if mask & bit}
+
+    def _energy(self) -> float | None:
+        mj = self._try(self.nv.nvmlDeviceGetTotalEnergyConsumption, self.h)
+        return None if mj is None else mj / 1e3
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self._read()
+
+    def __enter__(self) -> Monitor:
+        if self.active:
+            self.context.max_sm_clock_mhz = self._try(self.nv.nvmlDeviceGetMaxClockInfo, self.h, self.nv.NVML_CLOCK_SM)
+            self._energy0 = self._energy()
+            self._read()
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.context.seconds = time.perf_counter() - self._t0
+        if not self.active:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._read()
+        e1 = self._energy()
+        if self._energy0 is not None and e1 is not None:
+            self.context.energy_j = e1 - self._energy0

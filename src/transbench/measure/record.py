@@ -1,0 +1,60 @@
+"""The one place where sampled timings become record keys: latency statistics, rates, TFLOPS and MFU,
+the device context (clock, power, energy per call / sequence / token) and the warnings a reader needs
+(noisy, low clock). Every scenario builds its timing record here."""
+
+from __future__ import annotations
+
+from . import peaks
+from .timer import Sampled
+
+NOISY_TEXT = "noisy: IQR/median {:.1%} > 5%"
+
+
+def timing_record(s: Sampled, *, items: float | None = None, tokens: float | None = None,
+                  flops: float | None = None, gpu=None, dtype: str | None = None,
+                  world: int = 1) -> tuple[dict, list[str]]:
+    """(record keys, warnings) for work sampled per call: `items` sequences (or samples) and `tokens`
+    tokens per call, `flops` per call, over `world` GPUs. Rates use the median call."""
+    st = s.stats
+    seconds = st.median_ms / 1e3
+    rec: dict = {
+        "latency_ms": st.median_ms, "latency_p90_ms": st.p90_ms, "latency_p99_ms": st.p99_ms,
+        "latency_iqr_ms": st.iqr_ms, "n_samples": st.n,
+    }
+    if items is not None and seconds > 0:
+        rec["throughput_per_s"] = items / seconds
+    if tokens is not None and seconds > 0:
+        rec["tokens_per_s"] = tokens / seconds
+    if flops is not None and seconds > 0:
+        rec["tflops"] = flops / seconds / 1e12
+        rec["mfu"] = peaks.mfu(flops / seconds / world, gpu and gpu.name, dtype, gpu and gpu.memory_gb)
+    rec.update(context_record(s, items=items, tokens=tokens))
+    warnings = [NOISY_TEXT.format(st.iqr_ms / st.median_ms)] if st.noisy else []
+    return rec, warnings + s.context.warnings()
+
+
+def context_record(s: Sampled, *, items: float | None = None, tokens: float | None = None) -> dict:
+    """Clock, power and energy keys. Energy comes from the board's total-energy counter over the timed
+    region, divided by the calls in it (idle gaps between calls included: they are a few microseconds
+    of host work per call, and a real caller has them too)."""
+    c = s.context
+    if not c.sm_clock_mhz and c.energy_j is None:
+        return {}
+    summary = c.summary()
+    rec = {"sm_clock_mhz": summary["sm_clock_mhz"], "sm_clock_min_mhz": summary["sm_clock_min_mhz"],
+           "temp_c": summary["temp_c"]}
+    if c.energy_j is not None and s.calls:
+        per_call = c.energy_j / s.calls
+        rec["energy_j"] = per_call
+        rec["avg_power_w"] = c.energy_j / c.seconds if c.seconds > 0 else summary["power_median_w"]
+        if items:
+            rec["j_per_seq"] = per_call / items
+        if tokens:
+            rec["j_per_token"] = per_call / tokens
+    else:
+        rec["avg_power_w"] = summary["power_median_w"]
+    return rec
+
+
+def noisy_warnings(s: Sampled) -> list[str]:
+    return [NOISY_TEXT.format(s.stats.iqr_ms / s.stats.median_ms)] if s.stats.noisy else []

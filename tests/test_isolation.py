@@ -1,0 +1,171 @@
+"""A cell's figures do not depend on the cells before it: memory counted above what the cell found (fake
+allocator), workers that keep memory are replaced, and the device context read during the timed region
+(fake NVML) becomes clock, power and energy keys."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from transbench.cells import CellResult
+from transbench.measure import context, memory, record, timer
+from transbench.runner import sweep
+
+
+class FakeAllocator:
+    """torch.cuda's allocator counters, driven by the test."""
+
+    def __init__(self):
+        self.allocated = 0
+        self.peak = 0
+
+    def alloc(self, n: int) -> None:
+        self.allocated += n
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, n: int) -> None:
+        self.allocated -= n
+
+    def install(self, monkeypatch) -> None:
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: self.allocated)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: self.peak)
+        monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: self.peak)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: setattr(self, "peak", self.allocated))
+        monkeypatch.setattr(memory.dev, "nvml_used_mb", lambda i: None)
+
+
+MiB = 2**20
+
+
+def test_peak_counts_only_what_the_cell_allocated(monkeypatch):
+    fake = FakeAllocator()
+    fake.install(monkeypatch)
+    gpu = torch.device("cuda", 0)
+
+    def cell(model_mib: int, work_mib: int) -> float:
+        memory.reset_peak(gpu)
+        fake.alloc(model_mib * MiB)
+        fake.alloc(work_mib * MiB)
+        fake.free(work_mib * MiB)
+        peak = memory.snapshot(gpu)["peak_mem_mb"]
+        fake.free(model_mib * MiB)
+        return peak
+
+    alone = cell(250, 65)
+    fake.alloc(574 * MiB)  # a previous backend's captured graphs, still held
+    after_leftovers = cell(250, 65)
+    assert alone == after_leftovers == 315
+
+
+def test_lane_replaces_a_worker_that_leaves_memory_behind(monkeypatch):
+    made = []
+
+    class FakeWorker:
+        def __init__(self, env=None):
+            self.left_mb, self.stopped = None, False
+            made.append(self)
+
+        def alive(self):
+            return not self.stopped
+
+        def run(self, target, cell, timeout):
+            self.left_mb = 600.0 if len(made) == 1 else 0.0  # the first worker's cell leaks
+            return CellResult("ok", record={"latency_ms": 1.0})
+
+        def stop(self, kill=False):
+            self.stopped = True
+
+    monkeypatch.setattr(sweep, "Worker", FakeWorker)
+    lane = sweep._Lane(None, sweep.Target(dict, measure="x:y"))
+    cell = types.SimpleNamespace(to_dict=lambda: {})
+    first = lane.run(cell, 10)
+    assert first.info["worker_replaced_mb_left"] == 600.0 and made[0].stopped
+    lane.run(cell, 10)
+    lane.run(cell, 10)
+    assert len(made) == 2 and not made[1].stopped  # a clean worker is kept
+
+
+class FakeNvml:
+    NVML_CLOCK_SM = 1
+    NVML_TEMPERATURE_GPU = 0
+
+    def __init__(self, clocks, power_mw=500_000, mask=0x4):
+        self.clocks, self.power_mw, self.mask = list(clocks), power_mw, mask
+        self.energy_mj = 1_000_000
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        return self.clocks.pop(0) if len(self.clocks) > 1 else self.clocks[0]
+
+    def nvmlDeviceGetMaxClockInfo(self, h, which):
+        return 1980
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self.power_mw
+
+    def nvmlDeviceGetTemperature(self, h, which):
+        return 55
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self.mask
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        self.energy_mj += 35_000  # 35 J between two readings
+        return self.energy_mj
+
+
+def test_monitor_reads_clock_power_and_energy_over_the_region():
+    nv = FakeNvml([1980, 1790, 1980])
+    with context.Monitor(nvml=nv, handle=object(), poll_s=0.001) as m:
+        pass
+    c = m.context
+    assert c.energy_j == pytest.approx(35.0) and min(c.sm_clock_mhz) == 1790 and c.max_sm_clock_mhz == 1980
+    assert c.summary()["throttle_reasons"] == ["sw_power_cap"]
+    assert not c.warnings()  # 1790 MHz is 90.4% of the maximum: the power-cap bit alone is no warning
+    c.sm_clock_mhz.append(1700.0)
+    assert c.low_clock() and "sw_power_cap" in c.warnings()[0]
+
+
+def test_low_clock_is_below_90_percent_of_the_maximum():
+    c = context.DeviceContext(sm_clock_mhz=[1980, 1783], max_sm_clock_mhz=1980)
+    assert not c.low_clock()  # 90.05%
+    c.sm_clock_mhz.append(1781)
+    assert c.low_clock()
+
+
+def test_record_builder_energy_per_call_sequence_and_token():
+    ctx = context.DeviceContext(sm_clock_mhz=[1980.0], power_w=[600.0], max_sm_clock_mhz=1980,
+                                energy_j=12.0, seconds=0.02)
+    samples = [2.0] * 10
+    s = timer.Sampled(samples, timer.summarize(samples), calls=10, context=ctx)
+    rec, warnings = record.timing_record(s, items=8, tokens=8 * 128, flops=1e12)
+    assert rec["energy_j"] == pytest.approx(1.2) and rec["j_per_seq"] == pytest.approx(0.15)
+    assert rec["j_per_token"] == pytest.approx(1.2 / 1024) and rec["avg_power_w"] == pytest.approx(600.0)
+    assert rec["throughput_per_s"] == pytest.approx(4000) and rec["tflops"] == pytest.approx(500)
+    assert rec["sm_clock_mhz"] == 1980 and warnings == []
+
+
+def test_cpu_records_have_no_device_context():
+    s = timer.sample(lambda: None, torch.device("cpu"), timer.TimerConfig(warmup=1, min_time_s=0, min_count=3))
+    rec, _ = record.timing_record(s, items=1)
+    assert "energy_j" not in rec and "sm_clock_mhz" not in rec and rec["n_samples"] == 3
+
+
+def test_sampler_sync_makes_every_decision_together():
+    """Two data-parallel ranks: the one that wants more samples keeps the other going."""
+    decisions = []
+
+    def sync(go_on):
+        decisions.append(go_on)
+        return go_on or len(decisions) < 12  # another rank wants at least 12 decisions
+
+    s = timer.sample(lambda: None, torch.device("cpu"), timer.TimerConfig(warmup=1, min_time_s=0, min_count=1),
+                     sync=sync)
+    assert len(decisions) >= 12 and s.stats.n == len(decisions) - 2  # two warm-up decisions
+
+
+def test_sampler_keeps_parts_of_each_sample():
+    s = timer.sample_steps(lambda: (3.0, {"prefill": 1.0, "decode": [1.0, 1.0]}), torch.device("cpu"),
+                           timer.TimerConfig(warmup=0, min_time_s=0, min_count=4))
+    assert s.samples_ms == [3.0] * 4 and s.parts["prefill"] == [1.0] * 4 and len(s.parts["decode"]) == 8
