@@ -153,16 +153,19 @@ def test_cpu_records_have_no_device_context():
 
 
 def test_sampler_sync_makes_every_decision_together():
-    """Two data-parallel ranks: the one that wants more samples keeps the other going."""
-    decisions = []
+    """Data-parallel ranks: every go-on decision goes through `sync`; here another rank wants three
+    warm-up calls and ten samples, more than this rank's own one and one."""
+    answers = iter([True, True, True, False] + [True] * 9 + [False])
+    asked, calls = [], []
 
     def sync(go_on):
-        decisions.append(go_on)
-        return go_on or len(decisions) < 12  # another rank wants at least 12 decisions
+        asked.append(go_on)
+        return next(answers)
 
-    s = timer.sample(lambda: None, torch.device("cpu"), timer.TimerConfig(warmup=1, min_time_s=0, min_count=1),
-                     sync=sync)
-    assert len(decisions) >= 12 and s.stats.n == len(decisions) - 2  # two warm-up decisions
+    s = timer.sample(lambda: calls.append(1), torch.device("cpu"),
+                     timer.TimerConfig(warmup=1, min_time_s=0, min_count=1), sync=sync)
+    assert len(calls) == 3 + 10 and s.stats.n == 10
+    assert asked[0] is True and asked[1] is False  # this rank's own wish: one warm-up call
 
 
 def test_sampler_keeps_parts_of_each_sample():
