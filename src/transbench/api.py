@@ -67,7 +67,7 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
 def inference_target(spec: RunSpec) -> Target:
     """One worker per lane for plain cells; with --nproc, each cell's ranks launched through torchrun."""
     if spec.nproc <= 1:
-        return Target(Cell, measure="transbench.scenarios.inference:measure")
+        return Target(Cell, measure="transbench.scenarios.model_cells:measure")
     from .runner.launch import LaunchConfig
 
     cfg = LaunchConfig(nproc=spec.nproc, torchrun=True, timeout=spec.timeout)

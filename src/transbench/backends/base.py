@@ -63,3 +63,20 @@ def hf_call(model, inputs) -> Callable[[], Any]:
             return model(**kwargs)
 
     return fn
+
+
+def output_tensor(out, task: str):
+    """The tensor the correctness check compares: logits for heads, last hidden state otherwise."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    if task == "qa":
+        return torch.stack([out.start_logits, out.end_logits], -1)
+    for name in ("logits", "last_hidden_state"):
+        value = getattr(out, name, None)
+        if value is None and isinstance(out, dict):
+            value = out.get(name)
+        if value is not None:
+            return value
+    return out[0]

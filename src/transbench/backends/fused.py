@@ -6,11 +6,15 @@ from .base import Backend, Prepared
 
 
 def _compile(model, cell=None):
-    from ..engine import compile_model
+    from ..engine import EngineUnsupported, compile_model
+    from ..errors import Unsupported
 
     p = next(model.parameters())
     # fp32/tf32 cells run the engine in fp32; CUDA graphs only where there is CUDA.
-    return compile_model(model, dtype=p.dtype, device=p.device, max_batch=max(getattr(cell, "batch", 1), 1))
+    try:
+        return compile_model(model, dtype=p.dtype, device=p.device, max_batch=max(getattr(cell, "batch", 1), 1))
+    except EngineUnsupported as exc:
+        raise Unsupported(exc.reason) from None
 
 
 def _prepare(model, inputs, cell) -> Prepared:
@@ -32,7 +36,13 @@ def _prepare(model, inputs, cell) -> Prepared:
 
 
 def _generator(model, cell):
-    return _compile(model, cell).generator(cell.batch, cell.seq + cell.new_tokens)
+    from ..engine import EngineUnsupported
+    from ..errors import Unsupported
+
+    try:
+        return _compile(model, cell).generator(cell.batch, cell.seq + cell.new_tokens)
+    except EngineUnsupported as exc:
+        raise Unsupported(exc.reason) from None
 
 
 BACKEND = Backend(

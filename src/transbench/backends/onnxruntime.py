@@ -33,7 +33,7 @@ def _export_dir() -> str:
 def _wrapper(model, task: str, names: list[str]):
     import torch
 
-    from ..scenarios.inference import output_tensor
+    from .base import output_tensor
 
     class Exported(torch.nn.Module):
         def __init__(self):

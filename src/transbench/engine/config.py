@@ -5,11 +5,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import Unsupported
-
-
-class EngineUnsupported(Unsupported):
-    """The engine cannot run this model/option; `reason` says why (the benchmark reports it as `unsupported`)."""
+class EngineUnsupported(RuntimeError):
+    """The engine cannot run this model/option; `reason` says why (backends/fused.py reports it as
+    `unsupported`: the engine depends on nothing of the benchmark, so it cannot raise the benchmark's own)."""
 
     def __init__(self, reason: str):
         super().__init__(reason)

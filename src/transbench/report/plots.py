@@ -304,10 +304,9 @@ def _ceilings(recs: list[dict]) -> tuple[dict[str, float], float | None]:
 
 def roofline(data: ReportData, out: Path) -> list[Figure]:
     """The micro-benchmark points (GEMMs, layer parts) against the compute and memory ceilings, one plot
-    per micro run; drawn by report/roofline.py and scenarios/micro, skipped where those are absent."""
+    per micro run; drawn by report/roofline.py, skipped where matplotlib is absent."""
     try:
-        from ..scenarios.micro.run import roofline_points
-        from .roofline import plot_roofline
+        from .roofline import plot_roofline, roofline_points
     except ImportError:
         return []
     figs = []

@@ -93,3 +93,20 @@ def plot_roofline(points: Iterable[Mapping], peak_tflops: float | Mapping[str, f
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def roofline_points(records: list[dict]) -> list[dict]:
+    """The ok records with an intensity, as points for report.roofline.plot_roofline."""
+    out = []
+    for r in records:
+        if r.get("status") != "ok" or not r.get("intensity") or not r.get("tflops"):
+            continue
+        if r.get("scenario") == "micro-breakdown":
+            label, group = r["part"], r.get("bound") or r["dtype"]
+        elif r.get("scenario") == "micro-gemm":
+            label = f"n={r['m']}" if r["shape"] == "square" else r["shape"]
+            group = r["dtype"]
+        else:
+            label, group = f"{r.get('op')} {r.get('elements')}", r.get("op")
+        out.append({"label": label, "intensity": r["intensity"], "tflops": r["tflops"], "group": group})
+    return out

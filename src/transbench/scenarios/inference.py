@@ -6,6 +6,7 @@ import copy
 import time
 
 from .. import backends
+from ..backends.base import output_tensor
 from ..measure import device as dev
 from ..measure import memory, timer
 from ..measure.record import timing_record
@@ -40,23 +41,6 @@ class ModelCache:
 def reference_rows(batch: int) -> list[int]:
     """The sequences the reference is computed for: the first two and the last two."""
     return sorted({0, 1, batch - 2, batch - 1} & set(range(batch)))
-
-
-def output_tensor(out, task: str):
-    """The tensor the correctness check compares: logits for heads, last hidden state otherwise."""
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return out
-    if task == "qa":
-        return torch.stack([out.start_logits, out.end_logits], -1)
-    for name in ("logits", "last_hidden_state"):
-        value = getattr(out, name, None)
-        if value is None and isinstance(out, dict):
-            value = out.get(name)
-        if value is not None:
-            return value
-    return out[0]
 
 
 def rel_err(out, ref, lengths: list[int] | None, width: int | None = None) -> float:
@@ -167,15 +151,3 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
                  "real_tokens": inputs.real_tokens, "device_context": sampled.context.summary()})
     del model, prepared, out
     return CellResult("ok", record=record, samples_ms=sampled.samples_ms, info=info, warnings=warnings)
-
-
-def measure(cell: dict, state: dict) -> CellResult:
-    """The sweep's target for `run` cells: inference, or generation for --task generate. `state` is the
-    worker's: its ModelCache outlives the cell, the device memory the cell used does not."""
-    c = Cell.from_dict(cell)
-    cache = state.setdefault("models", ModelCache())
-    if c.scenario == "generation":
-        from . import generation
-
-        return generation.run(c, cache)
-    return run(c, cache)
