@@ -115,7 +115,8 @@ class FakeNvml:
         return self.energy_mj
 
 
-def test_monitor_reads_clock_power_and_energy_over_the_region():
+def test_monitor_reads_clock_power_and_energy_over_the_region(monkeypatch):
+    monkeypatch.setattr(context, "MIN_ENERGY_REGION_S", 0.0)
     nv = FakeNvml([1980, 1790, 1980])
     with context.Monitor(nvml=nv, handle=object(), poll_s=0.001) as m:
         pass
@@ -172,3 +173,13 @@ def test_sampler_keeps_parts_of_each_sample():
     s = timer.sample_steps(lambda: (3.0, {"prefill": 1.0, "decode": [1.0, 1.0]}), torch.device("cpu"),
                            timer.TimerConfig(warmup=0, min_time_s=0, min_count=4))
     assert s.samples_ms == [3.0] * 4 and s.parts["prefill"] == [1.0] * 4 and len(s.parts["decode"]) == 8
+
+
+def test_a_short_region_reports_power_but_no_energy():
+    """The energy counter advances in steps: a region under MIN_ENERGY_REGION_S gets no energy figure."""
+    with context.Monitor(nvml=FakeNvml([1980]), handle=object(), poll_s=0.001) as m:
+        pass
+    assert m.context.energy_j is None and m.context.power_w
+    s = timer.Sampled([1.0], timer.summarize([1.0]), 1, m.context)
+    rec = record.context_record(s, items=1)
+    assert "energy_j" not in rec and rec["avg_power_w"] == pytest.approx(500.0)

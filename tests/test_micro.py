@@ -141,10 +141,41 @@ def test_oom_becomes_a_row_and_the_sweep_goes_on(db, monkeypatch):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(g, dtype, device, sets, seed)
 
-    monkeypatch.setattr(gemm, "build_calls", build)
-    out = micro.run_micro("gemm", micro.GemmOptions(sizes=[32, 64], device="cpu", min_time=0.01), db)
-    assert [r["status"] for r in out.records] == ["ok", "oom"]
-    assert "out of memory" in out.records[1]["error"] and out.records[1]["tflops"] is None
+    from transbench.scenarios.micro import run as micro_run
+
+    monkeypatch.setattr(gemm, "build_calls", build)  # the micro target, run in this process
+    opts = micro.GemmOptions(sizes=[32, 64], device="cpu", min_time=0.01).resolved(torch.device("cpu"))
+    state: dict = {}
+    results = [micro_run.measure(c.to_dict(), state) for c in micro_run.cells("gemm", opts, "cpu", db)]
+    assert [r.status for r in results] == ["ok", "oom"]
+    assert "out of memory" in results[1].error and "tflops" not in results[1].record
+
+
+def test_micro_layer_resume_skips_batches_above_a_stored_oom(db):
+    """A run killed after an OOM at batch 2: resumed by name, batch 4 is skipped, not run."""
+    from transbench.cells import CellResult
+    from transbench.runner.sweep import open_run, store_result
+    from transbench.scenarios.micro import run as micro_run
+    from transbench.store import Store
+
+    import torch
+
+    opts = micro.LayerOptions(model="bert-tiny", batches=[1, 2, 4], seqs=[8], device="cpu", min_time=0.01,
+                              name="killed")
+    resolved = opts.resolved(torch.device("cpu"))
+    store = Store(db)
+    spec = {"micro": "layer", **resolved.to_dict(), "device": "cpu"}
+    spec.pop("name")
+    run_id, _, _ = open_run(store, "micro", spec, "killed", lambda: {})
+    for c in micro_run.cells("layer", resolved, "cpu", db):
+        if c.batch == 2:
+            store_result(store, run_id, c, CellResult("oom", error="CUDA out of memory"))
+    store.close()
+    out = micro.run_micro("layer", opts, db)
+    status = {(r["batch_size"], r["pass"]): r["status"] for r in out.records}
+    assert status == {(1, "fwd"): "ok", (1, "fwd+bwd"): "ok", (2, "fwd"): "oom",
+                                                     (2, "fwd+bwd"): "oom", (4, "fwd"): "skipped",
+                                                     (4, "fwd+bwd"): "skipped"}
 
 
 def test_measured_ceilings_feed_env(db, monkeypatch):
@@ -278,8 +309,10 @@ def test_bad_options_are_one_line_errors(db, args, words):
     assert not os.path.exists(db)  # refused before anything was stored
 
 
-def test_a_taken_name_is_refused(db):
+def test_a_taken_name_resumes_its_grid_and_refuses_another(db):
     assert invoke("gemm", "--sizes", "32", "--db", db, "--name", "mine").exit_code == 0
-    res = invoke("gemm", "--sizes", "32", "--db", db, "--name", "mine")
-    assert res.exit_code == 2 and "already in" in res.output
+    again = invoke("gemm", "--sizes", "32", "--db", db, "--name", "mine")
+    assert again.exit_code == 0 and len(cells(db, "micro-gemm")) == 1  # resumed: nothing left to run
+    res = invoke("gemm", "--sizes", "64", "--db", db, "--name", "mine")
+    assert res.exit_code == 2 and "different grid" in res.output
     assert len(cells(db, "micro-gemm")) == 1

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from . import device as dev
 
 POLL_S = 0.02  # NVML refreshes clocks and power every ~20 ms; polling faster reads the same values
+# The board's energy counter advances in steps: over a region of 0.2 s an H100 read 1,027 W against its
+# 700 W cap (session 11), so shorter regions report power from the samples and no energy.
+MIN_ENERGY_REGION_S = 1.0
 LOW_CLOCK = 0.9  # a cell whose SM clock fell below this share of its maximum carries a warning
 
 # nvmlClocksEventReasons bits (nvml.h); the power-cap bit alone is also set on a GPU running at full
@@ -111,14 +114,15 @@ class Monitor:
     def __enter__(self) -> Monitor:
         if self.active:
             self.context.max_sm_clock_mhz = self._try(self.nv.nvmlDeviceGetMaxClockInfo, self.h, self.nv.NVML_CLOCK_SM)
-            self._energy0 = self._energy()
             self._read()
             self._thread = threading.Thread(target=self._loop, daemon=True)
             self._thread.start()
-        self._t0 = time.perf_counter()
+            self._energy0 = self._energy()
+        self._t0 = time.perf_counter()  # the region's time is taken right beside its energy readings
         return self
 
     def __exit__(self, *exc) -> None:
+        e1 = self._energy() if self.active else None
         self.context.seconds = time.perf_counter() - self._t0
         if not self.active:
             return
@@ -126,6 +130,5 @@ class Monitor:
         if self._thread is not None:
             self._thread.join()
         self._read()
-        e1 = self._energy()
-        if self._energy0 is not None and e1 is not None:
+        if self._energy0 is not None and e1 is not None and self.context.seconds >= MIN_ENERGY_REGION_S:
             self.context.energy_j = e1 - self._energy0

@@ -32,9 +32,7 @@ def release(device) -> None:
     if device.type == "cuda":
         import torch
 
-        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        if clear is not None:
-            clear()
+        _clear_workspaces()
         torch.cuda.empty_cache()
 
 
@@ -46,11 +44,25 @@ def allocated_mb(device) -> float | None:
     return torch.cuda.memory_allocated(device) / 2**20
 
 
+def _clear_workspaces() -> None:
+    import torch
+
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
 def reset_peak(device) -> None:
-    """Start counting this cell's peak here: the peak is measured above what is allocated now."""
+    """Start counting this cell's peak here: the peak is measured above what is allocated now. cuBLAS
+    workspaces are freed first, so each cell counts the one its own GEMMs allocate: on an H100 a gpt2
+    sdpa cell read 322.5 MiB after a reference forward had left a 33 MiB workspace, and 355.5 MiB when a
+    cached reference had not (benchmarks/gpu_one_path.sh, session 11)."""
     import torch
 
     if device.type == "cuda":
+        torch.cuda.init()
+        _clear_workspaces()
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         _baseline[str(device)] = torch.cuda.memory_allocated(device)
 

@@ -6,7 +6,7 @@ one per output element for scale and add, none for copy. Inputs are random norma
 from __future__ import annotations
 
 from ...measure import device as dev
-from .common import Context, Point, PointStream, cycling, guarded, operand_sets, time_calls, timing_record
+from .common import Context, Point, cycling, guarded, operand_sets, time_calls, timing_record
 from .options import BandwidthOptions
 
 SCALE = 1.5
@@ -35,10 +35,14 @@ def build_calls(op: str, n: int, dtype: str, device, sets: int, seed: int):
     return calls, lambda: bool(torch.equal(z[0], x[0] + y[0]))
 
 
+def point_key(op: str, n: int, dtype: str) -> dict:
+    return {"op": op, "elements": n, "dtype": dtype}
+
+
 def measure(op: str, n: int, opts: BandwidthOptions, ctx: Context) -> Point:
     import torch
 
-    key = {"op": op, "elements": n, "dtype": opts.dtype}
+    key = point_key(op, n, opts.dtype)
     esize = torch.empty((), dtype=dev.torch_dtype(opts.dtype)).element_size()
     nbytes = TENSORS[op] * n * esize
     flops = FLOPS[op] * n
@@ -55,6 +59,7 @@ def measure(op: str, n: int, opts: BandwidthOptions, ctx: Context) -> Point:
             return Point(key, "wrong", record, info=info, error=f"{op} result differs from the reference")
         per_call, reps = time_calls(cycling(calls), ctx)
         timing, stats, warnings = timing_record(per_call)
+        per_call = per_call.samples_ms
         seconds = stats.median_ms / 1e3
         gbps = nbytes / seconds / 1e9
         peak = ctx.peak.bandwidth_gbs if ctx.peak else None
@@ -66,8 +71,9 @@ def measure(op: str, n: int, opts: BandwidthOptions, ctx: Context) -> Point:
     return guarded(key, record, ctx, run)
 
 
-def points(opts: BandwidthOptions, ctx: Context) -> PointStream:
-    for n in opts.sizes:
-        for op in opts.ops:
-            yield measure(op, n, opts, ctx)
-            dev.free_memory(ctx.device)
+def units(opts: BandwidthOptions) -> list[tuple[dict, list[dict]]]:
+    return [({"op": op, "n": n}, [point_key(op, n, opts.dtype)]) for n in opts.sizes for op in opts.ops]
+
+
+def measure_unit(unit: dict, opts: BandwidthOptions, ctx: Context) -> list[Point]:
+    return [measure(unit["op"], unit["n"], opts, ctx)]

@@ -14,7 +14,7 @@ from ...models import parts as parts_mod
 from ...report.roofline import attainable_tflops, bound
 from ..inference import TOLERANCE
 from .ceilings import best_ceilings
-from .common import Context, Point, PointStream, failure_point, first_tensor, guarded, time_calls, timing_record
+from .common import Context, Point, failure_point, first_tensor, guarded, time_calls, timing_record
 from .layer import CastLayer, attn_implementation, build_layer
 from .options import BreakdownOptions
 
@@ -79,6 +79,10 @@ def sdpa_backend(q, k, v, causal: bool) -> str | None:
         return None
 
 
+def point_key(opts: BreakdownOptions, part: str) -> dict:
+    return {"model": opts.model, "dtype": opts.dtype, "batch": opts.batch, "seq": opts.seq, "part": part}
+
+
 def measure(opts: BreakdownOptions, ctx: Context) -> list[Point]:
     import torch
 
@@ -92,7 +96,7 @@ def measure(opts: BreakdownOptions, ctx: Context) -> list[Point]:
             "attn_ffn_flop_ratio": parts_mod.attention_ffn_ratio(shape, s)}
 
     def key(part):
-        return {"model": opts.model, "dtype": dtype, "batch": b, "seq": s, "part": part}
+        return point_key(opts, part)
 
     def record(part):
         c = costs[part]
@@ -127,6 +131,7 @@ def measure(opts: BreakdownOptions, ctx: Context) -> list[Point]:
             with torch.inference_mode():
                 per_call, reps = time_calls(calls[part], ctx)
             timing, stats, warnings = timing_record(per_call)
+            per_call = per_call.samples_ms
             seconds = stats.median_ms / 1e3
             c = costs[part]
             tflops = c.flops / seconds / 1e12
@@ -144,5 +149,10 @@ def measure(opts: BreakdownOptions, ctx: Context) -> list[Point]:
     return list(points.values())
 
 
-def points(opts: BreakdownOptions, ctx: Context) -> PointStream:
-    yield from measure(opts, ctx)
+def units(opts: BreakdownOptions) -> list[tuple[dict, list[dict]]]:
+    """Every part of the layer is measured in one unit: the shares are of the whole layer's time."""
+    return [({}, [point_key(opts, p) for p in parts_mod.PARTS])]
+
+
+def measure_unit(unit: dict, opts: BreakdownOptions, ctx: Context) -> list[Point]:
+    return measure(opts, ctx)

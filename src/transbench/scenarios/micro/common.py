@@ -4,11 +4,11 @@ rotation, the ceilings of the device, and turning an out-of-memory into a row.""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...measure import device as dev
-from ...measure import peaks, timer
+from ...measure import peaks, record, timer
 
 # One sample times enough back-to-back calls to last about this long, so a 5-microsecond kernel is not
 # timed against the resolution of one event pair and the launch of a lone call.
@@ -90,9 +90,10 @@ def cycling(calls: list[Callable[[], object]]) -> Callable[[], object]:
     return call
 
 
-def time_calls(fn: Callable[[], object], ctx: Context) -> tuple[list[float], int]:
-    """Per-call times in ms, and the calls per sample. Each sample times `reps` back-to-back calls with
-    one pair of CUDA events (timer.sample), so short kernels are timed as they run in a stream."""
+def time_calls(fn: Callable[[], object], ctx: Context) -> tuple[timer.Sampled, int]:
+    """Per-call timings (the sampler's, divided by the calls per sample) and the calls per sample. Each
+    sample times `reps` back-to-back calls with one pair of CUDA events, so short kernels are timed as they
+    run in a stream; the clock, power and energy of the region come with them."""
     clock = timer.Clock(ctx.device)
     for _ in range(2):
         clock.time_ms(fn)
@@ -103,16 +104,13 @@ def time_calls(fn: Callable[[], object], ctx: Context) -> tuple[list[float], int
         for _ in range(reps):
             fn()
 
-    samples = timer.sample(loop, ctx.device, ctx.timer)
-    return [s / reps for s in samples], reps
+    return timer.sample(loop, ctx.device, ctx.timer).per_call(reps), reps
 
 
-def timing_record(per_call_ms: list[float]) -> tuple[dict, timer.Stats, list[str]]:
-    stats = timer.summarize(per_call_ms)
-    rec = {"latency_ms": stats.median_ms, "latency_p90_ms": stats.p90_ms, "latency_p99_ms": stats.p99_ms,
-           "latency_iqr_ms": stats.iqr_ms, "n_samples": stats.n}
-    warnings = [f"noisy: IQR/median {stats.iqr_ms / stats.median_ms:.1%} > 5%"] if stats.noisy else []
-    return rec, stats, warnings
+def timing_record(sampled: timer.Sampled, **kwargs) -> tuple[dict, timer.Stats, list[str]]:
+    """The one record builder's keys (measure/record.py) for per-call timings, with their statistics."""
+    rec, warnings = record.timing_record(sampled, **kwargs)
+    return rec, sampled.stats, warnings
 
 
 def rel_err(out, ref) -> float:
@@ -147,5 +145,3 @@ def first_tensor(out):
     """transformers modules return a tensor or a tuple whose first item is the hidden states."""
     return out[0] if isinstance(out, (tuple, list)) else out
 
-
-PointStream = Iterator[Point]

@@ -7,13 +7,13 @@ record's rel_err also shows whether tf32 really ran (about 1e-4 instead of fp32'
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ...measure import device as dev
 from ...models import build
 from ..inference import TOLERANCE
-from .common import (Context, Point, PointStream, cycling, guarded, operand_sets, rel_err, time_calls,
-                     timing_record)
+from .common import Context, Point, cycling, guarded, operand_sets, rel_err, time_calls, timing_record
 from .options import GemmOptions
 
 FP8_MAX = 448.0  # largest finite e4m3 value
@@ -100,11 +100,13 @@ def build_calls(g: GemmShape, dtype: str, device, sets: int, seed: int):
         t = dev.torch_dtype(dtype)
         a = torch.randn(sets, g.m, g.k, device=device, dtype=t, generator=gen)
         b = torch.randn(sets, g.k, g.n, device=device, dtype=t, generator=gen)
-        c = torch.empty(sets, g.m, g.n, device=device, dtype=t)
-        calls = [lambda j=j: torch.matmul(a[j], b[j], out=c[j]) for j in range(sets)]
+        # A plain `a @ b` with a fresh output (the caching allocator hands back the same block), as users
+        # and the plain loop of benchmarks/gemm_vs_plain.py call it: `out=` can pick another cuBLAS path.
+        last = {}
+        calls = [lambda j=j: last.__setitem__("c", torch.matmul(a[j], b[j])) for j in range(sets)]
 
         def check():
-            return c[0, :CHECK_ROWS, :CHECK_COLS], a[0, :CHECK_ROWS].double() @ b[0, :, :CHECK_COLS].double()
+            return last["c"][:CHECK_ROWS, :CHECK_COLS], a[0, :CHECK_ROWS].double() @ b[0, :, :CHECK_COLS].double()
 
         info = {"out_dtype": str(t).replace("torch.", "")}
     if device.type == "cuda":
@@ -113,8 +115,12 @@ def build_calls(g: GemmShape, dtype: str, device, sets: int, seed: int):
     return calls, check, info
 
 
+def point_key(g: GemmShape, dtype: str) -> dict:
+    return {"shape": g.shape, "model": g.model, "m": g.m, "n": g.n, "k": g.k, "dtype": dtype}
+
+
 def measure(g: GemmShape, dtype: str, opts: GemmOptions, ctx: Context) -> Point:
-    key = {"shape": g.shape, "model": g.model, "m": g.m, "n": g.n, "k": g.k, "dtype": dtype}
+    key = point_key(g, dtype)
     flops = 2 * g.m * g.n * g.k
     nbytes = gemm_bytes(g, dtype)
     record = {**ctx.base_record(dtype), "shape": g.shape, "model": g.model, "m": g.m, "n": g.n, "k": g.k,
@@ -140,6 +146,7 @@ def measure(g: GemmShape, dtype: str, opts: GemmOptions, ctx: Context) -> Point:
                          error=f"rel_err {err:.3g} over the {dtype} tolerance {TOLERANCE[dtype]:g}")
         per_call, reps = time_calls(cycling(calls), ctx)
         timing, stats, warnings = timing_record(per_call)
+        per_call = per_call.samples_ms
         tflops = flops / (stats.median_ms / 1e3) / 1e12
         peak = ctx.peak.peak(dtype) if ctx.peak else None
         rec.update(timing, tflops=tflops, peak_tflops=peak, pct_of_peak=100 * tflops / peak if peak else None,
@@ -151,8 +158,10 @@ def measure(g: GemmShape, dtype: str, opts: GemmOptions, ctx: Context) -> Point:
     return guarded(key, record, ctx, run)
 
 
-def points(opts: GemmOptions, ctx: Context) -> PointStream:
-    for g in shapes(opts):
-        for dtype in opts.dtypes:
-            yield measure(g, dtype, opts, ctx)
-            dev.free_memory(ctx.device)
+def units(opts: GemmOptions) -> list[tuple[dict, list[dict]]]:
+    """(unit, its point keys): every shape x dtype is measured on its own."""
+    return [({"shape": dataclasses.asdict(g), "dtype": d}, [point_key(g, d)]) for g in shapes(opts) for d in opts.dtypes]
+
+
+def measure_unit(unit: dict, opts: GemmOptions, ctx: Context) -> list[Point]:
+    return [measure(GemmShape(**unit["shape"]), unit["dtype"], opts, ctx)]

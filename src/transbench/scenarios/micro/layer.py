@@ -15,8 +15,7 @@ from ...measure import device as dev
 from ...measure import memory
 from ...models import build, flops
 from ..inference import TOLERANCE
-from .common import (Context, Point, PointStream, failure_point, first_tensor, guarded, rel_err, time_calls,
-                     timing_record)
+from .common import Context, Point, failure_point, first_tensor, guarded, rel_err, time_calls, timing_record
 from .options import LayerOptions
 
 CHECK_ROWS = 2
@@ -80,16 +79,23 @@ class CastLayer:
         return rel_err(out, ref), str(out.dtype).replace("torch.", "")
 
 
+PASSES = ("fwd", "fwd+bwd")
+
+
+def point_key(opts: LayerOptions, batch: int, seq: int, p: str) -> dict:
+    return {"model": opts.model, "dtype": opts.dtype, "batch": batch, "seq": seq, "pass": p}
+
+
 def measure(cast: CastLayer, shape, batch: int, seq: int, opts: LayerOptions, ctx: Context) -> list[Point]:
     import torch
 
     dtype, layer = opts.dtype, cast.layer
     fwd_flops = batch * flops.layer_flops(shape, seq)
-    passes = (("fwd", fwd_flops), ("fwd+bwd", 3 * fwd_flops))
+    passes = tuple(zip(PASSES, (fwd_flops, 3 * fwd_flops)))
     base = {**ctx.base_record(dtype), "model": opts.model, "batch_size": batch, "seq_len": seq}
 
     def key(p):
-        return {"model": opts.model, "dtype": dtype, "batch": batch, "seq": seq, "pass": p}
+        return point_key(opts, batch, seq, p)
 
     def record(p, fl):
         return {**base, "pass": p, "flops": fl}
@@ -130,6 +136,7 @@ def measure(cast: CastLayer, shape, batch: int, seq: int, opts: LayerOptions, ct
             memory.reset_peak(ctx.device)
             per_call, reps = time_calls(fn, ctx)
             timing, stats, warnings = timing_record(per_call)
+            per_call = per_call.samples_ms
             seconds = stats.median_ms / 1e3
             tflops = fl / seconds / 1e12
             peak = ctx.peak.peak(dtype) if ctx.peak else None
@@ -144,10 +151,11 @@ def measure(cast: CastLayer, shape, batch: int, seq: int, opts: LayerOptions, ct
     return out
 
 
-def points(opts: LayerOptions, ctx: Context) -> PointStream:
+def units(opts: LayerOptions) -> list[tuple[dict, list[dict]]]:
+    """Both passes of one batch x seq are measured together, on one built layer."""
+    return [({"batch": b, "seq": s}, [point_key(opts, b, s, p) for p in PASSES]) for s in opts.seqs for b in opts.batches]
+
+
+def measure_unit(unit: dict, opts: LayerOptions, ctx: Context) -> list[Point]:
     base, shape = build_layer(opts.model, ctx.device, opts.seed)
-    cast = CastLayer(base, opts.dtype)
-    for seq in opts.seqs:
-        for batch in opts.batches:
-            yield from measure(cast, shape, batch, seq, opts, ctx)
-            dev.free_memory(ctx.device)
+    return measure(CastLayer(base, opts.dtype), shape, unit["batch"], unit["seq"], opts, ctx)

@@ -3,26 +3,29 @@ point as a cell of a run of kind "micro", and hand back the flat records."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...errors import SpecError
 from ...measure import device as dev
 from ...measure import env as env_mod
+from ...cells import CellResult
+from ...runner.sweep import SweepOptions, Target, open_run, run_grid
 from ...store import Store, export
 from . import bandwidth, breakdown, gemm, layer
 from .common import Point, make_context
 from .options import BandwidthOptions, BreakdownOptions, GemmOptions, LayerOptions
 
-# kind -> (its options, the generator of its points, the cells' scenario)
+# kind -> (its options, its module: units(opts) and measure_unit(unit, opts, ctx), the cells' scenario)
 KINDS = {
-    "gemm": (GemmOptions, gemm.points, "micro-gemm"),
-    "bandwidth": (BandwidthOptions, bandwidth.points, "micro-bandwidth"),
-    "layer": (LayerOptions, layer.points, "micro-layer"),
-    "breakdown": (BreakdownOptions, breakdown.points, "micro-breakdown"),
+    "gemm": (GemmOptions, gemm, "micro-gemm"),
+    "bandwidth": (BandwidthOptions, bandwidth, "micro-bandwidth"),
+    "layer": (LayerOptions, layer, "micro-layer"),
+    "breakdown": (BreakdownOptions, breakdown, "micro-breakdown"),
 }
+NO_DEADLINE_S = 3600.0  # a point has no --timeout of its own; a hung kernel still ends within the hour
 
 
 @dataclass
@@ -33,48 +36,103 @@ class MicroOutcome:
     options: object  # the resolved options (defaults filled for the device)
 
 
+@dataclass(frozen=True)
+class MicroCell:
+    """One measured point of a micro run, for the sweep loop. Points of one `unit` (the two passes of a
+    layer, the parts of a breakdown) are measured together by the first of them that runs, and the
+    worker hands the others out as they come (their numbers belong together)."""
+
+    kind: str
+    point: str  # the point's key, JSON (sorted keys): the cell's identity
+    unit: str  # JSON of the unit the point is measured in
+    options: str  # JSON of the resolved options
+    device: str = "cpu"
+    db: str = "transbench.db"  # breakdown's ceilings come from GEMM and copy runs stored here
+    batch: int = 1  # the point's batch where it has one (layer): larger batches after an OOM are skipped
+
+    @property
+    def scenario(self) -> str:
+        return KINDS[self.kind][2]
+
+    def key(self) -> str:
+        return self.point
+
+    def oom_group(self) -> str:
+        key = json.loads(self.point)
+        key.pop("batch", None)
+        return json.dumps(key, sort_keys=True)
+
+    def record_fields(self) -> dict:
+        """The point's key as record keys (a skipped point has no record of its own)."""
+        fields = json.loads(self.point)
+        if "batch" in fields:
+            fields["batch_size"] = fields.pop("batch")
+        if "seq" in fields:
+            fields["seq_len"] = fields.pop("seq")
+        return {"scenario": self.scenario, "device": self.device, **fields}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MicroCell:
+        return cls(**d)
+
+
+def cells(kind: str, opts, device, db: str) -> list[MicroCell]:
+    _, module, _ = KINDS[kind]
+    options = json.dumps(opts.to_dict(), sort_keys=True)
+    return [MicroCell(kind, json.dumps(k, sort_keys=True), json.dumps(unit, sort_keys=True), options, str(device), db,
+                      k.get("batch", 1)) for unit, keys in module.units(opts) for k in keys]
+
+
+def measure(cell_dict: dict, state: dict) -> CellResult:
+    """The sweep's target for micro cells, in a worker."""
+    cell = MicroCell.from_dict(cell_dict)
+    cls, module, scenario = KINDS[cell.kind]
+    opts = cls(**json.loads(cell.options))
+    measured = state.setdefault("micro_units", {})
+    unit_id = (cell.kind, cell.options, cell.unit)
+    if unit_id not in measured or cell.point not in measured[unit_id]:
+        measured.clear()
+        device = dev.resolve(cell.device)
+        ctx = make_context(device, cell.db, opts.min_time, opts.warmup)
+        points = module.measure_unit(json.loads(cell.unit), opts, ctx)
+        measured[unit_id] = {json.dumps(p.key, sort_keys=True): p for p in points}
+        dev.free_memory(device)
+    p = measured[unit_id].pop(cell.point)
+    return CellResult(p.status, {**p.record, "scenario": scenario}, p.samples_ms, p.info, p.warnings, p.error)
+
+
 def run_micro(kind: str, options, db: str = "transbench.db",
               on_point: Callable[[Point], None] = lambda p: None) -> MicroOutcome:
     """Measure micro-benchmark `kind` ('gemm', 'bandwidth', 'layer' or 'breakdown') with its options
-    dataclass; every point is stored as it is measured. Bad options raise SpecError before anything runs."""
+    dataclass, through the one sweep loop (a worker process, one stored cell per point, resumable by
+    name). Bad options raise SpecError before anything runs."""
     if kind not in KINDS:
         raise SpecError(f"unknown micro-benchmark '{kind}': choose from {', '.join(KINDS)}")
-    cls, points, scenario = KINDS[kind]
+    cls, _, _ = KINDS[kind]
     if not isinstance(options, cls):
         raise SpecError(f"micro {kind} takes {cls.__name__}, not {type(options).__name__}")
     device = dev.resolve(options.device)
     opts = options.resolved(device)
     store = Store(db)
-    saved_tf32 = _tf32_state()
     try:
         spec = {"micro": kind, **opts.to_dict(), "device": str(device)}
-        try:
-            run_id, name = store.create_run(opts.name, "micro", spec, env_mod.collect(open_cuda=device.type == "cuda"))
-        except sqlite3.IntegrityError:
-            raise SpecError(f"a run named '{opts.name}' is already in {db}: choose another --name") from None
-        ctx = make_context(device, db, opts.min_time, opts.warmup)
-        for p in points(opts, ctx):
-            record = {**p.record, "scenario": scenario, "status": p.status, "error": p.error}
-            store.put_cell(run_id, json.dumps(p.key, sort_keys=True), scenario, p.status, record,
-                           cell=p.key, samples=p.samples_ms, info=p.info, warnings=p.warnings)
-            on_point(p)
+        spec.pop("name", None)
+        run_id, name, _ = open_run(store, "micro", spec, opts.name, lambda: env_mod.collect(open_cuda=False))
+
+        def on_cell(cell: MicroCell, r: CellResult | None) -> None:
+            if r is not None:
+                on_point(Point(json.loads(cell.point), r.status, r.record, r.samples_ms, r.info, r.warnings, r.error))
+
+        run_grid(store, run_id, cells(kind, opts, device, str(db)),
+                 Target(MicroCell, measure="transbench.scenarios.micro.run:measure"),
+                 SweepOptions(timeout=NO_DEADLINE_S), on_cell)
         recs = export.records(store, [run_id])
     finally:
-        _restore_tf32(saved_tf32)
         store.close()
     return MicroOutcome(run_id, name, recs, opts)
-
-
-def _tf32_state():
-    import torch
-
-    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-
-
-def _restore_tf32(state) -> None:
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = state
 
 
 def plot_micro(outcome: MicroOutcome, db: str, path: str) -> str:

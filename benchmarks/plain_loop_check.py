@@ -1,0 +1,89 @@
+"""transbench's sampler against a plain CUDA-event loop, in one process, on the same prepared callable.
+
+    PYTHONPATH=src python3 benchmarks/plain_loop_check.py --model bert-base-uncased --backend sdpa,fused \
+        --point 64x512 --point 8x384 --dtype fp16
+
+For each backend and batch x seq point: the model is prepared once through transbench's own path
+(scenarios/inference.py: model_for, backend.prepare), then timed alternately, three rounds each, by
+(a) transbench's sampler (measure/timer.sample: one synchronized call per sample, median) and (b) a plain
+loop: CUDA events around N back-to-back calls, divided by N. The SM clock and power of each region are
+read through NVML (measure/context.py), so a difference can be told from a clock change. Prints one row
+per point: both medians, their ratio, and the clocks."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+
+def plain_loop_ms(fn, calls: int) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="bert-base-uncased")
+    p.add_argument("--backend", default="sdpa,fused")
+    p.add_argument("--point", action="append", default=None, help="BATCHxSEQ, repeatable")
+    p.add_argument("--dtype", default="fp16")
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from transbench import backends
+    from transbench.cells import Cell
+    from transbench.measure import timer
+    from transbench.measure.context import Monitor
+    from transbench.models import build
+    from transbench.scenarios.inference import ModelCache, cell_inputs, model_for
+
+    device = torch.device("cuda", 0)
+    cache = ModelCache()
+    rows = []
+    for point in args.point or ["64x512", "8x384"]:
+        batch, seq = (int(x) for x in point.lower().split("x"))
+        for name in args.backend.split(","):
+            cell = Cell(args.model, "base", name, args.dtype, batch, seq, device="cuda:0")
+            backend = backends.get(name)
+            model = model_for(cache, cell, backend, device)
+            inputs = cell_inputs(cell, build.resolve(args.model).shape).to(device)
+            prepared = backend.prepare(model, inputs, cell)
+            prepared.fn()
+            torch.cuda.synchronize()
+            ours, plain, clocks = [], [], []
+            for _ in range(args.rounds):
+                s = timer.sample(prepared.fn, device, timer.TimerConfig(warmup=5, min_time_s=1.0, min_count=20))
+                ours.append(s.stats.median_ms)
+                clocks.append(s.context.summary()["sm_clock_mhz"])
+                calls = max(20, int(1000 / max(s.stats.median_ms, 1e-3)))
+                plain_loop_ms(prepared.fn, 5)
+                with Monitor(device) as m:
+                    plain.append(plain_loop_ms(prepared.fn, calls))
+                clocks.append(m.context.summary()["sm_clock_mhz"])
+            a, b = statistics.median(ours), statistics.median(plain)
+            rows.append((f"{name} {batch}x{seq}", a, b, a / b, min(c for c in clocks if c) if any(clocks) else None,
+                         max(c for c in clocks if c) if any(clocks) else None))
+            del model, prepared, inputs
+            torch.cuda.empty_cache()
+    print(f"\n{'point':<22} {'transbench ms':>14} {'plain loop ms':>14} {'ratio':>7} {'SM MHz min-max':>15}")
+    for label, a, b, r, lo, hi in rows:
+        print(f"{label:<22} {a:>14.4f} {b:>14.4f} {r:>7.3f} {lo or 0:>7.0f}-{hi or 0:<7.0f}")
+    worst = max(abs(r[3] - 1) for r in rows)
+    print(f"largest difference: {worst:.1%} ({'within' if worst <= 0.05 else 'OVER'} 5%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
