@@ -96,7 +96,7 @@ def test_100000_samples_per_side():
     ratio, (lo, hi), v, _ = verdict(a, b)
     assert v == "same" and lo < 1 < hi
     assert verdict(a, [x * 1.1 for x in b])[2] == "slower"
-    assert time.perf_counter() - start < 10  # about 0.05 s on a laptop core: no exact-test combinatorics
+    assert time.perf_counter() - start < 10  # about 0.1 s on a 2-core CI machine: no exact-test combinatorics
 
 
 def test_too_few_samples_is_na():

@@ -189,19 +189,19 @@ def common(records: list[dict]) -> str:
     return _text(first, [n for n in first if n not in vary])
 
 
-def _why_unmatched(rec: dict, others: list[dict], other: str) -> str:
-    """Reason a cell has no partner: the other run's nearest cell and the settings it differs in."""
+def _why_unmatched(rec: dict, others: list[tuple[object, dict]], other: str) -> str:
+    """Reason a cell has no partner: the other run's nearest cell (same scenario, settings as
+    (scenario, settings) pairs) when it differs in at most two settings."""
     mine = settings(rec)
     best: list[str] | None = None
-    best_rec = None
-    for o in others:
-        if o.get("scenario") != rec.get("scenario"):
+    best_settings: dict = {}
+    for scenario, theirs in others:
+        if scenario != rec.get("scenario"):
             continue
-        theirs = settings(o)
         diff = [n for n in dict.fromkeys([*mine, *theirs]) if not _same(mine.get(n), theirs.get(n))]
         if best is None or len(diff) < len(best):
-            best, best_rec = diff, theirs
-    shown = _text(best_rec, best) if best and best_rec is not None and len(best) <= 2 else ""
+            best, best_settings = diff, theirs
+    shown = _text(best_settings, best) if best and len(best) <= 2 else ""
     return f"not in {other} ({other} has {shown})" if shown else f"not in {other}"
 
 
@@ -273,7 +273,8 @@ def unmatched_table(cmp: Comparison) -> Table | None:
         return None
     rows = []
     for side, recs, other, others in (("A", cmp.only_a, "B", cmp.only_b), ("B", cmp.only_b, "A", cmp.only_a)):
+        parsed = [(o.get("scenario"), settings(o)) for o in others]
         for r in recs:
             rows.append([f"only in {side}", _text(settings(r), settings(r)),
-                         STATUS_TEXT.get(r["status"], r["status"]), _why_unmatched(r, others, other)])
+                         STATUS_TEXT.get(r["status"], r["status"]), _why_unmatched(r, parsed, other)])
     return Table("cells in one run only", ["in", "cell", "status", "why"], rows)
