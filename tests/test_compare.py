@@ -165,11 +165,14 @@ def test_cli_exit_codes(two_runs, tmp_path):
                        (["before", "after", "--alpha", "2"], "error: --alpha 2.0"),
                        (["before", "after", "--min-effect", "-1"], "error: --min-effect -1.0")):
         res = runner.invoke(app, ["compare", *args, "--db", two_runs])
-        assert res.exit_code == 2 and res.output.startswith(says) and res.output.count("\n") == 1, res.output
+        # one line on stderr, nothing on stdout
+        assert res.exit_code == 2 and res.stderr.startswith(says) and res.stderr.count("\n") == 1, res.output
+        assert res.stdout == ""
     assert open(two_runs, "rb").read() == store_bytes
     missing = tmp_path / "typo.db"
     res = runner.invoke(app, ["compare", "before", "after", "--db", str(missing)])
-    assert res.exit_code == 2 and res.output == f"error: no store {missing}: pass the file your runs went to with --db\n"
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr == f"error: no store {missing}: pass the file your runs went to with --db\n"
     assert not missing.exists()
 
 

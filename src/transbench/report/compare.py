@@ -224,8 +224,8 @@ def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[d
         elif ok_b and not ok_a:
             out.cells.append(CellComparison(ra, rb, None, mb, None, None, "fixed", f"A was {ra['status']}"))
         elif not ok_a or not ma or mb is None:
-            out.cells.append(CellComparison(ra, rb, ma, mb, None, None, "n/a",
-                                            "no latency in either run" if ok_a else f"A {ra['status']}, B {rb['status']}"))
+            why = "no latency in either run" if ok_a else f"A {ra['status']}, B {rb['status']}"
+            out.cells.append(CellComparison(ra, rb, ma, mb, None, None, "n/a", why))
         else:
             ratio, interval, verdict, note = judge(ra["_samples"], rb["_samples"], ma, mb, cfg)
             out.cells.append(CellComparison(ra, rb, ma, mb, ratio, interval, verdict, note))
