@@ -137,7 +137,7 @@ def report(db: str = "transbench.db", runs: list[str] | None = None, out_dir: st
 
 
 def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: float = 0.03):
-    """Per-cell median ratios with a Mann-Whitney U verdict (faster / slower / same)."""
+    """Per-cell median ratios B/A with a bootstrap interval over block medians (faster / slower / same)."""
     from .report import CompareConfig
     from .report import compare as compare_runs
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .app import app, friendly
@@ -45,29 +46,29 @@ def compare(
     run_a: str = typer.Argument(..., help="the reference run (name, id or 'last')"),
     run_b: str = typer.Argument(..., help="the run to judge against it"),
     db: str = typer.Option("transbench.db", help="SQLite store"),
-    alpha: float = typer.Option(0.05, help="significance level of the Mann-Whitney U test"),
+    alpha: float = typer.Option(0.05, help="1 - the level of the B/A interval (0.05 = 95%)"),
     min_effect: float = typer.Option(0.03, help="smallest latency change that counts (0.03 = 3%)"),
 ) -> None:
-    """Per-cell latency ratio B/A with a Mann-Whitney U test; exit code 1 when a cell got slower or broke."""
+    """Per-cell latency ratio B/A with a bootstrap interval over block medians; exit code 1 when a cell got
+    slower or broke."""
     from ..report import CompareConfig
     from ..report import compare as compare_runs
-    from ..report.compare import IDENT, comparison_table
+    from ..report.compare import comparison_table, unmatched_table
 
     cmp = compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
-    t = Table(title=f"A = {cmp.run_a['name']}, B = {cmp.run_b['name']}")
-    for _, header in IDENT:
-        t.add_column(header)
-    for header in ("A ms", "B ms", "B/A", "p", "verdict", "note"):
-        t.add_column(header, justify="right" if header in ("A ms", "B ms", "B/A", "p") else "left")
-    for c, row in zip(cmp.cells, comparison_table(cmp).rows):
-        style = VERDICT_STYLE.get(c.verdict)
-        t.add_row(*row[:-2], f"[{style}]{c.verdict}[/]" if style else c.verdict, row[-1])
-    console.print(t)
-    for side, recs in (("A", cmp.only_a), ("B", cmp.only_b)):
-        for r in recs:
-            console.print(f"unmatched, only in {side}: {r.get('scenario')} {r.get('model')} {r.get('task')} "
-                          f"{r.get('backend')} {r.get('dtype')} b{r.get('batch_size')} s{r.get('seq_len')}",
-                          highlight=False)
-    console.print(cmp.summary(), highlight=False)
+    # A CI log or a narrow terminal: every value whole within 100 columns (long text folds, never "...").
+    width = min(console.width, 100)
+    for doc in (comparison_table(cmp), unmatched_table(cmp)):
+        if doc is None:
+            continue
+        t = Table(title=escape(doc.title))
+        for header in doc.headers:
+            right = header in ("A ms", "B ms", "B/A")
+            t.add_column(header, justify="right" if right else "left", overflow="fold", no_wrap=right)
+        for row in doc.rows:
+            t.add_row(*[f"[{VERDICT_STYLE[v]}]{v}[/]" if v in VERDICT_STYLE and h == "verdict" else escape(v)
+                        for h, v in zip(doc.headers, row)])
+        console.print(t, width=width)
+    console.print(cmp.summary(), highlight=False, markup=False, width=width)
     if cmp.regressions:
         raise typer.Exit(1)

@@ -1,16 +1,37 @@
 """Run-to-run comparison: is a change a real regression or noise?
 
-Cells of two runs are matched on their identity (scenario and sweep axes: model, task, backend, dtype,
-batch, seq). For each pair: the ratio of median latencies (B / A: above 1 is slower) and a two-sided
-Mann-Whitney U test on the raw per-call samples. A cell is `slower` or `faster` only when the difference
-is both significant (p < alpha) and large enough (|ratio - 1| >= min_effect); otherwise `same`.
-A cell that was ok in A and is not in B (OOM, wrong, error, ...) is `broken`; the reverse is `fixed`."""
+Cells of two runs are matched on their stored cell key (the `key` column of the cells table), which holds
+every setting that changes what is measured; settings outside it (timing parameters such as --min-time)
+may differ. A cell in one run only is listed with the reason.
+
+For each matched pair of ok cells, the verdict comes from the raw per-call samples, in the time order they
+were stored:
+1. Block medians. A cell's n samples are cut into m = floor(sqrt(n)) blocks of floor(n / m) consecutive
+   samples (the first n - m * floor(n / m) samples, nearest the warm-up, fewer than one block, are left out)
+   and each block is replaced by its median. Why: per-call samples drift (clock, temperature) and are
+   autocorrelated, so they are not n independent draws; a per-sample Mann-Whitney U test called two
+   identical back-to-back H100 runs `slower` with p = 6.7e-45 (issue 21). Medians of blocks of
+   consecutive samples are close to independent once a block outlasts the correlation, and sqrt(n) blocks
+   of sqrt(n) samples is the classical batch-means choice (Flegal and Jones 2010) that lets both the block
+   length and the block count grow with n.
+2. A percentile bootstrap interval of median(B's block medians) / median(A's block medians): RESAMPLES
+   resamples of each side's block medians with replacement, from a fixed seed, so the same data always
+   give the same verdict; its level is 1 - alpha (95% by default).
+3. `slower` when the whole interval lies above 1 + min_effect, `faster` when it lies below 1 - min_effect,
+   else `same`: a change must be both outside the noise and larger than what the gate cares about.
+4. Fewer than MIN_BLOCKS blocks on either side (under 25 samples): `n/a`, with a note to time longer.
+A cell that was ok in A and is not in B (OOM, wrong, error, ...) is `broken`; the reverse is `fixed`.
+Everything is numpy and the standard library: no exact-test combinatorics that overflow at large n."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
 
 from ..errors import SpecError
 from ..store import Store
@@ -21,16 +42,21 @@ from .document import STATUS_TEXT, Table, num
 REGRESSIONS = ("slower", "broken")
 # max-batch cells are matched on everything but the batch they found: their latencies are not comparable.
 NOT_COMPARED = ("max-batch",)
+# Five blocks is the fewest whose bootstrapped median is not one of two or three values: it needs 25
+# samples; any cell timed for the default --min-time 1 s at under 40 ms per call has them.
+MIN_BLOCKS = 5
+RESAMPLES = 2000
+SEED = 0
 
 
 @dataclass(frozen=True)
 class CompareConfig:
-    alpha: float = 0.05
+    alpha: float = 0.05  # the interval's level is 1 - alpha
     min_effect: float = 0.03
 
     def __post_init__(self):
         if not 0 < self.alpha < 1:
-            raise SpecError(f"--alpha {self.alpha} must be between 0 and 1 (e.g. 0.05)")
+            raise SpecError(f"--alpha {self.alpha} must be between 0 and 1 (0.05 = a 95% interval)")
         if not 0 <= self.min_effect < 10:
             raise SpecError(f"--min-effect {self.min_effect} must be a fraction >= 0 (0.03 = 3%)")
 
@@ -42,7 +68,7 @@ class CellComparison:
     median_a: float | None
     median_b: float | None
     ratio: float | None  # B / A median latency
-    p_value: float | None
+    interval: tuple[float, float] | None  # bootstrap interval of the ratio of block medians
     verdict: str  # faster | slower | same | broken | fixed | n/a
     note: str = ""
 
@@ -71,37 +97,112 @@ class Comparison:
         if self.only_a or self.only_b:
             parts.append(f"{len(self.only_a) + len(self.only_b)} unmatched")
         return (f"{self.run_b['name']} vs {self.run_a['name']}: " + (", ".join(parts) or "no cells")
-                + f" (alpha {self.config.alpha:g}, min effect {self.config.min_effect:.0%})")
+                + f" ({1 - self.config.alpha:.0%} interval, min effect {self.config.min_effect:.0%})")
 
 
-def min_p_value(n_a: int, n_b: int) -> float:
-    """The smallest two-sided p the exact Mann-Whitney test can give with these sample counts."""
-    return min(1.0, 2.0 / math.comb(n_a + n_b, n_a)) if n_a and n_b else 1.0
+def block_medians(samples: list[float]) -> np.ndarray:
+    """Medians of floor(sqrt(n)) blocks of consecutive samples (the oldest remainder left out)."""
+    x = np.asarray(samples, dtype=np.float64)
+    m = math.isqrt(len(x))
+    if m == 0:
+        return x
+    size = len(x) // m
+    return np.median(x[len(x) - m * size:].reshape(m, size), axis=1)
+
+
+def ratio_interval(blocks_a: np.ndarray, blocks_b: np.ndarray, alpha: float) -> tuple[float, float]:
+    """Percentile bootstrap interval (level 1 - alpha) of median(blocks_b) / median(blocks_a)."""
+    rng = np.random.default_rng(SEED)
+    med_a = np.median(blocks_a[rng.integers(0, len(blocks_a), (RESAMPLES, len(blocks_a)))], axis=1)
+    med_b = np.median(blocks_b[rng.integers(0, len(blocks_b), (RESAMPLES, len(blocks_b)))], axis=1)
+    lo, hi = np.quantile(med_b / med_a, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
 
 
 def judge(samples_a: list[float], samples_b: list[float], median_a: float, median_b: float,
-          cfg: CompareConfig) -> tuple[float, float | None, str, str]:
-    """(ratio B/A, p, verdict, note) for two cells that were both ok."""
-    from scipy.stats import mannwhitneyu
-
+          cfg: CompareConfig) -> tuple[float, tuple[float, float] | None, str, str]:
+    """(ratio B/A, interval, verdict, note) for two cells that were both ok."""
     ratio = median_b / median_a
-    if len(samples_a) < 2 or len(samples_b) < 2:
-        return ratio, None, "n/a", "too few raw samples for a test"
-    p = float(mannwhitneyu(samples_a, samples_b, alternative="two-sided").pvalue)
-    note = ""
-    if min_p_value(len(samples_a), len(samples_b)) >= cfg.alpha:
-        note = f"{len(samples_a)}+{len(samples_b)} samples cannot reach p < {cfg.alpha:g}: time longer"
-    if not p < cfg.alpha:
-        return ratio, p, "same", note
-    if abs(ratio - 1) < cfg.min_effect:
-        return ratio, p, "same", f"significant, but under the {cfg.min_effect:.0%} min effect"
-    return ratio, p, "slower" if ratio > 1 else "faster", note
+    blocks_a, blocks_b = block_medians(samples_a), block_medians(samples_b)
+    if min(len(blocks_a), len(blocks_b)) < MIN_BLOCKS:
+        need = MIN_BLOCKS * MIN_BLOCKS
+        return ratio, None, "n/a", (f"{len(samples_a)} + {len(samples_b)} samples: a verdict needs {need} per "
+                                    f"cell; time longer (--min-time)")
+    lo, hi = ratio_interval(blocks_a, blocks_b, cfg.alpha)
+    if lo > 1 + cfg.min_effect:
+        return ratio, (lo, hi), "slower", ""
+    if hi < 1 - cfg.min_effect:
+        return ratio, (lo, hi), "faster", ""
+    if lo > 1 or hi < 1:
+        return ratio, (lo, hi), "same", f"a change, but not all of it beyond the {cfg.min_effect:.0%} min effect"
+    return ratio, (lo, hi), "same", ""
 
 
 def _median(rec: dict) -> float | None:
     if rec.get("latency_ms"):
         return rec["latency_ms"]
     return statistics.median(rec["_samples"]) if rec.get("_samples") else None
+
+
+def _same(a, b) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def settings(rec: dict) -> dict[str, object]:
+    """The settings the record's stored cell key holds, by name. A JSON-object key names them; a list key
+    does not, so each value is named by the first field of the record (contract order: the identity
+    fields come first) that holds it, else by its position."""
+    key = json.loads(rec["_key"])
+    if isinstance(key, dict):
+        return key
+    out: dict[str, object] = {}
+    for i, value in enumerate(key if isinstance(key, list) else [key]):
+        name = next((f for f, v in rec.items() if f not in out and not f.startswith(("_", "run_"))
+                     and _same(v, value)), f"#{i}")
+        out[name] = value
+    return out
+
+
+def _value(v: object) -> str:
+    # A setting is shown as it was given (seq_stdev=16, not 16.00): it names the cell, it is not a measurement.
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _text(values: dict[str, object], names) -> str:
+    return " ".join(f"{n}={_value(values[n])}" for n in names if n in values)
+
+
+def varying(records: list[dict]) -> list[str]:
+    """Names of the key settings that differ between these records (or that some lack), in key order."""
+    all_settings = [settings(r) for r in records]
+    names = list(dict.fromkeys(n for s in all_settings for n in s))
+    return [n for n in names
+            if any(n not in s or not _same(s[n], all_settings[0].get(n)) for s in all_settings)]
+
+
+def common(records: list[dict]) -> str:
+    """The key settings every record shares, as `name=value` text."""
+    if not records:
+        return ""
+    vary = set(varying(records))
+    first = settings(records[0])
+    return _text(first, [n for n in first if n not in vary])
+
+
+def _why_unmatched(rec: dict, others: list[tuple[object, dict]], other: str) -> str:
+    """Reason a cell has no partner: the other run's nearest cell (same scenario, settings as
+    (scenario, settings) pairs) when it differs in at most two settings."""
+    mine = settings(rec)
+    best: list[str] | None = None
+    best_settings: dict = {}
+    for scenario, theirs in others:
+        if scenario != rec.get("scenario"):
+            continue
+        diff = [n for n in dict.fromkeys([*mine, *theirs]) if not _same(mine.get(n), theirs.get(n))]
+        if best is None or len(diff) < len(best):
+            best, best_settings = diff, theirs
+    shown = _text(best_settings, best) if best and len(best) <= 2 else ""
+    return f"not in {other} ({other} has {shown})" if shown else f"not in {other}"
 
 
 def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[dict],
@@ -123,17 +224,20 @@ def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[d
         elif ok_b and not ok_a:
             out.cells.append(CellComparison(ra, rb, None, mb, None, None, "fixed", f"A was {ra['status']}"))
         elif not ok_a or not ma or mb is None:
-            out.cells.append(CellComparison(ra, rb, ma, mb, None, None, "n/a",
-                                            "no latency in either run" if ok_a else f"A {ra['status']}, B {rb['status']}"))
+            why = "no latency in either run" if ok_a else f"A {ra['status']}, B {rb['status']}"
+            out.cells.append(CellComparison(ra, rb, ma, mb, None, None, "n/a", why))
         else:
-            ratio, p, verdict, note = judge(ra["_samples"], rb["_samples"], ma, mb, cfg)
-            out.cells.append(CellComparison(ra, rb, ma, mb, ratio, p, verdict, note))
+            ratio, interval, verdict, note = judge(ra["_samples"], rb["_samples"], ma, mb, cfg)
+            out.cells.append(CellComparison(ra, rb, ma, mb, ratio, interval, verdict, note))
     return out
 
 
 def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -> Comparison:
     """Compare two stored runs (names, ids or 'last') of one store."""
     cfg = cfg or CompareConfig()
+    # Comparing reads: a missing store is a typo, and opening one would leave an empty file behind.
+    if not Path(db).is_file():
+        raise SpecError(f"no store {db}: pass the file your runs went to with --db")
     store = Store(db)
     try:
         da, db_ = load(store, [run_a]), load(store, [run_b])
@@ -142,29 +246,35 @@ def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -
     return compare_records(da.runs[0], da.records, db_.runs[0], db_.records, cfg)
 
 
-IDENT = (("scenario", "scenario"), ("model", "model"), ("task", "task"), ("backend", "backend"),
-         ("dtype", "dtype"), ("batch_size", "batch"), ("seq_len", "seq"))
-
-
 def _state(rec: dict, median: float | None) -> str:
     return num(median) if rec["status"] == "ok" else STATUS_TEXT.get(rec["status"], rec["status"])
 
 
 def comparison_table(cmp: Comparison) -> Table:
+    """One row per matched cell: the key settings that vary between the cells (`cell`; those all share are
+    in the title), both medians, B/A, its interval and the verdict."""
+    records = [c.record_a for c in cmp.cells]
+    vary = varying(records)
     rows = []
     for c in cmp.cells:
-        r = c.record_a
-        rows.append([num(r.get(k)) for k, _ in IDENT] + [
+        interval = "" if c.interval is None else f"{c.interval[0]:.3f}-{c.interval[1]:.3f}"
+        rows.append(([_text(settings(c.record_a), vary)] if vary else []) + [
             _state(c.record_a, c.median_a), _state(c.record_b, c.median_b),
-            "" if c.ratio is None else f"{c.ratio:.3f}", "" if c.p_value is None else f"{c.p_value:.2g}",
-            c.verdict, c.note])
-    headers = [h for _, h in IDENT] + ["A median ms", "B median ms", "B/A", "p", "verdict", "note"]
-    return Table(f"A = {cmp.run_a['name']}, B = {cmp.run_b['name']}", headers, rows, cmp.summary())
+            "" if c.ratio is None else f"{c.ratio:.3f}", interval, c.verdict, c.note])
+    headers = (["cell"] if vary else []) + ["A ms", "B ms", "B/A", f"{1 - cmp.config.alpha:.0%} interval",
+                                            "verdict", "note"]
+    shared = common(records)
+    title = f"A = {cmp.run_a['name']}, B = {cmp.run_b['name']}" + (f"; every cell: {shared}" if shared else "")
+    return Table(title, headers, rows, cmp.summary())
 
 
 def unmatched_table(cmp: Comparison) -> Table | None:
     if not (cmp.only_a or cmp.only_b):
         return None
-    rows = [[side] + [num(r.get(k)) for k, _ in IDENT] + [STATUS_TEXT.get(r["status"], r["status"])]
-            for side, recs in (("A only", cmp.only_a), ("B only", cmp.only_b)) for r in recs]
-    return Table("cells in one run only", ["in"] + [h for _, h in IDENT] + ["status"], rows)
+    rows = []
+    for side, recs, other, others in (("A", cmp.only_a, "B", cmp.only_b), ("B", cmp.only_b, "A", cmp.only_a)):
+        parsed = [(o.get("scenario"), settings(o)) for o in others]
+        for r in recs:
+            rows.append([f"only in {side}", _text(settings(r), settings(r)),
+                         STATUS_TEXT.get(r["status"], r["status"]), _why_unmatched(r, parsed, other)])
+    return Table("cells in one run only", ["in", "cell", "status", "why"], rows)
