@@ -33,6 +33,9 @@ class FakeAllocator:
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: self.peak)
         monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: self.peak)
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: setattr(self, "peak", self.allocated))
+        monkeypatch.setattr(torch.cuda, "init", lambda: None)
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+        monkeypatch.setattr(memory, "_clear_workspaces", lambda: None)
         monkeypatch.setattr(memory.dev, "nvml_used_mb", lambda i: None)
 
 
