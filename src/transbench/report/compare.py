@@ -134,7 +134,7 @@ def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[d
 def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -> Comparison:
     """Compare two stored runs (names, ids or 'last') of one store."""
     cfg = cfg or CompareConfig()
-    store = Store(db)
+    store = Store(db, readonly=True)
     try:
         da, db_ = load(store, [run_a]), load(store, [run_b])
     finally:
