@@ -140,7 +140,7 @@ def inspect(path: str) -> str:
         return "empty"
     if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
         raise SpecError(f"{path} is not a SQLite database, so not a transbench store: it was left as it is; "
-                        "give a store's path, or a new file name to start one")
+                        "give a transbench store's path")
     app_id = int.from_bytes(head[68:72], "big", signed=True)
     if app_id == APP_ID:
         version = int.from_bytes(head[60:64], "big", signed=True)
@@ -168,12 +168,12 @@ def _tables(path: str) -> dict[str, list[str]]:
         con = sqlite3.connect(f"{Path(path).absolute().as_uri()}?{flags}", uri=True)
         try:
             names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-            return {n: [c[1] for c in con.execute(f'PRAGMA table_info("{n}")')] for n in names}
+            return {n: [c[0] for c in con.execute("SELECT name FROM pragma_table_info(?)", (n,))] for n in names}
         finally:
             con.close()
     except sqlite3.Error as exc:
         raise SpecError(f"{path} is not a readable SQLite database ({exc}): it was left as it is; "
-                        "give a store's path, or a new file name to start one") from None
+                        "give a transbench store's path") from None
 
 
 def _writable(path: str, kind: str) -> None:
