@@ -5,9 +5,8 @@
 from __future__ import annotations
 
 import argparse
-import sqlite3
-from pathlib import Path
 
+from transbench.errors import SpecError
 from transbench.store.db import Store
 
 
@@ -28,13 +27,11 @@ def main(argv=None):
     ap.add_argument("db")
     ap.add_argument("--routes", action="store_true", help="also print every op's final route")
     a = ap.parse_args(argv)
-    if not Path(a.db).is_file():  # Store() would create an empty store there and print nothing
-        ap.error(f"no transbench store at {a.db}")
-    try:
-        store = Store(a.db)
+    try:  # read-only: a missing, foreign or damaged file is refused and left as it was
+        store = Store(a.db, readonly=True)
         runs = store.runs()
-    except sqlite3.DatabaseError as e:
-        ap.error(f"{a.db} is not a transbench store ({e})")
+    except SpecError as e:
+        ap.error(str(e))
     for run in runs:
         for c in store.cells(run["run_id"]):
             cell = c["cell"]

@@ -40,5 +40,5 @@ def test_a_missing_or_foreign_store_is_refused_with_exit_2_and_left_as_it_was(tm
         _script().main([str(path)])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert ("no transbench store at" if content is None else "is not a transbench store") in err
+    assert ("no store at" if content is None else "not a transbench store") in err
     assert (not path.exists()) if content is None else path.read_bytes() == content

@@ -129,6 +129,9 @@ def test_cli_report_and_its_errors(stored, tmp_path):
     res = runner.invoke(app, ["report", "nope", "--db", stored["db"], "--out", str(tmp_path / "x")])
     assert res.exit_code == 2
     assert res.output.strip().startswith("error: no run 'nope'") and len(res.output.strip().splitlines()) == 1
+    res = runner.invoke(app, ["report", "--db", str(tmp_path / "missing.db"), "--out", str(tmp_path / "y")])
+    assert res.exit_code == 2 and "no store at" in res.output and not (tmp_path / "missing.db").exists()
+    Store(tmp_path / "empty.db").close()  # a store with no runs yet
     res = runner.invoke(app, ["report", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "y")])
     assert res.exit_code == 2 and "no runs yet" in res.output
     res = runner.invoke(app, ["report", "tiny", "--compare", "--db", stored["db"], "--out", str(tmp_path / "z")])

@@ -80,7 +80,7 @@ def spec_to_store(spec: RunSpec) -> dict:
 
 
 def runs(db: str = "transbench.db") -> list[dict]:
-    store = Store(db)
+    store = Store(db, readonly=True)
     try:
         return store.runs()
     finally:
@@ -88,7 +88,7 @@ def runs(db: str = "transbench.db") -> list[dict]:
 
 
 def records(db: str, run_refs: list[str] | None = None, baseline: str | None = None) -> list[dict]:
-    store = Store(db)
+    store = Store(db, readonly=True)
     try:
         missing = [r for r in (run_refs or []) if store.find_run(r) is None]
         if missing:
@@ -100,14 +100,12 @@ def records(db: str, run_refs: list[str] | None = None, baseline: str | None = N
 
 def merge(target: str, sources: list[str]) -> tuple[int, int]:
     """Join stores (e.g. the shards of one sweep run on several hosts) without duplicate cells."""
-    import os
-
+    for src in sources:  # each source is checked before the target is opened (or created)
+        Store(src, readonly=True).close()
     store = Store(target)
     added = [0, 0]
     try:
         for src in sources:
-            if not os.path.isfile(src):
-                raise SpecError(f"store {src} not found")
             r, c = store.merge_from(src)
             added[0] += r
             added[1] += c

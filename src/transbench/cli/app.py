@@ -13,6 +13,31 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="How fast transformer models really run on your GPU, and where the time goes.")
 
 
+def version() -> str:
+    """The installed distribution's version; a source tree run without installing has only __version__."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("transbench")
+    except PackageNotFoundError:
+        from .. import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"transbench {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                               help="print the version and exit")) -> None:
+    pass
+
+
 def fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)

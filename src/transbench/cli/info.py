@@ -28,10 +28,18 @@ def models() -> None:
 
 
 @app.command()
+@friendly
 def env(as_json: bool = typer.Option(False, "--json", help="print JSON"),
-        db: str = typer.Option("transbench.db", help="SQLite store whose `micro gemm`/`micro bandwidth` runs give the measured ceilings")) -> None:
+        db: Optional[str] = typer.Option(None, help="SQLite store whose `micro gemm`/`micro bandwidth` runs give "
+                                                    "the measured ceilings (default: transbench.db when there)")) -> None:
     """GPUs, driver, clocks, power limit, library versions, datasheet peaks and measured ceilings."""
     from ..scenarios.micro import measured_ceilings
+    from ..store import Store
+
+    if db is None:
+        db = "transbench.db"  # no store there yet: the datasheet peaks alone
+    else:
+        Store(db, readonly=True).close()  # a --db given must be a store: a missing or foreign one is refused
 
     info = api.environment()
     for g in info["gpus"]:

@@ -40,7 +40,7 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
     from .data import load
 
     out = Path(out_dir)
-    store = Store(db)
+    store = Store(db, readonly=True)
     try:
         data = load(store, runs or ["last"], baseline)
     finally:

@@ -235,10 +235,7 @@ def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[d
 def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -> Comparison:
     """Compare two stored runs (names, ids or 'last') of one store."""
     cfg = cfg or CompareConfig()
-    # Comparing reads: a missing store is a typo, and opening one would leave an empty file behind.
-    if not Path(db).is_file():
-        raise SpecError(f"no store {db}: pass the file your runs went to with --db")
-    store = Store(db)
+    store = Store(db, readonly=True)  # a missing or foreign store is refused without a file left behind
     try:
         da, db_ = load(store, [run_a]), load(store, [run_b])
     finally:

@@ -1,3 +1,3 @@
-from .db import Store
+from .db import Store, StoreFull
 
-__all__ = ["Store"]
+__all__ = ["Store", "StoreFull"]

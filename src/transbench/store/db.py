@@ -1,16 +1,33 @@
 """The SQLite store: one row per run, one row per finished cell, one transaction per cell.
 
 WAL journaling keeps the file consistent when the process is killed at any moment: a cell is either
-fully stored or absent."""
+fully stored or absent.
+
+A file is only written once it is known to be ours: its header is read first (SQLite's 100-byte file
+header: the magic string, `application_id` at offset 68, `user_version` at 60), and an unmarked file's
+tables are listed through an immutable read-only connection, so a foreign or damaged file is refused
+before anything could add tables to it or switch its journal mode. Commands that only read (`runs`,
+`report`, `compare`, `env --db`) open with `readonly=True`: the file must exist, and the connection is
+`query_only`."""
 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
+import functools
 import hashlib
 import json
+import os
 import sqlite3
 import uuid
 from pathlib import Path
+
+from ..errors import SpecError
+
+# Marks a file as a transbench store (PRAGMA application_id: ASCII "tbnc"); stores written before the
+# marker existed are recognized by their two tables and get it on their next write.
+APP_ID = 0x74626E63
+SCHEMA_VERSION = 1  # PRAGMA user_version: a newer one is refused rather than misread
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -35,25 +52,192 @@ CREATE TABLE IF NOT EXISTS cells (
     PRIMARY KEY (run_id, key)
 );
 """
+COLUMNS = {"runs": ["run_id", "name", "kind", "created", "spec", "env"],
+           "cells": ["run_id", "key", "scenario", "status", "record", "cell", "samples", "info", "warnings",
+                     "created"]}
+RESUME = "free some space, then rerun the same command (add --resume if the run has no --name) to go on"
+
+
+class StoreFull(SpecError):
+    """The disk filled up while writing: what was stored before is whole, the run can be resumed."""
 
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def _errname(exc: sqlite3.Error) -> str:
+    """SQLITE_FULL, SQLITE_CORRUPT, ...: the code's name (Python 3.11+), else read from the message."""
+    name = getattr(exc, "sqlite_errorname", None)
+    if name:
+        return name
+    msg = str(exc)
+    for needle, code in (("disk is full", "SQLITE_FULL"), ("malformed", "SQLITE_CORRUPT"),
+                         ("not a database", "SQLITE_NOTADB"), ("readonly", "SQLITE_READONLY"),
+                         ("unable to open", "SQLITE_CANTOPEN"), ("locked", "SQLITE_BUSY"),
+                         ("I/O error", "SQLITE_IOERR")):
+        if needle in msg:
+            return code
+    return ""
+
+
+def _translate(path: str, exc: BaseException) -> SpecError | None:
+    """The one line a storage failure reaches the user as, or None for a bug (raised as is)."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return StoreFull(f"the disk holding store {path} is full ({exc.strerror}): cells stored before are "
+                         f"whole; {RESUME}")
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    code = _errname(exc)
+    if code.startswith("SQLITE_FULL"):
+        return StoreFull(f"the disk holding store {path} is full ({exc}): cells stored before are whole; {RESUME}")
+    if code.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return SpecError(f"store {path} is damaged ({exc}): restore it from a copy, or give another --db")
+    if code.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_IOERR", "SQLITE_PERM")):
+        return SpecError(f"cannot use store {path} ({exc}): check that the file and its folder are writable, "
+                         "or give another --db")
+    if code.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return SpecError(f"store {path} is locked by another process: wait for it to finish, or give another --db")
+    return None
+
+
+def _guarded(method):
+    """Storage failures of a Store method become one line for the user (SpecError or StoreFull)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (sqlite3.Error, OSError) as exc:
+            err = _translate(self.path, exc)
+            if err is None:
+                raise
+            raise err from None
+
+    return wrapper
+
+
+def _foreign(path: str) -> SpecError:
+    return SpecError(f"{path} is a SQLite database of another application, not a transbench store: "
+                     "it was left as it is; give a transbench store's path")
+
+
+def inspect(path: str) -> str:
+    """What is at `path`, read without writing: 'missing', 'empty' (no tables: safe to start a store in)
+    or 'ours'. A folder, a file that is not SQLite, another application's database or a store of a newer
+    schema raises SpecError."""
+    p = Path(path)
+    if p.is_dir():
+        raise SpecError(f"store {path} is a folder: give a file path, e.g. --db {p / 'transbench.db'}")
+    if not p.exists():
+        return "missing"
+    try:
+        with open(p, "rb") as f:
+            head = f.read(100)
+    except OSError as exc:
+        raise SpecError(f"cannot read store {path} ({exc.strerror}): check its permissions, or give another --db") from None
+    if not head:
+        return "empty"
+    if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
+        raise SpecError(f"{path} is not a SQLite database, so not a transbench store: it was left as it is; "
+                        "give a transbench store's path")
+    app_id = int.from_bytes(head[68:72], "big", signed=True)
+    if app_id == APP_ID:
+        version = int.from_bytes(head[60:64], "big", signed=True)
+        if version > SCHEMA_VERSION:
+            raise SpecError(f"store {path} has schema version {version}, newer than this transbench knows "
+                            f"({SCHEMA_VERSION}): upgrade transbench to read it")
+        return "ours"
+    if app_id != 0:
+        raise _foreign(path)
+    tables = _tables(path)
+    if not tables:
+        return "empty"
+    if all(tables.get(t) == cols for t, cols in COLUMNS.items()):
+        return "ours"  # a store from before the marker
+    raise _foreign(path)
+
+
+def _tables(path: str) -> dict[str, list[str]]:
+    """{table: columns} of an unmarked file, read without writing a byte: immutable (no lock, no -shm
+    file) unless a -wal file beside it may hold the newest schema, which only a plain read-only
+    connection reads."""
+    wal = Path(f"{path}-wal")
+    flags = "mode=ro" if wal.exists() and wal.stat().st_size else "mode=ro&immutable=1"
+    try:
+        con = sqlite3.connect(f"{Path(path).absolute().as_uri()}?{flags}", uri=True)
+        try:
+            names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            return {n: [c[0] for c in con.execute("SELECT name FROM pragma_table_info(?)", (n,))] for n in names}
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise SpecError(f"{path} is not a readable SQLite database ({exc}): it was left as it is; "
+                        "give a transbench store's path") from None
+
+
+def _writable(path: str, kind: str) -> None:
+    """A writer needs the file (when there) and its folder (for the new file, and WAL's -wal and -shm
+    files) writable. os.access also answers EROFS for a read-only file system."""
+    folder = Path(path).absolute().parent
+    if not folder.is_dir():
+        raise SpecError(f"folder {folder} of store {path} does not exist: create it (mkdir -p {folder}) "
+                        "or give another --db")
+    if not os.access(folder, os.W_OK):
+        raise SpecError(f"folder {folder} of store {path} is not writable (no permission, or a read-only "
+                        "file system): give another --db")
+    if kind != "missing" and not os.access(path, os.W_OK):
+        raise SpecError(f"store {path} is read-only: make it writable, or give another --db")
+
+
 class Store:
-    def __init__(self, path: str | Path = "transbench.db"):
+    def __init__(self, path: str | Path = "transbench.db", *, readonly: bool = False):
+        """Open the store at `path`. A writer (the default) creates it when missing; `readonly=True` is for
+        commands that only read: the file must exist and nothing is written to it."""
         self.path = str(path)
-        self.conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False)  # lanes share it under a lock
+        kind = inspect(self.path)
+        if readonly and kind == "missing":
+            raise SpecError(f"no store at {self.path}: check the path (`transbench run --db {self.path}` "
+                            "creates a store)")
+        if readonly and kind == "empty":
+            raise SpecError(f"{self.path} is an empty database with no runs: give the --db of a store with "
+                            "runs, or fill it with `transbench run`")
+        if not readonly:
+            _writable(self.path, kind)
+        try:
+            # lanes share the connection under a lock
+            self.conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise _translate(self.path, exc) or exc from None
+        try:
+            if readonly:
+                self.conn.execute("PRAGMA query_only=ON")
+            else:
+                self._prepare(kind)
+        except BaseException:
+            self.conn.close()
+            if kind == "missing":  # a store that could not be started leaves no file behind
+                for suffix in ("", "-wal", "-shm", "-journal"):
+                    Path(self.path + suffix).unlink(missing_ok=True)
+            raise
+
+    @_guarded
+    def _prepare(self, kind: str) -> None:
+        # The marker goes in before WAL is switched on, so it is in the main file's header at once
+        # (a header change made in WAL mode sits in the -wal file until a checkpoint).
+        if kind != "ours" or self.conn.execute("PRAGMA application_id").fetchone()[0] != APP_ID:
+            self.conn.execute(f"PRAGMA application_id={APP_ID}")
+            self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self.conn.executescript(SCHEMA)
+            self.conn.commit()
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.executescript(SCHEMA)
-        self.conn.commit()
 
     def close(self) -> None:
         self.conn.close()
 
     # --- runs -----------------------------------------------------------------------------------
+    @_guarded
     def create_run(self, name: str | None, kind: str, spec: dict, env: dict) -> tuple[str, str]:
         # A named run has an id derived from its name, so shards of one sweep on several hosts share it
         # and `merge` joins their cells.
@@ -67,6 +251,7 @@ class Store:
                               (run_id, name, kind, _now(), json.dumps(spec), json.dumps(env)))
         return run_id, name
 
+    @_guarded
     def find_run(self, ref: str) -> dict | None:
         """A run by id, by name, or 'last' for the newest."""
         if ref == "last":
@@ -75,6 +260,7 @@ class Store:
             row = self.conn.execute("SELECT * FROM runs WHERE run_id=? OR name=?", (ref, ref)).fetchone()
         return None if row is None else self._run(row)
 
+    @_guarded
     def runs(self) -> list[dict]:
         rows = self.conn.execute(
             "SELECT r.*, (SELECT COUNT(*) FROM cells c WHERE c.run_id=r.run_id) FROM runs r ORDER BY created, rowid"
@@ -87,6 +273,7 @@ class Store:
                 "spec": json.loads(row[4]), "env": json.loads(row[5])}
 
     # --- cells ----------------------------------------------------------------------------------
+    @_guarded
     def put_cell(self, run_id: str, key: str, scenario: str, status: str, record: dict, *, cell: dict,
                  samples: list | None = None, info: dict | None = None, warnings: list | None = None) -> None:
         with self.conn:  # one transaction: the cell is stored whole or not at all
@@ -96,9 +283,11 @@ class Store:
                  json.dumps(samples or []), json.dumps(info or {}, default=str), json.dumps(warnings or []), _now()),
             )
 
+    @_guarded
     def finished_keys(self, run_id: str) -> set[str]:
         return {r[0] for r in self.conn.execute("SELECT key FROM cells WHERE run_id=?", (run_id,))}
 
+    @_guarded
     def cells(self, run_id: str) -> list[dict]:
         rows = self.conn.execute(
             "SELECT key, scenario, status, record, cell, samples, info, warnings, created FROM cells "
@@ -107,18 +296,33 @@ class Store:
                  "cell": json.loads(r[4]), "samples": json.loads(r[5]), "info": json.loads(r[6]),
                  "warnings": json.loads(r[7]), "created": r[8]} for r in rows]
 
+    @_guarded
+    def rows(self, table: str) -> list[tuple]:
+        """Every row of `table` ('runs' or 'cells'), columns in schema order."""
+        return self.conn.execute(f"SELECT {', '.join(COLUMNS[table])} FROM {table}").fetchall()
+
     # --- merge ----------------------------------------------------------------------------------
+    @_guarded
     def merge_from(self, other_path: str) -> tuple[int, int]:
-        """Copy runs and cells from another store; a cell already here (same run, same key) is kept once.
-        Returns (runs added, cells added)."""
-        other = sqlite3.connect(other_path)
-        runs_added = cells_added = 0
-        with self.conn:
-            for row in other.execute("SELECT * FROM runs"):
-                cur = self.conn.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?)", row)
-                runs_added += cur.rowcount
-            for row in other.execute("SELECT * FROM cells"):
-                cur = self.conn.execute("INSERT OR IGNORE INTO cells VALUES (?,?,?,?,?,?,?,?,?,?)", row)
-                cells_added += cur.rowcount
-        other.close()
+        """Copy runs and cells from another store (opened read-only: a damaged or foreign one is refused
+        before anything is written); a cell already here (same run, same key) is kept once. One
+        transaction: a failure leaves this store as it was. Returns (runs added, cells added)."""
+        other = Store(other_path, readonly=True)
+        try:
+            mine = {r["name"]: r["run_id"] for r in self.runs()}
+            for r in other.runs():
+                if mine.get(r["name"], r["run_id"]) != r["run_id"]:
+                    raise SpecError(f"run '{r['name']}' of {other_path} is another run than the one of that name "
+                                    f"in {self.path} (id {r['run_id']} vs {mine[r['name']]}): {other_path} "
+                                    "was not merged; merge it into another --into store")
+            runs_added = cells_added = 0
+            with self.conn:
+                for row in other.rows("runs"):
+                    cur = self.conn.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?)", row)
+                    runs_added += cur.rowcount
+                for row in other.rows("cells"):
+                    cur = self.conn.execute("INSERT OR IGNORE INTO cells VALUES (?,?,?,?,?,?,?,?,?,?)", row)
+                    cells_added += cur.rowcount
+        finally:
+            other.close()
         return runs_added, cells_added

@@ -19,7 +19,7 @@ def _best(db_path: str, hardware: str) -> tuple[dict[str, float], float | None]:
     copy: float | None = None
     if not db_path or not os.path.isfile(db_path):
         return gemm, copy
-    store = Store(db_path)
+    store = Store(db_path, readonly=True)
     try:
         for run in store.runs():
             if run["kind"] != "micro":

@@ -1,0 +1,389 @@
+"""Bad stores and failing disks: one line, exit 2, no traceback, and every file left as it was."""
+
+import errno
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from transbench.cli import app
+from transbench.errors import SpecError
+from transbench.store import Store, StoreFull
+from transbench.store import db as store_db
+
+runner = CliRunner()
+QUICK = ["--device", "cpu", "--min-time", "0.01", "--warmup", "1", "--backend", "sdpa", "--seq", "8"]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(res, *needles):
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "Traceback" not in res.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file of the folder: its bytes and modification time."""
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def _store_with_cells(path, n=2, name="r"):
+    s = Store(path)
+    run_id, _ = s.create_run(name, "inference", {"models": ["m"]}, {"gpus": []})
+    for i in range(n):
+        s.put_cell(run_id, f"k{i}", "inference", "ok", {"latency_ms": 1.0 + i}, cell={"i": i}, samples=[1.0])
+    s.close()
+    return run_id
+
+
+# --- files that are not stores of ours ----------------------------------------------------------------
+
+def _random_bytes(p):
+    p.write_bytes(os.urandom(8192))
+
+
+def _foreign(p):
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE notes (id INTEGER, body TEXT)")
+    con.execute("INSERT INTO notes VALUES (1, 'keep me')")
+    con.commit()
+    con.close()
+
+
+def _foreign_wal(p):
+    con = sqlite3.connect(p)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE events (t REAL)")
+    con.commit()
+    con.close()
+
+
+def _foreign_marked(p):  # another application's own application_id, and tables named like ours
+    con = sqlite3.connect(p)
+    con.execute("PRAGMA application_id=1234")
+    con.executescript(store_db.SCHEMA)
+    con.commit()
+    con.close()
+
+
+def _foreign_same_table_names(p):  # runs and cells tables, but not ours
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, label TEXT)")
+    con.execute("CREATE TABLE cells (id INTEGER, value REAL)")
+    con.commit()
+    con.close()
+
+
+def _sqlite_header_only(p):  # the magic string, then nothing a database needs
+    p.write_bytes(b"SQLite format 3\x00" + b"\x00" * 30)
+
+
+def _newer_schema(p):
+    _store_with_cells(p)
+    con = sqlite3.connect(p)
+    con.execute(f"PRAGMA user_version={store_db.SCHEMA_VERSION + 1}")
+    con.commit()
+    con.close()
+
+
+BAD = {"random bytes": (_random_bytes, "not a SQLite database"),
+       "foreign sqlite": (_foreign, "another application"),
+       "foreign sqlite in WAL mode": (_foreign_wal, "another application"),
+       "foreign application_id": (_foreign_marked, "another application"),
+       "foreign runs/cells tables": (_foreign_same_table_names, "another application"),
+       "truncated header": (_sqlite_header_only, "not a SQLite database"),
+       "newer schema": (_newer_schema, "upgrade transbench")}
+
+COMMANDS = {"runs": lambda bad, tmp: ["runs", "--db", bad],
+            "runs --spec": lambda bad, tmp: ["runs", "--db", bad, "--spec", "last"],
+            "report": lambda bad, tmp: ["report", "--db", bad, "--out", tmp / "out"],
+            "compare": lambda bad, tmp: ["compare", "a", "b", "--db", bad],
+            "env --db": lambda bad, tmp: ["env", "--db", bad],
+            "merge source": lambda bad, tmp: ["merge", bad, "--into", tmp / "target.db"],
+            "merge target": lambda bad, tmp: ["merge", tmp / "good.db", "--into", bad]}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("bad", BAD)
+def test_a_file_that_is_not_our_store_is_refused_and_left_as_it_was(tmp_path, bad, command):
+    make, needle = BAD[bad]
+    path = tmp_path / "bad.db"
+    make(path)
+    if command == "merge target":
+        _store_with_cells(tmp_path / "good.db")
+    before = snapshot(tmp_path)
+    one_line_error(invoke(*COMMANDS[command](path, tmp_path)), needle, str(path))
+    assert snapshot(tmp_path) == before  # no byte changed, no -wal/-shm file, no target created
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_a_writer_refuses_a_file_that_is_not_our_store(tmp_path, bad):
+    make, needle = BAD[bad]
+    path = tmp_path / "bad.db"
+    make(path)
+    before = snapshot(tmp_path)
+    with pytest.raises(SpecError, match=needle):
+        Store(path)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_store_damaged_past_its_header_gives_one_line(tmp_path):
+    path = tmp_path / "t.db"
+    _store_with_cells(path, n=40)
+    data = bytearray(path.read_bytes())
+    assert len(data) > 3 * 4096
+    data[4096:len(data)] = os.urandom(len(data) - 4096)  # every page after the first: the header still says ours
+    path.write_bytes(bytes(data))
+    before = snapshot(tmp_path)
+    one_line_error(invoke("runs", "--db", path), "damaged")
+    assert snapshot(tmp_path) == before
+
+
+# --- paths with no store ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [["runs"], ["runs", "--spec", "last"], ["report", "--out", "{tmp}/out"],
+                                  ["compare", "a", "b"], ["env"], ["merge", "{tmp}/none.db", "--into"]])
+def test_readers_on_a_missing_store_say_so_and_create_nothing(tmp_path, args):
+    missing = tmp_path / "missing.db"
+    res = invoke(*[a.format(tmp=tmp_path) for a in args], *([] if args[0] == "merge" else ["--db"]), missing)
+    one_line_error(res, "no store at")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_env_without_db_and_no_store_shows_the_datasheet_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = invoke("env")
+    assert res.exit_code == 0, res.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_file_is_no_store_to_read_but_a_writer_may_start_one(tmp_path):
+    path = tmp_path / "empty.db"
+    path.touch()
+    one_line_error(invoke("runs", "--db", path), "empty")
+    assert path.read_bytes() == b""
+    _store_with_cells(path)
+    assert invoke("runs", "--db", path).exit_code == 0
+
+
+# --- folders a writer cannot use -------------------------------------------------------------------
+
+def test_a_missing_folder_is_named(tmp_path):
+    target = tmp_path / "no" / "such" / "t.db"
+    one_line_error(invoke("merge", _good(tmp_path), "--into", target), "does not exist", "mkdir -p")
+    assert not (tmp_path / "no").exists()
+
+
+def _good(tmp_path):
+    good = tmp_path / "good.db"
+    _store_with_cells(good)
+    return good
+
+
+def test_a_read_only_file_system_is_named(tmp_path, monkeypatch):
+    # os.access answers EROFS for W_OK on a read-only mount; root passes permission checks, so mock it.
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    real = os.access
+    monkeypatch.setattr(store_db.os, "access", lambda p, mode: False if Path(p) == folder else real(p, mode))
+    one_line_error(invoke("merge", _good(tmp_path), "--into", folder / "t.db"), "not writable", "read-only file system")
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores folder permissions")
+def test_a_folder_without_write_permission_is_named(tmp_path):
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        one_line_error(invoke("merge", _good(tmp_path), "--into", folder / "t.db"), "not writable")
+        assert list(folder.iterdir()) == []
+    finally:
+        folder.chmod(0o755)
+
+
+def test_a_read_only_store_is_named_to_writers_and_still_read(tmp_path, monkeypatch):
+    good, other = _good(tmp_path), _good_other(tmp_path)
+    real = os.access
+    monkeypatch.setattr(store_db.os, "access", lambda p, mode: False if Path(p) == good else real(p, mode))
+    before = snapshot(tmp_path)
+    one_line_error(invoke("merge", other, "--into", good), "read-only")
+    assert snapshot(tmp_path) == before
+    assert invoke("runs", "--db", good).exit_code == 0
+
+
+def _good_other(tmp_path):
+    other = tmp_path / "other.db"
+    _store_with_cells(other, name="other")
+    return other
+
+
+# --- the disk filling up ---------------------------------------------------------------------------
+
+def _sqlite_full_error() -> sqlite3.OperationalError:
+    """A real SQLITE_FULL from SQLite: a page cap reached, as a full disk reports it."""
+    con = sqlite3.connect(":memory:")
+    con.execute("PRAGMA max_page_count=2")
+    try:
+        con.execute("CREATE TABLE t (x)")
+        con.executemany("INSERT INTO t VALUES (?)", [("x" * 4000,)] * 10)
+    except sqlite3.OperationalError as exc:
+        return exc
+    finally:
+        con.close()
+    raise AssertionError("the page cap did not fill the database")
+
+
+def _full_after(monkeypatch, stored: int):
+    """Lets `stored` cells reach the store; the next write fails as on a full disk."""
+    real, error = Store.put_cell, _sqlite_full_error()
+    count = {"n": 0}
+
+    class FullConnection:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def execute(self, *args):
+            raise error
+
+        def __enter__(self):
+            return self.conn.__enter__()
+
+        def __exit__(self, *exc):
+            return self.conn.__exit__(*exc)
+
+    def put_cell(self, *args, **kwargs):
+        count["n"] += 1
+        if count["n"] > stored and not isinstance(self.conn, FullConnection):
+            self.conn = FullConnection(self.conn)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "put_cell", put_cell)
+    monkeypatch.setattr(Store, "close", lambda self: getattr(self.conn, "conn", self.conn).close())
+
+
+def test_disk_full_while_storing_a_cell_raises_store_full_and_keeps_earlier_cells(tmp_path, monkeypatch):
+    path = tmp_path / "t.db"
+    s = Store(path)
+    run_id, _ = s.create_run("r", "inference", {}, {})
+    s.put_cell(run_id, "a", "inference", "ok", {"latency_ms": 1.0}, cell={})
+    pages = s.conn.execute("PRAGMA page_count").fetchone()[0]
+    s.conn.execute(f"PRAGMA max_page_count={pages}")
+    with pytest.raises(StoreFull, match="full.*resume"):
+        s.put_cell(run_id, "b", "inference", "ok", {"latency_ms": 1.0}, cell={}, samples=[0.5] * 100_000)
+    s.close()
+    s = Store(path)
+    assert [c["key"] for c in s.cells(run_id)] == ["a"]  # the failed cell is absent, not half stored
+    assert s.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    s.put_cell(run_id, "b", "inference", "ok", {"latency_ms": 1.0}, cell={})  # room again: it goes on
+    assert s.finished_keys(run_id) == {"a", "b"}
+    s.close()
+
+
+def test_enospc_from_the_file_system_is_store_full(tmp_path, monkeypatch):
+    s = Store(tmp_path / "t.db")
+    run_id, _ = s.create_run("r", "inference", {}, {})
+
+    class Full:
+        def execute(self, *a):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    real, s.conn = s.conn, Full()
+    with pytest.raises(StoreFull, match="disk holding store .* is full"):
+        s.put_cell(run_id, "a", "inference", "ok", {}, cell={})
+    real.close()
+
+
+def test_a_sweep_stops_on_a_full_disk_with_one_line_and_resumes(tmp_path, monkeypatch):
+    path = tmp_path / "t.db"
+    _full_after(monkeypatch, stored=1)
+    res = invoke("run", "--model", "bert-tiny", "--batch", "1,2", *QUICK, "--db", path, "--name", "full")
+    one_line_error(res, "full", "resume")
+    s = Store(path, readonly=True)
+    run_id = s.find_run("full")["run_id"]
+    assert len(s.cells(run_id)) == 1 and s.cells(run_id)[0]["status"] == "ok"
+    s.close()
+    monkeypatch.undo()
+    res = invoke("run", "--model", "bert-tiny", "--batch", "1,2", *QUICK, "--db", path, "--name", "full")
+    assert res.exit_code == 0 and "(resumed)" in res.output, res.output
+    s = Store(path, readonly=True)
+    assert [c["cell"]["batch"] for c in s.cells(run_id)] == [1, 2]
+    s.close()
+
+
+# --- the schema marker ------------------------------------------------------------------------------
+
+def test_a_new_store_carries_the_marker_in_its_file_header(tmp_path):
+    path = tmp_path / "t.db"
+    _store_with_cells(path)
+    head = path.read_bytes()[:100]
+    assert int.from_bytes(head[68:72], "big") == store_db.APP_ID
+    assert int.from_bytes(head[60:64], "big") == store_db.SCHEMA_VERSION
+    assert store_db.inspect(str(path)) == "ours"
+
+
+def test_an_old_store_without_the_marker_still_opens(tmp_path):
+    path = tmp_path / "old.db"
+    con = sqlite3.connect(path)  # what Store wrote before the marker: WAL, then the two tables
+    con.execute("PRAGMA journal_mode=WAL")
+    con.executescript(store_db.SCHEMA)
+    con.execute("INSERT INTO runs VALUES ('id1', 'old', 'inference', '2025-01-01T00:00:00+00:00', '{}', '{}')")
+    con.commit()
+    con.close()
+    before = snapshot(tmp_path)
+    res = invoke("runs", "--db", path)
+    assert res.exit_code == 0 and "old" in res.output, res.output
+    assert snapshot(tmp_path) == before  # reading wrote nothing, not even the marker
+    s = Store(path)  # a writer stamps it
+    assert s.find_run("old")["run_id"] == "id1"
+    s.close()
+    assert int.from_bytes(path.read_bytes()[68:72], "big") == store_db.APP_ID
+
+
+def test_readers_write_nothing_to_a_store_of_ours(tmp_path):
+    path = _good(tmp_path)
+    before = snapshot(tmp_path)
+    assert invoke("runs", "--db", path).exit_code == 0
+    s = Store(path, readonly=True)
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        s.conn.execute("DELETE FROM cells")
+    s.close()
+    assert snapshot(tmp_path) == before
+
+
+# --- merge --------------------------------------------------------------------------------------------
+
+def test_merge_checks_every_source_before_writing(tmp_path):
+    good, bad = _good(tmp_path), tmp_path / "bad.db"
+    _random_bytes(bad)
+    target = tmp_path / "target.db"
+    one_line_error(invoke("merge", good, bad, "--into", target), "not a SQLite database")
+    assert not target.exists()
+
+
+def test_merge_refuses_a_run_name_that_is_another_run_in_the_target(tmp_path):
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    _store_with_cells(a, name="same")
+    s = Store(b)
+    s.conn.execute("INSERT INTO runs VALUES ('otherid', 'same', 'inference', '2025', '{}', '{}')")
+    s.conn.commit()
+    s.close()
+    before = b.read_bytes()
+    one_line_error(invoke("merge", a, "--into", b), "another run")
+    assert b.read_bytes() == before
