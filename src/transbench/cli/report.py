@@ -6,9 +6,10 @@ from typing import Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from .app import app, friendly
-from .tables import console
+from .tables import console, visible
 
 VERDICT_STYLE = {"slower": "bold red", "broken": "bold red", "faster": "bold green", "fixed": "green"}
 
@@ -32,11 +33,12 @@ def report(
 
     paths = build_report(db, runs or ["last"], out, baseline, compare_runs=compare,
                          config=CompareConfig(alpha, min_effect))
-    console.print(f"wrote {paths.markdown}, {paths.html} and {len(paths.figures)} plot(s) in {paths.out_dir}")
+    console.print(visible(f"wrote {paths.markdown}, {paths.html} and {len(paths.figures)} plot(s) in {paths.out_dir}"),
+                  markup=False, highlight=False)
     for failure in paths.plot_failures:
-        console.print(f"[yellow]warning:[/] {failure}", highlight=False)
+        console.print(visible(f"warning: {failure}"), style="yellow", markup=False, highlight=False)
     for cmp in paths.comparisons:
-        console.print(cmp.summary(), highlight=False)
+        console.print(visible(cmp.summary()), highlight=False, markup=False)
 
 
 @app.command()
@@ -54,20 +56,20 @@ def compare(
     from ..report.compare import IDENT, comparison_table
 
     cmp = compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
-    t = Table(title=f"A = {cmp.run_a['name']}, B = {cmp.run_b['name']}")
+    t = Table(title=Text(visible(f"A = {cmp.run_a['name']}, B = {cmp.run_b['name']}")))  # names printed literally
     for _, header in IDENT:
         t.add_column(header)
     for header in ("A ms", "B ms", "B/A", "p", "verdict", "note"):
         t.add_column(header, justify="right" if header in ("A ms", "B ms", "B/A", "p") else "left")
     for c, row in zip(cmp.cells, comparison_table(cmp).rows):
         style = VERDICT_STYLE.get(c.verdict)
-        t.add_row(*row[:-2], f"[{style}]{c.verdict}[/]" if style else c.verdict, row[-1])
+        t.add_row(*(Text(visible(x)) for x in row[:-2]), Text(c.verdict, style=style or ""), Text(visible(row[-1])))
     console.print(t)
     for side, recs in (("A", cmp.only_a), ("B", cmp.only_b)):
         for r in recs:
             console.print(f"unmatched, only in {side}: {r.get('scenario')} {r.get('model')} {r.get('task')} "
                           f"{r.get('backend')} {r.get('dtype')} b{r.get('batch_size')} s{r.get('seq_len')}",
-                          highlight=False)
-    console.print(cmp.summary(), highlight=False)
+                          highlight=False, markup=False)
+    console.print(visible(cmp.summary()), highlight=False, markup=False)
     if cmp.regressions:
         raise typer.Exit(1)

@@ -89,3 +89,25 @@ def write_csv(recs: list[dict], path: str) -> None:
         w.writeheader()
         for r in recs:
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
+
+
+def check_paths(*paths: str | None) -> None:
+    """Refuse --json/--csv targets that could not be written, before a sweep spends its time: the folder
+    must exist and be writable, and the path must not be a folder. Nothing is created here."""
+    import os
+    from pathlib import Path
+
+    from ..errors import SpecError
+
+    for path in paths:
+        if not path:
+            continue
+        p = Path(path)
+        folder = p.parent if str(p.parent) else Path(".")
+        if p.is_dir():
+            raise SpecError(f"cannot write {path}: it is a folder; give a file path such as {p / 'records.json'}")
+        if not folder.is_dir():
+            raise SpecError(f"cannot write {path}: folder {folder} does not exist (create it first)")
+        if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            raise SpecError(f"cannot write {path}: {'the file' if p.exists() else f'folder {folder}'} is not "
+                            "writable (choose another path)")
