@@ -12,7 +12,7 @@ from ..spec import split_list
 from ..store import export
 from .app import app, friendly
 from .options import App, build_spec
-from .tables import Col, console, fitted, pivot
+from .tables import Col, console, fitted, pivot, visible
 
 micro_app = App(no_args_is_help=True, help="Micro-benchmarks: GEMM and memory ceilings, one layer, its parts.")
 app.add_typer(micro_app, name="micro")
@@ -42,11 +42,11 @@ def _finish(outcome, db: str, json_path, csv_path, plot_path=None) -> None:
     export.write(outcome.records, json_path, csv_path)
     if plot_path:
         micro.plot_micro(outcome, db, plot_path)
-        console.print(f"roofline plot: {plot_path}", markup=False, highlight=False)
+        console.print(visible(f"roofline plot: {plot_path}"), markup=False, highlight=False)
     problems = [r for r in outcome.records if r["status"] != "ok"]
     for r in problems:
-        console.print(f"  {r['status']} {r.get('error') or ''}"[:200], style="yellow", highlight=False, markup=False)
-    console.print(f"stored in {escape(db)} as run [bold]{escape(outcome.name)}[/] ({len(outcome.records)} points)")
+        console.print(visible(f"  {r['status']} {r.get('error') or ''}")[:200], style="yellow", highlight=False, markup=False)
+    console.print(f"stored in {escape(visible(db))} as run [bold]{escape(visible(outcome.name))}[/] ({len(outcome.records)} points)")
 
 
 def _grid(title: str, corner: str, columns: list[str], rows: dict[str, dict[str, str]]) -> None:
@@ -68,7 +68,7 @@ def _progress(p) -> None:
     if p.status != "ok":
         return
     for w in p.warnings:
-        console.print(f"  warning: {p.key}: {w}", highlight=False, markup=False)
+        console.print(visible(f"  warning: {p.key}: {w}"), highlight=False, markup=False)
 
 
 @micro_app.command()
@@ -77,7 +77,8 @@ def gemm(
     sizes: Optional[str] = typer.Option(None, help="square sizes n, e.g. 1024,2^12 (GPU default 128..16384)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", show_default="all on GPU, fp32 on CPU",
                                         help="fp32,tf32,fp16,bf16,fp8 (comma-separated)"),
-    models: Optional[str] = typer.Option(None, help="presets whose 4 layer GEMMs to add; '' for none"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", show_default="bert-base-uncased,bert-large-uncased on GPU, none on CPU",
+                                        help="presets whose 4 layer GEMMs to add (comma-separated); '' for none"),
     tokens: Optional[int] = typer.Option(None, help="rows (batch x seq) of the layer GEMMs (default 8192 on GPU)"),
     device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
     db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
@@ -87,7 +88,7 @@ def gemm(
     export.check_paths(json_path, csv_path)
     opts = build_spec(micro.GemmOptions, spec, dict(
         sizes=micro.parse_sizes(sizes), dtypes=dtype and split_list(dtype),
-        models=None if models is None else split_list(models), tokens=tokens, device=device, min_time=min_time,
+        models=None if model is None else split_list(model), tokens=tokens, device=device, min_time=min_time,
         warmup=warmup, name=name))
     outcome = micro.run_micro("gemm", opts, db, on_point=_progress)
     recs = outcome.records

@@ -5,7 +5,7 @@ same way from --spec files and options, run names stored literally, and --json/-
 from __future__ import annotations
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from ..errors import SpecError
 from ..spec import coerce, load_file
@@ -61,16 +61,27 @@ class Command(TyperCommand):
         return super().parse_args(ctx, out)
 
     def get_params(self, ctx):
-        # Flags take no value: typer's help would show a bare `<bool>` in their type column.
-        params = super().get_params(ctx)
-        for p in params:
-            if getattr(p, "is_flag", False):
-                p.metavar = ""
-        return params
+        return _no_bool_placeholder(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    def get_params(self, ctx):
+        return _no_bool_placeholder(super().get_params(ctx))
+
+
+def _no_bool_placeholder(params):
+    # Flags take no value: typer's help would show a bare `<bool>` in their type column.
+    for p in params:
+        if getattr(p, "is_flag", False):
+            p.metavar = ""
+    return params
 
 
 class App(typer.Typer):
     """typer.Typer whose commands are all `Command`s."""
+
+    def __init__(self, **kwargs):
+        super().__init__(cls=Group, **kwargs)
 
     def command(self, *args, **kwargs):
         kwargs.setdefault("cls", Command)

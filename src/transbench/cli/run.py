@@ -13,7 +13,7 @@ from ..spec import RunSpec, split_list
 from ..store import export
 from .app import app, friendly
 from .options import LIST, build_spec, shown
-from .tables import console, records_table
+from .tables import console, records_table, visible
 
 
 def _d(name: str) -> str:
@@ -84,9 +84,9 @@ def run(
         label = f"{cell.model} {cell.task} {cell.backend} {cell.dtype} b{cell.batch} s{cell.seq}"
         if result is not None:
             detail = f"{result.record.get('latency_ms', 0):.3f} ms" if result.status == "ok" else (result.error or "")
-            progress.console.print(f"  {label}: {result.status} {detail}"[:160], highlight=False, markup=False)
+            progress.console.print(visible(f"  {label}: {result.status} {detail}")[:160], highlight=False, markup=False)
             for w in result.warnings:
-                progress.console.print(f"    warning: {w}", highlight=False, markup=False)
+                progress.console.print(visible(f"    warning: {w}"), highlight=False, markup=False)
         progress.advance(bar["id"])
 
     try:
@@ -97,4 +97,4 @@ def run(
             progress.stop()
     console.print(records_table(outcome.records, title=f"run {outcome.name} ({outcome.run_id})",
                                 width=console.width, wide=wide))
-    console.print(f"stored in {escape(db)} as run [bold]{escape(outcome.name)}[/]" + (" (resumed)" if outcome.resumed else ""))
+    console.print(f"stored in {escape(visible(db))} as run [bold]{escape(visible(outcome.name))}[/]" + (" (resumed)" if outcome.resumed else ""))

@@ -83,8 +83,9 @@ def _table_width(widths: list[int]) -> int:
 
 
 def _min_width(header: str, texts: list[str]) -> int:
-    # Headers wrap at spaces (no ellipsis), so a column needs only its longest header word.
-    return max([cell_len(w) for w in header.split()] + [cell_len(t) for t in texts] + [1])
+    # The whole header: rich would rather wrap a value than a header when it must squeeze, so a table is
+    # only known to fit when every header fits on one line too. Headers are kept short for that.
+    return max([cell_len(header)] + [cell_len(t) for t in texts] + [1])
 
 
 def fitted(rows: list[dict], cols: list[Col], title: str = "", width: int | None = None, wide: bool = False,

@@ -11,7 +11,7 @@ from ..scenarios.training import WHOLE_FIELDS, TrainSpec, train as run_training
 from ..store import export
 from .app import app, friendly
 from .options import LIST, build_spec, shown
-from .tables import Col, console, fitted, pct, status_text
+from .tables import Col, console, fitted, pct, status_text, visible
 
 SETTINGS = [Col("model", "model", setting=True), Col("task", "task", setting=True),
             Col("backend", "backend", setting=True), Col("dtype", "dtype", setting=True),
@@ -97,13 +97,13 @@ def train(
                  f"x{cell.grad_accum}{' ckpt' if cell.grad_ckpt else ''}{' compile' if cell.compile else ''} "
                  f"{cell.strategy}@{cell.world_size}")
         if result is None:
-            console.print(f"  {label}: already stored", highlight=False, markup=False)
+            console.print(visible(f"  {label}: already stored"), highlight=False, markup=False)
             return
         detail = (f"{result.record.get('samples_per_s', 0):.4g} samples/s" if result.status == "ok" and result.record
                   else (result.error or ""))
-        console.print(f"  {label}: {result.status} {detail}"[:200], highlight=False, markup=False)
+        console.print(visible(f"  {label}: {result.status} {detail}")[:200], highlight=False, markup=False)
         for w in result.warnings:
-            console.print(f"    warning: {w}", highlight=False, markup=False)
+            console.print(visible(f"    warning: {w}"), highlight=False, markup=False)
 
     recs = run_training(the_spec, db, json_path=json_path, csv_path=csv_path, on_start=on_start, on_cell=on_cell)
     if recs:
@@ -112,4 +112,4 @@ def train(
         console.print(fitted(recs, MEMORY_COLUMNS, "memory per GPU (peak minus parameters, gradients and optimizer "
                                                    "state = activations and workspace)", console.width, wide,
                              notes_from=None))
-        console.print(f"stored in {escape(db)} as run [bold]{escape(recs[0]['run_name'])}[/]")
+        console.print(f"stored in {escape(visible(db))} as run [bold]{escape(visible(recs[0]['run_name']))}[/]")
