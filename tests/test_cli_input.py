@@ -298,3 +298,31 @@ def test_runs_table_fits_100_columns():
     assert_fits(text)
     assert "\x1b" not in text and "evil\\x1b[2Jname" in text
     assert "0123456789ab" in text and "[/bold]" in text
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--model", "bert-tiny", "--batch", ","], "--batch is empty"),
+    (["run", "--model", "bert-tiny", "--min-time", "nan"], "min_time: expected a number, got nan"),
+    (["train", "--model", "bert-tiny", "--seq", " "], "--seq is empty"),
+    (["train", "--model", "bert-tiny", "--lr", "nan"], "lr: expected a number, got nan"),
+])
+def test_empty_axes_and_nan_are_refused(tmp_path, args, needle):
+    db = tmp_path / "x.db"
+    refused(invoke(*args, *QUICK[:2], "--db", db), needle)
+    assert not db.exists()
+
+
+def test_an_export_may_not_overwrite_the_store_or_the_other_export(stored, tmp_path):
+    db, before = stored
+    refused(invoke("run", "--model", "bert-tiny", *QUICK, "--db", db, "--json", db), "it is the store")
+    refused(invoke("run", "--model", "bert-tiny", *QUICK, "--db", db, "--json", tmp_path / "a", "--csv", tmp_path / "a"),
+            "both write")
+    assert db.read_bytes() == before
+
+
+@pytest.fixture
+def stored(tmp_path):
+    db = tmp_path / "keep.db"
+    res = invoke("run", "--model", "bert-tiny", "--batch", "1", "--seq", "8", "--backend", "sdpa", *QUICK, "--db", db)
+    assert res.exit_code == 0, res.output
+    return db, db.read_bytes()

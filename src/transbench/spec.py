@@ -90,10 +90,14 @@ def _scalar(value, kind: type, text_ok: bool):
             return word in ("on", "true", "yes", "1")
         if kind is not bool:
             try:
-                return kind(word)
+                number = kind(word)
+                if number == number:
+                    return number
             except ValueError:
                 pass
     elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value != value:  # NaN passes every `< 0` check and would make every deadline and timer loop wrong
+            raise _WrongType
         return float(value)
     elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value

@@ -85,7 +85,7 @@ def gemm(
     plot: Optional[str] = PLOT, spec: Optional[str] = SPEC,
 ) -> None:
     """TFLOPS of matrix products per size and dtype, next to the datasheet peak."""
-    export.check_paths(json_path, csv_path)
+    export.check_paths(json_path, csv_path, db)
     opts = build_spec(micro.GemmOptions, spec, dict(
         sizes=micro.parse_sizes(sizes), dtypes=dtype and split_list(dtype),
         models=None if model is None else split_list(model), tokens=tokens, device=device, min_time=min_time,
@@ -112,7 +112,7 @@ def bandwidth(
     spec: Optional[str] = SPEC,
 ) -> None:
     """GB/s (bytes read + written) of element-wise copy, scale and add, and the TFLOPS they reach."""
-    export.check_paths(json_path, csv_path)
+    export.check_paths(json_path, csv_path, db)
     opts = build_spec(micro.BandwidthOptions, spec, dict(
         sizes=micro.parse_sizes(sizes), ops=ops and split_list(ops), dtype=dtype, device=device,
         min_time=min_time, warmup=warmup, name=name))
@@ -143,7 +143,7 @@ def layer(
     spec: Optional[str] = SPEC,
 ) -> None:
     """Forward and forward+backward TFLOPS of one transformer layer over batch x seq."""
-    export.check_paths(json_path, csv_path)
+    export.check_paths(json_path, csv_path, db)
     opts = build_spec(micro.LayerOptions, spec, dict(
         model=model, dtype=dtype, batches=batch and split_list(batch, int), seqs=seq and split_list(seq, int),
         device=device, min_time=min_time, warmup=warmup, name=name))
@@ -172,7 +172,7 @@ def breakdown(
     plot: Optional[str] = PLOT, spec: Optional[str] = SPEC,
 ) -> None:
     """Time, share, TFLOPS, bytes, intensity and roofline bound of each part of one layer."""
-    export.check_paths(json_path, csv_path)
+    export.check_paths(json_path, csv_path, db)
     opts = build_spec(micro.BreakdownOptions, spec, dict(
         model=model, dtype=dtype, batch=batch, seq=seq, device=device, min_time=min_time, warmup=warmup,
         name=name))

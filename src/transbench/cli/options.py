@@ -1,6 +1,6 @@
 """What every command shares about its options: one spelling per concept (old spellings still read, with a
-notice), on/off axes that accept what users type, help without bare type placeholders, specs built the
-same way from --spec files and options, run names stored literally, and --json/--csv checked up front."""
+notice), on/off axes that accept what users type, help without bare type placeholders, and specs built the
+same way from a --spec file and the options given, with run names checked at input."""
 
 from __future__ import annotations
 

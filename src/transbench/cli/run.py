@@ -60,7 +60,7 @@ def run(
     wide: bool = typer.Option(False, "--wide", help="print every column of the result table (p99, tokens/s, memory, ...)"),
 ) -> None:
     """Measure inference latency, throughput, TFLOPS, MFU and memory over a model x backend x shape grid."""
-    export.check_paths(json_path, csv_path)
+    export.check_paths(json_path, csv_path, db)
     given = {
         "models": model and split_list(model), "tasks": task and split_list(task),
         "backends": backend and split_list(backend), "dtypes": dtype and split_list(dtype),

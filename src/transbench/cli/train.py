@@ -78,7 +78,7 @@ def train(
     wide: bool = typer.Option(False, "--wide", help="print every column of the result tables"),
 ) -> None:
     """Measure training samples/s, tokens/s, TFLOPS per GPU, MFU, memory and scaling over a grid of choices."""
-    export.check_paths(json_path, csv_path)
+    export.check_paths(json_path, csv_path, db)
     given = {
         "models": model, "tasks": task, "precisions": dtype, "optims": optim, "attns": backend, "batches": batch,
         "seqs": seq, "grad_accums": grad_accum, "grad_ckpts": grad_ckpt, "compiles": compile,

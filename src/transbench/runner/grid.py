@@ -17,6 +17,10 @@ def validate(spec: RunSpec) -> RunSpec:
     """Check every option; return the spec with device-sized defaults filled in."""
     device = dev.resolve(spec.device)
     spec = device_defaults(spec, device.type)
+    for axis, option in (("models", "--model"), ("tasks", "--task"), ("backends", "--backend"),
+                         ("dtypes", "--dtype"), ("batches", "--batch"), ("seqs", "--seq")):
+        if not getattr(spec, axis):
+            raise SpecError(f"{option} is empty: give at least one value (an empty axis measures nothing)")
     refs = [build.resolve(m) for m in spec.models]
     for name in spec.backends:
         backends.get(name)

@@ -106,6 +106,12 @@ def validate(spec: TrainSpec) -> TrainSpec:
     device = dev.resolve(spec.device)
     gpu = device.type == "cuda"
     spec = _device_defaults(spec, gpu)
+    for axis, option in (("models", "--model"), ("precisions", "--dtype"), ("optims", "--optim"),
+                         ("attns", "--backend"), ("batches", "--batch"), ("seqs", "--seq"),
+                         ("grad_accums", "--grad-accum"), ("grad_ckpts", "--grad-ckpt"), ("compiles", "--compile"),
+                         ("nprocs", "--nproc"), ("zero_stages", "--zero-stage")):
+        if not getattr(spec, axis):
+            raise SpecError(f"{option} is empty: give at least one value (an empty axis measures nothing)")
     refs = [build.resolve(m) for m in spec.models]
     for ref in refs:
         for task in spec.tasks or [DEFAULT_TASK[ref.family]]:
@@ -118,13 +124,13 @@ def validate(spec: TrainSpec) -> TrainSpec:
                             f"positions): use --seq {ref.shape.max_positions} or less")
     for p in spec.precisions:
         if p not in PRECISIONS:
-            raise SpecError(f"unknown precision '{p}': choose from {', '.join(PRECISIONS)}")
+            raise SpecError(f"unknown dtype '{p}': choose from {', '.join(PRECISIONS)}")
         if p in ("fp16", "tf32") and not gpu:
-            raise SpecError(f"precision {p} trains on CUDA only ({'autocast + GradScaler' if p == 'fp16' else 'TF32 tensor cores'}): "
+            raise SpecError(f"dtype {p} trains on CUDA only ({'autocast + GradScaler' if p == 'fp16' else 'TF32 tensor cores'}): "
                             "use fp32 or bf16 on the CPU")
         if not dev.dtype_runs(str(device), p):
-            raise SpecError(f"precision {p} does not run on {device}: use fp32 there, or a GPU")
-    for values, known, what in [(spec.optims, OPTIMIZERS, "optimizer"), (spec.attns, ATTENTION, "attention"),
+            raise SpecError(f"dtype {p} does not run on {device}: use fp32 there, or a GPU")
+    for values, known, what in [(spec.optims, OPTIMIZERS, "optimizer"), (spec.attns, ATTENTION, "attention backend"),
                                 (spec.strategies or [], STRATEGIES, "strategy")]:
         for v in values:
             if v not in known:
