@@ -128,8 +128,8 @@ def fitted(rows: list[dict], cols: list[Col], title: str = "", width: int | None
     if constant:
         head += "  " + "  ".join(f"{_setting_name(cols, k)}={fmt(v)}" for k, v in constant.items())
     left_out = [c.header for c in dropped] + [c.header for c in hidden_wide]
-    caption = (f"not shown: {', '.join(left_out)} (--wide{' and a wider terminal' if dropped else ''} shows them)"
-               if left_out else None)
+    how = "a wider terminal" if wide else "--wide and a wider terminal" if dropped else "--wide"
+    caption = f"not shown: {', '.join(left_out)} ({how} shows them)" if left_out else None
     t = Table(title=Text(visible(head.strip())), caption=Text(caption) if caption else None, box=box.HEAVY_HEAD)
     for c in shown:
         t.add_column(Text(c.header), justify="left" if c.left or c.setting or c.key == "status" else "right",
