@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu 
 timeout 110 $TB run --model bert-base-uncased --dtype fp16 --encoders-only --backend eager,sdpa,cudagraph,fused \
   --batch 1,8,64,256 --seq 128,512 --baseline eager --min-time 0.1 --timeout 60 --name base --db $OUT/main.db
 # ceilings (issue 5)
-timeout 25 $TB micro gemm --sizes 8192 --models '' --db $OUT/micro.db --name gemm
+timeout 25 $TB micro gemm --sizes 8192 --model '' --db $OUT/micro.db --name gemm
 timeout 15 $TB micro bandwidth --sizes 2^26,2^28 --db $OUT/micro.db --name bw
 # OOM as a result, skipped cells and the largest batch (issue 3)
 timeout 45 $TB run --model bert-large-uncased --dtype fp16 --backend sdpa --seq 512 --batch 1024,2048,4096,8192 \

@@ -15,14 +15,14 @@ python3 -m pytest -q -p no:cacheprovider tests/gpu/test_training_gpu.py -m gpu -
 tail -5 "$OUT/pytest_training_gpu.log"
 
 # bert-large MLM, seq 128: the batch that fills the GPU best (an OOM skips the larger ones).
-python3 -m transbench train --model bert-large-uncased --task mlm --seq 128 --precision bf16 --optim adamw-fused \
-  --attn sdpa --batch 128,256 --steps 10 --warmup-steps 3 --timeout 120 \
+python3 -m transbench train --model bert-large-uncased --task mlm --seq 128 --dtype bf16 --optim adamw-fused \
+  --backend sdpa --batch 128,256 --steps 10 --warmup 3 --timeout 120 \
   --db "$DB" --json "$OUT/bert_large.json" > "$OUT/bert_large.log" 2>&1
 tail -5 "$OUT/bert_large.log"
 
 # gpt2 causal-lm, seq 1024, batch 16: compile off, then on.
-python3 -m transbench train --model gpt2 --task causal-lm --seq 1024 --precision bf16 --optim adamw-fused \
-  --attn sdpa --batch 16 --compile off,on --steps 10 --warmup-steps 3 --timeout 150 \
+python3 -m transbench train --model gpt2 --task causal-lm --seq 1024 --dtype bf16 --optim adamw-fused \
+  --backend sdpa --batch 16 --compile off,on --steps 10 --warmup 3 --timeout 150 \
   --db "$DB" --json "$OUT/gpt2.json" > "$OUT/gpt2.log" 2>&1
 tail -5 "$OUT/gpt2.log"
 
@@ -33,8 +33,8 @@ ok = [r for r in json.load(open(sys.argv[1])) if r["status"] == "ok"]
 print(max(ok, key=lambda r: r["samples_per_s"])["batch_size"] if ok else 64)
 PY
 )
-python3 -m transbench train --model bert-large-uncased --task mlm --seq 128 --precision bf16 --optim adamw-fused \
-  --attn sdpa --batch "${BEST:-128}" --compile on --steps 10 --warmup-steps 3 --timeout 150 \
+python3 -m transbench train --model bert-large-uncased --task mlm --seq 128 --dtype bf16 --optim adamw-fused \
+  --backend sdpa --batch "${BEST:-128}" --compile on --steps 10 --warmup 3 --timeout 150 \
   --db "$DB" --json "$OUT/bert_large_compile.json" > "$OUT/bert_large_compile.log" 2>&1
 tail -5 "$OUT/bert_large_compile.log"
 

@@ -9,18 +9,18 @@ export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 DB="$OUT/train_x2.db"
 nvidia-smi topo -m
 
-python3 -m transbench train --model bert-large-uncased --task mlm --seq 128 --precision bf16 --optim adamw-fused \
-  --attn sdpa --batch 128 --strategy ddp,fsdp --nproc 2 --scaling --steps 10 --warmup-steps 3 --timeout 150 \
+python3 -m transbench train --model bert-large-uncased --task mlm --seq 128 --dtype bf16 --optim adamw-fused \
+  --backend sdpa --batch 128 --strategy ddp,fsdp --nproc 2 --scaling --steps 10 --warmup 3 --timeout 150 \
   --db "$DB" --json "$OUT/x2_bert_large.json" > "$OUT/x2_bert_large.log" 2>&1
 tail -5 "$OUT/x2_bert_large.log"
 
-python3 -m transbench train --model bert-large-uncased --task mlm --seq 128 --precision bf16 --optim adamw-fused \
-  --attn sdpa --batch 128 --strategy ddp --nproc 2 --nccl-p2p off --steps 10 --warmup-steps 3 --timeout 150 \
+python3 -m transbench train --model bert-large-uncased --task mlm --seq 128 --dtype bf16 --optim adamw-fused \
+  --backend sdpa --batch 128 --strategy ddp --nproc 2 --nccl-p2p off --steps 10 --warmup 3 --timeout 150 \
   --db "$DB" --json "$OUT/x2_bert_large_nop2p.json" > "$OUT/x2_bert_large_nop2p.log" 2>&1
 tail -5 "$OUT/x2_bert_large_nop2p.log"
 
-python3 -m transbench train --model gpt2 --task causal-lm --seq 1024 --precision bf16 --optim adamw-fused \
-  --attn sdpa --batch 16 --strategy ddp,fsdp --nproc 2 --scaling --steps 10 --warmup-steps 3 --timeout 150 \
+python3 -m transbench train --model gpt2 --task causal-lm --seq 1024 --dtype bf16 --optim adamw-fused \
+  --backend sdpa --batch 16 --strategy ddp,fsdp --nproc 2 --scaling --steps 10 --warmup 3 --timeout 150 \
   --db "$DB" --json "$OUT/x2_gpt2.json" > "$OUT/x2_gpt2.log" 2>&1
 tail -5 "$OUT/x2_gpt2.log"
 

@@ -52,7 +52,7 @@ def db(tmp_path):
 
 def test_gemm_stores_square_and_layer_shapes(db, tmp_path):
     out_json = tmp_path / "g.json"
-    res = invoke("gemm", "--sizes", "32,2^6", "--dtypes", "fp32,bf16", "--models", "bert-tiny", "--tokens", "16",
+    res = invoke("gemm", "--sizes", "32,2^6", "--dtype", "fp32,bf16", "--model", "bert-tiny", "--tokens", "16",
                  "--db", db, "--json", str(out_json), "--plot", str(tmp_path / "g.png"))
     assert res.exit_code == 0, res.output
     rows = cells(db, "micro-gemm")
@@ -289,9 +289,9 @@ def test_fp8_path_checks_its_output():
 @pytest.mark.parametrize("args, words", [
     (["gemm", "--sizes", "0,64"], "size 0"),
     (["gemm", "--sizes", "abc"], "cannot read size"),
-    (["gemm", "--dtypes", "fp64"], "unknown dtype 'fp64'"),
-    (["gemm", "--dtypes", "fp8"], "needs a CUDA GPU"),
-    (["gemm", "--sizes", "64", "--models", "bert-huge"], "unknown model"),
+    (["gemm", "--dtype", "fp64"], "unknown dtype 'fp64'"),
+    (["gemm", "--dtype", "fp8"], "needs a CUDA GPU"),
+    (["gemm", "--sizes", "64", "--model", "bert-huge"], "unknown model"),
     (["bandwidth", "--sizes", "-4"], "cannot read size"),
     (["bandwidth", "--ops", "triad"], "unknown op"),
     (["bandwidth", "--dtype", "tf32"], "unknown dtype"),

@@ -199,13 +199,18 @@ def test_variable_lengths_when_the_reference_rows_are_shorter_than_the_batch(db,
 
 
 def test_gpu_lanes_run_every_cell_once(db, quick):
-    out = api.run(RunSpec(models=["bert-tiny"], backends=["eager", "sdpa"], batches=[1, 2], seqs=[8], gpus=[0, 1], **quick), db)
-    assert sorted((r["backend"], r["batch_size"]) for r in out.records) == [("eager", 1), ("eager", 2), ("sdpa", 1), ("sdpa", 2)]
-    assert all(r["status"] == "ok" for r in out.records)
-    from transbench.store import Store
+    # The lanes themselves, on CPU workers: `--gpus` is refused by validate() on a machine without those GPUs.
+    from transbench.runner.sweep import SweepOptions, run_grid
+    from transbench.store import Store, export
 
+    spec = grid.validate(RunSpec(models=["bert-tiny"], backends=["eager", "sdpa"], batches=[1, 2], seqs=[8], **quick))
     s = Store(db)
-    assert {c["info"]["lane_gpu"] for c in s.cells(s.find_run("last")["run_id"])} <= {0, 1}
+    run_id, _ = s.create_run("lanes", "inference", spec.to_dict(), {})
+    run_grid(s, run_id, grid.expand(spec), SweepOptions(spec.timeout, gpus=[0, 1]))
+    recs = export.records(s, [run_id])
+    assert sorted((r["backend"], r["batch_size"]) for r in recs) == [("eager", 1), ("eager", 2), ("sdpa", 1), ("sdpa", 2)]
+    assert all(r["status"] == "ok" for r in recs)
+    assert {c["info"]["lane_gpu"] for c in s.cells(run_id)} <= {0, 1}
 
 
 def test_interference_warnings(monkeypatch):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .errors import SpecError
-
-SCALAR_SEQUENCE_FIELDS = {"models", "tasks", "backends", "dtypes", "batches", "seqs", "gpus"}
 
 
 @dataclass
@@ -46,21 +46,103 @@ class RunSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> RunSpec:
-        check_keys(cls, data)
-        clean = {}
-        for k, v in data.items():
-            if k in SCALAR_SEQUENCE_FIELDS and v is not None and not isinstance(v, list):
-                v = split_list(v, int if k in ("batches", "seqs", "gpus") else str)
-            clean[k] = v
-        return cls(**clean)
+        return cls(**coerce(cls, data))
 
 
-def check_keys(cls, data: dict) -> None:
+def check_keys(cls, data: dict, where: str = "") -> None:
     """Spec files and stored specs may only hold the dataclass's fields: a typo is an error, not ignored."""
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise SpecError(f"unknown spec key(s) {', '.join(unknown)}: known keys are {', '.join(sorted(known))}")
+        raise SpecError(f"{where}unknown spec key(s) {', '.join(unknown)}: known keys are {', '.join(sorted(known))}")
+
+
+# --- One typed reading of every spec: RunSpec, TrainSpec and the micro options all go through coerce() ---
+
+_EXPECTED = {int: "a whole number", float: "a number", bool: "true or false", str: "text"}
+_PLURAL = {int: "whole numbers", float: "numbers", bool: "true/false values", str: "text values"}
+_EXAMPLE = {int: "8", float: "0.5", bool: "true"}
+
+
+def _field_type(tp) -> tuple[type, bool, bool]:
+    """(scalar kind, is a list, may be None) of an annotation such as `list[int] | None`."""
+    args = typing.get_args(tp)
+    optional = False
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        optional = type(None) in args
+        tp = next(a for a in args if a is not type(None))
+    if typing.get_origin(tp) is list:
+        return typing.get_args(tp)[0], True, optional
+    return tp, False, optional
+
+
+class _WrongType(Exception):
+    pass
+
+
+def _scalar(value, kind: type, text_ok: bool):
+    """`value` as `kind`, or _WrongType. Text is read as the command line reads it only inside lists
+    (`batches: "1,8"` is the CLI's own spelling); a lone `timeout: "10"` is a quoted number, most likely a
+    mistake, and is refused rather than guessed."""
+    if isinstance(value, str) and text_ok and kind is not str:
+        word = value.strip().lower()
+        if kind is bool and word in ("on", "true", "yes", "1", "off", "false", "no", "0"):
+            return word in ("on", "true", "yes", "1")
+        if kind is not bool:
+            try:
+                number = kind(word)
+                if number == number:
+                    return number
+            except ValueError:
+                pass
+    elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value != value:  # NaN passes every `< 0` check and would make every deadline and timer loop wrong
+            raise _WrongType
+        return float(value)
+    elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise _WrongType
+
+
+def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()) -> dict:
+    """Check `data` against the dataclass `cls` field by field, from its type annotations: unknown keys and
+    values of the wrong type are one-line SpecErrors naming the key and the type expected (`where` names
+    the file). A list field also takes one value or comma-separated text, as on the command line; fields in
+    `whole` keep a text value in one piece (their values may hold commas)."""
+    check_keys(cls, data, where)
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for key, value in data.items():
+        kind, is_list, optional = _field_type(hints[key])
+        expected = f"a list of {_PLURAL.get(kind, kind.__name__)}" if is_list else _EXPECTED.get(kind, kind.__name__)
+        if value is None:
+            if not optional:
+                raise SpecError(f"{where}{key}: expected {expected}, got nothing: give a value or leave the key out")
+            out[key] = None
+            continue
+        if not is_list:
+            items = [value]
+        elif isinstance(value, str):
+            items = [value] if key in whole else [p.strip() for p in value.split(",") if p.strip()]
+        else:
+            items = list(value) if isinstance(value, (list, tuple)) else [value]
+        typed = []
+        for item in items:
+            try:
+                typed.append(_scalar(item, kind, text_ok=is_list))
+            except _WrongType:
+                # The value itself makes the best example where it can be one: quoted text for a text
+                # field, the number without its quotes for `timeout: "10"`.
+                example = json.dumps(str(item)) if kind is str else _EXAMPLE.get(kind, "...")
+                if isinstance(item, str) and kind is not str:
+                    try:
+                        example = str(_scalar(item, kind, text_ok=True)).lower()
+                    except _WrongType:
+                        pass
+                raise SpecError(f"{where}{key}: expected {expected}, got {item!r}: write e.g. {key}: "
+                                f"{f'[{example}]' if is_list else example}") from None
+        out[key] = typed if is_list else typed[0]
+    return out
 
 
 def split_list(value, kind=str) -> list:
@@ -106,28 +188,56 @@ def parse_shard(shard: str | None) -> tuple[int, int] | None:
     return i, n
 
 
-def load_file(path: str) -> dict:
+def load_file(path: str, cls=None, whole: frozenset[str] = frozenset()) -> dict:
+    """A YAML, TOML or JSON sweep file as a dict; with `cls`, checked against that dataclass (coerce).
+    Every problem is one SpecError naming the file (and the line and column of a syntax error)."""
     p = Path(path)
+    if p.is_dir():
+        raise SpecError(f"spec file {path} is a folder: give a .yaml, .toml or .json file")
     if not p.is_file():
         raise SpecError(f"spec file {path} not found")
-    text = p.read_text()
-    if p.suffix in (".yaml", ".yml"):
+    if p.suffix not in (".yaml", ".yml", ".toml", ".json"):
+        raise SpecError(f"spec file {path}: use .yaml, .yml, .toml or .json")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"spec file {path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
+    except OSError as exc:
+        raise SpecError(f"spec file {path} cannot be read ({exc.strerror}): check its permissions") from None
+    data = _parse(path, p.suffix, text)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(f"spec file {path} must hold a mapping of options (key: value), "
+                        f"not a {type(data).__name__}")
+    return coerce(cls, data, f"spec file {path}: ", whole) if cls is not None else data
+
+
+def _parse(path: str, suffix: str, text: str):
+    """Parse with the format's own library; its error becomes 'line L, column C: what'."""
+    if suffix in (".yaml", ".yml"):
         import yaml
 
-        data = yaml.safe_load(text) or {}
-    elif p.suffix == ".toml":
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+            what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise SpecError(f"spec file {path}: invalid YAML{at}: {what}") from None
+    if suffix == ".toml":
         try:
             import tomllib
         except ModuleNotFoundError:  # Python 3.10
             import tomli as tomllib
-        data = tomllib.loads(text)
-    elif p.suffix == ".json":
-        data = json.loads(text)
-    else:
-        raise SpecError(f"spec file {path}: use .yaml, .yml, .toml or .json")
-    if not isinstance(data, dict):
-        raise SpecError(f"spec file {path} must hold a mapping of options")
-    return data
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:  # its message already ends "(at line L, column C)"
+            raise SpecError(f"spec file {path}: invalid TOML: {str(exc).splitlines()[0]}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"spec file {path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
 def dump_file(spec: RunSpec, path: str) -> None:

@@ -8,8 +8,10 @@ import sys
 import typer
 
 from ..errors import SpecError
+from .options import App
+from .tables import visible
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="How fast transformer models really run on your GPU, and where the time goes.")
 
 
@@ -39,7 +41,8 @@ def _options(show_version: bool = typer.Option(False, "--version", callback=_pri
 
 
 def fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
+    # One line, literally: a control character from user input (a model path, a name) is shown escaped.
+    typer.echo(f"error: {visible(message)}", err=True)
     raise typer.Exit(code)
 
 

@@ -12,7 +12,12 @@ from .. import api
 from ..models.presets import PRESETS
 from ..spec import RunSpec, dump_file
 from .app import app, fail, friendly
-from .tables import console
+from .tables import Col, console, fitted
+
+# A run name wraps rather than being cut; the GPU and the time it was created go first on a narrow terminal.
+RUNS_COLUMNS = [Col("name", "name", left=True), Col("run_id", "run id", left=True), Col("kind", "kind", rank=3, left=True),
+                Col("created", "created", rank=1, left=True), Col("cells", "cells", rank=4),
+                Col("gpu", "gpu", rank=2, left=True)]
 
 
 @app.command()
@@ -93,13 +98,8 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
             dump_file(s, out)
             typer.echo(f"wrote {out}")
         return
-    t = Table(title=f"runs in {db}")
-    for col in ("name", "run_id", "kind", "created", "cells", "gpu"):
-        t.add_column(col)
-    for r in rows:
-        gpus = r["env"].get("gpus") or []
-        t.add_row(r["name"], r["run_id"], r["kind"], r["created"], str(r["cells"]), gpus[0]["name"] if gpus else "cpu")
-    console.print(t)
+    listed = [{**r, "gpu": (r["env"].get("gpus") or [{"name": "cpu"}])[0]["name"]} for r in rows]
+    console.print(fitted(listed, RUNS_COLUMNS, f"runs in {db}", console.width, notes_from=None))
 
 
 @app.command()

@@ -5,28 +5,31 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
 from ..scenarios import micro
 from ..spec import split_list
 from ..store import export
 from .app import app, friendly
-from .tables import console
+from .options import App, build_spec
+from .tables import Col, console, fitted, pivot, visible
 
-micro_app = typer.Typer(no_args_is_help=True, help="Micro-benchmarks: GEMM and memory ceilings, one layer, its parts.")
+micro_app = App(no_args_is_help=True, help="Micro-benchmarks: GEMM and memory ceilings, one layer, its parts.")
 app.add_typer(micro_app, name="micro")
 
-DEVICE = typer.Option("auto", help="auto|cpu|cuda|cuda:N")
-MIN_TIME = typer.Option(None, "--min-time", help="seconds of timed calls per point (default 0.2 on GPU, 0.1 on CPU)")
+DEVICE = typer.Option(None, show_default="auto", help="auto|cpu|cuda|cuda:N")
+MIN_TIME = typer.Option(None, "--min-time", show_default="0.2 on GPU, 0.1 on CPU", help="seconds of timed calls per point")
+WARMUP = typer.Option(None, "--warmup", show_default="2", help="untimed calls before timing each point")
 DB = typer.Option("transbench.db", help="SQLite store")
 NAME = typer.Option(None, help="run name")
 JSON = typer.Option(None, "--json", help="also write the records as JSON")
 CSV = typer.Option(None, "--csv", help="also write the records as CSV")
 PLOT = typer.Option(None, "--plot", help="write a roofline PNG here")
+SPEC = typer.Option(None, "--spec", help="YAML/TOML/JSON file of these options; options given here override it")
 
 
 def _status(r: dict) -> str | None:
-    return None if r["status"] == "ok" else f"[bold red]{r['status']}[/]"
+    return None if r["status"] == "ok" else r["status"]
 
 
 def _pct(value: float | None, pct: float | None) -> str:
@@ -39,45 +42,54 @@ def _finish(outcome, db: str, json_path, csv_path, plot_path=None) -> None:
     export.write(outcome.records, json_path, csv_path)
     if plot_path:
         micro.plot_micro(outcome, db, plot_path)
-        console.print(f"roofline plot: {plot_path}")
+        console.print(visible(f"roofline plot: {plot_path}"), markup=False, highlight=False)
     problems = [r for r in outcome.records if r["status"] != "ok"]
     for r in problems:
-        console.print(f"  [yellow]{r['status']}[/] {r.get('error') or ''}"[:200], highlight=False)
-    console.print(f"stored in {db} as run [bold]{outcome.name}[/] ({len(outcome.records)} points)")
+        console.print(visible(f"  {r['status']} {r.get('error') or ''}")[:200], style="yellow", highlight=False, markup=False)
+    console.print(f"stored in {escape(visible(db))} as run [bold]{escape(visible(outcome.name))}[/] ({len(outcome.records)} points)")
 
 
 def _grid(title: str, corner: str, columns: list[str], rows: dict[str, dict[str, str]]) -> None:
-    """Print `rows` ({row label: {column: text}}) as one table; a cell a row lacks stays blank."""
-    t = Table(title=title)
-    t.add_column(corner, justify="right")
-    for c in columns:
-        t.add_column(c, justify="right")
-    for label, cells in rows.items():
-        t.add_row(label, *(cells.get(c, "") for c in columns))
-    console.print(t)
+    """Print `rows` ({row label: {column: text}}) as tables no wider than the terminal; a cell a row lacks
+    stays blank."""
+    for table in pivot(title, corner, columns, rows, console.width):
+        console.print(table)
+
+
+BREAKDOWN_COLUMNS = [
+    Col("part", "part", setting=True), Col("status", "status"), Col("ms", "ms"),
+    Col("share", "share", lambda v: "-" if v is None else f"{v:.1%}", rank=5), Col("tflops", "TFLOPS", rank=4),
+    Col("gbps", "GB/s", rank=4), Col("mb", "MB moved", rank=2), Col("intensity", "FLOP/B", rank=3),
+    Col("bound", "bound", rank=3), Col("roofline", "% of roofline", lambda v: "-" if v is None else f"{v:.0f}%", rank=6),
+]
 
 
 def _progress(p) -> None:
     if p.status != "ok":
         return
     for w in p.warnings:
-        console.print(f"  [yellow]warning:[/] {p.key}: {w}", highlight=False)
+        console.print(visible(f"  warning: {p.key}: {w}"), highlight=False, markup=False)
 
 
 @micro_app.command()
 @friendly
 def gemm(
     sizes: Optional[str] = typer.Option(None, help="square sizes n, e.g. 1024,2^12 (GPU default 128..16384)"),
-    dtypes: Optional[str] = typer.Option(None, help="fp32,tf32,fp16,bf16,fp8 (default: all on GPU, fp32 on CPU)"),
-    models: Optional[str] = typer.Option(None, help="presets whose 4 layer GEMMs to add; '' for none"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", show_default="all on GPU, fp32 on CPU",
+                                        help="fp32,tf32,fp16,bf16,fp8 (comma-separated)"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", show_default="bert-base-uncased,bert-large-uncased on GPU, none on CPU",
+                                        help="presets whose 4 layer GEMMs to add (comma-separated); '' for none"),
     tokens: Optional[int] = typer.Option(None, help="rows (batch x seq) of the layer GEMMs (default 8192 on GPU)"),
-    device: str = DEVICE, min_time: Optional[float] = MIN_TIME, db: str = DB, name: Optional[str] = NAME,
-    json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV, plot: Optional[str] = PLOT,
+    device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
+    db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
+    plot: Optional[str] = PLOT, spec: Optional[str] = SPEC,
 ) -> None:
     """TFLOPS of matrix products per size and dtype, next to the datasheet peak."""
-    opts = micro.GemmOptions(sizes=micro.parse_sizes(sizes), dtypes=dtypes and split_list(dtypes),
-                             models=None if models is None else split_list(models), tokens=tokens,
-                             device=device, min_time=min_time, name=name)
+    export.check_paths(json_path, csv_path, db)
+    opts = build_spec(micro.GemmOptions, spec, dict(
+        sizes=micro.parse_sizes(sizes), dtypes=dtype and split_list(dtype),
+        models=None if model is None else split_list(model), tokens=tokens, device=device, min_time=min_time,
+        warmup=warmup, name=name))
     outcome = micro.run_micro("gemm", opts, db, on_point=_progress)
     recs = outcome.records
     rows: dict[str, dict] = {}
@@ -97,13 +109,16 @@ def gemm(
 def bandwidth(
     sizes: Optional[str] = typer.Option(None, help="elements per vector, e.g. 2^20,2^24 (GPU default 2^14..2^28)"),
     ops: Optional[str] = typer.Option(None, help="copy,scale,add"),
-    dtype: str = typer.Option("fp32", help="fp32|fp16|bf16"),
-    device: str = DEVICE, min_time: Optional[float] = MIN_TIME, db: str = DB, name: Optional[str] = NAME,
-    json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
+    dtype: Optional[str] = typer.Option(None, show_default="fp32", help="fp32|fp16|bf16"),
+    device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
+    db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
+    spec: Optional[str] = SPEC,
 ) -> None:
     """GB/s (bytes read + written) of element-wise copy, scale and add, and the TFLOPS they reach."""
-    opts = micro.BandwidthOptions(sizes=micro.parse_sizes(sizes), ops=ops and split_list(ops), dtype=dtype,
-                                  device=device, min_time=min_time, name=name)
+    export.check_paths(json_path, csv_path, db)
+    opts = build_spec(micro.BandwidthOptions, spec, dict(
+        sizes=micro.parse_sizes(sizes), ops=ops and split_list(ops), dtype=dtype, device=device,
+        min_time=min_time, warmup=warmup, name=name))
     outcome = micro.run_micro("bandwidth", opts, db, on_point=_progress)
     recs = outcome.records
     rows: dict[str, dict] = {}
@@ -121,16 +136,20 @@ def bandwidth(
 @micro_app.command()
 @friendly
 def layer(
-    model: str = typer.Option("bert-large-uncased", "--model", "-m", help="preset or local checkpoint folder"),
-    dtype: Optional[str] = typer.Option(None, help="fp32|tf32|fp16|bf16 (default fp16 on GPU, fp32 on CPU)"),
-    batch: Optional[str] = typer.Option(None, help="batch sizes (default 4,8,...,128 on GPU)"),
-    seq: Optional[str] = typer.Option(None, help="sequence lengths (default 128,512 on GPU)"),
-    device: str = DEVICE, min_time: Optional[float] = MIN_TIME, db: str = DB, name: Optional[str] = NAME,
-    json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
+    model: Optional[str] = typer.Option(None, "--model", "-m", show_default="bert-large-uncased",
+                                        help="preset or local checkpoint folder"),
+    dtype: Optional[str] = typer.Option(None, show_default="fp16 on GPU, fp32 on CPU", help="fp32|tf32|fp16|bf16"),
+    batch: Optional[str] = typer.Option(None, show_default="4,8,...,128 on GPU, 1,4 on CPU", help="batch sizes (comma-separated)"),
+    seq: Optional[str] = typer.Option(None, show_default="128,512 on GPU, 128 on CPU", help="sequence lengths (comma-separated)"),
+    device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
+    db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
+    spec: Optional[str] = SPEC,
 ) -> None:
     """Forward and forward+backward TFLOPS of one transformer layer over batch x seq."""
-    opts = micro.LayerOptions(model=model, dtype=dtype, batches=batch and split_list(batch, int),
-                              seqs=seq and split_list(seq, int), device=device, min_time=min_time, name=name)
+    export.check_paths(json_path, csv_path, db)
+    opts = build_spec(micro.LayerOptions, spec, dict(
+        model=model, dtype=dtype, batches=batch and split_list(batch, int), seqs=seq and split_list(seq, int),
+        device=device, min_time=min_time, warmup=warmup, name=name))
     outcome = micro.run_micro("layer", opts, db, on_point=_progress)
     recs = outcome.records
     res = outcome.options
@@ -146,16 +165,20 @@ def layer(
 @micro_app.command()
 @friendly
 def breakdown(
-    model: str = typer.Option("bert-large-uncased", "--model", "-m", help="preset or local checkpoint folder"),
-    dtype: Optional[str] = typer.Option(None, help="fp32|tf32|fp16|bf16 (default fp16 on GPU, fp32 on CPU)"),
-    batch: Optional[int] = typer.Option(None, help="batch size (default 64 on GPU, 4 on CPU)"),
-    seq: Optional[int] = typer.Option(None, help="sequence length (default 128)"),
-    device: str = DEVICE, min_time: Optional[float] = MIN_TIME, db: str = DB, name: Optional[str] = NAME,
-    json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV, plot: Optional[str] = PLOT,
+    model: Optional[str] = typer.Option(None, "--model", "-m", show_default="bert-large-uncased",
+                                        help="preset or local checkpoint folder"),
+    dtype: Optional[str] = typer.Option(None, show_default="fp16 on GPU, fp32 on CPU", help="fp32|tf32|fp16|bf16"),
+    batch: Optional[int] = typer.Option(None, show_default="64 on GPU, 4 on CPU", help="batch size"),
+    seq: Optional[int] = typer.Option(None, show_default="128", help="sequence length"),
+    device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
+    db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
+    plot: Optional[str] = PLOT, spec: Optional[str] = SPEC,
 ) -> None:
     """Time, share, TFLOPS, bytes, intensity and roofline bound of each part of one layer."""
-    opts = micro.BreakdownOptions(model=model, dtype=dtype, batch=batch, seq=seq, device=device,
-                                  min_time=min_time, name=name)
+    export.check_paths(json_path, csv_path, db)
+    opts = build_spec(micro.BreakdownOptions, spec, dict(
+        model=model, dtype=dtype, batch=batch, seq=seq, device=device, min_time=min_time, warmup=warmup,
+        name=name))
     outcome = micro.run_micro("breakdown", opts, db, on_point=_progress)
     recs = outcome.records
     res = outcome.options
@@ -164,18 +187,15 @@ def breakdown(
     ceil = (f"ceilings ({src}): {first['peak_tflops']:.4g} TFLOPS, {first['peak_gbs']:.4g} GB/s"
             if first.get("peak_tflops") and first.get("peak_gbs")
             else "no ceilings known: run `micro gemm` and `micro bandwidth` with this --db")
-    t = Table(title=f"one {res.model} layer, batch {res.batch} x seq {res.seq}, {res.dtype}; {ceil}")
-    for c in ("part", "ms", "share", "TFLOPS", "GB/s", "MB moved", "FLOP/B", "bound", "% of roofline"):
-        t.add_column(c, justify="left" if c in ("part", "bound") else "right")
+    rows = []
     for r in recs:
-        status = _status(r)
-        timed = None if status else r
-        t.add_row(r["part"], status or f"{r['latency_ms']:.4g}",
-                  f"{timed['share']:.1%}" if timed and timed.get("share") is not None else "-",
-                  f"{timed['tflops']:.4g}" if timed else "-", f"{timed['gbps']:.4g}" if timed else "-",
-                  f"{r['bytes'] / 1e6:.4g}", f"{r['intensity']:.4g}", r.get("bound") or "?",
-                  f"{timed['pct_of_roofline']:.0f}%" if timed and timed.get("pct_of_roofline") else "-")
-    console.print(t)
+        timed = r if r["status"] == "ok" else {}
+        rows.append({"part": r["part"], "status": r["status"], "ms": timed.get("latency_ms"),
+                     "share": timed.get("share"), "tflops": timed.get("tflops"), "gbps": timed.get("gbps"),
+                     "mb": r["bytes"] / 1e6, "intensity": r["intensity"], "bound": r.get("bound") or "?",
+                     "roofline": timed.get("pct_of_roofline") or None, "error": r.get("error")})
+    console.print(fitted(rows, BREAKDOWN_COLUMNS, f"one {res.model} layer, batch {res.batch} x seq {res.seq}, "
+                         f"{res.dtype}; {ceil}", console.width))
     console.print(f"attention / FFN FLOP ratio: {first.get('attn_ffn_flop_ratio', 0):.4g} (matrix products; "
                   "shares overlap: dense is inside dense+act, inside ffn)")
     _finish(outcome, db, json_path, csv_path, plot)

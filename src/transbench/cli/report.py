@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .app import app, friendly
-from .tables import console
+from .tables import console, visible
 
 VERDICT_STYLE = {"slower": "bold red", "broken": "bold red", "faster": "bold green", "fixed": "green"}
 
@@ -33,11 +33,12 @@ def report(
 
     paths = build_report(db, runs or ["last"], out, baseline, compare_runs=compare,
                          config=CompareConfig(alpha, min_effect))
-    console.print(f"wrote {paths.markdown}, {paths.html} and {len(paths.figures)} plot(s) in {paths.out_dir}")
+    console.print(visible(f"wrote {paths.markdown}, {paths.html} and {len(paths.figures)} plot(s) in {paths.out_dir}"),
+                  markup=False, highlight=False)
     for failure in paths.plot_failures:
-        console.print(f"[yellow]warning:[/] {failure}", highlight=False)
+        console.print(visible(f"warning: {failure}"), style="yellow", markup=False, highlight=False)
     for cmp in paths.comparisons:
-        console.print(cmp.summary(), highlight=False)
+        console.print(visible(cmp.summary()), highlight=False, markup=False)
 
 
 @app.command()
@@ -61,14 +62,14 @@ def compare(
     for doc in (comparison_table(cmp), unmatched_table(cmp)):
         if doc is None:
             continue
-        t = Table(title=escape(doc.title))
+        t = Table(title=escape(visible(doc.title)))
         for header in doc.headers:
             right = header in ("A ms", "B ms", "B/A")
             t.add_column(header, justify="right" if right else "left", overflow="fold", no_wrap=right)
         for row in doc.rows:
-            t.add_row(*[f"[{VERDICT_STYLE[v]}]{v}[/]" if v in VERDICT_STYLE and h == "verdict" else escape(v)
+            t.add_row(*[f"[{VERDICT_STYLE[v]}]{v}[/]" if v in VERDICT_STYLE and h == "verdict" else escape(visible(v))
                         for h, v in zip(doc.headers, row)])
         console.print(t, width=width)
-    console.print(cmp.summary(), highlight=False, markup=False, width=width)
+    console.print(visible(cmp.summary()), highlight=False, markup=False, width=width)
     if cmp.regressions:
         raise typer.Exit(1)

@@ -5,49 +5,62 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import api
-from ..spec import RunSpec, load_file, split_list
+from ..spec import RunSpec, split_list
+from ..store import export
 from .app import app, friendly
-from .tables import console, records_table
+from .options import LIST, build_spec, shown
+from .tables import console, records_table, visible
 
-LIST = "comma-separated; a sweep axis"
+
+def _d(name: str) -> str:
+    return shown(RunSpec, name)
 
 
 @app.command()
 @friendly
 def run(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help=f"preset or local checkpoint folder ({LIST})"),
-    task: Optional[str] = typer.Option(None, help=f"base|mlm|classification|token-classification|qa|causal-lm|generate ({LIST})"),
-    backend: Optional[str] = typer.Option(None, "--backend", "-b", help=f"eager,sdpa,sdpa-math,...,fused ({LIST})"),
-    dtype: Optional[str] = typer.Option(None, help=f"fp32|tf32|fp16|bf16 ({LIST}); default fp16 on GPU, fp32 on CPU"),
-    batch: Optional[str] = typer.Option(None, help=f"batch sizes ({LIST})"),
-    seq: Optional[str] = typer.Option(None, help=f"sequence lengths ({LIST})"),
-    seq_stdev: Optional[float] = typer.Option(None, help="variable lengths: stdev of lengths drawn around --seq, padded with a mask"),
-    device: Optional[str] = typer.Option(None, help="auto|cpu|cuda|cuda:N"),
-    activation: Optional[str] = typer.Option(None, help="gelu|gelu-tanh (default: the model's own)"),
-    embeddings: Optional[bool] = typer.Option(None, "--embeddings/--encoders-only", help="time the embedding layer too, or the encoder stack only"),
-    min_time: Optional[float] = typer.Option(None, help="seconds of timed calls per cell, at least"),
-    min_count: Optional[int] = typer.Option(None, help="timed calls per cell, at least"),
-    warmup: Optional[int] = typer.Option(None, help="untimed calls before timing"),
-    timeout: Optional[float] = typer.Option(None, help="seconds a cell may take before it is `timeout`"),
+    model: Optional[str] = typer.Option(None, "--model", "-m", show_default=_d("models"),
+                                        help=f"preset or local checkpoint folder ({LIST})"),
+    task: Optional[str] = typer.Option(None, show_default=_d("tasks"),
+                                       help=f"base|mlm|classification|token-classification|qa|causal-lm|generate ({LIST})"),
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", show_default=_d("backends"),
+                                          help=f"eager,sdpa,sdpa-math,...,fused ({LIST})"),
+    dtype: Optional[str] = typer.Option(None, show_default="fp16 on GPU, fp32 on CPU",
+                                        help=f"fp32|tf32|fp16|bf16|fp8 ({LIST})"),
+    batch: Optional[str] = typer.Option(None, show_default="1,8,64,256 on GPU, 1,2 on CPU", help=f"batch sizes ({LIST})"),
+    seq: Optional[str] = typer.Option(None, show_default="128,384 on GPU, 128 on CPU", help=f"sequence lengths ({LIST})"),
+    seq_stdev: Optional[float] = typer.Option(None, show_default=_d("seq_stdev"),
+                                              help="variable lengths: stdev of lengths drawn around --seq, padded with a mask"),
+    device: Optional[str] = typer.Option(None, show_default=_d("device"), help="auto|cpu|cuda|cuda:N"),
+    activation: Optional[str] = typer.Option(None, show_default="the model's own", help="gelu|gelu-tanh"),
+    embeddings: Optional[bool] = typer.Option(None, "--embeddings/--encoders-only", show_default="--embeddings",
+                                              help="time the embedding layer too, or the encoder stack only"),
+    min_time: Optional[float] = typer.Option(None, show_default="1 on GPU, 0.5 on CPU", help="seconds of timed calls per cell, at least"),
+    min_count: Optional[int] = typer.Option(None, show_default="20 on GPU, 5 on CPU", help="timed calls per cell, at least"),
+    warmup: Optional[int] = typer.Option(None, show_default="5 on GPU, 2 on CPU", help="untimed calls before timing"),
+    timeout: Optional[float] = typer.Option(None, show_default=_d("timeout"), help="seconds a cell may take before it is `timeout`"),
     baseline: Optional[str] = typer.Option(None, help="backend to compute speedup and mem_saved against"),
-    new_tokens: Optional[int] = typer.Option(None, help="tokens to generate (--task generate)"),
-    compile_mode: Optional[str] = typer.Option(None, help="torch.compile mode for the compile backend"),
+    new_tokens: Optional[int] = typer.Option(None, show_default=_d("new_tokens"), help="tokens to generate (--task generate)"),
+    compile_mode: Optional[str] = typer.Option(None, show_default=_d("compile_mode"), help="torch.compile mode for the compile backend"),
     max_batch: Optional[bool] = typer.Option(None, "--max-batch", help="also search the largest batch that fits"),
     gpus: Optional[str] = typer.Option(None, help="run cells in parallel, one worker per listed GPU (0,1,...)"),
-    nproc: Optional[int] = typer.Option(None, help="data-parallel inference over N GPUs through torchrun"),
+    nproc: Optional[int] = typer.Option(None, show_default=_d("nproc"), help="data-parallel inference over N GPUs through torchrun"),
     shard: Optional[str] = typer.Option(None, help="I/N: run a deterministic slice of the grid"),
-    spec: Optional[str] = typer.Option(None, help="YAML/TOML sweep file; options given here override it"),
+    spec: Optional[str] = typer.Option(None, help="YAML/TOML/JSON sweep file; options given here override it"),
     db: str = typer.Option("transbench.db", help="SQLite store"),
     json_path: Optional[str] = typer.Option(None, "--json", help="also write the records as JSON"),
     csv_path: Optional[str] = typer.Option(None, "--csv", help="also write the records as CSV"),
     name: Optional[str] = typer.Option(None, help="run name; rerunning a name resumes it"),
-    resume: bool = typer.Option(False, help="skip finished cells of the named (or newest) run"),
-    seed: Optional[int] = typer.Option(None, help="seed of the random weights and tokens"),
+    resume: bool = typer.Option(False, "--resume", help="skip finished cells of the named (or newest) run"),
+    seed: Optional[int] = typer.Option(None, show_default=_d("seed"), help="seed of the random weights and tokens"),
+    wide: bool = typer.Option(False, "--wide", help="print every column of the result table (p99, tokens/s, memory, ...)"),
 ) -> None:
     """Measure inference latency, throughput, TFLOPS, MFU and memory over a model x backend x shape grid."""
+    export.check_paths(json_path, csv_path, db)
     given = {
         "models": model and split_list(model), "tasks": task and split_list(task),
         "backends": backend and split_list(backend), "dtypes": dtype and split_list(dtype),
@@ -57,8 +70,7 @@ def run(
         "new_tokens": new_tokens, "compile_mode": compile_mode, "max_batch": max_batch,
         "gpus": gpus and split_list(gpus, int), "nproc": nproc, "shard": shard, "name": name, "seed": seed,
     }
-    base = load_file(spec) if spec else {}
-    the_spec = RunSpec.from_dict({**base, **{k: v for k, v in given.items() if v is not None}})
+    the_spec = build_spec(RunSpec, spec, given)
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=False)
@@ -79,15 +91,17 @@ def run(
         label = f"{cell.model} {cell.task} {cell.backend} {cell.dtype} b{cell.batch} s{cell.seq}"
         if result is not None:
             detail = f"{result.record.get('latency_ms', 0):.3f} ms" if result.status == "ok" else (result.error or "")
-            progress.console.print(f"  {label}: {result.status} {detail}"[:160], highlight=False, markup=False)
+            progress.console.print(visible(f"  {label}: {result.status} {detail}")[:160], highlight=False, markup=False)
             for w in result.warnings:
-                progress.console.print(f"    warning: {w}", highlight=False, markup=False)
+                progress.console.print(visible(f"    warning: {w}"), highlight=False, markup=False)
         progress.advance(bar["id"])
 
     try:
         outcome = api.run(the_spec, db, json_path=json_path, csv_path=csv_path, resume=resume,
                           on_start=on_start, on_cell=on_cell, on_probe=on_probe)
     finally:
-        progress.stop()
-    console.print(records_table(outcome.records, title=f"run {outcome.name} ({outcome.run_id})"))
-    console.print(f"stored in {db} as run [bold]{outcome.name}[/]" + (" (resumed)" if outcome.resumed else ""))
+        if bar:  # a stopped, never started bar would still print an empty line
+            progress.stop()
+    console.print(records_table(outcome.records, title=f"run {outcome.name} ({outcome.run_id})",
+                                width=console.width, wide=wide))
+    console.print(f"stored in {escape(visible(db))} as run [bold]{escape(visible(outcome.name))}[/]" + (" (resumed)" if outcome.resumed else ""))

@@ -1,54 +1,201 @@
-"""Rich tables for the terminal."""
+"""Rich tables for the terminal, fitted to its width: no value is ever cut to an ellipsis.
+
+Every table of the CLI goes through `fitted`: settings that are the same in every row move to the title,
+empty columns go, rarely needed ones wait for `--wide`, and when the rest is still wider than the terminal
+the least important columns are left out (the caption names them). Every text is a rich `Text`, so
+user-provided names and error messages are printed literally, never read as markup."""
 
 from __future__ import annotations
 
-import shutil
+import os
+import re
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from rich.console import Console
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
-# Piped output (CI logs, `| tee`) gets a wide console rather than rich's 80-column default.
-console = Console(width=None if sys.stdout.isatty() else max(180, shutil.get_terminal_size().columns))
 
-COLUMNS = [("scenario", "scenario"), ("model", "model"), ("task", "task"), ("backend", "backend"), ("dtype", "dtype"),
-           ("batch_size", "batch"), ("seq_len", "seq"), ("status", "status"), ("latency_ms", "ms (median)"),
-           ("latency_iqr_ms", "IQR ms"), ("latency_p99_ms", "p99 ms"), ("throughput_per_s", "seq/s"),
-           ("tokens_per_s", "tokens/s"), ("prefill_ms", "prefill ms"), ("decode_ms_per_token", "ms/token"),
-           ("tflops", "TFLOPS"), ("mfu", "MFU"), ("peak_mem_mb", "peak MiB"), ("rel_err", "rel err"),
-           ("speedup", "speedup %"), ("mem_saved", "mem saved %")]
-TEXT = {"scenario", "model", "task", "backend", "dtype", "status"}
+
+def _width() -> int | None:
+    """A terminal's own width; COLUMNS where it is set; else (CI logs, `| tee`) 180 rather than rich's
+    80-column default for output that is not a terminal."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    return None if sys.stdout.isatty() else 180
+
+
+console = Console(width=_width())
+
+# C0 and C1 control characters (ESC, BEL, newline, ...) and DEL. Rich prints ESC as it is, so a stored name
+# or an error message holding `\x1b[2J` would clear the terminal of whoever lists it.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def visible(text) -> str:
+    """`text` with its control characters written as escapes (\\x1b), everything else as it is."""
+    return CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
 
 
 def fmt(value, spec: str = ".4g") -> str:
     if value is None:
         return "-"
+    if isinstance(value, bool):
+        return "on" if value else "off"
     if isinstance(value, float):
-        return format(value, spec)
+        # 12346 reads better than 1.235e+04, and is narrower.
+        return f"{value:.0f}" if spec == ".4g" and 1e4 <= abs(value) < 1e12 else format(value, spec)
     return str(value)
 
 
-def records_table(recs: list[dict], title: str = "") -> Table:
-    """One row per cell. Columns that are the same in every row move to the title; empty ones go."""
-    constant = {k: recs[0].get(k) for k in ("scenario", "model", "task", "dtype") if recs and len({r.get(k) for r in recs}) == 1}
-    cols = [(k, label) for k, label in COLUMNS
-            if k not in constant and (k in ("status",) or any(r.get(k) is not None for r in recs))]
+def pct(value) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def signed(value) -> str:
+    return "-" if value is None else f"{value:+.1f}"
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column: the record key, a short header, how a value prints.
+
+    `setting`: a swept setting; when it is the same in every row it moves to the title.
+    `rank`: columns are left out lowest rank first when the table is wider than the terminal (0: never).
+    `wide`: shown only with --wide."""
+
+    key: str
+    header: str
+    show: Callable[[object], str] = fmt
+    setting: bool = False
+    rank: int = 0
+    wide: bool = False
+    left: bool = False  # text, not a number
+
+
+# Box drawing: one border character per column and one more, plus the padding of one space either side.
+def _table_width(widths: list[int]) -> int:
+    return sum(widths) + 3 * len(widths) + 1
+
+
+def _min_width(header: str, texts: list[str]) -> int:
+    # The whole header: rich would rather wrap a value than a header when it must squeeze, so a table is
+    # only known to fit when every header fits on one line too. Headers are kept short for that.
+    return max([cell_len(header)] + [cell_len(t) for t in texts] + [1])
+
+
+def fitted(rows: list[dict], cols: list[Col], title: str = "", width: int | None = None, wide: bool = False,
+           notes_from: str | None = "error") -> Group:
+    """`rows` as one table no wider than `width`. A row whose status is not ok gets a numbered note with
+    its reason (`notes_from`) under the table, instead of a column that would be too wide to fit."""
+    width = width or console.width
+    constant = {c.key: rows[0].get(c.key) for c in cols
+                if c.setting and rows and len({repr(r.get(c.key)) for r in rows}) == 1 and len(rows) > 1}
+    shown = [c for c in cols if c.key not in constant and (c.key == "status" or any(r.get(c.key) is not None for r in rows))]
+    hidden_wide = [c for c in shown if c.wide and not wide]
+    shown = [c for c in shown if wide or not c.wide]
+
+    notes: dict[str, int] = {}
+    texts: dict[str, list[str]] = {c.key: [] for c in shown}
+    for r in rows:
+        for c in shown:
+            v = r.get(c.key)
+            t = c.show(v)
+            if c.key == "status" and v not in (None, "ok"):
+                reason = r.get(notes_from) if notes_from else None
+                if reason:
+                    n = notes.setdefault(str(reason), len(notes) + 1)
+                    t = f"{t} [{n}]"
+            texts[c.key].append(visible(t))
+
+    dropped: list[Col] = []
+    while True:
+        widths = [_min_width(c.header, texts[c.key]) for c in shown]
+        if _table_width(widths) <= width:
+            break
+        candidates = [c for c in shown if c.rank > 0]
+        if not candidates:
+            break  # nothing more may go: columns fold (wrap) rather than cut
+        victim = min(candidates, key=lambda c: c.rank)
+        shown.remove(victim)
+        dropped.append(victim)
+
+    head = title
     if constant:
-        title = f"{title}  " + "  ".join(f"{k}={v}" for k, v in constant.items())
-    t = Table(title=title.strip())
-    for _, label in cols:
-        t.add_column(label, justify="left" if _ in TEXT else "right")
-    for r in recs:
-        row = []
-        for key, _ in cols:
-            v = r.get(key)
-            if key == "mfu" and v is not None:
-                row.append(f"{v:.1%}")
-            elif key == "status" and v != "ok":
-                row.append(f"[bold red]{v.upper() if v == 'oom' else v}[/]")
-            elif key in ("speedup", "mem_saved") and v is not None:
-                row.append(f"{v:+.1f}")
-            else:
-                row.append(fmt(v, ".2e" if key == "rel_err" else ".4g"))
-        t.add_row(*row)
-    return t
+        head += "  " + "  ".join(f"{_setting_name(cols, k)}={fmt(v)}" for k, v in constant.items())
+    left_out = [c.header for c in dropped] + [c.header for c in hidden_wide]
+    how = "a wider terminal" if wide else "--wide and a wider terminal" if dropped else "--wide"
+    caption = f"not shown: {', '.join(left_out)} ({how} shows them)" if left_out else None
+    t = Table(title=Text(visible(head.strip())), caption=Text(caption) if caption else None, box=box.HEAVY_HEAD)
+    for c in shown:
+        t.add_column(Text(c.header), justify="left" if c.left or c.setting or c.key == "status" else "right",
+                     overflow="fold")
+    for i, r in enumerate(rows):
+        t.add_row(*(Text(texts[c.key][i], style="bold red" if c.key == "status" and r.get("status") not in (None, "ok")
+                         else "") for c in shown))
+    parts = [t] + [Text(visible(f"[{n}] {reason}"), style="yellow") for reason, n in notes.items()]
+    return Group(*parts)
+
+
+def _setting_name(cols: list[Col], key: str) -> str:
+    return next(c.header for c in cols if c.key == key)
+
+
+def status_text(v) -> str:
+    return "-" if v is None else ("OOM" if v == "oom" else str(v))
+
+
+# The inference and generation table of `transbench run`.
+RUN_COLUMNS = [
+    Col("scenario", "scenario", setting=True), Col("model", "model", setting=True),
+    Col("task", "task", setting=True), Col("backend", "backend", setting=True),
+    Col("dtype", "dtype", setting=True), Col("batch_size", "batch", setting=True),
+    Col("seq_len", "seq", setting=True), Col("status", "status", status_text),
+    Col("latency_ms", "ms"), Col("throughput_per_s", "seq/s", rank=8),
+    Col("prefill_ms", "prefill ms", rank=7), Col("decode_ms_per_token", "ms/token", rank=7),
+    Col("tflops", "TFLOPS", rank=6), Col("mfu", "MFU", pct, rank=5), Col("speedup", "speedup %", signed, rank=6),
+    Col("peak_mem_mb", "peak MiB", rank=4), Col("mem_saved", "mem saved %", signed, rank=3, wide=True),
+    Col("latency_iqr_ms", "IQR ms", rank=2, wide=True), Col("latency_p99_ms", "p99 ms", rank=2, wide=True),
+    Col("tokens_per_s", "tokens/s", rank=3, wide=True), Col("rel_err", "rel err", lambda v: fmt(v, ".2e"), rank=1, wide=True),
+]
+
+
+def records_table(recs: list[dict], title: str = "", width: int | None = None, wide: bool = False) -> Group:
+    """One row per cell of a run."""
+    return fitted(recs, RUN_COLUMNS, title, width, wide)
+
+
+def pivot(title: str, corner: str, columns: list[str], rows: dict[str, dict[str, str]], width: int | None = None) -> list[Table]:
+    """A pivot ({row label: {column: text}}) as tables no wider than `width`: every column is data, so
+    none is left out; columns that do not fit go to a next table that repeats the row labels."""
+    width = width or console.width
+    labels = list(rows)
+    label_w = _min_width(corner, [visible(x) for x in labels])
+    chunks: list[list[str]] = [[]]
+    for c in columns:
+        w = [label_w] + [_min_width(x, [rows[r].get(x, "") for r in labels]) for x in (*chunks[-1], c)]
+        if chunks[-1] and _table_width(w) > width:
+            chunks.append([])
+        chunks[-1].append(c)
+    tables = []
+    for i, chunk in enumerate(chunks):
+        part = f" ({i + 1}/{len(chunks)})" if len(chunks) > 1 else ""
+        t = Table(title=Text(visible(title + part)), box=box.HEAVY_HEAD)
+        t.add_column(Text(corner), justify="right", overflow="fold")
+        for c in chunk:
+            t.add_column(Text(c), justify="right", overflow="fold")
+        for label in labels:
+            t.add_row(Text(visible(label)), *(_cell(visible(rows[label].get(c, ""))) for c in chunk))
+        tables.append(t)
+    return tables
+
+
+STATUSES = ("oom", "timeout", "error", "wrong", "unsupported", "skipped")
+
+
+def _cell(text: str) -> Text:
+    return Text(text, style="bold red" if text in STATUSES else "")

@@ -5,50 +5,33 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
-from ..scenarios.training import TrainSpec, train as run_training
-from ..spec import load_file
+from ..scenarios.training import WHOLE_FIELDS, TrainSpec, train as run_training
+from ..store import export
 from .app import app, friendly
-from .tables import console, fmt
+from .options import LIST, build_spec, shown
+from .tables import Col, console, fitted, pct, status_text, visible
 
-LIST = "comma-separated; a sweep axis"
+SETTINGS = [Col("model", "model", setting=True), Col("task", "task", setting=True),
+            Col("backend", "backend", setting=True), Col("dtype", "dtype", setting=True),
+            Col("optim", "optim", setting=True), Col("batch_size", "batch", setting=True),
+            Col("seq_len", "seq", setting=True), Col("grad_accum", "accum", setting=True),
+            Col("grad_ckpt", "grad ckpt", setting=True), Col("compile", "compile", setting=True),
+            Col("strategy", "strategy", setting=True), Col("world_size", "GPUs", setting=True),
+            Col("zero_stage", "ZeRO", setting=True), Col("nccl", "nccl", setting=True),
+            Col("status", "status", status_text)]
+SPEED_COLUMNS = [*SETTINGS, Col("latency_ms", "step ms"), Col("samples_per_s", "samples/s", rank=5),
+                 Col("tokens_per_s", "tokens/s", rank=3), Col("tflops_per_gpu", "TFLOPS /GPU", rank=4),
+                 Col("mfu", "MFU", pct, rank=2), Col("scaling_efficiency", "scaling", pct, rank=6)]
+MEMORY_COLUMNS = [*SETTINGS, Col("peak_mem_mb", "peak MiB"), Col("peak_reserved_mb", "reserved MiB", rank=2, wide=True),
+                  Col("params_mb", "params MiB", rank=5), Col("grads_mb", "grads MiB", rank=4),
+                  Col("optim_state_mb", "optim MiB", rank=4), Col("activations_mb", "activ. MiB", rank=6),
+                  Col("loss_start", "loss first", rank=3), Col("loss_end", "loss last", rank=3)]
 
 
-SPEED_COLUMNS = [("model", "model"), ("task", "task"), ("backend", "attn"), ("dtype", "precision"),
-                 ("optim", "optim"), ("batch_size", "batch"), ("seq_len", "seq"), ("grad_accum", "accum"),
-                 ("grad_ckpt", "ckpt"), ("compile", "compile"), ("strategy", "strategy"), ("world_size", "GPUs"),
-                 ("nccl", "nccl"), ("status", "status"), ("latency_ms", "step ms"), ("samples_per_s", "samples/s"),
-                 ("tokens_per_s", "tokens/s"), ("tflops_per_gpu", "TFLOPS/GPU"), ("mfu", "MFU"),
-                 ("scaling_efficiency", "scaling")]
-MEMORY_COLUMNS = [("model", "model"), ("backend", "attn"), ("dtype", "precision"), ("optim", "optim"),
-                  ("batch_size", "batch"), ("seq_len", "seq"), ("strategy", "strategy"), ("world_size", "GPUs"),
-                  ("status", "status"), ("peak_mem_mb", "peak MiB"), ("peak_reserved_mb", "reserved MiB"),
-                  ("params_mb", "params MiB"), ("grads_mb", "grads MiB"), ("optim_state_mb", "optim MiB"),
-                  ("activations_mb", "activations MiB"), ("loss_start", "loss first"), ("loss_end", "loss last")]
-TEXT = ("model", "task", "backend", "dtype", "optim", "strategy", "status", "nccl")
-
-
-def training_table(recs: list[dict], columns: list[tuple[str, str]], title: str = "") -> Table:
-    """Only the columns some record fills, so a one-GPU sweep shows no NCCL or scaling column."""
-    cols = [c for c in columns if c[0] == "status" or any(r.get(c[0]) not in (None, "") for r in recs)]
-    t = Table(title=title)
-    for key, label in cols:
-        t.add_column(label, justify="left" if key in TEXT else "right")
-    for r in recs:
-        row = []
-        for key, _ in cols:
-            v = r.get(key)
-            if key in ("mfu", "scaling_efficiency") and v is not None:
-                row.append(f"{v:.1%}")
-            elif key == "status" and v != "ok":
-                row.append(f"[bold red]{v}[/]")
-            elif isinstance(v, bool):
-                row.append("on" if v else "off")
-            else:
-                row.append(fmt(v, ".4g"))
-        t.add_row(*row)
-    return t
+def _d(name: str) -> str:
+    return shown(TrainSpec, name)
 
 
 @app.command()
@@ -56,68 +39,77 @@ def training_table(recs: list[dict], columns: list[tuple[str, str]], title: str 
 def train(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=f"preset or local checkpoint folder ({LIST})"),
     task: Optional[str] = typer.Option(None, help=f"mlm|causal-lm|classification ({LIST}); default: the model's LM task"),
-    precision: Optional[str] = typer.Option(None, help=f"fp32|tf32|fp16|bf16 ({LIST}); fp16 = autocast + GradScaler, "
-                                            "bf16 = autocast with fp32 master weights; default bf16 on GPU, fp32 on CPU"),
-    optim: Optional[str] = typer.Option(None, help=f"adamw|adamw-foreach|adamw-fused|sgd|ds-fused-adam|apex-fused-adam ({LIST})"),
-    attn: Optional[str] = typer.Option(None, help=f"eager|sdpa|sdpa-math|sdpa-efficient|sdpa-flash|sdpa-cudnn|flash-attn2 ({LIST})"),
-    batch: Optional[str] = typer.Option(None, help=f"micro-batch per GPU ({LIST})"),
-    seq: Optional[str] = typer.Option(None, help=f"sequence length ({LIST})"),
-    grad_accum: Optional[str] = typer.Option(None, help=f"micro-batches per optimizer step ({LIST})"),
-    grad_ckpt: Optional[str] = typer.Option(None, help=f"gradient checkpointing on|off ({LIST})"),
-    compile: Optional[str] = typer.Option(None, "--compile", help=f"torch.compile on|off ({LIST})"),
-    strategy: Optional[str] = typer.Option(None, help=f"none|ddp|fsdp|deepspeed ({LIST}); default none on one GPU, ddp on several"),
-    nproc: Optional[str] = typer.Option(None, help=f"GPUs (processes) per node, through torchrun ({LIST})"),
-    zero_stage: Optional[str] = typer.Option(None, help=f"DeepSpeed ZeRO stage 1|2|3 ({LIST})"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", show_default="bf16 on GPU, fp32 on CPU",
+                                        help=f"fp32|tf32|fp16|bf16 ({LIST}); fp16 = autocast + GradScaler, "
+                                        "bf16 = autocast with fp32 master weights"),
+    optim: Optional[str] = typer.Option(None, show_default=_d("optims"), help=f"adamw|adamw-foreach|adamw-fused|sgd|ds-fused-adam|apex-fused-adam ({LIST})"),
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", show_default=_d("attns"),
+                                          help=f"attention: eager|sdpa|sdpa-math|sdpa-efficient|sdpa-flash|sdpa-cudnn|flash-attn2 ({LIST})"),
+    batch: Optional[str] = typer.Option(None, show_default="16 on GPU, 4 on CPU", help=f"micro-batch per GPU ({LIST})"),
+    seq: Optional[str] = typer.Option(None, show_default="128 on GPU, 32 on CPU", help=f"sequence length ({LIST})"),
+    grad_accum: Optional[str] = typer.Option(None, show_default=_d("grad_accums"), help=f"micro-batches per optimizer step ({LIST})"),
+    grad_ckpt: Optional[str] = typer.Option(None, "--grad-ckpt", show_default=_d("grad_ckpts"),
+                                            help=f"gradient checkpointing: on|off ({LIST}); alone: on"),
+    compile: Optional[str] = typer.Option(None, "--compile", show_default=_d("compiles"),
+                                          help=f"torch.compile: on|off ({LIST}); alone: on"),
+    strategy: Optional[str] = typer.Option(None, show_default="none on one GPU, ddp on several",
+                                           help=f"none|ddp|fsdp|deepspeed ({LIST})"),
+    nproc: Optional[str] = typer.Option(None, show_default=_d("nprocs"), help=f"GPUs (processes) per node, through torchrun ({LIST})"),
+    zero_stage: Optional[str] = typer.Option(None, show_default=_d("zero_stages"), help=f"DeepSpeed ZeRO stage 1|2|3 ({LIST})"),
     nccl_p2p: Optional[str] = typer.Option(None, help=f"on|off: NCCL_P2P_DISABLE=0|1 ({LIST})"),
     nccl_env: Optional[List[str]] = typer.Option(None, help="KEY=VAL[ KEY=VAL] for the ranks; repeat the option: "
                                                  "each one is a point of the axis"),
     scaling: Optional[bool] = typer.Option(None, "--scaling", help="also run each multi-GPU point on one GPU, for the scaling efficiency"),
-    steps: Optional[int] = typer.Option(None, help="timed optimizer steps"),
-    warmup_steps: Optional[int] = typer.Option(None, help="untimed steps first (at least 1)"),
-    lr: Optional[float] = typer.Option(None, help="learning rate"),
-    device: Optional[str] = typer.Option(None, help="auto|cpu|cuda"),
-    nnodes: Optional[int] = typer.Option(None, help="hosts (torchrun --nnodes)"),
-    node_rank: Optional[int] = typer.Option(None, help="this host's rank (torchrun --node-rank); only node 0 stores"),
+    steps: Optional[int] = typer.Option(None, show_default="20 on GPU, 5 on CPU", help="timed optimizer steps"),
+    warmup: Optional[int] = typer.Option(None, "--warmup", show_default="5 on GPU, 2 on CPU",
+                                         help="untimed optimizer steps first (at least 1)"),
+    lr: Optional[float] = typer.Option(None, show_default=_d("lr"), help="learning rate"),
+    device: Optional[str] = typer.Option(None, show_default=_d("device"), help="auto|cpu|cuda"),
+    nnodes: Optional[int] = typer.Option(None, show_default=_d("nnodes"), help="hosts (torchrun --nnodes)"),
+    node_rank: Optional[int] = typer.Option(None, show_default=_d("node_rank"), help="this host's rank (torchrun --node-rank); only node 0 stores"),
     rdzv_endpoint: Optional[str] = typer.Option(None, help="HOST:PORT of node 0 (torchrun --rdzv-endpoint)"),
-    timeout: Optional[float] = typer.Option(None, help="seconds a cell (all its ranks) may take before it is `timeout`"),
-    seed: Optional[int] = typer.Option(None, help="seed of the random weights and tokens"),
-    spec: Optional[str] = typer.Option(None, help="YAML/TOML sweep file; options given here override it"),
+    timeout: Optional[float] = typer.Option(None, show_default=_d("timeout"), help="seconds a cell (all its ranks) may take before it is `timeout`"),
+    seed: Optional[int] = typer.Option(None, show_default=_d("seed"), help="seed of the random weights and tokens"),
+    spec: Optional[str] = typer.Option(None, help="YAML/TOML/JSON sweep file; options given here override it"),
     db: str = typer.Option("transbench.db", help="SQLite store"),
     json_path: Optional[str] = typer.Option(None, "--json", help="also write the records as JSON"),
     csv_path: Optional[str] = typer.Option(None, "--csv", help="also write the records as CSV"),
     name: Optional[str] = typer.Option(None, help="run name; rerunning a name resumes it"),
+    wide: bool = typer.Option(False, "--wide", help="print every column of the result tables"),
 ) -> None:
     """Measure training samples/s, tokens/s, TFLOPS per GPU, MFU, memory and scaling over a grid of choices."""
+    export.check_paths(json_path, csv_path, db)
     given = {
-        "models": model, "tasks": task, "precisions": precision, "optims": optim, "attns": attn, "batches": batch,
+        "models": model, "tasks": task, "precisions": dtype, "optims": optim, "attns": backend, "batches": batch,
         "seqs": seq, "grad_accums": grad_accum, "grad_ckpts": grad_ckpt, "compiles": compile,
         "strategies": strategy, "nprocs": nproc, "zero_stages": zero_stage, "nccl_p2p": nccl_p2p,
         "nccl_envs": list(nccl_env) if nccl_env else None, "scaling": scaling, "steps": steps,
-        "warmup_steps": warmup_steps, "lr": lr, "device": device, "nnodes": nnodes, "node_rank": node_rank,
+        "warmup_steps": warmup, "lr": lr, "device": device, "nnodes": nnodes, "node_rank": node_rank,
         "rdzv_endpoint": rdzv_endpoint, "timeout": timeout, "seed": seed, "name": name,
     }
-    base = load_file(spec) if spec else {}
-    the_spec = TrainSpec.from_dict({**base, **{k: v for k, v in given.items() if v is not None}})
+    the_spec = build_spec(TrainSpec, spec, given, WHOLE_FIELDS)
 
     def on_start(cells):
         console.print(f"{len(cells)} training cell(s)")
 
     def on_cell(cell, result):
         label = (f"{cell.model} {cell.task} {cell.attn} {cell.precision} {cell.optim} b{cell.batch} s{cell.seq} "
-                 f"x{cell.grad_accum} {cell.strategy}@{cell.world_size}")
+                 f"x{cell.grad_accum}{' ckpt' if cell.grad_ckpt else ''}{' compile' if cell.compile else ''} "
+                 f"{cell.strategy}@{cell.world_size}")
         if result is None:
-            console.print(f"  {label}: already stored", highlight=False)
+            console.print(visible(f"  {label}: already stored"), highlight=False, markup=False)
             return
         detail = (f"{result.record.get('samples_per_s', 0):.4g} samples/s" if result.status == "ok" and result.record
                   else (result.error or ""))
-        console.print(f"  {label}: {result.status} {detail}"[:200], highlight=False)
+        console.print(visible(f"  {label}: {result.status} {detail}")[:200], highlight=False, markup=False)
         for w in result.warnings:
-            console.print(f"    [yellow]warning:[/] {w}")
+            console.print(visible(f"    warning: {w}"), highlight=False, markup=False)
 
     recs = run_training(the_spec, db, json_path=json_path, csv_path=csv_path, on_start=on_start, on_cell=on_cell)
     if recs:
-        console.print(training_table(recs, SPEED_COLUMNS, f"training run {recs[0]['run_name']} ({recs[0]['run_id']})"))
-        console.print(training_table(recs, MEMORY_COLUMNS, "memory per GPU (peak minus parameters, gradients "
-                                                           "and optimizer state = activations and workspace)"))
-        console.print(f"stored in {db} as run [bold]{recs[0]['run_name']}[/]")
-
+        console.print(fitted(recs, SPEED_COLUMNS, f"training run {recs[0]['run_name']} ({recs[0]['run_id']})",
+                             console.width, wide))
+        console.print(fitted(recs, MEMORY_COLUMNS, "memory per GPU (peak minus parameters, gradients and optimizer "
+                                                   "state = activations and workspace)", console.width, wide,
+                             notes_from=None))
+        console.print(f"stored in {escape(visible(db))} as run [bold]{escape(visible(recs[0]['run_name']))}[/]")

@@ -41,6 +41,14 @@ def resolve(device: str = "auto"):
     return dev
 
 
+def gpu_count() -> int:
+    """CUDA GPUs this process may use (CUDA_VISIBLE_DEVICES applies). torch.cuda.device_count asks NVML
+    (or the driver) without creating a CUDA context, so the parent of the workers holds no GPU memory."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 @functools.lru_cache(maxsize=None)
 def dtype_runs(device_str: str, dtype: str) -> bool:
     """Whether the basic ops of a transformer layer run in `dtype` on this device."""

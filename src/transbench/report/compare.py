@@ -29,7 +29,6 @@ import json
 import math
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 

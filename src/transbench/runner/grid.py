@@ -17,6 +17,10 @@ def validate(spec: RunSpec) -> RunSpec:
     """Check every option; return the spec with device-sized defaults filled in."""
     device = dev.resolve(spec.device)
     spec = device_defaults(spec, device.type)
+    for axis, option in (("models", "--model"), ("tasks", "--task"), ("backends", "--backend"),
+                         ("dtypes", "--dtype"), ("batches", "--batch"), ("seqs", "--seq")):
+        if not getattr(spec, axis):
+            raise SpecError(f"{option} is empty: give at least one value (an empty axis measures nothing)")
     refs = [build.resolve(m) for m in spec.models]
     for name in spec.backends:
         backends.get(name)
@@ -49,6 +53,20 @@ def validate(spec: RunSpec) -> RunSpec:
         raise SpecError("--min-count must be at least 1")
     if spec.nproc < 1:
         raise SpecError("--nproc must be at least 1")
+    if spec.gpus is not None:
+        # Lanes run one worker per listed GPU; without the GPUs they would be parallel CPU workers that
+        # share the cores, and every figure would come out slower while still `ok` (issue 22).
+        count = dev.gpu_count()
+        if count == 0:
+            raise SpecError("--gpus needs CUDA GPUs and none is visible: leave --gpus out to run on this machine")
+        wrong = [g for g in spec.gpus if not 0 <= g < count]
+        if wrong:
+            raise SpecError(f"--gpus {','.join(map(str, spec.gpus))}: there is no GPU {wrong[0]} "
+                            f"({count} visible: 0..{count - 1})")
+        if len(set(spec.gpus)) != len(spec.gpus):
+            raise SpecError(f"--gpus {','.join(map(str, spec.gpus))} lists a GPU twice: each GPU runs one worker")
+        if device.type != "cuda":
+            raise SpecError("--gpus runs cells on GPUs: leave out --device cpu, or --gpus")
     for ref in refs:
         for task in spec.tasks:
             build.check_task(ref, task)

@@ -17,14 +17,12 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import SpecError
 from ..cells import CellResult
-from ..spec import check_keys
+from ..spec import coerce
 from .training_cell import ATTENTION, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
 
 DEFAULT_TASK = {"bert": "mlm", "gpt2": "causal-lm"}
 NCCL_ENV_KEY = re.compile(r"^(NCCL|TORCH_NCCL|GLOO)_[A-Z0-9_]+$")
-LIST_FIELDS = {"models": str, "tasks": str, "precisions": str, "optims": str, "attns": str, "batches": int,
-               "seqs": int, "grad_accums": int, "grad_ckpts": bool, "compiles": bool, "strategies": str,
-               "nprocs": int, "zero_stages": int, "nccl_p2p": str, "nccl_envs": str}
+WHOLE_FIELDS = frozenset({"nccl_envs"})
 
 
 @dataclass
@@ -63,13 +61,8 @@ class TrainSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainSpec:
-        check_keys(cls, data)
-        clean = {}
-        for k, v in data.items():
-            if k in LIST_FIELDS and v is not None:
-                v = parse_list(v, LIST_FIELDS[k], k)
-            clean[k] = v
-        return cls(**clean)
+        # Each nccl_envs entry is one point of the axis and its values may hold commas: never split.
+        return cls(**coerce(cls, data, whole=WHOLE_FIELDS))
 
 
 def parse_bool(value) -> bool:
@@ -81,22 +74,6 @@ def parse_bool(value) -> bool:
     if word in ("off", "false", "no", "0"):
         return False
     raise SpecError(f"cannot read '{value}' as on/off")
-
-
-def parse_list(value, kind, what: str = "value") -> list:
-    """'1,8' or 8 or [1, 8] -> a typed list; nccl_envs keeps each entry whole (its values may hold commas)."""
-    if isinstance(value, list):
-        items = value
-    elif what == "nccl_envs":
-        items = [value]
-    else:
-        items = [p.strip() for p in str(value).split(",") if p.strip()]
-    if kind is bool:
-        return [parse_bool(x) for x in items]
-    try:
-        return [kind(x) for x in items]
-    except ValueError:
-        raise SpecError(f"cannot read '{value}' as a list of {kind.__name__}s for {what} (use commas: 1,8,64)") from None
 
 
 def _device_defaults(spec: TrainSpec, gpu: bool) -> TrainSpec:
@@ -129,6 +106,12 @@ def validate(spec: TrainSpec) -> TrainSpec:
     device = dev.resolve(spec.device)
     gpu = device.type == "cuda"
     spec = _device_defaults(spec, gpu)
+    for axis, option in (("models", "--model"), ("precisions", "--dtype"), ("optims", "--optim"),
+                         ("attns", "--backend"), ("batches", "--batch"), ("seqs", "--seq"),
+                         ("grad_accums", "--grad-accum"), ("grad_ckpts", "--grad-ckpt"), ("compiles", "--compile"),
+                         ("nprocs", "--nproc"), ("zero_stages", "--zero-stage")):
+        if not getattr(spec, axis):
+            raise SpecError(f"{option} is empty: give at least one value (an empty axis measures nothing)")
     refs = [build.resolve(m) for m in spec.models]
     for ref in refs:
         for task in spec.tasks or [DEFAULT_TASK[ref.family]]:
@@ -141,13 +124,13 @@ def validate(spec: TrainSpec) -> TrainSpec:
                             f"positions): use --seq {ref.shape.max_positions} or less")
     for p in spec.precisions:
         if p not in PRECISIONS:
-            raise SpecError(f"unknown precision '{p}': choose from {', '.join(PRECISIONS)}")
+            raise SpecError(f"unknown dtype '{p}': choose from {', '.join(PRECISIONS)}")
         if p in ("fp16", "tf32") and not gpu:
-            raise SpecError(f"precision {p} trains on CUDA only ({'autocast + GradScaler' if p == 'fp16' else 'TF32 tensor cores'}): "
+            raise SpecError(f"dtype {p} trains on CUDA only ({'autocast + GradScaler' if p == 'fp16' else 'TF32 tensor cores'}): "
                             "use fp32 or bf16 on the CPU")
         if not dev.dtype_runs(str(device), p):
-            raise SpecError(f"precision {p} does not run on {device}: use fp32 there, or a GPU")
-    for values, known, what in [(spec.optims, OPTIMIZERS, "optimizer"), (spec.attns, ATTENTION, "attention"),
+            raise SpecError(f"dtype {p} does not run on {device}: use fp32 there, or a GPU")
+    for values, known, what in [(spec.optims, OPTIMIZERS, "optimizer"), (spec.attns, ATTENTION, "attention backend"),
                                 (spec.strategies or [], STRATEGIES, "strategy")]:
         for v in values:
             if v not in known:
@@ -242,6 +225,8 @@ def flat_record(cell: TrainCell, result: CellResult) -> dict:
         "scenario": "training", "model": cell.model, "task": cell.task, "backend": cell.attn,
         "dtype": cell.precision, "device": cell.device, "batch_size": cell.batch, "seq_len": cell.seq,
         "world_size": cell.world_size, "strategy": cell.strategy,
+        # Every swept setting, also for cells that never ran (unsupported, error): the tables show them.
+        "optim": cell.optim, "grad_accum": cell.grad_accum, "grad_ckpt": cell.grad_ckpt, "compile": cell.compile,
         **result.record, "status": result.status, "error": result.error,
     }
 

@@ -89,3 +89,31 @@ def write_csv(recs: list[dict], path: str) -> None:
         w.writeheader()
         for r in recs:
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
+
+
+def check_paths(json_path: str | None, csv_path: str | None, db: str | None = None) -> None:
+    """Refuse --json/--csv targets that could not be written, before a sweep spends its time: the folder
+    must exist and be writable, and the path must not be a folder. Nor may an export overwrite the store
+    (`db`) or the other export. Nothing is created here."""
+    import os
+    from pathlib import Path
+
+    from ..errors import SpecError
+
+    if json_path and csv_path and Path(json_path).resolve() == Path(csv_path).resolve():
+        raise SpecError(f"--json and --csv both write {json_path}: give them different files")
+    for path in (json_path, csv_path):
+        if not path:
+            continue
+        p = Path(path)
+        if db and p.resolve() == Path(db).resolve():
+            raise SpecError(f"cannot write {path}: it is the store (--db); exporting there would overwrite "
+                            "every stored run: give another file")
+        folder = p.parent if str(p.parent) else Path(".")
+        if p.is_dir():
+            raise SpecError(f"cannot write {path}: it is a folder; give a file path such as {p / 'records.json'}")
+        if not folder.is_dir():
+            raise SpecError(f"cannot write {path}: folder {folder} does not exist (create it first)")
+        if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            raise SpecError(f"cannot write {path}: {'the file' if p.exists() else f'folder {folder}'} is not "
+                            "writable (choose another path)")

@@ -1,0 +1,126 @@
+"""What every command shares about its options: one spelling per concept (old spellings still read, with a
+notice), on/off axes that accept what users type, help without bare type placeholders, and specs built the
+same way from a --spec file and the options given, with run names checked at input."""
+
+from __future__ import annotations
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+from ..errors import SpecError
+from ..spec import coerce, load_file
+from .tables import CONTROL
+
+# Old spelling -> the `run` spelling (design.md: "One name per concept across commands"). They stay
+# readable so scripts written against earlier versions keep working; each use prints one notice.
+ALIASES = {
+    "--precision": "--dtype",
+    "--precisions": "--dtype",
+    "--attn": "--backend",
+    "--dtypes": "--dtype",
+    "--backends": "--backend",
+    "--batches": "--batch",
+    "--seqs": "--seq",
+    "--models": "--model",
+    "--warmup-steps": "--warmup",
+}
+# On/off sweep axes: the option alone means on (`--grad-ckpt`), a value is a list (`--grad-ckpt on,off`).
+OPTIONAL_VALUE = {"--grad-ckpt": "on", "--compile": "on"}
+
+LIST = "comma-separated; a sweep axis"
+
+
+class Command(TyperCommand):
+    """A typer command that reads old option spellings and value-less on/off axes before click parses."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        known = {o for p in self.params for o in (*p.opts, *p.secondary_opts)}
+        takes_value = {o for p in self.params if not getattr(p, "is_flag", False) and p.param_type_name == "option"
+                       for o in p.opts}
+        out: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                out += args[i:]
+                break
+            name, eq, value = arg.partition("=")
+            if name in ALIASES and name not in known and ALIASES[name] in known:
+                typer.echo(f"note: {name} is now {ALIASES[name]}", err=True)
+                name = ALIASES[name]
+                arg = name + eq + value
+            out.append(arg)
+            if name in OPTIONAL_VALUE and name in known and not eq:
+                nxt = args[i + 1] if i + 1 < len(args) else None
+                if nxt is None or nxt.startswith("-"):
+                    out.append(OPTIONAL_VALUE[name])
+            elif name in takes_value and not eq and i + 1 < len(args):
+                out.append(args[i + 1])  # the option's value, never read as an option name
+                i += 1
+            i += 1
+        return super().parse_args(ctx, out)
+
+    def get_params(self, ctx):
+        return _no_bool_placeholder(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    def get_params(self, ctx):
+        return _no_bool_placeholder(super().get_params(ctx))
+
+
+def _no_bool_placeholder(params):
+    # Flags take no value: typer's help would show a bare `<bool>` in their type column.
+    for p in params:
+        if getattr(p, "is_flag", False):
+            p.metavar = ""
+    return params
+
+
+class App(typer.Typer):
+    """typer.Typer whose commands are all `Command`s."""
+
+    def __init__(self, **kwargs):
+        super().__init__(cls=Group, **kwargs)
+
+    def command(self, *args, **kwargs):
+        kwargs.setdefault("cls", Command)
+        return super().command(*args, **kwargs)
+
+
+def build_spec(cls, spec_file: str | None, given: dict, whole: frozenset[str] = frozenset()):
+    """The spec of a command: the --spec file (checked against `cls`, errors naming the file), overridden
+    by the options given on the command line (None = not given)."""
+    base = load_file(spec_file, cls, whole) if spec_file else {}
+    merged = {**base, **{k: v for k, v in given.items() if v is not None}}
+    if merged.get("name") is not None:
+        check_name(merged["name"])
+    return cls(**coerce(cls, merged, whole=whole))
+
+
+def check_name(name: str) -> str:
+    """Run names are refused when they hold control characters: printed raw, an escape sequence would
+    clear or recolour the terminal of whoever lists the store (`transbench runs`), and a newline would
+    break the one-row-per-run tables and reports. Markup characters such as `[/bold]` are fine: the CLI
+    prints every user text literally."""
+    bad = CONTROL.search(name)
+    if bad:
+        raise SpecError(f"run name {name!r} holds the control character {bad.group()!r}: "
+                        "use letters, digits, spaces and punctuation")
+    if not name.strip():
+        raise SpecError("run name is empty: give --name a visible name, or leave it out for a generated one")
+    return name
+
+
+def shown(cls, name: str) -> str:
+    """A spec field's default as --help shows it (the options themselves default to None, 'not given', so
+    that a --spec file's value is not overridden)."""
+    import dataclasses
+
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return ",".join(("on" if v else "off") if isinstance(v, bool) else str(v) for v in value)
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)

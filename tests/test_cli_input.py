@@ -1,0 +1,328 @@
+"""A new user's inputs (issue 22): spec files, options, names and tables. Bad input is one line on stderr,
+exit code 2, no traceback, nothing stored; good input prints every value whole at 100 columns."""
+
+import dataclasses
+import os
+import sqlite3
+import typing
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from transbench.cli import app
+from transbench.cli import tables
+from transbench.errors import SpecError
+from transbench.scenarios.micro.options import BandwidthOptions, BreakdownOptions, GemmOptions, LayerOptions
+from transbench.scenarios.training import TrainSpec
+from transbench.spec import RunSpec, coerce
+
+runner = CliRunner()
+QUICK = ["--device", "cpu", "--min-time", "0.01", "--warmup", "1"]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def refused(res, *needles):
+    """Exit 2, exactly one line on stderr that starts with `error:` and holds every needle, no traceback."""
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.stderr.splitlines() if not x.startswith("note:")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "Traceback" not in res.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+# --- spec files ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,text,needles", [
+    ("bad.yaml", "batches: [1, 2\nseqs: 8\n", ["invalid YAML", "line 2, column 5"]),
+    ("bad.json", '{"batches": [1,]}', ["invalid JSON", "line 1, column 16"]),
+    ("bad.toml", "batches = [1]\nseqs 8\n", ["invalid TOML", "line 2, column 6"]),
+    ("fast.yaml", "min_time: fast\n", ["min_time: expected a number, got 'fast'"]),
+    ("quoted.yaml", 'timeout: "10"\n', ["timeout: expected a number, got '10'", "timeout: 10"]),
+    ("frac.yaml", "batches: [1.7]\n", ["batches: expected a list of whole numbers, got 1.7"]),
+    ("maybe.yaml", "embeddings: maybe\n", ["embeddings: expected true or false, got 'maybe'"]),
+    ("typo.yaml", "batchs: [1]\n", ["unknown spec key(s) batchs"]),
+    ("list.yaml", "- 1\n- 2\n", ["must hold a mapping"]),
+    ("empty.toml", "timeout = 1\nname = 3\n", ['name: expected text, got 3: write e.g. name: "3"']),
+])
+def test_bad_run_spec_files_name_the_file_and_the_problem(tmp_path, name, text, needles):
+    spec = tmp_path / name
+    spec.write_text(text)
+    db = tmp_path / "s.db"
+    line = refused(invoke("run", "--spec", spec, "--db", db), *needles)
+    assert f"spec file {spec}" in line
+    assert not db.exists()
+
+
+def test_train_and_micro_spec_files_are_checked_the_same_way(tmp_path):
+    spec = tmp_path / "t.yaml"
+    spec.write_text("grad_ckpts: [maybe]\n")
+    refused(invoke("train", "--spec", spec, "--db", tmp_path / "t.db"),
+            "grad_ckpts: expected a list of true/false values, got 'maybe'")
+    spec.write_text('steps: "5"\n')
+    refused(invoke("train", "--spec", spec, "--db", tmp_path / "t.db"), "steps: expected a whole number, got '5'")
+    spec.write_text("sizes: [1.5]\n")
+    refused(invoke("micro", "gemm", "--spec", spec, "--db", tmp_path / "t.db"),
+            "sizes: expected a list of whole numbers, got 1.5")
+    assert not (tmp_path / "t.db").exists()
+
+
+@pytest.mark.parametrize("cls", [RunSpec, TrainSpec, GemmOptions, BandwidthOptions, LayerOptions, BreakdownOptions])
+def test_every_spec_field_is_type_checked_from_its_annotation(cls):
+    """Generic: a value of a foreign type is refused for every field of every spec, naming the key."""
+    for f in dataclasses.fields(cls):
+        with pytest.raises(SpecError, match=rf"^{f.name}: expected "):
+            coerce(cls, {f.name: {"a": 1}})
+        hint = typing.get_type_hints(cls)[f.name]
+        if type(None) not in typing.get_args(hint):
+            with pytest.raises(SpecError, match=rf"^{f.name}: expected .* got nothing"):
+                coerce(cls, {f.name: None})
+
+
+def test_good_spec_values_keep_the_command_line_spellings():
+    assert coerce(RunSpec, {"batches": "1,8", "seqs": 128, "min_time": 1, "embeddings": False}) == {
+        "batches": [1, 8], "seqs": [128], "min_time": 1.0, "embeddings": False}
+    got = coerce(TrainSpec, {"grad_ckpts": "on,off", "compiles": [True], "nccl_envs": "NCCL_SOCKET_IFNAME=a,b"},
+                 whole=frozenset({"nccl_envs"}))
+    assert got == {"grad_ckpts": [True, False], "compiles": [True], "nccl_envs": ["NCCL_SOCKET_IFNAME=a,b"]}
+
+
+# --- options ---------------------------------------------------------------------------------------------
+
+def test_gpus_on_a_machine_without_gpus_is_refused(tmp_path):
+    db = tmp_path / "g.db"
+    refused(invoke("run", "--model", "bert-tiny", "--gpus", "0,1", *QUICK[:2], "--db", db), "--gpus needs CUDA GPUs")
+    assert not db.exists()
+
+
+def test_gpus_that_do_not_exist_are_refused(tmp_path, monkeypatch):
+    from transbench.measure import device
+
+    monkeypatch.setattr(device, "gpu_count", lambda: 2)
+    monkeypatch.setattr(device, "resolve", lambda d="auto": __import__("torch").device("cuda", 0))
+    monkeypatch.setattr(device, "dtype_runs", lambda d, t: True)
+    db = tmp_path / "g.db"
+    refused(invoke("run", "--model", "bert-tiny", "--gpus", "0,5", "--db", db), "there is no GPU 5", "2 visible")
+    refused(invoke("run", "--model", "bert-tiny", "--gpus", "1,1", "--db", db), "lists a GPU twice")
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("command", [["run", "--model", "bert-tiny", *QUICK], ["train", "--model", "bert-tiny"],
+                                     ["micro", "bandwidth", "--device", "cpu"]])
+def test_export_paths_are_checked_before_anything_runs(tmp_path, command):
+    db = tmp_path / "e.db"
+    refused(invoke(*command, "--db", db, "--json", tmp_path / "no" / "r.json"), "folder", "does not exist")
+    refused(invoke(*command, "--db", db, "--csv", tmp_path), "is a folder")
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        refused(invoke(*command, "--db", db, "--json", locked / "r.json"), "not writable")
+    assert not db.exists()
+
+
+def test_old_option_spellings_still_work_with_a_notice(tmp_path, monkeypatch):
+    from transbench.cli import train as train_cli
+
+    seen = {}
+    monkeypatch.setattr(train_cli, "run_training", lambda spec, db, **kw: seen.setdefault("spec", spec) and [])
+    res = invoke("train", "--model", "bert-tiny", "--precision", "fp32", "--attn=eager", "--warmup-steps", "3",
+                 "--batches", "2,4", "--db", tmp_path / "a.db")
+    assert res.exit_code == 0, res.output
+    assert "note: --precision is now --dtype" in res.stderr and "note: --attn is now --backend" in res.stderr
+    assert "note: --warmup-steps is now --warmup" in res.stderr and "note: --batches is now --batch" in res.stderr
+    s = seen["spec"]
+    assert (s.precisions, s.attns, s.warmup_steps, s.batches) == (["fp32"], ["eager"], 3, [2, 4])
+    res = invoke("micro", "gemm", "--dtypes", "fp64", "--db", tmp_path / "a.db")
+    assert "note: --dtypes is now --dtype" in res.stderr
+    refused(res, "unknown dtype 'fp64'")
+
+
+def test_on_off_axes_take_what_users_type(tmp_path, monkeypatch):
+    from transbench.cli import train as train_cli
+
+    specs = []
+    monkeypatch.setattr(train_cli, "run_training", lambda spec, db, **kw: specs.append(spec) or [])
+    for args in (["--grad-ckpt"], ["--grad-ckpt", "on,off", "--compile"], ["--compile", "--grad-ckpt", "off"],
+                 ["--grad-ckpt", "--name", "x"]):
+        res = invoke("train", "--model", "bert-tiny", *args, "--db", tmp_path / "b.db")
+        assert res.exit_code == 0, res.output
+    assert [(s.grad_ckpts, s.compiles) for s in specs] == [
+        ([True], [False]), ([True, False], [True]), ([False], [True]), ([True], [False])]
+    refused(invoke("train", "--model", "bert-tiny", "--grad-ckpt", "maybe", "--db", tmp_path / "b.db"),
+            "grad_ckpts: expected a list of true/false values, got 'maybe'")
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["train"], ["micro"], ["micro", "gemm"], ["runs"], ["compare"]])
+def test_help_shows_defaults_and_no_bare_bool(command):
+    res = invoke(*command, "--help")
+    assert res.exit_code == 0
+    assert "<bool>" not in res.output
+    flat = " ".join(res.output.replace("│", " ").split())  # the help box wraps lines
+    if command == ["run"]:
+        for default in ("(fp16 on GPU, fp32 on CPU)", "(eager,sdpa)", "(900)", "(bert-base-uncased)", "transbench.db"):
+            assert f"[default: {default}]" in flat, default
+    if command == ["train"]:
+        for default in ("(bf16 on GPU, fp32 on CPU)", "(sdpa)", "(off)", "(adamw-fused)", "(5 on GPU, 2 on CPU)"):
+            assert f"[default: {default}]" in flat, default
+        assert "--precision" not in flat and "--attn" not in flat  # old spellings stay hidden
+
+
+# --- names -----------------------------------------------------------------------------------------------
+
+def test_markup_in_a_run_name_is_stored_and_printed_literally(tmp_path):
+    db = tmp_path / "n.db"
+    for name in ("x[/bold]y", "[red]b"):
+        res = invoke("run", "--model", "bert-tiny", "--batch", "1", "--seq", "8", "--backend", "sdpa", *QUICK,
+                     "--name", name, "--db", db)
+        assert res.exit_code == 0, res.output
+        assert f"as run {name}" in res.stdout
+    assert [r[0] for r in sqlite3.connect(db).execute("SELECT name FROM runs ORDER BY created")] == ["x[/bold]y", "[red]b"]
+    listed = invoke("runs", "--db", db)
+    assert listed.exit_code == 0 and "x[/bold]y" in listed.stdout and "[red]b" in listed.stdout
+    cmp = invoke("compare", "x[/bold]y", "[red]b", "--db", db)
+    assert cmp.exit_code in (0, 1), cmp.output
+    assert "A = x[/bold]y, B = [red]b" in cmp.stdout
+
+
+def test_control_characters_in_a_run_name_are_refused(tmp_path):
+    db = tmp_path / "c.db"
+    line = refused(invoke("run", "--model", "bert-tiny", "--name", "a\x1b[2Jb", *QUICK, "--db", db),
+                   "control character")
+    assert "\x1b" not in line and "\\x1b" in line  # shown escaped, never sent to the terminal
+    refused(invoke("train", "--model", "bert-tiny", "--name", "a\nb", "--db", db), "control character")
+    assert not db.exists()
+
+
+def test_control_characters_in_other_input_are_printed_escaped(tmp_path):
+    line = refused(invoke("run", "--model", "bert\x1b[2J", "--db", tmp_path / "m.db"), "unknown model")
+    assert "\x1b" not in line and "bert\\x1b[2J" in line
+
+
+# --- tables fit 100 columns ------------------------------------------------------------------------------
+
+def render(renderable, width=100) -> str:
+    c = Console(width=width, record=True, file=open(os.devnull, "w"))
+    c.print(renderable)
+    return c.export_text()
+
+
+def assert_fits(text: str, width=100):
+    assert "…" not in text
+    assert max(len(x) for x in text.splitlines()) <= width
+
+
+REASON = "flash-attn2 is not installed: pip install flash-attn --no-build-isolation (needs an sm80+ GPU)"
+
+
+def run_records():
+    recs = []
+    for backend in ("eager", "sdpa", "flash-attn2", "cudagraph", "fused"):
+        for dtype, batch, seq in (("fp16", 1, 128), ("bf16", 256, 384)):
+            recs.append(dict(scenario="inference", model="bert-large-uncased-whole-word-masking", task="classification",
+                             backend=backend, dtype=dtype, batch_size=batch, seq_len=seq, status="ok",
+                             latency_ms=12.3456, latency_iqr_ms=0.1234, latency_p99_ms=13.456,
+                             throughput_per_s=123456.7, tokens_per_s=12345678.9, prefill_ms=None, tflops=312.34,
+                             mfu=0.4567, peak_mem_mb=12345.6, rel_err=1.2e-3, speedup=-12.3, mem_saved=45.6, error=None))
+    recs[4].update(status="unsupported", error=REASON, latency_ms=None, throughput_per_s=None, tflops=None, mfu=None)
+    recs[5].update(status="error", error="worker process exited with code 1 [/bold]")
+    return recs
+
+
+def test_run_table_fits_100_columns_and_shows_reasons():
+    text = render(tables.records_table(run_records(), "run x[/bold]y (0123456789ab)", width=100))
+    assert_fits(text)
+    for needle in ("run x[/bold]y", "model=bert-large-uncased-whole-word-masking", "task=classification",
+                   "backend", "dtype", "batch", "seq", "unsupported [1]", "error [2]", "[2] worker process exited with code 1 [/bold]",
+                   "flash-attn2 is not installed", "not shown:"):
+        assert needle in text.replace("\n", " ") or needle in text, needle
+    assert "pip install flash-attn" in text  # the reason is printed whole (it wraps, never cut)
+    wide = render(tables.records_table(run_records(), "run", width=250, wide=True), width=250)
+    assert_fits(wide, 250)
+    assert "p99 ms" in wide and "rel err" in wide and "not shown" not in wide
+
+
+def test_training_tables_fit_and_show_every_swept_setting():
+    from transbench.cli.train import MEMORY_COLUMNS, SPEED_COLUMNS
+
+    recs = []
+    for optim in ("adamw", "adamw-fused"):
+        for accum, ckpt, comp in ((1, False, False), (4, True, True)):
+            recs.append(dict(scenario="training", model="bert-base-uncased", task="mlm", backend="sdpa", dtype="bf16",
+                             optim=optim, batch_size=32, seq_len=512, grad_accum=accum, grad_ckpt=ckpt, compile=comp,
+                             strategy="ddp", world_size=8, status="ok", latency_ms=456.78, samples_per_s=1234.5,
+                             tokens_per_s=632064.0, tflops_per_gpu=234.5, mfu=0.234, scaling_efficiency=0.912,
+                             peak_mem_mb=45678.9, peak_reserved_mb=50000.0, params_mb=420.1, grads_mb=420.1,
+                             optim_state_mb=840.2, activations_mb=43998.5, loss_start=10.41, loss_end=9.87))
+    recs[-1].update(status="unsupported", error="torch.compile needs Triton: pip install triton", latency_ms=None)
+    speed = render(tables.fitted(recs, SPEED_COLUMNS, "training run x[/b]", 100))
+    memory = render(tables.fitted(recs, MEMORY_COLUMNS, "memory per GPU", 100, notes_from=None))
+    for text in (speed, memory):
+        assert_fits(text)
+        for header in ("optim", "accum", "grad", "compile"):
+            assert header in text, header
+    assert "unsupported [1]" in speed and "[1] torch.compile needs Triton: pip install triton" in speed
+    assert "strategy=ddp" in speed and "GPUs=8" in speed  # constant settings move to the title
+
+
+def test_micro_tables_fit_100_columns():
+    cols = [f"{p} seq={s}" for s in (128, 256, 384, 512, 1024) for p in ("fwd", "fwd+bwd")]
+    rows = {str(b): {c: f"{123.4 + b:.4g} (45%)" for c in cols} for b in (4, 8, 16, 32, 64, 128)}
+    rows["4"]["fwd seq=1024"] = "oom"
+    parts = tables.pivot("one bert-large-uncased layer, fp16: TFLOPS (% of datasheet peak)", "batch", cols, rows, 100)
+    assert len(parts) > 1  # too wide for one: split, every column kept
+    text = "".join(render(t) for t in parts)
+    assert_fits(text)
+    assert all(c in text for c in cols) and "oom" in text
+    from transbench.cli.micro import BREAKDOWN_COLUMNS
+
+    rows = [dict(part=p, status="ok", ms=1.2345, share=0.1234, tflops=123.4, gbps=2345.6, mb=123.45, intensity=56.78,
+                 bound="compute", roofline=87.6) for p in ("qkv", "attention", "dense+act", "ffn", "layer norm")]
+    text = render(tables.fitted(rows, BREAKDOWN_COLUMNS, "one bert-large-uncased layer, batch 64 x seq 128, fp16; "
+                                                          "ceilings (measured): 700 TFLOPS, 3000 GB/s", 100))
+    assert_fits(text)
+    assert "% of" in text and "roofline" in text
+
+
+def test_runs_table_fits_100_columns():
+    from transbench.cli.info import RUNS_COLUMNS
+
+    rows = [dict(name=f"a rather long run name number {i} [/bold]", run_id="0123456789ab", kind="inference",
+                 created="2026-11-24T06:02:39+00:00", cells=1234, gpu="NVIDIA H100 80GB HBM3") for i in range(3)]
+    rows.append(dict(rows[0], name="evil\x1b[2Jname"))
+    text = render(tables.fitted(rows, RUNS_COLUMNS, "runs in transbench.db", 100, notes_from=None))
+    assert_fits(text)
+    assert "\x1b" not in text and "evil\\x1b[2Jname" in text
+    assert "0123456789ab" in text and "[/bold]" in text
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--model", "bert-tiny", "--batch", ","], "--batch is empty"),
+    (["run", "--model", "bert-tiny", "--min-time", "nan"], "min_time: expected a number, got nan"),
+    (["train", "--model", "bert-tiny", "--seq", " "], "--seq is empty"),
+    (["train", "--model", "bert-tiny", "--lr", "nan"], "lr: expected a number, got nan"),
+])
+def test_empty_axes_and_nan_are_refused(tmp_path, args, needle):
+    db = tmp_path / "x.db"
+    refused(invoke(*args, *QUICK[:2], "--db", db), needle)
+    assert not db.exists()
+
+
+def test_an_export_may_not_overwrite_the_store_or_the_other_export(stored, tmp_path):
+    db, before = stored
+    refused(invoke("run", "--model", "bert-tiny", *QUICK, "--db", db, "--json", db), "it is the store")
+    refused(invoke("run", "--model", "bert-tiny", *QUICK, "--db", db, "--json", tmp_path / "a", "--csv", tmp_path / "a"),
+            "both write")
+    assert db.read_bytes() == before
+
+
+@pytest.fixture
+def stored(tmp_path):
+    db = tmp_path / "keep.db"
+    res = invoke("run", "--model", "bert-tiny", "--batch", "1", "--seq", "8", "--backend", "sdpa", *QUICK, "--db", db)
+    assert res.exit_code == 0, res.output
+    return db, db.read_bytes()
