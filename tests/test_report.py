@@ -166,7 +166,7 @@ def test_generation_training_micro_and_max_batch_tables(tmp_path):
     assert len(train_rows) == 2 + 4 and any("| 8 | ddp | timeout |" in r for r in train_rows)
     assert "5432" not in md
     micro_rows = _table(md, "#### micro-gemm")
-    assert micro_rows[0] == "| run | dtype | shape | m | n | k | latency_ms | tflops | intensity | status |"
+    assert micro_rows[0] == "| run | dtype | shape | m | n | k | latency\\_ms | tflops | intensity | status |"
     # the sizes say which point failed; what was measured says OOM
     assert "| micro | fp32 | square | 65536 | 65536 | 65536 | OOM | OOM | OOM | OOM |" in micro_rows
     assert "4322" not in md and "4321" not in md
