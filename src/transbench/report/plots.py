@@ -399,12 +399,9 @@ def _ceilings(recs: list[dict]) -> tuple[dict[str, float], float | None]:
 
 def roofline(data: ReportData, out: Path) -> list[Figure]:
     """The micro-benchmark points (GEMMs, layer parts) against the compute and memory ceilings, one plot
-    per micro run; drawn by report/roofline.py and scenarios/micro, skipped where those are absent."""
-    try:
-        from ..scenarios.micro.run import roofline_points
-        from .roofline import plot_roofline
-    except ImportError:
-        return []
+    per micro run."""
+    from .roofline import plot_roofline, roofline_points
+
     figs = []
     for run in data.runs:
         recs = [r for r in data.records if r["run_id"] == run["run_id"] and str(r.get("scenario")).startswith("micro-")]

@@ -7,7 +7,8 @@ and of its parts (layer, breakdown). They run in this process, one stored cell p
 
 from .ceilings import measured_ceilings
 from .options import BandwidthOptions, BreakdownOptions, GemmOptions, LayerOptions, parse_sizes
-from .run import KINDS, MicroOutcome, plot_micro, roofline_points, run_micro
+from ...report.roofline import roofline_points
+from .run import KINDS, MicroOutcome, plot_micro, run_micro
 
 __all__ = ["BandwidthOptions", "BreakdownOptions", "GemmOptions", "KINDS", "LayerOptions", "MicroOutcome",
            "measured_ceilings", "parse_sizes", "plot_micro", "roofline_points", "run_micro"]

@@ -77,28 +77,11 @@ def _restore_tf32(state) -> None:
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = state
 
 
-def roofline_points(records: list[dict]) -> list[dict]:
-    """The ok records with an intensity, as points for report.roofline.plot_roofline."""
-    out = []
-    for r in records:
-        if r.get("status") != "ok" or not r.get("intensity") or not r.get("tflops"):
-            continue
-        if r.get("scenario") == "micro-breakdown":
-            label, group = r["part"], r.get("bound") or r["dtype"]
-        elif r.get("scenario") == "micro-gemm":
-            label = f"n={r['m']}" if r["shape"] == "square" else r["shape"]
-            group = r["dtype"]
-        else:
-            label, group = f"{r.get('op')} {r.get('elements')}", r.get("op")
-        out.append({"label": label, "intensity": r["intensity"], "tflops": r["tflops"], "group": group})
-    return out
-
-
 def plot_micro(outcome: MicroOutcome, db: str, path: str) -> str:
     """The roofline PNG of a gemm or breakdown run: its points against the ceilings it was judged by
     (breakdown: those in its records; gemm: the datasheet's per dtype, or, on a device without a
     datasheet row, the best measured GEMM per dtype and the best stored copy bandwidth)."""
-    from ...report.roofline import plot_roofline
+    from ...report.roofline import plot_roofline, roofline_points
     from .ceilings import _best
 
     recs = [r for r in outcome.records if r.get("status") == "ok"]
