@@ -351,12 +351,16 @@ def training_scaling(data: ReportData, out: Path) -> list[Figure]:
         one = single.get(key[:-1])
         pts = sorted({**({1: one} if one else {}), **{r["world_size"]: r["samples_per_s"] for r in rs}}.items())
         r0 = rs[0]
-        name = f"{r0['model']} {r0['dtype']} b{r0['batch_size']} s{r0['seq_len']} {key[-1] or ''}".strip()
-        axes[0][0].plot(*zip(*pts), marker="o", label=name)
+        name = f"{r0['model']} {r0['backend']} {r0['dtype']} b{r0['batch_size']} s{r0['seq_len']} {key[-1] or ''}".strip()
+        # Colour: the attention backend, as in every other plot; marker and line: the n-th series of it.
+        nth = sum(1 for k in list(series)[:list(series).index(key)] if k[2] == key[2])
+        style = {"color": backend_color(r0["backend"]), "marker": MARKERS[nth % len(MARKERS)],
+                 "linestyle": LINESTYLES[nth % len(LINESTYLES)]}
+        axes[0][0].plot(*zip(*pts), label=name, **style)
         points += [{"plot": "samples_per_s", "series": name, "world_size": n, "value": v} for n, v in pts]
         if one:
             eff = [(n, v / (n * one)) for n, v in pts]
-            axes[0][1].plot(*zip(*eff), marker="o", label=name)
+            axes[0][1].plot(*zip(*eff), label=name, **style)
             points += [{"plot": "efficiency", "series": name, "world_size": n, "value": e} for n, e in eff]
     axes[0][0].set_ylabel("samples/s (all GPUs)")
     axes[0][1].set_ylabel("scaling efficiency")
@@ -368,7 +372,7 @@ def training_scaling(data: ReportData, out: Path) -> list[Figure]:
         ax.set_xticks(sizes)
         ax.grid(True, alpha=0.3)
     axes[0][1].set_ylim(0, max([1.05] + [p["value"] * 1.05 for p in points if p["plot"] == "efficiency"]))
-    axes[0][0].legend(fontsize=7)
+    _legend(fig, axes[0])
     title = "training scaling over GPUs"
     fig.suptitle(title)
     return [_save(fig, out / "training_scaling.png", title, points)]
