@@ -205,7 +205,8 @@ def test_runs_of_one_grid_share_columns_and_same_points_stay_apart(tmp_path):
 
     md = build_report(db, ["a", "b"], tmp_path / "same").markdown.read_text()
     lines = _table(md, "sequence length 8")
-    assert lines[0] == "| Batch size | a/sdpa Latency (ms) | a/sdpa QPS (seq/s) | b/sdpa Latency (ms) | b/sdpa QPS (seq/s) |"
+    assert lines[0] == ("| Batch size | a/sdpa Latency (ms) | a/sdpa QPS (seq/s) | b/sdpa Latency (ms) | "
+                        "b/sdpa QPS (seq/s) |")
     assert lines[2:] == ["| 1 | 2.00 | 500.0 | 2.50 | 400.0 |"]
 
     md = build_report(db, ["h100", "h200"], tmp_path / "gpus").markdown.read_text()

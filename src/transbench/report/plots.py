@@ -61,7 +61,7 @@ def _decades(ax) -> float:
 
 # One colour per backend in every plot of every report: the backend registry's names in its order
 # (backends/__init__.py _MODULES, sdpa's forced kernels next to sdpa), from matplotlib's tab20 so
-# neighbours differ. report/ sits below backends/ and cannot import the registry; tests/test_report.py
+# neighbours differ. report/ sits below backends/ and cannot import the registry; tests/test_report_plots.py
 # checks that every registered backend is listed here.
 BACKEND_COLORS = {
     "eager": "#1f77b4", "sdpa": "#ff7f0e", "sdpa-math": "#ffbb78", "sdpa-efficient": "#8c564b",
@@ -346,14 +346,15 @@ def training_scaling(data: ReportData, out: Path) -> list[Figure]:
     single = {tuple(r.get(k) for k in ident): r["samples_per_s"] for r in recs if r["world_size"] == 1}
     # A series per strategy over several GPUs, each starting from the one-GPU run of the same shape.
     series = groups([r for r in recs if r["world_size"] > 1], (*ident, "strategy")) or groups(recs, (*ident, "strategy"))
-    points = []
+    points, per_backend = [], {}
     for key, rs in series.items():
         one = single.get(key[:-1])
         pts = sorted({**({1: one} if one else {}), **{r["world_size"]: r["samples_per_s"] for r in rs}}.items())
         r0 = rs[0]
-        name = f"{r0['model']} {r0['backend']} {r0['dtype']} b{r0['batch_size']} s{r0['seq_len']} {key[-1] or ''}".strip()
+        name = (f"{r0['model']} {r0['backend']} {r0['dtype']} b{r0['batch_size']} s{r0['seq_len']} "
+                f"{key[-1] or ''}").strip()
         # Colour: the attention backend, as in every other plot; marker and line: the n-th series of it.
-        nth = sum(1 for k in list(series)[:list(series).index(key)] if k[2] == key[2])
+        nth = per_backend[r0["backend"]] = per_backend.get(r0["backend"], -1) + 1
         style = {"color": backend_color(r0["backend"]), "marker": MARKERS[nth % len(MARKERS)],
                  "linestyle": LINESTYLES[nth % len(LINESTYLES)]}
         axes[0][0].plot(*zip(*pts), label=name, **style)
