@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import pytest
@@ -169,15 +168,13 @@ def test_generation_training_micro_and_max_batch_tables(tmp_path):
     assert len(train_rows) == 2 + 4 and any("| 8 | ddp | timeout |" in r for r in train_rows)
     assert "5432" not in md
     micro_rows = _table(md, "#### micro-gemm")
-    assert micro_rows[0] == "| run | dtype | shape | m | n | k | latency_ms | tflops | intensity | status |"
+    assert micro_rows[0] == "| run | dtype | shape | m | n | k | latency\\_ms | tflops | intensity | status |"
     # the sizes say which point failed; what was measured says OOM
     assert "| micro | fp32 | square | 65536 | 65536 | 65536 | OOM | OOM | OOM | OOM |" in micro_rows
     assert "4322" not in md and "4321" not in md
     scaling = next(f for f in paths.figures if f.path.name == "training_scaling.png")
     eff = {p["world_size"]: p["value"] for p in scaling.points if p["plot"] == "efficiency"}
     assert eff == pytest.approx({1: 1.0, 2: 0.95, 4: 0.9})  # the timed-out 8-GPU cell is not drawn
-    if importlib.util.find_spec("transbench.report.roofline") is None:
-        return
     roof = [f for f in paths.figures if f.path.name.startswith("roofline")]
     assert len(roof) == 1 and [(p["label"], p["value"]) for p in roof[0].points] == [("n=256", 0.5)]
 
@@ -191,3 +188,49 @@ def test_a_failing_plot_leaves_the_rest_of_the_report(stored, tmp_path, monkeypa
     assert paths.plot_failures == ["plot broken failed: ValueError: no such axis"]
     md = paths.markdown.read_text()
     assert "plot broken failed" in md and "latency_throughput_bert-tiny-base-fp32.png" in md
+
+
+def test_runs_of_one_grid_share_columns_and_same_points_stay_apart(tmp_path):
+    db = str(tmp_path / "s.db")
+    for name, batch in (("p1", 1), ("p256", 256)):  # different points of one grid
+        make_run(db, name, [(cell(b, batch, 8), ok_result([ms * batch] * 3, batch))
+                            for b, ms in (("eager", 4.0), ("sdpa", 2.0))])
+    for name, ms in (("a", 2.0), ("b", 2.5)):  # the same point twice
+        make_run(db, name, [(cell("sdpa", 1, 8), ok_result([ms] * 3, 1))])
+    for name, gpu in (("h100", "H100"), ("h200", "H200")):  # different points, but other hardware
+        make_run(db, name, [(cell("sdpa", 1 if gpu == "H100" else 2, 8), ok_result([1.0] * 3, 1, gpu=gpu))])
+
+    md = build_report(db, ["p1", "p256"], tmp_path / "grid").markdown.read_text()
+    lines = _table(md, "sequence length 8")
+    assert lines[0] == ("| Batch size | eager Latency (ms) | eager QPS (seq/s) | sdpa Latency (ms) | "
+                        "sdpa QPS (seq/s) |")
+    assert lines[2:] == ["| 1 | 4.00 | 250.0 | 2.00 | 500.0 |", "| 256 | 1024 | 250.0 | 512.0 | 500.0 |"]
+
+    md = build_report(db, ["a", "b"], tmp_path / "same").markdown.read_text()
+    lines = _table(md, "sequence length 8")
+    assert lines[0] == ("| Batch size | a/sdpa Latency (ms) | a/sdpa QPS (seq/s) | b/sdpa Latency (ms) | "
+                        "b/sdpa QPS (seq/s) |")
+    assert lines[2:] == ["| 1 | 2.00 | 500.0 | 2.50 | 400.0 |"]
+
+    md = build_report(db, ["h100", "h200"], tmp_path / "gpus").markdown.read_text()
+    assert "h100/sdpa Latency (ms)" in _table(md, "sequence length 8")[0]
+
+
+def test_names_are_escaped_in_markdown(tmp_path):
+    from markdown_it import MarkdownIt
+
+    db = str(tmp_path / "s.db")
+    run = "x[/bold]y *bold* _it_ `code` <b>html</b> a|b [link](http://e.x) ~~gone~~ \\"
+    model = "m_*model*_<i>"
+    make_run(db, run, [(cell("eager", 1, 8, model=model), ok_result([1.0, 1.1, 1.2], 1)),
+                       (cell("sdpa", 1, 8, model=model), bad_result("error", "RuntimeError: <script>*x*</script>"))])
+    paths = build_report(db, [run], tmp_path / "r")
+    md = paths.markdown.read_text()
+    for raw in ("*bold*", "_it_", "`code`", "<b>", "[link]", "~~gone~~", "<i>", "<script>"):
+        assert raw not in md, raw
+    html = MarkdownIt("commonmark").enable("table").enable("strikethrough").render(md)
+    for markup in ("<em>", "<strong>", "<code>", "<a ", "<b>", "<i>", "<script>", "<s>", "<del>"):
+        assert markup not in html, markup  # a name never becomes markup
+    assert html.count("x[/bold]y *bold* _it_ `code` &lt;b&gt;html&lt;/b&gt; a|b [link](http://e.x) ~~gone~~ \\") >= 2
+    assert "m_*model*_&lt;i&gt; · base · fp32" in html  # the table title, literally
+    assert "RuntimeError: &lt;script&gt;*x*&lt;/script&gt;" in html

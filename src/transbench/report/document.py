@@ -3,6 +3,7 @@ html.py) from the same blocks, so the two never disagree."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,30 +65,39 @@ def measured(rec: dict, key: str, kind: str = "") -> str:
     return num(rec.get(key), kind)
 
 
-def _md_cell(text) -> str:
-    return str(text).replace("\n", " ").replace("|", "\\|")
+# Characters that markdown (GitHub's included) reads as markup: emphasis, links, code, strike-through,
+# table cells. A run or model name is text, as report.html's html.escape keeps it.
+_MD_MARKUP = re.compile(r"([\\`*_\[\]|~])")
+_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def md_text(text) -> str:
+    """Any text as literal markdown on one line: markup characters backslash-escaped, HTML as entities."""
+    s = " ".join(str(text).splitlines())
+    s = re.sub(r"[&<>]", lambda m: _HTML[m.group()], s)
+    return _MD_MARKUP.sub(r"\\\1", s)
 
 
 def table_markdown(t: Table) -> str:
-    lines = [f"#### {t.title}", ""] if t.title else []
+    lines = [f"#### {md_text(t.title)}", ""] if t.title else []
     if t.note:
-        lines += [t.note, ""]
-    lines.append("| " + " | ".join(_md_cell(h) for h in t.headers) + " |")
+        lines += [md_text(t.note), ""]
+    lines.append("| " + " | ".join(md_text(h) for h in t.headers) + " |")
     lines.append("|" + "|".join("---" for _ in t.headers) + "|")
-    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in t.rows]
+    lines += ["| " + " | ".join(md_text(c) for c in row) + " |" for row in t.rows]
     return "\n".join(lines)
 
 
 def to_markdown(title: str, sections: list[Section], image_dir: Path) -> str:
-    out = [f"# {title}", ""]
+    out = [f"# {md_text(title)}", ""]
     for s in sections:
-        out += [f"## {s.title}", ""]
+        out += [f"## {md_text(s.title)}", ""]
         for b in s.blocks:
             if isinstance(b, Table):
                 out += [table_markdown(b), ""]
             elif isinstance(b, Figure):
                 rel = Path(b.path).resolve().relative_to(image_dir.resolve())
-                out += [f"![{b.title}]({rel.as_posix()})", ""]
+                out += [f"![{md_text(b.title)}]({rel.as_posix()})", ""]
             else:
-                out += [b, ""]
+                out += [md_text(b), ""]
     return "\n".join(out)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import zlib
 from pathlib import Path
 
 from .data import ReportData, by_scenario, groups, is_ok, sorted_values
@@ -16,12 +17,15 @@ from .document import STATUS_TEXT, Figure
 DPI = 110
 
 
-def _figure(ncols: int, nrows: int = 1, width: float = 4.6, height: float = 3.6):
+def _canvas(width: float, height: float):
     from matplotlib.figure import Figure as MplFigure
 
-    fig = MplFigure(figsize=(max(width * ncols, 6.0), height * nrows), dpi=DPI, layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    return fig, axes
+    return MplFigure(figsize=(max(width, 6.0), height), dpi=DPI, layout="constrained")
+
+
+def _figure(ncols: int, nrows: int = 1, width: float = 4.6, height: float = 3.6):
+    fig = _canvas(width * ncols, height * nrows)
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
 def slug(*parts) -> str:
@@ -55,11 +59,51 @@ def _decades(ax) -> float:
     return math.log10(hi / lo) if lo > 0 and hi > 0 else 0.0
 
 
-def _colors(labels: list[str]) -> dict[str, str]:
-    import matplotlib
+# One colour per backend in every plot of every report: the backend registry's names in its order
+# (backends/__init__.py _MODULES, sdpa's forced kernels next to sdpa), from matplotlib's tab20 so
+# neighbours differ. report/ sits below backends/ and cannot import the registry; tests/test_report_plots.py
+# checks that every registered backend is listed here.
+BACKEND_COLORS = {
+    "eager": "#1f77b4", "sdpa": "#ff7f0e", "sdpa-math": "#ffbb78", "sdpa-efficient": "#8c564b",
+    "sdpa-flash": "#e377c2", "sdpa-cudnn": "#c49c94", "flash-attn2": "#9467bd", "compile": "#2ca02c",
+    "cudagraph": "#17becf", "onnxruntime": "#7f7f7f", "fused": "#d62728",
+}
+# Unknown names (a test backend, a future one) by a stable hash of the name: the same in every run.
+FALLBACK_COLORS = ("#bcbd22", "#aec7e8", "#98df8a", "#ff9896", "#c5b0d5", "#f7b6d2", "#dbdb8d", "#9edae5")
+# Runs are told apart by marker and line style (lines) or hatch (bars, boxes), in the order asked for.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", ":", "-.")
+HATCHES = ("", "//", "..", "xx", "\\\\", "++", "oo", "--")
 
-    cycle = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {lab: cycle[i % len(cycle)] for i, lab in enumerate(labels)}
+
+def backend_color(backend: str | None) -> str:
+    name = str(backend)
+    return BACKEND_COLORS.get(name) or FALLBACK_COLORS[zlib.crc32(name.encode()) % len(FALLBACK_COLORS)]
+
+
+def _run_index(rec: dict) -> int:
+    """Which run's style a record is drawn in: none where its column is shared by several runs."""
+    return rec["_run"] if rec["_label"] != rec.get("backend") else 0
+
+
+def _legend(fig, axes) -> None:
+    """One legend outside the data for the whole figure, with every series drawn in any panel."""
+    seen: dict[str, object] = {}
+    for ax in axes:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(name, handle)
+    if seen:
+        fig.legend(list(seen.values()), list(seen.keys()), loc="outside right upper", fontsize=8)
+
+
+def _panels(fig, count: int, ncols: int = 4) -> list:
+    """count axes in rows of at most ncols; the unused slots of the last row are removed, not left empty."""
+    cols = max(1, min(count, ncols))
+    rows = -(-count // cols)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel().tolist()
+    for ax in axes[count:]:
+        fig.delaxes(ax)
+    return axes[:count]
 
 
 def _inference_groups(data: ReportData) -> dict[tuple, list[dict]]:
@@ -67,51 +111,55 @@ def _inference_groups(data: ReportData) -> dict[tuple, list[dict]]:
 
 
 def latency_throughput(data: ReportData, out: Path) -> list[Figure]:
-    """Latency and throughput against batch size, one line per backend, one column per sequence length."""
+    """Latency and throughput against batch size, one line per run and backend (colour: backend; marker
+    and line style: run), one column per sequence length that has a measured cell."""
     figs = []
     for (model, task, dtype), recs in _inference_groups(data).items():
-        seqs = sorted_values(recs, "seq_len")
-        labels = list(dict.fromkeys(r["_label"] for r in recs))
-        colors = _colors(labels)
+        seqs = sorted_values([r for r in recs if is_ok(r, "latency_ms")], "seq_len")
+        if not seqs:
+            continue
+        series = list(dict.fromkeys(r["_series"] for r in recs))
         fig, axes = _figure(len(seqs), 2)
         points = []
         for j, seq in enumerate(seqs):
             for row, (key, ylabel) in enumerate((("latency_ms", "latency (ms, median)"),
                                                  ("throughput_per_s", "throughput (seq/s)"))):
                 ax = axes[row][j]
-                for lab in labels:
-                    pts = sorted((r["batch_size"], r[key]) for r in recs
-                                 if r["_label"] == lab and r["seq_len"] == seq and is_ok(r, key))
-                    if not pts:
+                for name in series:
+                    mine = [r for r in recs if r["_series"] == name and r["seq_len"] == seq and is_ok(r, key)]
+                    if not mine:
                         continue
-                    ax.plot(*zip(*pts), marker="o", label=lab, color=colors[lab])
-                    points += [{"plot": key, "series": lab, "model": model, "seq": seq, "batch": b, "value": v}
+                    pts = sorted((r["batch_size"], r[key]) for r in mine)
+                    run = mine[0]["_run"]
+                    ax.plot(*zip(*pts), label=name, color=backend_color(mine[0]["backend"]),
+                            marker=MARKERS[run % len(MARKERS)], linestyle=LINESTYLES[run % len(LINESTYLES)])
+                    points += [{"plot": key, "series": name, "model": model, "seq": seq, "batch": b, "value": v}
                                for b, v in pts]
-                _log_axes(ax, sorted_values([r for r in recs if r["seq_len"] == seq], "batch_size"))
+                _log_axes(ax, sorted_values([r for r in recs if r["seq_len"] == seq and is_ok(r)], "batch_size"))
                 ax.set_xlabel("batch size")
                 ax.set_ylabel(ylabel)
                 ax.set_title(f"seq {seq}")
                 ax.grid(True, which="both", alpha=0.3)
-        handles, names = axes[0][0].get_legend_handles_labels()
-        if handles:
-            fig.legend(handles, names, loc="outside right upper")
+        _legend(fig, axes.ravel())
         title = f"{model} {task} {dtype}: latency and throughput vs batch"
         fig.suptitle(title)
         figs.append(_save(fig, out / f"latency_throughput_{slug(model, task, dtype)}.png", title, points))
     return figs
 
 
-def _bars(ax, recs: list[dict], key: str, labels: list[str], colors: dict[str, str]) -> list[dict]:
+def _bars(ax, recs: list[dict], key: str, labels: list[str]) -> list[dict]:
     batches = sorted_values([r for r in recs if is_ok(r, key)], "batch_size")
     labels = [lab for lab in labels if any(r["_label"] == lab and is_ok(r, key) for r in recs)]
     width = 0.8 / max(len(labels), 1)
     points = []
     for i, lab in enumerate(labels):
-        vals = {r["batch_size"]: r[key] for r in recs if r["_label"] == lab and is_ok(r, key)}
-        xs = [x for x, b in enumerate(batches) if b in vals]
-        ax.bar([x - 0.4 + width * (i + 0.5) for x in xs], [vals[batches[x]] for x in xs], width, label=lab,
-               color=colors[lab])
-        points += [{"plot": key, "series": lab, "batch": batches[x], "value": vals[batches[x]]} for x in xs]
+        mine = {r["batch_size"]: r for r in recs if r["_label"] == lab and is_ok(r, key)}
+        first = next(iter(mine.values()))
+        xs = [x for x, b in enumerate(batches) if b in mine]
+        ax.bar([x - 0.4 + width * (i + 0.5) for x in xs], [mine[batches[x]][key] for x in xs], width, label=lab,
+               color=backend_color(first["backend"]), hatch=HATCHES[_run_index(first) % len(HATCHES)],
+               edgecolor="white", linewidth=0.5)
+        points += [{"plot": key, "series": lab, "batch": batches[x], "value": mine[batches[x]][key]} for x in xs]
     ax.set_xticks(range(len(batches)), [str(b) for b in batches])
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xlabel("batch size")
@@ -121,29 +169,31 @@ def _bars(ax, recs: list[dict], key: str, labels: list[str], colors: dict[str, s
 
 def speedup_memory(data: ReportData, out: Path) -> list[Figure]:
     """Speedup % and memory saved % against the baseline per sequence length, as in the seeds' attention
-    study: one bar per backend and batch size."""
+    study: one bar per backend and batch size. A panel without a measured bar is left out."""
     figs = []
     for (model, task, dtype), recs in _inference_groups(data).items():
         recs = [r for r in recs if r.get("backend") != r.get("_baseline")]
-        if not any(is_ok(r, "speedup") for r in recs):
+        rows = [(key, ylabel) for key, ylabel in (("speedup", "speedup %"), ("mem_saved", "memory saved %"))
+                if any(is_ok(r, key) for r in recs)]
+        if not rows or rows[0][0] != "speedup":
             continue
-        rows = [("speedup", "speedup %")] + ([("mem_saved", "memory saved %")]
-                                             if any(is_ok(r, "mem_saved") for r in recs) else [])
-        seqs = sorted_values([r for r in recs if is_ok(r, "speedup")], "seq_len")
+        seqs = sorted_values([r for r in recs if is_ok(r, "speedup") or is_ok(r, "mem_saved")], "seq_len")
         labels = list(dict.fromkeys(r["_label"] for r in recs))
-        colors = _colors(labels)
         fig, axes = _figure(len(seqs), len(rows))
-        points = []
+        points, drawn = [], []
         for j, seq in enumerate(seqs):
             for i, (key, ylabel) in enumerate(rows):
                 ax = axes[i][j]
-                pts = _bars(ax, [r for r in recs if r["seq_len"] == seq], key, labels, colors)
+                at_seq = [r for r in recs if r["seq_len"] == seq]
+                if not any(is_ok(r, key) for r in at_seq):
+                    fig.delaxes(ax)
+                    continue
+                pts = _bars(ax, at_seq, key, labels)
                 points += [{**p, "model": model, "seq": seq} for p in pts]
                 ax.set_ylabel(ylabel)
                 ax.set_title(f"SeqLen {seq}")
-        handles, names = axes[0][0].get_legend_handles_labels()
-        if handles:
-            fig.legend(handles, names, loc="outside right upper")
+                drawn.append(ax)
+        _legend(fig, drawn)
         bases = ", ".join(sorted({str(r["_baseline"]) for r in recs}))
         what = "speedup and memory saved" if len(rows) > 1 else "speedup (no memory measured)"
         title = f"{model} {task} {dtype}: {what} vs {bases}"
@@ -160,7 +210,10 @@ def efficiency_heatmap(data: ReportData, out: Path) -> list[Figure]:
         key = "mfu" if use_mfu else "tflops"
         if not any(is_ok(r, key) for r in recs):
             continue
-        labels = list(dict.fromkeys(r["_label"] for r in recs))
+        # A panel per column of the tables (backend, or run/backend where runs measured the same point)
+        # that has a measured cell; the cells of the others are in the "without a valid measurement" table.
+        labels = list(dict.fromkeys(r["_label"] for r in recs if is_ok(r, key)))
+        recs = [r for r in recs if r["_label"] in labels]
         batches, seqs = sorted_values(recs, "batch_size"), sorted_values(recs, "seq_len")
         scale = 100.0 if use_mfu else 1.0
         top = max(r[key] * scale for r in recs if is_ok(r, key))
@@ -197,9 +250,41 @@ def efficiency_heatmap(data: ReportData, out: Path) -> list[Figure]:
     return figs
 
 
+# The distribution plot's axis spans these percentiles of every box in a panel: one stray call (a
+# clock ramp, a page fault) 10x slower than the rest no longer flattens the boxes; samples beyond the
+# axis are counted at its edge.
+AXIS_PERCENTILES = (0.5, 99.5)
+
+
+def _sample_axis(ax, samples: list[list[float]]) -> None:
+    """Clip the y axis to AXIS_PERCENTILES of the boxes (log scale where they span over 10x) and mark
+    how many samples of each box lie beyond it."""
+    import numpy as np
+
+    lo = min(float(np.percentile(s, AXIS_PERCENTILES[0])) for s in samples)
+    hi = max(float(np.percentile(s, AXIS_PERCENTILES[1])) for s in samples)
+    if lo > 0 and hi / lo > 10:
+        ax.set_yscale("log")
+        bottom, top = lo / 1.15, hi * 1.15
+    else:
+        pad = (hi - lo) * 0.08 or abs(hi) * 0.05 or 1.0
+        bottom, top = lo - pad, hi + pad
+    ax.set_ylim(bottom, top)
+    if ax.get_yscale() == "log":
+        _log_axes(ax)  # ticks as plain numbers
+    for x, s in enumerate(samples, start=1):
+        above, below = sum(v > top for v in s), sum(v < bottom for v in s)
+        if above:
+            ax.annotate(f"\u25b2{above}", (x, 1), xycoords=("data", "axes fraction"), ha="center", va="top",
+                        fontsize=7, color="dimgray")
+        if below:
+            ax.annotate(f"\u25bc{below}", (x, 0), xycoords=("data", "axes fraction"), ha="center", va="bottom",
+                        fontsize=7, color="dimgray")
+
+
 def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
-    """Box plots of the raw per-call samples, one panel per (sequence length, batch) on a linear axis, so
-    the spread behind each median is visible."""
+    """Box plots of the raw per-call samples, a panel per (sequence length, batch) with a measured cell,
+    a box per backend labelled under it; whiskers at AXIS_PERCENTILES, the axis clipped to them."""
     from matplotlib.patches import Patch
 
     figs = []
@@ -207,37 +292,47 @@ def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
         recs = [r for r in group if is_ok(r) and r["_samples"]]
         if not recs:
             continue
-        failed = [r for r in group if not is_ok(r)]
-        seqs, batches = sorted_values(recs, "seq_len"), sorted_values(recs, "batch_size")
-        labels = list(dict.fromkeys(r["_label"] for r in recs))
-        colors = _colors(labels)
-        fig, axes = _figure(len(batches), len(seqs), width=0.9 + 0.55 * len(labels), height=2.8)
-        points = []
-        for i, seq in enumerate(seqs):
-            for j, b in enumerate(batches):
-                ax = axes[i][j]
-                cells = [r for lab in labels for r in recs
-                         if r["_label"] == lab and r["seq_len"] == seq and r["batch_size"] == b]
-                if cells:
-                    box = ax.boxplot([r["_samples"] for r in cells], widths=0.7, patch_artist=True,
-                                     flierprops={"markersize": 2}, medianprops={"color": "black"})
-                    for patch, r in zip(box["boxes"], cells):
-                        patch.set_facecolor(colors[r["_label"]])
-                    points += [{"plot": "samples", "series": r["_label"], "seq": seq, "batch": b,
-                                "value": len(r["_samples"])} for r in cells]
-                gone = [f"{r['_label']}: {STATUS_TEXT.get(r['status'], r['status'])}" for r in failed
-                        if r["seq_len"] == seq and r["batch_size"] == b]
-                if gone:
-                    ax.text(0.02, 0.98, "\n".join(gone), transform=ax.transAxes, va="top", fontsize=7, color="red")
-                ax.set_xticks([])
-                ax.set_title(f"b{b} s{seq}", fontsize=9)
-                ax.tick_params(labelsize=7)
-                ax.grid(True, axis="y", alpha=0.3)
-            axes[i][0].set_ylabel("ms per call")
-        fig.legend([Patch(color=colors[lab]) for lab in labels], labels, loc="outside right upper")
-        title = f"{model} {task} {dtype}: latency distribution of the raw samples"
-        fig.suptitle(title)
-        figs.append(_save(fig, out / f"latency_dist_{slug(model, task, dtype)}.png", title, points))
+        points_at = list(groups(recs, ("seq_len", "batch_size")))
+        labels = list(dict.fromkeys(r["_label"] for r in group))
+        per_panel = max(len({r["_label"] for r in group if (r["seq_len"], r["batch_size"]) == pt})
+                        for pt in points_at)
+        ncols = min(len(points_at), 4)
+        fig = _canvas(ncols * (1.2 + 0.62 * per_panel), 3.3 * -(-len(points_at) // ncols))
+        axes = _panels(fig, len(points_at), ncols)
+        points, legend = [], {}
+        for ax, (seq, b) in zip(axes, points_at):
+            here = [r for lab in labels for r in group
+                    if r["_label"] == lab and r["seq_len"] == seq and r["batch_size"] == b]
+            boxed = [r for r in here if is_ok(r) and r["_samples"]]
+            box = ax.boxplot([r["_samples"] for r in boxed], positions=range(1, len(boxed) + 1), widths=0.7,
+                             whis=AXIS_PERCENTILES, patch_artist=True, flierprops={"markersize": 2},
+                             medianprops={"color": "black"})
+            for patch, r in zip(box["boxes"], boxed):
+                patch.set_facecolor(backend_color(r["backend"]))
+                patch.set_hatch(HATCHES[_run_index(r) % len(HATCHES)])
+                legend.setdefault(r["_label"], Patch(facecolor=patch.get_facecolor(), hatch=patch.get_hatch()))
+            _sample_axis(ax, [r["_samples"] for r in boxed])
+            # A cell without samples keeps its place on the axis, with its status instead of a box.
+            gone = [r for r in here if r not in boxed]
+            for k, r in enumerate(gone, start=len(boxed) + 1):
+                ax.text(k, 0.5, STATUS_TEXT.get(r["status"], r["status"]), transform=ax.get_xaxis_transform(),
+                        ha="center", va="center", rotation=90, fontsize=8, color="red")
+            names = [r["_label"].replace("/", "/\n") for r in boxed + gone]
+            ax.set_xticks(range(1, len(names) + 1), names, rotation=45, ha="right", rotation_mode="anchor")
+            ax.set_xlim(0.4, len(names) + 0.6)
+            ax.set_title(f"batch {b}, seq {seq}", fontsize=9)
+            ax.set_ylabel("ms per call", fontsize=8)
+            ax.tick_params(which="both", labelsize=7)
+            ax.grid(True, axis="y", alpha=0.3)
+            points += [{"plot": "samples", "series": r["_label"], "seq": seq, "batch": b,
+                        "value": len(r["_samples"])} for r in boxed]
+        fig.legend(list(legend.values()), list(legend.keys()), loc="outside right upper", fontsize=8)
+        lo, hi = AXIS_PERCENTILES
+        title = (f"{model} {task} {dtype}: latency distribution of the raw samples\n"
+                 f"(whiskers p{lo:g}-p{hi:g}; \u25b2n: n samples above the axis)")
+        fig.suptitle(title, fontsize=10)
+        figs.append(_save(fig, out / f"latency_dist_{slug(model, task, dtype)}.png", title.replace("\n", " "),
+                          points))
     return figs
 
 
@@ -251,17 +346,22 @@ def training_scaling(data: ReportData, out: Path) -> list[Figure]:
     single = {tuple(r.get(k) for k in ident): r["samples_per_s"] for r in recs if r["world_size"] == 1}
     # A series per strategy over several GPUs, each starting from the one-GPU run of the same shape.
     series = groups([r for r in recs if r["world_size"] > 1], (*ident, "strategy")) or groups(recs, (*ident, "strategy"))
-    points = []
+    points, per_backend = [], {}
     for key, rs in series.items():
         one = single.get(key[:-1])
         pts = sorted({**({1: one} if one else {}), **{r["world_size"]: r["samples_per_s"] for r in rs}}.items())
         r0 = rs[0]
-        name = f"{r0['model']} {r0['dtype']} b{r0['batch_size']} s{r0['seq_len']} {key[-1] or ''}".strip()
-        axes[0][0].plot(*zip(*pts), marker="o", label=name)
+        name = (f"{r0['model']} {r0['backend']} {r0['dtype']} b{r0['batch_size']} s{r0['seq_len']} "
+                f"{key[-1] or ''}").strip()
+        # Colour: the attention backend, as in every other plot; marker and line: the n-th series of it.
+        nth = per_backend[r0["backend"]] = per_backend.get(r0["backend"], -1) + 1
+        style = {"color": backend_color(r0["backend"]), "marker": MARKERS[nth % len(MARKERS)],
+                 "linestyle": LINESTYLES[nth % len(LINESTYLES)]}
+        axes[0][0].plot(*zip(*pts), label=name, **style)
         points += [{"plot": "samples_per_s", "series": name, "world_size": n, "value": v} for n, v in pts]
         if one:
             eff = [(n, v / (n * one)) for n, v in pts]
-            axes[0][1].plot(*zip(*eff), marker="o", label=name)
+            axes[0][1].plot(*zip(*eff), label=name, **style)
             points += [{"plot": "efficiency", "series": name, "world_size": n, "value": e} for n, e in eff]
     axes[0][0].set_ylabel("samples/s (all GPUs)")
     axes[0][1].set_ylabel("scaling efficiency")
@@ -273,7 +373,7 @@ def training_scaling(data: ReportData, out: Path) -> list[Figure]:
         ax.set_xticks(sizes)
         ax.grid(True, alpha=0.3)
     axes[0][1].set_ylim(0, max([1.05] + [p["value"] * 1.05 for p in points if p["plot"] == "efficiency"]))
-    axes[0][0].legend(fontsize=7)
+    _legend(fig, axes[0])
     title = "training scaling over GPUs"
     fig.suptitle(title)
     return [_save(fig, out / "training_scaling.png", title, points)]
@@ -304,11 +404,9 @@ def _ceilings(recs: list[dict]) -> tuple[dict[str, float], float | None]:
 
 def roofline(data: ReportData, out: Path) -> list[Figure]:
     """The micro-benchmark points (GEMMs, layer parts) against the compute and memory ceilings, one plot
-    per micro run; drawn by report/roofline.py, skipped where matplotlib is absent."""
-    try:
-        from .roofline import plot_roofline, roofline_points
-    except ImportError:
-        return []
+    per micro run."""
+    from .roofline import plot_roofline, roofline_points
+
     figs = []
     for run in data.runs:
         recs = [r for r in data.records if r["run_id"] == run["run_id"] and str(r.get("scenario")).startswith("micro-")]

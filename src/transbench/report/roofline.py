@@ -30,6 +30,24 @@ def bound(intensity: float, peak_tflops: float | None, bandwidth_gbs: float | No
     return "compute" if intensity >= ridge_point(peak_tflops, bandwidth_gbs) else "memory"
 
 
+def roofline_points(records: list[dict]) -> list[dict]:
+    """The ok micro-benchmark records with an intensity, as points for plot_roofline (here, not in
+    scenarios/micro, so the report draws them without importing a higher layer)."""
+    out = []
+    for r in records:
+        if r.get("status") != "ok" or not r.get("intensity") or not r.get("tflops"):
+            continue
+        if r.get("scenario") == "micro-breakdown":
+            label, group = r["part"], r.get("bound") or r["dtype"]
+        elif r.get("scenario") == "micro-gemm":
+            label = f"n={r['m']}" if r["shape"] == "square" else r["shape"]
+            group = r["dtype"]
+        else:
+            label, group = f"{r.get('op')} {r.get('elements')}", r.get("op")
+        out.append({"label": label, "intensity": r["intensity"], "tflops": r["tflops"], "group": group})
+    return out
+
+
 def plot_roofline(points: Iterable[Mapping], peak_tflops: float | Mapping[str, float] | None,
                   bandwidth_gbs: float | None, path: str, title: str = "roofline") -> str:
     """Write a log-log roofline PNG to `path` and return the path.
@@ -40,10 +58,8 @@ def plot_roofline(points: Iterable[Mapping], peak_tflops: float | Mapping[str, f
     peak_tflops: one compute ceiling, or {name: TFLOPS} to draw several (e.g. one per dtype);
     bandwidth_gbs: the memory ceiling in GB/s (1e9 bytes). A ceiling that is None is not drawn.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     pts = [p for p in points if (p.get("intensity") or 0) > 0 and (p.get("tflops") or 0) > 0]
     peaks = dict(peak_tflops) if isinstance(peak_tflops, Mapping) else ({"peak": peak_tflops} if peak_tflops else {})
@@ -55,7 +71,10 @@ def plot_roofline(points: Iterable[Mapping], peak_tflops: float | Mapping[str, f
             r = ridge_point(v, bandwidth_gbs)
             lo, hi = min(lo, r / 4), max(hi, r * 4)
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    # The object API (no pyplot): nothing global changes in the caller's process.
+    fig = Figure(figsize=(8, 5.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     grid = [lo * (hi / lo) ** (k / 200) for k in range(201)]
     for n, (name, peak) in enumerate(sorted(peaks.items(), key=lambda kv: -kv[1])):
         style = dict(color="black", lw=1.5 if n == 0 else 1.0, ls="-" if n == 0 else "--")
@@ -76,10 +95,6 @@ def plot_roofline(points: Iterable[Mapping], peak_tflops: float | Mapping[str, f
     for name, members in groups.items():
         ax.scatter([p["intensity"] for p in members], [p["tflops"] for p in members], s=22, zorder=3,
                    label=name or None)
-        for p in members:
-            if p.get("label"):
-                ax.annotate(str(p["label"]), (p["intensity"], p["tflops"]), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -88,25 +103,67 @@ def plot_roofline(points: Iterable[Mapping], peak_tflops: float | Mapping[str, f
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     if any(groups):
-        ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
+        fig.legend(fontsize=8, loc="outside right upper")
+    _label_points(fig, ax, [p for p in pts if p.get("label")])
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
-def roofline_points(records: list[dict]) -> list[dict]:
-    """The ok records with an intensity, as points for report.roofline.plot_roofline."""
-    out = []
-    for r in records:
-        if r.get("status") != "ok" or not r.get("intensity") or not r.get("tflops"):
-            continue
-        if r.get("scenario") == "micro-breakdown":
-            label, group = r["part"], r.get("bound") or r["dtype"]
-        elif r.get("scenario") == "micro-gemm":
-            label = f"n={r['m']}" if r["shape"] == "square" else r["shape"]
-            group = r["dtype"]
-        else:
-            label, group = f"{r.get('op')} {r.get('elements')}", r.get("op")
-        out.append({"label": label, "intensity": r["intensity"], "tflops": r["tflops"], "group": group})
-    return out
+# Offsets (points) tried for a label, nearest first: beside the marker, then further out on a leader line.
+_RINGS = (6, 16, 28, 42, 58, 76, 96)
+_ANGLES = (45, -45, 135, -135, 0, 180, 90, -90, 20, -20, 160, -160)
+
+
+def _label_points(fig, ax, pts: list[Mapping]) -> None:
+    """Annotate each point with its label where the text overlaps no other label, marker or the axes'
+    edge. A label with no free place within the rings becomes a number next to its point, spelled out in
+    a key under the axes, so labels never overlap however dense the points."""
+    import math
+
+    from matplotlib.text import Text
+
+    fig.canvas.draw()  # lay out once, then freeze it: the free places are found in display pixels
+    fig.set_layout_engine("none")
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    px = fig.dpi / 72
+    taken = []
+    for p in pts:
+        x, y = ax.transData.transform((p["intensity"], p["tflops"]))
+        taken.append((x - 4 * px, y - 4 * px, x + 4 * px, y + 4 * px))
+    for text in ax.texts:  # the ceilings' names
+        bb = text.get_window_extent(renderer)
+        taken.append((bb.x0, bb.y0, bb.x1, bb.y1))
+
+    def free(box) -> bool:
+        inside = frame.x0 <= box[0] and box[2] <= frame.x1 and frame.y0 <= box[1] and box[3] <= frame.y1
+        return inside and not any(box[0] < t[2] and t[0] < box[2] and box[1] < t[3] and t[1] < box[3]
+                                  for t in taken)
+
+    def place(text_value: str, xy) -> bool:
+        for ring in _RINGS:
+            for angle in _ANGLES:
+                dx, dy = ring * math.cos(math.radians(angle)), ring * math.sin(math.radians(angle))
+                text = ax.annotate(text_value, xy, xytext=(dx, dy), textcoords="offset points", fontsize=7,
+                                   ha="left" if dx > 1 else "right" if dx < -1 else "center",
+                                   va="bottom" if dy > 1 else "top" if dy < -1 else "center",
+                                   arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "gray"} if ring > 6 else None)
+                text.update_positions(renderer)
+                bb = Text.get_window_extent(text, renderer)  # the text alone, not its leader line
+                box = (bb.x0 - px, bb.y0 - px, bb.x1 + px, bb.y1 + px)
+                if free(box):
+                    taken.append(box)
+                    return True
+                text.remove()
+        return False
+
+    key = []
+    for p in sorted(pts, key=lambda q: (-q["tflops"], q["intensity"])):
+        xy = (p["intensity"], p["tflops"])
+        if not place(str(p["label"]), xy):
+            key.append(str(p["label"]))
+            if not place(str(len(key)), xy):
+                ax.annotate(str(len(key)), xy, xytext=(3, 3), textcoords="offset points", fontsize=6)
+    if key:
+        ax.text(0.01, 0.99, "\n".join(f"{i}: {name}" for i, name in enumerate(key, start=1)), fontsize=7,
+                va="top", transform=ax.transAxes, bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})

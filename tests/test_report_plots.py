@@ -1,0 +1,194 @@
+"""The report's plots: a backend keeps its colour in every plot of every report, runs are told apart by
+marker and line style, every drawn series is in its figure's legend, no panel is empty, outliers do not
+flatten the latency distributions, and point labels do not overlap. Read from the matplotlib artists."""
+
+from __future__ import annotations
+
+import pytest
+from matplotlib.colors import to_hex
+from report_helpers import bad_result, cell, make_run, ok_result
+
+from transbench import backends
+from transbench.report import build_report, plots
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The matplotlib figure behind each PNG a report writes, by file name."""
+    figs = {}
+    save = plots._save
+
+    def keep(fig, path, title, points):
+        figs[path.name] = fig
+        return save(fig, path, title, points)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return figs
+
+
+def _samples(ms: float, n: int = 40) -> list[float]:
+    return [ms * (1 + 0.01 * (i % 7)) for i in range(n)]
+
+
+def _run(db: str, name: str, points: dict[tuple[str, int, int], float | str], no_memory: int | None = None) -> None:
+    """points: (backend, batch, seq) -> median ms, or a status name for a failed cell; cells at sequence
+    length no_memory have no peak memory (no memory-saved bar)."""
+    results = []
+    for (backend, batch, seq), value in points.items():
+        c = cell(backend, batch, seq)
+        memory = {"peak_mem_mb": None} if seq == no_memory else {}
+        results.append((c, bad_result(value, f"{value} here") if isinstance(value, str)
+                        else ok_result(_samples(value), batch, **memory)))
+    make_run(db, name, results, spec={"baseline": "eager"})
+
+
+def _series(fig) -> dict[str, dict]:
+    """Every labelled line and bar series of a figure: colours, markers and line styles seen."""
+    out: dict[str, dict] = {}
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if not line.get_label().startswith("_"):
+                s = out.setdefault(line.get_label(), {"color": set(), "marker": set(), "style": set()})
+                s["color"].add(to_hex(line.get_color()))
+                s["marker"].add(line.get_marker())
+                s["style"].add(line.get_linestyle())
+        for bars in ax.containers:
+            if not bars.get_label().startswith("_"):
+                s = out.setdefault(bars.get_label(), {"color": set(), "marker": set(), "style": set()})
+                s["color"] |= {to_hex(p.get_facecolor()) for p in bars.patches}
+    return out
+
+
+def _boxes(fig) -> dict[str, set[str]]:
+    """Box plot colours by the backend label under each box."""
+    out: dict[str, set[str]] = {}
+    for ax in fig.axes:
+        names = [t.get_text().replace("/\n", "/") for t in ax.get_xticklabels()]
+        boxes = [p for p in ax.patches if type(p).__name__ == "PathPatch"]
+        for name, box in zip(names, boxes):
+            out.setdefault(name, set()).add(to_hex(box.get_facecolor()))
+    return out
+
+
+def _legend(fig) -> list[str]:
+    (legend,) = fig.legends
+    return [t.get_text() for t in legend.get_texts()]
+
+
+def test_a_backend_keeps_its_colour_in_every_plot_and_report(tmp_path, drawn):
+    db = str(tmp_path / "s.db")
+    _run(db, "first", {("eager", 1, 8): 4.0, ("sdpa", 1, 8): 3.0, ("fused", 1, 8): 1.0,
+                       ("eager", 2, 8): 7.0, ("sdpa", 2, 8): 5.0, ("fused", 2, 8): 2.0})
+    # Another run: other backends, in another order.
+    _run(db, "second", {("fused", 4, 8): 3.0, ("cudagraph", 4, 8): 3.5, ("eager", 4, 8): 9.0,
+                        ("sdpa", 4, 8): 8.0, ("mystery", 4, 8): 6.0})
+    colors: dict[str, set[str]] = {}
+    for name in ("first", "second"):
+        drawn.clear()
+        build_report(db, [name], tmp_path / name)
+        for file, fig in drawn.items():
+            found = _boxes(fig) if file.startswith("latency_dist") else _series(fig)
+            for label, seen in found.items():
+                colors.setdefault(label, set()).update(seen if file.startswith("latency_dist") else seen["color"])
+    assert set(colors) == {"eager", "sdpa", "fused", "cudagraph", "mystery"}
+    assert all(len(c) == 1 for c in colors.values()), colors  # one colour per backend everywhere
+    assert len({c for cs in colors.values() for c in cs}) == len(colors)  # and no two backends share one
+    assert colors["sdpa"] == {plots.BACKEND_COLORS["sdpa"]}
+    assert colors["mystery"] == {plots.backend_color("mystery")} and plots.backend_color("mystery") in \
+        plots.FALLBACK_COLORS
+
+
+def test_every_registered_backend_has_a_fixed_colour():
+    assert set(backends.registry()) <= set(plots.BACKEND_COLORS)
+    assert len(set(plots.BACKEND_COLORS.values())) == len(plots.BACKEND_COLORS)
+    assert not set(plots.FALLBACK_COLORS) & set(plots.BACKEND_COLORS.values())
+
+
+def test_runs_are_told_apart_by_marker_and_every_series_is_in_the_legend(tmp_path, drawn):
+    db = str(tmp_path / "s.db")
+    # As in issue 22: two runs measure different points; in the first panel (seq 8) only some series.
+    _run(db, "p1x128", {("sdpa", 1, 8): 3.0, ("eager", 1, 8): 4.0, ("eager", 1, 16): 8.0, ("cudagraph", 1, 16): 1.0})
+    _run(db, "p256x128", {("cudagraph", 256, 16): 30.0, ("sdpa", 256, 16): 90.0, ("fused", 256, 16): 20.0,
+                          ("eager", 256, 16): "oom"})
+    build_report(db, ["p1x128", "p256x128"], tmp_path / "r", compare_runs=False)
+    fig = drawn["latency_throughput_bert-tiny-base-fp32.png"]
+    series = _series(fig)
+    assert set(series) == {"p1x128/sdpa", "p1x128/eager", "p1x128/cudagraph", "p256x128/cudagraph",
+                           "p256x128/sdpa", "p256x128/fused"}
+    assert sorted(_legend(fig)) == sorted(series)
+    assert series["p1x128/sdpa"]["color"] == series["p256x128/sdpa"]["color"]
+    assert series["p1x128/sdpa"]["color"] != series["p256x128/cudagraph"]["color"]
+    assert series["p1x128/sdpa"]["marker"] != series["p256x128/sdpa"]["marker"]
+    assert series["p1x128/sdpa"]["style"] != series["p256x128/sdpa"]["style"]
+    for file, fig in drawn.items():
+        found = _boxes(fig) if file.startswith("latency_dist") else _series(fig)
+        if found and fig.legends:
+            assert set(_legend(fig)) == set(found), file  # every series drawn, in the legend
+
+
+def test_panels_without_data_are_left_out(tmp_path, drawn):
+    db = str(tmp_path / "s.db")
+    # seq 32: every cell failed; batch 2 x seq 16: nothing measured at all; seq 16: no memory measured;
+    # five points of the distribution plot: rows of four leave three unused places.
+    _run(db, "gaps", {("eager", 1, 8): 4.0, ("sdpa", 1, 8): 3.0, ("eager", 2, 8): 7.0, ("sdpa", 2, 8): "wrong",
+                      ("eager", 4, 8): 12.0, ("eager", 8, 8): 20.0, ("eager", 1, 16): 8.0, ("sdpa", 1, 16): 6.0,
+                      ("eager", 1, 32): "oom", ("sdpa", 1, 32): "oom"}, no_memory=16)
+    build_report(db, ["gaps"], tmp_path / "r")
+    assert {f.split("_bert")[0] for f in drawn} == {"latency_throughput", "speedup", "tflops_heatmap",
+                                                     "latency_dist"}
+    for file, fig in drawn.items():
+        panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+        for ax in panels:
+            assert ax.get_lines() or ax.patches or ax.images or ax.collections, f"{file}: empty panel {ax.get_title()}"
+    titles = {f: sorted(ax.get_title() for ax in fig.axes if ax.get_title()) for f, fig in drawn.items()}
+    assert titles["latency_throughput_bert-tiny-base-fp32.png"] == ["seq 16", "seq 16", "seq 8", "seq 8"]
+    assert titles["latency_dist_bert-tiny-base-fp32.png"] == ["batch 1, seq 16", "batch 1, seq 8",
+                                                              "batch 2, seq 8", "batch 4, seq 8", "batch 8, seq 8"]
+    speedup = drawn["speedup_bert-tiny-base-fp32.png"]
+    assert sorted((ax.get_ylabel(), ax.get_title()) for ax in speedup.axes) == [
+        ("memory saved %", "SeqLen 8"), ("speedup %", "SeqLen 16"), ("speedup %", "SeqLen 8")]
+
+
+def test_latency_distribution_is_not_flattened_by_an_outlier(tmp_path, drawn):
+    db = str(tmp_path / "s.db")
+    slow = [3.0 + 0.01 * i for i in range(200)]
+    slow[17] = 300.0  # one call 100x slower than the rest
+    make_run(db, "tail", [(cell("eager", 1, 8), ok_result(slow, 1)), (cell("sdpa", 1, 8), ok_result(_samples(2.0), 1)),
+                          (cell("fused", 1, 8), bad_result("wrong", "rel_err 1"))])
+    build_report(db, ["tail"], tmp_path / "r")
+    (ax,) = drawn["latency_dist_bert-tiny-base-fp32.png"].axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["eager", "sdpa", "fused"]
+    low, high = ax.get_ylim()
+    assert ax.get_yscale() == "linear" and high < 10 and low > 1  # the boxes fill the axis, not the 300 ms call
+    texts = [t.get_text() for t in ax.texts]
+    assert "\u25b21" in texts  # the clipped call is counted at the edge
+    assert "wrong" in texts  # the failed cell keeps its place, with its status instead of a box
+
+
+def test_roofline_point_labels_do_not_overlap():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    from transbench.report.roofline import _label_points
+
+    fig = Figure(figsize=(8, 5.5))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    pts = [{"label": f"part {i}", "intensity": 1.0 + 0.02 * i, "tflops": 2.0 + 0.03 * i} for i in range(12)]
+    pts += [{"label": f"gemm {i}", "intensity": 400.0 + 5 * i, "tflops": 500.0 + 4 * i} for i in range(6)]
+    ax.scatter([p["intensity"] for p in pts], [p["tflops"] for p in pts])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(0.2, 2000)
+    ax.set_ylim(0.5, 2000)
+    _label_points(fig, ax, pts)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [Text.get_window_extent(t, renderer) for t in ax.texts]
+    assert sorted(t.get_text() for t in ax.texts) == sorted(p["label"] for p in pts)  # each label, once
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), "two point labels overlap"
+    frame = ax.get_window_extent(renderer)
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
