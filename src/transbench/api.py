@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -41,6 +42,8 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
     if spec.nproc > 1:
         grid.check_data_parallel(spec)
     cells = grid.expand(spec)
+    if resume and not os.path.exists(db):
+        raise SpecError(f"nothing to resume: no store at {db}")
     store = Store(db)
     try:
         name = spec.name

@@ -191,11 +191,26 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
     if len(lanes) == 1:
         lane_loop(lanes[0])
         return
-    threads = [threading.Thread(target=lane_loop, args=(g,), daemon=True) for g in lanes]
+    failures: list[BaseException] = []
+
+    def guarded_lane(gpu: int) -> None:
+        try:
+            lane_loop(gpu)
+        except BaseException as exc:  # a full disk in one lane stops the sweep, as it does with one lane
+            failures.append(exc)
+            while True:  # the other lanes take no new group
+                try:
+                    work.get_nowait()
+                except queue.Empty:
+                    break
+
+    threads = [threading.Thread(target=guarded_lane, args=(g,), daemon=True) for g in lanes]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if failures:
+        raise failures[0]
 
 
 def max_batch_key(cell) -> str:
