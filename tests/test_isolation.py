@@ -186,3 +186,33 @@ def test_a_short_region_reports_power_but_no_energy():
     s = timer.Sampled([1.0], timer.summarize([1.0]), 1, m.context)
     rec = record.context_record(s, items=1)
     assert "energy_j" not in rec and rec["avg_power_w"] == pytest.approx(500.0)
+
+
+def test_gpu_samples_come_in_rounds_with_one_synchronize(monkeypatch):
+    """On a GPU each sample is one call between its own events, calls issued back to back and one
+    synchronize per round (fake events: no GPU here)."""
+    log = []
+
+    class FakeEvent:
+        t = 0.0
+
+        def __init__(self, enable_timing=True):
+            self.at = None
+
+        def record(self):
+            FakeEvent.t += 1.0
+            self.at = FakeEvent.t
+            log.append("record")
+
+        def synchronize(self):
+            log.append("sync")
+
+        def elapsed_time(self, other):
+            return other.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    clock = timer.Clock(torch.device("cpu"))
+    clock.cuda, clock._torch = True, torch
+    out = clock.round_ms(lambda: log.append("call"), 3)
+    assert out == [1.0, 1.0, 1.0]  # each call between its own start and end
+    assert log == ["record", "call", "record"] * 3 + ["sync"]

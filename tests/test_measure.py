@@ -27,11 +27,11 @@ def test_empty_samples_rejected():
 def test_sample_stops_on_min_count_and_min_time():
     calls = []
     out = timer.sample(lambda: calls.append(1), torch.device("cpu"), timer.TimerConfig(warmup=2, min_time_s=0.0, min_count=7))
-    assert len(out) == 7 and len(calls) == 9  # warm-up calls are not samples
+    assert len(out.samples_ms) == 7 and len(calls) == 9 and out.stats.n == 7  # warm-up calls are not samples
 
     slow = timer.sample(lambda: sum(range(20000)), torch.device("cpu"),
                         timer.TimerConfig(warmup=0, min_time_s=0.05, min_count=1))
-    assert sum(slow) >= 50.0
+    assert sum(slow.samples_ms) >= 50.0
 
 
 @pytest.mark.parametrize("name,mem,gpu", [

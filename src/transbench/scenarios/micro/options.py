@@ -67,7 +67,9 @@ class MicroCommon:
         if self.warmup < 0:
             raise SpecError(f"--warmup {self.warmup} must be >= 0")
         gpu = device.type == "cuda"
-        return {"min_time": self.min_time if self.min_time is not None else (0.2 if gpu else 0.1)}
+        # A second per point on a GPU: sustained figures (a GPU at its power cap slows within a fraction of a
+        # second) and a long enough region for the energy counter (measure/context.py).
+        return {"min_time": self.min_time if self.min_time is not None else (1.0 if gpu else 0.1)}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
