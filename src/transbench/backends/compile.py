@@ -69,6 +69,7 @@ def make_generator(model, cell):
 BACKEND = Backend(
     name="compile",
     attn="sdpa",
+    attn_fallback="eager",
     prepare=_prepare,
     generator=make_generator,
     describe="torch.compile of the transformers model (sdpa attention), mode from --compile-mode",

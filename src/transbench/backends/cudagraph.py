@@ -89,6 +89,7 @@ def make_generator(model, cell):
 BACKEND = Backend(
     name="cudagraph",
     attn="sdpa",
+    attn_fallback="eager",
     prepare=_prepare,
     devices=("cuda",),
     generator=make_generator,
