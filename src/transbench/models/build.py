@@ -41,6 +41,11 @@ _ACT_NAMES = ("hidden_act", "activation_function", "activation", "hidden_activat
 # Families that number positions from pad_token_id + 1 (RoBERTa's create_position_ids_from_input_ids):
 # their max_position_embeddings is the longest sequence plus that offset.
 OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm", "data2vec-text")
+# Keys of a config's dict that describe the file, not the model (and model_type is the family).
+_NOT_CONFIG = ("model_type", "architectures", "transformers_version", "_name_or_path", "auto_map", "dtype",
+               "torch_dtype", "_attn_implementation_autoset", "num_hidden_layers", "hidden_size",
+               "num_attention_heads", "vocab_size", "max_position_embeddings", "num_key_value_heads", "head_dim",
+               "n_layer", "n_embd", "n_head", "n_positions", "dim", "n_layers", "n_heads", *_FFN_NAMES)
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -103,6 +108,7 @@ def shape_from_config(name: str, cfg) -> Preset:
         kv_heads=kv if kv and kv != heads else None,
         head_dim=head_dim if head_dim and head_dim != hidden // heads else None,
         decoder=is_decoder(cfg.model_type),
+        config={k: v for k, v in cfg.to_dict().items() if k not in _NOT_CONFIG},
     )
 
 

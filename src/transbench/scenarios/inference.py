@@ -165,13 +165,13 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     mem = memory.snapshot(device)
     gpu = dev.gpu_info(device)
     seconds = stats.median_ms / 1e3
-    fl = flops.forward_flops(shape, inputs.lengths, cell.task)
+    fl, flops_method = flops.forward_flops(shape, inputs.lengths, cell.task)
     tflops = fl / seconds / 1e12
     record.update({
         "latency_ms": stats.median_ms, "latency_p90_ms": stats.p90_ms, "latency_p99_ms": stats.p99_ms,
         "latency_iqr_ms": stats.iqr_ms, "n_samples": stats.n,
         "throughput_per_s": cell.batch / seconds, "tokens_per_s": inputs.real_tokens / seconds,
-        "tflops": tflops, "mfu": peaks.mfu(fl / seconds, gpu and gpu.name, cell.dtype, gpu and gpu.memory_gb),
+        "tflops": tflops, "flops_method": flops_method, "mfu": peaks.mfu(fl / seconds, gpu and gpu.name, cell.dtype, gpu and gpu.memory_gb),
         "peak_mem_mb": mem["peak_mem_mb"], "gpu": gpu.name if gpu else None,
     })
     if cell.task == "causal-lm":  # time per step of the whole context, as the seeds' notes quote it

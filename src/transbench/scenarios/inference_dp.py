@@ -99,14 +99,14 @@ def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
     stats = timer.summarize(latency)
     seconds = stats.median_ms / 1e3
     lengths = [n for r in per_rank for n in r["lengths"]]
-    fl = flops.forward_flops(shape, lengths, cell.task)
+    fl, flops_method = flops.forward_flops(shape, lengths, cell.task)
     gpu = dev.gpu_info(device)
     peak = [r["mem"]["peak_mem_mb"] for r in per_rank if r["mem"]["peak_mem_mb"] is not None]
     record.update({
         "latency_ms": stats.median_ms, "latency_p90_ms": stats.p90_ms, "latency_p99_ms": stats.p99_ms,
         "latency_iqr_ms": stats.iqr_ms, "n_samples": stats.n,
         "throughput_per_s": cell.batch / seconds, "tokens_per_s": sum(lengths) / seconds,
-        "tflops": fl / seconds / 1e12, "tflops_per_gpu": fl / seconds / 1e12 / info.world_size,
+        "tflops": fl / seconds / 1e12, "flops_method": flops_method, "tflops_per_gpu": fl / seconds / 1e12 / info.world_size,
         "mfu": peaks.mfu(fl / seconds / info.world_size, gpu and gpu.name, cell.dtype, gpu and gpu.memory_gb),
         "peak_mem_mb": max(peak) if peak else None, "gpu": gpu.name if gpu else None,
     })
