@@ -61,7 +61,7 @@ def _prepare(model, inputs, cell) -> Prepared:
 
 
 def make_generator(model, cell):
-    from ..scenarios.generation import StaticGenerator
+    from .decoders import StaticGenerator
 
     return StaticGenerator(model, cell.batch, cell.seq + cell.new_tokens, step="compile", mode=cell.compile_mode)
 

@@ -81,7 +81,7 @@ def _nodes(graph) -> int | None:
 
 
 def make_generator(model, cell):
-    from ..scenarios.generation import StaticGenerator
+    from .decoders import StaticGenerator
 
     return StaticGenerator(model, cell.batch, cell.seq + cell.new_tokens, step="cudagraph")
 

@@ -309,6 +309,12 @@ def build_model(ref: ModelRef, task: str, *, attn: str = "eager", activation: st
     return model.eval().requires_grad_(False)
 
 
+def param_count(shape: Preset) -> int:
+    """Parameters of the bare model (no task head), counted on a meta-device copy: nothing is allocated."""
+    model = build_model(ModelRef(shape.name, shape), "base", device="meta")
+    return sum(p.numel() for p in model.parameters())
+
+
 def set_attention(model, attn: str, fallback: str | None = None) -> None:
     """Switch the model to transformers' `attn` implementation; a family that lacks it runs `fallback`
     where the backend allows one, else the cell is `unsupported`. (transformers may keep the old
