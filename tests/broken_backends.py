@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from transbench.backends.base import Backend, Prepared, hf_call
-from transbench.scenarios.generation import HFGenerator
+from transbench.backends.decoders import HFGenerator
 from transbench.scenarios.inference import output_tensor
 
 

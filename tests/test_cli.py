@@ -59,7 +59,7 @@ def test_run_writes_db_json_csv(tmp_path):
     (["--dtype", "fp12"], "unknown dtype"),
     (["--dtype", "tf32"], "tf32 needs a CUDA GPU"),
     (["--task", "poetry"], "unknown task"),
-    (["--task", "causal-lm"], "needs a gpt2-family model"),
+    (["--task", "causal-lm"], "needs a decoder (causal LM) family"),
     (["--backend", "warp-drive"], "unknown backend"),
     (["--device", "cuda:3"], "no CUDA GPU"),
     (["--activation", "relu"], "unknown activation"),

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import (BertConfig, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
                           BertForTokenClassification, BertModel, GPT2Config, GPT2ForSequenceClassification,
-                          GPT2LMHeadModel, GPT2Model, RobertaConfig, RobertaModel)
+                          GPT2LMHeadModel, GPT2Model, DistilBertConfig, DistilBertModel)
 
 from transbench.engine import EngineUnsupported, compile_model
 
@@ -175,9 +175,9 @@ def test_gpt2_greedy_generation_matches_hf_loop():
 
 
 def test_unsupported_models_and_options():
-    with pytest.raises(EngineUnsupported, match="BERT and GPT-2 only"):
-        compile_model(RobertaModel(RobertaConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                                 intermediate_size=128, vocab_size=VOCAB)))
+    with pytest.raises(EngineUnsupported, match="engine runs bert, roberta, xlm-roberta, camembert and gpt2 only"):
+        compile_model(DistilBertModel(DistilBertConfig(dim=64, n_layers=1, n_heads=2, hidden_dim=128,
+                                                       vocab_size=VOCAB)))
     with pytest.raises(EngineUnsupported, match="activation"):
         compile_model(BertModel(bert_cfg(hidden_act="relu")))
     with pytest.raises(EngineUnsupported, match="fp8"):
@@ -198,7 +198,7 @@ def test_fused_backend_encoders_only():
     from transbench.scenarios.inputs import make_inputs
 
     m = BertForSequenceClassification(bert_cfg()).eval()
-    inputs = make_inputs("bert", VOCAB, 3, 12, stdev=4.0, seed=1)
+    inputs = make_inputs(VOCAB, 3, 12, token_types=True, stdev=4.0, seed=1)
     with torch.no_grad():
         ref = m(**inputs.model_kwargs()).logits
         emb = m.base_model.embeddings(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)

@@ -13,36 +13,106 @@ def test_layer_formula_matches_hand_count():
     assert flops.layer_flops(p, s) == qkv + scores + values + out + ffn == 6656
 
 
+def test_gqa_gated_layer_hand_count():
+    # Llama-style: 4 heads of 12, 2 kv heads, gated MLP (gate, up, down).
+    p = PRESETS["llama-tiny"]
+    s, h, i, q, kv = 8, 48, 96, 48, 24
+    proj = 2 * s * h * q * 2 + 2 * s * h * kv * 2
+    ffn = 3 * 2 * s * h * i
+    causal = 2 * 2 * q * s * (s + 1) // 2
+    assert flops.layer_flops(p, s) == proj + ffn + causal
+
+
 def test_bert_base_anchor():
     # 12 x (24 s h^2 + 4 s^2 h) at s=128: 22.35 GFLOP per sequence (anchors.md).
-    assert flops.forward_flops(PRESETS["bert-base-uncased"], 128) == 12 * (24 * 128 * 768**2 + 4 * 128**2 * 768)
+    assert flops.forward_flops(PRESETS["bert-base-uncased"], 128) == (12 * (24 * 128 * 768**2 + 4 * 128**2 * 768),
+                                                                      "analytic")
 
 
-@pytest.mark.parametrize("model,task", [("bert-tiny", "base"), ("bert-tiny", "mlm"), ("bert-tiny", "qa"),
-                                        ("bert-tiny", "token-classification"), ("bert-tiny", "classification"),
-                                        ("gpt2-tiny", "base"), ("gpt2-tiny", "causal-lm")])
+def _eager_count(model, ref, seq: int) -> int:
+    ids = torch.randint(2, ref.shape.vocab, (2, seq))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(input_ids=ids)
+    return counter.get_total_flops()
+
+
+def _masked_away(shape, seq: int) -> int:
+    """What eager attention computes and masks away, which the formula does not credit: the upper triangle
+    of a causal layer, the pairs outside a ModernBERT local layer's window."""
+    q = shape.heads * shape.dim
+    return sum(4 * seq * seq * q - flops.attention_flops(shape, seq, k) for k in range(shape.layers))
+
+
+FAMILY_TASKS = [(m, t) for m in ("bert-tiny", "roberta-tiny", "distilbert-tiny", "modernbert-tiny", "gpt2-tiny",
+                                 "llama-tiny", "qwen2-tiny")
+                for t in build.family_tasks(PRESETS[m].family) if t != "generate"]
+
+
+@pytest.mark.parametrize("model,task", FAMILY_TASKS)
 def test_formula_matches_torch_flop_counter(model, task):
     ref = build.resolve(model)
-    m = build.build_model(ref, task, attn="eager")
-    ids = torch.randint(1, ref.shape.vocab, (2, 16))
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        m(input_ids=ids)
-    counted = counter.get_total_flops()
-    if ref.family == "gpt2":  # eager attention computes the full square and masks half of it away
-        s, h, layers = 16, ref.shape.hidden, ref.shape.layers
-        counted -= 2 * layers * (4 * s * s * h - 2 * s * (s + 1) * h)
-    assert counted == flops.forward_flops(ref.shape, [16, 16], task)
+    assert ref.family in flops.ANALYTIC
+    seq = 16
+    counted = _eager_count(build.build_model(ref, task, attn="eager"), ref, seq) - 2 * _masked_away(ref.shape, seq)
+    analytic, method = flops.forward_flops(ref.shape, [seq, seq], task)
+    assert method == "analytic"
+    assert counted == analytic
+
+
+def test_modernbert_local_layers_count_their_window():
+    p = PRESETS["modernbert-tiny"]  # layers 0 global; 1, 2 local with an 8-token window
+    assert flops.attention_flops(p, 64, 0) == 4 * 64 * 64 * 48
+    assert flops.attention_flops(p, 64, 1) < flops.attention_flops(p, 64, 0) / 6
+    assert flops.attention_flops(p, 4, 1) == 4 * flops._local_pairs(4, 8) * 48 == 4 * 16 * 48  # window covers all
+
+
+def test_meta_counter_matches_analytic_where_both_exist():
+    # The counted path (meta device, no weights) agrees with the formula on a family the formula covers.
+    for model, task in [("bert-tiny", "mlm"), ("roberta-tiny", "classification"), ("distilbert-tiny", "qa")]:
+        shape = PRESETS[model]
+        assert flops.counted_flops(shape, 16, task) == flops.analytic_forward_flops(shape, 16, task)
+
+
+def test_unknown_family_is_counted_on_meta():
+    shape = PRESETS["deberta-tiny"]
+    assert shape.family not in flops.ANALYTIC
+    fl, method = flops.forward_flops(shape, [16, 8], "base")
+    assert method == "counted"
+    assert fl == flops.counted_flops(shape, 16, "base") + flops.counted_flops(shape, 8, "base")
+    # More than a BERT of the same shape: DeBERTa adds its relative-position products (c2p, p2c) on top.
+    bert = flops.analytic_forward_flops(PRESETS["bert-tiny"], [16, 8])
+    assert bert < fl < 4 * bert
 
 
 def test_variable_lengths_count_real_tokens():
     p = PRESETS["bert-tiny"]
-    assert flops.forward_flops(p, [10, 30]) == flops.forward_flops(p, 10) + flops.forward_flops(p, 30)
-    assert flops.forward_flops(p, [10, 30]) < flops.forward_flops(p, [30, 30])
+    assert flops.forward_flops(p, [10, 30])[0] == flops.forward_flops(p, 10)[0] + flops.forward_flops(p, 30)[0]
+    assert flops.forward_flops(p, [10, 30])[0] < flops.forward_flops(p, [30, 30])[0]
 
 
 def test_training_and_generation():
     p = PRESETS["gpt2-tiny"]
-    assert flops.training_flops(p, 32, "causal-lm") == 3 * flops.forward_flops(p, 32, "causal-lm")
-    assert flops.training_flops(p, 32, "causal-lm", grad_ckpt=True) == 4 * flops.forward_flops(p, 32, "causal-lm")
-    assert flops.generation_flops(p, 8, 1) == flops.forward_flops(p, 8, "causal-lm")
+    fwd = flops.forward_flops(p, 32, "causal-lm")[0]
+    assert flops.training_flops(p, 32, "causal-lm") == 3 * fwd
+    assert flops.training_flops(p, 32, "causal-lm", grad_ckpt=True) == 4 * fwd
+    assert flops.generation_flops(p, 8, 1) == flops.forward_flops(p, 8, "causal-lm")[0]
     assert flops.kv_cache_bytes(PRESETS["gpt2"], 512, 4) == 2 * 12 * 768 * 512 * 4  # seeds: ~38 MB
+
+
+def test_decode_step_matches_the_forward_of_one_more_token():
+    # The decode formula is the forward's own terms for one query over `context` keys.
+    for name in ("gpt2-tiny", "llama-tiny"):
+        p = PRESETS[name]
+        assert flops.decode_token_flops(p, 1) == flops.analytic_forward_flops(p, 1, "causal-lm")
+        grows = flops.decode_token_flops(p, 11) - flops.decode_token_flops(p, 1)
+        assert grows == p.layers * 4 * 10 * p.heads * p.dim  # scores and values over 10 more keys
+
+
+def test_gqa_kv_cache_size():
+    # Llama-3.2-1B: 16 layers, 8 kv heads of 64: 2 x 16 x 8 x 64 x 2 bytes = 32 KiB per token in fp16,
+    # a quarter of what 32 full heads would hold.
+    p = PRESETS["llama-3.2-1b"]
+    assert flops.kv_cache_bytes(p, 1, 2) == 2 * 16 * 8 * 64 * 2 == 32768
+    assert flops.kv_cache_bytes(p, 640, 2) * 4 == 2 * p.layers * p.hidden * 640 * 2
+    q = PRESETS["qwen2.5-0.5b"]  # 2 kv heads of 64
+    assert flops.kv_cache_bytes(q, 100, 2) == 2 * 24 * 2 * 64 * 100 * 2

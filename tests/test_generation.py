@@ -66,7 +66,8 @@ def test_static_cache_decoder_matches_dynamic_cache():
     import torch
 
     from transbench.models import build
-    from transbench.scenarios.generation import HFGenerator, StaticGenerator, greedy
+    from transbench.backends.decoders import HFGenerator, StaticGenerator
+    from transbench.scenarios.generation import greedy
 
     model = build.build_model(build.resolve("gpt2-tiny"), "generate", attn="sdpa")
     ids = torch.randint(1, 1000, (3, 7), generator=torch.Generator().manual_seed(1))

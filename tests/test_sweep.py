@@ -191,7 +191,7 @@ def test_variable_lengths_when_the_reference_rows_are_shorter_than_the_batch(db,
     from transbench.scenarios.inference import reference_rows
     from transbench.scenarios.inputs import make_inputs, point_seed
 
-    lens = make_inputs("bert", 1000, 8, 40, stdev=20.0, max_len=128, seed=point_seed("bert-tiny", 8, 40, 20.0, 0)).lengths
+    lens = make_inputs(1000, 8, 40, stdev=20.0, max_len=128, seed=point_seed("bert-tiny", 8, 40, 20.0, 0)).lengths
     assert max(lens[i] for i in reference_rows(8)) < max(lens)
     out = api.run(RunSpec(models=["bert-tiny"], backends=["sdpa", "fused"], batches=[8], seqs=[40], seq_stdev=20.0,
                           embeddings=embeddings, **quick), db)

@@ -112,7 +112,7 @@ def test_validation_errors_are_one_line():
         ({"optims": ["adam"]}, "unknown optimizer"),
         ({"attns": ["fused"]}, "unknown attention"),
         ({"tasks": ["qa"]}, "not a training task"),
-        ({"tasks": ["causal-lm"]}, "gpt2-family"),
+        ({"tasks": ["causal-lm"]}, "needs a decoder"),
         ({"strategies": ["none"], "nprocs": [2]}, "strategy none runs one process"),
         ({"nnodes": 2}, "--rdzv-endpoint"),
         ({"zero_stages": [4]}, "--zero-stage"),

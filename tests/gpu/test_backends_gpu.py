@@ -71,7 +71,8 @@ def test_generation_on_gpu(backend):
 
 def test_static_decoders_match_dynamic_cache_tokens():
     from transbench.models import build
-    from transbench.scenarios.generation import HFGenerator, StaticGenerator, greedy
+    from transbench.backends.decoders import HFGenerator, StaticGenerator
+    from transbench.scenarios.generation import greedy
 
     m = build.build_model(build.resolve("gpt2-tiny"), "generate", attn="sdpa", device="cuda")
     ids = torch.randint(1, 1000, (3, 8), device="cuda")

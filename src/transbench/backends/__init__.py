@@ -48,4 +48,24 @@ def get(name: str) -> Backend:
     return reg[name]
 
 
-__all__ = ["Backend", "Prepared", "get", "registry"]
+def family_reason(backend: Backend, family: str) -> str | None:
+    """Why `backend` cannot run models of `family` (a transformers model_type), or None when it can: the
+    attention implementation the backend times must exist for the family unless it may fall back, and
+    the fused engine runs the families it has loaders for."""
+    if backend.name == "fused":
+        from ..engine.compiled import BERT_LIKE
+
+        return None if family in (*BERT_LIKE, "gpt2") else f"the fused engine runs {', '.join(BERT_LIKE)} and gpt2"
+    if backend.attn == "eager" or backend.attn_fallback:
+        return None
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    cls = getattr(transformers, MODEL_MAPPING_NAMES.get(family, ""), None)
+    flag = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn"}.get(backend.attn)
+    if cls is not None and flag and not getattr(cls, flag, False):
+        return f"{family} has no '{backend.attn}' attention in transformers"
+    return None
+
+
+__all__ = ["Backend", "Prepared", "family_reason", "get", "registry"]

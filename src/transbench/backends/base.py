@@ -27,6 +27,9 @@ class Backend:
     name: str
     prepare: Callable[..., Prepared]  # (model, inputs, cell) -> Prepared
     attn: str = "sdpa"  # the attention implementation transformers runs the model with
+    # The one a family lacking `attn` runs instead (DeBERTa-v2 has no sdpa), where the backend's point is not
+    # the attention kernel (compile, CUDA graphs, ONNX); None: such a cell is `unsupported`.
+    attn_fallback: str | None = None
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
     tasks: tuple[str, ...] | None = None  # None: every task

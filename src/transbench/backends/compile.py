@@ -61,7 +61,7 @@ def _prepare(model, inputs, cell) -> Prepared:
 
 
 def make_generator(model, cell):
-    from ..scenarios.generation import StaticGenerator
+    from .decoders import StaticGenerator
 
     return StaticGenerator(model, cell.batch, cell.seq + cell.new_tokens, step="compile", mode=cell.compile_mode)
 
@@ -69,6 +69,7 @@ def make_generator(model, cell):
 BACKEND = Backend(
     name="compile",
     attn="sdpa",
+    attn_fallback="eager",
     prepare=_prepare,
     generator=make_generator,
     describe="torch.compile of the transformers model (sdpa attention), mode from --compile-mode",

@@ -81,7 +81,7 @@ def _nodes(graph) -> int | None:
 
 
 def make_generator(model, cell):
-    from ..scenarios.generation import StaticGenerator
+    from .decoders import StaticGenerator
 
     return StaticGenerator(model, cell.batch, cell.seq + cell.new_tokens, step="cudagraph")
 
@@ -89,6 +89,7 @@ def make_generator(model, cell):
 BACKEND = Backend(
     name="cudagraph",
     attn="sdpa",
+    attn_fallback="eager",
     prepare=_prepare,
     devices=("cuda",),
     generator=make_generator,

@@ -48,6 +48,7 @@ def _generator(model, cell):
 BACKEND = Backend(
     name="fused",
     attn="sdpa",
+    attn_fallback="eager",  # the engine runs its own attention; a family it cannot run says so itself
     prepare=_prepare,
     generator=_generator,
     describe="transbench.engine: fused QKV, Triton bias+GELU / residual+LayerNorm, packed varlen, CUDA graphs",

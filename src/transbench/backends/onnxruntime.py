@@ -4,13 +4,16 @@ CUDA execution provider on GPU and the CPU provider on CPU.
 Export: torch.onnx.export(dynamo=True) is the one that works with transformers 5 models on torch 2.11+
 (the classic TorchScript exporter rejects the cache objects of GPT-2 and, on BERT with a padding mask,
 bakes one branch of the mask code into the graph and gives wrong numbers). The model is wrapped so the
-graph returns exactly the tensor the correctness check compares, with GPT-2's KV cache turned off.
+graph returns exactly the tensor the correctness check compares, with a decoder's KV cache turned off.
+A model the exporter cannot handle (its coverage differs by family) is `unsupported` with the exporter's
+reason.
 On a GPU cell the inputs and output are bound to torch's own device buffers (IO binding) and ORT runs
 on torch's current stream, so a timed call is the device work, not host copies. A GPU cell never falls
 back to the CPU provider: no CUDA provider means `unsupported`."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import tempfile
 import time
@@ -35,6 +38,8 @@ def _wrapper(model, task: str, names: list[str]):
 
     from .base import output_tensor
 
+    no_cache = "use_cache" in inspect.signature(model.forward).parameters  # decoders: no KV cache outputs
+
     class Exported(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -42,7 +47,7 @@ def _wrapper(model, task: str, names: list[str]):
 
         def forward(self, *args):
             kwargs = dict(zip(names, args))
-            if model.config.model_type == "gpt2":
+            if no_cache:
                 kwargs["use_cache"] = False
             return output_tensor(self.model(**kwargs), task)
 
@@ -60,9 +65,13 @@ def export(model, feeds: dict, cell) -> tuple[str, float, bool]:
     path = os.path.join(_export_dir(), f"model-{len(_EXPORTS)}.onnx")
     names = list(feeds)
     t0 = time.perf_counter()
-    with torch.inference_mode(False), torch.no_grad():
-        torch.onnx.export(_wrapper(model, cell.task, names), tuple(feeds.values()), path, input_names=names,
-                          output_names=["out"], dynamo=True, verbose=False)
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            torch.onnx.export(_wrapper(model, cell.task, names), tuple(feeds.values()), path, input_names=names,
+                              output_names=["out"], dynamo=True, verbose=False)
+    except Exception as exc:  # the exporter's coverage differs by family: a model it cannot export is not a crash
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise Unsupported(f"torch.onnx cannot export {model.config.model_type} ({type(exc).__name__}: {first[:200]})") from None
     _EXPORTS[key] = path
     return path, time.perf_counter() - t0, False
 
@@ -142,6 +151,7 @@ def _prepare(model, inputs, cell) -> Prepared:
 BACKEND = Backend(
     name="onnxruntime",
     attn="sdpa",
+    attn_fallback="eager",
     prepare=_prepare,
     dtypes=("fp32", "tf32", "fp16"),
     tasks=("base", "mlm", "classification", "token-classification", "qa", "causal-lm"),

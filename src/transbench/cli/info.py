@@ -1,4 +1,4 @@
-"""`transbench models`, `env`, `runs` and `merge`: what is there, and what was measured."""
+"""`transbench env`, `runs` and `merge`: what is there, and what was measured."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import typer
 from rich.table import Table
 
 from .. import api
-from ..models.presets import PRESETS
 from ..spec import RunSpec, dump_file
 from .app import app, fail, friendly
 from .tables import Col, console, fitted
@@ -18,18 +17,6 @@ from .tables import Col, console, fitted
 RUNS_COLUMNS = [Col("name", "name", left=True), Col("run_id", "run id", left=True), Col("kind", "kind", rank=3, left=True),
                 Col("created", "created", rank=1, left=True), Col("cells", "cells", rank=4),
                 Col("gpu", "gpu", rank=2, left=True)]
-
-
-@app.command()
-def models() -> None:
-    """The model presets and their shapes."""
-    t = Table(title="presets")
-    for col in ("name", "family", "layers", "hidden", "heads", "intermediate", "vocab", "max positions"):
-        t.add_column(col)
-    for p in PRESETS.values():
-        t.add_row(p.name, p.family, *map(str, (p.layers, p.hidden, p.heads, p.intermediate, p.vocab, p.max_positions)))
-    console.print(t)
-    console.print("Any local transformers checkpoint folder of the bert or gpt2 family works too: --model PATH")
 
 
 @app.command()

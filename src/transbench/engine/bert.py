@@ -1,4 +1,5 @@
-"""BERT-family encoder: post-LN layers over packed tokens."""
+"""BERT-family encoder: post-LN layers over packed tokens. RoBERTa (and XLM-R and CamemBERT, which reuse its
+code) is BERT with positions numbered from padding_idx + 1 (transformers' create_position_ids_from_input_ids)."""
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,12 @@ class BertEngine(EngineBase):
         if not isinstance(cfg.hidden_act, str) or cfg.hidden_act not in GELU_KINDS:
             raise EngineUnsupported(f"activation {cfg.hidden_act!r} is not supported (gelu / gelu-tanh only)")
         H, nh = cfg.hidden_size, cfg.num_attention_heads
+        # RoBERTa's embeddings carry the padding_idx its positions start after; BERT's have none and start at 0.
+        # Inputs are left-aligned (padding at the end), so a real token's position is its column + this offset.
+        pad = getattr(bert.embeddings, "padding_idx", None)
+        self.position_offset = 0 if pad is None else pad + 1
         self.dims = Dims(H, nh, H // nh, cfg.num_hidden_layers, cfg.intermediate_size, cfg.layer_norm_eps,
-                         GELU_KINDS[cfg.hidden_act], False, cfg.max_position_embeddings)
+                         GELU_KINDS[cfg.hidden_act], False, cfg.max_position_embeddings - self.position_offset)
         self.check_fp8_dims()
         c, e = self.conv, bert.embeddings
         self.word = c.t(e.word_embeddings.weight)
@@ -43,7 +48,8 @@ class BertEngine(EngineBase):
 
     def _embed(self, p: Packing, ids, embeds, token_type_ids, position_ids) -> torch.Tensor:
         x = F.embedding(self.take(ids, p), self.word) if embeds is None else self.take(embeds, p)
-        r = F.embedding(self.positions(p, position_ids, self.word.device), self.pos)
+        pos = self.positions(p, position_ids, self.word.device)
+        r = F.embedding(pos if position_ids is not None else pos + self.position_offset, self.pos)
         r = r + (self.type[0] if token_type_ids is None else F.embedding(self.take(token_type_ids, p), self.type))
         n = self.emb_norm
         return self.ops.add_layernorm(x.contiguous(), r, None, n.weight, n.bias, n.eps)

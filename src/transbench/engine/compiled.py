@@ -13,6 +13,11 @@ from .config import EngineOptions, EngineUnsupported
 from .gpt2 import Generator, GPT2Engine
 
 
+# model_type -> the transformers backbone class BertEngine reads (RoBERTa's code is BERT's with offset positions).
+BERT_LIKE = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel",
+             "camembert": "CamembertModel"}
+
+
 class EngineBackbone(nn.Module):
     """Stands where `model.bert` / `model.transformer` stood, with the same call signature and outputs."""
 
@@ -46,12 +51,12 @@ def _engine_for(hf_model: nn.Module, opts: EngineOptions):
     cfg = getattr(hf_model, "config", None)
     kind = getattr(cfg, "model_type", None)
     backbone = getattr(hf_model, "base_model", None)
-    if kind == "bert" and type(backbone).__name__ == "BertModel":
+    if BERT_LIKE.get(kind) == type(backbone).__name__:
         return backbone, BertEngine(backbone, opts)
     if kind == "gpt2" and type(backbone).__name__ == "GPT2Model":
         head = getattr(hf_model, "lm_head", None)
         return backbone, GPT2Engine(backbone, opts, head.weight if isinstance(head, nn.Linear) else None)
-    raise EngineUnsupported(f"{type(hf_model).__name__} (model_type={kind!r}): the engine runs BERT and GPT-2 only")
+    raise EngineUnsupported(f"{type(hf_model).__name__} (model_type={kind!r}): the engine runs {', '.join(BERT_LIKE)} and gpt2 only")
 
 
 class CompiledModel:

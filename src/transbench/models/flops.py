@@ -1,50 +1,82 @@
-"""Analytic FLOPs of transformer inference and training, from the model's shape.
+"""FLOPs of transformer inference and training: analytic from the model's shape where the family is known,
+otherwise counted by torch's FLOP counter on a meta-device copy (no memory, no weights). `forward_flops`
+returns the count and how it was obtained ("analytic" | "counted"), which is stored with the cell.
 
 Counted: matrix products only, 2 FLOPs per multiply-add (element-wise work, softmax and LayerNorm are
-a fraction of a percent and are left out, as in the usual MFU convention). Per layer and per sequence
-of ``s`` real tokens, hidden ``h``, FFN width ``i``:
+a fraction of a percent and are left out, as in the usual MFU convention; torch's counter counts the same
+products). Per layer and per sequence of ``s`` real tokens, hidden ``h``, ``a`` heads of ``d`` (query
+width ``q = a d``), ``g`` key/value heads (grouped-query attention: ``kv = g d``), FFN width ``i``:
 
-    QKV projection        2 * s * h * 3h  = 6 s h^2
-    attention scores      2 * s * s * h   (Q K^T over all heads)
-    attention x values    2 * s * s * h
-    output projection     2 * s * h * h   = 2 s h^2
-    FFN (two matrices)    2 * s * h * i * 2 = 4 s h i
-    layer total           8 s h^2 + 4 s h i + 4 s^2 h      (= 24 s h^2 + 4 s^2 h when i = 4h)
+    Q and output projections   2 * s * h * q * 2        (= 4 s h^2 when q = h)
+    K and V projections        2 * s * h * kv * 2       (= 4 s h^2 without GQA)
+    attention scores           2 * s * s * q            (Q K^T over all heads)
+    attention x values         2 * s * s * q
+    FFN, two matrices          2 * s * h * i * 2 = 4 s h i
+    FFN, gated (SwiGLU/GeGLU)  2 * s * h * i * 3 = 6 s h i   (Llama, Qwen2, ModernBERT)
+    BERT layer total           8 s h^2 + 4 s h i + 4 s^2 h      (= 24 s h^2 + 4 s^2 h when i = 4h)
 
 Decoders need only the causal half of the attention products: s (s + 1) / 2 query-key pairs, so their
-attention terms are 4 h * s (s + 1) / 2 = 2 s (s + 1) h. Counting the full square (what eager attention
+attention terms are 4 q * s (s + 1) / 2 = 2 s (s + 1) q. Counting the full square (what eager attention
 computes and then masks) would credit a causal kernel with work it never does and overstate MFU.
-Heads on top of the last layer:
+ModernBERT's local layers (all but every `global_attn_every_n_layers`-th) attend a window of
+`local_attention` tokens (|i - j| <= local_attention / 2): only those pairs count. Heads on top of the
+last layer:
 
     mlm                   2 s h^2 (transform) + 2 s h V (decoder)
     causal-lm             2 s h V
-    token-classification  2 s h C          qa  2 s h * 2
-    classification        2 h^2 (pooler, bert only) + 2 h C
+    token-classification  2 s h C          qa  2 s h * 2      (ModernBERT: + 2 s h^2, its head's dense)
+    classification        encoders: 2 h^2 (pooler / pre-classifier dense) + 2 h C, on one token per
+                          sequence; decoders: 2 s h C (transformers scores every position, then picks the last)
 
 Embedding lookups are gathers: no FLOPs. Training is 3 x forward (backward = 2 x forward), 4 x forward
 with activation checkpointing (one more forward). Generation: the prompt's forward, then per new token
-at context length t: 8 h^2 + 4 h i + 4 t h per layer and 2 h V for the LM head.
+at context length t: the layer's projections and FFN for one token, 4 t q per layer for attention and
+2 h V for the LM head.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from .presets import Preset
 
 NUM_LABELS = 2
 
+# Families whose every matrix product the formulas above describe (checked against torch's counter in
+# tests/test_flops.py); any other family is counted.
+ANALYTIC = ("bert", "roberta", "xlm-roberta", "distilbert", "modernbert", "gpt2", "llama", "qwen2")
+GATED_MLP = ("llama", "qwen2", "modernbert")
+PER_TOKEN_TRANSFORM = ("modernbert",)
 
-def attention_flops(shape: Preset, seq: int) -> int:
-    """Scores and values products of one layer: the full square for encoders, the causal half for decoders."""
-    if shape.family == "gpt2":
-        return 2 * seq * (seq + 1) * shape.hidden
-    return 4 * seq * seq * shape.hidden
+
+def _local_pairs(seq: int, window: int) -> int:
+    """Query-key pairs with |i - j| <= window / 2 in a sequence of `seq` tokens (ModernBERT's local layers)."""
+    half = window // 2
+    return sum(min(i + half, seq - 1) - max(i - half, 0) + 1 for i in range(seq))
 
 
-def layer_flops(shape: Preset, seq: int) -> int:
+def _is_global(shape: Preset, layer: int) -> bool:
+    every = shape.config.get("global_attn_every_n_layers") if shape.family == "modernbert" else None
+    return not every or layer % every == 0
+
+
+def attention_flops(shape: Preset, seq: int, layer: int = 0) -> int:
+    """Scores and values products of one layer: the full square for encoders, the causal half for decoders,
+    the window of a ModernBERT local layer."""
+    q = shape.heads * shape.dim
+    if shape.decoder:
+        return 2 * seq * (seq + 1) * q
+    if not _is_global(shape, layer):
+        return 4 * _local_pairs(seq, shape.config.get("local_attention", 128)) * q
+    return 4 * seq * seq * q
+
+
+def layer_flops(shape: Preset, seq: int, layer: int = 0) -> int:
     h, i = shape.hidden, shape.intermediate
-    return 8 * seq * h * h + 4 * seq * h * i + attention_flops(shape, seq)
+    q, kv = shape.heads * shape.dim, shape.kv * shape.dim
+    ffn = (6 if shape.family in GATED_MLP else 4) * seq * h * i
+    return 4 * seq * h * q + 4 * seq * h * kv + ffn + attention_flops(shape, seq, layer)
 
 
 def head_flops(shape: Preset, task: str, seq: int) -> int:
@@ -53,38 +85,78 @@ def head_flops(shape: Preset, task: str, seq: int) -> int:
         return 2 * seq * h * h + 2 * seq * h * v
     if task in ("causal-lm", "generate"):
         return 2 * seq * h * v
+    # ModernBERT puts its prediction head (dense h x h) under every token's classifier too.
+    transform = 2 * seq * h * h if shape.family in PER_TOKEN_TRANSFORM else 0
     if task == "token-classification":
-        return 2 * seq * h * c
+        return transform + 2 * seq * h * c
     if task == "qa":
-        return 2 * seq * h * 2
+        return transform + 2 * seq * h * 2
     if task == "classification":
-        return (2 * h * h if shape.family == "bert" else 0) + 2 * h * c
+        return 2 * seq * h * c if shape.decoder else 2 * h * h + 2 * h * c
     return 0
 
 
-def forward_flops(shape: Preset, seq_lens: int | Sequence[int], task: str = "base") -> int:
-    """FLOPs of one forward over a batch whose real sequence lengths are `seq_lens`."""
+def analytic_forward_flops(shape: Preset, seq_lens: int | Sequence[int], task: str = "base") -> int:
+    """The formulas above, for a family in ANALYTIC."""
     lens = [seq_lens] if isinstance(seq_lens, int) else list(seq_lens)
-    return sum(shape.layers * layer_flops(shape, s) + head_flops(shape, task, s) for s in lens)
+    return sum(sum(layer_flops(shape, s, k) for k in range(shape.layers)) + head_flops(shape, task, s)
+               for s in lens)
+
+
+@functools.lru_cache(maxsize=256)
+def counted_flops(shape: Preset, seq: int, task: str) -> int:
+    """torch's FLOP counter over one forward of one `seq`-token sequence of a meta-device copy: the
+    modules are built on the meta device, so nothing is allocated and no weights are read."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..errors import Unsupported
+    from .build import ModelRef, build_model
+
+    model = build_model(ModelRef(shape.name, shape), task, attn="eager", device="meta")
+    ids = torch.ones(1, seq, dtype=torch.long, device="meta")
+    # Meta tensors have no values: code that reads them fails. BERT's mask code reads an explicit mask,
+    # DeBERTa's padding check reads the ids when there is none: try without a mask, then with one.
+    for kwargs in ({}, {"attention_mask": torch.ones_like(ids)}):
+        try:
+            with FlopCounterMode(display=False) as counter, torch.no_grad():
+                model(input_ids=ids, **kwargs)
+            return int(counter.get_total_flops())
+        except RuntimeError as exc:
+            if "meta" not in str(exc):
+                raise
+            failure = exc
+    raise Unsupported(f"FLOPs of {shape.family}: torch's counter cannot run it on the meta device ({failure})")
+
+
+def forward_flops(shape: Preset, seq_lens: int | Sequence[int], task: str = "base") -> tuple[int, str]:
+    """(FLOPs of one forward over a batch whose real sequence lengths are `seq_lens`, "analytic" | "counted")."""
+    lens = [seq_lens] if isinstance(seq_lens, int) else list(seq_lens)
+    if shape.family in ANALYTIC:
+        return analytic_forward_flops(shape, lens, task), "analytic"
+    return sum(counted_flops(shape, s, task) for s in lens), "counted"
 
 
 def training_flops(shape: Preset, seq_lens: int | Sequence[int], task: str, grad_ckpt: bool = False) -> int:
-    return (4 if grad_ckpt else 3) * forward_flops(shape, seq_lens, task)
+    return (4 if grad_ckpt else 3) * forward_flops(shape, seq_lens, task)[0]
 
 
 def decode_token_flops(shape: Preset, context: int) -> int:
     """FLOPs to produce one new token when `context` tokens (the new one included) are in the cache."""
     h, i = shape.hidden, shape.intermediate
-    return shape.layers * (8 * h * h + 4 * h * i + 4 * context * h) + 2 * h * shape.vocab
+    q, kv = shape.heads * shape.dim, shape.kv * shape.dim
+    ffn = (6 if shape.family in GATED_MLP else 4) * h * i
+    return shape.layers * (4 * h * q + 4 * h * kv + ffn + 4 * context * q) + 2 * h * shape.vocab
 
 
 def generation_flops(shape: Preset, prompt: int, new_tokens: int) -> int:
     """Prompt forward (with its LM head) plus each further decoded token, per sequence."""
-    return forward_flops(shape, prompt, "causal-lm") + sum(
+    return forward_flops(shape, prompt, "causal-lm")[0] + sum(
         decode_token_flops(shape, prompt + k + 1) for k in range(new_tokens - 1)
     )
 
 
 def kv_cache_bytes(shape: Preset, seq: int, bytes_per_element: int) -> int:
-    """Keys and values of every layer for one sequence: 2 x layers x hidden x seq x bytes."""
-    return 2 * shape.layers * shape.hidden * seq * bytes_per_element
+    """Keys and values of every layer for one sequence: 2 x layers x kv_heads x head_dim x seq x bytes
+    (grouped-query attention stores `kv_heads`, not `heads`)."""
+    return 2 * shape.layers * shape.kv * shape.dim * seq * bytes_per_element

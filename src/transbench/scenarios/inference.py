@@ -59,8 +59,9 @@ def rel_err(out, ref, lengths: list[int] | None, width: int | None = None) -> fl
 
 def cell_inputs(cell: Cell, shape) -> Inputs:
     seed = point_seed(cell.model, cell.batch, cell.seq, cell.seq_stdev, cell.seed)
-    return make_inputs(shape.family, shape.vocab, cell.batch, cell.seq, stdev=cell.seq_stdev,
-                       max_len=shape.max_positions, seed=seed)
+    kinds = build.input_kinds(build.resolve(cell.model))
+    return make_inputs(shape.vocab, cell.batch, cell.seq, token_types=kinds.token_types, pad_id=kinds.pad_id,
+                       stdev=cell.seq_stdev, max_len=shape.max_positions, seed=seed)
 
 
 def reference(cache: ModelCache, cell: Cell, inputs: Inputs, device):
@@ -85,7 +86,10 @@ def reference(cache: ModelCache, cell: Cell, inputs: Inputs, device):
 
 def encoders_only(model, inputs: Inputs, family: str) -> None:
     """Move the embedding layer out of the timed region: BERT's whole embedding block is computed once
-    and replayed; GPT-2 gets its token embeddings passed in (its position add stays inside)."""
+    and replayed (the fused engine mirrors it); every other family gets its token embeddings passed in as
+    `inputs_embeds` (what it adds to them, positions or token types, stays inside)."""
+    import inspect
+
     import torch
 
     with torch.inference_mode():
@@ -93,8 +97,12 @@ def encoders_only(model, inputs: Inputs, family: str) -> None:
             emb = model.base_model.embeddings
             cached = emb(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)
             emb.forward = lambda *args, **kwargs: cached
-        else:
+        elif "inputs_embeds" in inspect.signature(model.forward).parameters:
             inputs.inputs_embeds = model.get_input_embeddings()(inputs.input_ids)
+        else:
+            from ..errors import Unsupported
+
+            raise Unsupported(f"--encoders-only: {type(model).__name__} takes no inputs_embeds")
 
 
 def model_for(cache: ModelCache, cell: Cell, backend, device):
@@ -104,8 +112,7 @@ def model_for(cache: ModelCache, cell: Cell, backend, device):
     memory.reset_peak(device)
     dev.set_matmul_precision(cell.dtype)
     model = copy.deepcopy(cache.base_model(cell)).to(device=device, dtype=dev.torch_dtype(cell.dtype))
-    if model.config._attn_implementation != backend.attn:
-        model.set_attn_implementation(backend.attn)
+    build.set_attention(model, backend.attn, backend.attn_fallback)
     return model
 
 
@@ -141,7 +148,7 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     sampled = timer.sample(prepared.fn, device, timer.TimerConfig(cell.warmup, cell.min_time, cell.min_count))
     mem = memory.snapshot(device)
     gpu = dev.gpu_info(device)
-    fl, method = flops.forward_flops(shape, inputs.lengths, cell.task), "analytic"
+    fl, method = flops.forward_flops(shape, inputs.lengths, cell.task)
     timing, warnings = timing_record(sampled, items=cell.batch, tokens=inputs.real_tokens, flops=fl, gpu=gpu,
                                      dtype=cell.dtype)
     record.update(timing, peak_mem_mb=mem["peak_mem_mb"], gpu=gpu.name if gpu else None, flops_method=method)

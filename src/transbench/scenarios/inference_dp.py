@@ -95,13 +95,13 @@ def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
     context.energy_j = sum(energies) if all(e is not None for e in energies) else None
     slowest = timer.Sampled(latency, timer.summarize(latency), sampled.calls, context)
     lengths = [n for r in per_rank for n in r["lengths"]]
-    fl = flops.forward_flops(shape, lengths, cell.task)
+    fl, flops_method = flops.forward_flops(shape, lengths, cell.task)
     gpu = dev.gpu_info(device)
     timing, warnings = timing_record(slowest, items=cell.batch, tokens=sum(lengths), flops=fl, gpu=gpu,
                                      dtype=cell.dtype, world=info.world_size)
     peak = [r["mem"]["peak_mem_mb"] for r in per_rank if r["mem"]["peak_mem_mb"] is not None]
     record.update(timing, tflops_per_gpu=timing["tflops"] / info.world_size,
-                  peak_mem_mb=max(peak) if peak else None, gpu=gpu.name if gpu else None, flops_method="analytic")
+                  peak_mem_mb=max(peak) if peak else None, gpu=gpu.name if gpu else None, flops_method=flops_method)
     run_info.update({"stats": slowest.stats.as_dict(), "flops_per_batch": fl,
                      "rows_per_rank": [len(r["lengths"]) for r in per_rank],
                      "per_rank": [{"device": r["device"], "mem": r["mem"], "context": r["context"].summary(),

@@ -14,7 +14,7 @@ class Inputs:
     lengths: list[int]  # real tokens per sequence
     attention_mask: object | None = None  # only when some sequence is padded
     token_type_ids: object | None = None
-    inputs_embeds: object | None = None  # GPT-2 --encoders-only: the token lookup is done beforehand
+    inputs_embeds: object | None = None  # --encoders-only: the token lookup is done beforehand
     extra: dict = field(default_factory=dict)
 
     @property
@@ -64,17 +64,20 @@ def draw_lengths(batch: int, seq: int, stdev: float, max_len: int, seed: int) ->
     return raw.clamp(1, max_len).tolist()
 
 
-def make_inputs(family: str, vocab: int, batch: int, seq: int, *, stdev: float = 0.0,
-                max_len: int | None = None, seed: int = 0) -> Inputs:
+def make_inputs(vocab: int, batch: int, seq: int, *, token_types: bool = False, pad_id: int = PAD_ID,
+                stdev: float = 0.0, max_len: int | None = None, seed: int = 0) -> Inputs:
+    """Token ids drawn from the vocabulary without `pad_id` (RoBERTa numbers positions by it, so a real token
+    equal to it would be taken for padding); padding positions hold `pad_id`."""
     import torch
 
     lengths = draw_lengths(batch, seq, stdev, max_len or seq, seed)
     width = max(lengths)
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, vocab, (batch, width), generator=g)
+    ids = torch.randint(0, vocab - 1, (batch, width), generator=g)
+    ids += (ids >= pad_id).long()  # skip the pad id: uniform over the other vocab - 1 ids
     mask = None
     if any(n < width for n in lengths):
         mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
-        ids = ids.masked_fill(mask == 0, PAD_ID)
-    types = torch.zeros_like(ids) if family == "bert" else None
+        ids = ids.masked_fill(mask == 0, pad_id)
+    types = torch.zeros_like(ids) if token_types else None
     return Inputs(ids, lengths, mask, types)

@@ -20,7 +20,9 @@ from ..cells import CellResult
 from ..spec import coerce
 from .training_cell import ATTENTION, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
 
-DEFAULT_TASK = {"bert": "mlm", "gpt2": "causal-lm"}
+def default_task(shape) -> str:
+    """What a model trains on unless --task says otherwise: its pretraining objective."""
+    return "causal-lm" if shape.decoder else "mlm"
 NCCL_ENV_KEY = re.compile(r"^(NCCL|TORCH_NCCL|GLOO)_[A-Z0-9_]+$")
 WHOLE_FIELDS = frozenset({"nccl_envs"})
 
@@ -114,7 +116,7 @@ def validate(spec: TrainSpec) -> TrainSpec:
             raise SpecError(f"{option} is empty: give at least one value (an empty axis measures nothing)")
     refs = [build.resolve(m) for m in spec.models]
     for ref in refs:
-        for task in spec.tasks or [DEFAULT_TASK[ref.family]]:
+        for task in spec.tasks or [default_task(ref.shape)]:
             if task not in TRAIN_TASKS:
                 raise SpecError(f"task '{task}' is not a training task: choose from {', '.join(TRAIN_TASKS)}")
             build.check_task(ref, task)
@@ -181,7 +183,7 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
     nprocs = sorted(set(spec.nprocs) | ({1} if spec.scaling else set()))
     cells: dict[str, TrainCell] = {}
     for model in spec.models:
-        tasks = spec.tasks or [DEFAULT_TASK[build.resolve(model).family]]
+        tasks = spec.tasks or [default_task(build.resolve(model).shape)]
         for (task, precision, attn, optim, seq, accum, ckpt, comp, nproc, strategy, zero, env,
              batch) in itertools.product(tasks, spec.precisions, spec.attns, spec.optims, sorted(spec.seqs),
                                          spec.grad_accums, spec.grad_ckpts, spec.compiles, nprocs,

@@ -83,7 +83,7 @@ def make_batches(cell: TrainCell, shape, rank: int, device) -> list[dict]:
         else:
             labels = torch.randint(0, build.NUM_LABELS, (cell.batch,), generator=g)
         batch = {"input_ids": ids.to(device), "labels": labels.to(device)}
-        if shape.family == "gpt2":
+        if shape.decoder:
             batch["use_cache"] = False
         out.append(batch)
     return out

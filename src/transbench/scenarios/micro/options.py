@@ -46,8 +46,14 @@ def _dtypes(values, allowed: tuple[str, ...], device) -> None:
             raise SpecError(f"dtype {d} needs a CUDA GPU ({GPU_ONLY[d]}): drop it or use --device cuda")
 
 
-def _model(name: str, seq: int | None = None):
+LAYER_FAMILIES = ("bert", "gpt2")  # micro layer/breakdown build these families' layer modules and parts
+
+
+def _model(name: str, seq: int | None = None, layer: bool = False):
     ref = build.resolve(name)  # SpecError for an unknown preset or folder
+    if layer and ref.family not in LAYER_FAMILIES:
+        raise SpecError(f"{name} is a {ref.family} model; micro layer and breakdown time one bert or gpt2 layer: "
+                        f"use a bert or gpt2 model (run --model {name} benchmarks the whole model)")
     if seq is not None and seq > ref.shape.max_positions:
         raise SpecError(f"seq {seq} is longer than {ref.name} allows ({ref.shape.max_positions}): lower --seq")
     return ref
@@ -147,7 +153,7 @@ class LayerOptions(MicroCommon):
         _positive(out.batches, "batch", "--batch 4,8")
         _positive(out.seqs, "seq", "--seq 128,512")
         _dtypes([out.dtype], LAYER_DTYPES, device)
-        _model(out.model, max(out.seqs))
+        _model(out.model, max(out.seqs), layer=True)
         return out
 
 
@@ -169,5 +175,5 @@ class BreakdownOptions(MicroCommon):
         _positive([out.batch], "batch", "--batch 64")
         _positive([out.seq], "seq", "--seq 128")
         _dtypes([out.dtype], LAYER_DTYPES, device)
-        _model(out.model, out.seq)
+        _model(out.model, out.seq, layer=True)
         return out

@@ -1,0 +1,198 @@
+"""Greedy decoders for `--task generate`: transformers' forward with a growing DynamicCache (eager, sdpa and
+forced SDPA kernels) or with a StaticCache whose decode step is compiled or captured in a CUDA graph
+(compile, cudagraph). Nothing here is family-specific: any transformers causal LM whose cache is a
+transformers Cache runs (GPT-2, Llama, Qwen2, Mistral, ...); positions are passed explicitly.
+
+A decoder has `prefill(input_ids) -> (B, V) logits`, `decode(next_ids (B,)) -> (B, V) logits`, `info`
+and `cache_bytes()`; a backend can bring its own through `Backend.generator(model, cell)`."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+
+from ..cells import Cell
+from ..measure import device as dev
+
+
+def _cache_tensors(cache):
+    """The key and value tensors a transformers cache holds (layouts differ between versions)."""
+    import torch
+
+    for layer in getattr(cache, "layers", []):
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor):
+                yield t
+
+
+def _takes(model, name: str) -> bool:
+    return name in inspect.signature(model.forward).parameters
+
+
+class HFGenerator:
+    """transformers' forward with a DynamicCache that grows by one position per step."""
+
+    def __init__(self, model, context=contextlib.nullcontext):
+        self.model, self.context, self.cache = model, context, None
+        self.info = {"kv_cache": "DynamicCache"}
+        self._keep = {"logits_to_keep": 1} if _takes(model, "logits_to_keep") else {}
+
+    def prefill(self, input_ids):
+        import torch
+        from transformers import DynamicCache
+
+        try:
+            self.cache = DynamicCache(config=self.model.config)
+        except TypeError:  # transformers versions whose DynamicCache takes no config
+            self.cache = DynamicCache()
+        with torch.inference_mode(), self.context():
+            out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **self._keep)
+        return out.logits[:, -1]
+
+    def decode(self, next_ids):
+        import torch
+
+        with torch.inference_mode(), self.context():
+            out = self.model(input_ids=next_ids[:, None], past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1]
+
+    def cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in _cache_tensors(self.cache))
+
+
+class StaticGenerator:
+    """transformers' forward with a StaticCache (fixed-size buffers), the decode step on static input
+    buffers so it can be compiled (step="compile") or captured in a CUDA graph (step="cudagraph").
+
+    The attention mask is a (B, max_len) buffer with ones up to the current position: decode attends
+    over the whole static cache, and the mask hides the positions not written yet."""
+
+    def __init__(self, model, batch: int, max_len: int, step: str = "eager", mode: str = "default"):
+        import torch
+        from transformers import StaticCache
+
+        device = next(model.parameters()).device
+        self.model, self.step_kind, self.mode, self.max_len = model, step, mode, max_len
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        self.mask = torch.zeros(batch, max_len, dtype=torch.long, device=device)
+        self.ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.pos = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.n = 0
+        self.step = None
+        self.cache_position = _takes(model, "cache_position")  # older transformers place keys by it
+        self.info = {"kv_cache": "StaticCache", "decode_step": step}
+
+    def _kwargs(self, ids, pos) -> dict:
+        kw = {"input_ids": ids, "attention_mask": self.mask, "position_ids": pos, "past_key_values": self.cache,
+              "use_cache": True}
+        if self.cache_position:
+            kw["cache_position"] = pos[0]
+        return kw
+
+    def _decode_step(self):
+        return self.model(**self._kwargs(self.ids, self.pos)).logits[:, -1]
+
+    def prefill(self, input_ids):
+        import torch
+
+        batch, seq = input_ids.shape
+        with torch.inference_mode():  # the cache's buffers are inference tensors: reset them in that mode
+            self.cache.reset()
+            self.mask.zero_()
+            self.mask[:, :seq] = 1
+            pos = torch.arange(seq, device=input_ids.device).expand(batch, seq)
+            out = self.model(**self._kwargs(input_ids, pos), logits_to_keep=1)
+        self.n = seq
+        return out.logits[:, -1]
+
+    def decode(self, next_ids):
+        import torch
+
+        if self.n >= self.max_len:
+            raise ValueError(f"static cache is full ({self.max_len} positions)")
+        with torch.inference_mode():
+            self.ids.copy_(next_ids.view(-1, 1))
+            self.pos.fill_(self.n)
+            self.mask[:, self.n] = 1
+            if self.step is None:
+                self._build()
+            out = self.step()
+        self.n += 1
+        return out
+
+    def _build(self) -> None:
+        """Compile or capture the decode step, once, on the cache as the first decode finds it."""
+        import torch
+
+        device = self.ids.device
+        if self.step_kind == "eager":
+            self.step = self._decode_step
+        elif self.step_kind == "compile":
+            from .compile import check_mode
+
+            torch._dynamo.reset()
+            compiled = torch.compile(self._decode_step, mode=check_mode(self.mode), dynamic=False)
+            counters = self._counters()
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                compiled()  # compiles; the replayed step below runs the same positions again
+            dev.synchronize(device)
+            self.info.update(compile_s=time.perf_counter() - t0, compile_mode=self.mode)
+            self._restore(counters)
+            self.step = compiled
+        elif self.step_kind == "cudagraph":
+            from .cudagraph import capture
+
+            counters = self._counters()
+            graph, out, capture_s = capture(self._decode_step, device)
+            self._restore(counters)
+            self.info["capture_s"] = capture_s
+
+            def replay():
+                graph.replay()
+                return out
+
+            self.step = replay
+        else:
+            raise ValueError(f"unknown decode step '{self.step_kind}'")
+
+    def _counters(self) -> list:
+        """Newer StaticCache layers count written positions in a device tensor that every forward
+        advances; warm-up and compile calls must not move it."""
+        return [(layer, layer.cumulative_length.clone()) for layer in getattr(self.cache, "layers", [])
+                if hasattr(getattr(layer, "cumulative_length", None), "copy_")]
+
+    @staticmethod
+    def _restore(saved: list) -> None:
+        for layer, value in saved:
+            layer.cumulative_length.copy_(value)
+
+    def cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in _cache_tensors(self.cache))
+
+
+def cache_bytes(gen) -> int | None:
+    """Bytes of the KV cache tensors a decoder holds, when it lets us see them."""
+    if hasattr(gen, "cache_bytes"):
+        return gen.cache_bytes()
+    kv = getattr(gen, "kv", None)  # the fused engine's Generator keeps a list of per-layer buffers
+    if isinstance(kv, (list, tuple)) and kv and all(hasattr(t, "element_size") for t in kv):
+        return sum(t.numel() * t.element_size() for t in kv)
+    return None
+
+
+def make_generator(backend, model, cell: Cell):
+    if backend.generator is not None:
+        return backend.generator(model, cell)
+    from .sdpa import KERNELS
+
+    if backend.name in KERNELS:  # a forced SDPA kernel holds for every step
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        kernel = getattr(SDPBackend, KERNELS[backend.name])
+        gen = HFGenerator(model, context=lambda: sdpa_kernel([kernel]))
+        gen.info["sdpa_kernel"] = KERNELS[backend.name].lower()
+        return gen
+    return HFGenerator(model)

@@ -1,0 +1,56 @@
+"""GPU checks of the new families (issue 24): every generic backend in fp16, generation with CUDA graphs and
+compile for decoders, the fused engine on RoBERTa at roberta-base's shape (python3 -m pytest tests/gpu -m gpu)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+from transbench.cells import Cell  # noqa: E402
+from transbench.runner.worker import execute  # noqa: E402
+from transbench.scenarios.inference import ModelCache  # noqa: E402
+
+CACHE = ModelCache()
+
+
+def cell(**kw) -> Cell:
+    base = dict(model="roberta-tiny", task="base", backend="sdpa", dtype="fp16", batch=4, seq=32, device="cuda",
+                warmup=2, min_time=0.05, min_count=5, new_tokens=8)
+    return Cell(**{**base, **kw})
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "cudagraph", "compile", "onnxruntime"])
+@pytest.mark.parametrize("model,task", [("roberta-tiny", "mlm"), ("distilbert-tiny", "classification"),
+                                        ("deberta-tiny", "qa"), ("modernbert-tiny", "token-classification"),
+                                        ("llama-tiny", "causal-lm"), ("qwen2-tiny", "base")])
+def test_families_run_on_every_generic_backend(backend, model, task):
+    r = execute(cell(model=model, task=task, backend=backend, seq_stdev=6.0 if backend != "onnxruntime" else 0.0),
+                CACHE)
+    if backend == "onnxruntime" and r.status == "unsupported":  # an export failure says why, in one line
+        assert r.error and "\n" not in r.error
+        return
+    assert r.status == "ok", (r.status, r.error, r.info.get("traceback"))
+    assert r.record["rel_err"] < 2e-2
+    assert r.record["flops_method"] == ("counted" if model == "deberta-tiny" else "analytic")
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "compile", "cudagraph"])
+@pytest.mark.parametrize("model", ["llama-tiny", "qwen2-tiny"])
+def test_decoder_families_generate_with_static_cache(backend, model):
+    r = execute(cell(model=model, task="generate", backend=backend, seq=16), CACHE)
+    assert r.status == "ok", (r.status, r.error, r.info.get("traceback"))
+    assert r.info["greedy_token_match"] > 0.5
+    assert r.record["decode_ms_per_token"] > 0
+    if backend != "sdpa":
+        assert r.info["kv_cache"] == "StaticCache"
+
+
+def test_fused_roberta_base_matches_and_beats_eager():
+    fused = execute(cell(model="roberta-base", backend="fused", batch=8, seq=128, seq_stdev=20.0), CACHE)
+    assert fused.status == "ok", (fused.error, fused.info.get("traceback"))
+    assert fused.record["rel_err"] < 2e-2
+    eager = execute(cell(model="roberta-base", backend="eager", batch=8, seq=128, seq_stdev=20.0), CACHE)
+    assert eager.status == "ok"
+    assert fused.record["latency_ms"] < eager.record["latency_ms"]

@@ -1,0 +1,330 @@
+"""Any transformers family (issue 24) and checkpoint-folder validation (issue 22) on CPU with tiny presets:
+every task head each family has through eager and sdpa (compile marked slow), decoders' generation,
+the fused engine on RoBERTa, presets that are transformers configs, and each refusal of a bad folder."""
+
+import json
+import struct
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from transbench.backends import family_reason, registry
+from transbench.cells import Cell
+from transbench.errors import SpecError
+from transbench.models import build, flops
+from transbench.models.presets import PRESETS
+from transbench.runner.worker import execute
+from transbench.scenarios.inference import ModelCache
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = ["roberta-tiny", "distilbert-tiny", "deberta-tiny", "modernbert-tiny", "llama-tiny", "qwen2-tiny"]
+FAST = dict(min_time=0.0, warmup=1, min_count=2)
+
+
+@pytest.fixture(scope="module")
+def cache():
+    return ModelCache()
+
+
+def run(cache, model, task, backend, **kw):
+    cell = Cell(model=model, task=task, backend=backend, dtype="fp32", batch=2, seq=16, device="cpu",
+                **{**FAST, "new_tokens": 4, **kw})
+    return execute(cell, cache)
+
+
+# --- presets ---------------------------------------------------------------------------------------
+
+def test_presets_are_transformers_configs_with_the_declared_shape():
+    for name, p in PRESETS.items():
+        cfg = build.preset_config(p)
+        assert cfg.model_type == p.family
+        assert build.shape_from_config(name, cfg) == p, name
+
+
+def test_published_parameter_counts():
+    # The models' cards: SmolLM2-135M, Qwen2.5-0.5B 0.49B, Llama-3.2-1B 1.24B (tied embeddings), counted on meta.
+    assert build.param_count(PRESETS["smollm2-135m"]) == 134_515_008
+    assert build.param_count(PRESETS["qwen2.5-0.5b"]) == 494_032_768
+    assert build.param_count(PRESETS["llama-3.2-1b"]) == 1_235_814_400
+    assert build.param_count(PRESETS["distilbert-base-uncased"]) == 66_362_880
+
+
+def test_llama_tiny_is_llama_style():
+    model = build.build_model(build.resolve("llama-tiny"), "causal-lm")
+    layer = model.model.layers[0]
+    assert model.config.num_key_value_heads == 2 < model.config.num_attention_heads == 4  # GQA
+    assert type(layer.input_layernorm).__name__ == "LlamaRMSNorm"
+    assert hasattr(layer.mlp, "gate_proj")  # gated MLP
+    assert model.model.rotary_emb is not None
+
+
+def test_tasks_follow_transformers_heads():
+    assert "mlm" not in build.family_tasks("llama") and "generate" in build.family_tasks("llama")
+    assert "causal-lm" not in build.family_tasks("roberta")  # an encoder's is_decoder head is not a decoder
+    assert build.task_class("distilbert", "qa") == "DistilBertForQuestionAnswering"
+
+
+# --- every family, every head ----------------------------------------------------------------------
+
+CASES = [(m, t) for m in FAMILIES for t in build.family_tasks(PRESETS[m].family) if t != "generate"]
+
+
+@pytest.mark.parametrize("model,task", CASES)
+def test_every_head_of_every_family_runs_eager(cache, model, task):
+    r = run(cache, model, task, "eager")
+    assert r.status == "ok", r.error
+    assert r.record["rel_err"] <= 1e-6  # the reference's own implementation
+    assert r.record["flops_method"] == ("counted" if PRESETS[model].family == "deberta-v2" else "analytic")
+    assert r.record["tflops"] > 0
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_sdpa_with_padding_and_encoders_only(cache, model):
+    task = "mlm" if not PRESETS[model].decoder else "causal-lm"
+    r = run(cache, model, task, "sdpa", seq_stdev=5.0, embeddings=False)
+    if PRESETS[model].family == "deberta-v2":  # transformers has no sdpa attention for DeBERTa-v2
+        assert r.status == "unsupported" and "no 'sdpa' attention" in r.error
+        return
+    assert r.status == "ok", r.error
+    assert 0 < r.record["rel_err"] < 1e-4
+
+
+def test_a_missing_head_is_unsupported_in_a_mixed_grid(cache):
+    r = run(cache, "llama-tiny", "mlm", "eager")
+    assert r.status == "unsupported" and "needs a family with that head" in r.error
+
+
+def test_grid_refuses_a_task_no_model_has_and_keeps_one_some_have():
+    from transbench.runner import grid
+    from transbench.spec import RunSpec
+
+    base = dict(device="cpu", batches=[1], seqs=[8], backends=["eager"])
+    with pytest.raises(SpecError, match="needs a family with that head"):
+        grid.validate(RunSpec(models=["llama-tiny"], tasks=["mlm"], **base))
+    grid.validate(RunSpec(models=["roberta-tiny", "llama-tiny"], tasks=["mlm"], **base))
+
+
+def test_roberta_inputs_never_use_the_pad_id_and_take_token_types():
+    from transbench.scenarios.inference import cell_inputs
+
+    cell = Cell(model="roberta-tiny", task="base", backend="eager", dtype="fp32", batch=4, seq=64, seq_stdev=20.0)
+    inputs = cell_inputs(cell, PRESETS["roberta-tiny"])
+    real = torch.arange(inputs.input_ids.shape[1])[None] < torch.tensor(inputs.lengths)[:, None]
+    assert not (inputs.input_ids[real] == 1).any() and (inputs.input_ids[~real] == 1).all()
+    assert inputs.token_type_ids is not None
+    llama = cell_inputs(Cell(model="llama-tiny", task="base", backend="eager", dtype="fp32", batch=2, seq=8),
+                        PRESETS["llama-tiny"])
+    assert llama.token_type_ids is None
+
+
+def test_backends_say_which_families_they_cannot_run():
+    reg = registry()
+    assert "sdpa" in family_reason(reg["sdpa"], "deberta-v2")
+    assert family_reason(reg["compile"], "deberta-v2") is None  # compiles DeBERTa's eager attention
+    assert "fused engine runs" in family_reason(reg["fused"], "llama")
+    assert family_reason(reg["fused"], "roberta") is None
+
+
+def test_onnx_export_failure_is_unsupported(cache, monkeypatch):
+    pytest.importorskip("onnxruntime")
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Failed to export the model with torch.export: unsupported operator")
+
+    monkeypatch.setattr(torch.onnx, "export", refuse)
+    r = run(cache, "llama-tiny", "base", "onnxruntime")
+    assert r.status == "unsupported"
+    assert "torch.onnx cannot export llama" in r.error and "unsupported operator" in r.error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", FAMILIES)
+def test_compile_runs_every_family(cache, model):
+    task = "causal-lm" if PRESETS[model].decoder else "mlm"
+    r = run(cache, model, task, "compile")
+    assert r.status == "ok", r.error
+    assert r.record["rel_err"] < 1e-4
+    # DeBERTa-v2 has no sdpa: compile times its eager attention, and says so
+    want = "eager" if PRESETS[model].family == "deberta-v2" else "sdpa"
+    assert r.info["attn_implementation"] == want
+
+
+# --- generation ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["llama-tiny", "qwen2-tiny"])
+def test_decoder_families_generate(cache, model):
+    r = run(cache, model, "generate", "sdpa")
+    assert r.status == "ok", r.error
+    assert r.info["greedy_token_match"] == 1.0
+    # GQA: the DynamicCache holds 2 kv heads of 12, as the analytic size says (not 4 heads)
+    assert r.record["kv_cache_mb"] == pytest.approx(r.record["kv_cache_analytic_mb"])
+    p = PRESETS[model]
+    assert r.record["kv_cache_analytic_mb"] * 2**20 == 2 * 2 * 2 * (16 + 4 - 1) * 2 * 12 * 4 == flops.kv_cache_bytes(
+        p, 16 + 4 - 1, 4) * 2
+
+
+def test_static_cache_decoder_matches_dynamic_cache_for_llama():
+    from transbench.backends.decoders import HFGenerator, StaticGenerator
+    from transbench.scenarios.generation import greedy
+
+    model = build.build_model(build.resolve("llama-tiny"), "generate", attn="sdpa")
+    ids = torch.randint(3, 1000, (3, 7), generator=torch.Generator().manual_seed(1))
+    want, first = greedy(HFGenerator(model), ids, 10, keep_first=True)
+    gen = StaticGenerator(model, 3, 17)
+    for _ in range(2):  # the second generation resets the static cache
+        got, first_static = greedy(gen, ids, 10, keep_first=True)
+        assert torch.equal(got, want)
+        assert torch.allclose(first, first_static, atol=1e-5)
+    assert gen.cache_bytes() == 2 * 2 * 3 * 17 * 2 * 12 * 4  # k and v, 2 layers, batch 3, 17 slots, 2 kv heads of 12
+
+
+@pytest.mark.slow
+def test_compiled_static_decode_for_qwen2(cache):
+    r = run(cache, "qwen2-tiny", "generate", "compile")
+    assert r.status == "ok", r.error
+    assert r.info["kv_cache"] == "StaticCache" and r.info["greedy_token_match"] == 1.0
+
+
+# --- the fused engine on RoBERTa ---------------------------------------------------------------------
+
+def _roberta(cls_name="RobertaModel", family="roberta"):
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(family, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                            intermediate_size=256, vocab_size=1000, max_position_embeddings=66,
+                                            pad_token_id=1, type_vocab_size=1, num_labels=3)
+    kw = {"add_pooling_layer": False} if cls_name.endswith("Model") else {}
+    torch.manual_seed(0)
+    return getattr(transformers, cls_name)(cfg, **kw).eval()
+
+
+@pytest.mark.parametrize("cls_name,family", [("RobertaModel", "roberta"), ("RobertaForMaskedLM", "roberta"),
+                                             ("RobertaForSequenceClassification", "roberta"),
+                                             ("XLMRobertaModel", "xlm-roberta")])
+def test_fused_engine_matches_transformers_on_roberta(cls_name, family):
+    from transbench.engine import compile_model
+    from transbench.scenarios.inference import output_tensor
+
+    m = _roberta(cls_name, family)
+    c = compile_model(m, dtype=torch.float32)
+    full = torch.randint(3, 1000, (3, 64))  # 64 = every position embedding but the pad offset's
+    mask = torch.ones_like(full)
+    mask[1, 40:] = 0
+    mask[2, 5:] = 0
+    padded = full.masked_fill(mask == 0, 1)  # RoBERTa's padding holds its pad id
+    with torch.no_grad():
+        for ids, kw in ((full, {}), (padded, {"attention_mask": mask})):
+            ref = output_tensor(m(ids, **kw), "base")
+            out = output_tensor(c(ids, **kw), "base")
+            keep = mask.bool() if kw and ref.dim() == 3 else torch.ones(ref.shape[:2], dtype=torch.bool)
+            err = ((out[keep] - ref[keep]).double().norm() / ref[keep].double().norm()).item()
+            assert err < 1e-5, (cls_name, kw, err)
+    with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
+        c(torch.randint(3, 1000, (1, 65)))
+
+
+def test_fused_backend_on_roberta_tiny_and_unsupported_elsewhere(cache):
+    r = run(cache, "roberta-tiny", "mlm", "fused", seq_stdev=5.0)
+    assert r.status == "ok", r.error
+    assert r.record["rel_err"] < 1e-5
+    r = run(cache, "roberta-tiny", "base", "fused", embeddings=False)
+    assert r.status == "ok", r.error
+    for model in ("distilbert-tiny", "llama-tiny"):
+        r = run(cache, model, "base", "fused")
+        assert r.status == "unsupported" and "fused engine runs" not in r.error
+        assert "the engine runs bert, roberta" in r.error and "\n" not in r.error
+
+
+# --- checkpoint folders (issue 22) -------------------------------------------------------------------
+
+def _folder(tmp_path, config, weights="safetensors"):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    if weights == "safetensors":
+        model = build.build_model(build.resolve("bert-tiny"), "base")
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"))
+    return d
+
+
+TINY_BERT = {"model_type": "bert", "hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 3,
+             "intermediate_size": 96, "vocab_size": 1000, "max_position_embeddings": 128}
+
+
+def test_a_valid_folder_resolves(tmp_path):
+    ref = build.resolve(str(_folder(tmp_path, TINY_BERT)))
+    assert ref.shape.family == "bert" and ref.shape.layers == 2 and ref.path
+
+
+@pytest.mark.parametrize("config,weights,needle", [
+    ("{not json", "safetensors", "config.json is not valid JSON"),
+    ({"hidden_size": 48}, "safetensors", "names no model_type"),
+    ({**TINY_BERT, "model_type": "bertzilla"}, "safetensors", "model_type 'bertzilla' is unknown to transformers"),
+    ({**TINY_BERT, "auto_map": {"AutoModel": "modeling_evil.EvilModel"}}, "safetensors", "custom model code"),
+    (TINY_BERT, None, "has no weight file"),
+])
+def test_bad_folders_are_refused(tmp_path, config, weights, needle):
+    d = _folder(tmp_path, config, weights)
+    with pytest.raises(SpecError, match=needle):
+        build.resolve(str(d))
+
+
+def test_corrupt_weight_files_are_refused(tmp_path):
+    d = _folder(tmp_path, TINY_BERT)
+    w = d / "model.safetensors"
+    good = w.read_bytes()
+    w.write_bytes(good[: len(good) // 2])  # truncated download
+    with pytest.raises(SpecError, match="model.safetensors is not a readable safetensors file.*truncated"):
+        build.resolve(str(d))
+    w.write_bytes(struct.pack("<Q", 40) + b"this is not json at all, not at all!!!!!")
+    with pytest.raises(SpecError, match="not a readable safetensors file"):
+        build.resolve(str(d))
+    w.unlink()
+    (d / "pytorch_model.bin").write_bytes(b"\x00" * 100)
+    with pytest.raises(SpecError, match="pytorch_model.bin is not a readable torch zip archive"):
+        build.resolve(str(d))
+    (d / "pytorch_model.bin").unlink()
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
+    with pytest.raises(SpecError, match="weight shard model-00001-of-00002.safetensors .* is missing"):
+        build.resolve(str(d))
+
+
+def test_a_torch_zip_checkpoint_resolves(tmp_path):
+    d = _folder(tmp_path, TINY_BERT, weights=None)
+    torch.save(build.build_model(build.resolve("bert-tiny"), "base").state_dict(), d / "pytorch_model.bin")
+    assert zipfile.is_zipfile(d / "pytorch_model.bin")
+    assert build.resolve(str(d)).path
+
+
+def test_cli_refuses_custom_code_before_the_sweep_and_never_runs_it(tmp_path):
+    marker = tmp_path / "executed"
+    d = _folder(tmp_path, {**TINY_BERT, "auto_map": {"AutoModel": "modeling_evil.EvilModel",
+                                                     "AutoConfig": "modeling_evil.EvilConfig"}})
+    (d / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    db = tmp_path / "store.db"
+    out = subprocess.run([sys.executable, "-m", "transbench", "run", "--model", str(d), "--device", "cpu",
+                          "--batch", "1", "--seq", "8", "--db", str(db)],
+                         capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip() and not line.startswith("[transformers]")]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "custom model code (auto_map)" in lines[0]
+    assert "Traceback" not in out.stderr
+    assert not marker.exists() and not db.exists()  # nothing executed, nothing stored
+
+
+def test_models_command_lists_families_and_presets(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "transbench", "models"], capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                              "COLUMNS": "100"})
+    assert out.returncode == 0, out.stderr
+    for name in ("roberta-base", "deberta-v3-base", "modernbert-base", "smollm2-135m", "qwen2.5-0.5b",
+                 "llama-3.2-1b", "1235.8M", "all but sdpa, sdpa-*, flash-attn2, fused"):
+        assert name in out.stdout
+    assert max(len(line.rstrip()) for line in out.stdout.splitlines()) <= 100
