@@ -10,9 +10,14 @@ import pytest
 
 from transbench import api, backends
 from transbench.cells import Cell
-from transbench.runner.worker import execute
+from transbench.runner import worker  # noqa: E402
 from transbench.scenarios.inference import ModelCache
 from transbench.spec import RunSpec
+
+
+def execute(cell, cache):
+    """One `run` cell through the worker's own path (runner/worker.py), in this process."""
+    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache})
 
 FAST = dict(min_time=0.0, warmup=1, min_count=2)
 

@@ -8,8 +8,13 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 from transbench.cells import Cell  # noqa: E402
-from transbench.runner.worker import execute  # noqa: E402
+from transbench.runner import worker  # noqa: E402
 from transbench.scenarios.inference import ModelCache  # noqa: E402
+
+
+def execute(cell, cache):
+    """One `run` cell through the worker's own path (runner/worker.py), in this process."""
+    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache})
 
 CACHE = ModelCache()
 
@@ -77,8 +82,16 @@ def test_static_decoders_match_dynamic_cache_tokens():
     m = build.build_model(build.resolve("gpt2-tiny"), "generate", attn="sdpa", device="cuda")
     ids = torch.randint(1, 1000, (3, 8), device="cuda")
     want, _ = greedy(HFGenerator(m), ids, 12)
-    for step in ("eager", "cudagraph", "compile"):
-        gen = StaticGenerator(m, 3, 20, step=step)
+    from types import SimpleNamespace
+
+    from transbench.backends import compile as compile_backend
+    from transbench.backends import cudagraph
+
+    cell = SimpleNamespace(batch=3, seq=8, new_tokens=12, compile_mode="default")
+    makers = {"eager": lambda: StaticGenerator(m, 3, 20), "cudagraph": lambda: cudagraph.make_generator(m, cell),
+              "compile": lambda: compile_backend.make_generator(m, cell)}
+    for step, make in makers.items():
+        gen = make()
         for _ in range(2):  # a second generation replays what the first built
             got, _ = greedy(gen, ids, 12)
             assert torch.equal(got, want), step

@@ -83,7 +83,16 @@ def _nodes(graph) -> int | None:
 def make_generator(model, cell):
     from .decoders import StaticGenerator
 
-    return StaticGenerator(model, cell.batch, cell.seq + cell.new_tokens, step="cudagraph")
+    def build_step(step, device):
+        graph, out, capture_s = capture(step, device)
+
+        def replay():
+            graph.replay()
+            return out
+
+        return replay, {"capture_s": capture_s}
+
+    return StaticGenerator(model, cell.batch, cell.seq + cell.new_tokens, build_step, step="cudagraph")
 
 
 BACKEND = Backend(

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import time
 
 from ..cells import Cell
-from ..measure import device as dev
 
 
 def _cache_tensors(cache):
@@ -64,17 +62,17 @@ class HFGenerator:
 
 class StaticGenerator:
     """transformers' forward with a StaticCache (fixed-size buffers), the decode step on static input
-    buffers so it can be compiled (step="compile") or captured in a CUDA graph (step="cudagraph").
+    buffers so a backend can compile it or capture it in a CUDA graph (`build_step`; None: eager).
 
     The attention mask is a (B, max_len) buffer with ones up to the current position: decode attends
     over the whole static cache, and the mask hides the positions not written yet."""
 
-    def __init__(self, model, batch: int, max_len: int, step: str = "eager", mode: str = "default"):
+    def __init__(self, model, batch: int, max_len: int, build_step=None, step: str = "eager"):
         import torch
         from transformers import StaticCache
 
         device = next(model.parameters()).device
-        self.model, self.step_kind, self.mode, self.max_len = model, step, mode, max_len
+        self.model, self.build_step, self.max_len = model, build_step, max_len
         self.cache = StaticCache(config=model.config, max_cache_len=max_len)
         self.mask = torch.zeros(batch, max_len, dtype=torch.long, device=device)
         self.ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -123,40 +121,16 @@ class StaticGenerator:
         return out
 
     def _build(self) -> None:
-        """Compile or capture the decode step, once, on the cache as the first decode finds it."""
-        import torch
-
-        device = self.ids.device
-        if self.step_kind == "eager":
+        """Build the decode step once, on the cache as the first decode finds it: `build_step(step,
+        device) -> (callable, info)` is the backend's (compile.py compiles it, cudagraph.py captures it);
+        warm-up and compile calls must not move the cache's position counters."""
+        if self.build_step is None:
             self.step = self._decode_step
-        elif self.step_kind == "compile":
-            from .compile import check_mode
-
-            torch._dynamo.reset()
-            compiled = torch.compile(self._decode_step, mode=check_mode(self.mode), dynamic=False)
-            counters = self._counters()
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                compiled()  # compiles; the replayed step below runs the same positions again
-            dev.synchronize(device)
-            self.info.update(compile_s=time.perf_counter() - t0, compile_mode=self.mode)
-            self._restore(counters)
-            self.step = compiled
-        elif self.step_kind == "cudagraph":
-            from .cudagraph import capture
-
-            counters = self._counters()
-            graph, out, capture_s = capture(self._decode_step, device)
-            self._restore(counters)
-            self.info["capture_s"] = capture_s
-
-            def replay():
-                graph.replay()
-                return out
-
-            self.step = replay
-        else:
-            raise ValueError(f"unknown decode step '{self.step_kind}'")
+            return
+        counters = self._counters()
+        self.step, built = self.build_step(self._decode_step, self.ids.device)
+        self._restore(counters)
+        self.info.update(built)
 
     def _counters(self) -> list:
         """Newer StaticCache layers count written positions in a device tensor that every forward
