@@ -23,9 +23,12 @@ class EngineBase:
                 raise EngineUnsupported("fp8 linear layers need dtype fp16 or bf16 for activations")
         self.conv = Converter(opts.dtype, opts.device, opts.fp8)
         self.ops = select_ops(opts.device)
-        self.graphs = GraphCache(opts.cuda_graphs, opts.max_graphs)
+        self.graphs = GraphCache(opts.cuda_graphs, opts.max_graphs, opts.tune_budget_s)
         # Packed sizes are rounded to this on the GPU so similar batches reuse one captured graph.
         self.bucket = 128 if opts.device.type == "cuda" else 1
+
+    def release(self) -> None:
+        self.graphs.release()
 
     def check_fp8_dims(self) -> None:
         d = self.dims

@@ -104,6 +104,11 @@ class CompiledModel:
         (empty without CUDA graphs)."""
         return self.engine.graphs.tuning()
 
+    def release(self) -> None:
+        """Free what calls allocated: every captured graph (forward, prefill, decode) with its activations, and the
+        generators' KV caches. The model stays usable; a later call of a shape captures its graph again."""
+        self.engine.release()
+
     def generator(self, batch_size: int, max_total_len: int) -> Generator:
         """GPT-2 only: greedy-decoding state with a static KV cache (see Generator.prefill / decode)."""
         if not isinstance(self.engine, GPT2Engine):
@@ -113,8 +118,12 @@ class CompiledModel:
 
 def compile_model(hf_model: nn.Module, dtype: torch.dtype = torch.float16, max_batch: int = 256,
                   max_seq: int | None = None, cuda_graphs: bool = True, fp8: bool = False,
-                  device: torch.device | str | None = None) -> CompiledModel:
+                  device: torch.device | str | None = None,
+                  tune_budget_s: float | None = EngineOptions.tune_budget_s) -> CompiledModel:
     """Build the fused engine from a transformers BERT/GPT-2 model (bare or with a task head).
+
+    tune_budget_s: wall seconds the first call at a new shape may spend tuning kernel routes (None: no limit,
+    what `transbench tune` uses to fill the on-disk table ahead of time); see engine/tuning.py TUNE_BUDGET_S.
 
     Raises EngineUnsupported(reason) for models or options the engine cannot run."""
     if dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -125,6 +134,7 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype = torch.float16, max_b
     cfg = getattr(hf_model, "config", None)
     max_pos = getattr(cfg, "max_position_embeddings", None) or 1 << 30
     opts = EngineOptions(dtype=dtype, device=torch.device(device), max_batch=max_batch,
-                         max_seq=min(max_seq or max_pos, max_pos), cuda_graphs=cuda_graphs, fp8=fp8)
+                         max_seq=min(max_seq or max_pos, max_pos), cuda_graphs=cuda_graphs, fp8=fp8,
+                         tune_budget_s=tune_budget_s)
     with torch.no_grad():
         return CompiledModel(hf_model, opts)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import Unsupported
+from .tuning import TUNE_BUDGET_S
 
 
 class EngineUnsupported(Unsupported):
@@ -29,6 +30,7 @@ class EngineOptions:
     cuda_graphs: bool = True
     fp8: bool = False
     max_graphs: int = 32  # LRU bound on captured (batch, seq) buckets: each holds its own activations
+    tune_budget_s: float | None = TUNE_BUDGET_S  # tuning seconds a new shape's first call may take (None: no limit)
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,7 @@ def decode_attention(qkv, k_cache, v_cache, pos, scale):
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S"])  # one compile for every sequence length (S only bounds masks and loops)
 def _attention_kernel(QKV, OUT, S, scale, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr, PDL: tl.constexpr):
     # Flash-style attention straight off the fused QKV rows (B*S, 3*H*D), output (B*S, H*D). Exists for short
