@@ -23,9 +23,10 @@ def test_triton_kernels_match_torch_in_the_interpreter():
     from transbench.engine.gemm import CONFIGS, splitk_configs
     from transbench.engine.kernels import ATTENTION_CONFIGS
     routes = [k for k in errors if k.startswith("route ")]
-    # every case ran: GEMM, split-K GEMM, decode attention, attention, LayerNorm and GELU kernels, then each op's routes
+    # every case ran: GEMM, split-K GEMM, decode attention, attention, LayerNorm and GELU kernels, the embedding block,
+    # then each op's routes
     # (cuBLAS ones and one per Triton config; the routes' M = 37 also gets the split-K configs)
-    assert len(errors) - len(routes) == 2 * 3 * 3 + 2 * 3 + 2 * 2 * 2 + 3 * 2 + 2 * 2 * len(ATTENTION_CONFIGS) + 2 * 4
+    assert len(errors) - len(routes) == 2 * 3 * 3 + 2 * 3 + 2 * 2 * 2 + 3 * 2 + 2 * 2 * len(ATTENTION_CONFIGS) + 2 * 4 + 3
     ours = len(CONFIGS) + len(splitk_configs(37))
     assert splitk_configs(37) and splitk_configs(1) and not splitk_configs(4096)
     assert len(routes) == 2 * (2 + ours) + (1 + ours) + (2 + ours) + (1 + ours)

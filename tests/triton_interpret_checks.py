@@ -62,8 +62,22 @@ def main():
         for tanh in (False, True):
             ref = F.gelu(x.float() * 3 + b.float(), approximate="tanh" if tanh else "none")
             errors[f"bias_gelu tanh={tanh} {T}x{N}"] = rel(kernels.bias_gelu((x * 3).contiguous(), b, tanh), ref)
+    embed(errors, rnd)
     routes(errors, rnd)
     print(json.dumps(errors))
+
+
+def embed(errors, rnd):
+    """The fused embedding block (gathers + sum + LayerNorm) against the torch path: dense rows (positions from
+    the row), given positions, token types or none; odd width."""
+    from transbench.engine.ops import Norm, TorchOps
+    V, P, N, B, S = 50, 40, 100, 3, 13
+    word, pos, typ, lw, lb = rnd(V, N), rnd(P, N), rnd(2, N), rnd(N), rnd(N)
+    ids, pids, tt = torch.randint(0, V, (B * S,)), torch.randint(0, P, (B * S,)), torch.randint(0, 2, (B * S,))
+    for label, p, t in [("dense", None, None), ("positions+types", pids, tt), ("types", None, tt)]:
+        ref = TorchOps().embed_layernorm(ids, word.float(), p, pos.float(), t, typ.float(),
+                                         Norm(lw.float(), lb.float(), 1e-12), S)
+        errors[f"embed_layernorm {label}"] = rel(kernels.embed_layernorm(ids, word, p, pos, t, typ, lw, lb, 1e-12, S), ref)
 
 
 def decode(errors, rnd):

@@ -42,10 +42,14 @@ class BertEngine(EngineBase):
         return x
 
     def _embed(self, p: Packing, ids, embeds, token_type_ids, position_ids) -> torch.Tensor:
-        x = F.embedding(self.take(ids, p), self.word) if embeds is None else self.take(embeds, p)
+        n = self.emb_norm
+        if embeds is None:  # one fused gather + sum + LayerNorm (ops.embed_layernorm)
+            pos = None if p.dense and position_ids is None else self.positions(p, position_ids, self.word.device)
+            return self.ops.embed_layernorm(self.take(ids, p).contiguous(), self.word, pos, self.pos,
+                                            self.take(token_type_ids, p), self.type, n, p.S)
+        x = self.take(embeds, p)
         r = F.embedding(self.positions(p, position_ids, self.word.device), self.pos)
         r = r + (self.type[0] if token_type_ids is None else F.embedding(self.take(token_type_ids, p), self.type))
-        n = self.emb_norm
         return self.ops.add_layernorm(x.contiguous(), r, None, n.weight, n.bias, n.eps)
 
     def _outputs(self, x: torch.Tensor, p: Packing):

@@ -64,6 +64,14 @@ class TorchOps:
         y = F.layer_norm(s, (s.shape[-1],), weight, ln_bias, eps)
         return (y, s) if store_residual else y
 
+    def embed_layernorm(self, ids, word, pos_ids, pos, tt, type_, norm: Norm, S: int) -> torch.Tensor:
+        """LayerNorm(word[ids] + pos[pos_ids] + type_[tt]) of flat (T,) ids: BERT's embedding block. pos_ids None:
+        the position of row r is r % S (dense (B, S) rows); tt None: token type 0."""
+        p = torch.arange(ids.shape[0], device=ids.device) % S if pos_ids is None else pos_ids
+        x = F.embedding(ids, word) + F.embedding(p, pos)
+        x = x + (type_[0] if tt is None else F.embedding(tt, type_))
+        return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
+
     def linear_add_layernorm(self, x: torch.Tensor, lin: Linear, residual: torch.Tensor, norm: Norm,
                              store_residual: bool = False):
         """LayerNorm(x W^T + b + residual), and with store_residual also the sum (pre-LN's next residual)."""
@@ -127,6 +135,9 @@ class TritonOps(TorchOps):
 
     def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
         return _triton.decode_attention(qkv.contiguous(), k_cache, v_cache, pos, scale)
+
+    def embed_layernorm(self, ids, word, pos_ids, pos, tt, type_, norm, S):
+        return _triton.embed_layernorm(ids, word, pos_ids, pos, tt, type_, norm.weight, norm.bias, norm.eps, S)
 
     def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False):
         return _triton.add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual)
