@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from .attention import Packing, attention
 from .base import EngineBase
 from .config import GELU_KINDS, Dims, EngineOptions, EngineUnsupported
+from .ops import hp
 from .weights import bert_layer
 
 
@@ -34,12 +35,12 @@ class BertEngine(EngineBase):
         self.pool = None if pool is None else c.linear(pool.dense.weight, pool.dense.bias)
 
     def _layers(self, x: torch.Tensor, p: Packing) -> torch.Tensor:
-        ops, heads, gelu = self.ops, self.dims.heads, self.dims.gelu
-        for L in self.layers:
+        ops, heads, gelu, q8 = self.ops, self.dims.heads, self.dims.gelu, self.opts.fp8
+        for L in self.layers:  # fp8 (q8): each LayerNorm also writes its output as the next GEMM's fp8 input
             a = attention(ops.linear(x, L.qkv), p, heads, L.scale, causal=False)
-            x = ops.linear_add_layernorm(a, L.out, x, L.norm1)
-            x = ops.linear_add_layernorm(ops.linear_gelu(x, L.fc1, gelu), L.fc2, x, L.norm2)
-        return x
+            x = ops.linear_add_layernorm(a, L.out, hp(x), L.norm1, quant=q8)
+            x = ops.linear_add_layernorm(ops.linear_gelu(x, L.fc1, gelu), L.fc2, hp(x), L.norm2, quant=q8)
+        return hp(x)
 
     def _embed(self, p: Packing, ids, embeds, token_type_ids, position_ids) -> torch.Tensor:
         n = self.emb_norm

@@ -116,7 +116,7 @@ class CompiledModel:
         return Generator(self.engine, batch_size, max_total_len)
 
 
-def compile_model(hf_model: nn.Module, dtype: torch.dtype = torch.float16, max_batch: int = 256,
+def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16, max_batch: int = 256,
                   max_seq: int | None = None, cuda_graphs: bool = True, fp8: bool = False,
                   device: torch.device | str | None = None,
                   tune_budget_s: float | None = EngineOptions.tune_budget_s) -> CompiledModel:
@@ -125,7 +125,15 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype = torch.float16, max_b
     tune_budget_s: wall seconds the first call at a new shape may spend tuning kernel routes (None: no limit,
     what `transbench tune` uses to fill the on-disk table ahead of time); see engine/tuning.py TUNE_BUDGET_S.
 
+    dtype="fp8": fp16 activations and residual stream, every linear layer's GEMM in e4m3 where the tuner finds
+    it faster (weights quantized once, one scale per output channel; activations per token, quantized by the
+    kernels that produce them), fp16 elsewhere; the same as dtype=torch.float16, fp8=True.
+
     Raises EngineUnsupported(reason) for models or options the engine cannot run."""
+    if isinstance(dtype, str):
+        if dtype != "fp8":
+            raise EngineUnsupported(f"dtype {dtype!r} is not supported (a torch dtype, or 'fp8')")
+        dtype, fp8 = torch.float16, True
     if dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise EngineUnsupported(f"dtype {dtype} is not supported (fp16, bf16, fp32)")
     if device is None:

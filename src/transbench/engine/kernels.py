@@ -33,8 +33,18 @@ def pdl_enter(PDL: tl.constexpr):
 
 
 @triton.jit
-def _add_layernorm_kernel(X, R, BIAS, W, B, Y, RES_OUT, N, eps,
-                          HAS_R: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_RES: tl.constexpr,
+def _store_fp8_row(y, row, cols, m, N, Q, QS):
+    # Per-token fp8 of one row held in fp32 registers: its max-abs maps to 448 (e4m3's largest finite value), one
+    # fp32 scale per row. Fused into the kernel that produced the row, so no separate pass reads it again
+    # (ops.quantize_rows is the reference; 1e-12 / 448 is its floor for an all-zero row).
+    scale = tl.maximum(tl.max(tl.abs(tl.where(m, y, 0.0)), 0) / 448.0, 1e-12 / 448.0)
+    tl.store(Q + row * N + cols, (y / scale).to(Q.dtype.element_ty), mask=m)
+    tl.store(QS + row, scale)
+
+
+@triton.jit
+def _add_layernorm_kernel(X, R, BIAS, W, B, Y, RES_OUT, Q, QS, N, eps,
+                          HAS_R: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_RES: tl.constexpr, QUANT: tl.constexpr,
                           BLOCK: tl.constexpr, PDL: tl.constexpr):
     # One row per program: rows are at most a few thousand wide, so the whole row sits in registers
     # and x + bias + residual is read once, normalised and written once.
@@ -54,7 +64,10 @@ def _add_layernorm_kernel(X, R, BIAS, W, B, Y, RES_OUT, N, eps,
     rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / N + eps)
     w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
     b = tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
-    tl.store(Y + row * N + cols, (d * rstd * w + b).to(Y.dtype.element_ty), mask=m)
+    y = d * rstd * w + b
+    tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=m)
+    if QUANT:  # the next GEMM's fp8 input, from the same registers
+        _store_fp8_row(y, row, cols, m, N, Q, QS)
 
 
 @triton.jit(do_not_specialize=["S"])
@@ -121,19 +134,57 @@ def _warps(block: int) -> int:
     return max(1, min(16, block // 256))
 
 
-def add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual=False):
+def add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual=False, quant=False):
+    """LayerNorm(x + bias + residual) of rows; store_residual: also the sum; quant: also y in e4m3 with
+    per-row scales, returned as (y, y8, scales (rows, 1) fp32) (2-D x only)."""
     n = x.shape[-1]
     x2 = x.reshape(-1, n).contiguous()
     y = torch.empty_like(x2)
     res_out = torch.empty_like(x2) if store_residual else y
+    q = torch.empty(x2.shape, device=x.device, dtype=torch.float8_e4m3fn) if quant else y
+    qs = torch.empty(x2.shape[0], 1, device=x.device, dtype=torch.float32) if quant else y
     r = residual.reshape(-1, n).contiguous() if residual is not None else x2
     block = triton.next_power_of_2(n)
     _add_layernorm_kernel[(x2.shape[0],)](
-        x2, r, bias if bias is not None else weight, weight, ln_bias, y, res_out, n, eps,
-        HAS_R=residual is not None, HAS_BIAS=bias is not None, STORE_RES=store_residual,
+        x2, r, bias if bias is not None else weight, weight, ln_bias, y, res_out, q, qs, n, eps,
+        HAS_R=residual is not None, HAS_BIAS=bias is not None, STORE_RES=store_residual, QUANT=quant,
         BLOCK=block, num_warps=_warps(block), **launch_options(x.device))
     y = y.view_as(x)
+    if quant:
+        y = (y, q, qs)
     return (y, res_out.view_as(x)) if store_residual else y
+
+
+@triton.jit
+def _quantize_rows_kernel(X, BIAS, Q, QS, N, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BLOCK: tl.constexpr,
+                          PDL: tl.constexpr):
+    # One row per program, the whole row in registers: [bias +] [GELU] then per-row e4m3. With ACT it is the MLP's
+    # middle (the fp8 GEMM's output -> bias + GELU -> the next fp8 GEMM's input): the activation is written once,
+    # in one byte per element, and never in fp16.
+    pdl_enter(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < N
+    x = tl.load(X + row * N + cols, mask=m, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        x += tl.load(BIAS + cols, mask=m, other=0.0).to(tl.float32)
+    if ACT == 1:
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    if ACT == 2:
+        x = x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
+    _store_fp8_row(x, row, cols, m, N, Q, QS)
+
+
+def quantize_rows(x, bias=None, act: int = 0):
+    """act(x + bias) of 2-D x as (e4m3 data, (rows, 1) fp32 scales); act 0 none, 1 exact GELU, 2 tanh GELU."""
+    x = x.contiguous()
+    n = x.shape[-1]
+    q = torch.empty(x.shape, device=x.device, dtype=torch.float8_e4m3fn)
+    qs = torch.empty(x.shape[0], 1, device=x.device, dtype=torch.float32)
+    block = triton.next_power_of_2(n)
+    _quantize_rows_kernel[(x.shape[0],)](x, bias if bias is not None else x, q, qs, n, HAS_BIAS=bias is not None,
+                                         ACT=act, BLOCK=block, num_warps=_warps(block), **launch_options(x.device))
+    return q, qs
 
 
 def bias_gelu(x, bias, tanh: bool):
