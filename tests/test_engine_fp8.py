@@ -89,3 +89,19 @@ def test_the_whole_fp8_forward_stays_within_the_fp8_tolerance_of_fp32():
     assert 1e-3 < err8 < 5e-2, err8
     cos = torch.nn.functional.cosine_similarity(out.mean(1), ref.mean(1), dim=-1)
     assert cos.min() > 0.999, cos
+
+
+def test_fp8_cells_run_on_the_fused_backend_only():
+    from types import SimpleNamespace
+
+    from transbench import backends
+    from transbench.backends import fused
+    from transbench.measure import device
+
+    assert device.torch_dtype("fp8") == torch.float16 and "fp8" in device.DTYPES
+    assert not device.dtype_runs("cpu", "fp8")  # no e4m3 GEMMs on the CPU: the grid refuses it there
+    assert backends.get("sdpa").unsupported_reason("cuda", "fp8", "base") == "fp8 runs on the fused backend only"
+    assert backends.get("fused").unsupported_reason("cuda", "fp8", "base") is None
+    c = fused._compile(_bert().half(), SimpleNamespace(batch=2, dtype="fp8"))
+    assert c.opts.fp8 and c.opts.dtype == torch.float16 and c.engine.layers[1].qkv.weight_fp8 is not None
+    assert not fused._compile(_bert().half(), SimpleNamespace(batch=2, dtype="fp16")).opts.fp8

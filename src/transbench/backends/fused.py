@@ -9,8 +9,10 @@ def _compile(model, cell=None):
     from ..engine import compile_model
 
     p = next(model.parameters())
-    # fp32/tf32 cells run the engine in fp32; CUDA graphs only where there is CUDA.
-    return compile_model(model, dtype=p.dtype, device=p.device, max_batch=max(getattr(cell, "batch", 1), 1))
+    # fp32/tf32 cells run the engine in fp32; CUDA graphs only where there is CUDA. An fp8 cell's model is stored in
+    # fp16 (measure/device.py torch_dtype): the engine quantizes its linear layers to e4m3.
+    return compile_model(model, dtype=p.dtype, device=p.device, max_batch=max(getattr(cell, "batch", 1), 1),
+                         fp8=getattr(cell, "dtype", None) == "fp8")
 
 
 def _prepare(model, inputs, cell) -> Prepared:
@@ -38,7 +40,8 @@ def _generator(model, cell):
 BACKEND = Backend(
     name="fused",
     attn="sdpa",
+    dtypes=("fp32", "tf32", "fp16", "bf16", "fp8"),
     prepare=_prepare,
     generator=_generator,
-    describe="transbench.engine: fused QKV, Triton bias+GELU / residual+LayerNorm, packed varlen, CUDA graphs",
+    describe="transbench.engine: fused QKV, Triton bias+GELU / residual+LayerNorm, packed varlen, CUDA graphs, fp8",
 )
