@@ -139,7 +139,8 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
     """Tune the fused engine's kernel routes for every batch x seq of `model` ahead of time, with no time budget,
     into the on-disk table (`cache_dir`/engine-tuning.json; default $TRANSBENCH_CACHE_DIR or
     ~/.cache/transbench). A process that finds the table starts warm: its first call at a tuned shape captures
-    its graph without timing anything. Returns one row per shape: batch, seq, seconds, routes (ops tuned)."""
+    its graph without timing anything. GPT-2: also a generator's prefill at batch x seq and its decode step at
+    that batch. Returns one row per shape: batch, seq, seconds, routes (ops of the forward tuned)."""
     import time
     from pathlib import Path
 
@@ -174,6 +175,9 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
                 ids = torch.randint(0, ref.shape.vocab, (b, s), device=target)
                 start = time.perf_counter()
                 compiled(input_ids=ids)
+                if ref.family == "gpt2" and s < ref.shape.max_positions:  # generation: its one-token decode step too
+                    gen = compiled.generator(b, s + 1)
+                    gen.decode(gen.prefill(ids).argmax(-1))
                 torch.cuda.synchronize(target)
                 rows.append({"batch": b, "seq": s, "seconds": time.perf_counter() - start,
                              "routes": sum(len(t["routes"] or {}) for t in compiled.tuning().values())})
