@@ -16,7 +16,7 @@ step() { echo "== $*" >&2; }
 
 step "GPU tests (fp8 kernels, embedding kernel, fp8 models, generator reuse)"
 TRANSBENCH_CACHE_DIR=$OUT/tuning-tests timeout 200 $PY -m pytest -q -m gpu -p no:cacheprovider -s -rs \
-  tests/gpu/test_engine_fp8.py > "$OUT/gpu_tests.txt" 2>&1
+  tests/gpu/test_engine_fp8_gpu.py > "$OUT/gpu_tests.txt" 2>&1
 tail -3 "$OUT/gpu_tests.txt"
 
 step "first call at a new shape, cold: empty tuning table and Triton cache, default tuning budget"

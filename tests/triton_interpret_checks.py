@@ -76,7 +76,7 @@ def fp8(errors, rnd):
     def off(q, qs, ref):
         rq, rs = quantize_rows(ref)
         # Triton 3.9's interpreter rounds a value just under a power of two (124.3 -> 64, not 128) when its
-        # mantissa carries into the exponent; the GPU's cvt does not (tests/gpu/test_engine_fp8.py compares every
+        # mantissa carries into the exponent; the GPU's cvt does not (tests/gpu/test_engine_fp8_gpu.py compares every
         # element there). Those elements are left out here.
         r = rq.float().abs()
         carry = (r == 2.0 ** torch.log2(r.clamp(min=1e-30)).round()) & ((ref / rs).abs() < r)
