@@ -143,3 +143,58 @@ def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: fl
     from .report import compare as compare_runs
 
     return compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
+
+
+def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", device: str = "auto",
+         cache_dir: str | None = None, progress: Callable[[dict], None] | None = None) -> list[dict]:
+    """Tune the fused engine's kernel routes for every batch x seq of `model` ahead of time, with no time budget,
+    into the on-disk table (`cache_dir`/engine-tuning.json; default $TRANSBENCH_CACHE_DIR or
+    ~/.cache/transbench). A process that finds the table starts warm: its first call at a tuned shape captures
+    its graph without timing anything. GPT-2: also a generator's prefill at batch x seq and its decode step at
+    that batch. Returns one row per shape: batch, seq, seconds, routes (ops of the forward tuned)."""
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from .engine import compile_model, tuning
+    from .measure import device as dev
+    from .models import build
+
+    if dtype not in ("fp16", "bf16", "fp8"):
+        raise SpecError(f"dtype {dtype} cannot be tuned: the fused engine tunes fp16, bf16 and fp8")
+    ref = build.resolve(model)
+    for v, what in [*((b, "batch") for b in batches), *((s, "seq") for s in seqs)]:
+        if v < 1:
+            raise SpecError(f"{what} must be at least 1, got {v}")
+    if not batches or not seqs:
+        raise SpecError("give at least one --batch and one --seq")
+    if max(seqs) > ref.shape.max_positions:
+        raise SpecError(f"seq {max(seqs)} exceeds {model}'s {ref.shape.max_positions} positions")
+    target = dev.resolve(device)
+    if target.type != "cuda":
+        raise SpecError("tune needs a CUDA GPU: the table holds kernel timings of the GPU it ran on")
+    if cache_dir is not None:
+        tuning.use_table(Path(cache_dir) / tuning.TABLE_NAME)
+    hf = build.build_model(ref, "base", device=str(target)).to(dev.torch_dtype(dtype))
+    compiled = compile_model(hf, dtype=dev.torch_dtype(dtype), max_batch=max(batches), max_seq=max(seqs),
+                             fp8=dtype == "fp8", tune_budget_s=None)
+    rows = []
+    try:
+        for b in batches:
+            for s in seqs:
+                ids = torch.randint(0, ref.shape.vocab, (b, s), device=target)
+                start = time.perf_counter()
+                compiled(input_ids=ids)
+                if ref.family == "gpt2" and s < ref.shape.max_positions:  # generation: its one-token decode step too
+                    gen = compiled.generator(b, s + 1)
+                    gen.decode(gen.prefill(ids).argmax(-1))
+                torch.cuda.synchronize(target)
+                rows.append({"batch": b, "seq": s, "seconds": time.perf_counter() - start,
+                             "routes": sum(len(t["routes"] or {}) for t in compiled.tuning().values())})
+                compiled.release()  # one shape's graph at a time: a large grid must not hold them all
+                if progress:
+                    progress(rows[-1])
+    finally:
+        compiled.release()
+    return rows

@@ -48,6 +48,8 @@ class Backend:
             return f"{self.name} needs {', '.join(missing)}: {how}"
         if device_type not in self.devices:
             return f"{self.name} runs on {', '.join(self.devices)} only"
+        if dtype == "fp8" and dtype not in self.dtypes:
+            return "fp8 runs on the fused backend only"
         if dtype not in self.dtypes:
             return f"{self.name} runs {', '.join(self.dtypes)} only"
         if self.tasks is not None and task not in self.tasks:

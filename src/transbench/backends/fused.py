@@ -10,9 +10,11 @@ def _compile(model, cell=None):
     from ..errors import Unsupported
 
     p = next(model.parameters())
-    # fp32/tf32 cells run the engine in fp32; CUDA graphs only where there is CUDA.
+    # fp32/tf32 cells run the engine in fp32; CUDA graphs only where there is CUDA. An fp8 cell's model is stored in
+    # fp16 (measure/device.py torch_dtype): the engine quantizes its linear layers to e4m3.
     try:
-        return compile_model(model, dtype=p.dtype, device=p.device, max_batch=max(getattr(cell, "batch", 1), 1))
+        return compile_model(model, dtype=p.dtype, device=p.device, max_batch=max(getattr(cell, "batch", 1), 1),
+                             fp8=getattr(cell, "dtype", None) == "fp8")
     except EngineUnsupported as exc:
         raise Unsupported(exc.reason) from None
 
@@ -49,7 +51,8 @@ BACKEND = Backend(
     name="fused",
     attn="sdpa",
     attn_fallback="eager",  # the engine runs its own attention; a family it cannot run says so itself
+    dtypes=("fp32", "tf32", "fp16", "bf16", "fp8"),
     prepare=_prepare,
     generator=_generator,
-    describe="transbench.engine: fused QKV, Triton bias+GELU / residual+LayerNorm, packed varlen, CUDA graphs",
+    describe="transbench.engine: fused QKV, Triton bias+GELU / residual+LayerNorm, packed varlen, CUDA graphs, fp8",
 )

@@ -16,16 +16,21 @@ class EngineBase:
 
     def __init__(self, opts: EngineOptions):
         self.opts = opts
-        if opts.fp8:
-            if opts.device.type != "cuda" or torch.cuda.get_device_capability(opts.device) < (8, 9):
+        # fp8 on the CPU is emulated (ops.scaled_mm: fp32 math on the e4m3 values) so that its numerics can be
+        # tested without a GPU; the benchmark's fused backend refuses it there (nothing there is fast).
+        if opts.fp8 and opts.device.type == "cuda":
+            if torch.cuda.get_device_capability(opts.device) < (8, 9):
                 raise EngineUnsupported("fp8 needs a CUDA GPU of compute capability 8.9 or newer (Ada/Hopper)")
             if opts.dtype not in (torch.float16, torch.bfloat16):
                 raise EngineUnsupported("fp8 linear layers need dtype fp16 or bf16 for activations")
         self.conv = Converter(opts.dtype, opts.device, opts.fp8)
         self.ops = select_ops(opts.device)
-        self.graphs = GraphCache(opts.cuda_graphs, opts.max_graphs)
+        self.graphs = GraphCache(opts.cuda_graphs, opts.max_graphs, opts.tune_budget_s)
         # Packed sizes are rounded to this on the GPU so similar batches reuse one captured graph.
         self.bucket = 128 if opts.device.type == "cuda" else 1
+
+    def release(self) -> None:
+        self.graphs.release()
 
     def check_fp8_dims(self) -> None:
         d = self.dims

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from .attention import Packing, attention
 from .base import EngineBase
 from .config import GELU_KINDS, Dims, EngineOptions, EngineUnsupported
+from .ops import hp
 from .weights import bert_layer
 
 
@@ -39,19 +40,27 @@ class BertEngine(EngineBase):
         self.pool = None if pool is None else c.linear(pool.dense.weight, pool.dense.bias)
 
     def _layers(self, x: torch.Tensor, p: Packing) -> torch.Tensor:
-        ops, heads, gelu = self.ops, self.dims.heads, self.dims.gelu
-        for L in self.layers:
+        ops, heads, gelu, q8 = self.ops, self.dims.heads, self.dims.gelu, self.opts.fp8
+        for L in self.layers:  # fp8 (q8): each LayerNorm also writes its output as the next GEMM's fp8 input
             a = attention(ops.linear(x, L.qkv), p, heads, L.scale, causal=False)
-            x = ops.linear_add_layernorm(a, L.out, x, L.norm1)
-            x = ops.linear_add_layernorm(ops.linear_gelu(x, L.fc1, gelu), L.fc2, x, L.norm2)
-        return x
+            x = ops.linear_add_layernorm(a, L.out, hp(x), L.norm1, quant=q8)
+            x = ops.linear_add_layernorm(ops.linear_gelu(x, L.fc1, gelu), L.fc2, hp(x), L.norm2, quant=q8)
+        return hp(x)
 
     def _embed(self, p: Packing, ids, embeds, token_type_ids, position_ids) -> torch.Tensor:
-        x = F.embedding(self.take(ids, p), self.word) if embeds is None else self.take(embeds, p)
+        n = self.emb_norm
+        if embeds is None:  # one fused gather + sum + LayerNorm (ops.embed_layernorm)
+            pos = None  # None: each token's index in its sequence, computed in the kernel
+            if position_ids is not None or not p.dense or self.position_offset:
+                pos = self.positions(p, position_ids, self.word.device)
+                if position_ids is None:
+                    pos = pos + self.position_offset  # RoBERTa counts positions from padding_idx + 1
+            return self.ops.embed_layernorm(self.take(ids, p).contiguous(), self.word, pos, self.pos,
+                                            self.take(token_type_ids, p), self.type, n, p.S)
+        x = self.take(embeds, p)
         pos = self.positions(p, position_ids, self.word.device)
         r = F.embedding(pos if position_ids is not None else pos + self.position_offset, self.pos)
         r = r + (self.type[0] if token_type_ids is None else F.embedding(self.take(token_type_ids, p), self.type))
-        n = self.emb_norm
         return self.ops.add_layernorm(x.contiguous(), r, None, n.weight, n.bias, n.eps)
 
     def _outputs(self, x: torch.Tensor, p: Packing):

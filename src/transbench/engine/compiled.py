@@ -109,6 +109,11 @@ class CompiledModel:
         (empty without CUDA graphs)."""
         return self.engine.graphs.tuning()
 
+    def release(self) -> None:
+        """Free what calls allocated: every captured graph (forward, prefill, decode) with its activations, and the
+        generators' KV caches. The model stays usable; a later call of a shape captures its graph again."""
+        self.engine.release()
+
     def generator(self, batch_size: int, max_total_len: int) -> Generator:
         """GPT-2 only: greedy-decoding state with a static KV cache (see Generator.prefill / decode)."""
         if not isinstance(self.engine, GPT2Engine):
@@ -116,12 +121,24 @@ class CompiledModel:
         return Generator(self.engine, batch_size, max_total_len)
 
 
-def compile_model(hf_model: nn.Module, dtype: torch.dtype = torch.float16, max_batch: int = 256,
+def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16, max_batch: int = 256,
                   max_seq: int | None = None, cuda_graphs: bool = True, fp8: bool = False,
-                  device: torch.device | str | None = None) -> CompiledModel:
+                  device: torch.device | str | None = None,
+                  tune_budget_s: float | None = EngineOptions.tune_budget_s) -> CompiledModel:
     """Build the fused engine from a transformers BERT/GPT-2 model (bare or with a task head).
 
+    tune_budget_s: wall seconds the first call at a new shape may spend tuning kernel routes (None: no limit,
+    what `transbench tune` uses to fill the on-disk table ahead of time); see engine/tuning.py TUNE_BUDGET_S.
+
+    dtype="fp8": fp16 activations and residual stream, every linear layer's GEMM in e4m3 where the tuner finds
+    it faster (weights quantized once, one scale per output channel; activations per token, quantized by the
+    kernels that produce them), fp16 elsewhere; the same as dtype=torch.float16, fp8=True.
+
     Raises EngineUnsupported(reason) for models or options the engine cannot run."""
+    if isinstance(dtype, str):
+        if dtype != "fp8":
+            raise EngineUnsupported(f"dtype {dtype!r} is not supported (a torch dtype, or 'fp8')")
+        dtype, fp8 = torch.float16, True
     if dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise EngineUnsupported(f"dtype {dtype} is not supported (fp16, bf16, fp32)")
     if device is None:
@@ -130,6 +147,7 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype = torch.float16, max_b
     cfg = getattr(hf_model, "config", None)
     max_pos = getattr(cfg, "max_position_embeddings", None) or 1 << 30
     opts = EngineOptions(dtype=dtype, device=torch.device(device), max_batch=max_batch,
-                         max_seq=min(max_seq or max_pos, max_pos), cuda_graphs=cuda_graphs, fp8=fp8)
+                         max_seq=min(max_seq or max_pos, max_pos), cuda_graphs=cuda_graphs, fp8=fp8,
+                         tune_budget_s=tune_budget_s)
     with torch.no_grad():
         return CompiledModel(hf_model, opts)

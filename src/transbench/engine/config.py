@@ -5,6 +5,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .tuning import TUNE_BUDGET_S
+
+
 class EngineUnsupported(RuntimeError):
     """The engine cannot run this model/option; `reason` says why (backends/fused.py reports it as
     `unsupported`: the engine depends on nothing of the benchmark, so it cannot raise the benchmark's own)."""
@@ -27,6 +30,7 @@ class EngineOptions:
     cuda_graphs: bool = True
     fp8: bool = False
     max_graphs: int = 32  # LRU bound on captured (batch, seq) buckets: each holds its own activations
+    tune_budget_s: float | None = TUNE_BUDGET_S  # tuning seconds a new shape's first call may take (None: no limit)
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,10 @@ def _epilogue(acc, om, on, y_desc, r_desc, BIAS, N, ACT: tl.constexpr, HAS_BIAS:
     y_desc.store([om, on], acc.to(y_desc.dtype))
 
 
-@triton.jit
+# do_not_specialize M: Triton would compile a kernel apart for M == 1 and for M not divisible by 16 (its integer
+# specialisations); M only bounds tiles here (the TMA descriptors carry the shapes), so one compile per config
+# serves every batch x seq: part of the first-call cost issue 23 counts.
+@triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, M, N, K,
                    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
@@ -123,7 +126,7 @@ CONFIGS = [
 ]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # as _linear_kernel
 def _linear_splitk_kernel(x_desc, w_desc, Y, R, W, BIAS, PARTIAL, ARRIVED, M, N, K,
                           ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from .tuning import replay_ms, tuner
+from .tuning import TUNE_BUDGET_S, replay_ms, tuner
 
 
 @dataclass
@@ -52,9 +52,9 @@ class GraphCache:
     first capture also settles the close route choices of its ops by racing whole graphs (Tuner.refine).
     """
 
-    def __init__(self, enabled: bool, max_entries: int = 32):
+    def __init__(self, enabled: bool, max_entries: int = 32, tune_budget_s: float | None = TUNE_BUDGET_S):
         self.enabled = enabled and torch.cuda.is_available()
-        self.max_entries = max_entries
+        self.max_entries, self.tune_budget_s = max_entries, tune_budget_s
         self.entries: OrderedDict[Any, _Entry] = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle() if self.enabled else None
         # One warm-up stream for every capture: the allocator keeps freed blocks per stream, so a new stream
@@ -85,10 +85,18 @@ class GraphCache:
         static = [t for t in static if isinstance(t, torch.Tensor)]
         t = tuner()
         first_race = len(t.races)
-        with t.recording() as keys:  # the first warm-up times each op's candidates alone
+        # The budget covers the whole first call of a shape: Triton compiles, each op's candidates timed alone (in
+        # the first warm-up), and the whole-forward races.
+        with t.budget(self.tune_budget_s), t.recording() as keys:
             e = t.refine(keys, lambda: self._graph(fn, args, static), lambda e: replay_ms(e.graph.replay))
         e.routes, e.races = t.routes(keys), t.races[first_race:]
         return e
+
+    def release(self) -> None:
+        """Drop every captured graph: their memory goes back to the pool's allocator, not yet to the GPU (the
+        caller's torch.cuda.empty_cache() returns it). The next call of a shape captures again, without timing
+        anything (the tuner keeps its choices)."""
+        self.entries.clear()
 
     def tuning(self) -> dict[str, dict]:
         """Per captured shape (its key, '|'-joined): the route each op runs and the races that settled them."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -15,14 +16,15 @@ except Exception:  # noqa: BLE001 - ImportError, or a broken Triton install
     _gemm = _triton = None
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_MIN_SCALE = 1e-12 / FP8_MAX  # an all-zero row keeps a finite scale (and quantizes to zeros)
 
 
 @dataclass
 class Linear:
     weight: torch.Tensor  # (out, in), the layout F.linear / cuBLAS "TN" wants
     bias: torch.Tensor | None
-    weight_fp8: torch.Tensor | None = None  # (out, in) float8_e4m3fn, per-tensor scaled
-    weight_scale: torch.Tensor | None = None
+    weight_fp8: torch.Tensor | None = None  # (out, in) float8_e4m3fn: row n is weight[n] / weight_scale[0, n]
+    weight_scale: torch.Tensor | None = None  # (1, out) float32, one per output channel, fixed at conversion
 
 
 @dataclass
@@ -32,10 +34,43 @@ class Norm:
     eps: float
 
 
-def quantize_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # One max-abs reduction, then scale and cast in t's own dtype (|t / scale| <= 448 by construction).
-    scale = (torch.linalg.vector_norm(t, float("inf"), dtype=torch.float32) / FP8_MAX).clamp(min=1e-12)
-    return (t * (1.0 / scale).to(t.dtype)).to(torch.float8_e4m3fn), scale
+class Fp8Act(NamedTuple):
+    """A GEMM input in e4m3 with one scale per row (token): row i is data[i] * scale[i]. `hp` is the same
+    activation in the model's dtype where its producer wrote that too (a LayerNorm output is also the residual)."""
+
+    data: torch.Tensor  # (M, K) float8_e4m3fn
+    scale: torch.Tensor  # (M, 1) float32
+    hp: torch.Tensor | None = None
+
+
+def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, K) -> (e4m3 data, (rows, 1) fp32 scales): each row scaled so its max-abs maps to FP8_MAX. The
+    reference of the Triton kernels that fuse this into their producers, and how weights are quantized (once)."""
+    x = t.float()
+    scale = (x.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+    return (x / scale).to(torch.float8_e4m3fn), scale
+
+
+def dequantize(q: Fp8Act, dtype: torch.dtype) -> torch.Tensor:
+    return (q.data.float() * q.scale).to(dtype)
+
+
+def scaled_mm(q: Fp8Act, lin: Linear, out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(x W^T [+ bias]) from e4m3 operands with per-row x scales and per-column W scales, fp32 accumulation.
+    CUDA: torch._scaled_mm (cuBLASLt/CUTLASS row-wise scaling, fp8 tensor cores). Elsewhere the same math
+    emulated in fp32 on the e4m3 values, so the fp8 numerics can be checked without a GPU."""
+    if q.data.is_cuda:
+        return torch._scaled_mm(q.data, lin.weight_fp8.t(), scale_a=q.scale, scale_b=lin.weight_scale, bias=bias,
+                                out_dtype=out_dtype)
+    y = (q.data.float() * q.scale) @ (lin.weight_fp8.float() * lin.weight_scale.t()).t()
+    return (y if bias is None else y + bias.float()).to(out_dtype)
+
+
+def hp(x, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The activation in the model's dtype `dtype` (dequantized only where no producer wrote it)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    return x.hp if x.hp is not None else dequantize(x, dtype)
 
 
 class TorchOps:
@@ -43,13 +78,18 @@ class TorchOps:
 
     name = "torch"
 
-    def linear(self, x: torch.Tensor, lin: Linear, bias: bool = True) -> torch.Tensor:
+    def quantize(self, x) -> Fp8Act:
+        """x as an fp8 GEMM input (per-row scales); an Fp8Act passes through."""
+        if isinstance(x, Fp8Act):
+            return x
+        return Fp8Act(*quantize_rows(x), hp=x)
+
+    def linear(self, x, lin: Linear, bias: bool = True) -> torch.Tensor:
+        """x W^T + b. x: a tensor, or an Fp8Act from a producer that quantized it (fp8 layers)."""
         if lin.weight_fp8 is not None:
-            # Per-tensor dynamic activation scale: one amax reduction, then the fp8 GEMM on the tensor cores.
-            x8, xs = quantize_fp8(x)
-            y = torch._scaled_mm(x8, lin.weight_fp8.t(), scale_a=xs, scale_b=lin.weight_scale, out_dtype=x.dtype)
-            return y + lin.bias if bias and lin.bias is not None else y
-        return F.linear(x, lin.weight, lin.bias if bias else None)
+            q = self.quantize(x)
+            return scaled_mm(q, lin, lin.weight.dtype, lin.bias if bias else None)
+        return F.linear(hp(x, lin.weight.dtype), lin.weight, lin.bias if bias else None)
 
     def bias_gelu(self, x: torch.Tensor, bias: torch.Tensor | None, kind: str) -> torch.Tensor:
         return F.gelu(x if bias is None else x + bias, approximate="tanh" if kind == "tanh" else "none")
@@ -58,17 +98,28 @@ class TorchOps:
         """gelu(x W^T + b): the MLP's first half."""
         return self.bias_gelu(self.linear(x, lin, bias=False), lin.bias, kind)
 
-    def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False):
+    def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False, quant=False):
+        """LayerNorm(x + bias + residual); store_residual: also the sum; quant: y as an Fp8Act (with y as its hp)."""
         s = x if bias is None else x + bias
         s = s if residual is None else s + residual
         y = F.layer_norm(s, (s.shape[-1],), weight, ln_bias, eps)
+        y = self.quantize(y) if quant else y
         return (y, s) if store_residual else y
 
-    def linear_add_layernorm(self, x: torch.Tensor, lin: Linear, residual: torch.Tensor, norm: Norm,
-                             store_residual: bool = False):
-        """LayerNorm(x W^T + b + residual), and with store_residual also the sum (pre-LN's next residual)."""
+    def embed_layernorm(self, ids, word, pos_ids, pos, tt, type_, norm: Norm, S: int) -> torch.Tensor:
+        """LayerNorm(word[ids] + pos[pos_ids] + type_[tt]) of flat (T,) ids: BERT's embedding block. pos_ids None:
+        the position of row r is r % S (dense (B, S) rows); tt None: token type 0."""
+        p = torch.arange(ids.shape[0], device=ids.device) % S if pos_ids is None else pos_ids
+        x = F.embedding(ids, word) + F.embedding(p, pos)
+        x = x + (type_[0] if tt is None else F.embedding(tt, type_))
+        return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
+
+    def linear_add_layernorm(self, x, lin: Linear, residual: torch.Tensor, norm: Norm,
+                             store_residual: bool = False, quant: bool = False):
+        """LayerNorm(x W^T + b + residual), and with store_residual also the sum (pre-LN's next residual); quant:
+        the LayerNorm's output as an Fp8Act too (the next GEMM's input in fp8 layers)."""
         return self.add_layernorm(self.linear(x, lin, bias=False), residual, lin.bias, norm.weight, norm.bias,
-                                  norm.eps, store_residual)
+                                  norm.eps, store_residual, quant)
 
     def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
         """One new token per sequence: write its k, v at `pos` of the (B, heads, L, head_dim) caches and attend
@@ -82,33 +133,65 @@ class TorchOps:
                                               scale=scale).reshape(B, H * D)
 
 
+# Rows from which an fp8 layer's GEMMs default to the fp8 route when the tuning budget leaves an op untimed: on an
+# H100 (issue 23) the four bert-base GEMMs at 32,768 rows ran 1.83x faster in fp8 through torch._scaled_mm, at
+# 128 rows 0.86x (slower).
+FP8_DEFAULT_MIN_ROWS = 1024
+
+
 class TritonOps(TorchOps):
     """CUDA: every GEMM and its epilogue by whichever route the tuner timed fastest for the shape (cuBLAS,
-    cuBLAS with its own epilogue, or our Triton GEMM with the epilogue fused); element-wise work in Triton."""
+    cuBLAS with its own epilogue, our Triton GEMM with the epilogue fused, and for fp8 layers torch._scaled_mm
+    with the quantization of its output's consumer fused into the epilogue kernel); element-wise work in Triton."""
 
     name = "triton"
 
-    @staticmethod
-    def _tritonable(x: torch.Tensor, lin: Linear) -> bool:
-        return lin.weight_fp8 is None and _gemm.supported(x, lin.weight)
+    def quantize(self, x) -> Fp8Act:
+        return x if isinstance(x, Fp8Act) else Fp8Act(*_triton.quantize_rows(x), hp=x)
 
     @staticmethod
-    def _choose(op: str, x: torch.Tensor, lin: Linear, cands: dict, triton_cand) -> torch.Tensor:
-        """`triton_cand(gemm_fn, cfg)` runs the op with one of our GEMM kernels; each config is a candidate."""
-        (M, K), N = x.shape, lin.weight.shape[0]
-        for cfg in _gemm.CONFIGS:
-            cands["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear, cfg)
-        for cfg in _gemm.splitk_configs(M):
-            cands["splitk" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear_splitk, cfg)
-        return cands[tuner().choose(f"{op}|{M}x{N}x{K}|{x.dtype}", cands)]()
+    def _fp8_out(out, store: bool, quant: bool):
+        """add_layernorm's (y, y8, scales) as an Fp8Act, inside its (y, residual) pair when store."""
+        if not quant:
+            return out
+        y, res = out if store else (out, None)
+        y = Fp8Act(y[1], y[2], hp=y[0])
+        return (y, res) if store else y
+
+    def _choose(self, op: str, x, lin: Linear, cands: dict, triton_cand, fp8_cands: dict | None = None):
+        """Run `op` by the route the tuner picks. cands: library routes {name: fn(h)} on the input in the model's
+        dtype; triton_cand(gemm_fn, cfg, h) runs it with one of our GEMM kernels (each config a candidate);
+        fp8_cands: {name: fn(q)} on the input as an Fp8Act (layers with fp8 weights). Each route converts the
+        input it is given (quantize or dequantize), and that conversion is part of its timed cost."""
+        dtype = lin.weight.dtype
+        (M, K), N = (x if isinstance(x, torch.Tensor) else x.data).shape, lin.weight.shape[0]
+        h = x if isinstance(x, torch.Tensor) else x.hp
+
+        def high():
+            return hp(x, dtype)
+        routes = {name: (lambda fn=fn: fn(high())) for name, fn in cands.items()}
+        if h is not None and _gemm.supported(h, lin.weight):
+            for cfg in _gemm.CONFIGS:
+                routes["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear, cfg, h)
+            for cfg in _gemm.splitk_configs(M):
+                routes["splitk" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear_splitk, cfg, h)
+        if lin.weight_fp8 is not None and fp8_cands:
+            fp8 = {name: (lambda fn=fn: fn(self.quantize(x))) for name, fn in fp8_cands.items()}
+            # the default route (listed first) where the budget leaves the op untimed: see FP8_DEFAULT_MIN_ROWS
+            routes = {**fp8, **routes} if M >= FP8_DEFAULT_MIN_ROWS else {**routes, **fp8}
+        form = "" if isinstance(x, torch.Tensor) else "|fp8 input"
+        return routes[tuner().choose(f"{op}|{M}x{N}x{K}|{dtype}{form}", routes)]()
 
     def linear(self, x, lin, bias=True):
-        if not self._tritonable(x, lin):
-            return super().linear(x, lin, bias)
         b = lin.bias if bias else None
+
+        def fp8_add(q):  # bias added by a separate kernel, where _scaled_mm cannot take it
+            y = scaled_mm(q, lin, lin.weight.dtype)
+            return y if b is None else y.add_(b)
         return self._choose(f"linear|bias={b is not None}", x, lin,
-                            {"cublas": lambda: F.linear(x, lin.weight, b)},
-                            lambda gemm, cfg: gemm(x, lin.weight, b, cfg=cfg))
+                            {"cublas": lambda h: F.linear(h, lin.weight, b)},
+                            lambda gemm, cfg, h: gemm(h, lin.weight, b, cfg=cfg),
+                            {"fp8": lambda q: scaled_mm(q, lin, lin.weight.dtype, b), "fp8+add": fp8_add})
 
     def bias_gelu(self, x, bias, kind):
         if bias is None:
@@ -116,37 +199,51 @@ class TritonOps(TorchOps):
         return _triton.bias_gelu(x, bias, kind == "tanh")
 
     def linear_gelu(self, x, lin, kind):
-        if not self._tritonable(x, lin) or lin.bias is None:
+        """gelu(x W^T + b); with fp8 weights its route may return the activation as an Fp8Act (fp8+gelu_q: bias,
+        GELU and the per-token quantization in one pass over the fp8 GEMM's output) for the next fp8 GEMM."""
+        if lin.bias is None:
             return super().linear_gelu(x, lin, kind)
-        cands = {"cublas+triton_gelu": lambda: _triton.bias_gelu(F.linear(x, lin.weight), lin.bias, kind == "tanh")}
-        if kind == "tanh":  # cuBLASLt's GELU epilogue is the tanh form: only right for tanh-GELU models
-            cands["cublaslt_gelu"] = lambda: torch._addmm_activation(lin.bias, x, lin.weight.t(), use_gelu=True)
-        act = _gemm.ACT_GELU_TANH if kind == "tanh" else _gemm.ACT_GELU
+        tanh = kind == "tanh"
+        cands = {"cublas+triton_gelu": lambda h: _triton.bias_gelu(F.linear(h, lin.weight), lin.bias, tanh)}
+        if tanh:  # cuBLASLt's GELU epilogue is the tanh form: only right for tanh-GELU models
+            cands["cublaslt_gelu"] = lambda h: torch._addmm_activation(lin.bias, h, lin.weight.t(), use_gelu=True)
+        act = _gemm.ACT_GELU_TANH if tanh else _gemm.ACT_GELU
+
+        def gelu_q(q):
+            return Fp8Act(*_triton.quantize_rows(scaled_mm(q, lin, lin.weight.dtype), lin.bias, act))
         return self._choose(f"linear_gelu|{kind}", x, lin, cands,
-                            lambda gemm, cfg: gemm(x, lin.weight, lin.bias, act, cfg=cfg))
+                            lambda gemm, cfg, h: gemm(h, lin.weight, lin.bias, act, cfg=cfg),
+                            {"fp8+gelu_q": gelu_q,
+                             "fp8+gelu": lambda q: _triton.bias_gelu(scaled_mm(q, lin, lin.weight.dtype), lin.bias,
+                                                                     tanh)})
 
     def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
         return _triton.decode_attention(qkv.contiguous(), k_cache, v_cache, pos, scale)
 
-    def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False):
-        return _triton.add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual)
+    def embed_layernorm(self, ids, word, pos_ids, pos, tt, type_, norm, S):
+        return _triton.embed_layernorm(ids, word, pos_ids, pos, tt, type_, norm.weight, norm.bias, norm.eps, S)
 
-    def linear_add_layernorm(self, x, lin, residual, norm, store_residual=False):
-        if not self._tritonable(x, lin) or not residual.is_contiguous():
-            return super().linear_add_layernorm(x, lin, residual, norm, store_residual)
+    def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False, quant=False):
+        out = _triton.add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual, quant)
+        return self._fp8_out(out, store_residual, quant)
+
+    def linear_add_layernorm(self, x, lin, residual, norm, store_residual=False, quant=False):
+        if not residual.is_contiguous():
+            return super().linear_add_layernorm(x, lin, residual, norm, store_residual, quant)
         n = norm
 
         def ln(h, r, b, store=store_residual):
-            return _triton.add_layernorm(h, r, b, n.weight, n.bias, n.eps, store)
+            return self.add_layernorm(h, r, b, n.weight, n.bias, n.eps, store, quant)
 
-        def fused(gemm, cfg):  # the GEMM writes x W^T + b + residual, itself the next residual of a pre-LN model
-            h = gemm(x, lin.weight, lin.bias, residual=residual, cfg=cfg)
-            return (ln(h, None, None, False), h) if store_residual else ln(h, None, None)
+        def fused(gemm, cfg, h):  # the GEMM writes x W^T + b + residual, itself the next residual of a pre-LN model
+            s = gemm(h, lin.weight, lin.bias, residual=residual, cfg=cfg)
+            return (ln(s, None, None, False), s) if store_residual else ln(s, None, None)
 
-        cands = {"cublas+ln": lambda: ln(F.linear(x, lin.weight), residual, lin.bias),
+        cands = {"cublas+ln": lambda h: ln(F.linear(h, lin.weight), residual, lin.bias),
                  # cuBLAS adds the residual as its C operand (beta = 1): the LayerNorm reads one tensor, not two
-                 "cublas_addmm+ln": lambda: ln(torch.addmm(residual, x, lin.weight.t()), None, lin.bias)}
-        return self._choose(f"linear_add_ln|store={store_residual}", x, lin, cands, fused)
+                 "cublas_addmm+ln": lambda h: ln(torch.addmm(residual, h, lin.weight.t()), None, lin.bias)}
+        return self._choose(f"linear_add_ln|store={store_residual}" + ("|quant" if quant else ""), x, lin, cands,
+                            fused, {"fp8+ln": lambda q: ln(scaled_mm(q, lin, lin.weight.dtype), residual, lin.bias)})
 
 
 def select_ops(device: torch.device) -> TorchOps:

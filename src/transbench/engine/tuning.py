@@ -7,6 +7,7 @@ ours, then one per close runner-up. Next to its real neighbours a kernel can gai
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -33,12 +34,23 @@ MIN_GAIN = 0.01  # a rival replaces the winner only if the whole forward gets at
 # Wall time one shape may spend racing, closest rivals first: a bert-large 256 x 512 forward takes ~0.2 s, so
 # racing every rival there would outlast a benchmark cell's timeout.
 RACE_BUDGET_S = 10.0
+# Wall seconds a shape's first call may spend tuning (EngineOptions.tune_budget_s; None: no limit), Triton compiles
+# included: issue 23 asks a first call of bert-base at a new shape to cost at most 5 s on an H100, where tuning
+# every route took 28-53 s. Past it, an op not yet tuned takes its default route, the first candidate it lists
+# (cuBLAS for a GEMM, flash SDPA for attention: library kernels, nothing to compile), and no whole forward is
+# raced. Such choices hold for this process only: `transbench tune` (api.tune) tunes without a budget into the
+# on-disk table, where a later process finds them.
+TUNE_BUDGET_S = 2.5
 REFINE = True  # benchmarks/engine_bench.py turns it off to measure what it buys
 
 
+TABLE_NAME = "engine-tuning.json"
+
+
 def cache_path() -> Path:
+    """The tuning table: $TRANSBENCH_CACHE_DIR/engine-tuning.json, else under $XDG_CACHE_HOME or ~/.cache."""
     root = os.environ.get("TRANSBENCH_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "transbench"
-    return Path(root) / "engine-tuning.json"
+    return Path(root) / TABLE_NAME
 
 
 def _event_ms(run: Callable[[], object], reps: int, per_sample: int = 1) -> float:
@@ -54,11 +66,18 @@ def _event_ms(run: Callable[[], object], reps: int, per_sample: int = 1) -> floa
     return statistics.median_high(a.elapsed_time(b) for a, b in ev) / per_sample
 
 
+@functools.cache
+def _side_stream(device: int) -> torch.cuda.Stream:
+    # One stream for every candidate's warm-up: the caching allocator keeps freed blocks per stream, so a new stream
+    # per candidate (hundreds per tuned shape) would strand each one's outputs as reserved memory for the process.
+    return torch.cuda.Stream(device)
+
+
 def _gpu_ms(fn: Callable[[], object], reps: int, inner: int = 10) -> float:
     """Median GPU time of one fn() call. Calls shorter than ~0.2 ms are timed as a CUDA graph of `inner`
     back-to-back calls, as the engine runs them: timed one by one, the host's launch cost (higher for a
     Triton launch than a cuBLAS one) would decide the race instead of the kernels."""
-    side = torch.cuda.Stream()
+    side = _side_stream(torch.cuda.current_device())
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # compile, pick cuBLAS heuristics, allocate: all outside the timing
         for _ in range(3):
@@ -106,9 +125,12 @@ def _rivals(ranked: list[str]) -> list[str]:
 
 
 class Tuner:
-    def __init__(self, path: Path | None = None, timer: Callable[[Callable[[], object], int], float] = _gpu_ms):
+    def __init__(self, path: Path | None = None, timer: Callable[[Callable[[], object], int], float] = _gpu_ms,
+                 clock: Callable[[], float] = time.perf_counter):
         self.path = path or cache_path()
-        self.timer = timer
+        self.timer, self.clock = timer, clock
+        self.deadline: float | None = None  # clock() past which nothing more is timed (see budget())
+        self.interim: dict[str, str] = {}  # key -> route chosen out of time: this process only, never saved
         try:
             self.table: dict[str, str] = json.loads(self.path.read_text())
         except (OSError, ValueError):
@@ -129,6 +151,19 @@ class Tuner:
             yield keys
         finally:
             self._recordings.remove(keys)
+
+    @contextmanager
+    def budget(self, seconds: float | None) -> Iterator[None]:
+        """Inside the block, tuning stops `seconds` from now (None: no limit); see TUNE_BUDGET_S."""
+        saved = self.deadline
+        self.deadline = None if seconds is None else self.clock() + seconds
+        try:
+            yield
+        finally:
+            self.deadline = saved
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and self.clock() > self.deadline
 
     @staticmethod
     def _device_key() -> str:
@@ -151,7 +186,8 @@ class Tuner:
 
     def choose(self, key: str, candidates: dict[str, Callable[[], object]], reps: int = 20) -> str:
         """Fastest candidate name for `key`: the median of ROUNDS alternating rounds, each `timer(fn, reps // ROUNDS)`;
-        candidates that raise are skipped. Keeps the close runners-up worth racing in `rivals`."""
+        candidates that raise are skipped. Keeps the close runners-up worth racing in `rivals`. Past the budget's
+        deadline the candidates timed so far (at least the first) decide, for this process only (`interim`)."""
         full = self.key(key, candidates)
         for keys in self._recordings:
             keys.add(full)
@@ -159,21 +195,33 @@ class Tuner:
             return self.forced[full]
         if full in self.table and self.table[full] in candidates:
             return self.table[full]
+        if self.interim.get(full) in candidates:
+            return self.interim[full]
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return next(iter(candidates))  # cannot time inside a capture: first working default
         samples: dict[str, list[float]] = {name: [] for name in candidates}
+        complete = True
         for _ in range(ROUNDS):
             for name in list(samples):
+                # Out of time: stop once anything has a time (the default route, listed first, is timed first).
+                if self.out_of_time() and any(samples.values()):
+                    complete = False
+                    break
                 try:
                     samples[name].append(self.timer(candidates[name], max(1, reps // ROUNDS)))
                 except Exception:  # noqa: BLE001 - a backend that refuses this shape is simply not a candidate
                     del samples[name]
                     if torch.cuda.is_available():
                         torch.cuda.synchronize()
+            if not complete:
+                break
         if not samples:
             raise RuntimeError(f"no candidate ran for {key}")
-        times = {name: statistics.median(v) for name, v in samples.items()}
+        times = {name: statistics.median(v) for name, v in samples.items() if v}
         ranked = sorted(times, key=times.get)
+        if not complete:  # a choice among some candidates only: good for this process, not worth keeping
+            self.interim[full] = ranked[0]
+            return ranked[0]
         self.table[full], self.ranked[full] = ranked[0], ranked
         close = [n for n in ranked if times[n] <= times[ranked[0]] * (1 + RIVAL_MARGIN)]
         self.rivals[full] = {n: times[n] / max(times[ranked[0]], 1e-9) for n in _rivals(close)}
@@ -185,7 +233,7 @@ class Tuner:
         """Settle close choices in context: `build()` captures the whole forward with the current choices. First
         the forward with every op in `keys` on its fastest library route (timed in this process) races it, then the
         one with every op on its fastest route of ours; then each rival of those ops, the closest first, one at a
-        time and for at most RACE_BUDGET_S. A trial forward replaces the best so far if at least MIN_GAIN faster
+        time and for at most RACE_BUDGET_S (and none past the tuning budget's deadline). A trial forward replaces the best so far if at least MIN_GAIN faster
         (timed in alternation, `rounds` times). Returns the best build; the table keeps its choices. Each rival is
         tried at most once per process."""
         best = build()
@@ -201,14 +249,14 @@ class Tuner:
         for family, wanted in (("library", lambda n: not _ours(n)), ("ours", _ours)):
             uniform = {k: next((n for n in names if wanted(n)), None) for k, names in ranked.items()}
             uniform = {k: n for k, n in uniform.items() if n is not None and n != self.table.get(k)}
-            if uniform:
+            if uniform and not self.out_of_time():
                 best = self._race(best, uniform, build, time_ms, rounds, family)
         for k, n in alone.items():  # where a uniform forward won, each route it displaced is raced back first
             if n is not None and self.table.get(k) != n:
                 self.rivals.setdefault(k, {})[n] = 1.0
         trials = sorted((ratio, key, rival) for key in keys for rival, ratio in self.rivals.pop(key, {}).items())
         for _, key, rival in trials:
-            if clock() - start > RACE_BUDGET_S:
+            if clock() - start > RACE_BUDGET_S or self.out_of_time():
                 break
             if rival != self.table.get(key):
                 best = self._race(best, {key: rival}, build, time_ms, rounds, "rival")
@@ -252,6 +300,13 @@ class Tuner:
 
 
 _TUNER: Tuner | None = None
+
+
+def use_table(path: Path) -> Tuner:
+    """Make `path` this process's tuning table (api.tune --cache-dir)."""
+    global _TUNER
+    _TUNER = Tuner(path)
+    return _TUNER
 
 
 def tuner() -> Tuner:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .ops import Linear, Norm, quantize_fp8
+from .ops import Linear, Norm, quantize_rows
 
 
 @dataclass
@@ -31,7 +31,8 @@ class Converter:
         w = self.t(weight.t() if transpose else weight)
         lin = Linear(w, self.t(bias))
         if self.fp8:
-            lin.weight_fp8, lin.weight_scale = quantize_fp8(w)
+            w8, scale = quantize_rows(w)  # one scale per output channel, fixed once
+            lin.weight_fp8, lin.weight_scale = w8, scale.t().contiguous()
         return lin
 
     def norm(self, ln: nn.LayerNorm) -> Norm:

@@ -7,13 +7,15 @@ from dataclasses import dataclass
 
 from ..errors import SpecError
 
-DTYPES = ("fp32", "tf32", "fp16", "bf16")
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 
 def torch_dtype(name: str):
+    """The model's storage dtype. fp8 is stored in fp16: only the fused engine runs it (its GEMMs in e4m3)."""
     import torch
 
-    table = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    table = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+             "fp8": torch.float16}
     if name not in table:
         raise SpecError(f"unknown dtype '{name}': choose from {', '.join(DTYPES)}")
     return table[name]
@@ -60,7 +62,11 @@ def dtype_runs(device_str: str, dtype: str) -> bool:
         # Asked through NVML so the parent process never opens a CUDA context (it would hold memory
         # on the GPU being measured for the whole sweep).
         cap = nvml_capability(dev.index or 0)
+        if dtype == "fp8":  # e4m3 tensor cores: Ada / Hopper on
+            return cap is None or cap >= (8, 9)
         return dtype != "bf16" or cap is None or cap >= (8, 0)
+    if dtype == "fp8":
+        return False  # no fp8 GEMM kernels on the CPU
     try:
         x = torch.randn(4, 8, device=dev).to(t)
         w = torch.randn(8, 8, device=dev).to(t)

@@ -1,0 +1,153 @@
+"""What a new shape's first call costs: the tuning budget (fake clock), `transbench tune`, generator graph reuse."""
+import pytest
+import torch
+
+from transbench.engine import tuning
+
+
+class _Clock:
+    """A clock that only timing work advances: each candidate timed costs `cost` seconds."""
+
+    def __init__(self, cost: float):
+        self.now, self.cost, self.timed = 0.0, cost, []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def timer(self, times):
+        def time_one(fn, reps):
+            name = fn()
+            self.timed.append(name)
+            self.now += self.cost
+            return times[name]
+        return time_one
+
+
+def _cands(*names):
+    return {n: (lambda n=n: n) for n in names}
+
+
+def test_tuning_stops_at_the_budget_and_keeps_the_partial_choice_out_of_the_disk_table(tmp_path):
+    clock = _Clock(cost=1.0)
+    times = {"cublas": 2.0, "t1": 1.5, "t2": 1.0, "t3": 0.5}
+    t = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
+    with t.budget(2.5):
+        # cublas, t1, t2 are timed (the clock reads 3 s after t2): t3, faster, is never reached
+        assert t.choose("op1", _cands(*times)) == "t2"
+        assert clock.timed == ["cublas", "t1", "t2"]
+        # a second op past the deadline takes its default route after timing only it
+        assert t.choose("op2", _cands("cublas", "t1")) == "cublas"
+        assert clock.timed[3:] == ["cublas"]
+    assert t.table == {} and not (tmp_path / "t.json").exists()  # nothing half-tuned is kept on disk
+    # the same shape again in this process: the interim choices hold, nothing is timed
+    n = len(clock.timed)
+    assert t.choose("op1", _cands(*times)) == "t2" and len(clock.timed) == n
+    # without a budget (transbench tune) a fresh process times every candidate and keeps the winner on disk
+    fresh = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
+    with fresh.budget(None):
+        assert fresh.choose("op1", _cands(*times)) == "t3"
+    assert list(tuning.Tuner(tmp_path / "t.json").table.values()) == ["t3"]
+
+
+def test_a_budget_long_enough_changes_nothing(tmp_path):
+    clock = _Clock(cost=0.01)
+    times = {"cublas": 2.0, "t1": 1.0}
+    t = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
+    with t.budget(100.0):
+        assert t.choose("op", _cands(*times)) == "t1"
+    assert clock.timed == ["cublas", "t1"] * tuning.ROUNDS and t.interim == {} and len(t.table) == 1
+    assert t.deadline is None  # the budget ends with its block
+
+
+def test_no_whole_forward_is_raced_past_the_deadline(tmp_path):
+    clock = _Clock(cost=1.0)
+    times = {"x": 1.0, "x2": 1.1}
+    t = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
+    builds = []
+
+    def build():
+        builds.append(t.choose("op", _cands("x", "x2")))
+        return builds[-1]
+    with t.budget(1e9), t.recording() as keys:  # choices complete, then the budget runs out before the races
+        t.choose("op", _cands("x", "x2"))
+        clock.now = 2e9
+        assert t.refine(keys, build, lambda b: 1.0) == "x"
+    assert builds == ["x"] and t.races == []
+
+
+class _CountingCache:
+    """GraphCache stand-in that 'captures' (counts) the first call of each key and replays (calls fn) after."""
+
+    captures: list = []
+
+    def __init__(self, enabled, max_entries=32, tune_budget_s=None):
+        self.entries = {}
+
+    def __call__(self, key, fn, *args):
+        if key not in self.entries:
+            _CountingCache.captures.append(key)
+            self.entries[key] = True
+        return fn(*args)
+
+    def release(self):
+        self.entries.clear()
+
+    def tuning(self):
+        return {}
+
+
+def _greedy(gen, prompt, new):
+    logits, toks = gen.prefill(prompt), []
+    for _ in range(new):
+        toks.append(logits.argmax(-1))
+        logits = gen.decode(toks[-1])
+    return torch.stack(toks, 1)
+
+
+def test_a_fresh_generator_replays_the_graphs_captured_for_its_shape(monkeypatch):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from transbench.engine import compile_model, gpt2
+
+    monkeypatch.setattr(gpt2, "GraphCache", _CountingCache)
+    monkeypatch.setattr(_CountingCache, "captures", [])
+    torch.manual_seed(0)
+    m = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=500, n_positions=64)).eval()
+    c = compile_model(m, dtype=torch.float32)
+    prompt = torch.randint(0, 500, (1, 7))
+    first = _greedy(c.generator(1, 20), prompt, 8)
+    assert _CountingCache.captures == [("prefill", 7), "decode"]
+    again = c.generator(1, 20)  # a new request: same shape, nothing captured again, same tokens
+    assert torch.equal(_greedy(again, prompt, 8), first) and len(_CountingCache.captures) == 2
+    c.generator(2, 20).prefill(prompt.repeat(2, 1))  # another batch size has graphs of its own
+    assert _CountingCache.captures[2:] == [("prefill", 7)]
+
+    # two generators of one shape share the cache: the older one may not decode over the newer one's sequence
+    a, b = c.generator(1, 20), c.generator(1, 20)
+    nxt = a.prefill(prompt).argmax(-1)
+    b.prefill(torch.randint(0, 500, (1, 5)))
+    with pytest.raises(ValueError, match="newer generator"):
+        a.decode(nxt)
+    c.release()
+    assert c.engine.decode_states == {}
+    _greedy(c.generator(1, 20), prompt, 2)  # after release() the shape is captured anew
+    assert _CountingCache.captures[-2:] == [("prefill", 7), "decode"]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--model", "nope"], "unknown model 'nope'"),
+    (["--model", "bert-base-uncased", "--dtype", "fp32"], "dtype fp32 cannot be tuned"),
+    (["--model", "bert-base-uncased", "--seq", "128,1024"], "seq 1024 exceeds"),
+    (["--model", "bert-base-uncased", "--batch", "0"], "batch must be at least 1"),
+    (["--model", "bert-base-uncased", "--batch", "1,x"], "cannot read '1,x'"),
+    (["--model", "bert-base-uncased", "--device", "cpu"], "tune needs a CUDA GPU"),
+])
+def test_tune_refuses_bad_input_in_one_line(args, says, tmp_path):
+    from typer.testing import CliRunner
+
+    from transbench.cli import app
+
+    out = CliRunner().invoke(app, ["tune", *args, "--cache-dir", str(tmp_path)])
+    assert out.exit_code == 2, out.output
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ") and says in out.stderr, out.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written
