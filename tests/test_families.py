@@ -17,8 +17,13 @@ from transbench.cells import Cell
 from transbench.errors import SpecError
 from transbench.models import build, flops
 from transbench.models.presets import PRESETS
-from transbench.runner.worker import execute
+from transbench.runner import worker  # noqa: E402
 from transbench.scenarios.inference import ModelCache
+
+
+def execute(cell, cache):
+    """One `run` cell through the worker's own path (runner/worker.py), in this process."""
+    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache})
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["roberta-tiny", "distilbert-tiny", "deberta-tiny", "modernbert-tiny", "llama-tiny", "qwen2-tiny"]
