@@ -142,3 +142,56 @@ def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: fl
     from .report import compare as compare_runs
 
     return compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
+
+
+def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_path: str | None = None,
+          on_cell: Callable = lambda c, r: None) -> RunOutcome:
+    """A load test (scenarios.serve_spec.ServeSpec): every (backend, load) cell stored as it ends. With
+    find_max_rate, per backend an offline cell (the throughput bound), then Poisson probes bisecting the
+    largest rate whose latency percentile meets slo_ms, each probe stored, then a `serve-max-rate` cell."""
+    from .scenarios import serve_spec
+    from .scenarios.serve_cell import ServeCell
+    from .scenarios.serve_search import find_max_rate
+    from .runner.sweep import store_result
+
+    spec, lengths = serve_spec.check(spec)
+    target = Target(ServeCell, measure="transbench.scenarios.serve:measure")
+    opts = SweepOptions(spec.timeout)
+    store = Store(db)
+    try:
+        run_id, name, done = open_run(store, "serve", replace(spec, name=None).to_dict(), spec.name,
+                                      lambda: env_mod.collect(open_cuda=False))
+
+        def measured(cell) -> dict | None:
+            """Run one cell (or find it stored by an earlier attempt of this run) and return its stored row."""
+            run_grid(store, run_id, [cell], target, opts, on_cell)
+            return next((c for c in store.cells(run_id) if c["key"] == cell.key()), None)
+
+        if not spec.find_max_rate:
+            run_grid(store, run_id, serve_spec.expand(spec, lengths), target, opts, on_cell)
+        for backend in spec.backends if spec.find_max_rate else []:
+            offline = measured(serve_spec.cell(spec, lengths, backend, "offline"))
+            summary = serve_spec.cell(spec, lengths, backend, "max-rate")
+            if offline is None or offline["status"] != "ok":
+                store_result(store, run_id, summary, CellResult(
+                    offline["status"] if offline else "error", error="the offline probe did not run: "
+                    + ((offline or {}).get("record", {}).get("error") or "see its cell")), scenario="serve-max-rate")
+                continue
+            metric = serve_spec.PERCENTILE_KEYS[spec.percentile]
+
+            def probe(rate: float) -> float | None:
+                row = measured(serve_spec.cell(spec, lengths, backend, "rate", rate))
+                return row["record"].get(metric) if row and row["status"] == "ok" else None
+
+            best, trail = find_max_rate(probe, spec.slo_ms, offline["record"]["achieved_rate"])
+            rec = {"max_rate": best, "percentile": spec.percentile, "slo_ms": spec.slo_ms,
+                   "offline_rate": offline["record"]["achieved_rate"]}
+            result = CellResult("ok" if best else "error", record=rec, info={"probes": trail},
+                                error=None if best else f"no probed rate met p{spec.percentile:g} <= {spec.slo_ms:g} ms")
+            store_result(store, run_id, summary, result, scenario="serve-max-rate")
+            on_cell(summary, result)
+        recs = export.records(store, [run_id])
+    finally:
+        store.close()
+    export.write(recs, json_path, csv_path)
+    return RunOutcome(run_id, name, recs, done > 0)

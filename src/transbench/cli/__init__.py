@@ -7,7 +7,7 @@ import importlib
 from .app import app, fail  # noqa: F401
 
 # Each module registers its commands on `app`; a topic whose module is not there yet is left out.
-for _topic in ("run", "info", "micro", "train", "report", "demo"):
+for _topic in ("run", "serve", "info", "micro", "train", "report", "demo"):
     try:
         importlib.import_module(f"{__name__}.{_topic}")
     except ModuleNotFoundError as exc:
