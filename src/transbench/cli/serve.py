@@ -71,7 +71,7 @@ def serve(
 def _table(recs: list[dict], title: str):
     from rich.table import Table
 
-    cols = [k for k in SHOWN if any(r.get(k) not in (None, 0, 0.0) for r in recs)]
+    cols = [k for k in SHOWN if any(r.get(k) is not None for r in recs)]
     t = Table(title=title)
     for k in ["status", *cols]:
         t.add_column(k.replace("_ms", " ms").replace("_", " "), justify="left" if k in ("backend", "mode", "status") else "right")
