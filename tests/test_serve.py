@@ -240,3 +240,59 @@ def test_bad_input_is_one_line(tmp_path, args, message):
     res = invoke("serve", "--model", "bert-tiny", "--device", "cpu", *args, "--db", db)
     assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1
     assert not db.exists()
+
+
+def test_find_max_rate_stores_every_probe(tmp_path, extra_backends):
+    """The whole search on bert-tiny through a backend of known service time (4 ms a batch of up to 2): an
+    offline cell bounds it (~500/s), each probe is a stored rate cell, and the summary cell's rate is the
+    largest probe that met the target."""
+    from transbench import api
+    from transbench.scenarios.serve_spec import ServeSpec
+
+    extra_backends("serve_backends")
+    db = str(tmp_path / "m.db")
+    spec = ServeSpec(model="bert-tiny", backends=["sleepy"], device="cpu", lengths="fixed:8", max_batch_size=2,
+                     duration=0.5, warmup=0.1, find_max_rate=True, slo_ms=100, name="mr")
+    recs = api.serve(spec, db).records
+    offline = [r for r in recs if r["mode"] == "offline"]
+    probes = [r for r in recs if r["mode"] == "rate"]
+    (summary,) = [r for r in recs if r["scenario"] == "serve-max-rate"]
+    assert len(offline) == 1 and offline[0]["status"] == "ok", offline[0]["error"]
+    assert 2 <= len(probes) <= 8 and len({r["rate"] for r in probes}) == len(probes), [(r["status"], r["error"]) for r in probes]
+    assert offline[0]["achieved_rate"] == pytest.approx(2 / 0.004, rel=0.5)
+    passed = [r["rate"] for r in probes if r["status"] == "ok" and r["latency_p99_ms"] <= 100]
+    assert summary["max_rate"] == pytest.approx(max(passed)) and max(passed) < offline[0]["achieved_rate"]
+    assert summary["offline_rate"] == offline[0]["achieved_rate"]
+
+
+def test_generation_under_load_in_process():
+    """gpt2-tiny: time to first token, inter-token gaps and end-to-end latency, batch-synchronous."""
+    from transbench.scenarios import serve, serve_lengths
+    from transbench.scenarios.inference import ModelCache
+    from transbench.scenarios.serve_cell import ServeCell
+
+    lengths = serve_lengths.parse("normal:10:20", 128 - 4).to_dict()
+    cell = ServeCell("gpt2-tiny", "generate", "sdpa", "fp32", "concurrency", concurrency=2, lengths=lengths,
+                     max_batch_size=2, max_wait_ms=0.0, duration=0.5, warmup=0.0, new_tokens=4)
+    r = serve.run(cell, ModelCache())
+    assert r.status == "ok", r.error
+    rec = r.record
+    assert rec["rel_err"] < 1e-3 and rec["itl_p50_ms"] > 0
+    assert rec["ttft_p50_ms"] < rec["latency_p50_ms"] and rec["ttft_max_ms"] <= rec["latency_max_ms"]
+    assert rec["tokens_per_s"] == pytest.approx(4 * rec["achieved_rate"], rel=0.01)
+    assert set(r.info["batch_sizes"]) <= {1, 2} and r.info["shape_buckets"] == [[1, 32], [2, 32]] \
+        or r.info["shape_buckets"] == [(1, 32), (2, 32)]
+
+
+def test_report_has_the_serve_section(tmp_path):
+    from transbench import api
+    from transbench.scenarios.serve_spec import ServeSpec
+
+    db = str(tmp_path / "r.db")
+    spec = ServeSpec(model="bert-tiny", backends=["sdpa"], device="cpu", lengths="fixed:8", max_batch_size=2,
+                     duration=0.3, warmup=0.1, rates=[5, 10], slo_ms=1e4, name="curve")
+    api.serve(spec, db)
+    paths = api.report(db, ["curve"], str(tmp_path / "rep"))
+    md = paths.markdown.read_text() if hasattr(paths, "markdown") else (tmp_path / "rep" / "report.md").read_text()
+    assert "## Serving under load" in md and "| sdpa | 5/s Poisson | 5.00 |" in md
+    assert (tmp_path / "rep" / "serve_0.png").stat().st_size > 1000

@@ -152,7 +152,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
     from .scenarios import serve_spec
     from .scenarios.serve_cell import ServeCell
     from .scenarios.serve_search import find_max_rate
-    from .runner.sweep import store_result
+    from .runner.sweep import _Lane, store_result
 
     spec, lengths = serve_spec.check(spec)
     target = Target(ServeCell, measure="transbench.scenarios.serve:measure")
@@ -162,9 +162,16 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
         run_id, name, done = open_run(store, "serve", replace(spec, name=None).to_dict(), spec.name,
                                       lambda: env_mod.collect(open_cuda=False))
 
+        # The search decides each probe from the last one, so it drives one lane (one worker, its models kept
+        # between probes) itself instead of a run_grid per probe (a new worker process each).
+        lane = _Lane(None, target)
+
         def measured(cell) -> dict | None:
             """Run one cell (or find it stored by an earlier attempt of this run) and return its stored row."""
-            run_grid(store, run_id, [cell], target, opts, on_cell)
+            if cell.key() not in store.finished_keys(run_id):
+                result = lane.run(cell, opts.timeout)
+                store_result(store, run_id, cell, result)
+                on_cell(cell, result)
             return next((c for c in store.cells(run_id) if c["key"] == cell.key()), None)
 
         if not spec.find_max_rate:
@@ -190,6 +197,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                                 error=None if best else f"no probed rate met p{spec.percentile:g} <= {spec.slo_ms:g} ms")
             store_result(store, run_id, summary, result, scenario="serve-max-rate")
             on_cell(summary, result)
+        lane.close()
         recs = export.records(store, [run_id])
     finally:
         store.close()

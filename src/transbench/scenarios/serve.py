@@ -36,6 +36,7 @@ from .serve_stats import account
 
 LEN_STEP = 32
 GATE_BATCH = 4  # requests in the correctness check's batch (the reference covers its first and last two)
+MIN_REQUESTS = 20  # a percentile over fewer requests says little (a bisection probe may ask a low rate)
 OFFLINE_QUEUE = 2  # offline keeps this many full batches queued, so every batch leaves full
 
 
@@ -176,8 +177,8 @@ class Decoders:
 def plan_for(cell: ServeCell) -> tuple[LoadPlan, float | None]:
     span = cell.warmup + cell.duration
     dist = cell.length_dist
-    if cell.mode == "rate":
-        arrivals = poisson_arrivals(cell.rate, span, cell.seed)
+    if cell.mode == "rate":  # a low rate's window stretches to MIN_REQUESTS expected arrivals
+        arrivals = poisson_arrivals(cell.rate, cell.warmup + max(cell.duration, MIN_REQUESTS / cell.rate), cell.seed)
         return LoadPlan(dist.draw(max(1, len(arrivals)), cell.seed + 1), arrivals=arrivals,
                         warmup_s=cell.warmup), cell.rate
     clients = cell.concurrency if cell.mode == "concurrency" else OFFLINE_QUEUE * cell.max_batch_size

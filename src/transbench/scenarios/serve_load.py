@@ -73,6 +73,7 @@ def run_load(serve_batch: Callable[[list[Request]], Any], plan: LoadPlan, policy
     pending: deque = deque()
     batcher = Batcher(policy)
     measuring = False
+    counted = False  # closed loop: a request has arrived after the warm-up
 
     if plan.arrivals is not None:
         def issue() -> None:
@@ -130,9 +131,12 @@ def run_load(serve_batch: Callable[[list[Request]], Any], plan: LoadPlan, policy
         step_times = [s - t0 for s in steps] if steps else []
         for r in batch:
             served.append(Served(r, start, done, len(batch), step_times))
-            if plan.arrivals is None and done < plan.span_s:  # closed loop: the client sends its next one
+            # Closed loop: the client sends its next request; past the span too while none has arrived after
+            # the warm-up yet (a model slower than the span would otherwise leave nothing to measure).
+            if plan.arrivals is None and (done < plan.span_s or not counted):
                 pending.append(Request(next_id, done, lengths[next_id % len(lengths)]))
                 next_id += 1
+                counted = counted or done >= plan.warmup_s
     if issuer is not None:
         issuer.join(timeout=1.0)
     return Trace(served, list(pending), batches, plan, now())
