@@ -158,6 +158,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
     target = Target(ServeCell, measure="transbench.scenarios.serve:measure")
     opts = SweepOptions(spec.timeout)
     store = Store(db)
+    lane = None
     try:
         run_id, name, done = open_run(store, "serve", replace(spec, name=None).to_dict(), spec.name,
                                       lambda: env_mod.collect(open_cuda=False))
@@ -197,9 +198,10 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                                 error=None if best else f"no probed rate met p{spec.percentile:g} <= {spec.slo_ms:g} ms")
             store_result(store, run_id, summary, result, scenario="serve-max-rate")
             on_cell(summary, result)
-        lane.close()
         recs = export.records(store, [run_id])
     finally:
+        if lane is not None:
+            lane.close()
         store.close()
     export.write(recs, json_path, csv_path)
     return RunOutcome(run_id, name, recs, done > 0)
