@@ -198,3 +198,66 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
     finally:
         compiled.release()
     return rows
+
+
+def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_path: str | None = None,
+          on_cell: Callable = lambda c, r: None) -> RunOutcome:
+    """A load test (scenarios.serve_spec.ServeSpec): every (backend, load) cell stored as it ends. With
+    find_max_rate, per backend an offline cell (the throughput bound), then Poisson probes bisecting the
+    largest rate whose latency percentile meets slo_ms, each probe stored, then a `serve-max-rate` cell."""
+    from .scenarios import serve_spec
+    from .scenarios.serve_cell import ServeCell
+    from .scenarios.serve_search import find_max_rate
+    from .runner.sweep import _Lane, store_result
+
+    spec, lengths = serve_spec.check(spec)
+    target = Target(ServeCell, measure="transbench.scenarios.serve:measure")
+    opts = SweepOptions(spec.timeout)
+    store = Store(db)
+    lane = None
+    try:
+        run_id, name, done = open_run(store, "serve", replace(spec, name=None).to_dict(), spec.name,
+                                      lambda: env_mod.collect(open_cuda=False))
+
+        # The search decides each probe from the last one, so it drives one lane (one worker, its models kept
+        # between probes) itself instead of a run_grid per probe (a new worker process each).
+        lane = _Lane(None, target)
+
+        def measured(cell) -> dict | None:
+            """Run one cell (or find it stored by an earlier attempt of this run) and return its stored row."""
+            if cell.key() not in store.finished_keys(run_id):
+                result = lane.run(cell, opts.timeout)
+                store_result(store, run_id, cell, result)
+                on_cell(cell, result)
+            return next((c for c in store.cells(run_id) if c["key"] == cell.key()), None)
+
+        if not spec.find_max_rate:
+            run_grid(store, run_id, serve_spec.expand(spec, lengths), target, opts, on_cell)
+        for backend in spec.backends if spec.find_max_rate else []:
+            offline = measured(serve_spec.cell(spec, lengths, backend, "offline"))
+            summary = serve_spec.cell(spec, lengths, backend, "max-rate")
+            if offline is None or offline["status"] != "ok":
+                store_result(store, run_id, summary, CellResult(
+                    offline["status"] if offline else "error", error="the offline probe did not run: "
+                    + ((offline or {}).get("record", {}).get("error") or "see its cell")), scenario="serve-max-rate")
+                continue
+            metric = serve_spec.PERCENTILE_KEYS[spec.percentile]
+
+            def probe(rate: float) -> float | None:
+                row = measured(serve_spec.cell(spec, lengths, backend, "rate", rate))
+                return row["record"].get(metric) if row and row["status"] == "ok" else None
+
+            best, trail = find_max_rate(probe, spec.slo_ms, offline["record"]["achieved_rate"])
+            rec = {"max_rate": best, "percentile": spec.percentile, "slo_ms": spec.slo_ms,
+                   "offline_rate": offline["record"]["achieved_rate"]}
+            result = CellResult("ok" if best else "error", record=rec, info={"probes": trail},
+                                error=None if best else f"no probed rate met p{spec.percentile:g} <= {spec.slo_ms:g} ms")
+            store_result(store, run_id, summary, result, scenario="serve-max-rate")
+            on_cell(summary, result)
+        recs = export.records(store, [run_id])
+    finally:
+        if lane is not None:
+            lane.close()
+        store.close()
+    export.write(recs, json_path, csv_path)
+    return RunOutcome(run_id, name, recs, done > 0)

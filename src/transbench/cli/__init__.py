@@ -7,7 +7,7 @@ import importlib
 from .app import app, fail  # noqa: F401
 
 # Each module registers its commands on `app`; a topic whose module is not there yet is left out.
-for _topic in ("run", "info", "models", "micro", "train", "report", "demo", "tune"):
+for _topic in ("run", "serve", "info", "models", "micro", "train", "report", "demo", "tune"):
     try:
         importlib.import_module(f"{__name__}.{_topic}")
     except ModuleNotFoundError as exc:

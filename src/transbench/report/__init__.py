@@ -76,6 +76,11 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
     micro = tables.micro_tables(data)
     if micro:
         sections.append(Section("Micro-benchmarks", micro))
+    from .serve import section as serve_section  # serving under load (report/serve.py)
+
+    serve = serve_section(data, out)
+    if serve is not None:
+        sections.append(serve)
     problems = tables.problems_table(data)
     if problems is not None:
         sections.append(Section("Cells without a valid measurement", [problems]))

@@ -1,0 +1,80 @@
+"""`transbench serve`: a load test of one model through one or more backends."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from .. import api
+from ..scenarios.serve_spec import ServeSpec
+from ..spec import split_list
+from .app import app, friendly
+from .tables import console, fmt
+
+SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "latency_p50_ms",
+         "latency_p99_ms", "latency_p999_ms", "goodput", "mean_batch", "ttft_p50_ms", "itl_p50_ms", "max_rate")
+
+
+@app.command()
+@friendly
+def serve(
+    model: str = typer.Option("bert-base-uncased", "--model", "-m", help="preset or local checkpoint folder"),
+    task: str = typer.Option("classification", help="an encoder task, or generate (decoders: generation under load)"),
+    backend: str = typer.Option("sdpa", "--backend", "-b", help="backends, comma-separated"),
+    dtype: Optional[str] = typer.Option(None, help="fp32|tf32|fp16|bf16; default fp16 on GPU, fp32 on CPU"),
+    device: str = typer.Option("auto", help="auto|cpu|cuda|cuda:N"),
+    rate: Optional[str] = typer.Option(None, help="Poisson arrival rates, requests/s (comma-separated: an axis)"),
+    concurrency: Optional[str] = typer.Option(None, help="closed loop: clients, each sending its next request "
+                                              "when the last returns (comma-separated: an axis)"),
+    offline: bool = typer.Option(False, "--offline", help="every batch full: the throughput bound"),
+    lengths: str = typer.Option("lognormal:64:256", help="fixed:N | normal:MEAN:MAX[:STDEV] | "
+                                "lognormal:MEAN:MAX[:SIGMA] | counts:FILE | text:FILE (tokenized, one request a line)"),
+    max_batch_size: int = typer.Option(32, help="the batcher's largest batch"),
+    max_wait_ms: float = typer.Option(2.0, help="a batch leaves when its oldest request has waited this long"),
+    duration: float = typer.Option(10.0, help="seconds of arrivals measured per cell"),
+    warmup: float = typer.Option(2.0, help="seconds of arrivals served first and not counted"),
+    slo_ms: Optional[float] = typer.Option(None, help="latency target: goodput is the share within it"),
+    percentile: float = typer.Option(99.0, help="the percentile --find-max-rate holds under --slo-ms"),
+    find_max_rate: bool = typer.Option(False, "--find-max-rate", help="bisect the largest rate meeting the target"),
+    new_tokens: int = typer.Option(32, help="tokens generated per request (--task generate)"),
+    seed: int = typer.Option(0, help="seed of arrivals, lengths and weights"),
+    timeout: float = typer.Option(900.0, help="seconds a cell may take before it is `timeout`"),
+    db: str = typer.Option("transbench.db", help="SQLite store"),
+    json_path: Optional[str] = typer.Option(None, "--json", help="also write the records as JSON"),
+    csv_path: Optional[str] = typer.Option(None, "--csv", help="also write the records as CSV"),
+    name: Optional[str] = typer.Option(None, help="run name; rerunning a name resumes it"),
+) -> None:
+    """Serving under load: latency percentiles against offered load, and the largest rate under a target."""
+    spec = ServeSpec(model=model, task=task, backends=split_list(backend), dtype=dtype, device=device,
+                     rates=split_list(rate, float) if rate else [],
+                     concurrency=split_list(concurrency, int) if concurrency else [], offline=offline,
+                     lengths=lengths, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, duration=duration,
+                     warmup=warmup, slo_ms=slo_ms, percentile=percentile, find_max_rate=find_max_rate,
+                     new_tokens=new_tokens, seed=seed, timeout=timeout, name=name)
+
+    def on_cell(cell, result):
+        if result is None:
+            return
+        level = {"rate": f"{cell.rate:.1f}/s", "concurrency": f"c{cell.concurrency}"}.get(cell.mode, cell.mode)
+        r = result.record
+        detail = (f"p99 {r['latency_p99_ms']:.2f} ms, achieved {r['achieved_rate']:.1f}/s"
+                  if "latency_p99_ms" in r else f"max rate {r['max_rate']:.1f}/s" if r.get("max_rate") else "")
+        console.print(f"  {cell.backend} {level}: {result.status} {detail or result.error or ''}"[:160],
+                      markup=False, highlight=False)
+
+    outcome = api.serve(spec, db, json_path=json_path, csv_path=csv_path, on_cell=on_cell)
+    console.print(_table(outcome.records, f"serve {outcome.name} ({outcome.run_id})"))
+    console.print(f"stored in {db} as run [bold]{outcome.name}[/]" + (" (resumed)" if outcome.resumed else ""))
+
+
+def _table(recs: list[dict], title: str):
+    from rich.table import Table
+
+    cols = [k for k in SHOWN if any(r.get(k) is not None for r in recs)]
+    t = Table(title=title)
+    for k in ["status", *cols]:
+        t.add_column(k.replace("_ms", " ms").replace("_", " "), justify="left" if k in ("backend", "mode", "status") else "right")
+    for r in recs:
+        t.add_row(str(r.get("status")), *(fmt(r.get(k)) for k in cols))
+    return t

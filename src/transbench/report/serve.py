@@ -1,0 +1,97 @@
+"""The serve section of the report: latency percentiles against offered load per backend (the curve that
+bends up at saturation), achieved against offered rate, the load table and the max-rate table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .data import ReportData, by_scenario, groups, is_ok
+from .document import Figure, Section, Table, measured, num
+
+LOAD_COLS = [("backend", "backend", ""), ("mode", "load", ""), ("offered_rate", "offered /s", ""),
+             ("achieved_rate", "achieved /s", ""), ("latency_p50_ms", "p50 ms", ""), ("latency_p90_ms", "p90 ms", ""),
+             ("latency_p99_ms", "p99 ms", ""), ("latency_p999_ms", "p99.9 ms", ""), ("latency_max_ms", "max ms", ""),
+             ("goodput", "goodput", "pct"), ("mean_batch", "mean batch", ""), ("busy_share", "busy", "pct"),
+             ("ttft_p50_ms", "TTFT p50 ms", ""), ("ttft_p99_ms", "TTFT p99 ms", ""),
+             ("itl_p50_ms", "ITL p50 ms", ""), ("itl_p99_ms", "ITL p99 ms", ""),
+             ("j_per_request", "J/request", ""), ("rel_err", "rel err", "err")]
+SETTINGS = ("run_name", "model", "task", "dtype", "lengths", "max_batch_size", "max_wait_ms", "slo_ms")
+
+
+def _level(r: dict) -> str:
+    if r.get("mode") == "rate":
+        return f"{r.get('rate'):g}/s Poisson"
+    if r.get("mode") == "concurrency":
+        return f"{r.get('concurrency')} clients"
+    return str(r.get("mode"))
+
+
+def load_tables(recs: list[dict]) -> list[Table]:
+    out = []
+    for key, rows in groups(recs, SETTINGS).items():
+        cols = [c for c in LOAD_COLS if any(r.get(c[0]) is not None for r in rows)]
+        body = [[_level(r) if k == "mode" else measured(r, k, kind) if k != "backend" else str(r.get(k))
+                 for k, _, kind in cols] for r in rows]
+        title = "serve: " + ", ".join(f"{k}={v}" for k, v in zip(SETTINGS, key) if v is not None)
+        out.append(Table(title, [label for _, label, _ in cols], body))
+    return out
+
+
+def max_rate_table(recs: list[dict]) -> Table | None:
+    if not recs:
+        return None
+    rows = [[str(r.get("backend")), str(r.get("model")), str(r.get("dtype")), str(r.get("lengths")),
+             f"p{num(r.get('percentile'))} <= {num(r.get('slo_ms'))} ms", measured(r, "max_rate"),
+             measured(r, "offline_rate")] for r in recs]
+    return Table("largest Poisson rate meeting the latency target (bisection; every probe is a serve cell)",
+                 ["backend", "model", "dtype", "lengths", "target", "max rate /s", "offline /s"], rows)
+
+
+def figures(recs: list[dict], out: Path) -> list[Figure]:
+    from matplotlib.figure import Figure as MplFigure
+
+    rated = [r for r in recs if r.get("mode") == "rate" and is_ok(r, "latency_p99_ms")]
+    figs = []
+    for i, (key, rows) in enumerate(groups(rated, SETTINGS).items()):
+        fig = MplFigure(figsize=(10, 3.8), dpi=110, layout="constrained")
+        lat, ach = fig.subplots(1, 2)
+        points = []
+        for j, (backend, brows) in enumerate(groups(rows, ("backend",)).items()):
+            brows = sorted(brows, key=lambda r: r["offered_rate"])
+            x = [r["offered_rate"] for r in brows]
+            for pkey, style in (("latency_p50_ms", ":"), ("latency_p99_ms", "-"), ("latency_p999_ms", "--")):
+                lat.plot(x, [r[pkey] for r in brows], style, color=f"C{j}", marker="o", label=f"{backend[0]} {pkey[8:-3]}")
+            ach.plot(x, [r["achieved_rate"] for r in brows], color=f"C{j}", marker="o", label=backend[0])
+            points += [{"backend": backend[0], "offered_rate": r["offered_rate"], "achieved_rate": r["achieved_rate"],
+                        "latency_p99_ms": r["latency_p99_ms"]} for r in brows]
+        slo = key[SETTINGS.index("slo_ms")]
+        if slo:
+            lat.axhline(slo, color="grey", lw=0.8)
+        lat.set(yscale="log", xlabel="offered rate (requests/s)", ylabel="latency (ms)", title="latency vs load")
+        top = max(r["offered_rate"] for r in rows)
+        ach.plot([0, top], [0, top], color="grey", lw=0.8)
+        ach.set(xlabel="offered rate (requests/s)", ylabel="achieved rate (requests/s)", title="achieved vs offered")
+        lat.legend(fontsize=7)
+        ach.legend(fontsize=7)
+        path = out / f"serve_{i}.png"
+        fig.savefig(path)
+        figs.append(Figure(path, "serve: " + ", ".join(str(v) for v in key if v is not None), points))
+    return figs
+
+
+def section(data: ReportData, out: Path) -> Section | None:
+    """The report's serve section, or None when the runs hold no serve cell."""
+    recs = by_scenario(data.records, "serve")
+    top = max_rate_table(by_scenario(data.records, "serve-max-rate"))
+    if not recs and top is None:
+        return None
+    blocks: list = ["Latency runs from a request's planned arrival to its result on the host (no coordinated "
+                    "omission); goodput is the share of requests within the SLO."]
+    if top is not None:
+        blocks.append(top)
+    blocks += load_tables(recs)
+    try:
+        blocks += figures(recs, out)
+    except Exception as exc:  # noqa: BLE001 - a broken plot must not cost the tables
+        blocks.append(f"serve plot failed: {type(exc).__name__}: {exc}")
+    return Section("Serving under load", blocks)

@@ -1,0 +1,245 @@
+"""The serve scenario: one backend under load. The same correctness gate as `run` first (a wrong backend
+is `wrong`, never loaded), then the load loop (serve_load) over shape buckets, then the accounting.
+
+Shapes: a backend's prepared callable is built for one input shape, and the graph backends (cudagraph,
+fused) replay captured graphs that exist for fixed shapes only. A batch is therefore padded to a bucket:
+its size up to the next power of two (capped at --max-batch-size), its width up to the next multiple of
+LEN_STEP. Every bucket the lengths can reach is prepared (captured, compiled) before the load starts, so
+no capture happens under load; only the inputs change per batch, copied into the bucket's buffers (the
+token ids and the padding mask: the mask is what decides the real work of a packing backend). Padding
+rows of a partly filled bucket are one token long. The fused engine packs the real tokens of each batch
+(no padding work) and keys its own graphs on the packed token count rounded to 128 (engine/base.py), so
+it may still capture a new count during the load: those captures are counted in the cell's info.
+
+Generation (decoders, --task generate) is batch-synchronous greedy decoding: a batch's prompts are
+padded to its bucket width and decoded together for --new-tokens steps with the backend's generator;
+each token is synchronized to the host as it is produced (what a streaming server returns), giving time
+to first token, inter-token gaps and end-to-end latency. The generators take token ids without a mask,
+so a padded prompt costs its bucket's full width."""
+
+from __future__ import annotations
+
+import time
+
+from .. import backends
+from ..cells import Cell, CellResult
+from ..measure import device as dev
+from ..measure import memory
+from ..measure.context import Monitor
+from ..models import build
+from .inference import TOLERANCE, ModelCache, cell_inputs, model_for, output_tensor, reference, rel_err
+from .serve_arrivals import poisson_arrivals
+from .serve_batcher import BatchPolicy
+from .serve_cell import ServeCell
+from .serve_load import DRAIN_LIMIT_S, LoadPlan, run_load
+from .serve_stats import account
+
+LEN_STEP = 32
+GATE_BATCH = 4  # requests in the correctness check's batch (the reference covers its first and last two)
+MIN_REQUESTS = 20  # a percentile over fewer requests says little (a bisection probe may ask a low rate)
+OFFLINE_QUEUE = 2  # offline keeps this many full batches queued, so every batch leaves full
+
+
+def batch_bucket(n: int, max_batch: int) -> int:
+    return min(max_batch, 1 << (n - 1).bit_length())
+
+
+def len_bucket(n: int, top: int) -> int:
+    return min(top, -(-n // LEN_STEP) * LEN_STEP)
+
+
+def buckets(max_batch: int, max_len: int, top: int) -> list[tuple[int, int]]:
+    sizes = sorted({batch_bucket(n, max_batch) for n in range(1, max_batch + 1)})
+    widths = sorted({len_bucket(n, top) for n in range(1, max_len + 1)})
+    return [(b, s) for b in sizes for s in widths]
+
+
+def probe_cell(cell: ServeCell, batch: int, seq: int, stdev: float = 0.0) -> Cell:
+    """The `run` cell of one bucket: the inference scenario's inputs, reference and generators take it."""
+    return Cell(cell.model, cell.task, cell.backend, cell.dtype, batch, seq, device=cell.device, seq_stdev=stdev,
+                activation=cell.activation, new_tokens=cell.new_tokens, seed=cell.seed)
+
+
+class Encoders:
+    """Prepared forwards per bucket; `serve(requests)` runs one batch and copies its outputs to the host."""
+
+    def __init__(self, model, backend, cell: ServeCell, shape, device):
+        self.model, self.backend, self.cell, self.shape, self.device = model, backend, cell, shape, device
+        self.prepared: dict[tuple, tuple] = {}
+        # A packing backend drops the padding itself: one width per batch size suffices (fewer engines).
+        self.packs = backend.name == "fused"
+
+    def entry(self, batch: int, seq: int, stdev: float = 0.0):
+        key = (batch, seq, stdev)
+        if key not in self.prepared:
+            import torch
+
+            pc = probe_cell(self.cell, batch, seq, stdev)
+            inputs = cell_inputs(pc, self.shape)
+            if inputs.attention_mask is None:  # every bucket carries a mask buffer: lengths change per batch
+                inputs.attention_mask = torch.ones_like(inputs.input_ids)
+            inputs = inputs.to(self.device)
+            prepared = self.backend.prepare(self.model, inputs, pc)
+            prepared.fn()  # compiles or captures here, never under load
+            self.prepared[key] = (inputs, prepared, pc)
+        return self.prepared[key]
+
+    def check(self, cache: ModelCache) -> tuple[float, dict]:
+        """rel_err of a batch of variable lengths against the fp32 reference (inference.reference)."""
+        b = min(GATE_BATCH, self.cell.max_batch_size)
+        seq = len_bucket(max(1, round(self.cell.length_dist.mean)), self.shape.max_positions)
+        inputs, prepared, pc = self.entry(b, seq, seq / 4)
+        rows, ref = reference(cache, pc, cell_inputs(pc, self.shape), self.device)
+        dev.set_matmul_precision(self.cell.dtype)
+        out = output_tensor(prepared.fn(), self.cell.task)
+        return rel_err(out[rows], ref, [inputs.lengths[i] for i in rows], inputs.input_ids.shape[1]), \
+            prepared.what_ran()
+
+    def serve(self, requests) -> None:
+        import torch
+
+        n = len(requests)
+        width = self.top if self.packs else len_bucket(max(r.length for r in requests), self.top)
+        inputs, prepared, _ = self.entry(batch_bucket(n, self.cell.max_batch_size), width)
+        lengths = [r.length for r in requests] + [1] * (inputs.batch - n)
+        mask = (torch.arange(inputs.input_ids.shape[1])[None, :] < torch.tensor(lengths)[:, None])
+        inputs.attention_mask.copy_(mask, non_blocking=True)
+        output_tensor(prepared.fn(), self.cell.task)[:n].cpu()  # the results on the host
+
+    def warm(self, max_len: int) -> None:
+        self.top = len_bucket(max_len, self.shape.max_positions)
+        for b, s in buckets(self.cell.max_batch_size, max_len, self.top):
+            if not self.packs or s == self.top:
+                self.entry(b, s)
+
+    def engine_graphs(self) -> int:
+        """Graphs the fused engines hold (0 elsewhere): a count that grows under load is captures under load."""
+        return sum(len(p.what_ran().get("engine_tuning", {})) for _, p, _ in self.prepared.values())
+
+
+class StepTimes:
+    """greedy()'s clock: each token synchronized to the host as it is produced, its host time kept."""
+
+    def __init__(self, device):
+        self.device, self.times = device, []
+
+    def start(self) -> None:
+        self.times = []
+
+    def mark(self, k: int) -> None:
+        dev.synchronize(self.device)
+        self.times.append(time.perf_counter())
+
+
+class Decoders:
+    """A generator per bucket (the backend's own, or transformers' DynamicCache: generation.make_generator)."""
+
+    def __init__(self, model, backend, cell: ServeCell, shape, device):
+        self.model, self.backend, self.cell, self.shape, self.device = model, backend, cell, shape, device
+        self.gens: dict[tuple[int, int], tuple] = {}
+        self.steps = StepTimes(device)
+
+    def entry(self, batch: int, seq: int):
+        from .generation import greedy, make_generator
+
+        if (batch, seq) not in self.gens:
+            pc = probe_cell(self.cell, batch, seq)
+            gen = make_generator(self.backend, self.model, pc)
+            prompt = cell_inputs(pc, self.shape).input_ids.to(self.device)
+            greedy(gen, prompt, self.cell.new_tokens)  # compiles or captures here, never under load
+            self.gens[(batch, seq)] = (gen, prompt, pc)
+        return self.gens[(batch, seq)]
+
+    def check(self, cache: ModelCache) -> tuple[float, dict]:
+        from .generation import _reference, greedy
+
+        seq = len_bucket(max(1, round(self.cell.length_dist.mean)), self.shape.max_positions)
+        gen, prompt, pc = self.entry(min(GATE_BATCH, self.cell.max_batch_size), seq)
+        rows, ref_first, _ = _reference(cache, pc, prompt.cpu(), self.device)
+        dev.set_matmul_precision(self.cell.dtype)
+        _, first = greedy(gen, prompt, self.cell.new_tokens, keep_first=True)
+        return rel_err(first[rows], ref_first, None), dict(getattr(gen, "info", {}))
+
+    def serve(self, requests) -> list[float]:
+        from .generation import greedy
+
+        gen, prompt, _ = self.entry(batch_bucket(len(requests), self.cell.max_batch_size),
+                                    len_bucket(max(r.length for r in requests), self.top))
+        greedy(gen, prompt, self.cell.new_tokens, self.steps)
+        return self.steps.times
+
+    def warm(self, max_len: int) -> None:
+        self.top = len_bucket(max_len, self.shape.max_positions - self.cell.new_tokens)
+        for b, s in buckets(self.cell.max_batch_size, max_len, self.top):
+            self.entry(b, s)
+
+
+def plan_for(cell: ServeCell) -> tuple[LoadPlan, float | None]:
+    span = cell.warmup + cell.duration
+    dist = cell.length_dist
+    if cell.mode == "rate":  # a low rate's window stretches to MIN_REQUESTS expected arrivals
+        arrivals = poisson_arrivals(cell.rate, cell.warmup + max(cell.duration, MIN_REQUESTS / cell.rate), cell.seed)
+        return LoadPlan(dist.draw(max(1, len(arrivals)), cell.seed + 1), arrivals=arrivals,
+                        warmup_s=cell.warmup), cell.rate
+    clients = cell.concurrency if cell.mode == "concurrency" else OFFLINE_QUEUE * cell.max_batch_size
+    return LoadPlan(dist.draw(4096, cell.seed + 1), concurrency=clients, span_s=span, warmup_s=cell.warmup), None
+
+
+def run(cell: ServeCell, cache: ModelCache) -> CellResult:
+    device = dev.resolve(cell.device)
+    backend = backends.get(cell.backend)
+    reason = backend.unsupported_reason(device.type, cell.dtype, cell.task)
+    if reason:
+        return CellResult("unsupported", error=reason)
+    shape = build.resolve(cell.model).shape
+    model = model_for(cache, cell, backend, device)
+    server = (Decoders if cell.task == "generate" else Encoders)(model, backend, cell, shape, device)
+    t0 = time.perf_counter()
+    err, ran = server.check(cache)
+    info = {"attn_implementation": model.config._attn_implementation, "device": str(device), **ran}
+    record = {"rel_err": err}
+    if not err <= TOLERANCE[cell.dtype]:
+        return CellResult("wrong", record=record, info=info,
+                          error=f"rel_err {err:.3g} over the {cell.dtype} tolerance {TOLERANCE[cell.dtype]:g}")
+    server.warm(cell.length_dist.max)
+    info.update(prepare_s=time.perf_counter() - t0, shape_buckets=sorted({k[:2] for k in
+                getattr(server, "prepared", getattr(server, "gens", {}))}), len_step=LEN_STEP)
+    graphs_before = server.engine_graphs() if isinstance(server, Encoders) else 0
+
+    plan, offered = plan_for(cell)
+    monitor = Monitor(device)
+    entered = []
+
+    def start_monitor():
+        monitor.__enter__()
+        entered.append(True)
+
+    trace = run_load(server.serve, plan, BatchPolicy(cell.max_batch_size, cell.max_wait_ms / 1e3),
+                     on_measure=start_monitor)
+    if entered:
+        monitor.__exit__(None, None, None)
+    rec, samples, load_info = account(trace, cell.slo_ms, offered)
+    if not samples:
+        return CellResult("error", record=record, info=info,
+                          error="no request arrived after the warm-up: lengthen --duration or raise the rate")
+    record.update(rec)
+    ctx = monitor.context
+    info.update(load_info, device_context=ctx.summary())
+    if ctx.energy_j is not None and rec.get("requests"):
+        record["j_per_request"] = ctx.energy_j / rec["requests"]
+        record["avg_power_w"] = ctx.energy_j / ctx.seconds if ctx.seconds > 0 else None
+    if graphs_before:
+        info["engine_graphs_captured_under_load"] = server.engine_graphs() - graphs_before
+    gpu = dev.gpu_info(device)
+    record.update(peak_mem_mb=memory.snapshot(device)["peak_mem_mb"], gpu=gpu.name if gpu else None)
+    warnings = list(ctx.warnings())
+    if rec.get("unserved"):
+        warnings.append(f"{rec['unserved']} requests were still queued {DRAIN_LIMIT_S:g} s after the last arrival "
+                        "(past saturation): their latencies are lower bounds")
+    del model, server
+    return CellResult("ok", record=record, samples_ms=samples, info=info, warnings=warnings)
+
+
+def measure(cell: dict, state: dict) -> CellResult:
+    """The sweep's target for serve cells; the worker's ModelCache outlives the cell."""
+    return run(ServeCell.from_dict(cell), state.setdefault("models", ModelCache()))

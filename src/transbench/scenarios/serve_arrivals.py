@@ -1,0 +1,18 @@
+"""When requests arrive: Poisson arrival times planned ahead from a seed (open loop), so a slow model can
+never delay an arrival (no coordinated omission); closed loops and offline runs plan no times at all."""
+
+from __future__ import annotations
+
+import random
+
+
+def poisson_arrivals(rate: float, span_s: float, seed: int) -> list[float]:
+    """Arrival times in seconds from the start, over [0, span_s): exponential gaps of mean 1/rate."""
+    if rate <= 0:
+        raise ValueError("rate must be positive")
+    rng = random.Random(seed)
+    times, t = [], rng.expovariate(rate)
+    while t < span_s:
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times

@@ -1,0 +1,30 @@
+"""The largest Poisson rate whose latency percentile meets a target, by bisection between 0 and the
+offline throughput (no rate above what the model serves with every batch full can be sustained)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+REL_TOL = 0.05  # a rate known to 5%: finer than run-to-run spread of a tail percentile over seconds
+MAX_PROBES = 8
+
+
+def find_max_rate(probe: Callable[[float], float | None], slo_ms: float, capacity: float,
+                  rel_tol: float = REL_TOL, max_probes: int = MAX_PROBES) -> tuple[float | None, list]:
+    """`probe(rate)` runs a load at `rate` and returns its latency percentile in ms (None: the probe failed,
+    which ends the search). Returns (largest passing rate or None, [(rate, latency or None, passed), ...])."""
+    trail: list[tuple[float, float | None, bool]] = []
+    lo, hi = 0.0, capacity
+    best = None
+    while len(trail) < max_probes and hi - lo > rel_tol * hi:
+        rate = (lo + hi) / 2
+        lat = probe(rate)
+        ok = lat is not None and lat <= slo_ms
+        trail.append((rate, lat, ok))
+        if lat is None:
+            break
+        if ok:
+            lo, best = rate, rate
+        else:
+            hi = rate
+    return best, trail

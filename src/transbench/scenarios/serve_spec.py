@@ -1,0 +1,95 @@
+"""What `transbench serve` is asked for (ServeSpec), checked and expanded into cells in the parent process."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..errors import SpecError
+from ..models import build
+from . import serve_lengths
+from .serve_cell import ServeCell
+
+PERCENTILE_KEYS = {50.0: "latency_p50_ms", 90.0: "latency_p90_ms", 99.0: "latency_p99_ms", 99.9: "latency_p999_ms"}
+
+
+@dataclass
+class ServeSpec:
+    model: str = "bert-base-uncased"
+    task: str = "classification"  # generate: generation under load (decoders)
+    backends: list[str] = field(default_factory=lambda: ["sdpa"])
+    dtype: str | None = None  # default fp16 on a GPU, fp32 on the CPU
+    device: str = "auto"
+    rates: list[float] = field(default_factory=list)  # Poisson rates (an axis)
+    concurrency: list[int] = field(default_factory=list)  # closed-loop clients (an axis)
+    offline: bool = False
+    lengths: str = "lognormal:64:256"
+    max_batch_size: int = 32
+    max_wait_ms: float = 2.0
+    duration: float = 10.0
+    warmup: float = 2.0
+    slo_ms: float | None = None
+    percentile: float = 99.0
+    find_max_rate: bool = False
+    new_tokens: int = 32
+    seed: int = 0
+    activation: str | None = None
+    timeout: float = 900.0
+    name: str | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
+    """The spec with device and dtype resolved, and its lengths; SpecError names what is wrong."""
+    from ..measure import device as dev
+
+    ref = build.resolve(spec.model)
+    build.check_task(ref, spec.task)
+    from .. import backends
+
+    for b in spec.backends:
+        backends.get(b)
+    device = str(dev.resolve(spec.device))
+    dtype = spec.dtype or ("fp16" if device.startswith("cuda") else "fp32")
+    from .inference import TOLERANCE
+
+    if dtype not in TOLERANCE:
+        raise SpecError(f"unknown dtype '{dtype}': choose from {', '.join(TOLERANCE)}")
+    loads = bool(spec.rates) + bool(spec.concurrency) + spec.offline + spec.find_max_rate
+    if loads != 1:
+        raise SpecError("give one load: --rate R[,R...], --concurrency C[,C...], --offline or --find-max-rate")
+    if any(r <= 0 for r in spec.rates) or any(c < 1 for c in spec.concurrency):
+        raise SpecError("--rate must be above 0 and --concurrency at least 1")
+    if spec.max_batch_size < 1 or spec.max_wait_ms < 0:
+        raise SpecError("--max-batch-size must be at least 1 and --max-wait-ms at least 0")
+    if spec.duration <= 0 or spec.warmup < 0:
+        raise SpecError("--duration must be above 0 and --warmup at least 0 seconds")
+    if spec.find_max_rate:
+        if spec.slo_ms is None or spec.slo_ms <= 0:
+            raise SpecError("--find-max-rate needs a latency target: add --slo-ms MS")
+        if float(spec.percentile) not in PERCENTILE_KEYS:
+            raise SpecError(f"--percentile {spec.percentile:g}: choose from 50, 90, 99, 99.9")
+    top = ref.shape.max_positions - (spec.new_tokens if spec.task == "generate" else 0)
+    lengths = serve_lengths.parse(spec.lengths, top, ref.path)
+    return dataclasses.replace(spec, device=device, dtype=dtype, percentile=float(spec.percentile)), lengths
+
+
+def cell(spec: ServeSpec, lengths, backend: str, mode: str, level: float = 0) -> ServeCell:
+    return ServeCell(spec.model, spec.task, backend, spec.dtype, mode, rate=float(level) if mode == "rate" else 0.0,
+                     concurrency=int(level) if mode == "concurrency" else 0, lengths=lengths.to_dict(),
+                     max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms, duration=spec.duration,
+                     warmup=spec.warmup, slo_ms=spec.slo_ms, new_tokens=spec.new_tokens, device=spec.device,
+                     seed=spec.seed, activation=spec.activation)
+
+
+def expand(spec: ServeSpec, lengths) -> list[ServeCell]:
+    """The grid's cells (backend x load level); --find-max-rate builds its probes as it goes."""
+    out = []
+    for b in spec.backends:
+        out += [cell(spec, lengths, b, "rate", r) for r in spec.rates]
+        out += [cell(spec, lengths, b, "concurrency", c) for c in spec.concurrency]
+        if spec.offline:
+            out.append(cell(spec, lengths, b, "offline"))
+    return out

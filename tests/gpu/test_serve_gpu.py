@@ -1,0 +1,41 @@
+"""GPU checks of serving under load (run on the device: python3 -m pytest tests/gpu/test_serve_gpu.py -m gpu)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+from transbench.scenarios import serve, serve_lengths  # noqa: E402
+from transbench.scenarios.inference import ModelCache  # noqa: E402
+from transbench.scenarios.serve_cell import ServeCell  # noqa: E402
+
+CACHE = ModelCache()
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "cudagraph", "fused"])
+def test_encoder_under_load(backend):
+    cell = ServeCell("bert-tiny", "classification", backend, "fp16", "rate", rate=200.0,
+                     lengths=serve_lengths.parse("lognormal:24:64", 128).to_dict(), max_batch_size=8,
+                     duration=1.0, warmup=0.3, slo_ms=50, device="cuda")
+    r = serve.run(cell, CACHE)
+    assert r.status == "ok", (r.status, r.error)
+    rec = r.record
+    assert rec["rel_err"] < 2e-2 and rec["achieved_rate"] == pytest.approx(200, rel=0.3)
+    assert rec["latency_p50_ms"] <= rec["latency_p99_ms"] < 50 and len(r.samples_ms) == rec["requests"]
+    assert 0 < rec["busy_share"] < 1 and rec["mean_batch"] >= 1
+    if backend == "fused":  # one engine per batch size, at the widest bucket (it packs the padding away)
+        assert {w for _, w in r.info["shape_buckets"]} <= {64, 32}
+    if r.info["device_context"]["energy_region_j"] is not None:
+        assert rec["j_per_request"] > 0
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "cudagraph", "fused"])
+def test_generation_under_load(backend):
+    cell = ServeCell("gpt2-tiny", "generate", backend, "fp16", "concurrency", concurrency=4,
+                     lengths=serve_lengths.parse("normal:16:32", 128 - 8).to_dict(), max_batch_size=4,
+                     duration=1.0, warmup=0.2, new_tokens=8, device="cuda")
+    r = serve.run(cell, CACHE)
+    assert r.status == "ok", (r.status, r.error)
+    assert r.record["ttft_p50_ms"] < r.record["latency_p50_ms"] and r.record["itl_p50_ms"] > 0

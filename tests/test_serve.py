@@ -1,0 +1,298 @@
+"""Serving under load (issue 26): arrivals, lengths, the batcher, latency accounting against queueing
+theory, no coordinated omission, the max-rate bisection, and `transbench serve` on bert-tiny."""
+
+import json
+import statistics
+import time
+from collections import deque
+
+import pytest
+from typer.testing import CliRunner
+
+from transbench.cli import app
+from transbench.errors import SpecError
+from transbench.scenarios import serve_lengths
+from transbench.scenarios.serve import batch_bucket, buckets, len_bucket
+from transbench.scenarios.serve_arrivals import poisson_arrivals
+from transbench.scenarios.serve_batcher import Batcher, BatchPolicy
+from transbench.scenarios.serve_load import LoadPlan, Request, Served, Trace, run_load
+from transbench.scenarios.serve_search import find_max_rate
+from transbench.scenarios.serve_stats import account
+
+# --- arrivals ----------------------------------------------------------------------------------------
+
+
+def test_poisson_arrivals_mean_and_dispersion():
+    rate, span = 200.0, 100.0
+    times = poisson_arrivals(rate, span, seed=3)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(times) == pytest.approx(rate * span, rel=0.03)
+    assert statistics.fmean(gaps) == pytest.approx(1 / rate, rel=0.03)
+    assert statistics.pstdev(gaps) / statistics.fmean(gaps) == pytest.approx(1.0, abs=0.05)  # exponential: CV 1
+    counts = [0] * int(span)  # arrivals per second: Poisson, so variance / mean (dispersion) is 1
+    for t in times:
+        counts[int(t)] += 1
+    assert statistics.pvariance(counts) / statistics.fmean(counts) == pytest.approx(1.0, abs=0.35)
+    assert times == sorted(times) and 0 <= times[0] and times[-1] < span
+    assert poisson_arrivals(rate, 1.0, seed=3) == times[: len(poisson_arrivals(rate, 1.0, seed=3))]
+    assert poisson_arrivals(rate, 1.0, seed=4) != poisson_arrivals(rate, 1.0, seed=3)
+
+
+# --- lengths -----------------------------------------------------------------------------------------
+
+
+def test_lengths_forms_and_refusals(tmp_path):
+    ln = serve_lengths.parse("lognormal:64:256", 512)
+    drawn = ln.draw(20000, seed=1)
+    assert max(drawn) <= 256 and min(drawn) >= 1
+    assert statistics.fmean(drawn) == pytest.approx(64, rel=0.05)
+    assert ln.draw(50, seed=1) == drawn[:50]
+    assert set(serve_lengths.parse("fixed:40", 512).draw(10, 0)) == {40}
+    normal = serve_lengths.parse("normal:100:150:10", 512).draw(5000, 0)
+    assert statistics.pstdev(normal) == pytest.approx(10, rel=0.1)
+    counts = tmp_path / "c.txt"
+    counts.write_text("5\n9\n\n12\n")
+    cl = serve_lengths.parse(f"counts:{counts}", 512)
+    assert cl.max == 12 and set(cl.draw(200, 0)) == {5, 9, 12} and cl.label.startswith("counts:c.txt@")
+    with pytest.raises(SpecError, match="above the model's 128 positions"):
+        serve_lengths.parse("lognormal:64:256", 128)
+    with pytest.raises(SpecError, match="not understood"):
+        serve_lengths.parse("gamma:3", 512)
+    with pytest.raises(SpecError, match="needs the model's tokenizer"):
+        serve_lengths.parse(f"text:{counts}", 512, None)
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(SpecError, match="has no tokenizer files"):
+        serve_lengths.parse(f"text:{counts}", 512, str(folder))
+
+
+def test_shape_buckets():
+    assert [batch_bucket(n, 24) for n in (1, 2, 3, 5, 17, 24)] == [1, 2, 4, 8, 24, 24]
+    assert [len_bucket(n, 100) for n in (1, 32, 33, 99)] == [32, 32, 64, 100]
+    assert buckets(4, 40, 128) == [(1, 32), (1, 64), (2, 32), (2, 64), (4, 32), (4, 64)]
+
+
+# --- the batcher against a fake clock ------------------------------------------------------------
+
+
+def test_batcher_full_or_oldest_waited():
+    b = Batcher(BatchPolicy(max_batch_size=3, max_wait_s=0.010))
+    pending = deque(Request(i, t, 8) for i, t in enumerate([0.000, 0.004]))
+    assert b.take(pending, now=0.009) == []  # not full, the oldest has waited 9 of 10 ms
+    assert b.deadline(pending) == pytest.approx(0.010)
+    assert [r.rid for r in b.take(pending, now=0.010)] == [0, 1]  # its wait ran out: leaves part full
+    pending.extend(Request(i, 0.020 + i * 1e-4, 8) for i in range(2, 9))
+    assert [r.rid for r in b.take(pending, now=0.0201)] == [2, 3, 4]  # full: leaves at once, oldest first
+    assert [r.rid for r in b.take(pending, now=0.0202)] == [5, 6, 7]
+    assert b.take(pending, now=0.0203) == [] and len(pending) == 1
+    assert b.take(deque(), now=5.0) == []
+
+
+# --- latency accounting ------------------------------------------------------------------------------
+
+
+def test_account_exact_on_a_hand_made_trace():
+    plan = LoadPlan([8], arrivals=[0.0, 1.0, 1.1, 1.2, 1.3], warmup_s=0.5)
+    reqs = [Request(i, t, 8) for i, t in enumerate(plan.arrivals)]
+    served = [Served(reqs[0], 0.0, 0.01, 1), Served(reqs[1], 1.0, 1.004, 1),
+              *(Served(r, 1.3, 1.31, 3) for r in reqs[2:])]
+    trace = Trace(served, [], [(0.0, 0.01, 1), (1.0, 1.004, 1), (1.3, 1.31, 3)], plan, 1.31)
+    rec, samples, info = account(trace, slo_ms=100, offered_rate=4.0)
+    assert samples == pytest.approx([4, 210, 110, 10])  # warm-up request left out, arrival order
+    assert rec["requests"] == 4 and rec["latency_max_ms"] == pytest.approx(210)
+    assert rec["latency_p50_ms"] == pytest.approx(60.0) and rec["goodput"] == 0.5
+    assert rec["achieved_rate"] == pytest.approx(4 / 0.81) and rec["offered_rate"] == 4.0
+    assert rec["mean_batch"] == 2.0 and info["batch_sizes"] == {1: 1, 3: 1}
+    assert rec["busy_share"] == pytest.approx(0.014 / 0.81)
+    assert rec["queue_mean_ms"] == pytest.approx((0 + 200 + 100 + 0) / 4)
+
+
+def sleeper(service_s: float, stall_at: float | None = None, stall_s: float = 0.0):
+    """A fake model of known service time; optionally one stall at the first batch after `stall_at`."""
+    state = {"t0": None, "stalled": False}
+
+    def serve(batch):
+        now = time.perf_counter()
+        state["t0"] = state["t0"] or now - batch[0].arrival
+        if stall_at is not None and not state["stalled"] and now - state["t0"] >= stall_at:
+            state["stalled"] = True
+            time.sleep(stall_s)
+        time.sleep(service_s)
+
+    return serve
+
+
+def test_queueing_delay_matches_pollaczek_khinchine():
+    """M/D/1 with batches of one: the mean wait is what queueing theory gives for the service times the
+    fake model really had (Pollaczek-Khinchine: lambda E[S^2] / (2 (1 - rho))), and the recorded waits
+    follow Lindley's recursion over the planned arrivals."""
+    rate, service = 80.0, 0.006  # rho ~ 0.5: a queue forms, and it is stable
+    arrivals = poisson_arrivals(rate, 5.0, seed=11)
+    trace = run_load(sleeper(service), LoadPlan([16], arrivals=arrivals), BatchPolicy(1, 0.0))
+    assert not trace.unserved and len(trace.served) == len(arrivals)
+    s = [done - start for start, done, _ in trace.batches]
+    waits = [x.start - x.request.arrival for x in trace.served]
+    lam = len(arrivals) / arrivals[-1]
+    rho = lam * statistics.fmean(s)
+    theory = lam * statistics.fmean(x * x for x in s) / (2 * (1 - rho))
+    assert statistics.fmean(waits) == pytest.approx(theory, rel=0.35)
+    assert statistics.fmean(waits) > 0.3 * service  # not the no-queue answer (0)
+    lindley, w = [0.0], 0.0
+    for i in range(1, len(arrivals)):
+        w = max(0.0, w + s[i - 1] - (arrivals[i] - arrivals[i - 1]))
+        lindley.append(w)
+    assert statistics.fmean(waits) == pytest.approx(statistics.fmean(lindley), abs=0.002)
+
+
+def test_no_coordinated_omission():
+    """A model that stalls for 1 s: every request that arrived during the stall waits for its end, so the
+    p99 carries the stall (a closed-loop client would have sent just one request into it)."""
+    arrivals = poisson_arrivals(100.0, 3.0, seed=5)
+    trace = run_load(sleeper(0.001, stall_at=1.0, stall_s=1.0), LoadPlan([16], arrivals=arrivals),
+                     BatchPolicy(64, 0.001))
+    stall_start, stall_end, _ = max(trace.batches, key=lambda b: b[1] - b[0])
+    assert stall_end - stall_start >= 1.0
+    during = [x for x in trace.served if stall_start < x.request.arrival < stall_end]
+    assert len(during) > 60  # ~100 planned arrivals fall in the stall, issued on time regardless of it
+    assert all(x.done - x.request.arrival >= stall_end - x.request.arrival for x in during)
+    rec, _, _ = account(trace, slo_ms=50, offered_rate=100.0)
+    assert rec["latency_p99_ms"] > 500
+    assert rec["goodput"] < 0.8
+
+
+def test_closed_loop_keeps_concurrency_requests_in_flight():
+    trace = run_load(sleeper(0.005), LoadPlan([8], concurrency=3, span_s=0.5), BatchPolicy(8, 0.0))
+    assert {b for _, _, b in trace.batches} == {3}  # every batch holds the three clients' requests
+    rec, _, _ = account(trace, None, None)
+    assert rec["achieved_rate"] == pytest.approx(3 / 0.005, rel=0.5)
+
+
+# --- max-rate bisection ------------------------------------------------------------------------------
+
+
+def test_find_max_rate_against_a_fake_model():
+    capacity, base, slo = 1000.0, 2.0, 10.0
+    probed = []
+
+    def probe(rate):  # p99 of a fake server: grows without bound as the rate nears its capacity
+        probed.append(rate)
+        return base / (1 - rate / capacity) if rate < capacity else float("inf")
+
+    best, trail = find_max_rate(probe, slo, capacity)
+    true_max = capacity * (1 - base / slo)  # 800/s
+    assert true_max * 0.95 <= best <= true_max
+    assert [r for r, _, _ in trail] == probed and len(trail) <= 8
+    assert all(ok == (lat <= slo) for _, lat, ok in trail)
+    assert find_max_rate(lambda r: 50.0, slo, capacity)[0] is None  # nothing meets the target
+    best, trail = find_max_rate(lambda r: None, slo, capacity)  # a failed probe ends the search
+    assert best is None and len(trail) == 1
+
+
+# --- the real command on bert-tiny -------------------------------------------------------------------
+
+runner = CliRunner()
+QUICK = ["--model", "bert-tiny", "--device", "cpu", "--lengths", "lognormal:12:32", "--max-batch-size", "4",
+         "--duration", "1", "--warmup", "0.3"]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_serve_bert_tiny_on_cpu(tmp_path):
+    db, js = tmp_path / "s.db", tmp_path / "s.json"
+    res = invoke("serve", *QUICK, "--rate", "20", "--backend", "sdpa", "--slo-ms", "1000", "--db", db,
+                 "--json", js, "--name", "load")
+    assert res.exit_code == 0, res.output
+    (rec,) = json.loads(js.read_text())
+    assert rec["status"] == "ok" and rec["scenario"] == "serve" and rec["rate"] == 20.0
+    assert rec["rel_err"] < 1e-3 and rec["offered_rate"] == 20.0 and rec["achieved_rate"] > 0
+    assert rec["latency_p50_ms"] <= rec["latency_p99_ms"] <= rec["latency_p999_ms"] <= rec["latency_max_ms"]
+    assert 1 <= rec["mean_batch"] <= 4 and 0 <= rec["goodput"] <= 1 and rec["lengths"] == "lognormal:12:32:0.5"
+    import sqlite3
+
+    samples = json.loads(sqlite3.connect(db).execute("SELECT samples FROM cells").fetchone()[0])
+    assert len(samples) == rec["requests"] and max(samples) == pytest.approx(rec["latency_max_ms"])
+    again = invoke("serve", *QUICK, "--rate", "20", "--backend", "sdpa", "--slo-ms", "1000", "--db", db,
+                   "--name", "load")
+    assert again.exit_code == 0 and "resumed" in again.output
+
+
+def test_wrong_backend_is_never_loaded(tmp_path, extra_backends):
+    extra_backends("broken_backends")
+    db, js = tmp_path / "w.db", tmp_path / "w.json"
+    res = invoke("serve", *QUICK, "--offline", "--backend", "broken-noise", "--db", db, "--json", js)
+    assert res.exit_code == 0, res.output
+    (rec,) = json.loads(js.read_text())
+    assert rec["status"] == "wrong" and rec.get("latency_p99_ms") is None and rec.get("achieved_rate") is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rate", "10", "--offline"], "give one load"),
+    (["--find-max-rate"], "needs a latency target"),
+    (["--rate", "10", "--lengths", "lognormal:64:999"], "above the model's 128 positions"),
+    (["--rate", "10", "--lengths", "text:README.md"], "needs the model's tokenizer"),
+    (["--rate", "10", "--backend", "nope"], "unknown backend"),
+])
+def test_bad_input_is_one_line(tmp_path, args, message):
+    db = tmp_path / "bad.db"
+    res = invoke("serve", "--model", "bert-tiny", "--device", "cpu", *args, "--db", db)
+    assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1
+    assert not db.exists()
+
+
+def test_find_max_rate_stores_every_probe(tmp_path, extra_backends):
+    """The whole search on bert-tiny through a backend of known service time (4 ms a batch of up to 2): an
+    offline cell bounds it (~500/s), each probe is a stored rate cell, and the summary cell's rate is the
+    largest probe that met the target."""
+    from transbench import api
+    from transbench.scenarios.serve_spec import ServeSpec
+
+    extra_backends("serve_backends")
+    db = str(tmp_path / "m.db")
+    spec = ServeSpec(model="bert-tiny", backends=["sleepy"], device="cpu", lengths="fixed:8", max_batch_size=2,
+                     duration=0.5, warmup=0.1, find_max_rate=True, slo_ms=100, name="mr")
+    recs = api.serve(spec, db).records
+    offline = [r for r in recs if r["mode"] == "offline"]
+    probes = [r for r in recs if r["mode"] == "rate"]
+    (summary,) = [r for r in recs if r["scenario"] == "serve-max-rate"]
+    assert len(offline) == 1 and offline[0]["status"] == "ok", offline[0]["error"]
+    assert 2 <= len(probes) <= 8 and len({r["rate"] for r in probes}) == len(probes), [(r["status"], r["error"]) for r in probes]
+    assert offline[0]["achieved_rate"] == pytest.approx(2 / 0.004, rel=0.5)
+    passed = [r["rate"] for r in probes if r["status"] == "ok" and r["latency_p99_ms"] <= 100]
+    assert summary["max_rate"] == pytest.approx(max(passed)) and max(passed) < offline[0]["achieved_rate"]
+    assert summary["offline_rate"] == offline[0]["achieved_rate"]
+
+
+def test_generation_under_load_in_process():
+    """gpt2-tiny: time to first token, inter-token gaps and end-to-end latency, batch-synchronous."""
+    from transbench.scenarios import serve, serve_lengths
+    from transbench.scenarios.inference import ModelCache
+    from transbench.scenarios.serve_cell import ServeCell
+
+    lengths = serve_lengths.parse("normal:10:20", 128 - 4).to_dict()
+    cell = ServeCell("gpt2-tiny", "generate", "sdpa", "fp32", "concurrency", concurrency=2, lengths=lengths,
+                     max_batch_size=2, max_wait_ms=0.0, duration=0.5, warmup=0.0, new_tokens=4)
+    r = serve.run(cell, ModelCache())
+    assert r.status == "ok", r.error
+    rec = r.record
+    assert rec["rel_err"] < 1e-3 and rec["itl_p50_ms"] > 0
+    assert rec["ttft_p50_ms"] < rec["latency_p50_ms"] and rec["ttft_max_ms"] <= rec["latency_max_ms"]
+    assert rec["tokens_per_s"] == pytest.approx(4 * rec["achieved_rate"], rel=0.01)
+    assert set(r.info["batch_sizes"]) <= {1, 2} and r.info["shape_buckets"] == [[1, 32], [2, 32]] \
+        or r.info["shape_buckets"] == [(1, 32), (2, 32)]
+
+
+def test_report_has_the_serve_section(tmp_path):
+    from transbench import api
+    from transbench.scenarios.serve_spec import ServeSpec
+
+    db = str(tmp_path / "r.db")
+    spec = ServeSpec(model="bert-tiny", backends=["sdpa"], device="cpu", lengths="fixed:8", max_batch_size=2,
+                     duration=0.3, warmup=0.1, rates=[5, 10], slo_ms=1e4, name="curve")
+    api.serve(spec, db)
+    paths = api.report(db, ["curve"], str(tmp_path / "rep"))
+    md = paths.markdown.read_text() if hasattr(paths, "markdown") else (tmp_path / "rep" / "report.md").read_text()
+    assert "## Serving under load" in md and "| sdpa | 5/s Poisson | 5.00 |" in md
+    assert (tmp_path / "rep" / "serve_0.png").stat().st_size > 1000
