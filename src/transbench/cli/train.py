@@ -17,16 +17,22 @@ LIST = "comma-separated; a sweep axis"
 
 SPEED_COLUMNS = [("model", "model"), ("task", "task"), ("backend", "attn"), ("dtype", "precision"),
                  ("optim", "optim"), ("batch_size", "batch"), ("seq_len", "seq"), ("grad_accum", "accum"),
-                 ("grad_ckpt", "ckpt"), ("compile", "compile"), ("strategy", "strategy"), ("world_size", "GPUs"),
-                 ("nccl", "nccl"), ("status", "status"), ("latency_ms", "step ms"), ("samples_per_s", "samples/s"),
+                 ("grad_ckpt", "ckpt"), ("compile", "compile"), ("kernels", "kernels"), ("strategy", "strategy"),
+                 ("world_size", "GPUs"), ("zero_stage", "ZeRO"), ("nccl", "nccl"), ("status", "status"),
+                 ("latency_ms", "step ms"), ("forward_ms", "fwd ms"), ("backward_ms", "bwd ms"),
+                 ("optimizer_ms", "optim ms"), ("samples_per_s", "samples/s"),
                  ("tokens_per_s", "tokens/s"), ("tflops_per_gpu", "TFLOPS/GPU"), ("mfu", "MFU"),
                  ("scaling_efficiency", "scaling")]
 MEMORY_COLUMNS = [("model", "model"), ("backend", "attn"), ("dtype", "precision"), ("optim", "optim"),
-                  ("batch_size", "batch"), ("seq_len", "seq"), ("strategy", "strategy"), ("world_size", "GPUs"),
-                  ("status", "status"), ("peak_mem_mb", "peak MiB"), ("peak_reserved_mb", "reserved MiB"),
+                  ("batch_size", "batch"), ("seq_len", "seq"), ("kernels", "kernels"), ("strategy", "strategy"),
+                  ("zero_stage", "ZeRO"), ("world_size", "GPUs"), ("status", "status"), ("peak_mem_mb", "peak MiB"), ("peak_reserved_mb", "reserved MiB"),
                   ("params_mb", "params MiB"), ("grads_mb", "grads MiB"), ("optim_state_mb", "optim MiB"),
                   ("activations_mb", "activations MiB"), ("loss_start", "loss first"), ("loss_end", "loss last")]
-TEXT = ("model", "task", "backend", "dtype", "optim", "strategy", "status", "nccl")
+LADDER_COLUMNS = [("step", "step"), ("batch_size", "batch"), ("status", "status"), ("samples_per_s", "samples/s"),
+                  ("gain_samples_per_s", "gain"), ("tflops", "TFLOPS"), ("gain_tflops", "gain"), ("mfu", "MFU"),
+                  ("gain_mfu", "gain"), ("peak_mem_mb", "peak MiB"), ("gain_peak_mem_mb", "gain"),
+                  ("forward_ms", "fwd ms"), ("backward_ms", "bwd ms"), ("optimizer_ms", "optim ms")]
+TEXT = ("step", "model", "task", "backend", "dtype", "optim", "kernels", "strategy", "status", "nccl")
 
 
 def training_table(recs: list[dict], columns: list[tuple[str, str]], title: str = "") -> Table:
@@ -41,6 +47,8 @@ def training_table(recs: list[dict], columns: list[tuple[str, str]], title: str 
             v = r.get(key)
             if key in ("mfu", "scaling_efficiency") and v is not None:
                 row.append(f"{v:.1%}")
+            elif key.startswith("gain_") and v is not None:
+                row.append(f"x{v:.2f}")
             elif key == "status" and v != "ok":
                 row.append(f"[bold red]{v}[/]")
             elif isinstance(v, bool):
@@ -65,6 +73,12 @@ def train(
     grad_accum: Optional[str] = typer.Option(None, help=f"micro-batches per optimizer step ({LIST})"),
     grad_ckpt: Optional[str] = typer.Option(None, help=f"gradient checkpointing on|off ({LIST})"),
     compile: Optional[str] = typer.Option(None, "--compile", help=f"torch.compile on|off ({LIST})"),
+    kernels: Optional[str] = typer.Option(None, help=f"torch|liger ({LIST}): liger = Liger-Kernel's LayerNorm and fused "
+                                          "linear + cross-entropy head (CUDA; pip install 'transbench[liger]')"),
+    ladder: bool = typer.Option(False, "--ladder", help="the seed notebook's ladder for one model: fp32, bf16, largest "
+                                "batches, fused Adam, accumulation, checkpointing, compile, liger; a table and a plot"),
+    plot: Optional[str] = typer.Option(None, help="where --ladder writes its plot (PNG); default ladder-MODEL.png"),
+    max_batch_limit: Optional[int] = typer.Option(None, help="--ladder's largest-batch searches stop at this batch"),
     strategy: Optional[str] = typer.Option(None, help=f"none|ddp|fsdp|deepspeed ({LIST}); default none on one GPU, ddp on several"),
     nproc: Optional[str] = typer.Option(None, help=f"GPUs (processes) per node, through torchrun ({LIST})"),
     zero_stage: Optional[str] = typer.Option(None, help=f"DeepSpeed ZeRO stage 1|2|3 ({LIST})"),
@@ -90,7 +104,8 @@ def train(
     """Measure training samples/s, tokens/s, TFLOPS per GPU, MFU, memory and scaling over a grid of choices."""
     given = {
         "models": model, "tasks": task, "precisions": precision, "optims": optim, "attns": attn, "batches": batch,
-        "seqs": seq, "grad_accums": grad_accum, "grad_ckpts": grad_ckpt, "compiles": compile,
+        "seqs": seq, "grad_accums": grad_accum, "grad_ckpts": grad_ckpt, "compiles": compile, "kernels": kernels,
+        "ladder": ladder or None, "max_batch_limit": max_batch_limit,
         "strategies": strategy, "nprocs": nproc, "zero_stages": zero_stage, "nccl_p2p": nccl_p2p,
         "nccl_envs": list(nccl_env) if nccl_env else None, "scaling": scaling, "steps": steps,
         "warmup_steps": warmup_steps, "lr": lr, "device": device, "nnodes": nnodes, "node_rank": node_rank,
@@ -99,12 +114,13 @@ def train(
     base = load_file(spec) if spec else {}
     the_spec = TrainSpec.from_dict({**base, **{k: v for k, v in given.items() if v is not None}})
 
-    def on_start(cells):
-        console.print(f"{len(cells)} training cell(s)")
+    def on_start(cells, done):
+        console.print(f"{len(cells)} training {'step' if the_spec.ladder else 'cell'}(s)"
+                      + (f", {done} already stored: resuming" if done else ""))
 
     def on_cell(cell, result):
         label = (f"{cell.model} {cell.task} {cell.attn} {cell.precision} {cell.optim} b{cell.batch} s{cell.seq} "
-                 f"x{cell.grad_accum} {cell.strategy}@{cell.world_size}")
+                 f"x{cell.grad_accum} {cell.kernels} {cell.strategy}@{cell.world_size}")
         if result is None:
             console.print(f"  {label}: already stored", highlight=False)
             return
@@ -115,7 +131,14 @@ def train(
             console.print(f"    [yellow]warning:[/] {w}")
 
     recs = run_training(the_spec, db, json_path=json_path, csv_path=csv_path, on_start=on_start, on_cell=on_cell)
-    if recs:
+    if recs and the_spec.ladder:
+        from ..scenarios.training_ladder import plot as ladder_plot
+
+        console.print(training_table(recs, LADDER_COLUMNS, f"training ladder {recs[0]['run_name']} "
+                                     f"({recs[0]['run_id']}): gain = this step / the step before"))
+        path = ladder_plot(recs, plot or f"ladder-{recs[0]['model'].replace('/', '_')}.png")
+        console.print(f"plot: {path}; stored in {db} as run [bold]{recs[0]['run_name']}[/]")
+    elif recs:
         console.print(training_table(recs, SPEED_COLUMNS, f"training run {recs[0]['run_name']} ({recs[0]['run_id']})"))
         console.print(training_table(recs, MEMORY_COLUMNS, "memory per GPU (peak minus parameters, gradients "
                                                            "and optimizer state = activations and workspace)"))
