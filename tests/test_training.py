@@ -250,3 +250,70 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path):
     assert res.exit_code == 2
     assert res.output.strip().startswith("error: unknown optimizer 'adam'") and len(res.output.strip().splitlines()) == 1
     assert not (tmp_path / "x.db").exists()
+
+
+def _fake_liger(monkeypatch):
+    """Liger's module classes as plain torch (its kernels are Triton GPU code): checks how the model is
+    rewired around them (which modules, the head's hidden states, the causal shift), not Liger itself."""
+    import sys
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    class LigerLayerNorm(torch.nn.Module):
+        def __init__(self, hidden_size, eps=1e-6, bias=False):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+            self.bias = torch.nn.Parameter(torch.zeros(hidden_size))
+            self.eps = eps
+
+        def forward(self, x):
+            return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+
+    class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
+        def forward(self, weight, x, target, bias=None):
+            return F.cross_entropy(F.linear(x, weight, bias), target, ignore_index=-100)
+
+    pkg, tf, mp = (types.ModuleType(n) for n in ("liger_kernel", "liger_kernel.transformers",
+                                                  "liger_kernel.transformers.monkey_patch"))
+    tf.LigerLayerNorm, tf.LigerFusedLinearCrossEntropyLoss, tf.monkey_patch = (
+        LigerLayerNorm, LigerFusedLinearCrossEntropyLoss, mp)
+    mp.MODEL_TYPE_TO_APPLY_LIGER_FN = {}
+    for name, mod in [("liger_kernel", pkg), ("liger_kernel.transformers", tf),
+                      ("liger_kernel.transformers.monkey_patch", mp)]:
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+@pytest.mark.parametrize("model,task", [("bert-tiny", "mlm"), ("gpt2-tiny", "causal-lm"),
+                                        ("bert-tiny", "classification")])
+def test_liger_rewiring_gives_the_models_own_loss(model, task, monkeypatch):
+    import torch
+
+    from transbench.models import build
+    from transbench.scenarios import training_kernels
+
+    _fake_liger(monkeypatch)
+    ref = build.resolve(model)
+    cell = replace(BASE, model=model, task=task)
+    hf = build.build_model(ref, task, attn="sdpa", device="cpu", seed=0).train().requires_grad_(True)
+    torch.manual_seed(0)  # dropout draws the same masks in both forwards
+    (batch,) = training_loop.make_batches(cell, ref.shape, 0, torch.device("cpu"))
+    torch.manual_seed(1)
+    want = hf(**batch).loss
+    want.backward()
+    with_grad = sum(p.grad is not None for p in hf.parameters())
+    hf.zero_grad(set_to_none=True)
+    n_params = sum(p.numel() for p in hf.parameters())
+    wrapped, replaced = training_kernels.apply(hf, task, ref.family)
+    torch.manual_seed(1)
+    got = wrapped(**batch)["loss"]
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+    assert sum(p.numel() for p in wrapped.parameters()) == n_params  # the same parameters, none new
+    norms = [r for r in replaced if r.endswith("-> LigerLayerNorm")]
+    assert len(norms) == sum(1 for m in hf.modules() if type(m).__name__ == "LigerLayerNorm") > 0
+    assert not any(type(m) is torch.nn.LayerNorm for m in hf.modules())
+    fused = [r for r in replaced if "LigerFusedLinearCrossEntropyLoss" in r]
+    assert len(fused) == (0 if task == "classification" else 1)
+    got.backward()
+    assert sum(p.grad is not None for p in wrapped.parameters()) == with_grad  # the same ones train
