@@ -181,6 +181,8 @@ def test_validation_errors_are_one_line():
         ({"nccl_envs": ["P2P=1"]}, "--nccl-env"),
         ({"seqs": [4096]}, "longer than"),
         ({"warmup_steps": 0}, "at least 1"),
+        ({"kernels": ["triton"]}, "unknown kernels 'triton': choose from torch, liger"),
+        ({"max_batch_limit": 0}, "--max-batch-limit"),
     ]
     for change, text in bad:
         with pytest.raises(SpecError, match=text):

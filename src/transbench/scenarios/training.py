@@ -160,6 +160,8 @@ def validate(spec: TrainSpec) -> TrainSpec:
                          (spec.nprocs, "nproc")]:
         if any(v < 1 for v in values):
             raise SpecError(f"{what} must be at least 1, got {min(values)}")
+    if spec.max_batch_limit < 1:
+        raise SpecError("--max-batch-limit must be at least 1")
     if spec.steps < 1 or spec.warmup_steps < 1:
         raise SpecError("--steps and --warmup-steps must be at least 1 (the first step allocates the "
                         "optimizer state and compiles; it is never timed)")
