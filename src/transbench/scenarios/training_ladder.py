@@ -117,7 +117,7 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
     try:
         run_id, name, done = training.open_training_run(store, spec)
         on_start([replace(base, **s.change) for s in STEPS], done)
-        rows = walk(base, sweep_measure(store, run_id, spec, on_cell))
+        rows = walk(base, sweep_measure(store, run_id, spec, on_cell, on_probe=on_cell))  # probes shown too
         for r in rows:
             r.update(run_id=run_id, run_name=name)
     finally:
