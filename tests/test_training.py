@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 from dataclasses import replace
 
 import pytest
@@ -49,7 +50,7 @@ def _check_arithmetic(cell: TrainCell, r: CellResult) -> None:
     assert rec["tokens_per_s"] == pytest.approx(cell.global_batch * cell.seq / seconds)
     fl = flops.training_flops(PRESETS[cell.model], cell.seq, cell.task, cell.grad_ckpt) * cell.global_batch
     assert rec["tflops"] == pytest.approx(fl / seconds / 1e12)
-    assert rec["tflops_per_gpu"] == pytest.approx(rec["tflops"] / rec["world_size"])
+    assert rec["tflops_per_gpu"] == pytest.approx(rec["tflops"] / cell.world_size)
     assert rec["mfu"] is None  # no datasheet peak for a CPU: never a guessed one
     assert len(r.samples_ms) == cell.steps and rec["n_samples"] == cell.steps
 
@@ -80,6 +81,66 @@ def test_every_option_runs_and_takes_effect(change):
     assert rec["params_mb"] == pytest.approx(info["parameters"] * 4 / 2**20)
 
 
+@pytest.mark.parametrize("accum", [1, 2])
+def test_phases_are_recorded_and_sum_to_the_step(accum):
+    cell = replace(BASE, steps=6, grad_accum=accum)
+    r = training_loop.run(cell)
+    phases = r.info["phases_ms"]
+    assert set(phases) == {"forward_ms", "backward_ms", "optimizer_ms"}
+    assert all(len(v) == cell.steps for v in phases.values())  # timed steps only, not the warm-up
+    for i, step_ms in enumerate(r.samples_ms):
+        parts = sum(v[i] for v in phases.values())
+        assert parts == pytest.approx(step_ms, rel=0.10), (i, parts, step_ms)
+    # The record holds each phase's median (on a shared CPU the medians of single phases need not add up
+    # to the median step, so the sum is checked step by step above).
+    for k, v in phases.items():
+        assert r.record[k] == pytest.approx(statistics.median(v)) and r.record[k] > 0
+
+
+def test_cell_key_holds_every_setting_that_changes_the_measurement():
+    key = json.loads(BASE.key())
+    assert key == json.loads(json.dumps(key, sort_keys=True))
+    for change in [{"kernels": "liger"}, {"grad_ckpt": True}, {"compile": True}, {"zero_stage": 2},
+                   {"nccl": "NCCL_P2P_DISABLE=1"}, {"lr": 1e-2}, {"seed": 1}, {"optim": "sgd"}, {"grad_accum": 2}]:
+        assert replace(BASE, **change).key() != BASE.key(), change
+    assert replace(BASE, steps=9, warmup_steps=3).key() == BASE.key()  # how long it is sampled, not what
+    assert replace(BASE, batch=64).oom_group() == BASE.oom_group()
+    fields = replace(BASE, kernels="liger").record_fields()
+    assert (fields["kernels"], fields["backend"], fields["dtype"], fields["batch_size"]) == ("liger", "sdpa", "fp32", 4)
+    old = BASE.to_dict()
+    old.pop("kernels")  # a cell stored before the kernels axis
+    assert TrainCell.from_dict(old) == BASE
+
+
+def test_resume_skips_batches_above_a_stored_oom_without_running_them(tmp_path, monkeypatch):
+    """A run killed after its batch-2 cell ran out of memory: resuming stores batch 4 as skipped, and
+    launches nothing (the launcher here fails the test if called)."""
+    from transbench.runner import launch
+    from transbench.runner.sweep import store_result
+    from transbench.scenarios import training
+
+    spec = TrainSpec(models=["bert-tiny"], device="cpu", batches=[2, 4], seqs=[16], steps=2, warmup_steps=1,
+                     name="killed")
+    db = str(tmp_path / "r.db")
+    store = Store(db)
+    run_id, _, _ = training.open_training_run(store, validate(spec))
+    small = expand(validate(spec))[0]
+    assert small.batch == 2
+    store_result(store, run_id, small, CellResult("oom", error="CUDA out of memory"))
+    store.close()
+
+    def no_launch(*a, **k):
+        raise AssertionError("a cell was launched")
+
+    monkeypatch.setattr(launch, "launch", no_launch)
+    seen = []
+    recs = training.train(spec, db, on_start=lambda cells, done: seen.append(done))
+    assert seen == [1]
+    by_batch = {r["batch_size"]: r for r in recs}
+    assert by_batch[2]["status"] == "oom"
+    assert by_batch[4]["status"] == "skipped" and "batch 2 was out of memory" in by_batch[4]["error"]
+
+
 def test_nan_loss_is_an_error_without_speed():
     r = run_guarded(replace(BASE, lr=1e30, steps=3))
     assert r.status == "error"
@@ -92,6 +153,7 @@ def test_nan_loss_is_an_error_without_speed():
     ({"strategy": "deepspeed", "zero_stage": 2}, ("deepspeed", "transbench[deepspeed]")),
     ({"optim": "apex-fused-adam"}, ("apex", "NVIDIA/apex")),
     ({"attn": "flash-attn2"}, ("flash_attn", "transbench[flash]")),
+    ({"kernels": "liger"}, ("liger_kernel", "transbench[liger]")),
     ({"attn": "sdpa-cudnn"}, (None, "CUDA only")),
     ({"precision": "fp16"}, (None, "CUDA only")),
 ])
@@ -119,6 +181,8 @@ def test_validation_errors_are_one_line():
         ({"nccl_envs": ["P2P=1"]}, "--nccl-env"),
         ({"seqs": [4096]}, "longer than"),
         ({"warmup_steps": 0}, "at least 1"),
+        ({"kernels": ["triton"]}, "unknown kernels 'triton': choose from torch, liger"),
+        ({"max_batch_limit": 0}, "--max-batch-limit"),
     ]
     for change, text in bad:
         with pytest.raises(SpecError, match=text):
@@ -188,3 +252,70 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path):
     assert res.exit_code == 2
     assert res.output.strip().startswith("error: unknown optimizer 'adam'") and len(res.output.strip().splitlines()) == 1
     assert not (tmp_path / "x.db").exists()
+
+
+def _fake_liger(monkeypatch):
+    """Liger's module classes as plain torch (its kernels are Triton GPU code): checks how the model is
+    rewired around them (which modules, the head's hidden states, the causal shift), not Liger itself."""
+    import sys
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    class LigerLayerNorm(torch.nn.Module):
+        def __init__(self, hidden_size, eps=1e-6, bias=False):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+            self.bias = torch.nn.Parameter(torch.zeros(hidden_size))
+            self.eps = eps
+
+        def forward(self, x):
+            return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+
+    class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
+        def forward(self, weight, x, target, bias=None):
+            return F.cross_entropy(F.linear(x, weight, bias), target, ignore_index=-100)
+
+    pkg, tf, mp = (types.ModuleType(n) for n in ("liger_kernel", "liger_kernel.transformers",
+                                                  "liger_kernel.transformers.monkey_patch"))
+    tf.LigerLayerNorm, tf.LigerFusedLinearCrossEntropyLoss, tf.monkey_patch = (
+        LigerLayerNorm, LigerFusedLinearCrossEntropyLoss, mp)
+    mp.MODEL_TYPE_TO_APPLY_LIGER_FN = {}
+    for name, mod in [("liger_kernel", pkg), ("liger_kernel.transformers", tf),
+                      ("liger_kernel.transformers.monkey_patch", mp)]:
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+@pytest.mark.parametrize("model,task", [("bert-tiny", "mlm"), ("gpt2-tiny", "causal-lm"),
+                                        ("bert-tiny", "classification")])
+def test_liger_rewiring_gives_the_models_own_loss(model, task, monkeypatch):
+    import torch
+
+    from transbench.models import build
+    from transbench.scenarios import training_kernels
+
+    _fake_liger(monkeypatch)
+    ref = build.resolve(model)
+    cell = replace(BASE, model=model, task=task)
+    hf = build.build_model(ref, task, attn="sdpa", device="cpu", seed=0).train().requires_grad_(True)
+    torch.manual_seed(0)  # dropout draws the same masks in both forwards
+    (batch,) = training_loop.make_batches(cell, ref.shape, 0, torch.device("cpu"))
+    torch.manual_seed(1)
+    want = hf(**batch).loss
+    want.backward()
+    with_grad = sum(p.grad is not None for p in hf.parameters())
+    hf.zero_grad(set_to_none=True)
+    n_params = sum(p.numel() for p in hf.parameters())
+    wrapped, replaced = training_kernels.apply(hf, task, ref.family)
+    torch.manual_seed(1)
+    got = wrapped(**batch)["loss"]
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+    assert sum(p.numel() for p in wrapped.parameters()) == n_params  # the same parameters, none new
+    norms = [r for r in replaced if r.endswith("-> LigerLayerNorm")]
+    assert len(norms) == sum(1 for m in hf.modules() if type(m).__name__ == "LigerLayerNorm") > 0
+    assert not any(type(m) is torch.nn.LayerNorm for m in hf.modules())
+    fused = [r for r in replaced if "LigerFusedLinearCrossEntropyLoss" in r]
+    assert len(fused) == (0 if task == "classification" else 1)
+    got.backward()
+    assert sum(p.grad is not None for p in wrapped.parameters()) == with_grad  # the same ones train

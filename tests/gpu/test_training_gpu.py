@@ -92,3 +92,43 @@ def test_deepspeed_zero2(tmp_path):
                      batches=[8], seqs=[64], steps=3, warmup_steps=1, timeout=300)
     (rec,) = train(spec, db=str(tmp_path / "ds.db"))
     assert rec["status"] == "ok", rec["error"]
+
+
+def test_phases_and_energy_on_the_gpu():
+    r = run_guarded(replace(BASE, model="bert-base-uncased", batch=32, seq=128, steps=10, warmup_steps=2))
+    assert r.status == "ok", r.error
+    phases = r.info["phases_ms"]
+    assert set(phases) == {"forward_ms", "backward_ms", "optimizer_ms"}
+    for i, step_ms in enumerate(r.samples_ms):  # CUDA events at each phase's end: contiguous stretches
+        assert sum(v[i] for v in phases.values()) == pytest.approx(step_ms, rel=0.10)
+    assert r.record["backward_ms"] > r.record["forward_ms"] > 0
+    if "energy_j" in r.record:  # NVML's energy counter, where the board has one
+        assert r.record["j_per_seq"] == pytest.approx(r.record["energy_j"] / 32)
+        assert r.record["sm_clock_mhz"] > 0
+
+
+@pytest.mark.parametrize("model,task", [("bert-tiny", "mlm"), ("gpt2-tiny", "causal-lm")])
+def test_liger_kernels(model, task):
+    r = run_guarded(replace(BASE, model=model, task=task, kernels="liger", steps=5))
+    if importlib.util.find_spec("liger_kernel") is None:
+        assert r.status == "unsupported" and "transbench[liger]" in r.error
+        return
+    assert r.status == "ok", r.error
+    replaced = r.info["kernels_replaced"]
+    assert any("LigerFusedLinearCrossEntropyLoss" in x for x in replaced)
+    assert any(x.endswith("LigerLayerNorm") for x in replaced)
+    plain = run_guarded(replace(BASE, model=model, task=task, steps=5))
+    # Same weights and tokens: the first loss agrees with PyTorch's to bf16 precision.
+    assert r.record["loss_start"] == pytest.approx(plain.record["loss_start"], rel=2e-2)
+    assert r.record["loss_end"] < r.record["loss_start"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_zero_stages_with_its_fused_adam(stage, tmp_path):
+    spec = TrainSpec(models=["bert-tiny"], device="cuda", strategies=["deepspeed"], zero_stages=[stage], nprocs=[1],
+                     optims=["ds-fused-adam"], batches=[8], seqs=[64], steps=3, warmup_steps=1, timeout=600)
+    (rec,) = train(spec, db=str(tmp_path / "ds.db"))
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["zero_stage"] == stage and rec["strategy"] == "deepspeed" and rec["optim"] == "ds-fused-adam"
+    assert rec["params_mb"] > 0 and rec["peak_mem_mb"] > 0

@@ -18,10 +18,12 @@ SETTINGS = [Col("model", "model", setting=True), Col("task", "task", setting=Tru
             Col("optim", "optim", setting=True), Col("batch_size", "batch", setting=True),
             Col("seq_len", "seq", setting=True), Col("grad_accum", "accum", setting=True),
             Col("grad_ckpt", "grad ckpt", setting=True), Col("compile", "compile", setting=True),
+            Col("kernels", "kernels", setting=True),
             Col("strategy", "strategy", setting=True), Col("world_size", "GPUs", setting=True),
             Col("zero_stage", "ZeRO", setting=True), Col("nccl", "nccl", setting=True),
             Col("status", "status", status_text)]
-SPEED_COLUMNS = [*SETTINGS, Col("latency_ms", "step ms"), Col("samples_per_s", "samples/s", rank=5),
+SPEED_COLUMNS = [*SETTINGS, Col("latency_ms", "step ms"), Col("forward_ms", "fwd ms", rank=7),
+                 Col("backward_ms", "bwd ms", rank=7), Col("optimizer_ms", "optim ms", rank=7), Col("samples_per_s", "samples/s", rank=5),
                  Col("tokens_per_s", "tokens/s", rank=3), Col("tflops_per_gpu", "TFLOPS /GPU", rank=4),
                  Col("mfu", "MFU", pct, rank=2), Col("scaling_efficiency", "scaling", pct, rank=6)]
 MEMORY_COLUMNS = [*SETTINGS, Col("peak_mem_mb", "peak MiB"), Col("peak_reserved_mb", "reserved MiB", rank=2, wide=True),
@@ -32,6 +34,37 @@ MEMORY_COLUMNS = [*SETTINGS, Col("peak_mem_mb", "peak MiB"), Col("peak_reserved_
 
 def _d(name: str) -> str:
     return shown(TrainSpec, name)
+
+
+LADDER_COLUMNS = [("step", "step"), ("batch_size", "batch"), ("status", "status"), ("samples_per_s", "samples/s"),
+                  ("gain_samples_per_s", "gain"), ("tflops", "TFLOPS"), ("gain_tflops", "gain"), ("mfu", "MFU"),
+                  ("gain_mfu", "gain"), ("peak_mem_mb", "peak MiB"), ("gain_peak_mem_mb", "gain"),
+                  ("forward_ms", "fwd ms"), ("backward_ms", "bwd ms"), ("optimizer_ms", "optim ms")]
+TEXT = ("step", "model", "task", "backend", "dtype", "optim", "kernels", "strategy", "status", "nccl")
+
+
+def training_table(recs: list[dict], columns: list[tuple[str, str]], title: str = "") -> Table:
+    """Only the columns some record fills, so a one-GPU sweep shows no NCCL or scaling column."""
+    cols = [c for c in columns if c[0] == "status" or any(r.get(c[0]) not in (None, "") for r in recs)]
+    t = Table(title=title)
+    for key, label in cols:
+        t.add_column(label, justify="left" if key in TEXT else "right")
+    for r in recs:
+        row = []
+        for key, _ in cols:
+            v = r.get(key)
+            if key in ("mfu", "scaling_efficiency") and v is not None:
+                row.append(f"{v:.1%}")
+            elif key.startswith("gain_") and v is not None:
+                row.append(f"x{v:.2f}")
+            elif key == "status" and v != "ok":
+                row.append(f"[bold red]{v}[/]")
+            elif isinstance(v, bool):
+                row.append("on" if v else "off")
+            else:
+                row.append(fmt(v, ".4g"))
+        t.add_row(*row)
+    return t
 
 
 @app.command()
@@ -52,6 +85,14 @@ def train(
                                             help=f"gradient checkpointing: on|off ({LIST}); alone: on"),
     compile: Optional[str] = typer.Option(None, "--compile", show_default=_d("compiles"),
                                           help=f"torch.compile: on|off ({LIST}); alone: on"),
+    kernels: Optional[str] = typer.Option(None, show_default=_d("kernels"),
+                                          help=f"torch|liger ({LIST}): liger = Liger-Kernel's LayerNorm and fused "
+                                          "linear + cross-entropy head (CUDA; pip install 'transbench[liger]')"),
+    ladder: bool = typer.Option(False, "--ladder", help="the seed notebook's ladder for one model: fp32, bf16, largest "
+                                "batches, fused Adam, accumulation, checkpointing, compile, liger; a table and a plot"),
+    plot: Optional[str] = typer.Option(None, show_default="ladder-MODEL.png", help="where --ladder writes its plot (PNG)"),
+    max_batch_limit: Optional[int] = typer.Option(None, show_default=_d("max_batch_limit"),
+                                                  help="--ladder's largest-batch searches stop at this batch"),
     strategy: Optional[str] = typer.Option(None, show_default="none on one GPU, ddp on several",
                                            help=f"none|ddp|fsdp|deepspeed ({LIST})"),
     nproc: Optional[str] = typer.Option(None, show_default=_d("nprocs"), help=f"GPUs (processes) per node, through torchrun ({LIST})"),
@@ -81,7 +122,8 @@ def train(
     export.check_paths(json_path, csv_path, db)
     given = {
         "models": model, "tasks": task, "precisions": dtype, "optims": optim, "attns": backend, "batches": batch,
-        "seqs": seq, "grad_accums": grad_accum, "grad_ckpts": grad_ckpt, "compiles": compile,
+        "seqs": seq, "grad_accums": grad_accum, "grad_ckpts": grad_ckpt, "compiles": compile, "kernels": kernels,
+        "ladder": ladder or None, "max_batch_limit": max_batch_limit,
         "strategies": strategy, "nprocs": nproc, "zero_stages": zero_stage, "nccl_p2p": nccl_p2p,
         "nccl_envs": list(nccl_env) if nccl_env else None, "scaling": scaling, "steps": steps,
         "warmup_steps": warmup, "lr": lr, "device": device, "nnodes": nnodes, "node_rank": node_rank,
@@ -89,12 +131,13 @@ def train(
     }
     the_spec = build_spec(TrainSpec, spec, given, WHOLE_FIELDS)
 
-    def on_start(cells):
-        console.print(f"{len(cells)} training cell(s)")
+    def on_start(cells, done):
+        console.print(f"{len(cells)} training {'step' if the_spec.ladder else 'cell'}(s)"
+                      + (f", {done} already stored: resuming" if done else ""))
 
     def on_cell(cell, result):
         label = (f"{cell.model} {cell.task} {cell.attn} {cell.precision} {cell.optim} b{cell.batch} s{cell.seq} "
-                 f"x{cell.grad_accum}{' ckpt' if cell.grad_ckpt else ''}{' compile' if cell.compile else ''} "
+                 f"x{cell.grad_accum}{' ckpt' if cell.grad_ckpt else ''}{' compile' if cell.compile else ''} {cell.kernels} "
                  f"{cell.strategy}@{cell.world_size}")
         if result is None:
             console.print(visible(f"  {label}: already stored"), highlight=False, markup=False)
@@ -106,7 +149,15 @@ def train(
             console.print(visible(f"    warning: {w}"), highlight=False, markup=False)
 
     recs = run_training(the_spec, db, json_path=json_path, csv_path=csv_path, on_start=on_start, on_cell=on_cell)
-    if recs:
+    if recs and the_spec.ladder:
+        from ..scenarios.training_ladder import plot as ladder_plot
+
+        console.print(training_table(recs, LADDER_COLUMNS, f"training ladder {visible(recs[0]['run_name'])} "
+                                     f"({recs[0]['run_id']}): gain = this step / the step before"))
+        path = ladder_plot(recs, plot or f"ladder-{recs[0]['model'].replace('/', '_')}.png")
+        console.print(f"plot: {escape(visible(path))}; stored in {escape(visible(db))} as run "
+                      f"[bold]{escape(visible(recs[0]['run_name']))}[/]")
+    elif recs:
         console.print(fitted(recs, SPEED_COLUMNS, f"training run {recs[0]['run_name']} ({recs[0]['run_id']})",
                              console.width, wide))
         console.print(fitted(recs, MEMORY_COLUMNS, "memory per GPU (peak minus parameters, gradients and optimizer "

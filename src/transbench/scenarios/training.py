@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import SpecError
 from ..cells import CellResult
 from ..spec import coerce
-from .training_cell import ATTENTION, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
+from .training_cell import ATTENTION, KERNELS, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
 
 def default_task(shape) -> str:
     """What a model trains on unless --task says otherwise: its pretraining objective."""
@@ -41,12 +41,15 @@ class TrainSpec:
     grad_accums: list[int] = field(default_factory=lambda: [1])
     grad_ckpts: list[bool] = field(default_factory=lambda: [False])
     compiles: list[bool] = field(default_factory=lambda: [False])
+    kernels: list[str] = field(default_factory=lambda: ["torch"])  # torch|liger (Liger-Kernel's fused ones)
     strategies: list[str] | None = None  # None: none for one process, ddp for several
     nprocs: list[int] = field(default_factory=lambda: [1])  # processes (GPUs) per node
     zero_stages: list[int] = field(default_factory=lambda: [2])  # deepspeed only
     nccl_p2p: list[str] | None = None  # on|off (NCCL_P2P_DISABLE=0|1); None: leave the environment as it is
     nccl_envs: list[str] | None = None  # each "KEY=VAL[ KEY=VAL]" is one point of the axis
     scaling: bool = False  # also run every multi-GPU point on one GPU (strategy none)
+    ladder: bool = False  # the seed notebook's ladder of steps for one model (scenarios/training_ladder.py)
+    max_batch_limit: int = 4096  # the ladder's largest-batch searches stop here
     steps: int | None = None
     warmup_steps: int | None = None
     lr: float = 1e-4
@@ -133,6 +136,7 @@ def validate(spec: TrainSpec) -> TrainSpec:
         if not dev.dtype_runs(str(device), p):
             raise SpecError(f"dtype {p} does not run on {device}: use fp32 there, or a GPU")
     for values, known, what in [(spec.optims, OPTIMIZERS, "optimizer"), (spec.attns, ATTENTION, "attention backend"),
+                                (spec.kernels, KERNELS, "kernels"),
                                 (spec.strategies or [], STRATEGIES, "strategy")]:
         for v in values:
             if v not in known:
@@ -141,6 +145,8 @@ def validate(spec: TrainSpec) -> TrainSpec:
                          (spec.nprocs, "nproc")]:
         if any(v < 1 for v in values):
             raise SpecError(f"{what} must be at least 1, got {min(values)}")
+    if spec.max_batch_limit < 1:
+        raise SpecError("--max-batch-limit must be at least 1")
     if spec.steps < 1 or spec.warmup_steps < 1:
         raise SpecError("--steps and --warmup-steps must be at least 1 (the first step allocates the "
                         "optimizer state and compiles; it is never timed)")
@@ -184,9 +190,9 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
     cells: dict[str, TrainCell] = {}
     for model in spec.models:
         tasks = spec.tasks or [default_task(build.resolve(model).shape)]
-        for (task, precision, attn, optim, seq, accum, ckpt, comp, nproc, strategy, zero, env,
+        for (task, precision, attn, optim, seq, accum, ckpt, comp, kern, nproc, strategy, zero, env,
              batch) in itertools.product(tasks, spec.precisions, spec.attns, spec.optims, sorted(spec.seqs),
-                                         spec.grad_accums, spec.grad_ckpts, spec.compiles, nprocs,
+                                         spec.grad_accums, spec.grad_ckpts, spec.compiles, spec.kernels, nprocs,
                                          spec.strategies or [None], spec.zero_stages, nccl, sorted(spec.batches)):
             world = nproc * spec.nnodes
             if world == 1 and (strategy is None or nproc not in spec.nprocs):  # nproc 1 added by --scaling
@@ -195,7 +201,7 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
                 strategy = "ddp"
             cell = TrainCell(
                 model=model, task=task, attn=attn, precision=precision, optim=optim, batch=batch, seq=seq,
-                grad_accum=accum, grad_ckpt=ckpt, compile=comp, strategy=strategy, nproc=nproc,
+                grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, strategy=strategy, nproc=nproc,
                 nnodes=spec.nnodes, zero_stage=zero if strategy == "deepspeed" else None,
                 nccl=env if world > 1 else "", device=device, steps=spec.steps, warmup_steps=spec.warmup_steps,
                 lr=spec.lr, seed=spec.seed,
@@ -215,22 +221,21 @@ def launch_config(cell: TrainCell, spec: TrainSpec):
 
 
 def run_cell(cell: TrainCell, spec: TrainSpec) -> CellResult:
-    """One cell in its own process (torchrun for a strategy): the result rank 0 wrote, or why none came."""
+    """One cell in its own process (torchrun for a strategy): the result rank 0 wrote, or why none came.
+    Only for the ranks of hosts other than node 0, which measure nothing they store."""
     from ..runner import launch
 
     cfg = launch_config(cell, spec)
     return launch.outcome(launch.launch("transbench.scenarios.training_worker", cell.to_dict(), cfg), cfg)
 
 
-def flat_record(cell: TrainCell, result: CellResult) -> dict:
-    return {
-        "scenario": "training", "model": cell.model, "task": cell.task, "backend": cell.attn,
-        "dtype": cell.precision, "device": cell.device, "batch_size": cell.batch, "seq_len": cell.seq,
-        "world_size": cell.world_size, "strategy": cell.strategy,
-        # Every swept setting, also for cells that never ran (unsupported, error): the tables show them.
-        "optim": cell.optim, "grad_accum": cell.grad_accum, "grad_ckpt": cell.grad_ckpt, "compile": cell.compile,
-        **result.record, "status": result.status, "error": result.error,
-    }
+def target(spec: TrainSpec):
+    """How the sweep loop measures a training cell: a process tree per cell (torchrun for a strategy),
+    so each cell's memory split starts from an empty allocator."""
+    from ..runner.sweep import Target
+
+    return Target(TrainCell, launch=lambda cell: ("transbench.scenarios.training_worker", launch_config(cell, spec)),
+                  after=add_scaling)
 
 
 def find_baseline(store, run_id: str, cell: TrainCell, gpu: str | None) -> dict | None:
@@ -266,46 +271,40 @@ def add_scaling(store, run_id: str, cell: TrainCell, result: CellResult) -> None
                                        "strategy": base["cell"]["strategy"]}
 
 
-def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None = None,
-          csv_path: str | None = None, on_start: Callable[[list[TrainCell]], None] = lambda cells: None,
-          on_cell: Callable[[TrainCell, CellResult | None], None] = lambda c, r: None) -> list[dict]:
-    """Validate, expand and run a training sweep; each finished cell is stored as it ends (only node 0 of
-    a multi-host run stores). A run whose name is already in the store is resumed. Returns its records."""
+def open_training_run(store, spec: TrainSpec) -> tuple[str, str, int]:
+    """(run_id, name, cells already stored): the named run resumed (same grid), else a new one."""
     from ..measure import env as env_mod
+    from ..runner.sweep import open_run
+
+    return open_run(store, "training", replace(spec, name=None).to_dict(), spec.name,
+                    lambda: env_mod.collect(open_cuda=False))
+
+
+def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None = None,
+          csv_path: str | None = None, on_start: Callable[[list[TrainCell], int], None] = lambda cells, done: None,
+          on_cell: Callable[[TrainCell, CellResult | None], None] = lambda c, r: None) -> list[dict]:
+    """Validate, expand and run a training sweep on the one sweep loop (runner/sweep.py): resume by name,
+    larger batches skipped after an OOM (also across a resume), each finished cell stored as it ends (only
+    node 0 of a multi-host run stores). Returns the run's records."""
+    from ..runner.sweep import SweepOptions, run_grid
     from ..store import Store, export
 
     spec = validate(spec)
+    if spec.ladder:
+        from .training_ladder import ladder
+
+        return ladder(spec, db, json_path=json_path, csv_path=csv_path, on_start=on_start, on_cell=on_cell)
     cells = expand(spec)
-    on_start(cells)
     if spec.node_rank > 0:  # another host's ranks; node 0 measures and stores
+        on_start(cells, 0)
         for cell in cells:
             on_cell(cell, run_cell(cell, spec))
         return []
     store = Store(db)
     try:
-        existing = store.find_run(spec.name) if spec.name else None
-        if existing is not None:
-            run_id = existing["run_id"]
-        else:
-            run_id, _ = store.create_run(spec.name, "training", replace(spec, name=None).to_dict(),
-                                         env_mod.collect(open_cuda=False))
-        done = store.finished_keys(run_id)
-        oom_at: dict[str, int] = {}
-        for cell in cells:
-            if cell.key() in done:
-                on_cell(cell, None)
-                continue
-            group = cell.oom_group()
-            if group in oom_at and cell.batch > oom_at[group]:
-                result = CellResult("skipped", error=f"batch {oom_at[group]} was out of memory")
-            else:
-                result = run_cell(cell, spec)
-                if result.status == "oom":
-                    oom_at[group] = min(oom_at.get(group, cell.batch), cell.batch)
-            add_scaling(store, run_id, cell, result)
-            store.put_cell(run_id, cell.key(), "training", result.status, flat_record(cell, result),
-                           cell=cell.to_dict(), samples=result.samples_ms, info=result.info, warnings=result.warnings)
-            on_cell(cell, result)
+        run_id, _, done = open_training_run(store, spec)
+        on_start(cells, done)
+        run_grid(store, run_id, cells, target(spec), SweepOptions(timeout=spec.timeout), on_cell)
         recs = export.records(store, [run_id])
     finally:
         store.close()

@@ -10,6 +10,9 @@ TRAIN_TASKS = ("mlm", "causal-lm", "classification")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 OPTIMIZERS = ("adamw", "adamw-foreach", "adamw-fused", "sgd", "ds-fused-adam", "apex-fused-adam")
 STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
+# Where the model's own kernels come from: PyTorch's modules, or Liger-Kernel's fused Triton ones
+# (LayerNorm, and the LM/MLM head fused with its cross-entropy so the full logits never exist).
+KERNELS = ("torch", "liger")
 # Attention choices that apply to training: the attention implementation transformers runs, and the
 # SDPA kernel forced around forward and backward (None: PyTorch picks).
 ATTENTION = {
@@ -35,6 +38,7 @@ class TrainCell:
     grad_accum: int = 1
     grad_ckpt: bool = False
     compile: bool = False
+    kernels: str = "torch"
     strategy: str = "none"
     nproc: int = 1  # processes per node
     nnodes: int = 1
@@ -64,22 +68,39 @@ class TrainCell:
     def comparable(self) -> list:
         """What must match for two cells to measure the same training step (all but the launch)."""
         return [self.model, self.task, self.attn, self.precision, self.optim, self.batch, self.seq,
-                self.grad_accum, self.grad_ckpt, self.compile]
+                self.grad_accum, self.grad_ckpt, self.compile, self.kernels]
+
+    def identity(self) -> dict:
+        """Every setting that changes what this cell measures (its speed, memory or losses); the step
+        counts are how long it is sampled, not what, as min_time is for inference cells."""
+        return {"scenario": "training", "model": self.model, "task": self.task, "attn": self.attn,
+                "precision": self.precision, "optim": self.optim, "batch": self.batch, "seq": self.seq,
+                "grad_accum": self.grad_accum, "grad_ckpt": self.grad_ckpt, "compile": self.compile,
+                "kernels": self.kernels, "strategy": self.strategy, "nproc": self.nproc, "nnodes": self.nnodes,
+                "zero_stage": self.zero_stage, "nccl": self.nccl, "lr": self.lr, "seed": self.seed}
 
     def key(self) -> str:
-        """Identity within a run (resume matches on it)."""
-        return json.dumps(["training", *self.comparable(), self.strategy, self.world_size, self.zero_stage,
-                           self.nccl])
+        """Identity within a run: resume, merge and compare match cells on it."""
+        return json.dumps(self.identity(), sort_keys=True)
+
+    def record_fields(self) -> dict:
+        """The identity as the contract's flat record keys."""
+        return {"scenario": "training", "model": self.model, "task": self.task, "backend": self.attn,
+                "dtype": self.precision, "device": self.device, "batch_size": self.batch, "seq_len": self.seq,
+                "world_size": self.world_size, "strategy": self.strategy, "optim": self.optim,
+                "grad_accum": self.grad_accum, "grad_ckpt": self.grad_ckpt, "compile": self.compile,
+                "kernels": self.kernels, "zero_stage": self.zero_stage, "nccl": self.nccl or None,
+                "global_batch": self.global_batch, "lr": self.lr, "seed": self.seed}
 
     def oom_group(self) -> str:
         """Cells that differ only in batch: once one is out of memory, larger batches are skipped."""
-        d = self.to_dict()
-        d.pop("batch")
-        return json.dumps(d, sort_keys=True)
+        ident = self.identity()
+        ident.pop("batch")
+        return json.dumps(ident, sort_keys=True)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainCell:
-        return cls(**d)
+        return cls(**{"kernels": "torch", **d})  # cells stored before the kernels axis ran PyTorch's

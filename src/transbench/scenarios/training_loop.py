@@ -13,7 +13,8 @@ import time
 
 from ..errors import Unsupported
 from ..measure import device as dev
-from ..measure import memory, peaks, timer
+from ..measure import memory, timer
+from ..measure.record import timing_record
 from ..models import build, flops
 from ..cells import CellResult
 from ..runner.rank import RankInfo
@@ -56,6 +57,11 @@ def check_supported(cell: TrainCell, device_type: str) -> None:
             raise Unsupported(f"{what} needs DeepSpeed: pip install 'transbench[deepspeed]'")
         if not cuda:
             raise Unsupported(f"{what} runs on CUDA only")
+    if cell.kernels == "liger":
+        if _missing("liger_kernel"):
+            raise Unsupported("kernels liger needs Liger-Kernel: pip install 'transbench[liger]'")
+        if not cuda:
+            raise Unsupported("kernels liger runs on CUDA only (Triton GPU kernels): use --kernels torch on the CPU")
     if cell.optim == "apex-fused-adam":
         if _missing("apex"):
             raise Unsupported("optimizer apex-fused-adam needs NVIDIA apex, built from source: "
@@ -171,6 +177,11 @@ class Trainer:
         if cell.grad_ckpt:
             _checkpointing_on(model)
         self.hf_model = model
+        self.info["kernels_replaced"] = []
+        if cell.kernels == "liger":  # before any wrapper: DDP, FSDP and DeepSpeed wrap what trains
+            from . import training_kernels
+
+            model, self.info["kernels_replaced"] = training_kernels.apply(model, cell.task, ref.family)
         half = _half(cell.precision)
         self.autocast_dtype = None if cell.strategy == "deepspeed" else half
         self.scaler = None
@@ -202,15 +213,15 @@ class Trainer:
         self.batches = make_batches(cell, self.shape, rank.rank, device)
         self._base = self._allocated()
         self.info.update({
-            "attn_implementation": model.config._attn_implementation,
+            "attn_implementation": self.hf_model.config._attn_implementation,
             "sdpa_kernel": self.kernel.lower() if self.kernel else None,
             "param_dtype": str(_local(next(model.parameters())).dtype),  # after wrapping: DeepSpeed casts to half
             "autocast_dtype": str(self.autocast_dtype) if self.autocast_dtype else None,
             "grad_scaler": self.scaler is not None,
-            "gradient_checkpointing": _checkpointing(model),
+            "gradient_checkpointing": _checkpointing(self.hf_model),
             "compiled": cell.compile,
             "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
-            "model_class": type(model).__name__,
+            "model_class": type(self.hf_model).__name__,
             "parameters": n_params,
             **optimizer_info(self.optimizer),
         })
@@ -293,25 +304,32 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def step(self, probe: bool = False):
-        """One optimizer step over `grad_accum` micro-batches; the mean micro-batch loss (a device tensor)."""
+    def step(self, probe: bool = False, mark=lambda phase: None):
+        """One optimizer step over `grad_accum` micro-batches; the mean micro-batch loss (a device tensor).
+        `mark(phase)` is called as each phase ends (forward, backward, optimizer): the phase clock times
+        the stretch since the previous mark."""
         n = len(self.batches)
         total = None
         with self._kernel():
             for i, b in enumerate(self.batches):
                 last = i == n - 1
                 if self.engine is not None:
-                    loss = self.forward(**b).loss
+                    loss = self.forward(**b)["loss"]
+                    mark("forward")
                     self.engine.backward(loss)
+                    mark("backward")
                     if last and probe:
                         self._probe("backward")
                     self.engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
+                    mark("optimizer")
                 else:
                     with self._sync(last):
                         with self._autocast():
-                            loss = self.forward(**b).loss
+                            loss = self.forward(**b)["loss"]
+                        mark("forward")
                         scaled = loss / n
                         (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                        mark("backward")
                 total = loss.detach().float() if total is None else total + loss.detach().float()
             if self.engine is None:
                 if probe:
@@ -325,6 +343,7 @@ class Trainer:
                 self._probe("optimizer")
             if self.engine is None:
                 self.optimizer.zero_grad(set_to_none=True)
+                mark("optimizer")
         return total / n
 
     def _probe(self, when: str) -> None:
@@ -374,56 +393,109 @@ def _barrier(rank: RankInfo) -> None:
         dist.barrier()
 
 
+class PhaseClock:
+    """Times one step and its phases: CUDA events at each mark, read once the step's last event has
+    completed (so the marks add no synchronization inside the step), perf_counter on the CPU. The phases
+    are contiguous stretches between marks, so they sum to the step."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = []
+
+    def _now(self):
+        if self.cuda:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self.marks = [("start", self._now())]
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, self._now()))
+
+    def finish(self) -> tuple[float, dict[str, float]]:
+        """(step ms, {"forward_ms": ms, "backward_ms": ms, "optimizer_ms": ms}) summed over micro-batches."""
+        if self.cuda:
+            self.marks[-1][1].synchronize()
+
+            def between(a, b):
+                return a.elapsed_time(b)
+        else:
+            def between(a, b):
+                return (b - a) * 1e3
+        parts: dict[str, float] = {}
+        for (_, a), (phase, b) in zip(self.marks, self.marks[1:]):
+            parts[f"{phase}_ms"] = parts.get(f"{phase}_ms", 0.0) + between(a, b)
+        return between(self.marks[0][1], self.marks[-1][1]), parts
+
+
+def _agree(rank: RankInfo):
+    """The sampler's decisions taken by all ranks together, so every rank takes the same steps."""
+    if rank.world_size == 1:
+        return None
+    return lambda go_on: any(_gather(bool(go_on), rank))
+
+
 def run(cell: TrainCell, rank: RankInfo | None = None, device=None) -> CellResult | None:
     """Train `cell` on this rank (its process group already up); rank 0 returns the cell's result,
-    the other ranks None."""
+    the other ranks None. The steps go through the one sampler: `warmup_steps` untimed (at least; on a
+    GPU until its clocks have left idle), then exactly `steps` timed ones."""
     rank = rank or RankInfo()
     device = device if device is not None else rank.device(cell.device)
     check_supported(cell, device.type)
     t0 = time.perf_counter()
     trainer = Trainer(cell, rank, device)
-    clock = timer.Clock(device)
+    build_s = time.perf_counter() - t0
+    clock = PhaseClock(device)
     losses: list[float] = []
-    holder: dict = {}
+    steps_ms: list[float] = []
 
-    def timed_step():
-        holder["loss"] = trainer.step()
+    def step():
+        _barrier(rank)
+        if len(steps_ms) == 1:  # the first step allocated gradients and optimizer state: the peak of the
+            memory.reset_peak(device)  # steps after it is the steady one
+        clock.start()
+        loss = trainer.step(probe=not steps_ms, mark=clock.mark)  # the first step measures the memory split
+        ms, parts = clock.finish()
+        steps_ms.append(ms)
+        losses.append(_mean_over_ranks(loss, rank))
+        _check_finite(losses[-1], len(losses) - 1, cell)
+        return ms, parts
 
-    warm_ms = []
-    for k in range(cell.warmup_steps):
-        _barrier(rank)
-        if k == 0:  # the first step also measures gradients and optimizer state apart
-            warm_ms.append(clock.time_ms(lambda: holder.update(loss=trainer.step(probe=True))))
-        else:
-            warm_ms.append(clock.time_ms(timed_step))
-        losses.append(_mean_over_ranks(holder["loss"], rank))
-        _check_finite(losses[-1], k, cell)
-    setup_s = time.perf_counter() - t0
-    memory.reset_peak(device)
-    samples: list[float] = []
-    for k in range(cell.steps):
-        _barrier(rank)
-        samples.append(clock.time_ms(timed_step))
-        losses.append(_mean_over_ranks(holder["loss"], rank))
-        _check_finite(losses[-1], cell.warmup_steps + k, cell)
+    cfg = timer.TimerConfig(warmup=cell.warmup_steps, min_time_s=0.0, min_count=cell.steps, max_count=cell.steps,
+                            max_time_s=math.inf)  # the cell's timeout bounds it, not the sampler
+    sampled = timer.sample_steps(step, device, cfg, sync=_agree(rank))
     mem = {**trainer.mem, **memory.snapshot(device)}
-    per_rank = _gather({"samples": samples, "mem": mem, "device": str(device)}, rank)
+    if mem["peak_mem_mb"] is not None:  # the split needs the whole peak, from an empty process: snapshot
+        mem["peak_mem_mb"] += mem.pop("held_at_reset_mb")  # counts above the reset (parameters, state)
+    per_rank = _gather({"samples": sampled.samples_ms, "parts": sampled.parts, "mem": mem, "device": str(device)},
+                       rank)
     if rank.rank != 0:
         return None
-    return _result(cell, trainer, per_rank, losses, warm_ms, setup_s, device, rank)
+    warm_ms = steps_ms[:len(steps_ms) - len(sampled.samples_ms)]
+    return _result(cell, trainer, per_rank, sampled, losses, warm_ms, build_s, device, rank)
 
 
-def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], losses: list[float], warm_ms: list[float],
-            setup_s: float, device, rank: RankInfo) -> CellResult:
+def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: timer.Sampled, losses: list[float],
+            warm_ms: list[float], build_s: float, device, rank: RankInfo) -> CellResult:
     # A step is as slow as its slowest rank: the step time is the max over ranks, step by step.
-    step_ms = [max(r["samples"][i] for r in per_rank) for i in range(cell.steps)]
-    stats = timer.summarize(step_ms)
-    seconds = stats.median_ms / 1e3
+    step_ms = [max(r["samples"][i] for r in per_rank) for i in range(len(sampled.samples_ms))]
+    steps = timer.Sampled(step_ms, timer.summarize(step_ms), len(step_ms), sampled.context, sampled.parts)
     world = rank.world_size
-    samples_per_s = cell.global_batch / seconds
     flops_per_step = flops.training_flops(trainer.shape, cell.seq, cell.task, cell.grad_ckpt) * cell.global_batch
-    flops_per_s = flops_per_step / seconds
     gpu = dev.gpu_info(device)
+    record, warnings = timing_record(steps, items=cell.global_batch, tokens=cell.global_batch * cell.seq,
+                                     flops=flops_per_step, gpu=gpu, dtype=cell.precision, world=world)
+    info_energy = None
+    if world > 1 and "energy_j" in record:  # NVML reads rank 0's GPU; the ranks do the same work
+        for k in ("energy_j", "j_per_seq", "j_per_token"):
+            if k in record:
+                record[k] *= world
+        info_energy = "rank 0's GPU times the world size"
 
     def worst(key):
         values = [r["mem"].get(key) for r in per_rank if r["mem"].get(key) is not None]
@@ -432,27 +504,25 @@ def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], losses: lis
     mem = {k: worst(k) for k in ("params_mb", "grads_mb", "optim_state_mb", "peak_mem_mb", "peak_reserved_mb")}
     persistent = (mem["params_mb"] or 0) + (mem["grads_mb"] or 0) + (mem["optim_state_mb"] or 0)
     activations = mem["peak_mem_mb"] - persistent if mem["peak_mem_mb"] is not None else None
-    record = {
-        "latency_ms": stats.median_ms, "latency_p90_ms": stats.p90_ms, "latency_p99_ms": stats.p99_ms,
-        "latency_iqr_ms": stats.iqr_ms, "n_samples": stats.n,
-        "throughput_per_s": samples_per_s, "samples_per_s": samples_per_s, "tokens_per_s": samples_per_s * cell.seq,
-        "tflops": flops_per_s / 1e12, "tflops_per_gpu": flops_per_s / world / 1e12,
-        "mfu": peaks.mfu(flops_per_s / world, gpu and gpu.name, cell.precision, gpu and gpu.memory_gb),
-        "gpu": gpu.name if gpu else None, "world_size": world, "strategy": cell.strategy,
-        "optim": cell.optim, "grad_accum": cell.grad_accum, "grad_ckpt": cell.grad_ckpt, "compile": cell.compile,
-        "zero_stage": cell.zero_stage, "nccl": cell.nccl or None, "global_batch": cell.global_batch,
-        "loss_start": losses[0], "loss_end": losses[-1],
-        **mem, "activations_mb": activations,
-    }
+    # Phases of rank 0 (medians over the timed steps). Communication is not a phase of its own: DDP and
+    # FSDP overlap their gradient reduction with the backward and DeepSpeed with its backward and step,
+    # so it is inside backward_ms / optimizer_ms rather than separable by events on the host's stream.
+    phases = {k: timer.summarize(v).median_ms for k, v in sampled.parts.items() if v}
+    record.update({
+        "samples_per_s": record["throughput_per_s"], "tflops_per_gpu": record["tflops"] / world,
+        "gpu": gpu.name if gpu else None, **phases,
+        "loss_start": losses[0], "loss_end": losses[-1], **mem, "activations_mb": activations,
+    })
     info = {
-        **trainer.info, "device": str(device), "stats": stats.as_dict(), "flops_per_step": flops_per_step,
-        "setup_s": setup_s, "warmup_step_ms": warm_ms, "losses": losses,
+        **trainer.info, "device": str(device), "stats": steps.stats.as_dict(), "flops_per_step": flops_per_step,
+        "build_s": build_s, "warmup_step_ms": warm_ms, "losses": losses, "phases_ms": sampled.parts,
         "memory_method": "allocator deltas (torch.cuda.memory_allocated)" if trainer.by_allocator else "tensor sizes",
         "per_rank": [{"device": r["device"], "mem": r["mem"], "median_ms": timer.summarize(r["samples"]).median_ms}
                      for r in per_rank],
         "dist_backend": rank.backend, "nccl_env": rank.nccl_env(),
     }
+    if info_energy:
+        info["energy_method"] = info_energy
     if trainer.scaler is not None:
         info["grad_scale_end"] = float(trainer.scaler.get_scale())
-    warnings = [f"noisy: IQR/median {stats.iqr_ms / stats.median_ms:.1%} > 5%"] if stats.noisy else []
     return CellResult("ok", record=record, samples_ms=step_ms, info=info, warnings=warnings)

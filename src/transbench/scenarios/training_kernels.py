@@ -1,0 +1,77 @@
+"""The `--kernels liger` axis: Liger-Kernel's fused Triton kernels put into a built model, from Liger's own
+module classes (no copies here).
+
+For BERT and GPT-2 Liger has no `apply_liger_kernel_to_*` (its table covers Llama-, Mistral-, Gemma-,
+Qwen-style models), and those models have no RMSNorm, SwiGLU, GeGLU or RoPE: what applies is its
+LayerNorm, and its fused linear + cross-entropy for the LM / MLM head, which computes the loss over chunks
+of the sequence so the full (tokens x vocabulary) fp32 logits are never held. Models of a family Liger
+patches by name take its own `apply_liger_kernel_to_<model_type>(model=...)`. Whether it can run at all
+is `training_loop.check_supported`'s job (this module imports torch and Liger)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _swap_layer_norms(model) -> list[str]:
+    """Every torch LayerNorm becomes a LigerLayerNorm holding the same parameters (same values, same
+    Parameter objects, so the optimizer and the memory split see nothing new)."""
+    from liger_kernel.transformers import LigerLayerNorm
+
+    replaced = []
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.LayerNorm:
+                new = LigerLayerNorm(child.normalized_shape[0], eps=child.eps, bias=child.bias is not None)
+                new.weight = child.weight
+                if child.bias is not None:
+                    new.bias = child.bias
+                setattr(parent, name, new)
+                replaced.append(f"{parent_name}.{name}".lstrip("."))
+    return replaced
+
+
+class LigerLoss(torch.nn.Module):
+    """The model with its task's loss through Liger's fused linear + cross-entropy: the body's hidden
+    states and the head's weight go in, the loss comes out (the logits are computed chunk by chunk and
+    dropped). A module around the whole model, so DDP, FSDP and DeepSpeed wrap it like the model itself."""
+
+    def __init__(self, model, task: str, family: str):
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        super().__init__()
+        self.model, self.task, self.family = model, task, family
+        self.fused = LigerFusedLinearCrossEntropyLoss()  # ignore_index -100: the unmasked MLM positions
+
+    def forward(self, input_ids, labels, **kwargs):
+        m = self.model
+        if self.family == "gpt2":
+            hidden = m.transformer(input_ids=input_ids, use_cache=False).last_hidden_state
+            # transformers' own causal-LM loss shifts inside the model: position t predicts token t + 1
+            hidden, labels = hidden[:, :-1], labels[:, 1:]
+            weight, bias = m.lm_head.weight, None
+        else:
+            hidden = m.cls.predictions.transform(m.bert(input_ids=input_ids).last_hidden_state)
+            weight, bias = m.cls.predictions.decoder.weight, m.cls.predictions.decoder.bias
+        # Under autocast the hidden states are bf16/fp16 and the master weights fp32: Liger's kernel wants
+        # one dtype (the cast is differentiable, the fp32 weight still gets the gradient).
+        weight = weight.to(hidden.dtype)
+        bias = bias.to(hidden.dtype) if bias is not None else None
+        h = hidden.reshape(-1, hidden.shape[-1])
+        return {"loss": self.fused(weight, h, labels.reshape(-1), bias)}
+
+
+def apply(model, task: str, family: str) -> tuple[object, list[str]]:
+    """Put Liger's kernels into `model` (in place). Returns (the module to train: `model`, or a LigerLoss
+    around it where the head has a fused form) and the names of what was replaced."""
+    from liger_kernel.transformers import monkey_patch
+
+    by_type = getattr(monkey_patch, "MODEL_TYPE_TO_APPLY_LIGER_FN", {}).get(model.config.model_type)
+    if by_type is not None:
+        by_type(model=model)
+        return model, [f"apply_liger_kernel_to_{model.config.model_type}"]
+    replaced = [f"{n} -> LigerLayerNorm" for n in _swap_layer_norms(model)]
+    if task in ("mlm", "causal-lm"):
+        head = "lm_head" if family == "gpt2" else "cls.predictions.decoder"
+        return LigerLoss(model, task, family), replaced + [f"{head} + cross-entropy -> LigerFusedLinearCrossEntropyLoss"]
+    return model, replaced
