@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from .errors import SpecError
 from .measure import env as env_mod
 from .runner import grid
-from .scenarios.training import TrainSpec, train  # noqa: F401  (api.train, as the design lists it)
+from .scenarios import training
+from .scenarios.training import TrainSpec  # noqa: F401  (api.TrainSpec)
 from .cells import Cell, CellResult
 from .runner.sweep import SweepOptions, Target, open_run, run_grid
 from .spec import RunSpec
@@ -65,6 +66,16 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
         store.close()
     export.write(recs, json_path, csv_path)
     return RunOutcome(run_id, name, recs, done > 0)
+
+
+def train(spec: TrainSpec, db: str = "transbench.db", **kwargs) -> list[dict]:
+    """A training sweep (scenarios/training.py), or with `spec.ladder` the seed notebook's ladder of steps
+    for one model (scenarios/training_ladder.py); kwargs: json_path, csv_path, on_start, on_cell."""
+    if spec.ladder:
+        from .scenarios.training_ladder import ladder
+
+        return ladder(training.validate(spec), db, **kwargs)
+    return training.train(spec, db, **kwargs)
 
 
 def inference_target(spec: RunSpec) -> Target:

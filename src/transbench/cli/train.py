@@ -6,12 +6,14 @@ from typing import List, Optional
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
-from ..scenarios.training import WHOLE_FIELDS, TrainSpec, train as run_training
+from .. import api
+from ..scenarios.training import WHOLE_FIELDS, TrainSpec
 from ..store import export
 from .app import app, friendly
 from .options import LIST, build_spec, shown
-from .tables import Col, console, fitted, pct, status_text, visible
+from .tables import Col, console, fitted, fmt, pct, status_text, visible
 
 SETTINGS = [Col("model", "model", setting=True), Col("task", "task", setting=True),
             Col("backend", "backend", setting=True), Col("dtype", "dtype", setting=True),
@@ -148,7 +150,7 @@ def train(
         for w in result.warnings:
             console.print(visible(f"    warning: {w}"), highlight=False, markup=False)
 
-    recs = run_training(the_spec, db, json_path=json_path, csv_path=csv_path, on_start=on_start, on_cell=on_cell)
+    recs = api.train(the_spec, db, json_path=json_path, csv_path=csv_path, on_start=on_start, on_cell=on_cell)
     if recs and the_spec.ladder:
         from ..scenarios.training_ladder import plot as ladder_plot
 

@@ -23,6 +23,8 @@ from .training_cell import ATTENTION, KERNELS, OPTIMIZERS, PRECISIONS, STRATEGIE
 def default_task(shape) -> str:
     """What a model trains on unless --task says otherwise: its pretraining objective."""
     return "causal-lm" if shape.decoder else "mlm"
+
+
 NCCL_ENV_KEY = re.compile(r"^(NCCL|TORCH_NCCL|GLOO)_[A-Z0-9_]+$")
 WHOLE_FIELDS = frozenset({"nccl_envs"})
 
@@ -291,9 +293,7 @@ def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None =
 
     spec = validate(spec)
     if spec.ladder:
-        from .training_ladder import ladder
-
-        return ladder(spec, db, json_path=json_path, csv_path=csv_path, on_start=on_start, on_cell=on_cell)
+        raise SpecError("a ladder runs through transbench.api.train (scenarios/training_ladder.py)")
     cells = expand(spec)
     if spec.node_rank > 0:  # another host's ranks; node 0 measures and stores
         on_start(cells, 0)

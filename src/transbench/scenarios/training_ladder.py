@@ -100,7 +100,7 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
     from ..errors import SpecError
     from . import training
 
-    one = {"--model": spec.models, "--seq": spec.seqs, "--attn": spec.attns, "--task": spec.tasks or [None],
+    one = {"--model": spec.models, "--seq": spec.seqs, "--backend": spec.attns, "--task": spec.tasks or [None],
            "--batch": spec.batches}
     many = [k for k, v in one.items() if len(v) != 1]
     if many:
@@ -108,7 +108,9 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
     if spec.nnodes > 1 or max(spec.nprocs) > 1:
         raise SpecError("--ladder runs on one GPU: leave out --nproc and --nnodes")
     model = spec.models[0]
-    task = (spec.tasks or [training.DEFAULT_TASK[_family(model)]])[0]
+    from ..models import build
+
+    task = (spec.tasks or [training.default_task(build.resolve(model).shape)])[0]
     device = _device(spec)
     base = TrainCell(model=model, task=task, attn=spec.attns[0], precision="fp32", optim="adamw",
                      batch=spec.batches[0], seq=spec.seqs[0], device=device, steps=spec.steps,
@@ -124,12 +126,6 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
         store.close()
     export.write(rows, json_path, csv_path)
     return rows
-
-
-def _family(model: str) -> str:
-    from ..models import build
-
-    return build.resolve(model).family
 
 
 def _device(spec) -> str:
