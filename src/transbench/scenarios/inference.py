@@ -16,7 +16,11 @@ from .inputs import Inputs, make_inputs, point_seed
 
 # Relative error allowed against the fp32 reference, by dtype. Half precision over 12-48 layers
 # lands near 1e-3..1e-2; a broken kernel lands near 1.
-TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 2e-2, "bf16": 4e-2, "fp8": 1e-1}
+# fp8 (the fused engine's e4m3 GEMMs with per-channel weight and per-token activation scales): the same
+# math emulated in fp32 on the CPU gave rel_err 7.1e-2 on bert-base 2 x 128 and 1.32e-1 on bert-large
+# 1 x 384 (docs/engine.md, "fp8"), each fp8 GEMM adding 2-4e-2 (e4m3's 3-bit mantissa); a wrong scale
+# or kernel lands near 1, so 2e-1 still catches those.
+TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 2e-2, "bf16": 4e-2, "fp8": 2e-1}
 
 
 class ModelCache:
