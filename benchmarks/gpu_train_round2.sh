@@ -41,24 +41,27 @@ for path in sys.argv[1:]:
 PY
 }
 
+# DeepSpeed builds its ops (FusedAdam) at first use from TORCH_CUDA_ARCH_LIST, and cannot read an arch with a
+# suffix: the GPU image's "9.0a" ended every cell with "invalid literal for int() with base 10: '0a'" (session 11).
+export TORCH_CUDA_ARCH_LIST=9.0
 if [ "$PART" = all ] || [ "$PART" = deepspeed ]; then
   # Plain training (strategy none) beside ZeRO 1-3 with the same optimizer, so the memory splits compare.
-  python3 -m transbench train --model bert-large-uncased --task mlm --seq 128 --precision bf16 --batch 32 \
-    --strategy none,deepspeed --zero-stage 1,2,3 --optim ds-fused-adam --steps 5 --warmup-steps 2 --timeout 300 \
+  python3 -m transbench train --model bert-large-uncased --task mlm --seq 128 --dtype bf16 --batch 32 \
+    --strategy none,deepspeed --zero-stage 1,2,3 --optim ds-fused-adam --steps 5 --warmup 2 --timeout 300 \
     --db "$DB" --json "$OUT/ds_bert_large.json" > "$OUT/ds_bert_large.log" 2>&1
   table "$OUT/ds_bert_large.json"
-  python3 -m transbench train --model gpt2-large --task causal-lm --seq 1024 --precision bf16 --batch 4 \
-    --strategy none,deepspeed --zero-stage 1,2,3 --optim ds-fused-adam --steps 5 --warmup-steps 2 --timeout 300 \
+  python3 -m transbench train --model gpt2-large --task causal-lm --seq 1024 --dtype bf16 --batch 4 \
+    --strategy none,deepspeed --zero-stage 1,2,3 --optim ds-fused-adam --steps 5 --warmup 2 --timeout 300 \
     --db "$DB" --json "$OUT/ds_gpt2_large.json" > "$OUT/ds_gpt2_large.log" 2>&1
   table "$OUT/ds_gpt2_large.json"
 fi
 
 if [ "$PART" = all ] || [ "$PART" = ladder ]; then
   python3 -m transbench train --ladder --model bert-large-uncased --task mlm --seq 128 --batch 64 \
-    --max-batch-limit 256 --steps 5 --warmup-steps 2 --timeout 300 --plot "$OUT/ladder_bert_large.png" \
+    --max-batch-limit 256 --steps 5 --warmup 2 --timeout 300 --plot "$OUT/ladder_bert_large.png" \
     --db "$DB" --json "$OUT/ladder_bert_large.json" > "$OUT/ladder_bert_large.log" 2>&1
   python3 -m transbench train --ladder --model gpt2 --task causal-lm --seq 1024 --batch 8 \
-    --max-batch-limit 64 --steps 5 --warmup-steps 2 --timeout 300 --plot "$OUT/ladder_gpt2.png" \
+    --max-batch-limit 64 --steps 5 --warmup 2 --timeout 300 --plot "$OUT/ladder_gpt2.png" \
     --db "$DB" --json "$OUT/ladder_gpt2.json" > "$OUT/ladder_gpt2.log" 2>&1
   for m in bert_large gpt2; do
     PYTHONPATH=$PYTHONPATH python3 -c "

@@ -126,10 +126,10 @@ def test_export_paths_are_checked_before_anything_runs(tmp_path, command):
 
 
 def test_old_option_spellings_still_work_with_a_notice(tmp_path, monkeypatch):
-    from transbench.cli import train as train_cli
+    from transbench import api
 
     seen = {}
-    monkeypatch.setattr(train_cli, "run_training", lambda spec, db, **kw: seen.setdefault("spec", spec) and [])
+    monkeypatch.setattr(api, "train", lambda spec, db, **kw: seen.setdefault("spec", spec) and [])
     res = invoke("train", "--model", "bert-tiny", "--precision", "fp32", "--attn=eager", "--warmup-steps", "3",
                  "--batches", "2,4", "--db", tmp_path / "a.db")
     assert res.exit_code == 0, res.output

@@ -261,8 +261,14 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
             best, trail = find_max_rate(probe, spec.slo_ms, offline["record"]["achieved_rate"])
             rec = {"max_rate": best, "percentile": spec.percentile, "slo_ms": spec.slo_ms,
                    "offline_rate": offline["record"]["achieved_rate"]}
-            result = CellResult("ok" if best else "error", record=rec, info={"probes": trail},
-                                error=None if best else f"no probed rate met p{spec.percentile:g} <= {spec.slo_ms:g} ms")
+            # No rate meeting the target is a measured answer (max rate 0), not a failure: on an H100 eager and
+            # sdpa bert-base take 13-15 ms a batch, over a 10 ms p99 at any rate (session 11).
+            lowest = min(trail, key=lambda t: t[0]) if trail else None
+            result = CellResult("ok", record={**rec, "max_rate": best or 0.0}, info={"probes": trail},
+                                warnings=[] if best else [
+                                    f"no probed rate met p{spec.percentile:g} <= {spec.slo_ms:g} ms"
+                                    + (f" (the lowest, {lowest[0]:.3g}/s, had {lowest[1]:.3g} ms)" if lowest and
+                                       lowest[1] is not None else "")])
             store_result(store, run_id, summary, result, scenario="serve-max-rate")
             on_cell(summary, result)
         recs = export.records(store, [run_id])

@@ -342,7 +342,10 @@ class Trainer:
             if probe:
                 self._probe("optimizer")
             if self.engine is None:
-                self.optimizer.zero_grad(set_to_none=True)
+                try:
+                    self.optimizer.zero_grad(set_to_none=True)
+                except TypeError:  # DeepSpeed's FusedAdam takes no set_to_none (seen on an H100, session 11)
+                    self.optimizer.zero_grad()
                 mark("optimizer")
         return total / n
 
