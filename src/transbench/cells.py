@@ -9,8 +9,28 @@ from dataclasses import dataclass, field
 STATUSES = ("ok", "oom", "timeout", "error", "wrong", "unsupported", "skipped")
 
 
+class SweepCell:
+    """What the one sweep loop (runner/sweep.py) needs of every scenario's cell, from its `identity()` (every
+    setting that changes what is measured): the key resume, merge and compare match on, and the stored form.
+    Subclasses are frozen dataclasses with a `batch` field."""
+
+    def identity(self) -> dict:
+        raise NotImplementedError
+
+    def key(self) -> str:
+        """Identity within a run: resume, merge and compare match cells on it."""
+        return json.dumps(self.identity(), sort_keys=True)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        return cls(**d)
+
+
 @dataclass(frozen=True)
-class Cell:
+class Cell(SweepCell):
     model: str
     task: str
     backend: str
@@ -47,10 +67,6 @@ class Cell:
             ident["compile_mode"] = self.compile_mode
         return ident
 
-    def key(self) -> str:
-        """Identity within a run: resume, merge and compare match cells on it."""
-        return json.dumps(self.identity(), sort_keys=True)
-
     def oom_group(self) -> str:
         """Cells that differ only in batch: once one is out of memory, larger batches are skipped."""
         ident = self.identity()
@@ -66,13 +82,6 @@ class Cell:
     def model_key(self) -> tuple:
         """Cells sharing one built model inside a worker."""
         return (self.model, self.task, self.activation)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Cell:
-        return cls(**d)
 
 
 @dataclass

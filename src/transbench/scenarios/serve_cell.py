@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from ..cells import SweepCell
 from .serve_lengths import Lengths
 
 
 @dataclass(frozen=True)
-class ServeCell:
+class ServeCell(SweepCell):
     model: str
     task: str  # an encoder task, or generate (decoders: generation under load)
     backend: str
@@ -57,8 +57,6 @@ class ServeCell:
             ident["new_tokens"] = self.new_tokens
         return ident
 
-    def key(self) -> str:
-        return json.dumps(self.identity(), sort_keys=True)
 
     def oom_group(self) -> str:
         return self.key()
@@ -71,9 +69,4 @@ class ServeCell:
     def model_key(self) -> tuple:
         return (self.model, self.task, self.activation)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> ServeCell:
-        return cls(**d)

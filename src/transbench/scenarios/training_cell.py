@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
+
+from ..cells import SweepCell
 
 TRAIN_TASKS = ("mlm", "causal-lm", "classification")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -27,7 +28,7 @@ ATTENTION = {
 
 
 @dataclass(frozen=True)
-class TrainCell:
+class TrainCell(SweepCell):
     model: str
     task: str
     attn: str
@@ -79,10 +80,6 @@ class TrainCell:
                 "kernels": self.kernels, "strategy": self.strategy, "nproc": self.nproc, "nnodes": self.nnodes,
                 "zero_stage": self.zero_stage, "nccl": self.nccl, "lr": self.lr, "seed": self.seed}
 
-    def key(self) -> str:
-        """Identity within a run: resume, merge and compare match cells on it."""
-        return json.dumps(self.identity(), sort_keys=True)
-
     def record_fields(self) -> dict:
         """The identity as the contract's flat record keys."""
         return {"scenario": "training", "model": self.model, "task": self.task, "backend": self.attn,
@@ -97,9 +94,6 @@ class TrainCell:
         ident = self.identity()
         ident.pop("batch")
         return json.dumps(ident, sort_keys=True)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainCell:

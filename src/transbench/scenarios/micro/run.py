@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ...errors import SpecError
 from ...measure import device as dev
 from ...measure import env as env_mod
-from ...cells import CellResult
+from ...cells import CellResult, SweepCell
 from ...runner.sweep import SweepOptions, Target, open_run, run_grid
 from ...store import Store, export
 from . import bandwidth, breakdown, gemm, layer
@@ -37,7 +37,7 @@ class MicroOutcome:
 
 
 @dataclass(frozen=True)
-class MicroCell:
+class MicroCell(SweepCell):
     """One measured point of a micro run, for the sweep loop. Points of one `unit` (the two passes of a
     layer, the parts of a breakdown) are measured together by the first of them that runs, and the
     worker hands the others out as they come (their numbers belong together)."""
@@ -54,8 +54,8 @@ class MicroCell:
     def scenario(self) -> str:
         return KINDS[self.kind][2]
 
-    def key(self) -> str:
-        return self.point
+    def identity(self) -> dict:
+        return json.loads(self.point)
 
     def oom_group(self) -> str:
         key = json.loads(self.point)
@@ -71,12 +71,7 @@ class MicroCell:
             fields["seq_len"] = fields.pop("seq")
         return {"scenario": self.scenario, "device": self.device, **fields}
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> MicroCell:
-        return cls(**d)
 
 
 def cells(kind: str, opts, device, db: str) -> list[MicroCell]:
