@@ -143,10 +143,10 @@ def test_old_option_spellings_still_work_with_a_notice(tmp_path, monkeypatch):
 
 
 def test_on_off_axes_take_what_users_type(tmp_path, monkeypatch):
-    from transbench.cli import train as train_cli
+    from transbench import api
 
     specs = []
-    monkeypatch.setattr(train_cli, "run_training", lambda spec, db, **kw: specs.append(spec) or [])
+    monkeypatch.setattr(api, "train", lambda spec, db, **kw: specs.append(spec) or [])
     for args in (["--grad-ckpt"], ["--grad-ckpt", "on,off", "--compile"], ["--compile", "--grad-ckpt", "off"],
                  ["--grad-ckpt", "--name", "x"]):
         res = invoke("train", "--model", "bert-tiny", *args, "--db", tmp_path / "b.db")

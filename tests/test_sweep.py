@@ -206,7 +206,9 @@ def test_gpu_lanes_run_every_cell_once(db, quick):
     spec = grid.validate(RunSpec(models=["bert-tiny"], backends=["eager", "sdpa"], batches=[1, 2], seqs=[8], **quick))
     s = Store(db)
     run_id, _ = s.create_run("lanes", "inference", spec.to_dict(), {})
-    run_grid(s, run_id, grid.expand(spec), SweepOptions(spec.timeout, gpus=[0, 1]))
+    from transbench.api import inference_target
+
+    run_grid(s, run_id, grid.expand(spec), inference_target(spec), SweepOptions(spec.timeout, gpus=[0, 1]))
     recs = export.records(s, [run_id])
     assert sorted((r["backend"], r["batch_size"]) for r in recs) == [("eager", 1), ("eager", 2), ("sdpa", 1), ("sdpa", 2)]
     assert all(r["status"] == "ok" for r in recs)
