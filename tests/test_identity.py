@@ -86,3 +86,26 @@ def test_resume_skips_batches_above_an_oom_stored_before_a_kill(tmp_path):
     store.close()
     out = api.run(spec, db)
     assert out.resumed and {r["batch_size"]: r["status"] for r in out.records} == {1: "ok", 2: "oom", 4: "skipped"}
+
+
+def test_a_max_batch_search_that_never_ran_out_of_memory_says_it_stopped_at_its_cap(tmp_path):
+    import threading
+
+    from transbench.cells import CellResult
+    from transbench.runner.sweep import SweepOptions, search_max_batch
+    from transbench.store import Store
+
+    class AlwaysFits:
+        def run(self, cell, timeout):
+            return CellResult("ok", record={"latency_ms": 1.0})
+
+    store = Store(str(tmp_path / "m.db"))
+    run_id, _ = store.create_run("m", "inference", {}, {})
+    probes = []
+    search_max_batch(store, run_id, Cell("bert-tiny", "base", "sdpa", "fp32", 1, 8), AlwaysFits(),
+                     SweepOptions(max_batch=True, max_batch_limit=64), 1, set(), threading.Lock(),
+                     lambda c, r: probes.append(c.batch))
+    (stored,) = store.cells(run_id)
+    store.close()
+    assert probes == [1, 2, 4, 8, 16, 32, 64] and stored["record"]["batch_size"] == 64
+    assert stored["info"]["capped"] and "cap" in stored["warnings"][0] and "not the largest batch" in stored["warnings"][0]
