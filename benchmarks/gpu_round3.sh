@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 12's GPU calls, one part per device call (each under 10 minutes on an H100); every step is
+# time-boxed and writes under $OUT, so a call cut short still returns what was measured.
+#   bash benchmarks/gpu_round3.sh families   issue 21: micro gemm against a sustained plain loop;
+#                                            issue 24: the encoder table (eager, sdpa, cudagraph; fused for
+#                                            roberta) and the family GPU tests
+#   bash benchmarks/gpu_round3.sh decoders   issue 24: the encoder table's compile cells and the decoder
+#                                            generation table (prompt 512, 128 new tokens)
+#   bash benchmarks/gpu_round3.sh serve      issue 26: max rate under p99 10 ms, and gpt2 generation under load
+#   bash benchmarks/gpu_round3.sh train      issue 25: ladders and DeepSpeed (needs .whl carried)
+set -x
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=150
+TB="python3 -m transbench"
+PART=${1:-families}
+exec > >(tee "$OUT/round3_$PART.txt") 2>&1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv
+ENCODERS=roberta-base,distilbert-base-uncased,modernbert-base,deberta-v3-base
+if [ "$PART" = families ]; then
+  timeout 80 python3 benchmarks/gemm_vs_plain.py --sizes 4096,8192 --dtype fp16,bf16 --rounds 2
+  timeout 40 $TB micro gemm --sizes 4096,8192 --dtype fp16,bf16 --model '' --db $OUT/micro.db --name gemm
+  timeout 330 $TB run --model $ENCODERS --backend eager,sdpa,cudagraph --dtype fp16 --batch 1,32,256 --seq 128,512 \
+    --min-time 0.3 --timeout 60 --name encoders --db $OUT/fam.db --json $OUT/encoders.json
+  timeout 60 $TB run --model roberta-base --backend fused --dtype fp16 --batch 1,32,256 --seq 128,512 \
+    --min-time 0.3 --timeout 50 --name encoders-fused --db $OUT/fam.db
+  timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_families_gpu.py 2>&1 | tail -5
+  $TB report encoders encoders-fused --db $OUT/fam.db --out $OUT/report > /dev/null 2>&1; ls $OUT/report
+fi
+if [ "$PART" = decoders ]; then
+  timeout 300 $TB run --model smollm2-135m,qwen2.5-0.5b,llama-3.2-1b --task generate --backend sdpa,cudagraph,compile \
+    --dtype fp16 --batch 1,8 --seq 512 --new-tokens 128 --min-time 0.3 --min-count 3 --warmup 2 --timeout 120 \
+    --name decoders --db $OUT/fam.db --json $OUT/decoders.json
+  timeout 280 $TB run --model $ENCODERS --backend compile --dtype fp16 --batch 1,32,256 --seq 128,512 \
+    --min-time 0.3 --timeout 60 --name encoders-compile --db $OUT/fam.db
+fi
