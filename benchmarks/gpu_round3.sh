@@ -4,8 +4,9 @@
 #   bash benchmarks/gpu_round3.sh families   issue 21: micro gemm against a sustained plain loop;
 #                                            issue 24: the encoder table (eager, sdpa, cudagraph; fused for
 #                                            roberta) and the family GPU tests
-#   bash benchmarks/gpu_round3.sh decoders   issue 24: the encoder table's compile cells and the decoder
+#   bash benchmarks/gpu_round3.sh decoders   issue 24: the decoder
 #                                            generation table (prompt 512, 128 new tokens)
+#   bash benchmarks/gpu_round3.sh compile    issue 24: the encoder table's compile and fused cells, family tests
 #   bash benchmarks/gpu_round3.sh serve      issue 26: max rate under p99 10 ms, and gpt2 generation under load
 #   bash benchmarks/gpu_round3.sh train      issue 25: ladders and DeepSpeed (needs .whl carried)
 set -x
@@ -27,9 +28,16 @@ if [ "$PART" = families ]; then
   $TB report encoders encoders-fused --db $OUT/fam.db --out $OUT/report > /dev/null 2>&1; ls $OUT/report
 fi
 if [ "$PART" = decoders ]; then
-  timeout 300 $TB run --model smollm2-135m,qwen2.5-0.5b,llama-3.2-1b --task generate --backend sdpa,cudagraph,compile \
+  timeout 560 $TB run --model smollm2-135m,qwen2.5-0.5b,llama-3.2-1b --task generate --backend sdpa,cudagraph,compile \
     --dtype fp16 --batch 1,8 --seq 512 --new-tokens 128 --min-time 0.3 --min-count 3 --warmup 2 --timeout 120 \
     --name decoders --db $OUT/fam.db --json $OUT/decoders.json
-  timeout 280 $TB run --model $ENCODERS --backend compile --dtype fp16 --batch 1,32,256 --seq 128,512 \
+fi
+if [ "$PART" = compile ]; then
+  timeout 300 $TB run --model $ENCODERS --backend compile --dtype fp16 --batch 1,32,256 --seq 128,512 \
     --min-time 0.3 --timeout 60 --name encoders-compile --db $OUT/fam.db
+  timeout 120 $TB run --model roberta-base --backend fused --dtype fp16 --batch 1,32,256 --seq 128,512 \
+    --min-time 0.3 --timeout 60 --name encoders-fused --db $OUT/fam.db
+  timeout 30 $TB run --model deberta-v3-base --backend cudagraph --dtype fp16 --batch 1 --seq 128 --name deberta-graph \
+    --db $OUT/fam.db
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_families_gpu.py 2>&1 | tail -8
 fi

@@ -114,3 +114,16 @@ def test_unknown_compile_mode_is_one_clear_line():
 
     with pytest.raises(SpecError, match="max-autotune"):
         check_mode("fastest")
+
+
+def test_a_forward_a_cuda_graph_cannot_capture_is_named_not_an_error():
+    """deberta-v3-base on an H100: torch refused the capture (a CPU tensor copied during it); the backend
+    turns exactly that kind of refusal into `unsupported` with its one line, and lets other failures through."""
+    from transbench.backends.cudagraph import capture_refusal
+
+    exc = RuntimeError("The following operation failed in the TorchScript interpreter.\nTraceback ...\n"
+                       "RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph capture unless "
+                       "the CPU tensor is pinned.")
+    assert capture_refusal(exc).startswith("RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph")
+    assert capture_refusal(RuntimeError("CUDA error: operation not permitted when stream is capturing"))
+    assert capture_refusal(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) is None

@@ -39,6 +39,9 @@ def test_families_run_on_every_generic_backend(backend, model, task):
     if model == "deberta-tiny" and backend == "sdpa":  # transformers has no SDPA attention for DeBERTa-v2
         assert r.status == "unsupported" and "sdpa" in r.error, (r.status, r.error)
         return
+    if model == "deberta-tiny" and backend == "cudagraph":  # its forward copies a CPU tensor: no capture
+        assert r.status == "unsupported" and "CUDA graph" in r.error and "\n" not in r.error, (r.status, r.error)
+        return
     assert r.status == "ok", (r.status, r.error, r.info.get("traceback"))
     assert r.record["rel_err"] < 2e-2
     assert r.record["flops_method"] == ("counted" if model == "deberta-tiny" else "analytic")

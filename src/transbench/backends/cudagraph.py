@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+from ..errors import Unsupported
 from .base import Backend, Prepared
 
 WARMUP_CALLS = 3
@@ -63,7 +64,14 @@ def _prepare(model, inputs, cell) -> Prepared:
     device = next(model.parameters()).device
     unpadded = kwargs.get("attention_mask") is None
     with masks_as_outside_capture() if unpadded else contextlib.nullcontext(False) as same_masks:
-        graph, out, capture_s = capture(lambda: model(**kwargs), device)
+        try:
+            graph, out, capture_s = capture(lambda: model(**kwargs), device)
+        except RuntimeError as exc:
+            reason = capture_refusal(exc)
+            if reason is None:
+                raise
+            raise Unsupported(f"{model.config.model_type}'s forward cannot be captured in a CUDA graph: {reason}") \
+                from None
 
     def fn():
         graph.replay()
@@ -71,6 +79,19 @@ def _prepare(model, inputs, cell) -> Prepared:
 
     mask = "none, as outside capture" if same_masks else "padding mask" if not unpadded else "built by transformers"
     return Prepared(fn, {"capture_s": capture_s, "graph_nodes": _nodes(graph), "attention_mask_in_graph": mask})
+
+
+# What torch says when a forward does something a stream capture forbids. On an H100, deberta-v3-base failed so
+# in every cell (transformers' make_log_bucket_position copies a CPU scalar tensor to the GPU on every call):
+# the model cannot be graphed as transformers writes it, which is `unsupported`, not an error of this backend.
+CAPTURE_REFUSALS = ("during CUDA graph capture", "operation not permitted when stream is capturing",
+                    "cudaErrorStreamCaptureUnsupported", "cudaErrorStreamCaptureInvalidated")
+
+
+def capture_refusal(exc: BaseException) -> str | None:
+    """The line of `exc` saying why capture was refused, or None for any other failure."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return next((ln for ln in lines if any(r in ln for r in CAPTURE_REFUSALS)), None)
 
 
 def _nodes(graph) -> int | None:

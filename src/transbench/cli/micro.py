@@ -67,8 +67,11 @@ BREAKDOWN_COLUMNS = [
 def _progress(p) -> None:
     if p.status != "ok":
         return
+    # The point's settings as `k=v`, in the order they were declared (its key is a dict: a raw dict printed
+    # as Python reads badly next to a warning).
+    where = " ".join(f"{k}={v}" for k, v in p.key.items() if v is not None) if isinstance(p.key, dict) else p.key
     for w in p.warnings:
-        console.print(visible(f"  warning: {p.key}: {w}"), highlight=False, markup=False)
+        console.print(visible(f"  warning: {where}: {w}"), highlight=False, markup=False)
 
 
 @micro_app.command()
