@@ -334,6 +334,18 @@ def test_a_packing_backend_captures_every_graph_before_the_load(monkeypatch, ext
     assert cold.status == "ok" and cold.info["engine_graphs_captured_under_load"] > 0
 
 
+def test_serve_generate_cli_on_cpu(tmp_path):
+    """`transbench serve --task generate` end to end on gpt2-tiny: the gpt2 table of the H100 script, in small."""
+    js = tmp_path / "g.json"
+    res = invoke("serve", "--model", "gpt2-tiny", "--task", "generate", "--device", "cpu", "--backend", "sdpa",
+                 "--lengths", "normal:16:48", "--max-batch-size", "2", "--concurrency", "2", "--new-tokens", "4",
+                 "--duration", "1", "--warmup", "0.2", "--db", tmp_path / "g.db", "--json", js)
+    assert res.exit_code == 0, res.output
+    (rec,) = json.loads(js.read_text())
+    assert rec["status"] == "ok" and rec["task"] == "generate" and rec["new_tokens"] == 4
+    assert 0 < rec["ttft_p50_ms"] < rec["latency_p50_ms"] and rec["itl_p99_ms"] >= rec["itl_p50_ms"] > 0
+
+
 def test_report_has_the_serve_section(tmp_path):
     from transbench import api
     from transbench.scenarios.serve_spec import ServeSpec
