@@ -15,11 +15,14 @@ def line(c: dict) -> str:
     load = {"rate": f"{cell.get('rate', 0):.4g}/s", "concurrency": f"c{cell.get('concurrency')}"}.get(
         cell.get("mode"), cell.get("mode"))
     p99 = rec.get("latency_p99_ms")
-    graphs = (f"graphs {info['engine_graphs_before_load']} before, under load {info['engine_graphs_captured_under_load']}"
-              if "engine_graphs_before_load" in info else "")
+    graphs = ""
+    if "engine_graphs_before_load" in info:
+        graphs = (f"graphs {info['engine_graphs_before_load']} before, "
+                  f"under load {info['engine_graphs_captured_under_load']}")
     prep = info.get("prepare_s")
-    return (f"{cell.get('backend', ''):10s} {load:>10s} {c['status']:7s} "
-            f"p99 {'-' if p99 is None else f'{p99:.2f} ms':>10s}  prepare {'-' if prep is None else f'{prep:.1f} s':>7s}  {graphs}")
+    p99 = "-" if p99 is None else f"{p99:.2f} ms"
+    prep = "-" if prep is None else f"{prep:.1f} s"
+    return f"{cell.get('backend', ''):10s} {load:>10s} {c['status']:7s} p99 {p99:>10s}  prepare {prep:>7s}  {graphs}"
 
 
 def main(argv=None):

@@ -334,6 +334,29 @@ def test_a_packing_backend_captures_every_graph_before_the_load(monkeypatch, ext
     assert cold.status == "ok" and cold.info["engine_graphs_captured_under_load"] > 0
 
 
+def test_serve_prepare_script_prints_prepare_time_and_graphs_under_load(tmp_path, capsys):
+    """benchmarks/serve_prepare.py: one line per serve cell, the graph counts where the backend has graphs."""
+    from script_helpers import load_script
+
+    from transbench.store.db import Store
+
+    store = Store(tmp_path / "p.db")
+    run_id, _ = store.create_run("maxrate-fused", "serve", {}, {})
+    cells = [("fused", "rate", 812.5, {"latency_p99_ms": 8.25},
+              {"prepare_s": 95.04, "engine_graphs_before_load": 68, "engine_graphs_captured_under_load": 0}),
+             ("sdpa", "offline", 0.0, {"latency_p99_ms": 31.5}, {"prepare_s": 3.0})]
+    for backend, mode, rate, rec, info in cells:
+        store.put_cell(run_id, backend + mode, "serve", "ok", rec, info=info,
+                       cell={"backend": backend, "mode": mode, "rate": rate})
+    store.close()
+    load_script("serve_prepare").main([str(tmp_path / "p.db")])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "run maxrate-fused"
+    assert out[1].split() == ["fused", "812.5/s", "ok", "p99", "8.25", "ms", "prepare", "95.0", "s", "graphs", "68",
+                              "before,", "under", "load", "0"]
+    assert out[2].split() == ["sdpa", "offline", "ok", "p99", "31.50", "ms", "prepare", "3.0", "s"] and len(out) == 3
+
+
 def test_serve_generate_cli_on_cpu(tmp_path):
     """`transbench serve --task generate` end to end on gpt2-tiny: the gpt2 table of the H100 script, in small."""
     js = tmp_path / "g.json"
