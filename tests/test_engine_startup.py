@@ -27,7 +27,7 @@ def _cands(*names):
     return {n: (lambda n=n: n) for n in names}
 
 
-def test_tuning_stops_at_the_budget_and_keeps_the_partial_choice_out_of_the_disk_table(tmp_path):
+def test_tuning_stops_at_the_budget_and_keeps_the_partial_choice_apart(tmp_path):
     clock = _Clock(cost=1.0)
     times = {"cublas": 2.0, "t1": 1.5, "t2": 1.0, "t3": 0.5}
     t = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
@@ -38,15 +38,47 @@ def test_tuning_stops_at_the_budget_and_keeps_the_partial_choice_out_of_the_disk
         # a second op past the deadline takes its default route after timing only it
         assert t.choose("op2", _cands("cublas", "t1")) == "cublas"
         assert clock.timed[3:] == ["cublas"]
-    assert t.table == {} and not (tmp_path / "t.json").exists()  # nothing half-tuned is kept on disk
-    # the same shape again in this process: the interim choices hold, nothing is timed
+        # the same shape again in this process: the partial choices hold, nothing is timed
+        n = len(clock.timed)
+        assert t.choose("op1", _cands(*times)) == "t2" and len(clock.timed) == n
+    assert t.table == {}  # nothing half-tuned passes for a complete choice
+    assert sorted(t.routes(t.interim).values()) == ["cublas", "t2"]  # what ran is reported all the same
+    # a later process under a budget starts warm: the partial choices come from disk, nothing is timed
+    later = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
     n = len(clock.timed)
-    assert t.choose("op1", _cands(*times)) == "t2" and len(clock.timed) == n
-    # without a budget (transbench tune) a fresh process times every candidate and keeps the winner on disk
+    with later.budget(2.5):
+        assert later.choose("op1", _cands(*times)) == "t2" and later.choose("op2", _cands("cublas", "t1")) == "cublas"
+    assert len(clock.timed) == n and later.table == {}
+    # without a budget (transbench tune) every candidate is timed, and the winner replaces the partial entry
     fresh = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
     with fresh.budget(None):
         assert fresh.choose("op1", _cands(*times)) == "t3"
-    assert list(tuning.Tuner(tmp_path / "t.json").table.values()) == ["t3"]
+    assert clock.timed[n:] == list(times) * tuning.ROUNDS
+    disk = tuning.Tuner(tmp_path / "t.json")
+    assert list(disk.table.values()) == ["t3"] and list(disk.interim.values()) == ["cublas"]
+    with disk.budget(2.5):  # the complete choice wins over nothing: op1 has no partial entry left
+        assert disk.choose("op1", _cands(*times)) == "t3"
+
+
+def test_a_table_of_plain_entries_loads_and_stays_readable_by_older_code(tmp_path):
+    """Every entry is a plain string, as before partial entries existed: an older file loads, and a file with
+    partial entries is a flat str -> str table whose prefixed keys an older reader never looks up."""
+    import json
+
+    clock = _Clock(cost=1.0)
+    times = {"cublas": 2.0, "t1": 1.0}
+    path = tmp_path / "t.json"
+    old_key = tuning.Tuner(path).key("op0", _cands(*times))
+    path.write_text(json.dumps({old_key: "t1", "junk": {"not": "an entry"}}))  # what older code wrote, and noise
+    t = tuning.Tuner(path, timer=clock.timer(times), clock=clock)
+    assert t.table == {old_key: "t1"} and t.interim == {}
+    with t.budget(0.5):
+        assert t.choose("op0", _cands(*times)) == "t1" and clock.timed == []
+        assert t.choose("op9", _cands(*times)) == "cublas"
+    disk = json.loads(path.read_text())
+    assert all(isinstance(v, str) for v in disk.values()) and disk[old_key] == "t1"
+    (partial,) = [k for k in disk if k.startswith(tuning.PARTIAL)]
+    assert partial[len(tuning.PARTIAL):] == t.key("op9", _cands(*times))
 
 
 def test_a_budget_long_enough_changes_nothing(tmp_path):
@@ -151,3 +183,25 @@ def test_tune_refuses_bad_input_in_one_line(args, says, tmp_path):
     assert out.exit_code == 2, out.output
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ") and says in out.stderr, out.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_the_graph_bound_holds_every_packed_count_a_server_warms():
+    """The LRU bound defaults to one (max_batch, max_seq) shape's packed token counts and its dense one, so a
+    server that captured them all before its load (scenarios/serve.py) never evicts one; 32 at least."""
+    from dataclasses import replace
+
+    from transformers import BertConfig, BertModel
+
+    from transbench.engine import compile_model
+    from transbench.scenarios.serve import token_counts
+
+    m = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                             vocab_size=100, max_position_embeddings=256)).eval()
+    c = compile_model(m, dtype=torch.float32, max_batch=16)
+    assert c.token_bucket == c.engine.bucket == 1 and c.graph_captures == 0  # CPU: no graphs, no rounding
+    assert c.engine.graphs.max_entries == 16 * 256 + 1
+    e = c.engine
+    e.bucket = 128  # what CUDA rounds to
+    assert e.graph_bound() == 33 == len(token_counts(16, 256, 256, 128))
+    e.opts = replace(e.opts, max_batch=1, max_seq=128)
+    assert e.graph_bound() == 32

@@ -284,6 +284,91 @@ def test_generation_under_load_in_process():
         or r.info["shape_buckets"] == [(1, 32), (2, 32)]
 
 
+def test_token_counts_cover_every_packed_size_a_bucket_can_reach():
+    """Against the engine's own packing: every real-token count a (batch, width) bucket can hold maps to a packed
+    size (or dense) that one of token_counts() also reaches, and token_counts() reaches no other."""
+    import torch
+
+    from transbench.engine.attention import make_packing
+    from transbench.scenarios.serve import even_mask, token_counts
+
+    def key(b, s, n, step):
+        p = make_packing(even_mask(b, s, n), b, s, step)
+        return p.dense, p.tokens
+
+    for b, max_len, top, step in [(1, 20, 32, 8), (4, 32, 32, 8), (4, 30, 32, 16), (16, 256, 256, 128), (3, 7, 32, 4)]:
+        counts = token_counts(b, max_len, top, step)
+        assert all(b <= n <= b * max_len for n in counts)
+        assert all(int(even_mask(b, top, n).sum()) == n and even_mask(b, top, n).sum(1).min() >= 1 for n in counts)
+        reachable = {key(b, top, n, step) for n in range(b, b * max_len + 1)}
+        assert {key(b, top, n, step) for n in counts} == reachable and len(counts) == len(reachable)
+    assert len(token_counts(16, 256, 256, 128)) == 33  # bert-base on an H100: 32 packed sizes and the dense one
+    assert not torch.equal(even_mask(2, 8, 3), even_mask(2, 8, 4))
+
+
+def test_a_packing_backend_captures_every_graph_before_the_load(monkeypatch, extra_backends):
+    """A fake of the fused engine's graph per packed token count: the warm-up runs every count the lengths can
+    reach, so none is captured under load; without that warm-up the load captures them (the count sees it)."""
+    from transbench.engine.attention import make_packing
+    from transbench.scenarios import serve
+    from transbench.scenarios.inference import ModelCache
+
+    extra_backends("serve_backends")
+    lengths = serve_lengths.parse("lognormal:12:32", 128).to_dict()
+    cell = serve.ServeCell("bert-tiny", "classification", "packer", "fp32", "rate", rate=300.0, lengths=lengths,
+                           max_batch_size=4, max_wait_ms=1.0, duration=1.0, warmup=0.1, device="cpu")
+    r = serve.run(cell, ModelCache())
+    assert r.status == "ok", r.error
+    step = 8  # serve_backends.PACK_STEP
+    expected = sum(len({(p.dense, p.tokens) for p in (make_packing(serve.even_mask(b, 32, n), b, 32, step)
+                                                      for n in range(b, b * 32 + 1))}) for b in (1, 2, 4))
+    gate = 1  # the correctness check's own engine ran once
+    assert r.info["engine_graphs_before_load"] == expected + gate
+    assert r.info["engine_graphs_captured_under_load"] == 0
+    assert r.info["engine_graphs_after_load"] == r.info["engine_graphs_before_load"]
+    assert r.info["prepare_s"] > 0 and {w for _, w in r.info["shape_buckets"]} == {32}
+    assert r.record["requests"] > 100 and r.info["batch_sizes"]
+
+    monkeypatch.setattr(serve, "token_counts", lambda *a: [])  # the warm-up of before: one call per engine
+    cold = serve.run(cell, ModelCache())
+    assert cold.status == "ok" and cold.info["engine_graphs_captured_under_load"] > 0
+
+
+def test_serve_prepare_script_prints_prepare_time_and_graphs_under_load(tmp_path, capsys):
+    """benchmarks/serve_prepare.py: one line per serve cell, the graph counts where the backend has graphs."""
+    from script_helpers import load_script
+
+    from transbench.store.db import Store
+
+    store = Store(tmp_path / "p.db")
+    run_id, _ = store.create_run("maxrate-fused", "serve", {}, {})
+    cells = [("fused", "rate", 812.5, {"latency_p99_ms": 8.25},
+              {"prepare_s": 95.04, "engine_graphs_before_load": 68, "engine_graphs_captured_under_load": 0}),
+             ("sdpa", "offline", 0.0, {"latency_p99_ms": 31.5}, {"prepare_s": 3.0})]
+    for backend, mode, rate, rec, info in cells:
+        store.put_cell(run_id, backend + mode, "serve", "ok", rec, info=info,
+                       cell={"backend": backend, "mode": mode, "rate": rate})
+    store.close()
+    load_script("serve_prepare").main([str(tmp_path / "p.db")])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "run maxrate-fused"
+    assert out[1].split() == ["fused", "812.5/s", "ok", "p99", "8.25", "ms", "prepare", "95.0", "s", "graphs", "68",
+                              "before,", "under", "load", "0"]
+    assert out[2].split() == ["sdpa", "offline", "ok", "p99", "31.50", "ms", "prepare", "3.0", "s"] and len(out) == 3
+
+
+def test_serve_generate_cli_on_cpu(tmp_path):
+    """`transbench serve --task generate` end to end on gpt2-tiny: the gpt2 table of the H100 script, in small."""
+    js = tmp_path / "g.json"
+    res = invoke("serve", "--model", "gpt2-tiny", "--task", "generate", "--device", "cpu", "--backend", "sdpa",
+                 "--lengths", "normal:16:48", "--max-batch-size", "2", "--concurrency", "2", "--new-tokens", "4",
+                 "--duration", "1", "--warmup", "0.2", "--db", tmp_path / "g.db", "--json", js)
+    assert res.exit_code == 0, res.output
+    (rec,) = json.loads(js.read_text())
+    assert rec["status"] == "ok" and rec["task"] == "generate" and rec["new_tokens"] == 4
+    assert 0 < rec["ttft_p50_ms"] < rec["latency_p50_ms"] and rec["itl_p99_ms"] >= rec["itl_p50_ms"] > 0
+
+
 def test_report_has_the_serve_section(tmp_path):
     from transbench import api
     from transbench.scenarios.serve_spec import ServeSpec

@@ -27,6 +27,9 @@ def test_encoder_under_load(backend):
     assert 0 < rec["busy_share"] < 1 and rec["mean_batch"] >= 1
     if backend == "fused":  # one engine per batch size, at the widest bucket (it packs the padding away)
         assert {w for _, w in r.info["shape_buckets"]} <= {64, 32}
+        # every packed token count was captured before the load (scenarios/serve.py token_counts), none under it
+        assert r.info["engine_graphs_before_load"] >= len(serve.token_counts(8, 64, 64, 128))
+        assert r.info["engine_graphs_captured_under_load"] == 0
     if r.info["device_context"]["energy_region_j"] is not None:
         assert rec["j_per_request"] > 0
 

@@ -16,6 +16,10 @@ class Prepared:
     info: dict = field(default_factory=dict)  # what really ran (kernel, compile seconds, ...), stored with the cell
     # What really ran that only the first call settles (the fused engine's tuned kernel routes), for the cell's info.
     ran: Callable[[], dict] | None = None
+    # A packing backend with a graph per packed token count (the fused engine on CUDA: CompiledModel.token_bucket):
+    # a batch runs its real tokens only, their count rounded up to a multiple of this; 0: no such graphs.
+    token_bucket: int = 0
+    graphs: Callable[[], int] | None = None  # graphs captured so far (serving counts those captured under load)
 
     def what_ran(self) -> dict:
         """info and, after the first call, what that call settled."""
@@ -39,6 +43,7 @@ class Backend:
     # (model, cell) -> an object with prefill(ids)->(B,V) logits and decode(next_ids)->(B,V) logits, for
     # --task generate; None: transformers' own forward with a DynamicCache (scenarios/generation.py)
     generator: Callable[..., Any] | None = None
+    packs: bool = False  # runs only the real tokens of a padded batch (no padding work): serving pads no width
 
     def unsupported_reason(self, device_type: str, dtype: str, task: str) -> str | None:
         """Why this backend cannot run such a cell here, or None when it can."""

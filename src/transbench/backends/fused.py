@@ -33,8 +33,10 @@ def _prepare(model, inputs, cell) -> Prepared:
     def fn():
         return compiled(**kwargs)
 
-    return Prepared(fn, {"engine_ops": compiled.engine.ops.name, "cuda_graphs": compiled.engine.graphs.enabled},
-                    ran=lambda: {"engine_tuning": compiled.tuning()})
+    graphs = compiled.engine.graphs.enabled
+    return Prepared(fn, {"engine_ops": compiled.engine.ops.name, "cuda_graphs": graphs},
+                    ran=lambda: {"engine_tuning": compiled.tuning()},
+                    token_bucket=compiled.token_bucket if graphs else 0, graphs=lambda: compiled.graph_captures)
 
 
 def _generator(model, cell):
@@ -54,5 +56,6 @@ BACKEND = Backend(
     dtypes=("fp32", "tf32", "fp16", "bf16", "fp8"),
     prepare=_prepare,
     generator=_generator,
+    packs=True,
     describe="transbench.engine: fused QKV, Triton bias+GELU / residual+LayerNorm, packed varlen, CUDA graphs, fp8",
 )

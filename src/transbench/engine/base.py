@@ -25,9 +25,15 @@ class EngineBase:
                 raise EngineUnsupported("fp8 linear layers need dtype fp16 or bf16 for activations")
         self.conv = Converter(opts.dtype, opts.device, opts.fp8)
         self.ops = select_ops(opts.device)
-        self.graphs = GraphCache(opts.cuda_graphs, opts.max_graphs, opts.tune_budget_s)
         # Packed sizes are rounded to this on the GPU so similar batches reuse one captured graph.
         self.bucket = 128 if opts.device.type == "cuda" else 1
+        self.graphs = GraphCache(opts.cuda_graphs, opts.max_graphs or self.graph_bound(), opts.tune_budget_s)
+
+    def graph_bound(self) -> int:
+        """Graphs one (max_batch, max_seq) shape can need: each packed token count (a multiple of `bucket`, capped
+        at B x S) and the dense one; never fewer than the fixed 32 of before (issue 26: a bert-base server of batch
+        16 x width 256 reaches 33 counts on an H100, each graph holding a 16 x 256 x 768 fp16 output, 6 MiB)."""
+        return max(32, -(-self.opts.max_batch * self.opts.max_seq // self.bucket) + 1)
 
     def release(self) -> None:
         self.graphs.release()

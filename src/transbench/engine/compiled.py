@@ -104,6 +104,18 @@ class CompiledModel:
             raise EngineUnsupported("encode() is for BERT; pass inputs_embeds to a GPT-2 model instead")
         return self.engine.encode(hidden_states, attention_mask)[0]
 
+    @property
+    def token_bucket(self) -> int:
+        """A call whose attention_mask leaves padding runs only the real tokens, their count rounded up to a
+        multiple of this (at most batch x seq; a mask of no padding runs dense); with CUDA graphs each such count
+        of a (batch, seq) shape is a graph of its own, captured (and its routes tuned) at its first call."""
+        return self.engine.bucket
+
+    @property
+    def graph_captures(self) -> int:
+        """Graphs captured so far (0 without CUDA graphs), ones since evicted or released included."""
+        return self.engine.graphs.captures
+
     def tuning(self) -> dict[str, dict]:
         """Per captured shape: the kernel route each op runs and the whole-forward races that chose them
         (empty without CUDA graphs)."""

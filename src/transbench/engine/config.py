@@ -29,7 +29,10 @@ class EngineOptions:
     max_seq: int = 512
     cuda_graphs: bool = True
     fp8: bool = False
-    max_graphs: int = 32  # LRU bound on captured (batch, seq) buckets: each holds its own activations
+    # LRU bound on captured graphs (each keeps its output, B x S x hidden, alive in the shared pool); None: one
+    # (max_batch, max_seq) shape's every packed token count (EngineBase.graph_bound), so that a server which
+    # captured all of them before its load (scenarios/serve.py Encoders.warm) never evicts and recaptures one.
+    max_graphs: int | None = None
     tune_budget_s: float | None = TUNE_BUDGET_S  # tuning seconds a new shape's first call may take (None: no limit)
 
 

@@ -56,6 +56,7 @@ class GraphCache:
         self.enabled = enabled and torch.cuda.is_available()
         self.max_entries, self.tune_budget_s = max_entries, tune_budget_s
         self.entries: OrderedDict[Any, _Entry] = OrderedDict()
+        self.captures = 0  # graphs captured so far, evicted or released ones included
         self.pool = torch.cuda.graph_pool_handle() if self.enabled else None
         # One warm-up stream for every capture: the allocator keeps freed blocks per stream, so a new stream
         # per capture (several per shape while routes are raced) would strand activation memory on each.
@@ -75,6 +76,7 @@ class GraphCache:
                 return fn(*args)
             e = self._capture(fn, args, [t.clone() if isinstance(t, torch.Tensor) else t for t in leaves])
             self.entries[key] = e
+            self.captures += 1
             if len(self.entries) > self.max_entries:
                 self.entries.popitem(last=False)
         e.graph.replay()

@@ -38,9 +38,14 @@ RACE_BUDGET_S = 10.0
 # included: issue 23 asks a first call of bert-base at a new shape to cost at most 5 s on an H100, where tuning
 # every route took 28-53 s. Past it, an op not yet tuned takes its default route, the first candidate it lists
 # (cuBLAS for a GEMM, flash SDPA for attention: library kernels, nothing to compile), and no whole forward is
-# raced. Such choices hold for this process only: `transbench tune` (api.tune) tunes without a budget into the
-# on-disk table, where a later process finds them.
+# raced. Such choices are saved as partial entries (PARTIAL): a later budgeted process takes them as they are (the
+# serve scenario's --find-max-rate runs each probe in a new worker, which would otherwise tune every shape anew
+# under load), and an unbudgeted one (`transbench tune`, api.tune) times every candidate and replaces them.
 TUNE_BUDGET_S = 2.5
+# The on-disk key of a partial entry: its full key behind this prefix, a plain string value like every other entry,
+# so a table written by code that knows no partial entries loads here, and one written here loads there (where
+# the prefixed keys match no lookup, and are kept when that code saves).
+PARTIAL = "partial|"
 REFINE = True  # benchmarks/engine_bench.py turns it off to measure what it buys
 
 
@@ -130,11 +135,18 @@ class Tuner:
         self.path = path or cache_path()
         self.timer, self.clock = timer, clock
         self.deadline: float | None = None  # clock() past which nothing more is timed (see budget())
-        self.interim: dict[str, str] = {}  # key -> route chosen out of time: this process only, never saved
+        self.table: dict[str, str] = {}  # key -> route every candidate was timed for
+        self.interim: dict[str, str] = {}  # key -> route chosen out of time (saved as a PARTIAL entry)
         try:
-            self.table: dict[str, str] = json.loads(self.path.read_text())
+            saved = json.loads(self.path.read_text())
         except (OSError, ValueError):
-            self.table = {}
+            saved = {}
+        for k, v in (saved.items() if isinstance(saved, dict) else ()):
+            if isinstance(v, str):  # anything else is no entry this code wrote: ignored, re-timed when needed
+                if k.startswith(PARTIAL):
+                    self.interim[k[len(PARTIAL):]] = v
+                else:
+                    self.table[k] = v
         # key -> {runner-up: its time alone / the winner's} within RIVAL_MARGIN, timed in this process
         self.rivals: dict[str, dict[str, float]] = {}
         self.forced: dict[str, str] = {}  # key -> candidate, while refine() captures a trial forward
@@ -176,8 +188,9 @@ class Tuner:
         return "|".join(key.split("|")[2:-1])
 
     def routes(self, keys) -> dict[str, str]:
-        """The route each op of `keys` takes now, by op name."""
-        return {self.op_name(k): self.table[k] for k in sorted(keys) if k in self.table}
+        """The route each op of `keys` takes now, by op name (a partial choice where no complete one exists)."""
+        return {self.op_name(k): self.table.get(k) or self.interim[k] for k in sorted(keys)
+                if k in self.table or k in self.interim}
 
     def key(self, op: str, names) -> str:
         """The table's key for `op` among candidates `names`: a choice holds only for the GPU and library versions
@@ -187,7 +200,8 @@ class Tuner:
     def choose(self, key: str, candidates: dict[str, Callable[[], object]], reps: int = 20) -> str:
         """Fastest candidate name for `key`: the median of ROUNDS alternating rounds, each `timer(fn, reps // ROUNDS)`;
         candidates that raise are skipped. Keeps the close runners-up worth racing in `rivals`. Past the budget's
-        deadline the candidates timed so far (at least the first) decide, for this process only (`interim`)."""
+        deadline the candidates timed so far (at least the first) decide: a partial choice (`interim`, saved as a
+        PARTIAL entry), which a budgeted call takes as it is and an unbudgeted one (no deadline) times anew."""
         full = self.key(key, candidates)
         for keys in self._recordings:
             keys.add(full)
@@ -195,7 +209,7 @@ class Tuner:
             return self.forced[full]
         if full in self.table and self.table[full] in candidates:
             return self.table[full]
-        if self.interim.get(full) in candidates:
+        if self.interim.get(full) in candidates and self.deadline is not None:
             return self.interim[full]
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return next(iter(candidates))  # cannot time inside a capture: first working default
@@ -219,10 +233,12 @@ class Tuner:
             raise RuntimeError(f"no candidate ran for {key}")
         times = {name: statistics.median(v) for name, v in samples.items() if v}
         ranked = sorted(times, key=times.get)
-        if not complete:  # a choice among some candidates only: good for this process, not worth keeping
+        if not complete:  # a choice among some candidates only: kept apart from the complete ones
             self.interim[full] = ranked[0]
+            self._save()
             return ranked[0]
         self.table[full], self.ranked[full] = ranked[0], ranked
+        self.interim.pop(full, None)
         close = [n for n in ranked if times[n] <= times[ranked[0]] * (1 + RIVAL_MARGIN)]
         self.rivals[full] = {n: times[n] / max(times[ranked[0]], 1e-9) for n in _rivals(close)}
         self._save()
@@ -293,7 +309,8 @@ class Tuner:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
             with os.fdopen(fd, "w") as f:
-                json.dump(self.table, f, indent=0, sort_keys=True)
+                partial = {PARTIAL + k: v for k, v in self.interim.items() if k not in self.table}
+                json.dump({**self.table, **partial}, f, indent=0, sort_keys=True)
             os.replace(tmp, self.path)
         except OSError:
             pass  # a read-only home only costs re-tuning in the next process

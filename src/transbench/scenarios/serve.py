@@ -7,9 +7,12 @@ its size up to the next power of two (capped at --max-batch-size), its width up 
 LEN_STEP. Every bucket the lengths can reach is prepared (captured, compiled) before the load starts, so
 no capture happens under load; only the inputs change per batch, copied into the bucket's buffers (the
 token ids and the padding mask: the mask is what decides the real work of a packing backend). Padding
-rows of a partly filled bucket are one token long. The fused engine packs the real tokens of each batch
-(no padding work) and keys its own graphs on the packed token count rounded to 128 (engine/base.py), so
-it may still capture a new count during the load: those captures are counted in the cell's info.
+rows of a partly filled bucket are one token long. A packing backend (fused) runs the real tokens of each
+batch only (no padding work), so it gets one width per batch size; the fused engine keys its own graphs on
+the packed token count rounded up to a multiple of its token bucket (128 on CUDA, CompiledModel.token_bucket),
+so warming calls each batch size's engine once per token count the lengths can reach (token_counts): on an
+H100 bert-base batch 16 x 256 is 33 graphs, each captured and its kernel routes tuned (engine/tuning.py) before
+the load; the count of graphs captured under load is in the cell's info (0 when the warm-up covered them).
 
 Generation (decoders, --task generate) is batch-synchronous greedy decoding: a batch's prompts are
 padded to its bucket width and decoded together for --new-tokens steps with the backend's generator;
@@ -54,6 +57,27 @@ def buckets(max_batch: int, max_len: int, top: int) -> list[tuple[int, int]]:
     return [(b, s) for b in sizes for s in widths]
 
 
+def token_counts(batch: int, max_len: int, top: int, step: int) -> list[int]:
+    """A real-token count of a (batch, top) bucket for each packed size a packing backend rounding to `step` can
+    run: every multiple of `step` from the smallest reachable (each row holds at least one token: padding rows are
+    one token) to batch x max_len, each as the largest reachable count it covers; plus one token short of a full
+    batch where a full one (no padding: the engine runs it dense) is reachable, as that one is packed."""
+    hi, full = batch * max_len, batch * top
+    counts = {min(m, hi) for m in range(-(-batch // step) * step, hi + step, step)}
+    if hi == full and hi - 1 >= batch:
+        counts.add(hi - 1)
+    return sorted(counts)
+
+
+def even_mask(batch: int, width: int, tokens: int):
+    """A (batch, width) padding mask of `tokens` real tokens, spread evenly over the rows, each at least one."""
+    import torch
+
+    base, extra = divmod(tokens, batch)
+    lengths = torch.tensor([base + 1] * extra + [base] * (batch - extra))
+    return torch.arange(width)[None, :] < lengths[:, None]
+
+
 def probe_cell(cell: ServeCell, batch: int, seq: int, stdev: float = 0.0) -> Cell:
     """The `run` cell of one bucket: the inference scenario's inputs, reference and generators take it."""
     return Cell(cell.model, cell.task, cell.backend, cell.dtype, batch, seq, device=cell.device, seq_stdev=stdev,
@@ -67,7 +91,7 @@ class Encoders:
         self.model, self.backend, self.cell, self.shape, self.device = model, backend, cell, shape, device
         self.prepared: dict[tuple, tuple] = {}
         # A packing backend drops the padding itself: one width per batch size suffices (fewer engines).
-        self.packs = backend.name == "fused"
+        self.packs = backend.packs
 
     def entry(self, batch: int, seq: int, stdev: float = 0.0):
         key = (batch, seq, stdev)
@@ -107,14 +131,21 @@ class Encoders:
         output_tensor(prepared.fn(), self.cell.task)[:n].cpu()  # the results on the host
 
     def warm(self, max_len: int) -> None:
+        """Prepare every bucket the load can reach; for a backend with a graph per packed token count (fused),
+        run each count once (token_counts), so its graphs are captured and tuned now, not under load."""
         self.top = len_bucket(max_len, self.shape.max_positions)
         for b, s in buckets(self.cell.max_batch_size, max_len, self.top):
-            if not self.packs or s == self.top:
-                self.entry(b, s)
+            if self.packs and s != self.top:
+                continue
+            inputs, prepared, _ = self.entry(b, s)
+            if prepared.token_bucket:
+                for n in token_counts(b, max_len, s, prepared.token_bucket):
+                    inputs.attention_mask.copy_(even_mask(b, s, n))
+                    prepared.fn()
 
     def engine_graphs(self) -> int:
-        """Graphs the fused engines hold (0 elsewhere): a count that grows under load is captures under load."""
-        return sum(len(p.what_ran().get("engine_tuning", {})) for _, p, _ in self.prepared.values())
+        """Graphs the backend has captured so far (fused; 0 elsewhere): captures under load are its growth."""
+        return sum(p.graphs() for _, p, _ in self.prepared.values() if p.graphs)
 
 
 class StepTimes:
@@ -204,7 +235,8 @@ def run(cell: ServeCell, cache: ModelCache) -> CellResult:
     server.warm(cell.length_dist.max)
     info.update(prepare_s=time.perf_counter() - t0, shape_buckets=sorted({k[:2] for k in
                 getattr(server, "prepared", getattr(server, "gens", {}))}), len_step=LEN_STEP)
-    graphs_before = server.engine_graphs() if isinstance(server, Encoders) else 0
+    counts_graphs = isinstance(server, Encoders) and any(p.graphs for _, p, _ in server.prepared.values())
+    graphs_before = server.engine_graphs() if counts_graphs else 0
 
     plan, offered = plan_for(cell)
     monitor = Monitor(device)
@@ -228,8 +260,10 @@ def run(cell: ServeCell, cache: ModelCache) -> CellResult:
     if ctx.energy_j is not None and rec.get("requests"):
         record["j_per_request"] = ctx.energy_j / rec["requests"]
         record["avg_power_w"] = ctx.energy_j / ctx.seconds if ctx.seconds > 0 else None
-    if graphs_before:
-        info["engine_graphs_captured_under_load"] = server.engine_graphs() - graphs_before
+    if counts_graphs:  # prepare_s above includes capturing (and tuning) these before the load
+        after = server.engine_graphs()
+        info.update(engine_graphs_before_load=graphs_before, engine_graphs_after_load=after,
+                    engine_graphs_captured_under_load=after - graphs_before)
     gpu = dev.gpu_info(device)
     record.update(peak_mem_mb=memory.snapshot(device)["peak_mem_mb"], gpu=gpu.name if gpu else None)
     warnings = list(ctx.warnings())
