@@ -105,3 +105,68 @@ def test_fp8_cells_run_on_the_fused_backend_only():
     c = fused._compile(_bert().half(), SimpleNamespace(batch=2, dtype="fp8"))
     assert c.opts.fp8 and c.opts.dtype == torch.float16 and c.engine.layers[1].qkv.weight_fp8 is not None
     assert not fused._compile(_bert().half(), SimpleNamespace(batch=2, dtype="fp16")).opts.fp8
+
+
+def _count_fp8_work(monkeypatch):
+    """Count the quantizations and fp8 GEMMs an engine forward runs (the CPU path's ops seam)."""
+    from transbench.engine import ops
+    calls = {"quantize": 0, "scaled_mm": 0}
+
+    def counted(name, fn):
+        def wrapper(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return wrapper
+    monkeypatch.setattr(ops, "quantize_rows", counted("quantize", ops.quantize_rows))
+    monkeypatch.setattr(ops, "scaled_mm", counted("scaled_mm", ops.scaled_mm))
+    return calls
+
+
+def test_below_the_fp8_row_threshold_an_fp8_forward_is_the_fp16_forward(monkeypatch):
+    """Issue 23: at 128 rows fp8 GEMMs lose to fp16 (0.86x on an H100), so an fp8 model below ops.fp8_min_rows
+    runs exactly the fp16 forward: no LayerNorm fp8 copies, no quantize passes, no fp8 GEMMs."""
+    m = _bert()
+    ids = torch.randint(0, 300, (3, 24))  # 72 rows
+    plain = compile_model(m, dtype=torch.float32)(ids).last_hidden_state
+    c8 = compile_model(m, dtype=torch.float32, fp8=True)
+    calls = _count_fp8_work(monkeypatch)
+    c8.engine.ops.fp8_min_rows = 73
+    assert torch.equal(c8(ids).last_hidden_state, plain)
+    assert calls == {"quantize": 0, "scaled_mm": 0}
+    # at the threshold: all four GEMMs of both layers in fp8, each input quantized exactly once (layer 0's qkv
+    # input in its GEMM's route; norm1 for fc1; norm2 of layer 0 for layer 1's qkv, the last norm2 for none)
+    c8.engine.ops.fp8_min_rows = 72
+    out = c8(ids).last_hidden_state
+    assert calls == {"quantize": 8, "scaled_mm": 8}
+    assert not torch.equal(out, plain)
+
+
+def test_the_gpu_ops_give_an_fp8_layer_below_the_threshold_the_fp16_layers_routes_and_tuning():
+    """TritonOps (the CUDA seam) with a recording tuner: below FP8_MIN_ROWS an fp8 layer's GEMM is tuned under the
+    fp16 layer's key among the same candidates (so it shares its tuning); from it, the fp8 routes come first (the
+    default route when the tuning budget leaves the op untimed)."""
+    from transbench.engine import ops
+    if ops._gemm is None:
+        pytest.skip("Triton is not installed")
+
+    class Recorder:
+        def choose(self, key, cands):
+            self.key, self.names = key, list(cands)
+            return "cublas"
+    rec = Recorder()
+    w, b = torch.randn(64, 32).half(), torch.randn(64).half()
+    lin16 = Converter(torch.float16, torch.device("cpu"), fp8=False).linear(w, b)
+    lin8 = Converter(torch.float16, torch.device("cpu"), fp8=True).linear(w, b)
+    t = ops.TritonOps()
+    seen = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops, "tuner", lambda: rec)
+        for M in (ops.FP8_MIN_ROWS - 1, ops.FP8_MIN_ROWS):
+            x = torch.randn(M, 32).half()
+            for label, lin in (("fp16", lin16), ("fp8", lin8)):
+                t.linear(x, lin)
+                seen[M, label] = (rec.key, rec.names)
+    below, at = ops.FP8_MIN_ROWS - 1, ops.FP8_MIN_ROWS
+    assert seen[below, "fp8"] == seen[below, "fp16"]
+    assert not any(n.startswith("fp8") for n in seen[below, "fp8"][1])
+    assert seen[at, "fp8"][1][:2] == ["fp8", "fp8+add"] and "cublas" in seen[at, "fp8"][1]
