@@ -86,6 +86,14 @@ for name, emb in (("base-enc", "no"), ("large-enc", "no"), ("base-emb", "yes")):
         print(f"| {r['model']} | {emb} | {r['batch_size']}x{r['seq_len']} | {r['backend']} | {r['dtype']} | {r['status']} "
               f"| {fmt(r.get('throughput_per_s'), 0)} | {fmt(r.get('latency_ms'), 3)} | {fmt(r.get('rel_err'), 4)} "
               f"| {fmt(r.get('peak_mem_mb'), 0)} | {(r.get('error') or '')[:60]} |")
+import sqlite3
+if (out / "engine23.db").exists():  # what each fp8 cell really ran: GEMM ops on an fp8 route (backends/fused.py)
+    print("\n| fp8 cell | GEMM ops on fp8 routes |")
+    print("|---|---|")
+    for cell, info in sqlite3.connect(out / "engine23.db").execute("SELECT cell, info FROM cells"):
+        c, i = json.loads(cell), json.loads(info or "{}")
+        if c.get("dtype") == "fp8" and "gemm_ops" in i:
+            print(f"| {c['model']} {c['batch']}x{c['seq']} | {i['fp8_gemm_ops']} of {i['gemm_ops']} |")
 print("\n| start-up | result |")
 print("|---|---|")
 for line in (out / "startup.jsonl").read_text().splitlines() if (out / "startup.jsonl").exists() else []:

@@ -202,3 +202,20 @@ def test_real_minilm_checkpoint_sentence_embeddings_in_emulated_fp8():
     cos = torch.nn.functional.cosine_similarity(pool(c8(**b).last_hidden_state), ref)
     print("minilm emulated fp8 sentence cosine:", [round(v, 5) for v in cos.tolist()])
     assert 0.993 < cos.min() and cos.max() < 0.9999, cos
+
+
+def test_an_fp8_cell_records_how_many_gemm_ops_took_an_fp8_route(monkeypatch):
+    from types import SimpleNamespace
+
+    from transbench.backends import fused
+    from transbench.engine.compiled import CompiledModel
+    from transbench.scenarios.inputs import make_inputs
+
+    routes = {"linear|bias=True|1024x192x64|torch.float16": "fp8", "linear_gelu|exact|1024x256x64|torch.float16":
+              "cublas+triton_gelu", "dense|8x128x4x16|torch.float16|causal=False": "flash"}
+    monkeypatch.setattr(CompiledModel, "tuning", lambda self: {"fwd|8|128": {"routes": routes, "races": []}})
+    inputs = make_inputs(300, 2, 12, token_types=True, seed=1)
+    ran = fused.BACKEND.prepare(_bert(), inputs, SimpleNamespace(embeddings=True, batch=2, dtype="fp8")).what_ran()
+    assert (ran["fp8_gemm_ops"], ran["gemm_ops"]) == (1, 2)  # attention is no GEMM op
+    ran16 = fused.BACKEND.prepare(_bert(), inputs, SimpleNamespace(embeddings=True, batch=2, dtype="fp16")).what_ran()
+    assert "fp8_gemm_ops" not in ran16
