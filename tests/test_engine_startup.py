@@ -151,3 +151,16 @@ def test_tune_refuses_bad_input_in_one_line(args, says, tmp_path):
     assert out.exit_code == 2, out.output
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ") and says in out.stderr, out.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_routes_chosen_out_of_time_are_reported_as_what_runs(tmp_path):
+    """A forward tuned past its budget runs interim routes: Tuner.routes (what a graph's record says it runs)
+    names them, and a table choice, where one exists, comes first as in choose()."""
+    clock = _Clock(cost=1.0)
+    t = tuning.Tuner(tmp_path / "t.json", timer=clock.timer({"fp8": 2.0, "cublas": 1.0}), clock=clock)
+    with t.budget(0.0), t.recording() as keys:
+        assert t.choose("linear|op", _cands("fp8", "cublas")) == "fp8"  # the default route, the only one timed
+    assert t.table == {} and t.routes(keys) == {"linear|op": "fp8"}
+    (full,) = keys
+    t.table[full] = "cublas"
+    assert list(t.routes(keys).values()) == ["cublas"]

@@ -39,7 +39,7 @@ def _prepare(model, inputs, cell) -> Prepared:
             return {"engine_tuning": tuning}
         # An fp8 cell runs fp16 GEMMs where the tuner found them faster, and a call under engine.ops.FP8_MIN_ROWS
         # tokens runs the fp16 forward: its record says how many GEMM ops really took an fp8 route.
-        gemms = [r for t in tuning.values() for op, r in t["routes"].items() if op.startswith("linear")]
+        gemms = [r for t in tuning.values() for op, r in (t["routes"] or {}).items() if op.startswith("linear")]
         return {"engine_tuning": tuning, "fp8_gemm_ops": sum(r.startswith("fp8") for r in gemms),
                 "gemm_ops": len(gemms)}
 
