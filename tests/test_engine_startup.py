@@ -205,3 +205,16 @@ def test_the_graph_bound_holds_every_packed_count_a_server_warms():
     assert e.graph_bound() == 33 == len(token_counts(16, 256, 256, 128))
     e.opts = replace(e.opts, max_batch=1, max_seq=128)
     assert e.graph_bound() == 32
+
+
+def test_routes_chosen_out_of_time_are_reported_as_what_runs(tmp_path):
+    """A forward tuned past its budget runs interim routes: Tuner.routes (what a graph's record says it runs)
+    names them, and a table choice, where one exists, comes first as in choose()."""
+    clock = _Clock(cost=1.0)
+    t = tuning.Tuner(tmp_path / "t.json", timer=clock.timer({"fp8": 2.0, "cublas": 1.0}), clock=clock)
+    with t.budget(0.0), t.recording() as keys:
+        assert t.choose("linear|op", _cands("fp8", "cublas")) == "fp8"  # the default route, the only one timed
+    assert t.table == {} and t.routes(keys) == {"linear|op": "fp8"}
+    (full,) = keys
+    t.table[full] = "cublas"
+    assert list(t.routes(keys).values()) == ["cublas"]

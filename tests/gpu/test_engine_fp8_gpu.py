@@ -94,6 +94,7 @@ def test_fp8_gemm_routes_match_the_emulated_product(M, N, K):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ops, "tuner", lambda: every)
         t = ops.TritonOps()
+        t.fp8_min_rows = 1  # every M here, those below FP8_MIN_ROWS too: check the fp8 routes themselves
         q = t.quantize(x)
         emulated = ops.scaled_mm(ops.Fp8Act(q.data.cpu(), q.scale.cpu()), cpu_lin, torch.float32, cpu_lin.bias.float())
         exact = (x.float() @ lin.weight.float().t() + lin.bias.float()).cpu()
@@ -139,19 +140,41 @@ def _bert(hidden, heads, layers=2, ffn=None):
 @pytest.mark.parametrize("hidden,heads", [(768, 12), (384, 4), (400, 16)])  # head sizes 64, 96 and 25
 def test_fp8_bert_against_fp32(hidden, heads):
     """Whole fp8 models, captured and replayed, against transformers in fp32: rel_err within e4m3's (on the CPU
-    emulation of the same math, these three models: 2.9e-2, 1.4e-2, 1.5e-2), masked batches packed as in fp16."""
+    emulation of the same math, these three models: 2.9e-2, 1.4e-2, 1.5e-2), masked batches packed as in fp16.
+    10 x 131 tokens pack into 1,280 rows, over FP8_MIN_ROWS; no tuning time, so every GEMM takes its default
+    route, the first fp8 one (the tuner could otherwise keep fp16 at these small widths and test nothing of fp8)."""
     from transbench.engine import compile_model
+    from transbench.engine.ops import FP8_MIN_ROWS
     m = _bert(hidden, heads)
-    ids = torch.randint(0, 1000, (6, 131), device="cuda")
+    ids = torch.randint(0, 1000, (10, 131), device="cuda")
     mask = torch.ones_like(ids)
     mask[2, 70:] = 0
+    assert int(mask.sum()) >= FP8_MIN_ROWS
     with torch.no_grad():
         ref = m(ids, attention_mask=mask).last_hidden_state
-    c = compile_model(m, dtype="fp8")
+    c = compile_model(m, dtype="fp8", tune_budget_s=0)
     for call in ("capture", "replay"):
         err = rel(c(ids, attention_mask=mask).last_hidden_state, ref, mask)
         print(f"fp8 bert {hidden}/{heads} {call}: rel_err {err:.3g}")
         assert err < 6e-2
+    routes = [r for t in c.tuning().values() for op, r in t["routes"].items() if op.startswith("linear")]
+    assert len(routes) >= 4 and all(r.startswith("fp8") for r in routes), routes
+
+
+@needs_fp8
+@pytest.mark.parametrize("hidden,heads", [(768, 12), (384, 4)])
+def test_fp8_bert_below_the_row_threshold_is_the_fp16_engine(hidden, heads):
+    """Under FP8_MIN_ROWS (1 x 128 here) an fp8 model runs the fp16 forward: the same tuning keys, so the same
+    routes, and bit for bit the fp16 engine's output; no fp8 route in its tuning."""
+    from transbench.engine import compile_model
+    m = _bert(hidden, heads)
+    ids = torch.randint(0, 1000, (1, 128), device="cuda")
+    c16, c8 = compile_model(m, dtype=torch.float16), compile_model(m, dtype="fp8")
+    out16 = c16(ids).last_hidden_state
+    assert torch.equal(c8(ids).last_hidden_state, out16)
+    routes8 = {op: r for t in c8.tuning().values() for op, r in t["routes"].items()}
+    assert routes8 == {op: r for t in c16.tuning().values() for op, r in t["routes"].items()}
+    assert not any(r.startswith("fp8") for r in routes8.values()), routes8
 
 
 @needs_fp8
@@ -182,7 +205,10 @@ def test_real_checkpoint_minilm_fp8_sentence_embeddings():
         return (h.float() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
     with torch.no_grad():
         ref = pool(m(**b).last_hidden_state)
-    out = pool(compile_model(m, dtype="fp8")(**b).last_hidden_state)
+    c = compile_model(m, dtype="fp8")
+    # four sentences are ~80 rows, under FP8_MIN_ROWS, where an fp8 model runs fp16: force the fp8 routes
+    c.engine.ops.fp8_min_rows = 1
+    out = pool(c(**b).last_hidden_state)
     cos = F.cosine_similarity(out, ref)
     print("minilm fp8 sentence cosine:", [round(v, 5) for v in cos.tolist()])
     assert cos.min() > 0.995

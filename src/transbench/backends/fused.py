@@ -33,9 +33,18 @@ def _prepare(model, inputs, cell) -> Prepared:
     def fn():
         return compiled(**kwargs)
 
+    def ran():
+        tuning = compiled.tuning()
+        if not compiled.opts.fp8:
+            return {"engine_tuning": tuning}
+        # An fp8 cell runs fp16 GEMMs where the tuner found them faster, and a call under engine.ops.FP8_MIN_ROWS
+        # tokens runs the fp16 forward: its record says how many GEMM ops really took an fp8 route.
+        gemms = [r for t in tuning.values() for op, r in (t["routes"] or {}).items() if op.startswith("linear")]
+        return {"engine_tuning": tuning, "fp8_gemm_ops": sum(r.startswith("fp8") for r in gemms),
+                "gemm_ops": len(gemms)}
+
     graphs = compiled.engine.graphs.enabled
-    return Prepared(fn, {"engine_ops": compiled.engine.ops.name, "cuda_graphs": graphs},
-                    ran=lambda: {"engine_tuning": compiled.tuning()},
+    return Prepared(fn, {"engine_ops": compiled.engine.ops.name, "cuda_graphs": graphs}, ran=ran,
                     token_bucket=compiled.token_bucket if graphs else 0, graphs=lambda: compiled.graph_captures)
 
 

@@ -40,11 +40,16 @@ class BertEngine(EngineBase):
         self.pool = None if pool is None else c.linear(pool.dense.weight, pool.dense.bias)
 
     def _layers(self, x: torch.Tensor, p: Packing) -> torch.Tensor:
-        ops, heads, gelu, q8 = self.ops, self.dims.heads, self.dims.gelu, self.opts.fp8
-        for L in self.layers:  # fp8 (q8): each LayerNorm also writes its output as the next GEMM's fp8 input
+        ops, heads, gelu, rows = self.ops, self.dims.heads, self.dims.gelu, x.shape[0]
+        for i, L in enumerate(self.layers):
+            # A LayerNorm writes its output in fp8 too only where the GEMM that reads it runs in fp8: fc1 after
+            # norm1, the next layer's qkv after norm2 (the last norm2 feeds no GEMM of the stack). Below
+            # ops.fp8_min_rows neither does, and an fp8 model's forward is the fp16 one (FP8_MIN_ROWS).
+            nxt = self.layers[i + 1].qkv if i + 1 < len(self.layers) else None
             a = attention(ops.linear(x, L.qkv), p, heads, L.scale, causal=False)
-            x = ops.linear_add_layernorm(a, L.out, hp(x), L.norm1, quant=q8)
-            x = ops.linear_add_layernorm(ops.linear_gelu(x, L.fc1, gelu), L.fc2, hp(x), L.norm2, quant=q8)
+            x = ops.linear_add_layernorm(a, L.out, hp(x), L.norm1, quant=ops.fp8(L.fc1, rows))
+            x = ops.linear_add_layernorm(ops.linear_gelu(x, L.fc1, gelu), L.fc2, hp(x), L.norm2,
+                                         quant=nxt is not None and ops.fp8(nxt, rows))
         return hp(x)
 
     def _embed(self, p: Packing, ids, embeds, token_type_ids, position_ids) -> torch.Tensor:

@@ -144,7 +144,8 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16,
 
     dtype="fp8": fp16 activations and residual stream, every linear layer's GEMM in e4m3 where the tuner finds
     it faster (weights quantized once, one scale per output channel; activations per token, quantized by the
-    kernels that produce them), fp16 elsewhere; the same as dtype=torch.float16, fp8=True.
+    kernels that produce them), fp16 elsewhere; the same as dtype=torch.float16, fp8=True. A call of fewer than
+    ops.FP8_MIN_ROWS tokens (1,024) runs the fp16 forward: fp8 GEMMs lose to fp16 at such sizes.
 
     Raises EngineUnsupported(reason) for models or options the engine cannot run."""
     if isinstance(dtype, str):

@@ -73,10 +73,22 @@ def hp(x, dtype: torch.dtype | None = None) -> torch.Tensor:
     return x.hp if x.hp is not None else dequantize(x, dtype)
 
 
+def rows(x) -> int:
+    """The row count of a GEMM input, a tensor or an Fp8Act."""
+    return (x if isinstance(x, torch.Tensor) else x.data).shape[0]
+
+
 class TorchOps:
     """Reference implementations; also what runs on CPU."""
 
     name = "torch"
+    # fp8 layers run their GEMMs in fp8 from this many rows; below, the fp16 forward (see FP8_MIN_ROWS). The CPU
+    # emulation exists to check fp8 numerics, so it quantizes at any size.
+    fp8_min_rows = 1
+
+    def fp8(self, lin: Linear, m: int) -> bool:
+        """Whether `lin`'s GEMM over m rows is offered fp8 routes (and its input's producer writes an fp8 copy)."""
+        return lin.weight_fp8 is not None and m >= self.fp8_min_rows
 
     def quantize(self, x) -> Fp8Act:
         """x as an fp8 GEMM input (per-row scales); an Fp8Act passes through."""
@@ -86,7 +98,7 @@ class TorchOps:
 
     def linear(self, x, lin: Linear, bias: bool = True) -> torch.Tensor:
         """x W^T + b. x: a tensor, or an Fp8Act from a producer that quantized it (fp8 layers)."""
-        if lin.weight_fp8 is not None:
+        if self.fp8(lin, rows(x)):
             q = self.quantize(x)
             return scaled_mm(q, lin, lin.weight.dtype, lin.bias if bias else None)
         return F.linear(hp(x, lin.weight.dtype), lin.weight, lin.bias if bias else None)
@@ -133,10 +145,13 @@ class TorchOps:
                                               scale=scale).reshape(B, H * D)
 
 
-# Rows from which an fp8 layer's GEMMs default to the fp8 route when the tuning budget leaves an op untimed: on an
-# H100 (issue 23) the four bert-base GEMMs at 32,768 rows ran 1.83x faster in fp8 through torch._scaled_mm, at
-# 128 rows 0.86x (slower).
-FP8_DEFAULT_MIN_ROWS = 1024
+# Rows (tokens) from which an fp8 layer's GEMMs are offered fp8 routes, first (the default where the tuning
+# budget leaves an op untimed); below it an fp8 model runs the fp16 forward: the same tuning keys and routes, no
+# LayerNorm fp8 copies, no quantize kernels. On an H100 (issue 23) the four bert-base GEMMs at 32,768 rows ran
+# 1.83x faster in fp8 through torch._scaled_mm, at 128 rows 0.86x (slower), and the fp8 engine at 1 x 128 took
+# 0.4196 ms against fp16's 0.387 ms with the fp8 routes on offer there. 1,024 rows is batch 8 x 128;
+# benchmarks/engine_fp8.sh times fp16 and fp8 at 8 x 128 to check the crossover.
+FP8_MIN_ROWS = 1024
 
 
 class TritonOps(TorchOps):
@@ -145,6 +160,7 @@ class TritonOps(TorchOps):
     with the quantization of its output's consumer fused into the epilogue kernel); element-wise work in Triton."""
 
     name = "triton"
+    fp8_min_rows = FP8_MIN_ROWS
 
     def quantize(self, x) -> Fp8Act:
         return x if isinstance(x, Fp8Act) else Fp8Act(*_triton.quantize_rows(x), hp=x)
@@ -175,10 +191,8 @@ class TritonOps(TorchOps):
                 routes["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear, cfg, h)
             for cfg in _gemm.splitk_configs(M):
                 routes["splitk" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear_splitk, cfg, h)
-        if lin.weight_fp8 is not None and fp8_cands:
-            fp8 = {name: (lambda fn=fn: fn(self.quantize(x))) for name, fn in fp8_cands.items()}
-            # the default route (listed first) where the budget leaves the op untimed: see FP8_DEFAULT_MIN_ROWS
-            routes = {**fp8, **routes} if M >= FP8_DEFAULT_MIN_ROWS else {**routes, **fp8}
+        if fp8_cands and self.fp8(lin, M):  # listed first: the default route where the budget leaves it untimed
+            routes = {**{name: (lambda fn=fn: fn(self.quantize(x))) for name, fn in fp8_cands.items()}, **routes}
         form = "" if isinstance(x, torch.Tensor) else "|fp8 input"
         return routes[tuner().choose(f"{op}|{M}x{N}x{K}|{dtype}{form}", routes)]()
 

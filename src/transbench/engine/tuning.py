@@ -188,9 +188,10 @@ class Tuner:
         return "|".join(key.split("|")[2:-1])
 
     def routes(self, keys) -> dict[str, str]:
-        """The route each op of `keys` takes now, by op name (a partial choice where no complete one exists)."""
-        return {self.op_name(k): self.table.get(k) or self.interim[k] for k in sorted(keys)
-                if k in self.table or k in self.interim}
+        """The route each op of `keys` takes now, by op name: the table's, else the one chosen out of time (as in
+        choose(): a forward tuned past its budget runs interim routes, and its record must name them)."""
+        chosen = {**self.interim, **self.table}
+        return {self.op_name(k): chosen[k] for k in sorted(keys) if k in chosen}
 
     def key(self, op: str, names) -> str:
         """The table's key for `op` among candidates `names`: a choice holds only for the GPU and library versions
