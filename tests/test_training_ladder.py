@@ -24,12 +24,14 @@ MLM_STEPS = ["fp32, largest batch", "bf16", "bf16, largest batch", "fused AdamW"
 
 
 def test_the_steps_are_the_notebooks_then_the_fields():
-    assert [s.name for s in training_ladder.steps_for("mlm")] == MLM_STEPS
-    # The masked-position head is an MLM head's option: a causal LM's ladder has no such step.
-    assert [s.name for s in training_ladder.steps_for("causal-lm")] == [n for n in MLM_STEPS if "MLM" not in n]
-    assert [s.search for s in training_ladder.STEPS] == [True, False, True, False, False, True, False, False, False]
-    assert [s.keep for s in training_ladder.STEPS] == ["always"] * 3 + ["faster", "never", "faster", "faster",
-                                                                         "faster", "faster"]
+    assert [s.name for s in training_ladder.steps_for("mlm", "bert")] == MLM_STEPS
+    # The masked-position head is an MLM head's option; the one-kernel GELU is GPT-2's own gelu_new.
+    gpt2 = [s.name for s in training_ladder.steps_for("causal-lm", "gpt2")]
+    assert gpt2 == [n for n in MLM_STEPS if "MLM" not in n][:6] + ["GELU in one kernel (gelu-tanh)", "torch.compile",
+                                                                   "Liger kernels"]
+    assert [s.name for s in training_ladder.steps_for("causal-lm", "llama")] == [n for n in gpt2 if "GELU" not in n]
+    assert [s.search for s in training_ladder.STEPS] == [True, False, True, False, False, True] + [False] * 4
+    assert [s.keep for s in training_ladder.STEPS] == ["always"] * 3 + ["faster", "never"] + ["faster"] * 5
 
 
 class FakeRunner:
@@ -50,6 +52,7 @@ class FakeRunner:
         speed = 100.0 * (2.5 if cell.precision == "bf16" else 1.0) * (1.2 if cell.optim == "adamw-fused" else 1.0)
         speed *= (1.1 if cell.grad_accum == 4 else 1.0) * (self.ckpt_factor if cell.grad_ckpt else 1.0)
         speed *= (1.1 if cell.head == "masked" else 1.0) * (1.25 if cell.compile else 1.0)
+        speed *= 1.3 if cell.activation == "gelu-tanh" else 1.0
         speed *= (0.9 if cell.kernels == "liger" else 1.0) * (1.2 if cell.batch >= 128 else 1.0)
         rec = {"samples_per_s": speed, "tflops": speed / 100, "mfu": speed / 1000, "peak_mem_mb": cell.batch * 10.0}
         return cell, CellResult("ok", rec)
@@ -100,11 +103,13 @@ def test_a_step_that_pays_is_kept_into_the_best():
     assert rows[-1]["batch_size"] == 512 and "grad ckpt" in rows[-1]["options"]
 
 
-def test_a_causal_lm_ladder_has_no_masked_head_step():
+def test_a_gpt2_ladder_has_no_masked_head_step_and_keeps_the_one_kernel_gelu():
     runner = FakeRunner()
     rows = training_ladder.walk(replace(BASE, model="gpt2-tiny", task="causal-lm"), runner)
     assert "MLM head on masked positions" not in [r["step"] for r in rows]
     assert all(c.head == "all" for c, _ in runner.calls)
+    assert [c.activation for c, _ in runner.calls][-3:] == ["gelu-tanh"] * 3
+    assert rows[-1]["options"] == "bf16, batch 128, adamw-fused, gelu-tanh, compile"
 
 
 def test_gain_after_a_failed_step_is_none():

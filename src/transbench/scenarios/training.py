@@ -45,6 +45,7 @@ class TrainSpec:
     compiles: list[bool] = field(default_factory=lambda: [False])
     kernels: list[str] = field(default_factory=lambda: ["torch"])  # torch|liger (Liger-Kernel's fused ones)
     heads: list[str] = field(default_factory=lambda: ["all"])  # mlm head on all|masked positions
+    activation: str | None = None  # the FFN's activation (models.build.ACTIVATIONS); None: the model's own
     strategies: list[str] | None = None  # None: none for one process, ddp for several
     nprocs: list[int] = field(default_factory=lambda: [1])  # processes (GPUs) per node
     zero_stages: list[int] = field(default_factory=lambda: [2])  # deepspeed only
@@ -151,6 +152,8 @@ def validate(spec: TrainSpec) -> TrainSpec:
                          (spec.nprocs, "nproc")]:
         if any(v < 1 for v in values):
             raise SpecError(f"{what} must be at least 1, got {min(values)}")
+    if spec.activation is not None and spec.activation not in build.ACTIVATIONS:
+        raise SpecError(f"unknown activation '{spec.activation}': choose from {', '.join(build.ACTIVATIONS)}")
     if spec.max_batch_limit < 1:
         raise SpecError("--max-batch-limit must be at least 1")
     if spec.steps < 1 or spec.warmup_steps < 1:
@@ -210,7 +213,8 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
                 strategy = "ddp"
             cell = TrainCell(
                 model=model, task=task, attn=attn, precision=precision, optim=optim, batch=batch, seq=seq,
-                grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, head=head, strategy=strategy, nproc=nproc,
+                grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, head=head, activation=spec.activation,
+                strategy=strategy, nproc=nproc,
                 nnodes=spec.nnodes, zero_stage=zero if strategy == "deepspeed" else None,
                 nccl=env if world > 1 else "", device=device, steps=spec.steps, warmup_steps=spec.warmup_steps,
                 lr=spec.lr, seed=spec.seed,

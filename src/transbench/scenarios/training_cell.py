@@ -46,6 +46,7 @@ class TrainCell(SweepCell):
     compile: bool = False
     kernels: str = "torch"
     head: str = "all"  # mlm: the head on every position, or on the masked ones only (HEADS)
+    activation: str | None = None  # None: the model's own; else a name of models.build.ACTIVATIONS
     strategy: str = "none"
     nproc: int = 1  # processes per node
     nnodes: int = 1
@@ -75,7 +76,7 @@ class TrainCell(SweepCell):
     def comparable(self) -> list:
         """What must match for two cells to measure the same training step (all but the launch)."""
         return [self.model, self.task, self.attn, self.precision, self.optim, self.batch, self.seq,
-                self.grad_accum, self.grad_ckpt, self.compile, self.kernels, self.head]
+                self.grad_accum, self.grad_ckpt, self.compile, self.kernels, self.head, self.activation]
 
     def identity(self) -> dict:
         """Every setting that changes what this cell measures (its speed, memory or losses); the step
@@ -87,6 +88,8 @@ class TrainCell(SweepCell):
                  "zero_stage": self.zero_stage, "nccl": self.nccl, "lr": self.lr, "seed": self.seed}
         if self.head != "all":  # only where it is not the default: cells stored before it keep their keys
             ident["head"] = self.head
+        if self.activation is not None:
+            ident["activation"] = self.activation
         return ident
 
     def record_fields(self) -> dict:
@@ -95,7 +98,7 @@ class TrainCell(SweepCell):
                 "dtype": self.precision, "device": self.device, "batch_size": self.batch, "seq_len": self.seq,
                 "world_size": self.world_size, "strategy": self.strategy, "optim": self.optim,
                 "grad_accum": self.grad_accum, "grad_ckpt": self.grad_ckpt, "compile": self.compile,
-                "kernels": self.kernels, "head": self.head, "zero_stage": self.zero_stage, "nccl": self.nccl or None,
+                "kernels": self.kernels, "head": self.head, "activation": self.activation, "zero_stage": self.zero_stage, "nccl": self.nccl or None,
                 "global_batch": self.global_batch, "lr": self.lr, "seed": self.seed}
 
     def oom_group(self) -> str:
@@ -107,4 +110,4 @@ class TrainCell(SweepCell):
     @classmethod
     def from_dict(cls, d: dict) -> TrainCell:
         # cells stored before the kernels and head axes ran PyTorch's kernels and the head on every position
-        return cls(**{"kernels": "torch", "head": "all", **d})
+        return cls(**{"kernels": "torch", "head": "all", "activation": None, **d})

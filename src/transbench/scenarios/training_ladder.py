@@ -22,6 +22,7 @@ class LadderStep:
     # the best combination the ladder found), "never" (measured and shown, then left out).
     keep: str = "always"
     tasks: tuple[str, ...] = ()  # the tasks it applies to (empty: all)
+    families: tuple[str, ...] = ()  # the model families it applies to (empty: all)
 
 
 # The seed notebook's table, then what the field adds for the rest of the MFU gap. Gradient accumulation
@@ -36,6 +37,10 @@ STEPS: tuple[LadderStep, ...] = (
     LadderStep("grad accumulation 4", {"grad_accum": 4}, keep="never"),
     LadderStep("grad checkpointing, largest batch", {"grad_ckpt": True}, search=True, keep="faster"),
     LadderStep("MLM head on masked positions", {"head": "masked"}, keep="faster", tasks=("mlm",)),
+    # GPT-2's gelu_new is tanh-approximated GELU written as 8 element-wise ops (transformers
+    # NewGELUActivation): in eager each is a kernel over the (tokens x 4h) activations, and autograd keeps
+    # their intermediates. gelu_pytorch_tanh is the same function in one kernel (F.gelu(approximate="tanh")).
+    LadderStep("GELU in one kernel (gelu-tanh)", {"activation": "gelu-tanh"}, keep="faster", families=("gpt2",)),
     LadderStep("torch.compile", {"compile": True}, keep="faster"),
     LadderStep("Liger kernels", {"kernels": "liger"}, keep="faster"),
 )
@@ -49,14 +54,15 @@ RESOLUTION = 4
 Measure = Callable[[TrainCell, bool], tuple[TrainCell, CellResult]]
 
 
-def steps_for(task: str, steps: tuple[LadderStep, ...] = STEPS) -> tuple[LadderStep, ...]:
-    return tuple(s for s in steps if not s.tasks or task in s.tasks)
+def steps_for(task: str, family: str = "", steps: tuple[LadderStep, ...] = STEPS) -> tuple[LadderStep, ...]:
+    return tuple(s for s in steps if (not s.tasks or task in s.tasks) and (not s.families or family in s.families))
 
 
 def _options(cell: TrainCell) -> str:
     """What the configuration turns on, for the best row's label."""
     on = [cell.precision, f"batch {cell.batch}", cell.optim]
     on += [label for flag, label in ((cell.grad_ckpt, "grad ckpt"), (cell.head == "masked", "masked head"),
+                                     (cell.activation is not None, cell.activation),
                                      (cell.compile, "compile"), (cell.kernels != "torch", cell.kernels)) if flag]
     return ", ".join(on)
 
@@ -68,7 +74,9 @@ def walk(base: TrainCell, measure: Measure, steps: tuple[LadderStep, ...] = STEP
     with its gain over the first step."""
     rows: list[dict] = []
     config, config_row = base, None
-    for step in steps_for(base.task, steps):
+    from ..models import build
+
+    for step in steps_for(base.task, build.resolve(base.model).family, steps):
         cell, result = measure(replace(config, **step.change), step.search)
         ok = result.status == "ok"
         row = {"step": step.name, **cell.record_fields(), **result.record, "status": result.status,
@@ -159,7 +167,7 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
     store = Store(db)
     try:
         run_id, name, done = training.open_training_run(store, spec)
-        on_start([replace(base, **s.change) for s in steps_for(task)], done)
+        on_start([replace(base, **s.change) for s in steps_for(task, build.resolve(model).family)], done)
         rows = walk(base, sweep_measure(store, run_id, spec, on_cell, on_probe=on_cell))  # probes shown too
         for r in rows:
             r.update(run_id=run_id, run_name=name)

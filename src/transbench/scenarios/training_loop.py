@@ -185,7 +185,8 @@ class Trainer:
         dev.set_matmul_precision(cell.precision)
 
         before = self._allocated()
-        model = build.build_model(ref, cell.task, attn=attn_impl, device=str(device), seed=cell.seed)
+        model = build.build_model(ref, cell.task, attn=attn_impl, activation=cell.activation, device=str(device),
+                                  seed=cell.seed)
         model.train().requires_grad_(True)
         n_params = sum(p.numel() for p in model.parameters())
         if cell.grad_ckpt:
@@ -242,6 +243,8 @@ class Trainer:
             "compiled": cell.compile,
             "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
             "model_class": type(self.hf_model).__name__,
+            "activation": next((getattr(self.hf_model.config, n) for n in build._ACT_NAMES
+                                if getattr(self.hf_model.config, n, None) is not None), None),
             "parameters": n_params,
             **optimizer_info(self.optimizer),
         })
