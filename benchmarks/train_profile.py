@@ -3,7 +3,8 @@ stepped by transbench's own Trainer (scenarios/training_loop.py), kernels groupe
 cross-entropy / norm / elementwise / optimizer / other.
 
     PYTHONPATH=src python3 benchmarks/train_profile.py --model gpt2 --task causal-lm --seq 1024 --batch 16 \
-        --dtype bf16 --optim adamw-fused [--compile] [--kernels liger] [--head masked] --out /tmp/prof
+        --dtype bf16 --optim adamw-fused [--compile] [--kernels liger] [--head masked] [--activation gelu-tanh] \
+        --out /tmp/prof
 
 Prints the step's wall time (CUDA events), the GPU's busy time per step (the kernels' summed time: below
 the wall time means the GPU waited on the host), each group's time and share, and the top kernels; writes
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", action="store_true")
     p.add_argument("--kernels", default="torch")
     p.add_argument("--head", default="all")
+    p.add_argument("--activation", default=None, help="gelu|gelu-tanh (default: the model's own)")
     p.add_argument("--grad-ckpt", action="store_true")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile happens here)")
     p.add_argument("--steps", type=int, default=3, help="profiled steps")
@@ -103,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     task = args.task or default_task(build.resolve(args.model).shape)
     cell = TrainCell(model=args.model, task=task, attn=args.backend, precision=args.dtype, optim=args.optim,
                      batch=args.batch, seq=args.seq, grad_ckpt=args.grad_ckpt, compile=args.compile,
-                     kernels=args.kernels, head=args.head, device=device.type)
+                     kernels=args.kernels, head=args.head, activation=args.activation,
+                     device=device.type)
     training_loop.check_supported(cell, device.type)
     trainer = training_loop.Trainer(cell, RankInfo(), device)
     for _ in range(args.warmup):
@@ -136,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         "kernels_replaced": trainer.info.get("kernels_replaced"),
     })
     print(f"{cell.model} {cell.task} b{cell.batch} s{cell.seq} {cell.precision} {cell.optim}"
-          f"{' compile' if cell.compile else ''} kernels {cell.kernels} head {cell.head} on {summary['gpu'] or 'cpu'}")
+          f"{' compile' if cell.compile else ''} kernels {cell.kernels} head {cell.head}"
+          f"{' ' + cell.activation if cell.activation else ''} on {summary['gpu'] or 'cpu'}")
     print(f"step {step_ms:.1f} ms ({summary['samples_per_s']:.1f} samples/s, {tflops:.1f} TFLOPS"
           f"{f', MFU {mfu:.1%}' if mfu else ''}); phases " +
           ", ".join(f"{k[:-3]} {v:.1f} ms" for k, v in summary["phases_ms"].items()))

@@ -1,5 +1,6 @@
 """benchmarks/train_profile.py: kernel names fall into the right groups, and a profile of a tiny model's
-training step runs end to end on the CPU (aten ops' own time in place of kernels)."""
+training step runs end to end on the CPU (aten ops' own time in place of kernels). benchmarks/train_tables.py:
+a stored run's cells as text, errors under the cells that did not run."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from script_helpers import load_script
 
 prof = load_script("train_profile")
+tables = load_script("train_tables")
 
 
 @pytest.mark.parametrize("name,group", [
@@ -50,3 +52,16 @@ def test_profile_of_a_tiny_model_on_the_cpu(tmp_path, capsys):
     assert set(data["phases_ms"]) == {"forward_ms", "backward_ms", "optimizer_ms"}
     assert data["flops_per_step"] > 0 and (tmp_path / "trace.json").stat().st_size > 0
     assert "top kernels" in capsys.readouterr().out
+
+
+def test_tables_show_each_cell_its_options_and_errors():
+    cells = [{"scenario": "training", "status": "ok", "cell": {"precision": "bf16", "optim": "adamw-fused", "batch": 256,
+                                                                "compile": True, "head": "masked", "grad_accum": 1},
+              "record": {"samples_per_s": 1300.0, "mfu": 0.41, "hfu": 0.42}},
+             {"scenario": "max-batch", "status": "oom", "cell": {"precision": "fp32", "optim": "adamw", "batch": 0,
+                                                                  "zero_stage": 3, "grad_accum": 4},
+              "record": {"error": "CUDA out of memory", "samples_per_s": 5.0}}]
+    lines = tables.cell_rows(cells)
+    assert "compile masked-head" in lines[1] and "1300.0" in lines[1] and "41.0%" in lines[1]
+    assert "x4 ZeRO-3" in lines[2] and "max:oom" in lines[2] and "5.0" not in lines[2]  # no speed for a failure
+    assert lines[3].strip() == "CUDA out of memory"
