@@ -41,7 +41,7 @@ fi
 # Issue 25. Sizing on an H100 (session 11): a training cell is its own process, ~8 s to start and build
 # bert-large; its bf16 step at batch 256 is ~0.26 s, fp32 ~1.5 s; torch.compile adds ~40-60 s per cell.
 # The ladder's searches start from the batch so far and bisect to 1/4, so a ladder is ~15 cells:
-#   train:  bert-large ladder (fp32 search 64 -> ~384: 4-5 probes, ~90 s; 2 compile cells ~150 s) ~6 min,
+#   train:  bert-large ladder (fp32 search 128 -> ~384: 3-4 probes, ~80 s; 2 compile cells ~150 s) ~6 min,
 #           gpt2 profile (eager, batch 16) ~1 min
 #   train2: gpt2 seq 1024 ladder (start 8, cap 64) ~5 min, gpt2 profile with the ladder's best options ~2 min
 #   train3: ZeRO 1-3 + none, bert-large batch 32 (DeepSpeed builds FusedAdam once, ~1 min) and gpt2-large
@@ -56,7 +56,7 @@ if [ "$PART" = train ] || [ "$PART" = train2 ] || [ "$PART" = train3 ]; then
   LADDER="$TB train --ladder --steps 5 --warmup 2 --timeout 180 --db $TDB"
 fi
 if [ "$PART" = train ]; then
-  timeout 400 $LADDER --model bert-large-uncased --task mlm --seq 128 --batch 64 --max-batch-limit 512 \
+  timeout 400 $LADDER --model bert-large-uncased --task mlm --seq 128 --batch 128 --max-batch-limit 512 \
     --name ladder-bert-large --plot $OUT/ladder_bert_large.png --json $OUT/ladder_bert_large.json \
     > $OUT/ladder_bert_large.log 2>&1
   tail -3 $OUT/ladder_bert_large.log
