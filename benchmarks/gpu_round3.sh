@@ -8,7 +8,11 @@
 #                                            generation table (prompt 512, 128 new tokens)
 #   bash benchmarks/gpu_round3.sh compile    issue 24: the encoder table's compile and fused cells, family tests
 #   bash benchmarks/gpu_round3.sh serve      issue 26: max rate under p99 10 ms, and gpt2 generation under load
-#   bash benchmarks/gpu_round3.sh train      issue 25: ladders and DeepSpeed (needs .whl carried)
+#   bash benchmarks/gpu_round3.sh train      issue 25: the bert-large-uncased mlm seq 128 ladder, gpt2's profile
+#   bash benchmarks/gpu_round3.sh train2     issue 25: the gpt2 causal-lm seq 1024 ladder, gpt2's best profile
+#   bash benchmarks/gpu_round3.sh train3     issue 25: DeepSpeed ZeRO 1-3 beside plain training (ds-fused-adam)
+#                                            for bert-large-uncased and gpt2-large
+#   (the train parts need the wheels of benchmarks/wheels.sh carried in .whl/)
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=150
@@ -63,4 +67,53 @@ if [ "$PART" = serve ]; then
   timeout 20 python3 benchmarks/serve_prepare.py $OUT/serve.db
   $TB report maxrate-fused maxrate-sdpa maxrate-cudagraph maxrate-eager gen-gpt2 --db $OUT/serve.db \
     --out $OUT/serve-report > /dev/null 2>&1; sed -n '/Serving under load/,$p' $OUT/serve-report/report.md | head -90
+fi
+
+# Issue 25. Sizing on an H100 (session 11): a training cell is its own process, ~8 s to start and build
+# bert-large; its bf16 step at batch 256 is ~0.26 s, fp32 ~1.5 s; torch.compile adds ~40-60 s per cell.
+# The ladder's searches start from the batch so far and bisect to 1/4, so a ladder is ~15 cells:
+#   train:  bert-large ladder (fp32 search 128 -> ~384: 3-4 probes, ~80 s; 2 compile cells ~150 s) ~6 min,
+#           gpt2 profile (eager, batch 16) ~1 min
+#   train2: gpt2 seq 1024 ladder (start 8, cap 64) ~5 min, gpt2 profile with the ladder's best options ~2 min
+#   train3: ZeRO 1-3 + none, bert-large batch 32 (DeepSpeed builds FusedAdam once, ~1 min) and gpt2-large
+#           seq 1024 batch 8 (~17 GB of activations with SDPA), 4 cells each ~7 min
+# Each step is time-boxed; the tables read the store, so a step cut short still shows what it measured.
+if [ "$PART" = train ] || [ "$PART" = train2 ] || [ "$PART" = train3 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  # DeepSpeed builds its ops from TORCH_CUDA_ARCH_LIST and cannot read the image's "9.0a" (session 11).
+  export TORCH_CUDA_ARCH_LIST=9.0
+  python3 -c "import deepspeed, liger_kernel; print('deepspeed', deepspeed.__version__)"
+  TDB=$OUT/train_round3.db
+  LADDER="$TB train --ladder --steps 5 --warmup 2 --timeout 180 --db $TDB"
+fi
+if [ "$PART" = train ]; then
+  timeout 400 $LADDER --model bert-large-uncased --task mlm --seq 128 --batch 128 --max-batch-limit 512 \
+    --name ladder-bert-large --plot $OUT/ladder_bert_large.png --json $OUT/ladder_bert_large.json \
+    > $OUT/ladder_bert_large.log 2>&1
+  tail -3 $OUT/ladder_bert_large.log
+  [ -f $OUT/ladder_bert_large.json ] && python3 benchmarks/train_tables.py --ladder $OUT/ladder_bert_large.json
+  python3 benchmarks/train_tables.py $TDB ladder-bert-large
+  timeout 100 python3 benchmarks/train_profile.py --model gpt2 --seq 1024 --batch 16 --dtype bf16 \
+    --optim adamw-fused --out $OUT/profile_gpt2_eager
+fi
+if [ "$PART" = train2 ]; then
+  timeout 330 $LADDER --model gpt2 --task causal-lm --seq 1024 --batch 8 --max-batch-limit 64 \
+    --name ladder-gpt2 --plot $OUT/ladder_gpt2.png --json $OUT/ladder_gpt2.json > $OUT/ladder_gpt2.log 2>&1
+  tail -3 $OUT/ladder_gpt2.log
+  [ -f $OUT/ladder_gpt2.json ] && python3 benchmarks/train_tables.py --ladder $OUT/ladder_gpt2.json
+  python3 benchmarks/train_tables.py $TDB ladder-gpt2
+  # What bounds gpt2 at its best: the profile with compile, the one-kernel GELU and Liger's fused loss.
+  timeout 150 python3 benchmarks/train_profile.py --model gpt2 --seq 1024 --batch 16 --dtype bf16 \
+    --optim adamw-fused --compile --activation gelu-tanh --kernels liger --out $OUT/profile_gpt2_best
+fi
+if [ "$PART" = train3 ]; then
+  # Plain training (strategy none) beside ZeRO 1-3 with the same optimizer, so the memory splits compare.
+  timeout 220 $TB train --model bert-large-uncased --task mlm --seq 128 --dtype bf16 --batch 32 \
+    --strategy none,deepspeed --zero-stage 1,2,3 --optim ds-fused-adam --steps 5 --warmup 2 --timeout 150 \
+    --name ds-bert-large --db $TDB > $OUT/ds_bert_large.log 2>&1
+  python3 benchmarks/train_tables.py $TDB ds-bert-large
+  timeout 300 $TB train --model gpt2-large --task causal-lm --seq 1024 --dtype bf16 --batch 8 \
+    --strategy none,deepspeed --zero-stage 1,2,3 --optim ds-fused-adam --steps 5 --warmup 2 --timeout 150 \
+    --name ds-gpt2-large --db $TDB > $OUT/ds_gpt2_large.log 2>&1
+  python3 benchmarks/train_tables.py $TDB ds-gpt2-large
 fi

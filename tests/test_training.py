@@ -48,8 +48,15 @@ def _check_arithmetic(cell: TrainCell, r: CellResult) -> None:
     assert rec["samples_per_s"] == pytest.approx(cell.global_batch / seconds)
     assert rec["throughput_per_s"] == rec["samples_per_s"]
     assert rec["tokens_per_s"] == pytest.approx(cell.global_batch * cell.seq / seconds)
-    fl = flops.training_flops(PRESETS[cell.model], cell.seq, cell.task, cell.grad_ckpt) * cell.global_batch
+    # TFLOPS count what the model needs: no checkpointing recompute, an MLM head on its masked positions.
+    k = training_loop.mlm_predictions(cell.seq) if cell.task == "mlm" else None
+    fl = flops.training_flops(PRESETS[cell.model], cell.seq, cell.task, head_tokens=k) * cell.global_batch
     assert rec["tflops"] == pytest.approx(fl / seconds / 1e12)
+    ran = flops.training_flops(PRESETS[cell.model], cell.seq, cell.task, recompute=cell.grad_ckpt,
+                               head_tokens=k if cell.head == "masked" else None) * cell.global_batch
+    assert r.info["hw_flops_per_step"] == ran and r.info["flops_per_step"] == fl
+    assert (ran > fl) == (cell.grad_ckpt or (cell.task == "mlm" and cell.head == "all"))
+    assert rec["hfu"] is None
     assert rec["tflops_per_gpu"] == pytest.approx(rec["tflops"] / cell.world_size)
     assert rec["mfu"] is None  # no datasheet peak for a CPU: never a guessed one
     assert len(r.samples_ms) == cell.steps and rec["n_samples"] == cell.steps
@@ -59,6 +66,8 @@ def _check_arithmetic(cell: TrainCell, r: CellResult) -> None:
     {}, {"precision": "bf16"}, {"optim": "adamw-foreach"}, {"optim": "adamw-fused"}, {"optim": "sgd"},
     {"grad_accum": 2}, {"grad_ckpt": True}, {"attn": "eager"}, {"attn": "sdpa-math"},
     {"task": "classification"}, {"model": "gpt2-tiny", "task": "classification", "grad_ckpt": True},
+    {"head": "masked"}, {"model": "roberta-tiny", "head": "masked", "grad_ckpt": True},
+    {"model": "gpt2-tiny", "task": "causal-lm", "activation": "gelu-tanh"},
 ])
 def test_every_option_runs_and_takes_effect(change):
     cell = replace(BASE, **change)
@@ -67,6 +76,9 @@ def test_every_option_runs_and_takes_effect(change):
     _check_arithmetic(cell, r)
     info, rec = r.info, r.record
     assert info["gradient_checkpointing"] == cell.grad_ckpt
+    if cell.activation:
+        assert info["activation"] == "gelu_pytorch_tanh"
+    assert info["head_positions"] == (training_loop.mlm_predictions(cell.seq) if cell.head == "masked" else cell.seq)
     assert info["attn_implementation"] == ("eager" if cell.attn == "eager" else "sdpa")
     assert info["sdpa_kernel"] == ("math" if cell.attn == "sdpa-math" else None)
     assert info["param_dtype"] == "torch.float32"  # bf16 is autocast over fp32 master weights
@@ -100,7 +112,7 @@ def test_phases_are_recorded_and_sum_to_the_step(accum):
 def test_cell_key_holds_every_setting_that_changes_the_measurement():
     key = json.loads(BASE.key())
     assert key == json.loads(json.dumps(key, sort_keys=True))
-    for change in [{"kernels": "liger"}, {"grad_ckpt": True}, {"compile": True}, {"zero_stage": 2},
+    for change in [{"kernels": "liger"}, {"head": "masked"}, {"activation": "gelu-tanh"}, {"grad_ckpt": True}, {"compile": True}, {"zero_stage": 2},
                    {"nccl": "NCCL_P2P_DISABLE=1"}, {"lr": 1e-2}, {"seed": 1}, {"optim": "sgd"}, {"grad_accum": 2}]:
         assert replace(BASE, **change).key() != BASE.key(), change
     assert replace(BASE, steps=9, warmup_steps=3).key() == BASE.key()  # how long it is sampled, not what
@@ -109,7 +121,9 @@ def test_cell_key_holds_every_setting_that_changes_the_measurement():
     assert (fields["kernels"], fields["backend"], fields["dtype"], fields["batch_size"]) == ("liger", "sdpa", "fp32", 4)
     old = BASE.to_dict()
     old.pop("kernels")  # a cell stored before the kernels axis
-    assert TrainCell.from_dict(old) == BASE
+    old.pop("head")  # and before the head and activation options: same cell, same key
+    old.pop("activation")
+    assert TrainCell.from_dict(old) == BASE and "head" not in json.loads(BASE.key())
 
 
 def test_resume_skips_batches_above_a_stored_oom_without_running_them(tmp_path, monkeypatch):
@@ -183,6 +197,9 @@ def test_validation_errors_are_one_line():
         ({"warmup_steps": 0}, "at least 1"),
         ({"kernels": ["triton"]}, "unknown kernels 'triton': choose from torch, liger"),
         ({"max_batch_limit": 0}, "--max-batch-limit"),
+        ({"heads": ["first"]}, "unknown head 'first': choose from all, masked"),
+        ({"activation": "relu"}, "unknown activation 'relu'"),
+        ({"models": ["gpt2-tiny"], "heads": ["masked"]}, "--head masked runs the MLM head"),
     ]
     for change, text in bad:
         with pytest.raises(SpecError, match=text):
@@ -319,3 +336,50 @@ def test_liger_rewiring_gives_the_models_own_loss(model, task, monkeypatch):
     assert len(fused) == (0 if task == "classification" else 1)
     got.backward()
     assert sum(p.grad is not None for p in wrapped.parameters()) == with_grad  # the same ones train
+
+
+def test_every_mlm_row_masks_the_same_number_of_positions():
+    import torch
+
+    cell = replace(BASE, batch=8, seq=40, grad_accum=2)
+    k = training_loop.mlm_predictions(40)
+    assert k == 6 and training_loop.mlm_predictions(4) == 1
+    for b in training_loop.make_batches(cell, PRESETS["bert-tiny"], 0, torch.device("cpu")):
+        labelled = b["labels"] != -100
+        assert labelled.sum(1).tolist() == [k] * 8
+        assert (b["input_ids"][labelled] == 103).all()  # [MASK] where a label is
+
+
+@pytest.mark.parametrize("model", ["bert-tiny", "roberta-tiny"])
+def test_masked_head_is_the_same_loss_and_gradients_as_the_full_head(model, monkeypatch):
+    """transformers' head on every position and the head on the masked ones give the same loss (the mean
+    over the labelled positions) and the same gradients; with Liger's fused loss too."""
+    import torch
+
+    from transbench.models import build
+    from transbench.scenarios import training_kernels
+    from transbench.scenarios.training_head import MaskedHead
+
+    ref = build.resolve(model)
+    hf = build.build_model(ref, "mlm", attn="sdpa", device="cpu", seed=0).eval().requires_grad_(True)  # no dropout
+    (batch,) = training_loop.make_batches(replace(BASE, model=model, seq=32), ref.shape, 0, torch.device("cpu"))
+    want = hf(**batch).loss
+    want.backward()
+    grads = {n: p.grad.clone() for n, p in hf.named_parameters() if p.grad is not None}
+    hf.zero_grad(set_to_none=True)
+    k = training_loop.mlm_predictions(32)
+    got = MaskedHead(hf, ref.family, k)(**batch)["loss"]
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+    got.backward()
+    for n, p in hf.named_parameters():
+        if n in grads:
+            torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6)
+    if model == "bert-tiny":
+        _fake_liger(monkeypatch)
+        fused, replaced = training_kernels.apply(hf, "mlm", ref.family, predict=k)
+        assert fused(**batch)["loss"].item() == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_masked_head_on_a_model_without_one_is_unsupported():
+    r = run_guarded(replace(BASE, model="gpt2-tiny", task="causal-lm", head="masked"))
+    assert r.status == "unsupported" and "--head all" in r.error

@@ -19,61 +19,97 @@ BASE = TrainCell(model="bert-tiny", task="mlm", attn="sdpa", precision="fp32", o
                  steps=2, warmup_steps=1, device="cpu")
 
 
-def test_the_steps_are_the_notebooks():
-    names = [s.name for s in training_ladder.STEPS]
-    assert names == ["fp32, largest batch", "bf16", "bf16, largest batch", "fused AdamW", "grad accumulation 4",
-                     "grad checkpointing, largest batch", "torch.compile", "Liger kernels"]
-    cells = [replace(BASE, **s.change) for s in training_ladder.STEPS]
-    assert [c.precision for c in cells] == ["fp32"] + ["bf16"] * 7
-    assert [c.optim for c in cells] == ["adamw"] * 3 + ["adamw-fused"] * 5
-    assert [c.grad_accum for c in cells] == [1, 1, 1, 1, 4, 1, 1, 1]
-    assert [c.grad_ckpt for c in cells] == [False] * 5 + [True] * 3
-    assert [c.compile for c in cells] == [False] * 6 + [True] * 2
-    assert [c.kernels for c in cells] == ["torch"] * 7 + ["liger"]
-    assert [s.search for s in training_ladder.STEPS] == [True, False, True, False, False, True, False, False]
+MLM_STEPS = ["fp32, largest batch", "bf16", "bf16, largest batch", "fused AdamW", "grad accumulation 4",
+             "grad checkpointing, largest batch", "MLM head on masked positions", "torch.compile", "Liger kernels"]
+
+
+def test_the_steps_are_the_notebooks_then_the_fields():
+    assert [s.name for s in training_ladder.steps_for("mlm", "bert")] == MLM_STEPS
+    # The masked-position head is an MLM head's option; the one-kernel GELU is GPT-2's own gelu_new.
+    gpt2 = [s.name for s in training_ladder.steps_for("causal-lm", "gpt2")]
+    assert gpt2 == [n for n in MLM_STEPS if "MLM" not in n][:6] + ["GELU in one kernel (gelu-tanh)", "torch.compile",
+                                                                   "Liger kernels"]
+    assert [s.name for s in training_ladder.steps_for("causal-lm", "llama")] == [n for n in gpt2 if "GELU" not in n]
+    assert [s.search for s in training_ladder.STEPS] == [True, False, True, False, False, True] + [False] * 4
+    assert [s.keep for s in training_ladder.STEPS] == ["always"] * 3 + ["faster", "never"] + ["faster"] * 5
 
 
 class FakeRunner:
-    """Largest batches 64 (fp32), 128 (bf16), 512 (checkpointing); samples/s from a table per step."""
+    """Largest batches 64 (fp32), 128 (bf16), 512 (checkpointing); samples/s from the options: bf16 x2.5,
+    fused x1.2, accumulation x1.1, checkpointing x0.8, masked head x1.1, compile x1.25, batch >= 128 x1.2;
+    liger is unsupported (not installed)."""
 
-    SPEED = {("fp32", "adamw", 1, False, False, "torch"): 100.0, ("bf16", "adamw", 1, False, False, "torch"): 250.0,
-             ("bf16", "adamw-fused", 1, False, False, "torch"): 300.0,
-             ("bf16", "adamw-fused", 4, False, False, "torch"): 330.0,
-             ("bf16", "adamw-fused", 1, True, False, "torch"): 240.0,
-             ("bf16", "adamw-fused", 1, True, True, "torch"): 360.0}
-
-    def __init__(self):
+    def __init__(self, liger_ok: bool = False, ckpt_factor: float = 0.8):
         self.calls: list[tuple[TrainCell, bool]] = []
+        self.liger_ok, self.ckpt_factor = liger_ok, ckpt_factor
 
     def __call__(self, cell: TrainCell, search: bool):
         self.calls.append((cell, search))
-        if cell.kernels == "liger":
+        if cell.kernels == "liger" and not self.liger_ok:
             return cell, CellResult("unsupported", error="kernels liger needs Liger-Kernel")
         if search:
             cell = replace(cell, batch=512 if cell.grad_ckpt else 128 if cell.precision == "bf16" else 64)
-        base = self.SPEED[(cell.precision, cell.optim, cell.grad_accum, cell.grad_ckpt, cell.compile, cell.kernels)]
-        speed = base * (1.2 if cell.batch >= 128 else 1.0)
+        speed = 100.0 * (2.5 if cell.precision == "bf16" else 1.0) * (1.2 if cell.optim == "adamw-fused" else 1.0)
+        speed *= (1.1 if cell.grad_accum == 4 else 1.0) * (self.ckpt_factor if cell.grad_ckpt else 1.0)
+        speed *= (1.1 if cell.head == "masked" else 1.0) * (1.25 if cell.compile else 1.0)
+        speed *= 1.3 if cell.activation == "gelu-tanh" else 1.0
+        speed *= (0.9 if cell.kernels == "liger" else 1.0) * (1.2 if cell.batch >= 128 else 1.0)
         rec = {"samples_per_s": speed, "tflops": speed / 100, "mfu": speed / 1000, "peak_mem_mb": cell.batch * 10.0}
         return cell, CellResult("ok", rec)
 
 
-def test_batches_carry_over_and_gains_are_each_step_over_the_one_before():
+def test_each_step_builds_on_what_was_kept_and_searches_start_from_the_batch_so_far():
     runner = FakeRunner()
     rows = training_ladder.walk(BASE, runner)
-    assert [r["step"] for r in rows] == [s.name for s in training_ladder.STEPS]
-    # Each step runs at the batch the last search found (the base batch before any search).
-    assert [c.batch for c, _ in runner.calls] == [4, 64, 64, 128, 128, 128, 512, 512]
-    assert [r["batch_size"] for r in rows] == [64, 64, 128, 128, 128, 512, 512, 512]
-    speeds = [100.0, 250.0, 300.0, 360.0, 396.0, 288.0, 432.0]
-    assert [r.get("samples_per_s") for r in rows[:7]] == pytest.approx(speeds)
+    assert [r["step"] for r in rows] == MLM_STEPS + [training_ladder.BEST]
+    cells = [c for c, _ in runner.calls]
+    # Each search starts from the batch so far, never from 1: fp32 from the base batch, bf16 from fp32's.
+    assert [(c.batch, s) for c, s in runner.calls if s] == [(4, True), (64, True), (128, True)]
+    assert [c.batch for c in cells] == [4, 64, 64, 128, 128, 128, 128, 128, 128]
+    # Checkpointing (x0.8 at batch 512) lost to the configuration so far: the later steps leave it off.
+    assert [c.grad_ckpt for c in cells] == [False] * 5 + [True] + [False] * 3
+    assert [c.grad_accum for c in cells] == [1, 1, 1, 1, 4, 1, 1, 1, 1]  # measured, never kept
+    assert [c.head for c in cells] == ["all"] * 6 + ["masked"] * 3
+    assert [c.compile for c in cells] == [False] * 7 + [True] * 2
+    assert [c.optim for c in cells] == ["adamw"] * 3 + ["adamw-fused"] * 6
+    assert [r["kept"] for r in rows[:-1]] == [True, True, True, True, False, False, True, True, False]
+    speeds = [100.0, 250.0, 300.0, 360.0, 396.0, 288.0, 396.0, 495.0]
+    assert [r.get("samples_per_s") for r in rows[:8]] == pytest.approx(speeds)
     gains = [r["gain_samples_per_s"] for r in rows]
     assert gains[0] is None  # nothing before the first step
-    assert gains[1:7] == pytest.approx([2.5, 1.2, 1.2, 1.1, 288 / 396, 1.5])
-    assert gains[7] is None and rows[7]["status"] == "unsupported"  # no speed for a step that did not run
-    assert rows[6]["gain_peak_mem_mb"] == pytest.approx(1.0)
+    assert gains[1:8] == pytest.approx([2.5, 1.2, 1.2, 1.1, 288 / 396, 396 / 288, 1.25])
+    assert gains[8] is None and rows[8]["status"] == "unsupported"  # no speed for a step that did not run
     assert rows[2]["gain_peak_mem_mb"] == pytest.approx(2.0)
     assert rows[2]["gain_mfu"] == pytest.approx(rows[2]["gain_samples_per_s"])
-    assert "samples/s" in training_ladder.summary(rows) and "x2.50" in training_ladder.summary(rows)
+    # The best combination is the compiled, masked-head, fused configuration; its gain is over fp32.
+    best = rows[-1]
+    assert best["best_of"] == "torch.compile" and best["samples_per_s"] == pytest.approx(495.0)
+    assert best["gain_samples_per_s"] == pytest.approx(4.95) and best["gain_mfu"] == pytest.approx(4.95)
+    assert best["options"] == "bf16, batch 128, adamw-fused, masked head, compile"
+    text = training_ladder.summary(rows)
+    assert "x2.50" in text and "best combination" in text and "masked head, compile" in text
+
+
+def test_a_step_that_pays_is_kept_into_the_best():
+    rows = training_ladder.walk(BASE, FakeRunner(liger_ok=True, ckpt_factor=1.0))
+    by = {r["step"]: r for r in rows}
+    # Checkpointing at no cost ties the configuration so far (both at the batch-128 speed): not kept.
+    assert not by["grad checkpointing, largest batch"]["kept"]
+    assert not by["Liger kernels"]["kept"] and by["Liger kernels"]["status"] == "ok"  # slower: left out
+    rows = training_ladder.walk(BASE, FakeRunner(liger_ok=True, ckpt_factor=1.5))
+    by = {r["step"]: r for r in rows}
+    assert by["grad checkpointing, largest batch"]["kept"] and by["grad checkpointing, largest batch"]["batch_size"] == 512
+    assert by["torch.compile"]["batch_size"] == 512 and by["torch.compile"]["grad_ckpt"]
+    assert rows[-1]["batch_size"] == 512 and "grad ckpt" in rows[-1]["options"]
+
+
+def test_a_gpt2_ladder_has_no_masked_head_step_and_keeps_the_one_kernel_gelu():
+    runner = FakeRunner()
+    rows = training_ladder.walk(replace(BASE, model="gpt2-tiny", task="causal-lm"), runner)
+    assert "MLM head on masked positions" not in [r["step"] for r in rows]
+    assert all(c.head == "all" for c, _ in runner.calls)
+    assert [c.activation for c, _ in runner.calls][-3:] == ["gelu-tanh"] * 3
+    assert rows[-1]["options"] == "bf16, batch 128, adamw-fused, gelu-tanh, compile"
 
 
 def test_gain_after_a_failed_step_is_none():
@@ -114,10 +150,15 @@ def test_cli_ladder_runs_on_the_sweep_loop_and_resumes(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     rows = json.loads(out.read_text())
-    assert [r["step"] for r in rows] == [s.name for s in training_ladder.STEPS]
-    # The search doubles from the batch so far, then bisects to within 1/32 of the batch.
-    assert [r["batch_size"] for r in rows] == [24, 24, 48, 48, 48, 198, 198, 198]  # 200 within 1/32
+    assert [r["step"] for r in rows] == MLM_STEPS + [training_ladder.BEST]
+    # The search doubles from the batch so far, then bisects to within 1/4 of the batch.
+    assert [r["batch_size"] for r in rows] == [24, 24, 48, 48, 48, 192, 192, 192, 192, 192]
     assert rows[1]["gain_samples_per_s"] == pytest.approx(2.0)  # bf16 at the same batch
+    # No cell is measured twice (a search takes its start batch's stored result), and the bf16 search
+    # starts from the bf16 step's batch 24: it never goes back to batch 1 (session 11's H100 timeout).
+    assert len({c.key() for c in ran}) == len(ran)
+    assert [c.batch for c in ran if c.precision == "bf16"][:6] == [24, 48, 96, 72, 60, 48]
+    assert rows[-1]["best_of"] == "grad checkpointing, largest batch" and rows[-1]["batch_size"] == 192
     by = {r["step"]: r for r in rows}
     assert by["Liger kernels"]["status"] == "unsupported" and "transbench[liger]" in by["Liger kernels"]["error"]
     assert "ladder" in res.output and png.stat().st_size > 0

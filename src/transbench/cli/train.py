@@ -20,14 +20,14 @@ SETTINGS = [Col("model", "model", setting=True), Col("task", "task", setting=Tru
             Col("optim", "optim", setting=True), Col("batch_size", "batch", setting=True),
             Col("seq_len", "seq", setting=True), Col("grad_accum", "accum", setting=True),
             Col("grad_ckpt", "grad ckpt", setting=True), Col("compile", "compile", setting=True),
-            Col("kernels", "kernels", setting=True),
+            Col("kernels", "kernels", setting=True), Col("head", "head", setting=True),
             Col("strategy", "strategy", setting=True), Col("world_size", "GPUs", setting=True),
             Col("zero_stage", "ZeRO", setting=True), Col("nccl", "nccl", setting=True),
             Col("status", "status", status_text)]
 SPEED_COLUMNS = [*SETTINGS, Col("latency_ms", "step ms"), Col("forward_ms", "fwd ms", rank=7),
                  Col("backward_ms", "bwd ms", rank=7), Col("optimizer_ms", "optim ms", rank=7), Col("samples_per_s", "samples/s", rank=5),
                  Col("tokens_per_s", "tokens/s", rank=3), Col("tflops_per_gpu", "TFLOPS /GPU", rank=4),
-                 Col("mfu", "MFU", pct, rank=2), Col("scaling_efficiency", "scaling", pct, rank=6)]
+                 Col("mfu", "MFU", pct, rank=2), Col("hfu", "HFU", pct, rank=6), Col("scaling_efficiency", "scaling", pct, rank=6)]
 MEMORY_COLUMNS = [*SETTINGS, Col("peak_mem_mb", "peak MiB"), Col("peak_reserved_mb", "reserved MiB", rank=2, wide=True),
                   Col("params_mb", "params MiB", rank=5), Col("grads_mb", "grads MiB", rank=4),
                   Col("optim_state_mb", "optim MiB", rank=4), Col("activations_mb", "activ. MiB", rank=6),
@@ -38,11 +38,12 @@ def _d(name: str) -> str:
     return shown(TrainSpec, name)
 
 
-LADDER_COLUMNS = [("step", "step"), ("batch_size", "batch"), ("status", "status"), ("samples_per_s", "samples/s"),
+LADDER_COLUMNS = [("step", "step"), ("kept", "kept"), ("batch_size", "batch"), ("status", "status"), ("samples_per_s", "samples/s"),
                   ("gain_samples_per_s", "gain"), ("tflops", "TFLOPS"), ("gain_tflops", "gain"), ("mfu", "MFU"),
-                  ("gain_mfu", "gain"), ("peak_mem_mb", "peak MiB"), ("gain_peak_mem_mb", "gain"),
-                  ("forward_ms", "fwd ms"), ("backward_ms", "bwd ms"), ("optimizer_ms", "optim ms")]
-TEXT = ("step", "model", "task", "backend", "dtype", "optim", "kernels", "strategy", "status", "nccl")
+                  ("gain_mfu", "gain"), ("hfu", "HFU"), ("peak_mem_mb", "peak MiB"), ("gain_peak_mem_mb", "gain"),
+                  ("forward_ms", "fwd ms"), ("backward_ms", "bwd ms"), ("optimizer_ms", "optim ms"),
+                  ("options", "best combination")]
+TEXT = ("step", "options", "model", "task", "backend", "dtype", "optim", "kernels", "strategy", "status", "nccl")
 
 
 def training_table(recs: list[dict], columns: list[tuple[str, str]], title: str = "") -> Table:
@@ -55,7 +56,7 @@ def training_table(recs: list[dict], columns: list[tuple[str, str]], title: str 
         row = []
         for key, _ in cols:
             v = r.get(key)
-            if key in ("mfu", "scaling_efficiency") and v is not None:
+            if key in ("mfu", "hfu", "scaling_efficiency") and v is not None:
                 row.append(f"{v:.1%}")
             elif key.startswith("gain_") and v is not None:
                 row.append(f"x{v:.2f}")
@@ -90,6 +91,11 @@ def train(
     kernels: Optional[str] = typer.Option(None, show_default=_d("kernels"),
                                           help=f"torch|liger ({LIST}): liger = Liger-Kernel's LayerNorm and fused "
                                           "linear + cross-entropy head (CUDA; pip install 'transbench[liger]')"),
+    head: Optional[str] = typer.Option(None, show_default=_d("heads"),
+                                       help=f"all|masked ({LIST}): the MLM head on every position (transformers) or "
+                                       "on the 15% masked ones only (BERT's own pretraining)"),
+    activation: Optional[str] = typer.Option(None, show_default="the model's own",
+                                             help="gelu|gelu-tanh: gelu-tanh is GPT-2's gelu_new in one kernel"),
     ladder: bool = typer.Option(False, "--ladder", help="the seed notebook's ladder for one model: fp32, bf16, largest "
                                 "batches, fused Adam, accumulation, checkpointing, compile, liger; a table and a plot"),
     plot: Optional[str] = typer.Option(None, show_default="ladder-MODEL.png", help="where --ladder writes its plot (PNG)"),
@@ -125,6 +131,7 @@ def train(
     given = {
         "models": model, "tasks": task, "precisions": dtype, "optims": optim, "attns": backend, "batches": batch,
         "seqs": seq, "grad_accums": grad_accum, "grad_ckpts": grad_ckpt, "compiles": compile, "kernels": kernels,
+        "heads": head, "activation": activation,
         "ladder": ladder or None, "max_batch_limit": max_batch_limit,
         "strategies": strategy, "nprocs": nproc, "zero_stages": zero_stage, "nccl_p2p": nccl_p2p,
         "nccl_envs": list(nccl_env) if nccl_env else None, "scaling": scaling, "steps": steps,
@@ -139,7 +146,8 @@ def train(
 
     def on_cell(cell, result):
         label = (f"{cell.model} {cell.task} {cell.attn} {cell.precision} {cell.optim} b{cell.batch} s{cell.seq} "
-                 f"x{cell.grad_accum}{' ckpt' if cell.grad_ckpt else ''}{' compile' if cell.compile else ''} {cell.kernels} "
+                 f"x{cell.grad_accum}{' ckpt' if cell.grad_ckpt else ''}{' compile' if cell.compile else ''} {cell.kernels}"
+                 f"{' masked-head' if cell.head == 'masked' else ''} "
                  f"{cell.strategy}@{cell.world_size}")
         if result is None:
             console.print(visible(f"  {label}: already stored"), highlight=False, markup=False)
@@ -155,7 +163,8 @@ def train(
         from ..scenarios.training_ladder import plot as ladder_plot
 
         console.print(training_table(recs, LADDER_COLUMNS, f"training ladder {visible(recs[0]['run_name'])} "
-                                     f"({recs[0]['run_id']}): gain = this step / the step before"))
+                                     f"({recs[0]['run_id']}): gain = this step / the step before (the best: / the first); "
+                                     "kept = later steps build on it"))
         path = ladder_plot(recs, plot or f"ladder-{recs[0]['model'].replace('/', '_')}.png")
         console.print(f"plot: {escape(visible(path))}; stored in {escape(visible(db))} as run "
                       f"[bold]{escape(visible(recs[0]['run_name']))}[/]")

@@ -28,8 +28,9 @@ last layer:
     classification        encoders: 2 h^2 (pooler / pre-classifier dense) + 2 h C, on one token per
                           sequence; decoders: 2 s h C (transformers scores every position, then picks the last)
 
-Embedding lookups are gathers: no FLOPs. Training is 3 x forward (backward = 2 x forward), 4 x forward
-with activation checkpointing (one more forward). Generation: the prompt's forward, then per new token
+Embedding lookups are gathers: no FLOPs. Training is 3 x forward (backward = 2 x forward); activation
+checkpointing's second forward and an MLM head run on unmasked positions are executed but not needed, so
+MFU leaves them out and HFU counts them (`training_flops`). Generation: the prompt's forward, then per new token
 at context length t: the layer's projections and FFN for one token, 4 t q per layer for attention and
 2 h V for the LM head.
 """
@@ -137,8 +138,22 @@ def forward_flops(shape: Preset, seq_lens: int | Sequence[int], task: str = "bas
     return sum(counted_flops(shape, s, task) for s in lens), "counted"
 
 
-def training_flops(shape: Preset, seq_lens: int | Sequence[int], task: str, grad_ckpt: bool = False) -> int:
-    return (4 if grad_ckpt else 3) * forward_flops(shape, seq_lens, task)[0]
+def training_flops(shape: Preset, seq: int, task: str, *, head_tokens: int | None = None,
+                   recompute: bool = False) -> int:
+    """FLOPs of one training step of one `seq`-token sequence: 3 x the forward (backward = 2 x forward).
+
+    MFU's numerator is what the model needs (PaLM, Chowdhery et al. 2022, appendix B: "model FLOPs"):
+    `recompute` False, and for mlm `head_tokens` = the positions that carry a label (BERT's ~15%), the
+    head counted on those only, whether or not the step runs it on every position. What the hardware
+    executes (HFU's numerator) is `recompute` True under activation checkpointing (each layer's forward
+    once more; the head is not checkpointed) and the head on every position where the step runs it there.
+    Families counted by torch's counter have no separable head or layers: their count is 3 (4 with
+    `recompute`) x the whole forward."""
+    if shape.family not in ANALYTIC:
+        return (4 if recompute else 3) * forward_flops(shape, seq, task)[0]
+    layers = sum(layer_flops(shape, seq, k) for k in range(shape.layers))
+    head = head_flops(shape, task, head_tokens if task == "mlm" and head_tokens is not None else seq)
+    return 3 * (layers + head) + (layers if recompute else 0)
 
 
 def decode_token_flops(shape: Preset, context: int) -> int:

@@ -43,6 +43,9 @@ class SweepOptions:
     gpus: list[int] | None = None  # one worker per listed GPU; None: one worker
     max_batch: bool = False
     max_batch_limit: int = 65536
+    # The search bisects its last gap down to 1/resolution of the batch: 32 for `run --max-batch`; the
+    # training ladder takes 4, as each of its probes is a process that builds the model and trains.
+    max_batch_resolution: int = 32
 
 
 def flat_record(cell, result: CellResult) -> dict:
@@ -143,6 +146,7 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
     """Run every cell not yet stored for this run. Cells of one OOM group go to one lane, in batch order;
     a batch above one that ran out of memory (now or before a resume) is `skipped`."""
     done = store.finished_keys(run_id)
+    stored = {c["key"]: c for c in store.cells(run_id)} if opts.max_batch else {}
     prior_oom = prior_ooms(store, run_id, target.cell_type)
     groups: dict = {}
     for c in cells:
@@ -168,9 +172,16 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
                 except queue.Empty:
                     return
                 oom_at = prior_oom.get(group[0].oom_group())
-                fitted = 1  # the largest batch of this group that ran: the max-batch search starts there
+                # The largest batch of this group that ran and its result: the max-batch search starts
+                # there and does not measure it again. A cell stored before (a resume, or a ladder step
+                # whose cell an earlier step measured) counts too, else the search would start from 1.
+                fitted, known = 1, None
                 for cell in group:
                     if cell.key() in done:
+                        before = stored.get(cell.key())
+                        if before is not None and before["status"] == "ok" and cell.batch >= fitted:
+                            fitted, known = cell.batch, CellResult(
+                                "ok", before["record"], before["samples"], before["info"], before["warnings"])
                         on_cell(cell, None)
                         continue
                     if oom_at is not None and cell.batch > oom_at:
@@ -179,11 +190,11 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
                         result = lane.run(cell, opts.timeout)
                         if result.status == "oom":
                             oom_at = cell.batch if oom_at is None else min(oom_at, cell.batch)
-                        elif result.status == "ok":
-                            fitted = max(fitted, cell.batch)
+                        elif result.status == "ok" and cell.batch >= fitted:
+                            fitted, known = cell.batch, result
                     finish(cell, result)
                 if opts.max_batch:
-                    search_max_batch(store, run_id, group[0], lane, opts, fitted, done, lock, on_probe)
+                    search_max_batch(store, run_id, group[0], lane, opts, fitted, done, lock, on_probe, known)
         finally:
             lane.close()
 
@@ -218,7 +229,9 @@ def max_batch_key(cell) -> str:
 
 
 def search_max_batch(store, run_id: str, first, lane: _Lane, opts: SweepOptions, fitted: int, done: set,
-                     lock, on_probe) -> None:
+                     lock, on_probe, known: CellResult | None = None) -> None:
+    """The largest batch of `first`'s group, from `fitted` (whose result, when `known`, is not measured
+    again), stored under max_batch_key."""
     key = max_batch_key(first)
     if key in done:
         return
@@ -230,8 +243,11 @@ def search_max_batch(store, run_id: str, first, lane: _Lane, opts: SweepOptions,
         on_probe(replace(first, batch=b), r)
         return r
 
-    result, best = find_max_batch(probe, opts.max_batch_limit, start=fitted)
-    result.info["probes"] = tried  # the search's trail: which batches fitted, which did not
+    if known is not None:
+        tried.append((fitted, known.status))
+    result, best = find_max_batch(probe, opts.max_batch_limit, start=fitted, known=known,
+                                  resolution=opts.max_batch_resolution)
+    result.info = {**result.info, "probes": tried}  # the search's trail: which batches fitted, which did not
     capped = best is not None and best * 2 > opts.max_batch_limit and all(s == "ok" for _, s in tried)
     if capped:  # it never ran out of memory: the answer is the cap, not the largest batch that fits
         result.warnings.append(f"batch {best} is the search's cap (--max-batch-limit {opts.max_batch_limit}), "
@@ -244,16 +260,17 @@ def search_max_batch(store, run_id: str, first, lane: _Lane, opts: SweepOptions,
             key=key, scenario="max-batch")
 
 
-def find_max_batch(probe: Callable[[int], CellResult], limit: int = 65536,
-                   start: int = 1) -> tuple[CellResult, int | None]:
+def find_max_batch(probe: Callable[[int], CellResult], limit: int = 65536, start: int = 1,
+                   known: CellResult | None = None, resolution: int = 32) -> tuple[CellResult, int | None]:
     """The largest batch whose cell is not out of memory: double from `start` (a batch known to fit
-    saves the small probes), then bisect the last gap down to 1/32 of the batch (exact below 64: a probe of
-    a batch in the thousands costs a full forward each, and 3% is finer than run-to-run memory noise).
+    saves the small probes; `known`, its result, saves probing it again), then bisect the last gap down to
+    1/`resolution` of the batch (32: exact below 64; a probe of a batch in the thousands costs a full
+    forward each, and 3% is finer than run-to-run memory noise).
     Returns the result at that batch (its throughput) and the batch, or (first failure, None)."""
     best: tuple[int, CellResult] | None = None
     batch, failed_at = start, None
     while batch <= limit:
-        r = probe(batch)
+        r = known if known is not None and batch == start else probe(batch)
         if r.status == "ok":
             best = (batch, r)
             batch *= 2
@@ -266,7 +283,7 @@ def find_max_batch(probe: Callable[[int], CellResult], limit: int = 65536,
         return r, None
     if failed_at is not None:
         lo, hi = best[0], failed_at  # lo fits, hi does not
-        while hi - lo > max(1, lo // 32):
+        while hi - lo > max(1, lo // resolution):
             mid = (lo + hi) // 2
             r = probe(mid)
             if r.status == "ok":

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import SpecError
 from ..cells import CellResult
 from ..spec import coerce
-from .training_cell import ATTENTION, KERNELS, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
+from .training_cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
 
 def default_task(shape) -> str:
     """What a model trains on unless --task says otherwise: its pretraining objective."""
@@ -44,6 +44,8 @@ class TrainSpec:
     grad_ckpts: list[bool] = field(default_factory=lambda: [False])
     compiles: list[bool] = field(default_factory=lambda: [False])
     kernels: list[str] = field(default_factory=lambda: ["torch"])  # torch|liger (Liger-Kernel's fused ones)
+    heads: list[str] = field(default_factory=lambda: ["all"])  # mlm head on all|masked positions
+    activation: str | None = None  # the FFN's activation (models.build.ACTIVATIONS); None: the model's own
     strategies: list[str] | None = None  # None: none for one process, ddp for several
     nprocs: list[int] = field(default_factory=lambda: [1])  # processes (GPUs) per node
     zero_stages: list[int] = field(default_factory=lambda: [2])  # deepspeed only
@@ -125,6 +127,9 @@ def validate(spec: TrainSpec) -> TrainSpec:
             if task not in TRAIN_TASKS:
                 raise SpecError(f"task '{task}' is not a training task: choose from {', '.join(TRAIN_TASKS)}")
             build.check_task(ref, task)
+        if "masked" in spec.heads and "mlm" not in (spec.tasks or [default_task(ref.shape)]):
+            raise SpecError(f"--head masked runs the MLM head on the masked positions: {ref.name} trains "
+                            f"{'/'.join(spec.tasks or [default_task(ref.shape)])} (use --task mlm or --head all)")
         too_long = [s for s in spec.seqs if s > ref.shape.max_positions]
         if too_long:
             raise SpecError(f"seq {too_long[0]} is longer than {ref.name} allows ({ref.shape.max_positions} "
@@ -138,7 +143,7 @@ def validate(spec: TrainSpec) -> TrainSpec:
         if not dev.dtype_runs(str(device), p):
             raise SpecError(f"dtype {p} does not run on {device}: use fp32 there, or a GPU")
     for values, known, what in [(spec.optims, OPTIMIZERS, "optimizer"), (spec.attns, ATTENTION, "attention backend"),
-                                (spec.kernels, KERNELS, "kernels"),
+                                (spec.kernels, KERNELS, "kernels"), (spec.heads, HEADS, "head"),
                                 (spec.strategies or [], STRATEGIES, "strategy")]:
         for v in values:
             if v not in known:
@@ -147,6 +152,8 @@ def validate(spec: TrainSpec) -> TrainSpec:
                          (spec.nprocs, "nproc")]:
         if any(v < 1 for v in values):
             raise SpecError(f"{what} must be at least 1, got {min(values)}")
+    if spec.activation is not None and spec.activation not in build.ACTIVATIONS:
+        raise SpecError(f"unknown activation '{spec.activation}': choose from {', '.join(build.ACTIVATIONS)}")
     if spec.max_batch_limit < 1:
         raise SpecError("--max-batch-limit must be at least 1")
     if spec.steps < 1 or spec.warmup_steps < 1:
@@ -192,10 +199,13 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
     cells: dict[str, TrainCell] = {}
     for model in spec.models:
         tasks = spec.tasks or [default_task(build.resolve(model).shape)]
-        for (task, precision, attn, optim, seq, accum, ckpt, comp, kern, nproc, strategy, zero, env,
+        for (task, precision, attn, optim, seq, accum, ckpt, comp, kern, head, nproc, strategy, zero, env,
              batch) in itertools.product(tasks, spec.precisions, spec.attns, spec.optims, sorted(spec.seqs),
-                                         spec.grad_accums, spec.grad_ckpts, spec.compiles, spec.kernels, nprocs,
-                                         spec.strategies or [None], spec.zero_stages, nccl, sorted(spec.batches)):
+                                         spec.grad_accums, spec.grad_ckpts, spec.compiles, spec.kernels, spec.heads,
+                                         nprocs, spec.strategies or [None], spec.zero_stages, nccl,
+                                         sorted(spec.batches)):
+            if head == "masked" and task != "mlm":  # the head axis applies to the mlm task only
+                continue
             world = nproc * spec.nnodes
             if world == 1 and (strategy is None or nproc not in spec.nprocs):  # nproc 1 added by --scaling
                 strategy = "none"
@@ -203,7 +213,8 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
                 strategy = "ddp"
             cell = TrainCell(
                 model=model, task=task, attn=attn, precision=precision, optim=optim, batch=batch, seq=seq,
-                grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, strategy=strategy, nproc=nproc,
+                grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, head=head, activation=spec.activation,
+                strategy=strategy, nproc=nproc,
                 nnodes=spec.nnodes, zero_stage=zero if strategy == "deepspeed" else None,
                 nccl=env if world > 1 else "", device=device, steps=spec.steps, warmup_steps=spec.warmup_steps,
                 lr=spec.lr, seed=spec.seed,

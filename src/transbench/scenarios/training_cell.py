@@ -14,6 +14,11 @@ STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
 # Where the model's own kernels come from: PyTorch's modules, or Liger-Kernel's fused Triton ones
 # (LayerNorm, and the LM/MLM head fused with its cross-entropy so the full logits never exist).
 KERNELS = ("torch", "liger")
+# Which positions the MLM head (transform + vocabulary decoder) runs on: transformers' BertForMaskedLM
+# scores every position and the loss ignores all but the ~15% masked ones; BERT's own pretraining
+# (google-research/bert's gather_indexes, NVIDIA's and Megatron's BERT) gathers the masked positions first,
+# which skips ~85% of the head's vocabulary-sized product and its fp32 logits.
+HEADS = ("all", "masked")
 # Attention choices that apply to training: the attention implementation transformers runs, and the
 # SDPA kernel forced around forward and backward (None: PyTorch picks).
 ATTENTION = {
@@ -40,6 +45,8 @@ class TrainCell(SweepCell):
     grad_ckpt: bool = False
     compile: bool = False
     kernels: str = "torch"
+    head: str = "all"  # mlm: the head on every position, or on the masked ones only (HEADS)
+    activation: str | None = None  # None: the model's own; else a name of models.build.ACTIVATIONS
     strategy: str = "none"
     nproc: int = 1  # processes per node
     nnodes: int = 1
@@ -69,16 +76,21 @@ class TrainCell(SweepCell):
     def comparable(self) -> list:
         """What must match for two cells to measure the same training step (all but the launch)."""
         return [self.model, self.task, self.attn, self.precision, self.optim, self.batch, self.seq,
-                self.grad_accum, self.grad_ckpt, self.compile, self.kernels]
+                self.grad_accum, self.grad_ckpt, self.compile, self.kernels, self.head, self.activation]
 
     def identity(self) -> dict:
         """Every setting that changes what this cell measures (its speed, memory or losses); the step
         counts are how long it is sampled, not what, as min_time is for inference cells."""
-        return {"scenario": "training", "model": self.model, "task": self.task, "attn": self.attn,
-                "precision": self.precision, "optim": self.optim, "batch": self.batch, "seq": self.seq,
-                "grad_accum": self.grad_accum, "grad_ckpt": self.grad_ckpt, "compile": self.compile,
-                "kernels": self.kernels, "strategy": self.strategy, "nproc": self.nproc, "nnodes": self.nnodes,
-                "zero_stage": self.zero_stage, "nccl": self.nccl, "lr": self.lr, "seed": self.seed}
+        ident = {"scenario": "training", "model": self.model, "task": self.task, "attn": self.attn,
+                 "precision": self.precision, "optim": self.optim, "batch": self.batch, "seq": self.seq,
+                 "grad_accum": self.grad_accum, "grad_ckpt": self.grad_ckpt, "compile": self.compile,
+                 "kernels": self.kernels, "strategy": self.strategy, "nproc": self.nproc, "nnodes": self.nnodes,
+                 "zero_stage": self.zero_stage, "nccl": self.nccl, "lr": self.lr, "seed": self.seed}
+        if self.head != "all":  # only where it is not the default: cells stored before it keep their keys
+            ident["head"] = self.head
+        if self.activation is not None:
+            ident["activation"] = self.activation
+        return ident
 
     def record_fields(self) -> dict:
         """The identity as the contract's flat record keys."""
@@ -86,7 +98,7 @@ class TrainCell(SweepCell):
                 "dtype": self.precision, "device": self.device, "batch_size": self.batch, "seq_len": self.seq,
                 "world_size": self.world_size, "strategy": self.strategy, "optim": self.optim,
                 "grad_accum": self.grad_accum, "grad_ckpt": self.grad_ckpt, "compile": self.compile,
-                "kernels": self.kernels, "zero_stage": self.zero_stage, "nccl": self.nccl or None,
+                "kernels": self.kernels, "head": self.head, "activation": self.activation, "zero_stage": self.zero_stage, "nccl": self.nccl or None,
                 "global_batch": self.global_batch, "lr": self.lr, "seed": self.seed}
 
     def oom_group(self) -> str:
@@ -97,4 +109,5 @@ class TrainCell(SweepCell):
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainCell:
-        return cls(**{"kernels": "torch", **d})  # cells stored before the kernels axis ran PyTorch's
+        # cells stored before the kernels and head axes ran PyTorch's kernels and the head on every position
+        return cls(**{"kernels": "torch", "head": "all", "activation": None, **d})

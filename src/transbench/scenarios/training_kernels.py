@@ -36,11 +36,11 @@ class LigerLoss(torch.nn.Module):
     states and the head's weight go in, the loss comes out (the logits are computed chunk by chunk and
     dropped). A module around the whole model, so DDP, FSDP and DeepSpeed wrap it like the model itself."""
 
-    def __init__(self, model, task: str, family: str):
+    def __init__(self, model, task: str, family: str, predict: int | None = None):
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
         super().__init__()
-        self.model, self.task, self.family = model, task, family
+        self.model, self.task, self.family, self.predict = model, task, family, predict
         self.fused = LigerFusedLinearCrossEntropyLoss()  # ignore_index -100: the unmasked MLM positions
 
     def forward(self, input_ids, labels, **kwargs):
@@ -51,7 +51,12 @@ class LigerLoss(torch.nn.Module):
             hidden, labels = hidden[:, :-1], labels[:, 1:]
             weight, bias = m.lm_head.weight, None
         else:
-            hidden = m.cls.predictions.transform(m.bert(input_ids=input_ids).last_hidden_state)
+            hidden = m.bert(input_ids=input_ids).last_hidden_state
+            if self.predict:  # --head masked: the k masked positions of each row only (training_head.py)
+                from .training_head import gather_labelled
+
+                hidden, labels = gather_labelled(hidden, labels, self.predict)
+            hidden = m.cls.predictions.transform(hidden)
             weight, bias = m.cls.predictions.decoder.weight, m.cls.predictions.decoder.bias
         # Under autocast the hidden states are bf16/fp16 and the master weights fp32: Liger's kernel wants
         # one dtype (the cast is differentiable, the fp32 weight still gets the gradient).
@@ -61,9 +66,10 @@ class LigerLoss(torch.nn.Module):
         return {"loss": self.fused(weight, h, labels.reshape(-1), bias)}
 
 
-def apply(model, task: str, family: str) -> tuple[object, list[str]]:
+def apply(model, task: str, family: str, predict: int | None = None) -> tuple[object, list[str]]:
     """Put Liger's kernels into `model` (in place). Returns (the module to train: `model`, or a LigerLoss
-    around it where the head has a fused form) and the names of what was replaced."""
+    around it where the head has a fused form; `predict`: its MLM head on that many masked positions per
+    row) and the names of what was replaced."""
     from liger_kernel.transformers import monkey_patch
 
     by_type = getattr(monkey_patch, "MODEL_TYPE_TO_APPLY_LIGER_FN", {}).get(model.config.model_type)
@@ -73,5 +79,5 @@ def apply(model, task: str, family: str) -> tuple[object, list[str]]:
     replaced = [f"{n} -> LigerLayerNorm" for n in _swap_layer_norms(model)]
     if task in ("mlm", "causal-lm"):
         head = "lm_head" if family == "gpt2" else "cls.predictions.decoder"
-        return LigerLoss(model, task, family), replaced + [f"{head} + cross-entropy -> LigerFusedLinearCrossEntropyLoss"]
+        return LigerLoss(model, task, family, predict), replaced + [f"{head} + cross-entropy -> LigerFusedLinearCrossEntropyLoss"]
     return model, replaced

@@ -15,43 +15,91 @@ from .training_cell import TrainCell
 @dataclass(frozen=True)
 class LadderStep:
     name: str
-    change: dict = field(default_factory=dict)  # settings over the base cell (absolute, not cumulative)
-    search: bool = False  # the batch is the largest that fits, found by the max-batch search
+    change: dict = field(default_factory=dict)  # settings changed over the ladder's configuration so far
+    search: bool = False  # the batch is the largest that fits, searched from the batch so far
+    # Whether later steps build on this one: "always" (the notebook's fixed order: precision, batch),
+    # "faster" (only where it beat the configuration so far in samples/s, so the last configuration is
+    # the best combination the ladder found), "never" (measured and shown, then left out).
+    keep: str = "always"
+    tasks: tuple[str, ...] = ()  # the tasks it applies to (empty: all)
+    families: tuple[str, ...] = ()  # the model families it applies to (empty: all)
 
 
-# Each step names every setting it differs from the base in, so the list reads as the notebook's table.
-# Gradient accumulation is measured and then left out of the later steps: it only amortises the optimizer
-# step over 4 micro-batches, and kept on it would make every later batch probe 4 times as long.
+# The seed notebook's table, then what the field adds for the rest of the MFU gap. Gradient accumulation
+# is measured and never kept: it only amortises the optimizer step over 4 micro-batches, and kept on it
+# would make every later probe 4 times as long. Checkpointing is kept only where its larger batch paid for
+# its recomputed forward.
 STEPS: tuple[LadderStep, ...] = (
     LadderStep("fp32, largest batch", {"precision": "fp32", "optim": "adamw"}, search=True),
-    LadderStep("bf16", {"precision": "bf16", "optim": "adamw"}),
-    LadderStep("bf16, largest batch", {"precision": "bf16", "optim": "adamw"}, search=True),
-    LadderStep("fused AdamW", {"precision": "bf16", "optim": "adamw-fused"}),
-    LadderStep("grad accumulation 4", {"precision": "bf16", "optim": "adamw-fused", "grad_accum": 4}),
-    LadderStep("grad checkpointing, largest batch", {"precision": "bf16", "optim": "adamw-fused",
-                                                     "grad_ckpt": True}, search=True),
-    LadderStep("torch.compile", {"precision": "bf16", "optim": "adamw-fused", "grad_ckpt": True, "compile": True}),
-    LadderStep("Liger kernels", {"precision": "bf16", "optim": "adamw-fused", "grad_ckpt": True, "compile": True,
-                                 "kernels": "liger"}),
+    LadderStep("bf16", {"precision": "bf16"}),
+    LadderStep("bf16, largest batch", search=True),
+    LadderStep("fused AdamW", {"optim": "adamw-fused"}, keep="faster"),
+    LadderStep("grad accumulation 4", {"grad_accum": 4}, keep="never"),
+    LadderStep("grad checkpointing, largest batch", {"grad_ckpt": True}, search=True, keep="faster"),
+    LadderStep("MLM head on masked positions", {"head": "masked"}, keep="faster", tasks=("mlm",)),
+    # GPT-2's gelu_new is tanh-approximated GELU written as 8 element-wise ops (transformers
+    # NewGELUActivation): in eager each is a kernel over the (tokens x 4h) activations, and autograd keeps
+    # their intermediates. gelu_pytorch_tanh is the same function in one kernel (F.gelu(approximate="tanh")).
+    LadderStep("GELU in one kernel (gelu-tanh)", {"activation": "gelu-tanh"}, keep="faster", families=("gpt2",)),
+    LadderStep("torch.compile", {"compile": True}, keep="faster"),
+    LadderStep("Liger kernels", {"kernels": "liger"}, keep="faster"),
 )
+BEST = "best combination"
 COLUMNS = ("samples_per_s", "tflops", "mfu", "peak_mem_mb")
+# Each search probe is a process that builds the model and trains it: bisect only to 1/4 of the batch
+# (a few percent of batch moves samples/s by less than the run-to-run noise once the GPU is full).
+RESOLUTION = 4
 
 # measure(cell, search) -> (the cell that was measured: its batch the largest that fits where search, result)
 Measure = Callable[[TrainCell, bool], tuple[TrainCell, CellResult]]
 
 
+def steps_for(task: str, family: str = "", steps: tuple[LadderStep, ...] = STEPS) -> tuple[LadderStep, ...]:
+    return tuple(s for s in steps if (not s.tasks or task in s.tasks) and (not s.families or family in s.families))
+
+
+def _options(cell: TrainCell) -> str:
+    """What the configuration turns on, for the best row's label."""
+    on = [cell.precision, f"batch {cell.batch}", cell.optim]
+    on += [label for flag, label in ((cell.grad_ckpt, "grad ckpt"), (cell.head == "masked", "masked head"),
+                                     (cell.activation is not None, cell.activation),
+                                     (cell.compile, "compile"), (cell.kernels != "torch", cell.kernels)) if flag]
+    return ", ".join(on)
+
+
 def walk(base: TrainCell, measure: Measure, steps: tuple[LadderStep, ...] = STEPS) -> list[dict]:
-    """Run the ladder: each step's cell at the batch the last search found (the base batch before any),
-    one row per step with its cell's record and the gains over the step before it."""
+    """Run the ladder: each step's cell is the configuration so far with the step's change (at the batch
+    the last kept search found, the base batch before any); one row per step with its cell's record and
+    the gains over the step before it, then the best combination (the configuration the kept steps built)
+    with its gain over the first step."""
     rows: list[dict] = []
-    batch = base.batch
-    for step in steps:
-        cell, result = measure(replace(base, **step.change, batch=batch), step.search)
-        if step.search and result.status == "ok":
-            batch = cell.batch
-        rows.append({"step": step.name, **cell.record_fields(), **result.record, "status": result.status,
-                     "error": result.error})
-    return add_gains(rows)
+    config, config_row = base, None
+    from ..models import build
+
+    for step in steps_for(base.task, build.resolve(base.model).family, steps):
+        cell, result = measure(replace(config, **step.change), step.search)
+        ok = result.status == "ok"
+        row = {"step": step.name, **cell.record_fields(), **result.record, "status": result.status,
+               "error": result.error}
+        rows.append(row)
+        speed = row.get("samples_per_s") if ok else None
+        best_speed = config_row.get("samples_per_s") if config_row else None
+        if step.keep == "always":
+            config = cell if ok else replace(config, **step.change)
+            config_row = row if ok else None
+        elif step.keep == "faster" and speed and (not best_speed or speed > best_speed):
+            config, config_row = cell, row
+        row["kept"] = config_row is row
+    add_gains(rows)
+    if config_row is not None:
+        best = {**config_row, "step": BEST, "best_of": config_row["step"], "options": _options(config),
+                "kept": True}
+        first = rows[0] if rows else None
+        for k in COLUMNS:
+            a = first and first.get("status") == "ok" and first.get(k)
+            best[f"gain_{k}"] = best[k] / a if a and best.get(k) else None
+        rows.append(best)
+    return rows
 
 
 def add_gains(rows: list[dict]) -> list[dict]:
@@ -80,7 +128,8 @@ def sweep_measure(store, run_id: str, spec, on_cell, on_probe=lambda c, r: None)
     from .training import target
 
     def measure(cell: TrainCell, search: bool) -> tuple[TrainCell, CellResult]:
-        opts = SweepOptions(timeout=spec.timeout, max_batch=search, max_batch_limit=spec.max_batch_limit)
+        opts = SweepOptions(timeout=spec.timeout, max_batch=search, max_batch_limit=spec.max_batch_limit,
+                            max_batch_resolution=RESOLUTION)
         run_grid(store, run_id, [cell], target(spec), opts, on_cell, on_probe)
         got = _stored(store, run_id, max_batch_key(cell) if search else cell.key())
         if got is None:  # cannot happen after run_grid; kept so a store mismatch reads as an error row
@@ -118,7 +167,7 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
     store = Store(db)
     try:
         run_id, name, done = training.open_training_run(store, spec)
-        on_start([replace(base, **s.change) for s in STEPS], done)
+        on_start([replace(base, **s.change) for s in steps_for(task, build.resolve(model).family)], done)
         rows = walk(base, sweep_measure(store, run_id, spec, on_cell, on_probe=on_cell))  # probes shown too
         for r in rows:
             r.update(run_id=run_id, run_name=name)
@@ -165,8 +214,9 @@ def plot(rows: list[dict], path: str) -> str:
 
 
 def summary(rows: list[dict]) -> str:
-    """The ladder as compact text (the GPU scripts print it)."""
-    head = f"{'step':36} {'batch':>6} {'status':>8} {'samples/s':>10} {'gain':>6} {'TFLOPS':>7} {'MFU':>6} {'peak MiB':>9}"
+    """The ladder as compact text (the GPU scripts print it); `*` marks the steps later steps build on."""
+    head = (f"{'step':36} {'batch':>6} {'status':>8} {'samples/s':>10} {'gain':>6} {'TFLOPS':>7} {'MFU':>6} "
+            f"{'HFU':>6} {'peak MiB':>9} {'fwd ms':>7} {'bwd ms':>7} {'opt ms':>7}")
     lines = [head]
     for r in rows:
         ok = r.get("status") == "ok"
@@ -174,8 +224,11 @@ def summary(rows: list[dict]) -> str:
 
         def f(k, spec):
             return format(r[k], spec) if ok and r.get(k) is not None else "-"
-        lines.append(f"{r['step']:36} {r.get('batch_size', '-')!s:>6} {r.get('status')!s:>8} "
+        name = ("* " if r.get("kept") and r["step"] != BEST else "  ") + r["step"]
+        lines.append(f"{name:36} {r.get('batch_size', '-')!s:>6} {r.get('status')!s:>8} "
                      f"{f('samples_per_s', '.1f'):>10} {(f'x{g:.2f}' if g else '-'):>6} {f('tflops', '.1f'):>7} "
-                     f"{f('mfu', '.1%'):>6} {f('peak_mem_mb', '.0f'):>9}")
+                     f"{f('mfu', '.1%'):>6} {f('hfu', '.1%'):>6} {f('peak_mem_mb', '.0f'):>9} "
+                     f"{f('forward_ms', '.1f'):>7} {f('backward_ms', '.1f'):>7} {f('optimizer_ms', '.1f'):>7}")
+        if r["step"] == BEST:
+            lines.append(f"  = {r.get('best_of')}: {r.get('options')} (gain over the first step)")
     return "\n".join(lines)
-

@@ -25,6 +25,13 @@ MLM_PROBABILITY = 0.15
 BERT_MASK_ID = 103  # [MASK] in the bert-base/large vocabulary
 
 
+def mlm_predictions(seq: int) -> int:
+    """Masked positions per sequence: 15% of it (BERT's masked_lm_prob), at least one. A fixed count per
+    row, as BERT's pretraining data has (max_predictions_per_seq), so `--head masked` has a fixed shape and
+    the FLOP count knows how many positions the head needs."""
+    return max(1, round(MLM_PROBABILITY * seq))
+
+
 class NonFiniteLoss(RuntimeError):
     """The loss became NaN or infinite: the step's numbers mean nothing."""
 
@@ -62,6 +69,13 @@ def check_supported(cell: TrainCell, device_type: str) -> None:
             raise Unsupported("kernels liger needs Liger-Kernel: pip install 'transbench[liger]'")
         if not cuda:
             raise Unsupported("kernels liger runs on CUDA only (Triton GPU kernels): use --kernels torch on the CPU")
+    if cell.head == "masked":
+        from .training_head import HEADS
+
+        family = build.resolve(cell.model).family
+        if cell.task != "mlm" or family not in HEADS:
+            raise Unsupported(f"head masked is the MLM head of {', '.join(HEADS)} on its masked positions: "
+                              f"{cell.model} {cell.task} has none (use --head all)")
     if cell.optim == "apex-fused-adam":
         if _missing("apex"):
             raise Unsupported("optimizer apex-fused-adam needs NVIDIA apex, built from source: "
@@ -80,8 +94,8 @@ def make_batches(cell: TrainCell, shape, rank: int, device) -> list[dict]:
         g = torch.Generator().manual_seed(point_seed("train", cell.model, cell.batch, cell.seq, cell.seed, rank, micro))
         ids = torch.randint(1, shape.vocab - 1, (cell.batch, cell.seq), generator=g)
         if cell.task == "mlm":
-            chosen = torch.rand(ids.shape, generator=g) < MLM_PROBABILITY
-            chosen[:, 0] |= ~chosen.any(1)  # every row predicts at least one token
+            where = torch.rand(ids.shape, generator=g).argsort(dim=1)[:, :mlm_predictions(cell.seq)]
+            chosen = torch.zeros(ids.shape, dtype=torch.bool).scatter_(1, where, True)
             labels = ids.masked_fill(~chosen, -100)
             ids = ids.masked_fill(chosen, min(BERT_MASK_ID, shape.vocab - 1))
         elif cell.task == "causal-lm":
@@ -171,17 +185,24 @@ class Trainer:
         dev.set_matmul_precision(cell.precision)
 
         before = self._allocated()
-        model = build.build_model(ref, cell.task, attn=attn_impl, device=str(device), seed=cell.seed)
+        model = build.build_model(ref, cell.task, attn=attn_impl, activation=cell.activation, device=str(device),
+                                  seed=cell.seed)
         model.train().requires_grad_(True)
         n_params = sum(p.numel() for p in model.parameters())
         if cell.grad_ckpt:
             _checkpointing_on(model)
         self.hf_model = model
         self.info["kernels_replaced"] = []
+        predict = mlm_predictions(cell.seq) if cell.head == "masked" else None
         if cell.kernels == "liger":  # before any wrapper: DDP, FSDP and DeepSpeed wrap what trains
             from . import training_kernels
 
-            model, self.info["kernels_replaced"] = training_kernels.apply(model, cell.task, ref.family)
+            model, self.info["kernels_replaced"] = training_kernels.apply(model, cell.task, ref.family, predict)
+        elif predict:
+            from .training_head import MaskedHead
+
+            model = MaskedHead(model, ref.family, predict)
+        self.info["head_positions"] = predict or cell.seq
         half = _half(cell.precision)
         self.autocast_dtype = None if cell.strategy == "deepspeed" else half
         self.scaler = None
@@ -222,6 +243,8 @@ class Trainer:
             "compiled": cell.compile,
             "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
             "model_class": type(self.hf_model).__name__,
+            "activation": next((getattr(self.hf_model.config, n) for n in build._ACT_NAMES
+                                if getattr(self.hf_model.config, n, None) is not None), None),
             "parameters": n_params,
             **optimizer_info(self.optimizer),
         })
@@ -483,16 +506,32 @@ def run(cell: TrainCell, rank: RankInfo | None = None, device=None) -> CellResul
     return _result(cell, trainer, per_rank, sampled, losses, warm_ms, build_s, device, rank)
 
 
+FLOPS_COUNTED = ("mfu: 3 x the forward the model needs (no checkpointing recompute; an MLM head on its masked "
+                 "positions only); hfu: what ran (recompute, the head on every position unless --head masked)")
+
+
+def step_flops(cell: TrainCell, shape) -> tuple[int, int]:
+    """(FLOPs the step needs: MFU's, FLOPs it executes: HFU's), over the cell's global batch."""
+    predict = mlm_predictions(cell.seq) if cell.task == "mlm" else None
+    needed = flops.training_flops(shape, cell.seq, cell.task, head_tokens=predict)
+    ran = flops.training_flops(shape, cell.seq, cell.task, head_tokens=predict if cell.head == "masked" else None,
+                               recompute=cell.grad_ckpt)
+    return needed * cell.global_batch, ran * cell.global_batch
+
+
 def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: timer.Sampled, losses: list[float],
             warm_ms: list[float], build_s: float, device, rank: RankInfo) -> CellResult:
     # A step is as slow as its slowest rank: the step time is the max over ranks, step by step.
     step_ms = [max(r["samples"][i] for r in per_rank) for i in range(len(sampled.samples_ms))]
     steps = timer.Sampled(step_ms, timer.summarize(step_ms), len(step_ms), sampled.context, sampled.parts)
     world = rank.world_size
-    flops_per_step = flops.training_flops(trainer.shape, cell.seq, cell.task, cell.grad_ckpt) * cell.global_batch
+    flops_per_step, hw_flops_per_step = step_flops(cell, trainer.shape)
     gpu = dev.gpu_info(device)
     record, warnings = timing_record(steps, items=cell.global_batch, tokens=cell.global_batch * cell.seq,
                                      flops=flops_per_step, gpu=gpu, dtype=cell.precision, world=world)
+    # HFU: the same over what the GPU executed (checkpointing's recompute, an MLM head on every position).
+    hw, _ = timing_record(steps, flops=hw_flops_per_step, gpu=gpu, dtype=cell.precision, world=world)
+    record["hfu"] = hw.get("mfu")
     info_energy = None
     if world > 1 and "energy_j" in record:  # NVML reads rank 0's GPU; the ranks do the same work
         for k in ("energy_j", "j_per_seq", "j_per_token"):
@@ -518,6 +557,7 @@ def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: ti
     })
     info = {
         **trainer.info, "device": str(device), "stats": steps.stats.as_dict(), "flops_per_step": flops_per_step,
+        "hw_flops_per_step": hw_flops_per_step, "flops_counted": FLOPS_COUNTED,
         "build_s": build_s, "warmup_step_ms": warm_ms, "losses": losses, "phases_ms": sampled.parts,
         "memory_method": "allocator deltas (torch.cuda.memory_allocated)" if trainer.by_allocator else "tensor sizes",
         "per_rank": [{"device": r["device"], "mem": r["mem"], "median_ms": timer.summarize(r["samples"]).median_ms}
