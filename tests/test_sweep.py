@@ -78,6 +78,12 @@ def test_max_batch_search_against_a_fake_allocator_limit():
     assert 5000 - 4096 // 32 <= best <= 5000 and tried[0] == 4096 and len(tried) <= 7
     assert find_max_batch(lambda b: CellResult("oom"), 64)[1] is None
     assert find_max_batch(lambda b: CellResult("ok"), 64)[1] == 64  # capped at the limit
+    # A start that is no power of two under the cap still probes the cap (the ladder's 384 under 512).
+    tried.clear()
+    assert find_max_batch(big, limit=4800, start=384)[1] == 4800 and tried[-1] == 4800
+    tried.clear()
+    assert 384 <= find_max_batch(probe := lambda b: (tried.append(b), CellResult("ok" if b <= 450 else "oom"))[1],
+                                 limit=512, start=384)[1] <= 450 and tried[:2] == [384, 512]
 
 
 def test_max_batch_end_to_end(faults, db, quick, monkeypatch):

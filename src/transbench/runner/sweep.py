@@ -273,7 +273,11 @@ def find_max_batch(probe: Callable[[int], CellResult], limit: int = 65536, start
         r = known if known is not None and batch == start else probe(batch)
         if r.status == "ok":
             best = (batch, r)
-            batch *= 2
+            if batch == limit:
+                break
+            # Doubling past the cap probes the cap itself: on an H100 a checkpointed bert-large ladder step at
+            # 384 (23.6 GB) stopped there under --max-batch-limit 512 without trying 512.
+            batch = min(batch * 2, limit)
             continue
         if r.status != "oom":
             return (best[1], best[0]) if best else (r, None)
