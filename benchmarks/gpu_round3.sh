@@ -99,7 +99,7 @@ fi
 if [ "$PART" = train2 ]; then
   # The bert-large ladder's last step (Liger) fell outside its box in session 12: its best options with Liger.
   timeout 100 $TB train --model bert-large-uncased --task mlm --seq 128 --dtype bf16 --batch 384 --optim adamw-fused \
-    --head masked --compile on --kernels torch,liger --steps 5 --warmup 2 --timeout 90 --name best-bert-large \
+    --head masked --compile on --kernels liger --steps 5 --warmup 2 --timeout 90 --name best-bert-large \
     --db $TDB --wide
   timeout 290 $LADDER --model gpt2 --task causal-lm --seq 1024 --batch 8 --max-batch-limit 64 \
     --name ladder-gpt2 --plot $OUT/ladder_gpt2.png --json $OUT/ladder_gpt2.json > $OUT/ladder_gpt2.log 2>&1
