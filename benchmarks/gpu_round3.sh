@@ -78,7 +78,7 @@ fi
 #   train3: ZeRO 1-3 + none, bert-large batch 32 (DeepSpeed builds FusedAdam once, ~1 min) and gpt2-large
 #           seq 1024 batch 8 (~17 GB of activations with SDPA), 4 cells each ~7 min
 # Each step is time-boxed; the tables read the store, so a step cut short still shows what it measured.
-if [ "$PART" = train ] || [ "$PART" = train2 ] || [ "$PART" = train3 ]; then
+if [ "$PART" = train ] || [ "$PART" = train2 ] || [ "$PART" = train3 ] || [ "$PART" = train4 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
   # DeepSpeed builds its ops from TORCH_CUDA_ARCH_LIST and cannot read the image's "9.0a" (session 11).
   export TORCH_CUDA_ARCH_LIST=9.0
@@ -120,4 +120,11 @@ if [ "$PART" = train3 ]; then
     --strategy none,deepspeed --zero-stage 1,2,3 --optim ds-fused-adam --steps 5 --warmup 2 --timeout 150 \
     --name ds-gpt2-large --db $TDB > $OUT/ds_gpt2_large.log 2>&1
   python3 benchmarks/train_tables.py $TDB ds-gpt2-large
+fi
+if [ "$PART" = train4 ]; then
+  # gpt2's ladder stopped at fused AdamW (batch 48) inside its box: its remaining options in one cell each,
+  # then Liger with compile (the loss kept outside dynamo: training_kernels.LigerLoss._loss).
+  timeout 250 $TB train --model gpt2 --task causal-lm --seq 1024 --dtype bf16 --batch 48 --optim adamw-fused \
+    --activation gelu-tanh --compile on --kernels torch,liger --steps 5 --warmup 2 --timeout 120 --name best-gpt2 \
+    --db $TDB --wide
 fi

@@ -63,7 +63,14 @@ class LigerLoss(torch.nn.Module):
         weight = weight.to(hidden.dtype)
         bias = bias.to(hidden.dtype) if bias is not None else None
         h = hidden.reshape(-1, hidden.shape[-1])
-        return {"loss": self.fused(weight, h, labels.reshape(-1), bias)}
+        return {"loss": self._loss(weight, h, labels.reshape(-1), bias)}
+
+    # Liger's loss is its own Triton kernels with a host read of the label count: under --compile on an H100,
+    # dynamo traced into it, broke the graph at that read and then failed on a fake-tensor addmm (gpt2, torch
+    # 2.11, Liger 0.8.5). Compile the model around it and call the loss as it is.
+    @torch.compiler.disable
+    def _loss(self, weight, h, labels, bias):
+        return self.fused(weight, h, labels, bias)
 
 
 def apply(model, task: str, family: str, predict: int | None = None) -> tuple[object, list[str]]:
