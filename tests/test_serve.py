@@ -159,6 +159,9 @@ def test_no_coordinated_omission():
     rec, _, _ = account(trace, slo_ms=50, offered_rate=100.0)
     assert rec["latency_p99_ms"] > 500
     assert rec["goodput"] < 0.8
+    # The server's own time per batch tells the stall apart from queueing: ~1 ms typically, >= 1 s at most.
+    assert rec["service_p50_ms"] < 20 and rec["service_max_ms"] >= 1000
+    assert rec["service_p50_ms"] <= rec["service_p99_ms"] <= rec["service_max_ms"]
 
 
 def test_closed_loop_keeps_concurrency_requests_in_flight():
