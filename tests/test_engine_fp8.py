@@ -182,7 +182,7 @@ def test_real_minilm_checkpoint_sentence_embeddings_in_emulated_fp8():
     """Issue 23's accuracy check on trained weights: all-MiniLM-L6-v2 (the packaged checkpoint), every GEMM of the
     stack in e4m3 (emulated), mean-pooled sentence embeddings against fp32. Measured: cosine 0.9936-0.9983, the
     short 'I love this movie!' lowest; the issue's 0.999 is not met with any GEMM kind but the attention output
-    projection in fp8 (docs/parts/fp8.md), so this holds the measured level as a regression bound."""
+    projection in fp8 (docs/engine.md, fp8), so this holds the measured level as a regression bound."""
     from pathlib import Path
 
     from transformers import BertTokenizerFast

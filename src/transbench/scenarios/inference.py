@@ -20,7 +20,7 @@ from .inputs import Inputs, make_inputs, point_seed
 # emulated in fp32 on the CPU (benchmarks/fp8_accuracy.py) gave rel_err 7.0e-2 on bert-base (2x128, 4x512),
 # 6.9e-2 roberta-base, 9.8e-2 gpt2, 1.05e-1 gpt2-medium, 1.07e-1 gpt2-large, 1.11e-1 gpt2-xl, and the most,
 # 1.30e-1 on bert-large (1x384, 4x128, 1x512; 1.26e-1 measured on an H100). That is e4m3's 3-bit mantissa (each
-# GEMM kind alone adds 2-7e-2; docs/parts/fp8.md), not a scale choice, so 1.5e-1 keeps 15% over the largest;
+# GEMM kind alone adds 2-7e-2; docs/engine.md, fp8), not a scale choice, so 1.5e-1 keeps 15% over the largest;
 # a wrong scale or kernel lands near 1. Below ops.FP8_MIN_ROWS tokens an fp8 cell runs fp16 and lands near 1e-3.
 TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 2e-2, "bf16": 4e-2, "fp8": 1.5e-1}
 
