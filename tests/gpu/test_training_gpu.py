@@ -123,6 +123,16 @@ def test_liger_kernels(model, task):
     assert r.record["loss_end"] < r.record["loss_start"]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None, reason="liger_kernel not installed")
+def test_liger_on_a_family_without_a_fused_head_keeps_its_own_masked_head():
+    """RoBERTa: Liger's LayerNorm only; the MLM head stays the model's own, on the masked positions."""
+    r = run_guarded(replace(BASE, model="roberta-tiny", task="mlm", kernels="liger", head="masked", steps=5))
+    assert r.status == "ok", r.error
+    assert r.info["head_positions"] == training_loop.mlm_predictions(BASE.seq)
+    assert not any("CrossEntropy" in x for x in r.info["kernels_replaced"])
+    assert r.record["loss_end"] < r.record["loss_start"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_deepspeed_zero_stages_with_its_fused_adam(stage, tmp_path):

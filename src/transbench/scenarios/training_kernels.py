@@ -31,6 +31,11 @@ def _swap_layer_norms(model) -> list[str]:
     return replaced
 
 
+# The families whose LM/MLM head LigerLoss knows how to take apart (hidden states in, the decoder's weight):
+# BERT's transform + decoder and GPT-2's tied lm_head. RoBERTa, DistilBERT and the rest keep their own head.
+FUSED_HEADS = {"bert": "cls.predictions.decoder", "gpt2": "lm_head"}
+
+
 class LigerLoss(torch.nn.Module):
     """The model with its task's loss through Liger's fused linear + cross-entropy: the body's hidden
     states and the head's weight go in, the loss comes out (the logits are computed chunk by chunk and
@@ -76,7 +81,8 @@ class LigerLoss(torch.nn.Module):
 def apply(model, task: str, family: str, predict: int | None = None) -> tuple[object, list[str]]:
     """Put Liger's kernels into `model` (in place). Returns (the module to train: `model`, or a LigerLoss
     around it where the head has a fused form; `predict`: its MLM head on that many masked positions per
-    row) and the names of what was replaced."""
+    row; for a family without a fused head the caller wraps the masked head itself) and the names of what was
+    replaced."""
     from liger_kernel.transformers import monkey_patch
 
     by_type = getattr(monkey_patch, "MODEL_TYPE_TO_APPLY_LIGER_FN", {}).get(model.config.model_type)
@@ -84,7 +90,7 @@ def apply(model, task: str, family: str, predict: int | None = None) -> tuple[ob
         by_type(model=model)
         return model, [f"apply_liger_kernel_to_{model.config.model_type}"]
     replaced = [f"{n} -> LigerLayerNorm" for n in _swap_layer_norms(model)]
-    if task in ("mlm", "causal-lm"):
-        head = "lm_head" if family == "gpt2" else "cls.predictions.decoder"
-        return LigerLoss(model, task, family, predict), replaced + [f"{head} + cross-entropy -> LigerFusedLinearCrossEntropyLoss"]
-    return model, replaced
+    if task in ("mlm", "causal-lm") and family in FUSED_HEADS:
+        return LigerLoss(model, task, family, predict), \
+            replaced + [f"{FUSED_HEADS[family]} + cross-entropy -> LigerFusedLinearCrossEntropyLoss"]
+    return model, replaced  # other families keep their own head (and loss): LayerNorm is what Liger gives them

@@ -198,7 +198,7 @@ class Trainer:
             from . import training_kernels
 
             model, self.info["kernels_replaced"] = training_kernels.apply(model, cell.task, ref.family, predict)
-        elif predict:
+        if predict and model is self.hf_model:  # no fused Liger head took the masked positions (RoBERTa)
             from .training_head import MaskedHead
 
             model = MaskedHead(model, ref.family, predict)
