@@ -39,3 +39,6 @@ def models() -> None:
     console.print(f)
     console.print("A local checkpoint folder of any family transformers ships runs too: --model PATH",
                   soft_wrap=False)
+    # Found only when a capture is tried (backends/cudagraph.py capture_refusal), so not in the table above.
+    console.print("cudagraph: a model whose forward torch refuses to capture (deberta-v2 copies a CPU\n"
+                  "tensor on every call) is `unsupported`, with torch's reason", soft_wrap=False)
