@@ -1,5 +1,6 @@
 """What each serve cell of a transbench store spent before its load and what it captured during it: one line
-per cell (backend, load, status, p99, prepare seconds, graphs before the load and captured under it).
+per cell (backend, load, status, p99, each batch's service time p99 / max, prepare seconds, graphs before
+the load and captured under it). A latency p99 far above the service p99 is queueing; near it, the server.
   PYTHONPATH=src python3 benchmarks/serve_prepare.py DB
 A fused cell that shows `under 0` ran its whole load on graphs captured and tuned in its prepare time."""
 from __future__ import annotations
@@ -21,8 +22,11 @@ def line(c: dict) -> str:
                   f"under load {info['engine_graphs_captured_under_load']}")
     prep = info.get("prepare_s")
     p99 = "-" if p99 is None else f"{p99:.2f} ms"
+    svc = rec.get("service_p99_ms")
+    svc = "-" if svc is None else f"{svc:.2f}/{rec['service_max_ms']:.2f} ms"
     prep = "-" if prep is None else f"{prep:.1f} s"
-    return f"{cell.get('backend', ''):10s} {load:>10s} {c['status']:7s} p99 {p99:>10s}  prepare {prep:>7s}  {graphs}"
+    return (f"{cell.get('backend', ''):10s} {load:>10s} {c['status']:7s} p99 {p99:>10s}  service p99/max {svc:>15s}"
+            f"  prepare {prep:>7s}  {graphs}")
 
 
 def main(argv=None):

@@ -345,7 +345,7 @@ def test_serve_prepare_script_prints_prepare_time_and_graphs_under_load(tmp_path
 
     store = Store(tmp_path / "p.db")
     run_id, _ = store.create_run("maxrate-fused", "serve", {}, {})
-    cells = [("fused", "rate", 812.5, {"latency_p99_ms": 8.25},
+    cells = [("fused", "rate", 812.5, {"latency_p99_ms": 8.25, "service_p99_ms": 1.5, "service_max_ms": 7.25},
               {"prepare_s": 95.04, "engine_graphs_before_load": 68, "engine_graphs_captured_under_load": 0}),
              ("sdpa", "offline", 0.0, {"latency_p99_ms": 31.5}, {"prepare_s": 3.0})]
     for backend, mode, rate, rec, info in cells:
@@ -355,9 +355,10 @@ def test_serve_prepare_script_prints_prepare_time_and_graphs_under_load(tmp_path
     load_script("serve_prepare").main([str(tmp_path / "p.db")])
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "run maxrate-fused"
-    assert out[1].split() == ["fused", "812.5/s", "ok", "p99", "8.25", "ms", "prepare", "95.0", "s", "graphs", "68",
-                              "before,", "under", "load", "0"]
-    assert out[2].split() == ["sdpa", "offline", "ok", "p99", "31.50", "ms", "prepare", "3.0", "s"] and len(out) == 3
+    assert out[1].split() == ["fused", "812.5/s", "ok", "p99", "8.25", "ms", "service", "p99/max", "1.50/7.25", "ms",
+                              "prepare", "95.0", "s", "graphs", "68", "before,", "under", "load", "0"]
+    assert out[2].split() == ["sdpa", "offline", "ok", "p99", "31.50", "ms", "service", "p99/max", "-", "prepare",
+                              "3.0", "s"] and len(out) == 3
 
 
 def test_serve_generate_cli_on_cpu(tmp_path):
