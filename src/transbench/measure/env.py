@@ -17,6 +17,12 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+def _transbench_version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
 def _nvml_gpu(index: int) -> dict:
     nv, h = dev.nvml_handle(index)
     if h is None:
@@ -49,7 +55,9 @@ def collect(open_cuda: bool = True) -> dict:
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "triton": _version("triton") or _version("pytorch-triton"),
-        "transbench": _version("transbench"),
+        # The running code's own version: a checkout run as PYTHONPATH=src (the GPU scripts) has no installed
+        # metadata, and an installed copy elsewhere may be another version than the one running.
+        "transbench": _transbench_version(),
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "gpus": [],
