@@ -274,11 +274,16 @@ def hf_config(ref: ModelRef, task: str, activation: str | None = None):
         cfg.pad_token_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
     cfg.num_labels = NUM_LABELS
     if activation is not None:
-        name = next((n for n in _ACT_NAMES if getattr(cfg, n, None) is not None), None)
+        name = activation_field(cfg)
         if name is None:
             raise Unsupported(f"--activation: {ref.family} names no activation transbench can set")
         setattr(cfg, name, ACTIVATIONS[activation])
     return cfg
+
+
+def activation_field(cfg) -> str | None:
+    """The name of the config field that holds the FFN's activation (families name it differently)."""
+    return next((n for n in _ACT_NAMES if getattr(cfg, n, None) is not None), None)
 
 
 def build_model(ref: ModelRef, task: str, *, attn: str = "eager", activation: str | None = None,

@@ -243,8 +243,7 @@ class Trainer:
             "compiled": cell.compile,
             "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
             "model_class": type(self.hf_model).__name__,
-            "activation": next((getattr(self.hf_model.config, n) for n in build._ACT_NAMES
-                                if getattr(self.hf_model.config, n, None) is not None), None),
+            "activation": getattr(self.hf_model.config, build.activation_field(self.hf_model.config) or "", None),
             "parameters": n_params,
             **optimizer_info(self.optimizer),
         })
@@ -529,9 +528,10 @@ def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: ti
     gpu = dev.gpu_info(device)
     record, warnings = timing_record(steps, items=cell.global_batch, tokens=cell.global_batch * cell.seq,
                                      flops=flops_per_step, gpu=gpu, dtype=cell.precision, world=world)
-    # HFU: the same over what the GPU executed (checkpointing's recompute, an MLM head on every position).
-    hw, _ = timing_record(steps, flops=hw_flops_per_step, gpu=gpu, dtype=cell.precision, world=world)
-    record["hfu"] = hw.get("mfu")
+    # HFU: the same over what the GPU executed (checkpointing's recompute, an MLM head on every position);
+    # MFU is linear in the FLOPs (measure/peaks.mfu), so it scales by their ratio.
+    mfu = record.get("mfu")
+    record["hfu"] = None if mfu is None else mfu * hw_flops_per_step / flops_per_step
     info_energy = None
     if world > 1 and "energy_j" in record:  # NVML reads rank 0's GPU; the ranks do the same work
         for k in ("energy_j", "j_per_seq", "j_per_token"):
