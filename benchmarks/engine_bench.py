@@ -316,14 +316,14 @@ def call_cost(name, shapes):
 
 
 @torch.inference_mode()
-def profile(name, shapes):
+def profile(name, shapes, fp8=False):
     """Where the engine's GPU time goes (eager engine, kernels grouped by kind), per forward."""
     L, H, _ = SHAPES[name]
     m = bert(name).half()
-    eng = compile_model(m, dtype=torch.float16, cuda_graphs=False)
+    eng = compile_model(m, dtype="fp8" if fp8 else torch.float16, cuda_graphs=False)
     for B, S in shapes:
         x = torch.randn(B, S, H, device="cuda", dtype=torch.float16)
-        _kernel_table(f"{name} {B}x{S}", lambda: eng.encode(x), 5)
+        _kernel_table(f"{name} {B}x{S}{' fp8' if fp8 else ''}", lambda: eng.encode(x), 5)
 
 
 def _kernel_table(title, fn, reps):
@@ -336,6 +336,7 @@ def _kernel_table(title, fn, reps):
 
     kinds = [("attention", ("flash", "fmha", "cudnn", "attention", "attn")), ("triton gemm", ("_linear_kernel", "_linear_splitk")),
              ("layernorm", ("_add_layernorm",)), ("bias+gelu", ("_bias_gelu",)),
+             ("quantize", ("_quantize_rows",)),
              ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "splitk", "gemv"))]  # first match wins
     # Under programmatic dependent launch a kernel's span includes its wait for the previous one: the spans
     # would overlap and their sum overstate the work, so the profile runs without it.
@@ -442,8 +443,73 @@ def routes(rows_list=(1, 128, 1024)):
         ops.tuner = saved
 
 
+@torch.inference_mode()
+def quant_kernels():
+    """The per-token fp8 quantize pass (bias + GELU + e4m3 of the fp8 MLP's middle, kernels.quantize_rows) against
+    a plain bias + GELU pass and the LayerNorm at the same rows: GB/s of each, and the pass's variants (warps per
+    row, libdevice erf or gemm._erf, rows per program) to see what bounds it (session 13: 1.27 TB/s, against
+    3 TB/s for the LayerNorm)."""
+    import triton
+    import triton.language as tl
+
+    from transbench.engine import gemm, kernels
+    from transbench.engine.tuning import _gpu_ms
+
+    @triton.jit
+    def variant(X, BIAS, Q, QS, M, N, ROWS: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr):
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK)
+        m = (rows < M)[:, None] & (cols < N)[None, :]
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        x = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
+        x += tl.load(BIAS + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        if FAST:
+            x = 0.5 * x * (1.0 + gemm._erf(x * 0.7071067811865476))
+        else:
+            x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        scale = tl.maximum(tl.max(tl.abs(tl.where(m, x, 0.0)), 1) / 448.0, 1e-12 / 448.0)
+        tl.store(Q + offs, (x / scale[:, None]).to(Q.dtype.element_ty), mask=m)
+        tl.store(QS + rows, scale, mask=rows < M)
+
+    print("\n## fp8 quantize pass (us, GB/s)", flush=True)
+    for M, N in [(32768, 3072), (49152, 4096), (32768, 768)]:
+        x = torch.randn(M, N, device="cuda", dtype=torch.float16)
+        b = torch.randn(N, device="cuda", dtype=torch.float16)
+        moved = M * N * 3  # read fp16, write e4m3
+        q = torch.empty(M, N, device="cuda", dtype=torch.float8_e4m3fn)
+        qs = torch.empty(M, 1, device="cuda", dtype=torch.float32)
+        ref_q, ref_s = kernels.quantize_rows(x, b, gemm.ACT_GELU)
+        cands = {"package quantize_rows": (lambda: kernels.quantize_rows(x, b, gemm.ACT_GELU), moved),
+                 "bias_gelu fp16 (in place)": (lambda: kernels.bias_gelu(x, b, False), M * N * 4),
+                 "add_layernorm+fp8 (768 wide)": (lambda: kernels.add_layernorm(
+                     x[:, :768].contiguous(), None, None, b[:768], b[:768], 1e-12, quant=True), M * 768 * 5)}
+        block = triton.next_power_of_2(N)
+        for rows in (1, 2, 4):
+            for warps in (4, 8, 16):
+                for fast in (False, True):
+                    def launch(rows=rows, warps=warps, fast=fast):
+                        variant[(triton.cdiv(M, rows),)](x, b, q, qs, M, N, ROWS=rows, BLOCK=block, FAST=fast,
+                                                         num_warps=warps)
+                    cands[f"rows={rows} warps={warps} erf={'A&S' if fast else 'libdevice'}"] = (launch, moved)
+        print(f"M={M} N={N}", flush=True)
+        rows_out = []
+        for name, (fn, nbytes) in cands.items():
+            try:
+                us = _gpu_ms(fn, 20) * 1e3
+            except Exception as e:  # noqa: BLE001 - a variant this Triton cannot build
+                print(f"  {name}: {type(e).__name__}: {str(e)[:80]}")
+                continue
+            rows_out.append((us, name, nbytes / us / 1e3))
+            if name.startswith("rows"):  # same e4m3 codes as the package kernel (up to a rounding step)
+                err = (q.float() * qs - ref_q.float() * ref_s).abs().max().item()
+                rows_out[-1] += (err,)
+        for r in sorted(rows_out)[:10] + [r for r in rows_out if not r[1].startswith("rows")]:
+            print(f"  {r[0]:8.1f} us {r[2]:7.0f} GB/s  {r[1]}" + (f"  max|diff| {r[3]:.2e}" if len(r) > 3 else ""),
+                  flush=True)
+
+
 PARTS = ("bert-base", "bert-large", "gemm", "routes", "bert-large-target", "varlen", "generate", "profile", "call",
-         "refine", "refine-large", "pdl", "fp8")
+         "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant")
 
 
 def main(argv=None):
@@ -476,6 +542,11 @@ def main(argv=None):
         elif part == "profile":
             profile("bert-base", [(1, 128), (256, 128)])
             profile("bert-large", [(128, 384)])
+        elif part == "quant":
+            quant_kernels()
+        elif part == "profile-fp8":
+            profile("bert-base", [(256, 128)], fp8=True)
+            profile("bert-large", [(128, 384)], fp8=True)
         elif part == "call":
             call_cost("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "refine":

@@ -170,6 +170,24 @@ def test_refine_races_the_all_ours_forward_and_keeps_a_record_of_every_trial(tmp
     assert all(r["best_ms"] == 9.0 for r in t.races[2:])
 
 
+def test_refine_races_the_all_fp8_forward(tmp_path):
+    """fp8 routes lose alone (each pays its quantize pass) and the library and our forwards pick others; together
+    they win (an fp8 output feeds the next fp8 GEMM with no quantize pass): refine's fp8 forward finds that."""
+    alone = {"triton1": 1.0, "cublas1": 1.1, "fp8a": 1.2, "triton2": 2.0, "cublas2": 2.1, "fp8+ln": 2.2}
+    whole = {("fp8a", "fp8+ln"): 8.0}
+    t = tuning.Tuner(tmp_path / "t.json", timer=_timer(alone))
+
+    def build():
+        return (t.choose("op1", _cands("triton1", "cublas1", "fp8a")),
+                t.choose("op2", _cands("triton2", "cublas2", "fp8+ln")))
+    with t.recording() as keys:
+        assert t.refine(keys, build, lambda forward: whole.get(forward, 10.0)) == ("fp8a", "fp8+ln")
+    # (the all-ours forward is the one the choices alone gave: nothing to race)
+    assert [(r["trial"], r["won"]) for r in t.races[:2]] == [("library", False), ("fp8", True)]
+    assert t.races[1]["routes"] == {"op1": "fp8a", "op2": "fp8+ln"}
+    assert t.routes(keys) == {"op1": "fp8a", "op2": "fp8+ln"}
+
+
 def test_a_rival_that_fails_to_build_is_dropped(tmp_path):
     t = tuning.Tuner(tmp_path / "t.json", timer=_timer(_Model.alone))
     model = _Model(t)

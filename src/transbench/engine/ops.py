@@ -225,11 +225,13 @@ class TritonOps(TorchOps):
 
         def gelu_q(q):
             return Fp8Act(*_triton.quantize_rows(scaled_mm(q, lin, lin.weight.dtype), lin.bias, act))
+        # The fp8 GEMM's only route hands the next GEMM an fp8 input. An fp16-output fp8 route (bias + GELU in fp16)
+        # used to be offered too, and the tuner, timing each op alone, chose it: cheaper alone, it left the next
+        # GEMM to quantize its input in a pass of its own or to run in fp16. H100, session 13 profile
+        # (benchmarks/engine_bench.py --parts profile-fp8): bert-large 128 x 384 spent 8.3 ms in that fp16 bias+GELU
+        # and 5.1 ms re-quantizing it, of a 54.6 ms forward; bert-base 256 x 128 ran its second MLP GEMM in fp16.
         return self._choose(f"linear_gelu|{kind}", x, lin, cands,
-                            lambda gemm, cfg, h: gemm(h, lin.weight, lin.bias, act, cfg=cfg),
-                            {"fp8+gelu_q": gelu_q,
-                             "fp8+gelu": lambda q: _triton.bias_gelu(scaled_mm(q, lin, lin.weight.dtype), lin.bias,
-                                                                     tanh)})
+                            lambda gemm, cfg, h: gemm(h, lin.weight, lin.bias, act, cfg=cfg), {"fp8+gelu_q": gelu_q})
 
     def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
         return _triton.decode_attention(qkv.contiguous(), k_cache, v_cache, pos, scale)

@@ -117,6 +117,11 @@ def _ours(name: str) -> bool:
     return _family(name) in ("triton", "splitk")
 
 
+def _fp8(name: str) -> bool:
+    """A route whose GEMM runs in e4m3 (ops.TritonOps: fp8, fp8+add, fp8+gelu_q, fp8+ln)."""
+    return name.startswith("fp8")
+
+
 def _rivals(ranked: list[str]) -> list[str]:
     """Of the winner (first) and its close runners-up (the rest, fastest first), the ones worth racing, at most
     RIVALS_PER_OP: the best of each other route family first (whole forwards differ most between families: under
@@ -249,7 +254,8 @@ class Tuner:
                clock: Callable[[], float] = time.perf_counter) -> T:
         """Settle close choices in context: `build()` captures the whole forward with the current choices. First
         the forward with every op in `keys` on its fastest library route (timed in this process) races it, then the
-        one with every op on its fastest route of ours; then each rival of those ops, the closest first, one at a
+        one with every op on its fastest route of ours, then the one with every op that has fp8 routes on its fastest
+        fp8 route; then each rival of those ops, the closest first, one at a
         time and for at most RACE_BUDGET_S (and none past the tuning budget's deadline). A trial forward replaces the best so far if at least MIN_GAIN faster
         (timed in alternation, `rounds` times). Returns the best build; the table keeps its choices. Each rival is
         tried at most once per process."""
@@ -263,7 +269,9 @@ class Tuner:
         ranked = {k: self.ranked.pop(k, ()) for k in keys}
         alone = {k: self.table.get(k) for k in keys}
         start = clock()
-        for family, wanted in (("library", lambda n: not _ours(n)), ("ours", _ours)):
+        # The fp8 forward: an fp8 GEMM that quantizes its output hands the next GEMM an fp8 input, so a chain of fp8
+        # routes saves the quantize passes that make each of them lose alone (issue 23; see ops.FP8_MIN_ROWS).
+        for family, wanted in (("library", lambda n: not _ours(n)), ("ours", _ours), ("fp8", _fp8)):
             uniform = {k: next((n for n in names if wanted(n)), None) for k, names in ranked.items()}
             uniform = {k: n for k, n in uniform.items() if n is not None and n != self.table.get(k)}
             if uniform and not self.out_of_time():
