@@ -5,6 +5,9 @@
 #                                         with embeddings, and the fp8 forwards' kernel profiles
 #   bash benchmarks/gpu_round4.sh checks  issue 23: the fp8 GPU tests, the fp8 quantize pass's variants; issue 26: where the fused serve tail goes
 #                                         (benchmarks/serve_trace.py)
+#   bash benchmarks/gpu_round4.sh verify  issue 23: the fp8 rows and profiles again after the quantize pass's fix;
+#                                         issue 26: the fused max-rate search after the serve fixes (frozen heap,
+#                                         no NVML call on the serving thread)
 #   bash benchmarks/gpu_round4.sh train   issue 25: bert-large's best options with Liger, the profiles of the
 #                                         best bert-large and gpt2 steps, the Liger GPU tests (needs .whl/ carried:
 #                                         benchmarks/wheels.sh)
@@ -27,6 +30,23 @@ if [ "$PART" = checks ]; then
     tests/gpu/test_engine_fp8_gpu.py 2>&1 | tail -6
   timeout 90 python3 benchmarks/engine_bench.py --parts quant
   timeout 300 python3 benchmarks/serve_trace.py --backend fused,cudagraph --rates 36,300,2000 --duration 2
+fi
+if [ "$PART" = verify ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/v23 TRITON_CACHE_DIR=/tmp/v23-triton
+  timeout 40 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_engine_fp8_gpu.py -k quantize 2>&1 | tail -2
+  timeout 50 $TB tune --model bert-base-uncased --batch 256 --seq 128 --dtype fp8
+  timeout 50 $TB tune --model bert-large-uncased --batch 128 --seq 384 --dtype fp8
+  for m in "bert-base-uncased 256 128" "bert-large-uncased 128 384"; do set -- $m
+    timeout 60 $TB run --model $1 --backend fused --dtype fp8 --batch $2 --seq $3 --encoders-only --min-time 0.3 \
+      --timeout 55 --name fp8-$1 --db $OUT/verify.db --json $OUT/fp8-$1.json | tail -3
+  done
+  timeout 100 python3 benchmarks/engine_bench.py --parts profile-fp8 2>&1 | sed -n '/## profile/,/## routes/p'
+  export TRANSBENCH_CACHE_DIR=$OUT/serve-tuning
+  timeout 250 $TB serve --model bert-base-uncased --task classification --dtype fp16 --lengths lognormal:64:256 \
+    --max-batch-size 16 --max-wait-ms 2 --find-max-rate --slo-ms 10 --percentile 99 --duration 2 --warmup 0.5 \
+    --backend fused --timeout 240 --name maxrate-fused --db $OUT/verify.db
+  timeout 20 python3 benchmarks/serve_prepare.py $OUT/verify.db
+  rm -rf $OUT/serve-tuning
 fi
 if [ "$PART" = train ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH

@@ -4,6 +4,7 @@ allocator), workers that keep memory are replaced, and the device context read d
 
 from __future__ import annotations
 
+import time
 import types
 
 import pytest
@@ -129,6 +130,27 @@ def test_monitor_reads_clock_power_and_energy_over_the_region(monkeypatch):
     assert not c.warnings()  # 1790 MHz is 90.4% of the maximum: the power-cap bit alone is no warning
     c.sm_clock_mhz.append(1700.0)
     assert c.low_clock() and "sw_power_cap" in c.warnings()[0]
+
+
+def test_mark_restarts_the_region_from_the_sampling_thread(monkeypatch):
+    """Monitor.mark(): the readings before it are dropped and energy counts from it, and the caller's thread makes
+    no NVML call (the serve scenario marks its warm-up's end while requests arrive)."""
+    import threading
+
+    monkeypatch.setattr(context, "MIN_ENERGY_REGION_S", 0.0)
+    nv = FakeNvml([1000, 1980])
+    callers = []
+    energy = nv.nvmlDeviceGetTotalEnergyConsumption
+    nv.nvmlDeviceGetTotalEnergyConsumption = lambda h: (callers.append(threading.current_thread()), energy(h))[1]
+    with context.Monitor(nvml=nv, handle=object(), poll_s=0.001) as m:
+        time.sleep(0.01)
+        main_calls = callers.count(threading.current_thread())
+        m.mark()
+        time.sleep(0.01)
+        assert callers.count(threading.current_thread()) == main_calls  # the mark's reading ran elsewhere
+    assert 1000 not in m.context.sm_clock_mhz and m.context.sm_clock_mhz  # readings before the mark dropped
+    assert m.context.energy_j == pytest.approx(35.0)  # the mark's reading to the exit's
+    assert 0 < m.context.seconds < 0.015
 
 
 def test_low_clock_is_below_90_percent_of_the_maximum():

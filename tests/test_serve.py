@@ -174,6 +174,24 @@ def test_closed_loop_keeps_concurrency_requests_in_flight():
 # --- max-rate bisection ------------------------------------------------------------------------------
 
 
+def test_the_load_runs_on_a_frozen_heap_and_counts_its_collections():
+    """Objects from before the load (the model, its graphs) are frozen out of the collector while it runs, thawed
+    after; the collections that still ran are in the trace, per generation."""
+    import gc
+
+    frozen = []
+
+    def serve_batch(batch):
+        frozen.append(gc.get_freeze_count())
+        gc.collect(0)  # a young collection under load: counted
+
+    base = gc.get_freeze_count()
+    trace = run_load(serve_batch, LoadPlan([8], concurrency=1, span_s=0.05), BatchPolicy(1, 0.0))
+    assert frozen and min(frozen) > base and gc.get_freeze_count() == base
+    assert len(trace.gc_collections) == 3 and trace.gc_collections[0] >= len(frozen)
+    assert account(trace, None, None)[2]["gc_collections_under_load"] == trace.gc_collections
+
+
 def test_find_max_rate_against_a_fake_model():
     capacity, base, slo = 1000.0, 2.0, 10.0
     probed = []

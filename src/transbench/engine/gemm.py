@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .kernels import launch_options, pdl_enter, scratch
+from .kernels import erf, launch_options, pdl_enter, scratch
 
 ACT_NONE, ACT_GELU, ACT_GELU_TANH = 0, 1, 2
 # Under PDL, GEMMs of at most this many rows prefetch their weights into L2 before waiting on the previous kernel:
@@ -24,21 +24,9 @@ PREFETCH_MAX_M = 128
 
 
 @triton.jit
-def _erf(x):
-    # Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7 (about one fp32 ulp of the result, far under fp16/bf16
-    # rounding): an exp and a reciprocal instead of libdevice's erf, whose cost in the epilogue of a
-    # 128 x 256 tile rivals the tile's matrix work.
-    a = tl.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    y = 1.0 - p * tl.exp(-a * a)
-    return tl.where(x < 0, -y, y)
-
-
-@triton.jit
 def _activate(x, ACT: tl.constexpr):
     if ACT == 1:
-        return 0.5 * x * (1.0 + _erf(x * 0.7071067811865476))
+        return 0.5 * x * (1.0 + erf(x * 0.7071067811865476))
     if ACT == 2:  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
         return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
     return x

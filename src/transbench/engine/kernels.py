@@ -33,6 +33,19 @@ def pdl_enter(PDL: tl.constexpr):
 
 
 @triton.jit
+def erf(x):
+    # Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7 (about one fp32 ulp of the result, far under fp16/bf16
+    # rounding): an exp and a reciprocal instead of libdevice's erf, whose cost in the epilogue of a
+    # 128 x 256 tile rivals the tile's matrix work (gemm.py), and which held the fp8 quantize pass below at
+    # 1.27 TB/s (H100, benchmarks/engine_bench.py --parts quant: 32,768 x 3,072 in 238 us, 186 with this).
+    a = tl.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    y = 1.0 - p * tl.exp(-a * a)
+    return tl.where(x < 0, -y, y)
+
+
+@triton.jit
 def _store_fp8_row(y, row, cols, m, N, Q, QS):
     # Per-token fp8 of one row held in fp32 registers: its max-abs maps to 448 (e4m3's largest finite value), one
     # fp32 scale per row. Fused into the kernel that produced the row, so no separate pass reads it again
@@ -169,7 +182,7 @@ def _quantize_rows_kernel(X, BIAS, Q, QS, N, HAS_BIAS: tl.constexpr, ACT: tl.con
     if HAS_BIAS:
         x += tl.load(BIAS + cols, mask=m, other=0.0).to(tl.float32)
     if ACT == 1:
-        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        x = 0.5 * x * (1.0 + erf(x * 0.7071067811865476))
     if ACT == 2:
         x = x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
     _store_fp8_row(x, row, cols, m, N, Q, QS)
@@ -182,8 +195,11 @@ def quantize_rows(x, bias=None, act: int = 0):
     q = torch.empty(x.shape, device=x.device, dtype=torch.float8_e4m3fn)
     qs = torch.empty(x.shape[0], 1, device=x.device, dtype=torch.float32)
     block = triton.next_power_of_2(n)
+    # At most 8 warps a row: 16 (what _warps gives a 4,096-wide row) ran 1.19x slower on an H100 (49,152 x 4,096:
+    # 329 against 282 us, benchmarks/engine_bench.py --parts quant).
     _quantize_rows_kernel[(x.shape[0],)](x, bias if bias is not None else x, q, qs, n, HAS_BIAS=bias is not None,
-                                         ACT=act, BLOCK=block, num_warps=_warps(block), **launch_options(x.device))
+                                         ACT=act, BLOCK=block, num_warps=min(8, _warps(block)),
+                                         **launch_options(x.device))
     return q, qs
 
 

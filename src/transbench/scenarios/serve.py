@@ -239,17 +239,11 @@ def run(cell: ServeCell, cache: ModelCache) -> CellResult:
     graphs_before = server.engine_graphs() if counts_graphs else 0
 
     plan, offered = plan_for(cell)
-    monitor = Monitor(device)
-    entered = []
-
-    def start_monitor():
-        monitor.__enter__()
-        entered.append(True)
-
-    trace = run_load(server.serve, plan, BatchPolicy(cell.max_batch_size, cell.max_wait_ms / 1e3),
-                     on_measure=start_monitor)
-    if entered:
-        monitor.__exit__(None, None, None)
+    # Sampling starts before the load, and the warm-up's end moves the region's start (Monitor.mark): no NVML
+    # call runs on the serving thread while requests arrive.
+    with Monitor(device) as monitor:
+        trace = run_load(server.serve, plan, BatchPolicy(cell.max_batch_size, cell.max_wait_ms / 1e3),
+                         on_measure=monitor.mark)
     rec, samples, load_info = account(trace, cell.slo_ms, offered)
     if not samples:
         return CellResult("error", record=record, info=info,

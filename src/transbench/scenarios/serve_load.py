@@ -7,6 +7,7 @@ stall carry the stall in their latency (no coordinated omission, as in wrk2 or M
 
 from __future__ import annotations
 
+import gc
 import queue
 import threading
 import time
@@ -56,6 +57,7 @@ class Trace:
     batches: list[tuple[float, float, int]]  # (start, done, size) of every batch
     plan: LoadPlan
     end: float
+    gc_collections: list[int] = field(default_factory=list)  # Python GC collections per generation during the load
 
 
 def run_load(serve_batch: Callable[[list[Request]], Any], plan: LoadPlan, policy: BatchPolicy,
@@ -63,7 +65,25 @@ def run_load(serve_batch: Callable[[list[Request]], Any], plan: LoadPlan, policy
              on_measure: Callable[[], None] = lambda: None) -> Trace:
     """Serve the plan. `serve_batch(requests)` returns when their results are on the host, optionally with
     the host times at which each generated token was (generation). `on_measure` is called once, when the
-    loop first finds the warm-up over (the energy counter starts there)."""
+    loop first finds the warm-up over (the energy counter starts there).
+
+    The load runs with the heap as it stands frozen (gc.freeze, as long-running Python servers do after their
+    warm-up): the model, its graphs and its tuning records are never scanned again by the collector. Without it,
+    on an H100 (session 13) every fused serve probe, a fresh worker that had just captured 68 graphs, stalled
+    once for 10-20 ms in mid-load, a cluster of requests late by that much, where the same cells run in one
+    long-lived process (benchmarks/serve_trace.py) had no such stall and no full collection."""
+    gc.collect()
+    gc.freeze()
+    before = [g["collections"] for g in gc.get_stats()]
+    try:
+        trace = _serve(serve_batch, plan, policy, clock, on_measure)
+    finally:
+        gc.unfreeze()
+    trace.gc_collections = [g["collections"] - b for g, b in zip(gc.get_stats(), before)]
+    return trace
+
+
+def _serve(serve_batch, plan: LoadPlan, policy: BatchPolicy, clock, on_measure) -> Trace:
     t0 = clock()
     now = lambda: clock() - t0  # noqa: E731
     inbox: queue.Queue = queue.Queue()

@@ -64,5 +64,5 @@ def account(trace: Trace, slo_ms: float | None, offered_rate: float | None) -> t
         rec.update({k: v for k, v in spread("itl", gaps).items() if k in ("itl_p50_ms", "itl_p99_ms")})
         rec["tokens_per_s"] = sum(len(s.steps) for s in gen) / span
     info = {"batch_sizes": dict(sorted(Counter(sizes).items())), "measured_span_s": span,
-            "warmup_requests": len(trace.served) - len(done)}
+            "warmup_requests": len(trace.served) - len(done), "gc_collections_under_load": trace.gc_collections}
     return rec, lat_all, info
