@@ -25,8 +25,10 @@ def line(c: dict) -> str:
     svc = rec.get("service_p99_ms")
     svc = "-" if svc is None else f"{svc:.2f}/{rec['service_max_ms']:.2f} ms"
     prep = "-" if prep is None else f"{prep:.1f} s"
+    gcs = info.get("gc_collections_under_load")
+    gcs = "" if gcs is None else f"  gc under load {'/'.join(map(str, gcs))}"
     return (f"{cell.get('backend', ''):10s} {load:>10s} {c['status']:7s} p99 {p99:>10s}  service p99/max {svc:>15s}"
-            f"  prepare {prep:>7s}  {graphs}")
+            f"  prepare {prep:>7s}  {graphs}{gcs}")
 
 
 def main(argv=None):
