@@ -1,7 +1,9 @@
-"""Where the slow batches of `transbench serve` spend their time (issue 26: the fused backend's service-time tail
-at low rates, which cudagraph does not show). One process; each (backend, rate) cell is run by the serve
-scenario's own `run()` (gate, warm-up of every bucket, Monitor, accounting: what a `transbench serve` worker
-runs per cell), with its `run_load` swapped for one that wraps the server's `serve` and records per batch:
+"""Where the slow batches of `transbench serve` spend their time. It found issue 26's fused tail to be the harness,
+not the engine: in one process the tail was absent, which led to the frozen heap and the monitor's mark
+(scenarios/serve_load.py run_load, measure/context.py Monitor.mark).
+
+One process; each (backend, rate) cell is run by the serve scenario's own `run()` (gate, warm-up of every
+bucket, Monitor, accounting: what a `transbench serve` worker runs per cell), with its `run_load` swapped for one that wraps the server's `serve` and records per batch:
 
   start/end (perf_counter), requests, tokens (sum of lengths), idle gap since the previous batch ended,
   the main thread's CPU time, host parts (pre: mask build + copy; fn: prepared.fn(); pack: the fused engine's
@@ -27,7 +29,7 @@ import sys
 import threading
 import time
 
-GAP_MS = 10.0  # the idle-gap split of the correlation line (the brief's threshold)
+GAP_MS = 10.0  # batches after an idle gap longer than this are compared with the rest (clocks ramp after idling)
 SLOWEST = 10
 
 
