@@ -3,8 +3,8 @@ not the engine: in one process the tail was absent, which led to the frozen heap
 (scenarios/serve_load.py run_load, measure/context.py Monitor.mark).
 
 One process; each (backend, rate) cell is run by the serve scenario's own `run()` (gate, warm-up of every
-bucket, Monitor, accounting: what a `transbench serve` worker runs per cell), with its `run_load` swapped for one that wraps the
-server's `serve` and records per batch:
+bucket, Monitor, accounting: what a `transbench serve` worker runs per cell), with its `run_load` swapped for
+one that wraps the server's `serve` and records per batch:
 
   start/end (perf_counter), requests, tokens (sum of lengths), idle gap since the previous batch ended,
   the main thread's CPU time, host parts (pre: mask build + copy; fn: prepared.fn(); pack: the fused engine's
