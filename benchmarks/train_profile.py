@@ -26,7 +26,10 @@ GROUPS: tuple[tuple[str, re.Pattern], ...] = (
     # The loss's log-softmax over the vocabulary (cunn_SoftMaxForward<..., LogSoftMaxForwardEpilogue>)
     # before attention's softmax.
     ("cross-entropy", re.compile(r"cross_entropy|nll_loss|log_?soft_?max|logsumexp|liger.*(ce|cross)", re.I)),
-    ("attention", re.compile(r"flash|fmha|attention|sdpa|_efficient_attention|softmax_warp|cudnn.*mha", re.I)),
+    # SDPA's math path under torch.compile: inductor's kernels named after _safe_softmax and its backward (with the
+    # dropout fused in) are attention's, though their names also say dropout (session 13, bert-large compiled).
+    ("attention", re.compile(r"flash|fmha|attention|sdpa|_efficient_attention|softmax_warp|cudnn.*mha|"
+                             r"_safe_softmax|_softmax_backward_data", re.I)),
     ("norm", re.compile(r"layer_norm|layernorm|rms_norm|rmsnorm", re.I)),
     ("GEMM", re.compile(r"gemm|cutlass|xmma|cublas|nvjet|matmul|\bmm\b|addmm|bmm|linear|sm\d+_.*_tn|wgmma", re.I)),
     ("elementwise", re.compile(r"elementwise|vectorized|triton_|unrolled|dropout|bernoulli|gelu|tanh|fill|copy|cast|"

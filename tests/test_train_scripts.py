@@ -28,6 +28,9 @@ tables = load_script("train_tables")
     ("void at::native::fused_adamw_kernel_cuda<float>", "optimizer"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>", "elementwise"),
     ("triton_poi_fused_add_mul_tanh_3", "elementwise"),
+    ("triton_per_fused__safe_softmax_add_exp_expand_native_dropout_prepare_softmax_online_scalar_tensor_2", "attention"),
+    ("triton_per_fused__softmax_backward_data__to_copy_native_dropout_native_dropout_backward_threshold_1", "attention"),
+    ("triton_red_fused__log_softmax__log_softmax_backward_data__to_copy_arange_clone_eq_expand_1", "cross-entropy"),
     ("aten::addmm", "GEMM"),
 ])
 def test_kernels_are_grouped(name, group):
