@@ -122,16 +122,17 @@ class Monitor:
         """The region starts now: readings so far are dropped, energy and time count from here."""
         self._mark.clear()
         c = self.context
-        c.sm_clock_mhz.clear(), c.power_w.clear(), c.temp_c.clear(), c.reasons.clear()
+        for readings in (c.sm_clock_mhz, c.power_w, c.temp_c, c.reasons):
+            readings.clear()
         self._read()
         self._energy0 = self._energy()
         self._t0 = time.perf_counter()
 
     def mark(self) -> None:
         """Move the region's start to now, without an NVML call on the caller's thread: the sampling thread
-        takes the readings (within microseconds). The serve scenario marks the end of its warm-up so, while its
-        load runs: entering the region there made its NVML calls on the serving thread and held the request
-        arriving then for ~6 ms (H100, session 13: the first measured request of most serve probes, 8.3 ms)."""
+        takes the readings (within microseconds). The serve scenario marks the end of its warm-up this way, while
+        requests keep arriving. Entering the region there instead made its NVML calls on the serving thread and
+        held the request arriving then (H100, session 13: the first measured request of most probes, 8.3 ms)."""
         if self.active and self._thread is not None:
             self._mark.set()
         else:
