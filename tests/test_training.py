@@ -69,6 +69,7 @@ def _check_arithmetic(cell: TrainCell, r: CellResult) -> None:
     {"task": "classification"}, {"model": "gpt2-tiny", "task": "classification", "grad_ckpt": True},
     {"head": "masked"}, {"model": "roberta-tiny", "head": "masked", "grad_ckpt": True},
     {"model": "gpt2-tiny", "task": "causal-lm", "activation": "gelu-tanh"},
+    {"model": "gpt2-tiny", "task": "causal-lm", "pad_vocab": 64}, {"head": "masked", "pad_vocab": 48},
 ])
 def test_every_option_runs_and_takes_effect(change):
     cell = replace(BASE, **change)
@@ -79,6 +80,9 @@ def test_every_option_runs_and_takes_effect(change):
     assert info["gradient_checkpointing"] == cell.grad_ckpt
     if cell.activation:
         assert info["activation"] == "gelu_pytorch_tanh"
+    # The tiny presets' 1,000-row vocabulary, padded up to the multiple (the tokens stay below 1,000).
+    vocab = training_loop.build.resolve(cell.model).shape.vocab
+    assert info["vocab_rows"] == -(-vocab // cell.pad_vocab) * cell.pad_vocab
     assert info["head_positions"] == (training_loop.mlm_predictions(cell.seq) if cell.head == "masked" else cell.seq)
     assert info["attn_implementation"] == ("eager" if cell.attn == "eager" else "sdpa")
     assert info["sdpa_kernel"] == ("math" if cell.attn == "sdpa-math" else None)
@@ -113,7 +117,7 @@ def test_phases_are_recorded_and_sum_to_the_step(accum):
 def test_cell_key_holds_every_setting_that_changes_the_measurement():
     key = json.loads(BASE.key())
     assert key == json.loads(json.dumps(key, sort_keys=True))
-    for change in [{"kernels": "liger"}, {"head": "masked"}, {"activation": "gelu-tanh"}, {"grad_ckpt": True}, {"compile": True}, {"zero_stage": 2},
+    for change in [{"kernels": "liger"}, {"head": "masked"}, {"activation": "gelu-tanh"}, {"pad_vocab": 64}, {"grad_ckpt": True}, {"compile": True}, {"zero_stage": 2},
                    {"nccl": "NCCL_P2P_DISABLE=1"}, {"lr": 1e-2}, {"seed": 1}, {"optim": "sgd"}, {"grad_accum": 2}]:
         assert replace(BASE, **change).key() != BASE.key(), change
     assert replace(BASE, steps=9, warmup_steps=3).key() == BASE.key()  # how long it is sampled, not what
@@ -124,6 +128,7 @@ def test_cell_key_holds_every_setting_that_changes_the_measurement():
     old.pop("kernels")  # a cell stored before the kernels axis
     old.pop("head")  # and before the head and activation options: same cell, same key
     old.pop("activation")
+    old.pop("pad_vocab")
     assert TrainCell.from_dict(old) == BASE and "head" not in json.loads(BASE.key())
 
 
@@ -200,6 +205,7 @@ def test_validation_errors_are_one_line():
         ({"max_batch_limit": 0}, "--max-batch-limit"),
         ({"heads": ["first"]}, "unknown head 'first': choose from all, masked"),
         ({"activation": "relu"}, "unknown activation 'relu'"),
+        ({"pad_vocab": 0}, "--pad-vocab must be at least 1"),
         ({"models": ["gpt2-tiny"], "heads": ["masked"]}, "--head masked runs the MLM head"),
     ]
     for change, text in bad:

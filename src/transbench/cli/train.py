@@ -96,6 +96,9 @@ def train(
                                        "on the 15% masked ones only (BERT's own pretraining)"),
     activation: Optional[str] = typer.Option(None, show_default="the model's own",
                                              help="gelu|gelu-tanh: gelu-tanh is GPT-2's gelu_new in one kernel"),
+    pad_vocab: Optional[int] = typer.Option(None, show_default=_d("pad_vocab"),
+                                            help="pad the vocabulary (embeddings, LM head) to a multiple of N, as "
+                                            "nanoGPT's 50,304-row GPT-2: aligned GEMMs for the head; 1: as it is"),
     ladder: bool = typer.Option(False, "--ladder", help="the seed notebook's ladder for one model: fp32, bf16, largest "
                                 "batches, fused Adam, accumulation, checkpointing, compile, liger; a table and a plot"),
     plot: Optional[str] = typer.Option(None, show_default="ladder-MODEL.png", help="where --ladder writes its plot (PNG)"),
@@ -131,7 +134,7 @@ def train(
     given = {
         "models": model, "tasks": task, "precisions": dtype, "optims": optim, "attns": backend, "batches": batch,
         "seqs": seq, "grad_accums": grad_accum, "grad_ckpts": grad_ckpt, "compiles": compile, "kernels": kernels,
-        "heads": head, "activation": activation,
+        "heads": head, "activation": activation, "pad_vocab": pad_vocab,
         "ladder": ladder or None, "max_batch_limit": max_batch_limit,
         "strategies": strategy, "nprocs": nproc, "zero_stages": zero_stage, "nccl_p2p": nccl_p2p,
         "nccl_envs": list(nccl_env) if nccl_env else None, "scaling": scaling, "steps": steps,

@@ -46,6 +46,7 @@ class TrainSpec:
     kernels: list[str] = field(default_factory=lambda: ["torch"])  # torch|liger (Liger-Kernel's fused ones)
     heads: list[str] = field(default_factory=lambda: ["all"])  # mlm head on all|masked positions
     activation: str | None = None  # the FFN's activation (models.build.ACTIVATIONS); None: the model's own
+    pad_vocab: int = 1  # pad the vocabulary (embeddings and LM head) to a multiple of this (scenarios/training_loop.py)
     strategies: list[str] | None = None  # None: none for one process, ddp for several
     nprocs: list[int] = field(default_factory=lambda: [1])  # processes (GPUs) per node
     zero_stages: list[int] = field(default_factory=lambda: [2])  # deepspeed only
@@ -154,6 +155,8 @@ def validate(spec: TrainSpec) -> TrainSpec:
             raise SpecError(f"{what} must be at least 1, got {min(values)}")
     if spec.activation is not None and spec.activation not in build.ACTIVATIONS:
         raise SpecError(f"unknown activation '{spec.activation}': choose from {', '.join(build.ACTIVATIONS)}")
+    if spec.pad_vocab < 1:
+        raise SpecError(f"--pad-vocab must be at least 1 (1: the vocabulary as it is), got {spec.pad_vocab}")
     if spec.max_batch_limit < 1:
         raise SpecError("--max-batch-limit must be at least 1")
     if spec.steps < 1 or spec.warmup_steps < 1:
@@ -214,7 +217,7 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
             cell = TrainCell(
                 model=model, task=task, attn=attn, precision=precision, optim=optim, batch=batch, seq=seq,
                 grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, head=head, activation=spec.activation,
-                strategy=strategy, nproc=nproc,
+                pad_vocab=spec.pad_vocab,                strategy=strategy, nproc=nproc,
                 nnodes=spec.nnodes, zero_stage=zero if strategy == "deepspeed" else None,
                 nccl=env if world > 1 else "", device=device, steps=spec.steps, warmup_steps=spec.warmup_steps,
                 lr=spec.lr, seed=spec.seed,

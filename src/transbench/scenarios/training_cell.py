@@ -47,6 +47,7 @@ class TrainCell(SweepCell):
     kernels: str = "torch"
     head: str = "all"  # mlm: the head on every position, or on the masked ones only (HEADS)
     activation: str | None = None  # None: the model's own; else a name of models.build.ACTIVATIONS
+    pad_vocab: int = 1  # the vocabulary rows (embeddings, LM head) padded to a multiple of this; 1: as they are
     strategy: str = "none"
     nproc: int = 1  # processes per node
     nnodes: int = 1
@@ -90,6 +91,8 @@ class TrainCell(SweepCell):
             ident["head"] = self.head
         if self.activation is not None:
             ident["activation"] = self.activation
+        if self.pad_vocab != 1:
+            ident["pad_vocab"] = self.pad_vocab
         return ident
 
     def record_fields(self) -> dict:

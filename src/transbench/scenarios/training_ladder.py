@@ -41,6 +41,9 @@ STEPS: tuple[LadderStep, ...] = (
     # NewGELUActivation): in eager each is a kernel over the (tokens x 4h) activations, and autograd keeps
     # their intermediates. gelu_pytorch_tanh is the same function in one kernel (F.gelu(approximate="tanh")).
     LadderStep("GELU in one kernel (gelu-tanh)", {"activation": "gelu-tanh"}, keep="faster", families=("gpt2",)),
+    # An odd vocabulary (GPT-2's 50,257 rows; BERT's 30,522 is even but not a multiple of 8) leaves the head's
+    # GEMMs unaligned (scenarios/training_loop.py _pad_vocab says what that cost on an H100).
+    LadderStep("vocabulary padded to a multiple of 64", {"pad_vocab": 64}, keep="faster"),
     LadderStep("torch.compile", {"compile": True}, keep="faster"),
     LadderStep("Liger kernels", {"kernels": "liger"}, keep="faster"),
 )
@@ -63,6 +66,7 @@ def _options(cell: TrainCell) -> str:
     on = [cell.precision, f"batch {cell.batch}", cell.optim]
     on += [label for flag, label in ((cell.grad_ckpt, "grad ckpt"), (cell.head == "masked", "masked head"),
                                      (cell.activation is not None, cell.activation),
+                                     (cell.pad_vocab > 1, f"vocabulary padded to {cell.pad_vocab}"),
                                      (cell.compile, "compile"), (cell.kernels != "torch", cell.kernels)) if flag]
     return ", ".join(on)
 
