@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels", default="torch")
     p.add_argument("--head", default="all")
     p.add_argument("--activation", default=None, help="gelu|gelu-tanh (default: the model's own)")
+    p.add_argument("--pad-vocab", type=int, default=1, help="vocabulary rows padded to a multiple of this")
     p.add_argument("--grad-ckpt", action="store_true")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile happens here)")
     p.add_argument("--steps", type=int, default=3, help="profiled steps")
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     cell = TrainCell(model=args.model, task=task, attn=args.backend, precision=args.dtype, optim=args.optim,
                      batch=args.batch, seq=args.seq, grad_ckpt=args.grad_ckpt, compile=args.compile,
                      kernels=args.kernels, head=args.head, activation=args.activation,
-                     device=device.type)
+                     pad_vocab=args.pad_vocab, device=device.type)
     training_loop.check_supported(cell, device.type)
     trainer = training_loop.Trainer(cell, RankInfo(), device)
     for _ in range(args.warmup):
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     })
     print(f"{cell.model} {cell.task} b{cell.batch} s{cell.seq} {cell.precision} {cell.optim}"
           f"{' compile' if cell.compile else ''} kernels {cell.kernels} head {cell.head}"
-          f"{' ' + cell.activation if cell.activation else ''} on {summary['gpu'] or 'cpu'}")
+          f"{' ' + cell.activation if cell.activation else ''} attention {cell.attn}"
+          f"{f' vocabulary padded to {cell.pad_vocab}' if cell.pad_vocab > 1 else ''} on {summary['gpu'] or 'cpu'}")
     print(f"step {step_ms:.1f} ms ({summary['samples_per_s']:.1f} samples/s, {tflops:.1f} TFLOPS"
           f"{f', MFU {mfu:.1%}' if mfu else ''}); phases " +
           ", ".join(f"{k[:-3]} {v:.1f} ms" for k, v in summary["phases_ms"].items()))

@@ -20,7 +20,7 @@ def test_triton_kernels_match_torch_in_the_interpreter():
                          env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     errors = json.loads(out.stdout.strip().splitlines()[-1])
-    from transbench.engine.gemm import CONFIGS, splitk_configs
+    from transbench.engine.gemm import CONFIGS, FP8_CONFIGS, splitk_configs
     from transbench.engine.kernels import ATTENTION_CONFIGS
     routes = [k for k in errors if k.startswith("route ")]
     fp8 = {k: errors.pop(k) for k in list(errors) if k.startswith("fp8")}
@@ -39,5 +39,8 @@ def test_triton_kernels_match_torch_in_the_interpreter():
     assert len(kernels8) == 2 * 2 + 2 * 3 and not {k: v for k, v in kernels8.items() if not v < 1e-2}, kernels8
     routes8 = {k: v for k, v in fp8.items() if k.startswith("fp8route")}
     assert any("fp8+gelu_q" in k for k in routes8) and any("fp8+ln" in k for k in routes8), routes8
+    # the fp8 GEMM with the GELU and the quantization in its epilogue, every config, and its row scales exact
+    scales = {k: routes8.pop(k) for k in list(routes8) if k.endswith(" scale")}
+    assert len(scales) == len(FP8_CONFIGS) and not {k: v for k, v in scales.items() if not v < 1e-6}, scales
     # (e4m3 rounding, ~3%, and the interpreter's carry slip above in the routes that quantize in Triton)
     assert not {k: v for k, v in routes8.items() if not v < 1e-1}, routes8

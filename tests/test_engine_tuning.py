@@ -51,6 +51,13 @@ def test_candidates_are_timed_in_alternation_so_drift_cannot_choose(tmp_path):
     assert calls == ["first", "faster"] * tuning.ROUNDS
 
 
+def test_a_route_family_is_its_name_without_the_config():
+    from transbench.engine.tuning import _family
+    assert [_family(n) for n in ("triton128x256x64x4x8xTruexTrue", "splitk64x64x128x2x3x4", "cublas+ln", "fp8",
+                                 "fp8+gelu_q", "fp8+triton_gelu_q128x256x128x3x8xTruexTrue")] == [
+        "triton", "splitk", "cublas+ln", "fp8", "fp8+gelu_q", "fp8+triton_gelu_q"]
+
+
 def test_rivals_include_the_best_of_each_other_route_family(tmp_path):
     """Four Triton tile sizes within 4% of the winner do not crowd out cuBLAS at 30%: in the whole forward the
     families differ most (PDL overlap), tile sizes least."""

@@ -164,7 +164,7 @@ def routes(errors, rnd):
 def fp8_routes(errors, every, t, ref, rnd):
     """A layer with fp8 weights: every route (fp16 ones and fp8 ones, scaled_mm emulated on the CPU) against
     the fp32 reference of the same fp8 layer; the fp8 routes quantize in Triton what the reference does in torch."""
-    from transbench.engine.ops import Fp8Act, Norm, hp, quantize_rows
+    from transbench.engine.ops import Fp8Act, Norm, fp8_out_scale, hp, quantize_rows
     from transbench.engine.weights import Converter
     M, H, F4 = 37, 64, 256
     t.fp8_min_rows = 1  # M = 37 is below TritonOps' FP8_MIN_ROWS: offer the fp8 routes anyway, to check them
@@ -177,15 +177,19 @@ def fp8_routes(errors, every, t, ref, rnd):
         for name, out in every.outs.items():
             got = out[0] if isinstance(out, tuple) and not isinstance(out, Fp8Act) else out
             w = want
-            if isinstance(got, Fp8Act) and got.hp is None:  # a route that hands on fp8 only: compare like with like
-                w = Fp8Act(*quantize_rows(hp(want)))
+            if isinstance(got, Fp8Act) and got.hp is None:  # a route that hands on fp8 only: want rounded on its scales
+                w = Fp8Act((hp(want).float() / got.scale).clamp(-448, 448).to(torch.float8_e4m3fn), got.scale)
             errors[f"fp8route {label} {name}"] = rel(hp(got, torch.float32).float(), hp(w, torch.float32).float())
+            if "triton_gelu_q" in name:  # the fused fp8 GEMM's row scales: fp8_out_scale of its input's scales
+                errors[f"fp8route {label} {name} scale"] = rel(got.scale, fp8_out_scale(quantize_rows(h.float())[1], fc1))
     f32 = Converter(torch.float32, torch.device("cpu"), fp8=True)
     flin, ffc1 = f32.linear(lin.weight.float(), lin.bias.float()), f32.linear(fc1.weight.float(), fc1.bias.float())
     t.linear_add_layernorm(x, lin, res, norm, quant=True)
     check("linear_add_ln quant", ref.linear_add_layernorm(x.float(), flin, res.float(), _f(norm), quant=True))
     t.linear_gelu(h, fc1, "exact")
-    check("linear_gelu", ref.linear_gelu(h.float(), ffc1, "exact"))
+    # the unquantized fp32 GELU output (from the e4m3 input and weights): fp16 routes are held to it, fp8-only ones to
+    # its e4m3 rounding on their own scales
+    check("linear_gelu", ref.bias_gelu(ref.linear(h.float(), ffc1, bias=False), ffc1.bias, "exact"))
     t.linear(t.quantize(h), fc1)  # an fp8 input from a producer: fp16 routes dequantize it
     check("linear fp8 input", ref.linear(h.float(), ffc1))
 

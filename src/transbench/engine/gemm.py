@@ -55,23 +55,46 @@ def _prefetch_weights(W, row0, N, K, k0, k1, PDL: tl.constexpr, BR: tl.constexpr
 
 
 @triton.jit
-def _epilogue(acc, om, on, y_desc, r_desc, BIAS, N, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_RES: tl.constexpr, BN: tl.constexpr):
+def _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    cols = on + tl.arange(0, BN)
+    if FP8:  # e4m3 operands: the product times the row's input scale and the column's weight scale
+        rows = om + tl.arange(0, BM)
+        xs = tl.load(XS + rows, mask=rows < M, other=0.0)
+        acc = acc * xs[:, None] * tl.load(WS + cols, mask=cols < N, other=0.0)[None, :]
     if HAS_BIAS:
-        cols = on + tl.arange(0, BN)
         acc += tl.load(BIAS + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     acc = _activate(acc, ACT)
     if HAS_RES:
         acc += r_desc.load([om, on]).to(tl.float32)
+    if FP8:
+        # The output in e4m3 for the next fp8 GEMM, with a per-row scale that bounds the row before it is computed
+        # (fp8_out_scale says why it is safe), so no tile waits for the row's other tiles. Clamped: past the bound
+        # only by fp32 rounding.
+        ys = fp8_out_scale(xs, GAIN, BIAS_MAX)
+        acc = tl.clamp(acc / ys[:, None], -448.0, 448.0)
+        if on == 0:
+            tl.store(YS + rows, ys, mask=rows < M)
     y_desc.store([om, on], acc.to(y_desc.dtype))
+
+
+@triton.jit
+def fp8_out_scale(xs, GAIN, BIAS_MAX):
+    # A row of x W^T + b with |x| <= 448 xs (its e4m3 scale) is bounded by 448 xs GAIN + BIAS_MAX, GAIN being the
+    # largest column sum of |W| (Linear.fp8_gain); GELU leaves positive values below themselves and negative ones
+    # above -0.17. That bound maps to 448. It is looser than the row's true max-abs (2^5.3 on average on bert-base,
+    # benchmarks/fp8_accuracy.py), which e4m3, a floating-point format, absorbs: the row's values keep their 3-bit
+    # mantissas and only ones far below the max turn subnormal. Same accuracy as the max-abs scale in the emulation
+    # (ops.fp8_gelu_out), bert-base rel_err 0.0702 against 0.0704, MiniLM min cosine 0.9943 against 0.9936.
+    return tl.maximum(xs * GAIN + BIAS_MAX / 448.0, 0.17 / 448.0)
 
 
 # do_not_specialize M: Triton would compile a kernel apart for M == 1 and for M not divisible by 16 (its integer
 # specialisations); M only bounds tiles here (the TMA descriptors carry the shapes), so one compile per config
 # serves every batch x seq: part of the first-call cost issue 23 counts.
 @triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, M, N, K,
-                   ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, XS, WS, YS, M, N, K, GAIN, BIAS_MAX,
+                   ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
                    PROGRAMS: tl.constexpr, SUBTILE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
@@ -94,10 +117,13 @@ def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, M, N, K,
         om, on = _tile_origin(tile_c, n_m, n_n, GROUP, BM, BN)
         if SUBTILE:  # two half-width stores: half the shared memory for the output tile, one more stage for loads
             acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
-            _epilogue(acc0, om, on, y_desc, r_desc, BIAS, N, ACT, HAS_BIAS, HAS_RES, BN // 2)
-            _epilogue(acc1, om, on + BN // 2, y_desc, r_desc, BIAS, N, ACT, HAS_BIAS, HAS_RES, BN // 2)
+            _epilogue(acc0, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS, HAS_RES,
+                      FP8, BM, BN // 2)
+            _epilogue(acc1, om, on + BN // 2, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS,
+                      HAS_RES, FP8, BM, BN // 2)
         else:
-            _epilogue(acc, om, on, y_desc, r_desc, BIAS, N, ACT, HAS_BIAS, HAS_RES, BN)
+            _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS, HAS_RES, FP8,
+                      BM, BN)
 
 
 # (BM, BN, BK, stages, warps, persistent, subtile): the tuner times each against cuBLAS for every shape it meets.
@@ -111,6 +137,12 @@ CONFIGS = [
     (64, 32, 128, 4, 4, False, False), (64, 32, 256, 3, 4, False, False), (64, 16, 256, 4, 4, False, False),
     (128, 32, 128, 4, 4, False, False),
     (128, 128, 64, 2, 4, False, False),  # small enough for two programs per SM: one's epilogue hides under the other's loads
+]
+# The same tiles for e4m3 operands (linear_fp8), large M only (ops.FP8_MIN_ROWS): K steps of 128 one-byte elements,
+# the 128-byte rows wgmma reads.
+FP8_CONFIGS = [
+    (128, 256, 128, 3, 8, True, True), (128, 256, 128, 4, 8, True, True), (256, 128, 128, 3, 8, True, True),
+    (128, 128, 128, 4, 8, True, False), (128, 256, 128, 3, 8, False, True), (128, 128, 128, 3, 4, False, False),
 ]
 
 
@@ -209,7 +241,38 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
     _linear_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
         TensorDescriptor.from_tensor(y, out_block), TensorDescriptor.from_tensor(r, out_block), weight,
-        bias if bias is not None else y, M, N, K, ACT=act, HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None, BM=bm, BN=bn, BK=bk, GROUP=8, PROGRAMS=programs, SUBTILE=subtile,
+        bias if bias is not None else y, y, y, y, M, N, K, 0.0, 0.0, ACT=act, HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None, FP8=False, BM=bm, BN=bn, BK=bk, GROUP=8, PROGRAMS=programs, SUBTILE=subtile,
         num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M, **launch_options(x.device))
     return y
+
+
+def supported_fp8(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """linear_fp8's operands: 2-D row-major e4m3, rows of a multiple of 16 bytes (TMA), 16-byte aligned bases."""
+    return (x.dim() == 2 and x.is_contiguous() and weight.is_contiguous()
+            and x.dtype == weight.dtype == torch.float8_e4m3fn and x.shape[1] % 16 == 0 and weight.shape[0] % 16 == 0
+            and all(t.data_ptr() % 16 == 0 for t in (x, weight)))
+
+
+def linear_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+               bias: torch.Tensor | None, gain: float, bias_max: float, act: int = ACT_GELU,
+               cfg=FP8_CONFIGS[0]) -> tuple[torch.Tensor, torch.Tensor]:
+    """act(x W^T + bias) from e4m3 x (M, K) with per-row scales (M, 1) and e4m3 W (N, K) with per-column scales
+    (1, N), written in e4m3 with a per-row scale (fp8_out_scale, from W's `gain` and max |bias| `bias_max`):
+    (y (M, N), y_scale (M, 1)), the next fp8 GEMM's input. The bias, the activation and the quantization run in the GEMM's epilogue: the fp16 output and the pass
+    that reads it to quantize never exist (ops.TritonOps.linear_gelu says what that pass cost)."""
+    if not supported_fp8(x, weight):
+        raise ValueError("shape/alignment not supported by the fp8 TMA GEMM")
+    (M, K), N = x.shape, weight.shape[0]
+    bm, bn, bk, stages, warps, persistent, subtile = cfg
+    y = torch.empty(M, N, device=x.device, dtype=torch.float8_e4m3fn)
+    y_scale = torch.empty(M, 1, device=x.device, dtype=torch.float32)
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    programs = min(tiles, _sm_count(x.device)) if persistent else tiles
+    out = TensorDescriptor.from_tensor(y, [bm, bn // 2 if subtile else bn])
+    _linear_kernel[(programs,)](
+        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]), out, out, weight,
+        bias if bias is not None else y_scale, x_scale, weight_scale, y_scale, M, N, K, gain, bias_max, ACT=act,
+        HAS_BIAS=bias is not None, HAS_RES=False, FP8=True, BM=bm, BN=bn, BK=bk, GROUP=8, PROGRAMS=programs,
+        SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=False, **launch_options(x.device))
+    return y, y_scale

@@ -25,6 +25,10 @@ class Linear:
     bias: torch.Tensor | None
     weight_fp8: torch.Tensor | None = None  # (out, in) float8_e4m3fn: row n is weight[n] / weight_scale[0, n]
     weight_scale: torch.Tensor | None = None  # (1, out) float32, one per output channel, fixed at conversion
+    # max over output channels n of weight_scale[n] * sum_k |weight_fp8[n, k]|, and max |bias|: what bounds a row of
+    # x W^T + b from the row's e4m3 scale (fp8_out_scale), fixed at conversion with the e4m3 weights
+    fp8_gain: float = 0.0
+    fp8_bias_max: float = 0.0
 
 
 @dataclass
@@ -49,6 +53,26 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = t.float()
     scale = (x.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
     return (x / scale).to(torch.float8_e4m3fn), scale
+
+
+def fp8_bounds(weight_fp8: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> tuple[float, float]:
+    """(Linear.fp8_gain, Linear.fp8_bias_max) of e4m3 weights (out, in) with their (1, out) scales."""
+    gain = (weight_fp8.float().abs().sum(dim=1) * weight_scale.flatten()).max()
+    return float(gain), float(bias.float().abs().max()) if bias is not None else 0.0
+
+
+def fp8_out_scale(x_scale: torch.Tensor, lin: Linear) -> torch.Tensor:
+    """The per-row e4m3 scale of gelu(x W^T + b) for an input with per-row scales x_scale, known before the GEMM
+    runs: the reference of gemm.fp8_out_scale, whose comment says why it is safe and as accurate as the row's max."""
+    return torch.clamp(x_scale * lin.fp8_gain + lin.fp8_bias_max / FP8_MAX, min=0.17 / FP8_MAX)
+
+
+def fp8_gelu_out(q: "Fp8Act", lin: Linear, kind: str) -> "Fp8Act":
+    """gelu(x W^T + b) from an e4m3 input, as the next fp8 GEMM's e4m3 input with fp8_out_scale's row scales: the
+    math of the fused fp8 GEMM (gemm.linear_fp8), emulated in fp32."""
+    y = F.gelu(scaled_mm(q, lin, torch.float32, lin.bias), approximate="tanh" if kind == "tanh" else "none")
+    scale = fp8_out_scale(q.scale, lin)
+    return Fp8Act((y / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale)
 
 
 def dequantize(q: Fp8Act, dtype: torch.dtype) -> torch.Tensor:
@@ -106,9 +130,11 @@ class TorchOps:
     def bias_gelu(self, x: torch.Tensor, bias: torch.Tensor | None, kind: str) -> torch.Tensor:
         return F.gelu(x if bias is None else x + bias, approximate="tanh" if kind == "tanh" else "none")
 
-    def linear_gelu(self, x: torch.Tensor, lin: Linear, kind: str) -> torch.Tensor:
-        """gelu(x W^T + b): the MLP's first half."""
-        return self.bias_gelu(self.linear(x, lin, bias=False), lin.bias, kind)
+    def linear_gelu(self, x, lin: Linear, kind: str):
+        """gelu(x W^T + b): the MLP's first half; in an fp8 layer, as the next GEMM's e4m3 input (fp8_gelu_out)."""
+        if self.fp8(lin, rows(x)):
+            return fp8_gelu_out(self.quantize(x), lin, kind)
+        return self.bias_gelu(self.linear(hp(x, lin.weight.dtype), lin, bias=False), lin.bias, kind)
 
     def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False, quant=False):
         """LayerNorm(x + bias + residual); store_residual: also the sum; quant: y as an Fp8Act (with y as its hp)."""
@@ -225,13 +251,20 @@ class TritonOps(TorchOps):
 
         def gelu_q(q):
             return Fp8Act(*_triton.quantize_rows(scaled_mm(q, lin, lin.weight.dtype), lin.bias, act))
+
+        fp8 = {"fp8+gelu_q": gelu_q}
+        if lin.weight_fp8 is not None:
+            for cfg in _gemm.FP8_CONFIGS:  # bias, GELU and the e4m3 output in the fp8 GEMM's epilogue
+                fp8["fp8+triton_gelu_q" + "x".join(map(str, cfg))] = lambda q, cfg=cfg: Fp8Act(*_gemm.linear_fp8(
+                    q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias, lin.fp8_gain, lin.fp8_bias_max, act,
+                    cfg=cfg))
         # The fp8 GEMM's only route hands the next GEMM an fp8 input. An fp16-output fp8 route (bias + GELU in fp16)
         # used to be offered too, and the tuner, timing each op alone, chose it: cheaper alone, it left the next
         # GEMM to quantize its input in a pass of its own or to run in fp16. H100, session 13 profile
         # (benchmarks/engine_bench.py --parts profile-fp8): bert-large 128 x 384 spent 8.3 ms in that fp16 bias+GELU
         # and 5.1 ms re-quantizing it, of a 54.6 ms forward; bert-base 256 x 128 ran its second MLP GEMM in fp16.
         return self._choose(f"linear_gelu|{kind}", x, lin, cands,
-                            lambda gemm, cfg, h: gemm(h, lin.weight, lin.bias, act, cfg=cfg), {"fp8+gelu_q": gelu_q})
+                            lambda gemm, cfg, h: gemm(h, lin.weight, lin.bias, act, cfg=cfg), fp8)
 
     def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
         return _triton.decode_attention(qkv.contiguous(), k_cache, v_cache, pos, scale)

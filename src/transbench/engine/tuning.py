@@ -108,8 +108,9 @@ def replay_ms(run: Callable[[], object], budget_ms: float = 40.0) -> float:
 
 
 def _family(name: str) -> str:
-    """'triton128x64x8' -> 'triton', 'cublas+ln' -> 'cublas+ln': routes that differ in more than a tile size."""
-    return re.sub(r"\d.*", "", name)
+    """'triton128x64x8' -> 'triton', 'cublas+ln' -> 'cublas+ln', 'fp8+triton_gelu_q128x256xTrue' -> 'fp8+triton_gelu_q':
+    routes that differ in more than a tile size (the config that ends the route's name)."""
+    return re.sub(r"(?<!^fp)\d.*", "", name)  # the 8 of a leading "fp8" names the family, not a tile
 
 
 def _ours(name: str) -> bool:
@@ -118,7 +119,7 @@ def _ours(name: str) -> bool:
 
 
 def _fp8(name: str) -> bool:
-    """A route whose GEMM runs in e4m3 (ops.TritonOps: fp8, fp8+add, fp8+gelu_q, fp8+ln)."""
+    """A route whose GEMM runs in e4m3 (ops.TritonOps: fp8, fp8+add, fp8+gelu_q, fp8+triton_gelu_q, fp8+ln)."""
     return name.startswith("fp8")
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .ops import Linear, Norm, quantize_rows
+from .ops import Linear, Norm, fp8_bounds, quantize_rows
 
 
 @dataclass
@@ -33,6 +33,7 @@ class Converter:
         if self.fp8:
             w8, scale = quantize_rows(w)  # one scale per output channel, fixed once
             lin.weight_fp8, lin.weight_scale = w8, scale.t().contiguous()
+            lin.fp8_gain, lin.fp8_bias_max = fp8_bounds(w8, lin.weight_scale, lin.bias)
         return lin
 
     def norm(self, ln: nn.LayerNorm) -> Norm:

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 14's GPU calls, one part per device call (each under 10 minutes on an H100); every step is time-boxed
+# and writes under $OUT, so a call cut short still returns what was measured.
+#   bash benchmarks/gpu_round5.sh fp8     issue 23: the fp8 GPU tests (the fp8 GEMM with GELU and e4m3 output in its
+#                                         epilogue among them), then bert-base 256x128 and bert-large 128x384 fp8
+#                                         tuned and timed (encoders-only), and their kernel profiles
+#   bash benchmarks/gpu_round5.sh train   issue 25: which attention kernel the compiled bert-large step reaches
+#                                         (benchmarks/sdpa_choice.py), then the profiles of bert-large with a forced
+#                                         SDPA kernel and of gpt2 with its vocabulary padded (needs .whl/ carried:
+#                                         benchmarks/wheels.sh)
+set -x
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=150
+TB="python3 -m transbench"
+PART=${1:-fp8}
+exec > >(tee "$OUT/round5_$PART.txt") 2>&1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv
+if [ "$PART" = fp8 ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/r5 TRITON_CACHE_DIR=/tmp/r5-triton
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_engine_fp8_gpu.py \
+    -k "gemm_routes or fp8_bert or minilm or refuses" 2>&1 | tail -8
+  for m in "bert-base-uncased 256 128" "bert-large-uncased 128 384"; do set -- $m
+    timeout 70 $TB tune --model $1 --batch $2 --seq $3 --dtype fp8 | tail -3
+    timeout 60 $TB run --model $1 --backend fused --dtype fp8 --batch $2 --seq $3 --encoders-only --min-time 0.3 \
+      --timeout 55 --name fp8-$1 --db $OUT/r5.db --json $OUT/fp8-$1.json | tail -3
+  done
+  timeout 100 python3 benchmarks/engine_bench.py --parts profile-fp8 2>&1 | sed -n '/## profile/,$p' | grep -v "fp16\]" | head -80
+fi
+if [ "$PART" = train ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  for v in "" "--kernel FLASH_ATTENTION" "--kernel EFFICIENT_ATTENTION" "--no-dropout"; do
+    timeout 60 python3 benchmarks/sdpa_choice.py --model bert-large-uncased --batch 8 --seq 128 $v
+  done
+  timeout 60 python3 benchmarks/sdpa_choice.py --model gpt2 --batch 4 --seq 1024
+  timeout 130 python3 benchmarks/train_profile.py --model gpt2 --seq 1024 --batch 48 --dtype bf16 \
+    --optim adamw-fused --compile --activation gelu-tanh --pad-vocab 64 --out $OUT/profile_gpt2_pad64 | head -40
+  timeout 130 python3 benchmarks/train_profile.py --model bert-large-uncased --task mlm --seq 128 --batch 384 \
+    --dtype bf16 --optim adamw-fused --compile --head masked --backend sdpa-flash --pad-vocab 64 \
+    --out $OUT/profile_bert_large_flash | head -40
+fi
