@@ -444,6 +444,43 @@ def routes(rows_list=(1, 128, 1024)):
 
 
 @torch.inference_mode()
+def fp8_gemms():
+    """The fp8 MLP's first GEMM with bias, GELU and the e4m3 output in its epilogue (gemm.linear_fp8), per tile
+    config and with no activation (what the epilogue's GELU costs), against torch._scaled_mm alone (fp16 output,
+    no bias) and the route it replaces (_scaled_mm, then the bias + GELU + quantize pass): ms and TFLOPS."""
+    from transbench.engine import gemm, kernels
+    from transbench.engine.ops import fp8_bounds, quantize_rows
+
+    extra = [(128, 128, 128, 5, 8, True, False), (128, 128, 128, 6, 8, True, False), (128, 128, 128, 4, 4, True, False),
+             (128, 128, 128, 5, 4, True, False), (128, 256, 128, 4, 8, True, False), (256, 128, 128, 4, 8, True, True),
+             (128, 128, 128, 4, 8, False, False), (128, 64, 128, 6, 4, True, False)]
+    print("\n## fp8 GEMM + GELU + e4m3 epilogue (ms, TFLOPS)", flush=True)
+    for M, N, K in [(32768, 3072, 768), (49152, 4096, 1024)]:
+        torch.manual_seed(0)
+        x8, xs = quantize_rows(torch.randn(M, K, device="cuda"))
+        w8, ws = quantize_rows(torch.randn(N, K, device="cuda") * K**-0.5)
+        ws = ws.t().contiguous()
+        b = torch.randn(N, device="cuda", dtype=torch.float16)
+        gain, bias_max = fp8_bounds(w8, ws, b)
+        tf = 2 * M * N * K / 1e9
+
+        def line(label, ms):
+            print(f"  {M}x{N}x{K} {label:42s} {ms:7.4f} ms {tf / ms:7.1f} TFLOPS", flush=True)
+
+        def scaled():
+            return torch._scaled_mm(x8, w8.t(), scale_a=xs, scale_b=ws, out_dtype=torch.float16)
+        line("_scaled_mm (fp16 out)", bench(scaled))
+        line("_scaled_mm + bias/GELU/quantize pass", bench(lambda: kernels.quantize_rows(scaled(), b, 1)))
+        for cfg in gemm.FP8_CONFIGS + extra:
+            for act in (1, 0):
+                try:
+                    ms = bench(lambda: gemm.linear_fp8(x8, xs, w8, ws, b, gain, bias_max, act, cfg=cfg))
+                except Exception as e:  # noqa: BLE001 - a config this GPU refuses (shared memory) is reported
+                    print(f"  {cfg} act {act}: {type(e).__name__} {str(e)[:80]}")
+                    continue
+                line(f"{'x'.join(map(str, cfg))} {'gelu' if act else 'none'}", ms)
+
+
 def quant_kernels():
     """The per-token fp8 quantize pass (bias + GELU + e4m3 of the fp8 MLP's middle, kernels.quantize_rows) against
     a plain bias + GELU pass and the LayerNorm at the same rows: GB/s of each, and the pass's variants (warps per
@@ -510,7 +547,7 @@ def quant_kernels():
 
 
 PARTS = ("bert-base", "bert-large", "gemm", "routes", "bert-large-target", "varlen", "generate", "profile", "call",
-         "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant")
+         "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant", "fp8gemm")
 
 
 def main(argv=None):
@@ -545,6 +582,8 @@ def main(argv=None):
             profile("bert-large", [(128, 384)])
         elif part == "quant":
             quant_kernels()
+        elif part == "fp8gemm":
+            fp8_gemms()
         elif part == "profile-fp8":
             profile("bert-base", [(256, 128)], fp8=True)
             profile("bert-large", [(128, 384)], fp8=True)

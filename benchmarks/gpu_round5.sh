@@ -4,6 +4,8 @@
 #   bash benchmarks/gpu_round5.sh fp8     issue 23: the fp8 GPU tests (the fp8 GEMM with GELU and e4m3 output in its
 #                                         epilogue among them), then bert-base 256x128 and bert-large 128x384 fp8
 #                                         tuned and timed (encoders-only), and their kernel profiles
+#   bash benchmarks/gpu_round5.sh gemm    issue 23: the fp8 GPU tests' log, then the fused fp8 GEMM per tile config
+#                                         against torch._scaled_mm (benchmarks/engine_bench.py --parts fp8gemm)
 #   bash benchmarks/gpu_round5.sh train   issue 25: which attention kernel the compiled bert-large step reaches
 #                                         (benchmarks/sdpa_choice.py), then the profiles of bert-large with a forced
 #                                         SDPA kernel and of gpt2 with its vocabulary padded (needs .whl/ carried:
@@ -25,6 +27,13 @@ if [ "$PART" = fp8 ]; then
       --timeout 55 --name fp8-$1 --db $OUT/r5.db --json $OUT/fp8-$1.json | tail -3
   done
   timeout 100 python3 benchmarks/engine_bench.py --parts profile-fp8 2>&1 | sed -n '/## profile/,$p' | grep -v "fp16\]" | head -80
+fi
+if [ "$PART" = gemm ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/r5g TRITON_CACHE_DIR=/tmp/r5g-triton
+  timeout 280 python3 -m pytest -q -m gpu -p no:cacheprovider -rf -x tests/gpu/test_engine_fp8_gpu.py \
+    -k "gemm_routes or fp8_bert or minilm or refuses" > $OUT/fp8_tests.txt 2>&1; echo "pytest rc $?"
+  tail -30 $OUT/fp8_tests.txt
+  timeout 250 python3 benchmarks/engine_bench.py --parts fp8gemm 2>&1 | sed -n '/## fp8 GEMM/,/## routes/p'
 fi
 if [ "$PART" = train ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
