@@ -4,8 +4,9 @@
 #   bash benchmarks/gpu_round5.sh fp8     issue 23: the fp8 GPU tests (the fp8 GEMM with GELU and e4m3 output in its
 #                                         epilogue among them), then bert-base 256x128 and bert-large 128x384 fp8
 #                                         tuned and timed (encoders-only), and their kernel profiles
-#   bash benchmarks/gpu_round5.sh gemm    issue 23: the fp8 GPU tests' log, then the fused fp8 GEMM per tile config
-#                                         against torch._scaled_mm (benchmarks/engine_bench.py --parts fp8gemm)
+#   bash benchmarks/gpu_round5.sh gemm    issue 23: the fused fp8 GEMM per tile config against torch._scaled_mm
+#                                         (benchmarks/engine_bench.py --parts fp8gemm), then the fp8 part again
+#   bash benchmarks/gpu_round5.sh tests   issue 23: the fp8 GPU test file, with its slowest tests' durations
 #   bash benchmarks/gpu_round5.sh train   issue 25: which attention kernel the compiled bert-large step reaches
 #                                         (benchmarks/sdpa_choice.py), then the profiles of bert-large with a forced
 #                                         SDPA kernel and of gpt2 with its vocabulary padded (needs .whl/ carried:
@@ -30,10 +31,19 @@ if [ "$PART" = fp8 ]; then
 fi
 if [ "$PART" = gemm ]; then
   export TRANSBENCH_CACHE_DIR=/tmp/r5g TRITON_CACHE_DIR=/tmp/r5g-triton
-  timeout 280 python3 -m pytest -q -m gpu -p no:cacheprovider -rf -x tests/gpu/test_engine_fp8_gpu.py \
-    -k "gemm_routes or fp8_bert or minilm or refuses" > $OUT/fp8_tests.txt 2>&1; echo "pytest rc $?"
-  tail -30 $OUT/fp8_tests.txt
-  timeout 250 python3 benchmarks/engine_bench.py --parts fp8gemm 2>&1 | sed -n '/## fp8 GEMM/,/## routes/p'
+  timeout 200 python3 benchmarks/engine_bench.py --parts fp8gemm 2>&1 | sed -n '/## fp8 GEMM/,/## routes/p'
+  for m in "bert-base-uncased 256 128" "bert-large-uncased 128 384"; do set -- $m
+    timeout 70 $TB tune --model $1 --batch $2 --seq $3 --dtype fp8 | tail -2
+    timeout 60 $TB run --model $1 --backend fused --dtype fp8 --batch $2 --seq $3 --encoders-only --min-time 0.3 \
+      --timeout 55 --name fp8-$1 --db $OUT/r5.db --json $OUT/fp8-$1.json --wide | grep -E "fused|rel"
+  done
+  timeout 100 python3 benchmarks/engine_bench.py --parts profile-fp8 2>&1 | sed -n '/## profile/,$p' | grep -v "fp16\]" | head -40
+fi
+if [ "$PART" = tests ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/r5t TRITON_CACHE_DIR=/tmp/r5t-triton
+  timeout 450 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_engine_fp8_gpu.py --durations=8 \
+    > $OUT/fp8_tests.txt 2>&1; echo "pytest rc $?"
+  tail -25 $OUT/fp8_tests.txt
 fi
 if [ "$PART" = train ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH

@@ -55,8 +55,17 @@ def _prefetch_weights(W, row0, N, K, k0, k1, PDL: tl.constexpr, BR: tl.constexpr
 
 
 @triton.jit
+def _tanh(u, HW: tl.constexpr):
+    if HW:  # the SFU's tanh: one instruction, |error| ~ 2^-11 (PTX ISA, tanh.approx.f32)
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [u], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    return 2.0 * tl.sigmoid(2.0 * u) - 1.0  # Triton's CPU interpreter runs no PTX
+
+
+@triton.jit
 def _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT: tl.constexpr,
-              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr, HW: tl.constexpr, BM: tl.constexpr,
+              BN: tl.constexpr):
     cols = on + tl.arange(0, BN)
     if FP8:  # e4m3 operands: the product times the row's input scale and the column's weight scale
         rows = om + tl.arange(0, BM)
@@ -64,17 +73,28 @@ def _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MA
         acc = acc * xs[:, None] * tl.load(WS + cols, mask=cols < N, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(BIAS + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    acc = _activate(acc, ACT)
-    if HAS_RES:
-        acc += r_desc.load([om, on]).to(tl.float32)
     if FP8:
-        # The output in e4m3 for the next fp8 GEMM, with a per-row scale that bounds the row before it is computed
-        # (fp8_out_scale says why it is safe), so no tile waits for the row's other tiles. Clamped: past the bound
-        # only by fp32 rounding.
+        # The output in e4m3 for the next fp8 GEMM, on a per-row scale that bounds the row before it is computed
+        # (fp8_out_scale says why that is safe), so no tile waits for the row's other tiles.
         ys = fp8_out_scale(xs, GAIN, BIAS_MAX)
-        acc = tl.clamp(acc / ys[:, None], -448.0, 448.0)
+        if ACT == 0:
+            acc = acc * (1.0 / ys)[:, None]
+        else:
+            # GELU in its tanh form on the SFU's tanh, the row's 1 / scale folded in: ~6 instructions an element
+            # where the erf form (_activate) takes ~25 and two SFU calls. This epilogue runs on the same warps as the
+            # tile's matrix work, so its instructions are the kernel's time: H100, 32,768 x 3,072 x 768
+            # (benchmarks/engine_bench.py --parts fp8gemm), 0.146 ms with no activation, 0.288 with the erf GELU.
+            # For exact-GELU models the tanh form is within 5e-4 of erf's; e4m3 then rounds to 3 mantissa bits,
+            # steps of 6-12%, so the two differ in the e4m3 output where a value sits that close to a rounding tie.
+            half = (0.5 / ys)[:, None] * acc
+            acc = half + half * _tanh(acc * (0.7978845608028654 + 0.03567740813636141 * acc * acc), HW)
+        acc = tl.minimum(tl.maximum(acc, -448.0), 448.0)  # past the bound only by fp32 rounding
         if on == 0:
             tl.store(YS + rows, ys, mask=rows < M)
+    else:
+        acc = _activate(acc, ACT)
+        if HAS_RES:
+            acc += r_desc.load([om, on]).to(tl.float32)
     y_desc.store([om, on], acc.to(y_desc.dtype))
 
 
@@ -83,9 +103,10 @@ def fp8_out_scale(xs, GAIN, BIAS_MAX):
     # A row of x W^T + b with |x| <= 448 xs (its e4m3 scale) is bounded by 448 xs GAIN + BIAS_MAX, GAIN being the
     # largest column sum of |W| (Linear.fp8_gain); GELU leaves positive values below themselves and negative ones
     # above -0.17. That bound maps to 448. It is looser than the row's true max-abs (2^5.3 on average on bert-base,
-    # benchmarks/fp8_accuracy.py), which e4m3, a floating-point format, absorbs: the row's values keep their 3-bit
-    # mantissas and only ones far below the max turn subnormal. Same accuracy as the max-abs scale in the emulation
-    # (ops.fp8_gelu_out), bert-base rel_err 0.0702 against 0.0704, MiniLM min cosine 0.9943 against 0.9936.
+    # 2^4.8 on bert-large, benchmarks/fp8_accuracy.py), which e4m3, a floating-point format, absorbs: the row's
+    # values keep their 3-bit mantissas and only ones far below the max turn subnormal. Same accuracy as the
+    # max-abs scale in the emulation: bert-base 2 x 128 rel_err 0.0702 against 0.0704, bert-large 1 x 384 0.128
+    # for both, MiniLM min cosine 0.9943 against 0.9936.
     return tl.maximum(xs * GAIN + BIAS_MAX / 448.0, 0.17 / 448.0)
 
 
@@ -95,7 +116,7 @@ def fp8_out_scale(xs, GAIN, BIAS_MAX):
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, XS, WS, YS, M, N, K, GAIN, BIAS_MAX,
                    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+                   HW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
                    PROGRAMS: tl.constexpr, SUBTILE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
     first_om, first_on = _tile_origin(tl.program_id(0), n_m, n_n, GROUP, BM, BN)
@@ -118,12 +139,12 @@ def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, XS, WS, YS, M, N, K,
         if SUBTILE:  # two half-width stores: half the shared memory for the output tile, one more stage for loads
             acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
             _epilogue(acc0, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS, HAS_RES,
-                      FP8, BM, BN // 2)
+                      FP8, HW, BM, BN // 2)
             _epilogue(acc1, om, on + BN // 2, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS,
-                      HAS_RES, FP8, BM, BN // 2)
+                      HAS_RES, FP8, HW, BM, BN // 2)
         else:
             _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS, HAS_RES, FP8,
-                      BM, BN)
+                      HW, BM, BN)
 
 
 # (BM, BN, BK, stages, warps, persistent, subtile): the tuner times each against cuBLAS for every shape it meets.
@@ -138,11 +159,13 @@ CONFIGS = [
     (128, 32, 128, 4, 4, False, False),
     (128, 128, 64, 2, 4, False, False),  # small enough for two programs per SM: one's epilogue hides under the other's loads
 ]
-# The same tiles for e4m3 operands (linear_fp8), large M only (ops.FP8_MIN_ROWS): K steps of 128 one-byte elements,
-# the 128-byte rows wgmma reads.
+# The tiles for e4m3 operands (linear_fp8), large M only (ops.FP8_MIN_ROWS): K steps of 128 one-byte elements, the
+# 128-byte rows wgmma reads. H100 (benchmarks/engine_bench.py --parts fp8gemm, no activation): 128 x 256 x 128 with
+# four stages ran 32,768 x 3,072 x 768 at 1,063 TFLOPS and 49,152 x 4,096 x 1,024 at 1,077 (torch._scaled_mm 947 and
+# 1,058); 128 x 128 tiles with four warps lost half their speed to a GELU epilogue, 128 x 64 ones ran at 620-690.
 FP8_CONFIGS = [
-    (128, 256, 128, 3, 8, True, True), (128, 256, 128, 4, 8, True, True), (256, 128, 128, 3, 8, True, True),
-    (128, 128, 128, 4, 8, True, False), (128, 256, 128, 3, 8, False, True), (128, 128, 128, 3, 4, False, False),
+    (128, 256, 128, 4, 8, True, False), (128, 256, 128, 4, 8, True, True), (128, 256, 128, 3, 8, True, True),
+    (128, 128, 128, 4, 8, True, False), (128, 128, 128, 3, 4, False, False), (256, 128, 128, 4, 8, True, True),
 ]
 
 
@@ -242,8 +265,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
         TensorDescriptor.from_tensor(y, out_block), TensorDescriptor.from_tensor(r, out_block), weight,
         bias if bias is not None else y, y, y, y, M, N, K, 0.0, 0.0, ACT=act, HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None, FP8=False, BM=bm, BN=bn, BK=bk, GROUP=8, PROGRAMS=programs, SUBTILE=subtile,
-        num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M, **launch_options(x.device))
+        HAS_RES=residual is not None, FP8=False, HW=False, BM=bm, BN=bn, BK=bk, GROUP=8, PROGRAMS=programs,
+        SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M, **launch_options(x.device))
     return y
 
 
@@ -259,8 +282,8 @@ def linear_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, wei
                cfg=FP8_CONFIGS[0]) -> tuple[torch.Tensor, torch.Tensor]:
     """act(x W^T + bias) from e4m3 x (M, K) with per-row scales (M, 1) and e4m3 W (N, K) with per-column scales
     (1, N), written in e4m3 with a per-row scale (fp8_out_scale, from W's `gain` and max |bias| `bias_max`):
-    (y (M, N), y_scale (M, 1)), the next fp8 GEMM's input. The bias, the activation and the quantization run in the GEMM's epilogue: the fp16 output and the pass
-    that reads it to quantize never exist (ops.TritonOps.linear_gelu says what that pass cost)."""
+    (y (M, N), y_scale (M, 1)), the next fp8 GEMM's input. The bias, the activation and the quantization run in the
+    GEMM's epilogue: the fp16 output, and the pass that reads it to quantize, never exist."""
     if not supported_fp8(x, weight):
         raise ValueError("shape/alignment not supported by the fp8 TMA GEMM")
     (M, K), N = x.shape, weight.shape[0]
@@ -273,6 +296,7 @@ def linear_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, wei
     _linear_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]), out, out, weight,
         bias if bias is not None else y_scale, x_scale, weight_scale, y_scale, M, N, K, gain, bias_max, ACT=act,
-        HAS_BIAS=bias is not None, HAS_RES=False, FP8=True, BM=bm, BN=bn, BK=bk, GROUP=8, PROGRAMS=programs,
-        SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=False, **launch_options(x.device))
+        HAS_BIAS=bias is not None, HAS_RES=False, FP8=True, HW=x.is_cuda, BM=bm, BN=bn, BK=bk, GROUP=8,
+        PROGRAMS=programs, SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=False,
+        **launch_options(x.device))
     return y, y_scale

@@ -67,10 +67,11 @@ def fp8_out_scale(x_scale: torch.Tensor, lin: Linear) -> torch.Tensor:
     return torch.clamp(x_scale * lin.fp8_gain + lin.fp8_bias_max / FP8_MAX, min=0.17 / FP8_MAX)
 
 
-def fp8_gelu_out(q: "Fp8Act", lin: Linear, kind: str) -> "Fp8Act":
+def fp8_gelu_out(q: "Fp8Act", lin: Linear) -> "Fp8Act":
     """gelu(x W^T + b) from an e4m3 input, as the next fp8 GEMM's e4m3 input with fp8_out_scale's row scales: the
-    math of the fused fp8 GEMM (gemm.linear_fp8), emulated in fp32."""
-    y = F.gelu(scaled_mm(q, lin, torch.float32, lin.bias), approximate="tanh" if kind == "tanh" else "none")
+    math of the fused fp8 GEMM (gemm.linear_fp8), emulated in fp32. GELU in its tanh form for exact-GELU models too,
+    as that kernel computes it (gemm._epilogue says why)."""
+    y = F.gelu(scaled_mm(q, lin, torch.float32, lin.bias), approximate="tanh")
     scale = fp8_out_scale(q.scale, lin)
     return Fp8Act((y / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale)
 
@@ -133,7 +134,7 @@ class TorchOps:
     def linear_gelu(self, x, lin: Linear, kind: str):
         """gelu(x W^T + b): the MLP's first half; in an fp8 layer, as the next GEMM's e4m3 input (fp8_gelu_out)."""
         if self.fp8(lin, rows(x)):
-            return fp8_gelu_out(self.quantize(x), lin, kind)
+            return fp8_gelu_out(self.quantize(x), lin)
         return self.bias_gelu(self.linear(hp(x, lin.weight.dtype), lin, bias=False), lin.bias, kind)
 
     def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False, quant=False):
