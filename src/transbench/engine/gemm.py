@@ -64,8 +64,8 @@ def _tanh(u, HW: tl.constexpr):
 
 @triton.jit
 def _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT: tl.constexpr,
-              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr, HW: tl.constexpr, BM: tl.constexpr,
-              BN: tl.constexpr):
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr, QUANT: tl.constexpr, HW: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr):
     cols = on + tl.arange(0, BN)
     if FP8:  # e4m3 operands: the product times the row's input scale and the column's weight scale
         rows = om + tl.arange(0, BM)
@@ -73,7 +73,7 @@ def _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MA
         acc = acc * xs[:, None] * tl.load(WS + cols, mask=cols < N, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(BIAS + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    if FP8:
+    if QUANT:
         # The output in e4m3 for the next fp8 GEMM, on a per-row scale that bounds the row before it is computed
         # (fp8_out_scale says why that is safe), so no tile waits for the row's other tiles.
         ys = fp8_out_scale(xs, GAIN, BIAS_MAX)
@@ -83,7 +83,8 @@ def _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MA
             # GELU in its tanh form on the SFU's tanh, the row's 1 / scale folded in: ~6 instructions an element
             # where the erf form (_activate) takes ~25 and two SFU calls. This epilogue runs on the same warps as the
             # tile's matrix work, so its instructions are the kernel's time: H100, 32,768 x 3,072 x 768
-            # (benchmarks/engine_bench.py --parts fp8gemm), 0.146 ms with no activation, 0.288 with the erf GELU.
+            # (benchmarks/engine_bench.py --parts fp8gemm), 0.156 ms with no activation, 0.288 with the erf GELU,
+            # 0.159 with this one (torch._scaled_mm alone, fp16 output: 0.166).
             # For exact-GELU models the tanh form is within 5e-4 of erf's; e4m3 then rounds to 3 mantissa bits,
             # steps of 6-12%, so the two differ in the e4m3 output where a value sits that close to a rounding tie.
             half = (0.5 / ys)[:, None] * acc
@@ -116,7 +117,7 @@ def fp8_out_scale(xs, GAIN, BIAS_MAX):
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, XS, WS, YS, M, N, K, GAIN, BIAS_MAX,
                    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr,
-                   HW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+                   QUANT: tl.constexpr, HW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
                    PROGRAMS: tl.constexpr, SUBTILE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
     first_om, first_on = _tile_origin(tl.program_id(0), n_m, n_n, GROUP, BM, BN)
@@ -139,12 +140,12 @@ def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, XS, WS, YS, M, N, K,
         if SUBTILE:  # two half-width stores: half the shared memory for the output tile, one more stage for loads
             acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
             _epilogue(acc0, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS, HAS_RES,
-                      FP8, HW, BM, BN // 2)
+                      FP8, QUANT, HW, BM, BN // 2)
             _epilogue(acc1, om, on + BN // 2, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS,
-                      HAS_RES, FP8, HW, BM, BN // 2)
+                      HAS_RES, FP8, QUANT, HW, BM, BN // 2)
         else:
             _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS, HAS_RES, FP8,
-                      HW, BM, BN)
+                      QUANT, HW, BM, BN)
 
 
 # (BM, BN, BK, stages, warps, persistent, subtile): the tuner times each against cuBLAS for every shape it meets.
@@ -265,7 +266,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
         TensorDescriptor.from_tensor(y, out_block), TensorDescriptor.from_tensor(r, out_block), weight,
         bias if bias is not None else y, y, y, y, M, N, K, 0.0, 0.0, ACT=act, HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None, FP8=False, HW=False, BM=bm, BN=bn, BK=bk, GROUP=8, PROGRAMS=programs,
+        HAS_RES=residual is not None, FP8=False, QUANT=False, HW=False, BM=bm, BN=bn, BK=bk, GROUP=8, PROGRAMS=programs,
         SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M, **launch_options(x.device))
     return y
 
@@ -278,25 +279,30 @@ def supported_fp8(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-               bias: torch.Tensor | None, gain: float, bias_max: float, act: int = ACT_GELU,
-               cfg=FP8_CONFIGS[0]) -> tuple[torch.Tensor, torch.Tensor]:
-    """act(x W^T + bias) from e4m3 x (M, K) with per-row scales (M, 1) and e4m3 W (N, K) with per-column scales
-    (1, N), written in e4m3 with a per-row scale (fp8_out_scale, from W's `gain` and max |bias| `bias_max`):
-    (y (M, N), y_scale (M, 1)), the next fp8 GEMM's input. The bias, the activation and the quantization run in the
-    GEMM's epilogue: the fp16 output, and the pass that reads it to quantize, never exist."""
-    if not supported_fp8(x, weight):
+               bias: torch.Tensor | None, gain: float = 0.0, bias_max: float = 0.0, act: int = ACT_NONE,
+               out_dtype: torch.dtype = torch.float8_e4m3fn, residual: torch.Tensor | None = None,
+               cfg=FP8_CONFIGS[0]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """act(x W^T + bias) [+ residual] from e4m3 x (M, K) with per-row scales (M, 1) and e4m3 W (N, K) with
+    per-column scales (1, N), the scales, bias and activation applied in the GEMM's epilogue. out_dtype e4m3: written
+    with a per-row scale (fp8_out_scale, from W's `gain` and max |bias| `bias_max`) as the next fp8 GEMM's input,
+    (y, y_scale (M, 1)): the fp16 output, and the pass that reads it to quantize, never exist. Otherwise (y, None)
+    in out_dtype, and the residual may be added there too."""
+    quant = out_dtype == torch.float8_e4m3fn
+    if not supported_fp8(x, weight) or (residual is not None and (quant or not residual.is_contiguous())):
         raise ValueError("shape/alignment not supported by the fp8 TMA GEMM")
     (M, K), N = x.shape, weight.shape[0]
     bm, bn, bk, stages, warps, persistent, subtile = cfg
-    y = torch.empty(M, N, device=x.device, dtype=torch.float8_e4m3fn)
-    y_scale = torch.empty(M, 1, device=x.device, dtype=torch.float32)
+    y = torch.empty(M, N, device=x.device, dtype=out_dtype)
+    y_scale = torch.empty(M, 1, device=x.device, dtype=torch.float32) if quant else x_scale
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     programs = min(tiles, _sm_count(x.device)) if persistent else tiles
-    out = TensorDescriptor.from_tensor(y, [bm, bn // 2 if subtile else bn])
+    out_block = [bm, bn // 2 if subtile else bn]
+    r = residual.view(M, N) if residual is not None else y
     _linear_kernel[(programs,)](
-        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]), out, out, weight,
+        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
+        TensorDescriptor.from_tensor(y, out_block), TensorDescriptor.from_tensor(r, out_block), weight,
         bias if bias is not None else y_scale, x_scale, weight_scale, y_scale, M, N, K, gain, bias_max, ACT=act,
-        HAS_BIAS=bias is not None, HAS_RES=False, FP8=True, HW=x.is_cuda, BM=bm, BN=bn, BK=bk, GROUP=8,
-        PROGRAMS=programs, SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=False,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, FP8=True, QUANT=quant, HW=x.is_cuda, BM=bm, BN=bn,
+        BK=bk, GROUP=8, PROGRAMS=programs, SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=False,
         **launch_options(x.device))
-    return y, y_scale
+    return y, (y_scale if quant else None)

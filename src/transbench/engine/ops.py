@@ -201,6 +201,14 @@ class TritonOps(TorchOps):
         y = Fp8Act(y[1], y[2], hp=y[0])
         return (y, res) if store else y
 
+    @staticmethod
+    def _fp8_ours(lin: Linear, name: str, run) -> dict:
+        """{name + config: fn(q)}: `run(q, cfg)` with each tile config of our fp8 GEMM (gemm.linear_fp8), for a layer
+        with fp8 weights."""
+        if lin.weight_fp8 is None:
+            return {}
+        return {name + "x".join(map(str, cfg)): (lambda q, cfg=cfg: run(q, cfg)) for cfg in _gemm.FP8_CONFIGS}
+
     def _choose(self, op: str, x, lin: Linear, cands: dict, triton_cand, fp8_cands: dict | None = None):
         """Run `op` by the route the tuner picks. cands: library routes {name: fn(h)} on the input in the model's
         dtype; triton_cand(gemm_fn, cfg, h) runs it with one of our GEMM kernels (each config a candidate);
@@ -229,10 +237,15 @@ class TritonOps(TorchOps):
         def fp8_add(q):  # bias added by a separate kernel, where _scaled_mm cannot take it
             y = scaled_mm(q, lin, lin.weight.dtype)
             return y if b is None else y.add_(b)
+
+        def ours(q, cfg):
+            return _gemm.linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, b,
+                                    out_dtype=lin.weight.dtype, cfg=cfg)[0]
         return self._choose(f"linear|bias={b is not None}", x, lin,
                             {"cublas": lambda h: F.linear(h, lin.weight, b)},
                             lambda gemm, cfg, h: gemm(h, lin.weight, b, cfg=cfg),
-                            {"fp8": lambda q: scaled_mm(q, lin, lin.weight.dtype, b), "fp8+add": fp8_add})
+                            {"fp8": lambda q: scaled_mm(q, lin, lin.weight.dtype, b), "fp8+add": fp8_add,
+                             **self._fp8_ours(lin, "fp8+triton", ours)})
 
     def bias_gelu(self, x, bias, kind):
         if bias is None:
@@ -253,12 +266,10 @@ class TritonOps(TorchOps):
         def gelu_q(q):
             return Fp8Act(*_triton.quantize_rows(scaled_mm(q, lin, lin.weight.dtype), lin.bias, act))
 
-        fp8 = {"fp8+gelu_q": gelu_q}
-        if lin.weight_fp8 is not None:
-            for cfg in _gemm.FP8_CONFIGS:  # bias, GELU and the e4m3 output in the fp8 GEMM's epilogue
-                fp8["fp8+triton_gelu_q" + "x".join(map(str, cfg))] = lambda q, cfg=cfg: Fp8Act(*_gemm.linear_fp8(
-                    q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias, lin.fp8_gain, lin.fp8_bias_max, act,
-                    cfg=cfg))
+        def ours(q, cfg):  # bias, GELU and the e4m3 output in our fp8 GEMM's epilogue
+            return Fp8Act(*_gemm.linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias, lin.fp8_gain,
+                                            lin.fp8_bias_max, act, cfg=cfg))
+        fp8 = {"fp8+gelu_q": gelu_q, **self._fp8_ours(lin, "fp8+triton_gelu_q", ours)}
         # The fp8 GEMM's only route hands the next GEMM an fp8 input. An fp16-output fp8 route (bias + GELU in fp16)
         # used to be offered too, and the tuner, timing each op alone, chose it: cheaper alone, it left the next
         # GEMM to quantize its input in a pass of its own or to run in fp16. H100, session 13 profile
@@ -292,8 +303,13 @@ class TritonOps(TorchOps):
         cands = {"cublas+ln": lambda h: ln(F.linear(h, lin.weight), residual, lin.bias),
                  # cuBLAS adds the residual as its C operand (beta = 1): the LayerNorm reads one tensor, not two
                  "cublas_addmm+ln": lambda h: ln(torch.addmm(residual, h, lin.weight.t()), None, lin.bias)}
+        def ours(q, cfg):  # our fp8 GEMM writes x W^T + b + residual in the model's dtype, as `fused` does
+            s = _gemm.linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias,
+                                 out_dtype=lin.weight.dtype, residual=residual, cfg=cfg)[0]
+            return (ln(s, None, None, False), s) if store_residual else ln(s, None, None)
         return self._choose(f"linear_add_ln|store={store_residual}" + ("|quant" if quant else ""), x, lin, cands,
-                            fused, {"fp8+ln": lambda q: ln(scaled_mm(q, lin, lin.weight.dtype), residual, lin.bias)})
+                            fused, {"fp8+ln": lambda q: ln(scaled_mm(q, lin, lin.weight.dtype), residual, lin.bias),
+                                    **self._fp8_ours(lin, "fp8+triton+ln", ours)})
 
 
 def select_ops(device: torch.device) -> TorchOps:
