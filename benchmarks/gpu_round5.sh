@@ -5,7 +5,8 @@
 #                                         (encoders-only), and their kernel profiles with the routes chosen
 #   bash benchmarks/gpu_round5.sh gemm    issue 23: the fused fp8 GEMM per tile config against torch._scaled_mm
 #                                         (benchmarks/engine_bench.py --parts fp8gemm), then the fp8 part again
-#   bash benchmarks/gpu_round5.sh tests   issue 23: the fp8 GPU test file, with its slowest tests' durations
+#   bash benchmarks/gpu_round5.sh tests   issue 23: the fp8 GPU test file, then the fp16 GEMM's and engine's GPU tests
+#                                         (the GEMM kernel gained the fp8 epilogue)
 #   bash benchmarks/gpu_round5.sh train   issue 25: which attention kernel the compiled bert-large step reaches
 #                                         (benchmarks/sdpa_choice.py), then the profiles of bert-large with a forced
 #                                         SDPA kernel and of gpt2 with its vocabulary padded (needs .whl/ carried:
@@ -38,9 +39,12 @@ if [ "$PART" = gemm ]; then
 fi
 if [ "$PART" = tests ]; then
   export TRANSBENCH_CACHE_DIR=/tmp/r5t TRITON_CACHE_DIR=/tmp/r5t-triton
-  timeout 450 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_engine_fp8_gpu.py --durations=8 \
+  timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_engine_fp8_gpu.py --durations=8 \
     > $OUT/fp8_tests.txt 2>&1; echo "pytest rc $?"
   tail -25 $OUT/fp8_tests.txt
+  timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_engine_kernels.py --durations=5 \
+    -k "triton_gemm_every_config or bert_base_shape or fp8_linear or odd_shapes" > $OUT/kernel_tests.txt 2>&1
+  echo "pytest rc $?"; tail -15 $OUT/kernel_tests.txt
 fi
 if [ "$PART" = train ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
