@@ -39,10 +39,10 @@ if [ "$PART" = gemm ]; then
 fi
 if [ "$PART" = tests ]; then
   export TRANSBENCH_CACHE_DIR=/tmp/r5t TRITON_CACHE_DIR=/tmp/r5t-triton
-  timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_engine_fp8_gpu.py --durations=8 \
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_engine_fp8_gpu.py --durations=8 \
     > $OUT/fp8_tests.txt 2>&1; echo "pytest rc $?"
   tail -25 $OUT/fp8_tests.txt
-  timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_engine_kernels.py --durations=5 \
+  timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_engine_kernels.py --durations=5 \
     -k "triton_gemm_every_config or bert_base_shape or fp8_linear or odd_shapes" > $OUT/kernel_tests.txt 2>&1
   echo "pytest rc $?"; tail -15 $OUT/kernel_tests.txt
 fi

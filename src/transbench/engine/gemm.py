@@ -271,6 +271,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
     return y
 
 
+@functools.cache
+def _shared_memory(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin if device.type == "cuda" else 1 << 30
+
+
+def fp8_configs(out_dtype: torch.dtype, device: torch.device) -> list:
+    """The FP8_CONFIGS whose load stages and output tile fit in the GPU's shared memory for this output dtype: an fp16
+    output doubles the output tile, and 128 x 256 tiles with four stages then need 256 KiB (an H100 has 227)."""
+    out = torch.empty(0, dtype=out_dtype).element_size()
+    return [c for c in FP8_CONFIGS
+            if c[3] * (c[0] + c[1]) * c[2] + c[0] * (c[1] // 2 if c[6] else c[1]) * out <= _shared_memory(device)]
+
+
 def supported_fp8(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """linear_fp8's operands: 2-D row-major e4m3, rows of a multiple of 16 bytes (TMA), 16-byte aligned bases."""
     return (x.dim() == 2 and x.is_contiguous() and weight.is_contiguous()

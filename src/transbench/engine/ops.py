@@ -202,12 +202,13 @@ class TritonOps(TorchOps):
         return (y, res) if store else y
 
     @staticmethod
-    def _fp8_ours(lin: Linear, name: str, run) -> dict:
-        """{name + config: fn(q)}: `run(q, cfg)` with each tile config of our fp8 GEMM (gemm.linear_fp8), for a layer
-        with fp8 weights."""
+    def _fp8_ours(lin: Linear, name: str, run, out_dtype: torch.dtype) -> dict:
+        """{name + config: fn(q)}: `run(q, cfg)` with each tile config of our fp8 GEMM (gemm.linear_fp8) that fits
+        its output dtype, for a layer with fp8 weights."""
         if lin.weight_fp8 is None:
             return {}
-        return {name + "x".join(map(str, cfg)): (lambda q, cfg=cfg: run(q, cfg)) for cfg in _gemm.FP8_CONFIGS}
+        return {name + "x".join(map(str, cfg)): (lambda q, cfg=cfg: run(q, cfg))
+                for cfg in _gemm.fp8_configs(out_dtype, lin.weight.device)}
 
     def _choose(self, op: str, x, lin: Linear, cands: dict, triton_cand, fp8_cands: dict | None = None):
         """Run `op` by the route the tuner picks. cands: library routes {name: fn(h)} on the input in the model's
@@ -245,7 +246,7 @@ class TritonOps(TorchOps):
                             {"cublas": lambda h: F.linear(h, lin.weight, b)},
                             lambda gemm, cfg, h: gemm(h, lin.weight, b, cfg=cfg),
                             {"fp8": lambda q: scaled_mm(q, lin, lin.weight.dtype, b), "fp8+add": fp8_add,
-                             **self._fp8_ours(lin, "fp8+triton", ours)})
+                             **self._fp8_ours(lin, "fp8+triton", ours, lin.weight.dtype)})
 
     def bias_gelu(self, x, bias, kind):
         if bias is None:
@@ -269,7 +270,7 @@ class TritonOps(TorchOps):
         def ours(q, cfg):  # bias, GELU and the e4m3 output in our fp8 GEMM's epilogue
             return Fp8Act(*_gemm.linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias, lin.fp8_gain,
                                             lin.fp8_bias_max, act, cfg=cfg))
-        fp8 = {"fp8+gelu_q": gelu_q, **self._fp8_ours(lin, "fp8+triton_gelu_q", ours)}
+        fp8 = {"fp8+gelu_q": gelu_q, **self._fp8_ours(lin, "fp8+triton_gelu_q", ours, torch.float8_e4m3fn)}
         # The fp8 GEMM's only route hands the next GEMM an fp8 input. An fp16-output fp8 route (bias + GELU in fp16)
         # used to be offered too, and the tuner, timing each op alone, chose it: cheaper alone, it left the next
         # GEMM to quantize its input in a pass of its own or to run in fp16. H100, session 13 profile
@@ -309,7 +310,7 @@ class TritonOps(TorchOps):
             return (ln(s, None, None, False), s) if store_residual else ln(s, None, None)
         return self._choose(f"linear_add_ln|store={store_residual}" + ("|quant" if quant else ""), x, lin, cands,
                             fused, {"fp8+ln": lambda q: ln(scaled_mm(q, lin, lin.weight.dtype), residual, lin.bias),
-                                    **self._fp8_ours(lin, "fp8+triton+ln", ours)})
+                                    **self._fp8_ours(lin, "fp8+triton+ln", ours, lin.weight.dtype)})
 
 
 def select_ops(device: torch.device) -> TorchOps:
