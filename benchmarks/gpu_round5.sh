@@ -7,6 +7,9 @@
 #                                         (benchmarks/engine_bench.py --parts fp8gemm), then the fp8 part again
 #   bash benchmarks/gpu_round5.sh tests   issue 23: the fp8 GPU test file, then the fp16 GEMM's and engine's GPU tests
 #                                         (the GEMM kernel gained the fp8 epilogue)
+#   bash benchmarks/gpu_round5.sh final   issue 23: the fp8 GEMM route tests again (after the shared-memory fix);
+#                                         issue 25: the best bert-large and gpt2 training cells, compiled SDPA
+#                                         unmasked and the vocabulary padded (needs .whl/ carried)
 #   bash benchmarks/gpu_round5.sh train   issue 25: which attention kernel the compiled bert-large step reaches
 #                                         (benchmarks/sdpa_choice.py), then the profiles of bert-large with a forced
 #                                         SDPA kernel and of gpt2 with its vocabulary padded (needs .whl/ carried:
@@ -45,6 +48,17 @@ if [ "$PART" = tests ]; then
   timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_engine_kernels.py --durations=5 \
     -k "triton_gemm_every_config or bert_base_shape or fp8_linear or odd_shapes" > $OUT/kernel_tests.txt 2>&1
   echo "pytest rc $?"; tail -15 $OUT/kernel_tests.txt
+fi
+if [ "$PART" = final ]; then
+  TRANSBENCH_CACHE_DIR=/tmp/r5f timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rf \
+    tests/gpu/test_engine_fp8_gpu.py -k "gemm_routes or quantize_kernel" > $OUT/fp8_route_tests.txt 2>&1
+  echo "pytest rc $?"; tail -4 $OUT/fp8_route_tests.txt
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  TDB=$OUT/train_round5.db
+  timeout 170 $TB train --model bert-large-uncased --task mlm --seq 128 --dtype bf16 --batch 384 --optim adamw-fused \
+    --head masked --compile on --pad-vocab 64 --steps 5 --warmup 2 --timeout 160 --name best-bert-large --db $TDB --wide
+  timeout 150 $TB train --model gpt2 --seq 1024 --dtype bf16 --batch 48 --optim adamw-fused --activation gelu-tanh \
+    --compile on --pad-vocab 64 --steps 5 --warmup 2 --timeout 140 --name best-gpt2 --db $TDB --wide
 fi
 if [ "$PART" = train ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH

@@ -396,3 +396,43 @@ def test_masked_head_on_a_model_without_one_is_unsupported():
     r = run_guarded(replace(BASE, model="gpt2-tiny", task="causal-lm", head="masked"))
     assert r.status == "unsupported" and "--head all" in r.error
 
+
+
+def test_compiled_sdpa_training_runs_without_a_mask_on_full_attention_families(monkeypatch):
+    """Under torch.compile, transformers (5.17 on the GPU image) builds an all-true (batch, 1, seq, seq) mask that
+    eager mode skips, and SDPA with a mask has no flash kernel. Training batches are never padded, so a compiled
+    full-attention family trains on the unmasked SDPA: the compiled graph holds the fused kernel, not the math path,
+    and the loss is the eager step's. Windowed families (ModernBERT) keep transformers' own masks."""
+    import torch
+    from collections import Counter
+
+    from transbench.runner.rank import RankInfo
+
+    ops: Counter = Counter()
+
+    def recording(gm, example_inputs):
+        from functorch.compile import make_boxed_func
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        def compiler(g, inputs):
+            ops.update(str(n.target) for n in g.graph.nodes if n.op == "call_function")
+            return make_boxed_func(g.forward)
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler)
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend=recording))
+    losses = {}
+    for compiled in (False, True):
+        cell = replace(BASE, compile=compiled)
+        trainer = training_loop.Trainer(cell, RankInfo(), torch.device("cpu"))
+        for m in trainer.hf_model.modules():  # CPU SDPA takes its fused kernel without dropout only
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+        losses[compiled] = float(trainer.step())
+        assert trainer.info["attn_implementation"] == (training_loop.UNMASKED_SDPA if compiled else "sdpa")
+    assert ops["aten._scaled_dot_product_flash_attention_for_cpu.default"] == 2  # both layers' forward
+    assert not ops["aten._safe_softmax.default"]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
+    windowed = training_loop.Trainer(replace(BASE, model="modernbert-tiny", compile=True), RankInfo(),
+                                     torch.device("cpu"))
+    assert windowed.info["attn_implementation"] == "sdpa"

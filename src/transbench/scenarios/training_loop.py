@@ -177,6 +177,25 @@ def _pad_vocab(model, multiple: int) -> int:
     return model.get_input_embeddings().weight.shape[0]
 
 
+# transformers' SDPA attention without a mask, for training cells (their batches are never padded). Under
+# torch.compile transformers cannot check the mask's contents, so it builds the (batch, 1, seq, seq) all-true mask
+# that eager mode skips, and SDPA with a mask has no flash or cuDNN kernel: H100, session 14
+# (benchmarks/sdpa_choice.py), compiled bert-large ran SDPA's math path, eager cuDNN's attention. A name transformers
+# has no mask function for gets no mask, and its attention then runs plain SDPA (is_causal for decoders).
+UNMASKED_SDPA = "sdpa_unmasked"
+# Families whose every layer attends over the whole sequence (or its causal prefix): dropping an all-true mask is
+# exact there, where a local or sliding window (ModernBERT's, Qwen2's) is part of the mask.
+FULL_ATTENTION_FAMILIES = ("bert", "roberta", "gpt2")
+
+
+def _unmasked_sdpa(model) -> None:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(UNMASKED_SDPA, sdpa_attention_forward)
+    model.config._attn_implementation = UNMASKED_SDPA
+
+
 def _checkpointing(model) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
@@ -200,6 +219,8 @@ class Trainer:
         model = build.build_model(ref, cell.task, attn=attn_impl, activation=cell.activation, device=str(device),
                                   seed=cell.seed)
         self.info["vocab_rows"] = _pad_vocab(model, cell.pad_vocab)
+        if cell.compile and attn_impl == "sdpa" and ref.family in FULL_ATTENTION_FAMILIES:
+            _unmasked_sdpa(model)
         model.train().requires_grad_(True)
         n_params = sum(p.numel() for p in model.parameters())
         if cell.grad_ckpt:
