@@ -21,24 +21,22 @@ TB="python3 -m transbench"
 PART=${1:-fp8}
 exec > >(tee "$OUT/round5_$PART.txt") 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv
-if [ "$PART" = fp8 ]; then
-  export TRANSBENCH_CACHE_DIR=/tmp/r5 TRITON_CACHE_DIR=/tmp/r5-triton
+fp8_tables() {  # tune, then time, the two fp8 targets; then their kernel profiles and the routes chosen
   for m in "bert-base-uncased 256 128" "bert-large-uncased 128 384"; do set -- $m
     timeout 80 $TB tune --model $1 --batch $2 --seq $3 --dtype fp8 | tail -2
     timeout 60 $TB run --model $1 --backend fused --dtype fp8 --batch $2 --seq $3 --encoders-only --min-time 0.3 \
       --timeout 55 --name fp8-$1 --db $OUT/r5.db --json $OUT/fp8-$1.json --wide | grep -E "fused|rel"
   done
   timeout 100 python3 benchmarks/engine_bench.py --parts profile-fp8 2>&1 | sed -n '/## profile/,$p' | grep -v "fp16\]" | head -60
+}
+if [ "$PART" = fp8 ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/r5 TRITON_CACHE_DIR=/tmp/r5-triton
+  fp8_tables
 fi
 if [ "$PART" = gemm ]; then
   export TRANSBENCH_CACHE_DIR=/tmp/r5g TRITON_CACHE_DIR=/tmp/r5g-triton
   timeout 200 python3 benchmarks/engine_bench.py --parts fp8gemm 2>&1 | sed -n '/## fp8 GEMM/,/## routes/p'
-  for m in "bert-base-uncased 256 128" "bert-large-uncased 128 384"; do set -- $m
-    timeout 70 $TB tune --model $1 --batch $2 --seq $3 --dtype fp8 | tail -2
-    timeout 60 $TB run --model $1 --backend fused --dtype fp8 --batch $2 --seq $3 --encoders-only --min-time 0.3 \
-      --timeout 55 --name fp8-$1 --db $OUT/r5.db --json $OUT/fp8-$1.json --wide | grep -E "fused|rel"
-  done
-  timeout 100 python3 benchmarks/engine_bench.py --parts profile-fp8 2>&1 | sed -n '/## profile/,$p' | grep -v "fp16\]" | head -40
+  fp8_tables
 fi
 if [ "$PART" = tests ]; then
   export TRANSBENCH_CACHE_DIR=/tmp/r5t TRITON_CACHE_DIR=/tmp/r5t-triton
