@@ -1,8 +1,9 @@
 """A Triton GEMM for the engine's linear layers, Y = act(X @ W^T + bias) [+ residual], with the epilogue fused.
 
 cuBLAS wins on plain GEMMs at large batch; this kernel exists for what cuBLAS cannot do in its epilogue
-(exact GELU, a residual add) and for small-M shapes where cuBLAS leaves most SMs idle. Operands move
-through TMA tensor descriptors (Hopper's bulk copy engine); the grid is persistent. Imported on CUDA only.
+(exact GELU, a residual add, an e4m3 output with its row scales: linear_fp8) and for small-M shapes where cuBLAS
+leaves most SMs idle. Operands move through TMA tensor descriptors (Hopper's bulk copy engine); the grid is
+persistent. Imported on CUDA only.
 """
 from __future__ import annotations
 

@@ -271,7 +271,7 @@ class TritonOps(TorchOps):
             return Fp8Act(*_gemm.linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias, lin.fp8_gain,
                                             lin.fp8_bias_max, act, cfg=cfg))
         fp8 = {"fp8+gelu_q": gelu_q, **self._fp8_ours(lin, "fp8+triton_gelu_q", ours, torch.float8_e4m3fn)}
-        # The fp8 GEMM's only route hands the next GEMM an fp8 input. An fp16-output fp8 route (bias + GELU in fp16)
+        # Every fp8 route hands the next GEMM an fp8 input. An fp16-output fp8 route (bias + GELU in fp16)
         # used to be offered too, and the tuner, timing each op alone, chose it: cheaper alone, it left the next
         # GEMM to quantize its input in a pass of its own or to run in fp16. H100, session 13 profile
         # (benchmarks/engine_bench.py --parts profile-fp8): bert-large 128 x 384 spent 8.3 ms in that fp16 bias+GELU
@@ -304,6 +304,7 @@ class TritonOps(TorchOps):
         cands = {"cublas+ln": lambda h: ln(F.linear(h, lin.weight), residual, lin.bias),
                  # cuBLAS adds the residual as its C operand (beta = 1): the LayerNorm reads one tensor, not two
                  "cublas_addmm+ln": lambda h: ln(torch.addmm(residual, h, lin.weight.t()), None, lin.bias)}
+
         def ours(q, cfg):  # our fp8 GEMM writes x W^T + b + residual in the model's dtype, as `fused` does
             s = _gemm.linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias,
                                  out_dtype=lin.weight.dtype, residual=residual, cfg=cfg)[0]
