@@ -100,7 +100,8 @@ def train(
                                             help="pad the vocabulary (embeddings, LM head) to a multiple of N, as "
                                             "nanoGPT's 50,304-row GPT-2: aligned GEMMs for the head; 1: as it is"),
     ladder: bool = typer.Option(False, "--ladder", help="the seed notebook's ladder for one model: fp32, bf16, largest "
-                                "batches, fused Adam, accumulation, checkpointing, compile, liger; a table and a plot"),
+                                "batches, fused Adam, accumulation, checkpointing, padded vocabulary, compile, liger; "
+                                "a table and a plot"),
     plot: Optional[str] = typer.Option(None, show_default="ladder-MODEL.png", help="where --ladder writes its plot (PNG)"),
     max_batch_limit: Optional[int] = typer.Option(None, show_default=_d("max_batch_limit"),
                                                   help="--ladder's largest-batch searches stop at this batch"),
