@@ -118,8 +118,9 @@ def fp8_out_scale(xs, GAIN, BIAS_MAX):
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, XS, WS, YS, M, N, K, GAIN, BIAS_MAX,
                    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr,
-                   QUANT: tl.constexpr, HW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-                   PROGRAMS: tl.constexpr, SUBTILE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                   QUANT: tl.constexpr, HW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   GROUP: tl.constexpr, PROGRAMS: tl.constexpr, SUBTILE: tl.constexpr, PDL: tl.constexpr,
+                   PREFETCH: tl.constexpr):
     n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
     first_om, first_on = _tile_origin(tl.program_id(0), n_m, n_n, GROUP, BM, BN)
     # Programs whose first tiles share a weight slab (M > BM) would fetch it once each: only row block 0 asks.
@@ -267,22 +268,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
         TensorDescriptor.from_tensor(y, out_block), TensorDescriptor.from_tensor(r, out_block), weight,
         bias if bias is not None else y, y, y, y, M, N, K, 0.0, 0.0, ACT=act, HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None, FP8=False, QUANT=False, HW=False, BM=bm, BN=bn, BK=bk, GROUP=8, PROGRAMS=programs,
-        SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M, **launch_options(x.device))
+        HAS_RES=residual is not None, FP8=False, QUANT=False, HW=False, BM=bm, BN=bn, BK=bk, GROUP=8,
+        PROGRAMS=programs, SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M,
+        **launch_options(x.device))
     return y
 
 
 @functools.cache
 def _shared_memory(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin if device.type == "cuda" else 1 << 30
+    props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
+    return props.shared_memory_per_block_optin if props else 1 << 30
 
 
 def fp8_configs(out_dtype: torch.dtype, device: torch.device) -> list:
     """The FP8_CONFIGS whose load stages and output tile fit in the GPU's shared memory for this output dtype: an fp16
     output doubles the output tile, and 128 x 256 tiles with four stages then need 256 KiB (an H100 has 227)."""
-    out = torch.empty(0, dtype=out_dtype).element_size()
-    return [c for c in FP8_CONFIGS
-            if c[3] * (c[0] + c[1]) * c[2] + c[0] * (c[1] // 2 if c[6] else c[1]) * out <= _shared_memory(device)]
+    return [c for c in FP8_CONFIGS if c[3] * (c[0] + c[1]) * c[2] + c[0] * (c[1] // 2 if c[6] else c[1])
+            * out_dtype.itemsize <= _shared_memory(device)]
 
 
 def supported_fp8(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -67,7 +67,7 @@ def fp8_out_scale(x_scale: torch.Tensor, lin: Linear) -> torch.Tensor:
     return torch.clamp(x_scale * lin.fp8_gain + lin.fp8_bias_max / FP8_MAX, min=0.17 / FP8_MAX)
 
 
-def fp8_gelu_out(q: "Fp8Act", lin: Linear) -> "Fp8Act":
+def fp8_gelu_out(q: Fp8Act, lin: Linear) -> Fp8Act:
     """gelu(x W^T + b) from an e4m3 input, as the next fp8 GEMM's e4m3 input with fp8_out_scale's row scales: the
     math of the fused fp8 GEMM (gemm.linear_fp8), emulated in fp32. GELU in its tanh form for exact-GELU models too,
     as that kernel computes it (gemm._epilogue says why)."""

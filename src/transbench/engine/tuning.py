@@ -119,7 +119,8 @@ def _ours(name: str) -> bool:
 
 
 def _fp8(name: str) -> bool:
-    """A route whose GEMM runs in e4m3 (ops.TritonOps: fp8, fp8+add, fp8+gelu_q, fp8+triton_gelu_q, fp8+ln)."""
+    """A route whose GEMM runs in e4m3 (ops.TritonOps: fp8, fp8+add, fp8+gelu_q, fp8+ln, and our fp8 GEMM's
+    fp8+triton, fp8+triton_gelu_q, fp8+triton+ln)."""
     return name.startswith("fp8")
 
 
@@ -256,8 +257,8 @@ class Tuner:
         """Settle close choices in context: `build()` captures the whole forward with the current choices. First
         the forward with every op in `keys` on its fastest library route (timed in this process) races it, then the
         one with every op on its fastest route of ours, then the one with every op that has fp8 routes on its fastest
-        fp8 route; then each rival of those ops, the closest first, one at a
-        time and for at most RACE_BUDGET_S (and none past the tuning budget's deadline). A trial forward replaces the best so far if at least MIN_GAIN faster
+        fp8 route; then each rival of those ops, the closest first, one at a time and for at most RACE_BUDGET_S (and
+        none past the tuning budget's deadline). A trial forward replaces the best so far if at least MIN_GAIN faster
         (timed in alternation, `rounds` times). Returns the best build; the table keeps its choices. Each rival is
         tried at most once per process."""
         best = build()

@@ -217,7 +217,7 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
             cell = TrainCell(
                 model=model, task=task, attn=attn, precision=precision, optim=optim, batch=batch, seq=seq,
                 grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, head=head, activation=spec.activation,
-                pad_vocab=spec.pad_vocab,                strategy=strategy, nproc=nproc,
+                pad_vocab=spec.pad_vocab, strategy=strategy, nproc=nproc,
                 nnodes=spec.nnodes, zero_stage=zero if strategy == "deepspeed" else None,
                 nccl=env if world > 1 else "", device=device, steps=spec.steps, warmup_steps=spec.warmup_steps,
                 lr=spec.lr, seed=spec.seed,
