@@ -544,8 +544,59 @@ def quant_kernels():
                   flush=True)
 
 
+def attention_kernels():
+    """The attention routes at the fp8 targets' shapes: SDPA's kernels, ours, ours writing the output projection's
+    e4m3 input too (kernels.attention quant=True), and cuDNN or ours followed by a quantize pass, in us and GB/s
+    (bytes read + written)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from transbench.engine import kernels
+    from transbench.engine.tuning import _gpu_ms
+
+    def table(title, cands, nbytes, rounds=3):
+        # Every variant compiled and run first, then timed in alternating rounds (median), so that none is timed
+        # on clocks that dropped while the GPU sat idle during a compile.
+        print(title, flush=True)
+        for name, fn in list(cands.items()):
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - a variant this GPU refuses
+                print(f"  {name}: {type(e).__name__}: {str(e)[:80]}")
+                del cands[name]
+        torch.cuda.synchronize()
+        times = {name: [] for name in cands}
+        for _ in range(rounds):
+            for name, fn in cands.items():
+                times[name].append(_gpu_ms(fn, 20) * 1e3)
+        for us, name in sorted((statistics.median(v), n) for n, v in times.items()):
+            print(f"  {us:8.1f} us {nbytes / us / 1e3:7.0f} GB/s  {name}", flush=True)
+
+    print("\n## attention kernels", flush=True)
+    for B, S, H in [(256, 128, 12), (128, 384, 16)]:
+        D, T = 64, B * S
+        qkv = torch.randn(T, 3 * H * D, device="cuda", dtype=torch.float16)
+        q, k, v = qkv.view(B, S, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+
+        def sdpa(backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, scale=0.125).transpose(1, 2).reshape(T, -1)
+        cands = {"sdpa flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION),
+                 "sdpa cudnn": lambda: sdpa(SDPBackend.CUDNN_ATTENTION),
+                 "sdpa cudnn + quantize pass": lambda: kernels.quantize_rows(sdpa(SDPBackend.CUDNN_ATTENTION))}
+        for cfg in kernels.ATTENTION_CONFIGS + [(128, 128, 8), (64, 128, 4)]:
+            cands[f"ours {cfg}"] = lambda cfg=cfg: kernels.attention(qkv, B, S, H, 0.125, False, cfg)
+            cands[f"ours e4m3 {cfg}"] = lambda cfg=cfg: kernels.attention(qkv, B, S, H, 0.125, False, cfg, quant=True)
+        cands["ours (64, 64, 4) + quantize pass"] = lambda: kernels.quantize_rows(
+            kernels.attention(qkv, B, S, H, 0.125, False))
+        ref = sdpa(SDPBackend.CUDNN_ATTENTION).float()
+        q8, qs, o = kernels.attention(qkv, B, S, H, 0.125, False, quant=True)
+        print(f"{B}x{S} heads {H}: e4m3 route rel_err {rel(o, ref):.2e} (dequantized {rel(q8.float() * qs, ref):.2e})")
+        table(f"attention {B}x{S}x{H}x{D}", cands, T * H * D * 2 * 4)  # read q, k, v; write out
+
+
 PARTS = ("bert-base", "bert-large", "gemm", "routes", "bert-large-target", "varlen", "generate", "profile", "call",
-         "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant", "fp8gemm")
+         "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant", "fp8gemm", "attn")
 
 
 def main(argv=None):
@@ -582,6 +633,8 @@ def main(argv=None):
             quant_kernels()
         elif part == "fp8gemm":
             fp8_gemms()
+        elif part == "attn":
+            attention_kernels()
         elif part == "profile-fp8":
             profile("bert-base", [(256, 128)], fp8=True)
             profile("bert-large", [(128, 384)], fp8=True)

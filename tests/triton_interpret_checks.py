@@ -53,6 +53,10 @@ def main():
             for cfg in kernels.ATTENTION_CONFIGS:
                 errors[f"attention {B}x{S}x{H}x{D} causal={causal} cfg={cfg}"] = rel(
                     kernels.attention(qkv, B, S, H, 0.2, causal, cfg), ref)
+            for cfg in kernels.ATTENTION_CONFIGS:  # the output, and its e4m3 codes and per-token scales
+                q8, qs, o = kernels.attention(qkv, B, S, H, 0.2, causal, cfg, quant=True)
+                errors[f"fp8 attention {B}x{S}x{H}x{D} causal={causal} cfg={cfg}"] = max(rel(o, ref),
+                                                                                       off(q8, qs, o.float()))
     for T, N in [(3, 96), (33, 100)]:
         x, r, b, lw, lb = rnd(T, N), rnd(T, N), rnd(N), rnd(N), rnd(N)
         s = x.float() + b.float() + r.float()
@@ -68,20 +72,23 @@ def main():
     print(json.dumps(errors))
 
 
+def off(q, qs, ref):
+    """Per-row e4m3 codes and scales against ops.quantize_rows of the same values: the fraction of elements that
+    differ, or the scales' relative error, whichever is larger."""
+    from transbench.engine.ops import quantize_rows
+    rq, rs = quantize_rows(ref)
+    # Triton 3.9's interpreter rounds a value just under a power of two (124.3 -> 64, not 128) when its
+    # mantissa carries into the exponent; the GPU's cvt does not (tests/gpu/test_engine_fp8_gpu.py compares every
+    # element there). Those elements are left out here.
+    r = rq.float().abs()
+    carry = (r == 2.0 ** torch.log2(r.clamp(min=1e-30)).round()) & ((ref / rs).abs() < r)
+    wrong = (q.float() != rq.float()) & ~carry
+    return max(wrong.float().mean().item(), rel(qs, rs))
+
+
 def fp8(errors, rnd):
     """The kernels that write fp8 GEMM inputs (per-row e4m3 + scales) against ops.quantize_rows on the same fp32
     values: the data as the fraction of elements off by more than one e4m3 step, the scales as a relative error."""
-    from transbench.engine.ops import quantize_rows
-
-    def off(q, qs, ref):
-        rq, rs = quantize_rows(ref)
-        # Triton 3.9's interpreter rounds a value just under a power of two (124.3 -> 64, not 128) when its
-        # mantissa carries into the exponent; the GPU's cvt does not (tests/gpu/test_engine_fp8_gpu.py compares every
-        # element there). Those elements are left out here.
-        r = rq.float().abs()
-        carry = (r == 2.0 ** torch.log2(r.clamp(min=1e-30)).round()) & ((ref / rs).abs() < r)
-        wrong = (q.float() != rq.float()) & ~carry
-        return max(wrong.float().mean().item(), rel(qs, rs))
     for T, N in [(3, 96), (33, 200)]:  # 200: not a power of two
         x, r, b, lw, lb = rnd(T, N), rnd(T, N), rnd(N), rnd(N), rnd(N)
         s = x.float() + b.float() + r.float()

@@ -56,6 +56,26 @@ def test_layernorm_writes_its_output_in_e4m3_too(T, N, dtype):
 
 @needs_fp8
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,S,H,D", [(4, 128, 12, 64), (2, 77, 8, 25), (3, 200, 4, 96), (1, 384, 16, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_writes_its_output_in_e4m3_too(B, S, H, D, causal, dtype):
+    """The attention kernel that hands the output projection its e4m3 input: every config, odd lengths and head
+    sizes (hidden 200 at head size 25, 384 at 96); the output against fp32 SDPA, its codes and per-token scales
+    against ops.quantize_rows of that output."""
+    from transbench.engine import kernels as K
+    qkv = torch.randn(B * S, 3 * H * D, device="cuda", dtype=dtype)
+    q, k, v = qkv.float().view(B, S, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=D**-0.5).transpose(1, 2).reshape(B * S, -1)
+    for cfg in K.ATTENTION_CONFIGS:
+        for _ in range(2):  # the second call: the first left the arrival counters at zero
+            q8, qs, o = K.attention(qkv, B, S, H, D**-0.5, causal, cfg, quant=True)
+            assert o.dtype == dtype and q8.dtype == torch.float8_e4m3fn and qs.shape == (B * S, 1)
+            assert rel(o, ref) < 1e-2, cfg
+            assert same_e4m3(q8, qs, o.float()) < 1e-3, cfg
+
+
+@needs_fp8
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("T,N", [(1, 3072), (129, 200), (2048, 4096)])
 @pytest.mark.parametrize("act,approx", [(0, None), (1, "none"), (2, "tanh")])
 def test_bias_gelu_quantize_kernel(T, N, act, approx, dtype):
@@ -147,17 +167,25 @@ def _bert(hidden, heads, layers=2, ffn=None):
 
 @needs_fp8
 @pytest.mark.parametrize("hidden,heads", [(768, 12), (384, 4), (400, 16)])  # head sizes 64, 96 and 25
-def test_fp8_bert_against_fp32(hidden, heads):
+@pytest.mark.parametrize("masked", [True, False])
+def test_fp8_bert_against_fp32(hidden, heads, masked, monkeypatch):
     """Whole fp8 models, captured and replayed, against transformers in fp32: rel_err within e4m3's (on the CPU
     emulation of the same math, these three models: 2.9e-2, 1.4e-2, 1.5e-2), masked batches packed as in fp16.
-    10 x 131 tokens pack into 1,280 rows, over FP8_MIN_ROWS; no tuning time, so every GEMM takes its default
-    route, the first fp8 one (the tuner could otherwise keep fp16 at these small widths and test nothing of fp8)."""
+    10 x 131 tokens pack into 1,280 rows, over FP8_MIN_ROWS. Every op takes its first fp8 route (the tuner could
+    otherwise keep fp16 at these small widths and test nothing of fp8): unmasked, that includes the attention that
+    writes the output projection's e4m3 input."""
     from transbench.engine import compile_model
+    from transbench.engine import kernels as K
     from transbench.engine.ops import FP8_MIN_ROWS
+    from transbench.engine.tuning import Tuner
+    choose = Tuner.choose  # with no time to tune, each op takes the first of its fp8 routes that runs
+    monkeypatch.setattr(Tuner, "choose", lambda self, key, cands, reps=20: choose(
+        self, key, {n: f for n, f in cands.items() if n.startswith("fp8")} or cands, reps))
     m = _bert(hidden, heads)
     ids = torch.randint(0, 1000, (10, 131), device="cuda")
     mask = torch.ones_like(ids)
-    mask[2, 70:] = 0
+    if masked:
+        mask[2, 70:] = 0
     assert int(mask.sum()) >= FP8_MIN_ROWS
     with torch.no_grad():
         ref = m(ids, attention_mask=mask).last_hidden_state
@@ -168,6 +196,8 @@ def test_fp8_bert_against_fp32(hidden, heads):
         assert err < 6e-2
     routes = [r for t in c.tuning().values() for op, r in t["routes"].items() if op.startswith("linear")]
     assert len(routes) >= 4 and all(r.startswith("fp8") for r in routes), routes
+    attn = [r for t in c.tuning().values() for op, r in t["routes"].items() if op.startswith("dense")]
+    assert attn == ([] if masked else ["fp8+triton" + "x".join(map(str, K.ATTENTION_CONFIGS[0]))]), attn
 
 
 @needs_fp8

@@ -19,6 +19,8 @@ def capture(call, device, warmup: int = WARMUP_CALLS):
     """Capture `call()` in a CUDA graph; returns (graph, its static output, capture seconds)."""
     import torch
 
+    from ..engine.capture import capture as graph_capture
+
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.inference_mode(), torch.cuda.stream(stream):
@@ -28,7 +30,7 @@ def capture(call, device, warmup: int = WARMUP_CALLS):
     torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
     t0 = time.perf_counter()
-    with torch.inference_mode(), torch.cuda.graph(graph):
+    with torch.inference_mode(), graph_capture(graph):
         out = call()
     torch.cuda.synchronize(device)
     return graph, out, time.perf_counter() - t0

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .ops import Fp8Act
 from .tuning import tuner
 
 try:  # Triton is optional (see ops.py)
@@ -76,7 +77,10 @@ def _split(buf: torch.Tensor, B: int, S: int, heads: int):
     return buf.view(B, S, 3, heads, D).permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, S, D), strided
 
 
-def dense(qkv: torch.Tensor, B: int, S: int, heads: int, scale: float, causal: bool) -> torch.Tensor:
+def dense(qkv: torch.Tensor, B: int, S: int, heads: int, scale: float, causal: bool, quant: bool = False):
+    """(B*S, heads*D) attention output; quant (the output projection has fp8 routes): its routes also include our
+    kernel that writes the output in e4m3 as well, whose output is an Fp8Act (the projection's fp8 input, with the
+    model-dtype output as its hp). The tuner races it in the whole forward (tuning.Tuner.refine's fp8 forward)."""
     q, k, v = _split(qkv, B, S, heads)
 
     def sdpa(backend):  # flash/cuDNN/efficient return (B, H, S, D) views of (B, S, H, D) memory: reshape is free
@@ -89,7 +93,11 @@ def dense(qkv: torch.Tensor, B: int, S: int, heads: int, scale: float, causal: b
         for cfg in _kernels.ATTENTION_CONFIGS:
             cands["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: _kernels.attention(qkv, B, S, heads, scale,
                                                                                           causal, cfg)
-    return cands[tuner().choose(f"dense|{B}x{S}x{heads}x{q.shape[-1]}|{qkv.dtype}|causal={causal}", cands)]()
+            if quant:
+                cands["fp8+triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: Fp8Act(
+                    *_kernels.attention(qkv, B, S, heads, scale, causal, cfg, quant=True))
+    form = "|fp8 output" if quant else ""
+    return cands[tuner().choose(f"dense|{B}x{S}x{heads}x{q.shape[-1]}|{qkv.dtype}|causal={causal}{form}", cands)]()
 
 
 def _varlen_flash(qkv, p: Packing, heads, scale, causal):
@@ -112,9 +120,10 @@ def _padded(qkv, p: Packing, heads, scale, causal):
     return F.pad(o, (0, 0, 0, 1))[p.sidx]
 
 
-def attention(qkv: torch.Tensor, p: Packing, heads: int, scale: float, causal: bool) -> torch.Tensor:
+def attention(qkv: torch.Tensor, p: Packing, heads: int, scale: float, causal: bool, quant: bool = False):
+    """The attention output: a tensor, or (dense batches with quant) possibly an Fp8Act (see dense)."""
     if p.dense:
-        return dense(qkv, p.B, p.S, heads, scale, causal)
+        return dense(qkv, p.B, p.S, heads, scale, causal, quant)
     if not qkv.is_cuda:
         return _padded(qkv, p, heads, scale, causal)
     key = f"varlen|{p.B}x{p.S}x{p.tokens}x{heads}|{qkv.dtype}|causal={causal}"

@@ -88,8 +88,11 @@ class GPT2Engine(EngineBase):
 
     def _forward(self, p: Packing, ids, embeds, token_type_ids, position_ids):
         x = self._embed(p, ids, embeds, token_type_ids, position_ids)
-        heads = self.dims.heads
-        return self.unpack(self._blocks(x, lambda i, qkv: attention(qkv, p, heads, self.layers[i].scale, True)), p)
+        heads, ops = self.dims.heads, self.ops
+
+        def attend(i, qkv):  # offered the e4m3-output route where the output projection runs in fp8 (as in bert.py)
+            return attention(qkv, p, heads, self.layers[i].scale, True, quant=ops.fp8(self.layers[i].out, qkv.shape[0]))
+        return self.unpack(self._blocks(x, attend), p)
 
 
 # (batch, max_total_len) shapes whose KV cache and graphs an engine keeps for later generators: each holds a

@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import torch
 
+from .capture import capture
 from .tuning import TUNE_BUDGET_S, replay_ms, tuner
 
 
@@ -112,6 +113,14 @@ class GraphCache:
                 fn(*args)
         torch.cuda.current_stream().wait_stream(self.side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = fn(*args)
+        # Captured on the warm-up stream: cuBLAS keeps a workspace per stream, and on a stream it first meets while
+        # capturing it takes that workspace from the graph's pool and keeps it. Once release() dropped the pool's
+        # graphs, the next capture into the pool then failed torch's check that a pool with live blocks has users
+        # (H100, session 15: a second `transbench tune` of the bert-base grid, its routes all on disk).
+        try:
+            with capture(graph, pool=self.pool, stream=self.side):
+                out = fn(*args)
+        except BaseException:
+            self.side, self.pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()  # see capture.capture
+            raise
         return _Entry(graph, static, out)

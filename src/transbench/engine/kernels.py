@@ -303,24 +303,19 @@ def decode_attention(qkv, k_cache, v_cache, pos, scale):
     return out
 
 
-@triton.jit(do_not_specialize=["S"])  # one compile for every sequence length (S only bounds masks and loops)
-def _attention_kernel(QKV, OUT, S, scale, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr, PDL: tl.constexpr):
-    # Flash-style attention straight off the fused QKV rows (B*S, 3*H*D), output (B*S, H*D). Exists for short
-    # sequences at small batch, where SDPA's kernels spend more on setup than on the few tiles of work.
-    pdl_enter(PDL)
-    qb, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
+@triton.jit
+def _attend(base, rows, h, S, hi, qk_scale, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+            BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr):
+    # One head's softmax(q k^T) v for the query rows `rows` of one sequence (its QKV rows start at `base`), keys
+    # below `hi`, in fp32: flash-style, online softmax over key blocks of BN, exp2 with log2(e) folded in qk_scale.
     stride: tl.constexpr = 3 * H * D
-    base = QKV + b.to(tl.int64) * S * stride
-    rows, d = qb * BM + tl.arange(0, BM), tl.arange(0, BLOCK_D)
+    d = tl.arange(0, BLOCK_D)
     dm = d < D
-    q = tl.load(base + rows[:, None] * stride + h * D + d[None, :], mask=(rows < S)[:, None] & dm[None, :], other=0.0)
-    qk_scale = scale * 1.4426950408889634  # exp2 instead of exp
+    q = tl.load(base + rows[:, None] * stride + h * D + d[None, :], mask=(rows < S)[:, None] & dm[None, :],
+                other=0.0)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BLOCK_D], tl.float32)
-    hi = tl.minimum(S, (qb + 1) * BM) if CAUSAL else S
     for start in range(0, hi, BN):
         cols = start + tl.arange(0, BN)
         kv_mask = (cols < S)[:, None] & dm[None, :]
@@ -337,21 +332,65 @@ def _attention_kernel(QKV, OUT, S, scale, H: tl.constexpr, D: tl.constexpr, BLOC
         v = tl.load(base + cols[:, None] * stride + (2 * H + h) * D + d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
+    return acc / l_i[:, None]
+
+
+@triton.jit(do_not_specialize=["S"])  # one compile for every sequence length (S only bounds masks and loops)
+def _attention_kernel(QKV, OUT, Q8, QS, ARRIVED, S, scale, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr, QUANT: tl.constexpr,
+                      RB: tl.constexpr, BLOCK_HD: tl.constexpr, PDL: tl.constexpr):
+    # Attention straight off the fused QKV rows (B*S, 3*H*D), output (B*S, H*D); program (query block, sequence x
+    # head).
+    pdl_enter(PDL)
+    qb, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    rows, d = qb * BM + tl.arange(0, BM), tl.arange(0, BLOCK_D)
+    hi = tl.minimum(S, (qb + 1) * BM) if CAUSAL else S
+    o = _attend(QKV + b.to(tl.int64) * S * (3 * H * D), rows, h, S, hi, scale * 1.4426950408889634, H, D, BLOCK_D,
+                BM, BN, CAUSAL)
     out = OUT + (b.to(tl.int64) * S + rows[:, None]) * (H * D) + h * D + d[None, :]
-    tl.store(out, (acc / l_i[:, None]).to(OUT.dtype.element_ty), mask=(rows < S)[:, None] & dm[None, :])
+    tl.store(out, o.to(OUT.dtype.element_ty), mask=(rows < S)[:, None] & (d < D)[None, :])
+    if QUANT:
+        # The output also as the output projection's e4m3 input, one scale per token (issue 23 asks the quantization
+        # fused into the kernel that produces a GEMM input). A token's scale needs its max over every head, which no
+        # one program has: the last of the query block's H programs to finish reads the block's rows back (from L2,
+        # just written) and writes them in e4m3, as decode attention's last program merges its chunks. A kernel
+        # that looped over the heads itself ran 1.8x slower than this one without QUANT (H100, 256 x 128 x 12:
+        # 128 against 73 us, benchmarks/engine_bench.py --parts attn-ln): 12x fewer programs.
+        tl.debug_barrier()  # every thread's share of the output is written before this program announces itself
+        count = ARRIVED + b * tl.num_programs(0) + qb
+        if tl.atomic_add(count, 1, sem="acq_rel") == H - 1:
+            cols = tl.arange(0, BLOCK_HD)
+            for r0 in range(0, BM, RB):
+                rr = qb * BM + r0 + tl.arange(0, RB)
+                t = b.to(tl.int64) * S + rr
+                m = (rr < S)[:, None] & (cols < H * D)[None, :]
+                x = tl.load(OUT + t[:, None] * (H * D) + cols[None, :], mask=m, other=0.0, cache_modifier=".cg")
+                x = x.to(tl.float32)
+                sc = tl.maximum(tl.max(tl.abs(x), 1) / 448.0, 1e-12 / 448.0)  # _store_fp8_row's, on RB rows at once
+                tl.store(Q8 + t[:, None] * (H * D) + cols[None, :], (x / sc[:, None]).to(Q8.dtype.element_ty), mask=m)
+                tl.store(QS + t, sc, mask=rr < S)
+            tl.store(count, 0)  # zero again for the next call (scratch's contract)
 
 
 ATTENTION_CONFIGS = [(64, 64, 4), (128, 64, 8), (32, 64, 4)]  # (BM, BN, warps)
 
 
-def attention(qkv, B, S, heads, scale, causal, cfg=ATTENTION_CONFIGS[0]):
-    """Dense (B, S) attention over the fused QKV buffer (B*S, 3*heads*D) -> (B*S, heads*D)."""
+def attention(qkv, B, S, heads, scale, causal, cfg=ATTENTION_CONFIGS[0], quant=False):
+    """Dense (B, S) attention over the fused QKV buffer (B*S, 3*heads*D) -> (B*S, heads*D) in qkv's dtype. quant:
+    also in e4m3 with one scale per token, as (e4m3 codes, (B*S, 1) fp32 scales, the output): the fields of the
+    output projection's fp8 input (ops.Fp8Act)."""
     D = qkv.shape[-1] // (3 * heads)
     bm, bn, warps = cfg
     qkv = qkv.contiguous()
     out = qkv.new_empty(B * S, heads * D)
-    _attention_kernel[(triton.cdiv(S, bm), B * heads)](qkv, out, S, scale, H=heads, D=D,
-                                                       BLOCK_D=max(16, triton.next_power_of_2(D)),
-                                                       BM=bm, BN=bn, CAUSAL=causal, num_warps=warps,
-                                                       **launch_options(qkv.device))
-    return out
+    nqb = triton.cdiv(S, bm)
+    q8 = torch.empty(B * S, heads * D, device=qkv.device, dtype=torch.float8_e4m3fn) if quant else out
+    qs = torch.empty(B * S, 1, device=qkv.device, dtype=torch.float32) if quant else out
+    arrived = scratch(qkv.device, torch.int32, B * nqb) if quant else out
+    hd = triton.next_power_of_2(heads * D)
+    _attention_kernel[(nqb, B * heads)](qkv, out, q8, qs, arrived, S, scale, H=heads, D=D,
+                                        BLOCK_D=max(16, triton.next_power_of_2(D)), BM=bm, BN=bn, CAUSAL=causal,
+                                        QUANT=quant, RB=max(1, min(bm, 8192 // hd)), BLOCK_HD=hd, num_warps=warps,
+                                        **launch_options(qkv.device))
+    return (q8, qs, out) if quant else out

@@ -21,6 +21,8 @@ from typing import Callable, Iterator, TypeVar
 
 import torch
 
+from .capture import capture
+
 T = TypeVar("T")
 # Runners-up within this fraction of the winner's time alone are re-timed in the whole forward. Wide on purpose:
 # on an H100, bert-base 1 x 512, routes picked alone by two tuning runs gave forwards of 0.551 and 0.583 ms.
@@ -91,9 +93,13 @@ def _gpu_ms(fn: Callable[[], object], reps: int, inner: int = 10) -> float:
     if _event_ms(fn, 1) >= 0.2:
         return _event_ms(fn, reps)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
+    try:
+        with capture(graph, stream=side):  # on the stream warmed up above (graphs.GraphCache._graph says why)
+            for _ in range(inner):
+                fn()
+    except BaseException:
+        _side_stream.cache_clear()  # a new stream from now on (see capture.capture)
+        raise
     graph.replay()
     return _event_ms(graph.replay, reps) / inner
 
