@@ -126,7 +126,8 @@ def _ours(name: str) -> bool:
 
 def _fp8(name: str) -> bool:
     """A route whose GEMM runs in e4m3 (ops.TritonOps: fp8, fp8+add, fp8+gelu_q, fp8+ln, and our fp8 GEMM's
-    fp8+triton, fp8+triton_gelu_q, fp8+triton+ln)."""
+    fp8+triton, fp8+triton_gelu_q, fp8+triton+ln), or attention's that writes the next GEMM's e4m3 input
+    (attention.dense: fp8+triton)."""
     return name.startswith("fp8")
 
 
