@@ -135,12 +135,40 @@ def test_below_the_fp8_row_threshold_an_fp8_forward_is_the_fp16_forward(monkeypa
     assert calls == {"quantize": 0, "scaled_mm": 0}
     # at the threshold: all four GEMMs of both layers in fp8, each input quantized exactly once (layer 0's qkv
     # input in its GEMM's route; norm1 for fc1; norm2 of layer 0 for layer 1's qkv, the last norm2 for none), fc2's
-    # by fc1's GEMM itself (ops.fp8_gelu_out: no quantize pass)
+    # by fc1's GEMM itself (ops.fp8_gelu_out: no quantize pass), layer 1's output projection's by attention on its
+    # bound's scales (ops.attention_scale: no row maxima), layer 0's by its GEMM's route (no bound without scales)
     c8.engine.ops.fp8_min_rows = 72
     out = c8(ids).last_hidden_state
-    assert calls == {"quantize": 6, "scaled_mm": 8}
+    assert calls == {"quantize": 5, "scaled_mm": 8}
     assert not torch.equal(out, plain)
 
+
+def test_attention_hands_the_output_projection_e4m3_on_a_scale_that_bounds_it(monkeypatch):
+    """Where the QKV GEMM's input came with e4m3 scales (layers after the first), attention writes the output
+    projection's e4m3 input on ops.attention_scale's scales: a bound, so nothing saturates, at least each row's
+    own max-abs scale, and the codes round the output as ops.quantize_rows's would (same 3-bit mantissas)."""
+    from transbench.engine import attention
+    seen = []
+
+    def recorded(t, scale):
+        seen.append((t.float(), scale))
+        return ops_quantize_scaled(t, scale)
+    ops_quantize_scaled = attention.quantize_scaled
+    monkeypatch.setattr(attention, "quantize_scaled", recorded)
+    m = _bert()
+    ids = torch.randint(0, 300, (3, 24))
+    c8 = compile_model(m, dtype=torch.float32, fp8=True)
+    with torch.no_grad():
+        out, ref = c8(ids).last_hidden_state, m(ids).last_hidden_state
+    assert len(seen) == 1  # layer 1 of 2; layer 0's input (the embeddings) has no e4m3 scales
+    t, scale = seen[0]
+    own = quantize_rows(t)[1]
+    assert (t.abs() <= FP8_MAX * scale).all() and (scale >= own * (1 - 1e-6)).all()
+    assert (scale / own).max() < 2**10  # loose, yet far from pushing values under e4m3's normal range (2^-6)
+    bounded, rowwise = dequantize(Fp8Act(ops_quantize_scaled(t, scale), scale), torch.float32), dequantize(
+        Fp8Act(*quantize_rows(t)), torch.float32)
+    assert abs((bounded - t).norm() / t.norm() - (rowwise - t).norm() / t.norm()) < 5e-3
+    assert ((out - ref).norm() / ref.norm()) < 1.5e-1  # the gate's fp8 tolerance
 
 def test_the_gpu_ops_give_an_fp8_layer_below_the_threshold_the_fp16_layers_routes_and_tuning():
     """TritonOps (the CUDA seam) with a recording tuner: below FP8_MIN_ROWS an fp8 layer's GEMM is tuned under the

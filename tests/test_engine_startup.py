@@ -60,6 +60,26 @@ def test_tuning_stops_at_the_budget_and_keeps_the_partial_choice_apart(tmp_path)
         assert disk.choose("op1", _cands(*times)) == "t3"
 
 
+@pytest.mark.parametrize("chosen_before", [None, "cublas"])
+def test_an_engine_without_graphs_tunes_under_the_same_budget(chosen_before, tmp_path, monkeypatch):
+    """A first call without CUDA graphs is held to the budget a captured one is, and takes a route chosen out of
+    time as it is: unbudgeted, an eager engine re-timed such routes and ran other kernels than a graphed engine
+    in the same process (the GPU PDL test compares the two)."""
+    from transbench.engine.graphs import GraphCache
+    clock = _Clock(cost=1.0)
+    times = {"cublas": 2.0, "t1": 1.5, "t2": 1.0}
+    t = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
+    if chosen_before:  # by a graphed engine's budgeted first call
+        t.interim[t.key("op", _cands(*times))] = chosen_before
+    monkeypatch.setattr(tuning, "_TUNER", t)
+    cache = GraphCache(enabled=False, tune_budget_s=1.5)
+    assert not cache.enabled
+    assert cache("k", lambda: t.choose("op", _cands(*times))) == (chosen_before or "t1")
+    # with nothing chosen, the 1.5 s budget ran out after two timings (1 s each); else nothing was timed
+    assert clock.timed == ([] if chosen_before else ["cublas", "t1"])
+    assert t.deadline is None  # the budget covers the call only
+
+
 def test_a_table_of_plain_entries_loads_and_stays_readable_by_older_code(tmp_path):
     """Every entry is a plain string, as before partial entries existed: an older file loads, and a file with
     partial entries is a flat str -> str table whose prefixed keys an older reader never looks up."""
@@ -183,6 +203,28 @@ def test_tune_refuses_bad_input_in_one_line(args, says, tmp_path):
     assert out.exit_code == 2, out.output
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ") and says in out.stderr, out.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_tune_shows_each_shape_and_the_races_that_settled_it(monkeypatch):
+    """The CLI over api.tune (which needs a GPU: faked here): a line per shape as it finishes, each whole-forward
+    race with its routes and times, and the summary table with races won out of tried."""
+    from typer.testing import CliRunner
+
+    from transbench import api
+    from transbench.cli import app
+    races = [{"trial": "fp8", "routes": {"dense|256x128x12x64": "fp8+triton64x64x4"}, "best_ms": 9.1, "trial_ms": 8.7,
+              "won": True},
+             {"trial": "rival", "routes": {"linear|bias=True|32768x2304x768": "cublas"}, "error": "RuntimeError: x"}]
+
+    def fake(model, batches, seqs, dtype, device, cache_dir, progress):
+        progress({"batch": batches[0], "seq": seqs[0], "seconds": 12.34, "routes": 7, "races": races})
+    monkeypatch.setattr(api, "tune", fake)
+    out = CliRunner().invoke(app, ["tune", "--model", "bert-base-uncased", "--batch", "256", "--seq", "128"])
+    assert out.exit_code == 0, out.output
+    assert "batch 256 x seq 128: 12.3 s" in out.output
+    assert "race (fp8) dense|256x128x12x64: fp8+triton64x64x4: 8.7000 ms against 9.1000, won" in out.output
+    assert "race (rival) linear|bias=True|32768x2304x768: cublas: RuntimeError: x" in out.output
+    assert "1/2" in out.output.splitlines()[-2]  # the table's row: races won / tried
 
 
 def test_the_graph_bound_holds_every_packed_count_a_server_warms():

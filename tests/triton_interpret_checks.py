@@ -8,7 +8,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from transbench.engine import gemm, kernels
+from transbench.engine import gemm, kernels, ops
 
 
 def rel(out, ref):
@@ -53,10 +53,13 @@ def main():
             for cfg in kernels.ATTENTION_CONFIGS:
                 errors[f"attention {B}x{S}x{H}x{D} causal={causal} cfg={cfg}"] = rel(
                     kernels.attention(qkv, B, S, H, 0.2, causal, cfg), ref)
-            for cfg in kernels.ATTENTION_CONFIGS:  # the output, and its e4m3 codes and per-token scales
-                q8, qs, o = kernels.attention(qkv, B, S, H, 0.2, causal, cfg, quant=True)
-                errors[f"fp8 attention {B}x{S}x{H}x{D} causal={causal} cfg={cfg}"] = max(rel(o, ref),
-                                                                                       off(q8, qs, o.float()))
+            # the e4m3 output on the bound's scales (ops.attention_scale): every V value of token row r is at most
+            # 448 * x_scale[r] * gain here
+            bound = ops.AttnBound(v.abs().amax(dim=(1, 3)).reshape(-1, 1) / 448 * 1.5, 1.0, 0.25)
+            for cfg in kernels.ATTENTION_CONFIGS:
+                q8, qs = kernels.attention(qkv, B, S, H, 0.2, causal, cfg, bound)
+                errors[f"fp8 attention {B}x{S}x{H}x{D} causal={causal} cfg={cfg}"] = near(
+                    q8, qs, ref, ops.attention_scale(bound, S))
     for T, N in [(3, 96), (33, 100)]:
         x, r, b, lw, lb = rnd(T, N), rnd(T, N), rnd(N), rnd(N), rnd(N)
         s = x.float() + b.float() + r.float()
@@ -84,6 +87,19 @@ def off(q, qs, ref):
     carry = (r == 2.0 ** torch.log2(r.clamp(min=1e-30)).round()) & ((ref / rs).abs() < r)
     wrong = (q.float() != rq.float()) & ~carry
     return max(wrong.float().mean().item(), rel(qs, rs))
+
+
+def near(q, qs, ref, scale):
+    """e4m3 codes on given scales against ops.quantize_scaled of an fp32 reference the kernel only approximates
+    (attention's fp16 probabilities move ~1% of values across a rounding boundary): the fraction of codes more
+    than one e4m3 step off, a fifth of the fraction off at all, or the scales' relative error, the largest."""
+    rq = ops.quantize_scaled(ref, scale).float()
+    d = (q.float() - rq).abs()
+    step = (rq.abs() * 2.0**-3).clamp(min=2.0**-9)
+    r = rq.abs()  # the interpreter's carry slip (off): a value rounding up to a power of two lands one binade low
+    carry = (r == 2.0 ** torch.log2(r.clamp(min=1e-30)).round()) & ((ref / scale).abs() < r)
+    d = d[~carry]
+    return max((d > step[~carry] * 1.01).float().mean().item(), (d > 0).float().mean().item() / 5, rel(qs, scale))
 
 
 def fp8(errors, rnd):

@@ -162,7 +162,8 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
     into the on-disk table (`cache_dir`/engine-tuning.json; default $TRANSBENCH_CACHE_DIR or
     ~/.cache/transbench). A process that finds the table starts warm: its first call at a tuned shape captures
     its graph without timing anything. GPT-2: also a generator's prefill at batch x seq and its decode step at
-    that batch. Returns one row per shape: batch, seq, seconds, routes (ops of the forward tuned)."""
+    that batch. Returns one row per shape: batch, seq, seconds, routes (ops of the forward tuned), races (the
+    whole-forward trials that settled close choices, tuning.Tuner.refine: routes tried, times, whether it won)."""
     import time
     from pathlib import Path
 
@@ -201,8 +202,10 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
                     gen = compiled.generator(b, s + 1)
                     gen.decode(gen.prefill(ids).argmax(-1))
                 torch.cuda.synchronize(target)
+                tuned = compiled.tuning().values()
                 rows.append({"batch": b, "seq": s, "seconds": time.perf_counter() - start,
-                             "routes": sum(len(t["routes"] or {}) for t in compiled.tuning().values())})
+                             "routes": sum(len(t["routes"] or {}) for t in tuned),
+                             "races": [r for t in tuned for r in t["races"]]})
                 compiled.release()  # one shape's graph at a time: a large grid must not hold them all
                 if progress:
                     progress(rows[-1])

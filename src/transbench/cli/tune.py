@@ -26,12 +26,17 @@ def tune(
 ) -> None:
     """Tune the fused engine for a batch x seq grid, with no time budget, into the on-disk tuning table."""
     t = Table(title=f"tuned {model} {dtype}")
-    for col in ("batch", "seq", "seconds", "ops tuned"):
+    for col in ("batch", "seq", "seconds", "ops tuned", "races won"):
         t.add_column(col, justify="right")
 
     def show(row: dict) -> None:
         console.print(f"batch {row['batch']} x seq {row['seq']}: {row['seconds']:.1f} s")
-        t.add_row(str(row["batch"]), str(row["seq"]), f"{row['seconds']:.1f}", str(row["routes"]))
+        for r in row["races"]:  # what the whole-forward trials tried, so a surprising choice can be traced
+            result = r.get("error") or f"{r['trial_ms']:.4f} ms against {r['best_ms']:.4f}{', won' if r['won'] else ''}"
+            console.print(f"  race ({r['trial']}) {', '.join(f'{op}: {n}' for op, n in r['routes'].items())}: {result}")
+        won = sum(bool(r.get("won")) for r in row["races"])
+        t.add_row(str(row["batch"]), str(row["seq"]), f"{row['seconds']:.1f}", str(row["routes"]),
+                  f"{won}/{len(row['races'])}")
 
     api.tune(model, split_list(batch, int), split_list(seq, int), dtype, device, cache_dir, progress=show)
     console.print(t)

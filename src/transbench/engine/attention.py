@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .ops import Fp8Act
+from .ops import AttnBound, Fp8Act, attention_scale, quantize_scaled
 from .tuning import tuner
 
 try:  # Triton is optional (see ops.py)
@@ -77,26 +77,30 @@ def _split(buf: torch.Tensor, B: int, S: int, heads: int):
     return buf.view(B, S, 3, heads, D).permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, S, D), strided
 
 
-def dense(qkv: torch.Tensor, B: int, S: int, heads: int, scale: float, causal: bool, quant: bool = False):
-    """(B*S, heads*D) attention output; quant (the output projection has fp8 routes): its routes also include our
-    kernel that writes the output in e4m3 as well, whose output is an Fp8Act (the projection's fp8 input, with the
-    model-dtype output as its hp). The tuner races it in the whole forward (tuning.Tuner.refine's fp8 forward)."""
+def dense(qkv: torch.Tensor, B: int, S: int, heads: int, scale: float, causal: bool, bound: AttnBound | None = None):
+    """(B*S, heads*D) attention output. bound (ops.TorchOps.attention_bound: the output projection runs in fp8):
+    the routes also include our kernel writing the output in e4m3 instead, on ops.attention_scale's scales, as an
+    Fp8Act (the projection's fp8 input); on the CPU that is the one route. The tuner races it in the whole forward
+    (tuning.Tuner.refine's fp8 forward)."""
     q, k, v = _split(qkv, B, S, heads)
 
     def sdpa(backend):  # flash/cuDNN/efficient return (B, H, S, D) views of (B, S, H, D) memory: reshape is free
         return _sdpa(q, k, v, backend, is_causal=causal, scale=scale).transpose(1, 2).reshape(B * S, -1)
 
     if not qkv.is_cuda:
-        return sdpa(None)
+        if bound is None:
+            return sdpa(None)
+        s = attention_scale(bound, S)
+        return Fp8Act(quantize_scaled(sdpa(None), s), s)
     cands = {n: (lambda n=n: sdpa(n)) for n in _SDPA}
     if _kernels is not None:
         for cfg in _kernels.ATTENTION_CONFIGS:
             cands["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: _kernels.attention(qkv, B, S, heads, scale,
                                                                                           causal, cfg)
-            if quant:
+            if bound is not None:
                 cands["fp8+triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: Fp8Act(
-                    *_kernels.attention(qkv, B, S, heads, scale, causal, cfg, quant=True))
-    form = "|fp8 output" if quant else ""
+                    *_kernels.attention(qkv, B, S, heads, scale, causal, cfg, bound))
+    form = "|fp8 output" if bound is not None else ""
     return cands[tuner().choose(f"dense|{B}x{S}x{heads}x{q.shape[-1]}|{qkv.dtype}|causal={causal}{form}", cands)]()
 
 
@@ -120,10 +124,10 @@ def _padded(qkv, p: Packing, heads, scale, causal):
     return F.pad(o, (0, 0, 0, 1))[p.sidx]
 
 
-def attention(qkv: torch.Tensor, p: Packing, heads: int, scale: float, causal: bool, quant: bool = False):
-    """The attention output: a tensor, or (dense batches with quant) possibly an Fp8Act (see dense)."""
+def attention(qkv: torch.Tensor, p: Packing, heads: int, scale: float, causal: bool, bound: AttnBound | None = None):
+    """The attention output: a tensor, or (dense batches with a bound) possibly an Fp8Act (see dense)."""
     if p.dense:
-        return dense(qkv, p.B, p.S, heads, scale, causal, quant)
+        return dense(qkv, p.B, p.S, heads, scale, causal, bound)
     if not qkv.is_cuda:
         return _padded(qkv, p, heads, scale, causal)
     key = f"varlen|{p.B}x{p.S}x{p.tokens}x{heads}|{qkv.dtype}|causal={causal}"

@@ -65,7 +65,12 @@ class GraphCache:
 
     def __call__(self, key, fn: Callable, *args):
         if not self.enabled:
-            return fn(*args)
+            # Without graphs a call still tunes the ops it meets first, under the same budget, so an eager engine
+            # starts as fast and runs the routes a graphed one would. Unbudgeted, it re-timed the routes a graphed
+            # engine in the same process had chosen out of time, and the two then ran different kernels (H100,
+            # session 16: tests/gpu/test_engine_kernels.py's PDL test saw bert and GPT-2 outputs differ by 6e-3).
+            with tuner().budget(self.tune_budget_s):
+                return fn(*args)
         e = self.entries.get(key)
         if e is not None:
             self.entries.move_to_end(key)

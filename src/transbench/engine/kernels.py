@@ -336,9 +336,9 @@ def _attend(base, rows, h, S, hi, qk_scale, H: tl.constexpr, D: tl.constexpr, BL
 
 
 @triton.jit(do_not_specialize=["S"])  # one compile for every sequence length (S only bounds masks and loops)
-def _attention_kernel(QKV, OUT, Q8, QS, ARRIVED, S, scale, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr, QUANT: tl.constexpr,
-                      RB: tl.constexpr, BLOCK_HD: tl.constexpr, PDL: tl.constexpr):
+def _attention_kernel(QKV, OUT, XS, QS, S, scale, gain, bias_q, H: tl.constexpr, D: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
+                      QUANT: tl.constexpr, PDL: tl.constexpr):
     # Attention straight off the fused QKV rows (B*S, 3*H*D), output (B*S, H*D); program (query block, sequence x
     # head).
     pdl_enter(PDL)
@@ -349,49 +349,44 @@ def _attention_kernel(QKV, OUT, Q8, QS, ARRIVED, S, scale, H: tl.constexpr, D: t
     o = _attend(QKV + b.to(tl.int64) * S * (3 * H * D), rows, h, S, hi, scale * 1.4426950408889634, H, D, BLOCK_D,
                 BM, BN, CAUSAL)
     out = OUT + (b.to(tl.int64) * S + rows[:, None]) * (H * D) + h * D + d[None, :]
-    tl.store(out, o.to(OUT.dtype.element_ty), mask=(rows < S)[:, None] & (d < D)[None, :])
+    inside = (rows < S)[:, None] & (d < D)[None, :]
     if QUANT:
-        # The output also as the output projection's e4m3 input, one scale per token (issue 23 asks the quantization
-        # fused into the kernel that produces a GEMM input). A token's scale needs its max over every head, which no
-        # one program has: the last of the query block's H programs to finish reads the block's rows back (from L2,
-        # just written) and writes them in e4m3, as decode attention's last program merges its chunks. A kernel
-        # that looped over the heads itself ran 1.8x slower than this one without QUANT (H100, 256 x 128 x 12:
-        # 128 against 73 us, benchmarks/engine_bench.py --parts attn): 12x fewer programs. This one took 115 us,
-        # what the kernel without QUANT and a separate quantize pass took (113).
-        tl.debug_barrier()  # every thread's share of the output is written before this program announces itself
-        count = ARRIVED + b * tl.num_programs(0) + qb
-        if tl.atomic_add(count, 1, sem="acq_rel") == H - 1:
-            cols = tl.arange(0, BLOCK_HD)
-            for r0 in range(0, BM, RB):
-                rr = qb * BM + r0 + tl.arange(0, RB)
-                t = b.to(tl.int64) * S + rr
-                m = (rr < S)[:, None] & (cols < H * D)[None, :]
-                x = tl.load(OUT + t[:, None] * (H * D) + cols[None, :], mask=m, other=0.0, cache_modifier=".cg")
-                x = x.to(tl.float32)
-                sc = tl.maximum(tl.max(tl.abs(x), 1) / 448.0, 1e-12 / 448.0)  # _store_fp8_row's, on RB rows at once
-                tl.store(Q8 + t[:, None] * (H * D) + cols[None, :], (x / sc[:, None]).to(Q8.dtype.element_ty), mask=m)
-                tl.store(QS + t, sc, mask=rr < S)
-            tl.store(count, 0)  # zero again for the next call (scratch's contract)
+        # The output projection's e4m3 input instead of the output, on a scale known before any head is done
+        # (ops.attention_scale, the reference): a token's own max spans every head, which no one program has, and
+        # a version in which the last of a query block's programs read the block back to find it cost 42 us more
+        # than this kernel without QUANT (H100, 256 x 128 x 12 heads: 115 against 73, session 15). The sequence's
+        # largest QKV input row scale bounds every value of V, and each output is a convex combination of V rows.
+        xm = tl.zeros([BN], tl.float32)
+        for start in range(0, S, BN):
+            c = start + tl.arange(0, BN)
+            xm = tl.maximum(xm, tl.load(XS + b.to(tl.int64) * S + c, mask=c < S, other=0.0))
+        sc = tl.maximum(tl.max(xm, 0) * gain + bias_q, 1e-12 / 448.0)
+        tl.store(out, tl.minimum(tl.maximum(o / sc, -448.0), 448.0).to(OUT.dtype.element_ty), mask=inside)
+        if h == 0:
+            tl.store(QS + b.to(tl.int64) * S + rows, tl.zeros([BM], tl.float32) + sc, mask=rows < S)
+    else:
+        tl.store(out, o.to(OUT.dtype.element_ty), mask=inside)
 
 
 ATTENTION_CONFIGS = [(64, 64, 4), (128, 64, 8), (32, 64, 4)]  # (BM, BN, warps)
 
 
-def attention(qkv, B, S, heads, scale, causal, cfg=ATTENTION_CONFIGS[0], quant=False):
-    """Dense (B, S) attention over the fused QKV buffer (B*S, 3*heads*D) -> (B*S, heads*D) in qkv's dtype. quant:
-    also in e4m3 with one scale per token, as (e4m3 codes, (B*S, 1) fp32 scales, the output): the fields of the
-    output projection's fp8 input (ops.Fp8Act)."""
+def attention(qkv, B, S, heads, scale, causal, cfg=ATTENTION_CONFIGS[0], bound=None):
+    """Dense (B, S) attention over the fused QKV buffer (B*S, 3*heads*D) -> (B*S, heads*D) in qkv's dtype. bound
+    (an ops.AttnBound: the output projection runs in fp8): the output in e4m3 instead, as (codes, (B*S, 1) fp32
+    scales), the fields of that projection's fp8 input (ops.Fp8Act), on ops.attention_scale's scales."""
     D = qkv.shape[-1] // (3 * heads)
     bm, bn, warps = cfg
     qkv = qkv.contiguous()
-    out = qkv.new_empty(B * S, heads * D)
-    nqb = triton.cdiv(S, bm)
-    q8 = torch.empty(B * S, heads * D, device=qkv.device, dtype=torch.float8_e4m3fn) if quant else out
-    qs = torch.empty(B * S, 1, device=qkv.device, dtype=torch.float32) if quant else out
-    arrived = scratch(qkv.device, torch.int32, B * nqb) if quant else out
-    hd = triton.next_power_of_2(heads * D)
-    _attention_kernel[(nqb, B * heads)](qkv, out, q8, qs, arrived, S, scale, H=heads, D=D,
-                                        BLOCK_D=max(16, triton.next_power_of_2(D)), BM=bm, BN=bn, CAUSAL=causal,
-                                        QUANT=quant, RB=max(1, min(bm, 8192 // hd)), BLOCK_HD=hd, num_warps=warps,
-                                        **launch_options(qkv.device))
-    return (q8, qs, out) if quant else out
+    if bound is None:
+        out = qkv.new_empty(B * S, heads * D)
+        xs = qs = out
+    else:
+        out = torch.empty(B * S, heads * D, device=qkv.device, dtype=torch.float8_e4m3fn)
+        qs = torch.empty(B * S, 1, device=qkv.device, dtype=torch.float32)
+        xs = bound.x_scale.float().contiguous()
+    _attention_kernel[(triton.cdiv(S, bm), B * heads)](
+        qkv, out, xs, qs, S, scale, bound.gain if bound else 0.0, bound.bias_max / 448.0 if bound else 0.0,
+        H=heads, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BM=bm, BN=bn, CAUSAL=causal,
+        QUANT=bound is not None, num_warps=warps, **launch_options(qkv.device))
+    return out if bound is None else (out, qs)

@@ -67,6 +67,31 @@ def fp8_out_scale(x_scale: torch.Tensor, lin: Linear) -> torch.Tensor:
     return torch.clamp(x_scale * lin.fp8_gain + lin.fp8_bias_max / FP8_MAX, min=0.17 / FP8_MAX)
 
 
+class AttnBound(NamedTuple):
+    """What lets attention write the output projection's e4m3 input without knowing its tokens' maxima: the QKV
+    GEMM's input row scales and that GEMM's bounds. Every value of V's row s is at most FP8_MAX * x_scale[s] * gain
+    + bias_max in magnitude (fp8_out_scale's argument), and each attention output is a convex combination of the
+    sequence's V rows, so the sequence's largest bound holds for all its outputs."""
+
+    x_scale: torch.Tensor  # (B*S, 1) fp32, the QKV GEMM's input (an Fp8Act's scale)
+    gain: float  # the QKV Linear's fp8_gain
+    bias_max: float  # and its fp8_bias_max
+
+
+def attention_scale(bound: AttnBound, S: int) -> torch.Tensor:
+    """(B*S, 1) e4m3 scales of attention's output: per sequence of S rows, its largest V bound over FP8_MAX. The
+    reference of kernels.attention's (bound=...). Looser than each row's own max-abs (bert-base, random weights:
+    about 2^7), which costs no precision: a value keeps its 3-bit mantissa down to 2^-6, 2^14.8 below FP8_MAX."""
+    seq = bound.x_scale.float().reshape(-1, S).amax(dim=1, keepdim=True)
+    scale = torch.clamp(seq * bound.gain + bound.bias_max / FP8_MAX, min=FP8_MIN_SCALE)
+    return scale.repeat_interleave(S, dim=0)
+
+
+def quantize_scaled(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """t's e4m3 codes on given (rows, 1) scales, saturating at FP8_MAX (a bound may round under a value)."""
+    return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
 def fp8_gelu_out(q: Fp8Act, lin: Linear) -> Fp8Act:
     """gelu(x W^T + b) from an e4m3 input, as the next fp8 GEMM's e4m3 input with fp8_out_scale's row scales: the
     math of the fused fp8 GEMM (gemm.linear_fp8), emulated in fp32. GELU in its tanh form for exact-GELU models too,
@@ -114,6 +139,13 @@ class TorchOps:
     def fp8(self, lin: Linear, m: int) -> bool:
         """Whether `lin`'s GEMM over m rows is offered fp8 routes (and its input's producer writes an fp8 copy)."""
         return lin.weight_fp8 is not None and m >= self.fp8_min_rows
+
+    def attention_bound(self, x, qkv: Linear, out: Linear) -> AttnBound | None:
+        """Where attention may hand the output projection its e4m3 input: that projection runs in fp8 and the QKV
+        GEMM's input came with per-row scales (a LayerNorm wrote it in e4m3 too); else None."""
+        if isinstance(x, Fp8Act) and qkv.weight_fp8 is not None and self.fp8(out, rows(x)):
+            return AttnBound(x.scale, qkv.fp8_gain, qkv.fp8_bias_max)
+        return None
 
     def quantize(self, x) -> Fp8Act:
         """x as an fp8 GEMM input (per-row scales); an Fp8Act passes through."""
