@@ -17,6 +17,10 @@
 #   bash benchmarks/gpu_round7.sh final   the engine kernels' GPU tests not run in this session, then whether a fused
 #                                         cell's figures depend on the cells before it: bert-base fp16 8 x 128 alone,
 #                                         then inside a sweep that runs 256 x 512 before it (peak memory, latency)
+#   bash benchmarks/gpu_round7.sh repeat  issue 23: each fp8 target tuned once, then its cell run three times (what
+#                                         varies between runs of one tuning, apart from the tuning's own variation)
+#   bash benchmarks/gpu_round7.sh gen     the generation GPU tests of the transformers backends (the KV cache now passed
+#                                         under the name the installed transformers takes)
 # A part that needs an earlier one's files finds them in r7state/ (copied from that call's $OUT, not committed).
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -77,4 +81,18 @@ if [ "$PART" = final ]; then
     timeout 140 $TB run --model bert-base-uncased --backend fused --dtype fp16 --encoders-only $grid --min-time 0.3 \
       --timeout 100 --name "alone-or-not $grid" --db $OUT/order.db --wide | grep -E "│ inference" | cut -c1-150
   done
+fi
+if [ "$PART" = repeat ]; then
+  for m in "bert-base-uncased 256 128" "bert-large-uncased 128 384"; do set -- $m
+    timeout 150 $TB tune --model $1 --batch $2 --seq $3 --dtype fp8 | grep -E "│"
+    for i in 1 2 3; do
+      timeout 60 $TB run --model $1 --backend fused --dtype fp8 --batch $2 --seq $3 --encoders-only --min-time 0.3 \
+        --timeout 55 --name fp8-$1-$i --db $OUT/repeat.db --wide | grep -E "│ inference" | cut -c1-150
+    done
+  done
+fi
+if [ "$PART" = gen ]; then
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_backends_gpu.py \
+    tests/gpu/test_families_gpu.py -k "generation or static_decoders or decoder_families" --durations=3 > $OUT/gen_tests.txt 2>&1
+  echo "pytest rc $?"; tail -6 $OUT/gen_tests.txt
 fi

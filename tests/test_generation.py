@@ -98,3 +98,32 @@ def test_one_new_token_is_prefill_only():
     r = execute(cell, ModelCache())
     assert r.status == "ok", r.error
     assert r.record["decode_ms_per_token"] is None and r.record["latency_ms"] == pytest.approx(r.record["prefill_ms"])
+
+
+def test_the_kv_cache_goes_by_the_name_the_installed_transformers_takes():
+    """transformers 5.24 renamed forward's past_key_values to cache (the old name warns, and goes in 5.40); the
+    generators pass the cache under whichever name the model's forward declares, and the fused engine refuses
+    both names alike (a cache it cannot use must not pass unnoticed)."""
+    import inspect
+    import warnings
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from transbench.backends.decoders import _cache_kw
+    from transbench.engine import EngineUnsupported, compile_model
+
+    class New:
+        def forward(self, input_ids, cache=None): ...
+
+    class Old:
+        def forward(self, input_ids, past_key_values=None): ...
+    assert (_cache_kw(New()), _cache_kw(Old())) == ("cache", "past_key_values")
+    m = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).eval()
+    assert _cache_kw(m) in inspect.signature(m.forward).parameters
+    c = compile_model(m, dtype=torch.float32)
+    for name in ("cache", "past_key_values"):
+        with pytest.raises(EngineUnsupported, match="generator"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # the old name, on a transformers that renamed it
+            c(torch.zeros(1, 4, dtype=torch.long), **{name: object()})
+

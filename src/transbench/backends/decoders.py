@@ -29,6 +29,12 @@ def _takes(model, name: str) -> bool:
     return name in inspect.signature(model.forward).parameters
 
 
+def _cache_kw(model) -> str:
+    """The forward's name for the KV cache: transformers 5.24 calls it `cache`; `past_key_values`, the name of
+    earlier versions (the device image's 5.17), warns there and is removed in 5.40."""
+    return "cache" if _takes(model, "cache") else "past_key_values"
+
+
 class HFGenerator:
     """transformers' forward with a DynamicCache that grows by one position per step."""
 
@@ -46,14 +52,14 @@ class HFGenerator:
         except TypeError:  # transformers versions whose DynamicCache takes no config
             self.cache = DynamicCache()
         with torch.inference_mode(), self.context():
-            out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **self._keep)
+            out = self.model(input_ids=input_ids, **{_cache_kw(self.model): self.cache}, use_cache=True, **self._keep)
         return out.logits[:, -1]
 
     def decode(self, next_ids):
         import torch
 
         with torch.inference_mode(), self.context():
-            out = self.model(input_ids=next_ids[:, None], past_key_values=self.cache, use_cache=True)
+            out = self.model(input_ids=next_ids[:, None], **{_cache_kw(self.model): self.cache}, use_cache=True)
         return out.logits[:, -1]
 
     def cache_bytes(self) -> int:
@@ -83,7 +89,7 @@ class StaticGenerator:
         self.info = {"kv_cache": "StaticCache", "decode_step": step}
 
     def _kwargs(self, ids, pos) -> dict:
-        kw = {"input_ids": ids, "attention_mask": self.mask, "position_ids": pos, "past_key_values": self.cache,
+        kw = {"input_ids": ids, "attention_mask": self.mask, "position_ids": pos, _cache_kw(self.model): self.cache,
               "use_cache": True}
         if self.cache_position:
             kw["cache_position"] = pos[0]

@@ -29,12 +29,14 @@ class EngineBackbone(nn.Module):
         self.fixed_embeddings: torch.Tensor | None = None
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, past_key_values=None, output_attentions=None, output_hidden_states=None,
+                inputs_embeds=None, past_key_values=None, cache=None, output_attentions=None, output_hidden_states=None,
                 encoder_hidden_states=None, return_dict=None, **unused):
         if output_attentions or output_hidden_states:
             raise EngineUnsupported("output_attentions / output_hidden_states are not produced by the engine")
-        if past_key_values is not None or encoder_hidden_states is not None:
-            raise EngineUnsupported("past_key_values / cross-attention inputs: use compiled.generator() instead")
+        if past_key_values is not None or cache is not None or encoder_hidden_states is not None:
+            # (`cache` is transformers 5.24's name for past_key_values)
+            raise EngineUnsupported("past_key_values / cache / cross-attention inputs: use compiled.generator() "
+                                    "instead")
         if self.fixed_embeddings is not None:
             h = self.engine.encode(self.fixed_embeddings, attention_mask)
         else:
