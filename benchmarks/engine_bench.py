@@ -681,8 +681,48 @@ def attention_kernels():
         table(f"attention {B}x{S}x{H}x{D}", cands, T * H * D * 2 * 4)  # read q, k, v; write out
 
 
+def attention_sweep():
+    """Our attention kernel (fp16 output) per tile config and pipeline depth at bert-large's fp8 target shape
+    (128 x 384 x 16 heads), against cuDNN: the ten fastest, us (graph-replayed, median of alternating rounds)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from transbench.engine import kernels
+    from transbench.engine.tuning import _gpu_ms
+
+    B, S, H, D = 128, 384, 16, 64
+    qkv = torch.randn(B * S, 3 * H * D, device="cuda", dtype=torch.float16)
+    q, k, v = qkv.view(B, S, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, scale=0.125).transpose(1, 2).reshape(B * S, -1)
+    cands = {"cudnn": cudnn}
+    for bm in (64, 128):
+        for bn in (32, 64, 128):
+            for warps in (4, 8):
+                for stages in (1, 2, 3, 4):
+                    cfg = (bm, bn, warps, stages)
+                    cands[str(cfg)] = lambda cfg=cfg: kernels.attention(qkv, B, S, H, 0.125, False, cfg)
+    ref = cudnn().float()
+    for name, fn in list(cands.items()):
+        try:
+            assert rel(fn(), ref) < 1e-2
+        except Exception as e:  # noqa: BLE001 - a config this GPU refuses (shared memory) is left out
+            print(f"  {name}: {type(e).__name__}: {str(e)[:80]}")
+            del cands[name]
+    times = {name: [] for name in cands}
+    for _ in range(3):
+        for name, fn in cands.items():
+            times[name].append(_gpu_ms(fn, 20) * 1e3)
+    print(f"\n## attention configs {B}x{S}x{H}x{D} (BM, BN, warps, stages), us", flush=True)
+    for us, name in sorted((statistics.median(v), n) for n, v in times.items())[:10]:
+        print(f"  {us:8.1f} us  {name}", flush=True)
+
+
 PARTS = ("bert-base", "bert-large", "gemm", "routes", "bert-large-target", "varlen", "generate", "profile", "call",
-         "timeline", "timeline-large", "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant", "fp8gemm", "attn")
+         "timeline", "timeline-large", "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant", "fp8gemm", "attn",
+         "attn-sweep")
 
 
 def main(argv=None):
@@ -721,6 +761,8 @@ def main(argv=None):
             fp8_gemms()
         elif part == "attn":
             attention_kernels()
+        elif part == "attn-sweep":
+            attention_sweep()
         elif part == "profile-fp8":
             profile("bert-base", [(256, 128)], fp8=True)
             profile("bert-large", [(128, 384)], fp8=True)

@@ -21,6 +21,8 @@
 #                                         varies between runs of one tuning, apart from the tuning's own variation)
 #   bash benchmarks/gpu_round7.sh gen     the generation GPU tests of the transformers backends (the KV cache now passed
 #                                         under the name the installed transformers takes)
+#   bash benchmarks/gpu_round7.sh sweep   our attention kernel per tile config and pipeline depth at bert-large's fp8
+#                                         target shape, against cuDNN (benchmarks/engine_bench.py --parts attn-sweep)
 # A part that needs an earlier one's files finds them in r7state/ (copied from that call's $OUT, not committed).
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -95,4 +97,7 @@ if [ "$PART" = gen ]; then
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_backends_gpu.py \
     tests/gpu/test_families_gpu.py -k "generation or static_decoders or decoder_families" --durations=3 > $OUT/gen_tests.txt 2>&1
   echo "pytest rc $?"; tail -6 $OUT/gen_tests.txt
+fi
+if [ "$PART" = sweep ]; then
+  timeout 400 python3 benchmarks/engine_bench.py --parts attn-sweep 2>&1 | sed -n '/## attention/,/## routes/p'
 fi

@@ -376,7 +376,7 @@ def attention(qkv, B, S, heads, scale, causal, cfg=ATTENTION_CONFIGS[0], bound=N
     (an ops.AttnBound: the output projection runs in fp8): the output in e4m3 instead, as (codes, (B*S, 1) fp32
     scales), the fields of that projection's fp8 input (ops.Fp8Act), on ops.attention_scale's scales."""
     D = qkv.shape[-1] // (3 * heads)
-    bm, bn, warps = cfg
+    bm, bn, warps, *stages = cfg  # (BM, BN, warps[, pipeline stages]; Triton's default without)
     qkv = qkv.contiguous()
     if bound is None:
         out = qkv.new_empty(B * S, heads * D)
@@ -388,5 +388,6 @@ def attention(qkv, B, S, heads, scale, causal, cfg=ATTENTION_CONFIGS[0], bound=N
     _attention_kernel[(triton.cdiv(S, bm), B * heads)](
         qkv, out, xs, qs, S, scale, bound.gain if bound else 0.0, bound.bias_max / 448.0 if bound else 0.0,
         H=heads, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BM=bm, BN=bn, CAUSAL=causal,
-        QUANT=bound is not None, num_warps=warps, **launch_options(qkv.device))
+        QUANT=bound is not None, num_warps=warps, **dict(num_stages=stages[0]) if stages else {},
+        **launch_options(qkv.device))
     return out if bound is None else (out, qs)
