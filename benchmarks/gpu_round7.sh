@@ -23,6 +23,8 @@
 #                                         under the name the installed transformers takes)
 #   bash benchmarks/gpu_round7.sh sweep   our attention kernel per tile config and pipeline depth at bert-large's fp8
 #                                         target shape, against cuDNN (benchmarks/engine_bench.py --parts attn-sweep)
+#   bash benchmarks/gpu_round7.sh last    the final code's attention and PDL tests: every attention config, the e4m3
+#                                         route, whole fp8 models, PDL on against off
 # A part that needs an earlier one's files finds them in r7state/ (copied from that call's $OUT, not committed).
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -100,4 +102,9 @@ if [ "$PART" = gen ]; then
 fi
 if [ "$PART" = sweep ]; then
   timeout 400 python3 benchmarks/engine_bench.py --parts attn-sweep 2>&1 | sed -n '/## attention/,/## routes/p'
+fi
+if [ "$PART" = last ]; then
+  TRANSBENCH_CACHE_DIR=/tmp/r7l timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider -rf --durations=3 \
+    tests/gpu/test_engine_kernels.py tests/gpu/test_engine_fp8_gpu.py -k "programmatic or attention_kernel_every_config \
+    or output_projections_e4m3 or fp8_bert_against" > $OUT/last_tests.txt 2>&1; echo "pytest rc $?"; tail -6 $OUT/last_tests.txt
 fi
