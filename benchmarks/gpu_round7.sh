@@ -25,6 +25,8 @@
 #                                         target shape, against cuDNN (benchmarks/engine_bench.py --parts attn-sweep)
 #   bash benchmarks/gpu_round7.sh last    the final code's attention and PDL tests: every attention config, the e4m3
 #                                         route, whole fp8 models, PDL on against off
+#   bash benchmarks/gpu_round7.sh settle  the memory check of `final` again after scenarios/inference.settle (a fused
+#                                         cell restarts its peak after its first call), and an fp8 cell through it
 # A part that needs an earlier one's files finds them in r7state/ (copied from that call's $OUT, not committed).
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -107,4 +109,19 @@ if [ "$PART" = last ]; then
   TRANSBENCH_CACHE_DIR=/tmp/r7l timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider -rf --durations=3 \
     tests/gpu/test_engine_kernels.py tests/gpu/test_engine_fp8_gpu.py -k "programmatic or attention_kernel_every_config \
     or output_projections_e4m3 or fp8_bert_against" > $OUT/last_tests.txt 2>&1; echo "pytest rc $?"; tail -6 $OUT/last_tests.txt
+fi
+if [ "$PART" = settle ]; then
+  for grid in "--batch 8 --seq 128" "--batch 256,8 --seq 512,128"; do
+    timeout 140 $TB run --model bert-base-uncased --backend fused --dtype fp16 --encoders-only $grid --min-time 0.3 \
+      --timeout 100 --name "alone-or-not $grid" --db $OUT/order.db > /dev/null 2>&1; echo "run rc $?"
+  done
+  timeout 100 $TB run --model bert-base-uncased --backend fused --dtype fp8 --encoders-only --batch 256 --seq 128 \
+    --min-time 0.3 --timeout 90 --name fp8-settle --db $OUT/order.db > /dev/null 2>&1; echo "run rc $?"
+  python3 - "$OUT/order.db" <<'PY'
+import json, sqlite3, sys
+for rec, info in sqlite3.connect(sys.argv[1]).execute("select record, info from cells order by created"):
+    r, i = json.loads(rec), json.loads(info or "{}")
+    print(r["dtype"], r["batch_size"], r["seq_len"], r["status"], r.get("latency_ms"), r.get("peak_mem_mb"),
+          r.get("rel_err"), len(i.get("engine_tuning", {})), r.get("error"))
+PY
 fi

@@ -63,6 +63,48 @@ def test_peak_counts_only_what_the_cell_allocated(monkeypatch):
     assert alone == after_leftovers == 315
 
 
+def test_a_cells_peak_does_not_count_its_first_calls_kernel_tuning(monkeypatch):
+    """A fused cell's first call times kernel routes unless they are on disk (tuning's candidates come and go),
+    then captures. The scenario drops that capture, restarts the peak and captures again (inference.settle), so
+    the cell reads the same with or without its routes on disk; the model and the capture still count."""
+    from transbench.backends.base import Prepared
+    from transbench.scenarios import inference
+    fake = FakeAllocator()
+    fake.install(monkeypatch)
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(inference.dev, "synchronize", lambda d: None)
+
+    def cell(routes_on_disk: bool) -> float:
+        memory.reset_peak(gpu)
+        fake.alloc(250 * MiB)  # the model
+        graphs, table = [], [routes_on_disk]
+
+        def call():  # the engine's call: tunes a shape it has no routes for, captures it once, replays after
+            if not graphs:
+                if not table[0]:
+                    fake.alloc(400 * MiB), fake.free(400 * MiB)  # candidates timed alone, races
+                    table[0] = True
+                fake.alloc(80 * MiB), fake.free(80 * MiB)  # the capture's warm-up activations
+                fake.alloc(20 * MiB)  # the graph's outputs
+                graphs.append(20)
+
+        def release():
+            fake.free(graphs.pop() * MiB)
+        p = Prepared(call, release=release)
+        p.fn()
+        inference.settle(p, gpu)
+        for _ in range(3):
+            p.fn()
+        peak = memory.snapshot(gpu)["peak_mem_mb"]
+        release(), fake.free(250 * MiB)
+        return peak
+
+    assert cell(routes_on_disk=False) == cell(routes_on_disk=True) == 250 + 80
+    # a backend with nothing to release (no graphs, or not the fused engine) is left as it was
+    calls = []
+    inference.settle(Prepared(lambda: calls.append(1)), gpu)
+    assert calls == []
+
 def test_lane_replaces_a_worker_that_leaves_memory_behind(monkeypatch):
     made = []
 

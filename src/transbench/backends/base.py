@@ -20,6 +20,9 @@ class Prepared:
     # a batch runs its real tokens only, their count rounded up to a multiple of this; 0: no such graphs.
     token_bucket: int = 0
     graphs: Callable[[], int] | None = None  # graphs captured so far (serving counts those captured under load)
+    # Drops what the first call captured (the fused engine's graphs), so the scenario can restart the memory peak
+    # and capture again: that first call may also have timed kernel routes, whose memory no later call needs.
+    release: Callable[[], None] | None = None
 
     def what_ran(self) -> dict:
         """info and, after the first call, what that call settled."""

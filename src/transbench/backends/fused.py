@@ -45,7 +45,8 @@ def _prepare(model, inputs, cell) -> Prepared:
 
     graphs = compiled.engine.graphs.enabled
     return Prepared(fn, {"engine_ops": compiled.engine.ops.name, "cuda_graphs": graphs}, ran=ran,
-                    token_bucket=compiled.token_bucket if graphs else 0, graphs=lambda: compiled.graph_captures)
+                    token_bucket=compiled.token_bucket if graphs else 0, graphs=lambda: compiled.graph_captures,
+                    release=compiled.release if graphs else None)
 
 
 def _generator(model, cell):

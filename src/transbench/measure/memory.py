@@ -67,6 +67,15 @@ def reset_peak(device) -> None:
         _baseline[str(device)] = torch.cuda.memory_allocated(device)
 
 
+def restart_peak(device) -> None:
+    """Count the peak from here on, against the baseline reset_peak took: what is allocated now still counts, what
+    was allocated and freed before (a first call's kernel tuning) does not."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def snapshot(device) -> dict:
     """Peak since the last reset_peak, above what was allocated then, in MiB; empty on CPU (torch
     tracks no CPU peak)."""
