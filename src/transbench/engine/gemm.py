@@ -235,8 +235,8 @@ def linear_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
         y, residual.view(M, N) if residual is not None else y, weight, bias if bias is not None else y,
         # The partials are written before they are read: a buffer of the call (of the graph, when captured), not
-        # process scratch, which kept every size the tuner tried (H100, bert-base 8 x 128: ~34 MiB more in the
-        # peak of a cell that tuned, session 16). The arrival counts must start at zero: scratch.
+        # process scratch, which kept one for every split and shape the tuner tried, for the life of the process.
+        # The arrival counts must start at zero: scratch.
         torch.empty(split * M * N, device=x.device, dtype=torch.float32), scratch(x.device, torch.int32, tiles),
         M, N, K,
         ACT=act, HAS_BIAS=bias is not None, HAS_RES=residual is not None, BM=bm, BN=bn, BK=bk, SPLIT=split,

@@ -69,10 +69,13 @@ def reset_peak(device) -> None:
 
 def restart_peak(device) -> None:
     """Count the peak from here on, against the baseline reset_peak took: what is allocated now still counts, what
-    was allocated and freed before (a first call's kernel tuning) does not."""
+    was allocated and freed before (a first call's kernel tuning) does not. cuBLAS workspaces are freed first, as
+    in reset_peak: the fused engine's tuner times its candidates on a stream of its own, whose workspace no later
+    call needs."""
     import torch
 
     if device.type == "cuda":
+        _clear_workspaces()
         torch.cuda.reset_peak_memory_stats(device)
 
 
