@@ -124,9 +124,10 @@ def model_for(cache: ModelCache, cell: Cell, backend, device):
 
 def settle(prepared, device) -> None:
     """Before timing: where the backend can drop what its first call captured, drop it, restart the memory peak
-    and call again. A fused cell's first call times kernel routes unless they are on disk, and that tuning's
-    memory made a cell's peak depend on what ran before it (H100, bert-base fp16 8 x 128: 335.6 MiB tuning, 301.6
-    with its routes on disk, benchmarks/results/session16_h100.md); the second call captures without timing."""
+    (memory.restart_peak) and call again. A fused cell's first call times kernel routes unless they are on disk,
+    and what that tuning left made a cell's peak depend on what ran before it (H100, bert-base fp16 8 x 128: 335.6
+    MiB tuning, 301.6 with its routes on disk; 303.6 tuning with this, benchmarks/results/session16_h100.md). The
+    second call captures without timing."""
     if prepared.release is not None:
         prepared.release()
         memory.restart_peak(device)
