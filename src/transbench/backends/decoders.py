@@ -42,6 +42,7 @@ class HFGenerator:
         self.model, self.context, self.cache = model, context, None
         self.info = {"kv_cache": "DynamicCache"}
         self._keep = {"logits_to_keep": 1} if _takes(model, "logits_to_keep") else {}
+        self.cache_kw = _cache_kw(model)  # once: inspect.signature per decode step would sit in the timed loop
 
     def prefill(self, input_ids):
         import torch
@@ -52,14 +53,14 @@ class HFGenerator:
         except TypeError:  # transformers versions whose DynamicCache takes no config
             self.cache = DynamicCache()
         with torch.inference_mode(), self.context():
-            out = self.model(input_ids=input_ids, **{_cache_kw(self.model): self.cache}, use_cache=True, **self._keep)
+            out = self.model(input_ids=input_ids, **{self.cache_kw: self.cache}, use_cache=True, **self._keep)
         return out.logits[:, -1]
 
     def decode(self, next_ids):
         import torch
 
         with torch.inference_mode(), self.context():
-            out = self.model(input_ids=next_ids[:, None], **{_cache_kw(self.model): self.cache}, use_cache=True)
+            out = self.model(input_ids=next_ids[:, None], **{self.cache_kw: self.cache}, use_cache=True)
         return out.logits[:, -1]
 
     def cache_bytes(self) -> int:
@@ -86,10 +87,11 @@ class StaticGenerator:
         self.n = 0
         self.step = None
         self.cache_position = _takes(model, "cache_position")  # older transformers place keys by it
+        self.cache_kw = _cache_kw(model)  # once, not per step (_kwargs builds every decode step's arguments)
         self.info = {"kv_cache": "StaticCache", "decode_step": step}
 
     def _kwargs(self, ids, pos) -> dict:
-        kw = {"input_ids": ids, "attention_mask": self.mask, "position_ids": pos, _cache_kw(self.model): self.cache,
+        kw = {"input_ids": ids, "attention_mask": self.mask, "position_ids": pos, self.cache_kw: self.cache,
               "use_cache": True}
         if self.cache_position:
             kw["cache_position"] = pos[0]
