@@ -82,7 +82,6 @@ def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
         return CellResult("wrong", record=record, info=run_info,
                           error=f"rel_err {worst:.3g} over the {cell.dtype} tolerance {tol:g}")
 
-    inference.settle(prepared, device)
     sampled = timer.sample(prepared.fn, device, timer.TimerConfig(cell.warmup, cell.min_time, cell.min_count),
                            sync=agree, before=barrier)
     per_rank = _gather({"samples": sampled.samples_ms, "mem": memory.snapshot(device), "lengths": inputs.lengths,
