@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Session 17's GPU calls, one part per device call (each under 10 minutes on an H100); every step is time-boxed
+# and writes under $OUT, so a call cut short still returns what was measured.
+#   bash benchmarks/gpu_round8.sh base    issue 23: the GPU tests of a LayerNorm that writes no fp16 output before
+#                                         an fp8 GEMM (ops.Normed), then bert-base 256 x 128 fp8 tuned and timed
+#                                         twice with the code before it (r8old.tgz: `git archive` of the commit
+#                                         before, unpacked to /tmp/old) and with this code
+#   bash benchmarks/gpu_round8.sh large   the same A/B for bert-large 128 x 384 fp8, then this code's kernel profile
+#                                         of both targets (benchmarks/engine_bench.py --parts profile-fp8)
+set -x
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 COLUMNS=150 TRITON_CACHE_DIR=/tmp/r8-triton
+PART=${1:-base}
+exec > >(tee "$OUT/round8_$PART.txt") 2>&1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv
+[ -f r8old.tgz ] && mkdir -p /tmp/old && tar -xzf r8old.tgz -C /tmp/old
+ab() {  # code (old|new) model batch seq: tune with that code into its own cache, then time the cell twice
+  local src=src; [ "$1" = old ] && src=/tmp/old/src
+  export PYTHONPATH=$src TRANSBENCH_CACHE_DIR=$OUT/tuning-$1
+  timeout ${TUNE_S:-200} python3 -m transbench tune --model $2 --batch $3 --seq $4 --dtype fp8 | grep -E "race|│"
+  for i in 1 2; do
+    timeout 60 python3 -m transbench run --model $2 --backend fused --dtype fp8 --batch $3 --seq $4 --encoders-only \
+      --min-time 0.3 --timeout 55 --name "$1 $2 $i" --db $OUT/r8.db --wide | grep -E "│ inference" | cut -c1-150
+  done
+}
+if [ "$PART" = base ]; then
+  PYTHONPATH=src TRANSBENCH_CACHE_DIR=/tmp/r8t timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rf \
+    --durations=3 tests/gpu/test_engine_fp8_gpu.py tests/gpu/test_engine_kernels.py -k "layernorm_writes or \
+    fp8_bert_against or every_linear_add_layernorm or add_layernorm_kernel" > $OUT/tests.txt 2>&1
+  echo "pytest rc $?"; tail -8 $OUT/tests.txt
+  ab old bert-base-uncased 256 128
+  ab new bert-base-uncased 256 128
+fi
+if [ "$PART" = large ]; then
+  ab new bert-large-uncased 128 384
+  ab old bert-large-uncased 128 384
+  PYTHONPATH=src TRANSBENCH_CACHE_DIR=$OUT/tuning-new timeout 120 python3 benchmarks/engine_bench.py \
+    --parts profile-fp8 2>&1 | sed -n '/## profile/,$p'
+fi
+if [ "$PART" = table ]; then  # one route table, both codes: what the code changes at the same routes
+  run_with() {  # code table label
+    local src=src; [ "$1" = old ] && src=/tmp/old/src
+    rm -rf /tmp/tab && cp -r r8tables/$2 /tmp/tab
+    PYTHONPATH=$src TRANSBENCH_CACHE_DIR=/tmp/tab timeout 90 python3 -m transbench run --model bert-base-uncased \
+      --backend fused --dtype fp8 --batch 256 --seq 128 --encoders-only --min-time 0.3 --timeout 80 \
+      --name "$1 $2 $3" --db $OUT/r8.db --wide | grep -E "│ inference" | cut -c1-150
+  }
+  run_with new old 1; run_with old old 1; run_with new t2 1; run_with old t2 1; run_with new t2 2; run_with new old 2
+  PYTHONPATH=src TRANSBENCH_CACHE_DIR=$OUT/tuning-new2 timeout 200 python3 -m transbench tune \
+    --model bert-base-uncased --batch 256 --seq 128 --dtype fp8 > $OUT/tune_new2.txt 2>&1; tail -3 $OUT/tune_new2.txt
+fi
+if [ "$PART" = ln ]; then  # the LayerNorm kernel's layouts and what a Normed residual costs its readers
+  PYTHONPATH=src timeout 300 python3 benchmarks/engine_bench.py --parts layernorm 2>&1 | sed -n '/## layernorm/,$p'
+fi
