@@ -601,7 +601,7 @@ def quant_kernels():
         cands = {"package quantize_rows": (lambda: kernels.quantize_rows(x, b, gemm.ACT_GELU), moved),
                  "bias_gelu fp16 (in place, on a copy)": (lambda: kernels.bias_gelu(xg, b, False), M * N * 4),
                  "add_layernorm+fp8 (768 wide)": (lambda: kernels.add_layernorm(
-                     x[:, :768].contiguous(), None, None, b[:768], b[:768], 1e-12, quant=True), M * 768 * 3)}  # no fp16 y
+                     x[:, :768].contiguous(), None, None, b[:768], b[:768], 1e-12, quant=True), M * 768 * 5)}
         block = triton.next_power_of_2(N)
         for rows in (1, 2, 4):
             for warps in (4, 8, 16):
@@ -720,58 +720,9 @@ def attention_sweep():
         print(f"  {us:8.1f} us  {name}", flush=True)
 
 
-@torch.inference_mode()
-def layernorm_layouts():
-    """The LayerNorm kernel per (rows per program, warps), and what a residual that is a LayerNorm's unwritten output
-    (ops.Normed) costs its readers (the LayerNorm, our fp8 GEMM's epilogue), at the fp8 targets' rows."""
-    import importlib.util
-    from pathlib import Path
-
-    from transbench.engine import gemm, kernels
-    from transbench.engine.ops import layer_stats, quantize_rows
-    from transbench.engine.tuning import _gpu_ms
-
-    old = None
-    if Path("/tmp/old/src/transbench/engine/kernels.py").exists():  # benchmarks/gpu_round8.sh: the code before
-        spec = importlib.util.spec_from_file_location("old_kernels", "/tmp/old/src/transbench/engine/kernels.py")
-        old = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(old)
-    for M, N in ((32768, 768), (49152, 1024)):
-        x, r = (torch.randn(M, N, device="cuda", dtype=torch.float16) for _ in range(2))
-        w, b, rw, rb = (torch.randn(N, device="cuda", dtype=torch.float16) for _ in range(4))
-        st = layer_stats(r, 1e-5)
-        cases = {"add+quant": (dict(residual=r, bias=b), M * N * 7),
-                 "add normed+quant": (dict(residual=r, bias=b, res_norm=(st, rw, rb)), M * N * 7),
-                 "quant only (GEMM added)": (dict(residual=None, bias=None), M * N * 3),
-                 "add, fp16 out": (dict(residual=r, bias=b, quant=False), M * N * 6)}
-        print(f"\n## layernorm {M} x {N}: us (GB/s) per (rows per program, warps)", flush=True)
-        for name, (kw, moved) in cases.items():
-            kw = {"quant": True, **kw}
-            res = {}
-            if old is not None and not kw.get("res_norm"):
-                o = {k: v for k, v in kw.items() if k != "res_norm"}
-                res["before (y + q, 1 row)"] = _gpu_ms(lambda: old.add_layernorm(x, o["residual"], o["bias"], w, b, 1e-5,
-                                                                                 quant=o["quant"]), 30)
-            for layout in ((1, 2), (1, 4), (1, 8), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (8, 16)):
-                res[str(layout)] = _gpu_ms(lambda: kernels.add_layernorm(x, kw["residual"], kw["bias"], w, b, 1e-5,
-                                                                          quant=kw["quant"], res_norm=kw.get("res_norm"),
-                                                                          layout=layout), 30)
-            line = ", ".join(f"{k} {v * 1e3:.1f} ({moved / v / 1e6:.0f})" for k, v in sorted(res.items(), key=lambda kv: kv[1]))
-            print(f"  {name}: {line}", flush=True)
-        K = 4 * N
-        a8, as_ = quantize_rows(torch.randn(M, K, device="cuda"))
-        w8, ws = quantize_rows(torch.randn(N, K, device="cuda"))
-        ws = ws.t().contiguous()
-        for cfg in gemm.fp8_configs(torch.float16, x.device):
-            t = {label: _gpu_ms(lambda: gemm.linear_fp8(a8, as_, w8, ws, b, out_dtype=torch.float16, residual=r, cfg=cfg,
-                                                        res_norm=rn), 30) * 1e3
-                 for label, rn in (("residual", None), ("normed residual", (st, rw, rb)))}
-            print(f"  fp8 GEMM {M}x{N}x{K} {cfg}: " + ", ".join(f"{k} {v:.1f} us" for k, v in t.items()), flush=True)
-
-
 PARTS = ("bert-base", "bert-large", "gemm", "routes", "bert-large-target", "varlen", "generate", "profile", "call",
          "timeline", "timeline-large", "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant", "fp8gemm", "attn",
-         "attn-sweep", "layernorm")
+         "attn-sweep")
 
 
 def main(argv=None):
@@ -812,8 +763,6 @@ def main(argv=None):
             attention_kernels()
         elif part == "attn-sweep":
             attention_sweep()
-        elif part == "layernorm":
-            layernorm_layouts()
         elif part == "profile-fp8":
             profile("bert-base", [(256, 128)], fp8=True)
             profile("bert-large", [(128, 384)], fp8=True)

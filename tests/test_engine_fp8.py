@@ -5,8 +5,7 @@ import torch
 from transformers import BertConfig, BertModel
 
 from transbench.engine import compile_model
-from transbench.engine.ops import (FP8_MAX, Fp8Act, Linear, Normed, TorchOps, denorm, dequantize, hp, quantize_rows,
-                                   residual, scaled_mm)
+from transbench.engine.ops import FP8_MAX, Fp8Act, Linear, TorchOps, dequantize, hp, quantize_rows, scaled_mm
 from transbench.engine.weights import Converter
 
 E4M3_REL = 2.0**-4  # half the spacing of e4m3's 3-bit mantissa, relative to the value (normal range)
@@ -66,13 +65,7 @@ def test_layernorm_can_hand_its_output_on_in_fp8_too():
     x, r, b, w, lb = tuple(torch.randn(5, 64) for _ in range(2)) + tuple(torch.randn(64) for _ in range(3))
     y = ops.add_layernorm(x, r, b, w, lb, 1e-5)
     q = ops.add_layernorm(x, r, b, w, lb, 1e-5, quant=True)
-    assert isinstance(q, Fp8Act) and torch.equal(q.data, quantize_rows(y)[0])
-    # its output in the model's dtype is not written: the sum and each row's mean and 1 / std stand for it
-    assert isinstance(q.hp, Normed) and q.hp.pre.equal(x + b + r) and residual(q) is q.hp
-    assert hp(q).equal(y) and torch.allclose(denorm(q.hp), y, atol=1e-5)
-    # the next sum normalises it where it adds it
-    assert torch.allclose(ops.add_layernorm(x, q.hp, None, w, lb, 1e-5), ops.add_layernorm(x, y, None, w, lb, 1e-5),
-                          atol=1e-5)
+    assert isinstance(q, Fp8Act) and q.hp.equal(y) and torch.equal(q.data, quantize_rows(y)[0])
 
 
 def _bert(**kw):
@@ -148,26 +141,6 @@ def test_below_the_fp8_row_threshold_an_fp8_forward_is_the_fp16_forward(monkeypa
     out = c8(ids).last_hidden_state
     assert calls == {"quantize": 5, "scaled_mm": 8}
     assert not torch.equal(out, plain)
-
-
-def test_an_fp8_forward_writes_no_layernorm_output_that_only_feeds_fp8_gemms_and_residuals(monkeypatch):
-    """Each LayerNorm before an fp8 GEMM hands on its output as an ops.Normed: the sums that add it as their
-    residual normalise its input again, and nothing writes it (ops._written runs the LayerNorm again for readers
-    that need the tensor). The forward equals one whose residuals are written, to fp32 rounding."""
-    from transbench.engine import bert, ops
-    written = []
-    real = ops._written
-    monkeypatch.setattr(ops, "_written", lambda n: written.append(n) or real(n))
-    m = _bert()
-    ids = torch.randint(0, 300, (3, 24))
-    c8 = compile_model(m, dtype=torch.float32, fp8=True)
-    with torch.no_grad():
-        out = c8(ids).last_hidden_state
-        assert written == []
-        monkeypatch.setattr(bert, "residual", hp)  # the residuals as tensors: the LayerNorm runs again for each
-        again = c8(ids).last_hidden_state
-    assert len(written) == 3  # norm2 of layer 0, norm1 of layers 0 and 1 (the last norm2 feeds no fp8 GEMM)
-    assert torch.allclose(out, again, atol=1e-5), (out - again).abs().max()
 
 
 def test_attention_hands_the_output_projection_e4m3_on_a_scale_that_bounds_it(monkeypatch):

@@ -48,16 +48,10 @@ def same_e4m3(q, qs, ref):
 def test_layernorm_writes_its_output_in_e4m3_too(T, N, dtype):
     from transbench.engine import kernels as K
     x, r, b, w, lb = (torch.randn(*s, device="cuda", dtype=dtype) for s in [(T, N), (T, N), (N,), (N,), (N,)])
-    from transbench.engine.ops import Norm, Normed, denorm, layer_stats
-    s = x.float() + b.float() + r.float()
-    ref = F.layer_norm(s, (N,), w.float(), lb.float(), 1e-5)
-    pre, q, qs, stats = K.add_layernorm(x, r, b, w, lb, 1e-5, quant=True)
-    # no output in the model's dtype: the sum it normalises and its rows' mean and 1 / std, which give it back
-    assert rel(pre, s) < 1e-2 and rel(stats, layer_stats(s, 1e-5)) < 1e-4 and q.dtype == torch.float8_e4m3fn
-    assert rel(denorm(Normed(pre, stats, Norm(w, lb, 1e-5))), ref) < 1e-2 and qs.shape == (T, 1)
+    ref = F.layer_norm(x.float() + b.float() + r.float(), (N,), w.float(), lb.float(), 1e-5)
+    y, q, qs = K.add_layernorm(x, r, b, w, lb, 1e-5, quant=True)
+    assert rel(y, ref) < 1e-2 and q.dtype == torch.float8_e4m3fn and qs.shape == (T, 1)
     assert same_e4m3(q, qs, ref) < 1e-3
-    # nothing added to x: x itself is the sum
-    assert K.add_layernorm(x, None, None, w, lb, 1e-5, quant=True)[0].data_ptr() == x.data_ptr()
 
 
 @needs_fp8

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from .attention import Packing, attention
 from .base import EngineBase
 from .config import GELU_KINDS, Dims, EngineOptions, EngineUnsupported
-from .ops import hp, residual
+from .ops import hp
 from .weights import bert_layer
 
 
@@ -45,14 +45,13 @@ class BertEngine(EngineBase):
             # A LayerNorm writes its output in fp8 too only where the GEMM that reads it runs in fp8: fc1 after
             # norm1, the next layer's qkv after norm2 (the last norm2 feeds no GEMM of the stack); attention, given
             # the scales of that e4m3 copy, is offered a route that writes the output projection's e4m3 input
-            # (attention.dense). Such a LayerNorm writes no fp16 output: the sum that adds it as the residual
-            # normalises its input again (ops.Normed). Below ops.fp8_min_rows none does, and an fp8 model's forward
-            # is the fp16 one (FP8_MIN_ROWS).
+            # (attention.dense). Below ops.fp8_min_rows none does, and an fp8 model's forward is the fp16 one
+            # (FP8_MIN_ROWS).
             nxt = self.layers[i + 1].qkv if i + 1 < len(self.layers) else None
             a = attention(ops.linear(x, L.qkv), p, heads, L.scale, causal=False,
                           bound=ops.attention_bound(x, L.qkv, L.out))
-            x = ops.linear_add_layernorm(a, L.out, residual(x), L.norm1, quant=ops.fp8(L.fc1, rows))
-            x = ops.linear_add_layernorm(ops.linear_gelu(x, L.fc1, gelu), L.fc2, residual(x), L.norm2,
+            x = ops.linear_add_layernorm(a, L.out, hp(x), L.norm1, quant=ops.fp8(L.fc1, rows))
+            x = ops.linear_add_layernorm(ops.linear_gelu(x, L.fc1, gelu), L.fc2, hp(x), L.norm2,
                                          quant=nxt is not None and ops.fp8(nxt, rows))
         return hp(x)
 

@@ -64,20 +64,9 @@ def _tanh(u, HW: tl.constexpr):
 
 
 @triton.jit
-def _normed(r, rows, cols, RS, RW, RB, M, N):
-    # A residual that is a LayerNorm's output never written (ops.Normed): r is that LayerNorm's input, normalised
-    # here by its rows' mean and 1 / std (RS, (M, 2) fp32) and its weight and bias (RW, RB).
-    mean = tl.load(RS + rows * 2, mask=rows < M, other=0.0)
-    rstd = tl.load(RS + rows * 2 + 1, mask=rows < M, other=0.0)
-    w = tl.load(RW + cols, mask=cols < N, other=0.0).to(tl.float32)
-    b = tl.load(RB + cols, mask=cols < N, other=0.0).to(tl.float32)
-    return (r - mean[:, None]) * (rstd[:, None] * w[None, :]) + b[None, :]
-
-
-@triton.jit
-def _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, RS, RW, RB, M, N, GAIN, BIAS_MAX, ACT: tl.constexpr,
-              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_NORMED: tl.constexpr, FP8: tl.constexpr,
-              QUANT: tl.constexpr, HW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr, QUANT: tl.constexpr, HW: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr):
     cols = on + tl.arange(0, BN)
     if FP8:  # e4m3 operands: the product times the row's input scale and the column's weight scale
         rows = om + tl.arange(0, BM)
@@ -107,10 +96,7 @@ def _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, RS, RW, RB, M, N, G
     else:
         acc = _activate(acc, ACT)
         if HAS_RES:
-            r = r_desc.load([om, on]).to(tl.float32)
-            if RES_NORMED:
-                r = _normed(r, om + tl.arange(0, BM), cols, RS, RW, RB, M, N)
-            acc += r
+            acc += r_desc.load([om, on]).to(tl.float32)
     y_desc.store([om, on], acc.to(y_desc.dtype))
 
 
@@ -130,9 +116,8 @@ def fp8_out_scale(xs, GAIN, BIAS_MAX):
 # specialisations); M only bounds tiles here (the TMA descriptors carry the shapes), so one compile per config
 # serves every batch x seq: part of the first-call cost issue 23 counts.
 @triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, XS, WS, YS, RS, RW, RB, M, N, K, GAIN, BIAS_MAX,
-                   ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_NORMED: tl.constexpr,
-                   FP8: tl.constexpr,
+def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, XS, WS, YS, M, N, K, GAIN, BIAS_MAX,
+                   ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr,
                    QUANT: tl.constexpr, HW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                    GROUP: tl.constexpr, PROGRAMS: tl.constexpr, SUBTILE: tl.constexpr, PDL: tl.constexpr,
                    PREFETCH: tl.constexpr):
@@ -156,13 +141,13 @@ def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, XS, WS, YS, RS, RW, 
         om, on = _tile_origin(tile_c, n_m, n_n, GROUP, BM, BN)
         if SUBTILE:  # two half-width stores: half the shared memory for the output tile, one more stage for loads
             acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
-            _epilogue(acc0, om, on, y_desc, r_desc, BIAS, XS, WS, YS, RS, RW, RB, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS,
-                      HAS_RES, RES_NORMED, FP8, QUANT, HW, BM, BN // 2)
-            _epilogue(acc1, om, on + BN // 2, y_desc, r_desc, BIAS, XS, WS, YS, RS, RW, RB, M, N, GAIN, BIAS_MAX, ACT,
-                      HAS_BIAS, HAS_RES, RES_NORMED, FP8, QUANT, HW, BM, BN // 2)
+            _epilogue(acc0, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS, HAS_RES,
+                      FP8, QUANT, HW, BM, BN // 2)
+            _epilogue(acc1, om, on + BN // 2, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS,
+                      HAS_RES, FP8, QUANT, HW, BM, BN // 2)
         else:
-            _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, RS, RW, RB, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS,
-                      HAS_RES, RES_NORMED, FP8, QUANT, HW, BM, BN)
+            _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT, HAS_BIAS, HAS_RES, FP8,
+                      QUANT, HW, BM, BN)
 
 
 # (BM, BN, BK, stages, warps, persistent, subtile): the tuner times each against cuBLAS for every shape it meets.
@@ -188,8 +173,8 @@ FP8_CONFIGS = [
 
 
 @triton.jit(do_not_specialize=["M"])  # as _linear_kernel
-def _linear_splitk_kernel(x_desc, w_desc, Y, R, RS, RW, RB, W, BIAS, PARTIAL, ARRIVED, M, N, K,
-                          ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_NORMED: tl.constexpr,
+def _linear_splitk_kernel(x_desc, w_desc, Y, R, W, BIAS, PARTIAL, ARRIVED, M, N, K,
+                          ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
                           PDL: tl.constexpr, PREFETCH: tl.constexpr):
     # Small M (batch 1-8 tokens x seq): too few output tiles to occupy the SMs, so SPLIT programs share each
@@ -221,10 +206,7 @@ def _linear_splitk_kernel(x_desc, w_desc, Y, R, RS, RW, RB, W, BIAS, PARTIAL, AR
             acc += tl.load(BIAS + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
         acc = _activate(acc, ACT)
         if HAS_RES:
-            r = tl.load(R + offs, mask=inside, other=0.0).to(tl.float32)
-            if RES_NORMED:
-                r = _normed(r, rows, cols, RS, RW, RB, M, N)
-            acc += r
+            acc += tl.load(R + offs, mask=inside, other=0.0).to(tl.float32)
         tl.store(Y + offs, acc.to(Y.dtype.element_ty), mask=inside)
 
 
@@ -242,7 +224,7 @@ def splitk_configs(M: int) -> list:
 
 
 def linear_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: int = ACT_NONE,
-                  residual: torch.Tensor | None = None, cfg=SPLITK_CONFIGS[0], res_norm=None) -> torch.Tensor:
+                  residual: torch.Tensor | None = None, cfg=SPLITK_CONFIGS[0]) -> torch.Tensor:
     if not supported(x, weight) or (residual is not None and not residual.is_contiguous()):
         raise ValueError("shape/alignment not supported by the TMA GEMM")
     (M, K), N = x.shape, weight.shape[0]
@@ -251,15 +233,13 @@ def linear_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     _linear_splitk_kernel[(tiles * split,)](
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
-        y, residual.view(M, N) if residual is not None else y, *(res_norm or (y, y, y)), weight,
-        bias if bias is not None else y,
+        y, residual.view(M, N) if residual is not None else y, weight, bias if bias is not None else y,
         # The partials are written before they are read: a buffer of the call (of the graph, when captured), not
         # process scratch, which kept one for every split and shape the tuner tried, for the life of the process.
         # The arrival counts must start at zero: scratch.
         torch.empty(split * M * N, device=x.device, dtype=torch.float32), scratch(x.device, torch.int32, tiles),
         M, N, K,
-        ACT=act, HAS_BIAS=bias is not None, HAS_RES=residual is not None, RES_NORMED=res_norm is not None, BM=bm,
-        BN=bn, BK=bk, SPLIT=split,
+        ACT=act, HAS_BIAS=bias is not None, HAS_RES=residual is not None, BM=bm, BN=bn, BK=bk, SPLIT=split,
         num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M, **launch_options(x.device))
     return y
 
@@ -277,9 +257,7 @@ def supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: int = ACT_NONE,
-           residual: torch.Tensor | None = None, cfg=CONFIGS[0], res_norm=None) -> torch.Tensor:
-    """act(x W^T + bias) [+ residual]; res_norm (stats, weight, bias): the residual is a LayerNorm's input,
-    normalised in the epilogue (ops.Normed)."""
+           residual: torch.Tensor | None = None, cfg=CONFIGS[0]) -> torch.Tensor:
     if (not supported(x, weight) or (weight.shape[0] * x.element_size()) % 16  # y is written through TMA too
             or (residual is not None and not residual.is_contiguous())):
         raise ValueError("shape/alignment not supported by the TMA GEMM")
@@ -293,9 +271,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
     _linear_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
         TensorDescriptor.from_tensor(y, out_block), TensorDescriptor.from_tensor(r, out_block), weight,
-        bias if bias is not None else y, y, y, y, *(res_norm or (y, y, y)), M, N, K, 0.0, 0.0, ACT=act,
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None, RES_NORMED=res_norm is not None, FP8=False,
-        QUANT=False, HW=False, BM=bm, BN=bn, BK=bk, GROUP=8, PROGRAMS=programs, SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M,
+        bias if bias is not None else y, y, y, y, M, N, K, 0.0, 0.0, ACT=act, HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None, FP8=False, QUANT=False, HW=False, BM=bm, BN=bn, BK=bk, GROUP=8,
+        PROGRAMS=programs, SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M,
         **launch_options(x.device))
     return y
 
@@ -323,12 +301,12 @@ def supported_fp8(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None, gain: float = 0.0, bias_max: float = 0.0, act: int = ACT_NONE,
                out_dtype: torch.dtype = torch.float8_e4m3fn, residual: torch.Tensor | None = None,
-               cfg=FP8_CONFIGS[0], res_norm=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               cfg=FP8_CONFIGS[0]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """act(x W^T + bias) [+ residual] from e4m3 x (M, K) with per-row scales (M, 1) and e4m3 W (N, K) with
     per-column scales (1, N), the scales, bias and activation applied in the GEMM's epilogue. out_dtype e4m3: written
     with a per-row scale (fp8_out_scale, from W's `gain` and max |bias| `bias_max`) as the next fp8 GEMM's input,
     (y, y_scale (M, 1)): the fp16 output, and the pass that reads it to quantize, never exist. Otherwise (y, None)
-    in out_dtype, and the residual may be added there too (res_norm: as in `linear`)."""
+    in out_dtype, and the residual may be added there too."""
     quant = out_dtype == torch.float8_e4m3fn
     if not supported_fp8(x, weight) or (residual is not None and (quant or not residual.is_contiguous())):
         raise ValueError("shape/alignment not supported by the fp8 TMA GEMM")
@@ -343,9 +321,8 @@ def linear_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, wei
     _linear_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
         TensorDescriptor.from_tensor(y, out_block), TensorDescriptor.from_tensor(r, out_block), weight,
-        bias if bias is not None else y_scale, x_scale, weight_scale, y_scale, *(res_norm or (y, y, y)), M, N, K,
-        gain, bias_max, ACT=act, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        RES_NORMED=res_norm is not None, FP8=True, QUANT=quant, HW=x.is_cuda, BM=bm, BN=bn, BK=bk, GROUP=8,
-        PROGRAMS=programs, SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=False,
+        bias if bias is not None else y_scale, x_scale, weight_scale, y_scale, M, N, K, gain, bias_max, ACT=act,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, FP8=True, QUANT=quant, HW=x.is_cuda, BM=bm, BN=bn,
+        BK=bk, GROUP=8, PROGRAMS=programs, SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=False,
         **launch_options(x.device))
     return y, (y_scale if quant else None)

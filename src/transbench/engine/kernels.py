@@ -55,49 +55,32 @@ def _store_fp8_row(y, row, cols, m, N, Q, QS):
     tl.store(QS + row, scale)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _add_layernorm_kernel(X, R, RS, RW, RB, BIAS, W, B, Y, RES_OUT, Q, QS, STATS, M, N, eps,
-                          HAS_R: tl.constexpr, R_NORMED: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          STORE_RES: tl.constexpr, QUANT: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                          PDL: tl.constexpr):
-    # ROWS rows per program: rows are at most a few thousand wide, so each sits in registers, and x + bias +
-    # residual is read once, normalised and written once; the weight and bias are loaded once for ROWS rows.
+@triton.jit
+def _add_layernorm_kernel(X, R, BIAS, W, B, Y, RES_OUT, Q, QS, N, eps,
+                          HAS_R: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_RES: tl.constexpr, QUANT: tl.constexpr,
+                          BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # One row per program: rows are at most a few thousand wide, so the whole row sits in registers
+    # and x + bias + residual is read once, normalised and written once.
     pdl_enter(PDL)
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-    cm = cols < N
-    m = (rows < M)[:, None] & cm[None, :]
-    offs = rows[:, None] * N + cols[None, :]
-    x = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
+    m = cols < N
+    x = tl.load(X + row * N + cols, mask=m, other=0.0).to(tl.float32)
     if HAS_BIAS:
-        x += tl.load(BIAS + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
+        x += tl.load(BIAS + cols, mask=m, other=0.0).to(tl.float32)
     if HAS_R:
-        r = tl.load(R + offs, mask=m, other=0.0).to(tl.float32)
-        if R_NORMED:  # the residual is a LayerNorm's output that was never written: normalise its input here
-            mean = tl.load(RS + rows * 2, mask=rows < M, other=0.0)
-            rstd = tl.load(RS + rows * 2 + 1, mask=rows < M, other=0.0)
-            rw = tl.load(RW + cols, mask=cm, other=0.0).to(tl.float32)
-            r = (r - mean[:, None]) * (rstd[:, None] * rw[None, :]) + tl.load(RB + cols, mask=cm, other=0.0).to(
-                tl.float32)[None, :]
-        x += r
-    if STORE_RES:  # the sum: pre-LN models (GPT-2) carry it on as the next residual; quantized rows (below) keep it
-        tl.store(RES_OUT + offs, x.to(RES_OUT.dtype.element_ty), mask=m)
-    mean = tl.sum(x, 1) / N
-    d = tl.where(m, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(d * d, 1) / N + eps)
-    w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float32)
-    b = tl.load(B + cols, mask=cm, other=0.0).to(tl.float32)
-    y = d * rstd[:, None] * w[None, :] + b[None, :]
-    if QUANT:
-        # The next GEMM's fp8 input, from the same registers (ops.quantize_rows is the reference), and in place of
-        # y the rows' mean and 1 / std: y's readers (the residual adds) normalise the sum again (ops.Normed).
-        scale = tl.maximum(tl.max(tl.abs(tl.where(m, y, 0.0)), 1) / 448.0, 1e-12 / 448.0)
-        tl.store(Q + offs, (y / scale[:, None]).to(Q.dtype.element_ty), mask=m)
-        tl.store(QS + rows, scale, mask=rows < M)
-        tl.store(STATS + rows * 2, mean, mask=rows < M)
-        tl.store(STATS + rows * 2 + 1, rstd, mask=rows < M)
-    else:
-        tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=m)
+        x += tl.load(R + row * N + cols, mask=m, other=0.0).to(tl.float32)
+    if STORE_RES:  # pre-LN models (GPT-2) carry the un-normalised sum on as the next residual
+        tl.store(RES_OUT + row * N + cols, x.to(RES_OUT.dtype.element_ty), mask=m)
+    mean = tl.sum(x, 0) / N
+    d = tl.where(m, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / N + eps)
+    w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
+    y = d * rstd * w + b
+    tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=m)
+    if QUANT:  # the next GEMM's fp8 input, from the same registers
+        _store_fp8_row(y, row, cols, m, N, Q, QS)
 
 
 @triton.jit(do_not_specialize=["S"])
@@ -164,37 +147,24 @@ def _warps(block: int) -> int:
     return max(1, min(16, block // 256))
 
 
-def LAYERNORM_SHAPE(block: int) -> tuple[int, int]:
-    """(rows per program, warps) of the LayerNorm kernel for rows of `block` (a power of two) columns."""
-    return 1, _warps(block)
-
-
-def add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual=False, quant=False, res_norm=None,
-                  layout=None):
-    """LayerNorm(x + bias + residual) of rows; store_residual: also the sum. res_norm (stats, weight, bias): the
-    residual is a LayerNorm's input, normalised here by those (ops.Normed). quant: y is not written; instead
-    (pre, y8, scales (rows, 1) fp32, stats (rows, 2) fp32 of mean and 1 / std), pre being the sum y normalises
-    (x itself where nothing is added to it): ops.Normed's fields (2-D x only)."""
+def add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual=False, quant=False):
+    """LayerNorm(x + bias + residual) of rows; store_residual: also the sum; quant: also y in e4m3 with
+    per-row scales, returned as (y, y8, scales (rows, 1) fp32) (2-D x only)."""
     n = x.shape[-1]
     x2 = x.reshape(-1, n).contiguous()
-    rows = x2.shape[0]
-    summed = residual is not None or bias is not None
-    y = x2 if quant else torch.empty_like(x2)
-    res_out = torch.empty_like(x2) if store_residual or (quant and summed) else y
+    y = torch.empty_like(x2)
+    res_out = torch.empty_like(x2) if store_residual else y
     q = torch.empty(x2.shape, device=x.device, dtype=torch.float8_e4m3fn) if quant else y
-    qs, stats = (torch.empty(rows, k, device=x.device, dtype=torch.float32) if quant else y for k in (1, 2))
+    qs = torch.empty(x2.shape[0], 1, device=x.device, dtype=torch.float32) if quant else y
     r = residual.reshape(-1, n).contiguous() if residual is not None else x2
-    rs, rw, rb = res_norm if res_norm is not None else (x2, weight, weight)
     block = triton.next_power_of_2(n)
-    per, warps = LAYERNORM_SHAPE(block) if layout is None else layout
-    _add_layernorm_kernel[(triton.cdiv(rows, per),)](
-        x2, r, rs, rw, rb, bias if bias is not None else weight, weight, ln_bias, y, res_out, q, qs, stats, rows, n,
-        eps, HAS_R=residual is not None, R_NORMED=res_norm is not None, HAS_BIAS=bias is not None,
-        STORE_RES=res_out is not y, QUANT=quant, ROWS=per, BLOCK=block, num_warps=warps, **launch_options(x.device))
+    _add_layernorm_kernel[(x2.shape[0],)](
+        x2, r, bias if bias is not None else weight, weight, ln_bias, y, res_out, q, qs, n, eps,
+        HAS_R=residual is not None, HAS_BIAS=bias is not None, STORE_RES=store_residual, QUANT=quant,
+        BLOCK=block, num_warps=_warps(block), **launch_options(x.device))
+    y = y.view_as(x)
     if quant:
-        y = (res_out if summed else x2, q, qs, stats)
-    else:
-        y = y.view_as(x)
+        y = (y, q, qs)
     return (y, res_out.view_as(x)) if store_residual else y
 
 

@@ -38,31 +38,13 @@ class Norm:
     eps: float
 
 
-class Normed(NamedTuple):
-    """LayerNorm(pre) by `norm`, not written out: its input `pre` and each row's mean and 1 / std. A LayerNorm whose
-    output feeds an fp8 GEMM writes that output in e4m3 only (Fp8Act) and hands on this for the model's-dtype
-    copy, which BERT's post-LN layers read once, as the residual of the next sublayer's sum; the kernel that adds
-    the residual (our GEMMs' epilogue, the LayerNorm) normalises `pre` where it reads it. That spares the LayerNorm
-    a write of rows x hidden in fp16: of its 5 bytes an element (read 2, write 2 + 1 e4m3), 2. Readers that need
-    the tensor (cuBLAS's C operand, fp16 GEMM routes) get it from `hp`, which runs the LayerNorm again."""
-
-    pre: torch.Tensor  # (M, N) in the model's dtype
-    stats: torch.Tensor  # (M, 2) float32: each row's mean and 1 / sqrt(var + eps) of pre
-    norm: Norm
-
-    def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(stats, weight, bias): what the kernels' res_norm takes."""
-        return self.stats, self.norm.weight, self.norm.bias
-
-
 class Fp8Act(NamedTuple):
     """A GEMM input in e4m3 with one scale per row (token): row i is data[i] * scale[i]. `hp` is the same
-    activation in the model's dtype where its producer has it (a LayerNorm output is also the residual), as a
-    tensor or as the Normed that gives it."""
+    activation in the model's dtype where its producer wrote that too (a LayerNorm output is also the residual)."""
 
     data: torch.Tensor  # (M, K) float8_e4m3fn
     scale: torch.Tensor  # (M, 1) float32
-    hp: "torch.Tensor | Normed | None" = None
+    hp: torch.Tensor | None = None
 
 
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,43 +117,11 @@ def scaled_mm(q: Fp8Act, lin: Linear, out_dtype: torch.dtype, bias: torch.Tensor
     return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
-def layer_stats(s: torch.Tensor, eps: float) -> torch.Tensor:
-    """(rows, 2) fp32 mean and 1 / std of each row of s, as the LayerNorm kernel computes them (Normed.stats)."""
-    f = s.float()
-    mean = f.mean(dim=-1, keepdim=True)
-    return torch.cat([mean, torch.rsqrt((f - mean).square().mean(dim=-1, keepdim=True) + eps)], dim=-1)
-
-
-def denorm(n: Normed) -> torch.Tensor:
-    """The LayerNorm output a Normed stands for, in fp32, from its stats: the reference of the kernels' res_norm."""
-    w, b = n.norm.weight.float(), n.norm.bias.float()
-    return (n.pre.float() - n.stats[:, :1]) * n.stats[:, 1:] * w + b
-
-
-def _written(n: Normed) -> torch.Tensor:
-    """A Normed's LayerNorm output as a tensor in the model's dtype: the LayerNorm run again on its input."""
-    if n.pre.is_cuda and _triton is not None:
-        return _triton.add_layernorm(n.pre, None, None, n.norm.weight, n.norm.bias, n.norm.eps)
-    return F.layer_norm(n.pre, (n.pre.shape[-1],), n.norm.weight, n.norm.bias, n.norm.eps)
-
-
 def hp(x, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The activation as a tensor in the model's dtype `dtype` (dequantized only where no producer wrote it)."""
+    """The activation in the model's dtype `dtype` (dequantized only where no producer wrote it)."""
     if isinstance(x, torch.Tensor):
         return x
-    if isinstance(x, Normed):
-        return _written(x)
-    return hp(x.hp) if x.hp is not None else dequantize(x, dtype)
-
-
-def residual(x):
-    """The activation as the residual of the next sum: hp(x), but a Normed stays one (its reader normalises)."""
-    return x.hp if isinstance(x, Fp8Act) and isinstance(x.hp, Normed) else hp(x)
-
-
-def _source(x) -> torch.Tensor:
-    """The tensor a kernel reads for x, a tensor or a Normed (its input)."""
-    return x.pre if isinstance(x, Normed) else x
+    return x.hp if x.hp is not None else dequantize(x, dtype)
 
 
 def rows(x) -> int:
@@ -221,16 +171,11 @@ class TorchOps:
         return self.bias_gelu(self.linear(hp(x, lin.weight.dtype), lin, bias=False), lin.bias, kind)
 
     def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False, quant=False):
-        """LayerNorm(x + bias + residual), the residual a tensor or a Normed; store_residual: also the sum; quant:
-        y as an Fp8Act whose hp is the Normed of the sum (the LayerNorm kernel writes no y then)."""
+        """LayerNorm(x + bias + residual); store_residual: also the sum; quant: y as an Fp8Act (with y as its hp)."""
         s = x if bias is None else x + bias
-        if isinstance(residual, Normed):
-            s = (s.float() + denorm(residual)).to(s.dtype)
-        elif residual is not None:
-            s = s + residual
+        s = s if residual is None else s + residual
         y = F.layer_norm(s, (s.shape[-1],), weight, ln_bias, eps)
-        if quant:
-            y = Fp8Act(*quantize_rows(y), hp=Normed(s, layer_stats(s, eps), Norm(weight, ln_bias, eps)))
+        y = self.quantize(y) if quant else y
         return (y, s) if store_residual else y
 
     def embed_layernorm(self, ids, word, pos_ids, pos, tt, type_, norm: Norm, S: int) -> torch.Tensor:
@@ -281,13 +226,12 @@ class TritonOps(TorchOps):
         return x if isinstance(x, Fp8Act) else Fp8Act(*_triton.quantize_rows(x), hp=x)
 
     @staticmethod
-    def _fp8_out(out, store: bool, quant: bool, norm: Norm):
-        """add_layernorm's (pre, y8, scales, stats) as an Fp8Act with a Normed hp, inside its (y, residual) pair
-        when store."""
+    def _fp8_out(out, store: bool, quant: bool):
+        """add_layernorm's (y, y8, scales) as an Fp8Act, inside its (y, residual) pair when store."""
         if not quant:
             return out
         y, res = out if store else (out, None)
-        y = Fp8Act(y[1], y[2], hp=Normed(y[0], y[3], norm))
+        y = Fp8Act(y[1], y[2], hp=y[0])
         return (y, res) if store else y
 
     @staticmethod
@@ -308,15 +252,14 @@ class TritonOps(TorchOps):
         (M, K), N = (x if isinstance(x, torch.Tensor) else x.data).shape, lin.weight.shape[0]
         h = x if isinstance(x, torch.Tensor) else x.hp
 
-        def high():  # a Normed input is written here, inside the route: its cost is the route's
+        def high():
             return hp(x, dtype)
         routes = {name: (lambda fn=fn: fn(high())) for name, fn in cands.items()}
-        if h is not None and _gemm.supported(_source(h), lin.weight):
+        if h is not None and _gemm.supported(h, lin.weight):
             for cfg in _gemm.CONFIGS:
-                routes["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear, cfg, high())
+                routes["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear, cfg, h)
             for cfg in _gemm.splitk_configs(M):
-                routes["splitk" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear_splitk, cfg,
-                                                                                         high())
+                routes["splitk" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear_splitk, cfg, h)
         if fp8_cands and self.fp8(lin, M):  # listed first: the default route where the budget leaves it untimed
             routes = {**{name: (lambda fn=fn: fn(self.quantize(x))) for name, fn in fp8_cands.items()}, **routes}
         form = "" if isinstance(x, torch.Tensor) else "|fp8 input"
@@ -376,31 +319,28 @@ class TritonOps(TorchOps):
         return _triton.embed_layernorm(ids, word, pos_ids, pos, tt, type_, norm.weight, norm.bias, norm.eps, S)
 
     def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False, quant=False):
-        res_norm = residual.fields() if isinstance(residual, Normed) else None
-        out = _triton.add_layernorm(x, _source(residual), bias, weight, ln_bias, eps, store_residual, quant, res_norm)
-        return self._fp8_out(out, store_residual, quant, Norm(weight, ln_bias, eps))
+        out = _triton.add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual, quant)
+        return self._fp8_out(out, store_residual, quant)
 
     def linear_add_layernorm(self, x, lin, residual, norm, store_residual=False, quant=False):
-        if not _source(residual).is_contiguous():
+        if not residual.is_contiguous():
             return super().linear_add_layernorm(x, lin, residual, norm, store_residual, quant)
         n = norm
-        # Our GEMMs and the LayerNorm add a Normed residual as it is; cuBLAS's C operand needs it written (hp).
-        res, res_norm = _source(residual), residual.fields() if isinstance(residual, Normed) else None
 
         def ln(h, r, b, store=store_residual):
             return self.add_layernorm(h, r, b, n.weight, n.bias, n.eps, store, quant)
 
         def fused(gemm, cfg, h):  # the GEMM writes x W^T + b + residual, itself the next residual of a pre-LN model
-            s = gemm(h, lin.weight, lin.bias, residual=res, cfg=cfg, res_norm=res_norm)
+            s = gemm(h, lin.weight, lin.bias, residual=residual, cfg=cfg)
             return (ln(s, None, None, False), s) if store_residual else ln(s, None, None)
 
         cands = {"cublas+ln": lambda h: ln(F.linear(h, lin.weight), residual, lin.bias),
                  # cuBLAS adds the residual as its C operand (beta = 1): the LayerNorm reads one tensor, not two
-                 "cublas_addmm+ln": lambda h: ln(torch.addmm(hp(residual), h, lin.weight.t()), None, lin.bias)}
+                 "cublas_addmm+ln": lambda h: ln(torch.addmm(residual, h, lin.weight.t()), None, lin.bias)}
 
         def ours(q, cfg):  # our fp8 GEMM writes x W^T + b + residual in the model's dtype, as `fused` does
             s = _gemm.linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias,
-                                 out_dtype=lin.weight.dtype, residual=res, cfg=cfg, res_norm=res_norm)[0]
+                                 out_dtype=lin.weight.dtype, residual=residual, cfg=cfg)[0]
             return (ln(s, None, None, False), s) if store_residual else ln(s, None, None)
         return self._choose(f"linear_add_ln|store={store_residual}" + ("|quant" if quant else ""), x, lin, cands,
                             fused, {"fp8+ln": lambda q: ln(scaled_mm(q, lin, lin.weight.dtype), residual, lin.bias),
