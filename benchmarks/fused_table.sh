@@ -14,7 +14,7 @@ export TRANSBENCH_CACHE_DIR=${TRANSBENCH_CACHE_DIR:-$(dirname "$DB")/engine-tuni
 TB="python3 -m transbench"
 grid() {  # model, batches, seqs, run name
   $TB run --model "$1" --dtype fp16 --encoders-only --backend eager,sdpa,sdpa-flash,sdpa-cudnn,cudagraph,fused \
-    --batch "$2" --seq "$3" --baseline sdpa --min-time 0.2 --timeout 120 --name "$4" --db "$DB"
+    --batch "$2" --seq "$3" --baseline sdpa --min-time 0.2 --timeout 300 --name "$4" --db "$DB"
 }
 [[ ,$PARTS, == *,base,* ]] && grid bert-base-uncased 1,8,64,256 128,384,512 fused-bert-base-uncased
 if [[ ,$PARTS, == *,large,* ]]; then

@@ -5,8 +5,21 @@
 #                                         an fp8 GEMM (ops.Normed), then bert-base 256 x 128 fp8 tuned and timed
 #                                         twice with the code before it (r8old.tgz: `git archive` of the commit
 #                                         before, unpacked to /tmp/old) and with this code
-#   bash benchmarks/gpu_round8.sh large   the same A/B for bert-large 128 x 384 fp8, then this code's kernel profile
-#                                         of both targets (benchmarks/engine_bench.py --parts profile-fp8)
+#   bash benchmarks/gpu_round8.sh table   bert-base 256 x 128 fp8 with one route table for both codes (r8tables/old:
+#                                         call base's tuning of the code before; r8tables/t2: the same with the MLP's
+#                                         second GEMM on our fp8 GEMM, which adds the residual in its epilogue)
+#   bash benchmarks/gpu_round8.sh ln      the LayerNorm kernel per rows-per-program and warps, with and without a
+#                                         Normed residual (benchmarks/engine_bench.py --parts layernorm)
+#     base, table and ln ran commit a843418 (ops.Normed), reverted after them; to repeat them, check it out and
+#     `git archive 0933034 src | gzip > r8old.tgz`.
+#   bash benchmarks/gpu_round8.sh large8  issue 23: bert-large 128 x 384 fp8 tuned and timed twice, then the
+#                                         generation GPU tests of the transformers backends
+#   bash benchmarks/gpu_round8.sh order   a cell's figure against the cells before it: bert-base fp16 1 x 128 as a
+#                                         process's first cell, then after a 1 x 64 cell, each in a fresh process
+#                                         with empty route and Triton caches; the code before (r8old.tgz: `git
+#                                         archive` of the commit before fused cells tuned fully), then this code
+#   bash benchmarks/gpu_round8.sh grid    the fp16 grids of the fused engine against the other backends
+#                                         (benchmarks/fused_table.sh, PARTS=large or base), resumed from r8state/
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=150 TRITON_CACHE_DIR=/tmp/r8-triton
@@ -14,6 +27,7 @@ PART=${1:-base}
 exec > >(tee "$OUT/round8_$PART.txt") 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv
 [ -f r8old.tgz ] && mkdir -p /tmp/old && tar -xzf r8old.tgz -C /tmp/old
+[ -d r8state ] && cp -r r8state/. "$OUT"/  # a resumed part's store and tuned routes, from the call before
 ab() {  # code (old|new) model batch seq: tune with that code into its own cache, then time the cell twice
   local src=src; [ "$1" = old ] && src=/tmp/old/src
   export PYTHONPATH=$src TRANSBENCH_CACHE_DIR=$OUT/tuning-$1
@@ -31,11 +45,16 @@ if [ "$PART" = base ]; then
   ab old bert-base-uncased 256 128
   ab new bert-base-uncased 256 128
 fi
-if [ "$PART" = large ]; then
+if [ "$PART" = large8 ]; then
   ab new bert-large-uncased 128 384
-  ab old bert-large-uncased 128 384
-  PYTHONPATH=src TRANSBENCH_CACHE_DIR=$OUT/tuning-new timeout 120 python3 benchmarks/engine_bench.py \
-    --parts profile-fp8 2>&1 | sed -n '/## profile/,$p'
+  PYTHONPATH=src timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_backends_gpu.py \
+    tests/gpu/test_families_gpu.py -k "generation or static_decoders or decoder_families" --durations=3 > $OUT/gen.txt 2>&1
+  echo "pytest rc $?"; tail -6 $OUT/gen.txt
+fi
+if [ "$PART" = grid ]; then
+  mkdir -p $OUT/grid
+  timeout ${GRID_S:-570} bash benchmarks/fused_table.sh $OUT/grid/fused.db ${PARTS:-large} > $OUT/grid_${PARTS:-large}.txt 2>&1
+  echo "grid rc $?"; grep -cE "│ inference" $OUT/grid_${PARTS:-large}.txt
 fi
 if [ "$PART" = table ]; then  # one route table, both codes: what the code changes at the same routes
   run_with() {  # code table label
@@ -51,4 +70,15 @@ if [ "$PART" = table ]; then  # one route table, both codes: what the code chang
 fi
 if [ "$PART" = ln ]; then  # the LayerNorm kernel's layouts and what a Normed residual costs its readers
   PYTHONPATH=src timeout 300 python3 benchmarks/engine_bench.py --parts layernorm 2>&1 | sed -n '/## layernorm/,$p'
+fi
+if [ "$PART" = order ]; then
+  for code in old new; do
+    src=src; [ $code = old ] && src=/tmp/old/src
+    for seqs in 128 64,128; do
+      PYTHONPATH=$src TRANSBENCH_CACHE_DIR=/tmp/o-$code-$seqs TRITON_CACHE_DIR=/tmp/ot-$code-$seqs timeout 240 \
+        python3 -m transbench run --model bert-base-uncased --backend fused --dtype fp16 --encoders-only --batch 1 \
+        --seq $seqs --min-time 0.3 --timeout 200 --name "$code first-of $seqs" --db $OUT/order.db --wide \
+        | grep -E "│ inference" | cut -c1-150
+    done
+  done
 fi

@@ -92,19 +92,18 @@ def test_the_whole_fp8_forward_stays_within_the_fp8_tolerance_of_fp32():
 
 
 def test_fp8_cells_run_on_the_fused_backend_only():
-    from types import SimpleNamespace
-
     from transbench import backends
     from transbench.backends import fused
+    from transbench.cells import Cell
     from transbench.measure import device
 
     assert device.torch_dtype("fp8") == torch.float16 and "fp8" in device.DTYPES
     assert not device.dtype_runs("cpu", "fp8")  # no e4m3 GEMMs on the CPU: the grid refuses it there
     assert backends.get("sdpa").unsupported_reason("cuda", "fp8", "base") == "fp8 runs on the fused backend only"
     assert backends.get("fused").unsupported_reason("cuda", "fp8", "base") is None
-    c = fused._compile(_bert().half(), SimpleNamespace(batch=2, dtype="fp8"))
+    c = fused._compile(_bert().half(), Cell("b", "base", "fused", "fp8", 2, 16))
     assert c.opts.fp8 and c.opts.dtype == torch.float16 and c.engine.layers[1].qkv.weight_fp8 is not None
-    assert not fused._compile(_bert().half(), SimpleNamespace(batch=2, dtype="fp16")).opts.fp8
+    assert not fused._compile(_bert().half(), Cell("b", "base", "fused", "fp16", 2, 16)).opts.fp8
 
 
 def _count_fp8_work(monkeypatch):
@@ -234,9 +233,8 @@ def test_real_minilm_checkpoint_sentence_embeddings_in_emulated_fp8():
 
 
 def test_an_fp8_cell_records_how_many_gemm_ops_took_an_fp8_route(monkeypatch):
-    from types import SimpleNamespace
-
     from transbench.backends import fused
+    from transbench.cells import Cell
     from transbench.engine.compiled import CompiledModel
     from transbench.scenarios.inputs import make_inputs
 
@@ -244,7 +242,7 @@ def test_an_fp8_cell_records_how_many_gemm_ops_took_an_fp8_route(monkeypatch):
               "cublas+triton_gelu", "dense|8x128x4x16|torch.float16|causal=False": "flash"}
     monkeypatch.setattr(CompiledModel, "tuning", lambda self: {"fwd|8|128": {"routes": routes, "races": []}})
     inputs = make_inputs(300, 2, 12, token_types=True, seed=1)
-    ran = fused.BACKEND.prepare(_bert(), inputs, SimpleNamespace(embeddings=True, batch=2, dtype="fp8")).what_ran()
+    ran = fused.BACKEND.prepare(_bert(), inputs, Cell("b", "base", "fused", "fp8", 2, 12)).what_ran()
     assert (ran["fp8_gemm_ops"], ran["gemm_ops"]) == (1, 2)  # attention is no GEMM op
-    ran16 = fused.BACKEND.prepare(_bert(), inputs, SimpleNamespace(embeddings=True, batch=2, dtype="fp16")).what_ran()
+    ran16 = fused.BACKEND.prepare(_bert(), inputs, Cell("b", "base", "fused", "fp16", 2, 12)).what_ran()
     assert "fp8_gemm_ops" not in ran16

@@ -260,3 +260,34 @@ def test_routes_chosen_out_of_time_are_reported_as_what_runs(tmp_path):
     (full,) = keys
     t.table[full] = "cublas"
     assert list(t.routes(keys).values()) == ["cublas"]
+
+
+def test_a_run_cell_tunes_its_shape_fully_and_serving_keeps_the_first_call_budget():
+    """A cell's figures must not depend on the cells before it. Under the first-call budget a process's first fused
+    cell spent it on Triton compiles and kept default routes that later cells did not (backends/fused.py), so a
+    `run` cell's engine tunes with no budget; serving's probe cells and the demo keep the budget."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from transformers import BertConfig, BertModel
+
+    from transbench import demo
+    from transbench.backends import fused
+    from transbench.cells import Cell
+    from transbench.scenarios.serve import probe_cell
+    from transbench.scenarios.serve_cell import ServeCell
+
+    m = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                             vocab_size=100, max_position_embeddings=64)).eval()
+
+    def budget(cell):
+        return fused._compile(m, cell).engine.graphs.tune_budget_s
+    assert budget(Cell("tiny", "base", "fused", "fp32", 2, 16)) is None
+    serving = probe_cell(ServeCell("tiny", "base", "fused", "fp32", "rate", rate=5.0), 4, 32)
+    assert budget(serving) == tuning.TUNE_BUDGET_S > 0
+    seen = []  # the demo's cell, as its fused backend receives it
+    spy = replace(fused.BACKEND, prepare=lambda model, inputs, cell: seen.append(cell) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        demo._run_backend(spy, m, SimpleNamespace(name="tiny", family="bert"), "base", [1, 2, 3],
+                          torch.device("cpu"), "fp32")
+    assert seen and seen[0].first_call_budget

@@ -48,6 +48,10 @@ class Cell(SweepCell):
     min_time: float = 1.0
     min_count: int = 10
     nproc: int = 1
+    # Serving and the demo run the fused engine as a server starts it: a new shape's first call tunes kernel routes
+    # within the engine's first-call budget (engine/tuning.py TUNE_BUDGET_S). A `run` cell tunes its shape fully
+    # instead (backends/fused.py says why).
+    first_call_budget: bool = False
 
     @property
     def scenario(self) -> str:

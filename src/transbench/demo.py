@@ -220,7 +220,7 @@ def _run_backend(backend, base, ref, task: str, ids: list[int], device, dtype: s
     input_ids = torch.tensor([ids], device=device)
     inputs = Inputs(input_ids, [len(ids)], None, torch.zeros_like(input_ids) if ref.family == "bert" else None)
     cell = Cell(model=ref.name, task=task, backend=backend.name, dtype=dtype, batch=1, seq=len(ids),
-                device=str(device))
+                device=str(device), first_call_budget=True)
     try:
         prepared = backend.prepare(model, inputs, cell)
         out = output_tensor(prepared.fn(), task).float().cpu().clone()

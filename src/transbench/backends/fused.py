@@ -5,16 +5,25 @@ from __future__ import annotations
 from .base import Backend, Prepared
 
 
-def _compile(model, cell=None):
+def _compile(model, cell):
     from ..engine import EngineUnsupported, compile_model
+    from ..engine.tuning import TUNE_BUDGET_S
     from ..errors import Unsupported
 
     p = next(model.parameters())
+    # A cell's figures are those of the engine tuned for its shape, whatever ran before it. Under the first-call
+    # budget the first cell of a process spent it on Triton compiles and kept default routes, which later cells,
+    # finding the kernels compiled, did not: on an H100 bert-base fp16 1 x 128 ran in 0.5152 ms as a process's first
+    # cell, 0.4474 after a 1 x 64 cell, and 0.3296 tuned (benchmarks/results/session17_h100.md, call 7); the default
+    # routes, saved as partial entries, stayed with later budgeted processes. So a `run` cell tunes fully, as
+    # `transbench tune` does, unless its routes are on disk. Serving keeps the budget (Cell.first_call_budget): its
+    # warm-up captures a graph per packed token count, each a shape to tune.
+    budget = TUNE_BUDGET_S if cell.first_call_budget else None
     # fp32/tf32 cells run the engine in fp32; CUDA graphs only where there is CUDA. An fp8 cell's model is stored in
     # fp16 (measure/device.py torch_dtype): the engine quantizes its linear layers to e4m3.
     try:
-        return compile_model(model, dtype=p.dtype, device=p.device, max_batch=max(getattr(cell, "batch", 1), 1),
-                             fp8=getattr(cell, "dtype", None) == "fp8")
+        return compile_model(model, dtype=p.dtype, device=p.device, max_batch=max(cell.batch, 1),
+                             fp8=cell.dtype == "fp8", tune_budget_s=budget)
     except EngineUnsupported as exc:
         raise Unsupported(exc.reason) from None
 

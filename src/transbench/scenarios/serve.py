@@ -81,7 +81,7 @@ def even_mask(batch: int, width: int, tokens: int):
 def probe_cell(cell: ServeCell, batch: int, seq: int, stdev: float = 0.0) -> Cell:
     """The `run` cell of one bucket: the inference scenario's inputs, reference and generators take it."""
     return Cell(cell.model, cell.task, cell.backend, cell.dtype, batch, seq, device=cell.device, seq_stdev=stdev,
-                activation=cell.activation, new_tokens=cell.new_tokens, seed=cell.seed)
+                activation=cell.activation, new_tokens=cell.new_tokens, seed=cell.seed, first_call_budget=True)
 
 
 class Encoders:
