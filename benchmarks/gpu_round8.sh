@@ -18,6 +18,13 @@
 #                                         process's first cell, then after a 1 x 64 cell, each in a fresh process
 #                                         with empty route and Triton caches; the code before (r8old.tgz: `git
 #                                         archive` of the commit before fused cells tuned fully), then this code
+#   bash benchmarks/gpu_round8.sh final   run cells that now tune fully, with empty route and Triton caches: gpt2
+#                                         generation (batch 1, prompt 512, 128 new tokens) and bert-base 256 x 128
+#                                         fp8 with no `transbench tune` before it
+#   bash benchmarks/gpu_round8.sh leak    what a fully tuned first call leaves allocated: bert-base 256 x 128 fp8
+#                                         encoders, tuned with no budget, then after release(), gc.collect(), the
+#                                         peak restart and a second capture (what scenarios/inference.settle does),
+#                                         then the same in a new process with the routes on disk
 #   bash benchmarks/gpu_round8.sh grid    the fp16 grids of the fused engine against the other backends
 #                                         (benchmarks/fused_table.sh, PARTS=large or base), resumed from r8state/
 set -x
@@ -81,4 +88,56 @@ if [ "$PART" = order ]; then
         | grep -E "│ inference" | cut -c1-150
     done
   done
+fi
+if [ "$PART" = final ]; then
+  export PYTHONPATH=src TRANSBENCH_CACHE_DIR=/tmp/f-routes
+  timeout 280 python3 -m transbench run --model gpt2 --task generate --backend fused --dtype fp16 --batch 1 --seq 512 \
+    --new-tokens 128 --min-time 0.3 --timeout 260 --name final-generate --db $OUT/final.db --wide \
+    | grep -E "│ generat" | cut -c1-150
+  timeout 280 python3 -m transbench run --model bert-base-uncased --backend fused --dtype fp8 --batch 256 --seq 128 \
+    --encoders-only --min-time 0.3 --timeout 260 --name final-fp8 --db $OUT/final.db --wide | grep -E "│ inference" \
+    | cut -c1-150
+fi
+if [ "$PART" = leak ]; then
+  cat > /tmp/leak.py <<'PY'
+import gc, sys, torch
+from collections import Counter
+from transformers import BertConfig, BertModel
+from transbench.engine import compile_model
+torch.manual_seed(0)
+m = BertModel(BertConfig(), add_pooling_layer=False).eval().half().cuda()
+c = compile_model(m, dtype="fp8", tune_budget_s=None)
+x = torch.randn(256, 128, 768, device="cuda", dtype=torch.float16)
+mib = lambda: round(torch.cuda.memory_allocated() / 2**20, 1)
+print(sys.argv[1], "after compile", mib(), flush=True)
+with torch.inference_mode():
+    c.encode(x); torch.cuda.synchronize()
+    print(sys.argv[1], "after first call", mib(), flush=True)
+    c.release(); print(sys.argv[1], "after release", mib(), flush=True)
+    gc.collect(); torch.cuda.synchronize(); print(sys.argv[1], "after gc.collect", mib(), flush=True)
+    from transbench.measure import memory
+    memory.restart_peak(torch.device("cuda"))  # what scenarios/inference.settle does, then the second capture
+    out = c.encode(x); torch.cuda.synchronize()
+    peak = lambda: round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    print(sys.argv[1], "peak of the second capture", peak(), "allocated", mib(), flush=True)
+    for _ in range(5):
+        c.encode(x)
+    torch.cuda.synchronize(); print(sys.argv[1], "peak after replays", peak(), flush=True)
+    for k, v in c.tuning().items():
+        print(sys.argv[1], k, sorted(v["routes"].items()), flush=True)
+    live = Counter()
+    for o in gc.get_objects():
+        try:
+            if isinstance(o, torch.Tensor) and o.is_cuda:
+                live[(tuple(o.shape), str(o.dtype))] += 1
+        except Exception:
+            pass
+    big = sorted(((n * torch.Size(s).numel() * torch.empty(0, dtype=getattr(torch, d.split(".")[1])).element_size() / 2**20, s, d, n)
+                  for (s, d), n in live.items()), reverse=True)[:8]
+    for mb, s, d, n in big:
+        print(sys.argv[1], f"  live {mb:.1f} MiB: {n} x {s} {d}", flush=True)
+PY
+  export PYTHONPATH=src TRANSBENCH_CACHE_DIR=/tmp/leak-routes
+  timeout 200 python3 /tmp/leak.py tuning 2>&1 | grep -E "^tuning" | cut -c1-2500
+  timeout 100 python3 /tmp/leak.py on-disk 2>&1 | grep -E "^on-disk" | cut -c1-2500
 fi

@@ -193,9 +193,8 @@ def test_unsupported_models_and_options():
 
 
 def test_fused_backend_encoders_only():
-    from types import SimpleNamespace
-
     from transbench.backends import fused
+    from transbench.cells import Cell
     from transbench.scenarios.inputs import make_inputs
 
     m = BertForSequenceClassification(bert_cfg()).eval()
@@ -204,7 +203,8 @@ def test_fused_backend_encoders_only():
         ref = m(**inputs.model_kwargs()).logits
         emb = m.base_model.embeddings(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)
     m.base_model.embeddings.forward = lambda *a, **k: emb  # what the scenario does for --encoders-only
-    prepared = fused.BACKEND.prepare(m, inputs, SimpleNamespace(embeddings=False, batch=3))
+    cell = Cell("tiny", "classification", "fused", "fp32", 3, 12, embeddings=False)
+    prepared = fused.BACKEND.prepare(m, inputs, cell)
     assert rel(prepared.fn().logits, ref) < 1e-5
     # what ran is recorded; on CPU there are no graphs, so no tuned routes (tests/gpu checks them on CUDA)
     assert prepared.what_ran() == {"engine_ops": "torch", "cuda_graphs": False, "engine_tuning": {}}
