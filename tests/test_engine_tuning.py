@@ -266,3 +266,56 @@ def test_replay_timing_reports_one_run_and_batches_short_ones(monkeypatch):
     clock.calls = 0
     assert tuning.replay_ms(clock.work(200.0)) == pytest.approx(200.0)
     assert clock.calls == 2 + 3  # a long forward: one run per sample, the 3-sample minimum
+
+
+class _Cyclic:
+    """What a trial graph leaves when it loses its race: an object only a garbage collection frees."""
+
+    def __init__(self):
+        self.me = self
+
+
+def test_a_call_that_tuned_collects_the_trial_graphs_it_dropped_and_a_warm_call_does_not(tmp_path, monkeypatch):
+    """engine/graphs.py GraphCache._capture: the lost trials' memory is freed before the call returns (on an H100 it
+    stayed allocated until some later collection); a call whose routes are on disk pays for no collection."""
+    import gc
+    import weakref
+
+    from transbench.engine import graphs
+
+    class Graph:
+        def replay(self):
+            return 1.0  # every forward equally fast: a trial loses, and is dropped
+
+    left = []
+
+    def fake_graph(self, fn, args, static):
+        fn()  # the warm-up, where the tuner times the op's candidates on a first call
+        junk = _Cyclic()
+        left.append(weakref.ref(junk))
+        return graphs._Entry(Graph(), static, junk)
+
+    monkeypatch.setattr(graphs.GraphCache, "_graph", fake_graph)
+    monkeypatch.setattr(graphs, "replay_ms", lambda run: run())
+    tuner = tuning.Tuner(tmp_path / "t.json", timer=_timer({"a": 1.0, "b": 0.9}))
+    monkeypatch.setattr(graphs, "tuner", lambda: tuner)
+    cache = graphs.GraphCache(enabled=False, tune_budget_s=None)
+
+    def forward():
+        return tuner.choose("op", _cands("a", "b"))
+    enabled = gc.isenabled()
+    gc.disable()  # only the collection under test may free anything
+    try:
+        kept = cache._capture(forward, (), [])
+        assert len(tuner.races) == 1 and not tuner.races[0]["won"]  # rival "a" raced in a trial forward, lost
+        assert len(left) == 2 and left[0]() is kept.out and left[1]() is None
+
+        tuner = tuning.Tuner(tmp_path / "t.json", timer=_timer({}))  # a new process: the routes are on disk
+        left.clear()
+        warm = cache._capture(forward, (), [])
+        assert len(left) == 1 and tuner.races == []
+        del warm
+        assert left[0]() is not None  # no collection ran
+    finally:
+        if enabled:
+            gc.enable()

@@ -166,6 +166,7 @@ class Tuner:
         self.forced: dict[str, str] = {}  # key -> candidate, while refine() captures a trial forward
         self.ranked: dict[str, list[str]] = {}  # key -> candidates timed in this process, fastest alone first
         self.races: list[dict] = []  # each whole-forward trial refine() ran in this process, in order
+        self.timed = 0  # choices that timed candidates in this process (choose()), complete or not
         self._recordings: list[set[str]] = []
 
     @contextmanager
@@ -230,6 +231,7 @@ class Tuner:
             return next(iter(candidates))  # cannot time inside a capture: first working default
         samples: dict[str, list[float]] = {name: [] for name in candidates}
         complete = True
+        self.timed += 1
         for _ in range(ROUNDS):
             for name in list(samples):
                 # Out of time: stop once anything has a time (the default route, listed first, is timed first).
