@@ -99,10 +99,11 @@ class GraphCache:
         with t.budget(self.tune_budget_s), t.recording() as keys:
             e = t.refine(keys, lambda: self._graph(fn, args, static), lambda e: replay_ms(e.graph.replay))
         if t.timed > timed or len(t.races) > first_race:
-            # Trial graphs that lost their race wait in reference cycles for a garbage collection, their memory still
-            # allocated: on an H100, bert-base 256 x 128 fp8 held 1,271.4 MiB after its first call in two of three
-            # tunings and 551.1 in the third; 551.1 in all three after gc.collect() (benchmarks/results/
-            # session18_h100.md). A call that tuned pays for one collection; one whose routes were on disk does not.
+            # What tuning dropped (the graphs of lost races among it) waits in reference cycles for a garbage
+            # collection, its device memory still allocated: on an H100, bert-base 256 x 128 fp8 held 1,271.4 MiB
+            # after its first call in two of three tunings and 551.1 in the third; 551.1 in all three after
+            # gc.collect() (benchmarks/results/session18_h100.md). A call that tuned pays for one collection; one
+            # whose routes were on disk does not.
             gc.collect()
         e.routes, e.races = t.routes(keys), t.races[first_race:]
         return e
