@@ -1,7 +1,6 @@
 """Where one `run` cell's peak memory goes (CUDA only): the cell runs through scenarios.inference.run as `transbench
-run` runs it, and this prints what is allocated at each step of scenarios.inference.settle, what a garbage
-collection frees after the first call, the CUDA tensors Python still holds when the peak restarts, and the
-allocations live at the peak, grouped by where they were made.
+run` runs it, and this prints what is allocated before and after scenarios.inference.settle, the CUDA tensors
+Python holds once it has captured again, and the allocations live at the peak, grouped by where they were made.
 
     PYTHONPATH=src python3 benchmarks/cell_memory.py --model bert-base-uncased --dtype fp8 --batch 256 --seq 128
 
@@ -41,25 +40,6 @@ def live_tensors(top: int = 10) -> list[str]:
     return [f"{mib(b)} MiB: {counts[k]} x {k[0]} {k[1]}" for k, b in sizes.most_common(top)]
 
 
-def garbage(top: int = 8) -> list[str]:
-    """What a garbage collection frees now: the CUDA tensors only reference cycles kept, and the frames and
-    exceptions in those cycles (what made them)."""
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    gc.collect()
-    found = list(gc.garbage)
-    gc.garbage.clear()
-    gc.set_debug(0)
-    storages = {o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in found
-                if isinstance(o, torch.Tensor) and o.is_cuda}
-    cuda = sum(storages.values())
-    kinds = Counter(f"frame {o.f_code.co_filename.rsplit('/', 2)[-1]}:{o.f_code.co_name}" for o in found
-                    if type(o).__name__ == "frame")
-    kinds.update(f"exception {type(o).__name__}" for o in found if isinstance(o, BaseException))
-    del found
-    gc.collect()
-    return [f"{mib(cuda)} MiB of CUDA tensors in cycles"] + [f"{n} x {k}" for k, n in kinds.most_common(top)]
-
-
 def where(frames: list[dict]) -> str:
     """An allocation's site: its innermost transbench frame and the innermost frame."""
     ours = next((f for f in frames if "transbench" in f["filename"]), None)
@@ -77,8 +57,9 @@ def peak_sites(snapshot: dict, start_bytes: int, top: int = 12) -> list[str]:
         if e["action"] == "alloc":
             live[e["addr"]] = e
             total += e["size"]
-        elif e["action"] == "free_completed" and e["addr"] in live:
-            total -= live.pop(e["addr"])["size"]
+        elif e["action"] == "free_completed":  # a block from before the trace counts in start_bytes
+            live.pop(e["addr"], None)
+            total -= e["size"]
         if total > peak:
             peak, at = total, dict(live)
     sites = defaultdict(int)
@@ -101,20 +82,15 @@ def main() -> None:
     device = torch.device("cuda")
     orig = inference.settle
 
-    def settle(prepared, dev):
+    def settle(prepared, dev):  # the scenario's own settle, unchanged, with readings around it (no collection:
+        # one here would hide whatever garbage the first call left, which the real settle does not collect)
         say("allocated after the first call", mib(torch.cuda.memory_allocated()))
-        for line in garbage():
-            say("  garbage:", line)
-        say("allocated after gc.collect", mib(torch.cuda.memory_allocated()))
-        prepared.release()
-        gc.collect()
-        say("allocated after release", mib(torch.cuda.memory_allocated()))
-        for line in live_tensors():
-            say("  held:", line)
         torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
         settle.start = torch.cuda.memory_allocated()
         orig(prepared, dev)
         say("allocated after the second capture", mib(torch.cuda.memory_allocated()))
+        for line in live_tensors():
+            say("  held:", line)
 
     inference.settle = settle
     cell = Cell(model=a.model, task="base", backend="fused", dtype=a.dtype, batch=a.batch, seq=a.seq, device="cuda",

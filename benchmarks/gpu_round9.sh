@@ -20,6 +20,7 @@
 #                                         timed first in each round win? (benchmarks/race_order.py)
 #   bash benchmarks/gpu_round9.sh garbage what a tuning first call leaves to the garbage collector: bert-base 256 x 128
 #                                         fp8 tuned in the cell (benchmarks/cell_memory.py)
+#     mem, mem2 and garbage ran cell_memory.py as of 9ac91bb, whose wrapper collected garbage before settle
 #   bash benchmarks/gpu_round9.sh racemem memory held after a first call that tuned, with empty route tables
 #                                         (benchmarks/first_call_memory.py), RUNS times (default 1 2 3) for each of
 #                                         CODES (default "old new"; old: r9old.tgz, a `git archive` of the commit
