@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from .capture import capture
+from .capture import capture, side_stream
 from .tuning import TUNE_BUDGET_S, replay_ms, tuner
 
 
@@ -60,9 +60,7 @@ class GraphCache:
         self.entries: OrderedDict[Any, _Entry] = OrderedDict()
         self.captures = 0  # graphs captured so far, evicted or released ones included
         self.pool = torch.cuda.graph_pool_handle() if self.enabled else None
-        # One warm-up stream for every capture: the allocator keeps freed blocks per stream, so a new stream
-        # per capture (several per shape while routes are raced) would strand activation memory on each.
-        self.side = torch.cuda.Stream() if self.enabled else None
+        self.device = torch.cuda.current_device() if self.enabled else None  # its warm-up and capture stream's
 
     def __call__(self, key, fn: Callable, *args):
         if not self.enabled:
@@ -120,20 +118,22 @@ class GraphCache:
                 for key, e in self.entries.items()}
 
     def _graph(self, fn, args, static) -> _Entry:
-        self.side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.side):  # warm-up outside the capture: Triton JIT, cuBLAS handles, shape tuning
+        side = side_stream(self.device)  # the process's one capture stream: capture.side_stream says why
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture: Triton JIT, cuBLAS handles, shape tuning
             for _ in range(2):
                 fn(*args)
-        torch.cuda.current_stream().wait_stream(self.side)
+        torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # Captured on the warm-up stream: cuBLAS keeps a workspace per stream, and on a stream it first meets while
         # capturing it takes that workspace from the graph's pool and keeps it. Once release() dropped the pool's
         # graphs, the next capture into the pool then failed torch's check that a pool with live blocks has users
         # (H100, session 15: a second `transbench tune` of the bert-base grid, its routes all on disk).
         try:
-            with capture(graph, pool=self.pool, stream=self.side):
+            with capture(graph, pool=self.pool, stream=side):
                 out = fn(*args)
         except BaseException:
-            self.side, self.pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()  # see capture.capture
+            side_stream.cache_clear()  # see capture.capture
+            self.pool = torch.cuda.graph_pool_handle()
             raise
         return _Entry(graph, static, out)

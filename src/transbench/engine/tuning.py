@@ -7,7 +7,6 @@ ours, then one per close runner-up. Next to its real neighbours a kernel can gai
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -21,7 +20,7 @@ from typing import Callable, Iterator, TypeVar
 
 import torch
 
-from .capture import capture
+from .capture import capture, side_stream
 
 T = TypeVar("T")
 # Runners-up within this fraction of the winner's time alone are re-timed in the whole forward. Wide on purpose:
@@ -73,18 +72,11 @@ def _event_ms(run: Callable[[], object], reps: int, per_sample: int = 1) -> floa
     return statistics.median_high(a.elapsed_time(b) for a, b in ev) / per_sample
 
 
-@functools.cache
-def _side_stream(device: int) -> torch.cuda.Stream:
-    # One stream for every candidate's warm-up: the caching allocator keeps freed blocks per stream, so a new stream
-    # per candidate (hundreds per tuned shape) would strand each one's outputs as reserved memory for the process.
-    return torch.cuda.Stream(device)
-
-
 def _gpu_ms(fn: Callable[[], object], reps: int, inner: int = 10) -> float:
     """Median GPU time of one fn() call. Calls shorter than ~0.2 ms are timed as a CUDA graph of `inner`
     back-to-back calls, as the engine runs them: timed one by one, the host's launch cost (higher for a
     Triton launch than a cuBLAS one) would decide the race instead of the kernels."""
-    side = _side_stream(torch.cuda.current_device())
+    side = side_stream(torch.cuda.current_device())  # hundreds of candidates per shape: one stream strands no memory
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # compile, pick cuBLAS heuristics, allocate: all outside the timing
         for _ in range(3):
@@ -98,7 +90,7 @@ def _gpu_ms(fn: Callable[[], object], reps: int, inner: int = 10) -> float:
             for _ in range(inner):
                 fn()
     except BaseException:
-        _side_stream.cache_clear()  # a new stream from now on (see capture.capture)
+        side_stream.cache_clear()  # a new stream from now on (see capture.capture)
         raise
     graph.replay()
     return _event_ms(graph.replay, reps) / inner

@@ -1,0 +1,177 @@
+"""Does a cell's latency depend on the cells before it in one process? Runs cells through
+scenarios.inference.run, as `transbench run` runs them (one ModelCache), in the order given, and prints for each
+the sampler's figures and two probes of the same prepared call, taken right after the sampler:
+
+- host_ms: the host's time to issue one call on an idle GPU (synchronize, then the wall time until the call
+  returns), median of 200; a fused call's own synchronize (attention.make_packing) waits inside it;
+- sync_ms: the wall time of one call followed by a synchronize, median of 200;
+- replay_ms (fused only): CUDA events around 200 back-to-back replays of the cell's captured graph, per replay: the
+  GPU's time for the forward without the host's work of a call;
+and the Python collections of the oldest generation during the sampler, and the CUDA segments the allocator holds.
+
+    PYTHONPATH=src python3 benchmarks/order_latency.py --model bert-base-uncased --dtype fp16 --seq 128 --order 1,8
+
+Run `transbench tune` for the shapes first, so that no cell tunes."""
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import threading
+import time
+import zlib
+
+import torch
+
+from transbench.cells import Cell
+from transbench.measure import timer
+from transbench.scenarios import inference
+
+
+def probe(fn, n: int = 200) -> tuple[float, float]:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    host, synced = [], []
+    for _ in range(n):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) * 1e3)
+        synced.append((t2 - t0) * 1e3)
+    return statistics.median(host), statistics.median(synced)
+
+
+def replay_ms(fn, n: int = 200) -> float | None:
+    """The fused backend's prepared call closes over its CompiledModel: time its newest graph's replay alone."""
+    compiled = next((c.cell_contents for c in fn.__closure__ or () if hasattr(c.cell_contents, "engine")), None)
+    entries = getattr(getattr(getattr(compiled, "engine", None), "graphs", None), "entries", None)
+    if not entries or not torch.cuda.is_available():
+        return None
+    graph = next(reversed(entries.values())).graph
+    for _ in range(10):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def kernel_times(fn, n: int = 50) -> list[tuple[str, float, int]]:
+    """(kernel, us per replay, launches per replay) over n replays of the newest graph, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    compiled = next((c.cell_contents for c in fn.__closure__ or () if hasattr(c.cell_contents, "engine")), None)
+    graph = next(reversed(compiled.engine.graphs.entries.values())).graph
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            graph.replay()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / n, e.count // n) for e in prof.key_averages() if e.device_time_total > 0]
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def graph_shape(fn) -> str:
+    """Node types and edge types of the newest graph (needs --keep-graphs and cuda-bindings): a kernel launched with
+    programmatic dependent launch joins its predecessor by a programmatic edge."""
+    from collections import Counter
+
+    from cuda.bindings import runtime as rt
+
+    compiled = next((c.cell_contents for c in fn.__closure__ or () if hasattr(c.cell_contents, "engine")), None)
+    g = rt.cudaGraph_t(next(reversed(compiled.engine.graphs.entries.values())).graph.raw_cuda_graph())
+    _, _, n = rt.cudaGraphGetNodes(g, 0)
+    _, nodes, n = rt.cudaGraphGetNodes(g, n)
+    kinds = Counter(str(rt.cudaGraphNodeGetType(x)[1]).rsplit(".", 1)[-1] for x in nodes)
+    out = rt.cudaGraphGetEdges(g, 0)
+    m = out[-1]
+    out = rt.cudaGraphGetEdges(g, m)
+    edges = Counter(str(getattr(d, "type", "?")) + "/" + str(getattr(d, "from_port", "?")) for d in out[3]) \
+        if len(out) > 4 else Counter({"edges": m})
+    return f"nodes {dict(kinds)} edges {m} {dict(edges)}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="bert-base-uncased")
+    ap.add_argument("--backend", default="fused")
+    ap.add_argument("--dtype", default="fp16")
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--order", default="1,8", help="batch sizes, in the order the cells run")
+    ap.add_argument("--min-time", type=float, default=1.0)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--freeze", action="store_true", help="gc.freeze() before each cell")
+    ap.add_argument("--profile", action="store_true", help="print each cell's kernel times in its graph (fused)")
+    ap.add_argument("--keep-graphs", action="store_true",
+                    help="capture with keep_graph=True and print each graph's nodes and edges; keep every cell's "
+                         "prepared call and time each one's replay again after the last cell")
+    ap.add_argument("--no-pdl", action="store_true", help="engine/kernels.py USE_PDL = False")
+    a = ap.parse_args()
+    if a.no_pdl:
+        from transbench.engine import kernels
+        kernels.USE_PDL = False
+    if a.keep_graphs:
+        base = torch.cuda.CUDAGraph
+
+        class Kept(base):
+            def __new__(cls, keep_graph: bool = True):
+                return super().__new__(cls, keep_graph)
+
+        torch.cuda.CUDAGraph = Kept
+    orig, probes, full, kept = timer.sample, {}, [0], []
+    gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] == 2 and full.__setitem__(
+        0, full[0] + 1))
+
+    def sample(fn, device, cfg=timer.TimerConfig(), **kw):
+        full[0] = 0
+        out = orig(fn, device, cfg, **kw)
+        probes["gen2"] = full[0]
+        probes["host_ms"], probes["sync_ms"] = probe(fn)
+        probes["replay_ms"] = replay_ms(fn)
+        probes["kernels"] = kernel_times(fn) if a.profile and probes["replay_ms"] is not None else []
+        if a.keep_graphs:
+            kept.append(fn)
+            try:
+                probes["graph"] = graph_shape(fn)
+            except Exception as exc:  # noqa: BLE001 - a probe
+                probes["graph"] = f"graph probe failed: {exc!r}"
+        if torch.cuda.is_available():
+            probes["segments"] = torch.cuda.memory_stats().get("segment.all.current")
+        return out
+
+    timer.sample = sample
+    cache = inference.ModelCache()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for i, b in enumerate(int(x) for x in a.order.split(",")):
+        if a.freeze:
+            gc.collect()
+            gc.freeze()
+        objects, threads = len(gc.get_objects()), threading.active_count()
+        cell = Cell(model=a.model, task="base", backend=a.backend, dtype=a.dtype, batch=b, seq=a.seq, device=device,
+                    embeddings=False, min_time=a.min_time)
+        res = inference.run(cell, cache)
+        rec, st = res.record or {}, (res.info or {}).get("stats", {})
+        ctx = (res.info or {}).get("device_context", {})
+        print(f"{a.label} cell {i} {b}x{a.seq} {res.status} median_ms {rec.get('latency_ms', 0):.4f} "
+              f"min {st.get('min_ms', 0):.4f} p90 {st.get('p90_ms', 0):.4f} n {st.get('n')} "
+              f"host_ms {probes.get('host_ms', 0):.4f} sync_ms {probes.get('sync_ms', 0):.4f} "
+              f"replay_ms {probes.get('replay_ms') or 0:.4f} gen2 {probes.get('gen2')} segments {probes.get('segments')} "
+              f"sm {ctx.get('sm_clock_min_mhz')}-{ctx.get('sm_clock_mhz')} objects {objects} threads {threads}",
+              flush=True)
+        for shape, t in (res.info or {}).get("engine_tuning", {}).items():
+            routes = sorted((t["routes"] or {}).items())
+            print(f"{a.label} cell {i} routes {shape} crc {zlib.crc32(str(routes).encode()):08x} {routes}")
+        for name, us, count in probes["kernels"]:
+            print(f"{a.label} cell {i} kernel {us:9.2f} us {count:3d}x {name[:110]}")
+        if "graph" in probes:
+            print(f"{a.label} cell {i} graph {probes['graph']}")
+    for i, fn in enumerate(kept):
+        print(f"{a.label} after the last cell, cell {i}'s graph: replay_ms {replay_ms(fn) or 0:.4f}")
+
+
+if __name__ == "__main__":
+    main()
