@@ -15,6 +15,10 @@
 #   bash benchmarks/gpu_round10.sh verify the fix (capture.side_stream): orders 8,8 and 1,8 with the routes on disk, pdl_state.py
 #                                         as is and with --own-stream, order 1,8 tuning in the cells (an empty route
 #                                         table), then the GPU tests on graphs and captures
+#   bash benchmarks/gpu_round10.sh backends a fused cell after a cudagraph cell in one `run` (bert-base fp16 8 x 128, routes on
+#                                         disk), on the code before the cudagraph backend captured on the shared stream
+#                                         (old: r10old.tgz, a `git archive` of e9a1ad2, unpacked to /tmp/old) and on this
+#                                         code; then fused alone and after sdpa and cudagraph cells
 #   bash benchmarks/gpu_round10.sh mem    session 17's 1,441.3 MiB: bert-base 256 x 128 fp8 through `transbench run`,
 #                                         tuning in the cell (an empty route table each run), RUNS times (default
 #                                         1 2) for each of CODES (default "old new"; old: r10old.tgz, a `git archive`
@@ -30,7 +34,7 @@ summary() {  # json label
   python3 - "$1" "$2" <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1])):
-    print(sys.argv[2], r.get("batch_size"), r.get("status"), "latency_ms", r.get("latency_ms"), "seq/s",
+    print(sys.argv[2], r.get("backend"), r.get("batch_size"), r.get("status"), "latency_ms", r.get("latency_ms"), "seq/s",
           r.get("throughput_per_s"), "peak_mem_mb", r.get("peak_mem_mb"), "sm", r.get("sm_clock_mhz"))
 PY
 }
@@ -102,6 +106,18 @@ if [ "$PART" = verify ]; then
   TRANSBENCH_CACHE_DIR=/tmp/r10-tests timeout ${TESTS_S:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rf \
     tests/gpu/test_engine_kernels.py -k "graphs or capture or tune or settled" > $OUT/verify_tests.txt 2>&1
   echo "pytest rc $?"; tail -5 $OUT/verify_tests.txt
+fi
+if [ "$PART" = backends ]; then
+  [ -f r10old.tgz ] && mkdir -p /tmp/old && tar -xzf r10old.tgz -C /tmp/old
+  export TRANSBENCH_CACHE_DIR=/tmp/r10-order
+  timeout 200 python3 -m transbench tune --model bert-base-uncased --batch 8 --seq 128 --dtype fp16 | tail -1
+  for run in old:cudagraph,fused new:cudagraph,fused new:fused new:sdpa,cudagraph,fused; do
+    code=${run%%:*}; b=${run#*:}; src=src; [ $code = old ] && src=/tmp/old/src; name="$code-${b//,/-}"
+    PYTHONPATH=$src timeout 150 python3 -m transbench run --model bert-base-uncased --backend $b --dtype fp16 \
+      --batch 8 --seq 128 --encoders-only --min-time 1 --timeout 120 --name "$name" --db $OUT/backends.db \
+      --json $OUT/backends_$name.json > $OUT/backends_$name.txt 2>&1
+    summary $OUT/backends_$name.json "$code $b:"
+  done
 fi
 if [ "$PART" = mem ]; then
   [ -f r10old.tgz ] && mkdir -p /tmp/old && tar -xzf r10old.tgz -C /tmp/old

@@ -127,3 +127,58 @@ def test_a_forward_a_cuda_graph_cannot_capture_is_named_not_an_error():
     assert capture_refusal(exc).startswith("RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph")
     assert capture_refusal(RuntimeError("CUDA error: operation not permitted when stream is capturing"))
     assert capture_refusal(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) is None
+
+
+def test_the_cudagraph_backend_warms_up_and_captures_on_the_process_one_capture_stream(monkeypatch):
+    """engine/capture.py side_stream: the fused engine's graphs lose programmatic dependent launch when a capture
+    runs on a stream of its own after work on it; the cudagraph backend, whose cells run in the same worker as fused
+    ones, warms up and captures on the process's one stream too, and a failed capture moves later ones to a new one."""
+    from contextlib import contextmanager
+
+    import torch
+
+    from transbench.backends import cudagraph
+    from transbench.engine import capture as cap
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    used = []
+
+    @contextmanager
+    def on(stream):
+        used.append(("warm-up", stream))
+        yield
+
+    @contextmanager
+    def fake_capture(graph, stream=None, **kw):
+        used.append(("capture", stream))
+        yield
+
+    monkeypatch.setattr(cap.torch.cuda, "Stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
+    monkeypatch.setattr(cap, "capture", fake_capture)
+    cap.side_stream.cache_clear()
+    try:
+        for _ in range(2):
+            cudagraph.capture(lambda: None, torch.device("cuda"), warmup=1)
+        assert [k for k, _ in used] == ["warm-up", "capture"] * 2
+        assert all(s is cap.side_stream(0) for _, s in used)
+
+        @contextmanager
+        def refused(graph, **kw):
+            raise RuntimeError("operation not permitted when stream is capturing")
+            yield
+
+        monkeypatch.setattr(cap, "capture", refused)
+        before = cap.side_stream(0)
+        with pytest.raises(RuntimeError, match="stream is capturing"):
+            cudagraph.capture(lambda: None, torch.device("cuda"), warmup=1)
+        assert cap.side_stream(0) is not before
+    finally:
+        cap.side_stream.cache_clear()

@@ -16,12 +16,16 @@ WARMUP_CALLS = 3
 
 
 def capture(call, device, warmup: int = WARMUP_CALLS):
-    """Capture `call()` in a CUDA graph; returns (graph, its static output, capture seconds)."""
+    """Capture `call()` in a CUDA graph; returns (graph, its static output, capture seconds). Warm-up and capture
+    run on the process's one capture stream (engine/capture.py side_stream), as the fused engine's do: a capture on
+    a stream of its own after work on it cost the fused engine's graphs their programmatic dependent launch."""
     import torch
 
     from ..engine.capture import capture as graph_capture
+    from ..engine.capture import side_stream
 
-    stream = torch.cuda.Stream(device)
+    index = torch.device(device).index
+    stream = side_stream(torch.cuda.current_device() if index is None else index)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.inference_mode(), torch.cuda.stream(stream):
         for _ in range(warmup):
@@ -30,8 +34,12 @@ def capture(call, device, warmup: int = WARMUP_CALLS):
     torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
     t0 = time.perf_counter()
-    with torch.inference_mode(), graph_capture(graph):
-        out = call()
+    try:
+        with torch.inference_mode(), graph_capture(graph, stream=stream):
+            out = call()
+    except BaseException:
+        side_stream.cache_clear()  # a new stream for later captures (engine/capture.py capture says why)
+        raise
     torch.cuda.synchronize(device)
     return graph, out, time.perf_counter() - t0
 

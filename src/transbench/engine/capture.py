@@ -12,7 +12,7 @@ import torch
 @functools.cache
 def side_stream(device: int) -> torch.cuda.Stream:
     """The one stream per device on which every graph of the process is warmed up and captured (graphs.GraphCache,
-    tuning's candidates). One per GraphCache made a process's first engine the only fast one: on an H100, bert-base
+    tuning's candidates, the cudagraph backend). One per GraphCache made a process's first engine the only fast one: on an H100, bert-base
     fp16 8 x 128's graph replayed in 0.612-0.625 ms until a second engine warmed up and captured on a stream of its
     own, and in 0.649-0.662 ms from then on, its kernels as long as before (the graph's kernels summed 611.5 us, then
     608.1). Programmatic dependent launch (kernels.pdl) had stopped hiding the launches between them: without it both
