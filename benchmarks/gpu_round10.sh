@@ -10,8 +10,10 @@
 #   bash benchmarks/gpu_round10.sh order3 orders 8 and 8,8 with each cell's routes and its graph's kernel times
 #                                         (torch.profiler), to find where the GPU time of a second cell goes
 #   bash benchmarks/gpu_round10.sh order4 order 8,8 with PDL off (engine/kernels.py USE_PDL), then with PDL on keeping
-#                                         each cell's graph (its nodes and edges, its replay timed again at the end)
-#   bash benchmarks/gpu_round10.sh pdl    which step of a second cell slows the first cell's graph (benchmarks/pdl_state.py), once per word of PDL_ARGS, its _ read as spaces
+#                                         each cell's graph (its replay timed again at the end; the script also tried to
+#                                         print each graph's nodes, a probe since removed: torch refused it)
+#   bash benchmarks/gpu_round10.sh pdl    which step of a second cell slows the first cell's graph (benchmarks/pdl_state.py),
+#                                         once per word of PDL_ARGS, its _ read as spaces
 #   bash benchmarks/gpu_round10.sh verify the fix (capture.side_stream): orders 8,8 and 1,8 with the routes on disk, pdl_state.py
 #                                         as is and with --own-stream, order 1,8 tuning in the cells (an empty route
 #                                         table), then the GPU tests on graphs and captures

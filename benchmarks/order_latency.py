@@ -1,6 +1,7 @@
 """Does a cell's latency depend on the cells before it in one process? Runs cells through
 scenarios.inference.run, as `transbench run` runs them (one ModelCache), in the order given, and prints for each
-the sampler's figures and two probes of the same prepared call, taken right after the sampler:
+the sampler's figures, the fused routes it ran (and their crc), and probes of the same prepared call, taken right
+after the sampler:
 
 - host_ms: the host's time to issue one call on an idle GPU (synchronize, then the wall time until the call
   returns), median of 200; a fused call's own synchronize (attention.make_packing) waits inside it;
@@ -8,6 +9,8 @@ the sampler's figures and two probes of the same prepared call, taken right afte
 - replay_ms (fused only): CUDA events around 200 back-to-back replays of the cell's captured graph, per replay: the
   GPU's time for the forward without the host's work of a call;
 and the Python collections of the oldest generation during the sampler, and the CUDA segments the allocator holds.
+--profile adds each graph's kernel times (torch.profiler), --keep-graphs times every cell's graph again at the end,
+--no-pdl turns programmatic dependent launch off, --freeze runs gc.freeze() before each cell.
 
     PYTHONPATH=src python3 benchmarks/order_latency.py --model bert-base-uncased --dtype fp16 --seq 128 --order 1,8
 
@@ -75,26 +78,6 @@ def kernel_times(fn, n: int = 50) -> list[tuple[str, float, int]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-def graph_shape(fn) -> str:
-    """Node types and edge types of the newest graph (needs --keep-graphs and cuda-bindings): a kernel launched with
-    programmatic dependent launch joins its predecessor by a programmatic edge."""
-    from collections import Counter
-
-    from cuda.bindings import runtime as rt
-
-    compiled = next((c.cell_contents for c in fn.__closure__ or () if hasattr(c.cell_contents, "engine")), None)
-    g = rt.cudaGraph_t(next(reversed(compiled.engine.graphs.entries.values())).graph.raw_cuda_graph())
-    _, _, n = rt.cudaGraphGetNodes(g, 0)
-    _, nodes, n = rt.cudaGraphGetNodes(g, n)
-    kinds = Counter(str(rt.cudaGraphNodeGetType(x)[1]).rsplit(".", 1)[-1] for x in nodes)
-    out = rt.cudaGraphGetEdges(g, 0)
-    m = out[-1]
-    out = rt.cudaGraphGetEdges(g, m)
-    edges = Counter(str(getattr(d, "type", "?")) + "/" + str(getattr(d, "from_port", "?")) for d in out[3]) \
-        if len(out) > 4 else Counter({"edges": m})
-    return f"nodes {dict(kinds)} edges {m} {dict(edges)}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="bert-base-uncased")
@@ -107,21 +90,13 @@ def main() -> None:
     ap.add_argument("--freeze", action="store_true", help="gc.freeze() before each cell")
     ap.add_argument("--profile", action="store_true", help="print each cell's kernel times in its graph (fused)")
     ap.add_argument("--keep-graphs", action="store_true",
-                    help="capture with keep_graph=True and print each graph's nodes and edges; keep every cell's "
-                         "prepared call and time each one's replay again after the last cell")
+                    help="keep every cell's prepared call (and its graph) and time each one's replay again after the "
+                         "last cell")
     ap.add_argument("--no-pdl", action="store_true", help="engine/kernels.py USE_PDL = False")
     a = ap.parse_args()
     if a.no_pdl:
         from transbench.engine import kernels
         kernels.USE_PDL = False
-    if a.keep_graphs:
-        base = torch.cuda.CUDAGraph
-
-        class Kept(base):
-            def __new__(cls, keep_graph: bool = True):
-                return super().__new__(cls, keep_graph)
-
-        torch.cuda.CUDAGraph = Kept
     orig, probes, full, kept = timer.sample, {}, [0], []
     gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] == 2 and full.__setitem__(
         0, full[0] + 1))
@@ -135,10 +110,6 @@ def main() -> None:
         probes["kernels"] = kernel_times(fn) if a.profile and probes["replay_ms"] is not None else []
         if a.keep_graphs:
             kept.append(fn)
-            try:
-                probes["graph"] = graph_shape(fn)
-            except Exception as exc:  # noqa: BLE001 - a probe
-                probes["graph"] = f"graph probe failed: {exc!r}"
         if torch.cuda.is_available():
             probes["segments"] = torch.cuda.memory_stats().get("segment.all.current")
         return out
@@ -167,8 +138,6 @@ def main() -> None:
             print(f"{a.label} cell {i} routes {shape} crc {zlib.crc32(str(routes).encode()):08x} {routes}")
         for name, us, count in probes["kernels"]:
             print(f"{a.label} cell {i} kernel {us:9.2f} us {count:3d}x {name[:110]}")
-        if "graph" in probes:
-            print(f"{a.label} cell {i} graph {probes['graph']}")
     for i, fn in enumerate(kept):
         print(f"{a.label} after the last cell, cell {i}'s graph: replay_ms {replay_ms(fn) or 0:.4f}")
 
