@@ -130,7 +130,8 @@ def main() -> None:
         print(f"{a.label} cell {i} {b}x{a.seq} {res.status} median_ms {rec.get('latency_ms', 0):.4f} "
               f"min {st.get('min_ms', 0):.4f} p90 {st.get('p90_ms', 0):.4f} n {st.get('n')} "
               f"host_ms {probes.get('host_ms', 0):.4f} sync_ms {probes.get('sync_ms', 0):.4f} "
-              f"replay_ms {probes.get('replay_ms') or 0:.4f} gen2 {probes.get('gen2')} segments {probes.get('segments')} "
+              f"replay_ms {probes.get('replay_ms') or 0:.4f} gen2 {probes.get('gen2')} "
+              f"segments {probes.get('segments')} "
               f"sm {ctx.get('sm_clock_min_mhz')}-{ctx.get('sm_clock_mhz')} objects {objects} threads {threads}",
               flush=True)
         for shape, t in (res.info or {}).get("engine_tuning", {}).items():

@@ -12,11 +12,11 @@ import torch
 @functools.cache
 def side_stream(device: int) -> torch.cuda.Stream:
     """The one stream per device on which every graph of the process is warmed up and captured (graphs.GraphCache,
-    tuning's candidates, the cudagraph backend). One per GraphCache made a process's first engine the only fast one: on an H100, bert-base
-    fp16 8 x 128's graph replayed in 0.612-0.625 ms until a second engine warmed up and captured on a stream of its
-    own, and in 0.649-0.662 ms from then on, its kernels as long as before (the graph's kernels summed 611.5 us, then
-    608.1). Programmatic dependent launch (kernels.pdl) had stopped hiding the launches between them: without it both
-    read 0.649-0.650. A second engine on the first's stream kept both at 0.610-0.622
+    tuning's candidates, the cudagraph backend). One per GraphCache made a process's first engine the only fast one:
+    on an H100, bert-base fp16 8 x 128's graph replayed in 0.611-0.626 ms until a second engine warmed up and captured
+    on a stream of its own, and in 0.648-0.663 ms from then on, its kernels as long as before (summed, 611.5 us, then
+    608.1). Programmatic dependent launch (kernels.pdl) had stopped hiding the launches between them: without it
+    both read 0.649-0.650. A second engine on the first's stream kept both at 0.610-0.624
     (benchmarks/results/session19_h100.md). Freed blocks stay with the stream they were allocated on, so one stream
     also strands no memory. After a failed capture, `side_stream.cache_clear()` gives later captures a new one (see
     capture). Captures run one at a time in a process, as torch's global capture mode requires."""
