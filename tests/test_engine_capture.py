@@ -25,48 +25,85 @@ def test_a_failed_capture_recaptures_then_raises(monkeypatch):
     assert calls == [{"pool": "p"}, {}, "recapture"]
 
 
-def test_every_graph_cache_warms_up_and_captures_on_the_process_one_stream(monkeypatch):
-    """capture.side_stream: a stream per GraphCache made the process's first engine its only fast one (on an H100 a
-    second engine's capture on a stream of its own cost every graph 6% at bert-base 8 x 128). Two caches warm up and
-    capture on one stream; a failed capture moves later captures to a new one."""
-    from transbench.engine import graphs
+
+class FakeStreams:
+    """torch.cuda's streams and captures faked on the CPU: `used` lists ("warm-up" | "capture", stream) in order, and
+    a capture fails while `fail` is set."""
 
     class Stream:
         def wait_stream(self, other):
             pass
 
-    used = []
+    def __init__(self):
+        self.used, self.fail = [], False
 
     @contextmanager
-    def on(stream):
-        used.append(stream)
+    def on(self, stream):
+        self.used.append(("warm-up", stream))
         yield
 
     @contextmanager
-    def fake_capture(graph, pool=None, stream=None):
-        used.append(stream)
-        if pool == "fails":
+    def capture(self, graph, stream=None, **kw):
+        self.used.append(("capture", stream))
+        if self.fail:
             raise RuntimeError("capture invalidated")
         yield
 
-    monkeypatch.setattr(cap.torch.cuda, "Stream", lambda device=None: Stream())
-    monkeypatch.setattr(graphs.torch.cuda, "stream", on)
-    monkeypatch.setattr(graphs.torch.cuda, "current_stream", Stream)
-    monkeypatch.setattr(graphs.torch.cuda, "CUDAGraph", object)
-    monkeypatch.setattr(graphs.torch.cuda, "graph_pool_handle", lambda: "new pool")
-    monkeypatch.setattr(graphs, "capture", fake_capture)
+    def streams(self) -> list:
+        return [s for _, s in self.used]
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    f = FakeStreams()
+    cuda = cap.torch.cuda
+    for name, value in {"Stream": lambda device=None: FakeStreams.Stream(), "stream": f.on,
+                        "current_stream": lambda device=None: FakeStreams.Stream(), "current_device": lambda: 0,
+                        "synchronize": lambda device=None: None, "CUDAGraph": object,
+                        "graph_pool_handle": lambda: "new pool"}.items():
+        monkeypatch.setattr(cuda, name, value)
+    monkeypatch.setattr(cap, "capture", f.capture)  # what the cudagraph backend imports when it captures
     cap.side_stream.cache_clear()
-    try:
-        a, b = graphs.GraphCache(enabled=False), graphs.GraphCache(enabled=False)
-        a.device = b.device = 0
-        for cache in (a, b):
-            cache._graph(lambda: None, (), [])
-        assert len(used) == 4 and all(s is used[0] for s in used)
-        b.pool = "fails"
-        with pytest.raises(RuntimeError, match="capture invalidated"):
-            b._graph(lambda: None, (), [])
-        assert b.pool == "new pool" and used[-1] is used[0]
-        a._graph(lambda: None, (), [])
-        assert used[-1] is used[-2] and used[-1] is not used[0]
-    finally:
-        cap.side_stream.cache_clear()
+    yield f
+    cap.side_stream.cache_clear()
+
+
+def test_every_graph_cache_warms_up_and_captures_on_the_process_one_stream(fake, monkeypatch):
+    """capture.side_stream: a stream per GraphCache made the process's first engine its only fast one (on an H100 a
+    second engine's capture on a stream of its own cost every graph 6% at bert-base 8 x 128). Two caches warm up and
+    capture on one stream; a failed capture moves later captures to a new one."""
+    from transbench.engine import graphs
+
+    monkeypatch.setattr(graphs, "capture", fake.capture)
+    a, b = graphs.GraphCache(enabled=False), graphs.GraphCache(enabled=False)
+    a.device = b.device = 0
+    for cache in (a, b):
+        cache._graph(lambda: None, (), [])
+    first = fake.streams()[0]
+    assert len(fake.used) == 4 and all(s is first for s in fake.streams())
+    fake.fail = True
+    with pytest.raises(RuntimeError, match="capture invalidated"):
+        b._graph(lambda: None, (), [])
+    assert b.pool == "new pool" and fake.streams()[-1] is first
+    fake.fail = False
+    a._graph(lambda: None, (), [])
+    assert fake.streams()[-1] is fake.streams()[-2] and fake.streams()[-1] is not first
+
+
+def test_the_cudagraph_backend_warms_up_and_captures_on_the_process_one_stream(fake):
+    """The cudagraph backend's cells run in the same worker as fused ones, and its capture on a stream of its own cost
+    the fused cell after it the same 6% (H100, session 19): it warms up and captures on side_stream too, and a failed
+    capture moves later ones to a new stream."""
+    import torch
+
+    from transbench.backends import cudagraph
+
+    for _ in range(2):
+        cudagraph.capture(lambda: None, torch.device("cuda"), warmup=1)
+    assert [k for k, _ in fake.used] == ["warm-up", "capture"] * 2
+    assert all(s is cap.side_stream(0) for s in fake.streams())
+    fake.fail = True
+    before = cap.side_stream(0)
+    with pytest.raises(RuntimeError, match="capture invalidated"):
+        cudagraph.capture(lambda: None, torch.device("cuda"), warmup=1)
+    assert cap.side_stream(0) is not before
