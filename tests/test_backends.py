@@ -127,4 +127,3 @@ def test_a_forward_a_cuda_graph_cannot_capture_is_named_not_an_error():
     assert capture_refusal(exc).startswith("RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph")
     assert capture_refusal(RuntimeError("CUDA error: operation not permitted when stream is capturing"))
     assert capture_refusal(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) is None
-
