@@ -46,13 +46,22 @@ def probe(fn, n: int = 200) -> tuple[float, float]:
     return statistics.median(host), statistics.median(synced)
 
 
+def compiled_of(fn):
+    """The CompiledModel the fused backend's prepared call closes over (backends/fused.py), or None."""
+    return next((c.cell_contents for c in fn.__closure__ or () if hasattr(c.cell_contents, "engine")), None)
+
+
+def newest_graph(fn):
+    """The CUDA graph of the prepared call's newest captured shape, or None (another backend, or no graph)."""
+    entries = getattr(getattr(getattr(compiled_of(fn), "engine", None), "graphs", None), "entries", None)
+    return next(reversed(entries.values())).graph if entries else None
+
+
 def replay_ms(fn, n: int = 200) -> float | None:
-    """The fused backend's prepared call closes over its CompiledModel: time its newest graph's replay alone."""
-    compiled = next((c.cell_contents for c in fn.__closure__ or () if hasattr(c.cell_contents, "engine")), None)
-    entries = getattr(getattr(getattr(compiled, "engine", None), "graphs", None), "entries", None)
-    if not entries or not torch.cuda.is_available():
+    """The newest graph's replay alone, back to back, per replay."""
+    graph = newest_graph(fn)
+    if graph is None or not torch.cuda.is_available():
         return None
-    graph = next(reversed(entries.values())).graph
     for _ in range(10):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -68,8 +77,7 @@ def kernel_times(fn, n: int = 50) -> list[tuple[str, float, int]]:
     """(kernel, us per replay, launches per replay) over n replays of the newest graph, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    compiled = next((c.cell_contents for c in fn.__closure__ or () if hasattr(c.cell_contents, "engine")), None)
-    graph = next(reversed(compiled.engine.graphs.entries.values())).graph
+    graph = newest_graph(fn)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             graph.replay()

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from order_latency import replay_ms
+from order_latency import compiled_of, replay_ms
 from transbench import backends
 from transbench.cells import Cell
 from transbench.engine.capture import side_stream
@@ -25,7 +25,7 @@ from transbench.scenarios import inference
 
 def bisect(first, say) -> None:
     """Steps a second engine's first call takes, one at a time, least first."""
-    compiled = next(c.cell_contents for c in first.fn.__closure__ if hasattr(c.cell_contents, "engine"))
+    compiled = compiled_of(first.fn)
     graphs = compiled.engine.graphs
     side = torch.cuda.Stream()
     say("a new stream")
@@ -59,7 +59,7 @@ def capture_one(first, how: str, say) -> None:
     or on new ones (how: same, new-stream, new-pool, new), or a second shape (1 x 128) in the engine's own
     GraphCache (shape);
     then that graph dropped."""
-    compiled = next(c.cell_contents for c in first.fn.__closure__ if hasattr(c.cell_contents, "engine"))
+    compiled = compiled_of(first.fn)
     graphs = compiled.engine.graphs
     if how == "shape":
         h = torch.randn(1, 128, compiled.engine.dims.hidden, device="cuda", dtype=torch.float16)  # tuned: no races
