@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                     plain.append(plain_loop_ms(prepared.fn, calls))
                 clocks.append(m.context.summary()["sm_clock_mhz"])
             a, b = statistics.median(ours), statistics.median(plain)
+            print(f"{name} {batch}x{seq} rounds: transbench {' '.join(f'{x:.4f}' for x in ours)}; "
+                  f"plain loop {' '.join(f'{x:.4f}' for x in plain)}", flush=True)
             rows.append((f"{name} {batch}x{seq}", a, b, a / b, min(c for c in clocks if c) if any(clocks) else None,
                          max(c for c in clocks if c) if any(clocks) else None))
             del model, prepared, inputs

@@ -133,6 +133,43 @@ def test_lane_replaces_a_worker_that_leaves_memory_behind(monkeypatch):
     assert len(made) == 2 and not made[1].stopped  # a clean worker is kept
 
 
+def test_lane_replaces_the_worker_after_a_cell_that_asks_for_a_fresh_one(monkeypatch):
+    made = []
+
+    class FakeWorker:
+        left_mb = 0.0
+
+        def __init__(self, env=None):
+            self.stopped, self.cells = False, 0
+            made.append(self)
+
+        def alive(self):
+            return not self.stopped
+
+        def run(self, target, cell, timeout):
+            self.cells += 1
+            info = {"fresh_worker_after": "graphs on streams of its own"} if cell["graphs"] else {}
+            return CellResult("ok", record={"latency_ms": 1.0}, info=info)
+
+        def stop(self, kill=False):
+            self.stopped = True
+
+    monkeypatch.setattr(sweep, "Worker", FakeWorker)
+    lane = sweep._Lane(None, sweep.Target(dict, measure="x:y"))
+    for graphs in (False, False, True, False):
+        lane.run(types.SimpleNamespace(to_dict=lambda g=graphs: {"graphs": g}), 10)
+    assert [w.cells for w in made] == [3, 1] and made[0].stopped and not made[1].stopped
+
+
+@pytest.mark.parametrize("mode, device, fresh", [
+    ("reduce-overhead", "cuda", True), ("max-autotune", "cuda", True), ("default", "cuda", False),
+    ("max-autotune-no-cudagraphs", "cuda", False), ("reduce-overhead", "cpu", False)])
+def test_compile_modes_with_cuda_graphs_end_their_worker(mode, device, fresh):
+    from transbench.backends.compile import fresh_worker_after
+
+    assert bool(fresh_worker_after(mode, torch.device(device))) == fresh
+
+
 class FakeNvml:
     NVML_CLOCK_SM = 1
     NVML_TEMPERATURE_GPU = 0
@@ -277,6 +314,24 @@ def test_gpu_samples_come_in_rounds_with_one_synchronize(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     clock = timer.Clock(torch.device("cpu"))
     clock.cuda, clock._torch = True, torch
-    out = clock.round_ms(lambda: log.append("call"), 3)
+    host = iter([10.0, 10.004, 20.0, 20.001, 30.0, 30.001])  # the host's clock around each call: 4, 1, 1 ms
+    monkeypatch.setattr(timer.time, "perf_counter", lambda: next(host))
+    out, parts = clock.round_ms(lambda: log.append("call"), 3)
     assert out == [1.0, 1.0, 1.0]  # each call between its own start and end
     assert log == ["record", "call", "record"] * 3 + ["sync"]
+    assert parts == {"host_ms": pytest.approx(4.0)}  # the round's first call: an idle GPU, an empty queue
+
+
+@pytest.mark.parametrize("host_ms, warned", [(0.05, False), (0.89, False), (0.95, True), (1.3, True)])
+def test_a_call_that_holds_the_host_for_most_of_its_time_is_warned_host_bound(host_ms, warned):
+    s = timer.sample_steps(lambda: ([1.0] * 8, {"host_ms": host_ms}), torch.device("cpu"),
+                           timer.TimerConfig(warmup=0, min_time_s=0, min_count=16))
+    rec, warnings = record.timing_record(s, items=1)
+    assert rec["host_ms"] == pytest.approx(host_ms)
+    assert any(w.startswith("host-bound") for w in warnings) == warned
+
+
+def test_per_call_times_divide_their_parts_too():
+    s = timer.Sampled([8.0, 8.0], timer.summarize([8.0, 8.0]), 2, context.DeviceContext(), {"host_ms": [4.0]})
+    per = s.per_call(4)
+    assert per.samples_ms == [2.0, 2.0] and per.parts == {"host_ms": [1.0]} and per.calls == 8

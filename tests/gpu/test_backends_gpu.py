@@ -47,6 +47,21 @@ def test_cudagraph_and_compile_record_what_ran():
         assert r.status == "ok", (r.error, r.info.get("traceback"))
         assert r.info["compile_s"] > 0 and r.info["graphs"] >= 1 and r.info["compile_mode"] == c.compile_mode
         assert r.record["rel_err"] < 2e-2
+        # CUDA-graph trees on torch's own streams: the sweep replaces the worker after this cell
+        assert ("fresh_worker_after" in r.info) == (c.compile_mode == "reduce-overhead")
+
+
+def test_a_launch_bound_cell_is_warned_host_bound_and_a_gpu_bound_one_is_not():
+    tiny = execute(cell(backend="eager", batch=1, seq=8), CACHE)
+    big = execute(cell(model="bert-base-uncased", batch=128, seq=512, min_time=0.2), CACHE)
+    for r in (tiny, big):
+        assert r.status == "ok", (r.error, r.info.get("traceback"))
+        assert 0 < r.record["host_ms"]
+    assert tiny.record["host_ms"] >= 0.9 * tiny.record["latency_ms"]
+    assert any(w.startswith("host-bound") for w in tiny.warnings)
+    # about 32 ms of GPU work (sdpa 64 x 512 took 16.3 ms on an H100, session 11) and 5-10 ms to launch
+    assert big.record["host_ms"] < 0.5 * big.record["latency_ms"]
+    assert not any(w.startswith("host-bound") for w in big.warnings)
 
 
 def test_optional_backends_run_or_say_what_to_install():

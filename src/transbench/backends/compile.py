@@ -12,6 +12,18 @@ import time
 from .base import Backend, Prepared
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Modes whose CUDA-graph trees capture on streams torch chooses. After such a cell the fused engine's graphs lost
+# their programmatic dependent launch for the rest of the process: bert-base fp16 8 x 128 read 0.6281 ms alone and
+# 0.6646 after a reduce-overhead cell in one worker (H100, benchmarks/results/session20_h100.md; the engine's own
+# captures share one stream for this reason, engine/capture.py side_stream). The sweep ends the worker after them.
+GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def fresh_worker_after(mode: str, device) -> dict:
+    """The info that makes the sweep replace the worker after a cell in `mode` (runner/sweep.py _Lane)."""
+    if mode not in GRAPH_MODES or getattr(device, "type", None) != "cuda":
+        return {}
+    return {"fresh_worker_after": f"torch.compile mode {mode} captured CUDA graphs on streams of its own"}
 
 
 def check_mode(mode: str) -> str:
@@ -44,7 +56,7 @@ def compiled_call(model, kwargs: dict, mode: str, device):
     info = {
         "compile_mode": mode, "compile_s": compile_s,
         "graphs": int(counters["stats"]["unique_graphs"]),
-        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "graph_breaks": int(sum(counters["graph_break"].values())), **fresh_worker_after(mode, device),
     }
 
     def fn():
@@ -74,7 +86,8 @@ def make_generator(model, cell):
         with torch.inference_mode():
             compiled()  # compiles; the replayed step runs the same positions again
         dev.synchronize(device)
-        return compiled, {"compile_s": time.perf_counter() - t0, "compile_mode": cell.compile_mode}
+        return compiled, {"compile_s": time.perf_counter() - t0, "compile_mode": cell.compile_mode,
+                          **fresh_worker_after(cell.compile_mode, device)}
 
     return StaticGenerator(model, cell.batch, cell.seq + cell.new_tokens, build_step, step="compile")
 

@@ -91,22 +91,28 @@ class Clock:
         fn()
         return (time.perf_counter() - t0) * 1e3
 
-    def round_ms(self, fn: Callable[[], object], calls: int) -> list[float]:
+    def round_ms(self, fn: Callable[[], object], calls: int) -> tuple[list[float], dict[str, float]]:
         """`calls` calls issued back to back with an event pair around each and one synchronize at the
         end (as triton's do_bench): each sample is one call's time in a stream of calls, the host's work
         for the next call overlapping this one's kernels. A host-bound call still shows its launch time:
-        the GPU reaches the start event before the host has launched the call's kernels."""
+        the GPU reaches the start event before the host has launched the call's kernels.
+        Also `host_ms`: the host's time inside the round's first call. The GPU is idle and its queue empty
+        then, so that is the call's own host work: launching its kernels, and waiting where it synchronizes."""
         if not self.cuda:
-            return [self.time_ms(fn) for _ in range(calls)]
+            return [self.time_ms(fn) for _ in range(calls)], {}
         torch = self._torch
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(calls)]
-        for start, end in events:
+        host_ms = 0.0
+        for i, (start, end) in enumerate(events):
             start.record()
+            t0 = time.perf_counter()
             fn()
+            if i == 0:
+                host_ms = (time.perf_counter() - t0) * 1e3
             end.record()
         events[-1][1].synchronize()
-        return [start.elapsed_time(end) for start, end in events]
+        return [start.elapsed_time(end) for start, end in events], {"host_ms": host_ms}
 
 
 # Calls per synchronize on a GPU. A synchronize after every call leaves the GPU idle while the host
@@ -123,15 +129,16 @@ class Sampled:
     stats: Stats
     calls: int  # calls of the measured work inside the region (a sample may hold several)
     context: DeviceContext  # SM clock, power, energy during the region (empty on CPUs)
-    parts: dict[str, list[float]] = field(default_factory=dict)  # per-sample parts (prefill, phases, ...)
+    parts: dict[str, list[float]] = field(default_factory=dict)  # parts of samples (prefill, phases; a round's host_ms)
 
     def per_call(self, reps: int) -> Sampled:
         """Samples that each timed `reps` back-to-back calls, as per-call times."""
         per = [s / reps for s in self.samples_ms]
-        return Sampled(per, summarize(per), self.calls * reps, self.context, self.parts)
+        parts = {k: [x / reps for x in v] for k, v in self.parts.items()}
+        return Sampled(per, summarize(per), self.calls * reps, self.context, parts)
 
 
-Step = Callable[[], "float | tuple[float, dict[str, list[float] | float]]"]
+Step = Callable[[], "float | list[float] | tuple[float | list[float], dict[str, list[float] | float]]"]
 
 
 def sample(fn: Callable[[], object], device, cfg: TimerConfig = TimerConfig(), *,

@@ -85,8 +85,9 @@ def open_run(store, kind: str, spec: dict, name: str | None, env: Callable[[], d
 
 
 class _Lane:
-    """One GPU (or the one device) and its worker; the worker is replaced after a timeout, a crash, or
-    a cell that left device memory behind."""
+    """One GPU (or the one device) and its worker; the worker is replaced after a timeout, a crash, a cell
+    that left device memory behind, or a cell whose info names `fresh_worker_after` (a backend that changed the
+    process in a way later cells would measure, backends/compile.py GRAPH_MODES)."""
 
     def __init__(self, gpu: int | None, target: Target):
         self.gpu, self.target = gpu, target
@@ -103,6 +104,8 @@ class _Lane:
             left = self.worker.left_mb if self.worker.alive() else None
             if not self.worker.alive():
                 self.worker = None
+            elif result.info.get("fresh_worker_after"):
+                self.close()
             elif left is not None:
                 from ..measure.memory import LEFTOVER_MB
 

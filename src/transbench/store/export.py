@@ -18,7 +18,7 @@ GENERATION_KEYS = ("prefill_ms", "decode_ms_per_token", "kv_cache_mb", "kv_cache
 # A speed is never shown for these: the output was wrong or nothing was measured.
 SPEED_KEYS = ("latency_ms", "latency_p90_ms", "latency_p99_ms", "latency_iqr_ms", "throughput_per_s",
               "tokens_per_s", "tflops", "mfu", "hfu", "samples_per_s", "tflops_per_gpu", "prefill_ms",
-              "decode_ms_per_token", "decode_p90_ms_per_token", "ms_per_token", "speedup")
+              "decode_ms_per_token", "decode_p90_ms_per_token", "ms_per_token", "speedup", "host_ms")
 
 
 def point(rec: dict) -> tuple:
