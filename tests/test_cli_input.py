@@ -305,6 +305,9 @@ def test_runs_table_fits_100_columns():
     (["run", "--model", "bert-tiny", "--min-time", "nan"], "min_time: expected a number, got nan"),
     (["train", "--model", "bert-tiny", "--seq", " "], "--seq is empty"),
     (["train", "--model", "bert-tiny", "--lr", "nan"], "lr: expected a number, got nan"),
+    (["run", "--model", "bert-tiny", "--timeout", "inf"], "timeout: expected a number, got inf"),
+    (["run", "--model", "bert-tiny", "--min-time", "-inf"], "min_time: expected a number, got -inf"),
+    (["micro", "gemm", "--sizes", "64", "--min-time", "inf"], "min_time: expected a number, got inf"),
     (["train", "--model", "bert-tiny", "--pad-vocab", "0"], "--pad-vocab must be at least 1"),
 ])
 def test_empty_axes_and_nan_are_refused(tmp_path, args, needle):

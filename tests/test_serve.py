@@ -255,6 +255,17 @@ def test_wrong_backend_is_never_loaded(tmp_path, extra_backends):
     (["--rate", "10", "--lengths", "lognormal:64:999"], "above the model's 128 positions"),
     (["--rate", "10", "--lengths", "text:README.md"], "needs the model's tokenizer"),
     (["--rate", "10", "--backend", "nope"], "unknown backend"),
+    (["--rate", "nan"], "--rate nan: give a finite number"),
+    (["--rate", "inf"], "--rate inf: give a finite number"),
+    (["--rate", "10", "--duration", "nan"], "--duration nan"),
+    (["--rate", "10", "--duration", "inf"], "--duration inf"),
+    (["--rate", "10", "--warmup", "nan"], "--warmup nan"),
+    (["--rate", "10", "--max-wait-ms", "nan"], "--max-wait-ms nan"),
+    (["--rate", "10", "--slo-ms", "nan"], "--slo-ms nan"),
+    (["--rate", "10", "--slo-ms", "-3"], "--slo-ms must be above 0"),
+    (["--find-max-rate", "--slo-ms", "0"], "--slo-ms must be above 0"),
+    (["--rate", "10", "--timeout", "0"], "--timeout must be above 0"),
+    (["--rate", "10", "--timeout", "inf"], "--timeout inf"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
     db = tmp_path / "bad.db"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -91,12 +92,12 @@ def _scalar(value, kind: type, text_ok: bool):
         if kind is not bool:
             try:
                 number = kind(word)
-                if number == number:
+                if math.isfinite(number):
                     return number
             except ValueError:
                 pass
     elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value != value:  # NaN passes every `< 0` check and would make every deadline and timer loop wrong
+        if not math.isfinite(value):  # NaN passes every `< 0` check; inf never ends a deadline or a timer loop
             raise _WrongType
         return float(value)
     elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):

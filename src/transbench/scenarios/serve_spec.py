@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from ..errors import SpecError
@@ -57,6 +58,17 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
 
     if dtype not in TOLERANCE:
         raise SpecError(f"unknown dtype '{dtype}': choose from {', '.join(TOLERANCE)}")
+    numbers = {"--rate": spec.rates, "--duration": [spec.duration], "--warmup": [spec.warmup],
+               "--max-wait-ms": [spec.max_wait_ms], "--slo-ms": [] if spec.slo_ms is None else [spec.slo_ms],
+               "--timeout": [spec.timeout]}
+    for flag, values in numbers.items():  # NaN passes every range check below; inf never ends a load or a wait
+        for v in values:
+            if not math.isfinite(v):
+                raise SpecError(f"{flag} {v}: give a finite number")
+    if spec.slo_ms is not None and spec.slo_ms <= 0:
+        raise SpecError(f"--slo-ms must be above 0, got {spec.slo_ms:g}")
+    if spec.timeout <= 0:
+        raise SpecError(f"--timeout must be above 0, got {spec.timeout:g}")
     loads = bool(spec.rates) + bool(spec.concurrency) + spec.offline + spec.find_max_rate
     if loads != 1:
         raise SpecError("give one load: --rate R[,R...], --concurrency C[,C...], --offline or --find-max-rate")
@@ -67,7 +79,7 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     if spec.duration <= 0 or spec.warmup < 0:
         raise SpecError("--duration must be above 0 and --warmup at least 0 seconds")
     if spec.find_max_rate:
-        if spec.slo_ms is None or spec.slo_ms <= 0:
+        if spec.slo_ms is None:
             raise SpecError("--find-max-rate needs a latency target: add --slo-ms MS")
         if float(spec.percentile) not in PERCENTILE_KEYS:
             raise SpecError(f"--percentile {spec.percentile:g}: choose from 50, 90, 99, 99.9")
