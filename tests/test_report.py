@@ -134,7 +134,14 @@ def test_cli_report_and_its_errors(stored, tmp_path):
     res = runner.invoke(app, ["report", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "y")])
     assert res.exit_code == 2 and "no runs yet" in res.output
     res = runner.invoke(app, ["report", "tiny", "--compare", "--db", stored["db"], "--out", str(tmp_path / "z")])
-    assert res.exit_code == 2 and "needs two runs" in res.output
+    assert res.exit_code == 2 and "needs two runs" in res.output and not (tmp_path / "z").exists()
+    # an --out that is a file, or a folder that cannot be made: one line, and the user's file untouched
+    (tmp_path / "notes.txt").write_text("mine")
+    for out, message in ((tmp_path / "notes.txt", "is a file"), (tmp_path / "notes.txt" / "r", "cannot create")):
+        res = runner.invoke(app, ["report", "last", "--db", stored["db"], "--out", str(out)])
+        assert res.exit_code == 2 and message in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def test_generation_training_micro_and_max_batch_tables(tmp_path):

@@ -8,9 +8,11 @@ comparison with a statistical verdict.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import SpecError
 from .compare import CompareConfig, Comparison, compare, compare_records, comparison_table, unmatched_table
 from .document import Figure, Section, to_markdown
 
@@ -31,6 +33,19 @@ class ReportPaths:
         return [f.path for f in self.figures]
 
 
+def _report_folder(out: Path) -> None:
+    """`out` as a folder the report can be written in, created if missing; a SpecError otherwise, before any
+    file is written."""
+    if out.exists() and not out.is_dir():
+        raise SpecError(f"--out {out} is a file: give a folder for report.md, report.html and the plots")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecError(f"cannot create the report folder {out}: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise SpecError(f"cannot write in the report folder {out}: it is not writable")
+
+
 def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline: str | None = None, *,
                  compare_runs: bool | None = None, config: CompareConfig | None = None) -> ReportPaths:
     """Write report.md, the PNG plots and report.html for the runs (names, ids or 'last'; default the
@@ -45,15 +60,13 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
         data = load(store, runs or ["last"], baseline)
     finally:
         store.close()
-    out.mkdir(parents=True, exist_ok=True)
-    figures, plot_failures = plots.all_figures(data, out)
-    comparisons = []
     if compare_runs is None:
         compare_runs = len(data.runs) > 1
     if compare_runs and len(data.runs) < 2:
-        from ..errors import SpecError
-
         raise SpecError("--compare needs two runs: transbench report RUN_A RUN_B --compare")
+    _report_folder(out)
+    figures, plot_failures = plots.all_figures(data, out)
+    comparisons = []
     if compare_runs:
         by_run = {r["run_id"]: [x for x in data.records if x["run_id"] == r["run_id"]] for r in data.runs}
         a = data.runs[0]
