@@ -13,6 +13,8 @@
 #                                         backends/compile.py GRAPH_MODES) and default; the new host_ms and host-bound
 #                                         warning on sdpa and fused cells (bert-base fp16 2 x 96, 48 x 200); then
 #                                         the GPU tests of both and the micro tests (the sampler's per-call parts)
+#   bash benchmarks/gpu_round11.sh final  the README's default `transbench run` on the GPU (host_ms and the warnings it
+#                                         printed), then the GPU tests of the backends, the families and --gpus
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=150 TRITON_CACHE_DIR=/tmp/r11-triton PYTHONPATH=src
@@ -81,4 +83,18 @@ PY
     tests/gpu/test_backends_gpu.py tests/gpu/test_micro_gpu.py -k "what_ran or host_bound or micro or gemm or copy \
     or layer or l2 or oom" > $OUT/verify_tests.txt 2>&1
   echo "pytest rc $?"; tail -5 $OUT/verify_tests.txt
+fi
+if [ "$PART" = final ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/r11-final
+  timeout 240 python3 -m transbench run --db $OUT/default.db --json $OUT/default.json > $OUT/default.txt 2>&1
+  echo "default run rc $?"; grep -E "warning" $OUT/default.txt | sort | uniq -c | cut -c1-160
+  python3 - $OUT/default.json <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    print(r["backend"], r["batch_size"], r["seq_len"], r["status"], "latency_ms", r.get("latency_ms"), "host_ms",
+          r.get("host_ms"), "sm", r.get("sm_clock_mhz"))
+PY
+  TRANSBENCH_CACHE_DIR=/tmp/r11-tests timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rf \
+    tests/gpu/test_backends_gpu.py tests/gpu/test_families_gpu.py tests/gpu/test_cli_gpus.py > $OUT/final_tests.txt 2>&1
+  echo "pytest rc $?"; tail -8 $OUT/final_tests.txt
 fi
