@@ -13,6 +13,9 @@
 #                                         backends/compile.py GRAPH_MODES) and default; the new host_ms and host-bound
 #                                         warning on sdpa and fused cells (bert-base fp16 2 x 96, 48 x 200); then
 #                                         the GPU tests of both and the micro tests (the sampler's per-call parts)
+#   bash benchmarks/gpu_round11.sh capture the GPU tests of a failed capture (a deberta cudagraph cell names fresh_worker_after,
+#                                         no ok cell does) and of the engine's graphs, captures and tuning, then the
+#                                         order check of session 19 (a fused cell after a cudagraph cell)
 #   bash benchmarks/gpu_round11.sh final  the README's default `transbench run` on the GPU (host_ms and the warnings it
 #                                         printed), then the GPU tests of the backends, the families and --gpus
 set -x
@@ -97,4 +100,18 @@ PY
   TRANSBENCH_CACHE_DIR=/tmp/r11-tests timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rf \
     tests/gpu/test_backends_gpu.py tests/gpu/test_families_gpu.py tests/gpu/test_cli_gpus.py > $OUT/final_tests.txt 2>&1
   echo "pytest rc $?"; tail -8 $OUT/final_tests.txt
+fi
+if [ "$PART" = capture ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/r11-tests
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_families_gpu.py -k generic \
+    > $OUT/capture_tests.txt 2>&1; echo "pytest rc $?"; tail -3 $OUT/capture_tests.txt
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_engine_kernels.py \
+    -k "graphs or capture or tune or settled" > $OUT/capture_engine_tests.txt 2>&1
+  echo "pytest rc $?"; tail -3 $OUT/capture_engine_tests.txt
+  for b in fused cudagraph,fused; do
+    timeout 150 python3 -m transbench run --model bert-base-uncased --backend $b --dtype fp16 --batch 8 --seq 128 \
+      --encoders-only --min-time 1 --timeout 120 --name "cap ${b//,/-}" --db $OUT/capture.db \
+      --json $OUT/capture_${b//,/-}.json > $OUT/capture_${b//,/-}.txt 2>&1
+    summary $OUT/capture_${b//,/-}.json "run --backend $b:"
+  done
 fi

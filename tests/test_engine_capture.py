@@ -16,13 +16,14 @@ def test_a_failed_capture_recaptures_then_raises(monkeypatch):
         yield
     monkeypatch.setattr(cap.torch.cuda, "graph", graph)
     monkeypatch.setattr(cap, "_recapture", lambda: calls.append("recapture"))
+    failures = cap.failures
     with cap.capture("g", pool="p"):
         pass
-    assert calls == [{"pool": "p"}]
+    assert calls == [{"pool": "p"}] and cap.failures == failures
     with pytest.raises(RuntimeError, match="capture invalidated"):
         with cap.capture("g"):
             raise RuntimeError("capture invalidated")
-    assert calls == [{"pool": "p"}, {}, "recapture"]
+    assert calls == [{"pool": "p"}, {}, "recapture"] and cap.failures == failures + 1
 
 
 
@@ -62,19 +63,19 @@ def fake(monkeypatch):
                         "synchronize": lambda device=None: None, "CUDAGraph": object,
                         "graph_pool_handle": lambda: "new pool"}.items():
         monkeypatch.setattr(cuda, name, value)
-    monkeypatch.setattr(cap, "capture", f.capture)  # what the cudagraph backend imports when it captures
+    monkeypatch.setattr(cuda, "graph", f.capture)  # under engine.capture.capture, which every capture goes through
+    monkeypatch.setattr(cap, "_recapture", lambda: None)
     cap.side_stream.cache_clear()
     yield f
     cap.side_stream.cache_clear()
 
 
-def test_every_graph_cache_warms_up_and_captures_on_the_process_one_stream(fake, monkeypatch):
+def test_every_graph_cache_warms_up_and_captures_on_the_process_one_stream(fake):
     """capture.side_stream: a stream per GraphCache made the process's first engine its only fast one (on an H100 a
     second engine's capture on a stream of its own cost every graph 6% at bert-base 8 x 128). Two caches warm up and
     capture on one stream; a failed capture moves later captures to a new one."""
     from transbench.engine import graphs
 
-    monkeypatch.setattr(graphs, "capture", fake.capture)
     a, b = graphs.GraphCache(enabled=False), graphs.GraphCache(enabled=False)
     a.device = b.device = 0
     for cache in (a, b):
@@ -107,3 +108,26 @@ def test_the_cudagraph_backend_warms_up_and_captures_on_the_process_one_stream(f
     with pytest.raises(RuntimeError, match="capture invalidated"):
         cudagraph.capture(lambda: None, torch.device("cuda"), warmup=1)
     assert cap.side_stream(0) is not before
+
+
+def quiet_cell(cell, state):
+    from transbench.cells import CellResult
+
+    return CellResult("ok", record={"latency_ms": 1.0})
+
+
+def failing_capture_cell(cell, state):
+    with cap.capture("graph"):
+        raise RuntimeError("capture invalidated")
+
+
+def test_a_cell_whose_capture_failed_asks_for_a_fresh_worker(fake):
+    """After a failed capture the process captures on a second stream, which cost later fused cells their programmatic
+    dependent launch: the worker names `fresh_worker_after` and the sweep replaces it (runner/sweep.py _Lane)."""
+    from transbench.runner import worker
+
+    ok = worker.execute(f"{__name__}:quiet_cell", {"device": "cpu"}, {})
+    failed = worker.execute(f"{__name__}:failing_capture_cell", {"device": "cpu"}, {})
+    again = worker.execute(f"{__name__}:quiet_cell", {"device": "cpu"}, {})
+    assert "fresh_worker_after" not in ok.info and "fresh_worker_after" not in again.info
+    assert failed.status == "error" and "capture failed" in failed.info["fresh_worker_after"]

@@ -41,8 +41,10 @@ def test_families_run_on_every_generic_backend(backend, model, task):
         return
     if model == "deberta-tiny" and backend == "cudagraph":  # its forward copies a CPU tensor: no capture
         assert r.status == "unsupported" and "CUDA graph" in r.error and "\n" not in r.error, (r.status, r.error)
+        assert "capture failed" in r.info["fresh_worker_after"]  # the sweep's next cell gets a fresh worker
         return
     assert r.status == "ok", (r.status, r.error, r.info.get("traceback"))
+    assert "fresh_worker_after" not in r.info
     assert r.record["rel_err"] < 2e-2
     assert r.record["flops_method"] == ("counted" if model == "deberta-tiny" else "analytic")
 

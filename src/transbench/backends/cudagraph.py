@@ -34,12 +34,8 @@ def capture(call, device, warmup: int = WARMUP_CALLS):
     torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
     t0 = time.perf_counter()
-    try:
-        with torch.inference_mode(), graph_capture(graph, stream=stream):
-            out = call()
-    except BaseException:
-        side_stream.cache_clear()  # a new stream for later captures (engine/capture.py capture says why)
-        raise
+    with torch.inference_mode(), graph_capture(graph, stream=stream):
+        out = call()
     torch.cuda.synchronize(device)
     return graph, out, time.perf_counter() - t0
 

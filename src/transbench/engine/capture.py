@@ -18,9 +18,15 @@ def side_stream(device: int) -> torch.cuda.Stream:
     608.1). Programmatic dependent launch (kernels.pdl) had stopped hiding the launches between them: without it
     both read 0.649-0.650. A second engine on the first's stream kept both at 0.610-0.624
     (benchmarks/results/session19_h100.md). Freed blocks stay with the stream they were allocated on, so one stream
-    also strands no memory. After a failed capture, `side_stream.cache_clear()` gives later captures a new one (see
-    capture). Captures run one at a time in a process, as torch's global capture mode requires."""
+    also strands no memory. After a failed capture, later captures get a new one (see capture). Captures run one at
+    a time in a process, as torch's global capture mode requires."""
     return torch.cuda.Stream(device)
+
+
+# Captures that failed in this process. Later captures then run on a new stream, and a second capture stream is what
+# cost the fused engine's graphs their programmatic dependent launch (side_stream): runner/worker.py replaces the
+# worker after a cell in which this count rose, so no later cell is measured in such a process.
+failures = 0
 
 
 @contextmanager
@@ -30,7 +36,9 @@ def capture(graph: torch.cuda.CUDAGraph, **kw) -> Iterator[None]:
     capture epilogue, and every later random op on that device then raises "Offset increment outside graph capture
     encountered unexpectedly" (H100, session 15: `transbench tune` of the bert-base grid died so after a failed
     capture at 8 x 384). The next capture that succeeds runs that epilogue. The allocator, too, goes on routing the
-    capture stream's allocations into the graph's pool: callers move to a new stream and pool after a failure."""
+    capture stream's allocations into the graph's pool: later captures move to a new stream here (callers with a
+    pool of their own take a new pool), and `failures` counts the failure."""
+    global failures
     # No garbage collection while capturing: a CUDAGraph freed by a collection mid-capture destroys its executable
     # graph, which a capturing stream does not permit, and the capture fails (H100, session 15: "operation not
     # permitted when stream is capturing (function reset)" in the same tuning run). torch.cuda.graph collects
@@ -41,6 +49,8 @@ def capture(graph: torch.cuda.CUDAGraph, **kw) -> Iterator[None]:
         with torch.cuda.graph(graph, **kw):
             yield
     except BaseException:
+        failures += 1
+        side_stream.cache_clear()
         _recapture()
         raise
     finally:
@@ -51,7 +61,7 @@ def capture(graph: torch.cuda.CUDAGraph, **kw) -> Iterator[None]:
 def _recapture() -> None:
     try:
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, stream=side_stream(torch.cuda.current_device())):  # the new stream: no third one
             torch.ones(1, device="cuda").add_(1)
     except Exception:  # noqa: BLE001 - best effort: the original error is the one to report
         pass

@@ -133,7 +133,6 @@ class GraphCache:
             with capture(graph, pool=self.pool, stream=side):
                 out = fn(*args)
         except BaseException:
-            side_stream.cache_clear()  # see capture.capture
-            self.pool = torch.cuda.graph_pool_handle()
+            self.pool = torch.cuda.graph_pool_handle()  # capture.capture moved later captures to a new stream
             raise
         return _Entry(graph, static, out)

@@ -85,13 +85,9 @@ def _gpu_ms(fn: Callable[[], object], reps: int, inner: int = 10) -> float:
     if _event_ms(fn, 1) >= 0.2:
         return _event_ms(fn, reps)
     graph = torch.cuda.CUDAGraph()
-    try:
-        with capture(graph, stream=side):  # on the stream warmed up above (graphs.GraphCache._graph says why)
-            for _ in range(inner):
-                fn()
-    except BaseException:
-        side_stream.cache_clear()  # a new stream from now on (see capture.capture)
-        raise
+    with capture(graph, stream=side):  # on the stream warmed up above (graphs.GraphCache._graph says why)
+        for _ in range(inner):
+            fn()
     graph.replay()
     return _event_ms(graph.replay, reps) / inner
 

@@ -26,11 +26,13 @@ def resolve_target(target: str):
 
 def execute(target: str, cell: dict, state: dict) -> CellResult:
     """Run one cell in this process through `target(cell, state)` and map every failure to a status.
-    The memory the process holds when the cell starts is recorded as mem_before_mb."""
+    The memory the process holds when the cell starts is recorded as mem_before_mb. A cell in which a CUDA-graph
+    capture failed names `fresh_worker_after` (engine/capture.py failures says why)."""
     from ..errors import Unsupported
     from ..measure import device as dev
     from ..measure import memory
 
+    failed = _capture_failures()
     device_str = cell.get("device", "cpu")
     device = _device(device_str)
     before = None
@@ -46,7 +48,17 @@ def execute(target: str, cell: dict, state: dict) -> CellResult:
         result.record.setdefault("mem_before_mb", before)
     if device_str.startswith("cuda"):
         result.warnings += _interference()
+    if _capture_failures() > failed:
+        result.info["fresh_worker_after"] = ("a CUDA-graph capture failed: later captures of this process would run on "
+                                             "a second stream")
     return result
+
+
+def _capture_failures() -> int:
+    """CUDA-graph captures that failed so far in this process. Every capture goes through engine/capture.py, so a
+    process that never imported it has captured nothing (and the benchmark alone need not import the engine)."""
+    module = sys.modules.get("transbench.engine.capture")
+    return module.failures if module is not None else 0
 
 
 def _device(device_str: str):
