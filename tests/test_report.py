@@ -241,3 +241,19 @@ def test_names_are_escaped_in_markdown(tmp_path):
     assert html.count("x[/bold]y *bold* _it_ `code` &lt;b&gt;html&lt;/b&gt; a|b [link](http://e.x) ~~gone~~ \\") >= 2
     assert "m_*model*_&lt;i&gt; · base · fp32" in html  # the table title, literally
     assert "RuntimeError: &lt;script&gt;*x*&lt;/script&gt;" in html
+
+
+def test_host_ms_gets_a_column_only_where_it_was_measured(tmp_path):
+    """GPU cells carry host_ms (measure/record.py); CPU cells do not, and their table keeps its columns."""
+    db = str(tmp_path / "h.db")
+    make_run(db, "gpu", [(cell("sdpa", 1, 8), ok_result([1.0] * 3, 1, host_ms=0.97)),
+                         (cell("sdpa", 2, 8), ok_result([2.0] * 3, 2, host_ms=0.25))])
+    make_run(db, "cpu", [(cell("sdpa", 1, 8), ok_result([1.0] * 3, 1))])
+    gpu = build_report(db, ["gpu"], tmp_path / "g").markdown.read_text()
+    cpu = build_report(db, ["cpu"], tmp_path / "c").markdown.read_text()
+    lines = _table(gpu, "every inference cell")
+    head = [c.strip() for c in lines[0].split("|")]
+    assert "host ms" in head and "host-bound" in gpu
+    column = head.index("host ms")
+    assert sorted(line.split("|")[column].strip() for line in lines[2:]) == [num(0.25), num(0.97)]
+    assert "host ms" not in _table(cpu, "every inference cell")[0] and "host-bound" not in cpu

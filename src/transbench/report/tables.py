@@ -82,11 +82,16 @@ def inference_detail(data: ReportData) -> Table | None:
             ("n_samples", "n", ""), ("throughput_per_s", "seq/s", ""), ("tokens_per_s", "tokens/s", ""),
             ("tflops", "TFLOPS", ""), ("mfu", "MFU", "pct"), ("peak_mem_mb", "peak MiB", ""),
             ("rel_err", "rel err", "err")]
+    if any(r.get("host_ms") is not None for r in recs):
+        cols.insert(cols.index(("n_samples", "n", "")), ("host_ms", "host ms", ""))
     if any(r.get("speedup") is not None for r in recs):
         cols += [("speedup", "speedup %", "signed"), ("mem_saved", "mem saved %", "signed")]
     bases = sorted({str(r["_baseline"]) for r in recs if r.get("_baseline")})
     note = ("MFU against the dense datasheet peak of the dtype (empty on devices without a known peak). "
             "IQR/median over 5% marks a noisy cell.")
+    if any(r.get("host_ms") is not None for r in recs):
+        note += (" Host ms: the host's time inside one call; at 90% of the median or more the cell is host-bound, "
+                 "its time the CPU's.")
     if bases:
         note += f" Speedup and memory saved against {', '.join(bases)}."
     return _detail(data, recs, "every inference cell", cols, note)
