@@ -86,8 +86,9 @@ def open_run(store, kind: str, spec: dict, name: str | None, env: Callable[[], d
 
 class _Lane:
     """One GPU (or the one device) and its worker; the worker is replaced after a timeout, a crash, a cell
-    that left device memory behind, or a cell whose info names `fresh_worker_after` (a backend that changed the
-    process in a way later cells would measure, backends/compile.py GRAPH_MODES)."""
+    that left device memory behind, or a cell whose info names `fresh_worker_after`: it changed the process in a way
+    later cells would measure (a compile cell's CUDA graphs, backends/compile.py GRAPH_MODES; a failed capture,
+    runner/worker.py)."""
 
     def __init__(self, gpu: int | None, target: Target):
         self.gpu, self.target = gpu, target
