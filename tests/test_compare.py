@@ -267,3 +267,18 @@ def test_report_with_two_runs_has_the_comparison(two_runs, tmp_path):
     assert "| Batch size | before/eager Latency (ms) |" in md and "after/sdpa QPS (seq/s)" in md
     line = next(x for x in md.splitlines() if x.startswith("| 1 |") and "OOM" in x)
     assert line.count("OOM") == 2  # after/sdpa at batch 1, and no number planted there
+
+
+def test_runs_that_share_no_cell_are_refused_not_passed(tmp_path):
+    """A CI gate pointed at the wrong runs compared nothing: that is bad input (exit 2), not a pass."""
+    db = str(tmp_path / "n.db")
+    make_run(db, "bert", [(cell("eager", 1), ok_result(noisy(10.0, seed=1), 1))])
+    make_run(db, "other", [(cell("eager", 1, model="gpt2-tiny"), ok_result(noisy(10.0, seed=2), 1))])
+    make_run(db, "train", [(cell("eager", 4), ok_result(noisy(10.0, seed=3), 4))], kind="training")
+    runner = CliRunner()
+    for b, says in (("other", "no cell of one has the settings"), ("train", "'train' a training run")):
+        res = runner.invoke(app, ["compare", "bert", b, "--db", db])
+        assert res.exit_code == 2 and res.stdout == "", res.output
+        assert res.stderr.startswith(f"error: runs 'bert' and '{b}' share no cell to compare") and says in res.stderr
+        assert res.stderr.count("\n") == 1
+    assert runner.invoke(app, ["compare", "bert", "bert", "--db", db]).exit_code == 0

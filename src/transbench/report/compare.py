@@ -232,14 +232,22 @@ def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[d
 
 
 def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -> Comparison:
-    """Compare two stored runs (names, ids or 'last') of one store."""
+    """Compare two stored runs (names, ids or 'last') of one store. Runs without one pair of cells are a
+    SpecError: a gate that compared nothing must not pass."""
     cfg = cfg or CompareConfig()
     store = Store(db, readonly=True)  # a missing or foreign store is refused without a file left behind
     try:
         da, db_ = load(store, [run_a]), load(store, [run_b])
     finally:
         store.close()
-    return compare_records(da.runs[0], da.records, db_.runs[0], db_.records, cfg)
+    cmp = compare_records(da.runs[0], da.records, db_.runs[0], db_.records, cfg)
+    if not cmp.cells:
+        a, b = cmp.run_a, cmp.run_b
+        why = (f"'{a['name']}' is a {a['kind']} run, '{b['name']}' a {b['kind']} run" if a["kind"] != b["kind"]
+               else "no cell of one has the settings of a cell of the other (`transbench runs --spec RUN` prints "
+                    "a run's grid)")
+        raise SpecError(f"runs '{a['name']}' and '{b['name']}' share no cell to compare: {why}")
+    return cmp
 
 
 def _state(rec: dict, median: float | None) -> str:
