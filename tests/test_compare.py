@@ -276,7 +276,7 @@ def test_runs_that_share_no_cell_are_refused_not_passed(tmp_path):
     make_run(db, "other", [(cell("eager", 1, model="gpt2-tiny"), ok_result(noisy(10.0, seed=2), 1))])
     make_run(db, "train", [(cell("eager", 4), ok_result(noisy(10.0, seed=3), 4))], kind="training")
     runner = CliRunner()
-    for b, says in (("other", "no cell of one has the settings"), ("train", "'train' a training run")):
+    for b, says in (("other", "no cell of one has the settings"), ("train", "'bert' holds inference cells, 'train' training cells")):
         res = runner.invoke(app, ["compare", "bert", b, "--db", db])
         assert res.exit_code == 2 and res.stdout == "", res.output
         assert res.stderr.startswith(f"error: runs 'bert' and '{b}' share no cell to compare") and says in res.stderr

@@ -243,7 +243,7 @@ def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -
     cmp = compare_records(da.runs[0], da.records, db_.runs[0], db_.records, cfg)
     if not cmp.cells:
         a, b = cmp.run_a, cmp.run_b
-        why = (f"'{a['name']}' is a {a['kind']} run, '{b['name']}' a {b['kind']} run" if a["kind"] != b["kind"]
+        why = (f"'{a['name']}' holds {a['kind']} cells, '{b['name']}' {b['kind']} cells" if a["kind"] != b["kind"]
                else "no cell of one has the settings of a cell of the other (`transbench runs --spec RUN` prints "
                     "a run's grid)")
         raise SpecError(f"runs '{a['name']}' and '{b['name']}' share no cell to compare: {why}")
