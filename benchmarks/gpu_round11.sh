@@ -24,15 +24,7 @@ export PYTHONUNBUFFERED=1 COLUMNS=150 TRITON_CACHE_DIR=/tmp/r11-triton PYTHONPAT
 PART=${1:-serve}
 exec > >(tee "$OUT/round11_$PART.txt") 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv
-summary() {  # json label
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1])):
-    print(sys.argv[2], r.get("backend"), r.get("batch_size"), r.get("seq_len"), r.get("status"), "latency_ms",
-          r.get("latency_ms"), "seq/s", r.get("throughput_per_s"), "peak_mem_mb", r.get("peak_mem_mb"), "sm",
-          r.get("sm_clock_mhz"))
-PY
-}
+summary() { python3 benchmarks/print_records.py "$@"; }  # json label
 if [ "$PART" = serve ]; then
   [ -f r11old.tgz ] && mkdir -p /tmp/old && tar -xzf r11old.tgz -C /tmp/old
   export TRANSBENCH_CACHE_DIR=/tmp/r11-serve-tuning
@@ -74,12 +66,7 @@ if [ "$PART" = verify ]; then
     timeout 150 python3 -m transbench run --model bert-base-uncased --backend sdpa,fused --dtype fp16 \
       --batch ${point%:*} --seq ${point#*:} --min-time 1 --timeout 120 --name "host $point" --db $OUT/verify.db \
       --json $OUT/host_${point/:/x}.json > $OUT/host_${point/:/x}.txt 2>&1
-    python3 - $OUT/host_${point/:/x}.json <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1])):
-    print("host", r["backend"], r["batch_size"], r["seq_len"], r["status"], "latency_ms", r.get("latency_ms"),
-          "host_ms", r.get("host_ms"))
-PY
+    summary $OUT/host_${point/:/x}.json "host"
     grep -i "host-bound" $OUT/host_${point/:/x}.txt | cut -c1-200
   done
   TRANSBENCH_CACHE_DIR=/tmp/r11-tests timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rf \
@@ -91,12 +78,7 @@ if [ "$PART" = final ]; then
   export TRANSBENCH_CACHE_DIR=/tmp/r11-final
   timeout 240 python3 -m transbench run --db $OUT/default.db --json $OUT/default.json > $OUT/default.txt 2>&1
   echo "default run rc $?"; grep -E "warning" $OUT/default.txt | sort | uniq -c | cut -c1-160
-  python3 - $OUT/default.json <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1])):
-    print(r["backend"], r["batch_size"], r["seq_len"], r["status"], "latency_ms", r.get("latency_ms"), "host_ms",
-          r.get("host_ms"), "sm", r.get("sm_clock_mhz"))
-PY
+  summary $OUT/default.json "default"
   TRANSBENCH_CACHE_DIR=/tmp/r11-tests timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rf \
     tests/gpu/test_backends_gpu.py tests/gpu/test_families_gpu.py tests/gpu/test_cli_gpus.py > $OUT/final_tests.txt 2>&1
   echo "pytest rc $?"; tail -8 $OUT/final_tests.txt

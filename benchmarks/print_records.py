@@ -1,0 +1,13 @@
+"""One line per record of a `transbench run --json` file, for the GPU scripts' logs:
+    python3 benchmarks/print_records.py RECORDS.json LABEL"""
+
+import json
+import sys
+
+KEYS = ("status", "latency_ms", "throughput_per_s", "host_ms", "peak_mem_mb", "sm_clock_mhz")
+
+if __name__ == "__main__":
+    path, label = sys.argv[1], " ".join(sys.argv[2:])
+    for r in json.load(open(path)):
+        print(label, r.get("backend"), r.get("batch_size"), r.get("seq_len"),
+              " ".join(f"{k} {r.get(k)}" for k in KEYS))
