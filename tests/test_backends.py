@@ -98,6 +98,15 @@ def test_onnxruntime_records_its_export_and_reuses_it():
     assert "inputs_embeds" in first.info["onnx_inputs"]
 
 
+def test_onnxruntime_bert_encoders_only_takes_the_embedding_output_as_an_input():
+    # Exported as a constant, the frozen embedding output let ONNX Runtime fold the whole encoder away.
+    cell = Cell(model="bert-tiny", task="base", backend="onnxruntime", dtype="fp32", batch=2, seq=8,
+                embeddings=False, **FAST)
+    r = execute(cell, ModelCache())
+    assert r.status == "ok", (r.error, r.info.get("traceback"))
+    assert "embedding_output" in r.info["onnx_inputs"] and r.record["rel_err"] < 1e-4
+
+
 def test_compile_one_cell_encoders_only_with_padding():
     cell = Cell(model="bert-tiny", task="base", backend="compile", dtype="fp32", batch=2, seq=8, seq_stdev=2.0,
                 embeddings=False, **FAST)

@@ -300,6 +300,47 @@ def test_corrupt_weight_files_are_refused(tmp_path):
         build.resolve(str(d))
 
 
+def test_an_encoder_decoder_folder_is_refused(tmp_path):
+    from transformers import T5Config, T5Model
+
+    d = tmp_path / "t5"
+    T5Model(T5Config(d_model=32, d_ff=64, d_kv=8, num_heads=4, num_layers=1, vocab_size=100)).save_pretrained(d)
+    with pytest.raises(SpecError, match="t5 is an encoder-decoder family; transbench benchmarks encoders and decoders"):
+        build.resolve(str(d))
+
+
+def test_a_half_precision_checkpoint_is_checked_against_an_fp32_reference(tmp_path, cache):
+    d = tmp_path / "bf16"
+    build.build_model(build.resolve("bert-tiny"), "base").to(torch.bfloat16).save_pretrained(d)
+    assert next(build.build_model(build.resolve(str(d)), "base").parameters()).dtype == torch.float32
+    # The reference used to run in the checkpoint's bf16: fp32 cells read rel_err ~5e-3 ("wrong").
+    r = run(cache, str(d), "base", "eager")
+    assert r.status == "ok", (r.error, r.info.get("traceback"))
+    assert r.record["rel_err"] < 1e-5
+
+
+def test_counted_flops_use_the_checkpoints_kv_heads_and_head_dim(tmp_path):
+    # A config class's defaults are another model's (Mistral: 8 kv heads; Gemma: 16 kv heads of 256): a shape
+    # that equals them implicitly (kv = heads, head_dim = hidden // heads) must still be named to its class.
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import GemmaConfig, GemmaForCausalLM, MistralConfig, MistralForCausalLM
+
+    for name, model in [
+        ("mistral", MistralForCausalLM(MistralConfig(hidden_size=64, num_attention_heads=16, num_key_value_heads=16,
+                                                     num_hidden_layers=1, intermediate_size=70, vocab_size=23,
+                                                     max_position_embeddings=32))),
+        ("gemma", GemmaForCausalLM(GemmaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+                                               head_dim=16, num_hidden_layers=1, intermediate_size=90,
+                                               vocab_size=25, max_position_embeddings=32))),
+    ]:
+        model.save_pretrained(tmp_path / name)
+        shape = build.resolve(str(tmp_path / name)).shape
+        model.set_attn_implementation("eager")  # torch's counter sees no FLOPs in the CPU's fused SDPA kernel
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model(input_ids=torch.ones(1, 9, dtype=torch.long))
+        assert flops.forward_flops(shape, 9, "causal-lm") == (counter.get_total_flops(), "counted"), name
+
+
 def test_a_torch_zip_checkpoint_resolves(tmp_path):
     d = _folder(tmp_path, TINY_BERT, weights=None)
     torch.save(build.build_model(build.resolve("bert-tiny"), "base").state_dict(), d / "pytorch_model.bin")

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -78,10 +80,36 @@ def test_unknown_family_is_counted_on_meta():
     assert shape.family not in flops.ANALYTIC
     fl, method = flops.forward_flops(shape, [16, 8], "base")
     assert method == "counted"
-    assert fl == flops.counted_flops(shape, 16, "base") + flops.counted_flops(shape, 8, "base")
+    # Each sequence's own count, and the work done once per forward at the batch's width once.
+    assert fl == flops.counted_split(shape, 16, "base")[0] + sum(flops.counted_split(shape, 8, "base"))
     # More than a BERT of the same shape: DeBERTa adds its relative-position products (c2p, p2c) on top.
     bert = flops.analytic_forward_flops(PRESETS["bert-tiny"], [16, 8])
     assert bert < fl < 4 * bert
+
+
+def test_counted_work_done_once_per_forward_is_not_repeated_per_sequence():
+    # DeBERTa projects its relative-position embeddings once per forward, whatever the batch.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    shape = PRESETS["deberta-tiny"]
+    model = build.build_model(build.resolve("deberta-tiny"), "base")
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(input_ids=torch.ones(3, 13, dtype=torch.long))
+    assert flops.forward_flops(shape, [13, 13, 13]) == (counter.get_total_flops(), "counted")
+    per_seq, once = flops.counted_split(shape, 13, "base")
+    assert once > 0 and flops.forward_flops(shape, 13)[0] == per_seq + once
+    assert flops.training_flops(shape, 13, "base") == 3 * per_seq  # x the step's sequences
+
+
+def test_decoding_a_counted_family_counts_its_own_projections_and_mlp():
+    p = PRESETS["llama-tiny"]  # gated MLP: the counted path must see three FFN matrices, not the two of 4 h i
+    counted = dataclasses.replace(p, family="mistral", kv_heads=2)
+    assert counted.family not in flops.ANALYTIC
+    assert flops.decode_token_flops(counted, 1) == flops.counted_flops(counted, 1, "causal-lm")
+    for context in (1, 11):
+        assert flops.decode_token_flops(counted, context) == flops.decode_token_flops(p, context)
+    total, method = flops.generation_flops(counted, 8, 4)
+    assert method == "counted" and total > flops.forward_flops(counted, 8, "causal-lm")[0]
 
 
 def test_variable_lengths_count_real_tokens():
@@ -107,7 +135,7 @@ def test_training_and_generation():
     layers = flops.forward_flops(p, 32, "base")[0]
     # Checkpointing's second forward runs the layers again (not the head): HFU counts it, MFU does not.
     assert flops.training_flops(p, 32, "causal-lm", recompute=True) == 3 * fwd + layers
-    assert flops.generation_flops(p, 8, 1) == flops.forward_flops(p, 8, "causal-lm")[0]
+    assert flops.generation_flops(p, 8, 1) == (flops.forward_flops(p, 8, "causal-lm")[0], "analytic")
     assert flops.kv_cache_bytes(PRESETS["gpt2"], 512, 4) == 2 * 12 * 768 * 512 * 4  # seeds: ~38 MB
 
 

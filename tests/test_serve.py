@@ -316,6 +316,20 @@ def test_generation_under_load_in_process():
         or r.info["shape_buckets"] == [(1, 32), (2, 32)]
 
 
+def test_generation_gate_leaves_room_for_the_new_tokens():
+    # Prompts of 110 tokens + 8 new fit gpt2-tiny's 128 positions; the gate's prompt bucket (128) used not to.
+    from transbench.scenarios import serve, serve_lengths
+    from transbench.scenarios.inference import ModelCache
+    from transbench.scenarios.serve_cell import ServeCell
+
+    cell = ServeCell("gpt2-tiny", "generate", "sdpa", "fp32", "concurrency", concurrency=1,
+                     lengths=serve_lengths.parse("fixed:110", 128 - 8).to_dict(), max_batch_size=1,
+                     max_wait_ms=0.0, duration=0.2, warmup=0.0, new_tokens=8)
+    r = serve.run(cell, ModelCache())
+    assert r.status == "ok", (r.error, r.info.get("traceback"))
+    assert tuple(r.info["shape_buckets"][-1]) == (1, 120)  # the widest bucket: 120 + 8 = 128
+
+
 def test_token_counts_cover_every_packed_size_a_bucket_can_reach():
     """Against the engine's own packing: every real-token count a (batch, width) bucket can hold maps to a packed
     size (or dense) that one of token_counts() also reaches, and token_counts() reaches no other."""

@@ -105,6 +105,9 @@ def load_tokenizer(ref):
     (never AutoTokenizer's guess: with no files it builds an empty or [UNK]-only one without a word)."""
     from transformers import BertTokenizerFast, GPT2TokenizerFast
 
+    if ref.family not in TOKENIZER_FILES:
+        raise SpecError(f"demo reads BERT and GPT-2 tokenizers; {ref.name} is a {ref.family} model: benchmark it "
+                        "with `transbench run --model` (no tokenizer needed)")
     cls = GPT2TokenizerFast if ref.family == "gpt2" else BertTokenizerFast
     if ref.path is None:
         if ref.family == "gpt2":

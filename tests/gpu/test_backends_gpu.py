@@ -53,15 +53,18 @@ def test_cudagraph_and_compile_record_what_ran():
 
 def test_a_launch_bound_cell_is_warned_host_bound_and_a_gpu_bound_one_is_not():
     tiny = execute(cell(backend="eager", batch=1, seq=8), CACHE)
-    big = execute(cell(model="bert-base-uncased", batch=128, seq=512, min_time=0.2), CACHE)
+    big = execute(cell(model="bert-base-uncased", batch=256, seq=512, min_time=0.3), CACHE)
     for r in (tiny, big):
         assert r.status == "ok", (r.error, r.info.get("traceback"))
         assert 0 < r.record["host_ms"]
-    assert tiny.record["host_ms"] >= 0.9 * tiny.record["latency_ms"]
-    assert any(w.startswith("host-bound") for w in tiny.warnings)
-    # about 32 ms of GPU work (sdpa 64 x 512 took 16.3 ms on an H100, session 11) and 5-10 ms to launch
-    assert big.record["host_ms"] < 0.5 * big.record["latency_ms"]
-    assert not any(w.startswith("host-bound") for w in big.warnings)
+    seen = {n: (r.record["host_ms"], r.record["latency_ms"], r.warnings) for n, r in (("tiny", tiny), ("big", big))}
+    assert tiny.record["host_ms"] >= 0.9 * tiny.record["latency_ms"], seen
+    assert any(w.startswith("host-bound") for w in tiny.warnings), seen
+    # About 65 ms of GPU work (sdpa 64 x 512 took 16.3 ms on an H100, session 11). Launching bert-base through
+    # transformers took 4.7-10.3 ms of host time and wandered with the CPU (session 20), so 128 x 512 (about 32
+    # ms) left too thin a margin on a cold machine.
+    assert big.record["host_ms"] < 0.5 * big.record["latency_ms"], seen
+    assert not any(w.startswith("host-bound") for w in big.warnings), seen
 
 
 def test_optional_backends_run_or_say_what_to_install():

@@ -33,6 +33,10 @@ def _export_dir() -> str:
     return _DIR.name
 
 
+# The graph input that stands for BERT's frozen embedding block under --encoders-only (see _prepare).
+EMBEDDED = "embedding_output"
+
+
 def _wrapper(model, task: str, names: list[str]):
     import torch
 
@@ -49,7 +53,15 @@ def _wrapper(model, task: str, names: list[str]):
             kwargs = dict(zip(names, args))
             if no_cache:
                 kwargs["use_cache"] = False
-            return output_tensor(self.model(**kwargs), task)
+            if EMBEDDED not in kwargs:
+                return output_tensor(self.model(**kwargs), task)
+            emb = self.model.base_model.embeddings
+            frozen, hidden = emb.forward, kwargs.pop(EMBEDDED)
+            emb.forward = lambda *a, **k: hidden
+            try:
+                return output_tensor(self.model(**kwargs), task)
+            finally:
+                emb.forward = frozen
 
     return Exported().eval()
 
@@ -114,6 +126,13 @@ def _prepare(model, inputs, cell) -> Prepared:
     device = next(model.parameters()).device
     _check_available(device, cell.dtype)
     feeds = {k: v for k, v in inputs.model_kwargs().items() if v is not None}
+    if not cell.embeddings and model.config.model_type == "bert":
+        # The scenario froze BERT's embedding block (encoders-only): exported as it is, its output is a constant
+        # of the graph and ONNX Runtime folds the whole encoder into it (bert-tiny 8 x 64 read 0.019 ms on two
+        # CPU cores, against 6.0 with embeddings). The block's output goes in as a graph input instead.
+        with torch.no_grad():
+            feeds[EMBEDDED] = model.base_model.embeddings(input_ids=inputs.input_ids,
+                                                          token_type_ids=inputs.token_type_ids)
     path, export_s, cached = export(model, feeds, cell)
     sess = _session(path, device, cell.dtype)
     graph_inputs = [i.name for i in sess.get_inputs()]  # the exporter drops inputs the graph never reads

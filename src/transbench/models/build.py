@@ -123,10 +123,12 @@ def preset_config(shape: Preset):
     defaults = cls()
     ffn = next((n for n in _FFN_NAMES if hasattr(defaults, n)), "intermediate_size")
     kw[ffn] = shape.intermediate
-    if shape.kv_heads:
-        kw["num_key_value_heads"] = shape.kv_heads
-    if shape.head_dim:
-        kw["head_dim"] = shape.head_dim
+    # Always named where the class has them: a class's defaults are another model's (Mistral's 8 kv heads,
+    # Gemma's 16 kv heads of 256), and a shape leaves them out when they equal heads and hidden // heads.
+    if shape.kv_heads or hasattr(defaults, "num_key_value_heads"):
+        kw["num_key_value_heads"] = shape.kv
+    if shape.head_dim or hasattr(defaults, "head_dim"):
+        kw["head_dim"] = shape.dim
     # A deep copy: transformers fills nested dicts (rope_scaling) in place, and the preset must stay as declared.
     return transformers.AutoConfig.for_model(shape.family, **kw, **copy.deepcopy(shape.config))
 
@@ -214,8 +216,15 @@ def _resolve_folder(folder: Path) -> ModelRef:
     _check_weights(folder)
     try:
         cfg = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-        return ModelRef(str(folder), shape_from_config(str(folder), cfg), str(folder))
     except (ValueError, TypeError, AttributeError, KeyError, OSError) as exc:
+        _refuse(folder, f"transformers cannot read its config.json ({str(exc).splitlines()[0]})", "fix config.json")
+    if getattr(cfg, "is_encoder_decoder", False):
+        # Its forward needs decoder inputs that no task here defines (T5 fails without them, BART's classifier
+        # wants an end-of-sequence token in every row): refused, not benchmarked half-way.
+        _refuse(folder, f"{family} is an encoder-decoder family", "transbench benchmarks encoders and decoders")
+    try:
+        return ModelRef(str(folder), shape_from_config(str(folder), cfg), str(folder))
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
         _refuse(folder, f"transformers cannot read its config.json ({str(exc).splitlines()[0]})", "fix config.json")
 
 
@@ -304,8 +313,10 @@ def build_model(ref: ModelRef, task: str, *, attn: str = "eager", activation: st
     # The bare model without a pooler (BERT, RoBERTa, ...): `base` is the encoder's hidden states.
     extra = {"add_pooling_layer": False} if "add_pooling_layer" in inspect.signature(cls.__init__).parameters else {}
     if ref.path:
+        # fp32 whatever dtype the checkpoint was saved in: this is the reference every cell is checked
+        # against, and the backends cast it to the cell's dtype themselves.
         model = cls.from_pretrained(ref.path, config=cfg, attn_implementation=attn, trust_remote_code=False,
-                                    **extra).to(device)
+                                    dtype=torch.float32, **extra).to(device)
     else:
         torch.manual_seed(seed)
         cfg._attn_implementation = attn

@@ -105,8 +105,8 @@ def analytic_forward_flops(shape: Preset, seq_lens: int | Sequence[int], task: s
 
 
 @functools.lru_cache(maxsize=256)
-def counted_flops(shape: Preset, seq: int, task: str) -> int:
-    """torch's FLOP counter over one forward of one `seq`-token sequence of a meta-device copy: the
+def counted_flops(shape: Preset, seq: int, task: str, batch: int = 1) -> int:
+    """torch's FLOP counter over one forward of `batch` sequences of `seq` tokens on a meta-device copy: the
     modules are built on the meta device, so nothing is allocated and no weights are read."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -115,7 +115,7 @@ def counted_flops(shape: Preset, seq: int, task: str) -> int:
     from .build import ModelRef, build_model
 
     model = build_model(ModelRef(shape.name, shape), task, attn="eager", device="meta")
-    ids = torch.ones(1, seq, dtype=torch.long, device="meta")
+    ids = torch.ones(batch, seq, dtype=torch.long, device="meta")
     # Meta tensors have no values: code that reads them fails. BERT's mask code reads an explicit mask,
     # DeBERTa's padding check reads the ids when there is none: try without a mask, then with one.
     for kwargs in ({}, {"attention_mask": torch.ones_like(ids)}):
@@ -130,12 +130,21 @@ def counted_flops(shape: Preset, seq: int, task: str) -> int:
     raise Unsupported(f"FLOPs of {shape.family}: torch's counter cannot run it on the meta device ({failure})")
 
 
+def counted_split(shape: Preset, seq: int, task: str) -> tuple[int, int]:
+    """(FLOPs per sequence, FLOPs once per forward) of a counted family at `seq` tokens, from counts of one
+    and of two sequences. Some work does not grow with the batch: DeBERTa projects its relative-position
+    embeddings once per forward, which a count of one sequence times the batch would repeat (+12.8% at
+    batch 2 on a 2-layer DeBERTa)."""
+    one, two = counted_flops(shape, seq, task), counted_flops(shape, seq, task, 2)
+    return two - one, 2 * one - two
+
+
 def forward_flops(shape: Preset, seq_lens: int | Sequence[int], task: str = "base") -> tuple[int, str]:
     """(FLOPs of one forward over a batch whose real sequence lengths are `seq_lens`, "analytic" | "counted")."""
     lens = [seq_lens] if isinstance(seq_lens, int) else list(seq_lens)
     if shape.family in ANALYTIC:
         return analytic_forward_flops(shape, lens, task), "analytic"
-    return sum(counted_flops(shape, s, task) for s in lens), "counted"
+    return sum(counted_split(shape, s, task)[0] for s in lens) + counted_split(shape, max(lens), task)[1], "counted"
 
 
 def training_flops(shape: Preset, seq: int, task: str, *, head_tokens: int | None = None,
@@ -148,27 +157,31 @@ def training_flops(shape: Preset, seq: int, task: str, *, head_tokens: int | Non
     executes (HFU's numerator) is `recompute` True under activation checkpointing (each layer's forward
     once more; the head is not checkpointed) and the head on every position where the step runs it there.
     Families counted by torch's counter have no separable head or layers: their count is 3 (4 with
-    `recompute`) x the whole forward."""
+    `recompute`) x the whole forward's per-sequence part (work done once per forward, `counted_split`, is
+    left out: a step's count is this times its sequences)."""
     if shape.family not in ANALYTIC:
-        return (4 if recompute else 3) * forward_flops(shape, seq, task)[0]
+        return (4 if recompute else 3) * counted_split(shape, seq, task)[0]
     layers = sum(layer_flops(shape, seq, k) for k in range(shape.layers))
     head = head_flops(shape, task, head_tokens if task == "mlm" and head_tokens is not None else seq)
     return 3 * (layers + head) + (layers if recompute else 0)
 
 
 def decode_token_flops(shape: Preset, context: int) -> int:
-    """FLOPs to produce one new token when `context` tokens (the new one included) are in the cache."""
+    """FLOPs to produce one new token when `context` tokens (the new one included) are in the cache. A
+    counted family: the count of a one-token forward (every projection, the MLP whatever its form, the head)
+    plus scores and values over the `context - 1` earlier keys."""
     h, i = shape.hidden, shape.intermediate
     q, kv = shape.heads * shape.dim, shape.kv * shape.dim
+    if shape.family not in ANALYTIC:
+        return counted_flops(shape, 1, "causal-lm") + shape.layers * 4 * (context - 1) * q
     ffn = (6 if shape.family in GATED_MLP else 4) * h * i
     return shape.layers * (4 * h * q + 4 * h * kv + ffn + 4 * context * q) + 2 * h * shape.vocab
 
 
-def generation_flops(shape: Preset, prompt: int, new_tokens: int) -> int:
-    """Prompt forward (with its LM head) plus each further decoded token, per sequence."""
-    return forward_flops(shape, prompt, "causal-lm")[0] + sum(
-        decode_token_flops(shape, prompt + k + 1) for k in range(new_tokens - 1)
-    )
+def generation_flops(shape: Preset, prompt: int, new_tokens: int) -> tuple[int, str]:
+    """(Prompt forward (with its LM head) plus each further decoded token, per sequence; "analytic" | "counted")."""
+    prefill, method = forward_flops(shape, prompt, "causal-lm")
+    return prefill + sum(decode_token_flops(shape, prompt + k + 1) for k in range(new_tokens - 1)), method
 
 
 def kv_cache_bytes(shape: Preset, seq: int, bytes_per_element: int) -> int:

@@ -152,7 +152,8 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     dec = timer.summarize(decodes) if decodes else None
     mem = memory.snapshot(device)
     gpu = dev.gpu_info(device)
-    fl = flops.generation_flops(shape, cell.seq, n) * cell.batch
+    fl, flops_method = flops.generation_flops(shape, cell.seq, n)
+    fl *= cell.batch
     elem = torch.empty((), dtype=dev.torch_dtype(cell.dtype)).element_size()
     measured = cache_bytes(gen)
     timing, warnings = timing_record(sampled, items=cell.batch, tokens=cell.batch * n, flops=fl, gpu=gpu,
@@ -162,7 +163,7 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
         "prefill_ms": pre.median_ms, "ttft_ms": pre.median_ms,
         "decode_ms_per_token": dec.median_ms if dec else None,
         "decode_p90_ms_per_token": dec.p90_ms if dec else None, "itl_p99_ms": dec.p99_ms if dec else None,
-        "peak_mem_mb": mem["peak_mem_mb"], "gpu": gpu.name if gpu else None, "flops_method": "analytic",
+        "peak_mem_mb": mem["peak_mem_mb"], "gpu": gpu.name if gpu else None, "flops_method": flops_method,
         # What a cache needs for the tokens it stores (prompt + new tokens - 1: the last one is never fed
         # back), next to what the decoder's cache tensors really hold.
         "kv_cache_analytic_mb": flops.kv_cache_bytes(shape, cell.seq + n - 1, elem) * cell.batch / 2**20,

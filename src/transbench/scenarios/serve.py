@@ -111,7 +111,7 @@ class Encoders:
     def check(self, cache: ModelCache) -> tuple[float, dict]:
         """rel_err of a batch of variable lengths against the fp32 reference (inference.reference)."""
         b = min(GATE_BATCH, self.cell.max_batch_size)
-        seq = len_bucket(max(1, round(self.cell.length_dist.mean)), self.shape.max_positions)
+        seq = len_bucket(max(1, round(self.cell.length_dist.mean)), self.longest_prompt)
         inputs, prepared, pc = self.entry(b, seq, seq / 4)
         rows, ref = reference(cache, pc, cell_inputs(pc, self.shape), self.device)
         dev.set_matmul_precision(self.cell.dtype)
@@ -184,7 +184,7 @@ class Decoders:
     def check(self, cache: ModelCache) -> tuple[float, dict]:
         from .generation import _reference, greedy
 
-        seq = len_bucket(max(1, round(self.cell.length_dist.mean)), self.shape.max_positions)
+        seq = len_bucket(max(1, round(self.cell.length_dist.mean)), self.longest_prompt)
         gen, prompt, pc = self.entry(min(GATE_BATCH, self.cell.max_batch_size), seq)
         rows, ref_first, _ = _reference(cache, pc, prompt.cpu(), self.device)
         dev.set_matmul_precision(self.cell.dtype)
@@ -199,8 +199,13 @@ class Decoders:
         greedy(gen, prompt, self.cell.new_tokens, self.steps)
         return self.steps.times
 
+    @property
+    def longest_prompt(self) -> int:
+        """A prompt's bucket leaves room for the new tokens in the model's positions."""
+        return self.shape.max_positions - self.cell.new_tokens
+
     def warm(self, max_len: int) -> None:
-        self.top = len_bucket(max_len, self.shape.max_positions - self.cell.new_tokens)
+        self.top = len_bucket(max_len, self.longest_prompt)
         for b, s in buckets(self.cell.max_batch_size, max_len, self.top):
             self.entry(b, s)
 
