@@ -49,6 +49,10 @@ def refused(res, *needles):
     ("typo.yaml", "batchs: [1]\n", ["unknown spec key(s) batchs"]),
     ("list.yaml", "- 1\n- 2\n", ["must hold a mapping"]),
     ("empty.toml", "timeout = 1\nname = 3\n", ['name: expected text, got 3: write e.g. name: "3"']),
+    ("twice.yaml", "batches: [1]\nbatches: [2]\n", ["'batches' is given twice (line 2)"]),
+    ("twice.json", '{"batches": [1], "batches": [2]}', ["'batches' is given twice"]),
+    ("nothing.yaml", "# no options\n", ["holds no options"]),
+    ("huge.yaml", "seed: 99999999999999999999999\n", ["seed: 99999999999999999999999 is larger than a 64-bit"]),
 ])
 def test_bad_run_spec_files_name_the_file_and_the_problem(tmp_path, name, text, needles):
     spec = tmp_path / name
@@ -309,6 +313,15 @@ def test_runs_table_fits_100_columns():
     (["run", "--model", "bert-tiny", "--min-time", "-inf"], "min_time: expected a number, got -inf"),
     (["micro", "gemm", "--sizes", "64", "--min-time", "inf"], "min_time: expected a number, got inf"),
     (["train", "--model", "bert-tiny", "--pad-vocab", "0"], "--pad-vocab must be at least 1"),
+    (["run", "--model", "bert-tiny", "--batch", "1,,8"], "'1,,8' has an empty item between commas: write e.g. 1,8"),
+    (["run", "--model", "bert-tiny,"], "'bert-tiny,' has an empty item"),
+    (["run", "--model", "bert-tiny", "--batch", "99999999999999999999999"], "larger than a 64-bit integer holds"),
+    (["run", "--model", "bert-tiny", "--seed", "99999999999999999999999"], "seed: 99999999999999999999999 is larger"),
+    (["micro", "gemm", "--sizes", "2^99999999"], "size '2^99999999' is larger than a 64-bit integer holds"),
+    (["run", "--model", "bert-tiny", "--spec", ""], "--spec is empty"),
+    (["run", "--model", "bert-tiny", "--compile-mode", "bogus"], "max-autotune"),
+    (["run", "--model", "bert-tiny", "--name", "last"], "run name 'last' stands for the latest run"),
+    (["run", "--model", "bert-tiny", "--name", "gpt\u202e2"], "holds the control character '\\u202e'"),
 ])
 def test_empty_axes_and_nan_are_refused(tmp_path, args, needle):
     db = tmp_path / "x.db"
@@ -330,3 +343,15 @@ def stored(tmp_path):
     res = invoke("run", "--model", "bert-tiny", "--batch", "1", "--seq", "8", "--backend", "sdpa", *QUICK, "--db", db)
     assert res.exit_code == 0, res.output
     return db, db.read_bytes()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--min-time", "0.1s"], "Invalid value for '--min-time'"),
+    (["run", "--bogus"], "No such option: --bogus"),
+    (["models", "extra"], "unexpected extra argument"),
+    (["micro", "breakdown", "--batch", "1,2"], "Invalid value for '--batch'"),
+])
+def test_an_option_of_the_wrong_kind_is_one_line(tmp_path, args, needle):
+    # click's own errors used to be drawn as a usage box of five or six lines
+    line = refused(invoke(*args), needle)
+    assert "--help" in line

@@ -138,6 +138,9 @@ def test_a_folder_without_tokenizer_files_is_refused(tmp_path, packaged):
     assert "no tokenizer files (tokenizer.json or vocab.txt)" in line
     line = _refused(["--prompt", "hello world", "--model", "gpt2-tiny"])
     assert "preset gpt2-tiny has no tokenizer" in line
+    line = _refused(["--prompt", "hello world", "--model", "roberta-tiny"])  # was a KeyError traceback
+    assert "demo reads BERT and GPT-2 tokenizers; roberta-tiny is a roberta model" in line
+    assert "--backend is empty" in _refused(["--prompt", "hello world", "--backend", ""])
 
 
 def test_probabilities_print_with_significant_digits(tmp_path):

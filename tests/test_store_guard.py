@@ -190,6 +190,18 @@ def _good(tmp_path):
     return good
 
 
+def test_a_store_in_a_read_only_folder_is_read(tmp_path, monkeypatch):
+    # A plain connection needs to create WAL's -shm file beside the store: readers open it read-only instead.
+    path = _good(tmp_path)
+    before = snapshot(tmp_path)
+    real = os.access
+    monkeypatch.setattr(store_db.os, "access", lambda p, mode: False if mode == os.W_OK else real(p, mode))
+    assert store_db._reader(str(path))[1] is True
+    res = invoke("runs", "--db", path)
+    assert res.exit_code == 0 and "r" in res.stdout, res.output
+    assert snapshot(tmp_path) == before
+
+
 def test_a_read_only_file_system_is_named(tmp_path, monkeypatch):
     # os.access answers EROFS for W_OK on a read-only mount; root passes permission checks, so mock it.
     folder = tmp_path / "ro"

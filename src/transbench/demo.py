@@ -175,7 +175,9 @@ def run_demo(prompt: str, model: str | None = None, backends: list[str] | None =
 
     if not prompt.strip():
         raise SpecError("--prompt is empty: give some text, e.g. --prompt \"the cat sat on the [MASK].\"")
-    names = backends or ["eager"]
+    names = ["eager"] if backends is None else backends
+    if not names:
+        raise SpecError("--backend is empty: give at least one backend, e.g. --backend eager,sdpa")
     for name in names:
         registry.get(name)
     torch_device = dev.resolve(device)

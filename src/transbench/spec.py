@@ -81,6 +81,17 @@ class _WrongType(Exception):
     pass
 
 
+# The largest integer torch's sizes and seeds and SQLite's INTEGER hold: a larger one stored an OverflowError
+# as an `error` cell (`--batch 99999999999999999999999`, `--seed` the same) instead of being refused.
+INT_MAX = 2**63 - 1
+
+
+def check_int(value: int, what: str) -> int:
+    if abs(value) > INT_MAX:
+        raise SpecError(f"{what}{value} is larger than a 64-bit integer holds ({INT_MAX:,})")
+    return value
+
+
 def _scalar(value, kind: type, text_ok: bool):
     """`value` as `kind`, or _WrongType. Text is read as the command line reads it only inside lists
     (`batches: "1,8"` is the CLI's own spelling); a lone `timeout: "10"` is a quoted number, most likely a
@@ -124,13 +135,15 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
         if not is_list:
             items = [value]
         elif isinstance(value, str):
-            items = [value] if key in whole else [p.strip() for p in value.split(",") if p.strip()]
+            items = [value] if key in whole else _comma_items(value, f"{where}{key}: ")
         else:
             items = list(value) if isinstance(value, (list, tuple)) else [value]
         typed = []
         for item in items:
             try:
                 typed.append(_scalar(item, kind, text_ok=is_list))
+                if kind is int:
+                    check_int(typed[-1], f"{where}{key}: ")
             except _WrongType:
                 # The value itself makes the best example where it can be one: quoted text for a text
                 # field, the number without its quotes for `timeout: "10"`.
@@ -146,16 +159,26 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
     return out
 
 
+def _comma_items(text: str, what: str) -> list[str]:
+    """'1,8,64' -> ['1', '8', '64']. An empty item between commas ('8,', '1,,8') is refused, not dropped: it is
+    most often a value left out by mistake. Empty text is left to the axis's own check (runner/grid.py)."""
+    parts = [p.strip() for p in text.split(",")]
+    if any(parts) and not all(parts):
+        raise SpecError(f"{what}{text!r} has an empty item between commas: write e.g. {','.join(p for p in parts if p)}")
+    return [p for p in parts if p]
+
+
 def split_list(value, kind=str) -> list:
     """'1,8,64' or 8 or [1, 8] -> a list of `kind`; a clear error for anything else."""
     if isinstance(value, list):
         items = value
     else:
-        items = [p.strip() for p in str(value).split(",") if p.strip()]
+        items = _comma_items(str(value), "")
     try:
-        return [kind(x) for x in items]
+        out = [kind(x) for x in items]
     except ValueError:
         raise SpecError(f"cannot read '{value}' as a list of {kind.__name__}s (use commas: 1,8,64)") from None
+    return [check_int(x, "") for x in out] if kind is int else out
 
 
 def device_defaults(spec: RunSpec, device_type: str) -> RunSpec:
@@ -192,6 +215,8 @@ def parse_shard(shard: str | None) -> tuple[int, int] | None:
 def load_file(path: str, cls=None, whole: frozenset[str] = frozenset()) -> dict:
     """A YAML, TOML or JSON sweep file as a dict; with `cls`, checked against that dataclass (coerce).
     Every problem is one SpecError naming the file (and the line and column of a syntax error)."""
+    if not str(path).strip():
+        raise SpecError("--spec is empty: give a .yaml, .toml or .json file")
     p = Path(path)
     if p.is_dir():
         raise SpecError(f"spec file {path} is a folder: give a .yaml, .toml or .json file")
@@ -206,12 +231,34 @@ def load_file(path: str, cls=None, whole: frozenset[str] = frozenset()) -> dict:
     except OSError as exc:
         raise SpecError(f"spec file {path} cannot be read ({exc.strerror}): check its permissions") from None
     data = _parse(path, p.suffix, text)
-    if data is None:
-        data = {}
+    if data is None or data == {}:  # most likely the wrong file: running the default grid instead would take minutes
+        raise SpecError(f"spec file {path} holds no options: give at least one (e.g. models: [bert-base-uncased])")
     if not isinstance(data, dict):
         raise SpecError(f"spec file {path} must hold a mapping of options (key: value), "
                         f"not a {type(data).__name__}")
     return coerce(cls, data, f"spec file {path}: ", whole) if cls is not None else data
+
+
+def _unique_keys(path: str, keys) -> None:
+    """A key given twice is refused (TOML's own rule): YAML and JSON keep the last one without a word."""
+    seen = set()
+    for key, where in keys:
+        if key in seen:
+            raise SpecError(f"spec file {path}: {key!r} is given twice{where}: keep one")
+        seen.add(key)
+
+
+def _yaml_loader(path: str):
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                _unique_keys(path, [(k.value, f" (line {k.start_mark.line + 1})") for k, _ in node.value
+                                    if isinstance(k, yaml.ScalarNode) and k.value != "<<"])
+            return super().construct_mapping(node, deep)
+
+    return Loader
 
 
 def _parse(path: str, suffix: str, text: str):
@@ -220,7 +267,7 @@ def _parse(path: str, suffix: str, text: str):
         import yaml
 
         try:
-            return yaml.safe_load(text)
+            return yaml.load(text, Loader=_yaml_loader(path))  # noqa: S506 - a SafeLoader
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
             what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -235,8 +282,12 @@ def _parse(path: str, suffix: str, text: str):
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:  # its message already ends "(at line L, column C)"
             raise SpecError(f"spec file {path}: invalid TOML: {str(exc).splitlines()[0]}") from None
+    def pairs(items):
+        _unique_keys(path, [(k, "") for k, _ in items])
+        return dict(items)
+
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as exc:
         raise SpecError(f"spec file {path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 

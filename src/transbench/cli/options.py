@@ -4,12 +4,14 @@ same way from a --spec file and the options given, with run names checked at inp
 
 from __future__ import annotations
 
+import sys
+
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ..errors import SpecError
 from ..spec import coerce, load_file
-from .tables import CONTROL
+from .tables import CONTROL, visible
 
 # Old spelling -> the `run` spelling (design.md: "One name per concept across commands"). They stay
 # readable so scripts written against earlier versions keep working; each use prints one notice.
@@ -68,6 +70,26 @@ class Group(TyperGroup):
     def get_params(self, ctx):
         return _no_bool_placeholder(super().get_params(ctx))
 
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        """click's own errors (an option's value of the wrong type, an unknown option, a missing argument) as
+        one line and exit 2, like every other refusal: typer would draw a usage box of five or six lines."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - typer >= 0.22 raises its own copy of click's classes
+            if type(exc).__name__ == "Abort":
+                typer.echo("aborted", err=True)
+                sys.exit(1)
+            if not (callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int)):
+                raise
+            ctx = getattr(exc, "ctx", None)
+            where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            message = " ".join(exc.format_message().split())
+            typer.echo(f"error: {visible(message)}{where}", err=True)
+            sys.exit(exc.exit_code)
+        sys.exit(rv if isinstance(rv, int) else 0)  # an Exit's code comes back instead of exiting with it
+
 
 def _no_bool_placeholder(params):
     # Flags take no value: typer's help would show a bare `<bool>` in their type column.
@@ -91,7 +113,7 @@ class App(typer.Typer):
 def build_spec(cls, spec_file: str | None, given: dict, whole: frozenset[str] = frozenset()):
     """The spec of a command: the --spec file (checked against `cls`, errors naming the file), overridden
     by the options given on the command line (None = not given)."""
-    base = load_file(spec_file, cls, whole) if spec_file else {}
+    base = load_file(spec_file, cls, whole) if spec_file is not None else {}
     merged = {**base, **{k: v for k, v in given.items() if v is not None}}
     if merged.get("name") is not None:
         check_name(merged["name"])
@@ -109,6 +131,8 @@ def check_name(name: str) -> str:
                         "use letters, digits, spaces and punctuation")
     if not name.strip():
         raise SpecError("run name is empty: give --name a visible name, or leave it out for a generated one")
+    if name.strip() == "last":  # `runs`, `report` and `compare` read it as the latest run
+        raise SpecError("run name 'last' stands for the latest run: choose another name")
     return name
 
 

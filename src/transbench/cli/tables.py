@@ -32,8 +32,10 @@ def _width() -> int | None:
 console = Console(width=_width())
 
 # C0 and C1 control characters (ESC, BEL, newline, ...) and DEL. Rich prints ESC as it is, so a stored name
-# or an error message holding `\x1b[2J` would clear the terminal of whoever lists it.
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# or an error message holding `\x1b[2J` would clear the terminal of whoever lists it. Also the bidirectional
+# overrides and isolates (U+202A-202E, U+2066-2069) and marks (U+200E, U+200F): they reorder the text shown
+# after them, so a name could display as another.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def visible(text) -> str:

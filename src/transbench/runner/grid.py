@@ -41,10 +41,9 @@ def validate(spec: RunSpec) -> RunSpec:
         raise SpecError("--seq-stdev must be 0 or more")
     if spec.new_tokens < 1:
         raise SpecError("--new-tokens must be at least 1")
-    if "compile" in spec.backends:
-        from ..backends.compile import check_mode
+    from ..backends.compile import check_mode
 
-        check_mode(spec.compile_mode)
+    check_mode(spec.compile_mode)  # also without the compile backend: a misspelt mode is a mistake either way
     if spec.timeout <= 0:
         raise SpecError("--timeout must be positive")
     if spec.min_time < 0 or spec.warmup < 0:

@@ -190,6 +190,18 @@ def _writable(path: str, kind: str) -> None:
         raise SpecError(f"store {path} is read-only: make it writable, or give another --db")
 
 
+def _reader(path: str) -> tuple[str, bool]:
+    """(database, uri) of a reader's connection. Where the file or its folder cannot be written, a plain connection fails
+    on WAL's -shm file ("attempt to write a readonly database"): open it read-only, and immutable (no lock, no
+    side file) unless a -wal file beside it holds cells not yet in the main file."""
+    folder = Path(path).absolute().parent
+    if os.access(folder, os.W_OK) and os.access(path, os.W_OK):
+        return path, False
+    wal = Path(f"{path}-wal")
+    flags = "mode=ro" if wal.exists() and wal.stat().st_size else "mode=ro&immutable=1"
+    return f"{Path(path).absolute().as_uri()}?{flags}", True
+
+
 class Store:
     def __init__(self, path: str | Path = "transbench.db", *, readonly: bool = False):
         """Open the store at `path`. A writer (the default) creates it when missing; `readonly=True` is for
@@ -206,7 +218,8 @@ class Store:
             _writable(self.path, kind)
         try:
             # lanes share the connection under a lock
-            self.conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False)
+            database, uri = _reader(self.path) if readonly else (self.path, False)
+            self.conn = sqlite3.connect(database, timeout=60, check_same_thread=False, uri=uri)
         except sqlite3.Error as exc:
             raise _translate(self.path, exc) or exc from None
         try:

@@ -6,11 +6,13 @@ small points on a CPU) and checks everything before anything is measured or stor
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 
 from ...errors import SpecError
 from ...models import build
+from ...spec import INT_MAX, check_int
 
 GEMM_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 LAYER_DTYPES = ("fp32", "tf32", "fp16", "bf16")
@@ -21,11 +23,15 @@ GPU_ONLY = {"tf32": "TF32 is a tensor-core mode of NVIDIA GPUs",
 
 
 def parse_size(text: str) -> int:
-    """'4096', '2^20' or '2**20' -> an int."""
+    """'4096', '2^20' or '2**20' -> an int (at most what a 64-bit integer holds; a power is checked before it
+    is computed: 2^99999999 would take minutes)."""
     m = re.fullmatch(r"\s*(\d+)\s*(?:(?:\^|\*\*)\s*(\d+)\s*)?", str(text))
     if not m:
         raise SpecError(f"cannot read size '{text}': write an integer or a power like 2^20")
-    return int(m.group(1)) ** int(m.group(2)) if m.group(2) else int(m.group(1))
+    base, power = int(m.group(1)), int(m.group(2) or 1)
+    if base > 1 and power * math.log2(base) > 63:
+        raise SpecError(f"size '{text.strip()}' is larger than a 64-bit integer holds ({INT_MAX:,})")
+    return check_int(base**power, "size ")
 
 
 def parse_sizes(text: str | None) -> list[int] | None:
