@@ -374,3 +374,176 @@ def test_models_command_lists_families_and_presets(tmp_path):
                  "llama-3.2-1b", "1235.8M", "all but sdpa, sdpa-*, flash-attn2, fused"):
         assert name in out.stdout
     assert max(len(line.rstrip()) for line in out.stdout.splitlines()) <= 100
+
+
+# --- checkpoint folders: configs transformers rejects, and configs that do not fit their weights ---------
+
+def _tiny(cls_name="BertModel", **kw):
+    import transformers
+
+    family = "gpt2" if cls_name.startswith("GPT2") else "llama" if cls_name.startswith("Llama") else "bert"
+    shape = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=100,
+                 max_position_embeddings=64)
+    if family == "gpt2":
+        shape = dict(n_embd=32, n_layer=1, n_head=2, vocab_size=100, n_positions=64, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    return getattr(transformers, cls_name)(transformers.AutoConfig.for_model(family, **{**shape, **kw}))
+
+
+def _saved(path, model, **edit):
+    """save_pretrained, then config.json edited by hand (what a typo, or the fuzzer, does)."""
+    model.save_pretrained(path)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    return path
+
+
+def _refusal(path) -> str:
+    with pytest.raises(SpecError) as e:
+        build.resolve(str(path))
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_a_config_field_transformers_rejects_is_one_line(tmp_path):
+    # transformers' strict config dataclass raised through resolve: a 75-line traceback, rc 1
+    d = _saved(tmp_path / "ckpt", _tiny(), hidden_size="32")
+    assert ("transformers cannot read its config.json (Validation error for field 'hidden_size': TypeError: "
+            "Field 'hidden_size' expected int, got str (value: '32')); fix config.json") in _refusal(d)
+
+
+@pytest.mark.parametrize("cls_name,edit,needle", [
+    ("BertModel", {"num_attention_heads": 3},
+     "transformers cannot build the model its config.json describes "
+     "(The hidden size (32) is not a multiple of the number of attention heads (3))"),
+    ("BertModel", {"num_attention_heads": -2}, "config.json sets num_attention_heads to -2, and it must be a positive"),
+    ("BertModel", {"num_hidden_layers": 0}, "sets num_hidden_layers to 0"),
+    ("BertModel", {"hidden_size": 0}, "sets hidden_size to 0"),
+    ("BertModel", {"vocab_size": 0}, "sets vocab_size to 0"),
+    ("BertModel", {"max_position_embeddings": 0}, "sets max_position_embeddings to 0"),
+    ("BertModel", {"intermediate_size": -64}, "sets intermediate_size to -64"),
+    ("GPT2LMHeadModel", {"n_head": -2}, "sets n_head to -2"),  # the name config.json uses, not attribute_map's
+], ids=["heads-not-dividing", "heads-negative", "layers-0", "hidden-0", "vocab-0", "positions-0", "ffn-negative",
+        "gpt2-n_head"])
+def test_a_config_transformers_cannot_build_is_refused(tmp_path, cls_name, edit, needle):
+    # Each was an `error` cell stored with exit 0 (layers 0: an `ok` cell of an empty model)
+    assert needle in _refusal(_saved(tmp_path / "ckpt", _tiny(cls_name), **edit))
+
+
+def test_a_config_that_does_not_fit_its_weights_is_refused(tmp_path):
+    # Each was an `error` cell (ignore_mismatched_sizes) stored with exit 0
+    fix = "; use the config.json saved with these weights"
+    d = _saved(tmp_path / "wide", _tiny(), hidden_size=64)
+    assert _refusal(d).endswith("config.json does not fit its weights: tensor embeddings.word_embeddings.weight is "
+                                "[100, 32] in the weight files, but config.json makes it [100, 64]" + fix)
+    d = _saved(tmp_path / "mlm", _tiny("BertForMaskedLM"), vocab_size=200)  # a task head's checkpoint: `bert.`
+    assert "tensor bert.embeddings.word_embeddings.weight is [100, 32] in the weight files, but config.json makes it " \
+           "[200, 32]" in _refusal(d)
+    d = tmp_path / "sharded"
+    _tiny("BertForMaskedLM").save_pretrained(d, max_shard_size="20KB")
+    assert len(list(d.glob("model-*-of-*.safetensors"))) > 2
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 128}))
+    assert "tensor bert.encoder.layer.0.intermediate.dense.weight is [64, 32] in the weight files, but config.json " \
+           "makes it [128, 32]" in _refusal(d)
+    d = _saved(tmp_path / "bin", _tiny(), vocab_size=200)
+    torch.save(_tiny().state_dict(), d / "pytorch_model.bin")  # shapes from the pickle, its data never read
+    (d / "model.safetensors").unlink()
+    assert "tensor embeddings.word_embeddings.weight is [100, 32]" in _refusal(d)
+
+
+def test_a_config_next_to_another_familys_weights_is_refused(tmp_path):
+    # Ran `ok`: every GPT-2 weight ignored, a random BERT benchmarked as if it were the checkpoint
+    _tiny("GPT2LMHeadModel").save_pretrained(tmp_path / "ckpt")
+    _tiny().config.to_json_file(tmp_path / "ckpt" / "config.json")
+    assert ("its weights hold none of the tensors of the BertModel that config.json describes (its first is "
+            "embeddings.word_embeddings.weight, the files' transformer.h.0.attn.c_attn.bias)"
+            ) in _refusal(tmp_path / "ckpt")
+
+
+def test_checkpoints_of_any_head_and_legacy_names_still_resolve(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    bare = _saved(tmp_path / "bare", _tiny())
+    ref = build.resolve(str(bare))
+    assert type(build.build_model(ref, "mlm")).__name__ == "BertForMaskedLM"  # a missing head is a new head
+    for cls_name in ("BertForMaskedLM", "BertForSequenceClassification", "GPT2LMHeadModel", "LlamaForCausalLM",
+                     "LlamaForQuestionAnswering"):  # Llama's QA head holds its backbone as `transformer.`, not `model.`
+        assert build.resolve(str(_saved(tmp_path / cls_name, _tiny(cls_name)))).path
+    weights = load_file(str(bare / "model.safetensors"))  # LayerNorm gamma/beta: transformers renames them on load
+    save_file({k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+               for k, v in weights.items()}, str(tmp_path / "bare" / "model.safetensors"))
+    assert build.resolve(str(bare)).path
+    from transformers import MixtralConfig, MixtralForCausalLM  # experts stored per expert, fused on load
+
+    MixtralForCausalLM(MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=100, num_local_experts=4,
+                                     max_position_embeddings=64)).save_pretrained(tmp_path / "moe")
+    assert build.resolve(str(tmp_path / "moe")).family == "mixtral"
+
+
+def test_without_transformers_5s_loader_the_prefix_alone_is_matched(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers.core_model_loading", None)  # transformers 4: no such module
+    assert build.resolve(str(_saved(tmp_path / "mlm", _tiny("BertForMaskedLM")))).path
+    assert "is [100, 32] in the weight files, but config.json makes it [200, 32]" in _refusal(
+        _saved(tmp_path / "bad", _tiny("BertForMaskedLM"), vocab_size=200))
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_bin_checkpoint_holding_code_is_refused_and_never_run(tmp_path):
+    # It passed the zip check; transformers refused it only when a cell loaded the weights
+    marker = tmp_path / "executed"
+    d = _saved(tmp_path / "ckpt", _tiny())
+    (d / "model.safetensors").unlink()
+    torch.save({"embeddings.word_embeddings.weight": _Evil(str(marker))}, d / "pytorch_model.bin")
+    assert "weight file pytorch_model.bin cannot be read as plain tensors with torch.load(weights_only=True)" \
+           in _refusal(d)
+    assert not marker.exists()
+
+
+def test_a_folder_is_checked_once_per_process_until_it_changes(tmp_path, monkeypatch):
+    d = _saved(tmp_path / "ckpt", _tiny())
+    calls = []
+    real = build._resolve_folder
+    monkeypatch.setattr(build, "_resolve_folder", lambda folder: calls.append(folder) or real(folder))
+    assert build.resolve(str(d)) == build.resolve(str(d)) and len(calls) == 1  # a worker resolves it every cell
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 0}))
+    assert "sets num_hidden_layers to 0" in _refusal(d)
+
+
+@pytest.mark.parametrize("edit,says", [
+    ({"hidden_size": "32"}, "transformers cannot read its config.json (Validation error for field 'hidden_size'"),
+    ({"num_attention_heads": 3}, "is not a multiple of the number of attention heads (3)"),
+    ({"hidden_size": 64}, "config.json does not fit its weights: tensor embeddings.word_embeddings.weight"),
+], ids=["string-field", "heads-not-dividing", "shape-mismatch"])
+def test_cli_refuses_a_config_that_cannot_run_before_the_sweep(tmp_path, edit, says):
+    d = _saved(tmp_path / "ckpt", _tiny(), **edit)
+    db = tmp_path / "store.db"
+    out = subprocess.run([sys.executable, "-m", "transbench", "run", "--model", str(d), "--device", "cpu", "--batch",
+                          "1", "--seq", "8", "--backend", "eager", "--min-time", "0.05", "--db", str(db)],
+                         capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip() and not line.startswith("[transformers]")]
+    assert len(lines) == 1 and lines[0].startswith(f"error: checkpoint {d}: ") and says in lines[0], out.stderr
+    assert not db.exists()  # nothing stored
+
+
+def test_a_classifier_checkpoint_keeps_its_own_classes(tmp_path, cache):
+    # hf_config used to force 2 labels: a 3-label head then failed to load in the cell ("ignore_mismatched_sizes").
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=96,
+                     vocab_size=1000, max_position_embeddings=128, num_labels=3)
+    BertForSequenceClassification(cfg).save_pretrained(tmp_path / "cls3")
+    r = run(cache, str(tmp_path / "cls3"), "classification", "eager")
+    assert r.status == "ok", (r.error, r.info.get("traceback"))
+    assert r.record["rel_err"] < 1e-5

@@ -204,6 +204,9 @@ def test_find_max_rate_against_a_fake_model():
     true_max = capacity * (1 - base / slo)  # 800/s
     assert true_max * 0.95 <= best <= true_max
     assert [r for r, _, _ in trail] == probed and len(trail) <= 8
+    # Even where every probe passes, none reaches the capacity: a probe plans fewer arrivals than the offline cell
+    # served (serve_spec.MAX_REQUESTS need not bound the search)
+    assert max(r for r, _, _ in find_max_rate(lambda r: 0.0, slo, capacity)[1]) < capacity
     assert all(ok == (lat <= slo) for _, lat, ok in trail)
     assert find_max_rate(lambda r: 50.0, slo, capacity)[0] is None  # nothing meets the target
     best, trail = find_max_rate(lambda r: None, slo, capacity)  # a failed probe ends the search
@@ -266,6 +269,33 @@ def test_wrong_backend_is_never_loaded(tmp_path, extra_backends):
     (["--find-max-rate", "--slo-ms", "0"], "--slo-ms must be above 0"),
     (["--rate", "10", "--timeout", "0"], "--timeout must be above 0"),
     (["--rate", "10", "--timeout", "inf"], "--timeout inf"),
+    # planned far past what a worker holds: refused, not minutes of planning and gigabytes (MAX_REQUESTS)
+    (["--rate", "1e9", "--duration", "0.5", "--warmup", "0.2"],
+     "--rate 1e+09 over a 0.7 s window (--warmup + --duration) plans 700,000,000 requests, above the cap of 1,000,000"),
+    (["--rate", "1e6", "--duration", "10"], "plans 12,000,000 requests"),
+    (["--concurrency", "2000000"], "--concurrency 2000000 queues 2,000,000 requests at once, above the cap"),
+    # every numeric field of every --lengths form is finite (inf and 1e400 used to end as error cells)
+    (["--rate", "10", "--lengths", "lognormal:16:64:inf"], "spread 'inf' is not a finite number"),
+    (["--rate", "10", "--lengths", "lognormal:16:64:1e400"], "spread '1e400' is not a finite number"),
+    (["--rate", "10", "--lengths", "normal:16:64:-inf"], "spread '-inf' is not a finite number"),
+    (["--rate", "10", "--lengths", "normal:inf:64"], "mean 'inf' is not a finite number"),
+    (["--rate", "10", "--lengths", "lognormal:16:1e400"], "max '1e400' is not a finite number"),
+    (["--rate", "10", "--lengths", "fixed:inf"], "length 'inf' is not a finite number"),
+    (["--rate", "10", "--lengths", "lognormal:16:64:1e200"], "spread 1e+200 is above 1e+06"),
+    (["--rate", "10", "--lengths", "normal:16:64:1e308"], "spread 1e+308 is above 1e+06"),
+    (["--model", "gpt2-tiny", "--task", "generate", "--concurrency", "1", "--new-tokens", "0"],
+     "--new-tokens must be at least 1"),
+    (["--model", "gpt2-tiny", "--task", "generate", "--concurrency", "1", "--new-tokens", "-3"],
+     "--new-tokens must be at least 1"),
+    (["--model", "gpt2-tiny", "--task", "generate", "--concurrency", "1", "--new-tokens", "128"],
+     "--new-tokens 128 leaves no room for a prompt in gpt2-tiny's 128 positions: use --new-tokens 127 or less"),
+    (["--rate", "10", "--percentile", "101"], "--percentile 101: choose from 50, 90, 99, 99.9"),
+    (["--rate", "10", "--percentile", "-5"], "--percentile -5: choose from"),
+    (["--find-max-rate", "--slo-ms", "10", "--percentile", "95"], "--percentile 95: choose from"),
+    (["--rate", "10", "--dtype", "fp8"], "dtype fp8 does not run on cpu: use fp32 there, or a GPU"),
+    (["--rate", "10", "--name", ""], "run name is empty"),
+    (["--rate", "10", "--name", "a\x1b[2Jb"], "holds the control character"),
+    (["--rate", "10", "--json", "no-such-folder/r.json"], "folder no-such-folder does not exist"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
     db = tmp_path / "bad.db"

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from .. import api
 from ..spec import RunSpec, dump_file
+from ..store import export
 from .app import app, fail, friendly
 from .tables import Col, console, fitted
 
@@ -69,6 +70,8 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
          spec: Optional[str] = typer.Option(None, "--spec", help="write this run's spec (name or id) as YAML/TOML"),
          out: str = typer.Option("-", help="where --spec writes: a .yaml/.toml path, or - for stdout")) -> None:
     """Stored runs; with --spec RUN, that run's full spec, to repeat it with `run --spec`."""
+    if spec and out != "-":
+        export.check_output(out, "--out", db)
     rows = api.runs(db)
     if spec:
         match = [r for r in rows if spec in (r["run_id"], r["name"])] or (rows[-1:] if spec == "last" else [])
@@ -82,7 +85,8 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
 
             typer.echo(yaml.safe_dump({k: v for k, v in s.to_dict().items() if v is not None}, sort_keys=False))
         else:
-            dump_file(s, out)
+            with export.writing(out):
+                dump_file(s, out)
             typer.echo(f"wrote {out}")
         return
     listed = [{**r, "gpu": (r["env"].get("gpus") or [{"name": "cpu"}])[0]["name"]} for r in rows]

@@ -41,7 +41,8 @@ def _pct(value: float | None, pct: float | None) -> str:
 def _finish(outcome, db: str, json_path, csv_path, plot_path=None) -> None:
     export.write(outcome.records, json_path, csv_path)
     if plot_path:
-        micro.plot_micro(outcome, db, plot_path)
+        with export.writing(plot_path, outcome.records):  # the run is stored: a failure says how to plot again
+            micro.plot_micro(outcome, db, plot_path)
         console.print(visible(f"roofline plot: {plot_path}"), markup=False, highlight=False)
     problems = [r for r in outcome.records if r["status"] != "ok"]
     for r in problems:
@@ -88,7 +89,7 @@ def gemm(
     plot: Optional[str] = PLOT, spec: Optional[str] = SPEC,
 ) -> None:
     """TFLOPS of matrix products per size and dtype, next to the datasheet peak."""
-    export.check_paths(json_path, csv_path, db)
+    export.check_paths(json_path, csv_path, db, plot=plot)
     opts = build_spec(micro.GemmOptions, spec, dict(
         sizes=micro.parse_sizes(sizes), dtypes=dtype and split_list(dtype),
         models=None if model is None else split_list(model), tokens=tokens, device=device, min_time=min_time,
@@ -178,7 +179,7 @@ def breakdown(
     plot: Optional[str] = PLOT, spec: Optional[str] = SPEC,
 ) -> None:
     """Time, share, TFLOPS, bytes, intensity and roofline bound of each part of one layer."""
-    export.check_paths(json_path, csv_path, db)
+    export.check_paths(json_path, csv_path, db, plot=plot)
     opts = build_spec(micro.BreakdownOptions, spec, dict(
         model=model, dtype=dtype, batch=batch, seq=seq, device=device, min_time=min_time, warmup=warmup,
         name=name))

@@ -9,7 +9,9 @@ import typer
 from .. import api
 from ..scenarios.serve_spec import ServeSpec
 from ..spec import split_list
+from ..store import export
 from .app import app, friendly
+from .options import check_name
 from .tables import console, fmt
 
 SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "latency_p50_ms",
@@ -46,6 +48,9 @@ def serve(
     name: Optional[str] = typer.Option(None, help="run name; rerunning a name resumes it"),
 ) -> None:
     """Serving under load: latency percentiles against offered load, and the largest rate under a target."""
+    export.check_paths(json_path, csv_path, db)  # as run does: a bad path is refused before any load, not after
+    if name is not None:
+        check_name(name)
     spec = ServeSpec(model=model, task=task, backends=split_list(backend), dtype=dtype, device=device,
                      rates=split_list(rate, float) if rate else [],
                      concurrency=split_list(concurrency, int) if concurrency else [], offline=offline,

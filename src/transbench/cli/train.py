@@ -131,7 +131,6 @@ def train(
     wide: bool = typer.Option(False, "--wide", help="print every column of the result tables"),
 ) -> None:
     """Measure training samples/s, tokens/s, TFLOPS per GPU, MFU, memory and scaling over a grid of choices."""
-    export.check_paths(json_path, csv_path, db)
     given = {
         "models": model, "tasks": task, "precisions": dtype, "optims": optim, "attns": backend, "batches": batch,
         "seqs": seq, "grad_accums": grad_accum, "grad_ckpts": grad_ckpt, "compiles": compile, "kernels": kernels,
@@ -143,6 +142,11 @@ def train(
         "rdzv_endpoint": rdzv_endpoint, "timeout": timeout, "seed": seed, "name": name,
     }
     the_spec = build_spec(TrainSpec, spec, given, WHOLE_FIELDS)
+    # A ladder always writes its plot (a default name in the current folder): checked with the exports, before
+    # the ladder's minutes of training.
+    if plot is None and the_spec.ladder and the_spec.models:
+        plot = f"ladder-{the_spec.models[0].replace('/', '_')}.png"
+    export.check_paths(json_path, csv_path, db, plot=plot)
 
     def on_start(cells, done):
         console.print(f"{len(cells)} training {'step' if the_spec.ladder else 'cell'}(s)"
@@ -169,7 +173,8 @@ def train(
         console.print(training_table(recs, LADDER_COLUMNS, f"training ladder {visible(recs[0]['run_name'])} "
                                      f"({recs[0]['run_id']}): gain = this step / the step before (the best: / the first); "
                                      "kept = later steps build on it"))
-        path = ladder_plot(recs, plot or f"ladder-{recs[0]['model'].replace('/', '_')}.png")
+        with export.writing(plot, recs):  # the run is stored: a failure says how to plot it again
+            path = ladder_plot(recs, plot)
         console.print(f"plot: {escape(visible(path))}; stored in {escape(visible(db))} as run "
                       f"[bold]{escape(visible(recs[0]['run_name']))}[/]")
     elif recs:

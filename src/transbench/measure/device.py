@@ -52,6 +52,19 @@ def gpu_count() -> int:
 
 
 @functools.lru_cache(maxsize=None)
+def check_dtype_runs(device_str: str, dtype: str) -> None:
+    """Bad input when `dtype` cannot run on the device (run and serve): tf32 is a GPU mode, fp8 needs a GPU's
+    e4m3 tensor cores, bf16 an Ampere or newer GPU."""
+    import torch
+
+    from ..errors import SpecError
+
+    if dtype == "tf32" and torch.device(device_str).type != "cuda":
+        raise SpecError("dtype tf32 needs a CUDA GPU: use fp32 on the CPU")
+    if not dtype_runs(device_str, dtype):
+        raise SpecError(f"dtype {dtype} does not run on {device_str}: use fp32 there, or a GPU")
+
+
 def dtype_runs(device_str: str, dtype: str) -> bool:
     """Whether the basic ops of a transformer layer run in `dtype` on this device."""
     import torch

@@ -4,13 +4,15 @@ Any family transformers ships runs: the task head is the class transformers' own
 the family (`MODEL_FOR_MASKED_LM_MAPPING_NAMES`, ...), so a family without such a head is `unsupported`,
 never guessed. A checkpoint folder is checked before anything runs (`resolve`): its config parses, its
 model_type is one transformers knows, it brings no custom code (auto_map: never executed,
-trust_remote_code stays False), and its weight files are there with readable headers."""
+trust_remote_code stays False), transformers builds the model it describes, and its weight files are there
+with readable headers whose tensors fit that model."""
 
 from __future__ import annotations
 
 import copy
 import json
 import os
+import re
 import struct
 import zipfile
 from dataclasses import dataclass
@@ -47,6 +49,9 @@ _NOT_CONFIG = ("model_type", "architectures", "transformers_version", "_name_or_
                "num_attention_heads", "vocab_size", "max_position_embeddings", "num_key_value_heads", "head_dim",
                "n_layer", "n_embd", "n_head", "n_positions", "dim", "n_layers", "n_heads", *_FFN_NAMES)
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+# The config's sizes a shape is made of (shape_from_config): each a positive integer where the config has it.
+_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings",
+          "num_key_value_heads", "head_dim", *_FFN_NAMES)
 
 
 @dataclass(frozen=True)
@@ -152,8 +157,15 @@ def _read_config(folder: Path) -> dict:
     return cfg
 
 
-def _check_safetensors(folder: Path, file: Path) -> None:
-    """The header: 8 bytes of little-endian length, then that many bytes of JSON (the safetensors format)."""
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line: transformers' and torch's span several (and carry ANSI bold)."""
+    text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _check_safetensors(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
+    """The header: 8 bytes of little-endian length, then that many bytes of JSON (the safetensors format).
+    Returns each tensor's shape, as the header declares it."""
     try:
         size = file.stat().st_size
         with open(file, "rb") as f:
@@ -163,15 +175,17 @@ def _check_safetensors(folder: Path, file: Path) -> None:
             header = json.loads(f.read(n))
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
         if 8 + n + end > size:
             raise ValueError(f"truncated: {size} bytes, the header describes {8 + n + end}")
+        return {k: tuple(int(d) for d in v["shape"]) for k, v in tensors.items()}
     except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
         _refuse(folder, f"weight file {file.name} is not a readable safetensors file ({exc})",
                 "re-download or re-save the weights")
 
 
-def _check_torch_zip(folder: Path, file: Path) -> None:
+def _check_torch_zip(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
     try:
         with zipfile.ZipFile(file) as z:  # the central directory, not every member's CRC: a cheap check
             ok = any(n.endswith("data.pkl") for n in z.namelist())
@@ -180,9 +194,30 @@ def _check_torch_zip(folder: Path, file: Path) -> None:
     if not ok:
         _refuse(folder, f"weight file {file.name} is not a readable torch zip archive",
                 "re-download it or save the weights as model.safetensors")
+    return _torch_shapes(folder, file)
 
 
-def _check_weights(folder: Path) -> None:
+def _torch_shapes(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape in a torch zip archive. weights_only: no code in the pickle ever runs (transformers
+    loads .bin files the same way, so what it refuses here it would refuse later); mmap: the tensors' bytes
+    are mapped, never read, so this costs the pickle's size whatever the checkpoint's."""
+    import torch
+
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, ... for what it cannot read
+        why = _one_line(exc)
+        why = why.split("WeightsUnpickler error: ", 1)[-1].split(". ", 1)[0]
+        _refuse(folder, f"weight file {file.name} cannot be read as plain tensors with torch.load(weights_only=True) "
+                        f"({why})", "re-save the weights as model.safetensors (save_pretrained does)")
+    if not isinstance(state, dict):
+        _refuse(folder, f"weight file {file.name} holds a {type(state).__name__}, not a state dict of tensors",
+                "re-save the weights with save_pretrained")
+    return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def _check_weights(folder: Path) -> dict[str, tuple[int, ...]]:
+    """The weight files are there and readable; returns every tensor's shape across them (shards included)."""
     found = [folder / n for n in _WEIGHTS if (folder / n).is_file()]
     if not found:
         _refuse(folder, f"has no weight file ({', '.join(_WEIGHTS)})", "add the weights or use a preset")
@@ -197,8 +232,118 @@ def _check_weights(folder: Path) -> None:
         if missing:
             _refuse(folder, f"weight shard {missing[0]} named by {first.name} is missing", "re-download the checkpoint")
         files = [folder / s for s in shards]
+    shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
-        (_check_safetensors if f.suffix == ".safetensors" else _check_torch_zip)(folder, f)
+        shapes.update((_check_safetensors if f.suffix == ".safetensors" else _check_torch_zip)(folder, f))
+    return shapes
+
+
+def _load_config(folder: Path):
+    """transformers' own reading of config.json: whatever it raises (a strict field's wrong type, a value its
+    config class rejects, ...) is the folder's fault, so one line, never a traceback."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    except Exception as exc:
+        _refuse(folder, f"transformers cannot read its config.json ({_one_line(exc)})", "fix config.json")
+
+
+def _bad_size(value) -> bool:
+    if isinstance(value, list):  # per-layer sizes (Gemma 3n's intermediate_size)
+        return not value or any(_bad_size(v) for v in value)
+    return isinstance(value, bool) or not isinstance(value, int) or value < 1
+
+
+def _check_sizes(folder: Path, cfg) -> None:
+    """The sizes the benchmark's shape is made of are positive integers. transformers builds a model of
+    0 layers, 0 positions or -2 heads without a word and fails (or runs an empty model) only in the forward."""
+    for name in _SIZES:
+        value = getattr(cfg, name, None)
+        if value is not None and _bad_size(value):
+            key = getattr(cfg, "attribute_map", {}).get(name, name)  # GPT-2's n_head is num_attention_heads
+            _refuse(folder, f"config.json sets {key} to {value!r}, and it must be a positive integer",
+                    "fix config.json")
+
+
+def _meta_model(folder: Path, ref: ModelRef):
+    """The model config.json describes, built by transformers on the meta device (no memory, no weights read):
+    transformers checks the config as it builds (hidden size a multiple of the heads, ...)."""
+    tasks = family_tasks(ref.family)
+    if not tasks:  # no class this benchmark runs: missing_head says so per task, as for any family
+        return None
+    try:
+        return build_model(ref, tasks[0], device="meta")
+    except Exception as exc:
+        _refuse(folder, f"transformers cannot build the model its config.json describes ({_one_line(exc)})",
+                "fix config.json")
+
+
+def _backbone_names(model, family: str) -> list[str]:
+    """What this family's checkpoints call the bare model: each task class's base_model_prefix, the loaded
+    model's first (LlamaForCausalLM holds its LlamaModel as `model.`, LlamaForQuestionAnswering as `transformer.`)."""
+    import transformers
+
+    names = [model.base_model_prefix, *(getattr(transformers, task_class(family, t)).base_model_prefix
+                                        for t in family_tasks(family))]
+    return [n for n in dict.fromkeys(names) if n]
+
+
+def _key_renamer(model, expected: dict, prefixes: list[str]):
+    """Checkpoint tensor name -> (the model's name for it, whether transformers reshapes it on load), as
+    transformers' loader maps them: a base-model prefix added or dropped (a BertForMaskedLM checkpoint's
+    `bert.` tensors fit a BertModel and back), legacy names (LayerNorm gamma/beta) and families whose files
+    are converted (fused MoE experts) renamed. Without transformers 5's loader: the prefixes alone."""
+    def plain(key: str) -> tuple[str, bool]:
+        names = [key] + [key.removeprefix(f"{p}.") for p in prefixes] + [f"{p}.{key}" for p in prefixes]
+        return next((n for n in names if n in expected), key), False
+
+    # The loader's helpers are not public API: where they are missing or changed, the prefixes alone.
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        mapping = get_model_conversion_mapping(model)
+    except Exception:  # noqa: BLE001
+        return plain
+    renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
+    converters = [m for m in mapping if isinstance(m, WeightConverter)]
+
+    def rename(key: str) -> tuple[str, bool]:
+        try:
+            for prefix in prefixes or [None]:
+                name, converted = rename_source_key(key, renamings, converters, prefix, expected)
+                if name in expected:
+                    return name, converted is not None
+        except (TypeError, ValueError, AttributeError):
+            return plain(key)
+        return key, False  # the name as it is (the loader's own fallback), in the model or not
+    return rename
+
+
+def _check_against_weights(folder: Path, model, family: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    """The weight files fit the model config.json describes. transformers would refuse a shape that differs
+    only when loading, in a cell (`ignore_mismatched_sizes`), and would load a folder whose tensors all have
+    other names (a BERT config.json next to GPT-2 weights) with every weight random and a warning nobody
+    sees. Tensors the model lacks (a task head it does not run) or the files lack (a head the task adds)
+    are normal."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    rename = _key_renamer(model, expected, _backbone_names(model, family))
+    found = {}
+    for key, shape in shapes.items():
+        name, converted = rename(key)
+        if name in expected:
+            found.setdefault(name, (key, None if converted else shape))  # converted: its file shape is not its own
+    for name, want in expected.items():  # the model's order: the first differing tensor is the earliest one
+        key, have = found.get(name, (None, None))
+        if have is not None and have != want:
+            _refuse(folder, f"config.json does not fit its weights: tensor {key} is {list(have)} in the weight "
+                            f"files, but config.json makes it {list(want)}",
+                    "use the config.json saved with these weights")
+    if not found:
+        _refuse(folder, f"its weights hold none of the tensors of the {type(model).__name__} that config.json "
+                        f"describes (its first is {next(iter(expected), 'none')}, "
+                        f"the files' {next(iter(shapes), 'none')})", "use the config.json saved with these weights")
 
 
 def _resolve_folder(folder: Path) -> ModelRef:
@@ -206,26 +351,44 @@ def _resolve_folder(folder: Path) -> ModelRef:
     if raw.get("auto_map"):
         _refuse(folder, "declares custom model code (auto_map); transbench never runs code shipped with a checkpoint",
                 "use a checkpoint of a family transformers ships")
-    from transformers import AutoConfig, __version__
+    from transformers import __version__
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     family = raw["model_type"]
     if family not in CONFIG_MAPPING_NAMES:
         _refuse(folder, f"model_type '{family}' is unknown to transformers {__version__}",
                 "upgrade transformers or use a checkpoint of a family it ships (transbench models)")
-    _check_weights(folder)
-    try:
-        cfg = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-    except (ValueError, TypeError, AttributeError, KeyError, OSError) as exc:
-        _refuse(folder, f"transformers cannot read its config.json ({str(exc).splitlines()[0]})", "fix config.json")
+    shapes = _check_weights(folder)
+    cfg = _load_config(folder)
     if getattr(cfg, "is_encoder_decoder", False):
         # Its forward needs decoder inputs that no task here defines (T5 fails without them, BART's classifier
         # wants an end-of-sequence token in every row): refused, not benchmarked half-way.
         _refuse(folder, f"{family} is an encoder-decoder family", "transbench benchmarks encoders and decoders")
+    _check_sizes(folder, cfg)
     try:
-        return ModelRef(str(folder), shape_from_config(str(folder), cfg), str(folder))
+        ref = ModelRef(str(folder), shape_from_config(str(folder), cfg), str(folder))
     except (ValueError, TypeError, AttributeError, KeyError) as exc:
         _refuse(folder, f"transformers cannot read its config.json ({str(exc).splitlines()[0]})", "fix config.json")
+    model = _meta_model(folder, ref)
+    # A quantized checkpoint's files hold packed tensors whose shapes differ from the model's by design.
+    if model is not None and not getattr(cfg, "quantization_config", None):
+        _check_against_weights(folder, model, family, shapes)
+    return ref
+
+
+# Folders this process resolved, by what their checks read: a worker resolves its model for every cell, and
+# building the meta model each time would cost a tenth of a second per call for a 1B model.
+_RESOLVED: dict[tuple, ModelRef] = {}
+
+
+def _fingerprint(model: str, folder: Path) -> tuple | None:
+    """The folder's config and weight files by name, size and modification time (stat only), or None."""
+    try:
+        files = sorted((p.name, st.st_size, st.st_mtime_ns) for p in folder.iterdir()
+                       if p.suffix in (".json", ".safetensors", ".bin") for st in (p.stat(),))
+    except OSError:  # a file gone between the listing and its stat: check it afresh, the checks will say why
+        return None
+    return model, tuple(files)
 
 
 def resolve(model: str) -> ModelRef:
@@ -233,7 +396,12 @@ def resolve(model: str) -> ModelRef:
         return ModelRef(model, PRESETS[model])
     path = Path(model).expanduser()
     if path.is_dir():
-        return _resolve_folder(path)
+        key = _fingerprint(model, path)
+        if key is None:
+            return _resolve_folder(path)
+        if key not in _RESOLVED:
+            _RESOLVED[key] = _resolve_folder(path)
+        return _RESOLVED[key]
     raise SpecError(
         f"unknown model '{model}': use a preset ({', '.join(PRESETS)}) or a local checkpoint folder"
     )
@@ -281,7 +449,10 @@ def hf_config(ref: ModelRef, task: str, activation: str | None = None):
     if getattr(cfg, "pad_token_id", None) is None:  # sequence classification of decoders needs one
         eos = getattr(cfg, "eos_token_id", None)
         cfg.pad_token_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
-    cfg.num_labels = NUM_LABELS
+    if not (ref.path and (getattr(cfg, "num_labels", 0) or 0) >= 2):
+        # A checkpoint's own classifier keeps its classes (a 3-label head would not load into 2); labels drawn
+        # below NUM_LABELS fit any of them.
+        cfg.num_labels = NUM_LABELS
     if activation is not None:
         name = activation_field(cfg)
         if name is None:
@@ -312,13 +483,14 @@ def build_model(ref: ModelRef, task: str, *, attn: str = "eager", activation: st
     cfg = hf_config(ref, task, activation)
     # The bare model without a pooler (BERT, RoBERTa, ...): `base` is the encoder's hidden states.
     extra = {"add_pooling_layer": False} if "add_pooling_layer" in inspect.signature(cls.__init__).parameters else {}
-    if ref.path:
+    if ref.path and device != "meta":  # a meta model holds no data: the folder's config alone builds it
         # fp32 whatever dtype the checkpoint was saved in: this is the reference every cell is checked
         # against, and the backends cast it to the cell's dtype themselves.
         model = cls.from_pretrained(ref.path, config=cfg, attn_implementation=attn, trust_remote_code=False,
                                     dtype=torch.float32, **extra).to(device)
     else:
-        torch.manual_seed(seed)
+        if device != "meta":  # a meta model draws no random numbers: the global generator stays as it was
+            torch.manual_seed(seed)
         cfg._attn_implementation = attn
         with torch.device(device):
             model = cls(cfg, **extra)

@@ -8,7 +8,6 @@ comparison with a statistical verdict.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,17 +32,17 @@ class ReportPaths:
         return [f.path for f in self.figures]
 
 
-def _report_folder(out: Path) -> None:
+# What a report writes in its folder: an existing file of these names is overwritten, so none may be a SQLite
+# database (a store kept beside its report).
+REPORT_FILES = ("report.md", "report.html", "*.png")
+
+
+def _report_folder(out: str | Path) -> Path:
     """`out` as a folder the report can be written in, created if missing; a SpecError otherwise, before any
-    file is written."""
-    if out.exists() and not out.is_dir():
-        raise SpecError(f"--out {out} is a file: give a folder for report.md, report.html and the plots")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise SpecError(f"cannot create the report folder {out}: {e.strerror or e}") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise SpecError(f"cannot write in the report folder {out}: it is not writable")
+    file is written (store/export.py checks every output path)."""
+    from ..store.export import check_folder
+
+    return check_folder(out, "--out", REPORT_FILES)
 
 
 def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline: str | None = None, *,
@@ -51,10 +50,10 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
     """Write report.md, the PNG plots and report.html for the runs (names, ids or 'last'; default the
     newest). With two or more runs (or compare_runs=True) the first is compared with each other one."""
     from ..store import Store
+    from ..store.export import writing
     from . import html, plots, tables
     from .data import load
 
-    out = Path(out_dir)
     store = Store(db, readonly=True)
     try:
         data = load(store, runs or ["last"], baseline)
@@ -64,7 +63,7 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
         compare_runs = len(data.runs) > 1
     if compare_runs and len(data.runs) < 2:
         raise SpecError("--compare needs two runs: transbench report RUN_A RUN_B --compare")
-    _report_folder(out)
+    out = _report_folder(out_dir)  # the text as given: Path("") would be the current folder
     figures, plot_failures = plots.all_figures(data, out)
     comparisons = []
     if compare_runs:
@@ -108,6 +107,8 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
 
     title = "transbench report: " + ", ".join(r["name"] for r in data.runs)
     md_path, html_path = out / "report.md", out / "report.html"
-    md_path.write_text(to_markdown(title, sections, out))
-    html_path.write_text(html.to_html(title, sections))
+    with writing(md_path):  # the folder was writable when checked; a full disk still is one line
+        md_path.write_text(to_markdown(title, sections, out))
+    with writing(html_path):
+        html_path.write_text(html.to_html(title, sections))
     return ReportPaths(out, md_path, html_path, figures, comparisons, plot_failures)

@@ -26,10 +26,7 @@ def validate(spec: RunSpec) -> RunSpec:
         backends.get(name)
     for d in spec.dtypes:
         dev.torch_dtype(d)
-        if d == "tf32" and device.type != "cuda":
-            raise SpecError("dtype tf32 needs a CUDA GPU: use fp32 on the CPU")
-        if not dev.dtype_runs(str(device), d):
-            raise SpecError(f"dtype {d} does not run on {device}: use fp32 there, or a GPU")
+        dev.check_dtype_runs(str(device), d)
     for v, what in [*((b, "batch") for b in spec.batches), *((s, "seq") for s in spec.seqs)]:
         if v < 1:
             raise SpecError(f"{what} must be at least 1, got {v}")

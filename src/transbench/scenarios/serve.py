@@ -111,7 +111,7 @@ class Encoders:
     def check(self, cache: ModelCache) -> tuple[float, dict]:
         """rel_err of a batch of variable lengths against the fp32 reference (inference.reference)."""
         b = min(GATE_BATCH, self.cell.max_batch_size)
-        seq = len_bucket(max(1, round(self.cell.length_dist.mean)), self.longest_prompt)
+        seq = len_bucket(max(1, round(self.cell.length_dist.mean)), self.shape.max_positions)
         inputs, prepared, pc = self.entry(b, seq, seq / 4)
         rows, ref = reference(cache, pc, cell_inputs(pc, self.shape), self.device)
         dev.set_matmul_precision(self.cell.dtype)

@@ -15,6 +15,9 @@ from ..errors import SpecError
 FORMS = "fixed:N, normal:MEAN:MAX[:STDEV], lognormal:MEAN:MAX[:SIGMA], counts:FILE or text:FILE"
 LOGNORMAL_SIGMA = 0.5  # a spread typical of chat/query lengths; MEAN and MAX are what users quote
 NORMAL_STDEV_SHARE = 0.25
+# A spread this large already clips nearly every draw to 1 or MAX (a lognormal's median is MEAN e^(-SIGMA^2/2)); far
+# larger finite ones overflow the draw itself (lognormal past ~1e154, normal near 1e308): an error cell, not a refusal.
+MAX_SPREAD = 1e6
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,8 @@ def _number(text: str, what: str, spec: str) -> float:
         value = float(text)
     except ValueError:
         raise SpecError(f"--lengths {spec}: {what} '{text}' is not a number; use {FORMS}") from None
+    if not math.isfinite(value):  # inf (1e400 reads as inf) can be neither rounded to a length nor drawn from
+        raise SpecError(f"--lengths {spec}: {what} '{text}' is not a finite number; use {FORMS}")
     if not value > 0:
         raise SpecError(f"--lengths {spec}: {what} must be positive")
     return value
@@ -80,6 +85,9 @@ def parse(spec: str, model_max: int, tokenizer_dir: str | None = None) -> Length
             raise SpecError(f"--lengths {spec}: the mean {mean:g} is above the max {top}")
         default = NORMAL_STDEV_SHARE * mean if kind == "normal" else LOGNORMAL_SIGMA
         spread = _number(parts[2], "spread", spec) if len(parts) == 3 else default
+        if spread > MAX_SPREAD:
+            raise SpecError(f"--lengths {spec}: spread {spread:g} is above {MAX_SPREAD:g}, where nearly every draw is "
+                            "1 or the max: give a smaller one (defaults: stdev MEAN/4, sigma 0.5)")
         out = Lengths(kind, mean, top, spread)
     elif kind in ("counts", "text") and rest:
         out = _from_file(kind, rest, model_max, tokenizer_dir)

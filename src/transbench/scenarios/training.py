@@ -141,8 +141,7 @@ def validate(spec: TrainSpec) -> TrainSpec:
         if p in ("fp16", "tf32") and not gpu:
             raise SpecError(f"dtype {p} trains on CUDA only ({'autocast + GradScaler' if p == 'fp16' else 'TF32 tensor cores'}): "
                             "use fp32 or bf16 on the CPU")
-        if not dev.dtype_runs(str(device), p):
-            raise SpecError(f"dtype {p} does not run on {device}: use fp32 there, or a GPU")
+        dev.check_dtype_runs(str(device), p)
     for values, known, what in [(spec.optims, OPTIMIZERS, "optimizer"), (spec.attns, ATTENTION, "attention backend"),
                                 (spec.kernels, KERNELS, "kernels"), (spec.heads, HEADS, "head"),
                                 (spec.strategies or [], STRATEGIES, "strategy")]:

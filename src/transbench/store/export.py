@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shlex
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
 
+from ..errors import SpecError
 from .db import Store
 
 RECORD_KEYS = (
@@ -69,51 +75,178 @@ def columns(recs: list[dict]) -> list[str]:
 
 
 def write(recs: list[dict], json_path: str | None = None, csv_path: str | None = None) -> None:
-    """The --json / --csv exports of a command, where asked for."""
-    if json_path:
-        write_json(recs, json_path)
-    if csv_path:
-        write_csv(recs, csv_path)
+    """The --json / --csv exports of a command, where asked for. The run is stored by now, so a failure (a full
+    disk, a file that became a SQLite database) is one line that says so, never a traceback."""
+    for path, fill in ((json_path, _fill_json), (csv_path, _fill_csv)):
+        if path:
+            with writing(path, recs):
+                _refuse_sqlite(Path(path))  # again at write time: Python callers skip check_paths
+                with open(path, "w", newline="") as f:
+                    fill(recs, f)
 
 
 def write_json(recs: list[dict], path: str) -> None:
-    cols = columns(recs)
-    with open(path, "w") as f:
-        json.dump([{k: r.get(k) for k in cols} for r in recs], f, indent=1, default=str)
+    write(recs, json_path=path)
 
 
 def write_csv(recs: list[dict], path: str) -> None:
+    write(recs, csv_path=path)
+
+
+def _fill_json(recs: list[dict], f) -> None:
     cols = columns(recs)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        w.writeheader()
-        for r in recs:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
+    json.dump([{k: r.get(k) for k in cols} for r in recs], f, indent=1, default=str)
 
 
-def check_paths(json_path: str | None, csv_path: str | None, db: str | None = None) -> None:
-    """Refuse --json/--csv targets that could not be written, before a sweep spends its time: the folder
-    must exist and be writable, and the path must not be a folder. Nor may an export overwrite the store
-    (`db`) or the other export. Nothing is created here."""
-    import os
-    from pathlib import Path
+def _fill_csv(recs: list[dict], f) -> None:
+    cols = columns(recs)
+    w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+    w.writeheader()
+    for r in recs:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
 
-    from ..errors import SpecError
 
-    if json_path and csv_path and Path(json_path).resolve() == Path(csv_path).resolve():
-        raise SpecError(f"--json and --csv both write {json_path}: give them different files")
-    for path in (json_path, csv_path):
-        if not path:
-            continue
-        p = Path(path)
-        if db and p.resolve() == Path(db).resolve():
-            raise SpecError(f"cannot write {path}: it is the store (--db); exporting there would overwrite "
-                            "every stored run: give another file")
-        folder = p.parent if str(p.parent) else Path(".")
-        if p.is_dir():
-            raise SpecError(f"cannot write {path}: it is a folder; give a file path such as {p / 'records.json'}")
-        if not folder.is_dir():
-            raise SpecError(f"cannot write {path}: folder {folder} does not exist (create it first)")
-        if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
-            raise SpecError(f"cannot write {path}: {'the file' if p.exists() else f'folder {folder}'} is not "
-                            "writable (choose another path)")
+# --- output paths ------------------------------------------------------------------------------------------
+# Every file a command writes besides the store (--json, --csv, --plot, `runs --out`, the report's files) is
+# checked here before any work starts (a sweep can take hours), and written inside `writing`, so bad input is
+# one line (SpecError) and nothing that is not ours is overwritten.
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+# A file name to suggest when a folder is given where a file belongs.
+EXAMPLE_NAME = {"--json": "records.json", "--csv": "records.csv", "--plot": "plot.png", "--out": "spec.yaml"}
+
+
+def is_sqlite(path: Path) -> bool:
+    """A regular file that starts with SQLite's header: some store or another application's database. Only a
+    regular file is read: reading a FIFO or a device could block or consume its data."""
+    try:
+        if not path.is_file():
+            return False
+        with open(path, "rb") as f:
+            return f.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:  # unreadable: what it holds is unknown, and the write itself will tell
+        return False
+
+
+def check_paths(json_path: str | None, csv_path: str | None, db: str | None = None, *,
+                plot: str | None = None) -> None:
+    """A command's outputs (--json, --csv, --plot; None where not asked for), checked before it spends its
+    time: each as in `check_output`, and no two the same file."""
+    given = {o: p for o, p in (("--json", json_path), ("--csv", csv_path), ("--plot", plot)) if p is not None}
+    for option, path in given.items():
+        check_output(path, option, db, image=option == "--plot")
+    options = list(given)
+    for i, option in enumerate(options):
+        for other in options[:i]:
+            if _same_file(Path(given[option]), Path(given[other])):
+                raise SpecError(f"{other} and {option} both write {given[option]}: give them different files")
+
+
+def check_output(path: str, option: str, db: str | None = None, *, image: bool = False) -> None:
+    """One file a command will write: not empty, not the store `db` (nor its journal), not a folder, in a
+    folder that exists and is writable, never over a SQLite database, and with `image` a format matplotlib
+    writes (by the suffix). An existing other file is overwritten, as re-running a command expects. Nothing
+    is created here."""
+    if not path:
+        raise SpecError(f"{option} is empty: give a file path")
+    with writing(path):  # a name too long, a symlink loop: one line too
+        _check_file(Path(path), option, db, image)
+
+
+def _check_file(p: Path, option: str, db: str | None, image: bool) -> None:
+    path = str(p)
+    if db and _is_store(p, Path(db)):
+        raise SpecError(f"cannot write {path}: it is the store (--db); writing there would overwrite every "
+                        "stored run: give another file")
+    if p.is_symlink() and not p.exists() and Path(os.path.realpath(p)).is_symlink():
+        raise SpecError(f"cannot write {path}: it is a symbolic link in a loop: give another file")
+    if p.is_dir():
+        raise SpecError(f"cannot write {path}: it is a folder; give a file path such as "
+                        f"{p / EXAMPLE_NAME.get(option, 'out.txt')}")
+    folder = p.parent
+    if not folder.is_dir():
+        why = "is not a folder" if folder.exists() else "does not exist (create it first)"
+        raise SpecError(f"cannot write {path}: folder {folder} {why}")
+    # An existing file needs only itself writable (e.g. /dev/stdout); a new one needs its folder.
+    if not (os.access(p, os.W_OK) if p.exists() else os.access(folder, os.W_OK | os.X_OK)):
+        raise SpecError(f"cannot write {path}: {'the file' if p.exists() else f'folder {folder}'} is not "
+                        "writable (choose another path)")
+    _refuse_sqlite(p)
+    if image:
+        _check_image_format(p, option)
+
+
+def _is_store(p: Path, db: Path) -> bool:
+    """`p` is the store or one of the files SQLite keeps beside it (overwriting those corrupts it too)."""
+    return any(_same_file(p, Path(f"{db}{tail}")) for tail in ("", "-wal", "-shm", "-journal"))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Also through a symbolic or a hard link."""
+    try:
+        return os.path.samefile(a, b) if a.exists() and b.exists() else a.resolve() == b.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+        return False
+
+
+def _refuse_sqlite(p: Path) -> None:
+    if is_sqlite(p):
+        raise SpecError(f"cannot write {p}: it is a SQLite database (a store?), left as it is: give another file")
+
+
+def _check_image_format(p: Path, option: str) -> None:
+    """matplotlib picks the format by the suffix: none would append '.png' to the name (`--plot .` wrote
+    './.png'), an unknown one fails only after the work."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = p.suffix.lower().lstrip(".")
+    if suffix not in formats:
+        got = f"'.{suffix}' is not an image format matplotlib writes" if suffix else "the name has no suffix"
+        raise SpecError(f"cannot write {p}: {got}; end the {option} name in .png (or one of "
+                        f"{', '.join(sorted(formats))})")
+
+
+def check_folder(path: str | Path, option: str, names: tuple[str, ...] = ()) -> Path:
+    """A folder a command writes files into (`report --out`), created when missing: not empty, not a file,
+    really writable (a file is made and removed: permissions do not stop root, and /proc takes no files), and
+    no existing file matching the glob patterns `names` (what will be overwritten) a SQLite database."""
+    if str(path) == "":
+        raise SpecError(f"{option} is empty: give a folder")
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise SpecError(f"{option} {out} is a file: give a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecError(f"cannot create the folder {out} ({option}): {e.strerror or e}") from None
+    try:
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise SpecError(f"cannot write in the folder {out} ({option}): a file made there failed "
+                        f"({e.strerror or e}): give another folder") from None
+    for pattern in names:
+        for f in sorted(out.glob(pattern)):
+            _refuse_sqlite(f)
+    return out
+
+
+@contextmanager
+def writing(path: str | Path, recs: list[dict] | None = None):
+    """Where an output is written after the work: an OSError (a full disk, /proc) or a SpecError becomes one
+    line; with the stored run's records `recs`, it says the run is safe and how to get the file again (a
+    rerun with its name resumes it: nothing is measured again, and its outputs are written anew)."""
+    try:
+        yield
+    except (OSError, SpecError) as e:
+        why = f"cannot write {path}: {e.strerror or e}" if isinstance(e, OSError) else str(e)
+        raise SpecError(why + _stored_note(recs)) from None
+
+
+def _stored_note(recs: list[dict] | None) -> str:
+    name = (recs or [{}])[0].get("run_name")
+    if not name:
+        return ""
+    return (f"; run {name!r} is stored: to write it again, rerun the same command with --name "
+            f"{shlex.quote(name)} and a path that can be written (its cells are not measured again)")
