@@ -10,6 +10,9 @@
 #                                         folder checked against an fp32 reference; onnxruntime --encoders-only on
 #                                         BERT with the embedding output as a graph input (CPU provider); then the
 #                                         sampler against a plain CUDA-event loop at points no issue names
+#   bash benchmarks/gpu_round12.sh gate   serve --task generate on the fused backend with prompts of 1,000 tokens, after
+#                                         warming only the buckets its lengths reach (it timed out at 180 s preparing
+#                                         every bucket in `paths`), then the plain-loop check `paths` ran out of time for
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=150 TRITON_CACHE_DIR=/tmp/r12-triton PYTHONPATH=src
@@ -55,6 +58,24 @@ build.build_model(build.resolve('bert-base-uncased'), 'base').to(torch.bfloat16)
       --json $OUT/ort$flag.json > $OUT/ort$flag.txt 2>&1
     echo "onnxruntime cpu ${flag:-with embeddings} rc $?"; summary $OUT/ort$flag.json "onnxruntime cpu ${flag:-embeddings}:"
   done
+  timeout 240 python3 benchmarks/plain_loop_check.py --model bert-large-uncased --backend sdpa,cudagraph,fused \
+    --point 12x160 --point 3x448 --dtype fp16 2>&1 | grep -vE "^\s*$" | tail -10
+fi
+if [ "$PART" = gate ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/r12-gate
+  for b in fused sdpa; do
+    timeout 300 python3 -m transbench serve --model gpt2 --task generate --backend $b --dtype fp16 \
+      --lengths fixed:1000 --new-tokens 24 --concurrency 2 --max-batch-size 2 --duration 2 --warmup 1 --timeout 280 \
+      --name "gate-$b" --db $OUT/gate.db --json $OUT/gate_$b.json > $OUT/gate_$b.txt 2>&1
+    echo "serve generate $b rc $?"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))[0]; print({k: r.get(k) for k in ('status','rel_err',
+      'ttft_p50_ms','itl_p50_ms','latency_p99_ms','achieved_rate','error')})" $OUT/gate_$b.json
+  done
+  PYTHONPATH=src python3 -c "
+import sqlite3, json
+con = sqlite3.connect('$OUT/gate.db')
+for (info,) in con.execute('SELECT info FROM cells'):
+    i = json.loads(info); print('prepare_s', i.get('prepare_s'), 'buckets', i.get('shape_buckets'))" 2>&1 | tail -4
   timeout 240 python3 benchmarks/plain_loop_check.py --model bert-large-uncased --backend sdpa,cudagraph,fused \
     --point 12x160 --point 3x448 --dtype fp16 2>&1 | grep -vE "^\s*$" | tail -10
 fi

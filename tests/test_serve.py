@@ -71,6 +71,9 @@ def test_shape_buckets():
     assert [batch_bucket(n, 24) for n in (1, 2, 3, 5, 17, 24)] == [1, 2, 4, 8, 24, 24]
     assert [len_bucket(n, 100) for n in (1, 32, 33, 99)] == [32, 32, 64, 100]
     assert buckets(4, 40, 128) == [(1, 32), (1, 64), (2, 32), (2, 64), (4, 32), (4, 64)]
+    # a load whose requests are all at least 40 tokens long never makes a batch 32 wide
+    assert buckets(2, 100, 128, min_len=40) == [(1, 64), (1, 96), (1, 128), (2, 64), (2, 96), (2, 128)]
+    assert serve_lengths.parse("fixed:40", 128).shortest == 40 and serve_lengths.parse("normal:40:64", 128).shortest == 1
 
 
 # --- the batcher against a fake clock ------------------------------------------------------------

@@ -51,9 +51,12 @@ def len_bucket(n: int, top: int) -> int:
     return min(top, -(-n // LEN_STEP) * LEN_STEP)
 
 
-def buckets(max_batch: int, max_len: int, top: int) -> list[tuple[int, int]]:
+def buckets(max_batch: int, max_len: int, top: int, min_len: int = 1) -> list[tuple[int, int]]:
+    """Every (batch, width) bucket a load of lengths in [min_len, max_len] can reach. A batch's width is its
+    longest request's bucket, so none is narrower than min_len's: `--lengths fixed:1000` warms one width, not
+    32 (gpt2 fp16 generation on the fused backend spent its 180 s timeout preparing the 64 buckets of all)."""
     sizes = sorted({batch_bucket(n, max_batch) for n in range(1, max_batch + 1)})
-    widths = sorted({len_bucket(n, top) for n in range(1, max_len + 1)})
+    widths = sorted({len_bucket(n, top) for n in range(min(min_len, max_len), max_len + 1)})
     return [(b, s) for b in sizes for s in widths]
 
 
@@ -130,11 +133,12 @@ class Encoders:
         inputs.attention_mask.copy_(mask, non_blocking=True)
         output_tensor(prepared.fn(), self.cell.task)[:n].cpu()  # the results on the host
 
-    def warm(self, max_len: int) -> None:
+    def warm(self, lengths) -> None:
         """Prepare every bucket the load can reach; for a backend with a graph per packed token count (fused),
         run each count once (token_counts), so its graphs are captured and tuned now, not under load."""
+        max_len = lengths.max
         self.top = len_bucket(max_len, self.shape.max_positions)
-        for b, s in buckets(self.cell.max_batch_size, max_len, self.top):
+        for b, s in buckets(self.cell.max_batch_size, max_len, self.top, lengths.shortest):
             if self.packs and s != self.top:
                 continue
             inputs, prepared, _ = self.entry(b, s)
@@ -204,9 +208,9 @@ class Decoders:
         """A prompt's bucket leaves room for the new tokens in the model's positions."""
         return self.shape.max_positions - self.cell.new_tokens
 
-    def warm(self, max_len: int) -> None:
-        self.top = len_bucket(max_len, self.longest_prompt)
-        for b, s in buckets(self.cell.max_batch_size, max_len, self.top):
+    def warm(self, lengths) -> None:
+        self.top = len_bucket(lengths.max, self.longest_prompt)
+        for b, s in buckets(self.cell.max_batch_size, lengths.max, self.top, lengths.shortest):
             self.entry(b, s)
 
 
@@ -237,7 +241,7 @@ def run(cell: ServeCell, cache: ModelCache) -> CellResult:
     if not err <= TOLERANCE[cell.dtype]:
         return CellResult("wrong", record=record, info=info,
                           error=f"rel_err {err:.3g} over the {cell.dtype} tolerance {TOLERANCE[cell.dtype]:g}")
-    server.warm(cell.length_dist.max)
+    server.warm(cell.length_dist)
     info.update(prepare_s=time.perf_counter() - t0, shape_buckets=sorted({k[:2] for k in
                 getattr(server, "prepared", getattr(server, "gens", {}))}), len_step=LEN_STEP)
     counts_graphs = isinstance(server, Encoders) and any(p.graphs for _, p, _ in server.prepared.values())

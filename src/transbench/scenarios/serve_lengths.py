@@ -37,6 +37,13 @@ class Lengths:
             return f"{self.kind}:{self.mean:g}:{self.max}:{self.spread:g}"
         return f"{self.kind}:{self.source}"
 
+    @property
+    def shortest(self) -> int:
+        """The shortest length a draw can give."""
+        if self.kind == "fixed":
+            return self.max
+        return min(self.max, max(1, min(self.counts))) if self.counts else 1
+
     def draw(self, n: int, seed: int) -> list[int]:
         """n request lengths, each in [1, max], reproducible from the seed."""
         rng = random.Random(seed)
