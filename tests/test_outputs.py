@@ -7,16 +7,13 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from test_cli_input import QUICK, invoke, refused  # the one-line refusal's check, shared
 
 from transbench import api
-from transbench.cli import app
 from transbench.errors import SpecError
 from transbench.scenarios import micro
 from transbench.store import export
 
-runner = CliRunner()
-QUICK = ["--device", "cpu", "--min-time", "0.01", "--warmup", "1"]
 TINY_RUN = ["run", "--model", "bert-tiny", "--batch", "1", "--seq", "8", "--backend", "sdpa", *QUICK]
 GEMM = ["micro", "gemm", "--sizes", "64", "--model", "", "--device", "cpu", "--min-time", "0.01"]
 BREAKDOWN = ["micro", "breakdown", "--model", "bert-tiny", "--batch", "1", "--seq", "8", "--device", "cpu",
@@ -24,21 +21,6 @@ BREAKDOWN = ["micro", "breakdown", "--model", "bert-tiny", "--batch", "1", "--se
 LADDER = ["train", "--ladder", "-m", "bert-tiny", "--seq", "8", "--batch", "2", "--steps", "1", "--warmup", "1",
           "--max-batch-limit", "4", "--device", "cpu"]
 ROOT = os.geteuid() == 0  # root passes permission checks: /proc files open for writing and fail on write
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def refused(res, *needles):
-    """Exit 2, exactly one line on stderr that starts with `error:` and holds every needle, no traceback."""
-    assert res.exit_code == 2, res.output
-    lines = [x for x in res.stderr.splitlines() if not x.startswith("note:")]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert "Traceback" not in res.output
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
