@@ -44,7 +44,7 @@ from transbench.store import export
 
 db, path = sys.argv[1], sys.argv[2]
 recs = api.records(db)
-export.write_json(recs, path)
+export.write(recs, json_path=path)
 df = pd.DataFrame(recs)
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)

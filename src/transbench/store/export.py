@@ -85,14 +85,6 @@ def write(recs: list[dict], json_path: str | None = None, csv_path: str | None =
                     fill(recs, f)
 
 
-def write_json(recs: list[dict], path: str) -> None:
-    write(recs, json_path=path)
-
-
-def write_csv(recs: list[dict], path: str) -> None:
-    write(recs, csv_path=path)
-
-
 def _fill_json(recs: list[dict], f) -> None:
     cols = columns(recs)
     json.dump([{k: r.get(k) for k in cols} for r in recs], f, indent=1, default=str)
