@@ -20,6 +20,7 @@ from .cells import Cell, CellResult
 from .runner.sweep import SweepOptions, Target, open_run, run_grid
 from .spec import RunSpec
 from .store import Store, export
+from .store.db import check_sources
 
 
 @dataclass
@@ -57,7 +58,7 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
         elif resume and store.find_run(name) is None:
             raise SpecError(f"nothing to resume: no run named {name} in {db}")
         run_id, name, done = open_run(store, "inference", spec_to_store(spec), name,
-                                      lambda: env_mod.collect(open_cuda=False))
+                                      lambda: env_mod.collect(open_cuda=False), {c.key() for c in cells})
         on_start(cells, done)
         opts = SweepOptions(spec.timeout, spec.gpus, spec.max_batch, spec.max_batch_limit)
         run_grid(store, run_id, cells, inference_target(spec), opts, on_cell, on_probe)
@@ -113,19 +114,14 @@ def records(db: str, run_refs: list[str] | None = None, baseline: str | None = N
 
 
 def merge(target: str, sources: list[str]) -> tuple[int, int]:
-    """Join stores (e.g. the shards of one sweep run on several hosts) without duplicate cells."""
-    for src in sources:  # each source is checked before the target is opened (or created)
-        Store(src, readonly=True).close()
+    """Join stores (e.g. the shards of one sweep run on several hosts) without duplicate cells: all of them or,
+    refused, none."""
+    check_sources(sources)  # before the target is opened (or created)
     store = Store(target)
-    added = [0, 0]
     try:
-        for src in sources:
-            r, c = store.merge_from(src)
-            added[0] += r
-            added[1] += c
+        return store.merge_from(*sources)
     finally:
         store.close()
-    return added[0], added[1]
 
 
 def environment() -> dict:

@@ -74,7 +74,9 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
         export.check_output(out, "--out", db)
     rows = api.runs(db)
     if spec:
-        match = [r for r in rows if spec in (r["run_id"], r["name"])] or (rows[-1:] if spec == "last" else [])
+        # as Store.find_run: 'last' the newest, else a name before another run's id (a name may look like one)
+        match = (rows[-1:] if spec == "last" else
+                 [r for r in rows if r["name"] == spec] or [r for r in rows if r["run_id"] == spec])
         if not match:
             fail(f"no run {spec} in {db}: `transbench runs` lists them")
         s = RunSpec.from_dict(match[0]["spec"]) if match[0]["kind"] == "inference" else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Optional
 
 import typer
@@ -9,11 +11,36 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import api
-from ..spec import RunSpec, split_list
-from ..store import export
+from ..errors import SpecError
+from ..spec import RunSpec, load_file, split_list
+from ..store import Store, export
 from .app import app, friendly
 from .options import LIST, build_spec, shown
 from .tables import console, records_table, visible
+
+
+def _refuse_ignored_options(db: str, spec_file: str | None, given: dict, the_spec: RunSpec) -> None:
+    """`--resume` without --name resumes the newest run with the options stored with it, so an option given
+    alongside that says otherwise would be dropped without a word (`--resume --batch 1,2,4` after a run of
+    batch 1,2 measured nothing and said "resumed"): refused, naming it. Options equal to the stored ones pass."""
+    explicit = set(load_file(spec_file, RunSpec) if spec_file is not None else {})
+    explicit |= {k for k, v in given.items() if v is not None}
+    if not explicit or not os.path.exists(db):
+        return  # nothing given, or nothing to resume (api.run says so)
+    store = Store(db, readonly=True)
+    try:
+        last = store.find_run("last")
+    finally:
+        store.close()
+    if last is None or last["kind"] != "inference":
+        return  # api.run says there is nothing to resume
+    mine = the_spec.to_dict()
+    differ = sorted(k for k in explicit if mine.get(k) != last["spec"].get(k))
+    if differ:
+        listed = ", ".join(f"{k} {json.dumps(last['spec'].get(k))} -> {json.dumps(mine.get(k))}" for k in differ[:3])
+        raise SpecError(f"--resume without --name resumes the newest run, '{last['name']}', with its own options, "
+                        f"and these differ ({listed}): leave them out, or give --name to resume or start a run "
+                        "with them")
 
 
 def _d(name: str) -> str:
@@ -71,6 +98,8 @@ def run(
         "gpus": gpus and split_list(gpus, int), "nproc": nproc, "shard": shard, "name": name, "seed": seed,
     }
     the_spec = build_spec(RunSpec, spec, given)
+    if resume and not the_spec.name:
+        _refuse_ignored_options(db, spec, given, the_spec)
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=False)

@@ -19,6 +19,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from ..report.document import percent
 
 
 def _width() -> int | None:
@@ -55,7 +56,7 @@ def fmt(value, spec: str = ".4g") -> str:
 
 
 def pct(value) -> str:
-    return "-" if value is None else f"{value:.1%}"
+    return "-" if value is None else percent(value * 100)  # the report's rule: a tiny MFU is not "0.0%"
 
 
 def signed(value) -> str:

@@ -33,6 +33,9 @@ class Packing(NamedTuple):
     cu: torch.Tensor | None  # (B+2,) int32 cumulative lengths (spare rows last), the varlen kernels' bounds
     mask: torch.Tensor | None  # (B, S) bool, for the padded fallback
     max_len: int = 0  # bound on the longest sequence in cu (the spare-row one may exceed S)
+    # Some sequence's first position is padding (left padding, an all-padding row); only counted where
+    # make_packing(first=True) was asked to (BertEngine's pooler reads that position, which is never computed).
+    first_padded: bool = False
 
     @property
     def dense(self) -> bool:
@@ -43,11 +46,16 @@ class Packing(NamedTuple):
         return self.B * self.S if self.gidx is None else self.gidx.shape[0]
 
 
-def make_packing(mask: torch.Tensor | None, B: int, S: int, bucket: int) -> Packing:
+def make_packing(mask: torch.Tensor | None, B: int, S: int, bucket: int, first: bool = False) -> Packing:
     if mask is None:
         return Packing(B, S, None, None, None, None)
     m = mask.reshape(B, S).to(torch.bool)
-    n = int(m.sum())  # the one host sync per call: the packed size decides the buffers (and the graph)
+    # The one host sync per call: the packed size decides the buffers (and the graph); with `first`, the same
+    # sync also reads how many sequences have their first position real.
+    if first:
+        n, lead = torch.stack((m.sum(), m[:, 0].sum())).tolist()
+    else:
+        n, lead = int(m.sum()), B
     if n == B * S:
         return Packing(B, S, None, None, None, None)
     # Round the packed size up so that batches of similar total length share one captured graph.
@@ -62,7 +70,8 @@ def make_packing(mask: torch.Tensor | None, B: int, S: int, bucket: int) -> Pack
     # uninitialised can reach a per-tensor reduction such as the fp8 amax.
     cu = F.pad(m.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 1), value=tp)
     cu[0] = 0
-    return Packing(B, S, gidx, sidx, cu, m, max(S, min(tp, bucket)))  # a function of the graph key only
+    # max_len: a function of the graph key only
+    return Packing(B, S, gidx, sidx, cu, m, max(S, min(tp, bucket)), lead < B)
 
 
 def _sdpa(q, k, v, backend: str | None, **kw):

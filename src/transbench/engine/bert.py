@@ -24,8 +24,9 @@ class BertEngine(EngineBase):
             raise EngineUnsupported(f"activation {cfg.hidden_act!r} is not supported (gelu / gelu-tanh only)")
         H, nh = cfg.hidden_size, cfg.num_attention_heads
         # RoBERTa's embeddings carry the padding_idx its positions start after; BERT's have none and start at 0.
-        # Inputs are left-aligned (padding at the end), so a real token's position is its column + this offset.
+        # From token ids RoBERTa numbers positions by the ids (_embed); from inputs_embeds by column + this offset.
         pad = getattr(bert.embeddings, "padding_idx", None)
+        self.padding_idx = pad
         self.position_offset = 0 if pad is None else pad + 1
         self.dims = Dims(H, nh, H // nh, cfg.num_hidden_layers, cfg.intermediate_size, cfg.layer_norm_eps,
                          GELU_KINDS[cfg.hidden_act], False, cfg.max_position_embeddings - self.position_offset)
@@ -59,10 +60,14 @@ class BertEngine(EngineBase):
         n = self.emb_norm
         if embeds is None:  # one fused gather + sum + LayerNorm (ops.embed_layernorm)
             pos = None  # None: each token's index in its sequence, computed in the kernel
-            if position_ids is not None or not p.dense or self.position_offset:
+            if position_ids is None and self.padding_idx is not None:
+                # RoBERTa: transformers' create_position_ids_from_input_ids, from the ids, not the columns: a
+                # non-pad token's count of non-pad tokens up to it + padding_idx, a pad id's padding_idx. Column +
+                # offset was silently wrong for left padding and for a real token equal to the pad id.
+                real = ids.ne(self.padding_idx)
+                position_ids = real.cumsum(1) * real + self.padding_idx
+            if position_ids is not None or not p.dense:
                 pos = self.positions(p, position_ids, self.word.device)
-                if position_ids is None:
-                    pos = pos + self.position_offset  # RoBERTa counts positions from padding_idx + 1
             return self.ops.embed_layernorm(self.take(ids, p).contiguous(), self.word, pos, self.pos,
                                             self.take(token_type_ids, p), self.type, n, p.S)
         x = self.take(embeds, p)
@@ -70,6 +75,16 @@ class BertEngine(EngineBase):
         r = F.embedding(pos if position_ids is not None else pos + self.position_offset, self.pos)
         r = r + (self.type[0] if token_type_ids is None else F.embedding(self.take(token_type_ids, p), self.type))
         return self.ops.add_layernorm(x.contiguous(), r, None, n.weight, n.bias, n.eps)
+
+    def packing(self, mask, B: int, S: int, first: bool = False) -> Packing:
+        p = super().packing(mask, B, S, first or self.pool is not None)
+        if p.first_padded:
+            # The pooler reads each sequence's first position, which transformers computes (a padding query still
+            # attends to the real tokens) but packing never does: its output there was tanh(bias), silently.
+            raise EngineUnsupported("the pooler reads each sequence's first token, and the attention_mask pads it "
+                                    "(left padding or an all-padding row); pad on the right, or build the model "
+                                    "without its pooler (add_pooling_layer=False)")
+        return p
 
     def _outputs(self, x: torch.Tensor, p: Packing):
         """(last hidden state, pooler output or None): HF's pooler (tanh of a dense layer on each sequence's first

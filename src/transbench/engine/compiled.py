@@ -55,6 +55,11 @@ def _engine_for(hf_model: nn.Module, opts: EngineOptions):
     backbone = getattr(hf_model, "base_model", None)
     if BERT_LIKE.get(kind) == type(backbone).__name__:
         return backbone, BertEngine(backbone, opts)
+    if type(hf_model).__name__ == "GPT2DoubleHeadsModel":
+        # Its multiple-choice head reads each sequence's last position by default, padding in a padded batch, which
+        # the engine never computes (it returns zeros there); its (batch, choices, seq) ids crashed the engine.
+        raise EngineUnsupported("GPT2DoubleHeadsModel is not supported (its multiple-choice head may read padding "
+                                "positions, which the engine does not compute)")
     if kind == "gpt2" and type(backbone).__name__ == "GPT2Model":
         head = getattr(hf_model, "lm_head", None)
         return backbone, GPT2Engine(backbone, opts, head.weight if isinstance(head, nn.Linear) else None)

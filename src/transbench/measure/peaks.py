@@ -8,52 +8,65 @@ FP32 rate: that chip has no TF32 mode.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class PeakRow:
     gpu: str
-    match: tuple[str, ...]  # all of these must appear in the lower-cased device name
+    match: tuple[str, ...]  # all of these must be words of the lower-cased device name (see `words`)
     tflops: dict[str, float]  # dtype -> dense TFLOPS
     bandwidth_gbs: float
     memory_gb: float | None = None  # told apart by memory where names collide (A100 40/80)
+    exclude: tuple[str, ...] = ()  # a variant with other peaks ("3090 Ti"): none of these may be a word of the name
 
     def peak(self, dtype: str) -> float | None:
         return self.tflops.get(dtype)
 
 
-def _row(gpu, match, fp32, tf32, half, fp8, bw, mem=None) -> PeakRow:
+def _row(gpu, match, fp32, tf32, half, fp8, bw, mem=None, exclude=()) -> PeakRow:
     t = {"fp32": fp32, "tf32": tf32, "fp16": half, "bf16": half}
     if fp8:
         t["fp8"] = fp8
-    return PeakRow(gpu, match, t, bw, mem)
+    return PeakRow(gpu, match, t, bw, mem, exclude)
 
 
-# Order matters: the first row whose words all appear in the name (and memory fits) wins.
+# Order matters: the first row whose words all appear in the name (and memory fits) wins. Words, not substrings:
+# "l4" inside "NVIDIA L40" once gave an L40 the L4's peaks (121 fp16 TFLOPS for a 181 TFLOPS card: MFU 1.5x
+# too high), and "3090" a 3090 Ti the 3090's; a name no row names exactly gets no MFU.
 PEAKS: tuple[PeakRow, ...] = (
+    _row("H200 NVL", ("h200", "nvl"), 60.0, 417.5, 835.0, 1670.0, 4800),
     _row("H200", ("h200",), 66.9, 494.7, 989.4, 1978.9, 4800),
+    _row("GH200", ("gh200",), 66.9, 494.7, 989.4, 1978.9, 4000),  # its H100-class GPU; 96 GB HBM3 bandwidth
     _row("H100 PCIe", ("h100", "pcie"), 51.2, 378.0, 756.0, 1513.0, 2000),
     _row("H100 NVL", ("h100", "nvl"), 60.0, 417.5, 835.0, 1670.0, 3900),
     _row("H100 SXM", ("h100",), 66.9, 494.7, 989.4, 1978.9, 3350),
     _row("A100 80GB", ("a100",), 19.5, 156.0, 312.0, None, 2039, mem=80),
     _row("A100 40GB", ("a100",), 19.5, 156.0, 312.0, None, 1555, mem=40),
     _row("L40S", ("l40s",), 91.6, 183.0, 362.05, 733.0, 864),
+    _row("L40", ("l40",), 90.5, 90.5, 181.05, 362.0, 864),
     _row("L4", ("l4",), 30.3, 60.0, 121.0, 242.0, 300),
     _row("A10G", ("a10g",), 35.0, 35.0, 70.0, None, 600),
-    _row("RTX 4090", ("4090",), 82.6, 82.6, 165.2, 330.3, 1008),
-    _row("RTX 3090", ("3090",), 35.6, 35.6, 71.0, None, 936),
+    _row("RTX 4090", ("4090",), 82.6, 82.6, 165.2, 330.3, 1008, exclude=("d",)),
+    _row("RTX 3090", ("3090",), 35.6, 35.6, 71.0, None, 936, exclude=("ti",)),
     _row("V100", ("v100",), 15.7, 15.7, 125.0, None, 900),
 )
+
+
+def words(name: str) -> set[str]:
+    """The lower-cased words of a device name, split at anything not a letter or digit:
+    'NVIDIA A100-SXM4-80GB' -> {'nvidia', 'a100', 'sxm4', '80gb'}."""
+    return set(re.findall(r"[a-z0-9]+", name.lower()))
 
 
 def lookup(name: str | None, memory_gb: float | None = None) -> PeakRow | None:
     """The row for a device name as torch/NVML report it; None for an unknown device (no guessing)."""
     if not name:
         return None
-    low = name.lower()
+    have = words(name)
     for row in PEAKS:
-        if not all(word in low for word in row.match):
+        if not all(word in have for word in row.match) or any(word in have for word in row.exclude):
             continue
         if row.memory_gb is not None and memory_gb is not None:
             if (memory_gb > 60) != (row.memory_gb > 60):

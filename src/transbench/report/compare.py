@@ -57,7 +57,8 @@ class CompareConfig:
         if not 0 < self.alpha < 1:
             raise SpecError(f"--alpha {self.alpha} must be between 0 and 1 (0.05 = a 95% interval)")
         if not 0 <= self.min_effect < 10:
-            raise SpecError(f"--min-effect {self.min_effect} must be a fraction >= 0 (0.03 = 3%)")
+            # 10 (1000%) and above was refused with "must be a fraction >= 0", which it is: say the bound
+            raise SpecError(f"--min-effect {self.min_effect} must be a fraction >= 0 and below 10 (0.03 = 3%)")
 
 
 @dataclass
@@ -204,6 +205,23 @@ def _why_unmatched(rec: dict, others: list[tuple[object, dict]], other: str) -> 
     return f"not in {other} ({other} has {shown})" if shown else f"not in {other}"
 
 
+def hardware(rec: dict) -> tuple[str | None, str | None]:
+    """Where a cell ran: (device type, GPU name), None where the record does not say (the GPU of a cell that
+    failed before it saw one). cuda:0 and cuda:1 are one device type; GPUs tell apart by their name."""
+    device = str(rec.get("device") or "").split(":")[0] or None
+    return device, (rec.get("gpu") or None) if device != "cpu" else None
+
+
+def other_hardware(a: dict, b: dict) -> bool:
+    """Two cells known to have run on different hardware (what is unknown on one side does not count)."""
+    return any(x is not None and y is not None and x != y for x, y in zip(hardware(a), hardware(b)))
+
+
+def hardware_text(rec: dict) -> str:
+    device, gpu = hardware(rec)
+    return f"{device or 'an unknown device'}" + (f" ({gpu})" if gpu else "")
+
+
 def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[dict],
                     cfg: CompareConfig) -> Comparison:
     def index(recs):
@@ -215,6 +233,12 @@ def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[d
     for k, ra in a.items():
         rb = b.get(k)
         if rb is None:
+            continue
+        if other_hardware(ra, rb):
+            # The key names what runs, not where: a cpu cell against a cuda one (or an A100 against an H100)
+            # would judge the machines, and pass or fail a gate for that. Listed, not paired.
+            out.only_a.append({**ra, "_why": f"B ran it on {hardware_text(rb)}, A on {hardware_text(ra)}"})
+            out.only_b.append({**rb, "_why": f"A ran it on {hardware_text(ra)}, B on {hardware_text(rb)}"})
             continue
         ok_a, ok_b = ra["status"] == "ok", rb["status"] == "ok"
         ma, mb = (_median(ra) if ok_a else None), (_median(rb) if ok_b else None)
@@ -241,9 +265,15 @@ def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -
     finally:
         store.close()
     cmp = compare_records(da.runs[0], da.records, db_.runs[0], db_.records, cfg)
-    if not cmp.cells:
+    # Cells that ran on other hardware are not paired; where that leaves only pairs of failed cells (whose
+    # records may not name their GPU), the runs are of two machines and nothing was compared.
+    moved = next((r for r in cmp.only_a if "_why" in r), None)
+    measured = any("ok" in (c.record_a["status"], c.record_b["status"]) for c in cmp.cells)
+    if not cmp.cells or (moved is not None and not measured):
         a, b = cmp.run_a, cmp.run_b
         why = (f"'{a['name']}' holds {a['kind']} cells, '{b['name']}' {b['kind']} cells" if a["kind"] != b["kind"]
+               else f"their cells ran on other hardware ({moved['_why']}): their latencies would compare the "
+                    "machines, not the code" if moved is not None
                else "no cell of one has the settings of a cell of the other (`transbench runs --spec RUN` prints "
                     "a run's grid)")
         raise SpecError(f"runs '{a['name']}' and '{b['name']}' share no cell to compare: {why}")
@@ -280,5 +310,5 @@ def unmatched_table(cmp: Comparison) -> Table | None:
         parsed = [(o.get("scenario"), settings(o)) for o in others]
         for r in recs:
             rows.append([f"only in {side}", _text(settings(r), settings(r)),
-                         STATUS_TEXT.get(r["status"], r["status"]), _why_unmatched(r, parsed, other)])
+                         STATUS_TEXT.get(r["status"], r["status"]), r.get("_why") or _why_unmatched(r, parsed, other)])
     return Table("cells in one run only", ["in", "cell", "status", "why"], rows)

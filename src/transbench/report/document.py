@@ -40,7 +40,7 @@ def num(value, kind: str = "") -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     if kind == "pct":
-        return f"{value * 100:.1f}%"
+        return percent(value * 100)
     if kind == "signed":
         return f"{value:+.1f}"
     if kind == "err":
@@ -55,6 +55,21 @@ def num(value, kind: str = "") -> str:
     if a >= 1:
         return f"{value:.2f}"
     return f"{value:.3g}"
+
+
+def percent(p: float) -> str:
+    """A percentage with one decimal, two significant digits below 0.1%, and more decimals where one would round
+    onto 100%: a GPU's MFU of 0.04% (a tiny model) printed "0.0%", as if nothing ran, and a goodput of 99.96%
+    printed "100.0%", as if no request missed the SLO."""
+    if p in (0.0, 100.0):
+        return f"{p:.1f}%"
+    if abs(p) < 0.1:  # two significant digits: 0.00085% is not 0.001%
+        return f"{p:.2g}%"
+    for decimals in range(1, 7):
+        text = f"{p:.{decimals}f}"
+        if float(text) not in (0.0, 100.0):
+            return text + "%"
+    return f"{p:.12g}%"
 
 
 def measured(rec: dict, key: str, kind: str = "") -> str:

@@ -12,6 +12,7 @@ PRIVATE = "_"
 # Keys that identify a run or say nothing about a micro-benchmark point.
 META_KEYS = {"run_id", "run_name", "scenario", "error", "speedup", "mem_saved"}
 MEASURED = {*export.SPEED_KEYS, "n_samples", "peak_mem_mb", "rel_err"}
+FRACTIONS = {"mfu", "share"}  # micro keys stored as 0..1 (pct_of_peak is already in percent)
 
 
 def _labels(recs: list[dict]) -> list[str]:
@@ -111,16 +112,26 @@ def generation_table(data: ReportData) -> Table | None:
     return _detail(data, recs, "generation", cols)
 
 
+# Training axes beyond the columns every training row shows: each one whose value differs between the rows gets
+# a column. Without them, `train --grad-ckpt off,on` gave two rows with the same label and different numbers.
+TRAINING_AXES = (("task", "task"), ("optim", "optim"), ("grad_accum", "accum"), ("grad_ckpt", "grad ckpt"),
+                 ("compile", "compile"), ("kernels", "kernels"), ("head", "head"), ("activation", "activation"),
+                 ("zero_stage", "ZeRO"), ("nccl", "nccl"), ("lr", "lr"), ("seed", "seed"))
+
+
 def training_table(data: ReportData) -> Table | None:
     recs = by_scenario(data.records, "training")
     if not recs:
         return None
+    axes = [(k, label, "") for k, label in TRAINING_AXES if len({repr(r.get(k)) for r in recs}) > 1]
     cols = [*_run_col(data), ("model", "model", ""), ("backend", "attention", ""), ("dtype", "precision", ""),
             ("batch_size", "batch", ""), ("seq_len", "seq", ""), ("world_size", "GPUs", ""),
-            ("strategy", "strategy", ""), ("status", "status", ""), ("latency_ms", "step ms", ""),
+            ("strategy", "strategy", ""), *axes, ("status", "status", ""), ("latency_ms", "step ms", ""),
             ("samples_per_s", "samples/s", ""), ("tokens_per_s", "tokens/s", ""),
             ("tflops_per_gpu", "TFLOPS/GPU", ""), ("mfu", "MFU", "pct"), ("peak_mem_mb", "peak MiB", "")]
-    return _detail(data, recs, "training", cols)
+    if any(r.get("hfu") is not None for r in recs):  # differs from MFU for checkpointed and full-head MLM cells
+        cols.insert(cols.index(("mfu", "MFU", "pct")) + 1, ("hfu", "HFU", "pct"))
+    return _detail(data, recs, "training", cols, identity=IDENTITY | {k for k, _, _ in axes})
 
 
 def max_batch_table(data: ReportData) -> Table | None:
@@ -146,7 +157,8 @@ def micro_tables(data: ReportData) -> list[Table]:
         shape = {k for k in keys if k not in MEASURED and all(
             isinstance(r.get(k), (int, str)) and not isinstance(r.get(k), bool) for r in recs if r.get(k) is not None)}
         keys = [k for k in keys if k in shape and k != "status"] + [k for k in keys if k not in shape] + ["status"]
-        cols = [*_run_col(data)] + [(k, k, "pct" if k == "mfu" else "err" if k == "rel_err" else "") for k in keys]
+        # mfu and a breakdown part's share are fractions (0..1): shown as percentages, as the CLI prints them
+        cols = [*_run_col(data)] + [(k, k, "pct" if k in FRACTIONS else "err" if k == "rel_err" else "") for k in keys]
         tables.append(_detail(data, recs, scen, cols, identity=IDENTITY | shape))
     return tables
 

@@ -10,6 +10,7 @@ from ..measure import device as dev
 from ..models import build
 from ..models.build import ACTIVATIONS
 from ..spec import RunSpec, device_defaults, parse_shard
+from ..store.db import check_name_text
 from ..cells import Cell
 
 
@@ -78,6 +79,7 @@ def validate(spec: RunSpec) -> RunSpec:
                     raise SpecError(f"{what} is longer than {ref.name} allows ({ref.shape.max_positions} "
                                     f"positions): use --seq {ref.shape.max_positions - extra} or less")
     parse_shard(spec.shard)
+    check_name_text(spec.name)  # before the store is opened (created, when new) for a name it cannot hold
     return spec
 
 

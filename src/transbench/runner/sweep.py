@@ -17,10 +17,10 @@ from typing import Any
 
 from ..cells import CellResult
 from ..errors import SpecError
+# Spec settings a resumed run may change (where and how long cells run, not what they measure): one set with
+# merge's, which joins the shards of one run.
+from ..store.db import RESUMABLE, RunExists
 from .worker import Worker
-
-# Spec settings a resumed run may change: they decide where and how long cells run, not what they measure.
-RESUMABLE = frozenset({"timeout", "gpus", "shard", "name", "node_rank", "rdzv_endpoint"})
 
 
 @dataclass(frozen=True)
@@ -71,17 +71,26 @@ def check_same_grid(stored: dict, given: dict, name: str) -> None:
                         "resume it, or choose another --name")
 
 
-def open_run(store, kind: str, spec: dict, name: str | None, env: Callable[[], dict]) -> tuple[str, str, int]:
-    """(run_id, name, cells already stored): the named run when it exists (same grid, else SpecError),
-    else a new run."""
-    existing = store.find_run(name) if name else None
+def open_run(store, kind: str, spec: dict, name: str | None, env: Callable[[], dict],
+             keys: set[str] | None = None) -> tuple[str, str, int]:
+    """(run_id, name, cells already stored, of `keys` where given: a shard's own, not its sibling shards'
+    in the same store): the named run when it exists (same grid, else SpecError), else a new run."""
+    # By its exact name: find_run would also take another run's id or 'last' (the newest run) and add this
+    # sweep's cells to that run.
+    existing = store.run_named(name) if name else None
     if existing is None:
-        run_id, name = store.create_run(name, kind, spec, env())
-        return run_id, name, 0
+        try:
+            run_id, name = store.create_run(name, kind, spec, env())
+            return run_id, name, 0
+        except RunExists:  # made meanwhile by another process (two shards started at once): resume it
+            existing = store.run_named(name)
+            if existing is None:  # the id is another name's: nothing to resume
+                raise
     if existing["kind"] != kind:
         raise SpecError(f"run '{name}' is a {existing['kind']} run: choose another --name")
     check_same_grid(existing["spec"], spec, name)
-    return existing["run_id"], existing["name"], len(store.finished_keys(existing["run_id"]))
+    stored = store.finished_keys(existing["run_id"])
+    return existing["run_id"], existing["name"], len(stored if keys is None else stored & keys)
 
 
 class _Lane:
@@ -130,6 +139,22 @@ class _Lane:
             self.worker = None
 
 
+def _device_type(device) -> str:
+    return str(device or "").split(":")[0]
+
+
+def check_same_device(stored: list[dict], todo: list) -> None:
+    """A resumed run measures its other cells on the device type its stored cells ran on. The stored spec says
+    `--device auto`, so a run killed on a GPU host and resumed where no GPU is visible had the same grid and
+    went on on the CPU: one run, two machines, its tables and its comparisons mixing them."""
+    ran = {_device_type(c["cell"].get("device")) for c in stored} - {""}
+    new = {_device_type(getattr(c, "device", None)) for c in todo} - {""}
+    if ran and new - ran:
+        raise SpecError(f"this run's stored cells ran on {', '.join(sorted(ran))}, and its other cells would run on "
+                        f"{', '.join(sorted(new - ran))} here: resume it where a {sorted(ran)[0]} device is visible, "
+                        "or choose another --name")
+
+
 def prior_ooms(store, run_id: str, cell_type: type) -> dict:
     """The smallest out-of-memory batch of each OOM group already stored in this run."""
     out: dict = {}
@@ -150,6 +175,7 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
     """Run every cell not yet stored for this run. Cells of one OOM group go to one lane, in batch order;
     a batch above one that ran out of memory (now or before a resume) is `skipped`."""
     done = store.finished_keys(run_id)
+    check_same_device(store.cells(run_id), [c for c in cells if c.key() not in done])
     stored = {c["key"]: c for c in store.cells(run_id)} if opts.max_batch else {}
     prior_oom = prior_ooms(store, run_id, target.cell_type)
     groups: dict = {}

@@ -111,12 +111,21 @@ class Encoders:
             self.prepared[key] = (inputs, prepared, pc)
         return self.prepared[key]
 
+    def gate_cell(self) -> Cell:
+        """The correctness check's batch: variable lengths around the mean's bucket."""
+        seq = len_bucket(max(1, round(self.cell.length_dist.mean)), self.shape.max_positions)
+        return probe_cell(self.cell, min(GATE_BATCH, self.cell.max_batch_size), seq, seq / 4)
+
+    def reference(self, cache: ModelCache):
+        """The gate's fp32 reference (inference.reference: computed once per worker, then cached)."""
+        pc = self.gate_cell()
+        return reference(cache, pc, cell_inputs(pc, self.shape), self.device)
+
     def check(self, cache: ModelCache) -> tuple[float, dict]:
         """rel_err of a batch of variable lengths against the fp32 reference (inference.reference)."""
-        b = min(GATE_BATCH, self.cell.max_batch_size)
-        seq = len_bucket(max(1, round(self.cell.length_dist.mean)), self.shape.max_positions)
-        inputs, prepared, pc = self.entry(b, seq, seq / 4)
-        rows, ref = reference(cache, pc, cell_inputs(pc, self.shape), self.device)
+        gate = self.gate_cell()
+        inputs, prepared, pc = self.entry(gate.batch, gate.seq, gate.seq_stdev)
+        rows, ref = self.reference(cache)
         dev.set_matmul_precision(self.cell.dtype)
         out = output_tensor(prepared.fn(), self.cell.task)
         return rel_err(out[rows], ref, [inputs.lengths[i] for i in rows], inputs.input_ids.shape[1]), \
@@ -185,12 +194,23 @@ class Decoders:
             self.gens[(batch, seq)] = (gen, prompt, pc)
         return self.gens[(batch, seq)]
 
-    def check(self, cache: ModelCache) -> tuple[float, dict]:
-        from .generation import _reference, greedy
-
+    def gate_cell(self) -> Cell:
         seq = len_bucket(max(1, round(self.cell.length_dist.mean)), self.longest_prompt)
-        gen, prompt, pc = self.entry(min(GATE_BATCH, self.cell.max_batch_size), seq)
-        rows, ref_first, _ = _reference(cache, pc, prompt.cpu(), self.device)
+        return probe_cell(self.cell, min(GATE_BATCH, self.cell.max_batch_size), seq)
+
+    def reference(self, cache: ModelCache):
+        """The gate's fp32 prefill logits and greedy tokens (generation._reference: cached per worker)."""
+        from .generation import _reference
+
+        pc = self.gate_cell()
+        return _reference(cache, pc, cell_inputs(pc, self.shape).input_ids, self.device)
+
+    def check(self, cache: ModelCache) -> tuple[float, dict]:
+        from .generation import greedy
+
+        gate = self.gate_cell()
+        gen, prompt, pc = self.entry(gate.batch, gate.seq)
+        rows, ref_first, _ = self.reference(cache)
         dev.set_matmul_precision(self.cell.dtype)
         _, first = greedy(gen, prompt, self.cell.new_tokens, keep_first=True)
         return rel_err(first[rows], ref_first, None), dict(getattr(gen, "info", {}))
@@ -232,8 +252,14 @@ def run(cell: ServeCell, cache: ModelCache) -> CellResult:
     if reason:
         return CellResult("unsupported", error=reason)
     shape = build.resolve(cell.model).shape
+    kind = Decoders if cell.task == "generate" else Encoders
+    # The gate's fp32 reference runs on the device: computed here, before model_for starts the cell's memory peak,
+    # as an inference cell computes its own. Inside the check it was counted unless an earlier cell of this worker
+    # had left it cached, so the same cell's peak_mem_mb depended on the cells before it (H100, bert-tiny: 33.80
+    # MiB first in a worker, 33.61 after another rate).
+    kind(None, backend, cell, shape, device).reference(cache)
     model = model_for(cache, cell, backend, device)
-    server = (Decoders if cell.task == "generate" else Encoders)(model, backend, cell, shape, device)
+    server = kind(model, backend, cell, shape, device)
     t0 = time.perf_counter()
     err, ran = server.check(cache)
     info = {"attn_implementation": model.config._attn_implementation, "device": str(device), **ran}

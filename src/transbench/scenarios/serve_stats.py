@@ -43,6 +43,9 @@ def account(trace: Trace, slo_ms: float | None, offered_rate: float | None) -> t
     span = max(last - w, 1e-9)
     rec = {"requests": n, "unserved": len(lost), "achieved_rate": len(done) / span,
            "offered_rate": offered_rate, **spread("latency", lat_all)}
+    # The contract's latency_ms (median) and n_samples of every timed record, over the stored samples: without
+    # them a serve row's --json / --csv median and sample count were empty beside latency_p50_ms.
+    rec.update(latency_ms=rec["latency_p50_ms"], n_samples=n)
     waits = [(s.start - s.request.arrival) * 1e3 for s in done]
     rec.update(queue_mean_ms=sum(waits) / len(waits) if waits else None)
     if slo_ms is not None:

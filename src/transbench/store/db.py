@@ -17,6 +17,7 @@ import errno
 import functools
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import uuid
@@ -55,11 +56,18 @@ CREATE TABLE IF NOT EXISTS cells (
 COLUMNS = {"runs": ["run_id", "name", "kind", "created", "spec", "env"],
            "cells": ["run_id", "key", "scenario", "status", "record", "cell", "samples", "info", "warnings",
                      "created"]}
+# Spec settings that may differ within one run (a resumed run, the shards of one sweep): they decide where and
+# how long cells run, not what they measure.
+RESUMABLE = frozenset({"timeout", "gpus", "shard", "name", "node_rank", "rdzv_endpoint"})
 RESUME = "free some space, then rerun the same command (add --resume if the run has no --name) to go on"
 
 
 class StoreFull(SpecError):
     """The disk filled up while writing: what was stored before is whole, the run can be resumed."""
+
+
+class RunExists(SpecError):
+    """create_run found the name (or its id) taken: made by another process since it was looked up."""
 
 
 def _now() -> str:
@@ -117,6 +125,27 @@ def _guarded(method):
     return wrapper
 
 
+_KIND_TEXT = {dict: "an object", list: "a list"}
+_JSON_NAME = {type(None): "null", bool: "true or false", int: "a number", float: "a number", str: "a string",
+              list: "a list", dict: "an object"}
+
+
+def _encodable(text: str) -> bool:
+    """Text SQLite can hold: a name given as bytes that are not UTF-8 reaches Python as lone surrogates."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_name_text(name: str | None) -> None:
+    """A run name SQLite can store: refused before a command creates its store, and again on storing it."""
+    if name is not None and not _encodable(name):
+        raise SpecError(f"run name {name!r} is not UTF-8 text (bytes the terminal could not decode): "
+                        "use letters, digits, spaces and punctuation")
+
+
 def _foreign(path: str) -> SpecError:
     return SpecError(f"{path} is a SQLite database of another application, not a transbench store: "
                      "it was left as it is; give a transbench store's path")
@@ -131,6 +160,11 @@ def inspect(path: str) -> str:
         raise SpecError(f"store {path} is a folder: give a file path, e.g. --db {p / 'transbench.db'}")
     if not p.exists():
         return "missing"
+    if not p.is_file():
+        # A FIFO blocked the read below for ever; /dev/null read as an empty file, and a writer then made
+        # /dev/null-journal beside it.
+        raise SpecError(f"store {path} is not a regular file (a device, a pipe, a socket): it was left as it is; "
+                        "give a file path")
     try:
         with open(p, "rb") as f:
             head = f.read(100)
@@ -147,21 +181,35 @@ def inspect(path: str) -> str:
         if version > SCHEMA_VERSION:
             raise SpecError(f"store {path} has schema version {version}, newer than this transbench knows "
                             f"({SCHEMA_VERSION}): upgrade transbench to read it")
+        # The marker alone does not make the tables: a writer killed between marking a new file and creating
+        # its tables leaves a marked file with none (safe to start in), and a marked file whose tables are
+        # not ours would fail on the first query with a traceback, after a writer had switched its journal.
+        tables = _tables(path, ours=True)
+        if not tables:
+            return "empty"
+        if not _our_tables(tables):
+            raise SpecError(f"store {path} is damaged (its tables are not a transbench store's: "
+                            f"{', '.join(sorted(tables))}): it was left as it is; restore it from a copy, "
+                            "or give another --db")
         return "ours"
     if app_id != 0:
         raise _foreign(path)
     tables = _tables(path)
     if not tables:
         return "empty"
-    if all(tables.get(t) == cols for t, cols in COLUMNS.items()):
+    if _our_tables(tables):
         return "ours"  # a store from before the marker
     raise _foreign(path)
 
 
-def _tables(path: str) -> dict[str, list[str]]:
-    """{table: columns} of an unmarked file, read without writing a byte: immutable (no lock, no -shm
-    file) unless a -wal file beside it may hold the newest schema, which only a plain read-only
-    connection reads."""
+def _our_tables(tables: dict[str, list[str]]) -> bool:
+    return all(tables.get(t) == cols for t, cols in COLUMNS.items())
+
+
+def _tables(path: str, ours: bool = False) -> dict[str, list[str]]:
+    """{table: columns} of a file (`ours`: one that carries our marker), read without writing a byte:
+    immutable (no lock, no -shm file) unless a -wal file beside it may hold the newest schema, which only a
+    plain read-only connection reads."""
     wal = Path(f"{path}-wal")
     flags = "mode=ro" if wal.exists() and wal.stat().st_size else "mode=ro&immutable=1"
     try:
@@ -172,6 +220,9 @@ def _tables(path: str) -> dict[str, list[str]]:
         finally:
             con.close()
     except sqlite3.Error as exc:
+        if ours:  # a store of ours, damaged: said as _translate says it
+            raise SpecError(f"store {path} is damaged ({exc}): it was left as it is; restore it from a copy, "
+                            "or give another --db") from None
         raise SpecError(f"{path} is not a readable SQLite database ({exc}): it was left as it is; "
                         "give a transbench store's path") from None
 
@@ -191,12 +242,11 @@ def _writable(path: str, kind: str) -> None:
 
 
 def _reader(path: str) -> tuple[str, bool]:
-    """(database, uri) of a reader's connection. Where the file or its folder cannot be written, a plain connection fails
-    on WAL's -shm file ("attempt to write a readonly database"): open it read-only, and immutable (no lock, no
-    side file) unless a -wal file beside it holds cells not yet in the main file."""
-    folder = Path(path).absolute().parent
-    if os.access(folder, os.W_OK) and os.access(path, os.W_OK):
-        return path, False
+    """(database, uri) of a reader's connection: read-only, and immutable (no lock, no side file) unless a -wal
+    file beside it holds cells not yet in the main file. A plain connection would fail on WAL's -shm file where
+    the file or its folder cannot be written ("attempt to write a readonly database"), and where they can, the
+    last one to close checkpoints the -wal file of a killed sweep into the store and deletes it: a reader (a
+    refused `compare`, `runs`) rewrote the store's bytes."""
     wal = Path(f"{path}-wal")
     flags = "mode=ro" if wal.exists() and wal.stat().st_size else "mode=ro&immutable=1"
     return f"{Path(path).absolute().as_uri()}?{flags}", True
@@ -254,23 +304,42 @@ class Store:
     def create_run(self, name: str | None, kind: str, spec: dict, env: dict) -> tuple[str, str]:
         # A named run has an id derived from its name, so shards of one sweep on several hosts share it
         # and `merge` joins their cells.
+        check_name_text(name)
         if name:
             run_id = hashlib.sha256(name.encode()).hexdigest()[:12]
         else:
             run_id = uuid.uuid4().hex[:12]
             name = f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{run_id[:4]}"
-        with self.conn:
-            self.conn.execute("INSERT INTO runs VALUES (?,?,?,?,?,?)",
-                              (run_id, name, kind, _now(), json.dumps(spec), json.dumps(env)))
+        try:
+            with self.conn:
+                self.conn.execute("INSERT INTO runs VALUES (?,?,?,?,?,?)",
+                                  (run_id, name, kind, _now(), json.dumps(spec), json.dumps(env)))
+        except sqlite3.IntegrityError:
+            # Another process writing this store (a second shard given the same --name) made the run between
+            # the caller's look-up and this insert: a traceback before; now the caller can resume that run.
+            raise RunExists(f"run '{name}' cannot be added to store {self.path}: its name or its id ({run_id}) "
+                            "is another run's: choose another --name") from None
         return run_id, name
 
     @_guarded
     def find_run(self, ref: str) -> dict | None:
-        """A run by id, by name, or 'last' for the newest."""
+        """A run by name, by id, or 'last' for the newest. A name wins over another run's id: a run may be
+        named like one (12 hex digits), and must not then stand for that other run."""
+        if not _encodable(ref):
+            return None  # no stored name holds text that is not UTF-8 (a shell's undecodable bytes)
         if ref == "last":
             row = self.conn.execute("SELECT * FROM runs ORDER BY created DESC, rowid DESC LIMIT 1").fetchone()
         else:
-            row = self.conn.execute("SELECT * FROM runs WHERE run_id=? OR name=?", (ref, ref)).fetchone()
+            row = self.conn.execute("SELECT * FROM runs WHERE run_id=? OR name=? ORDER BY name=? DESC LIMIT 1",
+                                    (ref, ref, ref)).fetchone()
+        return None if row is None else self._run(row)
+
+    @_guarded
+    def run_named(self, name: str) -> dict | None:
+        """The run of exactly this name (never 'last', never an id): the run a --name resumes."""
+        if not _encodable(name):
+            return None
+        row = self.conn.execute("SELECT * FROM runs WHERE name=?", (name,)).fetchone()
         return None if row is None else self._run(row)
 
     @_guarded
@@ -280,10 +349,29 @@ class Store:
         ).fetchall()
         return [{**self._run(r[:6]), "cells": r[6]} for r in rows]
 
-    @staticmethod
-    def _run(row) -> dict:
+    def _run(self, row) -> dict:
+        where = f"run '{row[1]}'"
         return {"run_id": row[0], "name": row[1], "kind": row[2], "created": row[3],
-                "spec": json.loads(row[4]), "env": json.loads(row[5])}
+                "spec": self._json(row[4], dict, "spec", where), "env": self._json(row[5], dict, "env", where)}
+
+    def _json(self, text, kind: type, column: str, where: str):
+        """A stored JSON column, checked: a row edited by hand or written half by another program is one
+        line naming the store, not a traceback in whatever command reads it next (or a copy in a merge)."""
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            why = f"not JSON ({exc})"
+        else:
+            if not isinstance(value, kind):
+                why = f"{_JSON_NAME.get(type(value), type(value).__name__)}, not {_KIND_TEXT[kind]}"
+            elif column == "samples" and not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                 and math.isfinite(v) for v in value):
+                # json reads NaN too; a NaN sample made every bootstrap bound NaN, and compare said `same`
+                why = "a list that holds something other than finite numbers"
+            else:
+                return value
+        raise SpecError(f"store {self.path} is damaged: the {column} of {where} is {why}: restore it from a "
+                        "copy, or give another --db")
 
     # --- cells ----------------------------------------------------------------------------------
     @_guarded
@@ -305,9 +393,14 @@ class Store:
         rows = self.conn.execute(
             "SELECT key, scenario, status, record, cell, samples, info, warnings, created FROM cells "
             "WHERE run_id=? ORDER BY rowid", (run_id,)).fetchall()
-        return [{"key": r[0], "scenario": r[1], "status": r[2], "record": json.loads(r[3]),
-                 "cell": json.loads(r[4]), "samples": json.loads(r[5]), "info": json.loads(r[6]),
-                 "warnings": json.loads(r[7]), "created": r[8]} for r in rows]
+        def col(text, kind, name):
+            return self._json(text, kind, name, f"a cell of run {run_id}")
+        out = []
+        for r in rows:
+            out.append({"key": r[0], "scenario": r[1], "status": r[2], "record": col(r[3], dict, "record"),
+                        "cell": col(r[4], dict, "cell"), "samples": col(r[5], list, "samples"),
+                        "info": col(r[6], dict, "info"), "warnings": col(r[7], list, "warnings"), "created": r[8]})
+        return out
 
     @_guarded
     def rows(self, table: str) -> list[tuple]:
@@ -316,26 +409,57 @@ class Store:
 
     # --- merge ----------------------------------------------------------------------------------
     @_guarded
-    def merge_from(self, other_path: str) -> tuple[int, int]:
-        """Copy runs and cells from another store (opened read-only: a damaged or foreign one is refused
+    def merge_from(self, *paths: str) -> tuple[int, int]:
+        """Copy runs and cells from other stores (opened read-only: a damaged or foreign one is refused
         before anything is written); a cell already here (same run, same key) is kept once. One
-        transaction: a failure leaves this store as it was. Returns (runs added, cells added)."""
-        other = Store(other_path, readonly=True)
+        transaction for all of them: a refusal or a failure leaves this store as it was (merging the sources
+        one by one had written the first before the second was refused). Returns (runs added, cells added)."""
+        others = [Store(p, readonly=True) for p in paths]
         try:
-            mine = {r["name"]: r["run_id"] for r in self.runs()}
-            for r in other.runs():
-                if mine.get(r["name"], r["run_id"]) != r["run_id"]:
-                    raise SpecError(f"run '{r['name']}' of {other_path} is another run than the one of that name "
-                                    f"in {self.path} (id {r['run_id']} vs {mine[r['name']]}): {other_path} "
-                                    "was not merged; merge it into another --into store")
+            check_mergeable(others, {r["name"]: (r, self.path) for r in self.runs()})
             runs_added = cells_added = 0
             with self.conn:
-                for row in other.rows("runs"):
-                    cur = self.conn.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?)", row)
-                    runs_added += cur.rowcount
-                for row in other.rows("cells"):
-                    cur = self.conn.execute("INSERT OR IGNORE INTO cells VALUES (?,?,?,?,?,?,?,?,?,?)", row)
-                    cells_added += cur.rowcount
+                for other in others:
+                    for row in other.rows("runs"):
+                        cur = self.conn.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?)", row)
+                        runs_added += cur.rowcount
+                    for row in other.rows("cells"):
+                        cur = self.conn.execute("INSERT OR IGNORE INTO cells VALUES (?,?,?,?,?,?,?,?,?,?)", row)
+                        cells_added += cur.rowcount
         finally:
-            other.close()
+            for other in others:
+                other.close()
         return runs_added, cells_added
+
+
+def check_mergeable(others: list[Store], known: dict[str, tuple[dict, str]]) -> None:
+    """Refuse stores whose runs cannot join `known` (name -> (run, the store it is in)) and each other, and any
+    row that does not read back (damage is refused, not spread). A named run's id comes from its name, so two
+    sweeps given one --name share it: the ids alone would join cells of another kind or another grid into one
+    run (shards of one sweep differ only in where and how long they ran: RESUMABLE)."""
+    for other in others:
+        runs = other.runs()
+        for r in runs:
+            here, where = known.setdefault(r["name"], (r, other.path))
+            differ = ([f"id {r['run_id']} vs {here['run_id']}"] if here["run_id"] != r["run_id"] else
+                      [f"kind {r['kind']} vs {here['kind']}"] if here["kind"] != r["kind"] else
+                      [f"{k} {json.dumps(r['spec'].get(k))} vs {json.dumps(here['spec'].get(k))}"
+                       for k in sorted(set(here["spec"]) | set(r["spec"]))
+                       if k not in RESUMABLE and here["spec"].get(k) != r["spec"].get(k)][:3])
+            if differ:
+                raise SpecError(f"run '{r['name']}' of {other.path} is another run than the one of that name in "
+                                f"{where} ({'; '.join(differ)}): nothing was merged; merge them into separate "
+                                "--into stores")
+        for r in runs:
+            other.cells(r["run_id"])
+
+
+def check_sources(paths: list[str]) -> None:
+    """check_mergeable on the sources alone, before the target is opened (created, when new): a refused merge
+    leaves no empty store behind."""
+    others = [Store(p, readonly=True) for p in paths]
+    try:
+        check_mergeable(others, {})
+    finally:
+        for other in others:
+            other.close()

@@ -1,0 +1,186 @@
+"""The fused engine on odd but legal transformers configs and inputs (CPU, fp32): each either matches transformers
+or is refused with one clear reason (EngineUnsupported; the fused backend's `unsupported`), never silently
+different numbers or a crash."""
+
+import pytest
+import torch
+from transformers import (BertConfig, BertForSequenceClassification, BertModel, GPT2Config, GPT2DoubleHeadsModel,
+                          GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model, RobertaConfig, RobertaForMaskedLM,
+                          RobertaModel)
+
+from transbench.engine import EngineUnsupported, compile_model
+
+VOCAB = 200
+PAD = 1  # RoBERTa's pad id
+
+
+def rel(out, ref, mask=None):
+    out, ref = out.double(), ref.double()
+    if mask is not None:
+        out, ref = out[mask.bool()], ref[mask.bool()]
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def bert(cls=BertModel, **kw):
+    return cls(BertConfig(**{**dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                    intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=32), **kw}))
+
+
+def roberta(cls=RobertaModel, *args, **kw):
+    return cls(RobertaConfig(**{**dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=34,
+                                       pad_token_id=PAD), **kw}), *args)
+
+
+def gpt2(cls=GPT2Model, **kw):
+    return cls(GPT2Config(**{**dict(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=32,
+                                    bos_token_id=0, eos_token_id=0, pad_token_id=0), **kw}))
+
+
+def ids_mask(B=3, S=11, left=False, pad_id=0):
+    """Token ids never equal to PAD or 0, and a mask of lengths S, S - 4, 3; padding positions hold pad_id."""
+    ids = torch.randint(2, VOCAB, (B, S))
+    mask = torch.ones(B, S, dtype=torch.long)
+    for b, n in enumerate([S, S - 4, 3][:B]):
+        if left:
+            mask[b, : S - n] = 0
+        else:
+            mask[b, n:] = 0
+    return ids.masked_fill(mask == 0, pad_id), mask
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _left_padded():
+    return ids_mask(left=True, pad_id=PAD)
+
+
+def _pad_id_inside():
+    ids, _ = ids_mask()
+    ids[0, 4] = PAD  # a real token that is the pad id: RoBERTa numbers the positions after it one lower
+    return ids, None
+
+
+MATCH = {
+    # odd shapes and options that the engine runs
+    "bert-head-size-25": (lambda: bert(hidden_size=200, num_attention_heads=8, intermediate_size=300), ids_mask),
+    "bert-1-head-1-layer": (lambda: bert(num_attention_heads=1, num_hidden_layers=1, intermediate_size=40), ids_mask),
+    "bert-tanh-gelu-eps": (lambda: bert(hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-3), ids_mask),
+    "bert-one-token-type": (lambda: bert(type_vocab_size=1), ids_mask),
+    "gpt2-head-size-25-n_inner": (lambda: gpt2(n_embd=200, n_head=8, n_inner=100), ids_mask),
+    "gpt2-unscaled-reordered": (lambda: gpt2(scale_attn_weights=False, scale_attn_by_inverse_layer_idx=True,
+                                             reorder_and_upcast_attn=True), ids_mask),
+    "gpt2-left-padding": (lambda: gpt2(GPT2LMHeadModel, activation_function="gelu_pytorch_tanh"),
+                          lambda: ids_mask(left=True)),
+    # RoBERTa numbered positions by column + padding_idx + 1, not from the ids as transformers does: left padding
+    # read rel_err 0.5, a real token equal to the pad id 0.4
+    "roberta-left-padding": (lambda: roberta(RobertaModel, False), _left_padded),
+    "roberta-mlm-left-padding": (lambda: roberta(RobertaForMaskedLM), _left_padded),
+    "roberta-pad-id-token": (lambda: roberta(), _pad_id_inside),
+    "roberta-pad-id-7": (lambda: roberta(RobertaModel, False, pad_token_id=7, max_position_embeddings=40),
+                         lambda: ids_mask(left=True, pad_id=7)),
+}
+
+
+@pytest.mark.parametrize("name", MATCH)
+def test_engine_matches_transformers(name):
+    build, inputs = MATCH[name]
+    model = build().eval()
+    ids, mask = inputs()
+    compiled = compile_model(model, dtype=torch.float32)
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask)
+    out = compiled(input_ids=ids, attention_mask=mask)
+    for key in ("last_hidden_state", "pooler_output", "logits"):
+        if getattr(ref, key, None) is not None:
+            per_token = mask is not None and ref[key].shape[:mask.dim()] == mask.shape
+            assert rel(out[key], ref[key], mask if per_token else None) < 1e-5, key
+
+
+REFUSED_CONFIGS = {
+    "bert-relu": (lambda: bert(hidden_act="relu"), "activation 'relu'"),
+    "gpt2-silu": (lambda: gpt2(activation_function="silu"), "activation 'silu'"),
+    "gpt2-quick-gelu": (lambda: gpt2(activation_function="quick_gelu"), "activation 'quick_gelu'"),
+    "bert-relative-key": (lambda: bert(position_embedding_type="relative_key_query"), "position_embedding_type"),
+    "bert-decoder": (lambda: bert(is_decoder=True), "BERT as a decoder"),
+    "gpt2-cross-attention": (lambda: gpt2(add_cross_attention=True), "cross-attention"),
+    # crashed on its (batch, choices, seq) ids; its head reads the last position, padding in a padded batch
+    "gpt2-double-heads": (lambda: gpt2(GPT2DoubleHeadsModel), "GPT2DoubleHeadsModel is not supported"),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED_CONFIGS)
+def test_fused_backend_refuses_configs_with_the_reason(name):
+    from transbench.backends import fused
+    from transbench.cells import Cell
+    from transbench.errors import Unsupported
+
+    build, reason = REFUSED_CONFIGS[name]
+    with pytest.raises(Unsupported, match=reason):
+        fused._compile(build().eval(), Cell("tiny", "base", "fused", "fp32", 1, 8))
+
+
+def _all_padding_row():
+    ids, mask = ids_mask()
+    mask[2] = 0
+    return ids, mask
+
+
+REFUSED_INPUTS = {
+    # The pooler reads each sequence's first position; packing never computes a padding one, so the engine's
+    # pooler output there was tanh(bias): BERT classification logits of a left-padded batch read rel_err 0.8.
+    "bert-classifier-left-padding": (lambda: bert(BertForSequenceClassification), lambda: ids_mask(left=True),
+                                     "pooler reads each sequence's first token"),
+    "roberta-pooler-left-padding": (roberta, _left_padded, "pooler reads each sequence's first token"),
+    "bert-pooler-all-padding-row": (bert, _all_padding_row, "pooler reads each sequence's first token"),
+    # transformers takes a 4-D mask as additive biases; read as a padding mask it gave rel_err 0.6
+    "bert-4d-mask": (bert, lambda: (ids_mask()[0], ids_mask()[1][:, None, None, :].float()), "4-D attention_mask"),
+    "gpt2-4d-mask": (gpt2, lambda: (ids_mask()[0], ids_mask()[1][:, None, None, :].float()), "4-D attention_mask"),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED_INPUTS)
+def test_inputs_the_engine_cannot_match_are_refused(name):
+    build, inputs, reason = REFUSED_INPUTS[name]
+    compiled = compile_model(build().eval(), dtype=torch.float32)
+    ids, mask = inputs()
+    with pytest.raises(EngineUnsupported, match=reason):
+        compiled(input_ids=ids, attention_mask=mask)
+
+
+def test_left_padding_without_a_pooler_still_runs():
+    model = BertModel(bert().config, add_pooling_layer=False).eval()
+    ids, mask = ids_mask(left=True)
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask).last_hidden_state
+    out = compile_model(model, dtype=torch.float32)(ids, attention_mask=mask)
+    assert out.pooler_output is None and rel(out.last_hidden_state, ref, mask) < 1e-5
+
+
+@pytest.mark.parametrize("case", ["ids-pad-matches", "ids-pad-not-in-vocab", "inputs-embeds"])
+def test_fused_backend_refuses_a_gpt2_classifier_reading_padding(case):
+    # GPT2ForSequenceClassification reads each sequence's last token whose id is not pad_token_id (the last position
+    # from inputs_embeds): padding, where the engine returns zeros. `run --task classification --seq-stdev 4` on a
+    # gpt2 checkpoint whose pad_token_id is outside its vocabulary, or with --encoders-only, read `wrong` (0.92).
+    from transbench.backends import fused
+    from transbench.cells import Cell
+    from transbench.errors import Unsupported
+    from transbench.scenarios.inputs import make_inputs
+
+    model = gpt2(GPT2ForSequenceClassification, num_labels=3,
+                 pad_token_id=VOCAB + 5 if case == "ids-pad-not-in-vocab" else 0).eval()
+    inputs = make_inputs(VOCAB, 3, 12, pad_id=0, stdev=4.0, max_len=24, seed=0)
+    assert inputs.attention_mask is not None and inputs.attention_mask[:, -1].min() == 0
+    if case == "inputs-embeds":
+        inputs.inputs_embeds = model.get_input_embeddings()(inputs.input_ids).detach()
+    with torch.no_grad():
+        ref = model(**inputs.model_kwargs()).logits
+    cell = Cell("tiny", "classification", "fused", "fp32", 3, 18, embeddings=case != "inputs-embeds")
+    if case == "ids-pad-matches":
+        assert rel(fused.BACKEND.prepare(model, inputs, cell).fn().logits, ref) < 1e-5
+    else:
+        with pytest.raises(Unsupported, match="classification head reads each sequence's last"):
+            fused.BACKEND.prepare(model, inputs, cell)

@@ -1,0 +1,347 @@
+"""Stored results resumed, merged, listed and compared from stores and names that are not what the code
+expects: damaged rows, half-made files, names that are other runs' ids or not UTF-8, runs of other grids or
+other hardware. Bad input is one line on stderr, exit 2, no traceback, and every store byte-identical."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from report_helpers import bad_result, cell, make_run, ok_result
+from test_cli_input import invoke, refused
+
+from transbench import api
+from transbench.runner import grid
+from transbench.runner.sweep import open_run
+from transbench.spec import RunSpec
+from transbench.store import Store
+from transbench.store import db as store_db
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def samples(median: float, n: int = 40) -> list[float]:
+    return [median * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(n)]
+
+
+def digest(folder: Path) -> dict:
+    """sha256 of every store file and its -wal (SQLite's -shm index is shared memory, not the store)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
+            if p.is_file() and not p.name.endswith("-shm")}
+
+
+def two_runs(db: Path, spec_a: dict | None = None, spec_b: dict | None = None) -> None:
+    make_run(str(db), "A", [(cell("eager", 1), ok_result(samples(10.0), 1)),
+                            (cell("eager", 2), ok_result(samples(20.0), 2))], spec=spec_a)
+    make_run(str(db), "B", [(cell("eager", 1), ok_result(samples(10.0), 1)),
+                            (cell("eager", 2), ok_result(samples(20.0), 2))], spec=spec_b)
+
+
+# --- rows that are not what a store of ours holds -----------------------------------------------------------
+
+DAMAGE = {
+    "spec not JSON": ("UPDATE runs SET spec='not json' WHERE name='A'", "the spec of run 'A' is not JSON"),
+    "spec a list": ("UPDATE runs SET spec='[]' WHERE name='A'", "the spec of run 'A' is a list, not an object"),
+    "env null": ("UPDATE runs SET env='null' WHERE name='A'", "the env of run 'A' is null, not an object"),
+    "record cut short": ("UPDATE cells SET record='{' WHERE rowid=1", "the record of a cell of run"),
+    "samples null": ("UPDATE cells SET samples='null' WHERE rowid=1", "the samples of a cell of run"),
+    "samples text": ("UPDATE cells SET samples='[\"x\"]' WHERE rowid=1", "something other than finite numbers"),
+    "samples NaN": ("UPDATE cells SET samples='[NaN, 1.0]' WHERE rowid=1", "something other than finite numbers"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_row_is_one_line_and_never_copied_by_merge(tmp_path, damage):
+    sql, needle = DAMAGE[damage]
+    db = tmp_path / "s.db"
+    two_runs(db)
+    con = sqlite3.connect(db)
+    con.execute(sql)
+    con.commit()
+    con.close()
+    target = tmp_path / "t.db"
+    Store(target).close()
+    before = digest(tmp_path)
+    for args in (["compare", "A", "B", "--db", db], ["report", "A", "--db", db, "--out", tmp_path / "out"],
+                 ["merge", db, "--into", target]):
+        refused(invoke(*args), f"store {db} is damaged", needle)
+    assert digest(tmp_path) == before  # the target got none of it; the report folder holds no file
+    assert not any((tmp_path / "out").glob("*")) if (tmp_path / "out").exists() else True
+
+
+def test_a_marked_file_without_our_tables_is_refused_untouched(tmp_path):
+    """The application_id alone made a file 'ours': its first query failed with a traceback, after a writer
+    had switched its journal to WAL (its header bytes changed)."""
+    path = tmp_path / "marked.db"
+    con = sqlite3.connect(path)
+    con.execute(f"PRAGMA application_id={store_db.APP_ID}")
+    con.execute(f"PRAGMA user_version={store_db.SCHEMA_VERSION}")
+    con.execute("CREATE TABLE runs (x)")
+    con.commit()
+    con.close()
+    good = tmp_path / "good.db"
+    two_runs(good)
+    before = digest(tmp_path)
+    for args in (["runs", "--db", path], ["compare", "A", "B", "--db", path], ["merge", path, "--into", good],
+                 ["merge", good, "--into", path]):
+        refused(invoke(*args), f"store {path} is damaged", "not a transbench store's")
+    assert digest(tmp_path) == before
+
+
+def test_a_marked_file_with_no_tables_yet_is_started_by_a_writer(tmp_path):
+    """A writer killed between marking a new file and creating its tables left a marked file that every later
+    writer took for a whole store, and failed on."""
+    path = tmp_path / "half.db"
+    con = sqlite3.connect(path)
+    con.execute(f"PRAGMA application_id={store_db.APP_ID}")
+    con.commit()
+    con.close()
+    s = Store(path)
+    s.create_run("x", "inference", {}, {})
+    s.close()
+    assert [r["name"] for r in api.runs(str(path))] == ["x"]
+
+
+# --- names ---------------------------------------------------------------------------------------------------
+
+def test_a_name_that_is_not_utf8_is_no_run_and_never_stored(tmp_path):
+    """A shell passes undecodable bytes as lone surrogates: find_run and create_run raised UnicodeEncodeError."""
+    db = tmp_path / "s.db"
+    two_runs(db)
+    before = digest(tmp_path)
+    refused(invoke("compare", "A", "b\udcff", "--db", db), "no run 'b\\udcff'")
+    refused(invoke("report", "\udcff", "--db", db, "--out", tmp_path / "out"), "no run '\\udcff'")
+    new = tmp_path / "new.db"
+    refused(invoke("run", "--model", "bert-tiny", "--device", "cpu", "--db", new, "--name", "a\udcffb"),
+            "is not UTF-8 text")
+    assert not new.exists()  # refused before the store was created
+    assert digest(tmp_path) == before
+
+
+def test_a_name_never_stands_for_another_run(tmp_path):
+    """A new run named like another run's id (12 hex digits) resumed that other run and stored its cells
+    there; a reference to such a name found the other run."""
+    db = tmp_path / "s.db"
+    make_run(str(db), "first", [(cell("eager", 1), ok_result(samples(10.0), 1))], spec={"batches": [1]})
+    first_id = hashlib.sha256(b"first").hexdigest()[:12]
+    store = Store(db)
+    try:
+        run_id, name, done = open_run(store, "inference", {"batches": [1]}, first_id, lambda: {})
+        assert (name, done) == (first_id, 0) and run_id != first_id
+        assert open_run(store, "inference", {"batches": [1]}, "last", lambda: {})[1] == "last"  # not the newest
+        assert store.find_run(first_id)["run_id"] == run_id  # the name wins over the other run's id
+        assert store.find_run("first")["run_id"] == first_id
+    finally:
+        store.close()
+
+
+
+def test_runs_spec_takes_a_name_before_another_runs_id(tmp_path):
+    """`runs --spec REF` matched ids and names in store order: the run named like another run's id printed the
+    other run's spec."""
+    db = tmp_path / "s.db"
+    make_run(str(db), "first", [(cell("eager", 1), ok_result(samples(10.0), 1))], spec={"batches": [1]})
+    first_id = hashlib.sha256(b"first").hexdigest()[:12]
+    make_run(str(db), first_id, [(cell("eager", 7), ok_result(samples(10.0), 7))], spec={"batches": [7]})
+    for ref, batch in ((first_id, 7), ("first", 1), ("last", 7)):
+        res = invoke("runs", "--spec", ref, "--db", db)
+        assert res.exit_code == 0 and f"- {batch}\n" in res.output, (ref, res.output)
+
+# --- merge ---------------------------------------------------------------------------------------------------
+
+def test_merge_refuses_a_run_of_that_name_with_another_grid_or_kind(tmp_path):
+    """Named runs share an id, so merge joined another grid's (or another kind's) cells into a run."""
+    target, other, train, shard = (tmp_path / n for n in ("t.db", "o.db", "k.db", "s2.db"))
+    make_run(str(target), "S", [(cell("eager", 1), ok_result(samples(10.0), 1))],
+             spec={"batches": [1, 2], "shard": "1/2", "timeout": 10})
+    make_run(str(other), "S", [(cell("eager", 1, seq=16), ok_result(samples(10.0), 1))],
+             spec={"batches": [1, 2], "seqs": [16], "shard": "1/2"})
+    make_run(str(train), "S", [(cell("eager", 4), ok_result(samples(10.0), 4))], kind="training",
+             spec={"batches": [1, 2], "shard": "1/2", "timeout": 10})
+    before = digest(tmp_path)
+    refused(invoke("merge", other, "--into", target), "another run than the one of that name", "seqs [16] vs null")
+    refused(invoke("merge", train, "--into", target), "kind training vs inference")
+    assert digest(tmp_path) == before
+    # the other shard of the same sweep (another --shard, another --timeout) still joins
+    make_run(str(shard), "S", [(cell("eager", 2), ok_result(samples(20.0), 2))],
+             spec={"batches": [1, 2], "shard": "2/2", "timeout": 99})
+    res = invoke("merge", shard, "--into", target)
+    assert res.exit_code == 0 and "0 new run(s), 1 new cell(s)" in res.output, res.output
+
+
+def test_a_refused_merge_of_several_sources_writes_nothing(tmp_path):
+    """Sources were merged one by one: the first was in the target before the second was refused (exit 2, the
+    target changed), and a new target was left behind empty when a source was refused."""
+    first, clash, target = (tmp_path / n for n in ("a.db", "b.db", "t.db"))
+    make_run(str(first), "S", [(cell("eager", 1), ok_result(samples(10.0), 1))], spec={"seqs": [8]})
+    make_run(str(clash), "S", [(cell("eager", 1, seq=16), ok_result(samples(10.0), 1))], spec={"seqs": [16]})
+    make_run(str(target), "T", [(cell("eager", 2), ok_result(samples(20.0), 2))])
+    before = digest(tmp_path)
+    refused(invoke("merge", first, clash, "--into", target), "another run than the one of that name",
+            "seqs [16] vs [8]")
+    assert digest(tmp_path) == before
+    new = tmp_path / "new.db"
+    refused(invoke("merge", first, clash, "--into", new), "another run than the one of that name")
+    assert not new.exists() and digest(tmp_path) == before
+
+
+# --- compare ------------------------------------------------------------------------------------------------
+
+def test_compare_does_not_judge_one_machine_against_another(tmp_path):
+    """A cpu run against a cuda run (or an A100 against an H100) was paired cell by cell: `faster` one way,
+    `slower` (exit 1) the other, with no word that the machines differed."""
+    db = tmp_path / "s.db"
+    c = cell("eager", 1)
+    make_run(str(db), "cpu", [(c, ok_result(samples(10.0), 1)), (cell("eager", 2), bad_result("error", "x"))])
+    make_run(str(db), "h100", [(replace(c, device="cuda"), ok_result(samples(1.0), 1, gpu="NVIDIA H100")),
+                               (replace(cell("eager", 2), device="cuda"), bad_result("error", "x"))])
+    make_run(str(db), "a100", [(replace(c, device="cuda:1"), ok_result(samples(1.0), 1, gpu="NVIDIA A100")),
+                               (replace(cell("eager", 2), device="cuda"), bad_result("error", "x"))])
+    make_run(str(db), "h100-again", [(replace(c, device="cuda:1"), ok_result(samples(1.5), 1, gpu="NVIDIA H100"))])
+    before = digest(tmp_path)
+    for a, b, says in (("cpu", "h100", "B ran it on cuda (NVIDIA H100), A on cpu"),
+                       ("h100", "cpu", "B ran it on cpu, A on cuda (NVIDIA H100)"),
+                       ("h100", "a100", "B ran it on cuda (NVIDIA A100), A on cuda (NVIDIA H100)")):
+        refused(invoke("compare", a, b, "--db", db), "ran on other hardware", says)
+    assert digest(tmp_path) == before
+    res = invoke("compare", "h100", "h100-again", "--db", db)  # another GPU index of the same model: compared
+    assert res.exit_code == 1 and "1 slower" in res.output, res.output
+
+
+def test_min_effect_out_of_range_says_the_range(tmp_path):
+    db = tmp_path / "s.db"
+    two_runs(db)
+    refused(invoke("compare", "A", "B", "--db", db, "--min-effect", "10"), "below 10")
+
+
+# --- resume ---------------------------------------------------------------------------------------------------
+
+def test_resume_without_a_name_refuses_options_it_would_ignore(tmp_path):
+    """`run --resume --batch 1,4` resumed the newest run with its own grid (batch 1), measured nothing, and said
+    "resumed"."""
+    db = tmp_path / "s.db"
+    spec = grid.validate(RunSpec(models=["bert-tiny"], backends=["eager"], batches=[1], seqs=[8], device="cpu",
+                                 min_time=0.01, warmup=1))
+    make_run(str(db), "inference-old", [(c, ok_result(samples(10.0), c.batch)) for c in grid.expand(spec)],
+             spec=api.spec_to_store(spec))
+    (tmp_path / "sweep.yaml").write_text("batches: [1, 2]\n")
+    before = digest(tmp_path)
+    refused(invoke("run", "--resume", "--batch", "1,4", "--db", db), "'inference-old'", "batches [1] -> [1, 4]")
+    refused(invoke("run", "--resume", "--spec", tmp_path / "sweep.yaml", "--db", db), "batches [1] -> [1, 2]")
+    assert digest(tmp_path) == before
+    res = invoke("run", "--resume", "--batch", "1", "--device", "cpu", "--db", db)  # the same options: resumed
+    assert res.exit_code == 0 and "(resumed)" in res.output, res.output
+
+
+# --- a killed sweep's -wal file -----------------------------------------------------------------------------
+
+def test_readers_leave_a_killed_sweeps_wal_file_as_it_is(tmp_path):
+    """A reader's plain connection, the last to close, checkpointed the -wal file of a killed sweep into the
+    store and deleted it: a refused `compare` rewrote the store's bytes."""
+    db = tmp_path / "s.db"
+    two_runs(db)
+    code = (f"import os, sys; sys.path[:0] = [{str(ROOT / 'src')!r}, {str(ROOT / 'tests')!r}]\n"
+            "from report_helpers import cell, ok_result\n"
+            "from transbench.runner.sweep import store_result\n"
+            "from transbench.store import Store\n"
+            f"s = Store({str(db)!r})\n"
+            "store_result(s, s.find_run('A')['run_id'], cell('eager', 4), ok_result([1.0] * 30, 4))\n"
+            "os._exit(0)\n")  # killed: no close, no checkpoint
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert os.path.getsize(f"{db}-wal") > 0
+    before = digest(tmp_path)
+    refused(invoke("compare", "A", "nope", "--db", db), "no run 'nope'")
+    res = invoke("runs", "--db", db)
+    assert res.exit_code == 0 and " 3 " in res.output, res.output  # the cell in the -wal file is read
+    assert digest(tmp_path) == before
+
+
+def test_a_run_is_not_resumed_on_another_device_type(tmp_path):
+    """A run's stored spec says `--device auto`: killed on a GPU host and resumed where no GPU is visible, it had
+    the same grid and measured its other cells on the CPU, into the same run."""
+    db = tmp_path / "s.db"
+    spec = grid.validate(RunSpec(models=["bert-tiny"], backends=["eager"], batches=[1, 2], seqs=[8], device="auto",
+                                 min_time=0.01, warmup=1, name="gpu-run"))
+    gpu_cell = replace(grid.expand(spec)[0], device="cuda")  # as the GPU host expanded it
+    make_run(str(db), "gpu-run", [(gpu_cell, ok_result(samples(1.0), 1, gpu="NVIDIA H100"))],
+             spec=api.spec_to_store(spec))
+    before = digest(tmp_path)
+    refused(invoke("run", "--model", "bert-tiny", "--backend", "eager", "--batch", "1,2", "--seq", "8",
+                   "--min-time", "0.01", "--warmup", "1", "--name", "gpu-run", "--db", db),
+            "stored cells ran on cuda", "would run on cpu here")
+    assert digest(tmp_path) == before
+
+
+def test_a_run_made_meanwhile_by_another_process_is_resumed(tmp_path, monkeypatch):
+    """Two shards started at once into one --db with one --name: both looked the name up, found nothing, and the
+    second one's insert raised sqlite3.IntegrityError (a traceback)."""
+    db = tmp_path / "s.db"
+    make_run(str(db), "sweep", [(cell("eager", 1), ok_result(samples(10.0), 1))], spec={"batches": [1, 2]})
+    store = Store(db)
+    looked = []
+
+    def late(self, name):  # the other process inserts right after this process looked
+        looked.append(name)
+        if len(looked) == 1:
+            return None
+        row = self.conn.execute("SELECT run_id, name, kind, spec FROM runs WHERE name=?", (name,)).fetchone()
+        return {"run_id": row[0], "name": row[1], "kind": row[2], "spec": json.loads(row[3])}
+
+    monkeypatch.setattr(Store, "run_named", late, raising=False)
+    monkeypatch.setattr(Store, "find_run", late)  # the look-up by name, whichever open_run uses
+    try:
+        run_id, name, done = open_run(store, "inference", {"batches": [1, 2], "shard": "2/2"}, "sweep", lambda: {})
+    finally:
+        store.close()
+    assert (run_id, name, done) == (hashlib.sha256(b"sweep").hexdigest()[:12], "sweep", 1)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs a FIFO")
+def test_a_store_path_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
+    """A FIFO as --db blocked the header read for ever (readers and writers); /dev/null read as an empty file,
+    and `merge --into /dev/null` then made /dev/null-journal."""
+    import signal
+
+    fifo = tmp_path / "pipe.db"
+    os.mkfifo(fifo)
+    good = tmp_path / "good.db"
+    two_runs(good)
+
+    def hung(*_):
+        raise TimeoutError("blocked on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        for args in (["runs", "--db", fifo], ["compare", "A", "B", "--db", fifo], ["merge", good, "--into", fifo],
+                     ["merge", fifo, "--into", tmp_path / "t.db"]):
+            refused(invoke(*args), f"store {fifo} is not a regular file")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.db", "pipe.db"]
+
+
+def test_a_shard_counts_only_its_own_stored_cells(tmp_path, quick):
+    """Two shards of one run in one store: the second said "resuming: 2 of 2 cells already stored" (its sibling's
+    cells) before running all of its own."""
+    db = str(tmp_path / "s.db")
+
+    def spec(i):
+        return RunSpec(models=["bert-tiny"], backends=["sdpa"], batches=[1, 2], seqs=[8, 16], shard=f"{i}/2",
+                       name="sharded", **quick)
+    sizes = [len(grid.expand(grid.validate(spec(i)))) for i in (1, 2)]
+    assert all(sizes)
+    seen = []
+    for i in (1, 2):
+        assert not api.run(spec(i), db, on_start=lambda cells, done: seen.append((len(cells), done))).resumed
+    assert seen == [(sizes[0], 0), (sizes[1], 0)]
+    assert api.run(spec(2), db, on_start=lambda cells, done: seen.append((len(cells), done))).resumed
+    assert seen[-1] == (sizes[1], sizes[1])
