@@ -47,7 +47,8 @@ if [ "$PART" = check ]; then
   timeout 200 python3 benchmarks/plain_loop_check.py --model gpt2 --backend sdpa,fused --point 4x320 --dtype bf16 \
     2>&1 | grep -vE "^\s*$" | tail -6
   for b in fused compile,fused; do
-    timeout 150 python3 -m transbench run --model bert-base-uncased --backend $b --compile-mode reduce-overhead \
+    cm=; [[ $b == *compile* ]] && cm="--compile-mode reduce-overhead"  # refused where no compile cell uses it
+    timeout 150 python3 -m transbench run --model bert-base-uncased --backend $b $cm \
       --dtype fp16 --batch 8 --seq 128 --encoders-only --min-time 1 --timeout 120 --name "order ${b//,/-}" \
       --db $OUT/check.db --json $OUT/check_${b//,/-}.json > $OUT/check_${b//,/-}.txt 2>&1
     summary $OUT/check_${b//,/-}.json "run --backend $b:"
@@ -57,7 +58,8 @@ if [ "$PART" = verify ]; then
   export TRANSBENCH_CACHE_DIR=/tmp/r11-check
   for mode in reduce-overhead default; do for b in fused compile,fused; do
     name="${b//,/-}-$mode"
-    timeout 150 python3 -m transbench run --model bert-base-uncased --backend $b --compile-mode $mode \
+    cm=; [[ $b == *compile* ]] && cm="--compile-mode $mode"  # refused where no compile cell uses it
+    timeout 150 python3 -m transbench run --model bert-base-uncased --backend $b $cm \
       --dtype fp16 --batch 8 --seq 128 --encoders-only --min-time 1 --timeout 120 --name "$name" \
       --db $OUT/verify.db --json $OUT/verify_$name.json > $OUT/verify_$name.txt 2>&1
     summary $OUT/verify_$name.json "compile-mode $mode, run --backend $b:"

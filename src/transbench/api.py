@@ -18,9 +18,35 @@ from .scenarios import training
 from .scenarios.training import TrainSpec  # noqa: F401  (api.TrainSpec)
 from .cells import Cell, CellResult
 from .runner.sweep import SweepOptions, Target, open_run, run_grid
-from .spec import RunSpec
+from .spec import RunSpec, checked, coerce
 from .store import Store, export
 from .store.db import check_sources
+
+
+def _path(value, what: str = "db") -> str:
+    """A store or output path given in Python: `db=None` made a store named `None` in the current folder."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise SpecError(f"{what} must be a file path (text), got {value!r}")
+    return os.fspath(value)
+
+
+def _names(values, what: str) -> list[str]:
+    """Run names, or store paths: one text is a list of one (`records(db, "a")` looked up runs 'a' and 'b'
+    of "ab", letter by letter); anything but text is a SpecError, not an AttributeError deep inside."""
+    if isinstance(values, (str, os.PathLike)):
+        values = [values]
+    if not isinstance(values, (list, tuple)) or not all(isinstance(v, (str, os.PathLike)) for v in values):
+        raise SpecError(f"{what}: expected a list of names (text), got {values!r}")
+    return [os.fspath(v) for v in values]
+
+
+def _outputs(db: str, json_path, csv_path) -> str:
+    """The store and export paths, checked before anything runs, as the CLI does: a bad --json path was
+    found only after the whole sweep."""
+    db = _path(db)
+    export.check_paths(None if json_path is None else _path(json_path, "json_path"),
+                       None if csv_path is None else _path(csv_path, "csv_path"), db)
+    return db
 
 
 @dataclass
@@ -41,6 +67,7 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
     name with a different grid is refused. `resume=True` without a name resumes the newest run.
     `on_start(cells, already_done)` is called once the grid is known."""
     spec = grid.validate(spec)
+    db = _outputs(db, json_path, csv_path)
     if spec.nproc > 1:
         grid.check_data_parallel(spec)
     cells = grid.expand(spec)
@@ -72,6 +99,8 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
 def train(spec: TrainSpec, db: str = "transbench.db", **kwargs) -> list[dict]:
     """A training sweep (scenarios/training.py), or with `spec.ladder` the seed notebook's ladder of steps
     for one model (scenarios/training_ladder.py); kwargs: json_path, csv_path, on_start, on_cell."""
+    spec = checked(TrainSpec, spec, training.WHOLE_FIELDS)  # a dict or None: a SpecError, not an AttributeError
+    db = _outputs(db, kwargs.get("json_path"), kwargs.get("csv_path"))
     if spec.ladder:
         from .scenarios.training_ladder import ladder
 
@@ -95,7 +124,7 @@ def spec_to_store(spec: RunSpec) -> dict:
 
 
 def runs(db: str = "transbench.db") -> list[dict]:
-    store = Store(db, readonly=True)
+    store = Store(_path(db), readonly=True)
     try:
         return store.runs()
     finally:
@@ -103,7 +132,8 @@ def runs(db: str = "transbench.db") -> list[dict]:
 
 
 def records(db: str, run_refs: list[str] | None = None, baseline: str | None = None) -> list[dict]:
-    store = Store(db, readonly=True)
+    run_refs = None if run_refs is None else _names(run_refs, "run_refs")
+    store = Store(_path(db), readonly=True)
     try:
         missing = [r for r in (run_refs or []) if store.find_run(r) is None]
         if missing:
@@ -116,6 +146,10 @@ def records(db: str, run_refs: list[str] | None = None, baseline: str | None = N
 def merge(target: str, sources: list[str]) -> tuple[int, int]:
     """Join stores (e.g. the shards of one sweep run on several hosts) without duplicate cells: all of them or,
     refused, none."""
+    sources = _names(sources, "sources")
+    if not sources:  # an empty store was created and "0 new runs" reported
+        raise SpecError("merge needs at least one source store")
+    target = _path(target, "target")
     check_sources(sources)  # before the target is opened (or created)
     store = Store(target)
     try:
@@ -133,7 +167,7 @@ def micro(kind: str, options, db: str = "transbench.db"):
     (transbench.scenarios.micro: GemmOptions, BandwidthOptions, LayerOptions, BreakdownOptions)."""
     from .scenarios.micro import run_micro
 
-    return run_micro(kind, options, db)
+    return run_micro(kind, options, _path(db))
 
 
 def report(db: str = "transbench.db", runs: list[str] | None = None, out_dir: str = "report",
@@ -141,7 +175,7 @@ def report(db: str = "transbench.db", runs: list[str] | None = None, out_dir: st
     """report.md, PNG plots and a self-contained report.html for stored runs."""
     from .report import build_report
 
-    return build_report(db, runs or ["last"], out_dir, baseline, **kwargs)
+    return build_report(_path(db), _names(runs or ["last"], "runs"), _path(out_dir, "out_dir"), baseline, **kwargs)
 
 
 def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: float = 0.03):
@@ -149,7 +183,11 @@ def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: fl
     from .report import CompareConfig
     from .report import compare as compare_runs
 
-    return compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
+    run_a, run_b = _names([run_a, run_b], "runs")  # None or a number: a SpecError, not an AttributeError
+    for value, what in ((alpha, "alpha"), (min_effect, "min_effect")):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SpecError(f"{what} must be a number, got {value!r}")
+    return compare_runs(_path(db), run_a, run_b, CompareConfig(alpha, min_effect))
 
 
 def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", device: str = "auto",
@@ -171,6 +209,11 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
 
     if dtype not in ("fp16", "bf16", "fp8"):
         raise SpecError(f"dtype {dtype} cannot be tuned: the fused engine tunes fp16, bf16 and fp8")
+    if not isinstance(model, (str, os.PathLike)):
+        raise SpecError(f"model must be a preset name or a checkpoint folder, got {model!r}")
+    # batches="1,8" or ["8"] hit `v < 1` as text (a TypeError); read them as a spec file's list fields are
+    checked_axes = coerce(RunSpec, {"batches": batches, "seqs": seqs})
+    batches, seqs = checked_axes["batches"] or [], checked_axes["seqs"] or []
     ref = build.resolve(model)
     for v, what in [*((b, "batch") for b in batches), *((s, "seq") for s in seqs)]:
         if v < 1:
@@ -221,6 +264,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
     from .runner.sweep import _Lane, store_result
 
     spec, lengths = serve_spec.check(spec)
+    db = _outputs(db, json_path, csv_path)
     target = Target(ServeCell, measure="transbench.scenarios.serve:measure")
     opts = SweepOptions(spec.timeout)
     store = Store(db)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -179,6 +180,44 @@ def split_list(value, kind=str) -> list:
     except ValueError:
         raise SpecError(f"cannot read '{value}' as a list of {kind.__name__}s (use commas: 1,8,64)") from None
     return [check_int(x, "") for x in out] if kind is int else out
+
+
+# C0 and C1 control characters (ESC, BEL, newline, ...) and DEL. Rich prints ESC as it is, so a stored name
+# or an error message holding `\x1b[2J` would clear the terminal of whoever lists it. Also the bidirectional
+# overrides and isolates (U+202A-202E, U+2066-2069) and marks (U+200E, U+200F): they reorder the text shown
+# after them, so a name could display as another.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def check_name(name: str) -> str:
+    """Run names are refused when they hold control characters: printed raw, an escape sequence would
+    clear or recolour the terminal of whoever lists the store (`transbench runs`), and a newline would
+    break the one-row-per-run tables and reports. Markup characters such as `[/bold]` are fine: the CLI
+    prints every user text literally."""
+    bad = CONTROL.search(name)
+    if bad:
+        raise SpecError(f"run name {name!r} holds the control character {bad.group()!r}: "
+                        "use letters, digits, spaces and punctuation")
+    if not name.strip():
+        raise SpecError("run name is empty: give --name a visible name, or leave it out for a generated one")
+    if name.strip() == "last":  # `runs`, `report` and `compare` read it as the latest run
+        raise SpecError("run name 'last' stands for the latest run: choose another name")
+    return name
+
+
+def checked(cls, spec, whole: frozenset[str] = frozenset()):
+    """A spec built in Python (`api.run(RunSpec(batches="1,8"))`) read as a spec file is: every field through
+    coerce(), and the run name through the CLI's check. A dataclass does not check its fields' types, so
+    `batches=["8"]`, `min_time=float("nan")` or `name=5` reached the checks as they were and ended in a
+    TypeError deep inside, a NaN run, or a store created before the failure."""
+    if not isinstance(spec, cls):
+        raise SpecError(f"expected a {cls.__name__}, got {type(spec).__name__}: build it as "
+                        f"{cls.__name__}(...) or {cls.__name__}.from_dict(...)" if hasattr(cls, "from_dict") else
+                        f"expected a {cls.__name__}, got {type(spec).__name__}")
+    out = cls(**coerce(cls, {f.name: getattr(spec, f.name) for f in fields(cls)}, "", whole))
+    if getattr(out, "name", None) is not None:
+        check_name(out.name)  # control characters, an empty name, 'last': refused as on the CLI
+    return out
 
 
 def device_defaults(spec: RunSpec, device_type: str) -> RunSpec:

@@ -10,8 +10,8 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ..errors import SpecError
-from ..spec import coerce, load_file
-from .tables import CONTROL, visible
+from ..spec import check_name, coerce, load_file
+from .tables import visible
 
 # Old spelling -> the `run` spelling (design.md: "One name per concept across commands"). They stay
 # readable so scripts written against earlier versions keep working; each use prints one notice.
@@ -118,22 +118,6 @@ def build_spec(cls, spec_file: str | None, given: dict, whole: frozenset[str] = 
     if merged.get("name") is not None:
         check_name(merged["name"])
     return cls(**coerce(cls, merged, whole=whole))
-
-
-def check_name(name: str) -> str:
-    """Run names are refused when they hold control characters: printed raw, an escape sequence would
-    clear or recolour the terminal of whoever lists the store (`transbench runs`), and a newline would
-    break the one-row-per-run tables and reports. Markup characters such as `[/bold]` are fine: the CLI
-    prints every user text literally."""
-    bad = CONTROL.search(name)
-    if bad:
-        raise SpecError(f"run name {name!r} holds the control character {bad.group()!r}: "
-                        "use letters, digits, spaces and punctuation")
-    if not name.strip():
-        raise SpecError("run name is empty: give --name a visible name, or leave it out for a generated one")
-    if name.strip() == "last":  # `runs`, `report` and `compare` read it as the latest run
-        raise SpecError("run name 'last' stands for the latest run: choose another name")
-    return name
 
 
 def shown(cls, name: str) -> str:

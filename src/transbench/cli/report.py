@@ -25,11 +25,22 @@ def report(
     compare: Optional[bool] = typer.Option(None, "--compare/--no-compare",
                                            help="compare the first run with each other one (default: on when "
                                                 "two or more runs are given)"),
-    alpha: float = typer.Option(0.05, help="significance level of the comparison"),
-    min_effect: float = typer.Option(0.03, help="smallest latency change that counts (0.03 = 3%)"),
+    alpha: Optional[float] = typer.Option(None, show_default="0.05", help="significance level of the comparison"),
+    min_effect: Optional[float] = typer.Option(None, show_default="0.03",
+                                               help="smallest latency change that counts (0.03 = 3%)"),
 ) -> None:
     """Write report.md, PNG plots and a self-contained report.html for one or more stored runs."""
+    from ..errors import SpecError
     from ..report import CompareConfig, build_report
+
+    # Both only shape the comparison: a report of one run (or --no-compare) ignored them without a word.
+    comparing = compare if compare is not None else len(runs or []) > 1
+    for option, value in (("--alpha", alpha), ("--min-effect", min_effect)):
+        if value is not None and not comparing:
+            raise SpecError(f"{option} applies to the comparison of two runs, and this report compares none: "
+                            "give two runs (transbench report A B), or leave it out")
+    alpha = 0.05 if alpha is None else alpha
+    min_effect = 0.03 if min_effect is None else min_effect
 
     paths = build_report(db, runs or ["last"], out, baseline, compare_runs=compare,
                          config=CompareConfig(alpha, min_effect))

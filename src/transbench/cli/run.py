@@ -43,6 +43,21 @@ def _refuse_ignored_options(db: str, spec_file: str | None, given: dict, the_spe
                         "with them")
 
 
+def _refuse_unused_options(given: dict, the_spec: RunSpec) -> None:
+    """An option typed for a task or backend the grid does not hold changed nothing, and the run said ok
+    (`--task base --new-tokens 64`). Only options typed here: a --spec file (`runs --spec` writes every key)
+    holds them all."""
+    from ..backends.compile import check_mode
+
+    if given.get("new_tokens") is not None and "generate" not in the_spec.tasks:
+        raise SpecError(f"--new-tokens {given['new_tokens']} applies to --task generate, and the grid's tasks are "
+                        f"{','.join(the_spec.tasks)}: add --task generate, or leave --new-tokens out")
+    if given.get("compile_mode") is not None and "compile" not in the_spec.backends:
+        check_mode(given["compile_mode"])  # a misspelt mode is named as such first
+        raise SpecError(f"--compile-mode {given['compile_mode']} applies to the compile backend, and the grid's "
+                        f"backends are {','.join(the_spec.backends)}: add --backend compile, or leave --compile-mode out")
+
+
 def _d(name: str) -> str:
     return shown(RunSpec, name)
 
@@ -98,6 +113,7 @@ def run(
         "gpus": gpus and split_list(gpus, int), "nproc": nproc, "shard": shard, "name": name, "seed": seed,
     }
     the_spec = build_spec(RunSpec, spec, given)
+    _refuse_unused_options(given, the_spec)
     if resume and not the_spec.name:
         _refuse_ignored_options(db, spec, given, the_spec)
 

@@ -8,10 +8,9 @@ import typer
 
 from .. import api
 from ..scenarios.serve_spec import ServeSpec
-from ..spec import split_list
+from ..spec import check_name, split_list
 from ..store import export
 from .app import app, friendly
-from .options import check_name
 from .tables import console, fmt
 
 SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "latency_p50_ms",

@@ -8,7 +8,6 @@ user-provided names and error messages are printed literally, never read as mark
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..report.document import percent
+from ..spec import CONTROL  # control characters (defined with the run-name check)
 
 
 def _width() -> int | None:
@@ -31,12 +31,6 @@ def _width() -> int | None:
 
 
 console = Console(width=_width())
-
-# C0 and C1 control characters (ESC, BEL, newline, ...) and DEL. Rich prints ESC as it is, so a stored name
-# or an error message holding `\x1b[2J` would clear the terminal of whoever lists it. Also the bidirectional
-# overrides and isolates (U+202A-202E, U+2066-2069) and marks (U+200E, U+200F): they reorder the text shown
-# after them, so a name could display as another.
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def visible(text) -> str:

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import api
+from ..errors import SpecError
 from ..scenarios.training import WHOLE_FIELDS, TrainSpec
 from ..store import export
 from .app import app, friendly
@@ -142,6 +143,10 @@ def train(
         "rdzv_endpoint": rdzv_endpoint, "timeout": timeout, "seed": seed, "name": name,
     }
     the_spec = build_spec(TrainSpec, spec, given, WHOLE_FIELDS)
+    if not the_spec.ladder:  # both only shape a ladder: a plain sweep wrote no plot and searched nothing, and said ok
+        for option, value in (("--plot", plot), ("--max-batch-limit", max_batch_limit)):
+            if value is not None:
+                raise SpecError(f"{option} applies to --ladder only: add --ladder, or leave {option} out")
     # A ladder always writes its plot (a default name in the current folder): checked with the exports, before
     # the ladder's minutes of training.
     if plot is None and the_spec.ladder and the_spec.models:

@@ -111,4 +111,6 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
         md_path.write_text(to_markdown(title, sections, out))
     with writing(html_path):
         html_path.write_text(html.to_html(title, sections))
-    return ReportPaths(out, md_path, html_path, figures, comparisons, plot_failures)
+    # The serve section's plots too: `transbench report` of a serve run said "0 plot(s)" beside serve_0.png.
+    served = [b for b in (serve.blocks if serve is not None else []) if isinstance(b, Figure)]
+    return ReportPaths(out, md_path, html_path, figures + served, comparisons, plot_failures)

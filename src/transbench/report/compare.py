@@ -152,7 +152,10 @@ def settings(rec: dict) -> dict[str, object]:
     """The settings the record's stored cell key holds, by name. A JSON-object key names them; a list key
     does not, so each value is named by the first field of the record (contract order: the identity
     fields come first) that holds it, else by its position."""
-    key = json.loads(rec["_key"])
+    try:
+        key = json.loads(rec["_key"])
+    except ValueError:  # a key that is not JSON (a store written through Store.put_cell) is one setting, as it is
+        key = rec["_key"]
     if isinstance(key, dict):
         return key
     out: dict[str, object] = {}

@@ -68,6 +68,11 @@ def load(store: Store, run_refs: list[str], baseline: str | None = None) -> Repo
     return ReportData(runs, records, baselines)
 
 
+# The cell key's settings besides the point (Cell.identity): records that differ in one of them measured other
+# inputs (variable lengths, another activation, ...).
+GRID_SETTINGS = ("seq_stdev", "embeddings", "activation", "seed", "nproc", "new_tokens", "compile_mode")
+
+
 def shared_columns(records: list[dict]) -> None:
     """Set each record's _label: runs that measure different points of one grid (say batch 1 in one run,
     batch 256 in another) share one column per backend, rows per point. A backend's records stay split
@@ -80,7 +85,10 @@ def shared_columns(records: list[dict]) -> None:
         points = [(*export.point(r), r.get("world_size"), r.get("strategy")) for r in recs]
         devices = {r.get("device") for r in recs}
         gpus = {r.get("gpu") for r in recs if r.get("gpu")}
-        shared = len(set(points)) == len(points) and len(devices) <= 1 and len(gpus) <= 1
+        # Runs with other settings of the cell key (--seq-stdev, --activation, ...) are not one grid: batch 1 of
+        # a fixed-length run and batch 2 of a variable-length one shared a column, the table saying neither.
+        settings = {tuple(repr(r.get(k)) for k in GRID_SETTINGS) for r in recs}
+        shared = len(set(points)) == len(points) and len(devices) <= 1 and len(gpus) <= 1 and len(settings) <= 1
         for r in recs:
             r["_label"] = r.get("backend") if shared else r["_series"]
 

@@ -6,15 +6,20 @@ process and no display is needed."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
+import textwrap
+import warnings
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 from .data import ReportData, by_scenario, groups, is_ok, sorted_values
-from .document import STATUS_TEXT, Figure
+from .document import STATUS_TEXT, Figure, percent
 
 DPI = 110
+PANEL_ROW_WIDTH = 24.0  # inches: the widest row of heatmap (and latency distribution) panels
 
 
 def _canvas(width: float, height: float):
@@ -28,12 +33,70 @@ def _figure(ncols: int, nrows: int = 1, width: float = 4.6, height: float = 3.6)
     return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
+# The most sequence lengths side by side in the latency/throughput and speedup plots: one column per length made
+# a 4,000-pixel strip at eight lengths, too small to read once the page fits it to the screen.
+SEQ_COLUMNS = 4
+
+
+def _seq_figure(count: int, rows: int):
+    """`rows` stacked panels for each of `count` sequence lengths, in blocks of at most SEQ_COLUMNS lengths side
+    by side; the unused places of the last block removed. Returns the figure and each length's panels."""
+    cols = max(1, min(count, SEQ_COLUMNS))
+    blocks = -(-count // cols)
+    fig, axes = _figure(cols, rows * blocks)
+    for j in range(count, cols * blocks):
+        for i in range(rows):
+            fig.delaxes(axes[(j // cols) * rows + i][j % cols])
+    return fig, [[axes[(j // cols) * rows + i][j % cols] for i in range(rows)] for j in range(count)]
+
+
+# A plot's file name spells its parts (model, task, dtype; a run's name) in lower-case letters, digits, dots and
+# single hyphens. Where a part holds anything else, the spelling loses it: "org/m" and "org-m", or two names in
+# another script (both spelled ""), wrote one file, the second plot over the first, and the report showed it
+# twice; a name a case-insensitive file system folds ("Bert", "bert") did the same; a 300-character model path
+# was over a file system's 255 bytes (OSError: no plot at all). Such names keep SLUG_MAX characters of the
+# spelling and add a hash of the parts as they are.
+SLUG_MAX = 80
+_FAITHFUL = re.compile(r"[a-z0-9.]+(-[a-z0-9.]+)*")
+
+
 def slug(*parts) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "-", "_".join(str(p) for p in parts)).strip("-")
+    texts = [str(p) for p in parts]
+    text = re.sub(r"[^A-Za-z0-9.]+", "-", "_".join(texts)).strip("-")
+    if all(_FAITHFUL.fullmatch(t) for t in texts) and len(text) <= SLUG_MAX:
+        return text
+    digest = hashlib.sha1("\0".join(texts).encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{text[:SLUG_MAX].strip('-')}-{digest}".lstrip("-")
+
+
+def wrap(text, width: int = 40) -> str:
+    """A name drawn in a figure (legend entry, panel or figure title) folded onto lines of at most `width`
+    characters: a long run name or model path pushed the legend and the title off the image and collapsed the
+    axes to nothing. Folded, never cut: two long names that differ only in the middle stay two entries."""
+    lines = str(text).split("\n")
+    if all(len(line) <= width for line in lines):
+        return str(text)
+    return "\n".join(part for line in lines for part in (textwrap.wrap(
+        line, width, break_long_words=True, break_on_hyphens=False) or [""]))
+
+
+def _suptitle(fig, title: str, **kwargs) -> None:
+    """The figure's title, folded to the figure's width (about 8 characters an inch at the default size)."""
+    fig.suptitle(wrap(title, max(48, int(fig.get_figwidth() * 8))), **kwargs)
+
+
+@contextmanager
+def quiet_glyphs():
+    """A name in a script the bundled font lacks (CJK) is drawn as boxes in the PNG, and matplotlib warned once
+    per character and figure on stderr; the report's text (captions, tables) keeps every name as it is."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from", category=UserWarning)
+        yield
 
 
 def _save(fig, path: Path, title: str, points: list[dict]) -> Figure:
-    fig.savefig(path)
+    with quiet_glyphs():
+        fig.savefig(path)
     return Figure(path, title, points)
 
 
@@ -93,7 +156,7 @@ def _legend(fig, axes) -> None:
         for handle, name in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(name, handle)
     if seen:
-        fig.legend(list(seen.values()), list(seen.keys()), loc="outside right upper", fontsize=8)
+        fig.legend(list(seen.values()), [wrap(name) for name in seen], loc="outside right upper", fontsize=8)
 
 
 def _panels(fig, count: int, ncols: int = 4) -> list:
@@ -119,14 +182,19 @@ def latency_throughput(data: ReportData, out: Path) -> list[Figure]:
         if not seqs:
             continue
         series = list(dict.fromkeys(r["_series"] for r in recs))
-        fig, axes = _figure(len(seqs), 2)
+        fig, columns = _seq_figure(len(seqs), 2)
         points = []
         for j, seq in enumerate(seqs):
             for row, (key, ylabel) in enumerate((("latency_ms", "latency (ms, median)"),
                                                  ("throughput_per_s", "throughput (seq/s)"))):
-                ax = axes[row][j]
+                ax = columns[j][row]
+                off_axis = 0
                 for name in series:
                     mine = [r for r in recs if r["_series"] == name and r["seq_len"] == seq and is_ok(r, key)]
+                    # A value of 0 (a throughput stored as 0) has no place on a log axis: its line ran off the
+                    # bottom edge as if it fell there. Left out of the line, and counted in the panel.
+                    off_axis += sum(r[key] <= 0 for r in mine)
+                    mine = [r for r in mine if r[key] > 0]
                     if not mine:
                         continue
                     pts = sorted((r["batch_size"], r[key]) for r in mine)
@@ -135,14 +203,17 @@ def latency_throughput(data: ReportData, out: Path) -> list[Figure]:
                             marker=MARKERS[run % len(MARKERS)], linestyle=LINESTYLES[run % len(LINESTYLES)])
                     points += [{"plot": key, "series": name, "model": model, "seq": seq, "batch": b, "value": v}
                                for b, v in pts]
+                if off_axis:
+                    ax.text(0.02, 0.02, f"{off_axis} value(s) <= 0 not drawn (log axis)", transform=ax.transAxes,
+                            fontsize=7, color="dimgray")
                 _log_axes(ax, sorted_values([r for r in recs if r["seq_len"] == seq and is_ok(r)], "batch_size"))
                 ax.set_xlabel("batch size")
                 ax.set_ylabel(ylabel)
                 ax.set_title(f"seq {seq}")
                 ax.grid(True, which="both", alpha=0.3)
-        _legend(fig, axes.ravel())
+        _legend(fig, [ax for column in columns for ax in column])
         title = f"{model} {task} {dtype}: latency and throughput vs batch"
-        fig.suptitle(title)
+        _suptitle(fig, title)
         figs.append(_save(fig, out / f"latency_throughput_{slug(model, task, dtype)}.png", title, points))
     return figs
 
@@ -179,11 +250,11 @@ def speedup_memory(data: ReportData, out: Path) -> list[Figure]:
             continue
         seqs = sorted_values([r for r in recs if is_ok(r, "speedup") or is_ok(r, "mem_saved")], "seq_len")
         labels = list(dict.fromkeys(r["_label"] for r in recs))
-        fig, axes = _figure(len(seqs), len(rows))
+        fig, columns = _seq_figure(len(seqs), len(rows))
         points, drawn = [], []
         for j, seq in enumerate(seqs):
             for i, (key, ylabel) in enumerate(rows):
-                ax = axes[i][j]
+                ax = columns[j][i]
                 at_seq = [r for r in recs if r["seq_len"] == seq]
                 if not any(is_ok(r, key) for r in at_seq):
                     fig.delaxes(ax)
@@ -197,7 +268,7 @@ def speedup_memory(data: ReportData, out: Path) -> list[Figure]:
         bases = ", ".join(sorted({str(r["_baseline"]) for r in recs}))
         what = "speedup and memory saved" if len(rows) > 1 else "speedup (no memory measured)"
         title = f"{model} {task} {dtype}: {what} vs {bases}"
-        fig.suptitle(title)
+        _suptitle(fig, title)
         figs.append(_save(fig, out / f"speedup_{slug(model, task, dtype)}.png", title, points))
     return figs
 
@@ -206,7 +277,9 @@ def efficiency_heatmap(data: ReportData, out: Path) -> list[Figure]:
     """MFU over batch x sequence length per backend; TFLOPS where the device's peak is unknown (MFU empty)."""
     figs = []
     for (model, task, dtype), recs in _inference_groups(data).items():
-        use_mfu = any(is_ok(r, "mfu") for r in recs)
+        # MFU only where every cell with a TFLOPS figure has one: two runs of which one ran where the peak is
+        # unknown (a CPU, a GPU not in the table) had that run's panels dropped from an MFU heatmap, unsaid.
+        use_mfu = any(is_ok(r, "mfu") for r in recs) and all(is_ok(r, "mfu") for r in recs if is_ok(r, "tflops"))
         key = "mfu" if use_mfu else "tflops"
         if not any(is_ok(r, key) for r in recs):
             continue
@@ -217,35 +290,51 @@ def efficiency_heatmap(data: ReportData, out: Path) -> list[Figure]:
         batches, seqs = sorted_values(recs, "batch_size"), sorted_values(recs, "seq_len")
         scale = 100.0 if use_mfu else 1.0
         top = max(r[key] * scale for r in recs if is_ok(r, key))
-        fig, axes = _figure(len(labels), 1, width=1.2 + 0.9 * len(seqs), height=1.6 + 0.45 * len(batches))
+        # Panels in rows of at most PANEL_ROW_WIDTH inches: six backends over eight lengths made one 50-inch row,
+        # its figures too small to read once the page fits it to the screen.
+        width, height = 1.2 + 0.9 * len(seqs), 1.6 + 0.45 * len(batches)
+        ncols = max(1, min(len(labels), int(PANEL_ROW_WIDTH // width)))
+        fig = _canvas(width * ncols + 1.0, height * -(-len(labels) // ncols))
+        axes = _panels(fig, len(labels), ncols)
         points = []
-        for j, lab in enumerate(labels):
-            ax = axes[0][j]
+        for ax, lab in zip(axes, labels):
             cell = {(r["batch_size"], r["seq_len"]): r for r in recs if r["_label"] == lab}
             grid = [[math.nan] * len(seqs) for _ in batches]
+            for bi, b in enumerate(batches):
+                for si, s in enumerate(seqs):
+                    r = cell.get((b, s))
+                    if r is not None and is_ok(r, key):
+                        grid[bi][si] = r[key] * scale
+                        points.append({"plot": key, "series": lab, "batch": b, "seq": s, "value": r[key]})
+            im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=top or 1, aspect="auto", origin="lower")
             for bi, b in enumerate(batches):
                 for si, s in enumerate(seqs):
                     r = cell.get((b, s))
                     if r is None:
                         continue
                     if is_ok(r, key):
-                        grid[bi][si] = r[key] * scale
-                        points.append({"plot": key, "series": lab, "batch": b, "seq": s, "value": r[key]})
-                        text = f"{r[key] * scale:.1f}%" if use_mfu else f"{r[key]:.3g}"
+                        value = grid[bi][si]
+                        # percent(): an MFU of 0.04% read "0.0%", as if nothing ran (as in the tables)
+                        text = percent(value) if use_mfu else f"{value:.3g}"
+                        # dark text on the map's light (high) end: white on yellow could not be read
+                        red, green, blue, _ = im.cmap(im.norm(value))
+                        color = "black" if 0.299 * red + 0.587 * green + 0.114 * blue > 0.5 else "white"
                     else:
-                        text = STATUS_TEXT.get(r["status"], "")
-                    ax.text(si, bi, text, ha="center", va="center", fontsize=8,
-                            color="red" if r["status"] != "ok" else "white")
-            im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=top or 1, aspect="auto", origin="lower")
+                        # an ok cell without the figure says so; a failed one its status (never blank)
+                        text = "n/a" if r["status"] == "ok" else STATUS_TEXT.get(r["status"], str(r["status"]))
+                        color = "dimgray" if r["status"] == "ok" else "red"
+                    ax.text(si, bi, text, ha="center", va="center", fontsize=8, color=color)
             ax.set_xticks(range(len(seqs)), [str(s) for s in seqs])
             ax.set_yticks(range(len(batches)), [str(b) for b in batches])
             ax.set_xlabel("sequence length")
             ax.set_ylabel("batch size")
-            ax.set_title(lab)
-        fig.colorbar(im, ax=axes[0].tolist(), label="MFU %" if use_mfu else "TFLOPS")
-        what = "MFU (dense datasheet peak)" if use_mfu else "TFLOPS (no datasheet peak for this device: no MFU)"
+            ax.set_title(wrap(lab, 30))
+        fig.colorbar(im, ax=axes, label="MFU %" if use_mfu else "TFLOPS")
+        what = ("MFU (dense datasheet peak)" if use_mfu else
+                "TFLOPS (no datasheet peak for a device of these cells: no MFU)" if any(is_ok(r, "mfu") for r in recs)
+                else "TFLOPS (no datasheet peak for this device: no MFU)")
         title = f"{model} {task} {dtype}: {what}"
-        fig.suptitle(title)
+        _suptitle(fig, title)
         figs.append(_save(fig, out / f"{key}_heatmap_{slug(model, task, dtype)}.png", title, points))
     return figs
 
@@ -296,8 +385,11 @@ def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
         labels = list(dict.fromkeys(r["_label"] for r in group))
         per_panel = max(len({r["_label"] for r in group if (r["seq_len"], r["batch_size"]) == pt})
                         for pt in points_at)
-        ncols = min(len(points_at), 4)
-        fig = _canvas(ncols * (1.2 + 0.62 * per_panel), 3.3 * -(-len(points_at) // ncols))
+        # rows of at most four panels, and of at most PANEL_ROW_WIDTH inches: three runs of six backends at one
+        # point made four 12-inch panels a row
+        panel = 1.2 + 0.62 * per_panel
+        ncols = max(1, min(len(points_at), 4, int(PANEL_ROW_WIDTH // panel)))
+        fig = _canvas(ncols * panel, 3.3 * -(-len(points_at) // ncols))
         axes = _panels(fig, len(points_at), ncols)
         points, legend = [], {}
         for ax, (seq, b) in zip(axes, points_at):
@@ -315,9 +407,12 @@ def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
             # A cell without samples keeps its place on the axis, with its status instead of a box.
             gone = [r for r in here if r not in boxed]
             for k, r in enumerate(gone, start=len(boxed) + 1):
-                ax.text(k, 0.5, STATUS_TEXT.get(r["status"], r["status"]), transform=ax.get_xaxis_transform(),
-                        ha="center", va="center", rotation=90, fontsize=8, color="red")
-            names = [r["_label"].replace("/", "/\n") for r in boxed + gone]
+                # an ok cell of a store that kept no raw samples read "ok" in a failure's red
+                ok = r["status"] == "ok"
+                ax.text(k, 0.5, "no samples" if ok else STATUS_TEXT.get(r["status"], str(r["status"])),
+                        transform=ax.get_xaxis_transform(), ha="center", va="center", rotation=90, fontsize=8,
+                        color="dimgray" if ok else "red")
+            names = [wrap(r["_label"].replace("/", "/\n"), 24) for r in boxed + gone]
             ax.set_xticks(range(1, len(names) + 1), names, rotation=45, ha="right", rotation_mode="anchor")
             ax.set_xlim(0.4, len(names) + 0.6)
             ax.set_title(f"batch {b}, seq {seq}", fontsize=9)
@@ -326,11 +421,11 @@ def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
             ax.grid(True, axis="y", alpha=0.3)
             points += [{"plot": "samples", "series": r["_label"], "seq": seq, "batch": b,
                         "value": len(r["_samples"])} for r in boxed]
-        fig.legend(list(legend.values()), list(legend.keys()), loc="outside right upper", fontsize=8)
+        fig.legend(list(legend.values()), [wrap(name) for name in legend], loc="outside right upper", fontsize=8)
         lo, hi = AXIS_PERCENTILES
         title = (f"{model} {task} {dtype}: latency distribution of the raw samples\n"
                  f"(whiskers p{lo:g}-p{hi:g}; \u25b2n: n samples above the axis)")
-        fig.suptitle(title, fontsize=10)
+        _suptitle(fig, title, fontsize=10)
         figs.append(_save(fig, out / f"latency_dist_{slug(model, task, dtype)}.png", title.replace("\n", " "),
                           points))
     return figs
@@ -341,8 +436,13 @@ def training_scaling(data: ReportData, out: Path) -> list[Figure]:
     recs = [r for r in by_scenario(data.records, "training") if is_ok(r, "samples_per_s") and r.get("world_size")]
     if not recs:
         return []
+    from .tables import TRAINING_AXES
+
     fig, axes = _figure(2, 1)
-    ident = ("run_id", "model", "backend", "dtype", "batch_size", "seq_len")
+    # The settings that differ between the cells (as the training table's columns) are part of a series: cells of
+    # `--grad-ckpt off,on` at one GPU count were one series, one value drawn over the other's.
+    varied = [(k, label) for k, label in TRAINING_AXES if len({repr(r.get(k)) for r in recs}) > 1]
+    ident = ("run_id", "model", "backend", "dtype", "batch_size", "seq_len", *(k for k, _ in varied))
     single = {tuple(r.get(k) for k in ident): r["samples_per_s"] for r in recs if r["world_size"] == 1}
     # A series per strategy over several GPUs, each starting from the one-GPU run of the same shape.
     series = groups([r for r in recs if r["world_size"] > 1], (*ident, "strategy")) or groups(recs, (*ident, "strategy"))
@@ -351,8 +451,10 @@ def training_scaling(data: ReportData, out: Path) -> list[Figure]:
         one = single.get(key[:-1])
         pts = sorted({**({1: one} if one else {}), **{r["world_size"]: r["samples_per_s"] for r in rs}}.items())
         r0 = rs[0]
-        name = (f"{r0['model']} {r0['backend']} {r0['dtype']} b{r0['batch_size']} s{r0['seq_len']} "
-                f"{key[-1] or ''}").strip()
+        name = " ".join([f"{r0['model']} {r0['backend']} {r0['dtype']} b{r0['batch_size']} s{r0['seq_len']}",
+                         *(f"{label}={r0.get(k)}" for k, label in varied), str(key[-1] or "")]).strip()
+        if data.multi_run:  # two runs of one shape (two machines) were one legend entry for two lines
+            name = f"{r0['run_name']}/{name}"
         # Colour: the attention backend, as in every other plot; marker and line: the n-th series of it.
         nth = per_backend[r0["backend"]] = per_backend.get(r0["backend"], -1) + 1
         style = {"color": backend_color(r0["backend"]), "marker": MARKERS[nth % len(MARKERS)],
@@ -375,7 +477,7 @@ def training_scaling(data: ReportData, out: Path) -> list[Figure]:
     axes[0][1].set_ylim(0, max([1.05] + [p["value"] * 1.05 for p in points if p["plot"] == "efficiency"]))
     _legend(fig, axes[0])
     title = "training scaling over GPUs"
-    fig.suptitle(title)
+    _suptitle(fig, title)
     return [_save(fig, out / "training_scaling.png", title, points)]
 
 
@@ -416,7 +518,8 @@ def roofline(data: ReportData, out: Path) -> list[Figure]:
         compute, bandwidth = _ceilings(recs)
         path = out / (f"roofline_{slug(run['name'])}.png" if data.multi_run else "roofline.png")
         title = f"roofline: {run['name']}"
-        plot_roofline(pts, compute or None, bandwidth, str(path), title=title)
+        with quiet_glyphs():
+            plot_roofline(pts, compute or None, bandwidth, str(path), title=wrap(title, 60))
         figs.append(Figure(path, title, [{"plot": "roofline", "series": p["group"], "label": p["label"],
                                           "intensity": p["intensity"], "value": p["tflops"]} for p in pts]))
     return figs

@@ -37,11 +37,12 @@ def roofline_points(records: list[dict]) -> list[dict]:
     for r in records:
         if r.get("status") != "ok" or not r.get("intensity") or not r.get("tflops"):
             continue
+        # .get: a record without a key the current code writes (an older store) is a point, not a failed plot
         if r.get("scenario") == "micro-breakdown":
-            label, group = r["part"], r.get("bound") or r["dtype"]
+            label, group = r.get("part"), r.get("bound") or r.get("dtype")
         elif r.get("scenario") == "micro-gemm":
-            label = f"n={r['m']}" if r["shape"] == "square" else r["shape"]
-            group = r["dtype"]
+            label = f"n={r.get('m')}" if r.get("shape") == "square" else r.get("shape")
+            group = r.get("dtype")
         else:
             label, group = f"{r.get('op')} {r.get('elements')}", r.get("op")
         out.append({"label": label, "intensity": r["intensity"], "tflops": r["tflops"], "group": group})

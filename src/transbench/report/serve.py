@@ -37,18 +37,22 @@ def load_tables(recs: list[dict]) -> list[Table]:
     return out
 
 
-def max_rate_table(recs: list[dict]) -> Table | None:
+def max_rate_table(recs: list[dict], multi_run: bool = False) -> Table | None:
     if not recs:
         return None
-    rows = [[str(r.get("backend")), str(r.get("model")), str(r.get("dtype")), str(r.get("lengths")),
-             f"p{num(r.get('percentile'))} <= {num(r.get('slo_ms'))} ms", measured(r, "max_rate"),
-             measured(r, "offline_rate")] for r in recs]
+    # With several runs, a run column: two runs' rows of one backend were otherwise the same text with other numbers.
+    rows = [[*([str(r.get("run_name"))] if multi_run else []), str(r.get("backend")), str(r.get("model")),
+             str(r.get("dtype")), str(r.get("lengths")), f"p{num(r.get('percentile'))} <= {num(r.get('slo_ms'))} ms",
+             measured(r, "max_rate"), measured(r, "offline_rate")] for r in recs]
     return Table("largest Poisson rate meeting the latency target (bisection; every probe is a serve cell)",
-                 ["backend", "model", "dtype", "lengths", "target", "max rate /s", "offline /s"], rows)
+                 [*(["run"] if multi_run else []), "backend", "model", "dtype", "lengths", "target", "max rate /s",
+                  "offline /s"], rows)
 
 
 def figures(recs: list[dict], out: Path) -> list[Figure]:
     from matplotlib.figure import Figure as MplFigure
+
+    from .plots import _log_axes, backend_color, quiet_glyphs, wrap
 
     rated = [r for r in recs if r.get("mode") == "rate" and is_ok(r, "latency_p99_ms")]
     figs = []
@@ -56,25 +60,31 @@ def figures(recs: list[dict], out: Path) -> list[Figure]:
         fig = MplFigure(figsize=(10, 3.8), dpi=110, layout="constrained")
         lat, ach = fig.subplots(1, 2)
         points = []
-        for j, (backend, brows) in enumerate(groups(rows, ("backend",)).items()):
+        for backend, brows in groups(rows, ("backend",)).items():
             brows = sorted(brows, key=lambda r: r["offered_rate"])
             x = [r["offered_rate"] for r in brows]
+            # The backend's colour in every other plot (plots.BACKEND_COLORS): by its place in this group, fused
+            # was drawn in eager's blue where it came first.
+            color = backend_color(backend[0])
             for pkey, style in (("latency_p50_ms", ":"), ("latency_p99_ms", "-"), ("latency_p999_ms", "--")):
-                lat.plot(x, [r[pkey] for r in brows], style, color=f"C{j}", marker="o", label=f"{backend[0]} {pkey[8:-3]}")
-            ach.plot(x, [r["achieved_rate"] for r in brows], color=f"C{j}", marker="o", label=backend[0])
+                lat.plot(x, [r[pkey] for r in brows], style, color=color, marker="o",
+                         label=wrap(f"{backend[0]} {pkey[8:-3]}"))
+            ach.plot(x, [r["achieved_rate"] for r in brows], color=color, marker="o", label=wrap(backend[0]))
             points += [{"backend": backend[0], "offered_rate": r["offered_rate"], "achieved_rate": r["achieved_rate"],
                         "latency_p99_ms": r["latency_p99_ms"]} for r in brows]
         slo = key[SETTINGS.index("slo_ms")]
         if slo:
             lat.axhline(slo, color="grey", lw=0.8)
-        lat.set(yscale="log", xlabel="offered rate (requests/s)", ylabel="latency (ms)", title="latency vs load")
+        _log_axes(lat)  # ticks as plain numbers (2, 5, 10), as in the other plots, not 2 x 10^0
+        lat.set(xlabel="offered rate (requests/s)", ylabel="latency (ms)", title="latency vs load")
         top = max(r["offered_rate"] for r in rows)
         ach.plot([0, top], [0, top], color="grey", lw=0.8)
         ach.set(xlabel="offered rate (requests/s)", ylabel="achieved rate (requests/s)", title="achieved vs offered")
         lat.legend(fontsize=7)
         ach.legend(fontsize=7)
         path = out / f"serve_{i}.png"
-        fig.savefig(path)
+        with quiet_glyphs():
+            fig.savefig(path)
         figs.append(Figure(path, "serve: " + ", ".join(str(v) for v in key if v is not None), points))
     return figs
 
@@ -82,7 +92,7 @@ def figures(recs: list[dict], out: Path) -> list[Figure]:
 def section(data: ReportData, out: Path) -> Section | None:
     """The report's serve section, or None when the runs hold no serve cell."""
     recs = by_scenario(data.records, "serve")
-    top = max_rate_table(by_scenario(data.records, "serve-max-rate"))
+    top = max_rate_table(by_scenario(data.records, "serve-max-rate"), data.multi_run)
     if not recs and top is None:
         return None
     blocks: list = ["Latency runs from a request's planned arrival to its result on the host (no coordinated "

@@ -142,7 +142,9 @@ def max_batch_table(data: ReportData) -> Table | None:
             ("dtype", "dtype", ""), ("seq_len", "seq", ""), ("status", "status", ""),
             ("batch_size", "largest batch", ""), ("latency_ms", "median ms", ""),
             ("throughput_per_s", "seq/s", "")]
-    return _detail(data, recs, "largest batch that fits", cols)
+    # The batch is what a max-batch cell measured: a failed search is stored at batch 0, and showed "largest
+    # batch 0" beside its error; it says its status there, as every measured column does.
+    return _detail(data, recs, "largest batch that fits", cols, identity=IDENTITY - {"batch_size"})
 
 
 def micro_tables(data: ReportData) -> list[Table]:
@@ -168,11 +170,20 @@ def problems_table(data: ReportData) -> Table | None:
     bad = [r for r in data.records if r.get("status") != "ok"]
     if not bad:
         return None
+    from .compare import settings
+
+    # The task, and the other settings of the cell key that take two values among these cells (GPUs, a serve
+    # rate, a GEMM's size, ...): two failed cells that differed only there were two identical rows.
+    shown = {"scenario", "model", "task", "backend", "dtype", "batch", "seq", "batch_size", "seq_len"}
+    keys = [settings(r) for r in bad]
+    names = dict.fromkeys(n for k in keys for n in k if n not in shown)
+    others = [n for n in names if len({repr(k[n]) for k in keys if n in k}) > 1]
     rows = [[*([r["run_name"]] if data.multi_run else []),
-             *(num(r.get(k)) for k in ("scenario", "model", "backend", "dtype", "batch_size", "seq_len")),
-             STATUS_TEXT.get(r["status"], r["status"]), (r.get("error") or "")[:300]] for r in bad]
-    headers = [*(["run"] if data.multi_run else []), "scenario", "model", "backend", "dtype", "batch", "seq",
-               "status", "reason"]
+             *(num(r.get(k)) for k in ("scenario", "model", "task", "backend", "dtype", "batch_size", "seq_len")),
+             *([" ".join(f"{n}={key[n]}" for n in others if n in key)] if others else []),
+             STATUS_TEXT.get(r["status"], r["status"]), (r.get("error") or "")[:300]] for r, key in zip(bad, keys)]
+    headers = [*(["run"] if data.multi_run else []), "scenario", "model", "task", "backend", "dtype", "batch", "seq",
+               *(["settings"] if others else []), "status", "reason"]
     return Table("cells without a valid measurement", headers, rows,
                  "No speed is reported or plotted for these cells.")
 
@@ -188,7 +199,8 @@ def runs_table(data: ReportData) -> Table:
             counts[r["status"]] = counts.get(r["status"], 0) + 1
         statuses = ", ".join(f"{n} {STATUS_TEXT.get(s, s)}" for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
         rows.append([run["name"], run["run_id"], run["kind"], run["created"],
-                     ", ".join(sorted({g.get("name", "?") for g in gpus})) or "cpu",
+                     ", ".join(sorted({str(g.get("name", "?")) if isinstance(g, dict) else str(g) for g in gpus}))
+                     or "cpu",
                      *(str(env.get(k) or "") for k in ("torch", "transformers", "cuda", "driver")),
                      str(data.baselines.get(run["run_id"]) or ""), statuses])
     return Table("", ["run", "id", "kind", "created", "GPU", "torch", "transformers", "CUDA", "driver",

@@ -9,19 +9,23 @@ from ..errors import SpecError
 from ..measure import device as dev
 from ..models import build
 from ..models.build import ACTIVATIONS
-from ..spec import RunSpec, device_defaults, parse_shard
+from ..spec import RunSpec, checked, device_defaults, parse_shard
 from ..store.db import check_name_text
 from ..cells import Cell
 
 
 def validate(spec: RunSpec) -> RunSpec:
     """Check every option; return the spec with device-sized defaults filled in."""
+    spec = checked(RunSpec, spec)  # api.run(RunSpec(...)): each field's type, as a spec file's
     device = dev.resolve(spec.device)
     spec = device_defaults(spec, device.type)
     for axis, option in (("models", "--model"), ("tasks", "--task"), ("backends", "--backend"),
                          ("dtypes", "--dtype"), ("batches", "--batch"), ("seqs", "--seq")):
         if not getattr(spec, axis):
             raise SpecError(f"{option} is empty: give at least one value (an empty axis measures nothing)")
+        twice = next((v for i, v in enumerate(getattr(spec, axis)) if v in getattr(spec, axis)[:i]), None)
+        if twice is not None:  # `--batch 1,1`: the same cell was measured again, one result kept, the time lost
+            raise SpecError(f"{option} lists {twice} twice: give each value once")
     refs = [build.resolve(m) for m in spec.models]
     for name in spec.backends:
         backends.get(name)
@@ -50,6 +54,8 @@ def validate(spec: RunSpec) -> RunSpec:
         raise SpecError("--min-count must be at least 1")
     if spec.nproc < 1:
         raise SpecError("--nproc must be at least 1")
+    if spec.max_batch_limit < 1:  # the search's cap: 0 or below probed nothing and stored a misleading answer
+        raise SpecError(f"max_batch_limit must be at least 1, got {spec.max_batch_limit}")
     if spec.gpus is not None:
         # Lanes run one worker per listed GPU; without the GPUs they would be parallel CPU workers that
         # share the cores, and every figure would come out slower while still `ok` (issue 22).

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SpecError
 from ..models import build
+from ..spec import checked
 from . import serve_lengths
 from .serve_cell import ServeCell
 
@@ -51,12 +52,29 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     """The spec with device and dtype resolved, and its lengths; SpecError names what is wrong."""
     from ..measure import device as dev
 
+    if not isinstance(spec, ServeSpec):
+        raise SpecError(f"expected a ServeSpec, got {type(spec).__name__}")
+    numbers = {"--rate": spec.rates, "--duration": [spec.duration], "--warmup": [spec.warmup],
+               "--max-wait-ms": [spec.max_wait_ms], "--slo-ms": [] if spec.slo_ms is None else [spec.slo_ms],
+               "--timeout": [spec.timeout]}
+    for flag, values in numbers.items():  # NaN passes every range check below; inf never ends a load or a wait
+        for v in values if isinstance(values, list) else []:  # other types: checked() below names them
+            if isinstance(v, float) and not math.isfinite(v):
+                raise SpecError(f"{flag} {v}: give a finite number")
+    spec = checked(ServeSpec, spec)  # api.serve(ServeSpec(...)): each field's type, as the CLI's options
     ref = build.resolve(spec.model)
     build.check_task(ref, spec.task)
     from .. import backends
 
+    if not spec.backends:  # `-b ''` stored an empty run and exited 0
+        raise SpecError("--backend is empty: give at least one value (an empty axis measures nothing)")
     for b in spec.backends:
         backends.get(b)
+    for values, option in ((spec.backends, "--backend"), (spec.rates, "--rate"), (spec.concurrency, "--concurrency")):
+        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if twice is not None:  # the same cell was measured again under load, one result kept, the time lost
+            raise SpecError(f"{option} lists {twice:g} twice: give each value once" if isinstance(twice, float)
+                            else f"{option} lists {twice} twice: give each value once")
     device = str(dev.resolve(spec.device))
     dtype = spec.dtype or ("fp16" if device.startswith("cuda") else "fp32")
     from .inference import TOLERANCE
@@ -64,13 +82,6 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     if dtype not in TOLERANCE:
         raise SpecError(f"unknown dtype '{dtype}': choose from {', '.join(TOLERANCE)}")
     dev.check_dtype_runs(device, dtype)  # run's check: bad input, not an `unsupported` cell
-    numbers = {"--rate": spec.rates, "--duration": [spec.duration], "--warmup": [spec.warmup],
-               "--max-wait-ms": [spec.max_wait_ms], "--slo-ms": [] if spec.slo_ms is None else [spec.slo_ms],
-               "--timeout": [spec.timeout]}
-    for flag, values in numbers.items():  # NaN passes every range check below; inf never ends a load or a wait
-        for v in values:
-            if not math.isfinite(v):
-                raise SpecError(f"{flag} {v}: give a finite number")
     if spec.slo_ms is not None and spec.slo_ms <= 0:
         raise SpecError(f"--slo-ms must be above 0, got {spec.slo_ms:g}")
     if spec.timeout <= 0:
@@ -96,8 +107,17 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         raise SpecError("--find-max-rate needs a latency target: add --slo-ms MS")
     if float(spec.percentile) not in PERCENTILE_KEYS:  # checked without --find-max-rate too: never silently ignored
         raise SpecError(f"--percentile {spec.percentile:g}: choose from 50, 90, 99, 99.9")
+    if not spec.find_max_rate and float(spec.percentile) != ServeSpec.percentile:  # the default: not given
+        raise SpecError(f"--percentile {spec.percentile:g} is the percentile --find-max-rate holds under --slo-ms, "
+                        "and this load does not search: add --find-max-rate, or leave --percentile out "
+                        "(every cell stores p50, p90, p99 and p99.9)")
+    if spec.activation is not None and spec.activation not in build.ACTIVATIONS:  # as run's grid checks it
+        raise SpecError(f"unknown activation '{spec.activation}': choose from {', '.join(build.ACTIVATIONS)}")
     if spec.new_tokens < 1:
         raise SpecError("--new-tokens must be at least 1")
+    if spec.task != "generate" and spec.new_tokens != ServeSpec.new_tokens:  # the default: not given
+        raise SpecError(f"--new-tokens {spec.new_tokens} applies to --task generate; task {spec.task} generates "
+                        "nothing: leave --new-tokens out, or use --task generate with a decoder")
     top = ref.shape.max_positions - (spec.new_tokens if spec.task == "generate" else 0)
     if top < 1:
         raise SpecError(f"--new-tokens {spec.new_tokens} leaves no room for a prompt in {ref.name}'s "

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import SpecError
 from ..cells import CellResult
-from ..spec import coerce
+from ..spec import checked, coerce
 from .training_cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
 
 def default_task(shape) -> str:
@@ -113,15 +113,23 @@ def validate(spec: TrainSpec) -> TrainSpec:
     from ..measure import device as dev
     from ..models import build
 
+    spec = checked(TrainSpec, spec, WHOLE_FIELDS)  # api.train(TrainSpec(...)): each field's type, as a spec file's
     device = dev.resolve(spec.device)
     gpu = device.type == "cuda"
     spec = _device_defaults(spec, gpu)
     for axis, option in (("models", "--model"), ("precisions", "--dtype"), ("optims", "--optim"),
                          ("attns", "--backend"), ("batches", "--batch"), ("seqs", "--seq"),
                          ("grad_accums", "--grad-accum"), ("grad_ckpts", "--grad-ckpt"), ("compiles", "--compile"),
-                         ("nprocs", "--nproc"), ("zero_stages", "--zero-stage")):
+                         ("nprocs", "--nproc"), ("zero_stages", "--zero-stage"), ("kernels", "--kernels"),
+                         ("heads", "--head")):
         if not getattr(spec, axis):
             raise SpecError(f"{option} is empty: give at least one value (an empty axis measures nothing)")
+    # These default when None; an empty list (`--task ''`, `tasks=[]`) ran the default without a word, or (heads,
+    # kernels above) stored an empty run and exited 0.
+    for axis, option in (("tasks", "--task"), ("strategies", "--strategy"), ("nccl_p2p", "--nccl-p2p"),
+                         ("nccl_envs", "--nccl-env")):
+        if getattr(spec, axis) == []:
+            raise SpecError(f"{option} is empty: give at least one value, or leave it out for the default")
     refs = [build.resolve(m) for m in spec.models]
     for ref in refs:
         for task in spec.tasks or [default_task(ref.shape)]:
@@ -174,10 +182,22 @@ def validate(spec: TrainSpec) -> TrainSpec:
             key = kv.split("=", 1)[0]
             if "=" not in kv or not NCCL_ENV_KEY.match(key):
                 raise SpecError(f"--nccl-env '{kv}': write KEY=VAL with a NCCL_, TORCH_NCCL_ or GLOO_ variable")
-    if spec.nnodes < 1 or not 0 <= spec.node_rank < spec.nnodes:
+    if spec.nnodes < 1:  # was "--node-rank must be between 0 and --nnodes - 1 (-1)"
+        raise SpecError(f"--nnodes must be at least 1, got {spec.nnodes}")
+    if not 0 <= spec.node_rank < spec.nnodes:
         raise SpecError(f"--node-rank must be between 0 and --nnodes - 1 ({spec.nnodes - 1})")
     if spec.nnodes > 1 and not spec.rdzv_endpoint:
         raise SpecError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT of node 0 (the same on every node)")
+    # Options of one strategy or of several GPUs, given where no cell uses them, were dropped without a word: the
+    # run said ok and measured something else than asked (ZeRO 3 under ddp, NCCL settings on one process).
+    if spec.zero_stages != [2] and "deepspeed" not in (spec.strategies or []):
+        raise SpecError(f"--zero-stage {','.join(map(str, spec.zero_stages))} applies to --strategy deepspeed only: "
+                        "add --strategy deepspeed, or leave --zero-stage out")
+    if max(spec.nprocs) * spec.nnodes == 1:
+        for given, option in ((spec.nccl_p2p, "--nccl-p2p"), (spec.nccl_envs, "--nccl-env"), (spec.scaling, "--scaling")):
+            if given:
+                raise SpecError(f"{option} applies to cells of several GPUs, and every cell here runs one process: "
+                                f"add --nproc 2 (or more), or leave {option} out")
     if "none" in (spec.strategies or []) and (spec.nnodes > 1 or max(spec.nprocs) > 1):
         raise SpecError("strategy none runs one process: use ddp, fsdp or deepspeed with --nproc > 1 or --nnodes > 1")
     if gpu:

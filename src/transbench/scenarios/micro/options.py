@@ -38,6 +38,14 @@ def parse_sizes(text: str | None) -> list[int] | None:
     return None if text is None else [parse_size(p) for p in str(text).split(",") if p.strip()]
 
 
+def _not_empty(opts, *axes: tuple[str, str]) -> None:
+    """An axis given empty (`--ops ''`, `batches=[]`) is refused: it stored a run of no points and exited 0, or
+    (layer) ran the device's default grid instead; None means 'not given' and gets the default."""
+    for field_name, option in axes:
+        if getattr(opts, field_name) == [] or getattr(opts, field_name) == "":
+            raise SpecError(f"{option} is empty: give at least one value, or leave it out for the default")
+
+
 def _positive(values, what: str, example: str) -> None:
     for v in values:
         if v < 1:
@@ -98,6 +106,7 @@ class GemmOptions(MicroCommon):
 
     def resolved(self, device) -> GemmOptions:
         gpu = device.type == "cuda"
+        _not_empty(self, ("dtypes", "--dtype"))  # sizes or models may be empty (`--model ''`), not both (below)
         out = dataclasses.replace(self, **self._common(device))
         if out.sizes is None:
             out.sizes = [2**p for p in range(7, 15)] if gpu else [128, 256, 512]
@@ -127,6 +136,7 @@ class BandwidthOptions(MicroCommon):
 
     def resolved(self, device) -> BandwidthOptions:
         gpu = device.type == "cuda"
+        _not_empty(self, ("sizes", "--sizes"), ("ops", "--ops"))
         out = dataclasses.replace(self, **self._common(device))
         if out.sizes is None:
             out.sizes = [2**p for p in range(14, 29)] if gpu else [2**p for p in range(14, 23, 2)]
@@ -152,6 +162,7 @@ class LayerOptions(MicroCommon):
 
     def resolved(self, device) -> LayerOptions:
         gpu = device.type == "cuda"
+        _not_empty(self, ("dtype", "--dtype"), ("batches", "--batch"), ("seqs", "--seq"))
         out = dataclasses.replace(self, **self._common(device))
         out.dtype = out.dtype or ("fp16" if gpu else "fp32")
         out.batches = out.batches or ([4, 8, 16, 32, 64, 128] if gpu else [1, 4])
@@ -174,6 +185,7 @@ class BreakdownOptions(MicroCommon):
 
     def resolved(self, device) -> BreakdownOptions:
         gpu = device.type == "cuda"
+        _not_empty(self, ("dtype", "--dtype"))
         out = dataclasses.replace(self, **self._common(device))
         out.dtype = out.dtype or ("fp16" if gpu else "fp32")
         out.batch = out.batch if out.batch is not None else (64 if gpu else 4)

@@ -13,6 +13,7 @@ from ...measure import device as dev
 from ...measure import env as env_mod
 from ...cells import CellResult, SweepCell
 from ...runner.sweep import SweepOptions, Target, open_run, run_grid
+from ...spec import checked
 from ...store import Store, export
 from . import bandwidth, breakdown, gemm, layer
 from .common import Point, make_context
@@ -104,11 +105,12 @@ def run_micro(kind: str, options, db: str = "transbench.db",
     """Measure micro-benchmark `kind` ('gemm', 'bandwidth', 'layer' or 'breakdown') with its options
     dataclass, through the one sweep loop (a worker process, one stored cell per point, resumable by
     name). Bad options raise SpecError before anything runs."""
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:  # a list or None: a SpecError, not a TypeError
         raise SpecError(f"unknown micro-benchmark '{kind}': choose from {', '.join(KINDS)}")
     cls, _, _ = KINDS[kind]
     if not isinstance(options, cls):
         raise SpecError(f"micro {kind} takes {cls.__name__}, not {type(options).__name__}")
+    options = checked(cls, options)  # api.micro(kind, GemmOptions(...)): each field's type, as a spec file's
     device = dev.resolve(options.device)
     opts = options.resolved(device)
     store = Store(db)

@@ -1,0 +1,199 @@
+"""The Python API's bad input (README "Python API"): a spec of the wrong type or with a wrong value, an empty axis,
+an option no cell uses. Each is one SpecError naming the problem, raised before a store or any file exists, never a
+TypeError deep inside, a NaN run, or an empty run that says ok. The CLI's options that only shape another task,
+backend or mode are refused the same way (test_cli_input.py covers the rest of the CLI)."""
+
+import math
+import os
+
+import pytest
+import torch
+
+from test_cli_input import invoke, refused
+from transbench import api
+from transbench.errors import SpecError
+from transbench.runner import grid
+from transbench.scenarios import serve_spec, training
+from transbench.scenarios.micro import BandwidthOptions, BreakdownOptions, GemmOptions, LayerOptions
+from transbench.scenarios.serve_spec import ServeSpec
+from transbench.scenarios.training import TrainSpec
+from transbench.spec import RunSpec
+
+CPU = torch.device("cpu")
+RUN = dict(models=["bert-tiny"], backends=["sdpa"], batches=[1], seqs=[8], device="cpu", min_time=0.01, warmup=1)
+TRAIN = dict(models=["bert-tiny"], batches=[2], seqs=[8], steps=1, warmup_steps=1, device="cpu")
+SERVE = dict(model="bert-tiny", device="cpu", lengths="fixed:8", offline=True, duration=0.2, warmup=0.0)
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a store named `None` would land here
+
+
+def nothing_written(tmp_path):
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("call,needle", [
+    # wrong types reached the checks as they were: TypeError / AttributeError, some after the store was made
+    (lambda db: api.run(RunSpec(**{**RUN, "batches": ["x"]}), db), "batches: expected a list of whole numbers, got 'x'"),
+    (lambda db: api.run(RunSpec(**{**RUN, "models": [None]}), db), "models: expected a list of text values"),
+    (lambda db: api.run(RunSpec(**{**RUN, "timeout": math.inf}), db), "timeout: expected a number, got inf"),
+    (lambda db: api.run(RunSpec(**{**RUN, "name": 5}), db), "name: expected text, got 5"),
+    (lambda db: api.run(RunSpec(**{**RUN, "device": None}), db), "device: expected text, got nothing"),
+    (lambda db: api.run(RunSpec(**{**RUN, "shard": 5}), db), "shard: expected text, got 5"),
+    (lambda db: api.run(RunSpec(**{**RUN, "new_tokens": "4"}), db), "new_tokens: expected a whole number, got '4'"),
+    (lambda db: api.run(dict(RUN), db), "expected a RunSpec, got dict"),
+    (lambda db: api.run(TrainSpec(), db), "expected a RunSpec, got TrainSpec"),
+    # the name rules of the CLI hold for the API too
+    (lambda db: api.run(RunSpec(**{**RUN, "name": "a\x1b[2Jb"}), db), "control character"),
+    (lambda db: api.run(RunSpec(**{**RUN, "name": ""}), db), "run name is empty"),
+    (lambda db: api.run(RunSpec(**{**RUN, "max_batch_limit": 0}), db), "max_batch_limit must be at least 1"),
+    (lambda db: api.run(RunSpec(**RUN), None), "db must be a file path (text), got None"),
+    (lambda db: api.run(RunSpec(**RUN), db, json_path=os.path.join("no", "r.json")), "does not exist"),
+    (lambda db: api.train(dict(TRAIN), db), "expected a TrainSpec, got dict"),
+    (lambda db: api.train(TrainSpec(**{**TRAIN, "batches": ["x"]}), db), "batches: expected a list of whole numbers"),
+    (lambda db: api.train(TrainSpec(**{**TRAIN, "lr": "1e-3"}), db), "lr: expected a number, got '1e-3'"),
+    (lambda db: api.train(TrainSpec(**{**TRAIN, "nnodes": "1"}), db), "nnodes: expected a whole number"),
+    (lambda db: api.train(TrainSpec(**{**TRAIN, "name": 5}), db), "name: expected text, got 5"),
+    (lambda db: api.micro("gemm", GemmOptions(sizes=[64], device="cpu", warmup="2"), db), "warmup: expected a whole number"),
+    (lambda db: api.micro("gemm", GemmOptions(sizes=[64], device="cpu", name=5), db), "name: expected text, got 5"),
+    (lambda db: api.micro("bandwidth", BandwidthOptions(sizes=["x"], device="cpu"), db), "sizes: expected a list of whole"),
+    (lambda db: api.micro("layer", LayerOptions(model="bert-tiny", device="cpu", min_time="0.1"), db),
+     "min_time: expected a number, got '0.1'"),
+    (lambda db: api.micro(["gemm"], GemmOptions(), db), "unknown micro-benchmark"),
+    (lambda db: api.serve(ServeSpec(**{**SERVE, "offline": False, "rates": "x"}), db), "rates: expected a list of numbers"),
+    (lambda db: api.serve(ServeSpec(**{**SERVE, "max_batch_size": "2"}), db), "max_batch_size: expected a whole number"),
+    (lambda db: api.serve(ServeSpec(**{**SERVE, "lengths": None}), db), "lengths: expected text, got nothing"),
+    (lambda db: api.serve(ServeSpec(**{**SERVE, "model": ["bert-tiny"]}), db), "model: expected text"),
+    (lambda db: api.serve(ServeSpec(**{**SERVE, "name": 5}), db), "name: expected text, got 5"),
+    (lambda db: api.serve(None, db), "expected a ServeSpec, got NoneType"),
+    # an empty axis stored an empty run and returned as if it had measured
+    (lambda db: api.serve(ServeSpec(**{**SERVE, "backends": []}), db), "--backend is empty"),
+    (lambda db: api.train(TrainSpec(**{**TRAIN, "kernels": []}), db), "--kernels is empty"),
+    (lambda db: api.micro("bandwidth", BandwidthOptions(sizes=[1024], ops=[], device="cpu"), db), "--ops is empty"),
+    (lambda db: api.micro("bandwidth", BandwidthOptions(sizes=[], device="cpu"), db), "--sizes is empty"),
+    (lambda db: api.micro("gemm", GemmOptions(sizes=[64], dtypes=[], device="cpu"), db), "--dtype is empty"),
+    # the readers and merge: names and paths of the wrong type
+    (lambda db: api.records(db, [5]), "run_refs: expected a list of names"),
+    (lambda db: api.runs(None), "db must be a file path"),
+    (lambda db: api.report(db, [None], "out"), "runs: expected a list of names"),
+    (lambda db: api.compare(db, None, "a"), "runs: expected a list of names"),
+    (lambda db: api.compare(db, "a", "b", alpha="0.05"), "alpha must be a number, got '0.05'"),
+    (lambda db: api.merge(db, []), "merge needs at least one source store"),
+    (lambda db: api.merge(None, ["x.db"]), "target must be a file path"),
+    (lambda db: api.tune("bert-tiny", ["x"], [8], device="cpu"), "batches: expected a list of whole numbers, got 'x'"),
+    (lambda db: api.tune(None, [1], [8], device="cpu"), "model must be a preset name or a checkpoint folder"),
+])
+def test_api_bad_input_is_a_spec_error_before_any_file(tmp_path, call, needle):
+    with pytest.raises(SpecError) as exc:
+        call(str(tmp_path / "x.db"))
+    assert needle in str(exc.value)
+    assert "\n" not in str(exc.value)
+    nothing_written(tmp_path)
+
+
+def test_api_reads_one_run_name_as_a_list_of_one(tmp_path):
+    """`records(db, "ab")` looked up the runs 'a' and 'b'."""
+    db = str(tmp_path / "r.db")
+    api.run(RunSpec(**{**RUN, "name": "ab"}), db)
+    assert {r["run_name"] for r in api.records(db, "ab")} == {"ab"}
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"grad_ckpts": ["maybe"]}, "grad_ckpts: expected a list of true/false values, got 'maybe'"),  # ran with ckpt on
+    ({"lr": math.inf}, "lr: expected a number, got inf"),  # trained with an infinite learning rate, `ok`
+    ({"steps": 2.5}, "steps: expected a whole number, got 2.5"),
+    ({"tasks": []}, "--task is empty"),  # ran the model's own task instead
+    ({"strategies": []}, "--strategy is empty"),
+    ({"heads": []}, "--head is empty"),
+    ({"zero_stages": [3]}, "--zero-stage 3 applies to --strategy deepspeed only"),  # ran plain training
+    ({"nccl_p2p": ["off"]}, "--nccl-p2p applies to cells of several GPUs"),
+    ({"scaling": True}, "--scaling applies to cells of several GPUs"),
+    ({"nnodes": 0}, "--nnodes must be at least 1, got 0"),
+])
+def test_train_spec_values_no_cell_could_use_are_refused(change, needle):
+    with pytest.raises(SpecError, match="^" + needle.replace("(", r"\(").replace("[", r"\[")):
+        training.validate(TrainSpec(**{**TRAIN, **change}))
+
+
+@pytest.mark.parametrize("options,needle", [
+    (LayerOptions(model="bert-tiny", batches=[], device="cpu"), "--batch is empty"),  # ran the default grid
+    (LayerOptions(model="bert-tiny", seqs=[], device="cpu"), "--seq is empty"),
+    (LayerOptions(model="bert-tiny", dtype="", device="cpu"), "--dtype is empty"),
+    (BreakdownOptions(model="bert-tiny", dtype="", device="cpu"), "--dtype is empty"),
+])
+def test_micro_empty_values_are_not_replaced_by_defaults(options, needle):
+    with pytest.raises(SpecError, match="^" + needle):
+        options.resolved(CPU)
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"percentile": 90.0}, "--percentile 90 is the percentile --find-max-rate holds"),  # ignored without a search
+    ({"new_tokens": 8}, "--new-tokens 8 applies to --task generate"),  # ignored by a classification load
+    ({"activation": "relu"}, "unknown activation"),  # was never checked: every cell an `error`
+])
+def test_serve_options_no_cell_uses_are_refused(change, needle):
+    with pytest.raises(SpecError, match="^" + needle):
+        serve_spec.check(ServeSpec(**{**SERVE, **change}))
+
+
+def test_run_spec_max_batch_limit_is_checked():
+    with pytest.raises(SpecError, match="max_batch_limit must be at least 1"):
+        grid.validate(RunSpec(**{**RUN, "max_batch": True, "max_batch_limit": -5}))
+
+
+# --- CLI options that only shape another task, backend or mode ----------------------------------------------
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """A command that got past its checks would run: the test fails instead of waiting for a sweep."""
+    def ran(*a, **kw):
+        raise AssertionError("the command ran instead of refusing")
+
+    for name in ("run", "train", "serve"):
+        monkeypatch.setattr(api, name, ran)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "-m", "bert-tiny", "--new-tokens", "4"], "--new-tokens 4 applies to --task generate"),
+    (["run", "-m", "bert-tiny", "--compile-mode", "max-autotune"], "--compile-mode max-autotune applies to the compile"),
+    (["train", "-m", "bert-tiny", "--plot", "x.png"], "--plot applies to --ladder only"),  # no plot was written
+    (["train", "-m", "bert-tiny", "--max-batch-limit", "8"], "--max-batch-limit applies to --ladder only"),
+])
+def test_cli_options_for_another_mode_are_refused(tmp_path, no_work, args, needle):
+    refused(invoke(*args, "--device", "cpu", "--db", tmp_path / "c.db"), needle)
+    nothing_written(tmp_path)
+
+
+def test_zero_stage_is_for_deepspeed_and_a_stored_spec_is_not_refused(tmp_path, monkeypatch):
+    refused(invoke("train", "-m", "bert-tiny", "--zero-stage", "3", "--device", "cpu", "--db", tmp_path / "c.db"),
+            "--zero-stage 3 applies to --strategy deepspeed only")  # trained without DeepSpeed, said ok
+    assert training.validate(TrainSpec(**TRAIN, zero_stages=[3], strategies=["deepspeed"])).zero_stages == [3]
+    # a stored spec holds every key (new_tokens, compile_mode): `run --spec` of it is not refused
+    spec = tmp_path / "s.yaml"
+    spec.write_text("models: [bert-tiny]\ntasks: [base]\nnew_tokens: 128\ncompile_mode: default\n")
+    monkeypatch.setattr(api, "run", lambda *a, **kw: (_ for _ in ()).throw(SpecError("reached api.run")))
+    refused(invoke("run", "--spec", spec, "--device", "cpu", "--db", tmp_path / "c.db"), "reached api.run")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "-m", "bert-tiny", "--batch", "1,1", "--seq", "8", "--min-time", "0.01"], "--batch lists 1 twice"),
+    (["run", "-m", "bert-tiny", "-b", "sdpa,eager,sdpa", "--batch", "1", "--seq", "8", "--min-time", "0.01"],
+     "--backend lists sdpa twice"),
+    (["serve", "-m", "bert-tiny", "--rate", "5,5", "--lengths", "fixed:8", "--duration", "0.2", "--warmup", "0"],
+     "--rate lists 5 twice"),
+])
+def test_a_value_given_twice_is_refused(tmp_path, args, needle):
+    """The same cell was measured once per copy (4 times for `-b sdpa,sdpa --batch 1,1`) and stored once."""
+    refused(invoke(*args, "--device", "cpu", "--db", tmp_path / "d.db"), needle)
+    nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["report", "a", "--alpha", "0.1"], "--alpha applies to the comparison of two runs"),
+    (["report", "a", "b", "--no-compare", "--min-effect", "0.1"], "--min-effect applies to the comparison"),
+])
+def test_report_comparison_options_without_a_comparison_are_refused(tmp_path, args, needle):
+    refused(invoke(*args, "--db", tmp_path / "none.db", "--out", tmp_path / "out"), needle)
+    nothing_written(tmp_path)
