@@ -22,6 +22,8 @@ def test_triton_kernels_match_torch_in_the_interpreter():
     errors = json.loads(out.stdout.strip().splitlines()[-1])
     from transbench.engine.gemm import CONFIGS, FP8_CONFIGS, splitk_configs
     from transbench.engine.kernels import ATTENTION_CONFIGS
+    packing = {k: errors.pop(k) for k in list(errors) if k.startswith("packing ")}
+    assert len(packing) == 16 and not any(packing.values()), packing  # make_packing's two kernels, indices exact
     routes = [k for k in errors if k.startswith("route ")]
     fp8 = {k: errors.pop(k) for k in list(errors) if k.startswith("fp8")}
     # every case ran: GEMM, split-K GEMM, decode attention, attention, LayerNorm and GELU kernels, the embedding block,

@@ -72,7 +72,37 @@ def main():
     embed(errors, rnd)
     fp8(errors, rnd)
     routes(errors, rnd)
+    packing(errors)
     print(json.dumps(errors))
+
+
+def packing(errors):
+    """kernels.mask_counts / pack_rows against make_packing's torch ops (its path off CUDA): 0 where every index,
+    count and mask agree exactly, else 1."""
+    from transbench.engine.attention import make_packing
+
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(0, 78, (5,), generator=g)
+    ragged = (torch.arange(77)[None, :] < lengths[:, None]).int()
+    ragged[1] = 0  # an all-padding row
+    ragged[2] = ragged[2].flip(0)  # left padding
+    cases = {"1x1": torch.ones(1, 1, dtype=torch.int64), "1x128 right-padded": (torch.arange(128) < 100)[None].long(),
+             "5x77 ragged int32": ragged, "5x77 ragged bool": ragged.bool(), "5x77 ragged float": ragged.float(),
+             "5x77 ragged transposed view": ragged.t().contiguous().t(), "3x16 all real": torch.ones(3, 16),
+             "300x20 random": (torch.rand(300, 20, generator=g) < 0.7).long()}
+    for name, mask in cases.items():
+        B, S = mask.shape
+        for bucket in (1, 16):
+            ref = make_packing(mask, B, S, bucket)
+            cu, counts = kernels.mask_counts(mask)
+            n = int(mask.ne(0).sum())
+            same = counts.tolist() == [n, int(mask[:, 0].ne(0).sum())] and cu[: B + 1].tolist() == [0, *mask.ne(0).sum(
+                1).cumsum(0).tolist()]
+            if not ref.dense:
+                gidx, sidx, m = kernels.pack_rows(mask, cu, n, ref.tokens)
+                same = same and all(torch.equal(a, b) for a, b in ((gidx, ref.gidx), (sidx, ref.sidx), (m, ref.mask),
+                                                                   (cu, ref.cu)))
+            errors[f"packing {name} bucket={bucket}"] = 0.0 if same else 1.0
 
 
 def off(q, qs, ref):

@@ -18,7 +18,7 @@ from .scenarios import training
 from .scenarios.training import TrainSpec  # noqa: F401  (api.TrainSpec)
 from .cells import Cell, CellResult
 from .runner.sweep import SweepOptions, Target, open_run, run_grid
-from .spec import RunSpec, checked, coerce
+from .spec import RunSpec, check_once, checked, coerce
 from .store import Store, export
 from .store.db import check_sources
 
@@ -203,7 +203,7 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
 
     import torch
 
-    from .engine import compile_model, tuning
+    from .engine import EngineUnsupported, compile_model, tuning
     from .measure import device as dev
     from .models import build
 
@@ -220,16 +220,35 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
             raise SpecError(f"{what} must be at least 1, got {v}")
     if not batches or not seqs:
         raise SpecError("give at least one --batch and one --seq")
+    for values, option in ((batches, "--batch"), (seqs, "--seq")):
+        check_once(values, option)  # the shape was tuned again for nothing (minutes on a large one)
     if max(seqs) > ref.shape.max_positions:
         raise SpecError(f"seq {max(seqs)} exceeds {model}'s {ref.shape.max_positions} positions")
+    from .engine.compiled import BERT_LIKE
+
+    if ref.family not in (*BERT_LIKE, "gpt2"):  # before the GPU is asked for: a CPU host is told this too
+        raise SpecError(f"{model} is a {ref.family} model; the fused engine runs {', '.join(BERT_LIKE)} and gpt2 "
+                        "models only, so there is nothing to tune for it")
+    if cache_dir is not None and not str(cache_dir).strip():
+        raise SpecError("--cache-dir is empty: give a folder, or leave it out for the default")
+    table = Path(cache_dir) / tuning.TABLE_NAME if cache_dir is not None else tuning.cache_path()
+    problem = tuning.table_problem(table)
+    if problem:  # else minutes of tuning would be kept nowhere (the engine's tables are caches: a save may fail)
+        raise SpecError(f"cannot use the tuning table {table}: {problem}; give --cache-dir another folder "
+                        "(or delete a damaged table)")
+    if dev.gpu_count() == 0:  # before dev.resolve, whose advice for a missing GPU is --device cpu
+        raise SpecError("tune needs a CUDA GPU: the table holds kernel timings of the GPU it ran on")
     target = dev.resolve(device)
     if target.type != "cuda":
         raise SpecError("tune needs a CUDA GPU: the table holds kernel timings of the GPU it ran on")
     if cache_dir is not None:
-        tuning.use_table(Path(cache_dir) / tuning.TABLE_NAME)
+        tuning.use_table(table)
     hf = build.build_model(ref, "base", device=str(target)).to(dev.torch_dtype(dtype))
-    compiled = compile_model(hf, dtype=dev.torch_dtype(dtype), max_batch=max(batches), max_seq=max(seqs),
-                             fp8=dtype == "fp8", tune_budget_s=None)
+    try:
+        compiled = compile_model(hf, dtype=dev.torch_dtype(dtype), max_batch=max(batches), max_seq=max(seqs),
+                                 fp8=dtype == "fp8", tune_budget_s=None)
+    except EngineUnsupported as exc:  # a config the engine refuses (an activation, fp8 on this GPU): one line
+        raise SpecError(f"{model} cannot be tuned: {exc.reason}") from None
     rows = []
     try:
         for b in batches:
@@ -260,6 +279,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
     largest rate whose latency percentile meets slo_ms, each probe stored, then a `serve-max-rate` cell."""
     from .scenarios import serve_spec
     from .scenarios.serve_cell import ServeCell
+    from .scenarios.serve_arrivals import MIN_REQUESTS
     from .scenarios.serve_search import find_max_rate
     from .runner.sweep import _Lane, store_result
 
@@ -301,7 +321,10 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                 row = measured(serve_spec.cell(spec, lengths, backend, "rate", rate))
                 return row["record"].get(metric) if row and row["status"] == "ok" else None
 
-            best, trail = find_max_rate(probe, spec.slo_ms, offline["record"]["achieved_rate"])
+            # A probe's window must end within --timeout, else it can only time out after waiting all of it (a model
+            # too slow for the target bisected down to rates whose 20 expected arrivals took longer than that).
+            floor = MIN_REQUESTS / max(spec.timeout - spec.warmup, 1e-9)
+            best, trail = find_max_rate(probe, spec.slo_ms, offline["record"]["achieved_rate"], lowest=floor)
             rec = {"max_rate": best, "percentile": spec.percentile, "slo_ms": spec.slo_ms,
                    "offline_rate": offline["record"]["achieved_rate"]}
             # No rate meeting the target is a measured answer (max rate 0), not a failure: on an H100 eager and
@@ -311,7 +334,10 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                                 warnings=[] if best else [
                                     f"no probed rate met p{spec.percentile:g} <= {spec.slo_ms:g} ms"
                                     + (f" (the lowest, {lowest[0]:.3g}/s, had {lowest[1]:.3g} ms)" if lowest and
-                                       lowest[1] is not None else "")])
+                                       lowest[1] is not None else "")
+                                    + (f"; rates under {floor:.3g}/s were not probed, as their {MIN_REQUESTS} "
+                                       f"arrivals would outlast --timeout {spec.timeout:g} s" if lowest and
+                                       lowest[0] / 2 <= floor else "")])
             store_result(store, run_id, summary, result, scenario="serve-max-rate")
             on_cell(summary, result)
         recs = export.records(store, [run_id])

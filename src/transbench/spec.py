@@ -205,6 +205,18 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_once(values, option: str, same=None) -> None:
+    """A value listed twice on one axis (`--batch 1,1`, micro's `--sizes 4096,2^12`) is refused: the grid keeps one
+    cell of it (or measures the point again), so the run held fewer cells than asked, or lost the time. `same`: what
+    makes two values the same point where their spellings differ (`--grad-ckpt on,true`)."""
+    keys = [same(v) for v in values] if same else list(values)
+    i = next((i for i, k in enumerate(keys) if k in keys[:i]), None)
+    if i is not None:
+        v = values[i]
+        shown = ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else v
+        raise SpecError(f"{option} lists {shown} twice: give each value once")
+
+
 def checked(cls, spec, whole: frozenset[str] = frozenset()):
     """A spec built in Python (`api.run(RunSpec(batches="1,8"))`) read as a spec file is: every field through
     coerce(), and the run name through the CLI's check. A dataclass does not check its fields' types, so

@@ -42,6 +42,29 @@ def test_add_layernorm_kernel(T, N, dtype):
     assert rel(y, F.layer_norm(x.float(), (N,), w.float(), lb.float(), 1e-12)) < 1e-2
 
 
+@pytest.mark.parametrize("shape", [(1, 128), (8, 128), (7, 77), (300, 33), (2, 8192), (2, 8200)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float16])
+def test_packing_on_cuda_equals_the_torch_ops(shape, dtype):
+    # make_packing's two Triton launches (kernels.mask_counts, pack_rows) against its torch ops on the CPU; S = 8200 is
+    # past kernels.PACK_MAX_S, so the CUDA call takes the torch ops too.
+    from transbench.engine.attention import make_packing
+
+    B, S = shape
+    g = torch.Generator().manual_seed(B * S)
+    lengths = torch.randint(0, S + 1, (B,), generator=g)
+    mask = torch.arange(S)[None, :] < lengths[:, None]
+    mask[0, : S // 3] = False  # left padding in one row
+    for m in (mask, torch.ones(B, S, dtype=torch.bool), mask.t().contiguous().t()):
+        m = m.to(dtype)
+        for bucket in (1, 128):
+            ref, out = make_packing(m, B, S, bucket), make_packing(m.cuda(), B, S, bucket)
+            assert (out.dense, out.tokens, out.max_len, out.first_padded) == (ref.dense, ref.tokens, ref.max_len,
+                                                                               ref.first_padded)
+            for name in ("gidx", "sidx", "cu", "mask"):
+                a, b = getattr(out, name), getattr(ref, name)
+                assert (a is None and b is None) or torch.equal(a.cpu(), b), name
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tanh", [False, True])
 @pytest.mark.parametrize("T,N", [(1, 1536), (7, 3072), (333, 4096), (1025, 6400), (5, 1000)])

@@ -18,7 +18,7 @@ micro_app = App(no_args_is_help=True, help="Micro-benchmarks: GEMM and memory ce
 app.add_typer(micro_app, name="micro")
 
 DEVICE = typer.Option(None, show_default="auto", help="auto|cpu|cuda|cuda:N")
-MIN_TIME = typer.Option(None, "--min-time", show_default="0.2 on GPU, 0.1 on CPU", help="seconds of timed calls per point")
+MIN_TIME = typer.Option(None, "--min-time", show_default="1 on GPU, 0.1 on CPU", help="seconds of timed calls per point")
 WARMUP = typer.Option(None, "--warmup", show_default="2", help="untimed calls before timing each point")
 DB = typer.Option("transbench.db", help="SQLite store")
 NAME = typer.Option(None, help="run name")

@@ -33,8 +33,8 @@ class Packing(NamedTuple):
     cu: torch.Tensor | None  # (B+2,) int32 cumulative lengths (spare rows last), the varlen kernels' bounds
     mask: torch.Tensor | None  # (B, S) bool, for the padded fallback
     max_len: int = 0  # bound on the longest sequence in cu (the spare-row one may exceed S)
-    # Some sequence's first position is padding (left padding, an all-padding row); only counted where
-    # make_packing(first=True) was asked to (BertEngine's pooler reads that position, which is never computed).
+    # Some sequence's first position is padding (left padding, an all-padding row): BertEngine's pooler reads that
+    # position, which packing never computes.
     first_padded: bool = False
 
     @property
@@ -46,30 +46,36 @@ class Packing(NamedTuple):
         return self.B * self.S if self.gidx is None else self.gidx.shape[0]
 
 
-def make_packing(mask: torch.Tensor | None, B: int, S: int, bucket: int, first: bool = False) -> Packing:
+def make_packing(mask: torch.Tensor | None, B: int, S: int, bucket: int) -> Packing:
     if mask is None:
         return Packing(B, S, None, None, None, None)
-    m = mask.reshape(B, S).to(torch.bool)
-    # The one host sync per call: the packed size decides the buffers (and the graph); with `first`, the same
-    # sync also reads how many sequences have their first position real.
-    if first:
-        n, lead = torch.stack((m.sum(), m[:, 0].sum())).tolist()
+    m = mask.reshape(B, S)
+    fast = _kernels is not None and m.is_cuda and S <= _kernels.PACK_MAX_S
+    # The one host sync per call: the packed size decides the buffers (and the graph); the same read says how many
+    # sequences have their first position real (BertEngine's pooler reads that position).
+    if fast:  # two launches around the sync (kernels.PACK_MAX_S says what the torch ops below cost on a GPU)
+        cu, counts = _kernels.mask_counts(m)
+        n, lead = counts.tolist()
     else:
-        n, lead = int(m.sum()), B
+        m = m.to(torch.bool)
+        n, lead = torch.stack((m.sum(), m[:, 0].sum())).tolist()
     if n == B * S:
         return Packing(B, S, None, None, None, None)
     # Round the packed size up so that batches of similar total length share one captured graph.
     tp = min(B * S, -(-n // bucket) * bucket)
-    try:
-        idx = torch.nonzero_static(m.flatten(), size=tp, fill_value=-1).squeeze(1)
-    except (NotImplementedError, RuntimeError):  # builds without nonzero_static for this device
-        idx = F.pad(m.flatten().nonzero().squeeze(1), (0, tp - n), value=-1)
-    gidx = idx.clamp(min=0)
-    sidx = torch.where(idx < 0, B * S, idx)
     # Spare rows form one extra sequence (of token-0 copies), so every row holds finite values: nothing
     # uninitialised can reach a per-tensor reduction such as the fp8 amax.
-    cu = F.pad(m.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 1), value=tp)
-    cu[0] = 0
+    if fast:
+        gidx, sidx, m = _kernels.pack_rows(m, cu, n, tp)
+    else:
+        try:
+            idx = torch.nonzero_static(m.flatten(), size=tp, fill_value=-1).squeeze(1)
+        except (NotImplementedError, RuntimeError):  # builds without nonzero_static for this device
+            idx = F.pad(m.flatten().nonzero().squeeze(1), (0, tp - n), value=-1)
+        gidx = idx.clamp(min=0)
+        sidx = torch.where(idx < 0, B * S, idx)
+        cu = F.pad(m.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 1), value=tp)
+        cu[0] = 0
     # max_len: a function of the graph key only
     return Packing(B, S, gidx, sidx, cu, m, max(S, min(tp, bucket)), lead < B)
 

@@ -67,13 +67,13 @@ class EngineBase:
         key = ("fwd", B, S, p.dense, p.tokens, ids is None, tt is None, pos is None)
         return self.graphs(key, self._forward, p, ids, embeds, tt, pos)
 
-    def packing(self, mask: torch.Tensor | None, B: int, S: int, first: bool = False) -> Packing:
+    def packing(self, mask: torch.Tensor | None, B: int, S: int) -> Packing:
         if mask is not None and mask.dim() > 2:
             # transformers takes a 3-D/4-D mask as the attention's own per-query mask (a 4-D one as additive biases),
             # which packing real tokens cannot express: reading it as a padding mask gave silently other outputs.
             raise EngineUnsupported(f"a {mask.dim()}-D attention_mask is not supported: pass a (batch, seq) mask of "
                                     "1 (token) and 0 (padding)")
-        return make_packing(None if mask is None else mask.to(self.opts.device), B, S, self.bucket, first)
+        return make_packing(None if mask is None else mask.to(self.opts.device), B, S, self.bucket)
 
     @staticmethod
     def take(t: torch.Tensor | None, p: Packing) -> torch.Tensor | None:

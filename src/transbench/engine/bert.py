@@ -76,9 +76,9 @@ class BertEngine(EngineBase):
         r = r + (self.type[0] if token_type_ids is None else F.embedding(self.take(token_type_ids, p), self.type))
         return self.ops.add_layernorm(x.contiguous(), r, None, n.weight, n.bias, n.eps)
 
-    def packing(self, mask, B: int, S: int, first: bool = False) -> Packing:
-        p = super().packing(mask, B, S, first or self.pool is not None)
-        if p.first_padded:
+    def packing(self, mask, B: int, S: int) -> Packing:
+        p = super().packing(mask, B, S)
+        if p.first_padded and self.pool is not None:
             # The pooler reads each sequence's first position, which transformers computes (a padding query still
             # attends to the real tokens) but packing never does: its output there was tanh(bias), silently.
             raise EngineUnsupported("the pooler reads each sequence's first token, and the attention_mask pads it "

@@ -391,3 +391,76 @@ def attention(qkv, B, S, heads, scale, causal, cfg=ATTENTION_CONFIGS[0], bound=N
         QUANT=bound is not None, num_warps=warps, **dict(num_stages=stages[0]) if stages else {},
         **launch_options(qkv.device))
     return out if bound is None else (out, qs)
+
+
+# The padding path's index arithmetic (engine/attention.py make_packing) in two launches around its one host sync.
+# As torch ops it was 22 kernels and copies, each paying the host's dispatch: on an H100 a right-padded bert-base call
+# cost 0.8134 ms at 1 x 128 against 0.4024 with no mask, 1.2919 against 0.6548 at 8 x 128 (benchmarks/packing_cost.py).
+PACK_MAX_S = 8192  # one program holds a row (and two rows of the mask a step in the count): longer rows use torch
+
+
+@triton.jit(do_not_specialize=["B", "S", "stride_b", "stride_s"])
+def _mask_counts_kernel(M, CU, COUNTS, B, S, stride_b, stride_s, RB: tl.constexpr, SB: tl.constexpr):
+    # One program walks the (B, S) mask RB rows a step: each row's real-token count, their running sum into CU[1:B+1]
+    # (CU[0] = 0), and into COUNTS the total and how many rows have a real first position.
+    cols = tl.arange(0, SB)
+    total = tl.sum(tl.zeros((RB,), dtype=tl.int32), axis=0)
+    lead = total
+    for r0 in range(0, B, RB):
+        rows = r0 + tl.arange(0, RB)
+        inside = (rows < B)[:, None] & (cols < S)[None, :]
+        m = (tl.load(M + rows[:, None] * stride_b + cols[None, :] * stride_s, mask=inside, other=0) != 0).to(tl.int32)
+        lens = tl.sum(m, axis=1)
+        tl.store(CU + 1 + rows, total + tl.cumsum(lens, axis=0), mask=rows < B)
+        total += tl.sum(lens, axis=0)
+        lead += tl.sum(tl.sum(tl.where(cols[None, :] == 0, m, 0), axis=1), axis=0)
+    tl.store(CU, 0)
+    tl.store(COUNTS, total)
+    tl.store(COUNTS + 1, lead)
+
+
+@triton.jit(do_not_specialize=["B", "S", "stride_b", "stride_s", "n", "tp"])
+def _pack_rows_kernel(M, CU, GIDX, SIDX, MASK, B, S, stride_b, stride_s, n, tp, SB: tl.constexpr):
+    # Program b < B: row b's real positions, in order, to rows CU[b]... of the packed layout (GIDX: their flat b*S + s
+    # source index; SIDX: the same, their destination when unpacked) and the row as bool into MASK. Program B: the
+    # spare rows n..tp-1 (fewer than make_packing's bucket) read row 0 and unpack to the extra row B*S (make_packing
+    # says why), and CU[B+1] = tp.
+    b = tl.program_id(0)
+    if b < B:
+        cols = tl.arange(0, SB)
+        real = tl.load(M + b * stride_b + cols * stride_s, mask=cols < S, other=0) != 0
+        one = real.to(tl.int32)
+        dst = tl.load(CU + b) + tl.cumsum(one, axis=0) - one
+        src = b.to(tl.int64) * S + cols
+        tl.store(GIDX + dst, src, mask=real)
+        tl.store(SIDX + dst, src, mask=real)
+        tl.store(MASK + b.to(tl.int64) * S + cols, real, mask=cols < S)
+    else:
+        for k0 in range(n, tp, 128):
+            k = k0 + tl.arange(0, 128)
+            tl.store(GIDX + k, tl.zeros((128,), dtype=tl.int64), mask=k < tp)
+            tl.store(SIDX + k, tl.zeros((128,), dtype=tl.int64) + B * S, mask=k < tp)
+        tl.store(CU + B + 1, tp)
+
+
+def mask_counts(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, S) mask (any dtype, nonzero = real) -> (cu (B+2,) int32 with cu[1:B+1] the running real-token counts,
+    counts (2,) int32: the total and the rows whose first position is real). One launch, no sync."""
+    B, S = mask.shape
+    sb = max(16, triton.next_power_of_2(S))
+    buf = torch.empty(B + 4, device=mask.device, dtype=torch.int32)  # one allocation: each costs host time here
+    cu, counts = buf[: B + 2], buf[B + 2:]
+    _mask_counts_kernel[(1,)](mask, cu, counts, B, S, *mask.stride(), RB=max(2, 4096 // sb), SB=sb, num_warps=8)
+    return cu, counts
+
+
+def pack_rows(mask: torch.Tensor, cu: torch.Tensor, n: int, tp: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(gidx, sidx, bool mask) of make_packing for n real tokens packed into tp rows (cu from mask_counts, its last
+    entry set here). One launch."""
+    B, S = mask.shape
+    gidx = torch.empty(tp, device=mask.device, dtype=torch.int64)
+    sidx = torch.empty(tp, device=mask.device, dtype=torch.int64)
+    m = torch.empty(B, S, device=mask.device, dtype=torch.bool)
+    _pack_rows_kernel[(B + 1,)](mask, cu, gidx, sidx, m, B, S, *mask.stride(), n, tp,
+                                SB=max(16, triton.next_power_of_2(S)), num_warps=4)
+    return gidx, sidx, m

@@ -313,6 +313,7 @@ class Tuner:
         return best
 
     def _save(self) -> None:
+        tmp = None
         try:  # atomic replace: concurrent benchmark processes may share the file
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
@@ -320,8 +321,41 @@ class Tuner:
                 partial = {PARTIAL + k: v for k, v in self.interim.items() if k not in self.table}
                 json.dump({**self.table, **partial}, f, indent=0, sort_keys=True)
             os.replace(tmp, self.path)
-        except OSError:
-            pass  # a read-only home only costs re-tuning in the next process
+        except OSError:  # a read-only home only costs re-tuning in the next process
+            if tmp is not None:  # a full disk, or a folder where the table should be: no .tmp file left per save
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+
+def table_problem(path: Path) -> str | None:
+    """Why the table at `path` cannot be read and replaced, or None. A Tuner takes an unreadable table as empty and
+    a failed save as a cost of the next process (a cache); `transbench tune` exists to fill the table, so it asks
+    first, instead of tuning for minutes and keeping nothing. Nothing is created or changed here."""
+    path = Path(path)
+    if path.is_dir():
+        return "it is a folder"
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+        except OSError as e:
+            return f"it cannot be read ({e.strerror or e})"
+        except ValueError as e:  # not JSON, truncated, not UTF-8
+            return f"it is not valid JSON ({str(e)[:120]})"
+        if not isinstance(data, dict):
+            return f"it holds a JSON {type(data).__name__}, not the object of choices a table is"
+    # The folder, or the nearest of its parents that exists (the Tuner creates the rest): really writable, by a
+    # file made and removed there (permissions do not stop root, and /proc takes no files).
+    folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return f"a file made in {folder} failed ({e.strerror or e})"
+    return None
 
 
 _TUNER: Tuner | None = None

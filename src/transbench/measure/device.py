@@ -109,9 +109,12 @@ def synchronize(device) -> None:
 def is_oom(exc: BaseException) -> bool:
     import torch
 
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    # The CPU allocator's refusal ("DefaultCPUAllocator: can't allocate memory") is the CPU's out of memory: as
+    # an `error` it skipped no larger batch and ended a --max-batch search without bisecting.
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
 def free_memory(device) -> None:

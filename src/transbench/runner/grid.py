@@ -9,7 +9,7 @@ from ..errors import SpecError
 from ..measure import device as dev
 from ..models import build
 from ..models.build import ACTIVATIONS
-from ..spec import RunSpec, checked, device_defaults, parse_shard
+from ..spec import RunSpec, check_once, checked, device_defaults, parse_shard
 from ..store.db import check_name_text
 from ..cells import Cell
 
@@ -23,9 +23,7 @@ def validate(spec: RunSpec) -> RunSpec:
                          ("dtypes", "--dtype"), ("batches", "--batch"), ("seqs", "--seq")):
         if not getattr(spec, axis):
             raise SpecError(f"{option} is empty: give at least one value (an empty axis measures nothing)")
-        twice = next((v for i, v in enumerate(getattr(spec, axis)) if v in getattr(spec, axis)[:i]), None)
-        if twice is not None:  # `--batch 1,1`: the same cell was measured again, one result kept, the time lost
-            raise SpecError(f"{option} lists {twice} twice: give each value once")
+        check_once(getattr(spec, axis), option)
     refs = [build.resolve(m) for m in spec.models]
     for name in spec.backends:
         backends.get(name)
@@ -43,6 +41,9 @@ def validate(spec: RunSpec) -> RunSpec:
         raise SpecError("--seq-stdev must be 0 or more")
     if spec.new_tokens < 1:
         raise SpecError("--new-tokens must be at least 1")
+    if spec.seq_stdev > 0 and set(spec.tasks) == {"generate"}:  # else every cell `unsupported`, and exit 0
+        raise SpecError(f"--seq-stdev {spec.seq_stdev:g}: generation runs equal-length prompts (--seq); leave "
+                        "--seq-stdev out with --task generate")
     from ..backends.compile import check_mode
 
     check_mode(spec.compile_mode)  # also without the compile backend: a misspelt mode is a mistake either way
@@ -56,6 +57,9 @@ def validate(spec: RunSpec) -> RunSpec:
         raise SpecError("--nproc must be at least 1")
     if spec.max_batch_limit < 1:  # the search's cap: 0 or below probed nothing and stored a misleading answer
         raise SpecError(f"max_batch_limit must be at least 1, got {spec.max_batch_limit}")
+    if spec.max_batch and max(spec.batches) > spec.max_batch_limit:  # the search starts at the largest batch
+        raise SpecError(f"--batch {max(spec.batches)} is above max_batch_limit {spec.max_batch_limit}, the cap of the "
+                        "--max-batch search: lower --batch or raise max_batch_limit")
     if spec.gpus is not None:
         # Lanes run one worker per listed GPU; without the GPUs they would be parallel CPU workers that
         # share the cores, and every figure would come out slower while still `ok` (issue 22).

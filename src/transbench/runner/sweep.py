@@ -283,6 +283,11 @@ def search_max_batch(store, run_id: str, first, lane: _Lane, opts: SweepOptions,
         result.warnings.append(f"batch {best} is the search's cap (--max-batch-limit {opts.max_batch_limit}), "
                                "not the largest batch that fits: raise the limit to search further")
         result.info["capped"] = True
+    stopped = next(((b, s) for b, s in tried if s not in ("ok", "oom")), None)
+    if best is not None and stopped is not None:  # a timeout or a crash is no answer to "does it fit"
+        result.warnings.append(f"the search stopped at batch {stopped[0]}, which ended {stopped[1]}, not out of "
+                               f"memory: the largest batch that fits may be above {best}")
+        result.info["stopped_at"] = stopped[0]
     status = "ok" if best else result.status
     with lock:
         store_result(store, run_id, replace(first, batch=best or 0), CellResult(
@@ -297,6 +302,8 @@ def find_max_batch(probe: Callable[[int], CellResult], limit: int = 65536, start
     1/`resolution` of the batch (32: exact below 64; a probe of a batch in the thousands costs a full
     forward each, and 3% is finer than run-to-run memory noise).
     Returns the result at that batch (its throughput) and the batch, or (first failure, None)."""
+    if start > limit:  # a batch above the cap already ran (a ladder's --batch): answer at the cap, probed
+        start, known = limit, None
     best: tuple[int, CellResult] | None = None
     batch, failed_at = start, None
     while batch <= limit:

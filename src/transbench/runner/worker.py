@@ -16,6 +16,9 @@ import warnings
 from ..cells import CellResult
 
 LOG_TAIL_CHARS = 2000
+# The longest wait for a cell: the pipe's poll takes at most 2^31 ms (~24.8 days; `--timeout 1e7` was an
+# OverflowError traceback after the run was stored), and a deadline of 11.5 days is none anyway.
+LONGEST_WAIT_S = 1e6
 
 
 def resolve_target(target: str):
@@ -162,7 +165,7 @@ class Worker:
     def run(self, target: str, cell: dict, timeout: float) -> CellResult:
         try:
             self.conn.send((target, cell))
-            if not self.conn.poll(timeout):
+            if not self.conn.poll(min(timeout, LONGEST_WAIT_S)):
                 tail = self._log_tail()
                 self.stop(kill=True)
                 return CellResult("timeout", error=f"no result within the {timeout:g} s deadline",

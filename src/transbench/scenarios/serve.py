@@ -31,7 +31,7 @@ from ..measure import memory
 from ..measure.context import Monitor
 from ..models import build
 from .inference import TOLERANCE, ModelCache, cell_inputs, model_for, output_tensor, reference, rel_err
-from .serve_arrivals import poisson_arrivals
+from .serve_arrivals import poisson_arrivals, window_s
 from .serve_batcher import BatchPolicy
 from .serve_cell import ServeCell
 from .serve_load import DRAIN_LIMIT_S, LoadPlan, run_load
@@ -39,7 +39,6 @@ from .serve_stats import account
 
 LEN_STEP = 32
 GATE_BATCH = 4  # requests in the correctness check's batch (the reference covers its first and last two)
-MIN_REQUESTS = 20  # a percentile over fewer requests says little (a bisection probe may ask a low rate)
 OFFLINE_QUEUE = 2  # offline keeps this many full batches queued, so every batch leaves full
 
 
@@ -238,8 +237,9 @@ def plan_for(cell: ServeCell) -> tuple[LoadPlan, float | None]:
     span = cell.warmup + cell.duration
     dist = cell.length_dist
     if cell.mode == "rate":  # a low rate's window stretches to MIN_REQUESTS expected arrivals
-        arrivals = poisson_arrivals(cell.rate, cell.warmup + max(cell.duration, MIN_REQUESTS / cell.rate), cell.seed)
-        return LoadPlan(dist.draw(max(1, len(arrivals)), cell.seed + 1), arrivals=arrivals,
+        window = window_s(cell.rate, cell.warmup, cell.duration)
+        arrivals = poisson_arrivals(cell.rate, window, cell.seed)
+        return LoadPlan(dist.draw(max(1, len(arrivals)), cell.seed + 1), arrivals=arrivals, span_s=window,
                         warmup_s=cell.warmup), cell.rate
     clients = cell.concurrency if cell.mode == "concurrency" else OFFLINE_QUEUE * cell.max_batch_size
     return LoadPlan(dist.draw(4096, cell.seed + 1), concurrency=clients, span_s=span, warmup_s=cell.warmup), None

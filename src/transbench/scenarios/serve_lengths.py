@@ -1,12 +1,14 @@
 """How long requests are: fixed, normal or lognormal with a mean and a max, a file of token counts, or a
 text file tokenized with the model's tokenizer (one request per line). Parsed once in the parent process
-into a `Lengths` (a draw rule, or the list of counts), which cells carry and workers draw from."""
+into a `Lengths` (a draw rule, or a histogram of the file's counts), which cells carry and workers draw
+from."""
 
 from __future__ import annotations
 
 import hashlib
 import math
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +28,11 @@ class Lengths:
     mean: float = 0.0
     max: int = 0
     spread: float = 0.0  # stdev (normal) or sigma of the log (lognormal)
-    counts: tuple[int, ...] = ()  # counts / text: every request's token count, in file order
+    # counts / text: the file's distinct token counts and how many requests have each. A histogram, not every
+    # line: draws are with replacement, so it is the same distribution, and a cell carries (to its worker and into
+    # the store) at most one entry per position: a 3,000,000-line file stored 11 MB in each cell.
+    counts: tuple[int, ...] = ()
+    weights: tuple[int, ...] = ()
     source: str = ""  # counts / text: the file's name and digest (the cell's key names the data it ran)
 
     @property
@@ -55,16 +61,18 @@ class Lengths:
             mu = math.log(self.mean) - self.spread ** 2 / 2
             raw = (rng.lognormvariate(mu, self.spread) for _ in range(n))
         else:  # a file's requests, drawn with replacement so any duration has enough of them
-            raw = (rng.choice(self.counts) for _ in range(n))
+            raw = rng.choices(self.counts, weights=self.weights, k=n)
         return [min(self.max, max(1, round(x))) for x in raw]
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "mean": self.mean, "max": self.max, "spread": self.spread,
-                "counts": list(self.counts), "source": self.source}
+                "counts": list(self.counts), "weights": list(self.weights), "source": self.source}
 
     @classmethod
     def from_dict(cls, d: dict) -> Lengths:
-        return cls(d["kind"], d["mean"], d["max"], d["spread"], tuple(d["counts"]), d["source"])
+        counts = tuple(d["counts"])  # a cell stored before the histogram listed every request: a weight of 1 each
+        return cls(d["kind"], d["mean"], d["max"], d["spread"], counts, tuple(d.get("weights", (1,) * len(counts))),
+                   d["source"])
 
 
 def _number(text: str, what: str, spec: str) -> float:
@@ -79,15 +87,25 @@ def _number(text: str, what: str, spec: str) -> float:
     return value
 
 
-def parse(spec: str, model_max: int, tokenizer_dir: str | None = None) -> Lengths:
-    """`--lengths` as given; lengths above the model's positions are refused, not silently clipped."""
+def _whole(text: str, what: str, spec: str) -> int:
+    """A token count: `fixed:0.5` was truncated to requests of 0 tokens (an error cell), `fixed:1.5` to 1."""
+    value = _number(text, what, spec)
+    if value != int(value):
+        raise SpecError(f"--lengths {spec}: {what} '{text}' is not a whole number of tokens")
+    return int(value)
+
+
+def parse(spec: str, model_max: int, tokenizer_dir: str | None = None, room: str | None = None) -> Lengths:
+    """`--lengths` as given; lengths above `model_max` are refused, not silently clipped. `room` says what that
+    limit is where it is not the model's positions (generation: what the new tokens leave of them)."""
+    room = room or f"the model's {model_max} positions"
     kind, _, rest = spec.partition(":")
     parts = rest.split(":") if rest else []
     if kind == "fixed" and len(parts) == 1:
-        n = int(_number(parts[0], "length", spec))
+        n = _whole(parts[0], "length", spec)
         out = Lengths("fixed", n, n)
     elif kind in ("normal", "lognormal") and len(parts) in (2, 3):
-        mean, top = _number(parts[0], "mean", spec), int(_number(parts[1], "max", spec))
+        mean, top = _number(parts[0], "mean", spec), _whole(parts[1], "max", spec)
         if mean > top:
             raise SpecError(f"--lengths {spec}: the mean {mean:g} is above the max {top}")
         default = NORMAL_STDEV_SHARE * mean if kind == "normal" else LOGNORMAL_SIGMA
@@ -97,39 +115,77 @@ def parse(spec: str, model_max: int, tokenizer_dir: str | None = None) -> Length
                             "1 or the max: give a smaller one (defaults: stdev MEAN/4, sigma 0.5)")
         out = Lengths(kind, mean, top, spread)
     elif kind in ("counts", "text") and rest:
-        out = _from_file(kind, rest, model_max, tokenizer_dir)
+        out = _from_file(kind, rest, tokenizer_dir)
+        if out.max > model_max:
+            raise SpecError(f"--lengths {spec}: a request of {out.max} tokens is above {room}; shorten or drop it")
     else:
         raise SpecError(f"--lengths '{spec}' is not understood: use {FORMS}")
     if out.max > model_max:
-        raise SpecError(f"--lengths {spec}: max {out.max} is above the model's {model_max} positions; "
-                        f"lower it to {model_max} or less")
+        raise SpecError(f"--lengths {spec}: max {out.max} is above {room}; lower it to {model_max} or less")
     return out
 
 
-def _from_file(kind: str, name: str, model_max: int, tokenizer_dir: str | None) -> Lengths:
+# Read line by line into a histogram, so memory stays flat; this many bytes (tens of millions of requests) already
+# pin the distribution, and reading takes seconds. Past it, a file pointed at by mistake (a disk image, a log) would
+# be read for minutes: refused by its size, before a byte is read.
+MAX_FILE_BYTES = 256 * 2**20
+
+
+def _from_file(kind: str, name: str, tokenizer_dir: str | None) -> Lengths:
+    label = f"--lengths {kind}:{name}"
     path = Path(name).expanduser()
+    if path.is_dir():
+        raise SpecError(f"{label}: is a folder; give a file with one {'token count' if kind == 'counts' else 'request'}"
+                        " a line")
     if not path.is_file():
-        raise SpecError(f"--lengths {kind}:{name}: no such file")
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
-        raise SpecError(f"--lengths {kind}:{name}: the file holds no requests (one per line)")
-    if kind == "counts":
+        raise SpecError(f"{label}: no such file")
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise SpecError(f"{label}: {size / 2**20:,.0f} MiB is above the {MAX_FILE_BYTES // 2**20} MiB read for a "
+                            "length file: give a sample of its lines (shuf -n 1000000)")
+        with path.open("rb") as f:
+            if b"\0" in f.read(8192):
+                raise SpecError(f"{label}: is a binary file; give a text file, one request a line")
+        # utf-8-sig: a file saved by Notepad or Excel starts with a byte-order mark, which int() refused
+        with path.open(encoding="utf-8-sig", errors="replace") as f:
+            if kind == "counts":
+                counts, digest = _histogram(_parse_counts(f, label, name))
+            else:
+                lines = [line for line in f.read().splitlines() if line.strip()]
+                counts, digest = _histogram(len(ids) for ids in _tokenizer(tokenizer_dir, name)(lines)["input_ids"]
+                                            ) if lines else (Counter(), "")
+    except OSError as exc:  # unreadable (permissions, a device): bad input, not a traceback
+        raise SpecError(f"{label}: cannot be read ({exc.strerror or exc})") from None
+    if not counts:
+        raise SpecError(f"{label}: the file holds no requests (one per line)")
+    values = tuple(sorted(counts))
+    weights = tuple(counts[v] for v in values)
+    mean = sum(v * w for v, w in zip(values, weights)) / sum(weights)
+    return Lengths(kind, mean, values[-1], 0.0, values, weights, f"{path.name}@{digest}")
+
+
+def _parse_counts(lines, label: str, name: str):
+    for line in lines:
+        text = line.strip()
+        if not text:
+            continue
         try:
-            counts = [int(line) for line in lines]
+            n = int(text)
         except ValueError:
-            raise SpecError(f"--lengths counts:{name}: every line must be a token count; for text use "
-                            f"--lengths text:{name}") from None
-        if min(counts) < 1:
-            raise SpecError(f"--lengths counts:{name}: token counts must be at least 1")
-    else:
-        counts = [len(ids) for ids in _tokenizer(tokenizer_dir, name)(lines)["input_ids"]]
-    top = max(counts)
-    if top > model_max:
-        raise SpecError(f"--lengths {kind}:{name}: a request of {top} tokens is above the model's "
-                        f"{model_max} positions; shorten or drop it")
-    digest = hashlib.sha256("\n".join(map(str, counts)).encode()).hexdigest()[:12]
-    return Lengths(kind, sum(counts) / len(counts), top, 0.0, tuple(counts), f"{path.name}@{digest}")
+            raise SpecError(f"{label}: every line must be a token count; for text use --lengths text:{name}") from None
+        if n < 1:
+            raise SpecError(f"{label}: token counts must be at least 1")
+        yield n
+
+
+def _histogram(counts) -> tuple[Counter, str]:
+    """How many requests have each token count, and the digest of the counts in file order (the cell's key)."""
+    out, digest = Counter(), hashlib.sha256()
+    for i, n in enumerate(counts):
+        out[n] += 1
+        digest.update(f"{chr(10) if i else ''}{n}".encode())
+    return out, digest.hexdigest()[:12]
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",

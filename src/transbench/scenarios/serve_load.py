@@ -46,7 +46,7 @@ class LoadPlan:
     lengths: list[int]  # request i has lengths[i % len] tokens
     arrivals: list[float] | None = None
     concurrency: int = 0
-    span_s: float = 0.0  # closed loop: no new request after this
+    span_s: float = 0.0  # closed loop: no new request after this; open loop: the end of the arrivals' window
     warmup_s: float = 0.0  # requests that arrive before this are served but not counted
 
 
@@ -134,7 +134,9 @@ def _serve(serve_batch, plan: LoadPlan, policy: BatchPolicy, clock, on_measure) 
             break
         batch = batcher.take(pending, t)
         if not batch:
-            wait = batcher.deadline(pending) - t if pending else None
+            # Never past the drain limit: a --max-wait-ms longer than that (1e9) blocked here after the last arrival
+            # until the cell's timeout, and one past what a lock's timeout holds (1e15) raised OverflowError.
+            wait = min(batcher.deadline(pending), last_arrival + DRAIN_LIMIT_S + 1e-3) - t if pending else None
             try:
                 item = inbox.get(timeout=wait if wait is None or wait > 0 else 0)
             except queue.Empty:

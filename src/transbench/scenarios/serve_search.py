@@ -10,16 +10,21 @@ MAX_PROBES = 8
 
 
 def find_max_rate(probe: Callable[[float], float | None], slo_ms: float, capacity: float,
-                  rel_tol: float = REL_TOL, max_probes: int = MAX_PROBES) -> tuple[float | None, list]:
+                  rel_tol: float = REL_TOL, max_probes: int = MAX_PROBES,
+                  lowest: float = 0.0) -> tuple[float | None, list]:
     """`probe(rate)` runs a load at `rate` and returns its latency percentile in ms (None: the probe failed,
     which ends the search). Returns (largest passing rate or None, [(rate, latency or None, passed), ...]).
     Every probe is below `capacity` (at most capacity (1 - 2^-max_probes)): with the offline cell's rate there, a probe
-    plans fewer arrivals than that cell served over the same window, so serve_spec.MAX_REQUESTS need not bound it."""
+    plans fewer arrivals than that cell served over the same window, so serve_spec.MAX_REQUESTS need not bound it.
+    No probe is run at or below `lowest`, where a load would outlast the cell's deadline (a low rate's window
+    stretches to serve_arrivals.MIN_REQUESTS arrivals): the search ends there."""
     trail: list[tuple[float, float | None, bool]] = []
     lo, hi = 0.0, capacity
     best = None
     while len(trail) < max_probes and hi - lo > rel_tol * hi:
         rate = (lo + hi) / 2
+        if rate <= lowest:
+            break
         lat = probe(rate)
         ok = lat is not None and lat <= slo_ms
         trail.append((rate, lat, ok))

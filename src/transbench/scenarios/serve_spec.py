@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from ..errors import SpecError
 from ..models import build
-from ..spec import checked
-from . import serve_lengths
+from ..spec import check_once, checked
+from . import serve_arrivals, serve_lengths
 from .serve_cell import ServeCell
 
 PERCENTILE_KEYS = {50.0: "latency_p50_ms", 90.0: "latency_p90_ms", 99.0: "latency_p99_ms", 99.9: "latency_p999_ms"}
@@ -71,10 +71,7 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     for b in spec.backends:
         backends.get(b)
     for values, option in ((spec.backends, "--backend"), (spec.rates, "--rate"), (spec.concurrency, "--concurrency")):
-        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
-        if twice is not None:  # the same cell was measured again under load, one result kept, the time lost
-            raise SpecError(f"{option} lists {twice:g} twice: give each value once" if isinstance(twice, float)
-                            else f"{option} lists {twice} twice: give each value once")
+        check_once(values, option)
     device = str(dev.resolve(spec.device))
     dtype = spec.dtype or ("fp16" if device.startswith("cuda") else "fp32")
     from .inference import TOLERANCE
@@ -100,6 +97,18 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         if r * window > MAX_REQUESTS:
             raise SpecError(f"--rate {r:g} over a {window:g} s window (--warmup + --duration) plans {r * window:,.0f} "
                             f"requests, above the cap of {MAX_REQUESTS:,}: lower --rate or --duration")
+    # A load that outlasts the cell's deadline can only end as `timeout`, after --timeout seconds of waiting:
+    # --rate 0.01 stretches its window to 2,000 s (20 expected arrivals), and --rate 1e-300 planned arrivals 1e301 s
+    # out, whose sleep overflowed in the arrivals thread and left the load waiting for the deadline.
+    for r in spec.rates:
+        span = serve_arrivals.window_s(r, spec.warmup, spec.duration)
+        if span >= spec.timeout:
+            raise SpecError(f"--rate {r:g} plans arrivals over {span:,.4g} s (--warmup + --duration, a low rate's "
+                            f"stretched to {serve_arrivals.MIN_REQUESTS} expected arrivals), not within --timeout "
+                            f"{spec.timeout:g} s: raise --rate or --timeout")
+    if (spec.concurrency or spec.offline or spec.find_max_rate) and window >= spec.timeout:
+        raise SpecError(f"--warmup + --duration is {window:g} s, not within --timeout {spec.timeout:g} s: the cell "
+                        "could only time out; shorten them or raise --timeout")
     for c in spec.concurrency:
         if c > MAX_REQUESTS:
             raise SpecError(f"--concurrency {c} queues {c:,} requests at once, above the cap of {MAX_REQUESTS:,}")
@@ -122,7 +131,10 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     if top < 1:
         raise SpecError(f"--new-tokens {spec.new_tokens} leaves no room for a prompt in {ref.name}'s "
                         f"{ref.shape.max_positions} positions: use --new-tokens {ref.shape.max_positions - 1} or less")
-    lengths = serve_lengths.parse(spec.lengths, top, ref.path)
+    # Generation: a prompt has what the new tokens leave ("the model's 96 positions" misnamed gpt2-tiny's 128).
+    room = (f"the {top} positions a prompt has ({ref.name}'s {ref.shape.max_positions} less --new-tokens "
+            f"{spec.new_tokens})" if spec.task == "generate" else None)
+    lengths = serve_lengths.parse(spec.lengths, top, ref.path, room)
     return dataclasses.replace(spec, device=device, dtype=dtype, percentile=float(spec.percentile)), lengths
 
 

@@ -39,7 +39,10 @@ def account(trace: Trace, slo_ms: float | None, offered_rate: float | None) -> t
     n = len(lat_all)
     if not n:
         return {"requests": 0}, [], {}
-    last = max((s.done for s in done), default=trace.end)
+    # The window runs to the last result, or to the end of the planned arrivals where every result came before it:
+    # measured to the last result alone, a light load's window lost the idle gap after its last arrival, and
+    # achieved_rate read ~5% above offered_rate with 20 expected arrivals (busy_share, tokens_per_s alike).
+    last = max(max((s.done for s in done), default=trace.end), trace.plan.span_s)
     span = max(last - w, 1e-9)
     rec = {"requests": n, "unserved": len(lost), "achieved_rate": len(done) / span,
            "offered_rate": offered_rate, **spread("latency", lat_all)}

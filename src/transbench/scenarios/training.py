@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import SpecError
 from ..cells import CellResult
-from ..spec import checked, coerce
+from ..spec import check_once, checked, coerce
 from .training_cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
 
 def default_task(shape) -> str:
@@ -86,7 +86,8 @@ def parse_bool(value) -> bool:
     raise SpecError(f"cannot read '{value}' as on/off")
 
 
-def _device_defaults(spec: TrainSpec, gpu: bool) -> TrainSpec:
+def device_defaults(spec: TrainSpec, gpu: bool) -> TrainSpec:
+    """The spec with its None axes sized for the device (a GPU or the CPU)."""
     out = replace(spec)
     if out.precisions is None:
         out.precisions = ["bf16"] if gpu else ["fp32"]
@@ -108,6 +109,11 @@ def _nccl_variants(spec: TrainSpec) -> list[str]:
     return [" ".join(f"{k}={v}" for k, v in sorted({**a, **b}.items())) for a in p2p for b in envs]
 
 
+def zero_stage_refusal(stages: list) -> str:
+    return (f"--zero-stage {','.join(map(str, stages))} applies to --strategy deepspeed only: "
+            "add --strategy deepspeed, or leave --zero-stage out")
+
+
 def validate(spec: TrainSpec) -> TrainSpec:
     """Check every option (one-line SpecErrors); return the spec with device-sized defaults filled in."""
     from ..measure import device as dev
@@ -116,7 +122,7 @@ def validate(spec: TrainSpec) -> TrainSpec:
     spec = checked(TrainSpec, spec, WHOLE_FIELDS)  # api.train(TrainSpec(...)): each field's type, as a spec file's
     device = dev.resolve(spec.device)
     gpu = device.type == "cuda"
-    spec = _device_defaults(spec, gpu)
+    spec = device_defaults(spec, gpu)
     for axis, option in (("models", "--model"), ("precisions", "--dtype"), ("optims", "--optim"),
                          ("attns", "--backend"), ("batches", "--batch"), ("seqs", "--seq"),
                          ("grad_accums", "--grad-accum"), ("grad_ckpts", "--grad-ckpt"), ("compiles", "--compile"),
@@ -160,6 +166,7 @@ def validate(spec: TrainSpec) -> TrainSpec:
                          (spec.nprocs, "nproc")]:
         if any(v < 1 for v in values):
             raise SpecError(f"{what} must be at least 1, got {min(values)}")
+    _check_once(spec)
     if spec.activation is not None and spec.activation not in build.ACTIVATIONS:
         raise SpecError(f"unknown activation '{spec.activation}': choose from {', '.join(build.ACTIVATIONS)}")
     if spec.pad_vocab < 1:
@@ -178,10 +185,21 @@ def validate(spec: TrainSpec) -> TrainSpec:
     for v in spec.nccl_p2p or []:
         parse_bool(v)
     for e in spec.nccl_envs or []:
+        keys = []
         for kv in e.split():
             key = kv.split("=", 1)[0]
             if "=" not in kv or not NCCL_ENV_KEY.match(key):
                 raise SpecError(f"--nccl-env '{kv}': write KEY=VAL with a NCCL_, TORCH_NCCL_ or GLOO_ variable")
+            keys.append(key)
+        # Each of these ran a point other than the one written: an empty one left the environment as it was, a
+        # key given twice kept its last value, and NCCL_P2P_DISABLE here overrode --nccl-p2p's without a word.
+        if not keys:
+            raise SpecError("--nccl-env '' is empty: give KEY=VAL, or leave --nccl-env out")
+        twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+        if twice:
+            raise SpecError(f"--nccl-env '{e}' sets {twice} twice: give it once")
+        if spec.nccl_p2p and "NCCL_P2P_DISABLE" in keys:
+            raise SpecError(f"--nccl-env '{e}' sets NCCL_P2P_DISABLE, which --nccl-p2p sets: use one of them")
     if spec.nnodes < 1:  # was "--node-rank must be between 0 and --nnodes - 1 (-1)"
         raise SpecError(f"--nnodes must be at least 1, got {spec.nnodes}")
     if not 0 <= spec.node_rank < spec.nnodes:
@@ -191,8 +209,7 @@ def validate(spec: TrainSpec) -> TrainSpec:
     # Options of one strategy or of several GPUs, given where no cell uses them, were dropped without a word: the
     # run said ok and measured something else than asked (ZeRO 3 under ddp, NCCL settings on one process).
     if spec.zero_stages != [2] and "deepspeed" not in (spec.strategies or []):
-        raise SpecError(f"--zero-stage {','.join(map(str, spec.zero_stages))} applies to --strategy deepspeed only: "
-                        "add --strategy deepspeed, or leave --zero-stage out")
+        raise SpecError(zero_stage_refusal(spec.zero_stages))
     if max(spec.nprocs) * spec.nnodes == 1:
         for given, option in ((spec.nccl_p2p, "--nccl-p2p"), (spec.nccl_envs, "--nccl-env"), (spec.scaling, "--scaling")):
             if given:
@@ -200,6 +217,9 @@ def validate(spec: TrainSpec) -> TrainSpec:
                                 f"add --nproc 2 (or more), or leave {option} out")
     if "none" in (spec.strategies or []) and (spec.nnodes > 1 or max(spec.nprocs) > 1):
         raise SpecError("strategy none runs one process: use ddp, fsdp or deepspeed with --nproc > 1 or --nnodes > 1")
+    if spec.ladder and spec.max_batch_limit < spec.batches[0]:  # the search doubles from the batch: a traceback
+        raise SpecError(f"--max-batch-limit {spec.max_batch_limit} is below --batch {spec.batches[0]}, where the "
+                        "ladder's largest-batch searches start: raise the limit or lower --batch")
     if gpu:
         import torch
 
@@ -207,6 +227,18 @@ def validate(spec: TrainSpec) -> TrainSpec:
             raise SpecError(f"--nproc {max(spec.nprocs)} needs that many GPUs on this node; "
                             f"{torch.cuda.device_count()} visible")
     return spec
+
+
+def _check_once(spec: TrainSpec) -> None:
+    for axis, option in (("models", "--model"), ("tasks", "--task"), ("precisions", "--dtype"), ("optims", "--optim"),
+                         ("attns", "--backend"), ("batches", "--batch"), ("seqs", "--seq"),
+                         ("grad_accums", "--grad-accum"), ("grad_ckpts", "--grad-ckpt"), ("compiles", "--compile"),
+                         ("kernels", "--kernels"), ("heads", "--head"), ("strategies", "--strategy"),
+                         ("nprocs", "--nproc"), ("zero_stages", "--zero-stage"), ("nccl_p2p", "--nccl-p2p"),
+                         ("nccl_envs", "--nccl-env")):
+        same = (parse_bool if axis == "nccl_p2p" else (lambda v: " ".join(sorted(v.split()))) if axis == "nccl_envs"
+                else None)
+        check_once(getattr(spec, axis) or [], option, same)
 
 
 def expand(spec: TrainSpec) -> list[TrainCell]:
@@ -217,22 +249,20 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
 
     device = dev.resolve(spec.device).type
     nccl = _nccl_variants(spec)
-    nprocs = sorted(set(spec.nprocs) | ({1} if spec.scaling else set()))
     cells: dict[str, TrainCell] = {}
     for model in spec.models:
         tasks = spec.tasks or [default_task(build.resolve(model).shape)]
         for (task, precision, attn, optim, seq, accum, ckpt, comp, kern, head, nproc, strategy, zero, env,
              batch) in itertools.product(tasks, spec.precisions, spec.attns, spec.optims, sorted(spec.seqs),
                                          spec.grad_accums, spec.grad_ckpts, spec.compiles, spec.kernels, spec.heads,
-                                         nprocs, spec.strategies or [None], spec.zero_stages, nccl,
+                                         sorted(spec.nprocs), spec.strategies or [None], spec.zero_stages, nccl,
                                          sorted(spec.batches)):
-            if head == "masked" and task != "mlm":  # the head axis applies to the mlm task only
-                continue
+            # The head axis applies to the mlm task only; another task runs its own head once (skipping it
+            # left `--task mlm,classification --head masked` without a single classification cell).
+            head = head if task == "mlm" else "all"
             world = nproc * spec.nnodes
-            if world == 1 and (strategy is None or nproc not in spec.nprocs):  # nproc 1 added by --scaling
-                strategy = "none"
-            elif strategy is None:
-                strategy = "ddp"
+            if strategy is None:
+                strategy = "none" if world == 1 else "ddp"
             cell = TrainCell(
                 model=model, task=task, attn=attn, precision=precision, optim=optim, batch=batch, seq=seq,
                 grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, head=head, activation=spec.activation,
@@ -241,6 +271,11 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
                 nccl=env if world > 1 else "", device=device, steps=spec.steps, warmup_steps=spec.warmup_steps,
                 lr=spec.lr, seed=spec.seed,
             )
+            if spec.scaling and world > 1:
+                # The same step as one plain process on one GPU of this host: with --nnodes 2 a baseline of
+                # nproc 1 on every node was a 2-GPU cell of its own, and no cell was ever the efficiency's base.
+                one = replace(cell, strategy="none", nproc=1, nnodes=1, zero_stage=None, nccl="")
+                cells.setdefault(one.key(), one)
             cells.setdefault(cell.key(), cell)
     return sorted(cells.values(), key=lambda c: c.world_size)  # stable: grid order within each size
 

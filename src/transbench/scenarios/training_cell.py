@@ -75,9 +75,11 @@ class TrainCell(SweepCell):
         return dict(kv.split("=", 1) for kv in self.nccl.split())
 
     def comparable(self) -> list:
-        """What must match for two cells to measure the same training step (all but the launch)."""
+        """What must match for two cells to measure the same training step (all but the launch). The padded
+        vocabulary too: a 2-GPU cell of `--pad-vocab 64` took its scaling baseline from an unpadded run."""
         return [self.model, self.task, self.attn, self.precision, self.optim, self.batch, self.seq,
-                self.grad_accum, self.grad_ckpt, self.compile, self.kernels, self.head, self.activation]
+                self.grad_accum, self.grad_ckpt, self.compile, self.kernels, self.head, self.activation,
+                self.pad_vocab]
 
     def identity(self) -> dict:
         """Every setting that changes what this cell measures (its speed, memory or losses); the step
@@ -101,7 +103,11 @@ class TrainCell(SweepCell):
                 "dtype": self.precision, "device": self.device, "batch_size": self.batch, "seq_len": self.seq,
                 "world_size": self.world_size, "strategy": self.strategy, "optim": self.optim,
                 "grad_accum": self.grad_accum, "grad_ckpt": self.grad_ckpt, "compile": self.compile,
-                "kernels": self.kernels, "head": self.head, "activation": self.activation, "zero_stage": self.zero_stage, "nccl": self.nccl or None,
+                "kernels": self.kernels, "head": self.head, "activation": self.activation,
+                # None: the vocabulary as it is (as in identity); without it a ladder's padded step and the step
+                # before it were two rows of the same settings and different speeds in the report
+                "pad_vocab": self.pad_vocab if self.pad_vocab != 1 else None,
+                "zero_stage": self.zero_stage, "nccl": self.nccl or None,
                 "global_batch": self.global_batch, "lr": self.lr, "seed": self.seed}
 
     def oom_group(self) -> str:

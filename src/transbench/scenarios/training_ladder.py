@@ -53,6 +53,12 @@ COLUMNS = ("samples_per_s", "tflops", "mfu", "peak_mem_mb")
 # (a few percent of batch moves samples/s by less than the run-to-run noise once the GPU is full).
 RESOLUTION = 4
 
+# The spec's options each step of the ladder sets for itself (STEPS), and their command-line spellings.
+SET_BY_LADDER = (("precisions", "--dtype"), ("optims", "--optim"), ("grad_accums", "--grad-accum"),
+                 ("grad_ckpts", "--grad-ckpt"), ("compiles", "--compile"), ("kernels", "--kernels"),
+                 ("heads", "--head"), ("activation", "--activation"), ("pad_vocab", "--pad-vocab"),
+                 ("strategies", "--strategy"), ("zero_stages", "--zero-stage"))
+
 # measure(cell, search) -> (the cell that was measured: its batch the largest that fits where search, result)
 Measure = Callable[[TrainCell, bool], tuple[TrainCell, CellResult]]
 
@@ -160,11 +166,18 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
         raise SpecError(f"--ladder walks one model at one shape: give one value of {', '.join(many)}")
     if spec.nnodes > 1 or max(spec.nprocs) > 1:
         raise SpecError("--ladder runs on one GPU: leave out --nproc and --nnodes")
+    device = _device(spec)
+    # The ladder sets these itself, step by step: a value given for one was dropped without a word (`--ladder
+    # --optim sgd` trained AdamW and said ok). A stored ladder's spec holds the defaults, so it is not refused.
+    untouched = training.device_defaults(training.TrainSpec(), device == "cuda")
+    set_here = [option for axis, option in SET_BY_LADDER if getattr(spec, axis) != getattr(untouched, axis)]
+    if set_here:
+        raise SpecError(f"--ladder takes no {', '.join(set_here)}: each step sets what it changes, on one process; "
+                        f"leave {set_here[0]} out, or train without --ladder")
     model = spec.models[0]
     from ..models import build
 
     task = (spec.tasks or [training.default_task(build.resolve(model).shape)])[0]
-    device = _device(spec)
     base = TrainCell(model=model, task=task, attn=spec.attns[0], precision="fp32", optim="adamw",
                      batch=spec.batches[0], seq=spec.seqs[0], device=device, steps=spec.steps,
                      warmup_steps=spec.warmup_steps, lr=spec.lr, seed=spec.seed)

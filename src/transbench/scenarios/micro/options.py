@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ...errors import SpecError
 from ...models import build
-from ...spec import INT_MAX, check_int
+from ...spec import INT_MAX, check_int, check_once
 
 GEMM_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 LAYER_DTYPES = ("fp32", "tf32", "fp16", "bf16")
@@ -49,7 +49,12 @@ def _not_empty(opts, *axes: tuple[str, str]) -> None:
 def _positive(values, what: str, example: str) -> None:
     for v in values:
         if v < 1:
-            raise SpecError(f"{what} {v} is not allowed: {what}s are whole numbers >= 1 (e.g. {example})")
+            raise SpecError(f"{what} {v} is not allowed: give whole numbers >= 1 (e.g. {example})")
+
+
+def _once(opts, *axes: tuple[str, str]) -> None:
+    for field_name, option in axes:
+        check_once(getattr(opts, field_name), option)
 
 
 def _dtypes(values, allowed: tuple[str, ...], device) -> None:
@@ -118,11 +123,12 @@ class GemmOptions(MicroCommon):
             out.tokens = 64 * 128 if gpu else 256
         _positive(out.sizes, "size", "--sizes 1024,4096")
         _positive([out.tokens], "token count", "--tokens 8192")
+        _once(out, ("sizes", "--sizes"), ("dtypes", "--dtype"), ("models", "--model"))
         _dtypes(out.dtypes, GEMM_DTYPES, device)
         for m in out.models:
             _model(m)
         if not out.sizes and not out.models:
-            raise SpecError("nothing to measure: give --sizes or --models")
+            raise SpecError("nothing to measure: give --sizes or --model")
         return out
 
 
@@ -143,6 +149,7 @@ class BandwidthOptions(MicroCommon):
         if out.ops is None:
             out.ops = list(STREAM_OPS)
         _positive(out.sizes, "size", "--sizes 2^20,2^24")
+        _once(out, ("sizes", "--sizes"), ("ops", "--ops"))
         for op in out.ops:
             if op not in STREAM_OPS:
                 raise SpecError(f"unknown op '{op}': choose from {', '.join(STREAM_OPS)}")
@@ -169,6 +176,7 @@ class LayerOptions(MicroCommon):
         out.seqs = out.seqs or ([128, 512] if gpu else [128])
         _positive(out.batches, "batch", "--batch 4,8")
         _positive(out.seqs, "seq", "--seq 128,512")
+        _once(out, ("batches", "--batch"), ("seqs", "--seq"))
         _dtypes([out.dtype], LAYER_DTYPES, device)
         _model(out.model, max(out.seqs), layer=True)
         return out
