@@ -13,6 +13,8 @@
 #   bash benchmarks/gpu_round14.sh final   the serve, micro and training GPU tests after session 23's CPU-side
 #                                          changes there, then the sampler against a plain CUDA-event loop at points
 #                                          no issue names
+#   bash benchmarks/gpu_round14.sh models  the GPU family tests after session 23's model-building changes
+#                                          (checkpoint folders rebuilt for SDPA, QA backbones remapped)
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=150 PYTHONPATH=src
@@ -68,4 +70,10 @@ if [ "$PART" = final ]; then
     2>&1 | grep -vE "^\s*$|Warning|warn" | tail -4
   timeout 100 python3 benchmarks/plain_loop_check.py --model bert-large-uncased --backend cudagraph,fused --point 3x77 \
     --dtype fp16 2>&1 | grep -vE "^\s*$|Warning|warn" | tail -4
+fi
+if [ "$PART" = models ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/r14-models TRITON_CACHE_DIR=/tmp/r14-models-triton
+  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_families_gpu.py -k "not fused_roberta and not onnxruntime" \
+    > $OUT/families_tests.txt 2>&1
+  echo "families rc $?"; grep -E "passed|failed|^FAILED|Error" $OUT/families_tests.txt | tail -12 | cut -c1-300
 fi

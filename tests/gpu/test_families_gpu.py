@@ -67,3 +67,22 @@ def test_fused_roberta_base_matches_and_beats_eager():
     eager = execute(cell(model="roberta-base", backend="eager", batch=8, seq=128, seq_stdev=20.0), CACHE)
     assert eager.status == "ok"
     assert fused.record["latency_ms"] < eager.record["latency_ms"]
+
+
+@pytest.mark.parametrize("family,task,backend", [("falcon", "base", "sdpa"), ("falcon", "generate", "sdpa"),
+                                                 ("llama", "qa", "sdpa"), ("mistral", "causal-lm", "eager")])
+def test_checkpoint_folders_rebuilt_for_sdpa_or_remapped_run_on_cuda(tmp_path, family, task, backend):
+    # Session 23's model-building changes on the GPU: Falcon rebuilt with SDPA chosen at construction
+    # (build._rebuilt), a QA head whose backbone prefix differs from the checkpoint's (build._backbone_mapping),
+    # and a counted decoder's FLOPs (flops._causal_products).
+    import transformers
+
+    extra = {"new_decoder_architecture": True, "num_kv_heads": 2} if family == "falcon" else {"num_key_value_heads": 2}
+    cfg = transformers.AutoConfig.for_model(family, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                            num_hidden_layers=2, vocab_size=1003, max_position_embeddings=128,
+                                            **extra)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / family)
+    r = execute(cell(model=str(tmp_path / family), task=task, backend=backend, seq=32), ModelCache())
+    assert r.status == "ok", (r.status, r.error, r.info.get("traceback"))
+    assert r.record["tflops"] > 0 and (task == "generate" or r.record["rel_err"] < 2e-2)

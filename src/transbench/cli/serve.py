@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from .. import api
+from ..scenarios import serve_spec
 from ..scenarios.serve_spec import ServeSpec
 from ..spec import check_name, split_list
 from ..store import export
@@ -36,9 +37,10 @@ def serve(
     duration: float = typer.Option(10.0, help="seconds of arrivals measured per cell"),
     warmup: float = typer.Option(2.0, help="seconds of arrivals served first and not counted"),
     slo_ms: Optional[float] = typer.Option(None, help="latency target: goodput is the share within it"),
-    percentile: float = typer.Option(99.0, help="the percentile --find-max-rate holds under --slo-ms"),
+    percentile: Optional[float] = typer.Option(None, show_default="99",
+                                               help="the percentile --find-max-rate holds under --slo-ms"),
     find_max_rate: bool = typer.Option(False, "--find-max-rate", help="bisect the largest rate meeting the target"),
-    new_tokens: int = typer.Option(32, help="tokens generated per request (--task generate)"),
+    new_tokens: Optional[int] = typer.Option(None, show_default="32", help="tokens generated per request (--task generate)"),
     seed: int = typer.Option(0, help="seed of arrivals, lengths and weights"),
     timeout: float = typer.Option(900.0, help="seconds a cell may take before it is `timeout`"),
     db: str = typer.Option("transbench.db", help="SQLite store"),
@@ -54,8 +56,11 @@ def serve(
                      rates=split_list(rate, float) if rate else [],
                      concurrency=split_list(concurrency, int) if concurrency else [], offline=offline,
                      lengths=lengths, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, duration=duration,
-                     warmup=warmup, slo_ms=slo_ms, percentile=percentile, find_max_rate=find_max_rate,
-                     new_tokens=new_tokens, seed=seed, timeout=timeout, name=name)
+                     warmup=warmup, slo_ms=slo_ms, find_max_rate=find_max_rate, seed=seed, timeout=timeout, name=name,
+                     **({} if percentile is None else {"percentile": percentile}),
+                     **({} if new_tokens is None else {"new_tokens": new_tokens}))
+    # given at its default value, an option that nothing here uses is refused as any other value is
+    serve_spec.check_given(spec, percentile=percentile is not None, new_tokens=new_tokens is not None)
 
     def on_cell(cell, result):
         if result is None:

@@ -466,11 +466,24 @@ def activation_field(cfg) -> str | None:
     return next((n for n in _ACT_NAMES if getattr(cfg, n, None) is not None), None)
 
 
+def _backbone_mapping(model, family: str, info: dict) -> dict[str, str] | None:
+    """The key_mapping that loads a checkpoint's backbone into a task class that names it otherwise, or None.
+    LlamaForQuestionAnswering (Qwen2's, Qwen3's, Mistral's, ...) holds its LlamaModel as `transformer.`, the
+    family's checkpoints as `model.`: transformers loads none of those tensors, with a warning nobody sees, and
+    `--task qa` on a checkpoint ran a random backbone."""
+    prefix = model.base_model_prefix
+    if not prefix or not any(k.startswith(f"{prefix}.") for k in info.get("missing_keys", ())):
+        return None
+    unexpected = info.get("unexpected_keys", ())
+    for name in _backbone_names(model, family):
+        if name != prefix and any(k.startswith(f"{name}.") for k in unexpected):
+            return {rf"^{re.escape(name)}\.": f"{prefix}."}
+    return None
+
+
 def build_model(ref: ModelRef, task: str, *, attn: str = "eager", activation: str | None = None,
                 device: str = "cpu", seed: int = 0):
     """An fp32 model in eval mode on `device`; random weights from `seed` unless `ref` has a folder."""
-    import inspect
-
     import torch
     import transformers
 
@@ -482,12 +495,16 @@ def build_model(ref: ModelRef, task: str, *, attn: str = "eager", activation: st
     cls = getattr(transformers, task_class(ref.family, task))
     cfg = hf_config(ref, task, activation)
     # The bare model without a pooler (BERT, RoBERTa, ...): `base` is the encoder's hidden states.
-    extra = {"add_pooling_layer": False} if "add_pooling_layer" in inspect.signature(cls.__init__).parameters else {}
+    extra = _init_kwargs(cls)
     if ref.path and device != "meta":  # a meta model holds no data: the folder's config alone builds it
         # fp32 whatever dtype the checkpoint was saved in: this is the reference every cell is checked
         # against, and the backends cast it to the cell's dtype themselves.
-        model = cls.from_pretrained(ref.path, config=cfg, attn_implementation=attn, trust_remote_code=False,
-                                    dtype=torch.float32, **extra).to(device)
+        kw = dict(config=cfg, attn_implementation=attn, trust_remote_code=False, dtype=torch.float32, **extra)
+        model, info = cls.from_pretrained(ref.path, output_loading_info=True, **kw)
+        mapping = _backbone_mapping(model, ref.family, info)
+        if mapping:
+            model = cls.from_pretrained(ref.path, key_mapping=mapping, **kw)
+        model = model.to(device)
     else:
         if device != "meta":  # a meta model draws no random numbers: the global generator stays as it was
             torch.manual_seed(seed)
@@ -503,19 +520,63 @@ def param_count(shape: Preset) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def set_attention(model, attn: str, fallback: str | None = None) -> None:
-    """Switch the model to transformers' `attn` implementation; a family that lacks it runs `fallback`
-    where the backend allows one, else the cell is `unsupported`. (transformers may keep the old
-    implementation without a word, as it does for DeBERTa-v2 and sdpa: what it runs is checked after.)"""
+# The class flag that says a transformers model class has an attention implementation.
+_SUPPORTS = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn"}
+
+
+def _init_kwargs(cls) -> dict:
+    """What build_model passes a class besides its config: the bare model without a pooler (BERT, RoBERTa, ...)."""
+    import inspect
+
+    return {"add_pooling_layer": False} if "add_pooling_layer" in inspect.signature(cls.__init__).parameters else {}
+
+
+def _rebuilt(model, attn: str):
+    """`model` built again with `attn` chosen at construction, its tensors moved over (no copy), or None. For a
+    class that has `attn` but cannot switch to it once built: transformers 5 switches only classes whose
+    attention goes through its AttentionInterface and keeps the old one otherwise (a warning, no error), so
+    Falcon's sdpa cells were `unsupported` though FalconModel declares sdpa."""
+    import torch
+
+    cls = type(model)
+    if not getattr(cls, _SUPPORTS.get(attn, ""), False):
+        return None
+    cfg = copy.deepcopy(model.config)
+    cfg._attn_implementation = attn
+    try:
+        with torch.device("meta"):
+            new = cls(cfg, **_init_kwargs(cls))
+        new.load_state_dict(model.state_dict(), strict=True, assign=True)
+        persistent = set(new.state_dict())
+        for name, buf in model.named_buffers():  # non-persistent ones (rotary frequencies) are no state dict's
+            if name not in persistent:
+                owner, _, leaf = name.rpartition(".")
+                new.get_submodule(owner).register_buffer(leaf, buf, persistent=False)
+    except Exception:  # noqa: BLE001 - any failure leaves the cell `unsupported`, as without the rebuild
+        return None
+    if new.config._attn_implementation != attn or any(t.is_meta for t in (*new.parameters(), *new.buffers())):
+        return None
+    return new.eval().requires_grad_(False)
+
+
+def set_attention(model, attn: str, fallback: str | None = None):
+    """Switch the model to transformers' `attn` implementation and return it (a new model where the class
+    chooses its attention only when built); a family that lacks it runs `fallback` where the backend allows
+    one, else the cell is `unsupported`. (transformers may keep the old implementation without a word, as it
+    does for DeBERTa-v2 and sdpa: what it runs is checked after.)"""
     if model.config._attn_implementation == attn:
-        return
+        return model
     why = "its model class does not support it"
     try:
         model.set_attn_implementation(attn)
     except (ValueError, ImportError) as exc:
         why = str(exc).splitlines()[0]
     if model.config._attn_implementation == attn:
-        return
+        return model
+    rebuilt = _rebuilt(model, attn)
+    if rebuilt is not None:
+        return rebuilt
     if fallback is None:
         raise Unsupported(f"{model.config.model_type} has no '{attn}' attention in transformers ({why})")
     model.set_attn_implementation(fallback)
+    return model

@@ -118,8 +118,7 @@ def model_for(cache: ModelCache, cell: Cell, backend, device):
     memory.reset_peak(device)
     dev.set_matmul_precision(cell.dtype)
     model = copy.deepcopy(cache.base_model(cell)).to(device=device, dtype=dev.torch_dtype(cell.dtype))
-    build.set_attention(model, backend.attn, backend.attn_fallback)
-    return model
+    return build.set_attention(model, backend.attn, backend.attn_fallback)
 
 
 def settle(prepared, device) -> None:

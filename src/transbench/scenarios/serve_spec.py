@@ -114,19 +114,13 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
             raise SpecError(f"--concurrency {c} queues {c:,} requests at once, above the cap of {MAX_REQUESTS:,}")
     if spec.find_max_rate and spec.slo_ms is None:
         raise SpecError("--find-max-rate needs a latency target: add --slo-ms MS")
-    if float(spec.percentile) not in PERCENTILE_KEYS:  # checked without --find-max-rate too: never silently ignored
-        raise SpecError(f"--percentile {spec.percentile:g}: choose from 50, 90, 99, 99.9")
-    if not spec.find_max_rate and float(spec.percentile) != ServeSpec.percentile:  # the default: not given
-        raise SpecError(f"--percentile {spec.percentile:g} is the percentile --find-max-rate holds under --slo-ms, "
-                        "and this load does not search: add --find-max-rate, or leave --percentile out "
-                        "(every cell stores p50, p90, p99 and p99.9)")
+    # a value off the default was given; the CLI also checks the default given (check_given)
+    check_given(spec, percentile=float(spec.percentile) != ServeSpec.percentile,
+                new_tokens=spec.new_tokens != ServeSpec.new_tokens)
     if spec.activation is not None and spec.activation not in build.ACTIVATIONS:  # as run's grid checks it
         raise SpecError(f"unknown activation '{spec.activation}': choose from {', '.join(build.ACTIVATIONS)}")
     if spec.new_tokens < 1:
         raise SpecError("--new-tokens must be at least 1")
-    if spec.task != "generate" and spec.new_tokens != ServeSpec.new_tokens:  # the default: not given
-        raise SpecError(f"--new-tokens {spec.new_tokens} applies to --task generate; task {spec.task} generates "
-                        "nothing: leave --new-tokens out, or use --task generate with a decoder")
     top = ref.shape.max_positions - (spec.new_tokens if spec.task == "generate" else 0)
     if top < 1:
         raise SpecError(f"--new-tokens {spec.new_tokens} leaves no room for a prompt in {ref.name}'s "
@@ -155,3 +149,17 @@ def expand(spec: ServeSpec, lengths) -> list[ServeCell]:
         if spec.offline:
             out.append(cell(spec, lengths, b, "offline"))
     return out
+
+
+def check_given(spec: ServeSpec, percentile: bool, new_tokens: bool) -> None:
+    """--percentile and --new-tokens where given (the CLI knows; check() sees only values off the default), refused
+    where nothing uses them: `serve --rate 10 --percentile 99` ran without a word, as 99 is the default."""
+    if percentile and float(spec.percentile) not in PERCENTILE_KEYS:  # checked without --find-max-rate too
+        raise SpecError(f"--percentile {spec.percentile:g}: choose from 50, 90, 99, 99.9")
+    if percentile and not spec.find_max_rate:
+        raise SpecError(f"--percentile {spec.percentile:g} is the percentile --find-max-rate holds under --slo-ms, "
+                        "and this load does not search: add --find-max-rate, or leave --percentile out "
+                        "(every cell stores p50, p90, p99 and p99.9)")
+    if new_tokens and spec.task != "generate":
+        raise SpecError(f"--new-tokens {spec.new_tokens} applies to --task generate; task {spec.task} generates "
+                        "nothing: leave --new-tokens out, or use --task generate with a decoder")
