@@ -15,6 +15,8 @@
 #                                          no issue names
 #   bash benchmarks/gpu_round14.sh models  the GPU family tests after session 23's model-building changes
 #                                          (checkpoint folders rebuilt for SDPA, QA backbones remapped)
+#   bash benchmarks/gpu_round14.sh base    issue 23's bert-base 256 x 128 fp8 row on this session's card (tuned
+#                                          fused fp8 and fp16 against sdpa fp16, encoders-only)
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=150 PYTHONPATH=src
@@ -76,4 +78,12 @@ if [ "$PART" = models ]; then
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_families_gpu.py -k "not fused_roberta and not onnxruntime" \
     > $OUT/families_tests.txt 2>&1
   echo "families rc $?"; grep -E "passed|failed|^FAILED|Error" $OUT/families_tests.txt | tail -12 | cut -c1-300
+fi
+if [ "$PART" = base ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/r14-base TRITON_CACHE_DIR=/tmp/r14-base-triton
+  timeout 150 $TB tune --model bert-base-uncased --batch 256 --seq 128 --dtype fp8 2>&1 | tail -2
+  timeout 120 $TB tune --model bert-base-uncased --batch 256 --seq 128 --dtype fp16 2>&1 | tail -2
+  timeout 150 $TB run --model bert-base-uncased --backend fused,sdpa --dtype fp16,fp8 --batch 256 --seq 128 \
+    --encoders-only --min-time 0.3 --timeout 140 --baseline sdpa --db $OUT/base.db --json $OUT/base.json > $OUT/base.txt 2>&1
+  echo "base rc $?"; python3 benchmarks/print_records.py $OUT/base.json "bert-base 256x128:"
 fi
