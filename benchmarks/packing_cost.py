@@ -3,11 +3,11 @@
     PYTHONPATH=src python3 benchmarks/packing_cost.py
 
 (1) make_packing alone, microseconds a call, for a full and a right-padded mask, its two Triton launches against its
-torch ops (kernels.PACK_MAX_S set to 0 sends CUDA masks there), interleaved over rounds; (2) the kernels one padded
-call launches
-(torch.profiler); (3) the whole bert-base call (compile_model, fp16, pooler on) with no mask, an all-ones mask and
-a right-padded one, milliseconds a call from CUDA events around back-to-back calls (host time included, as a
-serving process pays it)."""
+torch ops (kernels.PACK_MAX_S set to 0 sends CUDA masks there; the launches are timed past kernels.PACK_MAX_TOKENS
+too), interleaved over rounds, up to 4,096 rows and 4,096 positions (mask_counts is one program: the large shapes
+are what PACK_MAX_TOKENS stands on); (2) the kernels one padded call launches (torch.profiler); (3) the whole
+bert-base call (compile_model, fp16, pooler on) with no mask, an all-ones mask and a right-padded one, milliseconds a
+call from CUDA events around back-to-back calls (host time included, as a serving process pays it)."""
 from __future__ import annotations
 
 import statistics
@@ -29,6 +29,7 @@ def masks(B: int, S: int, device) -> dict:
 
 def packing_us(m, B, S, max_s, calls=500) -> float:
     kernels.PACK_MAX_S = max_s
+    kernels.PACK_MAX_TOKENS = 1 << 62 if max_s else 0
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(calls):
@@ -51,7 +52,8 @@ def whole_call_ms(c, ids, mask, calls=200) -> float:
 
 def main() -> None:
     dev = torch.device("cuda")
-    for B, S in ((1, 128), (8, 128), (64, 256), (256, 128)):
+    tokens = kernels.PACK_MAX_TOKENS
+    for B, S in ((1, 128), (8, 128), (64, 256), (256, 128), (256, 512), (1024, 128), (4096, 128), (16, 4096)):
         ms = masks(B, S, dev)
         for kind, m in ms.items():
             paths = {"triton": kernels.PACK_MAX_S, "torch ops": 0}
@@ -61,7 +63,7 @@ def main() -> None:
             for _ in range(5):
                 for p, max_s in paths.items():
                     res[p].append(packing_us(m, B, S, max_s))
-            kernels.PACK_MAX_S = paths["triton"]
+            kernels.PACK_MAX_S, kernels.PACK_MAX_TOKENS = paths["triton"], tokens
             print(f"make_packing {B}x{S} {kind}: " + ", ".join(
                 f"{p} {statistics.median(v):.1f} us (range {min(v):.1f}-{max(v):.1f})" for p, v in res.items()))
     m = masks(8, 128, dev)["padded"]

@@ -74,6 +74,11 @@ def nothing_written(tmp_path):
     (lambda db: api.micro("bandwidth", BandwidthOptions(sizes=[1024], ops=[], device="cpu"), db), "--ops is empty"),
     (lambda db: api.micro("bandwidth", BandwidthOptions(sizes=[], device="cpu"), db), "--sizes is empty"),
     (lambda db: api.micro("gemm", GemmOptions(sizes=[64], dtypes=[], device="cpu"), db), "--dtype is empty"),
+    # --tokens only sets the rows of the models' layer GEMMs; with no model (the CPU default, or --model '') no point
+    # used it
+    (lambda db: api.micro("gemm", GemmOptions(sizes=[64], tokens=64, device="cpu"), db), "no model is measured"),
+    (lambda db: api.micro("gemm", GemmOptions(sizes=[64], models=[], tokens=64, device="cpu"), db),
+     "no model is measured"),
     # the readers and merge: names and paths of the wrong type
     (lambda db: api.records(db, [5]), "run_refs: expected a list of names"),
     (lambda db: api.runs(None), "db must be a file path"),

@@ -184,3 +184,34 @@ def test_fused_backend_refuses_a_gpt2_classifier_reading_padding(case):
     else:
         with pytest.raises(Unsupported, match="classification head reads each sequence's last"):
             fused.BACKEND.prepare(model, inputs, cell)
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"max_batch": "8"}, "max_batch must be a whole number"),  # failed at the first call with a TypeError
+    ({"max_batch": 2.5}, "max_batch must be a whole number"),  # was taken
+    ({"max_batch": 0}, "max_batch must be a whole number"),  # failed at the first call
+    ({"max_seq": -1}, "max_seq must be a whole number"),
+    ({"max_seq": 0}, "max_seq must be a whole number"),
+    ({"fp8": "yes"}, "fp8 must be True or False"),  # was taken as fp16
+    ({"cuda_graphs": "no"}, "cuda_graphs must be True or False"),  # was taken as True
+    ({"tune_budget_s": -1}, "tune_budget_s must be None or a finite number"),
+    ({"tune_budget_s": float("nan")}, "tune_budget_s must be None or a finite number"),
+    ({"device": "tpu"}, "device 'tpu' is not a torch device"),
+])
+def test_compile_model_checks_its_arguments(kw, needle):
+    m = BertModel(BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=1,
+                             vocab_size=100)).eval()
+    with pytest.raises(ValueError, match=needle):
+        compile_model(m, torch.float32, **kw)
+
+
+def test_compile_model_takes_its_documented_arguments():
+    # the checks refuse nothing good: max_seq past the model's positions is cut to them, None budget means none
+    m = BertModel(BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=1,
+                             vocab_size=100, max_position_embeddings=32)).eval()
+    c = compile_model(m, torch.float32, max_batch=2, max_seq=1000, cuda_graphs=False, tune_budget_s=None,
+                      device="cpu")
+    out = c(input_ids=torch.randint(0, 100, (2, 32)))
+    assert out.last_hidden_state.shape == (2, 32, 64)
+    with pytest.raises(ValueError, match="exceeds"):
+        c(input_ids=torch.randint(0, 100, (1, 33)))

@@ -197,6 +197,7 @@ def test_validation_errors_are_one_line():
         ({"tasks": ["causal-lm"]}, "needs a decoder"),
         ({"strategies": ["none"], "nprocs": [2]}, "strategy none runs one process"),
         ({"nnodes": 2}, "--rdzv-endpoint"),
+        ({"rdzv_endpoint": "node0:29500"}, "--rdzv-endpoint joins several hosts, and --nnodes is 1"),  # was unused
         ({"zero_stages": [4]}, "--zero-stage"),
         ({"nccl_envs": ["P2P=1"]}, "--nccl-env"),
         ({"seqs": [4096]}, "longer than"),

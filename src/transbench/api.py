@@ -316,9 +316,12 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                     + ((offline or {}).get("record", {}).get("error") or "see its cell")), scenario="serve-max-rate")
                 continue
             metric = serve_spec.PERCENTILE_KEYS[spec.percentile]
+            ended: dict[float, str] = {}  # rate -> the status of a probe that did not end ok
 
             def probe(rate: float) -> float | None:
                 row = measured(serve_spec.cell(spec, lengths, backend, "rate", rate))
+                if not row or row["status"] != "ok":
+                    ended[rate] = row["status"] if row else "error"
                 return row["record"].get(metric) if row and row["status"] == "ok" else None
 
             # A probe's window must end within --timeout, else it can only time out after waiting all of it (a model
@@ -327,6 +330,19 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
             best, trail = find_max_rate(probe, spec.slo_ms, offline["record"]["achieved_rate"], lowest=floor)
             rec = {"max_rate": best, "percentile": spec.percentile, "slo_ms": spec.slo_ms,
                    "offline_rate": offline["record"]["achieved_rate"]}
+            # A probe that crashed or timed out ends the search (serve_search.find_max_rate) and answers nothing about
+            # the target: with no rate passed before it, 0 would be a rate never measured (as the max-batch search,
+            # runner/sweep.py, takes a timeout or a crash for no answer); after one, the answer is a lower bound.
+            failed = next(((r, ended[r]) for r, lat, _ in trail if lat is None and r in ended), None)
+            if best is None and (failed is not None or not trail):  # not trail: even the first probe was under floor
+                why = (f"the probe at {failed[0]:.3g}/s ended {failed[1]} (see its cell)" if failed else
+                       f"every rate to probe was under {floor:.3g}/s, whose {MIN_REQUESTS} arrivals would outlast "
+                       f"--timeout {spec.timeout:g} s")
+                result = CellResult("error", record=rec, info={"probes": trail},
+                                    error=f"{why}: no rate was measured against the target")
+                store_result(store, run_id, summary, result, scenario="serve-max-rate")
+                on_cell(summary, result)
+                continue
             # No rate meeting the target is a measured answer (max rate 0), not a failure: on an H100 eager and
             # sdpa bert-base take 13-15 ms a batch, over a 10 ms p99 at any rate (session 11).
             lowest = min(trail, key=lambda t: t[0]) if trail else None
@@ -338,6 +354,9 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                                     + (f"; rates under {floor:.3g}/s were not probed, as their {MIN_REQUESTS} "
                                        f"arrivals would outlast --timeout {spec.timeout:g} s" if lowest and
                                        lowest[0] / 2 <= floor else "")])
+            if failed is not None:
+                result.warnings.append(f"the search stopped at {failed[0]:.3g}/s, which ended {failed[1]}: the largest "
+                                       f"rate meeting the target may be above {best:.3g}/s")
             store_result(store, run_id, summary, result, scenario="serve-max-rate")
             on_cell(summary, result)
         recs = export.records(store, [run_id])

@@ -211,6 +211,7 @@ def _run_backend(backend, base, ref, task: str, ids: list[int], device, dtype: s
 
     from .errors import Unsupported
     from .measure import device as dev
+    from .models import build
     from .cells import Cell
     from .scenarios.inference import output_tensor
     from .scenarios.inputs import Inputs
@@ -220,13 +221,14 @@ def _run_backend(backend, base, ref, task: str, ids: list[int], device, dtype: s
         return BackendOutput(backend.name, error=reason)
     dev.set_matmul_precision(dtype)
     model = copy.deepcopy(base).to(device=device, dtype=dev.torch_dtype(dtype))
-    if model.config._attn_implementation != backend.attn:
-        model.set_attn_implementation(backend.attn)
     input_ids = torch.tensor([ids], device=device)
     inputs = Inputs(input_ids, [len(ids)], None, torch.zeros_like(input_ids) if ref.family == "bert" else None)
     cell = Cell(model=ref.name, task=task, backend=backend.name, dtype=dtype, batch=1, seq=len(ids),
                 device=str(device), first_call_budget=True)
     try:
+        # the run's own switch (scenarios/inference.py model_for): a family without the backend's attention is
+        # rebuilt with it or runs its fallback, and says so, where set_attn_implementation would raise
+        model = build.set_attention(model, backend.attn, backend.attn_fallback)
         prepared = backend.prepare(model, inputs, cell)
         out = output_tensor(prepared.fn(), task).float().cpu().clone()
     except Unsupported as exc:

@@ -42,11 +42,11 @@ def test_add_layernorm_kernel(T, N, dtype):
     assert rel(y, F.layer_norm(x.float(), (N,), w.float(), lb.float(), 1e-12)) < 1e-2
 
 
-@pytest.mark.parametrize("shape", [(1, 128), (8, 128), (7, 77), (300, 33), (2, 8192), (2, 8200)])
+@pytest.mark.parametrize("shape", [(1, 128), (8, 128), (7, 77), (300, 33), (2, 8192), (2, 8200), (2048, 200)])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float16])
 def test_packing_on_cuda_equals_the_torch_ops(shape, dtype):
     # make_packing's two Triton launches (kernels.mask_counts, pack_rows) against its torch ops on the CPU; S = 8200 is
-    # past kernels.PACK_MAX_S, so the CUDA call takes the torch ops too.
+    # past kernels.PACK_MAX_S and 2048 x 200 past kernels.PACK_MAX_TOKENS, so those CUDA calls take the torch ops too.
     from transbench.engine.attention import make_packing
 
     B, S = shape

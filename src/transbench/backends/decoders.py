@@ -12,6 +12,7 @@ import contextlib
 import inspect
 
 from ..cells import Cell
+from ..errors import Unsupported
 
 
 def _cache_tensors(cache):
@@ -31,8 +32,15 @@ def _takes(model, name: str) -> bool:
 
 def _cache_kw(model) -> str:
     """The forward's name for the KV cache: transformers 5.24 calls it `cache`; `past_key_values`, the name of
-    earlier versions (the device image's 5.17), warns there and is removed in 5.40."""
-    return "cache" if _takes(model, "cache") else "past_key_values"
+    earlier versions (the device image's 5.17), warns there and is removed in 5.40. A forward that takes neither
+    (GPT-1's OpenAIGPTLMHeadModel, XLNet's memory) swallowed the cache in its **kwargs: each decode step then ran
+    the new token alone, without its context, and the cell was `ok` with an empty cache and a per-token time of
+    that context-free step."""
+    for name in ("cache", "past_key_values"):
+        if _takes(model, name):
+            return name
+    raise Unsupported(f"generation: {type(model).__name__}.forward takes no KV cache (past_key_values), so a decode "
+                      "step could not attend to the tokens before it")
 
 
 class HFGenerator:

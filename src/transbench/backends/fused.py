@@ -7,9 +7,17 @@ from .base import Backend, Prepared
 
 def _compile(model, cell):
     from ..engine import EngineUnsupported, compile_model
+    from ..engine.compiled import BERT_LIKE
     from ..engine.tuning import TUNE_BUDGET_S
     from ..errors import Unsupported
 
+    # A family the engine has no loader for is refused before the engine's options are built from its config: XLNet's
+    # max_position_embeddings (-1, transformers' "no limit") failed their check first, an `error` cell where every
+    # other such family reads `unsupported`.
+    kind = model.config.model_type
+    if kind not in (*BERT_LIKE, "gpt2"):  # the engine's own words (engine/compiled.py _engine_for)
+        raise Unsupported(f"{type(model).__name__} (model_type={kind!r}): the engine runs {', '.join(BERT_LIKE)} and "
+                          "gpt2 only")
     p = next(model.parameters())
     # A cell's figures are those of the engine tuned for its shape, whatever ran before it. Under the first-call
     # budget the first cell of a process spent it on Triton compiles and kept default routes, which later cells,

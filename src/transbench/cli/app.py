@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 
 import typer
@@ -46,18 +47,49 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+class Stopped(KeyboardInterrupt):
+    """A SIGTERM, raised where the command is, so it ends as Ctrl-C does."""
+
+
+def _stopped(signum, frame) -> None:
+    raise Stopped(signum)
+
+
+def _catch_sigterm() -> bool:
+    """SIGTERM (`kill PID`, `timeout`, a batch scheduler) ended the process where it stood: exit -15 with no word, the
+    cell's worker left running it (a hung one for ever; runner/worker.py), a launched cell's folder and a worker's log
+    left in the temporary folder. Raised as an interruption instead, it runs the cleanup Ctrl-C runs. Only where
+    SIGTERM has its default action: a process that set its own (or ignores it) keeps it."""
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return False
+        signal.signal(signal.SIGTERM, _stopped)
+    except ValueError:  # not the main thread: signals cannot be caught here
+        return False
+    return True
+
+
 def friendly(fn):
-    """Turn bad input into one line on stderr and exit code 2, never a stack trace."""
+    """Turn bad input into one line on stderr and exit code 2, never a stack trace; Ctrl-C and SIGTERM into one
+    line and exit code 128 + the signal's number, after the cleanup (workers ended, temporary files removed)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        caught = _catch_sigterm()
         try:
             return fn(*args, **kwargs)
         except SpecError as exc:
             fail(str(exc))
-        except KeyboardInterrupt:
-            typer.echo("interrupted: finished cells are in the store; rerun with the same --name to resume",
-                       err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as exc:
+            signum = exc.args[0] if isinstance(exc, Stopped) else signal.SIGINT
+            how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+            # A run started without --name has one of its own: `transbench runs` lists it (and `run --resume` takes
+            # the newest), and rerunning with it resumes.
+            typer.echo(f"{how}: finished cells are in the store; rerun the same command with the same --name to "
+                       "resume (a run started without one: `transbench runs` lists its name)", err=True)
+            sys.exit(128 + signum)
+        finally:
+            if caught:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     return wrapper

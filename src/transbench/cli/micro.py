@@ -7,12 +7,13 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from ..report.document import percent
 from ..scenarios import micro
 from ..spec import split_list
 from ..store import export
 from .app import app, friendly
 from .options import App, build_spec
-from .tables import Col, console, fitted, pivot, visible
+from .tables import Col, console, fitted, pct, pivot, visible
 
 micro_app = App(no_args_is_help=True, help="Micro-benchmarks: GEMM and memory ceilings, one layer, its parts.")
 app.add_typer(micro_app, name="micro")
@@ -33,9 +34,11 @@ def _status(r: dict) -> str | None:
 
 
 def _pct(value: float | None, pct: float | None) -> str:
+    """A figure and its percent of the peak, the percentage as the report prints one (report.document.percent): with
+    no decimal, a GEMM at 99.6% of its peak read "(100%)"."""
     if value is None:
         return "-"
-    return f"{value:.4g}" + (f" ({pct:.0f}%)" if pct is not None else "")
+    return f"{value:.4g}" + (f" ({percent(pct)})" if pct is not None else "")
 
 
 def _finish(outcome, db: str, json_path, csv_path, plot_path=None) -> None:
@@ -59,9 +62,9 @@ def _grid(title: str, corner: str, columns: list[str], rows: dict[str, dict[str,
 
 BREAKDOWN_COLUMNS = [
     Col("part", "part", setting=True), Col("status", "status"), Col("ms", "ms"),
-    Col("share", "share", lambda v: "-" if v is None else f"{v:.1%}", rank=5), Col("tflops", "TFLOPS", rank=4),
+    Col("share", "share", pct, rank=5), Col("tflops", "TFLOPS", rank=4),
     Col("gbps", "GB/s", rank=4), Col("mb", "MB moved", rank=2), Col("intensity", "FLOP/B", rank=3),
-    Col("bound", "bound", rank=3), Col("roofline", "% of roofline", lambda v: "-" if v is None else f"{v:.0f}%", rank=6),
+    Col("bound", "bound", rank=3), Col("roofline", "% of roofline", lambda v: "-" if v is None else percent(v), rank=6),
 ]
 
 

@@ -12,10 +12,14 @@ from ..scenarios.serve_spec import ServeSpec
 from ..spec import check_name, split_list
 from ..store import export
 from .app import app, friendly
-from .tables import console, fmt
+from .tables import console, fmt, pct
 
 SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "latency_p50_ms",
          "latency_p99_ms", "latency_p999_ms", "goodput", "mean_batch", "ttft_p50_ms", "itl_p50_ms", "max_rate")
+# Headers with their units, as the report's (report/serve.py LOAD_COLS): rates per second, goodput a percentage
+# (it printed as a bare fraction, 0.9996, and the rates without a unit).
+HEADERS = {"rate": "rate /s", "offered_rate": "offered /s", "achieved_rate": "achieved /s", "max_rate": "max rate /s"}
+SHOW = {"goodput": pct}
 
 
 @app.command()
@@ -83,7 +87,8 @@ def _table(recs: list[dict], title: str):
     cols = [k for k in SHOWN if any(r.get(k) is not None for r in recs)]
     t = Table(title=title)
     for k in ["status", *cols]:
-        t.add_column(k.replace("_ms", " ms").replace("_", " "), justify="left" if k in ("backend", "mode", "status") else "right")
+        t.add_column(HEADERS.get(k) or k.replace("_ms", " ms").replace("_", " "),
+                     justify="left" if k in ("backend", "mode", "status") else "right")
     for r in recs:
-        t.add_row(str(r.get("status")), *(fmt(r.get(k)) for k in cols))
+        t.add_row(str(r.get("status")), *(SHOW.get(k, fmt)(r.get(k)) for k in cols))
     return t

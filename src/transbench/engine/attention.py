@@ -50,10 +50,10 @@ def make_packing(mask: torch.Tensor | None, B: int, S: int, bucket: int) -> Pack
     if mask is None:
         return Packing(B, S, None, None, None, None)
     m = mask.reshape(B, S)
-    fast = _kernels is not None and m.is_cuda and S <= _kernels.PACK_MAX_S
+    fast = _kernels is not None and m.is_cuda and S <= _kernels.PACK_MAX_S and B * S <= _kernels.PACK_MAX_TOKENS
     # The one host sync per call: the packed size decides the buffers (and the graph); the same read says how many
     # sequences have their first position real (BertEngine's pooler reads that position).
-    if fast:  # two launches around the sync (kernels.PACK_MAX_S says what the torch ops below cost on a GPU)
+    if fast:  # two launches around the sync (kernels.PACK_MAX_S/_TOKENS say what the torch ops below cost on a GPU)
         cu, counts = _kernels.mask_counts(m)
         n, lead = counts.tolist()
     else:

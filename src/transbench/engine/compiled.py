@@ -154,7 +154,8 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16,
     kernels that produce them), fp16 elsewhere; the same as dtype=torch.float16, fp8=True. A call of fewer than
     ops.FP8_MIN_ROWS tokens (1,024) runs the fp16 forward: fp8 GEMMs lose to fp16 at such sizes.
 
-    Raises EngineUnsupported(reason) for models or options the engine cannot run."""
+    Raises EngineUnsupported(reason) for models or options the engine cannot run, ValueError for an argument of the
+    wrong type or range."""
     if isinstance(dtype, str):
         if dtype != "fp8":
             raise EngineUnsupported(f"dtype {dtype!r} is not supported (a torch dtype, or 'fp8')")
@@ -164,10 +165,17 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16,
     if device is None:
         p = next(hf_model.parameters(), None)
         device = p.device if p is not None else torch.device("cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r} is not a torch device") from e
     cfg = getattr(hf_model, "config", None)
     max_pos = getattr(cfg, "max_position_embeddings", None) or 1 << 30
-    opts = EngineOptions(dtype=dtype, device=torch.device(device), max_batch=max_batch,
-                         max_seq=min(max_seq or max_pos, max_pos), cuda_graphs=cuda_graphs, fp8=fp8,
-                         tune_budget_s=tune_budget_s)
+    if isinstance(max_seq, int) and not isinstance(max_seq, bool) and max_seq >= 1:
+        max_seq = min(max_seq, max_pos)
+    elif max_seq is None:
+        max_seq = max_pos
+    opts = EngineOptions(dtype=dtype, device=device, max_batch=max_batch, max_seq=max_seq, cuda_graphs=cuda_graphs,
+                         fp8=fp8, tune_budget_s=tune_budget_s)
     with torch.no_grad():
         return CompiledModel(hf_model, opts)

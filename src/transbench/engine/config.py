@@ -35,6 +35,23 @@ class EngineOptions:
     max_graphs: int | None = None
     tune_budget_s: float | None = TUNE_BUDGET_S  # tuning seconds a new shape's first call may take (None: no limit)
 
+    def __post_init__(self):
+        # compile_model's arguments reach here unchecked; a wrong type would fail at the first call (max_batch="8")
+        # or be taken silently (max_batch=2.5, fp8="yes", a negative or NaN budget).
+        for name in ("max_batch", "max_seq"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a whole number of at least 1, got {v!r}")
+        for name in ("cuda_graphs", "fp8"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.max_graphs is not None and (isinstance(self.max_graphs, bool) or not isinstance(self.max_graphs, int)
+                                            or self.max_graphs < 1):
+            raise ValueError(f"max_graphs must be None or a whole number of at least 1, got {self.max_graphs!r}")
+        b = self.tune_budget_s
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b < float("inf")):
+            raise ValueError(f"tune_budget_s must be None or a finite number of seconds >= 0, got {b!r}")
+
 
 @dataclass(frozen=True)
 class Dims:

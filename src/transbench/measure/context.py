@@ -158,5 +158,9 @@ class Monitor:
         if self._thread is not None:
             self._thread.join()
         self._read()
-        if self._energy0 is not None and e1 is not None and self.context.seconds >= MIN_ENERGY_REGION_S:
+        # A counter that did not advance over a region of work (a board that reports a fixed value) measured nothing:
+        # its 0 J became energy_j, j_per_seq and avg_power_w of 0. Power then comes from the readings, as for a short
+        # region (record.context_record).
+        if (self._energy0 is not None and e1 is not None and self.context.seconds >= MIN_ENERGY_REGION_S
+                and e1 > self._energy0):
             self.context.energy_j = e1 - self._energy0

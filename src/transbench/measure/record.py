@@ -39,6 +39,8 @@ def timing_record(s: Sampled, *, items: float | None = None, tokens: float | Non
         rec["mfu"] = peaks.mfu(flops / seconds / world, gpu and gpu.name, dtype, gpu and gpu.memory_gb)
     rec.update(context_record(s, items=items, tokens=tokens))
     warnings = [NOISY_TEXT.format(st.iqr_ms / st.median_ms)] if st.noisy else []
+    if s.short:  # a cap ended the sampling before --min-time and --min-count were both reached (timer.sample_steps)
+        warnings.append(f"short: {s.short}")
     if s.parts.get("host_ms"):
         rec["host_ms"] = statistics.median(s.parts["host_ms"])
         if rec["host_ms"] >= HOST_BOUND * st.median_ms:

@@ -132,12 +132,15 @@ class Sampled:
     calls: int  # calls of the measured work inside the region (a sample may hold several)
     context: DeviceContext  # SM clock, power, energy during the region (empty on CPUs)
     parts: dict[str, list[float]] = field(default_factory=dict)  # parts of samples (prefill, phases; a round's host_ms)
+    # Why sampling ended before both min_time_s and min_count were reached (a cap: max_count or max_time_s), else
+    # None. The README promises both minimums; a cell cut short says so (record.timing_record warns).
+    short: str | None = None
 
     def per_call(self, reps: int) -> Sampled:
         """Samples that each timed `reps` back-to-back calls, as per-call times."""
         per = [s / reps for s in self.samples_ms]
         parts = {k: [x / reps for x in v] for k, v in self.parts.items()}
-        return Sampled(per, summarize(per), self.calls * reps, self.context, parts)
+        return Sampled(per, summarize(per), self.calls * reps, self.context, parts, self.short)
 
 
 Step = Callable[[], "float | list[float] | tuple[float | list[float], dict[str, list[float] | float]]"]
@@ -167,9 +170,10 @@ def sample_steps(step: Step, device, cfg: TimerConfig = TimerConfig(), *,
 
     Warm-up: `cfg.warmup` samples and, on a GPU, at least `cfg.warmup_time_s` of them, so the clocks have
     left idle. Then samples until both `min_time_s` of sampled time and `min_count` samples are reached
-    (or `max_count` / `max_time_s`). `sync(go_on) -> bool`, where given, makes each of those decisions
-    collectively (data-parallel ranks: any rank that wants another sample keeps all going, so none waits in
-    a barrier alone). The device context (clock, power, energy) is read over the timed samples only."""
+    (or `max_count` / `max_time_s`: then `Sampled.short` says so). `sync(go_on) -> bool`, where given, makes
+    each of those decisions collectively (data-parallel ranks: any rank that wants another sample keeps all
+    going, so none waits in a barrier alone). The device context (clock, power, energy) is read over the timed
+    samples only."""
     from .context import Monitor
 
     agree = sync or (lambda go_on: go_on)
@@ -190,7 +194,14 @@ def sample_steps(step: Step, device, cfg: TimerConfig = TimerConfig(), *,
             for name, v in (got or {}).items():
                 parts.setdefault(name, []).extend(v if isinstance(v, list) else [v])
             wall = time.perf_counter() - started
-            enough = sum(samples) >= cfg.min_time_s * 1e3 and len(samples) >= cfg.min_count
+            timed_s = sum(samples) / 1e3
+            enough = timed_s >= cfg.min_time_s and len(samples) >= cfg.min_count
             if not agree(not (enough or len(samples) >= cfg.max_count or wall >= cfg.max_time_s)):
                 break
-    return Sampled(samples, summarize(samples), len(samples), monitor.context, parts)
+    # A cap ended it first: a 0.05 ms call reaches 10,000 samples after 0.5 s of the default 1 s, and a --min-time
+    # above max_time_s stops there. Neither is the measurement asked for, and the record must not read as one.
+    cap = f"{cfg.max_count} samples" if len(samples) >= cfg.max_count else f"{cfg.max_time_s:g} s"
+    short = None if enough else (
+        f"sampling stopped at its cap of {cap} with {len(samples)} samples and {timed_s:.3g} s of timed calls, short "
+        f"of the {cfg.min_count} samples and {cfg.min_time_s:g} s asked for")
+    return Sampled(samples, summarize(samples), len(samples), monitor.context, parts, short)

@@ -102,7 +102,9 @@ def _first(cfg, names, default=None):
 def shape_from_config(name: str, cfg) -> Preset:
     """The benchmark's view of a transformers config (attribute_map makes GPT-2's n_embd read as hidden_size)."""
     hidden, heads = cfg.hidden_size, cfg.num_attention_heads
-    positions = getattr(cfg, "max_position_embeddings", None) or 1 << 20
+    positions = getattr(cfg, "max_position_embeddings", None)
+    if not positions or positions < 0:  # none, or XLNet's -1: its config class says "no sequence length limit"
+        positions = 1 << 20
     if cfg.model_type in OFFSET_POSITIONS:
         positions -= (cfg.pad_token_id or 0) + 1
     head_dim = getattr(cfg, "head_dim", None)
@@ -255,15 +257,50 @@ def _bad_size(value) -> bool:
     return isinstance(value, bool) or not isinstance(value, int) or value < 1
 
 
-def _check_sizes(folder: Path, cfg) -> None:
+def _check_sizes(folder: Path, cfg, raw: dict) -> None:
     """The sizes the benchmark's shape is made of are positive integers. transformers builds a model of
     0 layers, 0 positions or -2 heads without a word and fails (or runs an empty model) only in the forward."""
     for name in _SIZES:
         value = getattr(cfg, name, None)
+        if name == "max_position_embeddings" and value == -1 and name not in raw:
+            # Not the file's: XLNetConfig's read-only property, transformers' "no sequence length limit" (every
+            # XLNet checkpoint was refused with "config.json sets max_position_embeddings to -1; fix config.json").
+            continue
         if value is not None and _bad_size(value):
             key = getattr(cfg, "attribute_map", {}).get(name, name)  # GPT-2's n_head is num_attention_heads
             _refuse(folder, f"config.json sets {key} to {value!r}, and it must be a positive integer",
                     "fix config.json")
+    if getattr(cfg, "vocab_size", None) == 1:
+        # The cells' random tokens avoid the padding id (RoBERTa numbers positions by it): one id leaves none to
+        # draw, and every cell was an `error` ("random_ expects 'from' to be less than 'to'").
+        key = getattr(cfg, "attribute_map", {}).get("vocab_size", "vocab_size")
+        _refuse(folder, f"config.json sets {key} to 1, which leaves the random tokens no id but the padding id",
+                "use a vocabulary of 2 or more")
+
+
+def _check_text_transformer(folder: Path, family: str, cfg) -> None:
+    """The model takes token ids and has attention heads: what every task here feeds and counts. A vision or audio
+    model, a multimodal one, or one without attention was refused with a line that blamed config.json ("transformers
+    cannot read its config.json ('ViTConfig' object has no attribute 'vocab_size'); fix config.json"), and one whose
+    config has every size a text model has (wav2vec2) passed, then every cell was an `error` (no `input_values`)."""
+    import inspect
+
+    import transformers
+
+    fix = "transbench benchmarks text encoders and decoders: use such a checkpoint"
+    name = _auto("MODEL_MAPPING_NAMES").get(family)
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    params = list(inspect.signature(cls.forward).parameters)[1:] if cls is not None else []
+    if params and "input_ids" not in params:
+        _refuse(folder, f"{family} is not a text model: {name} takes {params[0]}, not token ids", fix)
+    nested = [k for k in getattr(cfg, "sub_configs", None) or {} if getattr(cfg, k, None) is not None]
+    if nested and getattr(cfg, "hidden_size", None) is None:
+        # Gemma 3 (4B and up), LLaVA, CLIP, ...: a text model and a vision model under one config.json.
+        _refuse(folder, f"{family} is a multimodal model: its config.json nests {', '.join(nested)}",
+                "use a text-only checkpoint (transbench benchmarks text encoders and decoders)")
+    if getattr(cfg, "num_attention_heads", None) is None:  # Mamba, Mamba-2, RWKV, FalconMamba: no attention
+        _refuse(folder, f"{family} has no attention heads (its config names no num_attention_heads)",
+                "transbench benchmarks transformer encoders and decoders: use such a checkpoint")
 
 
 def _meta_model(folder: Path, ref: ModelRef):
@@ -364,7 +401,8 @@ def _resolve_folder(folder: Path) -> ModelRef:
         # Its forward needs decoder inputs that no task here defines (T5 fails without them, BART's classifier
         # wants an end-of-sequence token in every row): refused, not benchmarked half-way.
         _refuse(folder, f"{family} is an encoder-decoder family", "transbench benchmarks encoders and decoders")
-    _check_sizes(folder, cfg)
+    _check_text_transformer(folder, family, cfg)
+    _check_sizes(folder, cfg, raw)
     try:
         ref = ModelRef(str(folder), shape_from_config(str(folder), cfg), str(folder))
     except (ValueError, TypeError, AttributeError, KeyError) as exc:
@@ -407,11 +445,21 @@ def resolve(model: str) -> ModelRef:
     )
 
 
+# Task classes whose forward needs more than the random tokens every cell draws: LongformerForQuestionAnswering
+# gives global attention to the question, which it finds by separator tokens, and asserts when a row has not three
+# (every `--task qa` cell of a Longformer was an `error`).
+_NEEDS_MORE_INPUT = {"LongformerForQuestionAnswering": "needs a question and a context split by its separator "
+                                                       "tokens (global attention), which random tokens are not"}
+
+
 def missing_head(ref: ModelRef, task: str) -> str | None:
-    """Why `ref` cannot run `task` (the family has no such head), or None."""
+    """Why `ref` cannot run `task` (the family has no such head, or one whose inputs the cells do not make), or None."""
     if task not in TASKS:
         raise SpecError(f"unknown task '{task}': choose from {', '.join(TASKS)}")
-    if task_class(ref.family, task):
+    name = task_class(ref.family, task)
+    if name in _NEEDS_MORE_INPUT:
+        return f"task '{task}' of {ref.name}: {name} {_NEEDS_MORE_INPUT[name]}"
+    if name:
         return None
     kind = "a decoder (causal LM) family" if task in ("causal-lm", "generate") else "a family with that head"
     return f"task '{task}' needs {kind}; {ref.name} is {ref.family}, which runs {', '.join(family_tasks(ref.family))}"
@@ -448,7 +496,10 @@ def hf_config(ref: ModelRef, task: str, activation: str | None = None):
         cfg = preset_config(ref.shape)
     if getattr(cfg, "pad_token_id", None) is None:  # sequence classification of decoders needs one
         eos = getattr(cfg, "eos_token_id", None)
-        cfg.pad_token_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        # An end-of-sequence id outside the vocabulary (a config whose defaults name another model's ids) would make
+        # the embedding's padding_idx fail transformers' assertion, for a model transformers itself builds.
+        cfg.pad_token_id = eos if isinstance(eos, int) and 0 <= eos < (getattr(cfg, "vocab_size", 0) or 0) else 0
     if not (ref.path and (getattr(cfg, "num_labels", 0) or 0) >= 2):
         # A checkpoint's own classifier keeps its classes (a 3-label head would not load into 2); labels drawn
         # below NUM_LABELS fit any of them.

@@ -144,6 +144,17 @@ def _causal_products(seq: int) -> dict:
     return {aten.bmm: bmm, aten.baddbmm: baddbmm}
 
 
+def _countable_experts(model) -> None:
+    """Mixture-of-experts layers (Mixtral, Qwen2-MoE, OLMoE, GraniteMoE, gpt-oss, Jamba, ...) run their experts
+    through `grouped_mm` by default, whose meta kernel accepts bf16 only (every cell of those families was an
+    `error`: "Expected inputs of BF16 type") and which torch's counter does not count (it would read 0 FLOPs for
+    the experts). `batched_mm` computes the same products, one per (token, chosen expert) pair, as `bmm`: counted,
+    on the meta device, and independent of which experts the router picks (each token runs top-k experts)."""
+    can_set = getattr(model, "_can_set_experts_implementation", None)
+    if getattr(model.config, "_experts_implementation", None) not in (None, "batched_mm") and can_set and can_set():
+        model.set_experts_implementation("batched_mm")
+
+
 @functools.lru_cache(maxsize=256)
 def counted_flops(shape: Preset, seq: int, task: str, batch: int = 1) -> int:
     """torch's FLOP counter over one forward of `batch` sequences of `seq` tokens on a meta-device copy: the
@@ -155,11 +166,14 @@ def counted_flops(shape: Preset, seq: int, task: str, batch: int = 1) -> int:
     from .build import build_model
 
     model = build_model(_counted_ref(shape), task, attn="eager", device="meta")
+    _countable_experts(model)
     ids = torch.ones(batch, seq, dtype=torch.long, device="meta")
     # A decoder's eager attention computes the full s x s square of scores and masks its upper half: count the
     # causal half, as the analytic formulas do (the module's docstring says why), else a Mistral read 4% more
     # FLOPs than the Llama of the same shape at 16 tokens, and more the longer the sequence.
-    custom = _causal_products(seq) if shape.decoder else {}
+    # XLNet is a causal LM to transformers' mappings but attends both ways (attn_type "bi", its default) in the
+    # forward that runs here: its square is all needed.
+    custom = _causal_products(seq) if shape.decoder and shape.config.get("attn_type") != "bi" else {}
     # Meta tensors have no values: code that reads them fails. BERT's mask code reads an explicit mask,
     # DeBERTa's padding check reads the ids when there is none: try without a mask, then with one.
     for kwargs in ({}, {"attention_mask": torch.ones_like(ids)}):
@@ -171,7 +185,32 @@ def counted_flops(shape: Preset, seq: int, task: str, batch: int = 1) -> int:
             if "meta" not in str(exc):
                 raise
             failure = exc
-    raise Unsupported(f"FLOPs of {shape.family}: torch's counter cannot run it on the meta device ({failure})")
+    # Code that reads a value cannot run on the meta device: transformers' mask helper asks whether a mask is all
+    # ones (BigBird, Canine, LUKE, Megatron-BERT, Nystromformer), Longformer whether any token attends globally,
+    # XLNet makes its relative positions on the CPU. Every cell of those families ran, was checked, was timed, and
+    # was then `unsupported`. Counted instead on one real forward of a host copy (its memory, once per process).
+    try:
+        model = _host_model(shape, task)
+        # Never the padding id (a vocabulary has two ids at least: build refuses one).
+        ids = torch.full((batch, seq), 0 if model.config.pad_token_id == 1 else 1, dtype=torch.long)
+        with FlopCounterMode(display=False, custom_mapping=custom) as counter, torch.no_grad():
+            model(input_ids=ids)
+        return int(counter.get_total_flops())
+    except Exception as exc:  # noqa: BLE001 - whatever the host forward raises, the cell says why it has no count
+        why = (str(exc).strip().splitlines() or [""])[0]
+        raise Unsupported(f"FLOPs of {shape.family}: torch's counter cannot run it on the meta device ({failure}) "
+                          f"nor on the host ({type(exc).__name__}: {why})") from exc
+
+
+@functools.lru_cache(maxsize=1)
+def _host_model(shape: Preset, task: str):
+    """The fp32 eager model of `shape` on the host, to count a family the meta device cannot run; one kept, as a
+    batch of several lengths counts each (its weights: the folder's, whose values no count depends on)."""
+    from .build import build_model
+
+    model = build_model(_counted_ref(shape), task, attn="eager", device="cpu")
+    _countable_experts(model)
+    return model
 
 
 def counted_split(shape: Preset, seq: int, task: str) -> tuple[int, int]:

@@ -50,7 +50,7 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
     """Write report.md, the PNG plots and report.html for the runs (names, ids or 'last'; default the
     newest). With two or more runs (or compare_runs=True) the first is compared with each other one."""
     from ..store import Store
-    from ..store.export import writing
+    from ..store.export import write_text, writing
     from . import html, plots, tables
     from .data import load
 
@@ -107,10 +107,12 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
 
     title = "transbench report: " + ", ".join(r["name"] for r in data.runs)
     md_path, html_path = out / "report.md", out / "report.html"
-    with writing(md_path):  # the folder was writable when checked; a full disk still is one line
-        md_path.write_text(to_markdown(title, sections, out))
+    # The folder was writable when checked; a full disk still is one line, and leaves the last report's files as
+    # they were (store/export.py replacing).
+    with writing(md_path):
+        write_text(md_path, to_markdown(title, sections, out))
     with writing(html_path):
-        html_path.write_text(html.to_html(title, sections))
+        write_text(html_path, html.to_html(title, sections))
     # The serve section's plots too: `transbench report` of a serve run said "0 plot(s)" beside serve_0.png.
     served = [b for b in (serve.blocks if serve is not None else []) if isinstance(b, Figure)]
     return ReportPaths(out, md_path, html_path, figures + served, comparisons, plot_failures)

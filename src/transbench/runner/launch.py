@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cells import CellResult
+from .worker import temp_files
 
 # The GPU hosts this runs on need NVLink multicast off; a user's own setting wins.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -119,9 +120,11 @@ def _tail(path: Path) -> str:
 def launch(module: str, payload: dict, cfg: LaunchConfig) -> Launched:
     """Run `python -m module --cell ... --out ...` (through torchrun when cfg.torchrun) until it ends or
     its deadline passes; no process of it is left running afterwards."""
-    workdir = Path(tempfile.mkdtemp(prefix="transbench-launch-"))
+    with temp_files("a launched cell's folder"):
+        workdir = Path(tempfile.mkdtemp(prefix="transbench-launch-"))
     try:
-        (workdir / "cell.json").write_text(json.dumps(payload))
+        with temp_files("a launched cell's folder"):
+            (workdir / "cell.json").write_text(json.dumps(payload))
         started = time.monotonic()
         with open(workdir / "launcher.log", "w") as log:
             proc = subprocess.Popen(command(module, workdir, cfg), env=environment(cfg.env), stdout=log,
@@ -167,7 +170,11 @@ def outcome(launched: Launched, cfg: LaunchConfig) -> CellResult:
     else:
         why = next((_last_line(t) for n, t in sorted(launched.logs.items()) if n.startswith("rank") and t.strip()),
                    _last_line(launched.logs.get("launcher.log", "")))
-        result = CellResult("error", error=f"exited with code {launched.returncode} and no result: {why}")
+        # A process the OS killed (the OOM killer's SIGKILL) has a negative code and often no line: said as a run's
+        # worker says it (runner/worker.py), not "exited with code -9 and no result: ".
+        code = launched.returncode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        result = CellResult("error", error=f"{how} and no result" + (f": {why}" if why else ""))
     result.info = {**result.info, "wall_s": launched.wall_s}
     if result.status != "ok":
         result.info["logs"] = launched.logs

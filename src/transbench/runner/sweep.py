@@ -37,6 +37,11 @@ class Target:
     after: Callable[..., None] | None = None
 
 
+# How long an interrupted sweep waits for a lane to end once its worker is killed (worker.py waits up to 5 s for a
+# dead worker's exit code, then 10 s to stop it).
+LANE_STOP_S = 20.0
+
+
 @dataclass
 class SweepOptions:
     timeout: float = 900.0
@@ -93,23 +98,46 @@ def open_run(store, kind: str, spec: dict, name: str | None, env: Callable[[], d
     return existing["run_id"], existing["name"], len(stored if keys is None else stored & keys)
 
 
+class _Interrupted(Exception):
+    """A lane's cell ended because the sweep was interrupted (run_grid): its result is not the cell's."""
+
+
 class _Lane:
     """One GPU (or the one device) and its worker; the worker is replaced after a timeout, a crash, a cell
     that left device memory behind, or a cell whose info names `fresh_worker_after`: it changed the process in a way
     later cells would measure (a compile cell's CUDA graphs, backends/compile.py GRAPH_MODES; a failed capture,
-    runner/worker.py)."""
+    runner/worker.py). `stopping`, once set, ends the lane: no cell starts, and the one it was running raises
+    _Interrupted instead of returning the result its killed worker gave."""
 
-    def __init__(self, gpu: int | None, target: Target):
+    def __init__(self, gpu: int | None, target: Target, stopping: threading.Event | None = None):
         self.gpu, self.target = gpu, target
         self.env = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)}
         self.worker: Worker | None = None
+        self.stopping = stopping
+
+    def _check(self) -> None:
+        if self.stopping is not None and self.stopping.is_set():
+            raise _Interrupted
+
+    def interrupt(self) -> None:
+        """From another thread: end the cell this lane's worker is running (the lane's own thread cleans up)."""
+        worker = self.worker
+        if worker is not None:
+            worker.proc.kill()
 
     def run(self, cell, timeout: float) -> CellResult:
+        self._check()
+        result = self._run(cell, timeout)
+        self._check()
+        return result
+
+    def _run(self, cell, timeout: float) -> CellResult:
         if self.target.launch is not None:
             result = self._launch(cell, timeout)
         else:
             if self.worker is None or not self.worker.alive():
                 self.worker = Worker(self.env)
+                self._check()  # interrupted while the worker started: interrupt() found none to end
             result = self.worker.run(self.target.measure, cell.to_dict(), timeout)
             left = self.worker.left_mb if self.worker.alive() else None
             if not self.worker.alive():
@@ -185,6 +213,8 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
     for g in groups.values():
         work.put(sorted(g, key=lambda c: c.batch))
     lock = threading.Lock()
+    stopping = threading.Event()  # set when the sweep is interrupted: every lane ends (several lanes, below)
+    lanes: list[_Lane] = []
 
     def finish(cell, result: CellResult) -> None:
         with lock:
@@ -194,7 +224,8 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
             on_cell(cell, result)
 
     def lane_loop(gpu: int | None) -> None:
-        lane = _Lane(gpu, target)
+        lane = _Lane(gpu, target, stopping)
+        lanes.append(lane)
         try:
             while True:
                 try:
@@ -228,13 +259,13 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
         finally:
             lane.close()
 
-    lanes = opts.gpus or [None]
-    if len(lanes) == 1:
-        lane_loop(lanes[0])
+    gpus = opts.gpus or [None]
+    if len(gpus) == 1:
+        lane_loop(gpus[0])
         return
     failures: list[BaseException] = []
 
-    def guarded_lane(gpu: int) -> None:
+    def guarded_lane(gpu: int, ended: threading.Event) -> None:
         try:
             lane_loop(gpu)
         except BaseException as exc:  # a full disk in one lane stops the sweep, as it does with one lane
@@ -244,12 +275,28 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
                     work.get_nowait()
                 except queue.Empty:
                     break
+        finally:
+            ended.set()
 
-    threads = [threading.Thread(target=guarded_lane, args=(g,), daemon=True) for g in lanes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    # Waited for through events, not Thread.join: a join that Ctrl-C interrupts marks its thread as ended while it
+    # still runs (CPython 3.11's bpo-45274 handling releases the running thread's own lock), so a second join
+    # returned at once.
+    ended = [threading.Event() for _ in gpus]
+    for g, e in zip(gpus, ended):
+        threading.Thread(target=guarded_lane, args=(g, e), daemon=True).start()
+    try:
+        for e in ended:
+            e.wait()
+    except BaseException:
+        # Ctrl-C or SIGTERM (cli/app.py) reaches the main thread only. Left alone, the lanes went on after run_grid
+        # had raised: a hung cell's worker outlived the process, and a lane stored its cell as `error: worker process
+        # killed by signal 15` when the interpreter's exit ended that worker, which a resume then skipped as finished.
+        stopping.set()
+        for lane in list(lanes):
+            lane.interrupt()
+        for e in ended:
+            e.wait(LANE_STOP_S)
+        raise
     if failures:
         raise failures[0]
 

@@ -12,8 +12,10 @@ import sys
 import tempfile
 import traceback
 import warnings
+from contextlib import contextmanager
 
 from ..cells import CellResult
+from ..errors import SpecError
 
 LOG_TAIL_CHARS = 2000
 # The longest wait for a cell: the pipe's poll takes at most 2^31 ms (~24.8 days; `--timeout 1e7` was an
@@ -126,6 +128,19 @@ def _child_main(conn, env: dict, log_path: str) -> None:
         conn.send((result.to_dict(), left))
 
 
+@contextmanager
+def temp_files(what: str):
+    """Where a sweep makes a file in the temporary folder (a worker's log, a launched cell's folder): a full or
+    read-only /tmp, often another file system than the store's, was an OSError traceback mid-sweep; it is one line
+    that says the stored cells are whole and how to go on."""
+    try:
+        yield
+    except OSError as exc:
+        raise SpecError(f"cannot make {what} in the temporary folder {tempfile.gettempdir()} ({exc.strerror or exc}): "
+                        "free space there, or set TMPDIR to a folder with room; the cells stored before are whole: "
+                        "rerun the same command with the run's --name to go on") from None
+
+
 def _start_without_main(proc) -> None:
     """Start a spawned process without re-running the user's script in it. Spawn re-imports `__main__`
     from its file (or module name) in every child, so a script that calls the API at module level, with
@@ -150,9 +165,10 @@ class Worker:
 
     def __init__(self, env: dict | None = None):
         ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        fd, self.log_path = tempfile.mkstemp(prefix="transbench-worker-", suffix=".log")
+        with temp_files("a worker's log file"):
+            fd, self.log_path = tempfile.mkstemp(prefix="transbench-worker-", suffix=".log")
         os.close(fd)
+        self.conn, child = ctx.Pipe()
         env = {"TRANSBENCH_PARENT_PID": str(os.getpid()), **(env or {})}
         self.proc = ctx.Process(target=_child_main, args=(child, env, self.log_path), daemon=True)
         _start_without_main(self.proc)
@@ -179,6 +195,11 @@ class Worker:
             tail = self._log_tail()
             self.stop(kill=True)
             return CellResult("error", error=f"worker process {how}", info={"log_tail": tail})
+        except BaseException:
+            # Ctrl-C or SIGTERM (cli/app.py) while the cell runs: its result is lost either way (a resume measures
+            # it again), and the sweep's graceful stop waited up to 10 s for the cell to end before killing it.
+            self.stop(kill=True)
+            raise
 
     def _log_tail(self) -> str:
         try:

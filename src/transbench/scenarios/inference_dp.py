@@ -93,7 +93,7 @@ def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
     energies = [r["context"].energy_j for r in per_rank]
     context = per_rank[0]["context"]
     context.energy_j = sum(energies) if all(e is not None for e in energies) else None
-    slowest = timer.Sampled(latency, timer.summarize(latency), sampled.calls, context)
+    slowest = timer.Sampled(latency, timer.summarize(latency), sampled.calls, context, short=sampled.short)
     lengths = [n for r in per_rank for n in r["lengths"]]
     fl, flops_method = flops.forward_flops(shape, lengths, cell.task)
     gpu = dev.gpu_info(device)

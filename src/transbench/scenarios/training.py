@@ -206,6 +206,9 @@ def validate(spec: TrainSpec) -> TrainSpec:
         raise SpecError(f"--node-rank must be between 0 and --nnodes - 1 ({spec.nnodes - 1})")
     if spec.nnodes > 1 and not spec.rdzv_endpoint:
         raise SpecError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT of node 0 (the same on every node)")
+    if spec.nnodes == 1 and spec.rdzv_endpoint is not None:  # runner/launch.py passes it only to several hosts
+        raise SpecError("--rdzv-endpoint joins several hosts, and --nnodes is 1: add --nnodes 2 (or more), "
+                        "or leave --rdzv-endpoint out")
     # Options of one strategy or of several GPUs, given where no cell uses them, were dropped without a word: the
     # run said ok and measured something else than asked (ZeRO 3 under ddp, NCCL settings on one process).
     if spec.zero_stages != [2] and "deepspeed" not in (spec.strategies or []):

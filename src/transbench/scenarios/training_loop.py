@@ -567,9 +567,11 @@ def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: ti
     mfu = record.get("mfu")
     record["hfu"] = None if mfu is None else mfu * hw_flops_per_step / flops_per_step
     info_energy = None
-    if world > 1 and "energy_j" in record:  # NVML reads rank 0's GPU; the ranks do the same work
-        for k in ("energy_j", "j_per_seq", "j_per_token"):
-            if k in record:
+    if world > 1 and ("energy_j" in record or record.get("avg_power_w") is not None):
+        # NVML reads rank 0's GPU; the ranks do the same work. Power too: a 2-GPU record read 6 J per 10 ms step
+        # beside rank 0's 300 W, where data-parallel inference sums the ranks' boards for both (inference_dp.py).
+        for k in ("energy_j", "j_per_seq", "j_per_token", "avg_power_w"):
+            if record.get(k) is not None:
                 record[k] *= world
         info_energy = "rank 0's GPU times the world size"
 

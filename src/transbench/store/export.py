@@ -6,7 +6,9 @@ import csv
 import json
 import os
 import shlex
+import stat
 import tempfile
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -83,8 +85,51 @@ def write(recs: list[dict], json_path: str | None = None, csv_path: str | None =
         if path:
             with writing(path, recs):
                 _refuse_sqlite(Path(path))  # again at write time: Python callers skip check_paths
-                with open(path, "w", newline="") as f:
+                with replacing(path) as f:
                     fill(recs, f)
+
+
+@contextmanager
+def replacing(path: str | Path):
+    """A text file that becomes `path` once it is whole: written beside it, then moved over it. Opened in place, a
+    disk that filled or a Ctrl-C part-way left a truncated file where the last run's good one had been. A symbolic
+    link keeps pointing where it did (its target is replaced), an existing file keeps its permission bits; a path
+    that is not a regular file (/dev/stdout, a pipe), or a writable file in a folder that takes no new file
+    (check_output allows it), is written in place."""
+    try:
+        special = not stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        special = False
+    if special:  # by the path given: /dev/stdout on a pipe resolves to '/proc/PID/fd/pipe:[N]', a name not there
+        with open(path, "w", newline="") as f:
+            yield f
+        return
+    target = Path(os.path.realpath(path))
+    # A short name of its own: the target's name plus a suffix could pass the file system's longest name.
+    tmp = target.with_name(f".transbench-{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        f = open(tmp, "x", newline="")  # the mode `open(path, "w")` gives a new file (umask), never a shared name
+    except PermissionError:
+        with open(path, "w", newline="") as f:
+            yield f
+        return
+    try:
+        with f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())  # whole on disk before it takes the name
+        if target.exists():
+            os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """`path` holds `text` whole, or is as it was (replacing)."""
+    with replacing(path) as f:
+        f.write(text)
 
 
 def _fill_json(recs: list[dict], f) -> None:

@@ -129,6 +129,9 @@ class GemmOptions(MicroCommon):
             _model(m)
         if not out.sizes and not out.models:
             raise SpecError("nothing to measure: give --sizes or --model")
+        if self.tokens is not None and not out.models:  # an option no point uses is refused, as run's are
+            raise SpecError("--tokens sets the rows of --model's layer GEMMs, and no model is measured: "
+                            "give --model bert-base-uncased or drop --tokens")
         return out
 
 
