@@ -14,6 +14,8 @@
 #   bash benchmarks/gpu_round15.sh verify2 the training and checkpoint-folder GPU tests, then the two tests `verify`
 #                                          failed on session 23's code and this session's (old_head/: a copy of
 #                                          HEAD's src and tests, made beside the repository before the call)
+#   bash benchmarks/gpu_round15.sh models  a mixture-of-experts and an XLNet folder through `transbench run` (fp16,
+#                                          bf16), then the family GPU tests, after session 24's family fixes
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=150 PYTHONPATH=src
@@ -85,4 +87,25 @@ if [ "$PART" = verify2 ]; then
       tests/gpu/test_serve_gpu.py -k "launch_bound or under_load" 2>&1 | grep -E "passed|failed|^FAILED|^E " | cut -c1-400)
     echo "$tree rc $?"
   done
+fi
+if [ "$PART" = models ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/r15-models TRITON_CACHE_DIR=/tmp/r15-models-triton
+  # session 24's family fixes on CUDA: a mixture-of-experts folder (its FLOPs counted on a batched_mm copy) and an
+  # XLNet one (counted on one real forward of a host copy), fp16 and bf16
+  python3 - <<'PY'
+from transformers import MixtralConfig, MixtralForCausalLM, XLNetConfig, XLNetModel
+MixtralForCausalLM(MixtralConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                 num_experts_per_tok=2, max_position_embeddings=256)).save_pretrained("/tmp/r15-moe")
+XLNetModel(XLNetConfig(vocab_size=512, d_model=128, n_layer=2, n_head=4, d_inner=256)).save_pretrained("/tmp/r15-xlnet")
+PY
+  for m in /tmp/r15-moe /tmp/r15-xlnet; do
+    timeout 150 $TB run --model $m --backend eager,sdpa --dtype fp16,bf16 --batch 2 --seq 64 --min-time 0.3 \
+      --timeout 100 --db $OUT/models.db --json $OUT/$(basename $m).json > $OUT/$(basename $m).txt 2>&1
+    echo "$m rc $?"; python3 benchmarks/print_records.py $OUT/$(basename $m).json "$m:"
+    grep -E "error|unsupported" $OUT/$(basename $m).txt | head -5 | cut -c1-250
+  done
+  timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_families_gpu.py \
+    -k "not fused_roberta and not onnxruntime" > $OUT/families_tests.txt 2>&1
+  echo "families rc $?"; grep -E "passed|failed|^FAILED|Error" $OUT/families_tests.txt | tail -8 | cut -c1-300
 fi

@@ -401,22 +401,8 @@ def test_cell_figures_do_not_depend_on_the_order_of_cells(monkeypatch, fake_gpu)
     assert a_first[0]["peak_mem_mb"] == 1200 and a_first[1]["peak_mem_mb"] == 150
 
 
-class Borrowing:
-    """memory's reset_peak / restart_peak / snapshot over a fake allocator, and what an fp32 reference borrows."""
-
-    MODEL_MB, REFERENCE_MB = 10.0, 400.0
-
-    def __init__(self):
-        self.held = self.peak = self.base = 0.0
-
-    def reset_peak(self, device):
-        self.base = self.peak = self.held
-
-    def restart_peak(self, device):
-        self.peak = self.held
-
-    def snapshot(self, device):
-        return {"peak_mem_mb": self.peak - self.base, "peak_reserved_mb": None, "device_used_mb": None}
+# memory's reset_peak / restart_peak / snapshot over a fake allocator, and what an fp32 reference borrows
+from test_record_audit import FakeDevice as Borrowing  # noqa: E402
 
 
 @pytest.mark.parametrize("task", ["base", "generate"])
