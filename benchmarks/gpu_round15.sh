@@ -16,6 +16,8 @@
 #                                          HEAD's src and tests, made beside the repository before the call)
 #   bash benchmarks/gpu_round15.sh models  a mixture-of-experts and an XLNet folder through `transbench run` (fp16,
 #                                          bf16), then the family GPU tests, after session 24's family fixes
+#   bash benchmarks/gpu_round15.sh mfu     fused fp16 and fp8 cells at 1 and 8 x 128 (under the fp8 threshold): the
+#                                          fp8 cells' MFU against the fp16 peak
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=150 PYTHONPATH=src
@@ -108,4 +110,22 @@ PY
   timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_families_gpu.py \
     -k "not fused_roberta and not onnxruntime" > $OUT/families_tests.txt 2>&1
   echo "families rc $?"; grep -E "passed|failed|^FAILED|Error" $OUT/families_tests.txt | tail -8 | cut -c1-300
+fi
+if [ "$PART" = mfu ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/r15-mfu TRITON_CACHE_DIR=/tmp/r15-mfu-triton
+  # an fp8 cell under 1,024 tokens runs the fp16 forward: its MFU now against the fp16 peak, as the fp16 cell's
+  timeout 250 $TB run --model bert-base-uncased --backend fused --dtype fp16,fp8 --batch 1,8 --seq 128 \
+    --min-time 0.3 --timeout 200 --db $OUT/mfu.db --json $OUT/mfu.json > $OUT/mfu.txt 2>&1
+  echo "mfu run rc $?"
+  python3 -c "
+import json
+for r in json.load(open('$OUT/mfu.json')):
+    print(r['dtype'], r['batch_size'], r['status'], 'ms', r['latency_ms'], 'tflops', r['tflops'], 'mfu', r['mfu'])
+"
+  python3 -c "
+import sqlite3, json
+c = sqlite3.connect('$OUT/mfu.db')
+for (info,) in c.execute('select info from cells'):
+    i = json.loads(info); print({k: i.get(k) for k in ('fp8_gemm_ops', 'gemm_ops', 'mfu_peak_dtype')})
+" 2>&1 | tail -4
 fi

@@ -152,3 +152,27 @@ def test_serve_peak_memory_is_the_same_with_the_reference_cached(monkeypatch):
     first, second = serve.run(cell, cache), serve.run(cell, cache)
     assert first.status == second.status == "ok", (first.error, second.error)
     assert first.record["peak_mem_mb"] == second.record["peak_mem_mb"] == fake.MODEL_MB  # first read 410
+
+
+def test_an_fp8_cell_that_ran_no_fp8_gemm_is_measured_against_the_fp16_peak():
+    # Under engine/ops.py FP8_MIN_ROWS tokens the fused fp8 cell runs the fp16 forward (info fp8_gemm_ops 0); against
+    # the fp8 peak (1,978.9 TFLOPS on an H100 SXM, twice fp16's) its MFU read half of what it reached.
+    import torch
+
+    from transbench.cells import Cell
+    from transbench.measure import record, timer
+    from transbench.measure.device import GpuInfo
+    from transbench.scenarios.inference import peak_dtype
+
+    cell = Cell("bert-base-uncased", "base", "fused", "fp8", 1, 128, device="cuda:0")
+    s = timer.sample_steps(lambda: 1.0, torch.device("cpu"), timer.TimerConfig(warmup=0, min_time_s=0.0, min_count=3))
+    gpu = GpuInfo("NVIDIA H100 80GB HBM3", 79.2, 0)
+    mfus = {}
+    for ops in (0, 48, None):  # none ran in fp8; some did; a backend that counts none (not the engine)
+        info = {} if ops is None else {"fp8_gemm_ops": ops}
+        dtype = peak_dtype(cell, info)
+        mfus[ops] = record.timing_record(s, items=1, flops=1e12, gpu=gpu, dtype=dtype)[0]["mfu"]
+        assert (info.get("mfu_peak_dtype") == "fp16") == (ops == 0)
+    assert mfus[0] == pytest.approx(1e12 / 1e-3 / 989.4e12) and mfus[48] == pytest.approx(1e12 / 1e-3 / 1978.9e12)
+    assert mfus[None] == mfus[48]
+    assert peak_dtype(Cell("bert-base-uncased", "base", "fused", "fp16", 1, 128), {"fp8_gemm_ops": 0}) == "fp16"

@@ -134,6 +134,16 @@ def settle(prepared, device) -> None:
         dev.synchronize(device)
 
 
+def peak_dtype(cell: Cell, info: dict) -> str:
+    """The dtype whose datasheet peak MFU is measured against: the cell's, except an fp8 cell whose engine ran no
+    GEMM in fp8 (under engine/ops.py FP8_MIN_ROWS tokens it runs the fp16 forward, backends/fused.py counts
+    `fp8_gemm_ops`): against the fp8 peak, twice fp16's on an H100, its MFU read half of what the work reached."""
+    if cell.dtype == "fp8" and info.get("fp8_gemm_ops") == 0:
+        info["mfu_peak_dtype"] = "fp16"
+        return "fp16"
+    return cell.dtype
+
+
 def run(cell: Cell, cache: ModelCache) -> CellResult:
 
     device = dev.resolve(cell.device)
@@ -169,7 +179,7 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     gpu = dev.gpu_info(device)
     fl, method = flops.forward_flops(shape, inputs.lengths, cell.task)
     timing, warnings = timing_record(sampled, items=cell.batch, tokens=inputs.real_tokens, flops=fl, gpu=gpu,
-                                     dtype=cell.dtype)
+                                     dtype=peak_dtype(cell, info))
     record.update(timing, peak_mem_mb=mem["peak_mem_mb"], gpu=gpu.name if gpu else None, flops_method=method)
     if cell.task == "causal-lm":  # time per step of the whole context, as the seeds' notes quote it
         record["ms_per_token"] = sampled.stats.median_ms / inputs.input_ids.shape[1]

@@ -98,7 +98,7 @@ def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
     fl, flops_method = flops.forward_flops(shape, lengths, cell.task)
     gpu = dev.gpu_info(device)
     timing, warnings = timing_record(slowest, items=cell.batch, tokens=sum(lengths), flops=fl, gpu=gpu,
-                                     dtype=cell.dtype, world=info.world_size)
+                                     dtype=inference.peak_dtype(cell, run_info), world=info.world_size)
     peak = [r["mem"]["peak_mem_mb"] for r in per_rank if r["mem"]["peak_mem_mb"] is not None]
     record.update(timing, tflops_per_gpu=timing["tflops"] / info.world_size,
                   peak_mem_mb=max(peak) if peak else None, gpu=gpu.name if gpu else None, flops_method=flops_method)
