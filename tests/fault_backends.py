@@ -19,6 +19,13 @@ def _segfaults(model, inputs, cell):
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
+def _segfaults_while_told(model, inputs, cell):
+    """A crash that need not happen again (the OS killing the worker, a driver fault): only while FAULT_CRASH=1."""
+    if os.environ.get("FAULT_CRASH") == "1":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return Prepared(hf_call(model, inputs))
+
+
 def _oom_above(model, inputs, cell):
     """Out of memory above a fake allocator limit, in batch size."""
     import torch
@@ -42,5 +49,6 @@ def _noisy_output(model, inputs, cell):
 
 FORCED = [
     Backend("fail-raises", _raises), Backend("fail-hangs", _hangs), Backend("fail-segv", _segfaults),
+    Backend("crash-once", _segfaults_while_told),
     Backend("fake-oom", _oom_above), Backend("wrong-output", _noisy_output),
 ]

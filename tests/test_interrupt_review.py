@@ -139,12 +139,14 @@ def _one_line(text: str, start: str) -> str:
 # --- a signal to the sweep mid-cell -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("sig, code, word, resume", [(signal.SIGTERM, 143, "stopped", True),
-                                                     (signal.SIGINT, 130, "interrupted", False)])
+                                                     (signal.SIGINT, 130, "interrupted", False),
+                                                     (signal.SIGHUP, 129, "stopped by SIGHUP", False)])
 def test_a_signal_to_the_sweep_mid_cell_ends_it_at_once_with_one_line_and_it_resumes(tmp_path, sweeps, sig, code,
                                                                                       word, resume):
     """`kill PID` (SIGTERM, what a batch scheduler or `timeout` sends) ended the sweep with no word, exit -15, and left
     its worker running the cell (here a hung one, for an hour) and its log file in the temporary folder; a SIGINT to
-    the sweep alone waited 10 s for the cell before killing its worker."""
+    the sweep alone waited 10 s for the cell before killing its worker. SIGHUP (the terminal or ssh session closed)
+    ended it as SIGTERM did, exit -1."""
     db = tmp_path / "t.db"
     args = ["run", "--model", "bert-tiny", "--backend", "sdpa,fail-hangs", "--batch", "1", "--seq", "8", "--device",
             "cpu", "--min-time", "0.05", "--warmup", "1", "--timeout", "60", "--db", str(db), "--name", "a"]
@@ -221,14 +223,16 @@ class _FillingFile:
         self.f.close()
 
 
-def _fill_up(monkeypatch, folder: Path, exc: BaseException, room: int = 10) -> None:
-    """Every text file opened for writing in `folder` from here on fills after `room` characters."""
+def _fill_up(monkeypatch, folder: Path, exc: BaseException, room: int = 10, binary: bool = False) -> None:
+    """Every text file (and binary one, where `binary`) opened for writing in `folder` from here on fills after `room`
+    characters."""
     real = io.open
 
     def opener(file, mode="r", *args, **kwargs):
         f = real(file, mode, *args, **kwargs)
         inside = isinstance(file, (str, os.PathLike)) and Path(os.path.abspath(file)).parent == folder
-        return _FillingFile(f, room, exc) if inside and "b" not in mode and set(mode) & set("wxa") else f
+        kind = binary or "b" not in mode
+        return _FillingFile(f, room, exc) if inside and kind and set(mode) & set("wxa") else f
 
     monkeypatch.setattr(builtins, "open", opener)
     monkeypatch.setattr(io, "open", opener)
@@ -284,13 +288,37 @@ def test_a_report_that_fails_part_way_leaves_the_previous_report_as_it_was(tmp_p
     out = tmp_path / "report"
     api.report(db, ["a"], str(out))
     good = {p.name: p.read_bytes() for p in out.iterdir()}
-    _fill_up(monkeypatch, out, exc(), room=100)
+    assert any(name.endswith(".png") for name in good)
+    # The PNG plots too: matplotlib wrote each in place, so the report's first plot was left truncated.
+    _fill_up(monkeypatch, out, exc(), room=100, binary=True)
     with pytest.raises(SpecError if exc is _disk_full else KeyboardInterrupt):
         api.report(db, ["a"], str(out))
     monkeypatch.undo()
     now = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert now["report.md"] == good["report.md"] and now["report.html"] == good["report.html"]
-    assert set(now) == set(good)
+    assert now == good
+
+
+@pytest.mark.parametrize("exc", [_disk_full, KeyboardInterrupt])
+def test_runs_spec_out_that_fails_part_way_leaves_the_previous_file_as_it_was(tmp_path, monkeypatch, exc):
+    """`transbench runs --spec a --out a.yaml` wrote the file in place: a full disk left half a spec."""
+    from report_helpers import cell, make_run, ok_result
+
+    from transbench.cli.app import app
+    from typer.testing import CliRunner
+
+    db = str(tmp_path / "t.db")
+    make_run(db, "a", [(cell("eager", 1), ok_result([1.0, 1.1, 1.2], 1))])
+    out = tmp_path / "specs" / "a.yaml"
+    out.parent.mkdir()
+    out.write_text("the previous spec\n")
+    _fill_up(monkeypatch, out.parent, exc(), room=10)
+    result = CliRunner().invoke(app, ["runs", "--db", db, "--spec", "a", "--out", str(out)])
+    monkeypatch.undo()
+    assert result.exit_code == (2 if exc is _disk_full else 130), result.output
+    assert out.read_text() == "the previous spec\n"
+    assert [p.name for p in out.parent.iterdir()] == ["a.yaml"]
+    ok = CliRunner().invoke(app, ["runs", "--db", db, "--spec", "a", "--out", str(out)])
+    assert ok.exit_code == 0 and "backends:" in out.read_text()
 
 
 # --- temporary files the sweep needs ----------------------------------------------------------------------------

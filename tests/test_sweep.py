@@ -41,6 +41,29 @@ def test_raise_hang_and_signal_each_get_a_status_and_the_sweep_completes(faults,
     assert "signal 11" in errors["fail-segv"]
 
 
+def test_a_resume_measures_a_crashed_cell_again_and_keeps_every_other_answer(faults, db, quick, monkeypatch):
+    """A cell stored `error` after a crash (here its worker killed by SIGSEGV) was skipped by every resume as
+    finished, so the run kept the hole unless renamed. A resume now measures it again; `ok`, `wrong` and the other
+    answers stay as stored."""
+    spec = RunSpec(models=["bert-tiny"], backends=["crash-once", "wrong-output", "sdpa"], batches=[1], seqs=[8],
+                   name="r", **quick)
+    monkeypatch.setenv("FAULT_CRASH", "1")
+    first = api.run(spec, db)
+    assert statuses(first) == {("crash-once", 1): "error", ("wrong-output", 1): "wrong", ("sdpa", 1): "ok"}
+    con = sqlite3.connect(db)
+    before = dict(con.execute("SELECT json_extract(record, '$.backend'), created FROM cells"))
+    con.close()
+    monkeypatch.setenv("FAULT_CRASH", "0")
+    again = api.run(spec, db)
+    assert statuses(again) == {("crash-once", 1): "ok", ("wrong-output", 1): "wrong", ("sdpa", 1): "ok"}
+    con = sqlite3.connect(db)
+    after = dict(con.execute("SELECT json_extract(record, '$.backend'), created FROM cells"))
+    assert con.execute("SELECT COUNT(*) FROM cells").fetchone()[0] == 3  # replaced, not added
+    con.close()
+    assert after["sdpa"] == before["sdpa"] and after["wrong-output"] == before["wrong-output"]
+    assert after["crash-once"] != before["crash-once"]
+
+
 def test_oom_is_a_result_and_larger_batches_are_skipped(faults, db, quick, monkeypatch):
     monkeypatch.setenv("FAKE_MAX_BATCH", "2")
     spec = RunSpec(models=["bert-tiny"], backends=["fake-oom"], batches=[1, 2, 4, 8, 16], seqs=[8], **quick)

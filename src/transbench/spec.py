@@ -93,6 +93,15 @@ def check_int(value: int, what: str) -> int:
     return value
 
 
+def read_number(text: str, kind: type):
+    """`kind(text)` (int or float) with ASCII digits only, as the command line's typed options read numbers (typer):
+    Python's int() and float() also take another script's digits, so `--batch ٣` ran batch 3 where `--min-count ٣`
+    was refused. ValueError otherwise."""
+    if not text.isascii():
+        raise ValueError(f"not an ASCII number: {text!r}")
+    return kind(text)
+
+
 def _scalar(value, kind: type, text_ok: bool):
     """`value` as `kind`, or _WrongType. Text is read as the command line reads it only inside lists
     (`batches: "1,8"` is the CLI's own spelling); a lone `timeout: "10"` is a quoted number, most likely a
@@ -103,7 +112,7 @@ def _scalar(value, kind: type, text_ok: bool):
             return word in ("on", "true", "yes", "1")
         if kind is not bool:
             try:
-                number = kind(word)
+                number = read_number(word, kind)
                 if math.isfinite(number):
                     return number
             except ValueError:
@@ -176,7 +185,7 @@ def split_list(value, kind=str) -> list:
     else:
         items = _comma_items(str(value), "")
     try:
-        out = [kind(x) for x in items]
+        out = [x if kind is str else read_number(x, kind) for x in items]
     except ValueError:
         raise SpecError(f"cannot read '{value}' as a list of {kind.__name__}s (use commas: 1,8,64)") from None
     return [check_int(x, "") for x in out] if kind is int else out
@@ -255,7 +264,7 @@ def parse_shard(shard: str | None) -> tuple[int, int] | None:
     if shard is None:
         return None
     try:
-        i, n = (int(x) for x in shard.split("/"))
+        i, n = (read_number(x, int) for x in shard.split("/"))
     except ValueError:
         raise SpecError(f"bad --shard '{shard}': write I/N, e.g. 1/4") from None
     if not (n >= 1 and 1 <= i <= n):
@@ -269,9 +278,14 @@ def load_file(path: str, cls=None, whole: frozenset[str] = frozenset()) -> dict:
     if not str(path).strip():
         raise SpecError("--spec is empty: give a .yaml, .toml or .json file")
     p = Path(path)
-    if p.is_dir():
+    try:
+        folder, regular = p.is_dir(), p.is_file()
+    except OSError as exc:  # pathlib before Python 3.13 raises for a name too long (ENAMETOOLONG) or a folder
+        # that cannot be searched (EACCES): `run --spec` of a 10,000-character name was a traceback
+        raise SpecError(f"spec file {path} cannot be read ({exc.strerror}): check the path") from None
+    if folder:
         raise SpecError(f"spec file {path} is a folder: give a .yaml, .toml or .json file")
-    if not p.is_file():
+    if not regular:
         raise SpecError(f"spec file {path} not found")
     if p.suffix not in (".yaml", ".yml", ".toml", ".json"):
         raise SpecError(f"spec file {path}: use .yaml, .yml, .toml or .json")
@@ -281,7 +295,14 @@ def load_file(path: str, cls=None, whole: frozenset[str] = frozenset()) -> dict:
         raise SpecError(f"spec file {path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
     except OSError as exc:
         raise SpecError(f"spec file {path} cannot be read ({exc.strerror}): check its permissions") from None
-    data = _parse(path, p.suffix, text)
+    try:
+        data = _parse(path, p.suffix, text)
+    except SpecError:
+        raise
+    except ValueError as exc:
+        # A value the parser fails to build raises a plain ValueError, not the parser's own error (a traceback): an
+        # integer of over 4,300 digits (int()'s limit, in each format), a YAML date such as 2024-13-01.
+        raise SpecError(f"spec file {path}: a value there cannot be read ({str(exc).split(';')[0]}): fix it") from None
     if data is None or data == {}:  # most likely the wrong file: running the default grid instead would take minutes
         raise SpecError(f"spec file {path} holds no options: give at least one (e.g. models: [bert-base-uncased])")
     if not isinstance(data, dict):
@@ -343,15 +364,18 @@ def _parse(path: str, suffix: str, text: str):
         raise SpecError(f"spec file {path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
-def dump_file(spec: RunSpec, path: str) -> None:
+def dump_text(spec: RunSpec, suffix: str = ".yaml") -> str:
+    """The spec as a file `load_file` reads back: TOML for a ".toml" suffix, else YAML."""
     data = {k: v for k, v in spec.to_dict().items() if v is not None}
-    p = Path(path)
-    if p.suffix == ".toml":
-        p.write_text(_toml(data))
-    else:
-        import yaml
+    if suffix == ".toml":
+        return _toml(data)
+    import yaml
 
-        p.write_text(yaml.safe_dump(data, sort_keys=False))
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def dump_file(spec: RunSpec, path: str) -> None:
+    Path(path).write_text(dump_text(spec, Path(path).suffix))
 
 
 def _toml(data: dict) -> str:

@@ -48,34 +48,43 @@ def fail(message: str, code: int = 2) -> None:
 
 
 class Stopped(KeyboardInterrupt):
-    """A SIGTERM, raised where the command is, so it ends as Ctrl-C does."""
+    """A SIGTERM or SIGHUP, raised where the command is, so it ends as Ctrl-C does."""
 
 
 def _stopped(signum, frame) -> None:
     raise Stopped(signum)
 
 
-def _catch_sigterm() -> bool:
-    """SIGTERM (`kill PID`, `timeout`, a batch scheduler) ended the process where it stood: exit -15 with no word, the
-    cell's worker left running it (a hung one for ever; runner/worker.py), a launched cell's folder and a worker's log
-    left in the temporary folder. Raised as an interruption instead, it runs the cleanup Ctrl-C runs. Only where
-    SIGTERM has its default action: a process that set its own (or ignores it) keeps it."""
-    try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return False
-        signal.signal(signal.SIGTERM, _stopped)
-    except ValueError:  # not the main thread: signals cannot be caught here
-        return False
-    return True
+# Signals that end a process by default and are ended as Ctrl-C instead: SIGTERM (`kill PID`, `timeout`, a batch
+# scheduler) and SIGHUP (the terminal or ssh session that started the command closed; `nohup` sets it ignored,
+# which is kept).
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def _catch_stop_signals() -> list:
+    """SIGTERM or SIGHUP ended the process where it stood: exit -15 (-1) with no word, the cell's worker left running
+    it (a hung one for ever; runner/worker.py), a launched cell's folder and a worker's log left in the temporary
+    folder. Raised as an interruption instead, each runs the cleanup Ctrl-C runs. Only where the signal has its
+    default action: a process that set its own (or ignores it) keeps it. Returns the signals caught."""
+    caught = []
+    for sig in STOP_SIGNALS:
+        try:
+            if signal.getsignal(sig) is not signal.SIG_DFL:
+                continue
+            signal.signal(sig, _stopped)
+        except ValueError:  # not the main thread: signals cannot be caught here
+            break
+        caught.append(sig)
+    return caught
 
 
 def friendly(fn):
-    """Turn bad input into one line on stderr and exit code 2, never a stack trace; Ctrl-C and SIGTERM into one
-    line and exit code 128 + the signal's number, after the cleanup (workers ended, temporary files removed)."""
+    """Turn bad input into one line on stderr and exit code 2, never a stack trace; Ctrl-C, SIGTERM and SIGHUP into
+    one line and exit code 128 + the signal's number, after the cleanup (workers ended, temporary files removed)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        caught = _catch_sigterm()
+        caught = _catch_stop_signals()
         try:
             return fn(*args, **kwargs)
         except SpecError as exc:
@@ -89,7 +98,7 @@ def friendly(fn):
                        "resume (a run started without one: `transbench runs` lists its name)", err=True)
             sys.exit(128 + signum)
         finally:
-            if caught:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            for sig in caught:
+                signal.signal(sig, signal.SIG_DFL)
 
     return wrapper

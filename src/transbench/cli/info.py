@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.table import Table
 
 from .. import api
-from ..spec import RunSpec, dump_file
+from ..spec import RunSpec, dump_text
 from ..store import export
 from .app import app, fail, friendly
 from .tables import Col, console, fitted
@@ -70,6 +71,12 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
          spec: Optional[str] = typer.Option(None, "--spec", help="write this run's spec (name or id) as YAML/TOML"),
          out: str = typer.Option("-", help="where --spec writes: a .yaml/.toml path, or - for stdout")) -> None:
     """Stored runs; with --spec RUN, that run's full spec, to repeat it with `run --spec`."""
+    # Both listed every run instead, exit 0: `--spec ''` as if it were not given, `--out` without --spec unused.
+    if spec is not None and not spec.strip():
+        fail("--spec is empty: give a run's name or id (`transbench runs` lists them), or leave --spec out")
+    if spec is None and out != "-":
+        fail(f"--out {out} is where --spec RUN writes that run's spec, and --spec is not given: add --spec RUN, or "
+             "leave --out out")
     if spec and out != "-":
         export.check_output(out, "--out", db)
     rows = api.runs(db)
@@ -83,12 +90,10 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
         if s is None:
             typer.echo(json.dumps(match[0]["spec"], indent=1))
         elif out == "-":
-            import yaml
-
-            typer.echo(yaml.safe_dump({k: v for k, v in s.to_dict().items() if v is not None}, sort_keys=False))
+            typer.echo(dump_text(s))
         else:
-            with export.writing(out):
-                dump_file(s, out)
+            with export.writing(out):  # whole, or the file as it was (a full disk, Ctrl-C)
+                export.write_text(out, dump_text(s, Path(out).suffix))
             typer.echo(f"wrote {out}")
         return
     listed = [{**r, "gpu": (r["env"].get("gpus") or [{"name": "cpu"}])[0]["name"]} for r in rows]

@@ -333,7 +333,13 @@ def table_problem(path: Path) -> str | None:
     """Why the table at `path` cannot be read and replaced, or None. A Tuner takes an unreadable table as empty and
     a failed save as a cost of the next process (a cache); `transbench tune` exists to fill the table, so it asks
     first, instead of tuning for minutes and keeping nothing. Nothing is created or changed here."""
-    path = Path(path)
+    try:
+        return _table_problem(Path(path))
+    except OSError as e:  # pathlib before Python 3.13 raises for a name too long (ENAMETOOLONG): a traceback
+        return f"its path cannot be used ({e.strerror or e})"
+
+
+def _table_problem(path: Path) -> str | None:
     if path.is_dir():
         return "it is a folder"
     if path.exists():
@@ -350,6 +356,12 @@ def table_problem(path: Path) -> str | None:
     folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
     if not folder.is_dir():
         return f"{folder} is a file, not a folder"
+    # The folders the Tuner would make, by the length of their names: exists() stops at the first missing one, so
+    # `--cache-dir new/NAME` with a NAME too long passed here and its table was lost after the tuning
+    limit = os.pathconf(folder, "PC_NAME_MAX")
+    for part in path.parent.parts[len(folder.parts):]:  # folder is path.parent or one of its parents
+        if len(os.fsencode(part)) > limit:
+            return f"the folder name {part[:40]}... is longer than its file system takes ({limit} bytes)"
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass

@@ -148,10 +148,16 @@ def _refuse(folder: Path, problem: str, fix: str):
 
 def _read_config(folder: Path) -> dict:
     path = folder / "config.json"
-    if not path.is_file():
+    try:
+        present = path.is_file()
+        text = path.read_bytes() if present else b""
+    except OSError as exc:  # a folder that cannot be searched or a config.json that cannot be read: was a traceback
+        _refuse(folder, f"config.json cannot be read ({exc.strerror or exc})", "check the permissions of the folder "
+                "and its files")
+    if not present:
         _refuse(folder, "has no config.json", "point --model at a transformers checkpoint folder")
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = json.loads(text.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         _refuse(folder, f"config.json is not valid JSON ({str(exc).splitlines()[0]})", "fix or re-download it")
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
@@ -433,7 +439,9 @@ def resolve(model: str) -> ModelRef:
     if model in PRESETS:
         return ModelRef(model, PRESETS[model])
     path = Path(model).expanduser()
-    if path.is_dir():
+    # os.path.isdir, not Path.is_dir: before Python 3.13 the latter raises for a name too long (ENAMETOOLONG) or a
+    # folder that cannot be searched (EACCES), and `--model` of a 10,000-character name was a traceback
+    if os.path.isdir(path):
         key = _fingerprint(model, path)
         if key is None:
             return _resolve_folder(path)

@@ -18,10 +18,19 @@ width ``q = a d``), ``g`` key/value heads (grouped-query attention: ``kv = g d``
 Decoders need only the causal half of the attention products: s (s + 1) / 2 query-key pairs, so their
 attention terms are 4 q * s (s + 1) / 2 = 2 s (s + 1) q. Counting the full square (what eager attention
 computes and then masks) would credit a causal kernel with work it never does and overstate MFU; a counted
-decoder family (Mistral, Phi, Gemma, ...) counts the causal half of its attention products likewise.
-ModernBERT's local layers (all but every `global_attn_every_n_layers`-th) attend a window of
-`local_attention` tokens (|i - j| <= local_attention / 2): only those pairs count. Heads on top of the
-last layer:
+decoder family (Phi, Falcon, Gemma, ...) counts the causal half of its attention products likewise. A
+sliding-window layer of window ``w`` needs fewer: query i attends keys i - w < j <= i (the w most recent
+tokens, itself included; `sliding_window_overlay` in transformers.masking_utils), sum_i min(i + 1, w) =
+w (w + 1) / 2 + (s - w) w pairs, the causal half when s <= w (`_causal_pairs`). Which layers slide is the
+family's transformers config (`attention_windows`): its `layer_types` ("sliding_attention" entries, window
+`sliding_window`: Gemma 2/3, Cohere2, gpt-oss, OLMo 3, and Qwen2, Qwen2-MoE, Qwen3 where `use_sliding_window`
+is set, each by its own rule from `max_window_layers`), else `sliding_window` on every layer of the families
+whose masks apply it (`SLIDING_WINDOW_FAMILIES`: Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE, ...; a Llama
+config that names one still attends every key), GPT-Neo's "local" `attention_layers` (window `window_size`).
+Analytic families count each layer's pairs; a counted family scales each attention product by the pairs of the
+layer that made it (`_window_of_product`). ModernBERT's local layers (all but every
+`global_attn_every_n_layers`-th) attend a window of `local_attention` tokens (|i - j| <= local_attention / 2):
+only those pairs count. Heads on top of the last layer:
 
     mlm                   2 s h^2 (transform) + 2 s h V (decoder)
     causal-lm             2 s h V
@@ -32,13 +41,16 @@ last layer:
 Embedding lookups are gathers: no FLOPs. Training is 3 x forward (backward = 2 x forward); activation
 checkpointing's second forward and an MLM head run on unmasked positions are executed but not needed, so
 MFU leaves them out and HFU counts them (`training_flops`). Generation: the prompt's forward, then per new token
-at context length t: the layer's projections and FFN for one token, 4 t q per layer for attention and
-2 h V for the LM head.
+at context length t: the layer's projections and FFN for one token, 4 t q per layer for attention (4 min(t, w) q
+in a sliding-window layer) and 2 h V for the LM head. The KV cache (`kv_cache_bytes`) holds every token in a full
+layer and the last w - 1 in a sliding one, as transformers' DynamicCache does (the generation cells' cache).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 from collections.abc import Sequence
 
 from .presets import Preset
@@ -58,27 +70,104 @@ def _local_pairs(seq: int, window: int) -> int:
     return sum(min(i + half, seq - 1) - max(i - half, 0) + 1 for i in range(seq))
 
 
+def _causal_pairs(seq: int, window: int | None = None) -> int:
+    """Query-key pairs of a causal layer over `seq` tokens: query i attends keys i - window < j <= i (the
+    `window` most recent tokens, itself included: `sliding_window_overlay` and `causal_mask_function` in
+    transformers.masking_utils), sum_i min(i + 1, window); every earlier key without a window."""
+    if window is None or window >= seq:
+        return seq * (seq + 1) // 2
+    return window * (window + 1) // 2 + (seq - window) * window
+
+
+# Layer types that transformers gives a sliding-window cache layer of `sliding_window` tokens
+# (get_layer_types_and_kwargs in transformers.cache_utils) and whose mask is the sliding-window causal one
+# (create_sliding_window_causal_mask in transformers.masking_utils). Any other type ("full_attention",
+# "chunked_attention", "linear_attention", ...) is counted as before.
+SLIDING_LAYER_TYPES = ("sliding_attention", "hybrid_sliding", "reference_sliding_attention")
+# Families without `layer_types` whose every layer slides when their config sets `sliding_window`: each one's
+# modeling file picks "create_causal_mask if self.config.sliding_window is None else
+# create_sliding_window_causal_mask" (modeling_mistral, modeling_mixtral, ...). Any other family's `sliding_window`
+# is not its attention's: a Llama, Gemma, Phi or Moshi config that sets one still attends every earlier key (their
+# masks are create_causal_mask's), though transformers' DynamicCache then keeps only the window (`cache_windows`).
+SLIDING_WINDOW_FAMILIES = ("mistral", "mixtral", "ministral3", "phi3", "phimoe", "starcoder2", "qwen3_moe", "doge")
+
+
+def _config_windows(cfg, layers: int, every_layer: bool) -> tuple[int | None, ...]:
+    """Per layer, the window of a sliding-window layer (None: a full one) as transformers' config says:
+    `layer_types` where the config has it (Gemma 2/3, Cohere2, gpt-oss, OLMo 3; Qwen2, Qwen2-MoE and Qwen3
+    derive it from use_sliding_window and max_window_layers, each its own way; recurrent_gemma maps it to
+    layers_block_type and sliding_window to attention_window_size), else `sliding_window` on every layer where
+    `every_layer` (Mistral, Mixtral, Phi-3, Starcoder2, Qwen3-MoE, whose configs set it to None without
+    use_sliding_window). A window below 1 is none: Qwen2-MoE's config says 0 and ModernBERT-decoder's -1 when
+    they have none."""
+    with contextlib.suppress(AttributeError, ValueError):  # a text model's config is its own; a composite may refuse
+        cfg = cfg.get_text_config(decoder=True)
+    window = getattr(cfg, "sliding_window", None)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        window = None
+    types = getattr(cfg, "layer_types", None)
+    if types is None:
+        return (window if every_layer else None,) * layers
+    types = list(types)[:layers]
+    return tuple(window if t in SLIDING_LAYER_TYPES else None for t in types) + (None,) * (layers - len(types))
+
+
+def _config_key(shape: Preset) -> str:
+    # Preset equality and hash leave `config` out (the shape is what compares): two shapes that differ only in
+    # their sliding window must not share a cached answer.
+    return json.dumps(shape.config, sort_keys=True, default=str)
+
+
+@functools.lru_cache(maxsize=256)
+def _windows(shape: Preset, config_key: str, attention: bool) -> tuple[int | None, ...]:
+    if not shape.decoder:
+        return (None,) * shape.layers
+    from .build import hf_config
+
+    cfg = hf_config(_counted_ref(shape), "base")  # the config the model is built from (a folder's own)
+    if not attention:
+        # The cache: DynamicCache(config) reads every config so (get_layer_types_and_kwargs, transformers.cache_utils)
+        return _config_windows(cfg, shape.layers, every_layer=True)
+    if cfg.model_type == "gpt_neo":
+        # GPT-Neo's own fields: its "local" layers mask all but the window_size most recent keys (the causal mask
+        # XOR tril(-window_size) in modeling_gpt_neo), the same rule as sliding_window; its cache keeps them all.
+        return tuple(cfg.window_size if t == "local" else None for t in list(cfg.attention_layers)[:shape.layers])
+    return _config_windows(cfg, shape.layers, every_layer=cfg.model_type in SLIDING_WINDOW_FAMILIES)
+
+
+def cache_windows(shape: Preset) -> tuple[int | None, ...]:
+    """Per layer, the window of tokens transformers' DynamicCache keeps (None: every token)."""
+    return _windows(shape, _config_key(shape), False)
+
+
+def attention_windows(shape: Preset) -> tuple[int | None, ...]:
+    """Per layer, the most keys a query attends (its window, itself included), None for every earlier one: all
+    layers of an encoder (ModernBERT's local layers are `_is_global`'s), the sliding-window layers of a decoder."""
+    return _windows(shape, _config_key(shape), True)
+
+
 def _is_global(shape: Preset, layer: int) -> bool:
     every = shape.config.get("global_attn_every_n_layers") if shape.family == "modernbert" else None
     return not every or layer % every == 0
 
 
-def attention_flops(shape: Preset, seq: int, layer: int = 0) -> int:
-    """Scores and values products of one layer: the full square for encoders, the causal half for decoders,
-    the window of a ModernBERT local layer."""
+def attention_flops(shape: Preset, seq: int, layer: int = 0, windows: Sequence[int | None] | None = None) -> int:
+    """Scores and values products of one layer: the full square for encoders, the causal half for decoders
+    (within its window for a sliding-window layer), the window of a ModernBERT local layer. `windows`:
+    `attention_windows(shape)`, passed by a caller that counts many layers (else looked up per call)."""
     q = shape.heads * shape.dim
     if shape.decoder:
-        return 2 * seq * (seq + 1) * q
+        return 4 * _causal_pairs(seq, (attention_windows(shape) if windows is None else windows)[layer]) * q
     if not _is_global(shape, layer):
         return 4 * _local_pairs(seq, shape.config.get("local_attention", 128)) * q
     return 4 * seq * seq * q
 
 
-def layer_flops(shape: Preset, seq: int, layer: int = 0) -> int:
+def layer_flops(shape: Preset, seq: int, layer: int = 0, windows: Sequence[int | None] | None = None) -> int:
     h, i = shape.hidden, shape.intermediate
     q, kv = shape.heads * shape.dim, shape.kv * shape.dim
     ffn = (6 if shape.family in GATED_MLP else 4) * seq * h * i
-    return 4 * seq * h * q + 4 * seq * h * kv + ffn + attention_flops(shape, seq, layer)
+    return 4 * seq * h * q + 4 * seq * h * kv + ffn + attention_flops(shape, seq, layer, windows)
 
 
 def head_flops(shape: Preset, task: str, seq: int) -> int:
@@ -101,7 +190,8 @@ def head_flops(shape: Preset, task: str, seq: int) -> int:
 def analytic_forward_flops(shape: Preset, seq_lens: int | Sequence[int], task: str = "base") -> int:
     """The formulas above, for a family in ANALYTIC."""
     lens = [seq_lens] if isinstance(seq_lens, int) else list(seq_lens)
-    return sum(sum(layer_flops(shape, s, k) for k in range(shape.layers)) + head_flops(shape, task, s)
+    windows = attention_windows(shape)
+    return sum(sum(layer_flops(shape, s, k, windows) for k in range(shape.layers)) + head_flops(shape, task, s)
                for s in lens)
 
 
@@ -121,11 +211,12 @@ def _counted_ref(shape: Preset):
     return ModelRef(shape.name, shape)
 
 
-def _causal_products(seq: int) -> dict:
+def _causal_products(seq: int, window=lambda: None) -> dict:
     """torch's FLOP formulas for the batched products of attention (eager attention: `bmm` for scores and
-    values, `baddbmm` where scores start from a bias such as Bloom's ALiBi), counting the s (s + 1) / 2
-    query-key pairs a causal kernel computes instead of the s x s square. A product is attention's when it
-    makes an s x s score matrix (Q K^T) or reads one (P V); projections are never batched products."""
+    values, `baddbmm` where scores start from a bias such as Bloom's ALiBi), counting the query-key pairs a causal
+    kernel computes instead of the s x s square: s (s + 1) / 2, or `_causal_pairs` within the window that
+    `window()` gives for the product being counted (None: no window). A product is attention's when it makes an
+    s x s score matrix (Q K^T) or reads one (P V); projections are never batched products."""
     from torch.ops import aten
     from torch.utils.flop_counter import baddbmm_flop, bmm_flop
 
@@ -133,7 +224,8 @@ def _causal_products(seq: int) -> dict:
         return (a_shape[-2] == seq and b_shape[-1] == seq) or tuple(a_shape[-2:]) == (seq, seq)
 
     def causal(full: int, a_shape, b_shape) -> int:
-        return full * (seq + 1) // (2 * seq) if square(a_shape, b_shape) else full
+        # `full` is 2 x (batch x heads) x s x s x head_dim: a multiple of s^2, so the scaling is exact.
+        return full * _causal_pairs(seq, window()) // (seq * seq) if square(a_shape, b_shape) else full
 
     def bmm(a_shape, b_shape, out_shape=None, **kwargs) -> int:
         return causal(bmm_flop(a_shape, b_shape), a_shape, b_shape)
@@ -142,6 +234,62 @@ def _causal_products(seq: int) -> dict:
         return causal(baddbmm_flop(self_shape, a_shape, b_shape), a_shape, b_shape)
 
     return {aten.bmm: bmm, aten.baddbmm: baddbmm}
+
+
+def _layer_index(module) -> int | None:
+    """The decoder layer a module belongs to, by the index transformers gives it: `layer_idx` on every attention
+    module (its cache slot, and what picks its entry of config.layer_types), GPT-Neo's `layer_id`."""
+    for name in ("layer_idx", "layer_id"):
+        index = getattr(module, name, None)
+        if isinstance(index, int) and not isinstance(index, bool):
+            return index
+    return None
+
+
+@contextlib.contextmanager
+def _window_of_product(model, windows: Sequence[int | None]):
+    """Yields a function that gives the window of the layer whose forward is running (None: no window).
+
+    One window for every layer (Mistral's, or none) needs no layer. Where layers differ (Gemma 2 alternates,
+    Qwen2 slides from max_window_layers on, hybrids interleave linear-attention layers that make no products),
+    the product's own module says which layer it is: forward hooks on every module with a layer index keep a
+    stack of the layers entered, so a product is counted with the window of the innermost one. Counting products
+    in order (two per layer) would break on a layer that makes none or more, and correcting the total afterwards
+    from the config would need each layer's own head count and width (Gemma 4's full layers have wider heads):
+    both guess how the family computes, the hooks only read where the product was made. A product made outside
+    any indexed module keeps the causal half (no window), as before windows were counted."""
+    if len(set(windows)) <= 1:
+        only = windows[0] if windows else None
+        yield lambda: only
+        return
+    stack: list[int] = []
+
+    def enter(module, args) -> None:
+        stack.append(_layer_index(module))
+
+    def leave(module, args, output) -> None:  # None: a forward hook that returns a value replaces the output
+        stack.pop()
+
+    handles = []
+    for module in model.modules():
+        if _layer_index(module) is not None:
+            handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    try:
+        yield lambda: windows[stack[-1]] if stack and 0 <= stack[-1] < len(windows) else None
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def _flop_counter(model, seq: int, causal: bool, windows: Sequence[int | None]):
+    """torch's FLOP counter over a forward of `model` on `seq`-token sequences, a causal decoder's attention
+    products counted by `_causal_products` with the window of the layer that makes each."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with _window_of_product(model, windows) as window, \
+            FlopCounterMode(display=False, custom_mapping=_causal_products(seq, window) if causal else {}) as counter:
+        yield counter
 
 
 def _countable_experts(model) -> None:
@@ -160,7 +308,6 @@ def counted_flops(shape: Preset, seq: int, task: str, batch: int = 1) -> int:
     """torch's FLOP counter over one forward of `batch` sequences of `seq` tokens on a meta-device copy: the
     modules are built on the meta device, so nothing is allocated and no weights are read."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from ..errors import Unsupported
     from .build import build_model
@@ -172,13 +319,14 @@ def counted_flops(shape: Preset, seq: int, task: str, batch: int = 1) -> int:
     # causal half, as the analytic formulas do (the module's docstring says why), else a Mistral read 4% more
     # FLOPs than the Llama of the same shape at 16 tokens, and more the longer the sequence.
     # XLNet is a causal LM to transformers' mappings but attends both ways (attn_type "bi", its default) in the
-    # forward that runs here: its square is all needed.
-    custom = _causal_products(seq) if shape.decoder and shape.config.get("attn_type") != "bi" else {}
+    # forward that runs here: its square is all needed. A sliding-window layer needs its window's pairs only.
+    causal = shape.decoder and shape.config.get("attn_type") != "bi"
+    windows = attention_windows(shape) if causal else ()
     # Meta tensors have no values: code that reads them fails. BERT's mask code reads an explicit mask,
     # DeBERTa's padding check reads the ids when there is none: try without a mask, then with one.
     for kwargs in ({}, {"attention_mask": torch.ones_like(ids)}):
         try:
-            with FlopCounterMode(display=False, custom_mapping=custom) as counter, torch.no_grad():
+            with _flop_counter(model, seq, causal, windows) as counter, torch.no_grad():
                 model(input_ids=ids, **kwargs)
             return int(counter.get_total_flops())
         except RuntimeError as exc:
@@ -193,7 +341,7 @@ def counted_flops(shape: Preset, seq: int, task: str, batch: int = 1) -> int:
         model = _host_model(shape, task)
         # Never the padding id (a vocabulary has two ids at least: build refuses one).
         ids = torch.full((batch, seq), 0 if model.config.pad_token_id == 1 else 1, dtype=torch.long)
-        with FlopCounterMode(display=False, custom_mapping=custom) as counter, torch.no_grad():
+        with _flop_counter(model, seq, causal, windows) as counter, torch.no_grad():
             model(input_ids=ids)
         return int(counter.get_total_flops())
     except Exception as exc:  # noqa: BLE001 - whatever the host forward raises, the cell says why it has no count
@@ -244,21 +392,28 @@ def training_flops(shape: Preset, seq: int, task: str, *, head_tokens: int | Non
     left out: a step's count is this times its sequences)."""
     if shape.family not in ANALYTIC:
         return (4 if recompute else 3) * counted_split(shape, seq, task)[0]
-    layers = sum(layer_flops(shape, seq, k) for k in range(shape.layers))
+    windows = attention_windows(shape)
+    layers = sum(layer_flops(shape, seq, k, windows) for k in range(shape.layers))
     head = head_flops(shape, task, head_tokens if task == "mlm" and head_tokens is not None else seq)
     return 3 * (layers + head) + (layers if recompute else 0)
 
 
 def decode_token_flops(shape: Preset, context: int) -> int:
-    """FLOPs to produce one new token when `context` tokens (the new one included) are in the cache. A
-    counted family: the count of a one-token forward (every projection, the MLP whatever its form, the head)
-    plus scores and values over the `context - 1` earlier keys."""
+    """FLOPs to produce one new token when `context` tokens (the new one included) are in the cache: scores
+    and values over every key of a full layer, over the last `window` of a sliding-window one. A counted
+    family: the count of a one-token forward (every projection, the MLP whatever its form, the head, the new
+    token's own key) plus scores and values over the earlier keys its layers attend."""
     h, i = shape.hidden, shape.intermediate
     q, kv = shape.heads * shape.dim, shape.kv * shape.dim
+    # Nor a key its cache dropped: a Llama or Moshi config that names a sliding_window attends every earlier key in
+    # its prefill, but transformers' DynamicCache keeps w - 1 of them (`cache_windows`), so each step scores w
+    # (checked against torch's count of a real step in tests/test_flops_window.py).
+    keys = [min([context, *(w for w in pair if w is not None)])
+            for pair in zip(attention_windows(shape), cache_windows(shape))]
     if shape.family not in ANALYTIC:
-        return counted_flops(shape, 1, "causal-lm") + shape.layers * 4 * (context - 1) * q
+        return counted_flops(shape, 1, "causal-lm") + sum(4 * (k - 1) * q for k in keys)
     ffn = (6 if shape.family in GATED_MLP else 4) * h * i
-    return shape.layers * (4 * h * q + 4 * h * kv + ffn + 4 * context * q) + 2 * h * shape.vocab
+    return shape.layers * (4 * h * q + 4 * h * kv + ffn) + sum(4 * k * q for k in keys) + 2 * h * shape.vocab
 
 
 def generation_flops(shape: Preset, prompt: int, new_tokens: int) -> tuple[int, str]:
@@ -268,6 +423,9 @@ def generation_flops(shape: Preset, prompt: int, new_tokens: int) -> tuple[int, 
 
 
 def kv_cache_bytes(shape: Preset, seq: int, bytes_per_element: int) -> int:
-    """Keys and values of every layer for one sequence: 2 x layers x kv_heads x head_dim x seq x bytes
-    (grouped-query attention stores `kv_heads`, not `heads`)."""
-    return 2 * shape.layers * shape.kv * shape.dim * seq * bytes_per_element
+    """Keys and values of every layer for one sequence of `seq` stored tokens: 2 x kv_heads x head_dim x bytes
+    per token a layer keeps (grouped-query attention stores `kv_heads`, not `heads`). A full layer keeps all
+    `seq`; a sliding-window layer of window w the last w - 1, what transformers' DynamicCache keeps between
+    steps (DynamicSlidingWindowLayer in transformers.cache_utils: the next token's own key makes the w)."""
+    kept = sum(seq if w is None else min(seq, w - 1) for w in cache_windows(shape))
+    return 2 * shape.kv * shape.dim * kept * bytes_per_element

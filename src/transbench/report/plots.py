@@ -15,6 +15,7 @@ import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..store import export
 from .data import ReportData, by_scenario, groups, is_ok, sorted_values
 from .document import STATUS_TEXT, Figure, percent
 
@@ -96,7 +97,7 @@ def quiet_glyphs():
 
 def _save(fig, path: Path, title: str, points: list[dict]) -> Figure:
     with quiet_glyphs():
-        fig.savefig(path)
+        export.save_figure(fig, path)
     return Figure(path, title, points)
 
 

@@ -62,6 +62,8 @@ def plot_roofline(points: Iterable[Mapping], peak_tflops: float | Mapping[str, f
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from ..store import export
+
     pts = [p for p in points if (p.get("intensity") or 0) > 0 and (p.get("tflops") or 0) > 0]
     peaks = dict(peak_tflops) if isinstance(peak_tflops, Mapping) else ({"peak": peak_tflops} if peak_tflops else {})
     peaks = {k: v for k, v in peaks.items() if v}
@@ -106,7 +108,7 @@ def plot_roofline(points: Iterable[Mapping], peak_tflops: float | Mapping[str, f
     if any(groups):
         fig.legend(fontsize=8, loc="outside right upper")
     _label_points(fig, ax, [p for p in pts if p.get("label")])
-    fig.savefig(path, dpi=120)
+    export.save_figure(fig, path, dpi=120)
     return path
 
 

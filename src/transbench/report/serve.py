@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..store import export
 from .data import ReportData, by_scenario, groups, is_ok
 from .document import Figure, Section, Table, measured, num
 
@@ -85,7 +86,7 @@ def figures(recs: list[dict], out: Path) -> list[Figure]:
         ach.legend(fontsize=7)
         path = out / f"serve_{i}.png"
         with quiet_glyphs():
-            fig.savefig(path)
+            export.save_figure(fig, path)
         figs.append(Figure(path, "serve: " + ", ".join(str(v) for v in key if v is not None), points))
     return figs
 

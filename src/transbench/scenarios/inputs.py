@@ -60,8 +60,10 @@ def draw_lengths(batch: int, seq: int, stdev: float, max_len: int, seed: int) ->
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    raw = torch.normal(float(seq), float(stdev), (batch,), generator=g).round().long()
-    return raw.clamp(1, max_len).tolist()
+    raw = torch.normal(float(seq), float(stdev), (batch,), generator=g).round()
+    # Clipped before the cast: a draw past int64 (`--seq-stdev 1e30`) cast to its most negative value, so every
+    # length came out 1 where half of them are the max
+    return raw.clamp(1, max_len).long().tolist()
 
 
 def make_inputs(vocab: int, batch: int, seq: int, *, token_types: bool = False, pad_id: int = PAD_ID,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpecError
+from ..spec import read_number
 
 FORMS = "fixed:N, normal:MEAN:MAX[:STDEV], lognormal:MEAN:MAX[:SIGMA], counts:FILE or text:FILE"
 LOGNORMAL_SIGMA = 0.5  # a spread typical of chat/query lengths; MEAN and MAX are what users quote
@@ -77,7 +78,7 @@ class Lengths:
 
 def _number(text: str, what: str, spec: str) -> float:
     try:
-        value = float(text)
+        value = read_number(text, float)  # ASCII digits, as every option's numbers
     except ValueError:
         raise SpecError(f"--lengths {spec}: {what} '{text}' is not a number; use {FORMS}") from None
     if not math.isfinite(value):  # inf (1e400 reads as inf) can be neither rounded to a length nor drawn from
@@ -134,12 +135,12 @@ MAX_FILE_BYTES = 256 * 2**20
 def _from_file(kind: str, name: str, tokenizer_dir: str | None) -> Lengths:
     label = f"--lengths {kind}:{name}"
     path = Path(name).expanduser()
-    if path.is_dir():
-        raise SpecError(f"{label}: is a folder; give a file with one {'token count' if kind == 'counts' else 'request'}"
-                        " a line")
-    if not path.is_file():
-        raise SpecError(f"{label}: no such file")
-    try:
+    try:  # stat too: pathlib before Python 3.13 raises for a name too long (ENAMETOOLONG), a traceback
+        if path.is_dir():
+            raise SpecError(f"{label}: is a folder; give a file with one "
+                            f"{'token count' if kind == 'counts' else 'request'} a line")
+        if not path.is_file():
+            raise SpecError(f"{label}: no such file")
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
             raise SpecError(f"{label}: {size / 2**20:,.0f} MiB is above the {MAX_FILE_BYTES // 2**20} MiB read for a "

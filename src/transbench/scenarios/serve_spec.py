@@ -73,7 +73,8 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     for values, option in ((spec.backends, "--backend"), (spec.rates, "--rate"), (spec.concurrency, "--concurrency")):
         check_once(values, option)
     device = str(dev.resolve(spec.device))
-    dtype = spec.dtype or ("fp16" if device.startswith("cuda") else "fp32")
+    # None is "not given"; `--dtype ''` is refused below as any unknown dtype (it served the default without a word)
+    dtype = spec.dtype if spec.dtype is not None else ("fp16" if device.startswith("cuda") else "fp32")
     from .inference import TOLERANCE
 
     if dtype not in TOLERANCE:

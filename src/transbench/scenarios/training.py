@@ -204,8 +204,10 @@ def validate(spec: TrainSpec) -> TrainSpec:
         raise SpecError(f"--nnodes must be at least 1, got {spec.nnodes}")
     if not 0 <= spec.node_rank < spec.nnodes:
         raise SpecError(f"--node-rank must be between 0 and --nnodes - 1 ({spec.nnodes - 1})")
-    if spec.nnodes > 1 and not spec.rdzv_endpoint:
+    if spec.nnodes > 1 and not (spec.rdzv_endpoint or "").strip():
         raise SpecError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT of node 0 (the same on every node)")
+    if spec.nnodes > 1:
+        _check_endpoint(spec.rdzv_endpoint)
     if spec.nnodes == 1 and spec.rdzv_endpoint is not None:  # runner/launch.py passes it only to several hosts
         raise SpecError("--rdzv-endpoint joins several hosts, and --nnodes is 1: add --nnodes 2 (or more), "
                         "or leave --rdzv-endpoint out")
@@ -230,6 +232,25 @@ def validate(spec: TrainSpec) -> TrainSpec:
             raise SpecError(f"--nproc {max(spec.nprocs)} needs that many GPUs on this node; "
                             f"{torch.cuda.device_count()} visible")
     return spec
+
+
+def _check_endpoint(endpoint: str) -> None:
+    """--rdzv-endpoint as torchrun reads it (HOST[:PORT]), before any cell: `host:abc`, `host:99999` or `:29500` failed
+    every cell's torchrun instead (runner/launch.py passes it on), each an `error` cell, and the sweep said ok."""
+    try:
+        from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+    except ImportError:  # a torch without distributed support: torchrun cannot run here at all
+        return
+    try:
+        host, port = parse_rendezvous_endpoint(endpoint, 29400)
+    except ValueError as exc:
+        raise SpecError(f"--rdzv-endpoint {endpoint}: {exc} Give node 0's HOST:PORT, e.g. host0:29500") from None
+    if port == 0:  # torchrun takes it: node 0 listens on a free port of its choosing, which no other node knows
+        raise SpecError(f"--rdzv-endpoint {endpoint}: port 0 is any free port of node 0, which the other nodes "
+                        "cannot know: give the port node 0 listens on, e.g. host0:29500")
+    if len(host) > 253:  # the longest DNS name (RFC 1035); torchrun takes any, and each cell failed to resolve it
+        raise SpecError(f"--rdzv-endpoint: its host name is {len(host):,} characters long, and a host name has at "
+                        "most 253: give node 0's HOST:PORT, e.g. host0:29500")
 
 
 def _check_once(spec: TrainSpec) -> None:

@@ -205,6 +205,8 @@ def plot(rows: list[dict], path: str) -> str:
     its gain over the step before. Returns the file written."""
     import matplotlib
 
+    from ..store import export
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -225,7 +227,7 @@ def plot(rows: list[dict], path: str) -> str:
     first = rows[0] if rows else {}
     fig.suptitle(f"training ladder: {first.get('model')} {first.get('task')} seq {first.get('seq_len')}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    export.save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 

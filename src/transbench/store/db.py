@@ -156,11 +156,24 @@ def inspect(path: str) -> str:
     or 'ours'. A folder, a file that is not SQLite, another application's database or a store of a newer
     schema raises SpecError."""
     p = Path(path)
-    if p.is_dir():
+    if not path.strip():  # `--db ' '` made a store named ' ' (`--db ''` read as the folder '.')
+        raise SpecError("store path is empty: give a file path, e.g. --db transbench.db")
+    try:
+        folder, exists, regular = p.is_dir(), p.exists(), p.is_file()
+    except OSError as exc:  # pathlib before Python 3.13 raises for a name too long (ENAMETOOLONG) or a folder that
+        # cannot be searched (EACCES): `--db` of a 10,000-character name was a traceback in every command
+        raise SpecError(f"cannot use store {path} ({exc.strerror}): check the path, or give another --db") from None
+    try:
+        os.stat(f"{path}-journal")  # the longest of the names SQLite keeps beside a store (also -wal, -shm)
+    except OSError as exc:  # a name of 248 to 255 bytes: the store's own fits, its -wal file's did not (a traceback)
+        if exc.errno == errno.ENAMETOOLONG:
+            raise SpecError(f"cannot use store {path}: SQLite keeps {p.name}-wal and -journal beside it, and that "
+                            "name is too long for the file system: give a shorter name, or another --db") from None
+    if folder:
         raise SpecError(f"store {path} is a folder: give a file path, e.g. --db {p / 'transbench.db'}")
-    if not p.exists():
+    if not exists:
         return "missing"
-    if not p.is_file():
+    if not regular:
         # A FIFO blocked the read below for ever; /dev/null read as an empty file, and a writer then made
         # /dev/null-journal beside it.
         raise SpecError(f"store {path} is not a regular file (a device, a pipe, a socket): it was left as it is; "
@@ -386,7 +399,12 @@ class Store:
 
     @_guarded
     def finished_keys(self, run_id: str) -> set[str]:
-        return {r[0] for r in self.conn.execute("SELECT key FROM cells WHERE run_id=?", (run_id,))}
+        """Keys of the cells a resume does not measure again: every stored cell but an `error` one. An error is a
+        crash (a worker killed by the OS, a CUDA fault, a full disk in a library) that need not happen again; a
+        resume that skipped it left the run with a hole that only a new --name could fill. `wrong`,
+        `unsupported`, `oom` and `timeout` are answers about the cell and stay."""
+        return {r[0] for r in self.conn.execute("SELECT key FROM cells WHERE run_id=? AND status != 'error'",
+                                                (run_id,))}
 
     @_guarded
     def cells(self, run_id: str) -> list[dict]:

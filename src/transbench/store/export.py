@@ -9,7 +9,7 @@ import shlex
 import stat
 import tempfile
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..errors import SpecError
@@ -25,10 +25,14 @@ RECORD_KEYS = (
 )
 TRAINING_KEYS = ("samples_per_s", "tflops_per_gpu", "world_size", "strategy")
 GENERATION_KEYS = ("prefill_ms", "decode_ms_per_token", "kv_cache_mb", "kv_cache_analytic_mb")
-# A speed is never shown for these: the output was wrong or nothing was measured.
-SPEED_KEYS = ("latency_ms", "latency_p90_ms", "latency_p99_ms", "latency_iqr_ms", "throughput_per_s",
-              "tokens_per_s", "tflops", "mfu", "hfu", "samples_per_s", "tflops_per_gpu", "prefill_ms",
-              "decode_ms_per_token", "decode_p90_ms_per_token", "ms_per_token", "speedup", "host_ms")
+# Figures a cell that is not `ok` never shows (its output was wrong or nothing was measured), in every scenario:
+# inference and generation, serve (scenarios/serve_stats.py), training (scenarios/training_loop.py), energy.
+SPEED_KEYS = ("latency_ms", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_p999_ms",
+              "latency_iqr_ms", "throughput_per_s", "tokens_per_s", "tflops", "mfu", "hfu", "samples_per_s",
+              "tflops_per_gpu", "prefill_ms", "decode_ms_per_token", "decode_p90_ms_per_token", "ms_per_token",
+              "speedup", "host_ms", "ttft_ms", "itl_p50_ms", "itl_p99_ms", "service_p50_ms", "service_p99_ms",
+              "service_max_ms", "achieved_rate", "goodput", "forward_ms", "backward_ms", "optimizer_ms",
+              "gain_samples_per_s", "scaling_efficiency", "j_per_seq", "j_per_request", "energy_j", "avg_power_w")
 
 
 def point(rec: dict) -> tuple:
@@ -90,27 +94,28 @@ def write(recs: list[dict], json_path: str | None = None, csv_path: str | None =
 
 
 @contextmanager
-def replacing(path: str | Path):
-    """A text file that becomes `path` once it is whole: written beside it, then moved over it. Opened in place, a
-    disk that filled or a Ctrl-C part-way left a truncated file where the last run's good one had been. A symbolic
-    link keeps pointing where it did (its target is replaced), an existing file keeps its permission bits; a path
-    that is not a regular file (/dev/stdout, a pipe), or a writable file in a folder that takes no new file
-    (check_output allows it), is written in place."""
+def replacing(path: str | Path, binary: bool = False):
+    """A file (text, or bytes where `binary`) that becomes `path` once it is whole: written beside it, then moved over
+    it. Opened in place, a disk that filled or a Ctrl-C part-way left a truncated file where the last run's good one
+    had been. A symbolic link keeps pointing where it did (its target is replaced), an existing file keeps its
+    permission bits; a path that is not a regular file (/dev/stdout, a pipe), or a writable file in a folder that
+    takes no new file (check_output allows it), is written in place."""
     try:
         special = not stat.S_ISREG(os.stat(path).st_mode)
     except FileNotFoundError:
         special = False
+    mode, newline = ("b", None) if binary else ("", "")
     if special:  # by the path given: /dev/stdout on a pipe resolves to '/proc/PID/fd/pipe:[N]', a name not there
-        with open(path, "w", newline="") as f:
+        with open(path, "w" + mode, newline=newline) as f:
             yield f
         return
     target = Path(os.path.realpath(path))
     # A short name of its own: the target's name plus a suffix could pass the file system's longest name.
     tmp = target.with_name(f".transbench-{uuid.uuid4().hex[:12]}.tmp")
     try:
-        f = open(tmp, "x", newline="")  # the mode `open(path, "w")` gives a new file (umask), never a shared name
+        f = open(tmp, "x" + mode, newline=newline)  # the mode `open(path, "w")` gives (umask), never a shared name
     except PermissionError:
-        with open(path, "w", newline="") as f:
+        with open(path, "w" + mode, newline=newline) as f:
             yield f
         return
     try:
@@ -130,6 +135,13 @@ def write_text(path: str | Path, text: str) -> None:
     """`path` holds `text` whole, or is as it was (replacing)."""
     with replacing(path) as f:
         f.write(text)
+
+
+def save_figure(fig, path: str | Path, **kwargs) -> None:
+    """A matplotlib figure saved as the PNG `path` whole, or `path` as it was (replacing): savefig on the path itself
+    wrote in place, so a full disk or a Ctrl-C while drawing left a truncated plot where the last report's was."""
+    with replacing(path, binary=True) as f:
+        fig.savefig(f, format="png", **kwargs)
 
 
 def _fill_json(recs: list[dict], f) -> None:
@@ -186,7 +198,7 @@ def check_output(path: str, option: str, db: str | None = None, *, image: bool =
     folder that exists and is writable, never over a SQLite database, and with `image` a format matplotlib
     writes (by the suffix). An existing other file is overwritten, as re-running a command expects. Nothing
     is created here."""
-    if not path:
+    if not str(path).strip():  # `--json ' '` wrote a file named ' ' (api.py's _path refuses it too)
         raise SpecError(f"{option} is empty: give a file path")
     with writing(path):  # a name too long, a symlink loop: one line too
         _check_file(Path(path), option, db, image)
@@ -250,19 +262,32 @@ def check_folder(path: str | Path, option: str, names: tuple[str, ...] = ()) -> 
     """A folder a command writes files into (`report --out`), created when missing: not empty, not a file,
     really writable (a file is made and removed: permissions do not stop root, and /proc takes no files), and
     no existing file matching the glob patterns `names` (what will be overwritten) a SQLite database."""
-    if str(path) == "":
+    if not str(path).strip():  # `--out ' '` made a folder named ' '
         raise SpecError(f"{option} is empty: give a folder")
     out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise SpecError(f"{option} {out} is a file: give a folder")
+    # One level at a time, so that a refused folder leaves none of those made for it: `--out new/NAME` with a NAME
+    # too long made `new` before failing (mkdir(parents=True)), and pathlib's exists() raised for a NAME too long
+    # before Python 3.13 (a traceback).
+    made: list[Path] = []
+    made_all = False
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise SpecError(f"cannot create the folder {out} ({option}): {e.strerror or e}") from None
-    try:
+        if out.exists() and not out.is_dir():
+            raise SpecError(f"{option} {out} is a file: give a folder")
+        for folder in reversed((out, *out.parents)):
+            if not folder.exists():
+                folder.mkdir()
+                made.append(folder)
+        made_all = True
         with tempfile.TemporaryFile(dir=out):
             pass
-    except OSError as e:
+    except (OSError, SpecError) as e:
+        for folder in reversed(made):
+            with suppress(OSError):
+                folder.rmdir()
+        if isinstance(e, SpecError):
+            raise
+        if not made_all:
+            raise SpecError(f"cannot create the folder {out} ({option}): {e.strerror or e}") from None
         raise SpecError(f"cannot write in the folder {out} ({option}): a file made there failed "
                         f"({e.strerror or e}): give another folder") from None
     for pattern in names:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ...errors import SpecError
 from ...models import build
-from ...spec import INT_MAX, check_int, check_once
+from ...spec import INT_MAX, check_int, check_once, split_list
 
 GEMM_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 LAYER_DTYPES = ("fp32", "tf32", "fp16", "bf16")
@@ -25,17 +25,22 @@ GPU_ONLY = {"tf32": "TF32 is a tensor-core mode of NVIDIA GPUs",
 def parse_size(text: str) -> int:
     """'4096', '2^20' or '2**20' -> an int (at most what a 64-bit integer holds; a power is checked before it
     is computed: 2^99999999 would take minutes)."""
-    m = re.fullmatch(r"\s*(\d+)\s*(?:(?:\^|\*\*)\s*(\d+)\s*)?", str(text))
+    # [0-9], not \d: \d takes another script's digits too (spec.py read_number)
+    m = re.fullmatch(r"\s*([0-9]+)\s*(?:(?:\^|\*\*)\s*([0-9]+)\s*)?", str(text))
     if not m:
         raise SpecError(f"cannot read size '{text}': write an integer or a power like 2^20")
-    base, power = int(m.group(1)), int(m.group(2) or 1)
+    try:
+        base, power = int(m.group(1)), int(m.group(2) or 1)
+    except ValueError:  # int() refuses text of over 4,300 digits: `--sizes 999...9` was a traceback
+        raise SpecError(f"size '{text.strip()}' is larger than a 64-bit integer holds ({INT_MAX:,})") from None
     if base > 1 and power * math.log2(base) > 63:
         raise SpecError(f"size '{text.strip()}' is larger than a 64-bit integer holds ({INT_MAX:,})")
     return check_int(base**power, "size ")
 
 
 def parse_sizes(text: str | None) -> list[int] | None:
-    return None if text is None else [parse_size(p) for p in str(text).split(",") if p.strip()]
+    # Split as every other axis is (spec.py split_list): `--sizes 1,,2` dropped the empty item without a word.
+    return None if text is None else [parse_size(p) for p in split_list(str(text))]
 
 
 def _not_empty(opts, *axes: tuple[str, str]) -> None:
