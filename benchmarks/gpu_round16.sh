@@ -9,6 +9,9 @@
 #                                           GPU tests (plots now written whole), then the sampler against a plain
 #                                           CUDA-event loop at points no issue names
 #   bash benchmarks/gpu_round16.sh int8     would an int8 path keep fp8's GEMM speed: benchmarks/int8_gemm.py
+#   bash benchmarks/gpu_round16.sh review   session 26's review fixes on CUDA: a regression-head checkpoint (num_labels
+#                                           1) through every backend and `train`, the max-batch answer line, then the
+#                                           family and training GPU tests
 set -x
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=150 PYTHONPATH=src
@@ -58,4 +61,21 @@ if [ "$PART" = int8 ]; then
   export TRITON_CACHE_DIR=/tmp/r16-int8-triton
   timeout 300 python3 benchmarks/int8_gemm.py
   echo "int8_gemm rc $?"
+fi
+if [ "$PART" = review ]; then
+  export TRANSBENCH_CACHE_DIR=/tmp/r16-review TRITON_CACHE_DIR=/tmp/r16-review-triton
+  python3 -c "
+from transformers import BertConfig, BertForSequenceClassification
+BertForSequenceClassification(BertConfig(vocab_size=512, hidden_size=200, num_hidden_layers=2, num_attention_heads=8,
+    intermediate_size=400, num_labels=1)).save_pretrained('/tmp/r16-regress')"
+  timeout 120 $TB run --model /tmp/r16-regress --task classification --backend eager,sdpa,fused --dtype fp16 \
+    --batch 4 --seq 64 --min-time 0.3 --timeout 100 --db $OUT/review.db --json $OUT/regress.json > $OUT/regress.txt 2>&1
+  echo "regress run rc $?"; python3 benchmarks/print_records.py $OUT/regress.json "regress:"
+  timeout 90 $TB train --model /tmp/r16-regress --task classification --dtype bf16 --batch 4 --seq 64 --steps 5 \
+    --db $OUT/review.db > $OUT/regress_train.txt 2>&1
+  echo "regress train rc $?"; grep -E "ok|error|unsupported" $OUT/regress_train.txt | tail -3 | cut -c1-200
+  timeout 90 $TB run --model bert-tiny --backend sdpa --dtype fp16 --seq 32 --max-batch --min-time 0.2 \
+    --db $OUT/review.db 2>&1 | grep -E "max-batch|warning" | tail -3 | cut -c1-250
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_families_gpu.py > $OUT/families.txt 2>&1
+  echo "families rc $?"; grep -E "passed|failed|^FAILED" $OUT/families.txt | tail -6 | cut -c1-300
 fi

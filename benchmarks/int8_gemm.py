@@ -9,17 +9,17 @@ shapes, against torch._scaled_mm (e4m3, row-wise scales: the engine's fp8 cuBLAS
   int8 group   int8, likewise (the recipe that met the MiniLM target in emulation)
 Each is checked against an fp64 product of the unquantized operands (rel_err: what the format costs on Gaussian
 data, and on data with outlier channels, where one scale per row must stretch over the outliers) and timed with
-CUDA events (median, warm-up first). Random operands, never zeros.
+CUDA events (triton.testing.do_bench: median, warm-up first). Random operands, never zeros.
   PYTHONPATH=src python benchmarks/int8_gemm.py [--quick]
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import triton
 import triton.language as tl
+import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 GROUP_K = 128  # one activation scale per this many columns of X: the group the emulation measured
@@ -89,18 +89,10 @@ def run(x_q, xs, w_q, ws, int8, grouped, cfg, y=None):
     return y
 
 
-def bench(fn, reps=50) -> tuple[float, float]:
-    """(median, IQR) ms over CUDA-event-timed calls after three warm-up calls."""
-    for _ in range(3):
-        fn()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    ms = sorted(a.elapsed_time(b) for a, b in ev)
-    return statistics.median(ms), ms[3 * reps // 4] - ms[reps // 4]
+def bench(fn) -> tuple[float, float]:
+    """(median, IQR) ms: triton's do_bench (CUDA events, warm-up first, L2 flushed before each call)."""
+    q1, median, q3 = triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.25, 0.5, 0.75])
+    return median, q3 - q1
 
 
 def rel(y, ref) -> float:

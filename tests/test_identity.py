@@ -107,5 +107,6 @@ def test_a_max_batch_search_that_never_ran_out_of_memory_says_it_stopped_at_its_
                      lambda c, r: probes.append(c.batch))
     (stored,) = store.cells(run_id)
     store.close()
-    assert probes == [1, 2, 4, 8, 16, 32, 64] and stored["record"]["batch_size"] == 64
+    # then the answer itself, with its trail (info["probes"]), so its warnings reach the console
+    assert probes == [1, 2, 4, 8, 16, 32, 64, 64] and stored["record"]["batch_size"] == 64
     assert stored["info"]["capped"] and "cap" in stored["warnings"][0] and "not the largest batch" in stored["warnings"][0]

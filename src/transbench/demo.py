@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SpecError
+from .spec import check_once
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -178,6 +179,8 @@ def run_demo(prompt: str, model: str | None = None, backends: list[str] | None =
     names = ["eager"] if backends is None else backends
     if not names:
         raise SpecError("--backend is empty: give at least one backend, e.g. --backend eager,sdpa")
+    # as on every other command's lists: `--backend eager,eager` ran eager twice and printed a difference of 0
+    check_once(names, "--backend")
     for name in names:
         registry.get(name)
     torch_device = dev.resolve(device)

@@ -364,11 +364,14 @@ def _parse(path: str, suffix: str, text: str):
         raise SpecError(f"spec file {path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
-def dump_text(spec: RunSpec, suffix: str = ".yaml") -> str:
-    """The spec as a file `load_file` reads back: TOML for a ".toml" suffix, else YAML."""
-    data = {k: v for k, v in spec.to_dict().items() if v is not None}
+def dump_text(spec: RunSpec | dict, suffix: str = ".yaml") -> str:
+    """The spec (or a stored spec's dict, of any kind of run) as a file `load_file` reads back: TOML for a ".toml"
+    suffix, JSON for ".json" (it got YAML, which `run --spec` then refused as invalid JSON), else YAML."""
+    data = {k: v for k, v in (spec if isinstance(spec, dict) else spec.to_dict()).items() if v is not None}
     if suffix == ".toml":
         return _toml(data)
+    if suffix == ".json":
+        return json.dumps(data, indent=1) + "\n"
     import yaml
 
     return yaml.safe_dump(data, sort_keys=False)

@@ -65,11 +65,14 @@ def env(as_json: bool = typer.Option(False, "--json", help="print JSON"),
             console.print("measured on this store's CPU runs: " + ", ".join(f"{k} {v:.4g}" for k, v in cpu.items()))
 
 
+SPEC_SUFFIXES = (".yaml", ".yml", ".toml", ".json")  # what spec.load_file reads
+
+
 @app.command()
 @friendly
 def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
          spec: Optional[str] = typer.Option(None, "--spec", help="write this run's spec (name or id) as YAML/TOML"),
-         out: str = typer.Option("-", help="where --spec writes: a .yaml/.toml path, or - for stdout")) -> None:
+         out: str = typer.Option("-", help="where --spec writes: a .yaml, .toml or .json path, or - for stdout")) -> None:
     """Stored runs; with --spec RUN, that run's full spec, to repeat it with `run --spec`."""
     # Both listed every run instead, exit 0: `--spec ''` as if it were not given, `--out` without --spec unused.
     if spec is not None and not spec.strip():
@@ -79,6 +82,10 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
              "leave --out out")
     if spec and out != "-":
         export.check_output(out, "--out", db)
+        # the suffix picks the format, and --spec reads only these: `--out spec.txt` wrote YAML no command reads back
+        if Path(out).suffix not in SPEC_SUFFIXES:
+            fail(f"--out {out}: end the file name in .yaml, .yml, .toml or .json (the formats --spec reads), or give "
+                 "- for stdout")
     rows = api.runs(db)
     if spec:
         # as Store.find_run: 'last' the newest, else a name before another run's id (a name may look like one)
@@ -87,14 +94,15 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
         if not match:
             fail(f"no run {spec} in {db}: `transbench runs` lists them")
         s = RunSpec.from_dict(match[0]["spec"]) if match[0]["kind"] == "inference" else None
-        if s is None:
-            typer.echo(json.dumps(match[0]["spec"], indent=1))
-        elif out == "-":
-            typer.echo(dump_text(s))
-        else:
+        if out != "-":
+            # a training, serve or micro run's spec too: --out was ignored for them (JSON on stdout, no file, exit 0)
             with export.writing(out):  # whole, or the file as it was (a full disk, Ctrl-C)
-                export.write_text(out, dump_text(s, Path(out).suffix))
+                export.write_text(out, dump_text(s or match[0]["spec"], Path(out).suffix))
             typer.echo(f"wrote {out}")
+        elif s is None:
+            typer.echo(json.dumps(match[0]["spec"], indent=1))
+        else:
+            typer.echo(dump_text(s))
         return
     listed = [{**r, "gpu": (r["env"].get("gpus") or [{"name": "cpu"}])[0]["name"]} for r in rows]
     console.print(fitted(listed, RUNS_COLUMNS, f"runs in {db}", console.width, notes_from=None))

@@ -129,8 +129,12 @@ def run(
 
     def on_probe(cell, result):
         detail = f"{result.record.get('latency_ms', 0):.3f} ms" if result.status == "ok" else (result.error or "")
-        progress.console.print(f"  max-batch search {cell.model} {cell.backend} {cell.dtype} s{cell.seq}: "
-                               f"batch {cell.batch} {result.status} {detail}"[:160], highlight=False, markup=False)
+        what = "largest batch" if "probes" in result.info else "batch"  # the search's answer, with its warnings
+        progress.console.print(visible(f"  max-batch search {cell.model} {cell.backend} {cell.dtype} s{cell.seq}: "
+                                       f"{what} {cell.batch} {result.status} {detail}")[:160], highlight=False,
+                               markup=False)
+        for w in result.warnings:
+            progress.console.print(visible(f"    warning: {w}"), highlight=False, markup=False)
 
     def on_cell(cell, result):
         label = f"{cell.model} {cell.task} {cell.backend} {cell.dtype} b{cell.batch} s{cell.seq}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from .. import api
 from ..scenarios import serve_spec
@@ -12,7 +13,7 @@ from ..scenarios.serve_spec import ServeSpec
 from ..spec import check_name, split_list
 from ..store import export
 from .app import app, friendly
-from .tables import console, fmt, pct
+from .tables import console, fmt, pct, visible
 
 SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "latency_p50_ms",
          "latency_p99_ms", "latency_p999_ms", "goodput", "mean_batch", "ttft_p50_ms", "itl_p50_ms", "max_rate")
@@ -71,21 +72,29 @@ def serve(
             return
         level = {"rate": f"{cell.rate:.1f}/s", "concurrency": f"c{cell.concurrency}"}.get(cell.mode, cell.mode)
         r = result.record
+        # A max rate of 0 (no probed rate met the target) is an answer too: it printed as a bare "max-rate: ok".
         detail = (f"p99 {r['latency_p99_ms']:.2f} ms, achieved {r['achieved_rate']:.1f}/s"
-                  if "latency_p99_ms" in r else f"max rate {r['max_rate']:.1f}/s" if r.get("max_rate") else "")
-        console.print(f"  {cell.backend} {level}: {result.status} {detail or result.error or ''}"[:160],
+                  if "latency_p99_ms" in r else f"max rate {r['max_rate']:.1f}/s"
+                  if r.get("max_rate") is not None and result.status == "ok" else "")
+        console.print(visible(f"  {cell.backend} {level}: {result.status} {detail or result.error or ''}")[:160],
                       markup=False, highlight=False)
+        # as run prints its cells' warnings: a search whose answer is a lower bound, requests left unserved
+        for w in result.warnings:
+            console.print(visible(f"    warning: {w}"), markup=False, highlight=False)
 
     outcome = api.serve(spec, db, json_path=json_path, csv_path=csv_path, on_cell=on_cell)
     console.print(_table(outcome.records, f"serve {outcome.name} ({outcome.run_id})"))
-    console.print(f"stored in {db} as run [bold]{outcome.name}[/]" + (" (resumed)" if outcome.resumed else ""))
+    # names are text, never markup (as run prints them): --name "x[/bold]y" raised a MarkupError after the load
+    console.print(f"stored in {escape(visible(db))} as run [bold]{escape(visible(outcome.name))}[/]"
+                  + (" (resumed)" if outcome.resumed else ""))
 
 
 def _table(recs: list[dict], title: str):
     from rich.table import Table
+    from rich.text import Text
 
     cols = [k for k in SHOWN if any(r.get(k) is not None for r in recs)]
-    t = Table(title=title)
+    t = Table(title=Text(visible(title)))
     for k in ["status", *cols]:
         t.add_column(HEADERS.get(k) or k.replace("_ms", " ms").replace("_", " "),
                      justify="left" if k in ("backend", "mode", "status") else "right")

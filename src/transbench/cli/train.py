@@ -7,6 +7,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from .. import api
 from ..errors import SpecError
@@ -54,7 +55,8 @@ TEXT = ("step", "options", "model", "task", "backend", "dtype", "optim", "kernel
 def training_table(recs: list[dict], columns: list[tuple[str, str]], title: str = "") -> Table:
     """Only the columns some record fills, so a one-GPU sweep shows no NCCL or scaling column."""
     cols = [c for c in columns if c[0] == "status" or any(r.get(c[0]) not in (None, "") for r in recs)]
-    t = Table(title=title)
+    # names are text, never markup: a ladder named "x[/bold]y" ended in a MarkupError after all its training
+    t = Table(title=Text(visible(title)))
     for key, label in cols:
         t.add_column(label, justify="left" if key in TEXT else "right")
     for r in recs:
@@ -70,7 +72,7 @@ def training_table(recs: list[dict], columns: list[tuple[str, str]], title: str 
             elif isinstance(v, bool):
                 row.append("on" if v else "off")
             else:
-                row.append(fmt(v, ".4g"))
+                row.append(escape(fmt(v, ".4g")))  # a checkpoint folder's name may hold brackets
         t.add_row(*row)
     return t
 
@@ -93,9 +95,10 @@ def train(
                                             help=f"gradient checkpointing: on|off ({LIST}); alone: on"),
     compile: Optional[str] = typer.Option(None, "--compile", show_default=_d("compiles"),
                                           help=f"torch.compile: on|off ({LIST}); alone: on"),
+    # help text is rich markup: a bare [liger] was read as a tag and dropped (--help said "pip install 'transbench'")
     kernels: Optional[str] = typer.Option(None, show_default=_d("kernels"),
                                           help=f"torch|liger ({LIST}): liger = Liger-Kernel's LayerNorm and fused "
-                                          "linear + cross-entropy head (CUDA; pip install 'transbench[liger]')"),
+                                          "linear + cross-entropy head (CUDA; pip install 'transbench\\[liger]')"),
     head: Optional[str] = typer.Option(None, show_default=_d("heads"),
                                        help=f"all|masked ({LIST}): the MLM head on every position (transformers) or "
                                        "on the 15% masked ones only (BERT's own pretraining)"),

@@ -322,6 +322,42 @@ def _meta_model(folder: Path, ref: ModelRef):
                 "fix config.json")
 
 
+# torch's messages for operands whose shapes do not fit: on the meta device they depend on the shapes alone, so a
+# forward that raises one there raises it for every input (any other failure there is left to the cells: code that
+# reads values cannot run on the meta device at all).
+_SHAPE_ERRORS = re.compile(r"must match the size of tensor|Attempting to broadcast a dimension|shapes cannot be "
+                           r"multiplied|mat1 and mat2 shapes|is invalid for input of size")
+
+
+def _check_runs(folder: Path, ref: ModelRef, cfg, model) -> None:
+    """The model transformers built can run a forward. transformers builds some it cannot run: a BERT of
+    type_vocab_size 0 (a token-type embedding of no rows that every forward looks up: "index_select(): self
+    indexing axis dim should be positive"), a Phi-3 whose head size is odd (its rotary code pairs the head's
+    dimensions: "The size of tensor a (25) must match the size of tensor b (26)"); every cell was an `error`."""
+    import torch
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding) and module.num_embeddings == 0:
+            # Families that allow no token types build no such embedding (DeBERTa, GTE); the others look it up.
+            if getattr(cfg, "type_vocab_size", None) == 0 and "token_type" in name:
+                _refuse(folder, f"config.json sets type_vocab_size to 0, but every {ref.family} forward looks up token "
+                                f"type 0 ({name})", "set it to 1 (as RoBERTa's checkpoints do) or more")
+            _refuse(folder, f"config.json makes {name} an embedding of 0 rows, which every {ref.family} forward looks "
+                            "up", "fix config.json")
+    ids = torch.ones(1, min(2, ref.shape.max_positions), dtype=torch.long, device="meta")
+    for kwargs in ({}, {"attention_mask": torch.ones_like(ids)}):  # DeBERTa reads the ids without a mask
+        try:
+            with torch.no_grad():
+                model(input_ids=ids, **kwargs)
+            return
+        except Exception as exc:  # noqa: BLE001 - only a shape error is the config's: the rest is left to the cells
+            if _SHAPE_ERRORS.search(str(exc)):
+                _refuse(folder, f"transformers builds the model its config.json describes but cannot run it "
+                                f"({_one_line(exc)})", "fix config.json")
+            if "meta" not in str(exc):
+                return
+
+
 def _backbone_names(model, family: str) -> list[str]:
     """What this family's checkpoints call the bare model: each task class's base_model_prefix, the loaded
     model's first (LlamaForCausalLM holds its LlamaModel as `model.`, LlamaForQuestionAnswering as `transformer.`)."""
@@ -414,6 +450,8 @@ def _resolve_folder(folder: Path) -> ModelRef:
     except (ValueError, TypeError, AttributeError, KeyError) as exc:
         _refuse(folder, f"transformers cannot read its config.json ({str(exc).splitlines()[0]})", "fix config.json")
     model = _meta_model(folder, ref)
+    if model is not None:
+        _check_runs(folder, ref, cfg, model)
     # A quantized checkpoint's files hold packed tensors whose shapes differ from the model's by design.
     if model is not None and not getattr(cfg, "quantization_config", None):
         _check_against_weights(folder, model, family, shapes)
@@ -508,16 +546,44 @@ def hf_config(ref: ModelRef, task: str, activation: str | None = None):
         # An end-of-sequence id outside the vocabulary (a config whose defaults name another model's ids) would make
         # the embedding's padding_idx fail transformers' assertion, for a model transformers itself builds.
         cfg.pad_token_id = eos if isinstance(eos, int) and 0 <= eos < (getattr(cfg, "vocab_size", 0) or 0) else 0
-    if not (ref.path and (getattr(cfg, "num_labels", 0) or 0) >= 2):
-        # A checkpoint's own classifier keeps its classes (a 3-label head would not load into 2); labels drawn
-        # below NUM_LABELS fit any of them.
+    if not (ref.path and (getattr(cfg, "num_labels", 0) or 0) >= 1):
+        # A checkpoint's own classifier keeps its classes (a 3-label head would not load into 2), one included: a
+        # regression head (num_labels 1) was refused by the loader ("ignore_mismatched_sizes"), every cell an
+        # `error`. `num_labels` and `train_labels` follow the same rule.
         cfg.num_labels = NUM_LABELS
+    if task == "qa":
+        # A question-answering head is a start and an end logit per token: BertForQuestionAnswering splits its
+        # num_labels outputs in two ("too many values to unpack" for a 3-class checkpoint's config).
+        cfg.num_labels = 2
     if activation is not None:
         name = activation_field(cfg)
         if name is None:
             raise Unsupported(f"--activation: {ref.family} names no activation transbench can set")
         setattr(cfg, name, ACTIVATIONS[activation])
     return cfg
+
+
+def num_labels(shape: Preset) -> int:
+    """Classes of the classification heads `hf_config` builds for `shape`: a checkpoint folder's own (its config's
+    id2label, which transformers' num_labels counts), else NUM_LABELS. The FLOPs of a head count them: a
+    1000-class checkpoint's token classifier is as wide as an LM head over 1000 ids."""
+    labels = shape.config.get("id2label")
+    return len(labels) if isinstance(labels, dict) and labels else NUM_LABELS
+
+
+def train_labels(shape: Preset, batch: int, generator):
+    """Random labels of `batch` sequences that fit the classification head's loss, as transformers picks it
+    (ForSequenceClassificationLoss): floats for a regression head (num_labels 1, or problem_type "regression") and
+    a multi-label one (one 0/1 target per class), else class ids below NUM_LABELS (every head has that many
+    classes or more, as long as it is not a regression head). Class ids into a 1-label head failed in MSELoss."""
+    import torch
+
+    classes, problem = num_labels(shape), shape.config.get("problem_type")
+    if problem == "regression" or (problem is None and classes == 1):
+        return torch.rand((batch,) if classes == 1 else (batch, classes), generator=generator)
+    if problem == "multi_label_classification":
+        return torch.randint(0, 2, (batch, classes), generator=generator).float()
+    return torch.randint(0, min(NUM_LABELS, classes), (batch,), generator=generator)
 
 
 def activation_field(cfg) -> str | None:

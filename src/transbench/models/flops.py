@@ -55,7 +55,6 @@ from collections.abc import Sequence
 
 from .presets import Preset
 
-NUM_LABELS = 2
 
 # Families whose every matrix product the formulas above describe (checked against torch's counter in
 # tests/test_flops.py); any other family is counted.
@@ -171,7 +170,11 @@ def layer_flops(shape: Preset, seq: int, layer: int = 0, windows: Sequence[int |
 
 
 def head_flops(shape: Preset, task: str, seq: int) -> int:
-    h, v, c = shape.hidden, shape.vocab, NUM_LABELS
+    from .build import num_labels
+
+    # The classes of the head the model is built with: a checkpoint's own (num_labels 1000 read as 2: its token
+    # classifier counted at a third of what torch's counter counts).
+    h, v, c = shape.hidden, shape.vocab, num_labels(shape)
     if task == "mlm":
         return 2 * seq * h * h + 2 * seq * h * v
     if task in ("causal-lm", "generate"):

@@ -327,8 +327,10 @@ def search_max_batch(store, run_id: str, first, lane: _Lane, opts: SweepOptions,
     result.info = {**result.info, "probes": tried}  # the search's trail: which batches fitted, which did not
     capped = best is not None and best * 2 > opts.max_batch_limit and all(s == "ok" for _, s in tried)
     if capped:  # it never ran out of memory: the answer is the cap, not the largest batch that fits
-        result.warnings.append(f"batch {best} is the search's cap (--max-batch-limit {opts.max_batch_limit}), "
-                               "not the largest batch that fits: raise the limit to search further")
+        # named for both commands: `run` has no --max-batch-limit option, only the spec key
+        result.warnings.append(f"batch {best} is the search's cap ({opts.max_batch_limit}: train's --max-batch-limit, "
+                               "run's spec key max_batch_limit), not the largest batch that fits: raise the limit to "
+                               "search further")
         result.info["capped"] = True
     stopped = next(((b, s) for b, s in tried if s not in ("ok", "oom")), None)
     if best is not None and stopped is not None:  # a timeout or a crash is no answer to "does it fit"
@@ -336,10 +338,12 @@ def search_max_batch(store, run_id: str, first, lane: _Lane, opts: SweepOptions,
                                f"memory: the largest batch that fits may be above {best}")
         result.info["stopped_at"] = stopped[0]
     status = "ok" if best else result.status
+    answer = CellResult(status, result.record, result.samples_ms, result.info, result.warnings, result.error)
     with lock:
-        store_result(store, run_id, replace(first, batch=best or 0), CellResult(
-            status, result.record, result.samples_ms, result.info, result.warnings, result.error),
-            key=key, scenario="max-batch")
+        store_result(store, run_id, replace(first, batch=best or 0), answer, key=key, scenario="max-batch")
+    # The answer with its own warnings (the cap, a search cut short), which no probe carried and were only stored;
+    # told from a probe by its trail, info["probes"].
+    on_probe(replace(first, batch=best or 0), answer)
 
 
 def find_max_batch(probe: Callable[[int], CellResult], limit: int = 65536, start: int = 1,

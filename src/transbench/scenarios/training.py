@@ -174,7 +174,8 @@ def validate(spec: TrainSpec) -> TrainSpec:
     if spec.max_batch_limit < 1:
         raise SpecError("--max-batch-limit must be at least 1")
     if spec.steps < 1 or spec.warmup_steps < 1:
-        raise SpecError("--steps and --warmup-steps must be at least 1 (the first step allocates the "
+        # named as --help names it (--warmup-steps is the old, hidden spelling)
+        raise SpecError("--steps and --warmup must be at least 1 (the first step allocates the "
                         "optimizer state and compiles; it is never timed)")
     if not spec.lr > 0:
         raise SpecError("--lr must be positive")

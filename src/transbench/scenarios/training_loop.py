@@ -86,13 +86,16 @@ def check_supported(cell: TrainCell, device_type: str) -> None:
 
 def make_batches(cell: TrainCell, shape, rank: int, device) -> list[dict]:
     """One fixed random micro-batch per accumulation step, different on every rank: token ids drawn
-    from [1, vocab - 1) (never the GPT-2 pad/eos id), with the task's labels."""
+    from [1, vocab - 1) (never the GPT-2 pad/eos id; both ids of a 2-id vocabulary), with the task's labels."""
     import torch
 
     out = []
     for micro in range(cell.grad_accum):
         g = torch.Generator().manual_seed(point_seed("train", cell.model, cell.batch, cell.seq, cell.seed, rank, micro))
-        ids = torch.randint(1, shape.vocab - 1, (cell.batch, cell.seq), generator=g)
+        # A 2-id vocabulary (build refuses only 1) leaves [1, vocab - 1) empty: every cell was an `error`
+        # ("random_ expects 'from' to be less than 'to'"); it draws both ids.
+        low, high = (1, shape.vocab - 1) if shape.vocab > 2 else (0, shape.vocab)
+        ids = torch.randint(low, high, (cell.batch, cell.seq), generator=g)
         if cell.task == "mlm":
             where = torch.rand(ids.shape, generator=g).argsort(dim=1)[:, :mlm_predictions(cell.seq)]
             chosen = torch.zeros(ids.shape, dtype=torch.bool).scatter_(1, where, True)
@@ -101,7 +104,7 @@ def make_batches(cell: TrainCell, shape, rank: int, device) -> list[dict]:
         elif cell.task == "causal-lm":
             labels = ids.clone()  # transformers shifts them inside the model
         else:
-            labels = torch.randint(0, build.NUM_LABELS, (cell.batch,), generator=g)
+            labels = build.train_labels(shape, cell.batch, g)  # a checkpoint's regression head takes floats
         batch = {"input_ids": ids.to(device), "labels": labels.to(device)}
         if shape.decoder:
             batch["use_cache"] = False
