@@ -100,12 +100,24 @@ def test_100000_samples_per_side():
 
 
 def test_too_few_samples_is_na():
-    for n in (1, 3, 24):
-        ratio, interval, v, note = verdict(noisy(1.0, n=n), noisy(2.0, n=40))
+    for n in (1, 3, 24):  # overlapping sides: nothing to say without an interval
+        ratio, interval, v, note = verdict(noisy(1.0, n=n), noisy(1.01, n=40))
         assert v == "n/a" and interval is None and f"{n} + 40 samples" in note and "time longer" in note
     assert judge([], [1.0] * 30, 1.0, 1.0, CompareConfig())[2] == "n/a"
     # 25 samples are 5 blocks of 5: enough for a verdict on a 2x change
     assert verdict(noisy(1.0, n=25), noisy(2.0, n=25))[2] == "slower"
+
+
+def test_too_few_samples_apart_beyond_the_min_effect_get_a_verdict():
+    """A regression that cuts a cell's samples under --min-time (500x slower: 5 samples) was `n/a`, exit 0."""
+    a = noisy(1.0, n=40)
+    ratio, interval, v, note = verdict(a, noisy(500.0, n=5))
+    assert v == "slower" and interval is None and "40 + 5 samples" in note and "above" in note
+    assert verdict(noisy(500.0, n=5), a)[2] == "faster"
+    assert verdict(a, [2.0])[2] == "slower"  # 1 / C(41, 1) = 0.024 < alpha / 2
+    assert verdict(noisy(1.0, n=3), [2.0])[2] == "n/a"  # 1 / C(4, 1): this order is no evidence
+    assert verdict(a, [1.02])[2] == "n/a"  # above every A sample, but not by the min effect of 3%
+    assert verdict(a, [2.0], CompareConfig(alpha=0.01))[2] == "n/a"  # 0.024 is not under 0.005
 
 
 def test_bad_options():
@@ -248,10 +260,11 @@ def test_output_fits_100_columns(tmp_path):
     make_run(db, "a", rows_a + [(cell("eager", 64, model=long_model), ok_result(noisy(500.0), 64))])
     make_run(db, "b", rows_b)
     res = CliRunner().invoke(app, ["compare", "a", "b", "--db", db])
-    assert res.exit_code == 0, res.output  # 12 samples in B: every cell n/a, so no regression
+    # 12 samples in B: n/a, but for sdpa's 20% slowdown, whose samples lie wholly above A's (compare.separated)
+    assert res.exit_code == 1 and "4 n/a, 4 slower" in res.output, res.output
     lines = res.output.splitlines()
     assert max(len(x) for x in lines) <= 100 and "\u2026" not in res.output
-    assert "8 n/a, 1 unmatched" in res.output and "time longer" in res.output
+    assert "4 n/a, 4 slower, 1 unmatched" in res.output and "time longer" in res.output
     # a folded value is whole: its pieces, read down its column, give it back
     flat = "".join(x.strip("│┃ ") for x in lines)
     assert "a-rather-long" in flat and "final" in flat

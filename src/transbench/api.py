@@ -49,6 +49,21 @@ def _outputs(db: str, json_path, csv_path) -> str:
     return db
 
 
+def _callbacks(**given) -> None:
+    """on_start / on_cell / on_probe given as None or a non-function were called only once the store held the new
+    run: a TypeError after the store was made, or after the first cell was measured."""
+    for what, fn in given.items():
+        if not callable(fn):
+            raise SpecError(f"{what} must be a function, got {fn!r}")
+
+
+def _flag(value, what: str) -> bool:
+    """resume="no" is a true value: it asked for a resume (and refused a new store) rather than a fresh run."""
+    if not isinstance(value, bool):
+        raise SpecError(f"{what} must be True or False, got {value!r}")
+    return value
+
+
 @dataclass
 class RunOutcome:
     run_id: str
@@ -66,8 +81,11 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
     A run whose name is already in the store is resumed (its finished cells are not run again); the same
     name with a different grid is refused. `resume=True` without a name resumes the newest run.
     `on_start(cells, already_done)` is called once the grid is known."""
-    spec = grid.validate(spec)
+    asked = checked(RunSpec, spec)  # before the device's defaults fill it: what the caller set (resume below)
+    spec = grid.validate(asked)
     db = _outputs(db, json_path, csv_path)
+    _flag(resume, "resume")
+    _callbacks(on_start=on_start, on_cell=on_cell, on_probe=on_probe)
     if spec.nproc > 1:
         grid.check_data_parallel(spec)
     cells = grid.expand(spec)
@@ -80,6 +98,7 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
             last = store.find_run("last")
             if last is None or last["kind"] != "inference":
                 raise SpecError(f"nothing to resume: no inference run in {db}")
+            _refuse_ignored_fields(asked, last)
             spec = grid.validate(RunSpec.from_dict({**last["spec"], "name": last["name"]}))
             cells, name = grid.expand(spec), last["name"]
         elif resume and store.find_run(name) is None:
@@ -96,11 +115,28 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
     return RunOutcome(run_id, name, recs, done > 0)
 
 
+def _refuse_ignored_fields(asked: RunSpec, last: dict) -> None:
+    """`resume=True` without a name resumes the newest run with its own grid, so a field set otherwise was dropped
+    without a word (RunSpec(batches=[2]) after a run of batch 1 measured nothing and came back resumed): refused, as
+    the CLI refuses `--resume --batch 2` (cli/run.py). A field left at its default cannot be told from one not
+    given, and passes, as an option left out does on the command line."""
+    import json
+
+    default, mine = RunSpec().to_dict(), asked.to_dict()
+    differ = sorted(k for k in mine if k != "name" and mine[k] != default[k] and mine[k] != last["spec"].get(k))
+    if differ:
+        listed = ", ".join(f"{k} {json.dumps(last['spec'].get(k))} -> {json.dumps(mine[k])}" for k in differ[:3])
+        raise SpecError(f"resume without a name resumes the newest run, '{last['name']}', with its own options, and "
+                        f"these differ ({listed}): leave them at their defaults, or give the spec a name to resume "
+                        "or start a run with them")
+
+
 def train(spec: TrainSpec, db: str = "transbench.db", **kwargs) -> list[dict]:
     """A training sweep (scenarios/training.py), or with `spec.ladder` the seed notebook's ladder of steps
     for one model (scenarios/training_ladder.py); kwargs: json_path, csv_path, on_start, on_cell."""
     spec = checked(TrainSpec, spec, training.WHOLE_FIELDS)  # a dict or None: a SpecError, not an AttributeError
     db = _outputs(db, kwargs.get("json_path"), kwargs.get("csv_path"))
+    _callbacks(**{k: v for k, v in kwargs.items() if k in ("on_start", "on_cell")})
     if spec.ladder:
         from .scenarios.training_ladder import ladder
 
@@ -133,14 +169,22 @@ def runs(db: str = "transbench.db") -> list[dict]:
 
 def records(db: str, run_refs: list[str] | None = None, baseline: str | None = None) -> list[dict]:
     run_refs = None if run_refs is None else _names(run_refs, "run_refs")
+    if baseline is not None and not isinstance(baseline, str):
+        raise SpecError(f"baseline must be a backend name (text), got {baseline!r}")
     store = Store(_path(db), readonly=True)
     try:
         missing = [r for r in (run_refs or []) if store.find_run(r) is None]
         if missing:
             raise SpecError(f"no run {', '.join(missing)} in {db}: `transbench runs` lists them")
-        return export.records(store, run_refs, baseline)
+        recs = export.records(store, run_refs, baseline)
     finally:
         store.close()
+    # as api.report refuses it (report/data.py): a misspelt baseline left every speedup None without a word, and
+    # baseline="" fell back to each run's own baseline
+    if baseline is not None and not any(r.get("backend") == baseline for r in recs):
+        present = sorted({str(r.get("backend")) for r in recs})
+        raise SpecError(f"baseline '{baseline}' is not a backend of these runs: use one of {', '.join(present)}")
+    return recs
 
 
 def merge(target: str, sources: list[str]) -> tuple[int, int]:
@@ -175,7 +219,10 @@ def report(db: str = "transbench.db", runs: list[str] | None = None, out_dir: st
     """report.md, PNG plots and a self-contained report.html for stored runs."""
     from .report import build_report
 
-    return build_report(_path(db), _names(runs or ["last"], "runs"), _path(out_dir, "out_dir"), baseline, **kwargs)
+    # Only None or an empty list is "the newest run", as no run named on the command line: runs="" (a name left
+    # empty by mistake) reported the newest run without a word, where records(db, "") and `report ''` refuse it.
+    runs = ["last"] if runs is None or (isinstance(runs, list) and not runs) else runs
+    return build_report(_path(db), _names(runs, "runs"), _path(out_dir, "out_dir"), baseline, **kwargs)
 
 
 def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: float = 0.03):
@@ -211,6 +258,8 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
         raise SpecError(f"dtype {dtype} cannot be tuned: the fused engine tunes fp16, bf16 and fp8")
     if not isinstance(model, (str, os.PathLike)):
         raise SpecError(f"model must be a preset name or a checkpoint folder, got {model!r}")
+    if progress is not None:  # progress=5 was called only after the first shape's minutes of tuning
+        _callbacks(progress=progress)
     # batches="1,8" or ["8"] hit `v < 1` as text (a TypeError); read them as a spec file's list fields are
     checked_axes = coerce(RunSpec, {"batches": batches, "seqs": seqs})
     batches, seqs = checked_axes["batches"] or [], checked_axes["seqs"] or []
@@ -231,6 +280,8 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
                         "models only, so there is nothing to tune for it")
     if cache_dir is not None and not str(cache_dir).strip():
         raise SpecError("--cache-dir is empty: give a folder, or leave it out for the default")
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):  # was pathlib's TypeError, unnamed
+        raise SpecError(f"cache_dir must be a folder path (text), got {cache_dir!r}")
     table = Path(cache_dir) / tuning.TABLE_NAME if cache_dir is not None else tuning.cache_path()
     problem = tuning.table_problem(table)
     if problem:  # else minutes of tuning would be kept nowhere (the engine's tables are caches: a save may fail)
@@ -285,6 +336,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
 
     spec, lengths = serve_spec.check(spec)
     db = _outputs(db, json_path, csv_path)
+    _callbacks(on_cell=on_cell)
     target = Target(ServeCell, measure="transbench.scenarios.serve:measure")
     opts = SweepOptions(spec.timeout)
     store = Store(db)

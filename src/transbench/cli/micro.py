@@ -96,7 +96,7 @@ def gemm(
     opts = build_spec(micro.GemmOptions, spec, dict(
         sizes=micro.parse_sizes(sizes), dtypes=dtype and split_list(dtype),
         models=None if model is None else split_list(model), tokens=tokens, device=device, min_time=min_time,
-        warmup=warmup, name=name))
+        warmup=warmup, name=name), command=("micro", "gemm"))
     outcome = micro.run_micro("gemm", opts, db, on_point=_progress)
     recs = outcome.records
     rows: dict[str, dict] = {}
@@ -125,7 +125,7 @@ def bandwidth(
     export.check_paths(json_path, csv_path, db)
     opts = build_spec(micro.BandwidthOptions, spec, dict(
         sizes=micro.parse_sizes(sizes), ops=ops and split_list(ops), dtype=dtype, device=device,
-        min_time=min_time, warmup=warmup, name=name))
+        min_time=min_time, warmup=warmup, name=name), command=("micro", "bandwidth"))
     outcome = micro.run_micro("bandwidth", opts, db, on_point=_progress)
     recs = outcome.records
     rows: dict[str, dict] = {}
@@ -156,7 +156,7 @@ def layer(
     export.check_paths(json_path, csv_path, db)
     opts = build_spec(micro.LayerOptions, spec, dict(
         model=model, dtype=dtype, batches=batch and split_list(batch, int), seqs=seq and split_list(seq, int),
-        device=device, min_time=min_time, warmup=warmup, name=name))
+        device=device, min_time=min_time, warmup=warmup, name=name), command=("micro", "layer"))
     outcome = micro.run_micro("layer", opts, db, on_point=_progress)
     recs = outcome.records
     res = outcome.options
@@ -185,7 +185,7 @@ def breakdown(
     export.check_paths(json_path, csv_path, db, plot=plot)
     opts = build_spec(micro.BreakdownOptions, spec, dict(
         model=model, dtype=dtype, batch=batch, seq=seq, device=device, min_time=min_time, warmup=warmup,
-        name=name))
+        name=name), command=("micro", "breakdown"))
     outcome = micro.run_micro("breakdown", opts, db, on_point=_progress)
     recs = outcome.records
     res = outcome.options

@@ -110,10 +110,28 @@ class App(typer.Typer):
         return super().command(*args, **kwargs)
 
 
-def build_spec(cls, spec_file: str | None, given: dict, whole: frozenset[str] = frozenset()):
+def build_spec(cls, spec_file: str | None, given: dict, whole: frozenset[str] = frozenset(),
+               command: tuple[str, str] | None = None):
     """The spec of a command: the --spec file (checked against `cls`, errors naming the file), overridden
-    by the options given on the command line (None = not given)."""
-    base = load_file(spec_file, cls, whole) if spec_file is not None else {}
+    by the options given on the command line (None = not given). `command` = (key, value): a key of the
+    file that names the sub-command the spec belongs to (a micro run's stored spec holds `micro: gemm`)."""
+    if spec_file is not None and command is not None:
+        # `transbench runs --spec RUN --out f.yaml` writes a micro run's spec with its `micro: gemm` key, and
+        # `micro gemm --spec f.yaml` refused that key as unknown: the file it wrote could not be read back.
+        # The key's own value is dropped; another sub-command's spec is refused, naming the command to use.
+        key, value = command
+        data = load_file(spec_file)
+        if key in data:
+            if data[key] != value:
+                raise SpecError(f"spec file {spec_file} is the spec of `transbench {key} {data[key]}` ({key}: "
+                                f"{data[key]}), not of `{key} {value}`: give it to `transbench {key} {data[key]} "
+                                "--spec`, or drop that key")
+            data = {k: v for k, v in data.items() if k != key}
+            if not data:  # as load_file: a file of no options is most likely the wrong file
+                raise SpecError(f"spec file {spec_file} holds no options besides {key}: {value}: give at least one")
+        base = coerce(cls, data, f"spec file {spec_file}: ", whole)
+    else:
+        base = load_file(spec_file, cls, whole) if spec_file is not None else {}
     merged = {**base, **{k: v for k, v in given.items() if v is not None}}
     if merged.get("name") is not None:
         check_name(merged["name"])

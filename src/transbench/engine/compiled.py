@@ -156,6 +156,11 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16,
 
     Raises EngineUnsupported(reason) for models or options the engine cannot run, ValueError for an argument of the
     wrong type or range."""
+    if not isinstance(hf_model, nn.Module):  # None, a preset name: an AttributeError ('no attribute parameters')
+        raise ValueError(f"hf_model must be a transformers model (a torch.nn.Module), got {type(hf_model).__name__}")
+    if not isinstance(dtype, (torch.dtype, str)):  # dtype=None is a wrong argument, not a dtype the engine lacks
+        raise ValueError(f"dtype must be a torch dtype (torch.float16, torch.bfloat16, torch.float32) or 'fp8', "
+                         f"got {dtype!r}")
     if isinstance(dtype, str):
         if dtype != "fp8":
             raise EngineUnsupported(f"dtype {dtype!r} is not supported (a torch dtype, or 'fp8')")
@@ -169,6 +174,8 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16,
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"device {device!r} is not a torch device") from e
+    if device.type == "cuda" and not torch.cuda.is_available():  # else an AssertionError from deep in weight loading
+        raise ValueError(f"device {str(device)!r}: no CUDA GPU is visible (use device='cpu', or a GPU)")
     cfg = getattr(hf_model, "config", None)
     max_pos = getattr(cfg, "max_position_embeddings", None) or 1 << 30
     if isinstance(max_seq, int) and not isinstance(max_seq, bool) and max_seq >= 1:

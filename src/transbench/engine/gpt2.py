@@ -119,6 +119,10 @@ class Generator:
 
     def __init__(self, engine: GPT2Engine, batch_size: int, max_total_len: int):
         d = engine.dims
+        for name, v in (("batch_size", batch_size), ("max_total_len", max_total_len)):
+            # generator(0, 8) was taken (an empty cache), generator("1", 8) a TypeError of torch.zeros naming nothing
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a whole number of at least 1, got {v!r}")
         if max_total_len > d.max_positions:
             raise ValueError(f"max_total_len {max_total_len} exceeds the model's {d.max_positions} positions")
         self.e, self.B, self.L = engine, batch_size, max_total_len
@@ -171,6 +175,8 @@ class Generator:
     @torch.inference_mode()
     def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
         """(B,) tokens at the next position -> (B, vocab) logits; appends to the cache."""
+        if self.state.owner is not self and self.pos == 0:  # not "another generator ran prefill since": none may have
+            raise ValueError("decode before prefill: call prefill(input_ids) with the prompt first")
         if self.state.owner is not self:
             raise ValueError("this generator's KV cache holds another sequence now: a newer generator of the same "
                              "(batch, max_total_len) ran prefill since; call prefill again")

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SpecError
-from .compare import CompareConfig, Comparison, compare, compare_records, comparison_table, unmatched_table
+from .compare import (CompareConfig, Comparison, compare, compare_records, comparison_table, nothing_compared,
+                      unmatched_table)
 from .document import Figure, Section, to_markdown
 
 __all__ = ["ReportPaths", "build_report", "compare", "CompareConfig", "Comparison"]
@@ -99,7 +100,10 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
     if figures or plot_failures:
         sections.append(Section("Plots", [*plot_failures, *figures]))
     for cmp in comparisons:
-        blocks = [comparison_table(cmp)]
+        # Runs with no cell in common (other kinds, grids or machines): the line `compare` refuses them with,
+        # not an empty table under a summary of "6 unmatched".
+        why = nothing_compared(cmp)
+        blocks = ([why + "."] if why else []) + ([comparison_table(cmp)] if cmp.cells else [])
         extra = unmatched_table(cmp)
         if extra is not None:
             blocks.append(extra)

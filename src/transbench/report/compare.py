@@ -19,9 +19,13 @@ were stored:
    give the same verdict; its level is 1 - alpha (95% by default).
 3. `slower` when the whole interval lies above 1 + min_effect, `faster` when it lies below 1 - min_effect,
    else `same`: a change must be both outside the noise and larger than what the gate cares about.
-4. Fewer than MIN_BLOCKS blocks on either side (under 25 samples): `n/a`, with a note to time longer.
+4. Fewer than MIN_BLOCKS blocks on either side (under 25 samples): `n/a`, with a note to time longer, unless
+   the two sides do not overlap at all (`separated`): every sample of B above (1 + min_effect) x A's largest is
+   `slower`, every one below (1 - min_effect) x A's smallest `faster`, where the chance of that order with no
+   change, 1 / C(n_a + n_b, n_b) for exchangeable samples, is under alpha / 2. A regression severe enough to cut
+   a cell's samples under --min-time (500x slower: 5 samples) was `n/a`, and the gate passed it.
 A cell that was ok in A and is not in B (OOM, wrong, error, ...) is `broken`; the reverse is `fixed`.
-Everything is numpy and the standard library: no exact-test combinatorics that overflow at large n."""
+Everything is numpy and the standard library; rule 4's count is math.comb, exact Python integers at any n."""
 
 from __future__ import annotations
 
@@ -97,7 +101,18 @@ class Comparison:
         if self.only_a or self.only_b:
             parts.append(f"{len(self.only_a) + len(self.only_b)} unmatched")
         return (f"{self.run_b['name']} vs {self.run_a['name']}: " + (", ".join(parts) or "no cells")
-                + f" ({1 - self.config.alpha:.0%} interval, min effect {self.config.min_effect:.0%})")
+                + f" ({percent(1 - self.config.alpha)} interval, min effect {percent(self.config.min_effect)})")
+
+
+def percent(x: float) -> str:
+    """A fraction as a percentage to 3 significant digits, more where that would round onto 0% or 100%: `:.0%`
+    printed --min-effect 0.001 as "min effect 0%" (and -0.0 as "-0%"), and --alpha 0.001 as a "100% interval"."""
+    p = x * 100 + 0.0
+    for digits in range(3, 13):
+        text = f"{p:.{digits}g}"
+        if p in (0.0, 100.0) or float(text) not in (0.0, 100.0):
+            break
+    return text + "%"
 
 
 def block_medians(samples: list[float]) -> np.ndarray:
@@ -116,25 +131,59 @@ def ratio_interval(blocks_a: np.ndarray, blocks_b: np.ndarray, alpha: float) -> 
     med_a = np.median(blocks_a[rng.integers(0, len(blocks_a), (RESAMPLES, len(blocks_a)))], axis=1)
     med_b = np.median(blocks_b[rng.integers(0, len(blocks_b), (RESAMPLES, len(blocks_b)))], axis=1)
     lo, hi = np.quantile(med_b / med_a, [alpha / 2, 1 - alpha / 2])
+    if np.array_equal(np.sort(blocks_a), np.sort(blocks_b)):
+        # The same block medians on both sides (a run compared with itself): the exact bootstrap distribution of
+        # the ratio is then symmetric about 1 (in log), so its interval at any level holds 1. Only the Monte Carlo
+        # error of RESAMPLES draws can move it off 1, and did: a run against itself at --alpha 0.99
+        # --min-effect 0 was `slower` (exit 1) or `faster` for about 1 cell in 50.
+        lo, hi = min(lo, 1.0), max(hi, 1.0)
     return float(lo), float(hi)
 
 
+def longer(scenario: object) -> str:
+    """The option that gives a cell of this scenario more samples: a serve cell's samples are its requests
+    and a training cell's its steps, and neither command has the --min-time the n/a note named."""
+    text = str(scenario or "")
+    return ("--duration or --rate" if text.startswith("serve") else "--steps" if text.startswith("training")
+            else "--min-time")
+
+
+def separated(samples_a: list[float], samples_b: list[float], cfg: CompareConfig) -> tuple[str, str] | None:
+    """(verdict, note) for samples too few for blocks whose two sides do not overlap beyond the min effect (the
+    module's rule 4), else None."""
+    if not samples_a or not samples_b:
+        return None
+    chance = 1 / math.comb(len(samples_a) + len(samples_b), len(samples_b))
+    if chance >= cfg.alpha / 2:
+        return None
+    for verdict, apart, side in (("slower", min(samples_b) > max(samples_a) * (1 + cfg.min_effect), "above"),
+                                 ("faster", max(samples_b) < min(samples_a) * (1 - cfg.min_effect), "below")):
+        if apart:
+            return verdict, (f"{len(samples_a)} + {len(samples_b)} samples, too few for an interval; every one of B's "
+                             f"is {side} A's by over {percent(cfg.min_effect)} (chance with no change {chance:.1e})")
+    return None
+
+
 def judge(samples_a: list[float], samples_b: list[float], median_a: float, median_b: float,
-          cfg: CompareConfig) -> tuple[float, tuple[float, float] | None, str, str]:
-    """(ratio B/A, interval, verdict, note) for two cells that were both ok."""
+          cfg: CompareConfig, scenario: object = None) -> tuple[float, tuple[float, float] | None, str, str]:
+    """(ratio B/A, interval, verdict, note) for two cells that were both ok (of `scenario`: the note's hint)."""
     ratio = median_b / median_a
     blocks_a, blocks_b = block_medians(samples_a), block_medians(samples_b)
     if min(len(blocks_a), len(blocks_b)) < MIN_BLOCKS:
+        apart = separated(samples_a, samples_b, cfg)
+        if apart:
+            return ratio, None, *apart
         need = MIN_BLOCKS * MIN_BLOCKS
+        hint = "time longer (--min-time)" if longer(scenario) == "--min-time" else f"raise {longer(scenario)}"
         return ratio, None, "n/a", (f"{len(samples_a)} + {len(samples_b)} samples: a verdict needs {need} per "
-                                    f"cell; time longer (--min-time)")
+                                    f"cell; {hint}")
     lo, hi = ratio_interval(blocks_a, blocks_b, cfg.alpha)
     if lo > 1 + cfg.min_effect:
         return ratio, (lo, hi), "slower", ""
     if hi < 1 - cfg.min_effect:
         return ratio, (lo, hi), "faster", ""
     if lo > 1 or hi < 1:
-        return ratio, (lo, hi), "same", f"a change, but not all of it beyond the {cfg.min_effect:.0%} min effect"
+        return ratio, (lo, hi), "same", f"a change, but not all of it beyond the {percent(cfg.min_effect)} min effect"
     return ratio, (lo, hi), "same", ""
 
 
@@ -250,10 +299,13 @@ def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[d
         elif ok_b and not ok_a:
             out.cells.append(CellComparison(ra, rb, None, mb, None, None, "fixed", f"A was {ra['status']}"))
         elif not ok_a or not ma or mb is None:
-            why = "no latency in either run" if ok_a else f"A {ra['status']}, B {rb['status']}"
+            # "no latency in either run" was also said where one of them had one
+            why = (f"A {ra['status']}, B {rb['status']}" if not ok_a
+                   else "no latency in either run" if not ma and mb is None
+                   else "no latency in A" if not ma else "no latency in B")
             out.cells.append(CellComparison(ra, rb, ma, mb, None, None, "n/a", why))
         else:
-            ratio, interval, verdict, note = judge(ra["_samples"], rb["_samples"], ma, mb, cfg)
+            ratio, interval, verdict, note = judge(ra["_samples"], rb["_samples"], ma, mb, cfg, ra.get("scenario"))
             out.cells.append(CellComparison(ra, rb, ma, mb, ratio, interval, verdict, note))
     return out
 
@@ -268,19 +320,28 @@ def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -
     finally:
         store.close()
     cmp = compare_records(da.runs[0], da.records, db_.runs[0], db_.records, cfg)
+    why = nothing_compared(cmp)
+    if why is not None:
+        raise SpecError(why)
+    return cmp
+
+
+def nothing_compared(cmp: Comparison) -> str | None:
+    """Why two runs share no cell to compare, or None where they share one. `report` shows this line where
+    `compare` refuses the runs: its comparison of two runs of other kinds was an empty table."""
     # Cells that ran on other hardware are not paired; where that leaves only pairs of failed cells (whose
     # records may not name their GPU), the runs are of two machines and nothing was compared.
     moved = next((r for r in cmp.only_a if "_why" in r), None)
     measured = any("ok" in (c.record_a["status"], c.record_b["status"]) for c in cmp.cells)
-    if not cmp.cells or (moved is not None and not measured):
-        a, b = cmp.run_a, cmp.run_b
-        why = (f"'{a['name']}' holds {a['kind']} cells, '{b['name']}' {b['kind']} cells" if a["kind"] != b["kind"]
-               else f"their cells ran on other hardware ({moved['_why']}): their latencies would compare the "
-                    "machines, not the code" if moved is not None
-               else "no cell of one has the settings of a cell of the other (`transbench runs --spec RUN` prints "
-                    "a run's grid)")
-        raise SpecError(f"runs '{a['name']}' and '{b['name']}' share no cell to compare: {why}")
-    return cmp
+    if cmp.cells and (moved is None or measured):
+        return None
+    a, b = cmp.run_a, cmp.run_b
+    why = (f"'{a['name']}' holds {a['kind']} cells, '{b['name']}' {b['kind']} cells" if a["kind"] != b["kind"]
+           else f"their cells ran on other hardware ({moved['_why']}): their latencies would compare the "
+                "machines, not the code" if moved is not None
+           else "no cell of one has the settings of a cell of the other (`transbench runs --spec RUN` prints "
+                "a run's grid)")
+    return f"runs '{a['name']}' and '{b['name']}' share no cell to compare: {why}"
 
 
 def _state(rec: dict, median: float | None) -> str:
@@ -298,7 +359,7 @@ def comparison_table(cmp: Comparison) -> Table:
         rows.append(([_text(settings(c.record_a), vary)] if vary else []) + [
             _state(c.record_a, c.median_a), _state(c.record_b, c.median_b),
             "" if c.ratio is None else f"{c.ratio:.3f}", interval, c.verdict, c.note])
-    headers = (["cell"] if vary else []) + ["A ms", "B ms", "B/A", f"{1 - cmp.config.alpha:.0%} interval",
+    headers = (["cell"] if vary else []) + ["A ms", "B ms", "B/A", f"{percent(1 - cmp.config.alpha)} interval",
                                             "verdict", "note"]
     shared = common(records)
     title = f"A = {cmp.run_a['name']}, B = {cmp.run_b['name']}" + (f"; every cell: {shared}" if shared else "")
