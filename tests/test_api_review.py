@@ -161,3 +161,44 @@ def test_generator_checks_its_arguments_and_a_decode_before_prefill():
         fast.generator(2, 12).prefill(ids)  # a newer generator of the shape owns the cache now
     with pytest.raises(ValueError, match="holds another sequence now"):
         gen.decode(logits.argmax(-1))
+
+
+def test_the_api_leaves_the_callers_environment_alone_and_reads_folders_offline(tmp_path):
+    """Importing transbench.api set HF_HUB_OFFLINE=1 in the caller's process (models/build.py, demo.py), which
+    turned off the hub for the caller's own transformers code. The library now reads folders with
+    local_files_only; only the `transbench` command sets the variable, in its own process."""
+    import subprocess
+    import sys
+
+    from transbench.models import build
+
+    build.build_model(build.resolve("bert-tiny"), "base").save_pretrained(tmp_path / "ckpt")
+    script = (
+        "import os, sys\n"
+        "from transbench import api, demo\n"
+        "from transbench.models import build\n"
+        "import transformers, huggingface_hub.constants as c\n"
+        "assert 'HF_HUB_OFFLINE' not in os.environ, 'api import set HF_HUB_OFFLINE'\n"
+        "assert not c.HF_HUB_OFFLINE\n"
+        "m = build.build_model(build.resolve(sys.argv[1]), 'base')\n"
+        "assert 'HF_HUB_OFFLINE' not in os.environ\n"
+        "print('ok', type(m).__name__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    # A hub that cannot be reached: any try to reach it would fail fast instead of passing by luck.
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ckpt")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok BertModel"
+
+
+def test_the_command_still_sets_hf_hub_offline_in_its_own_process():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    script = ("import os, transbench.cli, huggingface_hub.constants as c\n"
+              "assert os.environ['HF_HUB_OFFLINE'] == '1' and c.HF_HUB_OFFLINE\n")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]

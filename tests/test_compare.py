@@ -295,3 +295,19 @@ def test_runs_that_share_no_cell_are_refused_not_passed(tmp_path):
         assert res.stderr.startswith(f"error: runs 'bert' and '{b}' share no cell to compare") and says in res.stderr
         assert res.stderr.count("\n") == 1
     assert runner.invoke(app, ["compare", "bert", "bert", "--db", db]).exit_code == 0
+
+
+def test_runs_whose_shared_cells_all_failed_compared_nothing_and_are_refused(tmp_path):
+    """Every shared cell failed in both runs: each verdict was n/a and the gate exited 0 having measured nothing."""
+    db = str(tmp_path / "f.db")
+    failed = [(cell("eager", b), bad_result("error", "boom")) for b in (1, 2)]
+    make_run(db, "a", failed)
+    make_run(db, "b", [failed[0], (cell("eager", 2), bad_result("oom", "out of memory"))])
+    res = CliRunner().invoke(app, ["compare", "a", "b", "--db", db])
+    assert res.exit_code == 2 and res.stdout == "", res.output
+    assert res.stderr == ("error: runs 'a' and 'b' share no cell to compare: the 2 cell(s) they share ran ok in "
+                          "neither (A: 2 error; B: 1 error, 1 oom): fix what failed and run them again\n"), res.stderr
+    # One cell measured in either run is a comparison: a cell that broke or got fixed is what a gate is for.
+    make_run(db, "c", [(cell("eager", 1), ok_result(noisy(10.0, seed=4), 1)), failed[1]])
+    res = CliRunner().invoke(app, ["compare", "a", "c", "--db", db])
+    assert res.exit_code == 0 and "1 fixed" in res.stdout, res.output

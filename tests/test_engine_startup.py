@@ -227,6 +227,24 @@ def test_tune_shows_each_shape_and_the_races_that_settled_it(monkeypatch):
     assert "1/2" in out.output.splitlines()[-2]  # the table's row: races won / tried
 
 
+def test_tune_prints_markup_in_a_folder_name_and_an_error_as_written(monkeypatch, tmp_path):
+    """The table title took the model's text as rich markup: a folder named "m[/bold]" raised a MarkupError
+    (a traceback) after the whole tuning had run, and a race's error text lost its brackets."""
+    from typer.testing import CliRunner
+
+    from transbench import api
+    from transbench.cli import app
+    races = [{"trial": "rival", "routes": {"linear": "cublas"}, "error": "RuntimeError: [bold]x[/bold] [1, 2]"}]
+
+    def fake(model, batches, seqs, dtype, device, cache_dir, progress):
+        progress({"batch": 1, "seq": 8, "seconds": 1.0, "routes": 3, "races": races})
+    monkeypatch.setattr(api, "tune", fake)
+    out = CliRunner().invoke(app, ["tune", "--model", "m[/bold]", "--batch", "1", "--seq", "8"])
+    assert out.exit_code == 0, out.output
+    assert "tuned m[/bold] fp16" in out.output
+    assert "race (rival) linear: cublas: RuntimeError: [bold]x[/bold] [1, 2]" in out.output
+
+
 def test_the_graph_bound_holds_every_packed_count_a_server_warms():
     """The LRU bound defaults to one (max_batch, max_seq) shape's packed token counts and its dense one, so a
     server that captured them all before its load (scenarios/serve.py) never evicts one; 32 at least."""

@@ -114,3 +114,17 @@ def test_report_of_runs_without_a_common_cell_says_why_not_an_empty_table(tmp_pa
     assert "runs 'a' and 'b' share no cell to compare: no cell of one has the settings" in comparison
     assert "| A ms |" not in comparison and "cells in one run only" in comparison
     assert "share no cell to compare" in paths.html.read_text()
+
+
+def test_report_of_one_run_named_twice_refuses_the_comparison_it_cannot_make(tmp_path):
+    """`report a a --alpha 0.1` (or `report a last`, a being the newest) dropped the copy and wrote a report
+    with no comparison: the options that shape one were taken without a word."""
+    db = str(tmp_path / "r.db")
+    make_run(db, "a", [(cell("eager", 1), ok_result([1.0] * 30, 1))])
+    for args in (["a", "a", "--alpha", "0.1"], ["a", "last"], ["a", "a", "--compare"]):
+        res = CliRunner().invoke(app, ["report", *args, "--db", db, "--out", str(tmp_path / "out")])
+        assert res.exit_code == 2, res.output
+        assert res.stderr.startswith(f"error: runs '{args[0]}' and '{args[1]}' are one run ('a')"), res.stderr
+        assert not (tmp_path / "out").exists()
+    res = CliRunner().invoke(app, ["report", "a", "a", "--no-compare", "--db", db, "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0 and (tmp_path / "out" / "report.md").is_file(), res.output

@@ -1,6 +1,7 @@
 import sqlite3
 
 from transbench.store import Store, export
+from transbench.store.db import Merged
 
 
 def _cell(store, run_id, key, status="ok", **rec):
@@ -34,10 +35,43 @@ def test_named_runs_share_an_id_and_merge_without_duplicates(tmp_path):
             _cell(s, run_id, k)
         s.close()
     target = Store(c)
-    assert target.merge_from(a) == (1, 2)
-    assert target.merge_from(b) == (0, 1)
-    assert target.merge_from(b) == (0, 0)
+    assert target.merge_from(a) == Merged(1, 2, [])
+    assert target.merge_from(b) == Merged(0, 1, [])  # cell 2 is the same result in both: no word
+    assert target.merge_from(b) == Merged(0, 0, [])
     assert sorted(x["key"] for x in target.cells(target.find_run("sweep")["run_id"])) == ["1", "2", "3"]
+
+
+def test_a_cell_stored_twice_with_other_results_is_named_and_an_error_gives_way(tmp_path):
+    """merge kept the first copy of a cell without a word, so one of two results vanished unseen; an error copy
+    hid a later measured one, which --resume would have measured again."""
+    a, b, c = (str(tmp_path / f"{x}.db") for x in "abc")
+    for path, cells in ((a, [("1", "ok", 2.0), ('{"backend": "sdpa", "batch": 4}', "error", None)]),
+                        (b, [("1", "ok", 3.0), ('{"backend": "sdpa", "batch": 4}', "ok", 5.0)])):
+        s = Store(path)
+        run_id, _ = s.create_run("sweep", "inference", {}, {})
+        for key, status, ms in cells:
+            _cell(s, run_id, key, status=status, latency_ms=ms)
+        s.close()
+    target = Store(c)
+    assert target.merge_from(a) == Merged(1, 2, [])
+    merged = target.merge_from(b)
+    assert (merged.runs, merged.cells) == (0, 0)
+    assert merged.differing == [
+        f"run 'sweep' cell 1: {b} holds another result (ok against ok); kept the ok one already merged",
+        f"run 'sweep' cell backend sdpa, batch 4: {b} holds another result (ok against error); kept {b}'s ok"]
+    cells = {x["key"]: x for x in target.cells(target.find_run("sweep")["run_id"])}
+    assert cells["1"]["record"]["latency_ms"] == 2.0
+    assert cells['{"backend": "sdpa", "batch": 4}']["status"] == "ok"
+    assert cells['{"backend": "sdpa", "batch": 4}']["record"]["latency_ms"] == 5.0
+    target.close()
+    from typer.testing import CliRunner
+
+    from transbench.cli import app
+
+    res = CliRunner().invoke(app, ["merge", a, b, "--into", str(tmp_path / "d.db")])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[0] == f"merged into {tmp_path / 'd.db'}: 1 new run(s), 2 new cell(s)"
+    assert res.stdout.count("warning: run 'sweep' cell") == 2
 
 
 def test_baseline_speedup_and_memory():

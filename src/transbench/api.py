@@ -20,7 +20,7 @@ from .cells import Cell, CellResult
 from .runner.sweep import SweepOptions, Target, open_run, run_grid
 from .spec import RunSpec, check_once, checked, coerce
 from .store import Store, export
-from .store.db import check_sources
+from .store.db import Merged, check_sources
 
 
 def _path(value, what: str = "db") -> str:
@@ -187,9 +187,10 @@ def records(db: str, run_refs: list[str] | None = None, baseline: str | None = N
     return recs
 
 
-def merge(target: str, sources: list[str]) -> tuple[int, int]:
+def merge(target: str, sources: list[str]) -> Merged:
     """Join stores (e.g. the shards of one sweep run on several hosts) without duplicate cells: all of them or,
-    refused, none."""
+    refused, none. Returns the runs and cells added, and a line per cell stored twice with other results
+    (store/db.py merge_from says which copy is kept)."""
     sources = _names(sources, "sources")
     if not sources:  # an empty store was created and "0 new runs" reported
         raise SpecError("merge needs at least one source store")

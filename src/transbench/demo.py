@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SpecError
 from .spec import check_once
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 REAL_EXTRA = "pip install 'transbench[real]'"
 TOP_K = 5
@@ -129,7 +126,7 @@ def load_tokenizer(ref):
         raise SpecError(f"{folder / 'tokenizer.json'} holds a {kind} tokenizer; a {ref.family} model needs {want}: "
                         "use the tokenizer files the checkpoint was trained with")
     try:
-        return cls.from_pretrained(str(folder))
+        return cls.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - a corrupt file: transformers raises many kinds
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise SpecError(f"the tokenizer files in {folder} could not be read: {first}") from None
@@ -161,7 +158,7 @@ def _task(ref, prompt: str, tokenizer) -> str:
         return "mlm"
     from transformers import AutoConfig
 
-    archs = AutoConfig.from_pretrained(ref.path).architectures or []
+    archs = AutoConfig.from_pretrained(ref.path, local_files_only=True).architectures or []
     if any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs):
         return "mlm"
     return "base"  # no MLM head in the checkpoint: a made-up one would predict nonsense

@@ -13,9 +13,11 @@ from .. import api
 from ..spec import RunSpec, dump_text
 from ..store import export
 from .app import app, fail, friendly
-from .tables import Col, console, fitted
+from .tables import Col, console, fitted, visible
 
 # A run name wraps rather than being cut; the GPU and the time it was created go first on a narrow terminal.
+# merge prints the first of the cells stored twice with other results, and how many more.
+MAX_DIFFERING = 10
 RUNS_COLUMNS = [Col("name", "name", left=True), Col("run_id", "run id", left=True), Col("kind", "kind", rank=3, left=True),
                 Col("created", "created", rank=1, left=True), Col("cells", "cells", rank=4),
                 Col("gpu", "gpu", rank=2, left=True)]
@@ -119,5 +121,10 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
 def merge(sources: list[str] = typer.Argument(..., help="stores to join"),
           into: str = typer.Option("transbench.db", "--into", help="the store to merge into")) -> None:
     """Join stores (the shards of one sweep, run on several hosts) without duplicate cells."""
-    r, c = api.merge(into, sources)
-    typer.echo(f"merged into {into}: {r} new run(s), {c} new cell(s)")
+    merged = api.merge(into, sources)
+    typer.echo(f"merged into {into}: {merged.runs} new run(s), {merged.cells} new cell(s)")
+    for line in merged.differing[:MAX_DIFFERING]:
+        console.print(visible(f"warning: {line}"), style="yellow", markup=False, highlight=False)
+    if len(merged.differing) > MAX_DIFFERING:
+        console.print(f"warning: and {len(merged.differing) - MAX_DIFFERING} more cell(s) stored with other results",
+                      style="yellow", markup=False, highlight=False)

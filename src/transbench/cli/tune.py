@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .. import api
 from ..spec import split_list
 from .app import app, friendly
-from .tables import console
+from .tables import console, visible
 
 
 @app.command()
@@ -25,15 +26,17 @@ def tune(
         None, help="folder of the tuning table (engine-tuning.json); default $TRANSBENCH_CACHE_DIR or ~/.cache/transbench"),
 ) -> None:
     """Tune the fused engine for a batch x seq grid, with no time budget, into the on-disk tuning table."""
-    t = Table(title=f"tuned {model} {dtype}")
+    # A folder's name or an error's text may hold rich markup ("[/bold]" raised a MarkupError after the tuning)
+    t = Table(title=escape(visible(f"tuned {model} {dtype}")))
     for col in ("batch", "seq", "seconds", "ops tuned", "races won"):
         t.add_column(col, justify="right")
 
     def show(row: dict) -> None:
-        console.print(f"batch {row['batch']} x seq {row['seq']}: {row['seconds']:.1f} s")
+        console.print(f"batch {row['batch']} x seq {row['seq']}: {row['seconds']:.1f} s", markup=False)
         for r in row["races"]:  # what the whole-forward trials tried, so a surprising choice can be traced
             result = r.get("error") or f"{r['trial_ms']:.4f} ms against {r['best_ms']:.4f}{', won' if r['won'] else ''}"
-            console.print(f"  race ({r['trial']}) {', '.join(f'{op}: {n}' for op, n in r['routes'].items())}: {result}")
+            console.print(visible(f"  race ({r['trial']}) {', '.join(f'{op}: {n}' for op, n in r['routes'].items())}: "
+                                  f"{result}"), markup=False, highlight=False)
         won = sum(bool(r.get("won")) for r in row["races"])
         t.add_row(str(row["batch"]), str(row["seq"]), f"{row['seconds']:.1f}", str(row["routes"]),
                   f"{won}/{len(row['races'])}")

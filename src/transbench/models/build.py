@@ -21,7 +21,6 @@ from pathlib import Path
 from ..errors import SpecError, Unsupported
 from .presets import PRESETS, Preset
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub: models come from presets or folders
 
 TASKS = ("base", "mlm", "classification", "token-classification", "qa", "causal-lm", "generate")
 ACTIVATIONS = {"gelu": "gelu", "gelu-tanh": "gelu_pytorch_tanh"}
@@ -252,7 +251,7 @@ def _load_config(folder: Path):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+        return AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
     except Exception as exc:
         _refuse(folder, f"transformers cannot read its config.json ({_one_line(exc)})", "fix config.json")
 
@@ -537,7 +536,7 @@ def hf_config(ref: ModelRef, task: str, activation: str | None = None):
     import transformers
 
     if ref.path:
-        cfg = transformers.AutoConfig.from_pretrained(ref.path, trust_remote_code=False)
+        cfg = transformers.AutoConfig.from_pretrained(ref.path, trust_remote_code=False, local_files_only=True)
     else:
         cfg = preset_config(ref.shape)
     if getattr(cfg, "pad_token_id", None) is None:  # sequence classification of decoders needs one
@@ -624,7 +623,8 @@ def build_model(ref: ModelRef, task: str, *, attn: str = "eager", activation: st
     if ref.path and device != "meta":  # a meta model holds no data: the folder's config alone builds it
         # fp32 whatever dtype the checkpoint was saved in: this is the reference every cell is checked
         # against, and the backends cast it to the cell's dtype themselves.
-        kw = dict(config=cfg, attn_implementation=attn, trust_remote_code=False, dtype=torch.float32, **extra)
+        kw = dict(config=cfg, attn_implementation=attn, trust_remote_code=False, dtype=torch.float32,
+                  local_files_only=True, **extra)
         model, info = cls.from_pretrained(ref.path, output_loading_info=True, **kw)
         mapping = _backbone_mapping(model, ref.family, info)
         if mapping:

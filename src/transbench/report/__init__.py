@@ -60,9 +60,15 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
         data = load(store, runs or ["last"], baseline)
     finally:
         store.close()
+    given = runs or ["last"]
     if compare_runs is None:
-        compare_runs = len(data.runs) > 1
+        compare_runs = len(given) > 1
     if compare_runs and len(data.runs) < 2:
+        if len(given) > 1:
+            # `report a a` (or `a last`) dropped the copy and compared nothing, --alpha and all, without a word
+            names = " and ".join(f"'{r}'" for r in given)
+            raise SpecError(f"runs {names} are one run ('{data.runs[0]['name']}'): a comparison needs two "
+                            "different runs; give another one, or --no-compare to report it alone")
         raise SpecError("--compare needs two runs: transbench report RUN_A RUN_B --compare")
     out = _report_folder(out_dir)  # the text as given: Path("") would be the current folder
     figures, plot_failures = plots.all_figures(data, out)

@@ -327,21 +327,34 @@ def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -
 
 
 def nothing_compared(cmp: Comparison) -> str | None:
-    """Why two runs share no cell to compare, or None where they share one. `report` shows this line where
-    `compare` refuses the runs: its comparison of two runs of other kinds was an empty table."""
+    """Why two runs share no measured cell to compare, or None where they share one. `report` shows this line
+    where `compare` refuses the runs: its comparison of two runs of other kinds was an empty table."""
     # Cells that ran on other hardware are not paired; where that leaves only pairs of failed cells (whose
-    # records may not name their GPU), the runs are of two machines and nothing was compared.
-    moved = next((r for r in cmp.only_a if "_why" in r), None)
-    measured = any("ok" in (c.record_a["status"], c.record_b["status"]) for c in cmp.cells)
-    if cmp.cells and (moved is None or measured):
+    # records may not name their GPU), the runs are of two machines and nothing was compared. Pairs failed in
+    # both runs alone compare nothing either: every verdict was n/a and the gate passed.
+    if any("ok" in (c.record_a["status"], c.record_b["status"]) for c in cmp.cells):
         return None
     a, b = cmp.run_a, cmp.run_b
-    why = (f"'{a['name']}' holds {a['kind']} cells, '{b['name']}' {b['kind']} cells" if a["kind"] != b["kind"]
-           else f"their cells ran on other hardware ({moved['_why']}): their latencies would compare the "
-                "machines, not the code" if moved is not None
-           else "no cell of one has the settings of a cell of the other (`transbench runs --spec RUN` prints "
-                "a run's grid)")
+    moved = next((r for r in cmp.only_a if "_why" in r), None)
+    if a["kind"] != b["kind"]:
+        why = f"'{a['name']}' holds {a['kind']} cells, '{b['name']}' {b['kind']} cells"
+    elif moved is not None:
+        why = (f"their cells ran on other hardware ({moved['_why']}): their latencies would compare the "
+               "machines, not the code")
+    elif cmp.cells:
+        why = (f"the {len(cmp.cells)} cell(s) they share ran ok in neither (A: {_statuses(c.record_a for c in cmp.cells)};"
+               f" B: {_statuses(c.record_b for c in cmp.cells)}): fix what failed and run them again")
+    else:
+        why = ("no cell of one has the settings of a cell of the other (`transbench runs --spec RUN` prints "
+               "a run's grid)")
     return f"runs '{a['name']}' and '{b['name']}' share no cell to compare: {why}"
+
+
+def _statuses(records) -> str:
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
 
 
 def _state(rec: dict, median: float | None) -> str:

@@ -204,7 +204,7 @@ def _tokenizer(model_dir: str | None, name: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(model_dir)
+        return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise SpecError(f"--lengths text:{name}: the tokenizer in {model_dir} does not load "
                         f"({str(exc).splitlines()[0][:120]})") from None

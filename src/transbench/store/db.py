@@ -21,6 +21,7 @@ import math
 import os
 import sqlite3
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SpecError
@@ -427,27 +428,69 @@ class Store:
 
     # --- merge ----------------------------------------------------------------------------------
     @_guarded
-    def merge_from(self, *paths: str) -> tuple[int, int]:
+    def merge_from(self, *paths: str) -> Merged:
         """Copy runs and cells from other stores (opened read-only: a damaged or foreign one is refused
-        before anything is written); a cell already here (same run, same key) is kept once. One
-        transaction for all of them: a refusal or a failure leaves this store as it was (merging the sources
-        one by one had written the first before the second was refused). Returns (runs added, cells added)."""
+        before anything is written). A cell already here (same run, same key) is kept once: the first copy
+        (this store's, then the sources' in order), except that an `error` copy gives way to a later one that
+        ran, as --resume measures error cells again. Copies that differ are named in `differing` (a silent
+        choice had hidden that one of two results was dropped). One transaction for all of them: a refusal or
+        a failure leaves this store as it was (merging the sources one by one had written the first before
+        the second was refused)."""
         others = [Store(p, readonly=True) for p in paths]
+        out = Merged()
         try:
             check_mergeable(others, {r["name"]: (r, self.path) for r in self.runs()})
-            runs_added = cells_added = 0
+            names = {r["run_id"]: r["name"] for r in self.runs()}
             with self.conn:
                 for other in others:
                     for row in other.rows("runs"):
-                        cur = self.conn.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?)", row)
-                        runs_added += cur.rowcount
+                        out.runs += self.conn.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?)", row).rowcount
+                        names.setdefault(row[0], row[1])
                     for row in other.rows("cells"):
-                        cur = self.conn.execute("INSERT OR IGNORE INTO cells VALUES (?,?,?,?,?,?,?,?,?,?)", row)
-                        cells_added += cur.rowcount
+                        out.cells += self._merge_cell(row, other.path, names, out.differing)
         finally:
             for other in others:
                 other.close()
-        return runs_added, cells_added
+        return out
+
+    def _merge_cell(self, row: tuple, source: str, names: dict[str, str], differing: list[str]) -> int:
+        """Insert one cells row unless its (run, key) is here; 1 when it went in as a new cell."""
+        cols = COLUMNS["cells"]
+        here = self.conn.execute(f"SELECT {', '.join(cols)} FROM cells WHERE run_id = ? AND key = ?",
+                                 row[:2]).fetchone()
+        if here is None:
+            self.conn.execute(f"INSERT INTO cells VALUES ({', '.join('?' * len(cols))})", row)
+            return 1
+        if here[2:9] == row[2:9]:  # the same result (created aside): a store merged twice
+            return 0
+        status = cols.index("status")
+        replace = here[status] == "error" and row[status] != "error"
+        if replace:
+            self.conn.execute("DELETE FROM cells WHERE run_id = ? AND key = ?", row[:2])
+            self.conn.execute(f"INSERT INTO cells VALUES ({', '.join('?' * len(cols))})", row)
+        kept = f"{source}'s {row[status]}" if replace else f"the {here[status]} one already merged"
+        differing.append(f"run '{names.get(row[0], row[0])}' cell {_key_text(row[1])}: {source} holds another result "
+                         f"({row[status]} against {here[status]}); kept {kept}")
+        return 0
+
+
+def _key_text(key: str) -> str:
+    """A cell key (JSON of the settings that make the cell) as its set values: 'backend eager, batch 1, ...'."""
+    try:
+        settings = json.loads(key)
+    except ValueError:
+        return key
+    if not isinstance(settings, dict):
+        return key
+    return ", ".join(f"{k} {v}" for k, v in settings.items() if v not in (None, False, "", 0, 0.0))
+
+
+@dataclass
+class Merged:
+    """What merge_from did: runs and cells added, and a line per cell stored twice with other results."""
+    runs: int = 0
+    cells: int = 0
+    differing: list[str] = field(default_factory=list)
 
 
 def check_mergeable(others: list[Store], known: dict[str, tuple[dict, str]]) -> None:

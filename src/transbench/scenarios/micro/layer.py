@@ -46,7 +46,7 @@ def _load_first_layer(layer, path: str, family: str) -> None:
     """A local checkpoint's weights for layer 0, so `--model FOLDER` times its real weights."""
     import transformers
 
-    model = transformers.AutoModel.from_pretrained(path)
+    model = transformers.AutoModel.from_pretrained(path, local_files_only=True)
     src = model.encoder.layer[0] if family == "bert" else model.h[0]
     layer.load_state_dict(src.state_dict())
 
