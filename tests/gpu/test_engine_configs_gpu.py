@@ -40,3 +40,35 @@ def test_inputs_the_engine_cannot_match_are_refused_on_cuda(name):
     ids, mask = inputs()
     with pytest.raises(EngineUnsupported, match=reason):
         compiled(input_ids=ids.cuda(), attention_mask=mask.cuda())
+
+
+def test_argument_checks_and_generator_ownership_on_cuda():
+    """tests/test_api_review.py's argument checks on a CUDA model (compile_model, generator) and a generator's
+    graphs on CUDA: a newer generator of one shape owns the KV cache, an older one must prefill again; its
+    greedy tokens match transformers' fp32 ones for the first steps."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=300, n_positions=64)).eval().cuda()
+    for kw, needle in (({"dtype": None}, "dtype must be a torch dtype"), ({"dtype": 16}, "dtype must be a torch dtype")):
+        with pytest.raises(ValueError, match=needle):
+            compile_model(model, **kw)
+    with pytest.raises(ValueError, match="hf_model must be a transformers model"):
+        compile_model(None, dtype=torch.float16)
+    fast = compile_model(model, dtype=torch.float16, max_batch=2, max_seq=32)
+    for args, needle in (((0, 8), "batch_size must be a whole number of at least 1, got 0"),
+                         (("1", 8), "batch_size must be a whole number"), ((1, 0), "max_total_len must be a whole")):
+        with pytest.raises(ValueError, match=needle):
+            fast.generator(*args)
+    gen = fast.generator(2, 24)
+    with pytest.raises(ValueError, match="decode before prefill"):
+        gen.decode(torch.tensor([1, 2], device="cuda"))
+    ids = torch.randint(0, 300, (2, 8), device="cuda")
+    with torch.no_grad():
+        logits = gen.prefill(ids)
+        ref = model(input_ids=ids).logits[:, -1]
+        assert rel(logits.float(), ref) < 1e-2
+        gen.decode(logits.argmax(-1))
+        fast.generator(2, 24).prefill(ids)  # a newer generator of the shape owns the cache now
+        with pytest.raises(ValueError, match="holds another sequence now"):
+            gen.decode(logits.argmax(-1))
