@@ -14,6 +14,7 @@ import pytest
 from transbench import api
 from transbench.runner import grid
 from transbench.cells import CellResult
+from transbench.store.db import Merged
 from transbench.runner.sweep import find_max_batch
 from transbench.spec import RunSpec, dump_file, load_file
 
@@ -171,7 +172,7 @@ def test_shards_merge_into_one_run(tmp_path, quick):
                         name="sharded", **quick), path)
         dbs.append(path)
     target = str(tmp_path / "all.db")
-    assert api.merge(target, dbs + dbs) == (1, 4)
+    assert api.merge(target, dbs + dbs) == Merged(1, 4, [])  # each source twice: the same cells, no word
     recs = api.records(target, ["sharded"])
     assert sorted((r["batch_size"], r["seq_len"]) for r in recs) == [(1, 8), (1, 16), (2, 8), (2, 16)]
 
