@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -351,10 +352,7 @@ def nothing_compared(cmp: Comparison) -> str | None:
 
 
 def _statuses(records) -> str:
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    return ", ".join(f"{n} {s}" for s, n in sorted(Counter(r["status"] for r in records).items()))
 
 
 def _state(rec: dict, median: float | None) -> str:

@@ -439,8 +439,9 @@ class Store:
         others = [Store(p, readonly=True) for p in paths]
         out = Merged()
         try:
-            check_mergeable(others, {r["name"]: (r, self.path) for r in self.runs()})
-            names = {r["run_id"]: r["name"] for r in self.runs()}
+            runs = self.runs()
+            check_mergeable(others, {r["name"]: (r, self.path) for r in runs})
+            names = {r["run_id"]: r["name"] for r in runs}
             with self.conn:
                 for other in others:
                     for row in other.rows("runs"):
@@ -456,18 +457,18 @@ class Store:
     def _merge_cell(self, row: tuple, source: str, names: dict[str, str], differing: list[str]) -> int:
         """Insert one cells row unless its (run, key) is here; 1 when it went in as a new cell."""
         cols = COLUMNS["cells"]
+        insert = f"INSERT OR REPLACE INTO cells VALUES ({', '.join('?' * len(cols))})"  # key: (run_id, key)
         here = self.conn.execute(f"SELECT {', '.join(cols)} FROM cells WHERE run_id = ? AND key = ?",
                                  row[:2]).fetchone()
         if here is None:
-            self.conn.execute(f"INSERT INTO cells VALUES ({', '.join('?' * len(cols))})", row)
+            self.conn.execute(insert, row)
             return 1
-        if here[2:9] == row[2:9]:  # the same result (created aside): a store merged twice
+        if here[2:-1] == row[2:-1]:  # the same result (all but run_id, key and created): a store merged twice
             return 0
         status = cols.index("status")
         replace = here[status] == "error" and row[status] != "error"
         if replace:
-            self.conn.execute("DELETE FROM cells WHERE run_id = ? AND key = ?", row[:2])
-            self.conn.execute(f"INSERT INTO cells VALUES ({', '.join('?' * len(cols))})", row)
+            self.conn.execute(insert, row)
         kept = f"{source}'s {row[status]}" if replace else f"the {here[status]} one already merged"
         differing.append(f"run '{names.get(row[0], row[0])}' cell {_key_text(row[1])}: {source} holds another result "
                          f"({row[status]} against {here[status]}); kept {kept}")
