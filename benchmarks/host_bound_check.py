@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from transbench.cells import Cell
     from transbench.measure import timer
     from transbench.models import build
-    from transbench.scenarios.inference import ModelCache, cell_inputs, model_for
+    from transbench.scenarios.inference.measure import ModelCache, cell_inputs, model_for
 
     sys.path.insert(0, "benchmarks")
     from plain_loop_check import plain_loop_ms

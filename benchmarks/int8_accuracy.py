@@ -86,7 +86,7 @@ RECIPES = ("e4m3", "int8", "int8+smooth", "int8+groups")
 
 def presets() -> None:
     from transbench.models import build
-    from transbench.scenarios.inference import rel_err
+    from transbench.scenarios.inference.measure import rel_err
     from transbench.scenarios.inputs import make_inputs
 
     for name, B, S in (("bert-base-uncased", 2, 128), ("bert-large-uncased", 1, 384)):

@@ -1,5 +1,5 @@
 """Does a cell's latency depend on the cells before it in one process? Runs cells through
-scenarios.inference.run, as `transbench run` runs them (one ModelCache), in the order given, and prints for each
+scenarios.inference.measure.run, as `transbench run` runs them (one ModelCache), in the order given, and prints for each
 the sampler's figures, the fused routes it ran (and their crc), and probes of the same prepared call, taken right
 after the sampler:
 
@@ -28,7 +28,7 @@ import torch
 
 from transbench.cells import Cell
 from transbench.measure import timer
-from transbench.scenarios import inference
+from transbench.scenarios.inference import measure as inference
 
 
 def probe(fn, n: int = 200) -> tuple[float, float]:

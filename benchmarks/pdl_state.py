@@ -1,5 +1,5 @@
 """Which step of a second `run` cell slows the first cell's captured graph? (CUDA, fused backend.) Prepares one cell
-as scenarios.inference.run does, then replays its graph alone (order_latency.replay_ms) after each step that a
+as scenarios.inference.measure.run does, then replays its graph alone (order_latency.replay_ms) after each step that a
 second cell of the same shape takes, in order, printing the replay time after each (--own-stream: the second engine
 captures on a stream of its own, as every engine did before session 19). --bisect and --capture take smaller steps.
 
@@ -20,7 +20,7 @@ from transbench.cells import Cell
 from transbench.engine.capture import side_stream
 from transbench.measure import device as dev
 from transbench.measure import memory, timer
-from transbench.scenarios import inference
+from transbench.scenarios.inference import measure as inference
 
 
 def bisect(first, say) -> None:

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from transbench.models import build
-    from transbench.scenarios.training import default_task
+    from transbench.scenarios.training.spec import default_task
 
     ref = build.resolve(args.model)
     task = args.task or default_task(ref.shape)

@@ -1,6 +1,6 @@
 """Where the slow batches of `transbench serve` spend their time. It found issue 26's fused tail to be the harness,
 not the engine: in one process the tail was absent, which led to the frozen heap and the monitor's mark
-(scenarios/serve_load.py run_load, measure/context.py Monitor.mark).
+(scenarios/serve/load.py run_load, measure/context.py Monitor.mark).
 
 One process; each (backend, rate) cell is run by the serve scenario's own `run()` (gate, warm-up of every
 bucket, Monitor, accounting: what a `transbench serve` worker runs per cell), with its `run_load` swapped for
@@ -199,7 +199,7 @@ class Tracer:
 
 
 def spread(values) -> str:
-    from transbench.scenarios.serve_stats import percentile
+    from transbench.scenarios.serve.stats import percentile
 
     v = [x for x in values if x is not None]
     if not v:
@@ -278,8 +278,8 @@ def main(argv=None) -> int:
               "bert-tiny", file=sys.stderr)
         return 2
     from transbench.errors import SpecError
-    from transbench.scenarios import serve, serve_spec
-    from transbench.scenarios.inference import ModelCache
+    from transbench.scenarios.serve import measure as serve, spec as serve_spec
+    from transbench.scenarios.inference.measure import ModelCache
 
     try:
         rates = [float(r) for r in a.rates.split(",") if r]

@@ -1,5 +1,5 @@
 """Where a training step's GPU time goes: torch.profiler over a few steps of one training cell, built and
-stepped by transbench's own Trainer (scenarios/training_loop.py), kernels grouped as GEMM / attention /
+stepped by transbench's own Trainer (scenarios/training/loop.py), kernels grouped as GEMM / attention /
 cross-entropy / norm / elementwise / optimizer / other.
 
     PYTHONPATH=src python3 benchmarks/train_profile.py --model gpt2 --task causal-lm --seq 1024 --batch 16 \
@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     from transbench.measure import device as dev
     from transbench.models import build
     from transbench.runner.rank import RankInfo
-    from transbench.scenarios import training_loop
-    from transbench.scenarios.training import default_task
-    from transbench.scenarios.training_cell import TrainCell
+    from transbench.scenarios.training import loop as training_loop
+    from transbench.scenarios.training.spec import default_task
+    from transbench.scenarios.training.cell import TrainCell
 
     device = dev.resolve(args.device)
     cuda = device.type == "cuda"

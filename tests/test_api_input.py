@@ -12,12 +12,13 @@ import torch
 from test_cli_input import invoke, refused
 from transbench import api
 from transbench.errors import SpecError
-from transbench.runner import grid
-from transbench.scenarios import serve_spec, training
+from transbench.scenarios.inference import cells as grid
+from transbench.scenarios.serve import spec as serve_spec
+from transbench.scenarios.training import spec as training
 from transbench.scenarios.micro import BandwidthOptions, BreakdownOptions, GemmOptions, LayerOptions
-from transbench.scenarios.serve_spec import ServeSpec
-from transbench.scenarios.training import TrainSpec
-from transbench.spec import RunSpec
+from transbench.scenarios.serve.spec import ServeSpec
+from transbench.scenarios.training.spec import TrainSpec
+from transbench.scenarios.inference.spec import RunSpec
 
 CPU = torch.device("cpu")
 RUN = dict(models=["bert-tiny"], backends=["sdpa"], batches=[1], seqs=[8], device="cpu", min_time=0.01, warmup=1)

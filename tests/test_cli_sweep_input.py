@@ -314,7 +314,7 @@ def _work(*args, **kwargs):
 # run_cell launches another host's ranks, all_figures draws the report, environment asks the GPUs, _run_backend
 # runs the demo's model.
 WORK = ["transbench.api.open_run", "transbench.runner.sweep.open_run", "transbench.scenarios.micro.run.open_run",
-        "transbench.scenarios.training.run_cell", "transbench.api.environment",
+        "transbench.scenarios.training.spec.run_cell", "transbench.api.environment",
         "transbench.report.plots.all_figures", "transbench.demo._run_backend"]
 TUNE_WORK = "error: tune needs a CUDA GPU"  # tune's last check: on this CPU-only host, where it would start
 
@@ -450,7 +450,7 @@ _WHY = [
     ("run", "--seq-stdev", ["0", "1e-320"], "0 is the default (every sequence --seq long); a tiny stdev rounds to it"),
     ("run", "--seq-stdev", ["1e30"], "lengths are clipped to 1 and the model's positions (README, run); see "
                                      "test_a_huge_seq_stdev_draws_lengths_at_both_ends"),
-    ("run", "--min-time", ["0"], "0 or more (runner/grid.py): --min-count calls are timed"),
+    ("run", "--min-time", ["0"], "0 or more (scenarios/inference/cells.py): --min-count calls are timed"),
     ("run|" + MICRO, "--min-time", ["1e-320"], "a positive time: --min-count calls (run), or one call (micro), are timed"),
     ("run|" + MICRO, "--min-time", ["1e30"], "the sampler stops at its cap (10,000 samples, or 120 s; micro 20 s) and "
                                              "the cell warns `short:` (README, How transbench measures)"),

@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transbench.cells import Cell
 from transbench.models import build, flops
 from transbench.runner import worker
-from transbench.scenarios.inference import ModelCache
+from transbench.scenarios.inference.measure import ModelCache
 
 FAST = dict(min_time=0.0, warmup=0, min_count=1)
 SIZES = dict(hidden_size=48, num_attention_heads=4, intermediate_size=72, num_hidden_layers=2, vocab_size=1003,
@@ -29,7 +29,7 @@ def _save(tmp_path, name, family, cls_name="AutoModelForCausalLM", **config):
 def _cell(model, task, backend, cache, **kw):
     cell = Cell(model=model, task=task, backend=backend, dtype="fp32", batch=2, seq=16, device="cpu",
                 **{**FAST, "new_tokens": 3, **kw})
-    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": cache})
 
 
 def _eager_count(folder, task, seq, custom=None):

@@ -105,8 +105,9 @@ def test_runs_spec_out_writes_a_file_the_spec_option_reads_back(tmp_path, suffix
     it back), and a training run's spec went to stdout as JSON with no file written, exit 0."""
     from report_helpers import cell, make_run, ok_result
 
-    from transbench.scenarios.training import TrainSpec
-    from transbench.spec import RunSpec, load_file
+    from transbench.scenarios.training.spec import TrainSpec
+    from transbench.scenarios.inference.spec import RunSpec
+    from transbench.spec import load_file
 
     db = str(tmp_path / "t.db")
     run_spec = RunSpec(models=["bert-tiny"], backends=["eager"], batches=[1], seqs=[8])

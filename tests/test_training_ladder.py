@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from transbench.cells import CellResult
 from transbench.cli import app
-from transbench.scenarios import training_ladder
-from transbench.scenarios.training_cell import TrainCell
+from transbench.scenarios.training import ladder as training_ladder
+from transbench.scenarios.training.cell import TrainCell
 from transbench.store import Store
 
 BASE = TrainCell(model="bert-tiny", task="mlm", attn="sdpa", precision="fp32", optim="adamw", batch=4, seq=16,

@@ -9,12 +9,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 from transbench.cells import Cell  # noqa: E402
 from transbench.runner import worker  # noqa: E402
-from transbench.scenarios.inference import ModelCache  # noqa: E402
+from transbench.scenarios.inference.measure import ModelCache  # noqa: E402
 
 
 def execute(cell, cache):
     """One `run` cell through the worker's own path (runner/worker.py), in this process."""
-    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": cache})
 
 CACHE = ModelCache()
 
@@ -95,7 +95,7 @@ def test_generation_on_gpu(backend):
 def test_static_decoders_match_dynamic_cache_tokens():
     from transbench.models import build
     from transbench.backends.decoders import HFGenerator, StaticGenerator
-    from transbench.scenarios.generation import greedy
+    from transbench.scenarios.generation.measure import greedy
 
     m = build.build_model(build.resolve("gpt2-tiny"), "generate", attn="sdpa", device="cuda")
     ids = torch.randint(1, 1000, (3, 8), device="cuda")

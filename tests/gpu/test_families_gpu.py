@@ -10,12 +10,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 from transbench.cells import Cell  # noqa: E402
 from transbench.runner import worker  # noqa: E402
-from transbench.scenarios.inference import ModelCache  # noqa: E402
+from transbench.scenarios.inference.measure import ModelCache  # noqa: E402
 
 
 def execute(cell, cache):
     """One `run` cell through the worker's own path (runner/worker.py), in this process."""
-    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": cache})
 
 CACHE = ModelCache()
 

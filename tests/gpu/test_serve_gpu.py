@@ -7,9 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from transbench.scenarios import serve, serve_lengths  # noqa: E402
-from transbench.scenarios.inference import ModelCache  # noqa: E402
-from transbench.scenarios.serve_cell import ServeCell  # noqa: E402
+from transbench.scenarios.serve import measure as serve, lengths as serve_lengths  # noqa: E402
+from transbench.scenarios.inference.measure import ModelCache  # noqa: E402
+from transbench.scenarios.serve.cell import ServeCell  # noqa: E402
 
 CACHE = ModelCache()
 
@@ -29,7 +29,7 @@ def test_encoder_under_load(backend):
     assert 0 < rec["busy_share"] < 1 and rec["mean_batch"] >= 1
     if backend == "fused":  # one engine per batch size, at the widest bucket (it packs the padding away)
         assert {w for _, w in r.info["shape_buckets"]} <= {64, 32}
-        # every packed token count was captured before the load (scenarios/serve.py token_counts), none under it
+        # every packed token count was captured before the load (scenarios/serve/measure.py token_counts), none under it
         assert r.info["engine_graphs_before_load"] >= len(serve.token_counts(8, 64, 64, 128))
         assert r.info["engine_graphs_captured_under_load"] == 0
     if r.info["device_context"]["energy_region_j"] is not None:

@@ -11,9 +11,9 @@ import torch
 
 from transbench.measure import peaks
 from transbench.runner.rank import RankInfo, guarded
-from transbench.scenarios import training_loop
-from transbench.scenarios.training import TrainSpec, train
-from transbench.scenarios.training_cell import TrainCell
+from transbench.scenarios.training import loop as training_loop
+from transbench.scenarios.training.spec import TrainSpec, train
+from transbench.scenarios.training.cell import TrainCell
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

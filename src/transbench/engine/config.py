@@ -31,7 +31,7 @@ class EngineOptions:
     fp8: bool = False
     # LRU bound on captured graphs (each keeps its output, B x S x hidden, alive in the shared pool); None: one
     # (max_batch, max_seq) shape's every packed token count (EngineBase.graph_bound), so that a server which
-    # captured all of them before its load (scenarios/serve.py Encoders.warm) never evicts and recaptures one.
+    # captured all of them before its load (scenarios/serve/measure.py Encoders.warm) never evicts and recaptures one.
     max_graphs: int | None = None
     tune_budget_s: float | None = TUNE_BUDGET_S  # tuning seconds a new shape's first call may take (None: no limit)
 

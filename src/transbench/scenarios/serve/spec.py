@@ -6,11 +6,11 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from ..errors import SpecError
-from ..models import build
-from ..spec import check_once, checked
-from . import serve_arrivals, serve_lengths
-from .serve_cell import ServeCell
+from ...errors import SpecError
+from ...models import build
+from ...spec import check_once, checked
+from . import arrivals as serve_arrivals, lengths as serve_lengths
+from .cell import ServeCell
 
 PERCENTILE_KEYS = {50.0: "latency_p50_ms", 90.0: "latency_p90_ms", 99.0: "latency_p99_ms", 99.9: "latency_p999_ms"}
 # A rate's arrivals are planned in full before its load starts, and the load keeps every request as Python objects
@@ -50,7 +50,7 @@ class ServeSpec:
 
 def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     """The spec with device and dtype resolved, and its lengths; SpecError names what is wrong."""
-    from ..measure import device as dev
+    from ...measure import device as dev
 
     if not isinstance(spec, ServeSpec):
         raise SpecError(f"expected a ServeSpec, got {type(spec).__name__}")
@@ -64,7 +64,7 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     spec = checked(ServeSpec, spec)  # api.serve(ServeSpec(...)): each field's type, as the CLI's options
     ref = build.resolve(spec.model)
     build.check_task(ref, spec.task)
-    from .. import backends
+    from ... import backends
 
     if not spec.backends:  # `-b ''` stored an empty run and exited 0
         raise SpecError("--backend is empty: give at least one value (an empty axis measures nothing)")
@@ -75,7 +75,7 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     device = str(dev.resolve(spec.device))
     # None is "not given"; `--dtype ''` is refused below as any unknown dtype (it served the default without a word)
     dtype = spec.dtype if spec.dtype is not None else ("fp16" if device.startswith("cuda") else "fp32")
-    from .inference import TOLERANCE
+    from ..inference.measure import TOLERANCE
 
     if dtype not in TOLERANCE:
         raise SpecError(f"unknown dtype '{dtype}': choose from {', '.join(TOLERANCE)}")

@@ -12,8 +12,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpecError
-from ..spec import read_number
+from ...errors import SpecError
+from ...spec import read_number
 
 FORMS = "fixed:N, normal:MEAN:MAX[:STDEV], lognormal:MEAN:MAX[:SIGMA], counts:FILE or text:FILE"
 LOGNORMAL_SIGMA = 0.5  # a spread typical of chat/query lengths; MEAN and MAX are what users quote

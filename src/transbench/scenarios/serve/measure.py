@@ -24,18 +24,18 @@ from __future__ import annotations
 
 import time
 
-from .. import backends
-from ..cells import Cell, CellResult
-from ..measure import device as dev
-from ..measure import memory
-from ..measure.context import Monitor
-from ..models import build
-from .inference import TOLERANCE, ModelCache, cell_inputs, model_for, output_tensor, reference, rel_err
-from .serve_arrivals import poisson_arrivals, window_s
-from .serve_batcher import BatchPolicy
-from .serve_cell import ServeCell
-from .serve_load import DRAIN_LIMIT_S, LoadPlan, run_load
-from .serve_stats import account
+from ... import backends
+from ...cells import Cell, CellResult
+from ...measure import device as dev
+from ...measure import memory
+from ...measure.context import Monitor
+from ...models import build
+from ..inference.measure import TOLERANCE, ModelCache, cell_inputs, model_for, output_tensor, reference, rel_err
+from .arrivals import poisson_arrivals, window_s
+from .batcher import BatchPolicy
+from .cell import ServeCell
+from .load import DRAIN_LIMIT_S, LoadPlan, run_load
+from .stats import account
 
 LEN_STEP = 32
 GATE_BATCH = 4  # requests in the correctness check's batch (the reference covers its first and last two)
@@ -183,7 +183,7 @@ class Decoders:
         self.steps = StepTimes(device)
 
     def entry(self, batch: int, seq: int):
-        from .generation import greedy, make_generator
+        from ..generation.measure import greedy, make_generator
 
         if (batch, seq) not in self.gens:
             pc = probe_cell(self.cell, batch, seq)
@@ -199,13 +199,13 @@ class Decoders:
 
     def reference(self, cache: ModelCache):
         """The gate's fp32 prefill logits and greedy tokens (generation._reference: cached per worker)."""
-        from .generation import _reference
+        from ..generation.measure import _reference
 
         pc = self.gate_cell()
         return _reference(cache, pc, cell_inputs(pc, self.shape).input_ids, self.device)
 
     def check(self, cache: ModelCache) -> tuple[float, dict]:
-        from .generation import greedy
+        from ..generation.measure import greedy
 
         gate = self.gate_cell()
         gen, prompt, pc = self.entry(gate.batch, gate.seq)
@@ -215,7 +215,7 @@ class Decoders:
         return rel_err(first[rows], ref_first, None), dict(getattr(gen, "info", {}))
 
     def serve(self, requests) -> list[float]:
-        from .generation import greedy
+        from ..generation.measure import greedy
 
         gen, prompt, _ = self.entry(batch_bucket(len(requests), self.cell.max_batch_size),
                                     len_bucket(max(r.length for r in requests), self.top))

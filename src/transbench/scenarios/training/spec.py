@@ -1,7 +1,7 @@
 """Training throughput: the spec, its grid, and running it (one isolated process per cell, torchrun for
 several GPUs or hosts), with scaling efficiency against the same step on one GPU.
 
-    from transbench.scenarios.training import TrainSpec, train
+    from transbench.scenarios.training.spec import TrainSpec, train
     records = train(TrainSpec(models=["bert-tiny"], batches=[8], seqs=[32]), db="bench.db")
 """
 
@@ -15,10 +15,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from ..errors import SpecError
-from ..cells import CellResult
-from ..spec import check_once, checked, coerce
-from .training_cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
+from ...errors import SpecError
+from ...cells import CellResult
+from ...spec import check_once, checked, coerce
+from .cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
 
 def default_task(shape) -> str:
     """What a model trains on unless --task says otherwise: its pretraining objective."""
@@ -46,14 +46,14 @@ class TrainSpec:
     kernels: list[str] = field(default_factory=lambda: ["torch"])  # torch|liger (Liger-Kernel's fused ones)
     heads: list[str] = field(default_factory=lambda: ["all"])  # mlm head on all|masked positions
     activation: str | None = None  # the FFN's activation (models.build.ACTIVATIONS); None: the model's own
-    pad_vocab: int = 1  # pad the vocabulary (embeddings and LM head) to a multiple of this (scenarios/training_loop.py)
+    pad_vocab: int = 1  # pad the vocabulary (embeddings and LM head) to a multiple of this (scenarios/training/loop.py)
     strategies: list[str] | None = None  # None: none for one process, ddp for several
     nprocs: list[int] = field(default_factory=lambda: [1])  # processes (GPUs) per node
     zero_stages: list[int] = field(default_factory=lambda: [2])  # deepspeed only
     nccl_p2p: list[str] | None = None  # on|off (NCCL_P2P_DISABLE=0|1); None: leave the environment as it is
     nccl_envs: list[str] | None = None  # each "KEY=VAL[ KEY=VAL]" is one point of the axis
     scaling: bool = False  # also run every multi-GPU point on one GPU (strategy none)
-    ladder: bool = False  # the seed notebook's ladder of steps for one model (scenarios/training_ladder.py)
+    ladder: bool = False  # the seed notebook's ladder of steps for one model (scenarios/training/ladder.py)
     max_batch_limit: int = 4096  # the ladder's largest-batch searches stop here
     steps: int | None = None
     warmup_steps: int | None = None
@@ -116,8 +116,8 @@ def zero_stage_refusal(stages: list) -> str:
 
 def validate(spec: TrainSpec) -> TrainSpec:
     """Check every option (one-line SpecErrors); return the spec with device-sized defaults filled in."""
-    from ..measure import device as dev
-    from ..models import build
+    from ...measure import device as dev
+    from ...models import build
 
     spec = checked(TrainSpec, spec, WHOLE_FIELDS)  # api.train(TrainSpec(...)): each field's type, as a spec file's
     device = dev.resolve(spec.device)
@@ -269,8 +269,8 @@ def _check_once(spec: TrainSpec) -> None:
 def expand(spec: TrainSpec) -> list[TrainCell]:
     """Cells in grid order, one-GPU points first (the scaling baselines), batches growing within each
     group so an out-of-memory batch skips the larger ones."""
-    from ..measure import device as dev
-    from ..models import build
+    from ...measure import device as dev
+    from ...models import build
 
     device = dev.resolve(spec.device).type
     nccl = _nccl_variants(spec)
@@ -306,7 +306,7 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
 
 
 def launch_config(cell: TrainCell, spec: TrainSpec):
-    from ..runner.launch import LaunchConfig
+    from ...runner.launch import LaunchConfig
 
     return LaunchConfig(
         nproc=cell.nproc, torchrun=cell.strategy != "none", nnodes=cell.nnodes, node_rank=spec.node_rank,
@@ -318,18 +318,18 @@ def launch_config(cell: TrainCell, spec: TrainSpec):
 def run_cell(cell: TrainCell, spec: TrainSpec) -> CellResult:
     """One cell in its own process (torchrun for a strategy): the result rank 0 wrote, or why none came.
     Only for the ranks of hosts other than node 0, which measure nothing they store."""
-    from ..runner import launch
+    from ...runner import launch
 
     cfg = launch_config(cell, spec)
-    return launch.outcome(launch.launch("transbench.scenarios.training_worker", cell.to_dict(), cfg), cfg)
+    return launch.outcome(launch.launch("transbench.scenarios.training.worker", cell.to_dict(), cfg), cfg)
 
 
 def target(spec: TrainSpec):
     """How the sweep loop measures a training cell: a process tree per cell (torchrun for a strategy),
     so each cell's memory split starts from an empty allocator."""
-    from ..runner.sweep import Target
+    from ...runner.sweep import Target
 
-    return Target(TrainCell, launch=lambda cell: ("transbench.scenarios.training_worker", launch_config(cell, spec)),
+    return Target(TrainCell, launch=lambda cell: ("transbench.scenarios.training.worker", launch_config(cell, spec)),
                   after=add_scaling)
 
 
@@ -368,8 +368,8 @@ def add_scaling(store, run_id: str, cell: TrainCell, result: CellResult) -> None
 
 def open_training_run(store, spec: TrainSpec) -> tuple[str, str, int]:
     """(run_id, name, cells already stored): the named run resumed (same grid), else a new one."""
-    from ..measure import env as env_mod
-    from ..runner.sweep import open_run
+    from ...measure import env as env_mod
+    from ...runner.sweep import open_run
 
     return open_run(store, "training", replace(spec, name=None).to_dict(), spec.name,
                     lambda: env_mod.collect(open_cuda=False))
@@ -381,12 +381,12 @@ def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None =
     """Validate, expand and run a training sweep on the one sweep loop (runner/sweep.py): resume by name,
     larger batches skipped after an OOM (also across a resume), each finished cell stored as it ends (only
     node 0 of a multi-host run stores). Returns the run's records."""
-    from ..runner.sweep import SweepOptions, run_grid
-    from ..store import Store, export
+    from ...runner.sweep import SweepOptions, run_grid
+    from ...store import Store, export
 
     spec = validate(spec)
     if spec.ladder:
-        raise SpecError("a ladder runs through transbench.api.train (scenarios/training_ladder.py)")
+        raise SpecError("a ladder runs through transbench.api.train (scenarios/training/ladder.py)")
     cells = expand(spec)
     if spec.node_rank > 0:  # another host's ranks; node 0 measures and stores
         on_start(cells, 0)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..cells import Cell, CellResult
-from . import generation, inference
+from ...cells import Cell, CellResult
+from ..generation import measure as generation
+from . import measure as inference
 
 
 def measure(cell: dict, state: dict) -> CellResult:

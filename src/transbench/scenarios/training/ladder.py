@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from ..cells import CellResult
-from .training_cell import TrainCell
+from ...cells import CellResult
+from .cell import TrainCell
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ STEPS: tuple[LadderStep, ...] = (
     # their intermediates. gelu_pytorch_tanh is the same function in one kernel (F.gelu(approximate="tanh")).
     LadderStep("GELU in one kernel (gelu-tanh)", {"activation": "gelu-tanh"}, keep="faster", families=("gpt2",)),
     # An odd vocabulary (GPT-2's 50,257 rows; BERT's 30,522 is even but not a multiple of 8) leaves the head's
-    # GEMMs unaligned (scenarios/training_loop.py _pad_vocab says what that cost on an H100).
+    # GEMMs unaligned (scenarios/training/loop.py _pad_vocab says what that cost on an H100).
     LadderStep("vocabulary padded to a multiple of 64", {"pad_vocab": 64}, keep="faster"),
     LadderStep("torch.compile", {"compile": True}, keep="faster"),
     LadderStep("Liger kernels", {"kernels": "liger"}, keep="faster"),
@@ -84,7 +84,7 @@ def walk(base: TrainCell, measure: Measure, steps: tuple[LadderStep, ...] = STEP
     with its gain over the first step."""
     rows: list[dict] = []
     config, config_row = base, None
-    from ..models import build
+    from ...models import build
 
     for step in steps_for(base.task, build.resolve(base.model).family, steps):
         cell, result = measure(replace(config, **step.change), step.search)
@@ -134,8 +134,8 @@ def sweep_measure(store, run_id: str, spec, on_cell, on_probe=lambda c, r: None)
     """A step measured on the one sweep loop: a plain step is a one-cell grid; a search step runs its
     cell at the batch so far (the search starts there), then the max-batch search, whose stored result is
     the step's cell at the largest batch that fits."""
-    from ..runner.sweep import SweepOptions, max_batch_key, run_grid
-    from .training import target
+    from ...runner.sweep import SweepOptions, max_batch_key, run_grid
+    from .spec import target
 
     def measure(cell: TrainCell, search: bool) -> tuple[TrainCell, CellResult]:
         opts = SweepOptions(timeout=spec.timeout, max_batch=search, max_batch_limit=spec.max_batch_limit,
@@ -155,9 +155,9 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
            on_start=lambda cells, done: None, on_cell=lambda c, r: None) -> list[dict]:
     """The ladder of `spec` (its one model, task, seq, attention and start batch), stored as one training
     run; returns one row per step (the cells' records, `step` and the gains)."""
-    from ..store import Store, export
-    from ..errors import SpecError
-    from . import training
+    from ...store import Store, export
+    from ...errors import SpecError
+    from . import spec as training
 
     one = {"--model": spec.models, "--seq": spec.seqs, "--backend": spec.attns, "--task": spec.tasks or [None],
            "--batch": spec.batches}
@@ -175,7 +175,7 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
         raise SpecError(f"--ladder takes no {', '.join(set_here)}: each step sets what it changes, on one process; "
                         f"leave {set_here[0]} out, or train without --ladder")
     model = spec.models[0]
-    from ..models import build
+    from ...models import build
 
     task = (spec.tasks or [training.default_task(build.resolve(model).shape)])[0]
     base = TrainCell(model=model, task=task, attn=spec.attns[0], precision="fp32", optim="adamw",
@@ -195,7 +195,7 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
 
 
 def _device(spec) -> str:
-    from ..measure import device as dev
+    from ...measure import device as dev
 
     return dev.resolve(spec.device).type
 
@@ -205,7 +205,7 @@ def plot(rows: list[dict], path: str) -> str:
     its gain over the step before. Returns the file written."""
     import matplotlib
 
-    from ..store import export
+    from ...store import export
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..cells import SweepCell
-from .serve_lengths import Lengths
+from ...cells import SweepCell
+from .lengths import Lengths
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .serve_batcher import Batcher, BatchPolicy
+from .batcher import Batcher, BatchPolicy
 
 # A backlog still unserved this long after the last arrival is abandoned: past saturation the queue grows
 # without bound, and waiting it out would only lengthen a probe whose answer (missed target) is known.

@@ -5,14 +5,14 @@ from __future__ import annotations
 import copy
 import time
 
-from .. import backends
-from ..backends.base import output_tensor
-from ..measure import device as dev
-from ..measure import memory, timer
-from ..measure.record import timing_record
-from ..models import build, flops
-from ..cells import Cell, CellResult
-from .inputs import Inputs, make_inputs, point_seed
+from ... import backends
+from ...backends.base import output_tensor
+from ...measure import device as dev
+from ...measure import memory, timer
+from ...measure.record import timing_record
+from ...models import build, flops
+from ...cells import Cell, CellResult
+from ..inputs import Inputs, make_inputs, point_seed
 
 # Relative error allowed against the fp32 reference, by dtype. Half precision over 12-48 layers
 # lands near 1e-3..1e-2; a broken kernel lands near 1.
@@ -106,7 +106,7 @@ def encoders_only(model, inputs: Inputs, family: str) -> None:
         elif "inputs_embeds" in inspect.signature(model.forward).parameters:
             inputs.inputs_embeds = model.get_input_embeddings()(inputs.input_ids)
         else:
-            from ..errors import Unsupported
+            from ...errors import Unsupported
 
             raise Unsupported(f"--encoders-only: {type(model).__name__} takes no inputs_embeds")
 

@@ -2,21 +2,21 @@
 through the inference scenario's steps (same tokens, fp32 reference, correctness gate, backend), and every
 timed iteration starts on all ranks at once (a barrier); an iteration lasts as long as its slowest rank.
 
-Started by runner/launch.py as `python -m transbench.scenarios.inference_dp --cell CELL.json --out DIR`."""
+Started by runner/launch.py as `python -m transbench.scenarios.inference.dp --cell CELL.json --out DIR`."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
 
-from .. import backends
-from ..measure import device as dev
-from ..measure import memory, timer
-from ..measure.record import timing_record
-from ..models import build, flops
-from ..runner import rank as rank_mod
-from ..cells import Cell, CellResult
-from . import inference
+from ... import backends
+from ...measure import device as dev
+from ...measure import memory, timer
+from ...measure.record import timing_record
+from ...models import build, flops
+from ...runner import rank as rank_mod
+from ...cells import Cell, CellResult
+from . import measure as inference
 
 
 def shard(batch: int, world: int, rank: int) -> list[int]:

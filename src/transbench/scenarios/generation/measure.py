@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import time
 
-from .. import backends
-from ..errors import Unsupported
-from ..measure import device as dev
-from ..measure import memory, timer
-from ..measure.record import timing_record
-from ..models import build, flops
-from ..cells import Cell, CellResult
-from ..backends.decoders import HFGenerator, cache_bytes, make_generator
-from .inference import TOLERANCE, ModelCache, cell_inputs, model_for, reference_rows, rel_err
+from ... import backends
+from ...errors import Unsupported
+from ...measure import device as dev
+from ...measure import memory, timer
+from ...measure.record import timing_record
+from ...models import build, flops
+from ...cells import Cell, CellResult
+from ...backends.decoders import HFGenerator, cache_bytes, make_generator
+from ..inference.measure import TOLERANCE, ModelCache, cell_inputs, model_for, reference_rows, rel_err
 
 # --- timing ---------------------------------------------------------------------------------------
 

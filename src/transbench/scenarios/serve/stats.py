@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .serve_load import Trace, measured
+from .load import Trace, measured
 
 PERCENTILES = {"p50": 50, "p90": 90, "p99": 99, "p999": 99.9}
 

@@ -58,7 +58,7 @@ class LigerLoss(torch.nn.Module):
         else:
             hidden = m.bert(input_ids=input_ids).last_hidden_state
             if self.predict:  # --head masked: the k masked positions of each row only (training_head.py)
-                from .training_head import gather_labelled
+                from .head import gather_labelled
 
                 hidden, labels = gather_labelled(hidden, labels, self.predict)
             hidden = m.cls.predictions.transform(hidden)

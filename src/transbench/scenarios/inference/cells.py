@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import itertools
 
-from .. import backends
-from ..errors import SpecError
-from ..measure import device as dev
-from ..models import build
-from ..models.build import ACTIVATIONS
-from ..spec import RunSpec, check_once, checked, device_defaults, parse_shard
-from ..store.db import check_name_text
-from ..cells import Cell
+from ... import backends
+from ...errors import SpecError
+from ...measure import device as dev
+from ...models import build
+from ...models.build import ACTIVATIONS
+from .spec import RunSpec, device_defaults
+from ...spec import check_once, checked, parse_shard
+from ...store.db import check_name_text
+from ...cells import Cell
 
 
 def validate(spec: RunSpec) -> RunSpec:
@@ -44,7 +45,7 @@ def validate(spec: RunSpec) -> RunSpec:
     if spec.seq_stdev > 0 and set(spec.tasks) == {"generate"}:  # else every cell `unsupported`, and exit 0
         raise SpecError(f"--seq-stdev {spec.seq_stdev:g}: generation runs equal-length prompts (--seq); leave "
                         "--seq-stdev out with --task generate")
-    from ..backends.compile import check_mode
+    from ...backends.compile import check_mode
 
     check_mode(spec.compile_mode)  # also without the compile backend: a misspelt mode is a mistake either way
     if spec.timeout <= 0:

@@ -1,11 +1,11 @@
 """Process entry of one training cell (one rank of it under torchrun): `python -m
-transbench.scenarios.training_worker --cell CELL.json --out DIR`, started by runner/launch.py."""
+transbench.scenarios.training.worker --cell CELL.json --out DIR`, started by runner/launch.py."""
 
 from __future__ import annotations
 
-from ..runner import rank
-from . import training_loop
-from .training_cell import TrainCell
+from ...runner import rank
+from . import loop as training_loop
+from .cell import TrainCell
 
 
 def _run(cell: dict, info: rank.RankInfo, device):

@@ -11,15 +11,15 @@ import importlib.util
 import math
 import time
 
-from ..errors import Unsupported
-from ..measure import device as dev
-from ..measure import memory, timer
-from ..measure.record import timing_record
-from ..models import build, flops
-from ..cells import CellResult
-from ..runner.rank import RankInfo
-from .inputs import point_seed
-from .training_cell import ATTENTION, TrainCell
+from ...errors import Unsupported
+from ...measure import device as dev
+from ...measure import memory, timer
+from ...measure.record import timing_record
+from ...models import build, flops
+from ...cells import CellResult
+from ...runner.rank import RankInfo
+from ..inputs import point_seed
+from .cell import ATTENTION, TrainCell
 
 MLM_PROBABILITY = 0.15
 BERT_MASK_ID = 103  # [MASK] in the bert-base/large vocabulary
@@ -70,7 +70,7 @@ def check_supported(cell: TrainCell, device_type: str) -> None:
         if not cuda:
             raise Unsupported("kernels liger runs on CUDA only (Triton GPU kernels): use --kernels torch on the CPU")
     if cell.head == "masked":
-        from .training_head import HEADS
+        from .head import HEADS
 
         family = build.resolve(cell.model).family
         if cell.task != "mlm" or family not in HEADS:
@@ -232,11 +232,11 @@ class Trainer:
         self.info["kernels_replaced"] = []
         predict = mlm_predictions(cell.seq) if cell.head == "masked" else None
         if cell.kernels == "liger":  # before any wrapper: DDP, FSDP and DeepSpeed wrap what trains
-            from . import training_kernels
+            from . import kernels as training_kernels
 
             model, self.info["kernels_replaced"] = training_kernels.apply(model, cell.task, ref.family, predict)
         if predict and model is self.hf_model:  # no fused Liger head took the masked positions (RoBERTa)
-            from .training_head import MaskedHead
+            from .head import MaskedHead
 
             model = MaskedHead(model, ref.family, predict)
         self.info["head_positions"] = predict or cell.seq

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..cells import SweepCell
+from ...cells import SweepCell
 
 TRAIN_TASKS = ("mlm", "causal-lm", "classification")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
