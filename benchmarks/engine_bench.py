@@ -565,8 +565,8 @@ def fp8_gemms():
 def quant_kernels():
     """The per-token fp8 quantize pass (bias + GELU + e4m3 of the fp8 MLP's middle, kernels.quantize_rows) against
     a plain bias + GELU pass and the LayerNorm at the same rows: GB/s of each, and the pass's variants (warps per
-    row, libdevice erf or kernels.erf, rows per program) to see what bounds it (session 13: 1.27 TB/s, against
-    3 TB/s for the LayerNorm)."""
+    row, libdevice erf or kernels.erf, rows per program) to see what bounds it (1.27 TB/s, against 3 TB/s for the
+    LayerNorm: benchmarks/results/fp8_engine_h100_2026-11.md)."""
     import triton
     import triton.language as tl
 

@@ -27,7 +27,8 @@ GROUPS: tuple[tuple[str, re.Pattern], ...] = (
     # before attention's softmax.
     ("cross-entropy", re.compile(r"cross_entropy|nll_loss|log_?soft_?max|logsumexp|liger.*(ce|cross)", re.I)),
     # SDPA's math path under torch.compile: inductor's kernels named after _safe_softmax and its backward (with the
-    # dropout fused in) are attention's, though their names also say dropout (session 13, bert-large compiled).
+    # dropout fused in) are attention's, though their names also say dropout (bert-large compiled:
+    # benchmarks/results/fp8_engine_h100_2026-11.md).
     ("attention", re.compile(r"flash|fmha|attention|sdpa|_efficient_attention|softmax_warp|cudnn.*mha|"
                              r"_safe_softmax|_softmax_backward_data", re.I)),
     ("norm", re.compile(r"layer_norm|layernorm|rms_norm|rmsnorm", re.I)),

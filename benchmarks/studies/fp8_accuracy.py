@@ -1,8 +1,8 @@
 """fp8 accuracy of the fused engine, on the CPU (ops.scaled_mm emulates torch._scaled_mm: fp32 products of the e4m3
 values), so no GPU is needed: which GEMM kinds cost how much, against fp32.
 
-  PYTHONPATH=src python benchmarks/fp8_accuracy.py                       # bert-base 2x128, bert-large 1x384, MiniLM
-  PYTHONPATH=src python benchmarks/fp8_accuracy.py --models gpt2:2x128 --kinds all --no-minilm
+  PYTHONPATH=src python benchmarks/studies/fp8_accuracy.py                       # bert-base 2x128, bert-large 1x384, MiniLM
+  PYTHONPATH=src python benchmarks/studies/fp8_accuracy.py --models gpt2:2x128 --kinds all --no-minilm
 
 Random-weight presets as `transbench run` builds them: rel_err of the last hidden state against transformers in
 fp32 (scenarios/inference.py rel_err, the correctness gate's measure). MiniLM: the packaged all-MiniLM-L6-v2

@@ -3,9 +3,9 @@ An experiment on the CPU, outside the engine: every encoder Linear of a transfor
 fake-quantized twin (8-bit weights per output channel, 8-bit activations per token, fp32 products), so the formats
 and their recipes are compared on equal terms.
 
-  PYTHONPATH=src python benchmarks/int8_accuracy.py            # about 1 minute
+  PYTHONPATH=src python benchmarks/studies/int8_accuracy.py            # about 1 minute
 
-Measures as benchmarks/fp8_accuracy.py does: rel_err of the last hidden state against fp32 for random-weight
+Measures as benchmarks/studies/fp8_accuracy.py does: rel_err of the last hidden state against fp32 for random-weight
 presets (bert-base 2x128, bert-large 1x384), and the lowest and mean cosine of all-MiniLM-L6-v2's mean-pooled
 embeddings with fp32's over its eight sentences. Recipes:
   e4m3         the engine's scales (per-channel weights, per-token activations)

@@ -10,7 +10,7 @@ shapes, against torch._scaled_mm (e4m3, row-wise scales: the engine's fp8 cuBLAS
 Each is checked against an fp64 product of the unquantized operands (rel_err: what the format costs on Gaussian
 data, and on data with outlier channels, where one scale per row must stretch over the outliers) and timed with
 CUDA events (triton.testing.do_bench: median, warm-up first). Random operands, never zeros.
-  PYTHONPATH=src python benchmarks/int8_gemm.py [--quick]
+  PYTHONPATH=src python benchmarks/studies/int8_gemm.py [--quick]
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ and the Python collections of the oldest generation during the sampler, and the 
 --profile adds each graph's kernel times (torch.profiler), --keep-graphs times every cell's graph again at the end,
 --no-pdl turns programmatic dependent launch off, --freeze runs gc.freeze() before each cell.
 
-    PYTHONPATH=src python3 benchmarks/order_latency.py --model bert-base-uncased --dtype fp16 --seq 128 --order 1,8
+    PYTHONPATH=src python3 benchmarks/studies/order_latency.py --model bert-base-uncased --dtype fp16 --seq 128 --order 1,8
 
 Run `transbench tune` for the shapes first, so that no cell tunes."""
 from __future__ import annotations

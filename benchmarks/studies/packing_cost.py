@@ -1,6 +1,6 @@
 """What the fused engine's padding path costs on the host, per call (engine/attention.py make_packing).
 
-    PYTHONPATH=src python3 benchmarks/packing_cost.py
+    PYTHONPATH=src python3 benchmarks/studies/packing_cost.py
 
 (1) make_packing alone, microseconds a call, for a full and a right-padded mask, its two Triton launches against its
 torch ops (kernels.PACK_MAX_S set to 0 sends CUDA masks there; the launches are timed past kernels.PACK_MAX_TOKENS

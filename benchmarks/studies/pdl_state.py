@@ -1,9 +1,10 @@
 """Which step of a second `run` cell slows the first cell's captured graph? (CUDA, fused backend.) Prepares one cell
 as scenarios.inference.run does, then replays its graph alone (order_latency.replay_ms) after each step that a
 second cell of the same shape takes, in order, printing the replay time after each (--own-stream: the second engine
-captures on a stream of its own, as every engine did before session 19). --bisect and --capture take smaller steps.
+captures on a stream of its own, as every engine did before capture.side_stream). --bisect and --capture take
+smaller steps.
 
-    PYTHONPATH=src:benchmarks python3 benchmarks/pdl_state.py --model bert-base-uncased --dtype fp16 --batch 8 --seq 128
+    PYTHONPATH=src python3 benchmarks/studies/pdl_state.py --model bert-base-uncased --dtype fp16 --batch 8 --seq 128
 
 Run `transbench tune` for the shape (and 1 x 128, which --capture shape adds) first, so that nothing tunes."""
 from __future__ import annotations
@@ -95,7 +96,8 @@ def main() -> None:
     ap.add_argument("--capture", choices=["same", "new-stream", "new-pool", "new", "shape"],
                     help="one more capture beside the first graph (capture_one)")
     ap.add_argument("--own-stream", action="store_true",
-                    help="the second engine captures on a new stream (each GraphCache's own, as before session 19)")
+                    help="the second engine captures on a new stream (each GraphCache's own, as before "
+                         "capture.side_stream)")
     a = ap.parse_args()
     device = torch.device("cuda")
     cell = Cell(model=a.model, task="base", backend="fused", dtype=a.dtype, batch=a.batch, seq=a.seq, device="cuda",
@@ -132,7 +134,7 @@ def main() -> None:
     say("2 s idle")
     torch.cuda.empty_cache()
     say("empty_cache")
-    if a.own_stream:  # as before session 19: each engine warmed up and captured on a stream of its own
+    if a.own_stream:  # as before capture.side_stream: each engine warmed up and captured on a stream of its own
         side_stream.cache_clear()
     second = prepare()
     say("a second engine's first call")

@@ -5,7 +5,7 @@ forward against itself, so every difference it reports is the timing's own: per 
 with the best timed first in every round, then with the order alternating between rounds. A pause between races
 stands for the capture of the next trial, during which the GPU idles.
 
-    PYTHONPATH=src python3 benchmarks/race_order.py --model bert-large-uncased --batch 128 --seq 384 --dtype fp8"""
+    PYTHONPATH=src python3 benchmarks/studies/race_order.py --model bert-large-uncased --batch 128 --seq 384 --dtype fp8"""
 from __future__ import annotations
 
 import argparse

@@ -2,12 +2,12 @@
 aten attention ops that run (eager) or that AOTAutograd put in the compiled forward and backward graphs, for a
 model built and stepped as a training cell builds it (bf16 autocast, train mode, dropout on).
 
-    PYTHONPATH=src python3 benchmarks/sdpa_choice.py --model bert-large-uncased --batch 8 --seq 128 \
+    PYTHONPATH=src python3 benchmarks/studies/sdpa_choice.py --model bert-large-uncased --batch 8 --seq 128 \
         [--kernel FLASH_ATTENTION] [--no-dropout]
 
-Why it exists: on an H100 (session 13) the compiled bert-large step ran SDPA's math path (softmax and dropout
-kernels, an fp32 CUDA-core GEMM) while the compiled gpt2 step ran cuDNN's attention. Each variant prints the ops
-it found, or the error SDPA raised (a forced --kernel says why it cannot run)."""
+Why it exists: on an H100 (benchmarks/results/fp8_engine_h100_2026-11.md) the compiled bert-large step ran SDPA's
+math path (softmax and dropout kernels, an fp32 CUDA-core GEMM) while the compiled gpt2 step ran cuDNN's attention.
+Each variant prints the ops it found, or the error SDPA raised (a forced --kernel says why it cannot run)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ one that wraps the server's `serve` and records per batch:
   batch, new buckets prepared under load, and the Python GC collections (gc.callbacks: start, stop, generation,
   thread) that overlapped it.
 
-  PYTHONPATH=src python3 benchmarks/serve_trace.py --backend fused,cudagraph --rates 36,300,2000 --duration 2
-  PYTHONPATH=src python3 benchmarks/serve_trace.py --device cpu --model bert-tiny --backend sdpa,fused --rates 50
+  PYTHONPATH=src python3 benchmarks/studies/serve_trace.py --backend fused,cudagraph --rates 36,300,2000 --duration 2
+  PYTHONPATH=src python3 benchmarks/studies/serve_trace.py --device cpu --model bert-tiny --backend sdpa,fused --rates 50
 
 Reading it: gpu and gpu_fn are spans on the GPU's clock, so they include the GPU waiting for the host's launches;
 replay is the graph's kernels alone (launched at once). A slow batch with a slow replay is the GPU itself (clocks
