@@ -186,8 +186,9 @@ def generation(prompt_len=512, new_tokens=128):
 @torch.inference_mode()
 def pdl_effect(name, shapes, rounds=5):
     """The engine with and without programmatic dependent launch (same tuned routes; graphs captured each way),
-    timed in alternation so clock drift cannot favour either, and whether the outputs are bit-identical. (Session 5's
-    figures timed encode(), input copy and output clone included; the graph replay alone is timed now.)"""
+    timed in alternation so clock drift cannot favour either, and whether the outputs are bit-identical. The graph replay
+    alone is timed: the figures of benchmarks/results/fused_h100_2026-11.md (programmatic dependent launch) timed
+    encode(), input copy and output clone included."""
     from transbench.engine import gemm, kernels
 
     print(f"\n## programmatic dependent launch on / off: {name} encoders-only and gpt2 decode, fp16 "
