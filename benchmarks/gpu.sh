@@ -20,11 +20,11 @@ PARTS=(
   "quick|5 min|one short call over the main evidence: bert-base fused against eager/sdpa/cudagraph, GEMM and bandwidth ceilings, OOM and max batch, gpt2 generation, a layer breakdown"
   "verify|7 min|an end-to-end check: one-line CLI errors, a checkpoint folder through run/API/micro layer, roberta fp16 and bf16, the engine's config tests on CUDA, the sampler against a plain loop"
   "targets|6 min|the fused engine's fp8 throughput rows: bert-base 256x128 and bert-large 128x384, tuned, fp16 and fp8 against sdpa"
-  "fp8|8 min|the fp8 table: bert-base 1/8/256x128 and bert-large 128x384 fused against sdpa (engine tuned), 1x128 with embeddings, fp8 kernel profile, fp8 MFU below the fp8 row threshold"
+  "fp8|9 min|the fp8 table: bert-base 1/8/256x128 and bert-large 128x384 fused against sdpa (engine tuned), 1x128 with embeddings, fp8 kernel profile, fp8 MFU below the fp8 row threshold"
   "startup|4 min|first calls of the fused engine (cold, fp16 and fp8, and after transbench tune), a fresh gpt2 generator per request against one reused"
   "memory|10 min|peak memory of fused against sdpa over the tuned bert-base fp16 grid (batch 1-256 x seq 128-512)"
-  "isolation|8 min|memory per cell: a gpt2 grid of fused, compile, cudagraph and sdpa cells in one run against each sdpa cell alone"
-  "sampler|8 min|the sampler against a plain CUDA-event loop (bert-base, gpt2, bert-large points), micro gemm against a sustained plain loop, energy per sequence, compare of two identical runs"
+  "isolation|9 min|memory per cell: a gpt2 grid of fused, compile, cudagraph and sdpa cells in one run against each sdpa cell alone"
+  "sampler|8 min|the sampler against a plain CUDA-event loop (bert-base sdpa, cudagraph, fused), micro gemm against a sustained plain loop, energy per sequence, compare of two identical runs"
   "serve|9 min|serving under load: bert-base classification max rate under p99 10 ms per backend, gpt2 generation under load, what the fused cells prepared"
   "generate|6 min|gpt2 generation under load with prompts that fill the positions (1,000 + 24 tokens), fused and sdpa"
   "train|4 min|training throughput: bert-large MLM seq 128 and gpt2 seq 1024, bf16, fused AdamW, compile off and on"
@@ -35,7 +35,7 @@ PARTS=(
   "train-x2|4 min|(2 GPUs) DDP and FSDP2 scaling for bert-large and gpt2, NCCL P2P off, data-parallel inference"
   "micro|3 min|micro-benchmarks: GEMM and bandwidth ceilings, one bert-large layer, its parts and rooflines"
   "sweep|4 min|sweeps that survive: bert-large seq 512 batch 64-8192, fp32 OOM and skipped cells, fp16 max-batch search"
-  "backends|8 min|every inference backend on bert-base fp16, gpt2 generation and causal-lm, the demo on every GPU backend, onnxruntime on the CPU"
+  "backends|10 min|every inference backend on bert-base fp16, gpt2 generation and causal-lm, the demo on every GPU backend, onnxruntime on the CPU"
   "report|4 min|a bert-base fp16 sweep, its report (markdown, PNG, HTML) and compare of two identical sdpa runs"
   "grid-base|10 min|the fused engine against every backend, bert-base fp16, batch 1-256 x seq 128-512 (resumes)"
   "grid-large|10 min|the same grid for bert-large, with the 128x384 target point first (resumes)"
@@ -79,7 +79,7 @@ wheels() {  # the wheels the GPU image lacks (DeepSpeed, Liger), from benchmarks
   python3 -c "import deepspeed, liger_kernel; print('deepspeed', deepspeed.__version__)"
 }
 plain_loop() {  # plain_loop_check.py args: the sampler against a plain CUDA-event loop
-  timeout 150 python3 $B/plain_loop_check.py "$@" 2>&1 | grep -vE "^\s*$|Warning|warn" | tail -8
+  timeout "${PLAIN_S:-150}" python3 $B/plain_loop_check.py "$@" 2>&1 | grep -vE "^\s*$|Warning|warn" | tail -8
 }
 tune_run() {  # model batch seq dtypes min_time name: tune each dtype, then fused (and sdpa) through `transbench run`
   local m=$1 b=$2 s=$3 dts=$4 t=$5 name=$6 dt
@@ -195,7 +195,7 @@ part_memory() {
 part_isolation() {
   caches
   local db=$OUT/isolation.db d b
-  timeout 300 $TB run --model gpt2 --task causal-lm --backend fused,compile,cudagraph,sdpa --dtype fp16,bf16 \
+  timeout 470 $TB run --model gpt2 --task causal-lm --backend fused,compile,cudagraph,sdpa --dtype fp16,bf16 \
     --batch 1,8 --seq 128 --min-time 0.3 --timeout 150 --name mixed --db "$db"
   for d in fp16 bf16; do for b in 1 8; do
     timeout 40 $TB run --model gpt2 --task causal-lm --backend sdpa --dtype $d --batch $b --seq 128 --min-time 0.3 \
@@ -222,9 +222,7 @@ PY
 
 part_sampler() {
   caches
-  plain_loop --model bert-base-uncased --backend sdpa,cudagraph,fused --point 64x512 --point 8x384 --point 2x96 --dtype fp16
-  plain_loop --model gpt2 --backend sdpa,fused --point 4x200 --dtype bf16
-  plain_loop --model bert-large-uncased --backend sdpa,cudagraph,fused --point 12x160 --point 3x448 --dtype fp16
+  PLAIN_S=200 plain_loop --model bert-base-uncased --backend sdpa,cudagraph,fused --point 64x512 --point 8x384 --dtype fp16
   timeout 80 python3 $B/gemm_vs_plain.py --sizes 4096,8192 --dtype fp16,bf16 --rounds 2
   timeout 40 $TB micro gemm --sizes 4096,8192 --dtype fp16,bf16 --model '' --db "$OUT/sampler_micro.db" --name gemm
   timeout 120 $TB run --model bert-base-uncased --backend sdpa,fused --dtype fp16 --batch 256 --seq 128 --min-time 1 \

@@ -66,3 +66,12 @@ def test_the_results_index_lists_every_results_file():
     assert files and [f for f in files if f"({f})" not in index] == []
     # named by topic, GPU and month
     assert all(re.fullmatch(r"[a-z0-9_]+_(h100|h200|[a-z0-9]+)_\d{4}-\d{2}\.md", f) for f in files)
+
+
+def test_the_readme_names_every_part_and_every_script():
+    readme = (BENCHMARKS / "README.md").read_text()
+    parts = [line.split()[0] for line in run_gpu("--list").stdout.splitlines()[1:]]
+    assert [p for p in parts if f"| `{p}` |" not in readme] == []
+    scripts = sorted(p.relative_to(BENCHMARKS).as_posix() for p in BENCHMARKS.rglob("*") if p.suffix in (".py", ".sh")
+                     and "__pycache__" not in p.parts)
+    assert [s for s in scripts if f"`{s}`" not in readme] == []
