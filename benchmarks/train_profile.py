@@ -27,7 +27,8 @@ GROUPS: tuple[tuple[str, re.Pattern], ...] = (
     # before attention's softmax.
     ("cross-entropy", re.compile(r"cross_entropy|nll_loss|log_?soft_?max|logsumexp|liger.*(ce|cross)", re.I)),
     # SDPA's math path under torch.compile: inductor's kernels named after _safe_softmax and its backward (with the
-    # dropout fused in) are attention's, though their names also say dropout (session 13, bert-large compiled).
+    # dropout fused in) are attention's, though their names also say dropout (bert-large compiled:
+    # benchmarks/results/fp8_engine_h100_2026-11.md).
     ("attention", re.compile(r"flash|fmha|attention|sdpa|_efficient_attention|softmax_warp|cudnn.*mha|"
                              r"_safe_softmax|_softmax_backward_data", re.I)),
     ("norm", re.compile(r"layer_norm|layernorm|rms_norm|rmsnorm", re.I)),
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from transbench.measure import device as dev
     from transbench.models import build
     from transbench.runner.rank import RankInfo
-    from transbench.scenarios.training import loop as training_loop
+    from transbench.scenarios.training.spec import loop as training_loop
     from transbench.scenarios.training.spec import default_task
     from transbench.scenarios.training.cell import TrainCell
 

@@ -1,4 +1,4 @@
-"""Compact text tables of stored training runs, for the GPU scripts' logs (benchmarks/gpu_round3.sh).
+"""Compact text tables of stored training runs, for the GPU script's logs (benchmarks/gpu.sh).
 
     python3 benchmarks/train_tables.py DB RUN [RUN ...]        every stored cell of each run, in order
     python3 benchmarks/train_tables.py --ladder LADDER.json     a finished ladder (scenarios/training/ladder.py)

@@ -398,7 +398,8 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                 on_cell(summary, result)
                 continue
             # No rate meeting the target is a measured answer (max rate 0), not a failure: on an H100 eager and
-            # sdpa bert-base take 13-15 ms a batch, over a 10 ms p99 at any rate (session 11).
+            # sdpa bert-base take 13-15 ms a batch, over a 10 ms p99 at any rate
+            # (benchmarks/results/measurement_path_h100_2026-11.md).
             lowest = min(trail, key=lambda t: t[0]) if trail else None
             result = CellResult("ok", record={**rec, "max_rate": best or 0.0}, info={"probes": trail},
                                 warnings=[] if best else [

@@ -60,9 +60,10 @@ def test_a_launch_bound_cell_is_warned_host_bound_and_a_gpu_bound_one_is_not():
     seen = {n: (r.record["host_ms"], r.record["latency_ms"], r.warnings) for n, r in (("tiny", tiny), ("big", big))}
     assert tiny.record["host_ms"] >= 0.9 * tiny.record["latency_ms"], seen
     assert any(w.startswith("host-bound") for w in tiny.warnings), seen
-    # About 65 ms of GPU work (sdpa 64 x 512 took 16.3 ms on an H100, session 11). Launching bert-base through
-    # transformers took 4.7-10.3 ms of host time and wandered with the CPU (session 20), so 128 x 512 (about 32
-    # ms) left too thin a margin on a cold machine.
+    # About 65 ms of GPU work (sdpa 64 x 512 took 16.3 ms on an H100,
+    # benchmarks/results/measurement_path_h100_2026-11.md). Launching bert-base through transformers took 4.7-10.3 ms of
+    # host time and wandered with the CPU (benchmarks/results/sampler_host_h100_2026-11.md), so 128 x 512 (about 32 ms)
+    # left too thin a margin on a cold machine.
     assert big.record["host_ms"] < 0.5 * big.record["latency_ms"], seen
     assert not any(w.startswith("host-bound") for w in big.warnings), seen
 

@@ -63,7 +63,8 @@ def test_attention_writes_the_output_projections_e4m3_input(B, S, H, D, causal, 
     odd lengths and head sizes (hidden 200 at head size 25, 384 at 96). Its scales against ops.attention_scale;
     its codes against ops.quantize_scaled, on those scales, of the same kernel's output in the model's dtype (one
     e4m3 step apart at most, where that rounding moved a value across a boundary: against the fp32 SDPA output,
-    values near zero differ by several subnormal steps, H100 session 16); dequantized, against fp32 SDPA."""
+    values near zero differ by several subnormal steps on an H100,
+    benchmarks/results/fp8_power_cap_h100_2026-11.md); dequantized, against fp32 SDPA."""
     from transbench.engine import kernels as K
     from transbench.engine.ops import AttnBound, attention_scale, quantize_scaled
     qkv = torch.randn(B * S, 3 * H * D, device="cuda", dtype=dtype)
@@ -93,7 +94,7 @@ def test_bias_gelu_quantize_kernel(T, N, act, approx, dtype):
     ref = x.float() + b.float()
     ref = F.gelu(ref, approximate=approx) if approx else ref
     q, qs = K.quantize_rows(x, b, act)
-    assert same_e4m3(q, qs, ref) < 2e-3  # one row of 3,072: 4 ties seen on an H100 (session 14)
+    assert same_e4m3(q, qs, ref) < 2e-3  # one row of 3,072: 4 ties seen on an H100 (fp8_gemm_h100_2026-11.md)
 
 
 @needs_fp8

@@ -72,7 +72,7 @@ def test_fused_roberta_base_matches_and_beats_eager():
 @pytest.mark.parametrize("family,task,backend", [("falcon", "base", "sdpa"), ("falcon", "generate", "sdpa"),
                                                  ("llama", "qa", "sdpa"), ("mistral", "causal-lm", "eager")])
 def test_checkpoint_folders_rebuilt_for_sdpa_or_remapped_run_on_cuda(tmp_path, family, task, backend):
-    # Session 23's model-building changes on the GPU: Falcon rebuilt with SDPA chosen at construction
+    # Model building on the GPU: Falcon rebuilt with SDPA chosen at construction
     # (build._rebuilt), a QA head whose backbone prefix differs from the checkpoint's (build._backbone_mapping),
     # and a counted decoder's FLOPs (flops._causal_products).
     import transformers

@@ -24,7 +24,7 @@ def test_encoder_under_load(backend):
     rec = r.record
     assert rec["rel_err"] < 2e-2 and rec["achieved_rate"] == pytest.approx(200, rel=0.3)
     # Under 1 s, the run's length: no request waited out the run (a stalled batcher). Not a speed bound: sdpa's p99
-    # read 67.2 ms on an H100 in session 19, where earlier sessions read under 50.
+    # read 67.2 ms on one H100 and under 50 on others.
     assert rec["latency_p50_ms"] <= rec["latency_p99_ms"] < 1000 and len(r.samples_ms) == rec["requests"]
     assert 0 < rec["busy_share"] < 1 and rec["mean_batch"] >= 1
     if backend == "fused":  # one engine per batch size, at the widest bucket (it packs the padding away)

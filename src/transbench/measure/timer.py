@@ -119,7 +119,8 @@ class Clock:
 
 # Calls per synchronize on a GPU. A synchronize after every call leaves the GPU idle while the host
 # prepares the next one: on an H100 the fused engine's bert-base 8 x 384 read 1.627 ms synchronized per
-# call against 1.511 ms in a plain back-to-back event loop (benchmarks/plain_loop_check.py, session 11).
+# call against 1.511 ms in a plain back-to-back event loop (benchmarks/plain_loop_check.py,
+# benchmarks/results/measurement_path_h100_2026-11.md).
 ROUND = 8
 
 

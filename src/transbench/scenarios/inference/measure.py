@@ -17,7 +17,7 @@ from ..inputs import Inputs, make_inputs, point_seed
 # Relative error allowed against the fp32 reference, by dtype. Half precision over 12-48 layers
 # lands near 1e-3..1e-2; a broken kernel lands near 1.
 # fp8 (the fused engine's e4m3 GEMMs with per-channel weight and per-token activation scales): the same math
-# emulated in fp32 on the CPU (benchmarks/fp8_accuracy.py) gave rel_err 7.0e-2 on bert-base (2x128, 4x512),
+# emulated in fp32 on the CPU (benchmarks/studies/fp8_accuracy.py) gave rel_err 7.0e-2 on bert-base (2x128, 4x512),
 # 6.9e-2 roberta-base, 9.8e-2 gpt2, 1.05e-1 gpt2-medium, 1.07e-1 gpt2-large, 1.11e-1 gpt2-xl, and the most,
 # 1.30e-1 on bert-large (1x384, 4x128, 1x512; 1.26e-1 measured on an H100). That is e4m3's 3-bit mantissa (each
 # GEMM kind alone adds 2-7e-2; docs/engine.md, fp8), not a scale choice, so 1.5e-1 keeps 15% over the largest;
@@ -125,8 +125,8 @@ def settle(prepared, device) -> None:
     """Before timing: where the backend can drop what its first call captured, drop it, restart the memory peak
     (memory.restart_peak) and call again. A fused cell's first call times kernel routes unless they are on disk,
     and what that tuning left made a cell's peak depend on what ran before it (H100, bert-base fp16 8 x 128: 335.6
-    MiB tuning, 301.6 with its routes on disk; 303.6 tuning with this, benchmarks/results/session16_h100.md). The
-    second call captures without timing."""
+    MiB tuning, 301.6 with its routes on disk; 303.6 tuning with this,
+    benchmarks/results/fp8_power_cap_h100_2026-11.md). The second call captures without timing."""
     if prepared.release is not None:
         prepared.release()
         memory.restart_peak(device)

@@ -67,11 +67,11 @@ def run_load(serve_batch: Callable[[list[Request]], Any], plan: LoadPlan, policy
     the host times at which each generated token was (generation). `on_measure` is called once, when the
     loop first finds the warm-up over (the energy counter starts there).
 
-    The load runs with the heap as it stands frozen (gc.freeze, as long-running Python servers do after their
-    warm-up): the model, its graphs and its tuning records are never scanned again by the collector. Without it,
-    on an H100 (session 13) every fused serve probe, a fresh worker that had just captured 68 graphs, stalled
-    once for 10-20 ms in mid-load, a cluster of requests late by that much, where the same cells run in one
-    long-lived process (benchmarks/serve_trace.py) had no such stall and no full collection."""
+    The load runs with the heap as it stands frozen (gc.freeze, as long-running Python servers do after their warm-up):
+    the model, its graphs and its tuning records are never scanned again by the collector. Without it, on an H100
+    (benchmarks/results/fp8_engine_h100_2026-11.md) every fused serve probe, a fresh worker that had just captured 68
+    graphs, stalled once for 10-20 ms in mid-load, a cluster of requests late by that much, where the same cells run in
+    one long-lived process (benchmarks/studies/serve_trace.py) had no such stall and no full collection."""
     gc.collect()
     gc.freeze()
     before = [g["collections"] for g in gc.get_stats()]

@@ -173,18 +173,19 @@ def _pad_vocab(model, multiple: int) -> int:
     `multiple`; returns the rows trained. The token ids and labels stay below the real vocabulary, so the extra
     rows only join the softmax's normalization, as nanoGPT's 50,304-row GPT-2 does. Why: an odd row count
     (GPT-2's 50,257) leaves every GEMM of the head with unaligned strides, and cuBLAS then runs an
-    alignment-1 kernel (H100, session 13 profile, gpt2 b48 s1024: 25.7 ms of a 153 ms step)."""
+    alignment-1 kernel (H100 profile, gpt2 b48 s1024: 25.7 ms of a 153 ms step,
+    benchmarks/results/fp8_engine_h100_2026-11.md)."""
     rows = model.get_input_embeddings().weight.shape[0]
     if multiple > 1 and rows % multiple:
         model.resize_token_embeddings(rows, pad_to_multiple_of=multiple, mean_resizing=False)
     return model.get_input_embeddings().weight.shape[0]
 
 
-# transformers' SDPA attention without a mask, for training cells (their batches are never padded). Under
-# torch.compile transformers cannot check the mask's contents, so it builds the (batch, 1, seq, seq) all-true mask
-# that eager mode skips, and SDPA with a mask has no flash or cuDNN kernel: H100, session 14
-# (benchmarks/sdpa_choice.py), compiled bert-large ran SDPA's math path, eager cuDNN's attention. A name transformers
-# has no mask function for gets no mask, and its attention then runs plain SDPA (is_causal for decoders).
+# transformers' SDPA attention without a mask, for training cells (their batches are never padded). Under torch.compile
+# transformers cannot check the mask's contents, so it builds the (batch, 1, seq, seq) all-true mask that eager mode
+# skips, and SDPA with a mask has no flash or cuDNN kernel: on an H100 (benchmarks/studies/sdpa_choice.py,
+# benchmarks/results/fp8_gemm_h100_2026-11.md) compiled bert-large ran SDPA's math path, eager cuDNN's attention. A name
+# transformers has no mask function for gets no mask, and its attention then runs plain SDPA (is_causal for decoders).
 UNMASKED_SDPA = "sdpa_unmasked"
 # Families whose every layer attends over the whole sequence (or its causal prefix): dropping an all-true mask is
 # exact there, where a local or sliding window (ModernBERT's, Qwen2's) is part of the mask.
@@ -403,7 +404,7 @@ class Trainer:
             if self.engine is None:
                 try:
                     self.optimizer.zero_grad(set_to_none=True)
-                except TypeError:  # DeepSpeed's FusedAdam takes no set_to_none (seen on an H100, session 11)
+                except TypeError:  # DeepSpeed's FusedAdam takes no set_to_none
                     self.optimizer.zero_grad()
                 mark("optimizer")
         return total / n
