@@ -1,4 +1,4 @@
-"""The Python API's bad input (README "Python API"): a spec of the wrong type or with a wrong value, an empty axis,
+"""The Python API's bad input (docs/python-api.md): a spec of the wrong type or with a wrong value, an empty axis,
 an option no cell uses. Each is one SpecError naming the problem, raised before a store or any file exists, never a
 TypeError deep inside, a NaN run, or an empty run that says ok. The CLI's options that only shape another task,
 backend or mode are refused the same way (test_cli_input.py covers the rest of the CLI)."""

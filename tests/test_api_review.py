@@ -1,4 +1,4 @@
-"""Review of the Python API as README's "Python API" section documents it: what each call leaves behind in the
+"""Review of the Python API as docs/python-api.md documents it: what each call leaves behind in the
 caller's process (no global state changed) and the arguments it refuses before any store or file exists."""
 
 import os

@@ -19,7 +19,7 @@ from transbench.measure import context, memory, peaks, record, timer
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 100])
 def test_percentiles_are_numpys_linear_ones_at_any_sample_count(n):
-    """README: median (latency_ms), p90, p99, IQR; timer._quantile claims numpy's default (linear) method."""
+    """docs/measurement.md: median (latency_ms), p90, p99, IQR; timer._quantile claims numpy's default (linear) method."""
     xs = np.random.default_rng(n).lognormal(0.0, 1.0, n).tolist()
     s = timer.summarize(xs)
     a = np.asarray(xs)
@@ -53,7 +53,7 @@ def test_min_time_counts_timed_calls_and_warmup_calls_are_not_samples():
     (timer.TimerConfig(warmup=0, min_time_s=0.0, min_count=10**6, max_time_s=0.05), lambda: 0.01),  # time cap
 ])
 def test_a_cell_stopped_by_a_cap_before_its_minimum_says_so(cfg, step):
-    """README: timed samples "until both --min-time seconds and --min-count samples are reached"; the sampler also
+    """docs/measurement.md: timed samples "until both --min-time seconds and --min-count samples are reached"; the sampler also
     stops at max_count (10,000) and max_time_s (120 s; micro 20 s), and said nothing: a 0.05 ms GPU call under the
     default --min-time 1 stopped after 0.5 s of calls, and --min-time 300 after 120 s, both read as complete."""
     s = timer.sample_steps(step, torch.device("cpu"), cfg)
@@ -538,7 +538,7 @@ def test_the_serve_table_gives_rates_per_second_and_goodput_as_a_percentage():
 
 
 def test_micro_tables_print_percent_of_peak_as_every_percentage():
-    """README: percentages print with one decimal, never rounded onto 0% or 100%. `micro gemm`, `bandwidth` and
+    """docs/measurement.md: percentages print with one decimal, never rounded onto 0% or 100%. `micro gemm`, `bandwidth` and
     `layer` printed % of the datasheet peak with none (99.6% read "(100%)", 0.4% "(0%)"), `breakdown` its % of
     roofline likewise."""
     from transbench.cli.micro import BREAKDOWN_COLUMNS, _pct

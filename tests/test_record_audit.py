@@ -1,4 +1,4 @@
-"""Audit of the figures a record shows: each one consistent with the raw data it keeps, with the README's
+"""Audit of the figures a record shows: each one consistent with the raw data it keeps, with docs/measurement.md's
 definitions, and the same in every output; a cell's figures independent of the cells before it. Each test
 here failed before the fix it names."""
 

@@ -158,7 +158,7 @@ def test_scaling_over_several_hosts_runs_a_one_gpu_baseline():
 
 
 @pytest.mark.parametrize("change,needle", [
-    ({"batches": [2, 2]}, "--batch lists 2 twice"),  # README: a value listed twice is refused on every axis
+    ({"batches": [2, 2]}, "--batch lists 2 twice"),  # docs/options.md: a value listed twice is refused on every axis
     ({"optims": ["sgd", "sgd"]}, "--optim lists sgd twice"),
     ({"grad_ckpts": ["on", "true"]}, "--grad-ckpt lists on twice"),
     ({"nprocs": [2, 2]}, "--nproc lists 2 twice"),

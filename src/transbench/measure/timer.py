@@ -134,7 +134,7 @@ class Sampled:
     context: DeviceContext  # SM clock, power, energy during the region (empty on CPUs)
     parts: dict[str, list[float]] = field(default_factory=dict)  # parts of samples (prefill, phases; a round's host_ms)
     # Why sampling ended before both min_time_s and min_count were reached (a cap: max_count or max_time_s), else
-    # None. The README promises both minimums; a cell cut short says so (record.timing_record warns).
+    # None. docs/measurement.md promises both minimums; a cell cut short says so (record.timing_record warns).
     short: str | None = None
 
     def per_call(self, reps: int) -> Sampled:

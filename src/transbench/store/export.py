@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import SpecError
 from .db import Store
 
-# Every record has these keys, in this order (README, "Statuses and record keys"): None where one does not apply
+# Every record has these keys, in this order (docs/records.md): None where one does not apply
 # or the device cannot measure it (clock and power on a CPU), so a CPU run's export has a GPU run's columns.
 RECORD_KEYS = (
     "run_id", "run_name", "scenario", "model", "task", "backend", "dtype", "device", "gpu", "batch_size",
