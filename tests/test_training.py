@@ -324,7 +324,7 @@ def test_liger_rewiring_gives_the_models_own_loss(model, task, monkeypatch):
     _fake_liger(monkeypatch)
     ref = build.resolve(model)
     cell = replace(BASE, model=model, task=task)
-    hf = build.build_model(ref, task, backend="sdpa", device="cpu", seed=0).train().requires_grad_(True)
+    hf = build.build_model(ref, task, attn="sdpa", device="cpu", seed=0).train().requires_grad_(True)
     torch.manual_seed(0)  # dropout draws the same masks in both forwards
     (batch,) = training_loop.make_batches(cell, ref.shape, 0, torch.device("cpu"))
     torch.manual_seed(1)
@@ -371,7 +371,7 @@ def test_masked_head_is_the_same_loss_and_gradients_as_the_full_head(model, monk
     from transbench.scenarios.training.head import MaskedHead
 
     ref = build.resolve(model)
-    hf = build.build_model(ref, "mlm", backend="sdpa", device="cpu", seed=0).eval().requires_grad_(True)  # no dropout
+    hf = build.build_model(ref, "mlm", attn="sdpa", device="cpu", seed=0).eval().requires_grad_(True)  # no dropout
     (batch,) = training_loop.make_batches(replace(BASE, model=model, seq=32), ref.shape, 0, torch.device("cpu"))
     want = hf(**batch).loss
     want.backward()

@@ -18,6 +18,7 @@ class Key:
     fmt: str = "number"  # number (4 significant digits), pct (a 0..1 fraction as %), signed (+1.0), sci (1.0e-03),
     # onoff (a switch in the options' words)
     kind: str = ""  # "" = every record; else the kind of run that adds it: generation, training, serve
+    always: bool = False  # every record of its kind has it (an export's columns put these first)
     doc: str = ""
 
 
@@ -55,21 +56,21 @@ CATALOGUE = (
     Key('speedup', 'speedup %', unit='%', fmt='signed', doc='% against `--baseline`'),
     Key('mem_saved', 'mem saved %', unit='%', fmt='signed', doc='% against `--baseline`'),
     Key('error', 'error', type='string', doc='why the cell failed'),
-    Key('prefill_ms', 'prefill ms', unit='ms', kind='generation', doc="the prompt's forward"),
-    Key('decode_ms_per_token', 'ms/token', unit='ms', kind='generation', doc='median over decode steps'),
-    Key('kv_cache_mb', 'KV MiB', unit='MiB', kind='generation', doc='the KV cache the generator allocated'),
-    Key('kv_cache_analytic_mb', 'KV MiB (analytic)', unit='MiB', kind='generation',
+    Key('prefill_ms', 'prefill ms', unit='ms', kind='generation', always=True, doc="the prompt's forward"),
+    Key('decode_ms_per_token', 'ms/token', unit='ms', kind='generation', always=True, doc='median over decode steps'),
+    Key('kv_cache_mb', 'KV MiB', unit='MiB', kind='generation', always=True, doc='the KV cache the generator allocated'),
+    Key('kv_cache_analytic_mb', 'KV MiB (analytic)', unit='MiB', kind='generation', always=True,
         doc='the KV cache the config needs: layers x 2 x heads x head size x tokens x bytes'),
     Key('ttft_ms', 'TTFT ms', unit='ms', kind='generation', doc='time to first token'),
     Key('itl_p99_ms', 'ITL p99 ms', unit='ms', kind='generation', doc='inter-token latency, 99th percentile'),
-    Key('samples_per_s', 'samples/s', unit='1/s', kind='training', doc='training samples/s'),
-    Key('tflops_per_gpu', 'TFLOPS /GPU', unit='TFLOPS', kind='training', doc='TFLOPS per GPU'),
+    Key('samples_per_s', 'samples/s', unit='1/s', kind='training', always=True, doc='training samples/s'),
+    Key('tflops_per_gpu', 'TFLOPS /GPU', unit='TFLOPS', kind='training', always=True, doc='TFLOPS per GPU'),
     Key('hfu', 'HFU', unit='fraction', fmt='pct', kind='training', doc='0..1; `mfu` counts the FLOPs the model needs, `hfu` what ran ([train](train.md#mfu-and-hfu))'),
     Key('forward_ms', 'fwd ms', unit='ms', kind='training', doc='median forward of a step'),
     Key('backward_ms', 'bwd ms', unit='ms', kind='training', doc='median backward of a step'),
     Key('optimizer_ms', 'optim ms', unit='ms', kind='training', doc='median optimizer step'),
-    Key('world_size', 'GPUs', type='integer', kind='training', doc='processes'),
-    Key('strategy', 'strategy', type='string', kind='training', doc='`none`, `ddp`, `fsdp`, `deepspeed`'),
+    Key('world_size', 'GPUs', type='integer', kind='training', always=True, doc='processes'),
+    Key('strategy', 'strategy', type='string', kind='training', always=True, doc='`none`, `ddp`, `fsdp`, `deepspeed`'),
     Key('kernels', 'kernels', type='string', kind='training', doc='`torch`, `liger`'),
     Key('head', 'head', type='string', kind='training', doc='`all`, `masked`'),
     Key('pad_vocab', 'pad vocab', type='integer', kind='training', doc='`--pad-vocab` N (null: 1)'),
@@ -113,9 +114,10 @@ CATALOGUE = (
 KEYS = {k.name: k for k in CATALOGUE}
 
 
-def record_keys(kind: str = "") -> tuple[str, ...]:
-    """The keys of every record (kind ""), or those that `kind` adds, in their declared order."""
-    return tuple(k.name for k in CATALOGUE if k.kind == kind)
+def record_keys(kind: str = "", always: bool = False) -> tuple[str, ...]:
+    """The keys of every record (kind ""), or those that `kind` adds (`always`: that its every record has), in
+    their declared order."""
+    return tuple(k.name for k in CATALOGUE if k.kind == kind and (k.always or not always or not kind))
 
 
 def percent(p: float) -> str:

@@ -90,7 +90,8 @@ def _scalar(value, kind: type, text_ok: bool):
     raise _WrongType
 
 
-def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()) -> dict:
+def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset(),
+           labels: dict[str, str] | None = None) -> dict:
     """Check `data` against the dataclass `cls` field by field, from its type annotations: unknown keys and
     values of the wrong type are one-line SpecErrors naming the key and the type expected (`where` names
     the file). A list field also takes one value or comma-separated text, as on the command line; fields in
@@ -121,6 +122,9 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
                 if kind is int:
                     check_int(typed[-1], f"{where}{key}: ")
             except _WrongType:
+                if labels and key in labels and kind is float and _not_finite(item):
+                    # the command line's own words: `--rate nan` names the option as the user typed it
+                    raise SpecError(f"{labels[key]} {item}: give a finite number") from None
                 # The value itself makes the best example where it can be one: quoted text for a text
                 # field, the number without its quotes for `timeout: "10"`.
                 example = json.dumps(str(item)) if kind is str else _EXAMPLE.get(kind, "...")
@@ -133,6 +137,13 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
                                 f"{f'[{example}]' if is_list else example}") from None
         out[key] = typed if is_list else typed[0]
     return out
+
+
+def _not_finite(item) -> bool:
+    try:
+        return not math.isfinite(float(item))
+    except (TypeError, ValueError):
+        return False
 
 
 def _today_keys(cls, data: dict, where: str) -> dict:

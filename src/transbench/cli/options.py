@@ -128,7 +128,8 @@ def build_spec(cls, spec_file: str | None, given: dict, whole: frozenset[str] = 
     merged = {**base, **{k: v for k, v in given.items() if v is not None}}
     if merged.get("name") is not None:
         check_name(merged["name"])
-    return cls(**coerce(cls, merged, whole=whole))
+    labels = {f.name: option_of(f, s) for f, s in declared(cls) if given.get(f.name) is not None}
+    return cls(**coerce(cls, merged, whole=whole, labels=labels))
 
 
 def parameter(cls, f, s, default_none: bool = True) -> inspect.Parameter:
@@ -149,7 +150,7 @@ def parameter(cls, f, s, default_none: bool = True) -> inspect.Parameter:
         text = text.replace("[", "\\[")
     default = None if default_none else default_of(f)
     show = False if s.flag and "/" not in s.flag else s.shown if s.shown is not None else \
-        False if default_of(f) is None else shown_default(f, s)
+        False if default_of(f) is None else True if not default_none else shown_default(f, s)
     option = typer.Option(default, *names, help=text, show_default=show)
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import click
 import typer
 
 from ..keys import CATALOGUE
@@ -21,7 +20,7 @@ KINDS = {"": "every record", "generation": "generation", "training": "training",
 
 def _commands(group, prefix: str = ""):
     # duck-typed: typer >= 0.22 builds its commands from its own copy of click's classes
-    ctx = type(group).context_class(group) if hasattr(type(group), "context_class") else click.Context(group)
+    ctx = type(group).context_class(group)
     for name in group.list_commands(ctx):
         cmd = group.get_command(ctx, name)
         if cmd is None or cmd.hidden:

@@ -19,8 +19,8 @@ from .db import Store
 # Every record has these keys, in this order (docs/records.md): None where one does not apply
 # or the device cannot measure it (clock and power on a CPU), so a CPU run's export has a GPU run's columns.
 RECORD_KEYS = keys.record_keys()
-TRAINING_KEYS = keys.record_keys("training")
-GENERATION_KEYS = keys.record_keys("generation")
+TRAINING_KEYS = keys.record_keys("training", always=True)
+GENERATION_KEYS = keys.record_keys("generation", always=True)
 # Figures a cell that is not `ok` never shows (its output was wrong or nothing was measured), in every scenario:
 # inference and generation, serve (scenarios/serve/stats.py), training (scenarios/training/loop.py), energy.
 SPEED_KEYS = ("latency_ms", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_p999_ms",

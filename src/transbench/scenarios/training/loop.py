@@ -220,7 +220,7 @@ class Trainer:
         dev.set_matmul_precision(cell.dtype)
 
         before = self._allocated()
-        model = build.build_model(ref, cell.task, backend=attn_impl, activation=cell.activation, device=str(device),
+        model = build.build_model(ref, cell.task, attn=attn_impl, activation=cell.activation, device=str(device),
                                   seed=cell.seed)
         self.info["vocab_rows"] = _pad_vocab(model, cell.pad_vocab)
         if cell.compile and attn_impl == "sdpa" and ref.family in FULL_ATTENTION_FAMILIES:
