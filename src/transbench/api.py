@@ -251,7 +251,7 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
 
     import torch
 
-    from .engine import EngineUnsupported, compile_model, tuning
+    from .engine import EngineOptions, EngineUnsupported, compile_model, tuning
     from .measure import device as dev
     from .models import build
 
@@ -293,12 +293,11 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
     target = dev.resolve(device)
     if target.type != "cuda":
         raise SpecError("tune needs a CUDA GPU: the table holds kernel timings of the GPU it ran on")
-    if cache_dir is not None:
-        tuning.use_table(table)
+    options = EngineOptions(tuner=tuning.for_table(table) if cache_dir is not None else None)
     hf = build.build_model(ref, "base", device=str(target)).to(dev.torch_dtype(dtype))
     try:
         compiled = compile_model(hf, dtype=dev.torch_dtype(dtype), max_batch=max(batches), max_seq=max(seqs),
-                                 fp8=dtype == "fp8", tune_budget_s=None)
+                                 fp8=dtype == "fp8", tune_budget_s=None, options=options)
     except EngineUnsupported as exc:  # a config the engine refuses (an activation, fp8 on this GPU): one line
         raise SpecError(f"{model} cannot be tuned: {exc.reason}") from None
     rows = []
