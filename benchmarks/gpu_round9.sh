@@ -111,9 +111,10 @@ fi
 if [ "$PART" = races ]; then
   for shape in "bert-large-uncased 128 384" "bert-base-uncased 256 128"; do
     set -- $shape; T=/tmp/r9-races-$1
-    TRANSBENCH_CACHE_DIR=$T timeout 280 python3 -c "import sys; import transbench.engine.tuning as t; \
-t.RACE_BUDGET_S = float(sys.argv[1]); sys.argv = ['transbench'] + sys.argv[2:]; from transbench.cli import main; main()" \
-      ${RACE_S:-60} tune --model $1 --batch $2 --seq $3 --dtype fp8 | grep -E "race|seq" | cut -c1-400
+    TRANSBENCH_CACHE_DIR=$T timeout 280 python3 -c "import sys; from transbench import api; \
+from transbench.engine import EngineOptions; o = EngineOptions(race_budget_s=float(sys.argv[1])); \
+[print(r) for r in api.tune(sys.argv[2], [int(sys.argv[3])], [int(sys.argv[4])], 'fp8', options=o)]" \
+      ${RACE_S:-60} $1 $2 $3 | grep -E "race|seq" | cut -c1-400
     for i in 1 2; do
       TRANSBENCH_CACHE_DIR=$T timeout 100 python3 -m transbench run --model $1 --backend fused --dtype fp8 --batch $2 \
         --seq $3 --encoders-only --min-time 2 --timeout 90 --name "races $1 $i" --db $OUT/races.db \

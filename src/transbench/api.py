@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from .errors import SpecError
 from .measure import env as env_mod
@@ -21,6 +22,9 @@ from .runner.sweep import SweepOptions, Target, open_run, run_grid
 from .spec import RunSpec, check_once, checked, coerce
 from .store import Store, export
 from .store.db import Merged, check_sources
+
+if TYPE_CHECKING:  # the engine (and Triton) load when tune runs
+    from .engine import EngineOptions
 
 
 def _path(value, what: str = "db") -> str:
@@ -239,13 +243,16 @@ def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: fl
 
 
 def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", device: str = "auto",
-         cache_dir: str | None = None, progress: Callable[[dict], None] | None = None) -> list[dict]:
+         cache_dir: str | None = None, progress: Callable[[dict], None] | None = None,
+         options: EngineOptions | None = None) -> list[dict]:
     """Tune the fused engine's kernel routes for every batch x seq of `model` ahead of time, with no time budget,
     into the on-disk table (`cache_dir`/engine-tuning.json; default $TRANSBENCH_CACHE_DIR or
     ~/.cache/transbench). A process that finds the table starts warm: its first call at a tuned shape captures
     its graph without timing anything. GPT-2: also a generator's prefill at batch x seq and its decode step at
     that batch. Returns one row per shape: batch, seq, seconds, routes (ops of the forward tuned), races (the
-    whole-forward trials that settled close choices, tuning.Tuner.refine: routes tried, times, whether it won)."""
+    whole-forward trials that settled close choices, tuning.Tuner.refine: routes tried, times, whether it won).
+    options: the engine's launch and tuning switches (transbench.engine.EngineOptions; its tuner is cache_dir's
+    table's where cache_dir is given)."""
     import time
     from pathlib import Path
 
@@ -293,7 +300,11 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
     target = dev.resolve(device)
     if target.type != "cuda":
         raise SpecError("tune needs a CUDA GPU: the table holds kernel timings of the GPU it ran on")
-    options = EngineOptions(tuner=tuning.for_table(table) if cache_dir is not None else None)
+    if options is not None and not isinstance(options, EngineOptions):
+        raise SpecError(f"options must be a transbench.engine.EngineOptions, got {options!r}")
+    options = options or EngineOptions()
+    if cache_dir is not None:
+        options = replace(options, tuner=tuning.for_table(table))
     hf = build.build_model(ref, "base", device=str(target)).to(dev.torch_dtype(dtype))
     try:
         compiled = compile_model(hf, dtype=dev.torch_dtype(dtype), max_batch=max(batches), max_seq=max(seqs),

@@ -47,7 +47,7 @@ def test_add_layernorm_kernel(T, N, dtype):
 def test_packing_on_cuda_equals_the_torch_ops(shape, dtype):
     # make_packing's two Triton launches (kernels.mask_counts, pack_rows) against its torch ops on the CPU; S = 8200 is
     # past kernels.PACK_MAX_S and 2048 x 200 past kernels.PACK_MAX_TOKENS, so those CUDA calls take the torch ops too.
-    from transbench.engine.attention import make_packing
+    from transbench.engine.packing import make_packing
 
     B, S = shape
     g = torch.Generator().manual_seed(B * S)
