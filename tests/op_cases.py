@@ -99,3 +99,11 @@ def skip_without_fp8(device: str) -> None:
     """e4m3 kernels need compute capability 8.9 (Ada/Hopper) on the GPU; the interpreter runs them anywhere."""
     if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 needs compute capability 8.9+")
+
+
+def residual_tile_does_not_fit(cfg) -> bool:
+    """The residual's tile needs shared memory next to the output tile and the load stages; where the three
+    exceed the GPU's, Triton refuses the config for the residual epilogue and the tuner skips that candidate."""
+    bm, bn, bk, stages, _, _, subtile = cfg
+    need = 2 * (stages * (bm + bn) * bk + 2 * bm * (bn // 2 if subtile else bn))  # fp16/bf16 bytes
+    return need > torch.cuda.get_device_properties(0).shared_memory_per_block_optin
