@@ -2,7 +2,6 @@
 and the split-K GEMM for few rows (each config twice: a counter left non-zero would corrupt only the second call),
 against fp32 torch. The interpreter runs two small configs of each (the shipped tiles take minutes there)."""
 import pytest
-import torch
 import torch.nn.functional as F
 
 from op_cases import DTYPES, cases, randn, rel, residual_tile_does_not_fit, run, tol
