@@ -15,6 +15,7 @@ from .launch import AVAILABLE, jit, launch_options, pdl_enter, tl, triton
 from .ops import AttnBound, Fp8Act, attention_scale, quantize_scaled
 from .packing import Packing
 from .tuning import Tuner
+from .tuning import tuner as default_tuner
 
 _SDPA = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
          "efficient": SDPBackend.EFFICIENT_ATTENTION}
@@ -37,8 +38,8 @@ def dense(qkv: torch.Tensor, B: int, S: int, heads: int, scale: float, causal: b
     """(B*S, heads*D) attention output. bound (ops.TorchOps.attention_bound: the output projection runs in fp8):
     the routes also include our kernel writing the output in e4m3 instead, on ops.attention_scale's scales, as an
     Fp8Act (the projection's fp8 input); on the CPU that is the one route. The tuner races it in the whole forward
-    (tuning.Tuner.refine's fp8 forward). tuner: the engine's (EngineOptions.tuner), needed on CUDA; pdl:
-    EngineOptions.pdl."""
+    (tuning.Tuner.refine's fp8 forward). tuner: the engine's, which chooses the route on CUDA (None: the process's
+    tuner of the default table); pdl: EngineOptions.pdl."""
     q, k, v = _split(qkv, B, S, heads)
 
     def sdpa(backend):  # flash/cuDNN/efficient return (B, H, S, D) views of (B, S, H, D) memory: reshape is free
@@ -58,6 +59,7 @@ def dense(qkv: torch.Tensor, B: int, S: int, heads: int, scale: float, causal: b
                 cands["fp8+triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: Fp8Act(
                     *triton_attention(qkv, B, S, heads, scale, causal, cfg, bound, pdl=pdl))
     form = "|fp8 output" if bound is not None else ""
+    tuner = tuner or default_tuner()
     return cands[tuner.choose(f"dense|{B}x{S}x{heads}x{q.shape[-1]}|{qkv.dtype}|causal={causal}{form}", cands)]()
 
 
@@ -92,7 +94,7 @@ def attention(qkv: torch.Tensor, p: Packing, heads: int, scale: float, causal: b
     key = f"varlen|{p.B}x{p.S}x{p.tokens}x{heads}|{qkv.dtype}|causal={causal}"
     cands = {"flash_varlen": lambda: _varlen_flash(qkv, p, heads, scale, causal),
              "padded": lambda: _padded(qkv, p, heads, scale, causal)}
-    return cands[tuner.choose(key, cands)]()
+    return cands[(tuner or default_tuner()).choose(key, cands)]()
 
 
 @jit

@@ -8,6 +8,7 @@ from .config import Dims, EngineConfig, EngineUnsupported
 from .graphs import GraphCache
 from .ops import select_ops
 from .packing import Packing, make_packing
+from .tuning import tuner as default_tuner
 from .weights import Converter, Layer
 
 
@@ -25,7 +26,9 @@ class EngineBase:
             if opts.dtype not in (torch.float16, torch.bfloat16):
                 raise EngineUnsupported("fp8 linear layers need dtype fp16 or bf16 for activations")
         self.conv = Converter(opts.dtype, opts.device, opts.fp8)
-        self.ops = select_ops(opts.device, opts.options)
+        # One tuner for every choice this engine makes (its ops' routes, attention's, the graphs' races).
+        self.tuner = opts.options.tuner or default_tuner()
+        self.ops = select_ops(opts.device, opts.options, self.tuner)
         # Packed sizes are rounded to this on the GPU so similar batches reuse one captured graph.
         self.bucket = 128 if opts.device.type == "cuda" else 1
         self.graphs = self.graph_cache(opts.options.max_graphs or self.graph_bound())
@@ -36,14 +39,9 @@ class EngineBase:
         return GraphCache(self.opts.cuda_graphs, max_entries, self.opts.tune_budget_s, self.tuner, o.refine,
                           o.race_budget_s)
 
-    @property
-    def tuner(self):
-        """The tuner that chooses this engine's routes (EngineOptions.tuner, else the process's default)."""
-        return self.ops.tuner or self.opts.options.tuner
-
     def attend(self, qkv: torch.Tensor, p: Packing, scale: float, causal: bool, bound=None):
         """Attention over the fused QKV rows by the route the engine's tuner picks (attention.attention)."""
-        return attention(qkv, p, self.dims.heads, scale, causal, bound, tuner=self.ops.tuner, pdl=self.ops.pdl)
+        return attention(qkv, p, self.dims.heads, scale, causal, bound, tuner=self.tuner, pdl=self.ops.pdl)
 
     def graph_bound(self) -> int:
         """Graphs one (max_batch, max_seq) shape can need: each packed token count (a multiple of `bucket`, capped

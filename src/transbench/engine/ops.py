@@ -232,8 +232,9 @@ class TritonOps(TorchOps):
     """CUDA: every GEMM and its epilogue by whichever route the tuner timed fastest for the shape (cuBLAS,
     cuBLAS with its own epilogue, our Triton GEMM with the epilogue fused, and for fp8 layers torch._scaled_mm
     with the quantization of its output's consumer fused into the epilogue kernel); element-wise work in Triton.
-    options: the engine's (EngineOptions: pdl, prefetch_max_m, fp8_min_rows); tuner: the one that chooses the
-    routes (None: EngineOptions.tuner, else the process's tuner of the default table)."""
+    options: the engine's (EngineOptions: pdl, prefetch_max_m, fp8_min_rows); tuner: what chooses the routes (a
+    tuning.Tuner, or anything with its choose(key, candidates); None: EngineOptions.tuner, else the process's tuner of
+    the default table)."""
 
     name = "triton"
     default_fp8_min_rows = FP8_MIN_ROWS
@@ -375,6 +376,7 @@ class TritonOps(TorchOps):
                                     **self._fp8_ours(lin, "fp8+triton+ln", ours, lin.weight.dtype)})
 
 
-def select_ops(device: torch.device, options: EngineOptions | None = None) -> TorchOps:
-    """The ops for `device`: our Triton kernels on CUDA where Triton imports, else the torch references."""
-    return TritonOps(options) if device.type == "cuda" and AVAILABLE else TorchOps(options)
+def select_ops(device: torch.device, options: EngineOptions | None = None, tuner: Tuner | None = None) -> TorchOps:
+    """The ops for `device`: our Triton kernels on CUDA where Triton imports (their routes chosen by `tuner`), else
+    the torch references."""
+    return TritonOps(options, tuner) if device.type == "cuda" and AVAILABLE else TorchOps(options)
