@@ -614,8 +614,8 @@ def quant_kernels():
 
 def attention_kernels():
     """The attention routes at the fp8 targets' shapes: SDPA's kernels, ours, ours writing the output projection's
-    e4m3 input instead (attention.triton_attention bound=...), and cuDNN or ours followed by a quantize pass, in us and GB/s
-    (of an fp16 output's bytes read + written, so the e4m3 route's figure is comparable, not its own traffic)."""
+    e4m3 input instead (attention.triton_attention bound=...), and cuDNN or ours followed by a quantize pass, in us
+    and GB/s (of an fp16 output's bytes read + written, so the e4m3 route's figure is comparable, not its own traffic)."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -657,7 +657,8 @@ def attention_kernels():
         bound = AttnBound(v.float().abs().amax(dim=(1, 3)).reshape(-1, 1) / 448, 1.0, 0.0)
         for cfg in attention.ATTENTION_CONFIGS + [(128, 128, 8), (64, 128, 4)]:
             cands[f"ours {cfg}"] = lambda cfg=cfg: attention.triton_attention(qkv, B, S, H, 0.125, False, cfg)
-            cands[f"ours e4m3 {cfg}"] = lambda cfg=cfg: attention.triton_attention(qkv, B, S, H, 0.125, False, cfg, bound)
+            cands[f"ours e4m3 {cfg}"] = lambda cfg=cfg: attention.triton_attention(qkv, B, S, H, 0.125, False, cfg,
+                                                                                  bound)
         cands["ours (64, 64, 4) + quantize pass"] = lambda: quantize.quantize_rows(
             attention.triton_attention(qkv, B, S, H, 0.125, False))
         ref = sdpa(SDPBackend.CUDNN_ATTENTION).float()

@@ -27,7 +27,8 @@ def _whole(name: str, v, at_least: int = 1, none: bool = False) -> None:
     if none and v is None:
         return
     if isinstance(v, bool) or not isinstance(v, int) or v < at_least:
-        raise ValueError(f"{name} must be {'None or ' if none else ''}a whole number of at least {at_least}, got {v!r}")
+        what = f"{'None or ' if none else ''}a whole number of at least {at_least}"
+        raise ValueError(f"{name} must be {what}, got {v!r}")
 
 
 def _flag(name: str, v) -> None:

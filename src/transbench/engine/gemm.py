@@ -15,9 +15,10 @@ from .activation import ACT_GELU, ACT_GELU_TANH, ACT_NONE, activate  # noqa: F40
 from .launch import TensorDescriptor, jit, launch_options, pdl_enter, scratch, tl, triton
 
 # Under PDL, GEMMs of at most this many rows (EngineOptions.prefetch_max_m) prefetch their weights into L2 before
-# waiting on the previous kernel: only there is streaming the weights most of a GEMM's time. H100, bert-base (benchmarks/engine_bench.py --parts
-# pdl): 1 x 128 0.357 -> 0.341 ms and a gpt2 decode step 0.418 -> 0.414 ms; prefetching in every GEMM gained
-# nothing at 1024 or 4096 rows (8 x 128: 0.694 vs 0.696 ms, 8 x 512: 2.089 vs 2.086).
+# waiting on the previous kernel: only there is streaming the weights most of a GEMM's time. H100, bert-base
+# (benchmarks/engine_bench.py --parts pdl): 1 x 128 0.357 -> 0.341 ms and a gpt2 decode step 0.418 -> 0.414 ms;
+# prefetching in every GEMM gained nothing at 1024 or 4096 rows (8 x 128: 0.694 vs 0.696 ms, 8 x 512: 2.089 vs
+# 2.086).
 PREFETCH_MAX_M = 128
 
 

@@ -143,8 +143,7 @@ class TorchOps:
     # fp8 layers run their GEMMs in fp8 from this many rows; below, the fp16 forward (see FP8_MIN_ROWS). The CPU
     # emulation exists to check fp8 numerics, so it quantizes at any size.
     default_fp8_min_rows = 1
-    tuner: Tuner | None = None  # the torch ops choose no routes
-    pdl = False
+    pdl = False  # programmatic dependent launch: the Triton kernels' (TritonOps)
 
     def __init__(self, options: EngineOptions | None = None):
         self.options = options or EngineOptions()
@@ -320,7 +319,7 @@ class TritonOps(TorchOps):
             return super().linear_gelu(x, lin, kind)
         tanh = kind == "tanh"
         cands = {"cublas+triton_gelu": lambda h: triton_bias_gelu(F.linear(h, lin.weight), lin.bias, tanh,
-                                                                      pdl=self.pdl)}
+                                                                  pdl=self.pdl)}
         if tanh:  # cuBLASLt's GELU epilogue is the tanh form: only right for tanh-GELU models
             cands["cublaslt_gelu"] = lambda h: torch._addmm_activation(lin.bias, h, lin.weight.t(), use_gelu=True)
         act = ACT_GELU_TANH if tanh else ACT_GELU
@@ -345,7 +344,7 @@ class TritonOps(TorchOps):
 
     def embed_layernorm(self, ids, word, pos_ids, pos, tt, type_, norm, S):
         return triton_embed_layernorm(ids, word, pos_ids, pos, tt, type_, norm.weight, norm.bias, norm.eps, S,
-                                          pdl=self.pdl)
+                                      pdl=self.pdl)
 
     def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False, quant=False):
         out = triton_add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual, quant, pdl=self.pdl)

@@ -372,11 +372,15 @@ def _table_problem(path: Path) -> str | None:
     return None
 
 
-@functools.cache
-def for_table(path: Path) -> Tuner:
+def for_table(path: Path | str) -> Tuner:
     """The process's one Tuner of the table at `path` (EngineOptions(tuner=...) for another table than the default,
     as api.tune --cache-dir does): engines that share a table share what was timed, raced and saved."""
-    return Tuner(Path(path))
+    return _tuner_of(Path(path).absolute())
+
+
+@functools.cache
+def _tuner_of(path: Path) -> Tuner:
+    return Tuner(path)
 
 
 def tuner() -> Tuner:
