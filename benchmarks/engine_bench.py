@@ -615,7 +615,8 @@ def quant_kernels():
 def attention_kernels():
     """The attention routes at the fp8 targets' shapes: SDPA's kernels, ours, ours writing the output projection's
     e4m3 input instead (attention.triton_attention bound=...), and cuDNN or ours followed by a quantize pass, in us
-    and GB/s (of an fp16 output's bytes read + written, so the e4m3 route's figure is comparable, not its own traffic)."""
+    and GB/s (of an fp16 output's bytes read + written, so the e4m3 route's figure is comparable, not its own
+    traffic)."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
