@@ -190,8 +190,9 @@ def generation(prompt_len=512, new_tokens=128):
 @torch.inference_mode()
 def pdl_effect(name, shapes, rounds=5):
     """The engine with and without programmatic dependent launch (same tuned routes; graphs captured each way),
-    timed in alternation so clock drift cannot favour either, and whether the outputs are bit-identical. (Session 5's
-    figures timed encode(), input copy and output clone included; the graph replay alone is timed now.)"""
+    timed in alternation so clock drift cannot favour either, and whether the outputs are bit-identical. The graph replay
+    alone is timed: the figures of benchmarks/results/fused_h100_2026-11.md (programmatic dependent launch) timed
+    encode(), input copy and output clone included."""
     print(f"\n## programmatic dependent launch on / off: {name} encoders-only and gpt2 decode, fp16 "
           f"(ms, median of {rounds} alternating medians)", flush=True)
     modes = {"pdl (shipped)": EngineOptions(), "pdl, no prefetch": EngineOptions(prefetch_max_m=0),
@@ -550,8 +551,8 @@ def fp8_gemms():
 def quant_kernels():
     """The per-token fp8 quantize pass (bias + GELU + e4m3 of the fp8 MLP's middle, quantize.quantize_rows) against
     a plain bias + GELU pass and the LayerNorm at the same rows: GB/s of each, and the pass's variants (warps per
-    row, libdevice erf or activation.erf, rows per program) to see what bounds it (session 13: 1.27 TB/s, against
-    3 TB/s for the LayerNorm)."""
+    row, libdevice erf or activation.erf, rows per program) to see what bounds it (1.27 TB/s, against 3 TB/s for the
+    LayerNorm: benchmarks/results/fp8_engine_h100_2026-11.md)."""
     import triton
     import triton.language as tl
 

@@ -4,7 +4,7 @@
         --point 64x512 --point 8x384 --dtype fp16
 
 For each backend and batch x seq point: the model is prepared once through transbench's own path
-(scenarios/inference.py: model_for, backend.prepare), then timed alternately, three rounds each, by
+(scenarios/inference/measure.py: model_for, backend.prepare), then timed alternately, three rounds each, by
 (a) transbench's sampler (measure/timer.sample: one synchronized call per sample, median) and (b) a plain
 loop: CUDA events around N back-to-back calls, divided by N. The SM clock and power of each region are
 read through NVML (measure/context.py), so a difference can be told from a clock change. Prints one row
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from transbench.measure import timer
     from transbench.measure.context import Monitor
     from transbench.models import build
-    from transbench.scenarios.inference import ModelCache, cell_inputs, model_for
+    from transbench.scenarios.inference.measure import ModelCache, cell_inputs, model_for
 
     device = torch.device("cuda", 0)
     cache = ModelCache()

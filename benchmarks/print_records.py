@@ -1,4 +1,4 @@
-"""One line per record of a `transbench run --json` file, for the GPU scripts' logs:
+"""One line per record of a `transbench run --json` file, for the GPU script's logs:
     python3 benchmarks/print_records.py RECORDS.json LABEL"""
 
 import json

@@ -1,5 +1,5 @@
 """Where a training step's GPU time goes: torch.profiler over a few steps of one training cell, built and
-stepped by transbench's own Trainer (scenarios/training_loop.py), kernels grouped as GEMM / attention /
+stepped by transbench's own Trainer (scenarios/training/loop.py), kernels grouped as GEMM / attention /
 cross-entropy / norm / elementwise / optimizer / other.
 
     PYTHONPATH=src python3 benchmarks/train_profile.py --model gpt2 --task causal-lm --seq 1024 --batch 16 \
@@ -27,7 +27,8 @@ GROUPS: tuple[tuple[str, re.Pattern], ...] = (
     # before attention's softmax.
     ("cross-entropy", re.compile(r"cross_entropy|nll_loss|log_?soft_?max|logsumexp|liger.*(ce|cross)", re.I)),
     # SDPA's math path under torch.compile: inductor's kernels named after _safe_softmax and its backward (with the
-    # dropout fused in) are attention's, though their names also say dropout (session 13, bert-large compiled).
+    # dropout fused in) are attention's, though their names also say dropout (bert-large compiled:
+    # benchmarks/results/fp8_engine_h100_2026-11.md).
     ("attention", re.compile(r"flash|fmha|attention|sdpa|_efficient_attention|softmax_warp|cudnn.*mha|"
                              r"_safe_softmax|_softmax_backward_data", re.I)),
     ("norm", re.compile(r"layer_norm|layernorm|rms_norm|rmsnorm", re.I)),
@@ -103,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     from transbench.measure import device as dev
     from transbench.models import build
     from transbench.runner.rank import RankInfo
-    from transbench.scenarios import training_loop
-    from transbench.scenarios.training import default_task
-    from transbench.scenarios.training_cell import TrainCell
+    from transbench.scenarios.training.spec import loop as training_loop
+    from transbench.scenarios.training.spec import default_task
+    from transbench.scenarios.training.cell import TrainCell
 
     device = dev.resolve(args.device)
     cuda = device.type == "cuda"

@@ -1,7 +1,7 @@
-"""Compact text tables of stored training runs, for the GPU scripts' logs (benchmarks/gpu_round3.sh).
+"""Compact text tables of stored training runs, for the GPU script's logs (benchmarks/gpu.sh).
 
     python3 benchmarks/train_tables.py DB RUN [RUN ...]        every stored cell of each run, in order
-    python3 benchmarks/train_tables.py --ladder LADDER.json     a finished ladder (scenarios/training_ladder.py)
+    python3 benchmarks/train_tables.py --ladder LADDER.json     a finished ladder (scenarios/training/ladder.py)
 
 The cell table reads the store, so a run cut short by its time box still shows what it measured (a
 ladder's steps and its batch-search probes alike)."""
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="*")
     args = p.parse_args(argv)
     if args.ladder:
-        from transbench.scenarios.training_ladder import summary
+        from transbench.scenarios.training.ladder import summary
 
         rows = json.load(open(args.ladder))
         print(summary(rows))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transbench.backends.base import Backend, Prepared, hf_call
 from transbench.backends.decoders import HFGenerator
-from transbench.scenarios.inference import output_tensor
+from transbench.scenarios.inference.measure import output_tensor
 
 
 def _noisy(model, inputs, cell) -> Prepared:

@@ -1,4 +1,4 @@
-"""The Python API's bad input (README "Python API"): a spec of the wrong type or with a wrong value, an empty axis,
+"""The Python API's bad input (docs/python-api.md): a spec of the wrong type or with a wrong value, an empty axis,
 an option no cell uses. Each is one SpecError naming the problem, raised before a store or any file exists, never a
 TypeError deep inside, a NaN run, or an empty run that says ok. The CLI's options that only shape another task,
 backend or mode are refused the same way (test_cli_input.py covers the rest of the CLI)."""
@@ -12,12 +12,13 @@ import torch
 from test_cli_input import invoke, refused
 from transbench import api
 from transbench.errors import SpecError
-from transbench.runner import grid
-from transbench.scenarios import serve_spec, training
+from transbench.scenarios.inference import cells as grid
+from transbench.scenarios.serve import spec as serve_spec
+from transbench.scenarios.training import spec as training
 from transbench.scenarios.micro import BandwidthOptions, BreakdownOptions, GemmOptions, LayerOptions
-from transbench.scenarios.serve_spec import ServeSpec
-from transbench.scenarios.training import TrainSpec
-from transbench.spec import RunSpec
+from transbench.scenarios.serve.spec import ServeSpec
+from transbench.scenarios.training.spec import TrainSpec
+from transbench.scenarios.inference.spec import RunSpec
 
 CPU = torch.device("cpu")
 RUN = dict(models=["bert-tiny"], backends=["sdpa"], batches=[1], seqs=[8], device="cpu", min_time=0.01, warmup=1)

@@ -1,4 +1,4 @@
-"""Review of the Python API as README's "Python API" section documents it: what each call leaves behind in the
+"""Review of the Python API as docs/python-api.md documents it: what each call leaves behind in the
 caller's process (no global state changed) and the arguments it refuses before any store or file exists."""
 
 import os
@@ -9,9 +9,9 @@ import torch
 from transbench import api
 from transbench.errors import SpecError
 from transbench.measure import device
-from transbench.scenarios.serve_spec import ServeSpec
-from transbench.scenarios.training import TrainSpec
-from transbench.spec import RunSpec
+from transbench.scenarios.serve.spec import ServeSpec
+from transbench.scenarios.training.spec import TrainSpec
+from transbench.scenarios.inference.spec import RunSpec
 
 RUN = dict(models=["bert-tiny"], backends=["sdpa"], batches=[1], seqs=[8], device="cpu", min_time=0.01, warmup=1)
 TRAIN = dict(models=["bert-tiny"], batches=[2], seqs=[8], steps=1, warmup_steps=1, device="cpu")

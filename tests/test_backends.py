@@ -11,13 +11,13 @@ import pytest
 from transbench import api, backends
 from transbench.cells import Cell
 from transbench.runner import worker  # noqa: E402
-from transbench.scenarios.inference import ModelCache
-from transbench.spec import RunSpec
+from transbench.scenarios.inference.measure import ModelCache
+from transbench.scenarios.inference.spec import RunSpec
 
 
 def execute(cell, cache):
     """One `run` cell through the worker's own path (runner/worker.py), in this process."""
-    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": cache})
 
 FAST = dict(min_time=0.0, warmup=1, min_count=2)
 
@@ -77,7 +77,7 @@ def test_every_head_through_every_cpu_backend(model, task):
         assert r.record["rel_err"] < 1e-4, backend
         if task == "causal-lm":  # per time step of the (padded) context, as the seeds quote it
             from transbench.models import build
-            from transbench.scenarios.inference import cell_inputs
+            from transbench.scenarios.inference.measure import cell_inputs
 
             width = cell_inputs(cell, build.resolve(model).shape).input_ids.shape[1]
             assert r.record["ms_per_token"] == pytest.approx(r.record["latency_ms"] / width)

@@ -14,8 +14,9 @@ from transbench.cli import app
 from transbench.cli import tables
 from transbench.errors import SpecError
 from transbench.scenarios.micro.options import BandwidthOptions, BreakdownOptions, GemmOptions, LayerOptions
-from transbench.scenarios.training import TrainSpec
-from transbench.spec import RunSpec, coerce
+from transbench.scenarios.training.spec import TrainSpec
+from transbench.scenarios.inference.spec import RunSpec
+from transbench.spec import coerce
 
 runner = CliRunner()
 QUICK = ["--device", "cpu", "--min-time", "0.01", "--warmup", "1"]

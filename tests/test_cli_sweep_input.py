@@ -1,4 +1,4 @@
-"""Every option of every command, fed bad values (README, "Statuses and record keys": bad input is one line on
+"""Every option of every command, fed bad values (docs/measurement.md, "Statuses": bad input is one line on
 stderr, `error: ...`, exit code 2, before anything runs, and nothing stored is changed). The options are read from the
 typer app itself, so an option added later is swept too: an int or float option by its type alone, a text option by
 the kind CLASSES gives it (test_every_option_of_every_command_is_swept fails until it has one).
@@ -314,7 +314,7 @@ def _work(*args, **kwargs):
 # run_cell launches another host's ranks, all_figures draws the report, environment asks the GPUs, _run_backend
 # runs the demo's model.
 WORK = ["transbench.api.open_run", "transbench.runner.sweep.open_run", "transbench.scenarios.micro.run.open_run",
-        "transbench.scenarios.training.run_cell", "transbench.api.environment",
+        "transbench.scenarios.training.spec.run_cell", "transbench.api.environment",
         "transbench.report.plots.all_figures", "transbench.demo._run_backend"]
 TUNE_WORK = "error: tune needs a CUDA GPU"  # tune's last check: on this CPU-only host, where it would start
 
@@ -440,7 +440,7 @@ WRITERS = "run|serve|train|micro gemm|micro bandwidth|micro layer|micro breakdow
 MICRO = "micro gemm|micro bandwidth|micro layer|micro breakdown"
 _WHY = [
     (WRITERS, "--db", ["@empty.db", "@missing.db"],
-     "a command that stores results starts a store in a missing or empty file (README, Statuses and record keys; "
+     "a command that stores results starts a store in a missing or empty file (docs/results.md, The store; "
      "tests/test_store_guard.py: an empty file is no store to read, but a writer may start one)"),
     ("merge", "--into", ["@empty.db", "@missing.db"], "merge's target is a store it starts, as a writer's --db"),
     (WRITERS, "--name", [LONG, N], "a run name is text of any length and script: check_name (spec.py) refuses "
@@ -448,19 +448,19 @@ _WHY = [
     ("run|serve|train", "--seed", ["-1", "0"], "any 64-bit integer seeds the weights and tokens (a run with --seed -1 "
                                                "measured ok)"),
     ("run", "--seq-stdev", ["0", "1e-320"], "0 is the default (every sequence --seq long); a tiny stdev rounds to it"),
-    ("run", "--seq-stdev", ["1e30"], "lengths are clipped to 1 and the model's positions (README, run); see "
+    ("run", "--seq-stdev", ["1e30"], "lengths are clipped to 1 and the model's positions (docs/options.md, run); see "
                                      "test_a_huge_seq_stdev_draws_lengths_at_both_ends"),
-    ("run", "--min-time", ["0"], "0 or more (runner/grid.py): --min-count calls are timed"),
+    ("run", "--min-time", ["0"], "0 or more (scenarios/inference/cells.py): --min-count calls are timed"),
     ("run|" + MICRO, "--min-time", ["1e-320"], "a positive time: --min-count calls (run), or one call (micro), are timed"),
     ("run|" + MICRO, "--min-time", ["1e30"], "the sampler stops at its cap (10,000 samples, or 120 s; micro 20 s) and "
-                                             "the cell warns `short:` (README, How transbench measures)"),
+                                             "the cell warns `short:` (docs/measurement.md)"),
     ("run|" + MICRO, "--warmup", ["0"], "no untimed calls: 0 or more"),
-    ("run|serve|train", "--timeout", ["1e30"], "a deadline over 1e6 s is none (README, shared options)"),
+    ("run|serve|train", "--timeout", ["1e30"], "a deadline over 1e6 s is none (docs/options.md, shared options)"),
     ("run|train", "--timeout", ["1e-320"], "a positive deadline: every cell ends `timeout`, as asked"),
     ("run", "--shard", ["1/99999999999999999999999"], "a valid slice: shard 1 gets the first OOM group, and shards past "
                                                       "the grid's groups are empty, as with 3 hosts for 2 groups"),
     ("serve", "--max-wait-ms", ["0", "1e-320"], "0 or more: a batch leaves at once"),
-    ("serve", "--max-wait-ms", ["1e30"], "a wait is cut 10 s after the last arrival (README, serve)"),
+    ("serve", "--max-wait-ms", ["1e30"], "a wait is cut 10 s after the last arrival (docs/serve.md)"),
     ("serve", "--duration", ["1e-320"], "a positive duration: a short window, as asked"),
     ("serve", "--warmup", ["0", "1e-320"], "0 or more seconds of warm-up"),
     ("serve", "--slo-ms", ["1e30", "1e-320"], "a positive target: every request meets it, or none"),
@@ -468,14 +468,14 @@ _WHY = [
     ("train", "--compile", ["OFF"], "on/off words in any case (spec.py _scalar)"),
     ("train", "--nccl-p2p", ["ON"], "on/off words in any case (training.parse_bool)"),
     ("train", "--lr", ["1e30", "1e-320"], "a positive learning rate; one whose loss diverges ends its cell `error` "
-                                          "with the NaN loss (README, train): a measured answer"),
+                                          "with the NaN loss (docs/train.md): a measured answer"),
     ("train", "--node-rank", ["0"], "node 0 of --nnodes 2"),
     ("train", "--rdzv-endpoint", ["host:1:2"], "torchrun reads it as host 'host:1', port 2 (an unbracketed IPv6 "
                                                "address reads the same way)"),
     ("report|compare", "--alpha", ["1e-320"], "between 0 and 1: an interval of almost 100%"),
-    ("report|compare", "--min-effect", ["0", "1e-320"], "0 or more (README, compare)"),
+    ("report|compare", "--min-effect", ["0", "1e-320"], "0 or more (docs/results.md, compare)"),
     ("demo", "--prompt", [LONG, N], "text: 10,000 letters are one WordPiece word ([UNK]), a digit a token"),
-    ("micro gemm", "--model", ["", ",", " "], "no model (README, micro: `--model ''` for none); ',' and ' ' split "
+    ("micro gemm", "--model", ["", ",", " "], "no model (docs/micro.md: `--model ''` for none); ',' and ' ' split "
                                               "to the same empty list"),
 ]
 ACCEPTED = {(c, o, v): why for commands, o, values, why in _WHY for c in commands.split("|") for v in values}

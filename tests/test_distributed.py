@@ -11,9 +11,9 @@ import pytest
 
 from transbench import api
 from transbench.runner.launch import SAFE_ENV
-from transbench.scenarios.inference_dp import shard
-from transbench.scenarios.training import TrainSpec, train
-from transbench.spec import RunSpec
+from transbench.scenarios.inference.dp import shard
+from transbench.scenarios.training.spec import TrainSpec, train
+from transbench.scenarios.inference.spec import RunSpec
 
 pytestmark = pytest.mark.slow
 

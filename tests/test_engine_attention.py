@@ -71,8 +71,8 @@ def check_attention_e4m3(device, dtype, B, S, H, D, causal):
         return
     # The tightest valid bound. Codes against ops.quantize_scaled, on those scales, of the same kernel's output in the
     # model's dtype (one e4m3 step apart at most, where that rounding moved a value across a boundary: against the
-    # fp32 SDPA output, values near zero differ by several subnormal steps, H100 session 16); dequantized, against
-    # fp32 SDPA.
+    # fp32 SDPA output, values near zero differ by several subnormal steps on an H100,
+    # benchmarks/results/fp8_power_cap_h100_2026-11.md); dequantized, against fp32 SDPA.
     bound = AttnBound(vmax, 1.0, 0.0)
     s = attention_scale(bound, S)
     for cfg in ATTENTION_CONFIGS:

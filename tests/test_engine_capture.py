@@ -93,8 +93,8 @@ def test_every_graph_cache_warms_up_and_captures_on_the_process_one_stream(fake)
 
 def test_the_cudagraph_backend_warms_up_and_captures_on_the_process_one_stream(fake):
     """The cudagraph backend's cells run in the same worker as fused ones, and its capture on a stream of its own cost
-    the fused cell after it the same 6% (H100, session 19): it warms up and captures on side_stream too, and a failed
-    capture moves later ones to a new stream."""
+    the fused cell after it the same 6% (H100, benchmarks/results/cell_order_h100_2026-11.md): it warms up and captures
+    on side_stream too, and a failed capture moves later ones to a new stream."""
     import torch
 
     from transbench.backends import cudagraph

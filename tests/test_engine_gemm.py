@@ -2,19 +2,25 @@
 and the split-K GEMM for few rows (each config twice: a counter left non-zero would corrupt only the second call),
 against fp32 torch. The interpreter runs two small configs of each (the shipped tiles take minutes there)."""
 import pytest
+import torch
 import torch.nn.functional as F
 
-from op_cases import DTYPES, cases, randn, rel, residual_tile_does_not_fit, run, tol
+from op_cases import cases, randn, rel, residual_tile_does_not_fit, run, tol
 
 # (M, N, K, act): act 0 also checks the residual epilogue and the GEMM without bias
+# On the GPU every shape in fp16 and one in bf16 too (every config of every case is a compile and a run: the GPU
+# part that runs these has ten minutes).
 SHAPES = cases(cpu=[(m, n, k, a) for m, n, k in [(1, 64, 64), (77, 192, 128), (300, 128, 256)] for a in range(3)],
                gpu=[(m, n, k, a) for m, n, k in [(1, 1536, 384), (77, 3072, 768), (1000, 4096, 1024),
-                                                 (4097, 6400, 1600)] for a in range(3)], gpu_dtypes=DTYPES)
+                                                 (4097, 6400, 1600)] for a in range(3)], gpu_dtypes=(torch.float16,)) \
+    + cases(cpu=[], gpu=[(77, 3072, 768, a) for a in range(3)], gpu_dtypes=(torch.bfloat16,))
 CPU_CONFIGS = [(64, 64, 64, 2, 4, True, True), (64, 32, 64, 2, 4, False, False)]
 # N = 50257: a GPT-2 LM head, rows not 16-byte aligned; K = 160: the last of 4 splits gets 32 of 5 x 32
 SPLITK_SHAPES = cases(cpu=[(1, 96, 128, a) for a in (0, 1)] + [(37, 64, 160, a) for a in (0, 1)],
                       gpu=[(m, n, k, a) for m, n, k in [(1, 2304, 768), (8, 50257, 768), (128, 768, 3072),
-                                                        (200, 1000, 1600)] for a in range(3)], gpu_dtypes=DTYPES)
+                                                        (200, 1000, 1600)] for a in range(3)],
+                      gpu_dtypes=(torch.float16,)) \
+    + cases(cpu=[], gpu=[(200, 1000, 1600, a) for a in range(3)], gpu_dtypes=(torch.bfloat16,))
 CPU_SPLITK_CONFIGS = [(16, 32, 32, 2, 2, 4), (64, 64, 32, 4, 2, 4)]
 
 

@@ -90,7 +90,7 @@ def test_no_script_or_test_switches_the_engine_by_writing_its_modules():
     # an assignment statement with such a target (alone or among others: `a.X, b.Y = 1, 2`)
     write = re.compile(rf"^\s*(?:[\w.]+\s*,\s*)*(?:{mods})\.[A-Z_]\w*(?:\s*,\s*[\w.]+)*\s*=(?!=)")
     patch = re.compile(rf"setattr\(\s*(?:{mods})\s*,\s*[\"'][A-Z_]")
-    files = [*ROOT.glob("benchmarks/*.py"), *ROOT.glob("benchmarks/*.sh"), *ROOT.glob("tests/**/*.py")]
+    files = [*ROOT.glob("benchmarks/**/*.py"), *ROOT.glob("benchmarks/**/*.sh"), *ROOT.glob("tests/**/*.py")]
     bad = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in files if p.name != Path(__file__).name
            for n, line in enumerate(p.read_text().splitlines(), 1) if write.search(line) or patch.search(line)]
     assert not bad, "\n".join(bad)

@@ -18,7 +18,7 @@ def check_quantize_rows(device, dtype, T, N, act):
     ref = F.gelu(ref, approximate=approx) if approx else ref
     q, qs = quantize_rows(x, b, act)
     off = e4m3_off(q, qs, ref, device)
-    # GPU: one row of 3,072 showed 4 rounding ties on an H100 (session 14)
+    # GPU: one row of 3,072 showed 4 rounding ties on an H100 (benchmarks/results/fp8_gemm_h100_2026-11.md)
     assert off < (1e-2 if device == "cpu" else 2e-3), off
 
 

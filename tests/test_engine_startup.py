@@ -246,13 +246,13 @@ def test_tune_prints_markup_in_a_folder_name_and_an_error_as_written(monkeypatch
 
 def test_the_graph_bound_holds_every_packed_count_a_server_warms():
     """The LRU bound defaults to one (max_batch, max_seq) shape's packed token counts and its dense one, so a
-    server that captured them all before its load (scenarios/serve.py) never evicts one; 32 at least."""
+    server that captured them all before its load (scenarios/serve/measure.py) never evicts one; 32 at least."""
     from dataclasses import replace
 
     from transformers import BertConfig, BertModel
 
     from transbench.engine import compile_model
-    from transbench.scenarios.serve import token_counts
+    from transbench.scenarios.serve.measure import token_counts
 
     m = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                              vocab_size=100, max_position_embeddings=256)).eval()
@@ -291,8 +291,8 @@ def test_a_run_cell_tunes_its_shape_fully_and_serving_keeps_the_first_call_budge
     from transbench import demo
     from transbench.backends import fused
     from transbench.cells import Cell
-    from transbench.scenarios.serve import probe_cell
-    from transbench.scenarios.serve_cell import ServeCell
+    from transbench.scenarios.serve.measure import probe_cell
+    from transbench.scenarios.serve.cell import ServeCell
 
     m = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                              vocab_size=100, max_position_embeddings=64)).eval()

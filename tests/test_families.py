@@ -18,12 +18,12 @@ from transbench.errors import SpecError
 from transbench.models import build, flops
 from transbench.models.presets import PRESETS
 from transbench.runner import worker  # noqa: E402
-from transbench.scenarios.inference import ModelCache
+from transbench.scenarios.inference.measure import ModelCache
 
 
 def execute(cell, cache):
     """One `run` cell through the worker's own path (runner/worker.py), in this process."""
-    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": cache})
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["roberta-tiny", "distilbert-tiny", "deberta-tiny", "modernbert-tiny", "llama-tiny", "qwen2-tiny"]
@@ -104,8 +104,8 @@ def test_a_missing_head_is_unsupported_in_a_mixed_grid(cache):
 
 
 def test_grid_refuses_a_task_no_model_has_and_keeps_one_some_have():
-    from transbench.runner import grid
-    from transbench.spec import RunSpec
+    from transbench.scenarios.inference import cells as grid
+    from transbench.scenarios.inference.spec import RunSpec
 
     base = dict(device="cpu", batches=[1], seqs=[8], backends=["eager"])
     with pytest.raises(SpecError, match="needs a family with that head"):
@@ -114,7 +114,7 @@ def test_grid_refuses_a_task_no_model_has_and_keeps_one_some_have():
 
 
 def test_roberta_inputs_never_use_the_pad_id_and_take_token_types():
-    from transbench.scenarios.inference import cell_inputs
+    from transbench.scenarios.inference.measure import cell_inputs
 
     cell = Cell(model="roberta-tiny", task="base", backend="eager", dtype="fp32", batch=4, seq=64, seq_stdev=20.0)
     inputs = cell_inputs(cell, PRESETS["roberta-tiny"])
@@ -174,7 +174,7 @@ def test_decoder_families_generate(cache, model):
 
 def test_static_cache_decoder_matches_dynamic_cache_for_llama():
     from transbench.backends.decoders import HFGenerator, StaticGenerator
-    from transbench.scenarios.generation import greedy
+    from transbench.scenarios.generation.measure import greedy
 
     model = build.build_model(build.resolve("llama-tiny"), "generate", attn="sdpa")
     ids = torch.randint(3, 1000, (3, 7), generator=torch.Generator().manual_seed(1))
@@ -212,7 +212,7 @@ def _roberta(cls_name="RobertaModel", family="roberta"):
                                              ("XLMRobertaModel", "xlm-roberta")])
 def test_fused_engine_matches_transformers_on_roberta(cls_name, family):
     from transbench.engine import compile_model
-    from transbench.scenarios.inference import output_tensor
+    from transbench.scenarios.inference.measure import output_tensor
 
     m = _roberta(cls_name, family)
     c = compile_model(m, dtype=torch.float32)

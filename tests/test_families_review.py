@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transbench.cells import Cell
 from transbench.models import build, flops
 from transbench.runner import worker
-from transbench.scenarios.inference import ModelCache
+from transbench.scenarios.inference.measure import ModelCache
 
 FAST = dict(min_time=0.0, warmup=0, min_count=1)
 SIZES = dict(hidden_size=48, num_attention_heads=4, intermediate_size=72, num_hidden_layers=2, vocab_size=1003,
@@ -29,7 +29,7 @@ def _save(tmp_path, name, family, cls_name="AutoModelForCausalLM", **config):
 def _cell(model, task, backend, cache, **kw):
     cell = Cell(model=model, task=task, backend=backend, dtype="fp32", batch=2, seq=16, device="cpu",
                 **{**FAST, "new_tokens": 3, **kw})
-    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": cache})
 
 
 def _eager_count(folder, task, seq, custom=None):
@@ -138,20 +138,19 @@ def test_qa_on_a_llama_checkpoint_loads_its_backbone(tmp_path):
 
 
 def test_every_documented_record_key_is_in_a_cpu_runs_export(tmp_path):
-    # The README lists host_ms, mem_before_mb, sm_clock_mhz, avg_power_w, j_per_seq, seq_stdev and embeddings among
-    # the keys every exported record has; a CPU run's JSON had none of the first five (null now: nothing measured).
+    # docs/records.md lists host_ms, mem_before_mb, sm_clock_mhz, avg_power_w, j_per_seq, seq_stdev and embeddings
+    # among the keys every exported record has; a CPU run's JSON had none of the first five (null now: nothing measured).
     import json
     import re
     import subprocess
     import sys
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    listed = readme.split("export the records with these keys", 1)[1].split("Generation adds", 1)[0]
-    keys = [k for k in re.findall(r"[a-z_0-9]+", re.sub(r"\([^)]*\)", "", listed.split(":", 1)[1])) if "_" in k or
-            k in ("scenario", "model", "task", "backend", "dtype", "device", "gpu", "status", "tflops", "mfu", "embeddings",
-                  "error", "speedup")]
+    table = (Path(__file__).parents[1] / "docs" / "records.md").read_text()
+    keys = re.findall(r"^\| `([a-z_0-9]+)` \|.*\| every record \|$", table, flags=re.M)
     assert {"host_ms", "mem_before_mb", "sm_clock_mhz", "avg_power_w", "j_per_seq", "seq_stdev"} <= set(keys)
+    from transbench.store.export import RECORD_KEYS
+    assert keys == list(RECORD_KEYS)  # the table lists the export's own keys, in its order
     out = tmp_path / "r.json"
     subprocess.run([sys.executable, "-m", "transbench", "run", "--model", "bert-tiny", "--backend", "sdpa", "--batch",
                     "1", "--seq", "8", "--min-time", "0", "--db", str(tmp_path / "x.db"), "--json", str(out)],

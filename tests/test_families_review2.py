@@ -16,7 +16,7 @@ from transbench.cells import Cell
 from transbench.errors import SpecError
 from transbench.models import build, flops
 from transbench.runner import worker
-from transbench.scenarios.inference import ModelCache
+from transbench.scenarios.inference.measure import ModelCache
 
 FAST = dict(min_time=0.0, warmup=0, min_count=1)
 SIZES = dict(hidden_size=48, num_attention_heads=4, intermediate_size=72, num_hidden_layers=2, vocab_size=1003,
@@ -35,7 +35,7 @@ def _save(path, family, cls_name="AutoModelForCausalLM", **config):
 def _cell(model, task, backend="eager", cache=None, **kw):
     cell = Cell(model=model, task=task, backend=backend, dtype="fp32", batch=2, seq=16, device="cpu",
                 **{**FAST, "new_tokens": 3, **kw})
-    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache or ModelCache()})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": cache or ModelCache()})
 
 
 def _torch_count(folder, task, seq, causal):

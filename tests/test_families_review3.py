@@ -19,9 +19,9 @@ from transbench.cells import Cell
 from transbench.errors import SpecError
 from transbench.models import build, flops
 from transbench.runner import worker
-from transbench.scenarios import training_loop
-from transbench.scenarios.inference import ModelCache
-from transbench.scenarios.training_cell import TrainCell
+from transbench.scenarios.training import loop as training_loop
+from transbench.scenarios.inference.measure import ModelCache
+from transbench.scenarios.training.cell import TrainCell
 
 FAST = dict(min_time=0.0, warmup=0, min_count=1)
 TRAIN = TrainCell(model="", task="classification", attn="eager", precision="fp32", optim="sgd", batch=2, seq=8,
@@ -33,7 +33,7 @@ BERT = dict(num_hidden_layers=2, hidden_size=48, num_attention_heads=4, intermed
 def _cell(model, task, backend="eager", **kw):
     cell = Cell(model=model, task=task, backend=backend, dtype="fp32", batch=2, seq=8, device="cpu",
                 **{**FAST, "new_tokens": 3, **kw})
-    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": ModelCache()})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": ModelCache()})
 
 
 def _torch_count(folder, task, seq=8, batch=2):

@@ -10,13 +10,13 @@ import pytest
 from transbench import api
 from transbench.cells import Cell
 from transbench.runner import worker  # noqa: E402
-from transbench.scenarios.inference import ModelCache
-from transbench.spec import RunSpec
+from transbench.scenarios.inference.measure import ModelCache
+from transbench.scenarios.inference.spec import RunSpec
 
 
 def execute(cell, cache):
     """One `run` cell through the worker's own path (runner/worker.py), in this process."""
-    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": cache})
 
 FAST = dict(min_time=0.0, warmup=1, min_count=3)
 N = 6
@@ -72,7 +72,7 @@ def test_static_cache_decoder_matches_dynamic_cache():
 
     from transbench.models import build
     from transbench.backends.decoders import HFGenerator, StaticGenerator
-    from transbench.scenarios.generation import greedy
+    from transbench.scenarios.generation.measure import greedy
 
     model = build.build_model(build.resolve("gpt2-tiny"), "generate", attn="sdpa")
     ids = torch.randint(1, 1000, (3, 7), generator=torch.Generator().manual_seed(1))

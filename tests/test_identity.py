@@ -13,7 +13,7 @@ from transbench.cells import Cell
 from transbench.cli import app
 from transbench.errors import SpecError
 from transbench.runner.sweep import check_same_grid, max_batch_key
-from transbench.spec import RunSpec
+from transbench.scenarios.inference.spec import RunSpec
 
 QUICK = {"min_time": 0.0, "min_count": 2, "warmup": 0, "device": "cpu"}
 
@@ -72,7 +72,7 @@ def test_reusing_a_name_with_another_grid_exits_2_and_stores_nothing(tmp_path):
 def test_resume_skips_batches_above_an_oom_stored_before_a_kill(tmp_path):
     """A run killed after batch 2 ran out of memory: resumed, batch 4 is skipped, batch 1 runs."""
     from transbench.cells import CellResult
-    from transbench.runner import grid
+    from transbench.scenarios.inference import cells as grid
     from transbench.runner.sweep import open_run, store_result
     from transbench.store import Store
 

@@ -23,7 +23,7 @@ import pytest
 from transbench import api
 from transbench.errors import SpecError
 from transbench.runner import launch
-from transbench.spec import RunSpec
+from transbench.scenarios.inference.spec import RunSpec
 from transbench.store import export
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -373,7 +373,7 @@ def test_an_interrupted_sweep_on_several_lanes_stores_no_cell_it_did_not_finish(
     import threading
 
     from transbench.api import inference_target
-    from transbench.runner import grid
+    from transbench.scenarios.inference import cells as grid
     from transbench.runner.sweep import SweepOptions, run_grid
     from transbench.store import Store
 

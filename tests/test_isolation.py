@@ -68,7 +68,7 @@ def test_a_cells_peak_does_not_count_its_first_calls_kernel_tuning(monkeypatch):
     then captures. The scenario drops that capture, restarts the peak and captures again (inference.settle), so
     the cell reads the same with or without its routes on disk; the model and the capture still count."""
     from transbench.backends.base import Prepared
-    from transbench.scenarios import inference
+    from transbench.scenarios.inference import measure as inference
     fake = FakeAllocator()
     fake.install(monkeypatch)
     gpu = torch.device("cuda", 0)

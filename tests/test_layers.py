@@ -109,5 +109,5 @@ def test_no_import_cycles():
 def test_the_reader_sees_real_imports():
     """The checks above are only as good as the reader: it must see both kinds of import."""
     g = graph()
-    assert "cells" in g["runner.sweep"] and "measure.timer" in g["scenarios.inference"]
+    assert "cells" in g["runner.sweep"] and "measure.timer" in g["scenarios.inference.measure"]
     assert any(d.startswith("scenarios") for d in g["api"])

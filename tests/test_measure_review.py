@@ -19,7 +19,7 @@ from transbench.measure import context, memory, peaks, record, timer
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 100])
 def test_percentiles_are_numpys_linear_ones_at_any_sample_count(n):
-    """README: median (latency_ms), p90, p99, IQR; timer._quantile claims numpy's default (linear) method."""
+    """docs/measurement.md: median (latency_ms), p90, p99, IQR; timer._quantile claims numpy's default (linear) method."""
     xs = np.random.default_rng(n).lognormal(0.0, 1.0, n).tolist()
     s = timer.summarize(xs)
     a = np.asarray(xs)
@@ -53,7 +53,7 @@ def test_min_time_counts_timed_calls_and_warmup_calls_are_not_samples():
     (timer.TimerConfig(warmup=0, min_time_s=0.0, min_count=10**6, max_time_s=0.05), lambda: 0.01),  # time cap
 ])
 def test_a_cell_stopped_by_a_cap_before_its_minimum_says_so(cfg, step):
-    """README: timed samples "until both --min-time seconds and --min-count samples are reached"; the sampler also
+    """docs/measurement.md: timed samples "until both --min-time seconds and --min-count samples are reached"; the sampler also
     stops at max_count (10,000) and max_time_s (120 s; micro 20 s), and said nothing: a 0.05 ms GPU call under the
     default --min-time 1 stopped after 0.5 s of calls, and --min-time 300 after 120 s, both read as complete."""
     s = timer.sample_steps(step, torch.device("cpu"), cfg)
@@ -272,7 +272,7 @@ def test_a_counter_that_did_not_advance_is_no_energy_figure(fake_gpu):
 def test_cpu_inference_cell_rates_use_real_tokens_and_the_median(quick):
     """run --seq-stdev: tokens_per_s counts real (unpadded) tokens; seq/s and tokens/s divide by the median."""
     from transbench.cells import Cell
-    from transbench.scenarios import inference
+    from transbench.scenarios.inference import measure as inference
 
     cell = Cell("bert-tiny", "base", "eager", "fp32", batch=4, seq=24, seq_stdev=6.0, min_time=0.0, min_count=5,
                 warmup=1)
@@ -293,7 +293,7 @@ def test_cpu_inference_cell_rates_use_real_tokens_and_the_median(quick):
 def test_a_wrong_generation_cell_shows_no_speed_in_json_csv_report_or_compare(tmp_path, extra_backends):
     from transbench import api
     from transbench.report.compare import compare
-    from transbench.spec import RunSpec
+    from transbench.scenarios.inference.spec import RunSpec
 
     extra_backends("broken_backends")
     db = str(tmp_path / "w.db")
@@ -324,7 +324,7 @@ def test_a_wrong_generation_cell_shows_no_speed_in_json_csv_report_or_compare(tm
 
 def test_cpu_run_records_have_every_documented_key_with_nulls_not_zeros(tmp_path, quick):
     from transbench import api
-    from transbench.spec import RunSpec
+    from transbench.scenarios.inference.spec import RunSpec
     from transbench.store.export import RECORD_KEYS
 
     out = tmp_path / "r.json"
@@ -410,7 +410,8 @@ def test_run_cell_peak_is_the_same_with_the_reference_cached(monkeypatch, task):
     """The fp32 reference runs on the device unless an earlier cell of the worker cached it: run and generate
     compute it before the cell's peak starts, so the cell reads the same first in its worker and after another."""
     from transbench.cells import Cell
-    from transbench.scenarios import generation, inference
+    from transbench.scenarios.generation import measure as generation
+    from transbench.scenarios.inference import measure as inference
 
     fake = Borrowing()
     for name in ("reset_peak", "restart_peak", "snapshot"):
@@ -452,7 +453,7 @@ def test_a_max_rate_search_ended_by_a_failed_probe_is_not_a_measured_rate(tmp_pa
     from transbench import api
     from transbench.cells import CellResult
     from transbench.runner import sweep
-    from transbench.scenarios.serve_spec import ServeSpec
+    from transbench.scenarios.serve.spec import ServeSpec
 
     class FakeLane:  # offline serves 400/s; a probe at or under `fail_above` meets the target, above it crashes
         def __init__(self, gpu, target):
@@ -499,8 +500,8 @@ def test_a_multi_gpu_training_cells_energy_and_power_are_of_the_same_gpus():
 
     from transbench.models import build
     from transbench.runner.rank import RankInfo
-    from transbench.scenarios import training_loop
-    from transbench.scenarios.training_cell import TrainCell
+    from transbench.scenarios.training import loop as training_loop
+    from transbench.scenarios.training.cell import TrainCell
 
     cell = TrainCell("bert-tiny", "mlm", "sdpa", "bf16", "adamw", batch=2, seq=16, strategy="ddp", nproc=2,
                      device="cuda")
@@ -537,7 +538,7 @@ def test_the_serve_table_gives_rates_per_second_and_goodput_as_a_percentage():
 
 
 def test_micro_tables_print_percent_of_peak_as_every_percentage():
-    """README: percentages print with one decimal, never rounded onto 0% or 100%. `micro gemm`, `bandwidth` and
+    """docs/measurement.md: percentages print with one decimal, never rounded onto 0% or 100%. `micro gemm`, `bandwidth` and
     `layer` printed % of the datasheet peak with none (99.6% read "(100%)", 0.4% "(0%)"), `breakdown` its % of
     roofline likewise."""
     from transbench.cli.micro import BREAKDOWN_COLUMNS, _pct

@@ -20,7 +20,7 @@ from transbench.errors import SpecError
 from transbench.measure import device as dev
 from transbench.runner.sweep import SweepOptions, find_max_batch, max_batch_key, open_run, search_max_batch
 from transbench.scenarios import micro
-from transbench.spec import RunSpec
+from transbench.scenarios.inference.spec import RunSpec
 from transbench.store import Store
 
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""What README.md promises, where a literal walk through it on a CPU found the tool doing otherwise."""
+"""What the README and docs/ promise, where a literal walk through them on a CPU found the tool doing otherwise."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ def refused(tmp_path, *args):
 
 
 @pytest.mark.parametrize("args, message", [
-    # README (serve): "--percentile ... is refused without --find-max-rate"; 99, the default, given by hand ran a
+    # docs/options.md (serve): "--percentile ... is refused without --find-max-rate"; 99, the default, given by hand ran a
     # whole load as if the option had been left out (exit 0), where --percentile 50 was refused
     (["--rate", "10", "--percentile", "99"], "--percentile 99 is the percentile --find-max-rate holds under --slo-ms"),
     (["--concurrency", "2", "--percentile", "99.0"], "add --find-max-rate, or leave --percentile out"),
-    # README (serve): "--new-tokens ... refused without --task generate"; 32, the default, ran alike
+    # docs/options.md (serve): "--new-tokens ... refused without --task generate"; 32, the default, ran alike
     (["--rate", "10", "--new-tokens", "32"], "--new-tokens 32 applies to --task generate"),
     # the other values keep their lines
     (["--rate", "10", "--percentile", "50"], "--percentile 50 is the percentile --find-max-rate holds"),
@@ -45,7 +45,7 @@ def test_serve_help_still_shows_the_defaults():
 
 
 def test_serve_prints_a_max_rate_of_zero_the_cells_warnings_and_names_as_text(tmp_path, monkeypatch):
-    """README (serve): a max-rate cell holds "0, with the lowest probe, where no rate meets the target", and names
+    """docs/options.md (serve): a max-rate cell holds "0, with the lowest probe, where no rate meets the target", and names
     are "printed literally in every table". serve printed `sdpa max-rate: ok ` with neither the 0 nor the warning
     that said why (run prints its cells' warnings), and a --name "x[/bold]y" ended in a MarkupError traceback
     after the whole load had run and been stored."""
@@ -81,7 +81,7 @@ def _commands(group, path=()):
 
 
 def test_help_shows_every_bracket_its_option_text_holds():
-    """README (train): `--kernels liger` needs `pip install 'transbench[liger]'`; train --help said "pip install
+    """docs/train.md: `--kernels liger` needs `pip install 'transbench[liger]'`; train --help said "pip install
     'transbench'", as typer renders help as rich markup and took [liger] for a style tag."""
     import re
 
@@ -100,13 +100,14 @@ def test_help_shows_every_bracket_its_option_text_holds():
 
 @pytest.mark.parametrize("suffix", [".yaml", ".yml", ".toml", ".json"])
 def test_runs_spec_out_writes_a_file_the_spec_option_reads_back(tmp_path, suffix):
-    """README (runs): `transbench runs --spec NAME --out sweep.yaml` writes that run's spec, and `run --spec`
+    """docs/results.md (runs): `transbench runs --spec NAME --out sweep.yaml` writes that run's spec, and `run --spec`
     repeats its grid; --spec reads .yaml, .yml, .toml and .json. An `--out x.json` got YAML (no JSON reader takes
     it back), and a training run's spec went to stdout as JSON with no file written, exit 0."""
     from report_helpers import cell, make_run, ok_result
 
-    from transbench.scenarios.training import TrainSpec
-    from transbench.spec import RunSpec, load_file
+    from transbench.scenarios.training.spec import TrainSpec
+    from transbench.scenarios.inference.spec import RunSpec
+    from transbench.spec import load_file
 
     db = str(tmp_path / "t.db")
     run_spec = RunSpec(models=["bert-tiny"], backends=["eager"], batches=[1], seqs=[8])
@@ -133,7 +134,7 @@ def test_runs_spec_out_in_a_format_the_spec_option_cannot_read_is_refused(tmp_pa
 
 
 def test_ladder_table_prints_names_as_text():
-    """README (report): names are "printed literally in every table: --name "x[/bold]y" shows as x[/bold]y". A
+    """docs/results.md (report): names are "printed literally in every table: --name "x[/bold]y" shows as x[/bold]y". A
     ladder so named raised a MarkupError after all its training, before its table and plot."""
     from rich.console import Console
 
@@ -149,7 +150,7 @@ def test_ladder_table_prints_names_as_text():
 
 
 def test_demo_refuses_a_backend_listed_twice():
-    """README (shared options): "on every axis of every command a value listed twice ... is refused". demo ran
+    """docs/options.md (shared options): "on every axis of every command a value listed twice ... is refused". demo ran
     `--backend eager,eager` twice and printed a difference of 0 between eager and itself, exit 0."""
     res = runner.invoke(app, ["demo", "--prompt", "hello world", "--model", "bert-tiny", "--device", "cpu",
                               "--backend", "eager,sdpa,eager"])
@@ -159,7 +160,7 @@ def test_demo_refuses_a_backend_listed_twice():
 
 @pytest.mark.parametrize("option", ["--warmup", "--steps"])
 def test_train_names_its_options_as_help_does(tmp_path, option):
-    """README (shared options): one name per concept, `train --warmup-steps` being an old, hidden spelling of
+    """docs/options.md (shared options): one name per concept, `train --warmup-steps` being an old, hidden spelling of
     `--warmup`; `train --warmup 0` answered "--steps and --warmup-steps must be at least 1"."""
     db = tmp_path / "t.db"
     res = runner.invoke(app, ["train", "--model", "bert-tiny", "--device", "cpu", option, "0", "--db", str(db)])
@@ -168,7 +169,7 @@ def test_train_names_its_options_as_help_does(tmp_path, option):
 
 
 def test_run_max_batch_says_on_the_console_that_its_answer_is_the_cap(tmp_path):
-    """README (run): "an answer at the cap warns that it is the cap" (spec key `max_batch_limit`). The warning was
+    """docs/options.md (run): "an answer at the cap warns that it is the cap" (spec key `max_batch_limit`). The warning was
     only stored, never printed (every cell's `noisy` is), and it named `--max-batch-limit`, which `run` has not."""
     spec = tmp_path / "mb.yaml"
     spec.write_text("max_batch_limit: 4\n")

@@ -1,4 +1,4 @@
-"""Audit of the figures a record shows: each one consistent with the raw data it keeps, with the README's
+"""Audit of the figures a record shows: each one consistent with the raw data it keeps, with docs/measurement.md's
 definitions, and the same in every output; a cell's figures independent of the cells before it. Each test
 here failed before the fix it names."""
 
@@ -11,8 +11,8 @@ from transbench.measure import peaks
 from transbench.report.data import ReportData
 from transbench.report.document import num
 from transbench.report.tables import micro_tables, training_table
-from transbench.scenarios.serve_load import LoadPlan, Request, Served, Trace
-from transbench.scenarios.serve_stats import account
+from transbench.scenarios.serve.load import LoadPlan, Request, Served, Trace
+from transbench.scenarios.serve.stats import account
 
 # --- MFU: the peak of the GPU the record names ------------------------------------------------------------
 
@@ -124,7 +124,8 @@ def test_serve_peak_memory_is_the_same_with_the_reference_cached(monkeypatch):
     """The gate's fp32 reference ran on the device after the cell's peak started, unless the worker had it
     cached from an earlier cell: the same serve cell read the reference model's size more when it came first."""
     from transbench.measure import memory
-    from transbench.scenarios import inference, serve, serve_lengths
+    from transbench.scenarios.inference import measure as inference
+    from transbench.scenarios.serve import measure as serve, lengths as serve_lengths
 
     fake = FakeDevice()
     for name in ("reset_peak", "restart_peak", "snapshot"):
@@ -162,7 +163,7 @@ def test_an_fp8_cell_that_ran_no_fp8_gemm_is_measured_against_the_fp16_peak():
     from transbench.cells import Cell
     from transbench.measure import record, timer
     from transbench.measure.device import GpuInfo
-    from transbench.scenarios.inference import peak_dtype
+    from transbench.scenarios.inference.measure import peak_dtype
 
     cell = Cell("bert-base-uncased", "base", "fused", "fp8", 1, 128, device="cuda:0")
     s = timer.sample_steps(lambda: 1.0, torch.device("cpu"), timer.TimerConfig(warmup=0, min_time_s=0.0, min_count=3))

@@ -15,7 +15,7 @@ from transbench.report import build_report, plots
 from transbench.report.data import load
 from transbench.report.document import num
 from transbench.runner.sweep import store_result
-from transbench.spec import RunSpec
+from transbench.scenarios.inference.spec import RunSpec
 from transbench.store import Store
 
 # Speeds planted in the records of failed cells: none of them may appear anywhere in a report.

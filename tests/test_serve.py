@@ -11,13 +11,13 @@ from typer.testing import CliRunner
 
 from transbench.cli import app
 from transbench.errors import SpecError
-from transbench.scenarios import serve_lengths
-from transbench.scenarios.serve import batch_bucket, buckets, len_bucket
-from transbench.scenarios.serve_arrivals import poisson_arrivals
-from transbench.scenarios.serve_batcher import Batcher, BatchPolicy
-from transbench.scenarios.serve_load import LoadPlan, Request, Served, Trace, run_load
-from transbench.scenarios.serve_search import find_max_rate
-from transbench.scenarios.serve_stats import account
+from transbench.scenarios.serve import lengths as serve_lengths
+from transbench.scenarios.serve.measure import batch_bucket, buckets, len_bucket
+from transbench.scenarios.serve.arrivals import poisson_arrivals
+from transbench.scenarios.serve.batcher import Batcher, BatchPolicy
+from transbench.scenarios.serve.load import LoadPlan, Request, Served, Trace, run_load
+from transbench.scenarios.serve.search import find_max_rate
+from transbench.scenarios.serve.stats import account
 
 # --- arrivals ----------------------------------------------------------------------------------------
 
@@ -312,7 +312,7 @@ def test_find_max_rate_stores_every_probe(tmp_path, extra_backends):
     offline cell bounds it (~500/s), each probe is a stored rate cell, and the summary cell's rate is the
     largest probe that met the target."""
     from transbench import api
-    from transbench.scenarios.serve_spec import ServeSpec
+    from transbench.scenarios.serve.spec import ServeSpec
 
     extra_backends("serve_backends")
     db = str(tmp_path / "m.db")
@@ -332,9 +332,9 @@ def test_find_max_rate_stores_every_probe(tmp_path, extra_backends):
 
 def test_generation_under_load_in_process():
     """gpt2-tiny: time to first token, inter-token gaps and end-to-end latency, batch-synchronous."""
-    from transbench.scenarios import serve, serve_lengths
-    from transbench.scenarios.inference import ModelCache
-    from transbench.scenarios.serve_cell import ServeCell
+    from transbench.scenarios.serve import measure as serve, lengths as serve_lengths
+    from transbench.scenarios.inference.measure import ModelCache
+    from transbench.scenarios.serve.cell import ServeCell
 
     lengths = serve_lengths.parse("normal:10:20", 128 - 4).to_dict()
     cell = ServeCell("gpt2-tiny", "generate", "sdpa", "fp32", "concurrency", concurrency=2, lengths=lengths,
@@ -351,9 +351,9 @@ def test_generation_under_load_in_process():
 
 def test_generation_gate_leaves_room_for_the_new_tokens():
     # Prompts of 110 tokens + 8 new fit gpt2-tiny's 128 positions; the gate's prompt bucket (128) used not to.
-    from transbench.scenarios import serve, serve_lengths
-    from transbench.scenarios.inference import ModelCache
-    from transbench.scenarios.serve_cell import ServeCell
+    from transbench.scenarios.serve import measure as serve, lengths as serve_lengths
+    from transbench.scenarios.inference.measure import ModelCache
+    from transbench.scenarios.serve.cell import ServeCell
 
     cell = ServeCell("gpt2-tiny", "generate", "sdpa", "fp32", "concurrency", concurrency=1,
                      lengths=serve_lengths.parse("fixed:110", 128 - 8).to_dict(), max_batch_size=1,
@@ -369,7 +369,7 @@ def test_token_counts_cover_every_packed_size_a_bucket_can_reach():
     import torch
 
     from transbench.engine.packing import make_packing
-    from transbench.scenarios.serve import even_mask, token_counts
+    from transbench.scenarios.serve.measure import even_mask, token_counts
 
     def key(b, s, n, step):
         p = make_packing(even_mask(b, s, n), b, s, step)
@@ -389,8 +389,8 @@ def test_a_packing_backend_captures_every_graph_before_the_load(monkeypatch, ext
     """A fake of the fused engine's graph per packed token count: the warm-up runs every count the lengths can
     reach, so none is captured under load; without that warm-up the load captures them (the count sees it)."""
     from transbench.engine.packing import make_packing
-    from transbench.scenarios import serve
-    from transbench.scenarios.inference import ModelCache
+    from transbench.scenarios.serve import measure as serve
+    from transbench.scenarios.inference.measure import ModelCache
 
     extra_backends("serve_backends")
     lengths = serve_lengths.parse("lognormal:12:32", 128).to_dict()
@@ -451,7 +451,7 @@ def test_serve_generate_cli_on_cpu(tmp_path):
 
 def test_report_has_the_serve_section(tmp_path):
     from transbench import api
-    from transbench.scenarios.serve_spec import ServeSpec
+    from transbench.scenarios.serve.spec import ServeSpec
 
     db = str(tmp_path / "r.db")
     spec = ServeSpec(model="bert-tiny", backends=["sdpa"], device="cpu", lengths="fixed:8", max_batch_size=2,

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from transbench.cli import app
 from transbench.errors import SpecError
-from transbench.scenarios import serve_lengths, serve_load
-from transbench.scenarios.serve_batcher import BatchPolicy
-from transbench.scenarios.serve_load import LoadPlan, Request, Served, Trace, run_load
-from transbench.scenarios.serve_stats import account
+from transbench.scenarios.serve import lengths as serve_lengths, load as serve_load
+from transbench.scenarios.serve.batcher import BatchPolicy
+from transbench.scenarios.serve.load import LoadPlan, Request, Served, Trace, run_load
+from transbench.scenarios.serve.stats import account
 
 runner = CliRunner()
 
@@ -82,8 +82,8 @@ def test_a_long_batcher_wait_ends_at_the_drain_limit(monkeypatch, max_wait_s):
 def test_achieved_rate_is_unbiased_at_a_light_load():
     """Poisson arrivals served at once: achieved_rate averages to offered_rate. Measured to the last result, the
     window lost the gap after the last arrival, and a 20-arrival window read ~5% high (E[n / T'] > rate)."""
-    from transbench.scenarios.serve import plan_for
-    from transbench.scenarios.serve_cell import ServeCell
+    from transbench.scenarios.serve.measure import plan_for
+    from transbench.scenarios.serve.cell import ServeCell
 
     lengths = serve_lengths.parse("fixed:8", 128).to_dict()
     for rate, duration in ((2.0, 1.0), (1.0, 20.0)):
@@ -198,7 +198,7 @@ def test_report_generation_table_shows_tokens_per_s_and_new_tokens():
 def test_max_rate_search_never_probes_a_rate_whose_load_would_outlast_the_deadline():
     # A model too slow for the target bisected down to rates whose stretched window (20 expected arrivals) passed
     # --timeout: each such probe could only wait out the whole deadline and end `timeout`.
-    from transbench.scenarios.serve_search import find_max_rate
+    from transbench.scenarios.serve.search import find_max_rate
 
     probed = []
     best, trail = find_max_rate(lambda r: probed.append(r) or 50.0, slo_ms=10.0, capacity=8.0, lowest=1.0)

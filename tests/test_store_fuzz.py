@@ -18,9 +18,9 @@ from report_helpers import bad_result, cell, make_run, ok_result
 from test_cli_input import invoke, refused
 
 from transbench import api
-from transbench.runner import grid
+from transbench.scenarios.inference import cells as grid
 from transbench.runner.sweep import open_run
-from transbench.spec import RunSpec
+from transbench.scenarios.inference.spec import RunSpec
 from transbench.store import Store
 from transbench.store import db as store_db
 

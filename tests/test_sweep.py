@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from transbench import api
-from transbench.runner import grid
+from transbench.scenarios.inference import cells as grid
 from transbench.cells import CellResult
 from transbench.store.db import Merged
 from transbench.runner.sweep import find_max_batch
-from transbench.spec import RunSpec, dump_file, load_file
+from transbench.scenarios.inference.spec import RunSpec
+from transbench.spec import dump_file, load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,7 +219,7 @@ def test_variable_lengths_count_real_tokens(db, quick):
 @pytest.mark.parametrize("embeddings", [True, False])
 def test_variable_lengths_when_the_reference_rows_are_shorter_than_the_batch(db, quick, embeddings):
     # Seeded so the longest sequence is not among the reference rows: outputs must still line up.
-    from transbench.scenarios.inference import reference_rows
+    from transbench.scenarios.inference.measure import reference_rows
     from transbench.scenarios.inputs import make_inputs, point_seed
 
     lens = make_inputs(1000, 8, 40, stdev=20.0, max_len=128, seed=point_seed("bert-tiny", 8, 40, 20.0, 0)).lengths

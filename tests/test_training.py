@@ -18,9 +18,9 @@ from transbench.models import flops
 from transbench.models.presets import PRESETS
 from transbench.cells import CellResult
 from transbench.runner.rank import RankInfo, guarded
-from transbench.scenarios import training_loop
-from transbench.scenarios.training import TrainSpec, add_scaling, expand, validate
-from transbench.scenarios.training_cell import TrainCell
+from transbench.scenarios.training import loop as training_loop
+from transbench.scenarios.training.spec import TrainSpec, add_scaling, expand, validate
+from transbench.scenarios.training.cell import TrainCell
 from transbench.store import Store
 from transbench.store.export import RECORD_KEYS, TRAINING_KEYS
 
@@ -137,7 +137,7 @@ def test_resume_skips_batches_above_a_stored_oom_without_running_them(tmp_path, 
     launches nothing (the launcher here fails the test if called)."""
     from transbench.runner import launch
     from transbench.runner.sweep import store_result
-    from transbench.scenarios import training
+    from transbench.scenarios.training import spec as training
 
     spec = TrainSpec(models=["bert-tiny"], device="cpu", batches=[2, 4], seqs=[16], steps=2, warmup_steps=1,
                      name="killed")
@@ -319,7 +319,7 @@ def test_liger_rewiring_gives_the_models_own_loss(model, task, monkeypatch):
     import torch
 
     from transbench.models import build
-    from transbench.scenarios import training_kernels
+    from transbench.scenarios.training import kernels as training_kernels
 
     _fake_liger(monkeypatch)
     ref = build.resolve(model)
@@ -367,8 +367,8 @@ def test_masked_head_is_the_same_loss_and_gradients_as_the_full_head(model, monk
     import torch
 
     from transbench.models import build
-    from transbench.scenarios import training_kernels
-    from transbench.scenarios.training_head import MaskedHead
+    from transbench.scenarios.training import kernels as training_kernels
+    from transbench.scenarios.training.head import MaskedHead
 
     ref = build.resolve(model)
     hf = build.build_model(ref, "mlm", attn="sdpa", device="cpu", seed=0).eval().requires_grad_(True)  # no dropout

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from transbench.cells import CellResult
 from transbench.cli import app
-from transbench.scenarios import training_ladder
-from transbench.scenarios.training_cell import TrainCell
+from transbench.scenarios.training import ladder as training_ladder
+from transbench.scenarios.training.cell import TrainCell
 from transbench.store import Store
 
 BASE = TrainCell(model="bert-tiny", task="mlm", attn="sdpa", precision="fp32", optim="adamw", batch=4, seq=16,
@@ -159,7 +159,8 @@ def test_cli_ladder_runs_on_the_sweep_loop_and_resumes(tmp_path, monkeypatch):
     assert [r["batch_size"] for r in rows] == [24, 24, 48, 48, 48, 192, 192, 192, 192, 192, 192]
     assert rows[1]["gain_samples_per_s"] == pytest.approx(2.0)  # bf16 at the same batch
     # No cell is measured twice (a search takes its start batch's stored result), and the bf16 search
-    # starts from the bf16 step's batch 24: it never goes back to batch 1 (session 11's H100 timeout).
+    # starts from the bf16 step's batch 24: it never goes back to batch 1, where a ladder on an H100 ran out
+    # of time (benchmarks/results/measurement_path_h100_2026-11.md).
     assert len({c.key() for c in ran}) == len(ran)
     assert [c.batch for c in ran if c.precision == "bf16"][:6] == [24, 48, 96, 72, 60, 48]
     assert rows[-1]["best_of"] == "grad checkpointing, largest batch" and rows[-1]["batch_size"] == 192

@@ -16,9 +16,9 @@ from transbench import api
 from transbench.cells import CellResult
 from transbench.cli import tables
 from transbench.errors import SpecError
-from transbench.scenarios import training, training_ladder
-from transbench.scenarios.training import TrainSpec, add_scaling, expand, validate
-from transbench.scenarios.training_cell import TrainCell
+from transbench.scenarios.training import spec as training, ladder as training_ladder
+from transbench.scenarios.training.spec import TrainSpec, add_scaling, expand, validate
+from transbench.scenarios.training.cell import TrainCell
 from transbench.store import Store
 
 TRAIN = dict(models=["bert-tiny"], batches=[2], seqs=[8], steps=1, warmup_steps=1, device="cpu")
@@ -158,7 +158,7 @@ def test_scaling_over_several_hosts_runs_a_one_gpu_baseline():
 
 
 @pytest.mark.parametrize("change,needle", [
-    ({"batches": [2, 2]}, "--batch lists 2 twice"),  # README: a value listed twice is refused on every axis
+    ({"batches": [2, 2]}, "--batch lists 2 twice"),  # docs/options.md: a value listed twice is refused on every axis
     ({"optims": ["sgd", "sgd"]}, "--optim lists sgd twice"),
     ({"grad_ckpts": ["on", "true"]}, "--grad-ckpt lists on twice"),
     ({"nprocs": [2, 2]}, "--nproc lists 2 twice"),

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING
 
 from .errors import SpecError
 from .measure import env as env_mod
-from .runner import grid
-from .scenarios import training
-from .scenarios.training import TrainSpec  # noqa: F401  (api.TrainSpec)
+from .scenarios.inference import cells as grid
+from .scenarios.training import spec as training
+from .scenarios.training.spec import TrainSpec  # noqa: F401  (api.TrainSpec)
 from .cells import Cell, CellResult
 from .runner.sweep import SweepOptions, Target, open_run, run_grid
-from .spec import RunSpec, check_once, checked, coerce
+from .scenarios.inference.spec import RunSpec
+from .spec import check_once, checked, coerce
 from .store import Store, export
 from .store.db import Merged, check_sources
 
@@ -136,13 +137,13 @@ def _refuse_ignored_fields(asked: RunSpec, last: dict) -> None:
 
 
 def train(spec: TrainSpec, db: str = "transbench.db", **kwargs) -> list[dict]:
-    """A training sweep (scenarios/training.py), or with `spec.ladder` the seed notebook's ladder of steps
-    for one model (scenarios/training_ladder.py); kwargs: json_path, csv_path, on_start, on_cell."""
+    """A training sweep (scenarios/training/spec.py), or with `spec.ladder` the seed notebook's ladder of steps
+    for one model (scenarios/training/ladder.py); kwargs: json_path, csv_path, on_start, on_cell."""
     spec = checked(TrainSpec, spec, training.WHOLE_FIELDS)  # a dict or None: a SpecError, not an AttributeError
     db = _outputs(db, kwargs.get("json_path"), kwargs.get("csv_path"))
     _callbacks(**{k: v for k, v in kwargs.items() if k in ("on_start", "on_cell")})
     if spec.ladder:
-        from .scenarios.training_ladder import ladder
+        from .scenarios.training.ladder import ladder
 
         return ladder(training.validate(spec), db, **kwargs)
     return training.train(spec, db, **kwargs)
@@ -151,11 +152,11 @@ def train(spec: TrainSpec, db: str = "transbench.db", **kwargs) -> list[dict]:
 def inference_target(spec: RunSpec) -> Target:
     """One worker per lane for plain cells; with --nproc, each cell's ranks launched through torchrun."""
     if spec.nproc <= 1:
-        return Target(Cell, measure="transbench.scenarios.model_cells:measure")
+        return Target(Cell, measure="transbench.scenarios.inference.target:measure")
     from .runner.launch import LaunchConfig
 
     cfg = LaunchConfig(nproc=spec.nproc, torchrun=True, timeout=spec.timeout)
-    return Target(Cell, launch=lambda cell: ("transbench.scenarios.inference_dp", cfg))
+    return Target(Cell, launch=lambda cell: ("transbench.scenarios.inference.dp", cfg))
 
 
 def spec_to_store(spec: RunSpec) -> dict:
@@ -336,19 +337,19 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
 
 def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_path: str | None = None,
           on_cell: Callable = lambda c, r: None) -> RunOutcome:
-    """A load test (scenarios.serve_spec.ServeSpec): every (backend, load) cell stored as it ends. With
+    """A load test (scenarios.serve.spec.ServeSpec): every (backend, load) cell stored as it ends. With
     find_max_rate, per backend an offline cell (the throughput bound), then Poisson probes bisecting the
     largest rate whose latency percentile meets slo_ms, each probe stored, then a `serve-max-rate` cell."""
-    from .scenarios import serve_spec
-    from .scenarios.serve_cell import ServeCell
-    from .scenarios.serve_arrivals import MIN_REQUESTS
-    from .scenarios.serve_search import find_max_rate
+    from .scenarios.serve import spec as serve_spec
+    from .scenarios.serve.cell import ServeCell
+    from .scenarios.serve.arrivals import MIN_REQUESTS
+    from .scenarios.serve.search import find_max_rate
     from .runner.sweep import _Lane, store_result
 
     spec, lengths = serve_spec.check(spec)
     db = _outputs(db, json_path, csv_path)
     _callbacks(on_cell=on_cell)
-    target = Target(ServeCell, measure="transbench.scenarios.serve:measure")
+    target = Target(ServeCell, measure="transbench.scenarios.serve.measure:measure")
     opts = SweepOptions(spec.timeout)
     store = Store(db)
     lane = None
@@ -407,7 +408,8 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                 on_cell(summary, result)
                 continue
             # No rate meeting the target is a measured answer (max rate 0), not a failure: on an H100 eager and
-            # sdpa bert-base take 13-15 ms a batch, over a 10 ms p99 at any rate (session 11).
+            # sdpa bert-base take 13-15 ms a batch, over a 10 ms p99 at any rate
+            # (benchmarks/results/measurement_path_h100_2026-11.md).
             lowest = min(trail, key=lambda t: t[0]) if trail else None
             result = CellResult("ok", record={**rec, "max_rate": best or 0.0}, info={"probes": trail},
                                 warnings=[] if best else [

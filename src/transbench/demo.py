@@ -213,7 +213,7 @@ def _run_backend(backend, base, ref, task: str, ids: list[int], device, dtype: s
     from .measure import device as dev
     from .models import build
     from .cells import Cell
-    from .scenarios.inference import output_tensor
+    from .scenarios.inference.measure import output_tensor
     from .scenarios.inputs import Inputs
 
     reason = backend.unsupported_reason(device.type, dtype, task)
@@ -226,7 +226,7 @@ def _run_backend(backend, base, ref, task: str, ids: list[int], device, dtype: s
     cell = Cell(model=ref.name, task=task, backend=backend.name, dtype=dtype, batch=1, seq=len(ids),
                 device=str(device), first_call_budget=True)
     try:
-        # the run's own switch (scenarios/inference.py model_for): a family without the backend's attention is
+        # the run's own switch (scenarios/inference/measure.py model_for): a family without the backend's attention is
         # rebuilt with it or runs its fallback, and says so, where set_attn_implementation would raise
         model = build.set_attention(model, backend.attn, backend.attn_fallback)
         prepared = backend.prepare(model, inputs, cell)

@@ -14,43 +14,6 @@ from pathlib import Path
 from .errors import SpecError
 
 
-@dataclass
-class RunSpec:
-    """Everything that defines an inference sweep. Lists are sweep axes; None means 'sized for the device'."""
-
-    models: list[str] = field(default_factory=lambda: ["bert-base-uncased"])
-    tasks: list[str] = field(default_factory=lambda: ["base"])
-    backends: list[str] = field(default_factory=lambda: ["eager", "sdpa"])
-    dtypes: list[str] | None = None
-    batches: list[int] | None = None
-    seqs: list[int] | None = None
-    seq_stdev: float = 0.0
-    device: str = "auto"
-    activation: str | None = None
-    embeddings: bool = True
-    min_time: float | None = None
-    min_count: int | None = None
-    warmup: int | None = None
-    timeout: float = 900.0
-    baseline: str | None = None
-    new_tokens: int = 128
-    compile_mode: str = "default"
-    max_batch: bool = False
-    max_batch_limit: int = 65536
-    shard: str | None = None
-    gpus: list[int] | None = None
-    nproc: int = 1
-    seed: int = 0
-    name: str | None = None
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> RunSpec:
-        return cls(**coerce(cls, data))
-
-
 def check_keys(cls, data: dict, where: str = "") -> None:
     """Spec files and stored specs may only hold the dataclass's fields: a typo is an error, not ignored."""
     known = {f.name for f in fields(cls)}
@@ -171,7 +134,7 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
 
 def _comma_items(text: str, what: str) -> list[str]:
     """'1,8,64' -> ['1', '8', '64']. An empty item between commas ('8,', '1,,8') is refused, not dropped: it is
-    most often a value left out by mistake. Empty text is left to the axis's own check (runner/grid.py)."""
+    most often a value left out by mistake. Empty text is left to the axis's own check (scenarios/inference/cells.py)."""
     parts = [p.strip() for p in text.split(",")]
     if any(parts) and not all(parts):
         raise SpecError(f"{what}{text!r} has an empty item between commas: write e.g. {','.join(p for p in parts if p)}")
@@ -238,25 +201,6 @@ def checked(cls, spec, whole: frozenset[str] = frozenset()):
     out = cls(**coerce(cls, {f.name: getattr(spec, f.name) for f in fields(cls)}, "", whole))
     if getattr(out, "name", None) is not None:
         check_name(out.name)  # control characters, an empty name, 'last': refused as on the CLI
-    return out
-
-
-def device_defaults(spec: RunSpec, device_type: str) -> RunSpec:
-    """Fill the 'sized for the device' values. On a 2-core CPU the default sweep ends within two minutes."""
-    gpu = device_type == "cuda"
-    out = dataclasses.replace(spec)
-    if out.dtypes is None:
-        out.dtypes = ["fp16"] if gpu else ["fp32"]
-    if out.batches is None:
-        out.batches = [1, 8, 64, 256] if gpu else [1, 2]
-    if out.seqs is None:
-        out.seqs = [128, 384] if gpu else [128]
-    if out.min_time is None:
-        out.min_time = 1.0 if gpu else 0.5
-    if out.min_count is None:
-        out.min_count = 20 if gpu else 5
-    if out.warmup is None:
-        out.warmup = 5 if gpu else 2
     return out
 
 
@@ -364,7 +308,7 @@ def _parse(path: str, suffix: str, text: str):
         raise SpecError(f"spec file {path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
-def dump_text(spec: RunSpec | dict, suffix: str = ".yaml") -> str:
+def dump_text(spec, suffix: str = ".yaml") -> str:
     """The spec (or a stored spec's dict, of any kind of run) as a file `load_file` reads back: TOML for a ".toml"
     suffix, JSON for ".json" (it got YAML, which `run --spec` then refused as invalid JSON), else YAML."""
     data = {k: v for k, v in (spec if isinstance(spec, dict) else spec.to_dict()).items() if v is not None}
@@ -377,7 +321,7 @@ def dump_text(spec: RunSpec | dict, suffix: str = ".yaml") -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def dump_file(spec: RunSpec, path: str) -> None:
+def dump_file(spec, path: str) -> None:
     Path(path).write_text(dump_text(spec, Path(path).suffix))
 
 

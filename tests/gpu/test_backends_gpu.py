@@ -9,12 +9,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 from transbench.cells import Cell  # noqa: E402
 from transbench.runner import worker  # noqa: E402
-from transbench.scenarios.inference import ModelCache  # noqa: E402
+from transbench.scenarios.inference.measure import ModelCache  # noqa: E402
 
 
 def execute(cell, cache):
     """One `run` cell through the worker's own path (runner/worker.py), in this process."""
-    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": cache})
 
 CACHE = ModelCache()
 
@@ -60,9 +60,10 @@ def test_a_launch_bound_cell_is_warned_host_bound_and_a_gpu_bound_one_is_not():
     seen = {n: (r.record["host_ms"], r.record["latency_ms"], r.warnings) for n, r in (("tiny", tiny), ("big", big))}
     assert tiny.record["host_ms"] >= 0.9 * tiny.record["latency_ms"], seen
     assert any(w.startswith("host-bound") for w in tiny.warnings), seen
-    # About 65 ms of GPU work (sdpa 64 x 512 took 16.3 ms on an H100, session 11). Launching bert-base through
-    # transformers took 4.7-10.3 ms of host time and wandered with the CPU (session 20), so 128 x 512 (about 32
-    # ms) left too thin a margin on a cold machine.
+    # About 65 ms of GPU work (sdpa 64 x 512 took 16.3 ms on an H100,
+    # benchmarks/results/measurement_path_h100_2026-11.md). Launching bert-base through transformers took 4.7-10.3 ms of
+    # host time and wandered with the CPU (benchmarks/results/sampler_host_h100_2026-11.md), so 128 x 512 (about 32 ms)
+    # left too thin a margin on a cold machine.
     assert big.record["host_ms"] < 0.5 * big.record["latency_ms"], seen
     assert not any(w.startswith("host-bound") for w in big.warnings), seen
 
@@ -95,7 +96,7 @@ def test_generation_on_gpu(backend):
 def test_static_decoders_match_dynamic_cache_tokens():
     from transbench.models import build
     from transbench.backends.decoders import HFGenerator, StaticGenerator
-    from transbench.scenarios.generation import greedy
+    from transbench.scenarios.generation.measure import greedy
 
     m = build.build_model(build.resolve("gpt2-tiny"), "generate", attn="sdpa", device="cuda")
     ids = torch.randint(1, 1000, (3, 8), device="cuda")

@@ -220,7 +220,7 @@ def test_routes_are_settled_in_the_whole_captured_forward(tmp_path, monkeypatch)
     monkeypatch.setenv("TRANSBENCH_CACHE_DIR", str(tmp_path))  # the engines' default tuner: this folder's table
     m = _bert(layers=2)
     # Unbudgeted, as `transbench tune` runs: under the default budget a cold Triton cache spends a first call's
-    # seconds on compiles, and no forward is raced (H100, session 16: no races).
+    # seconds on compiles, and no forward is raced (H100: no races, benchmarks/results/fp8_power_cap_h100_2026-11.md).
     c = compile_model(m, dtype=torch.float16, tune_budget_s=None)
     ids, mask = _padded_batch(1, 128, m.config.vocab_size, 3)
     with tuning.tuner().recording() as keys, torch.no_grad():

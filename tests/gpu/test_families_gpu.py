@@ -10,12 +10,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 from transbench.cells import Cell  # noqa: E402
 from transbench.runner import worker  # noqa: E402
-from transbench.scenarios.inference import ModelCache  # noqa: E402
+from transbench.scenarios.inference.measure import ModelCache  # noqa: E402
 
 
 def execute(cell, cache):
     """One `run` cell through the worker's own path (runner/worker.py), in this process."""
-    return worker.execute("transbench.scenarios.model_cells:measure", cell.to_dict(), {"models": cache})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": cache})
 
 CACHE = ModelCache()
 
@@ -72,7 +72,7 @@ def test_fused_roberta_base_matches_and_beats_eager():
 @pytest.mark.parametrize("family,task,backend", [("falcon", "base", "sdpa"), ("falcon", "generate", "sdpa"),
                                                  ("llama", "qa", "sdpa"), ("mistral", "causal-lm", "eager")])
 def test_checkpoint_folders_rebuilt_for_sdpa_or_remapped_run_on_cuda(tmp_path, family, task, backend):
-    # Session 23's model-building changes on the GPU: Falcon rebuilt with SDPA chosen at construction
+    # Model building on the GPU: Falcon rebuilt with SDPA chosen at construction
     # (build._rebuilt), a QA head whose backbone prefix differs from the checkpoint's (build._backbone_mapping),
     # and a counted decoder's FLOPs (flops._causal_products).
     import transformers

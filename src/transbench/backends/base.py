@@ -44,7 +44,7 @@ class Backend:
     extra: str | None = None  # the pip extra that brings them
     describe: str = ""
     # (model, cell) -> an object with prefill(ids)->(B,V) logits and decode(next_ids)->(B,V) logits, for
-    # --task generate; None: transformers' own forward with a DynamicCache (scenarios/generation.py)
+    # --task generate; None: transformers' own forward with a DynamicCache (scenarios/generation/measure.py)
     generator: Callable[..., Any] | None = None
     packs: bool = False  # runs only the real tokens of a padded batch (no padding work): serving pads no width
 

@@ -12,9 +12,9 @@ import time
 from .base import Backend, Prepared
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# Modes whose CUDA-graph trees capture on streams torch chooses. After such a cell the fused engine's graphs lost
-# their programmatic dependent launch for the rest of the process: bert-base fp16 8 x 128 read 0.6281 ms alone and
-# 0.6646 after a reduce-overhead cell in one worker (H100, benchmarks/results/session20_h100.md; the engine's own
+# Modes whose CUDA-graph trees capture on streams torch chooses. After such a cell the fused engine's graphs lost their
+# programmatic dependent launch for the rest of the process: bert-base fp16 8 x 128 read 0.6281 ms alone and 0.6646
+# after a reduce-overhead cell in one worker (H100, benchmarks/results/sampler_host_h100_2026-11.md; the engine's own
 # captures share one stream for this reason, engine/capture.py side_stream). The sweep ends the worker after them.
 GRAPH_MODES = ("reduce-overhead", "max-autotune")
 

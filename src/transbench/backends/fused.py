@@ -7,7 +7,7 @@ from .base import Backend, Prepared
 
 def _compile(model, cell, options=None):
     """The engine for `cell`'s model; options: EngineOptions (None: the engine as shipped), for scripts that measure
-    one of its switches through the backend (benchmarks/order_latency.py --no-pdl)."""
+    one of its switches through the backend (benchmarks/studies/order_latency.py --no-pdl)."""
     from ..engine import EngineUnsupported, compile_model
     from ..engine.compiled import BERT_LIKE
     from ..engine.tuning import TUNE_BUDGET_S
@@ -24,8 +24,8 @@ def _compile(model, cell, options=None):
     # A cell's figures are those of the engine tuned for its shape, whatever ran before it. Under the first-call
     # budget the first cell of a process spent it on Triton compiles and kept default routes, which later cells,
     # finding the kernels compiled, did not: on an H100 bert-base fp16 1 x 128 ran in 0.5152 ms as a process's first
-    # cell, 0.4474 after a 1 x 64 cell, and 0.3296 tuned (benchmarks/results/session17_h100.md, call 7); the default
-    # routes, saved as partial entries, stayed with later budgeted processes. So a `run` cell tunes fully, as
+    # cell, 0.4474 after a 1 x 64 cell, and 0.3296 tuned (benchmarks/results/fp16_grids_h100_2026-11.md); the
+    # default routes, saved as partial entries, stayed with later budgeted processes. So a `run` cell tunes fully, as
     # `transbench tune` does, unless its routes are on disk. Serving keeps the budget (Cell.first_call_budget): its
     # warm-up captures a graph per packed token count, each a shape to tune.
     budget = TUNE_BUDGET_S if cell.first_call_budget else None

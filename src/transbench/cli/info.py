@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 
 from .. import api
-from ..spec import RunSpec, dump_text
+from ..scenarios.inference.spec import RunSpec
+from ..spec import dump_text
 from ..store import export
 from .app import app, fail, friendly
 from .tables import Col, console, fitted, visible

@@ -105,7 +105,7 @@ def gemm(
         clock = f" @{r['sm_clock_mhz']:.0f} MHz {r['avg_power_w']:.0f} W" if r.get("sm_clock_mhz") and r.get("avg_power_w") else ""
         rows.setdefault(label, {})[r["dtype"]] = _status(r) or _pct(r.get("tflops"), r.get("pct_of_peak")) + clock
     # Each figure with the SM clock and board power it ran at: a GPU at its power cap runs large GEMMs
-    # below its maximum clock, so a sustained figure is lower than a short burst (README, "micro").
+    # below its maximum clock, so a sustained figure is lower than a short burst (docs/micro.md).
     _grid(f"GEMM TFLOPS (% of datasheet peak) on {recs[0]['gpu'] or 'cpu'}" if recs else "GEMM", "m x n x k",
           list(dict.fromkeys(r["dtype"] for r in recs)), rows)
     _finish(outcome, db, json_path, csv_path, plot)

@@ -12,7 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import api
 from ..errors import SpecError
-from ..spec import RunSpec, load_file, split_list
+from ..scenarios.inference.spec import RunSpec
+from ..spec import load_file, split_list
 from ..store import Store, export
 from .app import app, friendly
 from .options import LIST, build_spec, shown

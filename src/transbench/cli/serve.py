@@ -8,8 +8,8 @@ import typer
 from rich.markup import escape
 
 from .. import api
-from ..scenarios import serve_spec
-from ..scenarios.serve_spec import ServeSpec
+from ..scenarios.serve import spec as serve_spec
+from ..scenarios.serve.spec import ServeSpec
 from ..spec import check_name, split_list
 from ..store import export
 from .app import app, friendly

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from .. import api
 from ..errors import SpecError
-from ..scenarios.training import WHOLE_FIELDS, TrainSpec, zero_stage_refusal
+from ..scenarios.training.spec import WHOLE_FIELDS, TrainSpec, zero_stage_refusal
 from ..store import export
 from .app import app, friendly
 from .options import LIST, build_spec, shown
@@ -184,7 +184,7 @@ def train(
 
     recs = api.train(the_spec, db, json_path=json_path, csv_path=csv_path, on_start=on_start, on_cell=on_cell)
     if recs and the_spec.ladder:
-        from ..scenarios.training_ladder import plot as ladder_plot
+        from ..scenarios.training.ladder import plot as ladder_plot
 
         console.print(training_table(recs, LADDER_COLUMNS, f"training ladder {visible(recs[0]['run_name'])} "
                                      f"({recs[0]['run_id']}): gain = this step / the step before (the best: / the first); "

@@ -146,10 +146,10 @@ def _attention_kernel(QKV, OUT, XS, QS, S, scale, gain, bias_q, H: tl.constexpr,
     inside = (rows < S)[:, None] & (d < D)[None, :]
     if QUANT:
         # The output projection's e4m3 input instead of the output, on a scale known before any head is done
-        # (ops.attention_scale, the reference): a token's own max spans every head, which no one program has, and
-        # a version in which the last of a query block's programs read the block back to find it cost 42 us more
-        # than this kernel without QUANT (H100, 256 x 128 x 12 heads: 115 against 73, session 15). The sequence's
-        # largest QKV input row scale bounds every value of V, and each output is a convex combination of V rows.
+        # (ops.attention_scale, the reference): a token's own max spans every head, which no one program has, and a
+        # version in which the last of a query block's programs read the block back to find it cost 42 us more than
+        # this kernel without QUANT (H100, 256 x 128 x 12 heads: 115 against 73 us). The sequence's largest QKV input
+        # row scale bounds every value of V, and each output is a convex combination of V rows.
         xm = tl.zeros([BN], tl.float32)
         for start in range(0, S, BN):
             c = start + tl.arange(0, BN)

@@ -64,7 +64,7 @@ class EngineOptions:
     max_graphs: int | None = field(default=None, metadata={
         "help": "LRU bound on captured graphs (each keeps its output, B x S x hidden, alive in the shared pool); "
                 "None: one (max_batch, max_seq) shape's every packed token count (EngineBase.graph_bound), so "
-                "a server which captured all of them before its load (scenarios/serve.py Encoders.warm) never "
+                "a server which captured all of them before its load (scenarios/serve/measure.py Encoders.warm) never "
                 "evicts and recaptures one"})
     fp8_min_rows: int | None = field(default=None, metadata={
         "help": "rows from which an fp8 layer's GEMMs are offered fp8 routes; None: ops.FP8_MIN_ROWS on CUDA, 1 in "

@@ -94,7 +94,7 @@ def fp8_out_scale(xs, GAIN, BIAS_MAX):
     # A row of x W^T + b with |x| <= 448 xs (its e4m3 scale) is bounded by 448 xs GAIN + BIAS_MAX, GAIN being the
     # largest column sum of |W| (Linear.fp8_gain); GELU leaves positive values below themselves and negative ones
     # above -0.17. That bound maps to 448. It is looser than the row's true max-abs (2^5.3 on average on bert-base,
-    # 2^4.8 on bert-large, benchmarks/fp8_accuracy.py), which e4m3, a floating-point format, absorbs: the row's
+    # 2^4.8 on bert-large, benchmarks/studies/fp8_accuracy.py), which e4m3, a floating-point format, absorbs: the row's
     # values keep their 3-bit mantissas and only ones far below the max turn subnormal. Same accuracy as the
     # max-abs scale in the emulation: bert-base 2 x 128 rel_err 0.0702 against 0.0704, bert-large 1 x 384 0.128
     # for both, MiniLM min cosine 0.9943 against 0.9936.

@@ -71,8 +71,9 @@ class GraphCache:
         if not self.enabled:
             # Without graphs a call still tunes the ops it meets first, under the same budget, so an eager engine
             # starts as fast and runs the routes a graphed one would. Unbudgeted, it re-timed the routes a graphed
-            # engine in the same process had chosen out of time, and the two then ran different kernels (H100,
-            # session 16: tests/gpu/test_engine_kernels.py's PDL test saw bert and GPT-2 outputs differ by 6e-3).
+            # engine in the same process had chosen out of time, and the two then ran different kernels (H100:
+            # tests/gpu/test_engine_kernels.py's PDL test saw bert and GPT-2 outputs differ by 6e-3,
+            # benchmarks/results/fp8_power_cap_h100_2026-11.md).
             with self.tuner.budget(self.tune_budget_s):
                 return fn(*args)
         e = self.entries.get(key)
@@ -104,10 +105,10 @@ class GraphCache:
                          enabled=self.refine, race_budget_s=self.race_budget_s)
         if t.timed > timed or len(t.races) > first_race:
             # What tuning dropped (the graphs of lost races among it) waits in reference cycles for a garbage
-            # collection, its device memory still allocated: on an H100, bert-base 256 x 128 fp8 held 1,271.4 MiB
-            # after its first call in two of three tunings and 551.1 in the third; 551.1 in all three after
-            # gc.collect() (benchmarks/results/session18_h100.md). A call that tuned pays for one collection; one
-            # whose routes were on disk does not.
+            # collection, its device memory still allocated: on an H100, bert-base 256 x 128 fp8 held 1,271.4 MiB after
+            # its first call in two of three tunings and 551.1 in the third; 551.1 in all three after gc.collect()
+            # (benchmarks/results/cell_memory_h100_2026-11.md). A call that tuned pays for one collection; one whose
+            # routes were on disk does not.
             gc.collect()
         e.routes, e.races = t.routes(keys), t.races[first_race:]
         return e
@@ -134,7 +135,8 @@ class GraphCache:
         # Captured on the warm-up stream: cuBLAS keeps a workspace per stream, and on a stream it first meets while
         # capturing it takes that workspace from the graph's pool and keeps it. Once release() dropped the pool's
         # graphs, the next capture into the pool then failed torch's check that a pool with live blocks has users
-        # (H100, session 15: a second `transbench tune` of the bert-base grid, its routes all on disk).
+        # (H100: a second `transbench tune` of the bert-base grid, its routes all on disk,
+        # benchmarks/results/tuned_grid_h100_2026-11.md).
         try:
             with capture(graph, pool=self.pool, stream=side):
                 out = fn(*args)

@@ -223,7 +223,7 @@ class TorchOps:
 # LayerNorm fp8 copies, no quantize kernels. On an H100 (issue 23) the four bert-base GEMMs at 32,768 rows ran
 # 1.83x faster in fp8 through torch._scaled_mm, at 128 rows 0.86x (slower), and the fp8 engine at 1 x 128 took
 # 0.4196 ms against fp16's 0.387 ms with the fp8 routes on offer there. 1,024 rows is batch 8 x 128;
-# benchmarks/engine_fp8.sh times fp16 and fp8 at 8 x 128 to check the crossover.
+# `bash benchmarks/gpu.sh fp8` times fp16 and fp8 at 8 x 128 to check the crossover.
 FP8_MIN_ROWS = 1024
 
 
@@ -331,11 +331,12 @@ class TritonOps(TorchOps):
             return Fp8Act(*self._linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias, lin.fp8_gain,
                                             lin.fp8_bias_max, act, cfg=cfg))
         fp8 = {"fp8+gelu_q": gelu_q, **self._fp8_ours(lin, "fp8+triton_gelu_q", ours, torch.float8_e4m3fn)}
-        # Every fp8 route hands the next GEMM an fp8 input. An fp16-output fp8 route (bias + GELU in fp16)
-        # used to be offered too, and the tuner, timing each op alone, chose it: cheaper alone, it left the next
-        # GEMM to quantize its input in a pass of its own or to run in fp16. H100, session 13 profile
-        # (benchmarks/engine_bench.py --parts profile-fp8): bert-large 128 x 384 spent 8.3 ms in that fp16 bias+GELU
-        # and 5.1 ms re-quantizing it, of a 54.6 ms forward; bert-base 256 x 128 ran its second MLP GEMM in fp16.
+        # Every fp8 route hands the next GEMM an fp8 input. An fp16-output fp8 route (bias + GELU in fp16) used to be
+        # offered too, and the tuner, timing each op alone, chose it: cheaper alone, it left the next GEMM to quantize
+        # its input in a pass of its own or to run in fp16. H100 profile (benchmarks/engine_bench.py --parts
+        # profile-fp8, benchmarks/results/fp8_engine_h100_2026-11.md): bert-large 128 x 384 spent 8.3 ms in that fp16
+        # bias+GELU and 5.1 ms re-quantizing it, of a 54.6 ms forward; bert-base 256 x 128 ran its second MLP GEMM in
+        # fp16.
         return self._choose(f"linear_gelu|{kind}", x, lin, cands,
                             lambda gemm, cfg, h: gemm(h, lin.weight, lin.bias, act, cfg=cfg), fp8)
 

@@ -11,10 +11,11 @@ from .launch import AVAILABLE, jit, tl, triton
 
 # The padding path's index arithmetic in two launches around its one host sync. As torch ops it was 22 kernels and
 # copies, each paying the host's dispatch: on an H100 a right-padded bert-base call cost 0.8134 ms at 1 x 128 against
-# 0.4024 with no mask, 1.2919 against 0.6548 at 8 x 128 (benchmarks/packing_cost.py).
+# 0.4024 with no mask, 1.2919 against 0.6548 at 8 x 128 (benchmarks/studies/packing_cost.py).
 PACK_MAX_S = 8192  # one program holds a row (and two rows of the mask a step in the count): longer rows use torch
 # mask_counts is one program, so its time grows with the mask while torch's reductions spread over the SMs. H100,
-# make_packing alone (session 24, benchmarks/packing_cost.py), Triton against torch ops, padded / all-ones mask:
+# make_packing alone (benchmarks/studies/packing_cost.py, benchmarks/results/host_bound_h100_2026-11.md), Triton
+# against torch ops, padded / all-ones mask:
 # 256 x 512 229 / 126 us against 503 / 91, 1024 x 128 257 / 195 against 353 / 141, 4096 x 128 545 / 480 against
 # 497 / 136. Masks of more elements than this use the torch ops.
 PACK_MAX_TOKENS = 1 << 18

@@ -16,7 +16,7 @@ from . import device as dev
 
 POLL_S = 0.02  # NVML refreshes clocks and power every ~20 ms; polling faster reads the same values
 # The board's energy counter advances in steps: over a region of 0.2 s an H100 read 1,027 W against its
-# 700 W cap (session 11), so shorter regions report power from the samples and no energy.
+# 700 W cap, so shorter regions report power from the samples and no energy.
 MIN_ENERGY_REGION_S = 1.0
 LOW_CLOCK = 0.9  # a cell whose SM clock fell below this share of its maximum carries a warning
 
@@ -132,7 +132,8 @@ class Monitor:
         """Move the region's start to now, without an NVML call on the caller's thread: the sampling thread
         takes the readings (within microseconds). The serve scenario marks the end of its warm-up this way, while
         requests keep arriving. Entering the region there instead made its NVML calls on the serving thread and
-        held the request arriving then (H100, session 13: the first measured request of most probes, 8.3 ms)."""
+        held the request arriving then (H100: the first measured request of most probes, 8.3 ms,
+        benchmarks/results/fp8_engine_h100_2026-11.md)."""
         if self.active and self._thread is not None:
             self._mark.set()
         else:

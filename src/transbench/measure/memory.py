@@ -56,7 +56,8 @@ def reset_peak(device) -> None:
     """Start counting this cell's peak here: the peak is measured above what is allocated now. cuBLAS
     workspaces are freed first, so each cell counts the one its own GEMMs allocate: on an H100 a gpt2
     sdpa cell read 322.5 MiB after a reference forward had left a 33 MiB workspace, and 355.5 MiB when a
-    cached reference had not (benchmarks/gpu_one_path.sh, session 11)."""
+    cached reference had not (`bash benchmarks/gpu.sh isolation`,
+    benchmarks/results/measurement_path_h100_2026-11.md)."""
     import torch
 
     if device.type == "cuda":

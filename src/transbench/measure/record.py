@@ -13,7 +13,8 @@ NOISY_TEXT = "noisy: IQR/median {:.1%} > 5%"
 # A call that holds the host for most of its time is timed by the CPU's speed, not the GPU's. On an H100's
 # machine, transformers' bert-base with sdpa attention (the `sdpa` backend: no graphs) at 2 x 96 read 4.7 to
 # 8.1 ms over seven rounds of one process, by transbench and by a plain event loop alike, while graph-replayed points
-# (cudagraph, fused) agreed within 2.1% (benchmarks/plain_loop_check.py, benchmarks/results/session20_h100.md).
+# (cudagraph, fused) agreed within 2.1% (benchmarks/plain_loop_check.py,
+# benchmarks/results/sampler_host_h100_2026-11.md).
 HOST_BOUND = 0.9
 HOST_BOUND_TEXT = ("host-bound: the host was inside each call for {:.3g} of its {:.3g} ms (launching kernels, or "
                    "waiting where the call synchronizes); this time moves with the CPU")

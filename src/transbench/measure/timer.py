@@ -119,7 +119,8 @@ class Clock:
 
 # Calls per synchronize on a GPU. A synchronize after every call leaves the GPU idle while the host
 # prepares the next one: on an H100 the fused engine's bert-base 8 x 384 read 1.627 ms synchronized per
-# call against 1.511 ms in a plain back-to-back event loop (benchmarks/plain_loop_check.py, session 11).
+# call against 1.511 ms in a plain back-to-back event loop (benchmarks/plain_loop_check.py,
+# benchmarks/results/measurement_path_h100_2026-11.md).
 ROUND = 8
 
 
@@ -133,7 +134,7 @@ class Sampled:
     context: DeviceContext  # SM clock, power, energy during the region (empty on CPUs)
     parts: dict[str, list[float]] = field(default_factory=dict)  # parts of samples (prefill, phases; a round's host_ms)
     # Why sampling ended before both min_time_s and min_count were reached (a cap: max_count or max_time_s), else
-    # None. The README promises both minimums; a cell cut short says so (record.timing_record warns).
+    # None. docs/measurement.md promises both minimums; a cell cut short says so (record.timing_record warns).
     short: str | None = None
 
     def per_call(self, reps: int) -> Sampled:

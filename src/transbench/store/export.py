@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import SpecError
 from .db import Store
 
-# Every record has these keys, in this order (README, "Statuses and record keys"): None where one does not apply
+# Every record has these keys, in this order (docs/records.md): None where one does not apply
 # or the device cannot measure it (clock and power on a CPU), so a CPU run's export has a GPU run's columns.
 RECORD_KEYS = (
     "run_id", "run_name", "scenario", "model", "task", "backend", "dtype", "device", "gpu", "batch_size",
@@ -26,7 +26,7 @@ RECORD_KEYS = (
 TRAINING_KEYS = ("samples_per_s", "tflops_per_gpu", "world_size", "strategy")
 GENERATION_KEYS = ("prefill_ms", "decode_ms_per_token", "kv_cache_mb", "kv_cache_analytic_mb")
 # Figures a cell that is not `ok` never shows (its output was wrong or nothing was measured), in every scenario:
-# inference and generation, serve (scenarios/serve_stats.py), training (scenarios/training_loop.py), energy.
+# inference and generation, serve (scenarios/serve/stats.py), training (scenarios/training/loop.py), energy.
 SPEED_KEYS = ("latency_ms", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_p999_ms",
               "latency_iqr_ms", "throughput_per_s", "tokens_per_s", "tflops", "mfu", "hfu", "samples_per_s",
               "tflops_per_gpu", "prefill_ms", "decode_ms_per_token", "decode_p90_ms_per_token", "ms_per_token",

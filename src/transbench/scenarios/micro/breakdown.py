@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...measure import device as dev
 from ...models import parts as parts_mod
 from ...report.roofline import attainable_tflops, bound
-from ..inference import TOLERANCE
+from ..inference.measure import TOLERANCE
 from .ceilings import best_ceilings
 from .common import Context, Point, failure_point, first_tensor, guarded, time_calls, timing_record
 from .layer import CastLayer, attn_implementation, build_layer

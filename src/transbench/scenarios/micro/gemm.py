@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ...measure import device as dev
 from ...models import build
-from ..inference import TOLERANCE
+from ..inference.measure import TOLERANCE
 from .common import Context, Point, cycling, guarded, operand_sets, rel_err, time_calls, timing_record
 from .options import GemmOptions
 

@@ -14,7 +14,7 @@ import copy
 from ...measure import device as dev
 from ...measure import memory
 from ...models import build, flops
-from ..inference import TOLERANCE
+from ..inference.measure import TOLERANCE
 from .common import Context, Point, failure_point, first_tensor, guarded, rel_err, time_calls, timing_record
 from .options import LayerOptions
 

@@ -1,0 +1,1 @@
+"""`transbench run --task generate`: what one generation cell measures."""

@@ -1,0 +1,136 @@
+"""From a validated spec to the ordered list of cells, and deterministic shards of it."""
+
+from __future__ import annotations
+
+import itertools
+
+from ... import backends
+from ...errors import SpecError
+from ...measure import device as dev
+from ...models import build
+from ...models.build import ACTIVATIONS
+from .spec import RunSpec, device_defaults
+from ...spec import check_once, checked, parse_shard
+from ...store.db import check_name_text
+from ...cells import Cell
+
+
+def validate(spec: RunSpec) -> RunSpec:
+    """Check every option; return the spec with device-sized defaults filled in."""
+    spec = checked(RunSpec, spec)  # api.run(RunSpec(...)): each field's type, as a spec file's
+    device = dev.resolve(spec.device)
+    spec = device_defaults(spec, device.type)
+    for axis, option in (("models", "--model"), ("tasks", "--task"), ("backends", "--backend"),
+                         ("dtypes", "--dtype"), ("batches", "--batch"), ("seqs", "--seq")):
+        if not getattr(spec, axis):
+            raise SpecError(f"{option} is empty: give at least one value (an empty axis measures nothing)")
+        check_once(getattr(spec, axis), option)
+    refs = [build.resolve(m) for m in spec.models]
+    for name in spec.backends:
+        backends.get(name)
+    for d in spec.dtypes:
+        dev.torch_dtype(d)
+        dev.check_dtype_runs(str(device), d)
+    for v, what in [*((b, "batch") for b in spec.batches), *((s, "seq") for s in spec.seqs)]:
+        if v < 1:
+            raise SpecError(f"{what} must be at least 1, got {v}")
+    if spec.activation is not None and spec.activation not in ACTIVATIONS:
+        raise SpecError(f"unknown activation '{spec.activation}': choose from {', '.join(ACTIVATIONS)}")
+    if spec.baseline is not None and spec.baseline not in spec.backends:
+        raise SpecError(f"--baseline {spec.baseline} is not among the backends being run ({', '.join(spec.backends)})")
+    if spec.seq_stdev < 0:
+        raise SpecError("--seq-stdev must be 0 or more")
+    if spec.new_tokens < 1:
+        raise SpecError("--new-tokens must be at least 1")
+    if spec.seq_stdev > 0 and set(spec.tasks) == {"generate"}:  # else every cell `unsupported`, and exit 0
+        raise SpecError(f"--seq-stdev {spec.seq_stdev:g}: generation runs equal-length prompts (--seq); leave "
+                        "--seq-stdev out with --task generate")
+    from ...backends.compile import check_mode
+
+    check_mode(spec.compile_mode)  # also without the compile backend: a misspelt mode is a mistake either way
+    if spec.timeout <= 0:
+        raise SpecError("--timeout must be positive")
+    if spec.min_time < 0 or spec.warmup < 0:
+        raise SpecError("--min-time and --warmup must be 0 or more")
+    if spec.min_count < 1:
+        raise SpecError("--min-count must be at least 1")
+    if spec.nproc < 1:
+        raise SpecError("--nproc must be at least 1")
+    if spec.max_batch_limit < 1:  # the search's cap: 0 or below probed nothing and stored a misleading answer
+        raise SpecError(f"max_batch_limit must be at least 1, got {spec.max_batch_limit}")
+    if spec.max_batch and max(spec.batches) > spec.max_batch_limit:  # the search starts at the largest batch
+        raise SpecError(f"--batch {max(spec.batches)} is above max_batch_limit {spec.max_batch_limit}, the cap of the "
+                        "--max-batch search: lower --batch or raise max_batch_limit")
+    if spec.gpus is not None:
+        # Lanes run one worker per listed GPU; without the GPUs they would be parallel CPU workers that
+        # share the cores, and every figure would come out slower while still `ok` (issue 22).
+        count = dev.gpu_count()
+        if count == 0:
+            raise SpecError("--gpus needs CUDA GPUs and none is visible: leave --gpus out to run on this machine")
+        wrong = [g for g in spec.gpus if not 0 <= g < count]
+        if wrong:
+            raise SpecError(f"--gpus {','.join(map(str, spec.gpus))}: there is no GPU {wrong[0]} "
+                            f"({count} visible: 0..{count - 1})")
+        if len(set(spec.gpus)) != len(spec.gpus):
+            raise SpecError(f"--gpus {','.join(map(str, spec.gpus))} lists a GPU twice: each GPU runs one worker")
+        if device.type != "cuda":
+            raise SpecError("--gpus runs cells on GPUs: leave out --device cpu, or --gpus")
+    for task in spec.tasks:
+        # A task no model has a head for is bad input; one that only some models lack makes their cells
+        # `unsupported` (the scenario says why), so a grid of several families still runs.
+        reasons = [build.missing_head(ref, task) for ref in refs]
+        if all(reasons):
+            raise SpecError(reasons[0])
+    for ref in refs:
+        for task in spec.tasks:
+            extra = spec.new_tokens if task == "generate" else 0
+            for s in spec.seqs:
+                if s + extra > ref.shape.max_positions:
+                    what = f"seq {s} + {extra} new tokens" if extra else f"seq {s}"
+                    raise SpecError(f"{what} is longer than {ref.name} allows ({ref.shape.max_positions} "
+                                    f"positions): use --seq {ref.shape.max_positions - extra} or less")
+    parse_shard(spec.shard)
+    check_name_text(spec.name)  # before the store is opened (created, when new) for a name it cannot hold
+    return spec
+
+
+def check_data_parallel(spec: RunSpec) -> None:
+    """`run --nproc N` splits each batch over N GPUs of this node."""
+    device = dev.resolve(spec.device)
+    if device.type == "cuda":
+        import torch
+
+        if spec.nproc > torch.cuda.device_count():
+            raise SpecError(f"--nproc {spec.nproc} needs {spec.nproc} GPUs; {torch.cuda.device_count()} visible")
+    small = [b for b in spec.batches if b < spec.nproc]
+    if small:
+        raise SpecError(f"batch {small[0]} cannot be split over --nproc {spec.nproc}: use batches of {spec.nproc} or more")
+    if spec.gpus or spec.max_batch:
+        raise SpecError("--nproc runs each cell on all its GPUs: leave out --gpus and --max-batch")
+
+
+def expand(spec: RunSpec) -> list[Cell]:
+    """Cells ordered so that a worker reuses its model and batches grow within each OOM group."""
+    device = str(dev.resolve(spec.device))
+    cells = []
+    for model, task, dtype, backend, seq, batch in itertools.product(
+        spec.models, spec.tasks, spec.dtypes, spec.backends, sorted(spec.seqs), sorted(spec.batches)
+    ):
+        cells.append(Cell(
+            model=model, task=task, backend=backend, dtype=dtype, batch=batch, seq=seq, device=device,
+            seq_stdev=spec.seq_stdev, activation=spec.activation, embeddings=spec.embeddings,
+            new_tokens=spec.new_tokens, compile_mode=spec.compile_mode, seed=spec.seed, warmup=spec.warmup,
+            min_time=spec.min_time, min_count=spec.min_count, nproc=spec.nproc,
+        ))
+    return shard(cells, parse_shard(spec.shard))
+
+
+def shard(cells: list[Cell], which: tuple[int, int] | None) -> list[Cell]:
+    """Shard I of N: whole OOM groups dealt round-robin in grid order, so each host skips consistently
+    and the same spec always gives the same slice."""
+    if which is None:
+        return cells
+    i, n = which
+    groups = list(dict.fromkeys(c.oom_group() for c in cells))
+    owner = {g: k % n for k, g in enumerate(groups)}
+    return [c for c in cells if owner[c.oom_group()] == i - 1]

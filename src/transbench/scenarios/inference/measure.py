@@ -1,0 +1,189 @@
+"""The inference scenario: build, check against an fp32 reference, time, and count one cell."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from ... import backends
+from ...backends.base import output_tensor
+from ...measure import device as dev
+from ...measure import memory, timer
+from ...measure.record import timing_record
+from ...models import build, flops
+from ...cells import Cell, CellResult
+from ..inputs import Inputs, make_inputs, point_seed
+
+# Relative error allowed against the fp32 reference, by dtype. Half precision over 12-48 layers
+# lands near 1e-3..1e-2; a broken kernel lands near 1.
+# fp8 (the fused engine's e4m3 GEMMs with per-channel weight and per-token activation scales): the same math
+# emulated in fp32 on the CPU (benchmarks/studies/fp8_accuracy.py) gave rel_err 7.0e-2 on bert-base (2x128, 4x512),
+# 6.9e-2 roberta-base, 9.8e-2 gpt2, 1.05e-1 gpt2-medium, 1.07e-1 gpt2-large, 1.11e-1 gpt2-xl, and the most,
+# 1.30e-1 on bert-large (1x384, 4x128, 1x512; 1.26e-1 measured on an H100). That is e4m3's 3-bit mantissa (each
+# GEMM kind alone adds 2-7e-2; docs/engine.md, fp8), not a scale choice, so 1.5e-1 keeps 15% over the largest;
+# a wrong scale or kernel lands near 1. Below ops.FP8_MIN_ROWS tokens an fp8 cell runs fp16 and lands near 1e-3.
+TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 2e-2, "bf16": 4e-2, "fp8": 1.5e-1}
+
+
+class ModelCache:
+    """Per worker: the fp32 model of each (model, task, activation), kept on the CPU, and the reference
+    outputs computed from it, so cells that share them build them once."""
+
+    def __init__(self):
+        self.models: dict[tuple, object] = {}
+        self.refs: dict[tuple, object] = {}
+
+    def base_model(self, cell: Cell):
+        key = cell.model_key()
+        if key not in self.models:
+            self.models.clear()  # one model family at a time: keeps host memory bounded
+            self.refs.clear()
+            ref = build.resolve(cell.model)
+            self.models[key] = build.build_model(ref, cell.task, attn="eager", activation=cell.activation,
+                                                 seed=cell.seed)
+        return self.models[key]
+
+
+def reference_rows(batch: int) -> list[int]:
+    """The sequences the reference is computed for: the first two and the last two."""
+    return sorted({0, 1, batch - 2, batch - 1} & set(range(batch)))
+
+
+def rel_err(out, ref, lengths: list[int] | None, width: int | None = None) -> float:
+    """||out - ref|| / ||ref|| in float64 over real tokens only (padding positions are undefined)."""
+    import torch
+
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    # Per-token outputs are (rows, width, ...), width the padded batch's: these rows may all be shorter.
+    if lengths is not None and o.dim() >= 2 and o.shape[1] == (width or max(lengths)) and o.shape[0] == len(lengths):
+        keep = torch.arange(o.shape[1])[None, :] < torch.tensor(lengths)[:, None]
+        o, r = o[keep], r[keep]
+    if not torch.isfinite(o).all():
+        return float("inf")
+    return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r).clamp_min(1e-30))
+
+
+def cell_inputs(cell: Cell, shape) -> Inputs:
+    seed = point_seed(cell.model, cell.batch, cell.seq, cell.seq_stdev, cell.seed)
+    kinds = build.input_kinds(build.resolve(cell.model))
+    return make_inputs(shape.vocab, cell.batch, cell.seq, token_types=kinds.token_types, pad_id=kinds.pad_id,
+                       stdev=cell.seq_stdev, max_len=shape.max_positions, seed=seed)
+
+
+def reference(cache: ModelCache, cell: Cell, inputs: Inputs, device):
+    """fp32, eager attention, no TF32, on the device: the rows of `reference_rows` only."""
+    import torch
+
+    rows = reference_rows(cell.batch)
+    key = (cell.model_key(), cell.batch, cell.seq, cell.seq_stdev, cell.embeddings)
+    if key not in cache.refs:
+        model = cache.base_model(cell)
+        dev.set_matmul_precision("fp32")
+        sub = inputs.rows(rows)
+        try:
+            model.to(device)
+            with torch.inference_mode():
+                cache.refs[key] = output_tensor(model(**sub.to(device).model_kwargs()), cell.task).float().cpu()
+        finally:
+            model.to("cpu")
+            dev.free_memory(device)
+    return rows, cache.refs[key]
+
+
+def encoders_only(model, inputs: Inputs, family: str) -> None:
+    """Move the embedding layer out of the timed region: BERT's whole embedding block is computed once
+    and replayed (the fused engine mirrors it); every other family gets its token embeddings passed in as
+    `inputs_embeds` (what it adds to them, positions or token types, stays inside)."""
+    import inspect
+
+    import torch
+
+    with torch.inference_mode():
+        if family == "bert":
+            emb = model.base_model.embeddings
+            cached = emb(input_ids=inputs.input_ids, token_type_ids=inputs.token_type_ids)
+            emb.forward = lambda *args, **kwargs: cached
+        elif "inputs_embeds" in inspect.signature(model.forward).parameters:
+            inputs.inputs_embeds = model.get_input_embeddings()(inputs.input_ids)
+        else:
+            from ...errors import Unsupported
+
+            raise Unsupported(f"--encoders-only: {type(model).__name__} takes no inputs_embeds")
+
+
+def model_for(cache: ModelCache, cell: Cell, backend, device):
+    """A copy of the cell's fp32 model, in the cell's dtype on the device, with the backend's attention;
+    the memory peak starts here, so the cell's peak is this model plus what running it takes."""
+    dev.free_memory(device)
+    memory.reset_peak(device)
+    dev.set_matmul_precision(cell.dtype)
+    model = copy.deepcopy(cache.base_model(cell)).to(device=device, dtype=dev.torch_dtype(cell.dtype))
+    return build.set_attention(model, backend.attn, backend.attn_fallback)
+
+
+def settle(prepared, device) -> None:
+    """Before timing: where the backend can drop what its first call captured, drop it, restart the memory peak
+    (memory.restart_peak) and call again. A fused cell's first call times kernel routes unless they are on disk,
+    and what that tuning left made a cell's peak depend on what ran before it (H100, bert-base fp16 8 x 128: 335.6
+    MiB tuning, 301.6 with its routes on disk; 303.6 tuning with this,
+    benchmarks/results/fp8_power_cap_h100_2026-11.md). The second call captures without timing."""
+    if prepared.release is not None:
+        prepared.release()
+        memory.restart_peak(device)
+        prepared.fn()
+        dev.synchronize(device)
+
+
+def peak_dtype(cell: Cell, info: dict) -> str:
+    """The dtype whose datasheet peak MFU is measured against: the cell's, except an fp8 cell whose engine ran no
+    GEMM in fp8 (under engine/ops.py FP8_MIN_ROWS tokens it runs the fp16 forward, backends/fused.py counts
+    `fp8_gemm_ops`): against the fp8 peak, twice fp16's on an H100, its MFU read half of what the work reached."""
+    if cell.dtype == "fp8" and info.get("fp8_gemm_ops") == 0:
+        info["mfu_peak_dtype"] = "fp16"
+        return "fp16"
+    return cell.dtype
+
+
+def run(cell: Cell, cache: ModelCache) -> CellResult:
+
+    device = dev.resolve(cell.device)
+    backend = backends.get(cell.backend)
+    reason = backend.unsupported_reason(device.type, cell.dtype, cell.task)
+    if reason:
+        return CellResult("unsupported", error=reason)
+    shape = build.resolve(cell.model).shape
+    inputs = cell_inputs(cell, shape)
+    rows, ref = reference(cache, cell, inputs, device)
+
+    model = model_for(cache, cell, backend, device)
+    inputs = inputs.to(device)
+    if not cell.embeddings:
+        encoders_only(model, inputs, shape.family)
+
+    t0 = time.perf_counter()
+    prepared = backend.prepare(model, inputs, cell)
+    out = prepared.fn()  # the first call also compiles or captures where the backend does that
+    dev.synchronize(device)
+    prepare_s = time.perf_counter() - t0
+    err = rel_err(output_tensor(out, cell.task)[rows], ref, [inputs.lengths[i] for i in rows], inputs.input_ids.shape[1])
+    info = {"attn_implementation": model.config._attn_implementation, "prepare_s": prepare_s,
+            "param_dtype": str(next(model.parameters()).dtype), "device": str(device), **prepared.what_ran()}
+    record = {"rel_err": err}
+    if not err <= TOLERANCE[cell.dtype]:
+        return CellResult("wrong", record=record, info=info,
+                          error=f"rel_err {err:.3g} over the {cell.dtype} tolerance {TOLERANCE[cell.dtype]:g}")
+
+    settle(prepared, device)
+    sampled = timer.sample(prepared.fn, device, timer.TimerConfig(cell.warmup, cell.min_time, cell.min_count))
+    mem = memory.snapshot(device)
+    gpu = dev.gpu_info(device)
+    fl, method = flops.forward_flops(shape, inputs.lengths, cell.task)
+    timing, warnings = timing_record(sampled, items=cell.batch, tokens=inputs.real_tokens, flops=fl, gpu=gpu,
+                                     dtype=peak_dtype(cell, info))
+    record.update(timing, peak_mem_mb=mem["peak_mem_mb"], gpu=gpu.name if gpu else None, flops_method=method)
+    if cell.task == "causal-lm":  # time per step of the whole context, as the seeds' notes quote it
+        record["ms_per_token"] = sampled.stats.median_ms / inputs.input_ids.shape[1]
+    info.update({"stats": sampled.stats.as_dict(), "memory": mem, "flops_per_batch": fl,
+                 "real_tokens": inputs.real_tokens, "device_context": sampled.context.summary()})
+    del model, prepared, out
+    return CellResult("ok", record=record, samples_ms=sampled.samples_ms, info=info, warnings=warnings)

@@ -1,0 +1,1 @@
+"""`transbench serve`: its spec, its cells, the load generator and what one cell measures."""

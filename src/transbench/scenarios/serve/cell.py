@@ -1,0 +1,72 @@
+"""One serve cell: a backend under one load (a Poisson rate, a closed-loop concurrency, or offline)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ...cells import SweepCell
+from .lengths import Lengths
+
+
+@dataclass(frozen=True)
+class ServeCell(SweepCell):
+    model: str
+    task: str  # an encoder task, or generate (decoders: generation under load)
+    backend: str
+    dtype: str
+    mode: str  # rate | concurrency | offline
+    rate: float = 0.0  # requests per second (mode rate)
+    concurrency: int = 0  # clients (mode concurrency)
+    lengths: dict = field(default_factory=dict)  # Lengths.to_dict()
+    max_batch_size: int = 32
+    max_wait_ms: float = 2.0
+    duration: float = 10.0
+    warmup: float = 2.0
+    slo_ms: float | None = None
+    new_tokens: int = 32
+    device: str = "cpu"
+    seed: int = 0
+    activation: str | None = None
+    embeddings: bool = True  # backends read it (fused, onnxruntime); serving always embeds
+
+    @property
+    def scenario(self) -> str:
+        return "serve"
+
+    @property
+    def batch(self) -> int:  # the sweep orders and groups cells by it
+        return self.max_batch_size
+
+    @property
+    def length_dist(self) -> Lengths:
+        return Lengths.from_dict(self.lengths)
+
+    def identity(self) -> dict:
+        """What changes what is measured: the load (its kind and level), the lengths, the batcher, the SLO
+        (goodput depends on it). Duration and warm-up only change how long it is measured."""
+        ident = {"scenario": "serve", "model": self.model, "task": self.task, "backend": self.backend,
+                 "dtype": self.dtype, "mode": self.mode, "lengths": self.length_dist.label,
+                 "max_batch_size": self.max_batch_size, "max_wait_ms": self.max_wait_ms, "slo_ms": self.slo_ms,
+                 "seed": self.seed, "activation": self.activation}
+        if self.mode == "rate":
+            ident["rate"] = round(self.rate, 6)
+        elif self.mode == "concurrency":
+            ident["concurrency"] = self.concurrency
+        if self.task == "generate":
+            ident["new_tokens"] = self.new_tokens
+        return ident
+
+
+    def oom_group(self) -> str:
+        return self.key()
+
+    def record_fields(self) -> dict:
+        ident = self.identity()
+        ident.update(device=self.device, batch_size=self.max_batch_size)
+        return ident
+
+    def model_key(self) -> tuple:
+        return (self.model, self.task, self.activation)
+
+

@@ -1,0 +1,170 @@
+"""The load loop: requests issued (open loop: by their own thread at planned times; closed loop: one per
+finished request), batched, served, and each request's arrival, start and finish written down.
+
+Latency runs from a request's *planned* arrival to the moment `serve_batch` returns (its results are on
+the host then), so a stalled model delays finishes, never arrivals: the requests that arrive during a
+stall carry the stall in their latency (no coordinated omission, as in wrk2 or MLPerf's Server scenario)."""
+
+from __future__ import annotations
+
+import gc
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .batcher import Batcher, BatchPolicy
+
+# A backlog still unserved this long after the last arrival is abandoned: past saturation the queue grows
+# without bound, and waiting it out would only lengthen a probe whose answer (missed target) is known.
+DRAIN_LIMIT_S = 10.0
+
+
+@dataclass
+class Request:
+    rid: int
+    arrival: float  # seconds from the start of the load
+    length: int
+
+
+@dataclass
+class Served:
+    request: Request
+    start: float  # its batch was handed to the model
+    done: float  # its result was on the host
+    batch: int  # requests in its batch
+    steps: list[float] = field(default_factory=list)  # generation: when each token was on the host
+
+
+@dataclass
+class LoadPlan:
+    """Open loop when `arrivals` is given, else a closed loop of `concurrency` clients."""
+
+    lengths: list[int]  # request i has lengths[i % len] tokens
+    arrivals: list[float] | None = None
+    concurrency: int = 0
+    span_s: float = 0.0  # closed loop: no new request after this; open loop: the end of the arrivals' window
+    warmup_s: float = 0.0  # requests that arrive before this are served but not counted
+
+
+@dataclass
+class Trace:
+    served: list[Served]
+    unserved: list[Request]  # abandoned backlog (DRAIN_LIMIT_S)
+    batches: list[tuple[float, float, int]]  # (start, done, size) of every batch
+    plan: LoadPlan
+    end: float
+    gc_collections: list[int] = field(default_factory=list)  # Python GC collections per generation during the load
+
+
+def run_load(serve_batch: Callable[[list[Request]], Any], plan: LoadPlan, policy: BatchPolicy,
+             clock: Callable[[], float] = time.perf_counter,
+             on_measure: Callable[[], None] = lambda: None) -> Trace:
+    """Serve the plan. `serve_batch(requests)` returns when their results are on the host, optionally with
+    the host times at which each generated token was (generation). `on_measure` is called once, when the
+    loop first finds the warm-up over (the energy counter starts there).
+
+    The load runs with the heap as it stands frozen (gc.freeze, as long-running Python servers do after their warm-up):
+    the model, its graphs and its tuning records are never scanned again by the collector. Without it, on an H100
+    (benchmarks/results/fp8_engine_h100_2026-11.md) every fused serve probe, a fresh worker that had just captured 68
+    graphs, stalled once for 10-20 ms in mid-load, a cluster of requests late by that much, where the same cells run in
+    one long-lived process (benchmarks/studies/serve_trace.py) had no such stall and no full collection."""
+    gc.collect()
+    gc.freeze()
+    before = [g["collections"] for g in gc.get_stats()]
+    try:
+        trace = _serve(serve_batch, plan, policy, clock, on_measure)
+    finally:
+        gc.unfreeze()
+    trace.gc_collections = [g["collections"] - b for g, b in zip(gc.get_stats(), before)]
+    return trace
+
+
+def _serve(serve_batch, plan: LoadPlan, policy: BatchPolicy, clock, on_measure) -> Trace:
+    t0 = clock()
+    now = lambda: clock() - t0  # noqa: E731
+    inbox: queue.Queue = queue.Queue()
+    lengths = plan.lengths
+    served: list[Served] = []
+    batches: list[tuple[float, float, int]] = []
+    pending: deque = deque()
+    batcher = Batcher(policy)
+    measuring = False
+    counted = False  # closed loop: a request has arrived after the warm-up
+
+    if plan.arrivals is not None:
+        def issue() -> None:
+            for i, t in enumerate(plan.arrivals):
+                delay = t - now()
+                if delay > 0:
+                    time.sleep(delay)
+                inbox.put(Request(i, t, lengths[i % len(lengths)]))  # stamped with its planned time
+            inbox.put(None)
+
+        issuer = threading.Thread(target=issue, daemon=True, name="serve-arrivals")
+        issuer.start()
+        issuing = True
+        last_arrival = plan.arrivals[-1] if plan.arrivals else 0.0
+    else:
+        issuer, issuing, last_arrival = None, False, plan.span_s
+        for i in range(plan.concurrency):
+            pending.append(Request(i, 0.0, lengths[i % len(lengths)]))
+    next_id = plan.concurrency
+
+    while True:
+        while True:  # everything that has arrived joins the queue
+            try:
+                item = inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                issuing = False
+            else:
+                pending.append(item)
+        t = now()
+        if not measuring and t >= plan.warmup_s:
+            measuring = True
+            on_measure()
+        if not pending and not issuing:
+            break
+        if t > last_arrival + DRAIN_LIMIT_S and not issuing:
+            break
+        batch = batcher.take(pending, t)
+        if not batch:
+            # Never past the drain limit: a --max-wait-ms longer than that (1e9) blocked here after the last arrival
+            # until the cell's timeout, and one past what a lock's timeout holds (1e15) raised OverflowError.
+            wait = min(batcher.deadline(pending), last_arrival + DRAIN_LIMIT_S + 1e-3) - t if pending else None
+            try:
+                item = inbox.get(timeout=wait if wait is None or wait > 0 else 0)
+            except queue.Empty:
+                continue
+            if item is None:
+                issuing = False
+            else:
+                pending.append(item)
+            continue
+        start = now()
+        steps = serve_batch(batch)
+        done = now()
+        batches.append((start, done, len(batch)))
+        step_times = [s - t0 for s in steps] if steps else []
+        for r in batch:
+            served.append(Served(r, start, done, len(batch), step_times))
+            # Closed loop: the client sends its next request; past the span too while none has arrived after
+            # the warm-up yet (a model slower than the span would otherwise leave nothing to measure).
+            if plan.arrivals is None and (done < plan.span_s or not counted):
+                pending.append(Request(next_id, done, lengths[next_id % len(lengths)]))
+                next_id += 1
+                counted = counted or done >= plan.warmup_s
+    if issuer is not None:
+        issuer.join(timeout=1.0)
+    return Trace(served, list(pending), batches, plan, now())
+
+
+def measured(trace: Trace) -> tuple[list[Served], list[Request]]:
+    """The served and abandoned requests that arrived after the warm-up."""
+    w = trace.plan.warmup_s
+    return [s for s in trace.served if s.request.arrival >= w], [r for r in trace.unserved if r.arrival >= w]

@@ -1,0 +1,1 @@
+"""`transbench train`: its spec, its cells, the training loop and the ladder."""

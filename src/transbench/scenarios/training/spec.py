@@ -1,0 +1,405 @@
+"""Training throughput: the spec, its grid, and running it (one isolated process per cell, torchrun for
+several GPUs or hosts), with scaling efficiency against the same step on one GPU.
+
+    from transbench.scenarios.training.spec import TrainSpec, train
+    records = train(TrainSpec(models=["bert-tiny"], batches=[8], seqs=[32]), db="bench.db")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from ...errors import SpecError
+from ...cells import CellResult
+from ...spec import check_once, checked, coerce
+from .cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
+
+def default_task(shape) -> str:
+    """What a model trains on unless --task says otherwise: its pretraining objective."""
+    return "causal-lm" if shape.decoder else "mlm"
+
+
+NCCL_ENV_KEY = re.compile(r"^(NCCL|TORCH_NCCL|GLOO)_[A-Z0-9_]+$")
+WHOLE_FIELDS = frozenset({"nccl_envs"})
+
+
+@dataclass
+class TrainSpec:
+    """A training sweep. Lists are sweep axes; None means 'sized for the device' (or the model's own task)."""
+
+    models: list[str] = field(default_factory=lambda: ["bert-base-uncased"])
+    tasks: list[str] | None = None  # None: mlm for bert, causal-lm for gpt2
+    precisions: list[str] | None = None  # None: bf16 on a GPU, fp32 on the CPU
+    optims: list[str] = field(default_factory=lambda: ["adamw-fused"])
+    attns: list[str] = field(default_factory=lambda: ["sdpa"])
+    batches: list[int] | None = None  # per GPU, per micro-batch
+    seqs: list[int] | None = None
+    grad_accums: list[int] = field(default_factory=lambda: [1])
+    grad_ckpts: list[bool] = field(default_factory=lambda: [False])
+    compiles: list[bool] = field(default_factory=lambda: [False])
+    kernels: list[str] = field(default_factory=lambda: ["torch"])  # torch|liger (Liger-Kernel's fused ones)
+    heads: list[str] = field(default_factory=lambda: ["all"])  # mlm head on all|masked positions
+    activation: str | None = None  # the FFN's activation (models.build.ACTIVATIONS); None: the model's own
+    pad_vocab: int = 1  # pad the vocabulary (embeddings and LM head) to a multiple of this (scenarios/training/loop.py)
+    strategies: list[str] | None = None  # None: none for one process, ddp for several
+    nprocs: list[int] = field(default_factory=lambda: [1])  # processes (GPUs) per node
+    zero_stages: list[int] = field(default_factory=lambda: [2])  # deepspeed only
+    nccl_p2p: list[str] | None = None  # on|off (NCCL_P2P_DISABLE=0|1); None: leave the environment as it is
+    nccl_envs: list[str] | None = None  # each "KEY=VAL[ KEY=VAL]" is one point of the axis
+    scaling: bool = False  # also run every multi-GPU point on one GPU (strategy none)
+    ladder: bool = False  # the seed notebook's ladder of steps for one model (scenarios/training/ladder.py)
+    max_batch_limit: int = 4096  # the ladder's largest-batch searches stop here
+    steps: int | None = None
+    warmup_steps: int | None = None
+    lr: float = 1e-4
+    device: str = "auto"
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    timeout: float = 900.0
+    seed: int = 0
+    name: str | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainSpec:
+        # Each nccl_envs entry is one point of the axis and its values may hold commas: never split.
+        return cls(**coerce(cls, data, whole=WHOLE_FIELDS))
+
+
+def parse_bool(value) -> bool:
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in ("on", "true", "yes", "1"):
+        return True
+    if word in ("off", "false", "no", "0"):
+        return False
+    raise SpecError(f"cannot read '{value}' as on/off")
+
+
+def device_defaults(spec: TrainSpec, gpu: bool) -> TrainSpec:
+    """The spec with its None axes sized for the device (a GPU or the CPU)."""
+    out = replace(spec)
+    if out.precisions is None:
+        out.precisions = ["bf16"] if gpu else ["fp32"]
+    if out.batches is None:
+        out.batches = [16] if gpu else [4]
+    if out.seqs is None:
+        out.seqs = [128] if gpu else [32]
+    if out.steps is None:
+        out.steps = 20 if gpu else 5
+    if out.warmup_steps is None:
+        out.warmup_steps = 5 if gpu else 2
+    return out
+
+
+def _nccl_variants(spec: TrainSpec) -> list[str]:
+    """Each point of the NCCL axis as a canonical 'KEY=VAL KEY=VAL' string ('' leaves the environment alone)."""
+    p2p = [{}] if not spec.nccl_p2p else [{"NCCL_P2P_DISABLE": "1" if not parse_bool(v) else "0"} for v in spec.nccl_p2p]
+    envs = [{}] if not spec.nccl_envs else [dict(kv.split("=", 1) for kv in e.split()) for e in spec.nccl_envs]
+    return [" ".join(f"{k}={v}" for k, v in sorted({**a, **b}.items())) for a in p2p for b in envs]
+
+
+def zero_stage_refusal(stages: list) -> str:
+    return (f"--zero-stage {','.join(map(str, stages))} applies to --strategy deepspeed only: "
+            "add --strategy deepspeed, or leave --zero-stage out")
+
+
+def validate(spec: TrainSpec) -> TrainSpec:
+    """Check every option (one-line SpecErrors); return the spec with device-sized defaults filled in."""
+    from ...measure import device as dev
+    from ...models import build
+
+    spec = checked(TrainSpec, spec, WHOLE_FIELDS)  # api.train(TrainSpec(...)): each field's type, as a spec file's
+    device = dev.resolve(spec.device)
+    gpu = device.type == "cuda"
+    spec = device_defaults(spec, gpu)
+    for axis, option in (("models", "--model"), ("precisions", "--dtype"), ("optims", "--optim"),
+                         ("attns", "--backend"), ("batches", "--batch"), ("seqs", "--seq"),
+                         ("grad_accums", "--grad-accum"), ("grad_ckpts", "--grad-ckpt"), ("compiles", "--compile"),
+                         ("nprocs", "--nproc"), ("zero_stages", "--zero-stage"), ("kernels", "--kernels"),
+                         ("heads", "--head")):
+        if not getattr(spec, axis):
+            raise SpecError(f"{option} is empty: give at least one value (an empty axis measures nothing)")
+    # These default when None; an empty list (`--task ''`, `tasks=[]`) ran the default without a word, or (heads,
+    # kernels above) stored an empty run and exited 0.
+    for axis, option in (("tasks", "--task"), ("strategies", "--strategy"), ("nccl_p2p", "--nccl-p2p"),
+                         ("nccl_envs", "--nccl-env")):
+        if getattr(spec, axis) == []:
+            raise SpecError(f"{option} is empty: give at least one value, or leave it out for the default")
+    refs = [build.resolve(m) for m in spec.models]
+    for ref in refs:
+        for task in spec.tasks or [default_task(ref.shape)]:
+            if task not in TRAIN_TASKS:
+                raise SpecError(f"task '{task}' is not a training task: choose from {', '.join(TRAIN_TASKS)}")
+            build.check_task(ref, task)
+        if "masked" in spec.heads and "mlm" not in (spec.tasks or [default_task(ref.shape)]):
+            raise SpecError(f"--head masked runs the MLM head on the masked positions: {ref.name} trains "
+                            f"{'/'.join(spec.tasks or [default_task(ref.shape)])} (use --task mlm or --head all)")
+        too_long = [s for s in spec.seqs if s > ref.shape.max_positions]
+        if too_long:
+            raise SpecError(f"seq {too_long[0]} is longer than {ref.name} allows ({ref.shape.max_positions} "
+                            f"positions): use --seq {ref.shape.max_positions} or less")
+    for p in spec.precisions:
+        if p not in PRECISIONS:
+            raise SpecError(f"unknown dtype '{p}': choose from {', '.join(PRECISIONS)}")
+        if p in ("fp16", "tf32") and not gpu:
+            raise SpecError(f"dtype {p} trains on CUDA only ({'autocast + GradScaler' if p == 'fp16' else 'TF32 tensor cores'}): "
+                            "use fp32 or bf16 on the CPU")
+        dev.check_dtype_runs(str(device), p)
+    for values, known, what in [(spec.optims, OPTIMIZERS, "optimizer"), (spec.attns, ATTENTION, "attention backend"),
+                                (spec.kernels, KERNELS, "kernels"), (spec.heads, HEADS, "head"),
+                                (spec.strategies or [], STRATEGIES, "strategy")]:
+        for v in values:
+            if v not in known:
+                raise SpecError(f"unknown {what} '{v}': choose from {', '.join(known)}")
+    for values, what in [(spec.batches, "batch"), (spec.seqs, "seq"), (spec.grad_accums, "grad-accum"),
+                         (spec.nprocs, "nproc")]:
+        if any(v < 1 for v in values):
+            raise SpecError(f"{what} must be at least 1, got {min(values)}")
+    _check_once(spec)
+    if spec.activation is not None and spec.activation not in build.ACTIVATIONS:
+        raise SpecError(f"unknown activation '{spec.activation}': choose from {', '.join(build.ACTIVATIONS)}")
+    if spec.pad_vocab < 1:
+        raise SpecError(f"--pad-vocab must be at least 1 (1: the vocabulary as it is), got {spec.pad_vocab}")
+    if spec.max_batch_limit < 1:
+        raise SpecError("--max-batch-limit must be at least 1")
+    if spec.steps < 1 or spec.warmup_steps < 1:
+        # named as --help names it (--warmup-steps is the old, hidden spelling)
+        raise SpecError("--steps and --warmup must be at least 1 (the first step allocates the "
+                        "optimizer state and compiles; it is never timed)")
+    if not spec.lr > 0:
+        raise SpecError("--lr must be positive")
+    if spec.timeout <= 0:
+        raise SpecError("--timeout must be positive")
+    if any(z not in (1, 2, 3) for z in spec.zero_stages):
+        raise SpecError("--zero-stage takes 1, 2 or 3")
+    for v in spec.nccl_p2p or []:
+        parse_bool(v)
+    for e in spec.nccl_envs or []:
+        keys = []
+        for kv in e.split():
+            key = kv.split("=", 1)[0]
+            if "=" not in kv or not NCCL_ENV_KEY.match(key):
+                raise SpecError(f"--nccl-env '{kv}': write KEY=VAL with a NCCL_, TORCH_NCCL_ or GLOO_ variable")
+            keys.append(key)
+        # Each of these ran a point other than the one written: an empty one left the environment as it was, a
+        # key given twice kept its last value, and NCCL_P2P_DISABLE here overrode --nccl-p2p's without a word.
+        if not keys:
+            raise SpecError("--nccl-env '' is empty: give KEY=VAL, or leave --nccl-env out")
+        twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+        if twice:
+            raise SpecError(f"--nccl-env '{e}' sets {twice} twice: give it once")
+        if spec.nccl_p2p and "NCCL_P2P_DISABLE" in keys:
+            raise SpecError(f"--nccl-env '{e}' sets NCCL_P2P_DISABLE, which --nccl-p2p sets: use one of them")
+    if spec.nnodes < 1:  # was "--node-rank must be between 0 and --nnodes - 1 (-1)"
+        raise SpecError(f"--nnodes must be at least 1, got {spec.nnodes}")
+    if not 0 <= spec.node_rank < spec.nnodes:
+        raise SpecError(f"--node-rank must be between 0 and --nnodes - 1 ({spec.nnodes - 1})")
+    if spec.nnodes > 1 and not (spec.rdzv_endpoint or "").strip():
+        raise SpecError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT of node 0 (the same on every node)")
+    if spec.nnodes > 1:
+        _check_endpoint(spec.rdzv_endpoint)
+    if spec.nnodes == 1 and spec.rdzv_endpoint is not None:  # runner/launch.py passes it only to several hosts
+        raise SpecError("--rdzv-endpoint joins several hosts, and --nnodes is 1: add --nnodes 2 (or more), "
+                        "or leave --rdzv-endpoint out")
+    # Options of one strategy or of several GPUs, given where no cell uses them, were dropped without a word: the
+    # run said ok and measured something else than asked (ZeRO 3 under ddp, NCCL settings on one process).
+    if spec.zero_stages != [2] and "deepspeed" not in (spec.strategies or []):
+        raise SpecError(zero_stage_refusal(spec.zero_stages))
+    if max(spec.nprocs) * spec.nnodes == 1:
+        for given, option in ((spec.nccl_p2p, "--nccl-p2p"), (spec.nccl_envs, "--nccl-env"), (spec.scaling, "--scaling")):
+            if given:
+                raise SpecError(f"{option} applies to cells of several GPUs, and every cell here runs one process: "
+                                f"add --nproc 2 (or more), or leave {option} out")
+    if "none" in (spec.strategies or []) and (spec.nnodes > 1 or max(spec.nprocs) > 1):
+        raise SpecError("strategy none runs one process: use ddp, fsdp or deepspeed with --nproc > 1 or --nnodes > 1")
+    if spec.ladder and spec.max_batch_limit < spec.batches[0]:  # the search doubles from the batch: a traceback
+        raise SpecError(f"--max-batch-limit {spec.max_batch_limit} is below --batch {spec.batches[0]}, where the "
+                        "ladder's largest-batch searches start: raise the limit or lower --batch")
+    if gpu:
+        import torch
+
+        if max(spec.nprocs) > torch.cuda.device_count():
+            raise SpecError(f"--nproc {max(spec.nprocs)} needs that many GPUs on this node; "
+                            f"{torch.cuda.device_count()} visible")
+    return spec
+
+
+def _check_endpoint(endpoint: str) -> None:
+    """--rdzv-endpoint as torchrun reads it (HOST[:PORT]), before any cell: `host:abc`, `host:99999` or `:29500` failed
+    every cell's torchrun instead (runner/launch.py passes it on), each an `error` cell, and the sweep said ok."""
+    try:
+        from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+    except ImportError:  # a torch without distributed support: torchrun cannot run here at all
+        return
+    try:
+        host, port = parse_rendezvous_endpoint(endpoint, 29400)
+    except ValueError as exc:
+        raise SpecError(f"--rdzv-endpoint {endpoint}: {exc} Give node 0's HOST:PORT, e.g. host0:29500") from None
+    if port == 0:  # torchrun takes it: node 0 listens on a free port of its choosing, which no other node knows
+        raise SpecError(f"--rdzv-endpoint {endpoint}: port 0 is any free port of node 0, which the other nodes "
+                        "cannot know: give the port node 0 listens on, e.g. host0:29500")
+    if len(host) > 253:  # the longest DNS name (RFC 1035); torchrun takes any, and each cell failed to resolve it
+        raise SpecError(f"--rdzv-endpoint: its host name is {len(host):,} characters long, and a host name has at "
+                        "most 253: give node 0's HOST:PORT, e.g. host0:29500")
+
+
+def _check_once(spec: TrainSpec) -> None:
+    for axis, option in (("models", "--model"), ("tasks", "--task"), ("precisions", "--dtype"), ("optims", "--optim"),
+                         ("attns", "--backend"), ("batches", "--batch"), ("seqs", "--seq"),
+                         ("grad_accums", "--grad-accum"), ("grad_ckpts", "--grad-ckpt"), ("compiles", "--compile"),
+                         ("kernels", "--kernels"), ("heads", "--head"), ("strategies", "--strategy"),
+                         ("nprocs", "--nproc"), ("zero_stages", "--zero-stage"), ("nccl_p2p", "--nccl-p2p"),
+                         ("nccl_envs", "--nccl-env")):
+        same = (parse_bool if axis == "nccl_p2p" else (lambda v: " ".join(sorted(v.split()))) if axis == "nccl_envs"
+                else None)
+        check_once(getattr(spec, axis) or [], option, same)
+
+
+def expand(spec: TrainSpec) -> list[TrainCell]:
+    """Cells in grid order, one-GPU points first (the scaling baselines), batches growing within each
+    group so an out-of-memory batch skips the larger ones."""
+    from ...measure import device as dev
+    from ...models import build
+
+    device = dev.resolve(spec.device).type
+    nccl = _nccl_variants(spec)
+    cells: dict[str, TrainCell] = {}
+    for model in spec.models:
+        tasks = spec.tasks or [default_task(build.resolve(model).shape)]
+        for (task, precision, attn, optim, seq, accum, ckpt, comp, kern, head, nproc, strategy, zero, env,
+             batch) in itertools.product(tasks, spec.precisions, spec.attns, spec.optims, sorted(spec.seqs),
+                                         spec.grad_accums, spec.grad_ckpts, spec.compiles, spec.kernels, spec.heads,
+                                         sorted(spec.nprocs), spec.strategies or [None], spec.zero_stages, nccl,
+                                         sorted(spec.batches)):
+            # The head axis applies to the mlm task only; another task runs its own head once (skipping it
+            # left `--task mlm,classification --head masked` without a single classification cell).
+            head = head if task == "mlm" else "all"
+            world = nproc * spec.nnodes
+            if strategy is None:
+                strategy = "none" if world == 1 else "ddp"
+            cell = TrainCell(
+                model=model, task=task, attn=attn, precision=precision, optim=optim, batch=batch, seq=seq,
+                grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, head=head, activation=spec.activation,
+                pad_vocab=spec.pad_vocab, strategy=strategy, nproc=nproc,
+                nnodes=spec.nnodes, zero_stage=zero if strategy == "deepspeed" else None,
+                nccl=env if world > 1 else "", device=device, steps=spec.steps, warmup_steps=spec.warmup_steps,
+                lr=spec.lr, seed=spec.seed,
+            )
+            if spec.scaling and world > 1:
+                # The same step as one plain process on one GPU of this host: with --nnodes 2 a baseline of
+                # nproc 1 on every node was a 2-GPU cell of its own, and no cell was ever the efficiency's base.
+                one = replace(cell, strategy="none", nproc=1, nnodes=1, zero_stage=None, nccl="")
+                cells.setdefault(one.key(), one)
+            cells.setdefault(cell.key(), cell)
+    return sorted(cells.values(), key=lambda c: c.world_size)  # stable: grid order within each size
+
+
+def launch_config(cell: TrainCell, spec: TrainSpec):
+    from ...runner.launch import LaunchConfig
+
+    return LaunchConfig(
+        nproc=cell.nproc, torchrun=cell.strategy != "none", nnodes=cell.nnodes, node_rank=spec.node_rank,
+        rdzv_endpoint=spec.rdzv_endpoint, rdzv_id="transbench-" + hashlib.sha256(cell.key().encode()).hexdigest()[:12],
+        timeout=spec.timeout, env=cell.nccl_env(),
+    )
+
+
+def run_cell(cell: TrainCell, spec: TrainSpec) -> CellResult:
+    """One cell in its own process (torchrun for a strategy): the result rank 0 wrote, or why none came.
+    Only for the ranks of hosts other than node 0, which measure nothing they store."""
+    from ...runner import launch
+
+    cfg = launch_config(cell, spec)
+    return launch.outcome(launch.launch("transbench.scenarios.training.worker", cell.to_dict(), cfg), cfg)
+
+
+def target(spec: TrainSpec):
+    """How the sweep loop measures a training cell: a process tree per cell (torchrun for a strategy),
+    so each cell's memory split starts from an empty allocator."""
+    from ...runner.sweep import Target
+
+    return Target(TrainCell, launch=lambda cell: ("transbench.scenarios.training.worker", launch_config(cell, spec)),
+                  after=add_scaling)
+
+
+def find_baseline(store, run_id: str, cell: TrainCell, gpu: str | None) -> dict | None:
+    """The same step on one GPU (same GPU model), in this run first, then in the newest other runs; the
+    plain single-process run preferred over a one-rank wrapper."""
+    runs = [run_id] + [r["run_id"] for r in reversed(store.runs()) if r["kind"] == "training" and r["run_id"] != run_id]
+    want = json.dumps(cell.comparable())
+    for rid in runs:
+        found = []
+        for c in store.cells(rid):
+            other = c["cell"]
+            if c["status"] != "ok" or c["scenario"] != "training" or other.get("nproc", 1) * other.get("nnodes", 1) != 1:
+                continue
+            if json.dumps(TrainCell.from_dict(other).comparable()) == want and c["record"].get("gpu") == gpu:
+                found.append(c)
+        if found:
+            found.sort(key=lambda c: c["cell"]["strategy"] != "none")
+            return {"run_id": rid, **found[0]}
+    return None
+
+
+def add_scaling(store, run_id: str, cell: TrainCell, result: CellResult) -> None:
+    """scaling_efficiency = (samples/s over N GPUs / N) / samples/s on one GPU, for the same per-GPU batch."""
+    if result.status != "ok" or cell.world_size == 1:
+        return
+    base = find_baseline(store, run_id, cell, result.record.get("gpu"))
+    if base is None:
+        result.warnings.append("no one-GPU run of this step in the store: rerun with --scaling for the efficiency")
+        return
+    one = base["record"]["samples_per_s"]
+    result.record["scaling_efficiency"] = result.record["samples_per_s"] / (cell.world_size * one)
+    result.info["scaling_baseline"] = {"run_id": base["run_id"], "key": base["key"], "samples_per_s": one,
+                                       "strategy": base["cell"]["strategy"]}
+
+
+def open_training_run(store, spec: TrainSpec) -> tuple[str, str, int]:
+    """(run_id, name, cells already stored): the named run resumed (same grid), else a new one."""
+    from ...measure import env as env_mod
+    from ...runner.sweep import open_run
+
+    return open_run(store, "training", replace(spec, name=None).to_dict(), spec.name,
+                    lambda: env_mod.collect(open_cuda=False))
+
+
+def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None = None,
+          csv_path: str | None = None, on_start: Callable[[list[TrainCell], int], None] = lambda cells, done: None,
+          on_cell: Callable[[TrainCell, CellResult | None], None] = lambda c, r: None) -> list[dict]:
+    """Validate, expand and run a training sweep on the one sweep loop (runner/sweep.py): resume by name,
+    larger batches skipped after an OOM (also across a resume), each finished cell stored as it ends (only
+    node 0 of a multi-host run stores). Returns the run's records."""
+    from ...runner.sweep import SweepOptions, run_grid
+    from ...store import Store, export
+
+    spec = validate(spec)
+    if spec.ladder:
+        raise SpecError("a ladder runs through transbench.api.train (scenarios/training/ladder.py)")
+    cells = expand(spec)
+    if spec.node_rank > 0:  # another host's ranks; node 0 measures and stores
+        on_start(cells, 0)
+        for cell in cells:
+            on_cell(cell, run_cell(cell, spec))
+        return []
+    store = Store(db)
+    try:
+        run_id, _, done = open_training_run(store, spec)
+        on_start(cells, done)
+        run_grid(store, run_id, cells, target(spec), SweepOptions(timeout=spec.timeout), on_cell)
+        recs = export.records(store, [run_id])
+    finally:
+        store.close()
+    export.write(recs, json_path, csv_path)
+    return recs
