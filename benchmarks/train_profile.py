@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     device = dev.resolve(args.device)
     cuda = device.type == "cuda"
     task = args.task or default_task(build.resolve(args.model).shape)
-    cell = TrainCell(model=args.model, task=task, attn=args.backend, precision=args.dtype, optim=args.optim,
+    cell = TrainCell(model=args.model, task=task, backend=args.backend, dtype=args.dtype, optim=args.optim,
                      batch=args.batch, seq=args.seq, grad_ckpt=args.grad_ckpt, compile=args.compile,
                      kernels=args.kernels, head=args.head, activation=args.activation,
                      pad_vocab=args.pad_vocab, device=device.type)
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     from transbench.measure import peaks
 
     tflops = needed / (step_ms / 1e3) / 1e12
-    mfu = peaks.mfu(tflops * 1e12, gpu and gpu.name, cell.precision, gpu and gpu.memory_gb)
+    mfu = peaks.mfu(tflops * 1e12, gpu and gpu.name, cell.dtype, gpu and gpu.memory_gb)
     summary.update({
         "cell": cell.to_dict(), "step_ms": step_ms, "samples_per_s": cell.batch / (step_ms / 1e3),
         "tflops": tflops, "mfu": mfu, "flops_per_step": needed, "hw_flops_per_step": ran,
@@ -146,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": gpu.name if gpu else None, "unit": "GPU kernel time" if cuda else "aten ops' own CPU time",
         "kernels_replaced": trainer.info.get("kernels_replaced"),
     })
-    print(f"{cell.model} {cell.task} b{cell.batch} s{cell.seq} {cell.precision} {cell.optim}"
+    print(f"{cell.model} {cell.task} b{cell.batch} s{cell.seq} {cell.dtype} {cell.optim}"
           f"{' compile' if cell.compile else ''} kernels {cell.kernels} head {cell.head}"
-          f"{' ' + cell.activation if cell.activation else ''} attention {cell.attn}"
+          f"{' ' + cell.activation if cell.activation else ''} attention {cell.backend}"
           f"{f' vocabulary padded to {cell.pad_vocab}' if cell.pad_vocab > 1 else ''} on {summary['gpu'] or 'cpu'}")
     print(f"step {step_ms:.1f} ms ({summary['samples_per_s']:.1f} samples/s, {tflops:.1f} TFLOPS"
           f"{f', MFU {mfu:.1%}' if mfu else ''}); phases " +

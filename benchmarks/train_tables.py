@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-COLUMNS = [("precision", "dtype", "s"), ("optim", "optim", "s"), ("batch", "batch", "s"), ("flags", "options", "s"),
+COLUMNS = [("dtype", "dtype", "s"), ("optim", "optim", "s"), ("batch", "batch", "s"), ("flags", "options", "s"),
            ("strategy", "strategy", "s"), ("status", "status", "s"), ("samples_per_s", "samples/s", ".1f"),
            ("mfu", "MFU", ".1%"), ("hfu", "HFU", ".1%"), ("forward_ms", "fwd", ".1f"), ("backward_ms", "bwd", ".1f"),
            ("optimizer_ms", "opt", ".1f"), ("peak_mem_mb", "peak", ".0f"), ("params_mb", "params", ".0f"),
@@ -34,6 +34,7 @@ def cell_rows(cells: list[dict]) -> list[str]:
     lines = [" ".join(f"{h:>{WIDTH.get(k, 9)}}" for k, h, _ in COLUMNS)]
     for c in cells:
         cell, rec = c["cell"], c["record"]
+        cell = {"dtype": cell.get("precision"), **cell}  # stores written before `dtype` named it `precision`
         ok = c["status"] == "ok"
         values = {**rec, **cell, "flags": flags(cell), "status": c["status"] if c["scenario"] != "max-batch"
                   else f"max:{c['status']}", "batch": cell.get("batch")}

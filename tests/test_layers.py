@@ -11,13 +11,13 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "transbench"
 
 # Lowest first. A module may import its own layer and the ones below.
 LAYERS = [
-    ("ground", ("errors", "store")),
-    ("core", ("spec", "cells", "models", "measure")),
+    ("ground", ("errors", "keys", "store")),
+    ("core", ("declare", "spec", "cells", "models", "measure")),
     ("engine", ("engine",)),
     ("report", ("report",)),
     ("backends", ("backends",)),
     ("runner", ("runner",)),
-    ("scenarios", ("scenarios", "serve", "demo")),
+    ("scenarios", ("scenarios", "demo")),
     ("api", ("api",)),
     ("face", ("cli", "__main__", "__init__")),
 ]

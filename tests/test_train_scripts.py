@@ -58,7 +58,7 @@ def test_profile_of_a_tiny_model_on_the_cpu(tmp_path, capsys):
 
 
 def test_tables_show_each_cell_its_options_and_errors():
-    cells = [{"scenario": "training", "status": "ok", "cell": {"precision": "bf16", "optim": "adamw-fused", "batch": 256,
+    cells = [{"scenario": "training", "status": "ok", "cell": {"dtype": "bf16", "optim": "adamw-fused", "batch": 256,
                                                                 "compile": True, "head": "masked", "grad_accum": 1},
               "record": {"samples_per_s": 1300.0, "mfu": 0.41, "hfu": 0.42}},
              {"scenario": "max-batch", "status": "oom", "cell": {"precision": "fp32", "optim": "adamw", "batch": 0,

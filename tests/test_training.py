@@ -24,7 +24,7 @@ from transbench.scenarios.training.cell import TrainCell
 from transbench.store import Store
 from transbench.store.export import RECORD_KEYS, TRAINING_KEYS
 
-BASE = TrainCell(model="bert-tiny", task="mlm", attn="sdpa", precision="fp32", optim="adamw", batch=4, seq=16,
+BASE = TrainCell(model="bert-tiny", task="mlm", backend="sdpa", dtype="fp32", optim="adamw", batch=4, seq=16,
                  steps=2, warmup_steps=1, lr=1e-3, device="cpu")
 
 
@@ -64,8 +64,8 @@ def _check_arithmetic(cell: TrainCell, r: CellResult) -> None:
 
 
 @pytest.mark.parametrize("change", [
-    {}, {"precision": "bf16"}, {"optim": "adamw-foreach"}, {"optim": "adamw-fused"}, {"optim": "sgd"},
-    {"grad_accum": 2}, {"grad_ckpt": True}, {"attn": "eager"}, {"attn": "sdpa-math"},
+    {}, {"dtype": "bf16"}, {"optim": "adamw-foreach"}, {"optim": "adamw-fused"}, {"optim": "sgd"},
+    {"grad_accum": 2}, {"grad_ckpt": True}, {"backend": "eager"}, {"backend": "sdpa-math"},
     {"task": "classification"}, {"model": "gpt2-tiny", "task": "classification", "grad_ckpt": True},
     {"head": "masked"}, {"model": "roberta-tiny", "head": "masked", "grad_ckpt": True},
     {"model": "gpt2-tiny", "task": "causal-lm", "activation": "gelu-tanh"},
@@ -84,10 +84,10 @@ def test_every_option_runs_and_takes_effect(change):
     vocab = training_loop.build.resolve(cell.model).shape.vocab
     assert info["vocab_rows"] == -(-vocab // cell.pad_vocab) * cell.pad_vocab
     assert info["head_positions"] == (training_loop.mlm_predictions(cell.seq) if cell.head == "masked" else cell.seq)
-    assert info["attn_implementation"] == ("eager" if cell.attn == "eager" else "sdpa")
-    assert info["sdpa_kernel"] == ("math" if cell.attn == "sdpa-math" else None)
+    assert info["attn_implementation"] == ("eager" if cell.backend == "eager" else "sdpa")
+    assert info["sdpa_kernel"] == ("math" if cell.backend == "sdpa-math" else None)
     assert info["param_dtype"] == "torch.float32"  # bf16 is autocast over fp32 master weights
-    assert info["autocast_dtype"] == ("torch.bfloat16" if cell.precision == "bf16" else None)
+    assert info["autocast_dtype"] == ("torch.bfloat16" if cell.dtype == "bf16" else None)
     fused = {"adamw": (False, False), "adamw-foreach": (None, True), "adamw-fused": (True, None)}
     if cell.optim in fused:
         assert (info["optimizer_fused"], info["optimizer_foreach"]) == fused[cell.optim]
@@ -172,10 +172,10 @@ def test_nan_loss_is_an_error_without_speed():
     ({"optim": "ds-fused-adam"}, ("deepspeed", "transbench[deepspeed]")),
     ({"strategy": "deepspeed", "zero_stage": 2}, ("deepspeed", "transbench[deepspeed]")),
     ({"optim": "apex-fused-adam"}, ("apex", "NVIDIA/apex")),
-    ({"attn": "flash-attn2"}, ("flash_attn", "transbench[flash]")),
+    ({"backend": "flash-attn2"}, ("flash_attn", "transbench[flash]")),
     ({"kernels": "liger"}, ("liger_kernel", "transbench[liger]")),
-    ({"attn": "sdpa-cudnn"}, (None, "CUDA only")),
-    ({"precision": "fp16"}, (None, "CUDA only")),
+    ({"backend": "sdpa-cudnn"}, (None, "CUDA only")),
+    ({"dtype": "fp16"}, (None, "CUDA only")),
 ])
 def test_unavailable_choices_are_unsupported_with_the_fix(change, needs):
     module, text = needs
@@ -189,10 +189,10 @@ def test_unavailable_choices_are_unsupported_with_the_fix(change, needs):
 def test_validation_errors_are_one_line():
     ok = dict(models=["bert-tiny"], device="cpu")
     bad = [
-        ({"precisions": ["fp16"]}, "CUDA only"),
-        ({"precisions": ["tf32"]}, "CUDA only"),
+        ({"dtypes": ["fp16"]}, "CUDA only"),
+        ({"dtypes": ["tf32"]}, "CUDA only"),
         ({"optims": ["adam"]}, "unknown optimizer"),
-        ({"attns": ["fused"]}, "unknown attention"),
+        ({"backends": ["fused"]}, "unknown attention"),
         ({"tasks": ["qa"]}, "not a training task"),
         ({"tasks": ["causal-lm"]}, "needs a decoder"),
         ({"strategies": ["none"], "nprocs": [2]}, "strategy none runs one process"),
@@ -324,7 +324,7 @@ def test_liger_rewiring_gives_the_models_own_loss(model, task, monkeypatch):
     _fake_liger(monkeypatch)
     ref = build.resolve(model)
     cell = replace(BASE, model=model, task=task)
-    hf = build.build_model(ref, task, attn="sdpa", device="cpu", seed=0).train().requires_grad_(True)
+    hf = build.build_model(ref, task, backend="sdpa", device="cpu", seed=0).train().requires_grad_(True)
     torch.manual_seed(0)  # dropout draws the same masks in both forwards
     (batch,) = training_loop.make_batches(cell, ref.shape, 0, torch.device("cpu"))
     torch.manual_seed(1)
@@ -371,7 +371,7 @@ def test_masked_head_is_the_same_loss_and_gradients_as_the_full_head(model, monk
     from transbench.scenarios.training.head import MaskedHead
 
     ref = build.resolve(model)
-    hf = build.build_model(ref, "mlm", attn="sdpa", device="cpu", seed=0).eval().requires_grad_(True)  # no dropout
+    hf = build.build_model(ref, "mlm", backend="sdpa", device="cpu", seed=0).eval().requires_grad_(True)  # no dropout
     (batch,) = training_loop.make_batches(replace(BASE, model=model, seq=32), ref.shape, 0, torch.device("cpu"))
     want = hf(**batch).loss
     want.backward()

@@ -15,7 +15,7 @@ from transbench.scenarios.training import ladder as training_ladder
 from transbench.scenarios.training.cell import TrainCell
 from transbench.store import Store
 
-BASE = TrainCell(model="bert-tiny", task="mlm", attn="sdpa", precision="fp32", optim="adamw", batch=4, seq=16,
+BASE = TrainCell(model="bert-tiny", task="mlm", backend="sdpa", dtype="fp32", optim="adamw", batch=4, seq=16,
                  steps=2, warmup_steps=1, device="cpu")
 
 
@@ -51,8 +51,8 @@ class FakeRunner:
         if cell.kernels == "liger" and not self.liger_ok:
             return cell, CellResult("unsupported", error="kernels liger needs Liger-Kernel")
         if search:
-            cell = replace(cell, batch=512 if cell.grad_ckpt else 128 if cell.precision == "bf16" else 64)
-        speed = 100.0 * (2.5 if cell.precision == "bf16" else 1.0) * (1.2 if cell.optim == "adamw-fused" else 1.0)
+            cell = replace(cell, batch=512 if cell.grad_ckpt else 128 if cell.dtype == "bf16" else 64)
+        speed = 100.0 * (2.5 if cell.dtype == "bf16" else 1.0) * (1.2 if cell.optim == "adamw-fused" else 1.0)
         speed *= (1.1 if cell.grad_accum == 4 else 1.0) * (self.ckpt_factor if cell.grad_ckpt else 1.0)
         speed *= (1.1 if cell.head == "masked" else 1.0) * (1.25 if cell.compile else 1.0)
         speed *= (1.3 if cell.activation == "gelu-tanh" else 1.0) * (1.05 if cell.pad_vocab > 1 else 1.0)
@@ -140,10 +140,10 @@ def test_cli_ladder_runs_on_the_sweep_loop_and_resumes(tmp_path, monkeypatch):
         ran.append(cell)
         if cell.kernels == "liger":
             return CellResult("unsupported", error="kernels liger needs Liger-Kernel: pip install 'transbench[liger]'")
-        limit = 200 if cell.grad_ckpt else 48 if cell.precision == "bf16" else 24
+        limit = 200 if cell.grad_ckpt else 48 if cell.dtype == "bf16" else 24
         if cell.batch > limit:
             return CellResult("oom", error="out of memory")
-        speed = cell.batch * (2.0 if cell.precision == "bf16" else 1.0)
+        speed = cell.batch * (2.0 if cell.dtype == "bf16" else 1.0)
         return CellResult("ok", {"samples_per_s": speed, "tflops": speed / 10, "mfu": None,
                                  "peak_mem_mb": float(cell.batch)})
 
@@ -162,7 +162,7 @@ def test_cli_ladder_runs_on_the_sweep_loop_and_resumes(tmp_path, monkeypatch):
     # starts from the bf16 step's batch 24: it never goes back to batch 1, where a ladder on an H100 ran out
     # of time (benchmarks/results/measurement_path_h100_2026-11.md).
     assert len({c.key() for c in ran}) == len(ran)
-    assert [c.batch for c in ran if c.precision == "bf16"][:6] == [24, 48, 96, 72, 60, 48]
+    assert [c.batch for c in ran if c.dtype == "bf16"][:6] == [24, 48, 96, 72, 60, 48]
     assert rows[-1]["best_of"] == "grad checkpointing, largest batch" and rows[-1]["batch_size"] == 192
     by = {r["step"]: r for r in rows}
     assert by["Liger kernels"]["status"] == "unsupported" and "transbench[liger]" in by["Liger kernels"]["error"]

@@ -22,7 +22,7 @@ from transbench.scenarios.training.cell import TrainCell
 from transbench.store import Store
 
 TRAIN = dict(models=["bert-tiny"], batches=[2], seqs=[8], steps=1, warmup_steps=1, device="cpu")
-BASE = TrainCell(model="bert-tiny", task="mlm", attn="sdpa", precision="fp32", optim="adamw", batch=4, seq=16,
+BASE = TrainCell(model="bert-tiny", task="mlm", backend="sdpa", dtype="fp32", optim="adamw", batch=4, seq=16,
                  steps=2, warmup_steps=1, device="cpu")
 
 
@@ -63,7 +63,7 @@ def test_zero_stage_2_with_deepspeed_and_a_stored_spec_still_pass(tmp_path, monk
 
 @pytest.mark.parametrize("change,option", [
     ({"optims": ["sgd"]}, "--optim"),  # trained AdamW (the ladder's first steps), said ok
-    ({"precisions": ["bf16"]}, "--dtype"),  # the CPU's default is fp32
+    ({"dtypes": ["bf16"]}, "--dtype"),  # the CPU's default is fp32
     ({"grad_accums": [4]}, "--grad-accum"),
     ({"grad_ckpts": [True]}, "--grad-ckpt"),
     ({"compiles": [True]}, "--compile"),

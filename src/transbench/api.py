@@ -1,7 +1,7 @@
 """The public Python API. The CLI is a thin layer over these functions.
 
     from transbench import api
-    from transbench.spec import RunSpec
+    from transbench.api import RunSpec
     outcome = api.run(RunSpec(models=["bert-tiny"], batches=[1, 8], seqs=[32]), db="bench.db")
 """
 
@@ -80,12 +80,14 @@ class RunOutcome:
 def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = None, csv_path: str | None = None,
         resume: bool = False, on_start: Callable[[list[Cell], int], None] = lambda cells, done: None,
         on_cell: Callable[[Cell, CellResult | None], None] = lambda c, r: None,
-        on_probe: Callable[[Cell, CellResult], None] = lambda c, r: None) -> RunOutcome:
+        on_probe: Callable[[Cell, CellResult], None] = lambda c, r: None,
+        explicit: set[str] | None = None) -> RunOutcome:
     """Validate, expand and run an inference sweep; every finished cell is stored as it ends.
 
     A run whose name is already in the store is resumed (its finished cells are not run again); the same
     name with a different grid is refused. `resume=True` without a name resumes the newest run.
-    `on_start(cells, already_done)` is called once the grid is known."""
+    `on_start(cells, already_done)` is called once the grid is known. `explicit`: the fields the caller set (the
+    command line's options and --spec keys); None: those that differ from their defaults."""
     asked = checked(RunSpec, spec)  # before the device's defaults fill it: what the caller set (resume below)
     spec = grid.validate(asked)
     db = _outputs(db, json_path, csv_path)
@@ -103,7 +105,7 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
             last = store.find_run("last")
             if last is None or last["kind"] != "inference":
                 raise SpecError(f"nothing to resume: no inference run in {db}")
-            _refuse_ignored_fields(asked, last)
+            _refuse_ignored_fields(asked, last, explicit)
             spec = grid.validate(RunSpec.from_dict({**last["spec"], "name": last["name"]}))
             cells, name = grid.expand(spec), last["name"]
         elif resume and store.find_run(name) is None:
@@ -120,26 +122,29 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
     return RunOutcome(run_id, name, recs, done > 0)
 
 
-def _refuse_ignored_fields(asked: RunSpec, last: dict) -> None:
-    """`resume=True` without a name resumes the newest run with its own grid, so a field set otherwise was dropped
-    without a word (RunSpec(batches=[2]) after a run of batch 1 measured nothing and came back resumed): refused, as
-    the CLI refuses `--resume --batch 2` (cli/run.py). A field left at its default cannot be told from one not
-    given, and passes, as an option left out does on the command line."""
+def _refuse_ignored_fields(asked: RunSpec, last: dict, explicit: set[str] | None) -> None:
+    """Resuming without a name resumes the newest run with its own grid, so a field set otherwise would be dropped
+    without a word (`--resume --batch 2` after a run of batch 1 measured nothing and said "resumed"): refused,
+    naming it. A field equal to the stored one passes; without `explicit`, a field left at its default cannot be
+    told from one not given, and passes too."""
     import json
 
-    default, mine = RunSpec().to_dict(), asked.to_dict()
-    differ = sorted(k for k in mine if k != "name" and mine[k] != default[k] and mine[k] != last["spec"].get(k))
+    mine = asked.to_dict()
+    if explicit is None:
+        default = RunSpec().to_dict()
+        explicit = {k for k in mine if mine[k] != default[k]}
+    differ = sorted(k for k in explicit if k != "name" and mine.get(k) != last["spec"].get(k))
     if differ:
-        listed = ", ".join(f"{k} {json.dumps(last['spec'].get(k))} -> {json.dumps(mine[k])}" for k in differ[:3])
-        raise SpecError(f"resume without a name resumes the newest run, '{last['name']}', with its own options, and "
-                        f"these differ ({listed}): leave them at their defaults, or give the spec a name to resume "
-                        "or start a run with them")
+        listed = ", ".join(f"{k} {json.dumps(last['spec'].get(k))} -> {json.dumps(mine.get(k))}" for k in differ[:3])
+        raise SpecError(f"--resume without --name resumes the newest run, '{last['name']}', with its own options, "
+                        f"and these differ ({listed}): leave them out, or give --name to resume or start a run "
+                        "with them")
 
 
 def train(spec: TrainSpec, db: str = "transbench.db", **kwargs) -> list[dict]:
     """A training sweep (scenarios/training/spec.py), or with `spec.ladder` the seed notebook's ladder of steps
     for one model (scenarios/training/ladder.py); kwargs: json_path, csv_path, on_start, on_cell."""
-    spec = checked(TrainSpec, spec, training.WHOLE_FIELDS)  # a dict or None: a SpecError, not an AttributeError
+    spec = checked(TrainSpec, spec)  # a dict or None: a SpecError, not an AttributeError
     db = _outputs(db, kwargs.get("json_path"), kwargs.get("csv_path"))
     _callbacks(**{k: v for k, v in kwargs.items() if k in ("on_start", "on_cell")})
     if spec.ladder:
@@ -246,93 +251,24 @@ def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: fl
 def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", device: str = "auto",
          cache_dir: str | None = None, progress: Callable[[dict], None] | None = None,
          options: EngineOptions | None = None) -> list[dict]:
-    """Tune the fused engine's kernel routes for every batch x seq of `model` ahead of time, with no time budget,
-    into the on-disk table (`cache_dir`/engine-tuning.json; default $TRANSBENCH_CACHE_DIR or
-    ~/.cache/transbench). A process that finds the table starts warm: its first call at a tuned shape captures
-    its graph without timing anything. GPT-2: also a generator's prefill at batch x seq and its decode step at
-    that batch. Returns one row per shape: batch, seq, seconds, routes (ops of the forward tuned), races (the
-    whole-forward trials that settled close choices, tuning.Tuner.refine: routes tried, times, whether it won).
+    """Tune the fused engine for every batch x seq of `model` ahead of time (scenarios/tune/run.py); one row
+    per shape: batch, seq, seconds, routes (ops of the forward tuned), races (the whole-forward trials).
     options: the engine's launch and tuning switches (transbench.engine.EngineOptions; its tuner is cache_dir's
     table's where cache_dir is given)."""
-    import time
-    from pathlib import Path
+    from .scenarios.tune import run as tuning
+    from .scenarios.tune.spec import TuneSpec
 
-    import torch
-
-    from .engine import EngineOptions, EngineUnsupported, compile_model, tuning
-    from .measure import device as dev
-    from .models import build
-
-    if dtype not in ("fp16", "bf16", "fp8"):
-        raise SpecError(f"dtype {dtype} cannot be tuned: the fused engine tunes fp16, bf16 and fp8")
-    if not isinstance(model, (str, os.PathLike)):
-        raise SpecError(f"model must be a preset name or a checkpoint folder, got {model!r}")
     if progress is not None:  # progress=5 was called only after the first shape's minutes of tuning
         _callbacks(progress=progress)
-    # batches="1,8" or ["8"] hit `v < 1` as text (a TypeError); read them as a spec file's list fields are
-    checked_axes = coerce(RunSpec, {"batches": batches, "seqs": seqs})
-    batches, seqs = checked_axes["batches"] or [], checked_axes["seqs"] or []
-    ref = build.resolve(model)
-    for v, what in [*((b, "batch") for b in batches), *((s, "seq") for s in seqs)]:
-        if v < 1:
-            raise SpecError(f"{what} must be at least 1, got {v}")
-    if not batches or not seqs:
-        raise SpecError("give at least one --batch and one --seq")
-    for values, option in ((batches, "--batch"), (seqs, "--seq")):
-        check_once(values, option)  # the shape was tuned again for nothing (minutes on a large one)
-    if max(seqs) > ref.shape.max_positions:
-        raise SpecError(f"seq {max(seqs)} exceeds {model}'s {ref.shape.max_positions} positions")
-    from .engine.compiled import BERT_LIKE
-
-    if ref.family not in (*BERT_LIKE, "gpt2"):  # before the GPU is asked for: a CPU host is told this too
-        raise SpecError(f"{model} is a {ref.family} model; the fused engine runs {', '.join(BERT_LIKE)} and gpt2 "
-                        "models only, so there is nothing to tune for it")
-    if cache_dir is not None and not str(cache_dir).strip():
-        raise SpecError("--cache-dir is empty: give a folder, or leave it out for the default")
+    if model is None:
+        raise SpecError("--model is required: give a preset or a bert/gpt2 checkpoint folder")
+    if not isinstance(model, (str, os.PathLike)):
+        raise SpecError(f"model must be a preset name or a checkpoint folder, got {model!r}")
     if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):  # was pathlib's TypeError, unnamed
         raise SpecError(f"cache_dir must be a folder path (text), got {cache_dir!r}")
-    table = Path(cache_dir) / tuning.TABLE_NAME if cache_dir is not None else tuning.cache_path()
-    problem = tuning.table_problem(table)
-    if problem:  # else minutes of tuning would be kept nowhere (the engine's tables are caches: a save may fail)
-        raise SpecError(f"cannot use the tuning table {table}: {problem}; give --cache-dir another folder "
-                        "(or delete a damaged table)")
-    if dev.gpu_count() == 0:  # before dev.resolve, whose advice for a missing GPU is --device cpu
-        raise SpecError("tune needs a CUDA GPU: the table holds kernel timings of the GPU it ran on")
-    target = dev.resolve(device)
-    if target.type != "cuda":
-        raise SpecError("tune needs a CUDA GPU: the table holds kernel timings of the GPU it ran on")
-    if options is not None and not isinstance(options, EngineOptions):
-        raise SpecError(f"options must be a transbench.engine.EngineOptions, got {options!r}")
-    options = options or EngineOptions()
-    if cache_dir is not None:
-        options = replace(options, tuner=tuning.for_table(table))
-    hf = build.build_model(ref, "base", device=str(target)).to(dev.torch_dtype(dtype))
-    try:
-        compiled = compile_model(hf, dtype=dev.torch_dtype(dtype), max_batch=max(batches), max_seq=max(seqs),
-                                 fp8=dtype == "fp8", tune_budget_s=None, options=options)
-    except EngineUnsupported as exc:  # a config the engine refuses (an activation, fp8 on this GPU): one line
-        raise SpecError(f"{model} cannot be tuned: {exc.reason}") from None
-    rows = []
-    try:
-        for b in batches:
-            for s in seqs:
-                ids = torch.randint(0, ref.shape.vocab, (b, s), device=target)
-                start = time.perf_counter()
-                compiled(input_ids=ids)
-                if ref.family == "gpt2" and s < ref.shape.max_positions:  # generation: its one-token decode step too
-                    gen = compiled.generator(b, s + 1)
-                    gen.decode(gen.prefill(ids).argmax(-1))
-                torch.cuda.synchronize(target)
-                tuned = compiled.tuning().values()
-                rows.append({"batch": b, "seq": s, "seconds": time.perf_counter() - start,
-                             "routes": sum(len(t["routes"] or {}) for t in tuned),
-                             "races": [r for t in tuned for r in t["races"]]})
-                compiled.release()  # one shape's graph at a time: a large grid must not hold them all
-                if progress:
-                    progress(rows[-1])
-    finally:
-        compiled.release()
-    return rows
+    spec = TuneSpec(**coerce(TuneSpec, {"model": os.fspath(model), "batches": batches, "seqs": seqs, "dtype": dtype,
+                                        "device": device, "cache_dir": cache_dir and os.fspath(cache_dir)}))
+    return tuning.run(spec, progress, options)
 
 
 def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_path: str | None = None,

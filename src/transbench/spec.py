@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from .declare import old_keys, whole_fields
 from .errors import SpecError
 
 
@@ -94,6 +95,8 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
     values of the wrong type are one-line SpecErrors naming the key and the type expected (`where` names
     the file). A list field also takes one value or comma-separated text, as on the command line; fields in
     `whole` keep a text value in one piece (their values may hold commas)."""
+    data = _today_keys(cls, data, where)
+    whole = whole | whole_fields(cls)
     check_keys(cls, data, where)
     hints = typing.get_type_hints(cls)
     out = {}
@@ -129,6 +132,20 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
                 raise SpecError(f"{where}{key}: expected {expected}, got {item!r}: write e.g. {key}: "
                                 f"{f'[{example}]' if is_list else example}") from None
         out[key] = typed if is_list else typed[0]
+    return out
+
+
+def _today_keys(cls, data: dict, where: str) -> dict:
+    """Older keys read as the settings they now name (declare.py aliases: `precisions` is `dtypes`)."""
+    old = old_keys(cls)
+    if not any(k in old for k in data):
+        return data
+    out = {}
+    for key, value in data.items():
+        new = old.get(key, key)
+        if new in out:
+            raise SpecError(f"{where}{key} and {new} name the same setting: keep {new}")
+        out[new] = value
     return out
 
 

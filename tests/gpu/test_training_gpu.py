@@ -17,7 +17,7 @@ from transbench.scenarios.training.cell import TrainCell
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-BASE = TrainCell(model="bert-tiny", task="mlm", attn="sdpa", precision="bf16", optim="adamw-fused", batch=8,
+BASE = TrainCell(model="bert-tiny", task="mlm", backend="sdpa", dtype="bf16", optim="adamw-fused", batch=8,
                  seq=64, steps=3, warmup_steps=1, lr=1e-3, device="cuda")
 
 
@@ -28,7 +28,7 @@ def run_guarded(cell):
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
 def test_each_precision_trains_and_measures_memory(precision):
-    r = run_guarded(replace(BASE, precision=precision))
+    r = run_guarded(replace(BASE, dtype=precision))
     assert r.status == "ok", r.error
     rec, info = r.record, r.info
     assert info["tf32_matmul"] == (precision == "tf32")
@@ -44,7 +44,7 @@ def test_each_precision_trains_and_measures_memory(precision):
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flash-attn2"])
 def test_attention_choices(attn):
-    r = run_guarded(replace(BASE, attn=attn))
+    r = run_guarded(replace(BASE, backend=attn))
     if attn == "flash-attn2" and importlib.util.find_spec("flash_attn") is None:
         assert r.status == "unsupported" and "transbench[flash]" in r.error
         return
@@ -72,7 +72,7 @@ def test_mfu_on_a_known_gpu():
 
 
 def test_oom_is_a_status():
-    r = run_guarded(replace(BASE, model="bert-large-uncased", batch=8192, seq=512, precision="fp32"))
+    r = run_guarded(replace(BASE, model="bert-large-uncased", batch=8192, seq=512, dtype="fp32"))
     assert r.status == "oom"
     torch.cuda.empty_cache()
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import signal
 import sys
+import typing
 
 import typer
 
 from ..errors import SpecError
-from .options import App
+from ..declare import CommandOptions, declared, option_of
+from .options import ALIASES, OPTIONAL_VALUE, App, parameter, read
 from .tables import visible
 
 app = App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -102,3 +105,36 @@ def friendly(fn):
                 signal.signal(sig, signal.SIG_DFL)
 
     return wrapper
+
+
+def declared_command(app, cls, *, name: str | None = None, skip: tuple[str, ...] = (),
+                     command_options: tuple[str, ...] = ()):
+    """Register `fn(given, **command_options)` as a command whose options are generated from the settings of
+    `cls` (declare.py), less `skip`, plus the declared CommandOptions named in `command_options` and any option
+    `fn` declares itself after `given`. `given` maps each setting's field to its value, None where not given."""
+    def register(fn):
+        hints = typing.get_type_hints(fn)
+        own = [p.replace(annotation=hints.get(p.name, p.annotation))
+               for p in list(inspect.signature(fn).parameters.values())[1:] if p.name not in command_options]
+        settings = [(f, s) for f, s in declared(cls) if s.cli and f.name not in skip]
+        common = {f.name: (f, s) for f, s in declared(CommandOptions)}
+        params = [parameter(cls, f, s) for f, s in settings]
+        params += [parameter(CommandOptions, *common[c], default_none=False) for c in command_options]
+        params += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+        for f, s in settings:
+            ALIASES.update({a: option_of(f, s) for a in s.aliases if a.startswith("-")})
+            if s.bare is not None:
+                OPTIONAL_VALUE[option_of(f, s)] = s.bare
+
+        def command(**kwargs):
+            given = {f.name: read(cls, f.name, kwargs.pop(f.name)) for f, _ in settings}
+            return fn(given, **kwargs)
+
+        command.__signature__ = inspect.Signature(params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        command.__doc__ = fn.__doc__
+        command.__name__ = fn.__name__
+        app.command(name or fn.__name__.replace("_", "-"))(friendly(command))
+        return fn
+
+    return register

@@ -9,25 +9,13 @@ from rich.markup import escape
 
 from ..report.document import percent
 from ..scenarios import micro
-from ..spec import split_list
 from ..store import export
-from .app import app, friendly
+from .app import app, declared_command
 from .options import App, build_spec
 from .tables import Col, console, fitted, pct, pivot, visible
 
 micro_app = App(no_args_is_help=True, help="Micro-benchmarks: GEMM and memory ceilings, one layer, its parts.")
 app.add_typer(micro_app, name="micro")
-
-DEVICE = typer.Option(None, show_default="auto", help="auto|cpu|cuda|cuda:N")
-MIN_TIME = typer.Option(None, "--min-time", show_default="1 on GPU, 0.1 on CPU", help="seconds of timed calls per point")
-WARMUP = typer.Option(None, "--warmup", show_default="2", help="untimed calls before timing each point")
-DB = typer.Option("transbench.db", help="SQLite store")
-NAME = typer.Option(None, help="run name")
-JSON = typer.Option(None, "--json", help="also write the records as JSON")
-CSV = typer.Option(None, "--csv", help="also write the records as CSV")
-PLOT = typer.Option(None, "--plot", help="write a roofline PNG here")
-SPEC = typer.Option(None, "--spec", help="YAML/TOML/JSON file of these options; options given here override it")
-
 
 def _status(r: dict) -> str | None:
     return None if r["status"] == "ok" else r["status"]
@@ -78,25 +66,11 @@ def _progress(p) -> None:
         console.print(visible(f"  warning: {where}: {w}"), highlight=False, markup=False)
 
 
-@micro_app.command()
-@friendly
-def gemm(
-    sizes: Optional[str] = typer.Option(None, help="square sizes n, e.g. 1024,2^12 (GPU default 128..16384)"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", show_default="all on GPU, fp32 on CPU",
-                                        help="fp32,tf32,fp16,bf16,fp8 (comma-separated)"),
-    model: Optional[str] = typer.Option(None, "--model", "-m", show_default="bert-base-uncased,bert-large-uncased on GPU, none on CPU",
-                                        help="presets whose 4 layer GEMMs to add (comma-separated); '' for none"),
-    tokens: Optional[int] = typer.Option(None, help="rows (batch x seq) of the layer GEMMs (default 8192 on GPU)"),
-    device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
-    db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
-    plot: Optional[str] = PLOT, spec: Optional[str] = SPEC,
-) -> None:
+@declared_command(micro_app, micro.GemmOptions, command_options=("spec", "db", "json_path", "csv_path"))
+def gemm(given: dict, *, spec, db, json_path, csv_path, plot: Optional[str] = typer.Option(None, "--plot", help="write a roofline PNG here")) -> None:
     """TFLOPS of matrix products per size and dtype, next to the datasheet peak."""
     export.check_paths(json_path, csv_path, db, plot=plot)
-    opts = build_spec(micro.GemmOptions, spec, dict(
-        sizes=micro.parse_sizes(sizes), dtypes=dtype and split_list(dtype),
-        models=None if model is None else split_list(model), tokens=tokens, device=device, min_time=min_time,
-        warmup=warmup, name=name), command=("micro", "gemm"))
+    opts = build_spec(micro.GemmOptions, spec, given, command=("micro", "gemm"))
     outcome = micro.run_micro("gemm", opts, db, on_point=_progress)
     recs = outcome.records
     rows: dict[str, dict] = {}
@@ -111,21 +85,11 @@ def gemm(
     _finish(outcome, db, json_path, csv_path, plot)
 
 
-@micro_app.command()
-@friendly
-def bandwidth(
-    sizes: Optional[str] = typer.Option(None, help="elements per vector, e.g. 2^20,2^24 (GPU default 2^14..2^28)"),
-    ops: Optional[str] = typer.Option(None, help="copy,scale,add"),
-    dtype: Optional[str] = typer.Option(None, show_default="fp32", help="fp32|fp16|bf16"),
-    device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
-    db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
-    spec: Optional[str] = SPEC,
-) -> None:
+@declared_command(micro_app, micro.BandwidthOptions, command_options=("spec", "db", "json_path", "csv_path"))
+def bandwidth(given: dict, *, spec, db, json_path, csv_path) -> None:
     """GB/s (bytes read + written) of element-wise copy, scale and add, and the TFLOPS they reach."""
     export.check_paths(json_path, csv_path, db)
-    opts = build_spec(micro.BandwidthOptions, spec, dict(
-        sizes=micro.parse_sizes(sizes), ops=ops and split_list(ops), dtype=dtype, device=device,
-        min_time=min_time, warmup=warmup, name=name), command=("micro", "bandwidth"))
+    opts = build_spec(micro.BandwidthOptions, spec, given, command=("micro", "bandwidth"))
     outcome = micro.run_micro("bandwidth", opts, db, on_point=_progress)
     recs = outcome.records
     rows: dict[str, dict] = {}
@@ -140,23 +104,11 @@ def bandwidth(
     _finish(outcome, db, json_path, csv_path)
 
 
-@micro_app.command()
-@friendly
-def layer(
-    model: Optional[str] = typer.Option(None, "--model", "-m", show_default="bert-large-uncased",
-                                        help="preset or local checkpoint folder"),
-    dtype: Optional[str] = typer.Option(None, show_default="fp16 on GPU, fp32 on CPU", help="fp32|tf32|fp16|bf16"),
-    batch: Optional[str] = typer.Option(None, show_default="4,8,...,128 on GPU, 1,4 on CPU", help="batch sizes (comma-separated)"),
-    seq: Optional[str] = typer.Option(None, show_default="128,512 on GPU, 128 on CPU", help="sequence lengths (comma-separated)"),
-    device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
-    db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
-    spec: Optional[str] = SPEC,
-) -> None:
+@declared_command(micro_app, micro.LayerOptions, command_options=("spec", "db", "json_path", "csv_path"))
+def layer(given: dict, *, spec, db, json_path, csv_path) -> None:
     """Forward and forward+backward TFLOPS of one transformer layer over batch x seq."""
     export.check_paths(json_path, csv_path, db)
-    opts = build_spec(micro.LayerOptions, spec, dict(
-        model=model, dtype=dtype, batches=batch and split_list(batch, int), seqs=seq and split_list(seq, int),
-        device=device, min_time=min_time, warmup=warmup, name=name), command=("micro", "layer"))
+    opts = build_spec(micro.LayerOptions, spec, given, command=("micro", "layer"))
     outcome = micro.run_micro("layer", opts, db, on_point=_progress)
     recs = outcome.records
     res = outcome.options
@@ -169,23 +121,11 @@ def layer(
     _finish(outcome, db, json_path, csv_path)
 
 
-@micro_app.command()
-@friendly
-def breakdown(
-    model: Optional[str] = typer.Option(None, "--model", "-m", show_default="bert-large-uncased",
-                                        help="preset or local checkpoint folder"),
-    dtype: Optional[str] = typer.Option(None, show_default="fp16 on GPU, fp32 on CPU", help="fp32|tf32|fp16|bf16"),
-    batch: Optional[int] = typer.Option(None, show_default="64 on GPU, 4 on CPU", help="batch size"),
-    seq: Optional[int] = typer.Option(None, show_default="128", help="sequence length"),
-    device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
-    db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
-    plot: Optional[str] = PLOT, spec: Optional[str] = SPEC,
-) -> None:
+@declared_command(micro_app, micro.BreakdownOptions, command_options=("spec", "db", "json_path", "csv_path"))
+def breakdown(given: dict, *, spec, db, json_path, csv_path, plot: Optional[str] = typer.Option(None, "--plot", help="write a roofline PNG here")) -> None:
     """Time, share, TFLOPS, bytes, intensity and roofline bound of each part of one layer."""
     export.check_paths(json_path, csv_path, db, plot=plot)
-    opts = build_spec(micro.BreakdownOptions, spec, dict(
-        model=model, dtype=dtype, batch=batch, seq=seq, device=device, min_time=min_time, warmup=warmup,
-        name=name), command=("micro", "breakdown"))
+    opts = build_spec(micro.BreakdownOptions, spec, given, command=("micro", "breakdown"))
     outcome = micro.run_micro("breakdown", opts, db, on_point=_progress)
     recs = outcome.records
     res = outcome.options

@@ -4,32 +4,25 @@ same way from a --spec file and the options given, with run names checked at inp
 
 from __future__ import annotations
 
+import inspect
 import sys
+import typing
+from typing import List, Optional
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ..errors import SpecError
-from ..spec import check_name, coerce, load_file
+from ..declare import (CommandOptions, declared, default_of, help_text, item_type, option_of,
+                       shown_default)
+from ..spec import check_name, coerce, load_file, split_list
 from .tables import visible
 
-# Old spelling -> the `run` spelling (design.md: "One name per concept across commands"). They stay
-# readable so scripts written against earlier versions keep working; each use prints one notice.
-ALIASES = {
-    "--precision": "--dtype",
-    "--precisions": "--dtype",
-    "--attn": "--backend",
-    "--dtypes": "--dtype",
-    "--backends": "--backend",
-    "--batches": "--batch",
-    "--seqs": "--seq",
-    "--models": "--model",
-    "--warmup-steps": "--warmup",
-}
-# On/off sweep axes: the option alone means on (`--grad-ckpt`), a value is a list (`--grad-ckpt on,off`).
-OPTIONAL_VALUE = {"--grad-ckpt": "on", "--compile": "on"}
-
-LIST = "comma-separated; a sweep axis"
+# Old spelling -> today's, and the value of an option given alone, both from the settings' declarations
+# (declare.py) of each command: filled by declared_command. Old spellings stay readable so scripts written
+# against earlier versions keep working; each use prints one notice.
+ALIASES: dict[str, str] = {}
+OPTIONAL_VALUE: dict[str, str] = {}
 
 
 class Command(TyperCommand):
@@ -138,15 +131,40 @@ def build_spec(cls, spec_file: str | None, given: dict, whole: frozenset[str] = 
     return cls(**coerce(cls, merged, whole=whole))
 
 
-def shown(cls, name: str) -> str:
-    """A spec field's default as --help shows it (the options themselves default to None, 'not given', so
-    that a --spec file's value is not overridden)."""
-    import dataclasses
+def parameter(cls, f, s, default_none: bool = True) -> inspect.Parameter:
+    """The typer option of one declared setting. Options default to None, 'not given', so that a --spec file's
+    value is not overridden; --help shows the setting's own default."""
+    kind, is_list = item_type(cls, f.name)
+    names = [s.flag] if s.flag else [option_of(f, s)]
+    if s.short:
+        names.append(s.short)
+    if s.repeat:
+        annotation = Optional[List[str]]
+    elif is_list:
+        annotation = Optional[str]  # comma text: read into the field's type by coerce(), as a spec file's is
+    else:
+        annotation = Optional[kind]
+    text = help_text(f, s, is_list)
+    if "[" in text:  # help is rich markup: a bare [liger] would be read as a tag and dropped
+        text = text.replace("[", "\\[")
+    default = None if default_none else default_of(f)
+    show = False if s.flag and "/" not in s.flag else s.shown if s.shown is not None else \
+        False if default_of(f) is None else shown_default(f, s)
+    option = typer.Option(default, *names, help=text, show_default=show)
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
 
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, list):
-        return ",".join(("on" if v else "off") if isinstance(v, bool) else str(v) for v in value)
-    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+def read(cls, name: str, value):
+    """A typed option's value as coerce() takes it: numbers of a list axis split and read here, so that a bad
+    item names the option (`--batch x`); text and on/off lists go through coerce() whole."""
+    if value is None:
+        return None
+    s = next(s for f, s in declared(cls) if f.name == name)
+    if s.read is not None:
+        return s.read(value)
+    kind, is_list = item_type(cls, name)
+    if isinstance(value, (list, tuple)):  # a repeated option: each value whole; none given is not given
+        return list(value) or None
+    if is_list and kind in (int, float):
+        return split_list(value, kind)
+    return value

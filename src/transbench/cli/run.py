@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Optional
 
 import typer
@@ -14,34 +12,10 @@ from .. import api
 from ..errors import SpecError
 from ..scenarios.inference.spec import RunSpec
 from ..spec import load_file, split_list
-from ..store import Store, export
-from .app import app, friendly
-from .options import LIST, build_spec, shown
+from ..store import export
+from .app import app, declared_command
+from .options import build_spec
 from .tables import console, records_table, visible
-
-
-def _refuse_ignored_options(db: str, spec_file: str | None, given: dict, the_spec: RunSpec) -> None:
-    """`--resume` without --name resumes the newest run with the options stored with it, so an option given
-    alongside that says otherwise would be dropped without a word (`--resume --batch 1,2,4` after a run of
-    batch 1,2 measured nothing and said "resumed"): refused, naming it. Options equal to the stored ones pass."""
-    explicit = set(load_file(spec_file, RunSpec) if spec_file is not None else {})
-    explicit |= {k for k, v in given.items() if v is not None}
-    if not explicit or not os.path.exists(db):
-        return  # nothing given, or nothing to resume (api.run says so)
-    store = Store(db, readonly=True)
-    try:
-        last = store.find_run("last")
-    finally:
-        store.close()
-    if last is None or last["kind"] != "inference":
-        return  # api.run says there is nothing to resume
-    mine = the_spec.to_dict()
-    differ = sorted(k for k in explicit if mine.get(k) != last["spec"].get(k))
-    if differ:
-        listed = ", ".join(f"{k} {json.dumps(last['spec'].get(k))} -> {json.dumps(mine.get(k))}" for k in differ[:3])
-        raise SpecError(f"--resume without --name resumes the newest run, '{last['name']}', with its own options, "
-                        f"and these differ ({listed}): leave them out, or give --name to resume or start a run "
-                        "with them")
 
 
 def _refuse_unused_options(given: dict, the_spec: RunSpec) -> None:
@@ -59,64 +33,13 @@ def _refuse_unused_options(given: dict, the_spec: RunSpec) -> None:
                         f"backends are {','.join(the_spec.backends)}: add --backend compile, or leave --compile-mode out")
 
 
-def _d(name: str) -> str:
-    return shown(RunSpec, name)
-
-
-@app.command()
-@friendly
-def run(
-    model: Optional[str] = typer.Option(None, "--model", "-m", show_default=_d("models"),
-                                        help=f"preset or local checkpoint folder ({LIST})"),
-    task: Optional[str] = typer.Option(None, show_default=_d("tasks"),
-                                       help=f"base|mlm|classification|token-classification|qa|causal-lm|generate ({LIST})"),
-    backend: Optional[str] = typer.Option(None, "--backend", "-b", show_default=_d("backends"),
-                                          help=f"eager,sdpa,sdpa-math,...,fused ({LIST})"),
-    dtype: Optional[str] = typer.Option(None, show_default="fp16 on GPU, fp32 on CPU",
-                                        help=f"fp32|tf32|fp16|bf16|fp8 ({LIST})"),
-    batch: Optional[str] = typer.Option(None, show_default="1,8,64,256 on GPU, 1,2 on CPU", help=f"batch sizes ({LIST})"),
-    seq: Optional[str] = typer.Option(None, show_default="128,384 on GPU, 128 on CPU", help=f"sequence lengths ({LIST})"),
-    seq_stdev: Optional[float] = typer.Option(None, show_default=_d("seq_stdev"),
-                                              help="variable lengths: stdev of lengths drawn around --seq, padded with a mask"),
-    device: Optional[str] = typer.Option(None, show_default=_d("device"), help="auto|cpu|cuda|cuda:N"),
-    activation: Optional[str] = typer.Option(None, show_default="the model's own", help="gelu|gelu-tanh"),
-    embeddings: Optional[bool] = typer.Option(None, "--embeddings/--encoders-only", show_default="--embeddings",
-                                              help="time the embedding layer too, or the encoder stack only"),
-    min_time: Optional[float] = typer.Option(None, show_default="1 on GPU, 0.5 on CPU", help="seconds of timed calls per cell, at least"),
-    min_count: Optional[int] = typer.Option(None, show_default="20 on GPU, 5 on CPU", help="timed calls per cell, at least"),
-    warmup: Optional[int] = typer.Option(None, show_default="5 on GPU, 2 on CPU", help="untimed calls before timing"),
-    timeout: Optional[float] = typer.Option(None, show_default=_d("timeout"), help="seconds a cell may take before it is `timeout`"),
-    baseline: Optional[str] = typer.Option(None, help="backend to compute speedup and mem_saved against"),
-    new_tokens: Optional[int] = typer.Option(None, show_default=_d("new_tokens"), help="tokens to generate (--task generate)"),
-    compile_mode: Optional[str] = typer.Option(None, show_default=_d("compile_mode"), help="torch.compile mode for the compile backend"),
-    max_batch: Optional[bool] = typer.Option(None, "--max-batch", help="also search the largest batch that fits"),
-    gpus: Optional[str] = typer.Option(None, help="run cells in parallel, one worker per listed GPU (0,1,...)"),
-    nproc: Optional[int] = typer.Option(None, show_default=_d("nproc"), help="data-parallel inference over N GPUs through torchrun"),
-    shard: Optional[str] = typer.Option(None, help="I/N: run a deterministic slice of the grid"),
-    spec: Optional[str] = typer.Option(None, help="YAML/TOML/JSON sweep file; options given here override it"),
-    db: str = typer.Option("transbench.db", help="SQLite store"),
-    json_path: Optional[str] = typer.Option(None, "--json", help="also write the records as JSON"),
-    csv_path: Optional[str] = typer.Option(None, "--csv", help="also write the records as CSV"),
-    name: Optional[str] = typer.Option(None, help="run name; rerunning a name resumes it"),
-    resume: bool = typer.Option(False, "--resume", help="skip finished cells of the named (or newest) run"),
-    seed: Optional[int] = typer.Option(None, show_default=_d("seed"), help="seed of the random weights and tokens"),
-    wide: bool = typer.Option(False, "--wide", help="print every column of the result table (p99, tokens/s, memory, ...)"),
-) -> None:
+@declared_command(app, RunSpec, command_options=("spec", "db", "json_path", "csv_path", "resume", "wide"))
+def run(given: dict, *, spec, db, json_path, csv_path, resume, wide) -> None:
     """Measure inference latency, throughput, TFLOPS, MFU and memory over a model x backend x shape grid."""
     export.check_paths(json_path, csv_path, db)
-    given = {
-        "models": model and split_list(model), "tasks": task and split_list(task),
-        "backends": backend and split_list(backend), "dtypes": dtype and split_list(dtype),
-        "batches": batch and split_list(batch, int), "seqs": seq and split_list(seq, int),
-        "seq_stdev": seq_stdev, "device": device, "activation": activation, "embeddings": embeddings,
-        "min_time": min_time, "min_count": min_count, "warmup": warmup, "timeout": timeout, "baseline": baseline,
-        "new_tokens": new_tokens, "compile_mode": compile_mode, "max_batch": max_batch,
-        "gpus": gpus and split_list(gpus, int), "nproc": nproc, "shard": shard, "name": name, "seed": seed,
-    }
     the_spec = build_spec(RunSpec, spec, given)
     _refuse_unused_options(given, the_spec)
-    if resume and not the_spec.name:
-        _refuse_ignored_options(db, spec, given, the_spec)
+    explicit = set(load_file(spec, RunSpec) if spec is not None else {}) | {k for k, v in given.items() if v is not None}
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=False)
@@ -148,7 +71,7 @@ def run(
 
     try:
         outcome = api.run(the_spec, db, json_path=json_path, csv_path=csv_path, resume=resume,
-                          on_start=on_start, on_cell=on_cell, on_probe=on_probe)
+                          on_start=on_start, on_cell=on_cell, on_probe=on_probe, explicit=explicit)
     finally:
         if bar:  # a stopped, never started bar would still print an empty line
             progress.stop()

@@ -18,7 +18,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from ..report.document import percent
+from ..keys import KEYS, fmt, percent, show
 from ..spec import CONTROL  # control characters (defined with the run-name check)
 
 
@@ -38,17 +38,6 @@ def visible(text) -> str:
     return CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
 
 
-def fmt(value, spec: str = ".4g") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float):
-        # 12346 reads better than 1.235e+04, and is narrower.
-        return f"{value:.0f}" if spec == ".4g" and 1e4 <= abs(value) < 1e12 else format(value, spec)
-    return str(value)
-
-
 def pct(value) -> str:
     return "-" if value is None else percent(value * 100)  # the report's rule: a tiny MFU is not "0.0%"
 
@@ -66,12 +55,18 @@ class Col:
     `wide`: shown only with --wide."""
 
     key: str
-    header: str
-    show: Callable[[object], str] = fmt
+    header: str = ""  # "": the key's title in the catalogue (keys.py)
+    show: Callable[[object], str] | None = None  # None: as the catalogue formats the key
     setting: bool = False
     rank: int = 0
     wide: bool = False
     left: bool = False  # text, not a number
+
+    def __post_init__(self):
+        if not self.header:
+            object.__setattr__(self, "header", KEYS[self.key].title if self.key in KEYS else self.key.replace("_", " "))
+        if self.show is None:
+            object.__setattr__(self, "show", lambda v, key=self.key: show(key, v))
 
 
 # Box drawing: one border character per column and one more, plus the padding of one space either side.
@@ -148,16 +143,13 @@ def status_text(v) -> str:
 
 # The inference and generation table of `transbench run`.
 RUN_COLUMNS = [
-    Col("scenario", "scenario", setting=True), Col("model", "model", setting=True),
-    Col("task", "task", setting=True), Col("backend", "backend", setting=True),
-    Col("dtype", "dtype", setting=True), Col("batch_size", "batch", setting=True),
-    Col("seq_len", "seq", setting=True), Col("status", "status", status_text),
-    Col("latency_ms", "ms"), Col("throughput_per_s", "seq/s", rank=8),
-    Col("prefill_ms", "prefill ms", rank=7), Col("decode_ms_per_token", "ms/token", rank=7),
-    Col("tflops", "TFLOPS", rank=6), Col("mfu", "MFU", pct, rank=5), Col("speedup", "speedup %", signed, rank=6),
-    Col("peak_mem_mb", "peak MiB", rank=4), Col("mem_saved", "mem saved %", signed, rank=3, wide=True),
-    Col("latency_iqr_ms", "IQR ms", rank=2, wide=True), Col("latency_p99_ms", "p99 ms", rank=2, wide=True),
-    Col("tokens_per_s", "tokens/s", rank=3, wide=True), Col("rel_err", "rel err", lambda v: fmt(v, ".2e"), rank=1, wide=True),
+    Col("scenario", setting=True), Col("model", setting=True), Col("task", setting=True),
+    Col("backend", setting=True), Col("dtype", setting=True), Col("batch_size", setting=True),
+    Col("seq_len", setting=True), Col("status", show=status_text),
+    Col("latency_ms"), Col("throughput_per_s", rank=8), Col("prefill_ms", rank=7), Col("decode_ms_per_token", rank=7),
+    Col("tflops", rank=6), Col("mfu", rank=5), Col("speedup", rank=6), Col("peak_mem_mb", rank=4),
+    Col("mem_saved", rank=3, wide=True), Col("latency_iqr_ms", rank=2, wide=True),
+    Col("latency_p99_ms", rank=2, wide=True), Col("tokens_per_s", rank=3, wide=True), Col("rel_err", rank=1, wide=True),
 ]
 
 

@@ -3,6 +3,8 @@ html.py) from the same blocks, so the two never disagree."""
 
 from __future__ import annotations
 
+from ..keys import KEYS, percent  # noqa: F401  (report.document.percent)
+
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +39,9 @@ def num(value, kind: str = "") -> str:
     """A measured value as text: enough digits to compare, no scientific notation for everyday sizes."""
     if value is None:
         return ""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool):  # in the options' own words
+        return "on" if value else "off"
+    if not isinstance(value, (int, float)):
         return str(value)
     if kind == "pct":
         return percent(value * 100)
@@ -57,26 +61,14 @@ def num(value, kind: str = "") -> str:
     return f"{value:.3g}"
 
 
-def percent(p: float) -> str:
-    """A percentage with one decimal, two significant digits below 0.1%, and more decimals where one would round
-    onto 100%: a GPU's MFU of 0.04% (a tiny model) printed "0.0%", as if nothing ran, and a goodput of 99.96%
-    printed "100.0%", as if no request missed the SLO."""
-    if p in (0.0, 100.0):
-        return f"{p:.1f}%"
-    if abs(p) < 0.1:  # two significant digits: 0.00085% is not 0.001%
-        return f"{p:.2g}%"
-    for decimals in range(1, 7):
-        text = f"{p:.{decimals}f}"
-        if float(text) not in (0.0, 100.0):
-            return text + "%"
-    return f"{p:.12g}%"
-
-
-def measured(rec: dict, key: str, kind: str = "") -> str:
-    """The value of a record's key, or the status name for a cell that is not ok: never a number there."""
+def measured(rec: dict, key: str, kind: str | None = None) -> str:
+    """The value of a record's key, or the status name for a cell that is not ok: never a number there. `kind`
+    defaults to the key's declared format (keys.py)."""
     status = rec.get("status")
     if status != "ok":
         return STATUS_TEXT.get(status, str(status))
+    if kind is None:
+        kind = {"pct": "pct", "signed": "signed", "sci": "err"}.get(KEYS[key].fmt, "") if key in KEYS else ""
     return num(rec.get(key), kind)
 
 

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..keys import KEYS
 from ..store import export
 from .data import ReportData, by_scenario, groups, is_ok
 from .document import Figure, Section, Table, measured, num
 
-LOAD_COLS = [("backend", "backend", ""), ("mode", "load", ""), ("offered_rate", "offered /s", ""),
-             ("achieved_rate", "achieved /s", ""), ("latency_p50_ms", "p50 ms", ""), ("latency_p90_ms", "p90 ms", ""),
-             ("latency_p99_ms", "p99 ms", ""), ("latency_p999_ms", "p99.9 ms", ""), ("latency_max_ms", "max ms", ""),
-             ("goodput", "goodput", "pct"), ("mean_batch", "mean batch", ""), ("busy_share", "busy", "pct"),
-             ("ttft_p50_ms", "TTFT p50 ms", ""), ("ttft_p99_ms", "TTFT p99 ms", ""),
-             ("itl_p50_ms", "ITL p50 ms", ""), ("itl_p99_ms", "ITL p99 ms", ""), ("tokens_per_s", "tokens/s", ""),
-             ("j_per_request", "J/request", ""), ("rel_err", "rel err", "err")]
+LOAD_COLS = ("backend", "mode", "offered_rate", "achieved_rate", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
+             "latency_p999_ms", "latency_max_ms", "goodput", "mean_batch", "busy_share", "ttft_p50_ms", "ttft_p99_ms",
+             "itl_p50_ms", "itl_p99_ms", "tokens_per_s", "j_per_request", "rel_err")
 # new_tokens: a generation table's title said neither how many tokens a request asked for nor (column) its tokens/s
 SETTINGS = ("run_name", "model", "task", "dtype", "lengths", "new_tokens", "max_batch_size", "max_wait_ms", "slo_ms")
 
@@ -31,11 +28,11 @@ def _level(r: dict) -> str:
 def load_tables(recs: list[dict]) -> list[Table]:
     out = []
     for key, rows in groups(recs, SETTINGS).items():
-        cols = [c for c in LOAD_COLS if any(r.get(c[0]) is not None for r in rows)]
-        body = [[_level(r) if k == "mode" else measured(r, k, kind) if k != "backend" else str(r.get(k))
-                 for k, _, kind in cols] for r in rows]
+        cols = [k for k in LOAD_COLS if any(r.get(k) is not None for r in rows)]
+        body = [[_level(r) if k == "mode" else measured(r, k) if k != "backend" else str(r.get(k))
+                 for k in cols] for r in rows]
         title = "serve: " + ", ".join(f"{k}={v}" for k, v in zip(SETTINGS, key) if v is not None)
-        out.append(Table(title, [label for _, label, _ in cols], body))
+        out.append(Table(title, [KEYS[k].title for k in cols], body))
     return out
 
 

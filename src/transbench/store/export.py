@@ -12,19 +12,15 @@ import uuid
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from .. import keys
 from ..errors import SpecError
 from .db import Store
 
 # Every record has these keys, in this order (docs/records.md): None where one does not apply
 # or the device cannot measure it (clock and power on a CPU), so a CPU run's export has a GPU run's columns.
-RECORD_KEYS = (
-    "run_id", "run_name", "scenario", "model", "task", "backend", "dtype", "device", "gpu", "batch_size",
-    "seq_len", "seq_stdev", "embeddings", "status", "latency_ms", "latency_p90_ms", "latency_p99_ms",
-    "latency_iqr_ms", "n_samples", "host_ms", "throughput_per_s", "tokens_per_s", "tflops", "mfu", "peak_mem_mb",
-    "mem_before_mb", "sm_clock_mhz", "avg_power_w", "j_per_seq", "rel_err", "speedup", "mem_saved", "error",
-)
-TRAINING_KEYS = ("samples_per_s", "tflops_per_gpu", "world_size", "strategy")
-GENERATION_KEYS = ("prefill_ms", "decode_ms_per_token", "kv_cache_mb", "kv_cache_analytic_mb")
+RECORD_KEYS = keys.record_keys()
+TRAINING_KEYS = keys.record_keys("training")
+GENERATION_KEYS = keys.record_keys("generation")
 # Figures a cell that is not `ok` never shows (its output was wrong or nothing was measured), in every scenario:
 # inference and generation, serve (scenarios/serve/stats.py), training (scenarios/training/loop.py), energy.
 SPEED_KEYS = ("latency_ms", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_p999_ms",

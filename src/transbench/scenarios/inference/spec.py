@@ -1,41 +1,53 @@
-"""The inference grid's spec: every setting of `transbench run`."""
+"""The inference grid's spec: every setting of `transbench run`, each declared once (declare.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from ...declare import setting
+from ...measure.device import DTYPES
 from ...spec import coerce
+
+TASKS = ("base", "mlm", "classification", "token-classification", "qa", "causal-lm", "generate")
+MODEL_HELP = "preset or local checkpoint folder"
 
 
 @dataclass
 class RunSpec:
     """Everything that defines an inference sweep. Lists are sweep axes; None means 'sized for the device'."""
 
-    models: list[str] = field(default_factory=lambda: ["bert-base-uncased"])
-    tasks: list[str] = field(default_factory=lambda: ["base"])
-    backends: list[str] = field(default_factory=lambda: ["eager", "sdpa"])
-    dtypes: list[str] | None = None
-    batches: list[int] | None = None
-    seqs: list[int] | None = None
-    seq_stdev: float = 0.0
-    device: str = "auto"
-    activation: str | None = None
-    embeddings: bool = True
-    min_time: float | None = None
-    min_count: int | None = None
-    warmup: int | None = None
-    timeout: float = 900.0
-    baseline: str | None = None
-    new_tokens: int = 128
-    compile_mode: str = "default"
-    max_batch: bool = False
-    max_batch_limit: int = 65536
-    shard: str | None = None
-    gpus: list[int] | None = None
-    nproc: int = 1
-    seed: int = 0
-    name: str | None = None
+    models: list[str] = setting(["bert-base-uncased"], MODEL_HELP, option="--model", short="-m", aliases=("--models",))
+    tasks: list[str] = setting(["base"], "what the model computes", option="--task", choices=TASKS)
+    backends: list[str] = setting(["eager", "sdpa"], "eager,sdpa,sdpa-math,...,fused (`transbench env` lists them)",
+                                  option="--backend", short="-b", aliases=("--backends", "--attn"))
+    dtypes: list[str] | None = setting(None, "fp8: the fused backend only", option="--dtype", choices=DTYPES,
+                                       shown="fp16 on GPU, fp32 on CPU",
+                                       aliases=("--dtypes", "--precision", "--precisions"))
+    batches: list[int] | None = setting(None, "batch sizes", option="--batch", aliases=("--batches",),
+                                        shown="1,8,64,256 on GPU, 1,2 on CPU")
+    seqs: list[int] | None = setting(None, "sequence lengths", option="--seq", aliases=("--seqs",),
+                                     shown="128,384 on GPU, 128 on CPU")
+    seq_stdev: float = setting(0.0, "variable lengths: stdev of lengths drawn around --seq, padded with a mask")
+    device: str = setting("auto", "auto|cpu|cuda|cuda:N")
+    activation: str | None = setting(None, "gelu|gelu-tanh", shown="the model's own")
+    embeddings: bool = setting(True, "time the embedding layer too, or the encoder stack only",
+                               flag="--embeddings/--encoders-only", shown="--embeddings")
+    min_time: float | None = setting(None, "seconds of timed calls per cell, at least", shown="1 on GPU, 0.5 on CPU")
+    min_count: int | None = setting(None, "timed calls per cell, at least", shown="20 on GPU, 5 on CPU")
+    warmup: int | None = setting(None, "untimed calls before timing", shown="5 on GPU, 2 on CPU",
+                                 aliases=("--warmup-steps",))
+    timeout: float = setting(900.0, "seconds a cell may take before it is `timeout`")
+    baseline: str | None = setting(None, "backend to compute speedup and mem_saved against")
+    new_tokens: int = setting(128, "tokens to generate (--task generate)")
+    compile_mode: str = setting("default", "torch.compile mode for the compile backend")
+    max_batch: bool = setting(False, "also search the largest batch that fits", flag="--max-batch")
+    max_batch_limit: int = setting(65536, "the largest-batch search stops at this batch", cli=False)
+    shard: str | None = setting(None, "I/N: run a deterministic slice of the grid")
+    gpus: list[int] | None = setting(None, "run cells in parallel, one worker per listed GPU (0,1,...)", axis=False)
+    nproc: int = setting(1, "data-parallel inference over N GPUs through torchrun")
+    seed: int = setting(0, "seed of the random weights and tokens")
+    name: str | None = setting(None, "run name; rerunning a name resumes it")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -43,7 +55,6 @@ class RunSpec:
     @classmethod
     def from_dict(cls, data: dict) -> RunSpec:
         return cls(**coerce(cls, data))
-
 
 
 def device_defaults(spec: RunSpec, device_type: str) -> RunSpec:

@@ -10,13 +10,15 @@ import math
 import re
 from dataclasses import dataclass
 
+from ...declare import setting
 from ...errors import SpecError
+from ...measure.device import DTYPES
 from ...models import build
 from ...spec import INT_MAX, check_int, check_once, split_list
 
-GEMM_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
-LAYER_DTYPES = ("fp32", "tf32", "fp16", "bf16")
-STREAM_DTYPES = ("fp32", "fp16", "bf16")
+GEMM_DTYPES = DTYPES
+LAYER_DTYPES = tuple(d for d in DTYPES if d != "fp8")
+STREAM_DTYPES = tuple(d for d in LAYER_DTYPES if d != "tf32")  # tf32 is a matrix-unit mode: no element-wise op
 STREAM_OPS = ("copy", "scale", "add")
 GPU_ONLY = {"tf32": "TF32 is a tensor-core mode of NVIDIA GPUs",
             "fp8": "fp8 GEMMs need an NVIDIA GPU of compute capability 8.9 or newer"}
@@ -85,11 +87,11 @@ def _model(name: str, seq: int | None = None, layer: bool = False):
 
 @dataclass
 class MicroCommon:
-    device: str = "auto"
-    min_time: float | None = None  # seconds of timed calls per point, at least
-    warmup: int = 2
-    seed: int = 0
-    name: str | None = None
+    device: str = setting("auto", "auto|cpu|cuda|cuda:N")
+    min_time: float | None = setting(None, "seconds of timed calls per point", shown="1 on GPU, 0.1 on CPU")
+    warmup: int = setting(2, "untimed calls before timing each point")
+    seed: int = setting(0, "seed of the random inputs", cli=False)
+    name: str | None = setting(None, "run name")
 
     def _common(self, device) -> dict:
         if self.min_time is not None and not self.min_time > 0:
@@ -109,10 +111,15 @@ class MicroCommon:
 class GemmOptions(MicroCommon):
     """Square n x n x n products over `sizes`, plus each model's four layer GEMMs at `tokens` rows."""
 
-    sizes: list[int] | None = None
-    dtypes: list[str] | None = None
-    models: list[str] | None = None  # transformer-shaped GEMMs of these presets; [] for none
-    tokens: int | None = None  # rows of the transformer-shaped GEMMs (batch x seq)
+    sizes: list[int] | None = setting(None, "square sizes n, e.g. 1024,2^12 (GPU default 128..16384)",
+                                      read=lambda text: parse_sizes(text), axis=False)
+    dtypes: list[str] | None = setting(None, "", option="--dtype", choices=GEMM_DTYPES,
+                                       shown="all on GPU, fp32 on CPU", axis=False)
+    # transformer-shaped GEMMs of these presets; [] for none
+    models: list[str] | None = setting(None, "presets whose 4 layer GEMMs to add; '' for none", option="--model",
+                                       short="-m", shown="bert-base-uncased,bert-large-uncased on GPU, none on CPU",
+                                       axis=False)
+    tokens: int | None = setting(None, "rows (batch x seq) of the layer GEMMs (default 8192 on GPU)")
 
     def resolved(self, device) -> GemmOptions:
         gpu = device.type == "cuda"
@@ -144,9 +151,10 @@ class GemmOptions(MicroCommon):
 class BandwidthOptions(MicroCommon):
     """Element-wise copy (y = x), scale (y = a x) and add (z = x + y) over vectors of `sizes` elements."""
 
-    sizes: list[int] | None = None
-    ops: list[str] | None = None
-    dtype: str = "fp32"
+    sizes: list[int] | None = setting(None, "elements per vector, e.g. 2^20,2^24 (GPU default 2^14..2^28)",
+                                      read=lambda text: parse_sizes(text), axis=False)
+    ops: list[str] | None = setting(None, "", choices=STREAM_OPS, axis=False)
+    dtype: str = setting("fp32", "", choices=STREAM_DTYPES)
 
     def resolved(self, device) -> BandwidthOptions:
         gpu = device.type == "cuda"
@@ -170,10 +178,12 @@ class LayerOptions(MicroCommon):
     """One transformer layer of `model` (transformers' own module, sdpa attention), forward and
     forward+backward, over batches x seqs."""
 
-    model: str = "bert-large-uncased"
-    dtype: str | None = None
-    batches: list[int] | None = None
-    seqs: list[int] | None = None
+    model: str = setting("bert-large-uncased", "preset or local checkpoint folder", short="-m")
+    dtype: str | None = setting(None, "", choices=LAYER_DTYPES, shown="fp16 on GPU, fp32 on CPU")
+    batches: list[int] | None = setting(None, "batch sizes", option="--batch", shown="4,8,...,128 on GPU, 1,4 on CPU",
+                                        axis=False)
+    seqs: list[int] | None = setting(None, "sequence lengths", option="--seq", shown="128,512 on GPU, 128 on CPU",
+                                     axis=False)
 
     def resolved(self, device) -> LayerOptions:
         gpu = device.type == "cuda"
@@ -194,10 +204,10 @@ class LayerOptions(MicroCommon):
 class BreakdownOptions(MicroCommon):
     """The parts of one layer of `model` at one batch x seq (see models/parts.py)."""
 
-    model: str = "bert-large-uncased"
-    dtype: str | None = None
-    batch: int | None = None
-    seq: int | None = None
+    model: str = setting("bert-large-uncased", "preset or local checkpoint folder", short="-m")
+    dtype: str | None = setting(None, "", choices=LAYER_DTYPES, shown="fp16 on GPU, fp32 on CPU")
+    batch: int | None = setting(None, "batch size", shown="64 on GPU, 4 on CPU")
+    seq: int | None = setting(None, "sequence length", shown="128")
 
     def resolved(self, device) -> BreakdownOptions:
         gpu = device.type == "cuda"

@@ -6,7 +6,9 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from ...declare import setting
 from ...errors import SpecError
+from ...measure.device import DTYPES
 from ...models import build
 from ...spec import check_once, checked
 from . import arrivals as serve_arrivals, lengths as serve_lengths
@@ -22,27 +24,28 @@ MAX_REQUESTS = 1_000_000
 
 @dataclass
 class ServeSpec:
-    model: str = "bert-base-uncased"
-    task: str = "classification"  # generate: generation under load (decoders)
-    backends: list[str] = field(default_factory=lambda: ["sdpa"])
-    dtype: str | None = None  # default fp16 on a GPU, fp32 on the CPU
-    device: str = "auto"
-    rates: list[float] = field(default_factory=list)  # Poisson rates (an axis)
-    concurrency: list[int] = field(default_factory=list)  # closed-loop clients (an axis)
-    offline: bool = False
-    lengths: str = "lognormal:64:256"
-    max_batch_size: int = 32
-    max_wait_ms: float = 2.0
-    duration: float = 10.0
-    warmup: float = 2.0
-    slo_ms: float | None = None
-    percentile: float = 99.0
-    find_max_rate: bool = False
-    new_tokens: int = 32
-    seed: int = 0
-    activation: str | None = None
-    timeout: float = 900.0
-    name: str | None = None
+    model: str = setting("bert-base-uncased", "preset or local checkpoint folder", short="-m")
+    task: str = setting("classification", "an encoder task, or generate (decoders: generation under load)")
+    backends: list[str] = setting(["sdpa"], "backends", option="--backend", short="-b", aliases=("--backends",))
+    dtype: str | None = setting(None, "default fp16 on GPU, fp32 on CPU", choices=DTYPES[:4])
+    device: str = setting("auto", "auto|cpu|cuda|cuda:N")
+    rates: list[float] = setting([], "Poisson arrival rates, requests/s", option="--rate")
+    concurrency: list[int] = setting([], "closed loop: clients, each sending its next request when the last returns")
+    offline: bool = setting(False, "every batch full: the throughput bound", flag="--offline")
+    lengths: str = setting("lognormal:64:256", "fixed:N | normal:MEAN:MAX[:STDEV] | lognormal:MEAN:MAX[:SIGMA] | "
+                           "counts:FILE | text:FILE (tokenized, one request a line)")
+    max_batch_size: int = setting(32, "the batcher's largest batch")
+    max_wait_ms: float = setting(2.0, "a batch leaves when its oldest request has waited this long")
+    duration: float = setting(10.0, "seconds of arrivals measured per cell")
+    warmup: float = setting(2.0, "seconds of arrivals served first and not counted")
+    slo_ms: float | None = setting(None, "latency target: goodput is the share within it")
+    percentile: float = setting(99.0, "the percentile --find-max-rate holds under --slo-ms")
+    find_max_rate: bool = setting(False, "bisect the largest rate meeting the target", flag="--find-max-rate")
+    new_tokens: int = setting(32, "tokens generated per request (--task generate)")
+    seed: int = setting(0, "seed of arrivals, lengths and weights")
+    activation: str | None = setting(None, "gelu|gelu-tanh", cli=False)
+    timeout: float = setting(900.0, "seconds a cell may take before it is `timeout`")
+    name: str | None = setting(None, "run name; rerunning a name resumes it")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -6,9 +6,10 @@ import json
 from dataclasses import dataclass
 
 from ...cells import SweepCell
+from ...measure.device import DTYPES
 
 TRAIN_TASKS = ("mlm", "causal-lm", "classification")
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+TRAIN_DTYPES = tuple(d for d in DTYPES if d != "fp8")  # fp8 is the fused inference engine's
 OPTIMIZERS = ("adamw", "adamw-foreach", "adamw-fused", "sgd", "ds-fused-adam", "apex-fused-adam")
 STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
 # Where the model's own kernels come from: PyTorch's modules, or Liger-Kernel's fused Triton ones
@@ -36,8 +37,8 @@ ATTENTION = {
 class TrainCell(SweepCell):
     model: str
     task: str
-    attn: str
-    precision: str
+    backend: str  # the attention implementation
+    dtype: str
     optim: str
     batch: int  # per GPU and per micro-batch
     seq: int
@@ -77,15 +78,16 @@ class TrainCell(SweepCell):
     def comparable(self) -> list:
         """What must match for two cells to measure the same training step (all but the launch). The padded
         vocabulary too: a 2-GPU cell of `--pad-vocab 64` took its scaling baseline from an unpadded run."""
-        return [self.model, self.task, self.attn, self.precision, self.optim, self.batch, self.seq,
+        return [self.model, self.task, self.backend, self.dtype, self.optim, self.batch, self.seq,
                 self.grad_accum, self.grad_ckpt, self.compile, self.kernels, self.head, self.activation,
                 self.pad_vocab]
 
     def identity(self) -> dict:
         """Every setting that changes what this cell measures (its speed, memory or losses); the step
         counts are how long it is sampled, not what, as min_time is for inference cells."""
-        ident = {"scenario": "training", "model": self.model, "task": self.task, "attn": self.attn,
-                 "precision": self.precision, "optim": self.optim, "batch": self.batch, "seq": self.seq,
+        # "attn" and "precision" are the keys these settings were stored under: kept, so stored cells still match
+        ident = {"scenario": "training", "model": self.model, "task": self.task, "attn": self.backend,
+                 "precision": self.dtype, "optim": self.optim, "batch": self.batch, "seq": self.seq,
                  "grad_accum": self.grad_accum, "grad_ckpt": self.grad_ckpt, "compile": self.compile,
                  "kernels": self.kernels, "strategy": self.strategy, "nproc": self.nproc, "nnodes": self.nnodes,
                  "zero_stage": self.zero_stage, "nccl": self.nccl, "lr": self.lr, "seed": self.seed}
@@ -99,8 +101,8 @@ class TrainCell(SweepCell):
 
     def record_fields(self) -> dict:
         """The identity as the contract's flat record keys."""
-        return {"scenario": "training", "model": self.model, "task": self.task, "backend": self.attn,
-                "dtype": self.precision, "device": self.device, "batch_size": self.batch, "seq_len": self.seq,
+        return {"scenario": "training", "model": self.model, "task": self.task, "backend": self.backend,
+                "dtype": self.dtype, "device": self.device, "batch_size": self.batch, "seq_len": self.seq,
                 "world_size": self.world_size, "strategy": self.strategy, "optim": self.optim,
                 "grad_accum": self.grad_accum, "grad_ckpt": self.grad_ckpt, "compile": self.compile,
                 "kernels": self.kernels, "head": self.head, "activation": self.activation,
@@ -119,4 +121,6 @@ class TrainCell(SweepCell):
     @classmethod
     def from_dict(cls, d: dict) -> TrainCell:
         # cells stored before the kernels and head axes ran PyTorch's kernels and the head on every position
+        # and before the one name per concept, `attn` and `precision` named the backend and the dtype
+        d = {{"attn": "backend", "precision": "dtype"}.get(k, k): v for k, v in d.items()}
         return cls(**{"kernels": "torch", "head": "all", "activation": None, **d})

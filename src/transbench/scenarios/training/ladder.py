@@ -30,8 +30,8 @@ class LadderStep:
 # would make every later probe 4 times as long. Checkpointing is kept only where its larger batch paid for
 # its recomputed forward.
 STEPS: tuple[LadderStep, ...] = (
-    LadderStep("fp32, largest batch", {"precision": "fp32", "optim": "adamw"}, search=True),
-    LadderStep("bf16", {"precision": "bf16"}),
+    LadderStep("fp32, largest batch", {"dtype": "fp32", "optim": "adamw"}, search=True),
+    LadderStep("bf16", {"dtype": "bf16"}),
     LadderStep("bf16, largest batch", search=True),
     LadderStep("fused AdamW", {"optim": "adamw-fused"}, keep="faster"),
     LadderStep("grad accumulation 4", {"grad_accum": 4}, keep="never"),
@@ -54,7 +54,7 @@ COLUMNS = ("samples_per_s", "tflops", "mfu", "peak_mem_mb")
 RESOLUTION = 4
 
 # The spec's options each step of the ladder sets for itself (STEPS), and their command-line spellings.
-SET_BY_LADDER = (("precisions", "--dtype"), ("optims", "--optim"), ("grad_accums", "--grad-accum"),
+SET_BY_LADDER = (("dtypes", "--dtype"), ("optims", "--optim"), ("grad_accums", "--grad-accum"),
                  ("grad_ckpts", "--grad-ckpt"), ("compiles", "--compile"), ("kernels", "--kernels"),
                  ("heads", "--head"), ("activation", "--activation"), ("pad_vocab", "--pad-vocab"),
                  ("strategies", "--strategy"), ("zero_stages", "--zero-stage"))
@@ -69,7 +69,7 @@ def steps_for(task: str, family: str = "", steps: tuple[LadderStep, ...] = STEPS
 
 def _options(cell: TrainCell) -> str:
     """What the configuration turns on, for the best row's label."""
-    on = [cell.precision, f"batch {cell.batch}", cell.optim]
+    on = [cell.dtype, f"batch {cell.batch}", cell.optim]
     on += [label for flag, label in ((cell.grad_ckpt, "grad ckpt"), (cell.head == "masked", "masked head"),
                                      (cell.activation is not None, cell.activation),
                                      (cell.pad_vocab > 1, f"vocabulary padded to {cell.pad_vocab}"),
@@ -159,7 +159,7 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
     from ...errors import SpecError
     from . import spec as training
 
-    one = {"--model": spec.models, "--seq": spec.seqs, "--backend": spec.attns, "--task": spec.tasks or [None],
+    one = {"--model": spec.models, "--seq": spec.seqs, "--backend": spec.backends, "--task": spec.tasks or [None],
            "--batch": spec.batches}
     many = [k for k, v in one.items() if len(v) != 1]
     if many:
@@ -178,7 +178,7 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
     from ...models import build
 
     task = (spec.tasks or [training.default_task(build.resolve(model).shape)])[0]
-    base = TrainCell(model=model, task=task, attn=spec.attns[0], precision="fp32", optim="adamw",
+    base = TrainCell(model=model, task=task, backend=spec.backends[0], dtype="fp32", optim="adamw",
                      batch=spec.batches[0], seq=spec.seqs[0], device=device, steps=spec.steps,
                      warmup_steps=spec.warmup_steps, lr=spec.lr, seed=spec.seed)
     store = Store(db)

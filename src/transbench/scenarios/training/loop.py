@@ -49,14 +49,14 @@ def _missing(module: str) -> bool:
 def check_supported(cell: TrainCell, device_type: str) -> None:
     """Raise Unsupported naming what to install or where it runs, before anything is built."""
     cuda = device_type == "cuda"
-    if cell.precision in ("fp16", "tf32") and not cuda:
-        raise Unsupported(f"precision {cell.precision} trains on CUDA only: use fp32 or bf16 on the CPU")
-    if cell.attn == "flash-attn2":
+    if cell.dtype in ("fp16", "tf32") and not cuda:
+        raise Unsupported(f"--dtype {cell.dtype} trains on CUDA only: use fp32 or bf16 on the CPU")
+    if cell.backend == "flash-attn2":
         if _missing("flash_attn"):
             raise Unsupported("attention flash-attn2 needs flash_attn: pip install 'transbench[flash]'")
-        if not cuda or cell.precision not in ("fp16", "bf16"):
+        if not cuda or cell.dtype not in ("fp16", "bf16"):
             raise Unsupported("attention flash-attn2 runs on CUDA in fp16 or bf16 only")
-    if cell.attn == "sdpa-cudnn" and not cuda:
+    if cell.backend == "sdpa-cudnn" and not cuda:
         raise Unsupported("attention sdpa-cudnn runs on CUDA only")
     if cell.optim == "ds-fused-adam" or cell.strategy == "deepspeed":
         what = "optimizer ds-fused-adam" if cell.optim == "ds-fused-adam" else "strategy deepspeed"
@@ -216,11 +216,11 @@ class Trainer:
         self.mem: dict = {}
         ref = build.resolve(cell.model)
         self.shape = ref.shape
-        attn_impl, self.kernel = ATTENTION[cell.attn]
-        dev.set_matmul_precision(cell.precision)
+        attn_impl, self.kernel = ATTENTION[cell.backend]
+        dev.set_matmul_precision(cell.dtype)
 
         before = self._allocated()
-        model = build.build_model(ref, cell.task, attn=attn_impl, activation=cell.activation, device=str(device),
+        model = build.build_model(ref, cell.task, backend=attn_impl, activation=cell.activation, device=str(device),
                                   seed=cell.seed)
         self.info["vocab_rows"] = _pad_vocab(model, cell.pad_vocab)
         if cell.compile and attn_impl == "sdpa" and ref.family in FULL_ATTENTION_FAMILIES:
@@ -241,7 +241,7 @@ class Trainer:
 
             model = MaskedHead(model, ref.family, predict)
         self.info["head_positions"] = predict or cell.seq
-        half = _half(cell.precision)
+        half = _half(cell.dtype)
         self.autocast_dtype = None if cell.strategy == "deepspeed" else half
         self.scaler = None
         self.engine = None
@@ -251,7 +251,7 @@ class Trainer:
         else:
             self.model = self._wrap(model, half)
             self.optimizer = make_optimizer(cell.optim, self.model.parameters(), cell.lr)
-            if cell.precision == "fp16":
+            if cell.dtype == "fp16":
                 self.scaler = torch.amp.GradScaler(device.type)
         self.forward = self.model
         if cell.compile:
@@ -328,13 +328,13 @@ class Trainer:
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 10**9,
         }
-        if c.precision == "bf16":
+        if c.dtype == "bf16":
             config["bf16"] = {"enabled": True}
-        elif c.precision == "fp16":
+        elif c.dtype == "fp16":
             config["fp16"] = {"enabled": True}
         optimizer = make_optimizer(c.optim, model.parameters(), c.lr)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-        self.info["strategy_detail"] = f"DeepSpeed ZeRO stage {c.zero_stage}, its own {c.precision} handling"
+        self.info["strategy_detail"] = f"DeepSpeed ZeRO stage {c.zero_stage}, its own {c.dtype} handling"
         self.info["deepspeed_config"] = config
         return self.engine
 
@@ -435,7 +435,7 @@ def _mean_over_ranks(value, rank: RankInfo):
 
 def _check_finite(loss: float, step: int, cell: TrainCell) -> None:
     if not math.isfinite(loss):
-        raise NonFiniteLoss(f"loss is {loss} at step {step} ({cell.precision}, lr {cell.lr:g}, {cell.optim}): "
+        raise NonFiniteLoss(f"loss is {loss} at step {step} ({cell.dtype}, lr {cell.lr:g}, {cell.optim}): "
                             "the run diverged, no speed is reported")
 
 
@@ -565,7 +565,7 @@ def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: ti
     flops_per_step, hw_flops_per_step = step_flops(cell, trainer.shape)
     gpu = dev.gpu_info(device)
     record, warnings = timing_record(steps, items=cell.global_batch, tokens=cell.global_batch * cell.seq,
-                                     flops=flops_per_step, gpu=gpu, dtype=cell.precision, world=world)
+                                     flops=flops_per_step, gpu=gpu, dtype=cell.dtype, world=world)
     # HFU: the same over what the GPU executed (checkpointing's recompute, an MLM head on every position);
     # MFU is linear in the FLOPs (measure/peaks.mfu), so it scales by their ratio.
     mfu = record.get("mfu")

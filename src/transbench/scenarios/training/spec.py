@@ -17,8 +17,9 @@ from dataclasses import dataclass, field, replace
 
 from ...errors import SpecError
 from ...cells import CellResult
+from ...declare import setting
 from ...spec import check_once, checked, coerce
-from .cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, PRECISIONS, STRATEGIES, TRAIN_TASKS, TrainCell
+from .cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, TRAIN_DTYPES, STRATEGIES, TRAIN_TASKS, TrainCell
 
 def default_task(shape) -> str:
     """What a model trains on unless --task says otherwise: its pretraining objective."""
@@ -26,45 +27,63 @@ def default_task(shape) -> str:
 
 
 NCCL_ENV_KEY = re.compile(r"^(NCCL|TORCH_NCCL|GLOO)_[A-Z0-9_]+$")
-WHOLE_FIELDS = frozenset({"nccl_envs"})
 
 
 @dataclass
 class TrainSpec:
     """A training sweep. Lists are sweep axes; None means 'sized for the device' (or the model's own task)."""
 
-    models: list[str] = field(default_factory=lambda: ["bert-base-uncased"])
-    tasks: list[str] | None = None  # None: mlm for bert, causal-lm for gpt2
-    precisions: list[str] | None = None  # None: bf16 on a GPU, fp32 on the CPU
-    optims: list[str] = field(default_factory=lambda: ["adamw-fused"])
-    attns: list[str] = field(default_factory=lambda: ["sdpa"])
-    batches: list[int] | None = None  # per GPU, per micro-batch
-    seqs: list[int] | None = None
-    grad_accums: list[int] = field(default_factory=lambda: [1])
-    grad_ckpts: list[bool] = field(default_factory=lambda: [False])
-    compiles: list[bool] = field(default_factory=lambda: [False])
-    kernels: list[str] = field(default_factory=lambda: ["torch"])  # torch|liger (Liger-Kernel's fused ones)
-    heads: list[str] = field(default_factory=lambda: ["all"])  # mlm head on all|masked positions
-    activation: str | None = None  # the FFN's activation (models.build.ACTIVATIONS); None: the model's own
-    pad_vocab: int = 1  # pad the vocabulary (embeddings and LM head) to a multiple of this (scenarios/training/loop.py)
-    strategies: list[str] | None = None  # None: none for one process, ddp for several
-    nprocs: list[int] = field(default_factory=lambda: [1])  # processes (GPUs) per node
-    zero_stages: list[int] = field(default_factory=lambda: [2])  # deepspeed only
-    nccl_p2p: list[str] | None = None  # on|off (NCCL_P2P_DISABLE=0|1); None: leave the environment as it is
-    nccl_envs: list[str] | None = None  # each "KEY=VAL[ KEY=VAL]" is one point of the axis
-    scaling: bool = False  # also run every multi-GPU point on one GPU (strategy none)
-    ladder: bool = False  # the seed notebook's ladder of steps for one model (scenarios/training/ladder.py)
-    max_batch_limit: int = 4096  # the ladder's largest-batch searches stop here
-    steps: int | None = None
-    warmup_steps: int | None = None
-    lr: float = 1e-4
-    device: str = "auto"
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None
-    timeout: float = 900.0
-    seed: int = 0
-    name: str | None = None
+    models: list[str] = setting(["bert-base-uncased"], "preset or local checkpoint folder", option="--model",
+                                short="-m", aliases=("--models",))
+    tasks: list[str] | None = setting(None, "mlm|causal-lm|classification; default: the model's LM task",
+                                      option="--task")
+    dtypes: list[str] | None = setting(None, "fp16 = autocast + GradScaler, bf16 = autocast with fp32 master "
+                                       "weights", option="--dtype", choices=TRAIN_DTYPES, shown="bf16 on GPU, fp32 on CPU",
+                                       aliases=("--dtypes", "--precision", "--precisions", "precisions"))
+    optims: list[str] = setting(["adamw-fused"], "the optimizer", option="--optim", choices=OPTIMIZERS)
+    backends: list[str] = setting(["sdpa"], "attention", option="--backend", short="-b", choices=tuple(ATTENTION),
+                                  aliases=("--backends", "--attn", "attns"))
+    batches: list[int] | None = setting(None, "micro-batch per GPU", option="--batch", aliases=("--batches",),
+                                        shown="16 on GPU, 4 on CPU")
+    seqs: list[int] | None = setting(None, "sequence length", option="--seq", aliases=("--seqs",),
+                                     shown="128 on GPU, 32 on CPU")
+    grad_accums: list[int] = setting([1], "micro-batches per optimizer step", option="--grad-accum")
+    grad_ckpts: list[bool] = setting([False], "gradient checkpointing: on|off; alone: on", option="--grad-ckpt",
+                                     bare="on")
+    compiles: list[bool] = setting([False], "torch.compile: on|off; alone: on", option="--compile", bare="on")
+    kernels: list[str] = setting(["torch"], "liger = Liger-Kernel's LayerNorm and fused linear + cross-entropy head "
+                                 "(CUDA; pip install 'transbench[liger]')", choices=KERNELS)
+    heads: list[str] = setting(["all"], "the MLM head on every position (transformers) or on the 15% masked ones "
+                               "only (BERT's own pretraining)", option="--head", choices=HEADS)
+    activation: str | None = setting(None, "gelu|gelu-tanh: gelu-tanh is GPT-2's gelu_new in one kernel",
+                                     shown="the model's own")
+    # the vocabulary rows padded as nanoGPT's 50,304-row GPT-2 (scenarios/training/loop.py)
+    pad_vocab: int = setting(1, "pad the vocabulary (embeddings, LM head) to a multiple of N, as nanoGPT's "
+                             "50,304-row GPT-2: aligned GEMMs for the head; 1: as it is")
+    strategies: list[str] | None = setting(None, "", option="--strategy", choices=STRATEGIES,
+                                           shown="none on one GPU, ddp on several")
+    nprocs: list[int] = setting([1], "GPUs (processes) per node, through torchrun", option="--nproc")
+    zero_stages: list[int] = setting([2], "DeepSpeed ZeRO stage 1|2|3", option="--zero-stage")
+    nccl_p2p: list[str] | None = setting(None, "on|off: NCCL_P2P_DISABLE=0|1")
+    nccl_envs: list[str] | None = setting(None, "KEY=VAL[ KEY=VAL] for the ranks; repeat the option: each one is a "
+                                          "point of the axis", option="--nccl-env", repeat=True, whole=True)
+    scaling: bool = setting(False, "also run each multi-GPU point on one GPU, for the scaling efficiency",
+                            flag="--scaling")
+    ladder: bool = setting(False, "an optimization ladder for one model: fp32, bf16, largest batches, fused Adam, "
+                           "accumulation, checkpointing, padded vocabulary, compile, liger; a table and a plot",
+                           flag="--ladder")
+    max_batch_limit: int = setting(4096, "--ladder's largest-batch searches stop at this batch")
+    steps: int | None = setting(None, "timed optimizer steps", shown="20 on GPU, 5 on CPU")
+    warmup_steps: int | None = setting(None, "untimed optimizer steps first (at least 1)", option="--warmup",
+                                       shown="5 on GPU, 2 on CPU", aliases=("--warmup-steps",))
+    lr: float = setting(1e-4, "learning rate")
+    device: str = setting("auto", "auto|cpu|cuda")
+    nnodes: int = setting(1, "hosts (torchrun --nnodes)")
+    node_rank: int = setting(0, "this host's rank (torchrun --node-rank); only node 0 stores")
+    rdzv_endpoint: str | None = setting(None, "HOST:PORT of node 0 (torchrun --rdzv-endpoint)")
+    timeout: float = setting(900.0, "seconds a cell (all its ranks) may take before it is `timeout`")
+    seed: int = setting(0, "seed of the random weights and tokens")
+    name: str | None = setting(None, "run name; rerunning a name resumes it")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -72,7 +91,7 @@ class TrainSpec:
     @classmethod
     def from_dict(cls, data: dict) -> TrainSpec:
         # Each nccl_envs entry is one point of the axis and its values may hold commas: never split.
-        return cls(**coerce(cls, data, whole=WHOLE_FIELDS))
+        return cls(**coerce(cls, data))
 
 
 def parse_bool(value) -> bool:
@@ -89,8 +108,8 @@ def parse_bool(value) -> bool:
 def device_defaults(spec: TrainSpec, gpu: bool) -> TrainSpec:
     """The spec with its None axes sized for the device (a GPU or the CPU)."""
     out = replace(spec)
-    if out.precisions is None:
-        out.precisions = ["bf16"] if gpu else ["fp32"]
+    if out.dtypes is None:
+        out.dtypes = ["bf16"] if gpu else ["fp32"]
     if out.batches is None:
         out.batches = [16] if gpu else [4]
     if out.seqs is None:
@@ -119,12 +138,12 @@ def validate(spec: TrainSpec) -> TrainSpec:
     from ...measure import device as dev
     from ...models import build
 
-    spec = checked(TrainSpec, spec, WHOLE_FIELDS)  # api.train(TrainSpec(...)): each field's type, as a spec file's
+    spec = checked(TrainSpec, spec)  # api.train(TrainSpec(...)): each field's type, as a spec file's
     device = dev.resolve(spec.device)
     gpu = device.type == "cuda"
     spec = device_defaults(spec, gpu)
-    for axis, option in (("models", "--model"), ("precisions", "--dtype"), ("optims", "--optim"),
-                         ("attns", "--backend"), ("batches", "--batch"), ("seqs", "--seq"),
+    for axis, option in (("models", "--model"), ("dtypes", "--dtype"), ("optims", "--optim"),
+                         ("backends", "--backend"), ("batches", "--batch"), ("seqs", "--seq"),
                          ("grad_accums", "--grad-accum"), ("grad_ckpts", "--grad-ckpt"), ("compiles", "--compile"),
                          ("nprocs", "--nproc"), ("zero_stages", "--zero-stage"), ("kernels", "--kernels"),
                          ("heads", "--head")):
@@ -149,14 +168,14 @@ def validate(spec: TrainSpec) -> TrainSpec:
         if too_long:
             raise SpecError(f"seq {too_long[0]} is longer than {ref.name} allows ({ref.shape.max_positions} "
                             f"positions): use --seq {ref.shape.max_positions} or less")
-    for p in spec.precisions:
-        if p not in PRECISIONS:
-            raise SpecError(f"unknown dtype '{p}': choose from {', '.join(PRECISIONS)}")
+    for p in spec.dtypes:
+        if p not in TRAIN_DTYPES:
+            raise SpecError(f"unknown dtype '{p}': choose from {', '.join(TRAIN_DTYPES)}")
         if p in ("fp16", "tf32") and not gpu:
             raise SpecError(f"dtype {p} trains on CUDA only ({'autocast + GradScaler' if p == 'fp16' else 'TF32 tensor cores'}): "
                             "use fp32 or bf16 on the CPU")
         dev.check_dtype_runs(str(device), p)
-    for values, known, what in [(spec.optims, OPTIMIZERS, "optimizer"), (spec.attns, ATTENTION, "attention backend"),
+    for values, known, what in [(spec.optims, OPTIMIZERS, "optimizer"), (spec.backends, ATTENTION, "attention backend"),
                                 (spec.kernels, KERNELS, "kernels"), (spec.heads, HEADS, "head"),
                                 (spec.strategies or [], STRATEGIES, "strategy")]:
         for v in values:
@@ -255,8 +274,8 @@ def _check_endpoint(endpoint: str) -> None:
 
 
 def _check_once(spec: TrainSpec) -> None:
-    for axis, option in (("models", "--model"), ("tasks", "--task"), ("precisions", "--dtype"), ("optims", "--optim"),
-                         ("attns", "--backend"), ("batches", "--batch"), ("seqs", "--seq"),
+    for axis, option in (("models", "--model"), ("tasks", "--task"), ("dtypes", "--dtype"), ("optims", "--optim"),
+                         ("backends", "--backend"), ("batches", "--batch"), ("seqs", "--seq"),
                          ("grad_accums", "--grad-accum"), ("grad_ckpts", "--grad-ckpt"), ("compiles", "--compile"),
                          ("kernels", "--kernels"), ("heads", "--head"), ("strategies", "--strategy"),
                          ("nprocs", "--nproc"), ("zero_stages", "--zero-stage"), ("nccl_p2p", "--nccl-p2p"),
@@ -278,7 +297,7 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
     for model in spec.models:
         tasks = spec.tasks or [default_task(build.resolve(model).shape)]
         for (task, precision, attn, optim, seq, accum, ckpt, comp, kern, head, nproc, strategy, zero, env,
-             batch) in itertools.product(tasks, spec.precisions, spec.attns, spec.optims, sorted(spec.seqs),
+             batch) in itertools.product(tasks, spec.dtypes, spec.backends, spec.optims, sorted(spec.seqs),
                                          spec.grad_accums, spec.grad_ckpts, spec.compiles, spec.kernels, spec.heads,
                                          sorted(spec.nprocs), spec.strategies or [None], spec.zero_stages, nccl,
                                          sorted(spec.batches)):
@@ -289,7 +308,7 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
             if strategy is None:
                 strategy = "none" if world == 1 else "ddp"
             cell = TrainCell(
-                model=model, task=task, attn=attn, precision=precision, optim=optim, batch=batch, seq=seq,
+                model=model, task=task, backend=attn, dtype=precision, optim=optim, batch=batch, seq=seq,
                 grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, head=head, activation=spec.activation,
                 pad_vocab=spec.pad_vocab, strategy=strategy, nproc=nproc,
                 nnodes=spec.nnodes, zero_stage=zero if strategy == "deepspeed" else None,

@@ -1,0 +1,168 @@
+"""Each result key declared once: its column title, unit, how it prints, its JSON type and what it means.
+
+Terminal tables (cli/tables.py), report.md, CSV and JSON columns (store/export.py), the JSON Schema of the
+record and docs/records.md (cli/reference.py) all read this catalogue. A key that only one kind of run writes
+names that kind; the others are in every record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    title: str  # the column's header: short, so that tables fit a terminal
+    unit: str = ""
+    type: str = "number"  # its JSON type: number, integer, string, boolean
+    fmt: str = "number"  # number (4 significant digits), pct (a 0..1 fraction as %), signed (+1.0), sci (1.0e-03),
+    # onoff (a switch in the options' words)
+    kind: str = ""  # "" = every record; else the kind of run that adds it: generation, training, serve
+    doc: str = ""
+
+
+CATALOGUE = (
+    Key('run_id', 'run id', type='string', doc="the run's id"),
+    Key('run_name', 'run', type='string', doc="the run's name"),
+    Key('scenario', 'scenario', type='string', doc='the kind of cell'),
+    Key('model', 'model', type='string', doc='preset or checkpoint folder'),
+    Key('task', 'task', type='string', doc='`base`, `mlm`, ...'),
+    Key('backend', 'backend', type='string', doc='the backend'),
+    Key('dtype', 'dtype', type='string', doc='the dtype'),
+    Key('device', 'device', type='string', doc='the device type'),
+    Key('gpu', 'GPU', type='string', doc="the GPU's name"),
+    Key('batch_size', 'batch', type='integer', doc="batch size (serve: the batcher's cap `max_batch_size`)"),
+    Key('seq_len', 'seq', type='integer', doc='sequence length'),
+    Key('seq_stdev', 'seq stdev', doc='`--seq-stdev`'),
+    Key('embeddings', 'embeddings', type='boolean', fmt='onoff', doc='the embedding layer timed too (`--embeddings`) or not'),
+    Key('status', 'status', type='string', doc="the cell's [status](measurement.md#statuses)"),
+    Key('latency_ms', 'ms', unit='ms', doc="median latency (serve: the p50 of its requests' latencies)"),
+    Key('latency_p90_ms', 'p90 ms', unit='ms', doc='90th percentile'),
+    Key('latency_p99_ms', 'p99 ms', unit='ms', doc='99th percentile'),
+    Key('latency_iqr_ms', 'IQR ms', unit='ms', doc='interquartile range'),
+    Key('n_samples', 'samples', type='integer', doc='timed samples (serve: its requests)'),
+    Key('host_ms', 'host ms', unit='ms', doc="the host's time inside one call ([host-bound calls](measurement.md#how-transbench-measures))"),
+    Key('throughput_per_s', 'seq/s', unit='1/s', doc='sequences/s'),
+    Key('tokens_per_s', 'tokens/s', unit='1/s', doc='real (unpadded) tokens/s'),
+    Key('tflops', 'TFLOPS', unit='TFLOPS', doc='achieved TFLOPS'),
+    Key('mfu', 'MFU', unit='fraction', fmt='pct', doc='0..1, against the dense datasheet peak of the dtype; the FLOPs the model needs'),
+    Key('peak_mem_mb', 'peak MiB', unit='MiB', doc='what the cell allocated'),
+    Key('mem_before_mb', 'MiB before', unit='MiB', doc='what the worker held when the cell started (~0)'),
+    Key('sm_clock_mhz', 'SM MHz', unit='MHz', doc='SM clock during the timed samples'),
+    Key('avg_power_w', 'W', unit='W', doc='board power during the timed samples'),
+    Key('j_per_seq', 'J/seq', unit='J', doc='energy per sequence'),
+    Key('rel_err', 'rel err', fmt='sci', doc='distance from the fp32 reference ([correctness](measurement.md#correctness))'),
+    Key('speedup', 'speedup %', unit='%', fmt='signed', doc='% against `--baseline`'),
+    Key('mem_saved', 'mem saved %', unit='%', fmt='signed', doc='% against `--baseline`'),
+    Key('error', 'error', type='string', doc='why the cell failed'),
+    Key('prefill_ms', 'prefill ms', unit='ms', kind='generation', doc="the prompt's forward"),
+    Key('decode_ms_per_token', 'ms/token', unit='ms', kind='generation', doc='median over decode steps'),
+    Key('kv_cache_mb', 'KV MiB', unit='MiB', kind='generation', doc='the KV cache the generator allocated'),
+    Key('kv_cache_analytic_mb', 'KV MiB (analytic)', unit='MiB', kind='generation',
+        doc='the KV cache the config needs: layers x 2 x heads x head size x tokens x bytes'),
+    Key('ttft_ms', 'TTFT ms', unit='ms', kind='generation', doc='time to first token'),
+    Key('itl_p99_ms', 'ITL p99 ms', unit='ms', kind='generation', doc='inter-token latency, 99th percentile'),
+    Key('samples_per_s', 'samples/s', unit='1/s', kind='training', doc='training samples/s'),
+    Key('tflops_per_gpu', 'TFLOPS /GPU', unit='TFLOPS', kind='training', doc='TFLOPS per GPU'),
+    Key('hfu', 'HFU', unit='fraction', fmt='pct', kind='training', doc='0..1; `mfu` counts the FLOPs the model needs, `hfu` what ran ([train](train.md#mfu-and-hfu))'),
+    Key('forward_ms', 'fwd ms', unit='ms', kind='training', doc='median forward of a step'),
+    Key('backward_ms', 'bwd ms', unit='ms', kind='training', doc='median backward of a step'),
+    Key('optimizer_ms', 'optim ms', unit='ms', kind='training', doc='median optimizer step'),
+    Key('world_size', 'GPUs', type='integer', kind='training', doc='processes'),
+    Key('strategy', 'strategy', type='string', kind='training', doc='`none`, `ddp`, `fsdp`, `deepspeed`'),
+    Key('kernels', 'kernels', type='string', kind='training', doc='`torch`, `liger`'),
+    Key('head', 'head', type='string', kind='training', doc='`all`, `masked`'),
+    Key('pad_vocab', 'pad vocab', type='integer', kind='training', doc='`--pad-vocab` N (null: 1)'),
+    Key('optim', 'optim', type='string', kind='training', doc='the optimizer (`--optim`)'),
+    Key('grad_accum', 'accum', type='integer', kind='training', doc='micro-batches per optimizer step'),
+    Key('grad_ckpt', 'grad ckpt', type='boolean', fmt='onoff', kind='training', doc='gradient checkpointing on/off'),
+    Key('compile', 'compile', type='boolean', fmt='onoff', kind='training', doc='torch.compile on/off'),
+    Key('activation', 'activation', type='string', kind='training', doc="the FFN's activation (null: the model's own)"),
+    Key('zero_stage', 'ZeRO', type='integer', kind='training', doc='DeepSpeed ZeRO stage (deepspeed cells)'),
+    Key('nccl', 'nccl', type='string', kind='training', doc="the cell's NCCL environment (`--nccl-p2p`, `--nccl-env`)"),
+    Key('scaling_efficiency', 'scaling', fmt='pct', kind='training',
+        doc='samples/s over world size x the same step on one GPU'),
+    Key('peak_reserved_mb', 'reserved MiB', unit='MiB', kind='training', doc="the caching allocator's peak reserve"),
+    Key('params_mb', 'params MiB', unit='MiB', kind='training', doc='parameters, per GPU'),
+    Key('grads_mb', 'grads MiB', unit='MiB', kind='training', doc='gradients, per GPU'),
+    Key('optim_state_mb', 'optim MiB', unit='MiB', kind='training', doc='optimizer state, per GPU'),
+    Key('activations_mb', 'activ. MiB', unit='MiB', kind='training',
+        doc='peak minus parameters, gradients and optimizer state: activations and workspace'),
+    Key('loss_start', 'loss first', kind='training', doc='loss of the first timed step'),
+    Key('loss_end', 'loss last', kind='training', doc='loss of the last timed step'),
+    Key('mode', 'load', type='string', kind='serve', doc='rate, concurrency, offline or max-rate'),
+    Key('rate', 'rate /s', unit='1/s', kind='serve', doc='the Poisson arrival rate asked for (`--rate`)'),
+    Key('concurrency', 'clients', type='integer', kind='serve', doc='closed-loop clients (`--concurrency`)'),
+    Key('latency_p50_ms', 'p50 ms', unit='ms', kind='serve', doc='median latency of the requests'),
+    Key('latency_max_ms', 'max ms', unit='ms', kind='serve', doc='the slowest request'),
+    Key('busy_share', 'busy', fmt='pct', kind='serve', doc='share of the window the backend was serving'),
+    Key('ttft_p50_ms', 'TTFT p50 ms', unit='ms', kind='serve', doc='time to first token, median (--task generate)'),
+    Key('ttft_p99_ms', 'TTFT p99 ms', unit='ms', kind='serve', doc='time to first token, 99th percentile'),
+    Key('itl_p50_ms', 'ITL p50 ms', unit='ms', kind='serve', doc='inter-token latency, median'),
+    Key('j_per_request', 'J/request', unit='J', kind='serve', doc='energy per request'),
+    Key('max_rate', 'max rate /s', unit='1/s', kind='serve', doc='the largest rate meeting the target (--find-max-rate)'),
+    Key('offered_rate', 'offered /s', unit='1/s', kind='serve', doc='the planned arrival rate'),
+    Key('achieved_rate', 'achieved /s', unit='1/s', kind='serve', doc='served requests over the arrival window'),
+    Key('latency_p999_ms', 'p99.9 ms', unit='ms', kind='serve', doc='99.9th percentile'),
+    Key('goodput', 'goodput', unit='fraction', fmt='pct', kind='serve', doc='share of requests within `--slo-ms`'),
+    Key('mean_batch', 'mean batch', kind='serve', doc='the batch the batcher formed, on average'),
+    Key('service_p50_ms', 'service p50 ms', unit='ms', kind='serve', doc="each batch's service time ([serve](serve.md#what-is-measured)), median"),
+    Key('service_p99_ms', 'service p99 ms', unit='ms', kind='serve', doc="each batch's service time, 99th percentile"),
+    Key('service_max_ms', 'service max ms', unit='ms', kind='serve', doc="each batch's service time, maximum"),
+)
+KEYS = {k.name: k for k in CATALOGUE}
+
+
+def record_keys(kind: str = "") -> tuple[str, ...]:
+    """The keys of every record (kind ""), or those that `kind` adds, in their declared order."""
+    return tuple(k.name for k in CATALOGUE if k.kind == kind)
+
+
+def percent(p: float) -> str:
+    """A percentage with one decimal, two significant digits below 0.1%, and more decimals where one would round
+    onto 100%: a GPU's MFU of 0.04% (a tiny model) printed "0.0%", as if nothing ran, and a goodput of 99.96%
+    printed "100.0%", as if no request missed the SLO."""
+    if p in (0.0, 100.0):
+        return f"{p:.1f}%"
+    if abs(p) < 0.1:  # two significant digits: 0.00085% is not 0.001%
+        return f"{p:.2g}%"
+    for decimals in range(1, 7):
+        text = f"{p:.{decimals}f}"
+        if float(text) not in (0.0, 100.0):
+            return text + "%"
+    return f"{p:.12g}%"
+
+
+def fmt(value, spec: str = ".4g") -> str:
+    """A value in the options' own words: `-` for none, on/off for a switch, figures to 4 significant digits
+    (12346 reads better than 1.235e+04, and is narrower)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:.0f}" if spec == ".4g" and 1e4 <= abs(value) < 1e12 else format(value, spec)
+    return str(value)
+
+
+def show(name: str, value) -> str:
+    """A record's value as every table prints it, by the key's declared format."""
+    how = KEYS[name].fmt if name in KEYS else "number"
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return fmt(value)
+    if how == "pct":
+        return percent(value * 100)  # a tiny MFU is not "0.0%"
+    if how == "signed":
+        return f"{value:+.1f}"
+    if how == "sci":
+        return f"{value:.2e}"
+    return fmt(value)
+
+
+JSON_TYPES = {"number": ["number", "null"], "integer": ["integer", "null"], "string": ["string", "null"],
+              "boolean": ["boolean", "null"]}
+
+
+def schema_properties() -> dict:
+    """The JSON Schema properties of a record, from the catalogue: a key may be null where it does not apply."""
+    return {k.name: {"type": JSON_TYPES[k.type], "description": k.doc} for k in CATALOGUE}
