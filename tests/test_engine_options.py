@@ -94,3 +94,36 @@ def test_no_script_or_test_switches_the_engine_by_writing_its_modules():
     bad = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in files if p.name != Path(__file__).name
            for n, line in enumerate(p.read_text().splitlines(), 1) if write.search(line) or patch.search(line)]
     assert not bad, "\n".join(bad)
+
+
+def test_without_triton_the_engine_runs_its_torch_ops_and_a_kernel_says_what_is_missing():
+    import subprocess
+    import sys
+
+    code = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split('.')[0] == 'triton':
+            raise ModuleNotFoundError(name)
+sys.meta_path.insert(0, Block())
+import torch
+from transformers import BertConfig, BertModel
+from transbench.engine import compile_model, launch
+from transbench.engine.layernorm import add_layernorm
+assert not launch.AVAILABLE
+m = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                         vocab_size=100)).eval()
+c = compile_model(m, dtype=torch.float32)
+assert c.engine.ops.name == 'torch'
+ids = torch.randint(0, 100, (2, 8))
+print(tuple(c(ids, attention_mask=torch.ones_like(ids)).last_hidden_state.shape))
+try:
+    add_layernorm(torch.ones(2, 4), None, None, torch.ones(4), torch.zeros(4), 1e-5)
+except RuntimeError as e:
+    print(e)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    shape, message = out.stdout.strip().splitlines()[-2:]
+    assert shape == "(2, 8, 32)" and "Triton is not installed" in message, out.stdout

@@ -20,6 +20,17 @@ except Exception:  # noqa: BLE001 - ImportError, or a broken Triton install
 AVAILABLE = triton is not None
 
 
+class _Missing:
+    """Stands for the triton module where it is not installed: a launch function called anyway says so."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"triton.{name}: Triton is not installed (the engine's torch path runs without it)")
+
+
+if not AVAILABLE:
+    triton = _Missing()
+
+
 class _NoTriton:
     """A kernel defined without Triton installed: launching it says so (the torch path never launches one)."""
 
@@ -37,7 +48,7 @@ def jit(fn=None, **kwargs):
     """triton.jit (its keyword arguments too), or without Triton a stand-in that refuses to launch. Kernel
     signatures may name tl.constexpr: every op module has `from __future__ import annotations`, so those are
     strings until Triton reads them."""
-    if triton is None:
+    if not AVAILABLE:
         return _NoTriton(fn) if fn is not None else _NoTriton
     return triton.jit(fn, **kwargs) if fn is not None else triton.jit(**kwargs)
 
