@@ -9,14 +9,18 @@ import argparse
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 
-from transbench.engine import compile_model
+from transbench.engine import EngineOptions, compile_model
 from transbench.engine.tuning import replay_ms
 
+# Under programmatic dependent launch a kernel's profiler span includes its wait for the previous one: the spans
+# would overlap and their sum overstate the work, so the engines profiled (_kernel_table) run without it.
+NO_PDL = EngineOptions(pdl=False)
 SHAPES = {"bert-base": (12, 768, 12), "bert-large": (24, 1024, 16)}
 
 
@@ -177,7 +181,7 @@ def generation(prompt_len=512, new_tokens=128):
     print(f"prefill: engine {t_pre:.3f} ms, HF sdpa {t_hf_pre:.3f} ms | decode: engine {dec:.3f} ms/token "
           f"(its graph replay alone {replay:.3f} ms), HF sdpa eager {hf_dec:.3f} ms/token | prefill logits rel_err "
           f"{err:.1e}", flush=True)
-    eng = compile_model(m, dtype=torch.float16, cuda_graphs=False)
+    eng = compile_model(m, dtype=torch.float16, cuda_graphs=False, options=NO_PDL)
     gen = eng.generator(1, prompt_len + new_tokens)
     nxt = gen.prefill(ids).argmax(-1)
     _kernel_table("gpt2 decode step at position 512", lambda: gen.decode(nxt), 5)
@@ -189,19 +193,15 @@ def pdl_effect(name, shapes, rounds=5):
     timed in alternation so clock drift cannot favour either, and whether the outputs are bit-identical. The graph replay
     alone is timed: the figures of benchmarks/results/fused_h100_2026-11.md (programmatic dependent launch) timed
     encode(), input copy and output clone included."""
-    from transbench.engine import gemm, kernels
-
     print(f"\n## programmatic dependent launch on / off: {name} encoders-only and gpt2 decode, fp16 "
           f"(ms, median of {rounds} alternating medians)", flush=True)
-    default_max_m = gemm.PREFETCH_MAX_M
-    modes = {"pdl (shipped)": (True, default_max_m), "pdl, no prefetch": (True, 0), "off": (False, 0)}
+    modes = {"pdl (shipped)": EngineOptions(), "pdl, no prefetch": EngineOptions(prefetch_max_m=0),
+             "off": EngineOptions(pdl=False, prefetch_max_m=0)}
 
-    def compare(label, make):  # make() -> (graph replay to time, its output)
+    def compare(label, make):  # make(options) -> (graph replay to time, its output)
         runs = {}
-        for mode, (on, pre) in modes.items():  # each mode compiles its own kernels and captures its own graphs
-            kernels.USE_PDL, gemm.PREFETCH_MAX_M = on, pre
-            runs[mode] = make()
-        kernels.USE_PDL, gemm.PREFETCH_MAX_M = True, default_max_m
+        for mode, options in modes.items():  # each mode compiles its own kernels and captures its own graphs
+            runs[mode] = make(options)
         samples = {m: [] for m in modes}
         for _ in range(rounds):  # alternate: a mode timed first in every round would carry any warm-up drift
             for m in modes:
@@ -216,7 +216,7 @@ def pdl_effect(name, shapes, rounds=5):
 
 @torch.inference_mode()
 def tuned_modes(name, shapes, title, modes, rounds=5):
-    """The engine in each of `modes` (name -> a function that switches it on), each tuning from an empty table of
+    """The engine in each of `modes` (name -> its EngineOptions), each tuning from an empty table of
     its own and capturing its own graphs, then timed in alternation (graph replay). Prints the routes that differ
     between the first two modes and how far the outputs are apart (different kernels: not bit-identical)."""
     from transbench.engine import tuning
@@ -224,16 +224,14 @@ def tuned_modes(name, shapes, title, modes, rounds=5):
     print(f"\n## {title}: {name} encoders-only, gpt2 decode, fp16 (ms, median of {rounds} alternating medians)",
           flush=True)
 
-    def compare(label, make):  # make() -> (graph replay to time, its output)
+    def compare(label, make):  # make(options) -> (graph replay to time, its output)
         runs, tables = {}, {}
-        for mode, switch in modes.items():
-            switch()
-            tuning._TUNER = tuning.Tuner(Path(tempfile.mkdtemp()) / "tuning.json")
+        for mode, options in modes.items():
+            tuner = tuning.Tuner(Path(tempfile.mkdtemp()) / "tuning.json")
             t0 = time.perf_counter()
-            runs[mode] = make()
-            tables[mode] = dict(tuning._TUNER.table)
+            runs[mode] = make(replace(options, tuner=tuner))
+            tables[mode] = dict(tuner.table)
             print(f"{label:>22}  {mode}: tuned and captured in {time.perf_counter() - t0:.1f} s", flush=True)
-        tuning.REFINE, tuning._TUNER = True, None  # the shipped mode
         samples = {mode: [] for mode in runs}
         for _ in range(rounds):
             for mode in runs:
@@ -250,31 +248,30 @@ def tuned_modes(name, shapes, title, modes, rounds=5):
 
 
 def refine_effect(name, shapes):
-    """Routes chosen by timing each op alone vs settled in the whole captured forward (tuning.REFINE)."""
-    from transbench.engine import tuning
+    """Routes chosen by timing each op alone vs settled in the whole captured forward (EngineOptions.refine)."""
     tuned_modes(name, shapes, "routes settled alone vs in the whole forward",
-                {"alone": lambda: setattr(tuning, "REFINE", False), "refined": lambda: setattr(tuning, "REFINE", True)})
+                {"alone": EngineOptions(refine=False), "refined": EngineOptions(refine=True)})
 
 
 def _engine_cases(name, shapes, compare):
-    """compare(label, make) for the encoder of each (batch, seq) and a gpt2 decode step at position 512: make()
-    builds the engine anew, in whatever mode compare has set, and returns (its captured graph's replay, the
+    """compare(label, make) for the encoder of each (batch, seq) and a gpt2 decode step at position 512:
+    make(options) builds the engine anew with those EngineOptions and returns (its captured graph's replay, the
     output)."""
     H = SHAPES[name][1]
     m = bert(name).half()
     for B, S in shapes:
         x = torch.randn(B, S, H, device="cuda", dtype=torch.float16)
 
-        def encoder():
-            eng = compile_model(m, dtype=torch.float16, max_batch=B)
+        def encoder(options):
+            eng = compile_model(m, dtype=torch.float16, max_batch=B, options=options)
             out = eng.encode(x)
             return next(iter(eng.engine.graphs.entries.values())).graph.replay, out
         compare(f"{B} x {S}", encoder)
     gpt = GPT2LMHeadModel(GPT2Config(attn_implementation="sdpa")).cuda().half().eval()
     ids = torch.randint(0, 50257, (1, 512), device="cuda")
 
-    def decoder():
-        gen = compile_model(gpt, dtype=torch.float16).generator(1, 640)
+    def decoder(options):
+        gen = compile_model(gpt, dtype=torch.float16, options=options).generator(1, 640)
         nxt = gen.prefill(ids).argmax(-1)
         out = gen.decode(nxt)
         return gen.graphs.entries["decode"].graph.replay, out
@@ -321,37 +318,30 @@ def profile(name, shapes, fp8=False):
     """Where the engine's GPU time goes (eager engine, kernels grouped by kind), per forward."""
     L, H, _ = SHAPES[name]
     m = bert(name).half()
-    eng = compile_model(m, dtype="fp8" if fp8 else torch.float16, cuda_graphs=False)
+    eng = compile_model(m, dtype="fp8" if fp8 else torch.float16, cuda_graphs=False, options=NO_PDL)
     for B, S in shapes:
         x = torch.randn(B, S, H, device="cuda", dtype=torch.float16)
         _kernel_table(f"{name} {B}x{S}{' fp8' if fp8 else ''}", lambda: eng.encode(x), 5)
 
 
 def _kernel_table(title, fn, reps):
-    """GPU kernel time per fn() call, grouped by kind, and the top kernels (profiler, engine without graphs)."""
+    """GPU kernel time per fn() call, grouped by kind, and the top kernels (profiler, engine without graphs, built
+    with NO_PDL)."""
     from collections import defaultdict
 
     from torch.profiler import ProfilerActivity, profile as prof
-
-    from transbench.engine import kernels
 
     kinds = [("attention", ("flash", "fmha", "cudnn", "attention", "attn")), ("triton gemm", ("_linear_kernel", "_linear_splitk")),
              ("layernorm", ("_add_layernorm",)), ("bias+gelu", ("_bias_gelu",)),
              ("quantize", ("_quantize_rows",)),
              ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "splitk", "gemv"))]  # first match wins
-    # Under programmatic dependent launch a kernel's span includes its wait for the previous one: the spans
-    # would overlap and their sum overstate the work, so the profile runs without it.
-    kernels.USE_PDL = False
-    try:
-        for _ in range(3):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-        with prof(activities=[ProfilerActivity.CUDA]) as p:
-            for _ in range(reps):
-                fn()
-            torch.cuda.synchronize()
-    finally:
-        kernels.USE_PDL = True
     per, names, count = defaultdict(float), defaultdict(float), 0
     for e in p.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
@@ -457,7 +447,7 @@ def gemms():
     """The engine's GEMM routes per bert-base shape: cuBLAS (+ separate GELU) vs each Triton config, GPU time
     from CUDA-graph replays (tuning._gpu_ms), TFLOPS and weight GB/s. (Triton 3.6's warp specialisation of
     the tile loop ran no faster on an H100, 2026-11-23: on Hopper the GELU epilogue still runs between tiles.)"""
-    from transbench.engine import gemm, kernels
+    from transbench.engine import activation, gemm
     from transbench.engine.tuning import _gpu_ms
 
     print("\n## GEMM routes (us per call, graph-replayed; TFLOPS; weight GB/s)", flush=True)
@@ -468,7 +458,7 @@ def gemms():
         b = torch.randn(N, device="cuda", dtype=torch.float16)
         ref = torch.nn.functional.gelu(x.float() @ w.float().t() + b.float())
         cands = {"cublas": lambda: torch.nn.functional.linear(x, w, b),
-                 "cublas+gelu": lambda: kernels.bias_gelu(torch.nn.functional.linear(x, w), b, False)}
+                 "cublas+gelu": lambda: activation.bias_gelu(torch.nn.functional.linear(x, w), b, False)}
         for cfg in gemm.CONFIGS:
             cands[f"triton{cfg} none"] = lambda cfg=cfg: gemm.linear(x, w, b, 0, cfg=cfg)
             cands[f"triton{cfg} gelu"] = lambda cfg=cfg: gemm.linear(x, w, b, 1, cfg=cfg)
@@ -509,22 +499,17 @@ def routes(rows_list=(1, 128, 1024)):
                 print(f"    {times[n]:8.2f} us  {n}", flush=True)
             return ranked[0]
 
-    saved = ops.tuner
-    ops.tuner = lambda: TimeEvery()
-    t = ops.TritonOps()
+    t = ops.TritonOps(tuner=TimeEvery())
     print("\n## bert-base GEMM routes alone (us)", flush=True)
-    try:
-        for M in rows_list:
-            f16 = dict(device="cuda", dtype=torch.float16)
-            lin = lambda n, k: ops.Linear(torch.randn(n, k, **f16) / k**0.5, torch.randn(n, **f16))  # noqa: E731
-            norm = ops.Norm(torch.randn(768, **f16), torch.randn(768, **f16), 1e-12)
-            x, inner, res = torch.randn(M, 768, **f16), torch.randn(M, 3072, **f16), torch.randn(M, 768, **f16)
-            t.linear(x, lin(2304, 768))
-            t.linear_add_layernorm(x, lin(768, 768), res, norm)
-            t.linear_gelu(x, lin(3072, 768), "exact")
-            t.linear_add_layernorm(inner, lin(768, 3072), res, norm)
-    finally:  # the parts after this one tune for real
-        ops.tuner = saved
+    for M in rows_list:
+        f16 = dict(device="cuda", dtype=torch.float16)
+        lin = lambda n, k: ops.Linear(torch.randn(n, k, **f16) / k**0.5, torch.randn(n, **f16))  # noqa: E731
+        norm = ops.Norm(torch.randn(768, **f16), torch.randn(768, **f16), 1e-12)
+        x, inner, res = torch.randn(M, 768, **f16), torch.randn(M, 3072, **f16), torch.randn(M, 768, **f16)
+        t.linear(x, lin(2304, 768))
+        t.linear_add_layernorm(x, lin(768, 768), res, norm)
+        t.linear_gelu(x, lin(3072, 768), "exact")
+        t.linear_add_layernorm(inner, lin(768, 3072), res, norm)
 
 
 @torch.inference_mode()
@@ -532,7 +517,7 @@ def fp8_gemms():
     """The fp8 MLP's first GEMM with bias, GELU and the e4m3 output in its epilogue (gemm.linear_fp8), per tile
     config and with no activation (what the epilogue's GELU costs), against torch._scaled_mm alone (fp16 output,
     no bias) and the route it replaces (_scaled_mm, then the bias + GELU + quantize pass): ms and TFLOPS."""
-    from transbench.engine import gemm, kernels
+    from transbench.engine import gemm, quantize
     from transbench.engine.ops import fp8_bounds, quantize_rows
 
     extra = [(128, 256, 128, 3, 8, True, False), (128, 128, 128, 5, 8, True, False), (256, 128, 128, 3, 8, True, True)]
@@ -552,7 +537,7 @@ def fp8_gemms():
         def scaled():
             return torch._scaled_mm(x8, w8.t(), scale_a=xs, scale_b=ws, out_dtype=torch.float16)
         line("_scaled_mm (fp16 out)", bench(scaled))
-        line("_scaled_mm + bias/GELU/quantize pass", bench(lambda: kernels.quantize_rows(scaled(), b, 1)))
+        line("_scaled_mm + bias/GELU/quantize pass", bench(lambda: quantize.quantize_rows(scaled(), b, 1)))
         for cfg in gemm.FP8_CONFIGS + extra:
             for act in (1, 0):
                 try:
@@ -564,14 +549,14 @@ def fp8_gemms():
 
 
 def quant_kernels():
-    """The per-token fp8 quantize pass (bias + GELU + e4m3 of the fp8 MLP's middle, kernels.quantize_rows) against
+    """The per-token fp8 quantize pass (bias + GELU + e4m3 of the fp8 MLP's middle, quantize.quantize_rows) against
     a plain bias + GELU pass and the LayerNorm at the same rows: GB/s of each, and the pass's variants (warps per
-    row, libdevice erf or kernels.erf, rows per program) to see what bounds it (1.27 TB/s, against 3 TB/s for the
+    row, libdevice erf or activation.erf, rows per program) to see what bounds it (1.27 TB/s, against 3 TB/s for the
     LayerNorm: benchmarks/results/fp8_engine_h100_2026-11.md)."""
     import triton
     import triton.language as tl
 
-    from transbench.engine import gemm, kernels
+    from transbench.engine import activation, gemm, layernorm, quantize
     from transbench.engine.tuning import _gpu_ms
 
     @triton.jit
@@ -583,7 +568,7 @@ def quant_kernels():
         x = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
         x += tl.load(BIAS + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
         if FAST:
-            x = 0.5 * x * (1.0 + kernels.erf(x * 0.7071067811865476))
+            x = 0.5 * x * (1.0 + activation.erf(x * 0.7071067811865476))
         else:
             x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
         scale = tl.maximum(tl.max(tl.abs(tl.where(m, x, 0.0)), 1) / 448.0, 1e-12 / 448.0)
@@ -598,10 +583,10 @@ def quant_kernels():
         moved = M * N * 3  # read fp16, write e4m3
         q = torch.empty(M, N, device="cuda", dtype=torch.float8_e4m3fn)
         qs = torch.empty(M, 1, device="cuda", dtype=torch.float32)
-        ref_q, ref_s = kernels.quantize_rows(x, b, gemm.ACT_GELU)
-        cands = {"package quantize_rows": (lambda: kernels.quantize_rows(x, b, gemm.ACT_GELU), moved),
-                 "bias_gelu fp16 (in place, on a copy)": (lambda: kernels.bias_gelu(xg, b, False), M * N * 4),
-                 "add_layernorm+fp8 (768 wide)": (lambda: kernels.add_layernorm(
+        ref_q, ref_s = quantize.quantize_rows(x, b, gemm.ACT_GELU)
+        cands = {"package quantize_rows": (lambda: quantize.quantize_rows(x, b, gemm.ACT_GELU), moved),
+                 "bias_gelu fp16 (in place, on a copy)": (lambda: activation.bias_gelu(xg, b, False), M * N * 4),
+                 "add_layernorm+fp8 (768 wide)": (lambda: layernorm.add_layernorm(
                      x[:, :768].contiguous(), None, None, b[:768], b[:768], 1e-12, quant=True), M * 768 * 5)}
         block = triton.next_power_of_2(N)
         for rows in (1, 2, 4):
@@ -630,12 +615,13 @@ def quant_kernels():
 
 def attention_kernels():
     """The attention routes at the fp8 targets' shapes: SDPA's kernels, ours, ours writing the output projection's
-    e4m3 input instead (kernels.attention bound=...), and cuDNN or ours followed by a quantize pass, in us and GB/s
-    (of an fp16 output's bytes read + written, so the e4m3 route's figure is comparable, not its own traffic)."""
+    e4m3 input instead (attention.triton_attention bound=...), and cuDNN or ours followed by a quantize pass, in us
+    and GB/s (of an fp16 output's bytes read + written, so the e4m3 route's figure is comparable, not its own
+    traffic)."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from transbench.engine import kernels
+    from transbench.engine import attention, quantize
     from transbench.engine.ops import AttnBound
     from transbench.engine.tuning import _gpu_ms
 
@@ -668,16 +654,17 @@ def attention_kernels():
                 return F.scaled_dot_product_attention(q, k, v, scale=0.125).transpose(1, 2).reshape(T, -1)
         cands = {"sdpa flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION),
                  "sdpa cudnn": lambda: sdpa(SDPBackend.CUDNN_ATTENTION),
-                 "sdpa cudnn + quantize pass": lambda: kernels.quantize_rows(sdpa(SDPBackend.CUDNN_ATTENTION))}
+                 "sdpa cudnn + quantize pass": lambda: quantize.quantize_rows(sdpa(SDPBackend.CUDNN_ATTENTION))}
         # the e4m3 route's bound as a forward gives it: here every V value of row r is at most 448 * x_scale[r]
         bound = AttnBound(v.float().abs().amax(dim=(1, 3)).reshape(-1, 1) / 448, 1.0, 0.0)
-        for cfg in kernels.ATTENTION_CONFIGS + [(128, 128, 8), (64, 128, 4)]:
-            cands[f"ours {cfg}"] = lambda cfg=cfg: kernels.attention(qkv, B, S, H, 0.125, False, cfg)
-            cands[f"ours e4m3 {cfg}"] = lambda cfg=cfg: kernels.attention(qkv, B, S, H, 0.125, False, cfg, bound)
-        cands["ours (64, 64, 4) + quantize pass"] = lambda: kernels.quantize_rows(
-            kernels.attention(qkv, B, S, H, 0.125, False))
+        for cfg in attention.ATTENTION_CONFIGS + [(128, 128, 8), (64, 128, 4)]:
+            cands[f"ours {cfg}"] = lambda cfg=cfg: attention.triton_attention(qkv, B, S, H, 0.125, False, cfg)
+            cands[f"ours e4m3 {cfg}"] = lambda cfg=cfg: attention.triton_attention(qkv, B, S, H, 0.125, False, cfg,
+                                                                                  bound)
+        cands["ours (64, 64, 4) + quantize pass"] = lambda: quantize.quantize_rows(
+            attention.triton_attention(qkv, B, S, H, 0.125, False))
         ref = sdpa(SDPBackend.CUDNN_ATTENTION).float()
-        q8, qs = kernels.attention(qkv, B, S, H, 0.125, False, bound=bound)
+        q8, qs = attention.triton_attention(qkv, B, S, H, 0.125, False, bound=bound)
         print(f"{B}x{S} heads {H}: e4m3 route, dequantized, rel_err {rel(q8.float() * qs, ref):.2e}")
         table(f"attention {B}x{S}x{H}x{D}", cands, T * H * D * 2 * 4)  # read q, k, v; write out
 
@@ -688,7 +675,7 @@ def attention_sweep():
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from transbench.engine import kernels
+    from transbench.engine import attention
     from transbench.engine.tuning import _gpu_ms
 
     B, S, H, D = 128, 384, 16, 64
@@ -704,7 +691,7 @@ def attention_sweep():
             for warps in (4, 8):
                 for stages in (1, 2, 3, 4):
                     cfg = (bm, bn, warps, stages)
-                    cands[str(cfg)] = lambda cfg=cfg: kernels.attention(qkv, B, S, H, 0.125, False, cfg)
+                    cands[str(cfg)] = lambda cfg=cfg: attention.triton_attention(qkv, B, S, H, 0.125, False, cfg)
     ref = cudnn().float()
     for name, fn in list(cands.items()):
         try:

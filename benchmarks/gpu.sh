@@ -46,8 +46,9 @@ PARTS=(
   "folders|5 min|checkpoint folders on CUDA: MoE, XLNet, windowed attention, regression head, bf16"
   "padding|5 min|the padding path: packing GPU tests, studies/packing_cost.py, padded cells"
   "order|4 min|a fused cell's latency alone and after another cell (studies/order_latency.py)"
-  "tests|25 min|the whole GPU test suite: python3 -m pytest -q -m gpu tests/gpu"
-  "tests-kernels|10 min|GPU tests of the engine's kernels, graphs, captures and tuning"
+  "tests|25 min|the whole GPU test suite: python3 -m pytest -q -m gpu tests/gpu tests/test_engine_*.py"
+  "tests-ops|10 min|GPU cases of the engine's per-op tests (tests/test_engine_<op>.py): each kernel against torch"
+  "tests-kernels|10 min|GPU tests of the engine as a whole: models, graphs, captures and tuning"
   "tests-fp8|9 min|GPU tests of the fp8 engine and of the engine's model configs"
   "tests-models|6 min|GPU tests of the backends, the families, --gpus and serving"
   "tests-train|4 min|GPU tests of the micro-benchmarks and of training"
@@ -570,7 +571,7 @@ PY
 
 part_padding() {
   caches
-  gpu_tests 100 packing_tests.txt tests/gpu/test_engine_kernels.py -k packing
+  gpu_tests 100 packing_tests.txt tests/test_engine_packing.py
   timeout 170 python3 $B/studies/packing_cost.py 2>&1 | grep -vE "Warning|warn_once"
   local m
   for m in roberta-base bert-base-uncased; do
@@ -595,7 +596,16 @@ part_order() {
   done
 }
 
-part_tests() { caches; timeout 3000 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu; }
+part_tests() {  # tests/test_engine_*.py: the per-op files' GPU cases (their CPU ones are deselected by -m gpu)
+  caches; timeout 3000 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu tests/test_engine_*.py
+}
+part_tests_ops() {  # the op files' GPU cases (their CPU cases run in Triton's interpreter, deselected here)
+  caches
+  gpu_tests 300 tests_ops_gemm.txt tests/test_engine_gemm.py tests/test_engine_routes.py
+  local f rest=()
+  for f in tests/test_engine_*.py; do case $f in *_gemm.py|*_routes.py) ;; *) rest+=("$f") ;; esac; done
+  gpu_tests 270 tests_ops.txt "${rest[@]}"
+}
 part_tests_kernels() { caches; gpu_tests 570 tests_kernels.txt tests/gpu/test_engine_kernels.py; }
 part_tests_fp8() {
   caches

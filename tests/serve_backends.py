@@ -27,7 +27,7 @@ PACK_STEP = 8
 def _prepare_packer(model, inputs, cell) -> Prepared:
     """Like the fused engine on CUDA: one 'graph' per packed token count, the first call of a count captures it
     (the engine's own packing decides the count); the output is the real model's for the prepared inputs."""
-    from transbench.engine.attention import make_packing
+    from transbench.engine.packing import make_packing
 
     out = hf_call(model, inputs)()
     seen: set = set()

@@ -226,7 +226,7 @@ def test_graph_cache_argument_walk_rebuilds_packing_and_clones_outputs():
     """The replay path flattens arguments one level by hand (torch's pytree cost more host time than a small
     forward's graph launch): Packing must come back as a Packing over the static copies, outputs as fresh tensors."""
     from transbench.engine import graphs
-    from transbench.engine.attention import make_packing
+    from transbench.engine.packing import make_packing
 
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     p, h = make_packing(mask, 2, 3, 1), torch.randn(2, 3, 4)

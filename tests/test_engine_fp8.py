@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from transbench.engine import compile_model
+from transbench.engine import EngineOptions, compile_model
 from transbench.engine.ops import FP8_MAX, Fp8Act, Linear, TorchOps, dequantize, hp, quantize_rows, scaled_mm
 from transbench.engine.weights import Converter
 
@@ -127,16 +127,15 @@ def test_below_the_fp8_row_threshold_an_fp8_forward_is_the_fp16_forward(monkeypa
     m = _bert()
     ids = torch.randint(0, 300, (3, 24))  # 72 rows
     plain = compile_model(m, dtype=torch.float32)(ids).last_hidden_state
-    c8 = compile_model(m, dtype=torch.float32, fp8=True)
+    c8 = compile_model(m, dtype=torch.float32, fp8=True, options=EngineOptions(fp8_min_rows=73))
     calls = _count_fp8_work(monkeypatch)
-    c8.engine.ops.fp8_min_rows = 73
     assert torch.equal(c8(ids).last_hidden_state, plain)
     assert calls == {"quantize": 0, "scaled_mm": 0}
     # at the threshold: all four GEMMs of both layers in fp8, each input quantized exactly once (layer 0's qkv
     # input in its GEMM's route; norm1 for fc1; norm2 of layer 0 for layer 1's qkv, the last norm2 for none), fc2's
     # by fc1's GEMM itself (ops.fp8_gelu_out: no quantize pass), layer 1's output projection's by attention on its
     # bound's scales (ops.attention_scale: no row maxima), layer 0's by its GEMM's route (no bound without scales)
-    c8.engine.ops.fp8_min_rows = 72
+    c8 = compile_model(m, dtype=torch.float32, fp8=True, options=EngineOptions(fp8_min_rows=72))
     out = c8(ids).last_hidden_state
     assert calls == {"quantize": 5, "scaled_mm": 8}
     assert not torch.equal(out, plain)
@@ -173,8 +172,8 @@ def test_the_gpu_ops_give_an_fp8_layer_below_the_threshold_the_fp16_layers_route
     """TritonOps (the CUDA seam) with a recording tuner: below FP8_MIN_ROWS an fp8 layer's GEMM is tuned under the
     fp16 layer's key among the same candidates (so it shares its tuning); from it, the fp8 routes come first (the
     default route when the tuning budget leaves the op untimed)."""
-    from transbench.engine import ops
-    if ops._gemm is None:
+    from transbench.engine import launch, ops
+    if not launch.AVAILABLE:
         pytest.skip("Triton is not installed")
 
     class Recorder:
@@ -185,15 +184,13 @@ def test_the_gpu_ops_give_an_fp8_layer_below_the_threshold_the_fp16_layers_route
     w, b = torch.randn(64, 32).half(), torch.randn(64).half()
     lin16 = Converter(torch.float16, torch.device("cpu"), fp8=False).linear(w, b)
     lin8 = Converter(torch.float16, torch.device("cpu"), fp8=True).linear(w, b)
-    t = ops.TritonOps()
+    t = ops.TritonOps(tuner=rec)
     seen = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ops, "tuner", lambda: rec)
-        for M in (ops.FP8_MIN_ROWS - 1, ops.FP8_MIN_ROWS):
-            x = torch.randn(M, 32).half()
-            for label, lin in (("fp16", lin16), ("fp8", lin8)):
-                t.linear(x, lin)
-                seen[M, label] = (rec.key, rec.names)
+    for M in (ops.FP8_MIN_ROWS - 1, ops.FP8_MIN_ROWS):
+        x = torch.randn(M, 32).half()
+        for label, lin in (("fp16", lin16), ("fp8", lin8)):
+            t.linear(x, lin)
+            seen[M, label] = (rec.key, rec.names)
     below, at = ops.FP8_MIN_ROWS - 1, ops.FP8_MIN_ROWS
     assert seen[below, "fp8"] == seen[below, "fp16"]
     assert not any(n.startswith("fp8") for n in seen[below, "fp8"][1])

@@ -71,8 +71,7 @@ def test_an_engine_without_graphs_tunes_under_the_same_budget(chosen_before, tmp
     t = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
     if chosen_before:  # by a graphed engine's budgeted first call
         t.interim[t.key("op", _cands(*times))] = chosen_before
-    monkeypatch.setattr(tuning, "_TUNER", t)
-    cache = GraphCache(enabled=False, tune_budget_s=1.5)
+    cache = GraphCache(enabled=False, tune_budget_s=1.5, tuner=t)
     assert not cache.enabled
     assert cache("k", lambda: t.choose("op", _cands(*times))) == (chosen_before or "t1")
     # with nothing chosen, the 1.5 s budget ran out after two timings (1 s each); else nothing was timed
@@ -132,7 +131,7 @@ class _CountingCache:
 
     captures: list = []
 
-    def __init__(self, enabled, max_entries=32, tune_budget_s=None):
+    def __init__(self, enabled, max_entries=32, tune_budget_s=None, *tuning):
         self.entries = {}
 
     def __call__(self, key, fn, *args):
@@ -159,9 +158,9 @@ def _greedy(gen, prompt, new):
 def test_a_fresh_generator_replays_the_graphs_captured_for_its_shape(monkeypatch):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from transbench.engine import compile_model, gpt2
+    from transbench.engine import base, compile_model
 
-    monkeypatch.setattr(gpt2, "GraphCache", _CountingCache)
+    monkeypatch.setattr(base, "GraphCache", _CountingCache)  # every graph cache of an engine (forward, generators)
     monkeypatch.setattr(_CountingCache, "captures", [])
     torch.manual_seed(0)
     m = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=500, n_positions=64)).eval()

@@ -123,10 +123,9 @@ def test_refine_ignores_gains_under_the_threshold_and_can_be_switched_off(tmp_pa
         assert t.refine(keys, model.build, model.time_ms) == ("x", "y")
 
     off = tuning.Tuner(tmp_path / "off.json", timer=_timer(_Model.alone))
-    monkeypatch.setattr(tuning, "REFINE", False)
     model = _Model(off)
-    with off.recording() as keys:
-        assert off.refine(keys, model.build, model.time_ms) == ("x", "y")
+    with off.recording() as keys:  # EngineOptions(refine=False)
+        assert off.refine(keys, model.build, model.time_ms, enabled=False) == ("x", "y")
     assert model.builds == 1
 
 
@@ -298,8 +297,7 @@ def test_a_call_that_tuned_collects_the_trial_graphs_it_dropped_and_a_warm_call_
     monkeypatch.setattr(graphs.GraphCache, "_graph", fake_graph)
     monkeypatch.setattr(graphs, "replay_ms", lambda run: run())
     tuner = tuning.Tuner(tmp_path / "t.json", timer=_timer({"a": 1.0, "b": 0.9}))
-    monkeypatch.setattr(graphs, "tuner", lambda: tuner)
-    cache = graphs.GraphCache(enabled=False, tune_budget_s=None)
+    cache = graphs.GraphCache(enabled=False, tune_budget_s=None, tuner=tuner)
 
     def forward():
         return tuner.choose("op", _cands("a", "b"))

@@ -368,7 +368,7 @@ def test_token_counts_cover_every_packed_size_a_bucket_can_reach():
     size (or dense) that one of token_counts() also reaches, and token_counts() reaches no other."""
     import torch
 
-    from transbench.engine.attention import make_packing
+    from transbench.engine.packing import make_packing
     from transbench.scenarios.serve.measure import even_mask, token_counts
 
     def key(b, s, n, step):
@@ -388,7 +388,7 @@ def test_token_counts_cover_every_packed_size_a_bucket_can_reach():
 def test_a_packing_backend_captures_every_graph_before_the_load(monkeypatch, extra_backends):
     """A fake of the fused engine's graph per packed token count: the warm-up runs every count the lengths can
     reach, so none is captured under load; without that warm-up the load captures them (the count sees it)."""
-    from transbench.engine.attention import make_packing
+    from transbench.engine.packing import make_packing
     from transbench.scenarios.serve import measure as serve
     from transbench.scenarios.inference.measure import ModelCache
 

@@ -100,11 +100,14 @@ def main() -> None:
     ap.add_argument("--keep-graphs", action="store_true",
                     help="keep every cell's prepared call (and its graph) and time each one's replay again after the "
                          "last cell")
-    ap.add_argument("--no-pdl", action="store_true", help="engine/kernels.py USE_PDL = False")
+    ap.add_argument("--no-pdl", action="store_true", help="the fused engines with EngineOptions(pdl=False)")
     a = ap.parse_args()
     if a.no_pdl:
-        from transbench.engine import kernels
-        kernels.USE_PDL = False
+        import functools
+
+        from transbench.backends import fused
+        from transbench.engine import EngineOptions
+        fused._compile = functools.partial(fused._compile, options=EngineOptions(pdl=False))
     orig, probes, full, kept = timer.sample, {}, [0], []
     gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] == 2 and full.__setitem__(
         0, full[0] + 1))

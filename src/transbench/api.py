@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from .errors import SpecError
 from .measure import env as env_mod
@@ -22,6 +23,9 @@ from .scenarios.inference.spec import RunSpec
 from .spec import check_once, checked, coerce
 from .store import Store, export
 from .store.db import Merged, check_sources
+
+if TYPE_CHECKING:  # the engine (and Triton) load when tune runs
+    from .engine import EngineOptions
 
 
 def _path(value, what: str = "db") -> str:
@@ -245,9 +249,12 @@ def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: fl
 
 
 def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", device: str = "auto",
-         cache_dir: str | None = None, progress: Callable[[dict], None] | None = None) -> list[dict]:
+         cache_dir: str | None = None, progress: Callable[[dict], None] | None = None,
+         options: EngineOptions | None = None) -> list[dict]:
     """Tune the fused engine for every batch x seq of `model` ahead of time (scenarios/tune/run.py); one row
-    per shape: batch, seq, seconds, routes (ops of the forward tuned), races (the whole-forward trials)."""
+    per shape: batch, seq, seconds, routes (ops of the forward tuned), races (the whole-forward trials).
+    options: the engine's launch and tuning switches (transbench.engine.EngineOptions; its tuner is cache_dir's
+    table's where cache_dir is given)."""
     from .scenarios.tune import run as tuning
     from .scenarios.tune.spec import TuneSpec
 
@@ -260,7 +267,7 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
         raise SpecError(f"cache_dir must be a folder path (text), got {cache_dir!r}")
     spec = TuneSpec(**coerce(TuneSpec, {"model": os.fspath(model), "batches": batches, "seqs": seqs, "dtype": dtype,
                                         "device": device, "cache_dir": cache_dir and os.fspath(cache_dir)}))
-    return tuning.run(spec, progress)
+    return tuning.run(spec, progress, options)
 
 
 def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_path: str | None = None,

@@ -1,9 +1,9 @@
-"""GPU checks of the fused engine: each Triton kernel against torch, whole models against transformers."""
+"""GPU checks of the fused engine as a whole: models against transformers, graphs, captures and tuning. Each Triton
+kernel alone: tests/test_engine_<op>.py (the same checks on the CPU and, marked gpu, here)."""
 import pytest
 import torch
-import torch.nn.functional as F
 
-OutOfResources = pytest.importorskip("triton.runtime.errors", reason="the engine's GPU path needs Triton").OutOfResources
+pytest.importorskip("triton", reason="the engine's GPU path needs Triton")
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -22,57 +22,10 @@ def rel(out, ref, mask=None):
 def _cache_dir(tmp_path_factory):
     # One tuning table for the module, not the user's: tuning each shape again in every test would triple
     # the file's run time on the device without checking anything more.
-    import transbench.engine.tuning as tuning
+    # (the engines' default tuner is the table under $TRANSBENCH_CACHE_DIR at their build: tuning.tuner)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRANSBENCH_CACHE_DIR", str(tmp_path_factory.mktemp("tuning")))
-        mp.setattr(tuning, "_TUNER", None)
         yield
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T,N", [(1, 384), (7, 768), (333, 1024), (4097, 1600), (129, 100)])
-def test_add_layernorm_kernel(T, N, dtype):
-    from transbench.engine import kernels as K
-    x, r, b, w, lb = (torch.randn(*s, device="cuda", dtype=dtype) for s in [(T, N), (T, N), (N,), (N,), (N,)])
-    ref_sum = x.float() + b.float() + r.float()
-    ref = F.layer_norm(ref_sum, (N,), w.float(), lb.float(), 1e-5)
-    y, s = K.add_layernorm(x, r, b, w, lb, 1e-5, store_residual=True)
-    assert rel(y, ref) < 1e-2 and rel(s, ref_sum) < 1e-2
-    y = K.add_layernorm(x, None, None, w, lb, 1e-12)
-    assert rel(y, F.layer_norm(x.float(), (N,), w.float(), lb.float(), 1e-12)) < 1e-2
-
-
-@pytest.mark.parametrize("shape", [(1, 128), (8, 128), (7, 77), (300, 33), (2, 8192), (2, 8200), (2048, 200)])
-@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float16])
-def test_packing_on_cuda_equals_the_torch_ops(shape, dtype):
-    # make_packing's two Triton launches (kernels.mask_counts, pack_rows) against its torch ops on the CPU; S = 8200 is
-    # past kernels.PACK_MAX_S and 2048 x 200 past kernels.PACK_MAX_TOKENS, so those CUDA calls take the torch ops too.
-    from transbench.engine.attention import make_packing
-
-    B, S = shape
-    g = torch.Generator().manual_seed(B * S)
-    lengths = torch.randint(0, S + 1, (B,), generator=g)
-    mask = torch.arange(S)[None, :] < lengths[:, None]
-    mask[0, : S // 3] = False  # left padding in one row
-    for m in (mask, torch.ones(B, S, dtype=torch.bool), mask.t().contiguous().t()):
-        m = m.to(dtype)
-        for bucket in (1, 128):
-            ref, out = make_packing(m, B, S, bucket), make_packing(m.cuda(), B, S, bucket)
-            assert (out.dense, out.tokens, out.max_len, out.first_padded) == (ref.dense, ref.tokens, ref.max_len,
-                                                                               ref.first_padded)
-            for name in ("gidx", "sidx", "cu", "mask"):
-                a, b = getattr(out, name), getattr(ref, name)
-                assert (a is None and b is None) or torch.equal(a.cpu(), b), name
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tanh", [False, True])
-@pytest.mark.parametrize("T,N", [(1, 1536), (7, 3072), (333, 4096), (1025, 6400), (5, 1000)])
-def test_bias_gelu_kernel(T, N, tanh, dtype):
-    from transbench.engine import kernels as K
-    x, b = torch.randn(T, N, device="cuda", dtype=dtype) * 3, torch.randn(N, device="cuda", dtype=dtype)
-    ref = F.gelu(x.float() + b.float(), approximate="tanh" if tanh else "none")
-    assert rel(K.bias_gelu(x.clone(), b, tanh), ref) < 1e-2
 
 
 def _padded_batch(B, S, vocab, seed):
@@ -149,26 +102,26 @@ def test_bert_odd_shapes_tanh(hidden, heads):
     assert rel(c(ids, attention_mask=mask).last_hidden_state, ref, mask) <= 1e-2
 
 
-def test_programmatic_dependent_launch_changes_no_output(monkeypatch):
+def test_programmatic_dependent_launch_changes_no_output():
     """Under PDL each kernel starts before the previous one ends and waits for it inside; a missing wait
     would be a race. Same tuned routes, same kernels otherwise: the outputs must agree bit for bit, in eager
     calls and graph replays, for encoders (packed and dense) and GPT-2 decode steps."""
-    from transbench.engine import compile_model, kernels
-    assert kernels.pdl(torch.device("cuda")) == (torch.cuda.get_device_capability() >= (9, 0))
+    from transbench.engine import EngineOptions, compile_model, launch
+    assert launch.pdl_on(torch.device("cuda")) == (torch.cuda.get_device_capability() >= (9, 0))
     bert, gpt2 = _bert(layers=3), _gpt2(layers=3)
     ids, mask = _padded_batch(4, 128, bert.config.vocab_size, 5)
     prompt = ids[:1, :40] % gpt2.config.vocab_size
     outs = {}
     for on in (True, False):
-        monkeypatch.setattr(kernels, "USE_PDL", on)
+        options = EngineOptions(pdl=on)
         got = {}
         for graphs in (True, False):
-            c = compile_model(bert, dtype=torch.float16, cuda_graphs=graphs)
+            c = compile_model(bert, dtype=torch.float16, cuda_graphs=graphs, options=options)
             with torch.no_grad():
                 for call in range(2):  # capture, then replay
                     got[graphs, call, "bert 1"] = c(ids[:1]).last_hidden_state
                     got[graphs, call, "bert packed"] = c(ids, attention_mask=mask).last_hidden_state
-            gen = compile_model(gpt2, dtype=torch.float16, cuda_graphs=graphs).generator(1, 100)
+            gen = compile_model(gpt2, dtype=torch.float16, cuda_graphs=graphs, options=options).generator(1, 100)
             logits = gen.prefill(prompt)
             for step in range(20):
                 got[graphs, step, "gpt2"] = logits
@@ -263,9 +216,8 @@ def test_routes_are_settled_in_the_whole_captured_forward(tmp_path, monkeypatch)
     """The first captured forward of a shape races each close runner-up inside the whole graph: afterwards no
     rival of that forward's ops is left untried, nothing stays forced, the answer is still right, and a new
     process finds the settled routes on disk without timing anything."""
-    from transbench.engine import compile_model, tuning
-    monkeypatch.setenv("TRANSBENCH_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tuning, "_TUNER", None)
+    from transbench.engine import EngineOptions, compile_model, tuning
+    monkeypatch.setenv("TRANSBENCH_CACHE_DIR", str(tmp_path))  # the engines' default tuner: this folder's table
     m = _bert(layers=2)
     # Unbudgeted, as `transbench tune` runs: under the default budget a cold Triton cache spends a first call's
     # seconds on compiles, and no forward is raced (H100: no races, benchmarks/results/fp8_power_cap_h100_2026-11.md).
@@ -284,131 +236,6 @@ def test_routes_are_settled_in_the_whole_captured_forward(tmp_path, monkeypatch)
     assert all(r["trial_ms"] > 0 and isinstance(r["won"], bool) for r in shape["races"] if "error" not in r)
     fresh = tuning.Tuner(timer=lambda fn, reps: pytest.fail("a settled route was timed again"))
     assert all(fresh.table[k] == t.table[k] for k in keys)
-    monkeypatch.setattr(tuning, "_TUNER", fresh)
-    c2 = compile_model(m, dtype=torch.float16)
+    c2 = compile_model(m, dtype=torch.float16, options=EngineOptions(tuner=fresh))
     with torch.no_grad():
         assert torch.equal(c2(ids).last_hidden_state, out)  # same routes, same kernels: the same bits
-
-
-def _gemm_case(M, N, K, act):
-    """Operands of a linear layer, its fp32 result without activation, and with activation `act`."""
-    x = torch.randn(M, K, device="cuda", dtype=torch.float16)
-    w = torch.randn(N, K, device="cuda", dtype=torch.float16) / K**0.5
-    b = torch.randn(N, device="cuda", dtype=torch.float16)
-    r = torch.randn(M, N, device="cuda", dtype=torch.float16)
-    lin = x.float() @ w.float().t() + b.float()
-    ref = {0: lin, 1: F.gelu(lin), 2: F.gelu(lin, approximate="tanh")}[act]
-    return x, w, b, r, lin, ref
-
-
-def _residual_tile_does_not_fit(cfg) -> bool:
-    """The residual's tile needs shared memory next to the output tile and the load stages; where the three
-    exceed the GPU's, Triton refuses the config for the residual epilogue and the tuner skips that candidate."""
-    bm, bn, bk, stages, _, _, subtile = cfg
-    need = 2 * (stages * (bm + bn) * bk + 2 * bm * (bn // 2 if subtile else bn))  # fp16/bf16 bytes
-    return need > torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-
-
-def _parse_config(route: str) -> tuple:
-    """'triton128x256x64x4x8xTruexTrue' (ops.TritonOps route names) -> the gemm.CONFIGS tuple."""
-    return tuple(int(v) if v.isdigit() else v == "True" for v in route[len("triton"):].split("x"))
-
-
-@pytest.mark.parametrize("act", [0, 1, 2])
-@pytest.mark.parametrize("M,N,K", [(1, 1536, 384), (77, 3072, 768), (1000, 4096, 1024), (4097, 6400, 1600)])
-def test_triton_gemm_every_config(M, N, K, act):
-    from transbench.engine import gemm
-    x, w, b, r, lin, ref = _gemm_case(M, N, K, act)
-    for cfg in gemm.CONFIGS:
-        assert rel(gemm.linear(x, w, b, act, cfg=cfg), ref) < 1e-2, cfg
-        if act == 0:
-            if _residual_tile_does_not_fit(cfg):
-                with pytest.raises(OutOfResources):
-                    gemm.linear(x, w, b, residual=r, cfg=cfg)
-                continue
-            assert rel(gemm.linear(x, w, b, residual=r, cfg=cfg), lin + r.float()) < 1e-2, cfg
-
-
-@pytest.mark.parametrize("act", [0, 1, 2])
-@pytest.mark.parametrize("M,N,K", [(1, 2304, 768), (8, 50257, 768), (128, 768, 3072), (200, 1000, 1600)])
-def test_splitk_gemm_every_config(M, N, K, act):
-    """Split-K on the small-M shapes it is offered for (N = 50257: a GPT-2 LM head, rows not 16-byte aligned);
-    each config runs twice, since a counter left non-zero would corrupt only the second call."""
-    from transbench.engine import gemm
-    x, w, b, r, lin, ref = _gemm_case(M, N, K, act)
-    assert gemm.splitk_configs(M)
-    for cfg in gemm.SPLITK_CONFIGS:
-        for _ in range(2):
-            assert rel(gemm.linear_splitk(x, w, b, act, cfg=cfg), ref) < 1e-2, cfg
-        if act == 0:
-            assert rel(gemm.linear_splitk(x, w, b, residual=r, cfg=cfg), lin + r.float()) < 1e-2, cfg
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("B,H,D,L", [(1, 12, 64, 640), (4, 25, 64, 1024), (3, 5, 40, 200)])
-def test_decode_attention_kernel(B, H, D, L, dtype):
-    """The fused KV write + one-token attention against the torch path, at positions 0, mid-block, and last."""
-    from transbench.engine import kernels as K
-    from transbench.engine.ops import TorchOps
-    for pos in (0, 77, L - 1):
-        qkv = torch.randn(B, 3 * H * D, device="cuda", dtype=dtype)
-        kc, vc = (torch.randn(B, H, L, D, device="cuda", dtype=dtype) for _ in range(2))
-        want = [kc.float(), vc.float()]
-        p = torch.tensor([pos], device="cuda")
-        ref = TorchOps().decode_attention(qkv.float(), want[0], want[1], p, D**-0.5)
-        out = K.decode_attention(qkv, kc, vc, p, D**-0.5)
-        assert rel(out, ref) < 1e-2
-        assert torch.equal(kc.float(), want[0]) and torch.equal(vc.float(), want[1])
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("B,S,H,D", [(1, 128, 12, 64), (256, 128, 12, 64), (3, 77, 25, 64), (2, 333, 5, 40),
-                                     (1, 512, 16, 128)])
-def test_attention_kernel_every_config(B, S, H, D, dtype):
-    from transbench.engine import kernels as K
-    qkv = torch.randn(B * S, 3 * H * D, device="cuda", dtype=dtype)
-    q, k, v = qkv.float().view(B, S, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
-    for causal in (False, True):
-        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=D**-0.5).transpose(1, 2).reshape(B * S, -1)
-        for cfg in K.ATTENTION_CONFIGS:
-            assert rel(K.attention(qkv, B, S, H, D**-0.5, causal, cfg), ref) < 1e-2, (causal, cfg)
-
-
-@pytest.mark.parametrize("store", [False, True])
-@pytest.mark.parametrize("M", [1, 256, 4096])
-def test_every_linear_add_layernorm_route_agrees(M, store):
-    """Whatever route the tuner picks (cuBLAS + LN, cuBLAS addmm + LN, Triton GEMM + LN), same result."""
-    from transbench.engine import ops as O
-    H, K = 768, 3072
-    x = torch.randn(M, K, device="cuda", dtype=torch.float16)
-    res = torch.randn(M, H, device="cuda", dtype=torch.float16)
-    lin = O.Linear(torch.randn(H, K, device="cuda", dtype=torch.float16) / K**0.5,
-                   torch.randn(H, device="cuda", dtype=torch.float16))
-    norm = O.Norm(torch.randn(H, device="cuda", dtype=torch.float16), torch.randn(H, device="cuda", dtype=torch.float16), 1e-12)
-    s = x.float() @ lin.weight.float().t() + lin.bias.float() + res.float()
-    ref = F.layer_norm(s, (H,), norm.weight.float(), norm.bias.float(), 1e-12)
-    ops = O.TritonOps()
-    seen = []
-    import transbench.engine.tuning as tuning
-    real_choose = tuning.Tuner.choose
-
-    def every(self, key, cands, reps=20):
-        for name, fn in cands.items():  # run each route once and check it, then let the tuner decide
-            if name.startswith("triton") and _residual_tile_does_not_fit(_parse_config(name)):
-                with pytest.raises(OutOfResources):
-                    fn()
-                continue
-            out = fn()
-            y, r = out if store else (out, None)
-            assert rel(y, ref) < 1e-2, name
-            if store:
-                assert rel(r, s) < 1e-2, name
-            seen.append(name)
-        return real_choose(self, key, cands, reps)
-
-    tuning.Tuner.choose = every
-    try:
-        ops.linear_add_layernorm(x, lin, res, norm, store_residual=store)
-    finally:
-        tuning.Tuner.choose = real_choose
-    assert {"cublas+ln", "cublas_addmm+ln"} <= set(seen) and any(n.startswith("triton") for n in seen)

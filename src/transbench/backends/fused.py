@@ -5,7 +5,9 @@ from __future__ import annotations
 from .base import Backend, Prepared
 
 
-def _compile(model, cell):
+def _compile(model, cell, options=None):
+    """The engine for `cell`'s model; options: EngineOptions (None: the engine as shipped), for scripts that measure
+    one of its switches through the backend (benchmarks/studies/order_latency.py --no-pdl)."""
     from ..engine import EngineUnsupported, compile_model
     from ..engine.compiled import BERT_LIKE
     from ..engine.tuning import TUNE_BUDGET_S
@@ -31,7 +33,7 @@ def _compile(model, cell):
     # fp16 (measure/device.py torch_dtype): the engine quantizes its linear layers to e4m3.
     try:
         return compile_model(model, dtype=p.dtype, device=p.device, max_batch=max(cell.batch, 1),
-                             fp8=cell.dtype == "fp8", tune_budget_s=budget)
+                             fp8=cell.dtype == "fp8", tune_budget_s=budget, options=options)
     except EngineUnsupported as exc:
         raise Unsupported(exc.reason) from None
 

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from .attention import Packing, make_packing
-from .config import Dims, EngineOptions, EngineUnsupported
+from .attention import attention
+from .config import Dims, EngineConfig, EngineUnsupported
 from .graphs import GraphCache
 from .ops import select_ops
+from .packing import Packing, make_packing
+from .tuning import tuner as default_tuner
 from .weights import Converter, Layer
 
 
@@ -14,7 +16,7 @@ class EngineBase:
     dims: Dims
     layers: list[Layer]
 
-    def __init__(self, opts: EngineOptions):
+    def __init__(self, opts: EngineConfig):
         self.opts = opts
         # fp8 on the CPU is emulated (ops.scaled_mm: fp32 math on the e4m3 values) so that its numerics can be
         # tested without a GPU; the benchmark's fused backend refuses it there (nothing there is fast).
@@ -24,10 +26,22 @@ class EngineBase:
             if opts.dtype not in (torch.float16, torch.bfloat16):
                 raise EngineUnsupported("fp8 linear layers need dtype fp16 or bf16 for activations")
         self.conv = Converter(opts.dtype, opts.device, opts.fp8)
-        self.ops = select_ops(opts.device)
+        # One tuner for every choice this engine makes (its ops' routes, attention's, the graphs' races).
+        self.tuner = opts.options.tuner or default_tuner()
+        self.ops = select_ops(opts.device, opts.options, self.tuner)
         # Packed sizes are rounded to this on the GPU so similar batches reuse one captured graph.
         self.bucket = 128 if opts.device.type == "cuda" else 1
-        self.graphs = GraphCache(opts.cuda_graphs, opts.max_graphs or self.graph_bound(), opts.tune_budget_s)
+        self.graphs = self.graph_cache(opts.options.max_graphs or self.graph_bound())
+
+    def graph_cache(self, max_entries: int) -> GraphCache:
+        """A graph cache of this engine's settings (its tuner, budget and races)."""
+        o = self.opts.options
+        return GraphCache(self.opts.cuda_graphs, max_entries, self.opts.tune_budget_s, self.tuner, o.refine,
+                          o.race_budget_s)
+
+    def attend(self, qkv: torch.Tensor, p: Packing, scale: float, causal: bool, bound=None):
+        """Attention over the fused QKV rows by the route the engine's tuner picks (attention.attention)."""
+        return attention(qkv, p, self.dims.heads, scale, causal, bound, tuner=self.tuner, pdl=self.ops.pdl)
 
     def graph_bound(self) -> int:
         """Graphs one (max_batch, max_seq) shape can need: each packed token count (a multiple of `bucket`, capped
@@ -73,7 +87,9 @@ class EngineBase:
             # which packing real tokens cannot express: reading it as a padding mask gave silently other outputs.
             raise EngineUnsupported(f"a {mask.dim()}-D attention_mask is not supported: pass a (batch, seq) mask of "
                                     "1 (token) and 0 (padding)")
-        return make_packing(None if mask is None else mask.to(self.opts.device), B, S, self.bucket)
+        o = self.opts.options
+        return make_packing(None if mask is None else mask.to(self.opts.device), B, S, self.bucket, o.pack_max_s,
+                            o.pack_max_tokens)
 
     @staticmethod
     def take(t: torch.Tensor | None, p: Packing) -> torch.Tensor | None:

@@ -5,15 +5,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .attention import Packing, attention
 from .base import EngineBase
-from .config import GELU_KINDS, Dims, EngineOptions, EngineUnsupported
+from .config import GELU_KINDS, Dims, EngineConfig, EngineUnsupported
 from .ops import hp
+from .packing import Packing
 from .weights import bert_layer
 
 
 class BertEngine(EngineBase):
-    def __init__(self, bert, opts: EngineOptions):
+    def __init__(self, bert, opts: EngineConfig):
         super().__init__(opts)
         cfg = bert.config
         if getattr(cfg, "is_decoder", False) or getattr(cfg, "add_cross_attention", False):
@@ -41,7 +41,7 @@ class BertEngine(EngineBase):
         self.pool = None if pool is None else c.linear(pool.dense.weight, pool.dense.bias)
 
     def _layers(self, x: torch.Tensor, p: Packing) -> torch.Tensor:
-        ops, heads, gelu, rows = self.ops, self.dims.heads, self.dims.gelu, x.shape[0]
+        ops, gelu, rows = self.ops, self.dims.gelu, x.shape[0]
         for i, L in enumerate(self.layers):
             # A LayerNorm writes its output in fp8 too only where the GEMM that reads it runs in fp8: fc1 after
             # norm1, the next layer's qkv after norm2 (the last norm2 feeds no GEMM of the stack); attention, given
@@ -49,8 +49,7 @@ class BertEngine(EngineBase):
             # (attention.dense). Below ops.fp8_min_rows none does, and an fp8 model's forward is the fp16 one
             # (FP8_MIN_ROWS).
             nxt = self.layers[i + 1].qkv if i + 1 < len(self.layers) else None
-            a = attention(ops.linear(x, L.qkv), p, heads, L.scale, causal=False,
-                          bound=ops.attention_bound(x, L.qkv, L.out))
+            a = self.attend(ops.linear(x, L.qkv), p, L.scale, causal=False, bound=ops.attention_bound(x, L.qkv, L.out))
             x = ops.linear_add_layernorm(a, L.out, hp(x), L.norm1, quant=ops.fp8(L.fc1, rows))
             x = ops.linear_add_layernorm(ops.linear_gelu(x, L.fc1, gelu), L.fc2, hp(x), L.norm2,
                                          quant=nxt is not None and ops.fp8(nxt, rows))

@@ -15,7 +15,7 @@ def side_stream(device: int) -> torch.cuda.Stream:
     tuning's candidates, the cudagraph backend). One per GraphCache made a process's first engine the only fast one: on
     an H100, bert-base fp16 8 x 128's graph replayed in 0.611-0.626 ms until a second engine warmed up and captured on a
     stream of its own, and in 0.648-0.663 ms from then on, its kernels as long as before (summed, 611.5 us, then 608.1).
-    Programmatic dependent launch (kernels.pdl) had stopped hiding the launches between them: without it both read
+    Programmatic dependent launch (launch.pdl_on) had stopped hiding the launches between them: without it both read
     0.649-0.650. A second engine on the first's stream kept both at 0.610-0.624
     (benchmarks/results/cell_order_h100_2026-11.md). Freed blocks stay with the stream they were allocated on, so one
     stream also strands no memory. After a failed capture, later captures get a new one (see capture). Captures run one

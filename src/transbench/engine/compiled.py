@@ -9,7 +9,7 @@ from transformers.modeling_outputs import (BaseModelOutputWithPastAndCrossAttent
                                            BaseModelOutputWithPoolingAndCrossAttentions)
 
 from .bert import BertEngine
-from .config import EngineOptions, EngineUnsupported
+from .config import EngineConfig, EngineOptions, EngineUnsupported
 from .gpt2 import Generator, GPT2Engine
 
 
@@ -49,7 +49,7 @@ class EngineBackbone(nn.Module):
         return out if return_dict is not False else out.to_tuple()
 
 
-def _engine_for(hf_model: nn.Module, opts: EngineOptions):
+def _engine_for(hf_model: nn.Module, opts: EngineConfig):
     cfg = getattr(hf_model, "config", None)
     kind = getattr(cfg, "model_type", None)
     backbone = getattr(hf_model, "base_model", None)
@@ -69,7 +69,7 @@ def _engine_for(hf_model: nn.Module, opts: EngineOptions):
 class CompiledModel:
     """Callable like the transformers model it was built from; returns the same ModelOutput type."""
 
-    def __init__(self, hf_model: nn.Module, opts: EngineOptions):
+    def __init__(self, hf_model: nn.Module, opts: EngineConfig):
         self.opts = opts
         backbone, self.engine = _engine_for(hf_model, opts)
         self.backbone = EngineBackbone(self.engine)
@@ -134,7 +134,8 @@ class CompiledModel:
         self.engine.release()
 
     def generator(self, batch_size: int, max_total_len: int) -> Generator:
-        """GPT-2 only: greedy-decoding state with a static KV cache (see Generator.prefill / decode)."""
+        """GPT-2 only: greedy-decoding state with a static KV cache (see Generator.prefill / decode); its prefill and
+        decode graphs run on compile_model's options (EngineOptions), as the model's calls do."""
         if not isinstance(self.engine, GPT2Engine):
             raise EngineUnsupported("generation needs a GPT-2 model")
         return Generator(self.engine, batch_size, max_total_len)
@@ -143,7 +144,8 @@ class CompiledModel:
 def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16, max_batch: int = 256,
                   max_seq: int | None = None, cuda_graphs: bool = True, fp8: bool = False,
                   device: torch.device | str | None = None,
-                  tune_budget_s: float | None = EngineOptions.tune_budget_s) -> CompiledModel:
+                  tune_budget_s: float | None = EngineConfig.tune_budget_s,
+                  options: EngineOptions | None = None) -> CompiledModel:
     """Build the fused engine from a transformers BERT/GPT-2 model (bare or with a task head).
 
     tune_budget_s: wall seconds the first call at a new shape may spend tuning kernel routes (None: no limit,
@@ -153,6 +155,9 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16,
     it faster (weights quantized once, one scale per output channel; activations per token, quantized by the
     kernels that produce them), fp16 elsewhere; the same as dtype=torch.float16, fp8=True. A call of fewer than
     ops.FP8_MIN_ROWS tokens (1,024) runs the fp16 forward: fp8 GEMMs lose to fp16 at such sizes.
+
+    options: how the engine launches and tunes its kernels (EngineOptions: programmatic dependent launch, the tuner
+    and its table, whole-forward races, ...); None: the defaults, the engine as shipped.
 
     Raises EngineUnsupported(reason) for models or options the engine cannot run, ValueError for an argument of the
     wrong type or range."""
@@ -182,7 +187,9 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16,
         max_seq = min(max_seq, max_pos)
     elif max_seq is None:
         max_seq = max_pos
-    opts = EngineOptions(dtype=dtype, device=device, max_batch=max_batch, max_seq=max_seq, cuda_graphs=cuda_graphs,
-                         fp8=fp8, tune_budget_s=tune_budget_s)
+    if options is not None and not isinstance(options, EngineOptions):
+        raise ValueError(f"options must be an EngineOptions, got {options!r}")
+    opts = EngineConfig(dtype=dtype, device=device, max_batch=max_batch, max_seq=max_seq, cuda_graphs=cuda_graphs,
+                        fp8=fp8, tune_budget_s=tune_budget_s, options=options or EngineOptions())
     with torch.no_grad():
         return CompiledModel(hf_model, opts)

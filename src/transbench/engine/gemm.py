@@ -3,37 +3,26 @@
 cuBLAS wins on plain GEMMs at large batch; this kernel exists for what cuBLAS cannot do in its epilogue
 (exact GELU, a residual add, an e4m3 output with its row scales: linear_fp8) and for small-M shapes where cuBLAS
 leaves most SMs idle. Operands move through TMA tensor descriptors (Hopper's bulk copy engine); the grid is
-persistent. Imported on CUDA only.
+persistent. Launched on CUDA only (and in Triton's CPU interpreter by the tests).
 """
 from __future__ import annotations
 
 import functools
 
 import torch
-import triton
-import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .kernels import erf, launch_options, pdl_enter, scratch
+from .activation import ACT_GELU, ACT_GELU_TANH, ACT_NONE, activate  # noqa: F401 - the ACT codes callers pass
+from .launch import TensorDescriptor, jit, launch_options, pdl_enter, scratch, tl, triton
 
-ACT_NONE, ACT_GELU, ACT_GELU_TANH = 0, 1, 2
-# Under PDL, GEMMs of at most this many rows prefetch their weights into L2 before waiting on the previous kernel:
-# only there is streaming the weights most of a GEMM's time. H100, bert-base (benchmarks/engine_bench.py --parts
-# pdl): 1 x 128 0.357 -> 0.341 ms and a gpt2 decode step 0.418 -> 0.414 ms; prefetching in every GEMM gained
-# nothing at 1024 or 4096 rows (8 x 128: 0.694 vs 0.696 ms, 8 x 512: 2.089 vs 2.086).
+# Under PDL, GEMMs of at most this many rows (EngineOptions.prefetch_max_m) prefetch their weights into L2 before
+# waiting on the previous kernel: only there is streaming the weights most of a GEMM's time. H100, bert-base
+# (benchmarks/engine_bench.py --parts pdl): 1 x 128 0.357 -> 0.341 ms and a gpt2 decode step 0.418 -> 0.414 ms;
+# prefetching in every GEMM gained nothing at 1024 or 4096 rows (8 x 128: 0.694 vs 0.696 ms, 8 x 512: 2.089 vs
+# 2.086).
 PREFETCH_MAX_M = 128
 
 
-@triton.jit
-def _activate(x, ACT: tl.constexpr):
-    if ACT == 1:
-        return 0.5 * x * (1.0 + erf(x * 0.7071067811865476))
-    if ACT == 2:  # 0.5 * (1 + tanh(u)) == sigmoid(2u)
-        return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
-    return x
-
-
-@triton.jit
+@jit
 def _tile_origin(tile, n_m, n_n, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     # Grouped order: tiles that run together share rows of X in L2.
     per_group = GROUP * n_n
@@ -42,7 +31,7 @@ def _tile_origin(tile, n_m, n_n, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.c
     return (first_m + (tile % per_group) % size_m) * BM, ((tile % per_group) // size_m) * BN
 
 
-@triton.jit
+@jit
 def _prefetch_weights(W, row0, N, K, k0, k1, PDL: tl.constexpr, BR: tl.constexpr, PREFETCH: tl.constexpr):
     # Weights never depend on the previous kernel: under PDL, ask for this program's rows [row0, row0 + BR) x
     # columns [k0, k1) of W (N x K, 2-byte elements) in L2 while that kernel finishes, one request per 128-byte
@@ -55,7 +44,7 @@ def _prefetch_weights(W, row0, N, K, k0, k1, PDL: tl.constexpr, BR: tl.constexpr
                                       dtype=tl.int32, is_pure=False, pack=1)
 
 
-@triton.jit
+@jit
 def _tanh(u, HW: tl.constexpr):
     if HW:  # the SFU's tanh: one instruction, |error| ~ 2^-11 (PTX ISA, tanh.approx.f32)
         return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [u], dtype=tl.float32, is_pure=True,
@@ -63,7 +52,7 @@ def _tanh(u, HW: tl.constexpr):
     return 2.0 * tl.sigmoid(2.0 * u) - 1.0  # Triton's CPU interpreter runs no PTX
 
 
-@triton.jit
+@jit
 def _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MAX, ACT: tl.constexpr,
               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr, QUANT: tl.constexpr, HW: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr):
@@ -82,8 +71,8 @@ def _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MA
             acc = acc * (1.0 / ys)[:, None]
         else:
             # GELU in its tanh form on the SFU's tanh, the row's 1 / scale folded in: ~6 instructions an element
-            # where the erf form (_activate) takes ~25 and two SFU calls. This epilogue runs on the same warps as the
-            # tile's matrix work, so its instructions are the kernel's time: H100, 32,768 x 3,072 x 768
+            # where the erf form (activation.activate) takes ~25 and two SFU calls. This epilogue runs on the same
+            # warps as the tile's matrix work, so its instructions are the kernel's time: H100, 32,768 x 3,072 x 768
             # (benchmarks/engine_bench.py --parts fp8gemm), 0.156 ms with no activation, 0.288 with the erf GELU,
             # 0.159 with this one (torch._scaled_mm alone, fp16 output: 0.166).
             # For exact-GELU models the tanh form is within 5e-4 of erf's; e4m3 then rounds to 3 mantissa bits,
@@ -94,13 +83,13 @@ def _epilogue(acc, om, on, y_desc, r_desc, BIAS, XS, WS, YS, M, N, GAIN, BIAS_MA
         if on == 0:
             tl.store(YS + rows, ys, mask=rows < M)
     else:
-        acc = _activate(acc, ACT)
+        acc = activate(acc, ACT)
         if HAS_RES:
             acc += r_desc.load([om, on]).to(tl.float32)
     y_desc.store([om, on], acc.to(y_desc.dtype))
 
 
-@triton.jit
+@jit
 def fp8_out_scale(xs, GAIN, BIAS_MAX):
     # A row of x W^T + b with |x| <= 448 xs (its e4m3 scale) is bounded by 448 xs GAIN + BIAS_MAX, GAIN being the
     # largest column sum of |W| (Linear.fp8_gain); GELU leaves positive values below themselves and negative ones
@@ -115,7 +104,7 @@ def fp8_out_scale(xs, GAIN, BIAS_MAX):
 # do_not_specialize M: Triton would compile a kernel apart for M == 1 and for M not divisible by 16 (its integer
 # specialisations); M only bounds tiles here (the TMA descriptors carry the shapes), so one compile per config
 # serves every batch x seq: part of the first-call cost issue 23 counts.
-@triton.jit(do_not_specialize=["M"])
+@jit(do_not_specialize=["M"])
 def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, XS, WS, YS, M, N, K, GAIN, BIAS_MAX,
                    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr,
                    QUANT: tl.constexpr, HW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -172,7 +161,7 @@ FP8_CONFIGS = [
 ]
 
 
-@triton.jit(do_not_specialize=["M"])  # as _linear_kernel
+@jit(do_not_specialize=["M"])  # as _linear_kernel
 def _linear_splitk_kernel(x_desc, w_desc, Y, R, W, BIAS, PARTIAL, ARRIVED, M, N, K,
                           ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
@@ -204,7 +193,7 @@ def _linear_splitk_kernel(x_desc, w_desc, Y, R, W, BIAS, PARTIAL, ARRIVED, M, N,
         tl.store(ARRIVED + tile, 0)
         if HAS_BIAS:
             acc += tl.load(BIAS + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        acc = _activate(acc, ACT)
+        acc = activate(acc, ACT)
         if HAS_RES:
             acc += tl.load(R + offs, mask=inside, other=0.0).to(tl.float32)
         tl.store(Y + offs, acc.to(Y.dtype.element_ty), mask=inside)
@@ -224,7 +213,10 @@ def splitk_configs(M: int) -> list:
 
 
 def linear_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: int = ACT_NONE,
-                  residual: torch.Tensor | None = None, cfg=SPLITK_CONFIGS[0]) -> torch.Tensor:
+                  residual: torch.Tensor | None = None, cfg=SPLITK_CONFIGS[0], pdl: bool = True,
+                  prefetch_max_m: int = PREFETCH_MAX_M) -> torch.Tensor:
+    """act(x W^T + bias) [+ residual], SPLIT programs sharing each output tile's K range (small M). pdl and
+    prefetch_max_m: EngineOptions'."""
     if not supported(x, weight) or (residual is not None and not residual.is_contiguous()):
         raise ValueError("shape/alignment not supported by the TMA GEMM")
     (M, K), N = x.shape, weight.shape[0]
@@ -240,7 +232,7 @@ def linear_splitk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         torch.empty(split * M * N, device=x.device, dtype=torch.float32), scratch(x.device, torch.int32, tiles),
         M, N, K,
         ACT=act, HAS_BIAS=bias is not None, HAS_RES=residual is not None, BM=bm, BN=bn, BK=bk, SPLIT=split,
-        num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M, **launch_options(x.device))
+        num_stages=stages, num_warps=warps, PREFETCH=M <= prefetch_max_m, **launch_options(x.device, pdl))
     return y
 
 
@@ -257,7 +249,10 @@ def supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: int = ACT_NONE,
-           residual: torch.Tensor | None = None, cfg=CONFIGS[0]) -> torch.Tensor:
+           residual: torch.Tensor | None = None, cfg=CONFIGS[0], pdl: bool = True,
+           prefetch_max_m: int = PREFETCH_MAX_M) -> torch.Tensor:
+    """act(x W^T + bias) [+ residual] on fp16/bf16 operands, the epilogue fused. pdl and prefetch_max_m:
+    EngineOptions'."""
     if (not supported(x, weight) or (weight.shape[0] * x.element_size()) % 16  # y is written through TMA too
             or (residual is not None and not residual.is_contiguous())):
         raise ValueError("shape/alignment not supported by the TMA GEMM")
@@ -273,8 +268,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
         TensorDescriptor.from_tensor(y, out_block), TensorDescriptor.from_tensor(r, out_block), weight,
         bias if bias is not None else y, y, y, y, M, N, K, 0.0, 0.0, ACT=act, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None, FP8=False, QUANT=False, HW=False, BM=bm, BN=bn, BK=bk, GROUP=8,
-        PROGRAMS=programs, SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=M <= PREFETCH_MAX_M,
-        **launch_options(x.device))
+        PROGRAMS=programs, SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=M <= prefetch_max_m,
+        **launch_options(x.device, pdl))
     return y
 
 
@@ -301,12 +296,12 @@ def supported_fp8(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None, gain: float = 0.0, bias_max: float = 0.0, act: int = ACT_NONE,
                out_dtype: torch.dtype = torch.float8_e4m3fn, residual: torch.Tensor | None = None,
-               cfg=FP8_CONFIGS[0]) -> tuple[torch.Tensor, torch.Tensor | None]:
+               cfg=FP8_CONFIGS[0], pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """act(x W^T + bias) [+ residual] from e4m3 x (M, K) with per-row scales (M, 1) and e4m3 W (N, K) with
     per-column scales (1, N), the scales, bias and activation applied in the GEMM's epilogue. out_dtype e4m3: written
     with a per-row scale (fp8_out_scale, from W's `gain` and max |bias| `bias_max`) as the next fp8 GEMM's input,
     (y, y_scale (M, 1)): the fp16 output, and the pass that reads it to quantize, never exist. Otherwise (y, None)
-    in out_dtype, and the residual may be added there too."""
+    in out_dtype, and the residual may be added there too. pdl: EngineOptions.pdl."""
     quant = out_dtype == torch.float8_e4m3fn
     if not supported_fp8(x, weight) or (residual is not None and (quant or not residual.is_contiguous())):
         raise ValueError("shape/alignment not supported by the fp8 TMA GEMM")
@@ -324,5 +319,5 @@ def linear_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, wei
         bias if bias is not None else y_scale, x_scale, weight_scale, y_scale, M, N, K, gain, bias_max, ACT=act,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, FP8=True, QUANT=quant, HW=x.is_cuda, BM=bm, BN=bn,
         BK=bk, GROUP=8, PROGRAMS=programs, SUBTILE=subtile, num_stages=stages, num_warps=warps, PREFETCH=False,
-        **launch_options(x.device))
+        **launch_options(x.device, pdl))
     return y, (y_scale if quant else None)

@@ -7,16 +7,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .attention import Packing, attention
 from .base import EngineBase
-from .config import GELU_KINDS, Dims, EngineOptions, EngineUnsupported
+from .config import GELU_KINDS, Dims, EngineConfig, EngineUnsupported
 from .graphs import GraphCache
 from .ops import Linear
+from .packing import Packing
 from .weights import gpt2_layer
 
 
 class GPT2Engine(EngineBase):
-    def __init__(self, gpt2, opts: EngineOptions, lm_head_weight: torch.Tensor | None = None):
+    def __init__(self, gpt2, opts: EngineConfig, lm_head_weight: torch.Tensor | None = None):
         super().__init__(opts)
         cfg = gpt2.config
         if getattr(cfg, "add_cross_attention", False):
@@ -52,8 +52,7 @@ class GPT2Engine(EngineBase):
             # cache holds the finite values of an earlier generation there).
             kv = [torch.zeros(2, batch_size, d.heads, max_total_len, d.head_dim, device=o.device, dtype=o.dtype)
                   for _ in self.layers]
-            state = DecodeState(kv, torch.zeros(1, dtype=torch.long, device=o.device),
-                                GraphCache(o.cuda_graphs, 64, o.tune_budget_s))
+            state = DecodeState(kv, torch.zeros(1, dtype=torch.long, device=o.device), self.graph_cache(64))
         self.decode_states[key] = state
         while len(self.decode_states) > MAX_DECODE_STATES:
             self.decode_states.popitem(last=False)
@@ -88,10 +87,9 @@ class GPT2Engine(EngineBase):
 
     def _forward(self, p: Packing, ids, embeds, token_type_ids, position_ids):
         x = self._embed(p, ids, embeds, token_type_ids, position_ids)
-        heads = self.dims.heads
 
         def attend(i, qkv):  # no e4m3 output: its LayerNorms write no e4m3 copy whose scales would bound it (bert.py)
-            return attention(qkv, p, heads, self.layers[i].scale, True)
+            return self.attend(qkv, p, self.layers[i].scale, True)
         return self.unpack(self._blocks(x, attend), p)
 
 
@@ -146,7 +144,7 @@ class Generator:
         def attend(i, qkv):
             kv = qkv.view(B, S, 3, d.heads, d.head_dim)[:, :, 1:].permute(2, 0, 3, 1, 4)
             self.kv[i][:, :, :, :S].copy_(kv)
-            return attention(qkv, p, d.heads, e.layers[i].scale, True)
+            return e.attend(qkv, p, e.layers[i].scale, True)
 
         h = e._blocks(e._embed(p, ids, None, None, None), attend)
         return self._logits(h.view(B, S, -1)[:, -1])

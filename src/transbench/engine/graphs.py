@@ -9,7 +9,8 @@ from typing import Any, Callable
 import torch
 
 from .capture import capture, side_stream
-from .tuning import TUNE_BUDGET_S, replay_ms, tuner
+from .tuning import RACE_BUDGET_S, TUNE_BUDGET_S, Tuner, replay_ms
+from .tuning import tuner as default_tuner
 
 
 @dataclass
@@ -52,11 +53,15 @@ class GraphCache:
     All graphs share one memory pool: each replay's outputs are cloned out before any other graph can run,
     so no graph ever holds state another needs, and activation memory is paid once, not per shape. A key's
     first capture also settles the close route choices of its ops by racing whole graphs (Tuner.refine).
+    tuner, refine and race_budget_s: EngineOptions' (tuner None: the process's tuner of the default table).
     """
 
-    def __init__(self, enabled: bool, max_entries: int = 32, tune_budget_s: float | None = TUNE_BUDGET_S):
+    def __init__(self, enabled: bool, max_entries: int = 32, tune_budget_s: float | None = TUNE_BUDGET_S,
+                 tuner: Tuner | None = None, refine: bool = True, race_budget_s: float = RACE_BUDGET_S):
         self.enabled = enabled and torch.cuda.is_available()
         self.max_entries, self.tune_budget_s = max_entries, tune_budget_s
+        self.tuner = tuner if tuner is not None else default_tuner()
+        self.refine, self.race_budget_s = refine, race_budget_s
         self.entries: OrderedDict[Any, _Entry] = OrderedDict()
         self.captures = 0  # graphs captured so far, evicted or released ones included
         self.pool = torch.cuda.graph_pool_handle() if self.enabled else None
@@ -69,7 +74,7 @@ class GraphCache:
             # engine in the same process had chosen out of time, and the two then ran different kernels (H100:
             # tests/gpu/test_engine_kernels.py's PDL test saw bert and GPT-2 outputs differ by 6e-3,
             # benchmarks/results/fp8_power_cap_h100_2026-11.md).
-            with tuner().budget(self.tune_budget_s):
+            with self.tuner.budget(self.tune_budget_s):
                 return fn(*args)
         e = self.entries.get(key)
         if e is not None:
@@ -91,12 +96,13 @@ class GraphCache:
     def _capture(self, fn, args, static) -> _Entry:
         args = _with_static(args, static)
         static = [t for t in static if isinstance(t, torch.Tensor)]
-        t = tuner()
+        t = self.tuner
         first_race, timed = len(t.races), t.timed
         # The budget covers the whole first call of a shape: Triton compiles, each op's candidates timed alone (in
         # the first warm-up), and the whole-forward races.
         with t.budget(self.tune_budget_s), t.recording() as keys:
-            e = t.refine(keys, lambda: self._graph(fn, args, static), lambda e: replay_ms(e.graph.replay))
+            e = t.refine(keys, lambda: self._graph(fn, args, static), lambda e: replay_ms(e.graph.replay),
+                         enabled=self.refine, race_budget_s=self.race_budget_s)
         if t.timed > timed or len(t.races) > first_race:
             # What tuning dropped (the graphs of lost races among it) waits in reference cycles for a garbage
             # collection, its device memory still allocated: on an H100, bert-base 256 x 128 fp8 held 1,271.4 MiB after

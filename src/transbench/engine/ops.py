@@ -1,19 +1,26 @@
-"""The one device seam: fused Triton kernels on CUDA, plain torch ops elsewhere (same math, same signatures)."""
+"""The one device seam: fused Triton kernels on CUDA (one module per op: gemm, layernorm, activation, quantize,
+embeddings, decode_attention; attention.py chooses its own routes), plain torch ops elsewhere (same math, same
+signatures): TorchOps is every op's torch reference."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from .tuning import tuner
-
-try:  # Triton is optional: the CPU path must import without it.
-    from . import gemm as _gemm
-    from . import kernels as _triton
-except Exception:  # noqa: BLE001 - ImportError, or a broken Triton install
-    _gemm = _triton = None
+from . import gemm
+from .activation import ACT_GELU, ACT_GELU_TANH
+from .activation import bias_gelu as triton_bias_gelu
+from .config import EngineOptions
+from .decode_attention import decode_attention as triton_decode_attention
+from .embeddings import embed_layernorm as triton_embed_layernorm
+from .launch import AVAILABLE
+from .layernorm import add_layernorm as triton_add_layernorm
+from .quantize import quantize_rows as triton_quantize_rows
+from .tuning import Tuner
+from .tuning import tuner as default_tuner
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP8_MIN_SCALE = 1e-12 / FP8_MAX  # an all-zero row keeps a finite scale (and quantizes to zeros)
@@ -80,9 +87,9 @@ class AttnBound(NamedTuple):
 
 def attention_scale(bound: AttnBound, S: int) -> torch.Tensor:
     """(B*S, 1) e4m3 scales of attention's output: per sequence of S rows, its largest V bound over FP8_MAX. The
-    reference of kernels.attention's (bound=...). Looser than each row's own max-abs by 2^4.9 to 2^5.9 (emulated,
-    random-weight bert-base 2 x 128 and bert-large 1 x 384), which costs no precision: a value keeps its 3-bit
-    mantissa down to 2^-6, 2^14.8 below FP8_MAX."""
+    reference of attention.triton_attention's (bound=...). Looser than each row's own max-abs by 2^4.9 to 2^5.9
+    (emulated, random-weight bert-base 2 x 128 and bert-large 1 x 384), which costs no precision: a value keeps its
+    3-bit mantissa down to 2^-6, 2^14.8 below FP8_MAX."""
     seq = bound.x_scale.float().reshape(-1, S).amax(dim=1, keepdim=True)
     scale = torch.clamp(seq * bound.gain + bound.bias_max / FP8_MAX, min=FP8_MIN_SCALE)
     return scale.repeat_interleave(S, dim=0)
@@ -130,12 +137,18 @@ def rows(x) -> int:
 
 
 class TorchOps:
-    """Reference implementations; also what runs on CPU."""
+    """Reference implementations; also what runs on CPU. options: the engine's (EngineOptions.fp8_min_rows here)."""
 
     name = "torch"
     # fp8 layers run their GEMMs in fp8 from this many rows; below, the fp16 forward (see FP8_MIN_ROWS). The CPU
     # emulation exists to check fp8 numerics, so it quantizes at any size.
-    fp8_min_rows = 1
+    default_fp8_min_rows = 1
+    pdl = False  # programmatic dependent launch: the Triton kernels' (TritonOps)
+
+    def __init__(self, options: EngineOptions | None = None):
+        self.options = options or EngineOptions()
+        min_rows = self.options.fp8_min_rows
+        self.fp8_min_rows = self.default_fp8_min_rows if min_rows is None else min_rows
 
     def fp8(self, lin: Linear, m: int) -> bool:
         """Whether `lin`'s GEMM over m rows is offered fp8 routes (and its input's producer writes an fp8 copy)."""
@@ -217,13 +230,26 @@ FP8_MIN_ROWS = 1024
 class TritonOps(TorchOps):
     """CUDA: every GEMM and its epilogue by whichever route the tuner timed fastest for the shape (cuBLAS,
     cuBLAS with its own epilogue, our Triton GEMM with the epilogue fused, and for fp8 layers torch._scaled_mm
-    with the quantization of its output's consumer fused into the epilogue kernel); element-wise work in Triton."""
+    with the quantization of its output's consumer fused into the epilogue kernel); element-wise work in Triton.
+    options: the engine's (EngineOptions: pdl, prefetch_max_m, fp8_min_rows); tuner: what chooses the routes (a
+    tuning.Tuner, or anything with its choose(key, candidates); None: EngineOptions.tuner, else the process's tuner of
+    the default table)."""
 
     name = "triton"
-    fp8_min_rows = FP8_MIN_ROWS
+    default_fp8_min_rows = FP8_MIN_ROWS
+
+    def __init__(self, options: EngineOptions | None = None, tuner: Tuner | None = None):
+        super().__init__(options)
+        o = self.options
+        self.tuner = tuner or o.tuner or default_tuner()
+        self.pdl = o.pdl
+        # Our GEMMs as the routes call them, with the engine's launch options bound.
+        self._linear = partial(gemm.linear, pdl=o.pdl, prefetch_max_m=o.prefetch_max_m)
+        self._splitk = partial(gemm.linear_splitk, pdl=o.pdl, prefetch_max_m=o.prefetch_max_m)
+        self._linear_fp8 = partial(gemm.linear_fp8, pdl=o.pdl)
 
     def quantize(self, x) -> Fp8Act:
-        return x if isinstance(x, Fp8Act) else Fp8Act(*_triton.quantize_rows(x), hp=x)
+        return x if isinstance(x, Fp8Act) else Fp8Act(*triton_quantize_rows(x, pdl=self.pdl), hp=x)
 
     @staticmethod
     def _fp8_out(out, store: bool, quant: bool):
@@ -241,7 +267,7 @@ class TritonOps(TorchOps):
         if lin.weight_fp8 is None:
             return {}
         return {name + "x".join(map(str, cfg)): (lambda q, cfg=cfg: run(q, cfg))
-                for cfg in _gemm.fp8_configs(out_dtype, lin.weight.device)}
+                for cfg in gemm.fp8_configs(out_dtype, lin.weight.device)}
 
     def _choose(self, op: str, x, lin: Linear, cands: dict, triton_cand, fp8_cands: dict | None = None):
         """Run `op` by the route the tuner picks. cands: library routes {name: fn(h)} on the input in the model's
@@ -255,15 +281,15 @@ class TritonOps(TorchOps):
         def high():
             return hp(x, dtype)
         routes = {name: (lambda fn=fn: fn(high())) for name, fn in cands.items()}
-        if h is not None and _gemm.supported(h, lin.weight):
-            for cfg in _gemm.CONFIGS:
-                routes["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear, cfg, h)
-            for cfg in _gemm.splitk_configs(M):
-                routes["splitk" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(_gemm.linear_splitk, cfg, h)
+        if h is not None and gemm.supported(h, lin.weight):
+            for cfg in gemm.CONFIGS:
+                routes["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(self._linear, cfg, h)
+            for cfg in gemm.splitk_configs(M):
+                routes["splitk" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(self._splitk, cfg, h)
         if fp8_cands and self.fp8(lin, M):  # listed first: the default route where the budget leaves it untimed
             routes = {**{name: (lambda fn=fn: fn(self.quantize(x))) for name, fn in fp8_cands.items()}, **routes}
         form = "" if isinstance(x, torch.Tensor) else "|fp8 input"
-        return routes[tuner().choose(f"{op}|{M}x{N}x{K}|{dtype}{form}", routes)]()
+        return routes[self.tuner.choose(f"{op}|{M}x{N}x{K}|{dtype}{form}", routes)]()
 
     def linear(self, x, lin, bias=True):
         b = lin.bias if bias else None
@@ -273,7 +299,7 @@ class TritonOps(TorchOps):
             return y if b is None else y.add_(b)
 
         def ours(q, cfg):
-            return _gemm.linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, b,
+            return self._linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, b,
                                     out_dtype=lin.weight.dtype, cfg=cfg)[0]
         return self._choose(f"linear|bias={b is not None}", x, lin,
                             {"cublas": lambda h: F.linear(h, lin.weight, b)},
@@ -284,7 +310,7 @@ class TritonOps(TorchOps):
     def bias_gelu(self, x, bias, kind):
         if bias is None:
             return super().bias_gelu(x, bias, kind)
-        return _triton.bias_gelu(x, bias, kind == "tanh")
+        return triton_bias_gelu(x, bias, kind == "tanh", pdl=self.pdl)
 
     def linear_gelu(self, x, lin, kind):
         """gelu(x W^T + b); with fp8 weights its route may return the activation as an Fp8Act (fp8+gelu_q: bias,
@@ -292,16 +318,17 @@ class TritonOps(TorchOps):
         if lin.bias is None:
             return super().linear_gelu(x, lin, kind)
         tanh = kind == "tanh"
-        cands = {"cublas+triton_gelu": lambda h: _triton.bias_gelu(F.linear(h, lin.weight), lin.bias, tanh)}
+        cands = {"cublas+triton_gelu": lambda h: triton_bias_gelu(F.linear(h, lin.weight), lin.bias, tanh,
+                                                                  pdl=self.pdl)}
         if tanh:  # cuBLASLt's GELU epilogue is the tanh form: only right for tanh-GELU models
             cands["cublaslt_gelu"] = lambda h: torch._addmm_activation(lin.bias, h, lin.weight.t(), use_gelu=True)
-        act = _gemm.ACT_GELU_TANH if tanh else _gemm.ACT_GELU
+        act = ACT_GELU_TANH if tanh else ACT_GELU
 
         def gelu_q(q):
-            return Fp8Act(*_triton.quantize_rows(scaled_mm(q, lin, lin.weight.dtype), lin.bias, act))
+            return Fp8Act(*triton_quantize_rows(scaled_mm(q, lin, lin.weight.dtype), lin.bias, act, pdl=self.pdl))
 
         def ours(q, cfg):  # bias, GELU and the e4m3 output in our fp8 GEMM's epilogue
-            return Fp8Act(*_gemm.linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias, lin.fp8_gain,
+            return Fp8Act(*self._linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias, lin.fp8_gain,
                                             lin.fp8_bias_max, act, cfg=cfg))
         fp8 = {"fp8+gelu_q": gelu_q, **self._fp8_ours(lin, "fp8+triton_gelu_q", ours, torch.float8_e4m3fn)}
         # Every fp8 route hands the next GEMM an fp8 input. An fp16-output fp8 route (bias + GELU in fp16) used to be
@@ -314,13 +341,14 @@ class TritonOps(TorchOps):
                             lambda gemm, cfg, h: gemm(h, lin.weight, lin.bias, act, cfg=cfg), fp8)
 
     def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
-        return _triton.decode_attention(qkv.contiguous(), k_cache, v_cache, pos, scale)
+        return triton_decode_attention(qkv, k_cache, v_cache, pos, scale, pdl=self.pdl)
 
     def embed_layernorm(self, ids, word, pos_ids, pos, tt, type_, norm, S):
-        return _triton.embed_layernorm(ids, word, pos_ids, pos, tt, type_, norm.weight, norm.bias, norm.eps, S)
+        return triton_embed_layernorm(ids, word, pos_ids, pos, tt, type_, norm.weight, norm.bias, norm.eps, S,
+                                      pdl=self.pdl)
 
     def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False, quant=False):
-        out = _triton.add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual, quant)
+        out = triton_add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual, quant, pdl=self.pdl)
         return self._fp8_out(out, store_residual, quant)
 
     def linear_add_layernorm(self, x, lin, residual, norm, store_residual=False, quant=False):
@@ -340,7 +368,7 @@ class TritonOps(TorchOps):
                  "cublas_addmm+ln": lambda h: ln(torch.addmm(residual, h, lin.weight.t()), None, lin.bias)}
 
         def ours(q, cfg):  # our fp8 GEMM writes x W^T + b + residual in the model's dtype, as `fused` does
-            s = _gemm.linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias,
+            s = self._linear_fp8(q.data, q.scale, lin.weight_fp8, lin.weight_scale, lin.bias,
                                  out_dtype=lin.weight.dtype, residual=residual, cfg=cfg)[0]
             return (ln(s, None, None, False), s) if store_residual else ln(s, None, None)
         return self._choose(f"linear_add_ln|store={store_residual}" + ("|quant" if quant else ""), x, lin, cands,
@@ -348,5 +376,7 @@ class TritonOps(TorchOps):
                                     **self._fp8_ours(lin, "fp8+triton+ln", ours, lin.weight.dtype)})
 
 
-def select_ops(device: torch.device) -> TorchOps:
-    return TritonOps() if device.type == "cuda" and _triton is not None else TorchOps()
+def select_ops(device: torch.device, options: EngineOptions | None = None, tuner: Tuner | None = None) -> TorchOps:
+    """The ops for `device`: our Triton kernels on CUDA where Triton imports (their routes chosen by `tuner`), else
+    the torch references."""
+    return TritonOps(options, tuner) if device.type == "cuda" and AVAILABLE else TorchOps(options)

@@ -7,6 +7,7 @@ ours, then one per close runner-up. Next to its real neighbours a kernel can gai
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -34,8 +35,8 @@ ROUNDS = 4
 MIN_GAIN = 0.01  # a rival replaces the winner only if the whole forward gets at least this much faster
 # Wall time one shape may spend racing, closest rivals first: a bert-large 256 x 512 forward takes ~0.2 s, so
 # racing every rival there would outlast a benchmark cell's timeout.
-RACE_BUDGET_S = 10.0
-# Wall seconds a shape's first call may spend tuning (EngineOptions.tune_budget_s; None: no limit), Triton compiles
+RACE_BUDGET_S = 10.0  # EngineOptions.race_budget_s
+# Wall seconds a shape's first call may spend tuning (compile_model's tune_budget_s; None: no limit), Triton compiles
 # included: issue 23 asks a first call of bert-base at a new shape to cost at most 5 s on an H100, where tuning
 # every route took 28-53 s. Past it, an op not yet tuned takes its default route, the first candidate it lists
 # (cuBLAS for a GEMM, flash SDPA for attention: library kernels, nothing to compile), and no whole forward is
@@ -47,7 +48,6 @@ TUNE_BUDGET_S = 2.5
 # so a table written by code that knows no partial entries loads here, and one written here loads there (where
 # the prefixed keys match no lookup, and are kept when that code saves).
 PARTIAL = "partial|"
-REFINE = True  # benchmarks/engine_bench.py turns it off to measure what it buys
 
 
 TABLE_NAME = "engine-tuning.json"
@@ -250,16 +250,18 @@ class Tuner:
         return ranked[0]
 
     def refine(self, keys: set[str], build: Callable[[], T], time_ms: Callable[[T], float], rounds: int = 3,
-               clock: Callable[[], float] = time.perf_counter) -> T:
+               clock: Callable[[], float] = time.perf_counter, enabled: bool = True,
+               race_budget_s: float = RACE_BUDGET_S) -> T:
         """Settle close choices in context: `build()` captures the whole forward with the current choices. First
         the forward with every op in `keys` on its fastest library route (timed in this process) races it, then the
         one with every op on its fastest route of ours, then the one with every op that has fp8 routes on its fastest
-        fp8 route; then each rival of those ops, the closest first, one at a time and for at most RACE_BUDGET_S (and
+        fp8 route; then each rival of those ops, the closest first, one at a time and for at most race_budget_s (and
         none past the tuning budget's deadline). A trial forward replaces the best so far if at least MIN_GAIN faster
         (timed in alternation, `rounds` times). Returns the best build; the table keeps its choices. Each rival is
-        tried at most once per process."""
+        tried at most once per process. enabled False (EngineOptions.refine): `build()` alone, each op on the route
+        it won alone."""
         best = build()
-        if not REFINE:
+        if not enabled:
             return best
         # Routes picked one op at a time can lose, as a whole, to one family's kernels throughout, and racing one
         # change at a time never reaches such a forward: H100 bert-base 8 x 512 lost to the cudagraph backend,
@@ -280,7 +282,7 @@ class Tuner:
                 self.rivals.setdefault(k, {})[n] = 1.0
         trials = sorted((ratio, key, rival) for key in keys for rival, ratio in self.rivals.pop(key, {}).items())
         for _, key, rival in trials:
-            if clock() - start > RACE_BUDGET_S or self.out_of_time():
+            if clock() - start > race_budget_s or self.out_of_time():
                 break
             if rival != self.table.get(key):
                 best = self._race(best, {key: rival}, build, time_ms, rounds, "rival")
@@ -370,18 +372,18 @@ def _table_problem(path: Path) -> str | None:
     return None
 
 
-_TUNER: Tuner | None = None
+def for_table(path: Path | str) -> Tuner:
+    """The process's one Tuner of the table at `path` (EngineOptions(tuner=...) for another table than the default,
+    as api.tune --cache-dir does): engines that share a table share what was timed, raced and saved."""
+    return _tuner_of(Path(path).absolute())
 
 
-def use_table(path: Path) -> Tuner:
-    """Make `path` this process's tuning table (api.tune --cache-dir)."""
-    global _TUNER
-    _TUNER = Tuner(path)
-    return _TUNER
+@functools.cache
+def _tuner_of(path: Path) -> Tuner:
+    return Tuner(path)
 
 
 def tuner() -> Tuner:
-    global _TUNER
-    if _TUNER is None:
-        _TUNER = Tuner()
-    return _TUNER
+    """The process's Tuner of the default table, cache_path() read now (a changed $TRANSBENCH_CACHE_DIR gets its
+    own): what an engine uses unless EngineOptions.tuner names another."""
+    return for_table(cache_path())

@@ -12,16 +12,20 @@ from ...spec import check_once
 from .spec import TuneSpec
 
 
-def run(spec: TuneSpec, progress: Callable[[dict], None] | None = None) -> list[dict]:
+def run(spec: TuneSpec, progress: Callable[[dict], None] | None = None, options=None) -> list[dict]:
     """Tune the fused engine's kernel routes for every batch x seq of `model` ahead of time, with no time budget,
     into the on-disk table (`cache_dir`/engine-tuning.json; default $TRANSBENCH_CACHE_DIR or
     ~/.cache/transbench). A process that finds the table starts warm: its first call at a tuned shape captures
     its graph without timing anything. GPT-2: also a generator's prefill at batch x seq and its decode step at
     that batch. Returns one row per shape: batch, seq, seconds, routes (ops of the forward tuned), races (the
-    whole-forward trials that settled close choices, tuning.Tuner.refine: routes tried, times, whether it won)."""
+    whole-forward trials that settled close choices, tuning.Tuner.refine: routes tried, times, whether it won).
+    options: the engine's launch and tuning switches (transbench.engine.EngineOptions; None: the defaults); its tuner
+    is cache_dir's table's where cache_dir is given."""
+    from dataclasses import replace
+
     import torch
 
-    from ...engine import EngineUnsupported, compile_model, tuning
+    from ...engine import EngineOptions, EngineUnsupported, compile_model, tuning
     from ...measure import device as dev
     from ...models import build
 
@@ -63,12 +67,15 @@ def run(spec: TuneSpec, progress: Callable[[dict], None] | None = None) -> list[
     target = dev.resolve(device)
     if target.type != "cuda":
         raise SpecError("tune needs a CUDA GPU: the table holds kernel timings of the GPU it ran on")
+    if options is not None and not isinstance(options, EngineOptions):
+        raise SpecError(f"options must be a transbench.engine.EngineOptions, got {options!r}")
+    options = options or EngineOptions()
     if cache_dir is not None:
-        tuning.use_table(table)
+        options = replace(options, tuner=tuning.for_table(table))
     hf = build.build_model(ref, "base", device=str(target)).to(dev.torch_dtype(dtype))
     try:
         compiled = compile_model(hf, dtype=dev.torch_dtype(dtype), max_batch=max(batches), max_seq=max(seqs),
-                                 fp8=dtype == "fp8", tune_budget_s=None)
+                                 fp8=dtype == "fp8", tune_budget_s=None, options=options)
     except EngineUnsupported as exc:  # a config the engine refuses (an activation, fp8 on this GPU): one line
         raise SpecError(f"{model} cannot be tuned: {exc.reason}") from None
     rows = []

@@ -1,0 +1,87 @@
+"""One-token decode attention (GPT-2 generation): the new token's k and v written into the static KV cache and
+its attention over the positions so far, in one flash-decoding kernel. ops.TorchOps.decode_attention is the
+reference."""
+from __future__ import annotations
+
+import torch
+
+from .launch import jit, launch_options, pdl_enter, scratch, tl, triton
+
+
+@jit
+def _decode_attention_kernel(QKV, K, V, POS, OUT, PART, ARRIVED, L, scale, H: tl.constexpr, D: tl.constexpr,
+                             BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                             CHUNKS_P2: tl.constexpr, PDL: tl.constexpr):
+    # Flash-decoding: program (sequence x head, chunk of the cache). At batch 1 one program per head would
+    # leave most SMs idle and walk the cache serially. The position comes from device memory, so one graph
+    # serves every step; chunks past it return at once. The last program of a head to finish merges the
+    # chunks' partial softmaxes, and resets its arrival counter.
+    pdl_enter(PDL)
+    bh, c = tl.program_id(0), tl.program_id(1)
+    chunks = tl.num_programs(1)
+    b, h = bh // H, bh % H
+    pos = tl.load(POS)
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    row = QKV + b * (3 * H * D) + h * D
+    q = tl.load(row + d, mask=dm, other=0.0).to(tl.float32) * scale
+    cache = bh.to(tl.int64) * L * D
+    start = c * CHUNK
+    # The chunk holding pos writes the new k, v there and seeds its softmax with them from registers: every
+    # program reads only rows < pos, never the row being written.
+    own = (pos >= start) & (pos < start + CHUNK)
+    at = pos + d * 0  # pos per element: masks are built element-wise
+    new_m = dm & (at >= start) & (at < start + CHUNK)
+    k_new = tl.load(row + H * D + d, mask=new_m, other=0.0)
+    v_new = tl.load(row + 2 * H * D + d, mask=new_m, other=0.0)
+    tl.store(K + cache + pos * D + d, k_new, mask=new_m)
+    tl.store(V + cache + pos * D + d, v_new, mask=new_m)
+    m_i = tl.where(own, tl.sum(q * k_new.to(tl.float32), 0), -1e30)  # finite: empty chunks stay NaN-free
+    l_i = tl.where(own, 1.0, 0.0)
+    acc = v_new.to(tl.float32)
+    for off in range(start, tl.minimum(start + CHUNK, pos), BLOCK):
+        j = off + tl.arange(0, BLOCK)
+        jm = (j < pos) & (j < start + CHUNK)
+        offs = cache + j[:, None] * D + d[None, :]
+        k = tl.load(K + offs, mask=jm[:, None] & dm[None, :], other=0.0).to(tl.float32)
+        s = tl.where(jm, tl.sum(k * q[None, :], 1), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new)
+        v = tl.load(V + offs, mask=jm[:, None] & dm[None, :], other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    part = PART + (bh * chunks + c) * (BLOCK_D + 2)
+    tl.store(part + d, acc)
+    tl.store(part + BLOCK_D, m_i)
+    tl.store(part + BLOCK_D + 1, l_i)
+    tl.debug_barrier()  # every thread's share of the partial is written before this program announces itself
+    if tl.atomic_add(ARRIVED + bh, 1, sem="acq_rel") == chunks - 1:
+        cs = tl.arange(0, CHUNKS_P2)
+        cm = cs < chunks
+        parts = PART + (bh * chunks + cs) * (BLOCK_D + 2)
+        ms = tl.load(parts + BLOCK_D, mask=cm, other=-1e30, cache_modifier=".cg")
+        w = tl.exp(ms - tl.max(ms, 0))
+        ls = tl.load(parts + BLOCK_D + 1, mask=cm, other=0.0, cache_modifier=".cg")
+        accs = tl.load(parts[:, None] + d[None, :], mask=cm[:, None], other=0.0, cache_modifier=".cg")
+        out = tl.sum(w[:, None] * accs, 0) / tl.sum(w * ls, 0)
+        tl.store(OUT + b * (H * D) + h * D + d, out.to(OUT.dtype.element_ty), mask=dm)
+        tl.store(ARRIVED + bh, 0)
+
+
+def decode_attention(qkv, k_cache, v_cache, pos, scale, pdl: bool = True):
+    """qkv (B, 3*H*D) of one new token per sequence; caches (B, H, L, D); pos a 1-element device tensor.
+    Writes the token's k and v at pos and returns its attention over positions 0..pos, (B, H*D). pdl:
+    EngineOptions.pdl."""
+    B, H, L, D = k_cache.shape
+    qkv = qkv.contiguous()
+    block_d = triton.next_power_of_2(D)
+    chunk = max(64, triton.next_power_of_2(triton.cdiv(L, 32)))  # at most 32 chunks, at least 64 rows each
+    chunks = triton.cdiv(L, chunk)
+    out = qkv.new_empty(B, H * D)
+    _decode_attention_kernel[(B * H, chunks)](
+        qkv, k_cache, v_cache, pos, out, scratch(qkv.device, torch.float32, B * H * chunks * (block_d + 2)),
+        scratch(qkv.device, torch.int32, B * H), L, scale, H=H, D=D, BLOCK_D=block_d, CHUNK=chunk, BLOCK=64,
+        CHUNKS_P2=triton.next_power_of_2(chunks), num_warps=4, **launch_options(qkv.device, pdl))
+    return out
