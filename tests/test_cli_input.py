@@ -135,7 +135,7 @@ def test_old_option_spellings_still_work_with_a_notice(tmp_path, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(api, "train", lambda spec, db, **kw: seen.setdefault("spec", spec) and [])
-    res = invoke("train", "--model", "bert-tiny", "--precision", "fp32", "--backend=eager", "--warmup-steps", "3",
+    res = invoke("train", "--model", "bert-tiny", "--precision", "fp32", "--attn=eager", "--warmup-steps", "3",
                  "--batches", "2,4", "--db", tmp_path / "a.db")
     assert res.exit_code == 0, res.output
     assert "note: --precision is now --dtype" in res.stderr and "note: --attn is now --backend" in res.stderr

@@ -28,7 +28,7 @@ import torch
 
 from transbench.cells import Cell
 from transbench.measure import timer
-from transbench.scenarios.inference.measure import measure as inference
+from transbench.scenarios.inference import measure as inference
 
 
 def probe(fn, n: int = 200) -> tuple[float, float]:

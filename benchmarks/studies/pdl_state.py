@@ -21,7 +21,7 @@ from transbench.cells import Cell
 from transbench.engine.capture import side_stream
 from transbench.measure import device as dev
 from transbench.measure import memory, timer
-from transbench.scenarios.inference.measure import measure as inference
+from transbench.scenarios.inference import measure as inference
 
 
 def bisect(first, say) -> None:

@@ -278,7 +278,7 @@ def main(argv=None) -> int:
               "bert-tiny", file=sys.stderr)
         return 2
     from transbench.errors import SpecError
-    from transbench.scenarios.serve.measure import measure as serve, spec as serve_spec
+    from transbench.scenarios.serve import measure as serve, spec as serve_spec
     from transbench.scenarios.inference.measure import ModelCache
 
     try:

@@ -124,7 +124,8 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
             except _WrongType:
                 if labels and key in labels and kind is float and _not_finite(item):
                     # the command line's own words: `--rate nan` names the option as the user typed it
-                    raise SpecError(f"{labels[key]} {item}: give a finite number") from None
+                    raise SpecError(f"{labels[key]} {item}: give a finite number ({where}{key}: expected {expected}, "
+                                    f"got {item!r})") from None
                 # The value itself makes the best example where it can be one: quoted text for a text
                 # field, the number without its quotes for `timeout: "10"`.
                 example = json.dumps(str(item)) if kind is str else _EXAMPLE.get(kind, "...")
