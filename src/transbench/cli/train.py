@@ -11,7 +11,7 @@ from rich.text import Text
 
 from .. import api
 from ..errors import SpecError
-from ..scenarios.training.spec import WHOLE_FIELDS, TrainSpec, zero_stage_refusal
+from ..scenarios.training.spec import WHOLE_FIELDS, TrainSpec, parse_bool, zero_stage_refusal
 from ..store import export
 from .app import app, friendly
 from .options import LIST, build_spec, shown
@@ -33,7 +33,9 @@ SPEED_COLUMNS = [*SETTINGS, Col("latency_ms", "step ms"), Col("forward_ms", "fwd
                  Col("backward_ms", "bwd ms", rank=2), Col("optimizer_ms", "optim ms", rank=2),
                  Col("samples_per_s", "samples/s", rank=8), Col("tokens_per_s", "tokens/s", rank=3),
                  Col("tflops_per_gpu", "TFLOPS /GPU", rank=5), Col("mfu", "MFU", pct, rank=7),
-                 Col("hfu", "HFU", pct, rank=4), Col("scaling_efficiency", "scaling", pct, rank=6)]
+                 Col("hfu", "HFU", pct, rank=4), Col("scaling_efficiency", "scaling", pct, rank=6),
+                 Col("allreduce_ms", "all-reduce ms", rank=4), Col("comm_share", "all-reduce share", pct, rank=5),
+                 Col("allreduce_exposed_ms", "exposed ms", rank=3)]
 MEMORY_COLUMNS = [*SETTINGS, Col("peak_mem_mb", "peak MiB"), Col("peak_reserved_mb", "reserved MiB", rank=2, wide=True),
                   Col("params_mb", "params MiB", rank=5), Col("grads_mb", "grads MiB", rank=4),
                   Col("optim_state_mb", "optim MiB", rank=4), Col("activations_mb", "activ. MiB", rank=6),
@@ -114,10 +116,14 @@ def train(
     max_batch_limit: Optional[int] = typer.Option(None, show_default=_d("max_batch_limit"),
                                                   help="--ladder's largest-batch searches stop at this batch"),
     strategy: Optional[str] = typer.Option(None, show_default="none on one GPU, ddp on several",
-                                           help=f"none|ddp|fsdp|deepspeed ({LIST})"),
+                                           help=f"none|dp|ddp|fsdp|deepspeed ({LIST}); dp = torch.nn.DataParallel "
+                                           "over --nproc GPUs in one process (CUDA only)"),
     nproc: Optional[str] = typer.Option(None, show_default=_d("nprocs"), help=f"GPUs (processes) per node, through torchrun ({LIST})"),
     zero_stage: Optional[str] = typer.Option(None, show_default=_d("zero_stages"), help=f"DeepSpeed ZeRO stage 1|2|3 ({LIST})"),
     nccl_p2p: Optional[str] = typer.Option(None, help=f"on|off: NCCL_P2P_DISABLE=0|1 ({LIST})"),
+    comm_timing: Optional[str] = typer.Option(None, "--comm-timing", show_default="on",
+                                              help="on|off: time DDP's gradient all-reduce per bucket (allreduce_ms, "
+                                              "comm_share); off: DDP's own hook"),
     nccl_env: Optional[List[str]] = typer.Option(None, help="KEY=VAL[ KEY=VAL] for the ranks; repeat the option: "
                                                  "each one is a point of the axis"),
     scaling: Optional[bool] = typer.Option(None, "--scaling", help="also run each multi-GPU point on one GPU, for the scaling efficiency"),
@@ -145,6 +151,7 @@ def train(
         "heads": head, "activation": activation, "pad_vocab": pad_vocab,
         "ladder": ladder or None, "max_batch_limit": max_batch_limit,
         "strategies": strategy, "nprocs": nproc, "zero_stages": zero_stage, "nccl_p2p": nccl_p2p,
+        "comm_timing": None if comm_timing is None else parse_bool(comm_timing),
         "nccl_envs": list(nccl_env) if nccl_env else None, "scaling": scaling, "steps": steps,
         "warmup_steps": warmup, "lr": lr, "device": device, "nnodes": nnodes, "node_rank": node_rank,
         "rdzv_endpoint": rdzv_endpoint, "timeout": timeout, "seed": seed, "name": name,

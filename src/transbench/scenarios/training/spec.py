@@ -52,6 +52,9 @@ class TrainSpec:
     zero_stages: list[int] = field(default_factory=lambda: [2])  # deepspeed only
     nccl_p2p: list[str] | None = None  # on|off (NCCL_P2P_DISABLE=0|1); None: leave the environment as it is
     nccl_envs: list[str] | None = None  # each "KEY=VAL[ KEY=VAL]" is one point of the axis
+    comm_timing: bool = field(default=True, metadata={
+        "help": "ddp over several GPUs: time each gradient bucket's all-reduce with CUDA events (allreduce_ms, "
+                "comm_share); off: DDP's own hook", "cli": "--comm-timing"})
     scaling: bool = False  # also run every multi-GPU point on one GPU (strategy none)
     ladder: bool = False  # the seed notebook's ladder of steps for one model (scenarios/training/ladder.py)
     max_batch_limit: int = 4096  # the ladder's largest-batch searches stop here
@@ -221,8 +224,18 @@ def validate(spec: TrainSpec) -> TrainSpec:
             if given:
                 raise SpecError(f"{option} applies to cells of several GPUs, and every cell here runs one process: "
                                 f"add --nproc 2 (or more), or leave {option} out")
+    if not spec.comm_timing and (max(spec.nprocs) * spec.nnodes == 1 or "ddp" not in (spec.strategies or ["ddp"])):
+        raise SpecError("--comm-timing off applies to ddp cells of several GPUs, and no cell here is one: "
+                        "leave --comm-timing out")
+    if "dp" in (spec.strategies or []):
+        if not gpu:
+            raise SpecError("strategy dp (torch.nn.DataParallel) runs on CUDA GPUs only: use ddp for several "
+                            "processes on the CPU (gloo), or none")
+        if spec.nnodes > 1:
+            raise SpecError("strategy dp is one process over the GPUs of one host: use ddp, fsdp or deepspeed "
+                            "with --nnodes > 1")
     if "none" in (spec.strategies or []) and (spec.nnodes > 1 or max(spec.nprocs) > 1):
-        raise SpecError("strategy none runs one process: use ddp, fsdp or deepspeed with --nproc > 1 or --nnodes > 1")
+        raise SpecError("strategy none runs one process: use dp, ddp, fsdp or deepspeed with --nproc > 1 or --nnodes > 1")
     if spec.ladder and spec.max_batch_limit < spec.batches[0]:  # the search doubles from the batch: a traceback
         raise SpecError(f"--max-batch-limit {spec.max_batch_limit} is below --batch {spec.batches[0]}, where the "
                         "ladder's largest-batch searches start: raise the limit or lower --batch")
@@ -293,13 +306,14 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
                 grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, head=head, activation=spec.activation,
                 pad_vocab=spec.pad_vocab, strategy=strategy, nproc=nproc,
                 nnodes=spec.nnodes, zero_stage=zero if strategy == "deepspeed" else None,
-                nccl=env if world > 1 else "", device=device, steps=spec.steps, warmup_steps=spec.warmup_steps,
+                nccl=env if world > 1 else "", comm_timing=spec.comm_timing or not (strategy == "ddp" and world > 1), device=device, steps=spec.steps,
+                warmup_steps=spec.warmup_steps,
                 lr=spec.lr, seed=spec.seed,
             )
             if spec.scaling and world > 1:
                 # The same step as one plain process on one GPU of this host: with --nnodes 2 a baseline of
                 # nproc 1 on every node was a 2-GPU cell of its own, and no cell was ever the efficiency's base.
-                one = replace(cell, strategy="none", nproc=1, nnodes=1, zero_stage=None, nccl="")
+                one = replace(cell, strategy="none", nproc=1, nnodes=1, zero_stage=None, nccl="", comm_timing=True)
                 cells.setdefault(one.key(), one)
             cells.setdefault(cell.key(), cell)
     return sorted(cells.values(), key=lambda c: c.world_size)  # stable: grid order within each size
@@ -309,7 +323,7 @@ def launch_config(cell: TrainCell, spec: TrainSpec):
     from ...runner.launch import LaunchConfig
 
     return LaunchConfig(
-        nproc=cell.nproc, torchrun=cell.strategy != "none", nnodes=cell.nnodes, node_rank=spec.node_rank,
+        nproc=cell.nproc, torchrun=cell.launched, nnodes=cell.nnodes, node_rank=spec.node_rank,
         rdzv_endpoint=spec.rdzv_endpoint, rdzv_id="transbench-" + hashlib.sha256(cell.key().encode()).hexdigest()[:12],
         timeout=spec.timeout, env=cell.nccl_env(),
     )
