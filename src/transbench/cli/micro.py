@@ -1,4 +1,5 @@
-"""`transbench micro gemm|bandwidth|layer|breakdown`: the device's ceilings and the cost of a layer's parts."""
+"""`transbench micro gemm|bandwidth|layer|breakdown|collectives`: the device's ceilings, the cost of a layer's parts,
+and the collectives between GPUs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from .app import app, friendly
 from .options import App, build_spec
 from .tables import Col, console, fitted, pct, pivot, visible
 
-micro_app = App(no_args_is_help=True, help="Micro-benchmarks: GEMM and memory ceilings, one layer, its parts.")
+micro_app = App(no_args_is_help=True, help="Micro-benchmarks: GEMM and memory ceilings, one layer, its parts, "
+                                                   "collectives between GPUs.")
 app.add_typer(micro_app, name="micro")
 
 DEVICE = typer.Option(None, show_default="auto", help="auto|cpu|cuda|cuda:N")
@@ -206,3 +208,45 @@ def breakdown(
     console.print(f"attention / FFN FLOP ratio: {first.get('attn_ffn_flop_ratio', 0):.4g} (matrix products; "
                   "shares overlap: dense is inside dense+act, inside ffn)")
     _finish(outcome, db, json_path, csv_path, plot)
+
+
+def _size_label(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes:,} B"
+
+
+@micro_app.command()
+@friendly
+def collectives(
+    op: Optional[str] = typer.Option(None, "--op", show_default="all three",
+                                     help="all-reduce,all-gather,reduce-scatter (comma-separated)"),
+    sizes: Optional[str] = typer.Option(None, help="bytes per op, e.g. 1KiB..1GiB (doubling), 64MiB,1GiB or 2^20 "
+                                        "(default 1KiB..1GiB on GPU, 1KiB..1MiB on CPU)"),
+    dtype: Optional[str] = typer.Option(None, show_default="fp32", help="fp32|fp16|bf16"),
+    nproc: Optional[int] = typer.Option(None, show_default="every visible GPU, 2 on CPU",
+                                        help="processes (GPUs), through torchrun: NCCL on GPUs, gloo on the CPU"),
+    timeout: Optional[float] = typer.Option(None, show_default="900", help="seconds one op (all its sizes) may take"),
+    device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
+    db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
+    spec: Optional[str] = SPEC,
+) -> None:
+    """Time, algorithm and bus bandwidth (nccl-tests' definitions) of all-reduce, all-gather and reduce-scatter."""
+    export.check_paths(json_path, csv_path, db)
+    opts = build_spec(micro.CollectivesOptions, spec, dict(
+        ops=op and split_list(op), sizes=micro.parse_byte_sizes(sizes), dtype=dtype, nproc=nproc, timeout=timeout,
+        device=device, min_time=min_time, warmup=warmup, name=name), command=("micro", "collectives"))
+    outcome = micro.run_micro("collectives", opts, db, on_point=_progress)
+    recs = outcome.records
+    res = outcome.options
+    rows: dict[str, dict] = {}
+    for r in recs:
+        cells = rows.setdefault(_size_label(r["bytes"]), {})
+        status = _status(r)
+        cells[f"{r['op']} us"] = status or f"{r['latency_ms'] * 1e3:.4g}"
+        cells[f"{r['op']} busbw"] = "" if status else f"{r['busbw_gbs']:.4g}"
+    where = recs[0]["gpu"] or "cpu" if recs else "cpu"
+    _grid(f"collectives over {res.nproc} x {where}, {res.dtype}: time per call (us) and bus bandwidth (GB/s, "
+          "nccl-tests' busbw)", "bytes", [f"{o} {u}" for o in res.ops for u in ("us", "busbw")], rows)
+    _finish(outcome, db, json_path, csv_path)

@@ -211,3 +211,83 @@ class BreakdownOptions(MicroCommon):
         _dtypes([out.dtype], LAYER_DTYPES, device)
         _model(out.model, out.seq, layer=True)
         return out
+
+
+COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter")
+COLLECTIVE_DTYPES = ("fp32", "fp16", "bf16")
+BYTE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 2**10, "m": 2**20, "mib": 2**20, "mb": 2**20,
+              "g": 2**30, "gib": 2**30, "gb": 2**30}
+MAX_COLLECTIVE_BYTES = 2**40  # 1 TiB: no GPU holds a buffer this large; a typo (2^60) is refused, not allocated
+
+
+def parse_bytes(text: str) -> int:
+    """'1KiB', '64M', '1GiB', '4096' or '2^20' -> bytes (KiB, MiB and GiB are powers of 1024, as nccl-tests' sizes)."""
+    m = re.fullmatch(r"\s*([0-9^*]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in BYTE_UNITS:
+        raise SpecError(f"cannot read size '{str(text).strip()}': write bytes as 4096, 2^20, 64KiB, 16MiB or 1GiB")
+    return parse_size(m.group(1)) * BYTE_UNITS[m.group(2).lower()]
+
+
+def parse_byte_sizes(text: str | None) -> list[int] | None:
+    """A comma list of sizes, each a size or a doubling range 'FROM..TO' (1KiB..1GiB: 1 KiB, 2 KiB, ..., 1 GiB)."""
+    if text is None:
+        return None
+    out: list[int] = []
+    for part in split_list(str(text)):
+        if ".." in part:
+            lo, hi = (parse_bytes(p) for p in part.split("..", 1))
+            if not 1 <= lo <= hi:
+                raise SpecError(f"size range '{part}': write FROM..TO with 1 <= FROM <= TO, e.g. 1KiB..1GiB")
+            while lo <= hi:
+                out.append(lo)
+                lo *= 2
+        else:
+            out.append(parse_bytes(part))
+    return out
+
+
+@dataclass
+class CollectivesOptions(MicroCommon):
+    """All-reduce, all-gather and reduce-scatter over `nproc` processes (torchrun: NCCL between GPUs, gloo on the
+    CPU), per message size in bytes, with nccl-tests' algorithm and bus bandwidth."""
+
+    ops: list[str] | None = None
+    sizes: list[int] | None = None  # bytes: the all-reduced buffer, the gathered output, the scattered input
+    dtype: str = "fp32"
+    nproc: int | None = None  # processes (GPUs); None: every visible GPU, 2 on the CPU
+    timeout: float = 900.0  # seconds one op's launch (all its sizes) may take
+
+    def resolved(self, device) -> CollectivesOptions:
+        gpu = device.type == "cuda"
+        _not_empty(self, ("ops", "--op"), ("sizes", "--sizes"))
+        out = dataclasses.replace(self, **self._common(device))
+        if out.ops is None:
+            out.ops = list(COLLECTIVE_OPS)
+        if out.sizes is None:  # nccl-tests' range, doubling: 1 KiB .. 1 GiB on GPUs, up to 1 MiB on the CPU
+            out.sizes = [2**p for p in range(10, 31 if gpu else 21, 1 if gpu else 2)]
+        visible = 0
+        if gpu:
+            import torch
+
+            visible = torch.cuda.device_count()
+        if out.nproc is None:
+            out.nproc = visible if gpu else 2
+        _positive(out.sizes, "size", "--sizes 1KiB..1GiB")
+        _once(out, ("ops", "--op"), ("sizes", "--sizes"))
+        for op in out.ops:
+            if op not in COLLECTIVE_OPS:
+                raise SpecError(f"unknown op '{op}': choose from {', '.join(COLLECTIVE_OPS)}")
+        _dtypes([out.dtype], COLLECTIVE_DTYPES, device)
+        if too := [s for s in out.sizes if s > MAX_COLLECTIVE_BYTES]:
+            raise SpecError(f"size {too[0]:,} bytes is over 1 TiB: give sizes like 1KiB..1GiB")
+        if out.nproc < 2:
+            raise SpecError(f"--nproc {out.nproc}: a collective needs 2 or more processes"
+                            + (f" ({visible} GPU visible)" if gpu and visible < 2 else ""))
+        if gpu and out.nproc > visible:
+            raise SpecError(f"--nproc {out.nproc} needs that many GPUs; {visible} visible")
+        if device.type == "cuda" and device.index not in (None, 0):
+            raise SpecError(f"--device {device}: the collectives run on GPUs 0..nproc-1 (torchrun's local ranks): "
+                            "give --device cuda, and CUDA_VISIBLE_DEVICES to choose the GPUs")
+        if not out.timeout > 0:
+            raise SpecError("--timeout must be positive")
+        return out

@@ -15,9 +15,9 @@ from ...cells import CellResult, SweepCell
 from ...runner.sweep import SweepOptions, Target, open_run, run_grid
 from ...spec import checked
 from ...store import Store, export
-from . import bandwidth, breakdown, gemm, layer
+from . import bandwidth, breakdown, collectives, gemm, layer
 from .common import Point, make_context
-from .options import BandwidthOptions, BreakdownOptions, GemmOptions, LayerOptions
+from .options import BandwidthOptions, BreakdownOptions, CollectivesOptions, GemmOptions, LayerOptions
 
 # kind -> (its options, its module: units(opts) and measure_unit(unit, opts, ctx), the cells' scenario)
 KINDS = {
@@ -25,6 +25,7 @@ KINDS = {
     "bandwidth": (BandwidthOptions, bandwidth, "micro-bandwidth"),
     "layer": (LayerOptions, layer, "micro-layer"),
     "breakdown": (BreakdownOptions, breakdown, "micro-breakdown"),
+    "collectives": (CollectivesOptions, collectives, "micro-collectives"),
 }
 NO_DEADLINE_S = 3600.0  # a point has no --timeout of its own; a hung kernel still ends within the hour
 
@@ -102,7 +103,7 @@ def measure(cell_dict: dict, state: dict) -> CellResult:
 
 def run_micro(kind: str, options, db: str = "transbench.db",
               on_point: Callable[[Point], None] = lambda p: None) -> MicroOutcome:
-    """Measure micro-benchmark `kind` ('gemm', 'bandwidth', 'layer' or 'breakdown') with its options
+    """Measure micro-benchmark `kind` ('gemm', 'bandwidth', 'layer', 'breakdown' or 'collectives') with its options
     dataclass, through the one sweep loop (a worker process, one stored cell per point, resumable by
     name). Bad options raise SpecError before anything runs."""
     if not isinstance(kind, str) or kind not in KINDS:  # a list or None: a SpecError, not a TypeError
