@@ -361,7 +361,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
 
         if not spec.find_max_rate:
             run_grid(store, run_id, serve_spec.expand(spec, lengths), target, opts, on_cell)
-        for backend in spec.backends if spec.find_max_rate else []:
+        for backend in serve_spec.backends(spec) if spec.find_max_rate else []:
             offline = measured(serve_spec.cell(spec, lengths, backend, "offline"))
             summary = serve_spec.cell(spec, lengths, backend, "max-rate")
             if offline is None or offline["status"] != "ok":

@@ -13,7 +13,7 @@ from ..scenarios import micro
 from ..spec import split_list
 from ..store import export
 from .app import app, friendly
-from .options import App, build_spec
+from .options import SHARD_COUNT_HELP, SHARD_HELP, App, build_spec
 from .tables import Col, console, fitted, pct, pivot, visible
 
 micro_app = App(no_args_is_help=True, help="Micro-benchmarks: GEMM and memory ceilings, one layer, its parts, "
@@ -29,6 +29,8 @@ JSON = typer.Option(None, "--json", help="also write the records as JSON")
 CSV = typer.Option(None, "--csv", help="also write the records as CSV")
 PLOT = typer.Option(None, "--plot", help="write a roofline PNG here")
 SPEC = typer.Option(None, "--spec", help="YAML/TOML/JSON file of these options; options given here override it")
+SHARD = typer.Option(None, "--shard", help=SHARD_HELP + " (whole units: a layer's passes, an op's sizes)")
+SHARD_COUNT = typer.Option(None, "--shard-count", help=SHARD_COUNT_HELP)
 
 
 def _status(r: dict) -> str | None:
@@ -91,14 +93,15 @@ def gemm(
     tokens: Optional[int] = typer.Option(None, help="rows (batch x seq) of the layer GEMMs (default 8192 on GPU)"),
     device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
     db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
-    plot: Optional[str] = PLOT, spec: Optional[str] = SPEC,
+    plot: Optional[str] = PLOT, spec: Optional[str] = SPEC, shard: Optional[str] = SHARD,
+    shard_count: Optional[int] = SHARD_COUNT,
 ) -> None:
     """TFLOPS of matrix products per size and dtype, next to the datasheet peak."""
     export.check_paths(json_path, csv_path, db, plot=plot)
     opts = build_spec(micro.GemmOptions, spec, dict(
         sizes=micro.parse_sizes(sizes), dtypes=dtype and split_list(dtype),
         models=None if model is None else split_list(model), tokens=tokens, device=device, min_time=min_time,
-        warmup=warmup, name=name), command=("micro", "gemm"))
+        warmup=warmup, name=name, shard=shard, shard_count=shard_count), command=("micro", "gemm"))
     outcome = micro.run_micro("gemm", opts, db, on_point=_progress)
     recs = outcome.records
     rows: dict[str, dict] = {}
@@ -121,13 +124,15 @@ def bandwidth(
     dtype: Optional[str] = typer.Option(None, show_default="fp32", help="fp32|fp16|bf16"),
     device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
     db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
-    spec: Optional[str] = SPEC,
+    spec: Optional[str] = SPEC, shard: Optional[str] = SHARD,
+    shard_count: Optional[int] = SHARD_COUNT,
 ) -> None:
     """GB/s (bytes read + written) of element-wise copy, scale and add, and the TFLOPS they reach."""
     export.check_paths(json_path, csv_path, db)
     opts = build_spec(micro.BandwidthOptions, spec, dict(
         sizes=micro.parse_sizes(sizes), ops=ops and split_list(ops), dtype=dtype, device=device,
-        min_time=min_time, warmup=warmup, name=name), command=("micro", "bandwidth"))
+        min_time=min_time, warmup=warmup, name=name,
+        shard=shard, shard_count=shard_count), command=("micro", "bandwidth"))
     outcome = micro.run_micro("bandwidth", opts, db, on_point=_progress)
     recs = outcome.records
     rows: dict[str, dict] = {}
@@ -152,13 +157,15 @@ def layer(
     seq: Optional[str] = typer.Option(None, show_default="128,512 on GPU, 128 on CPU", help="sequence lengths (comma-separated)"),
     device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
     db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
-    spec: Optional[str] = SPEC,
+    spec: Optional[str] = SPEC, shard: Optional[str] = SHARD,
+    shard_count: Optional[int] = SHARD_COUNT,
 ) -> None:
     """Forward and forward+backward TFLOPS of one transformer layer over batch x seq."""
     export.check_paths(json_path, csv_path, db)
     opts = build_spec(micro.LayerOptions, spec, dict(
         model=model, dtype=dtype, batches=batch and split_list(batch, int), seqs=seq and split_list(seq, int),
-        device=device, min_time=min_time, warmup=warmup, name=name), command=("micro", "layer"))
+        device=device, min_time=min_time, warmup=warmup, name=name,
+        shard=shard, shard_count=shard_count), command=("micro", "layer"))
     outcome = micro.run_micro("layer", opts, db, on_point=_progress)
     recs = outcome.records
     res = outcome.options
@@ -181,13 +188,14 @@ def breakdown(
     seq: Optional[int] = typer.Option(None, show_default="128", help="sequence length"),
     device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
     db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
-    plot: Optional[str] = PLOT, spec: Optional[str] = SPEC,
+    plot: Optional[str] = PLOT, spec: Optional[str] = SPEC, shard: Optional[str] = SHARD,
+    shard_count: Optional[int] = SHARD_COUNT,
 ) -> None:
     """Time, share, TFLOPS, bytes, intensity and roofline bound of each part of one layer."""
     export.check_paths(json_path, csv_path, db, plot=plot)
     opts = build_spec(micro.BreakdownOptions, spec, dict(
         model=model, dtype=dtype, batch=batch, seq=seq, device=device, min_time=min_time, warmup=warmup,
-        name=name), command=("micro", "breakdown"))
+        name=name, shard=shard, shard_count=shard_count), command=("micro", "breakdown"))
     outcome = micro.run_micro("breakdown", opts, db, on_point=_progress)
     recs = outcome.records
     res = outcome.options
@@ -230,13 +238,15 @@ def collectives(
     timeout: Optional[float] = typer.Option(None, show_default="900", help="seconds one op (all its sizes) may take"),
     device: Optional[str] = DEVICE, min_time: Optional[float] = MIN_TIME, warmup: Optional[int] = WARMUP,
     db: str = DB, name: Optional[str] = NAME, json_path: Optional[str] = JSON, csv_path: Optional[str] = CSV,
-    spec: Optional[str] = SPEC,
+    spec: Optional[str] = SPEC, shard: Optional[str] = SHARD,
+    shard_count: Optional[int] = SHARD_COUNT,
 ) -> None:
     """Time, algorithm and bus bandwidth (nccl-tests' definitions) of all-reduce, all-gather and reduce-scatter."""
     export.check_paths(json_path, csv_path, db)
     opts = build_spec(micro.CollectivesOptions, spec, dict(
         ops=op and split_list(op), sizes=micro.parse_byte_sizes(sizes), dtype=dtype, nproc=nproc, timeout=timeout,
-        device=device, min_time=min_time, warmup=warmup, name=name), command=("micro", "collectives"))
+        device=device, min_time=min_time, warmup=warmup, name=name,
+        shard=shard, shard_count=shard_count), command=("micro", "collectives"))
     outcome = micro.run_micro("collectives", opts, db, on_point=_progress)
     recs = outcome.records
     res = outcome.options

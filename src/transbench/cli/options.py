@@ -30,6 +30,9 @@ ALIASES = {
 OPTIONAL_VALUE = {"--grad-ckpt": "on", "--compile": "on"}
 
 LIST = "comma-separated; a sweep axis"
+SHARD_HELP = ("I/N: run slice I of N of the grid; auto: this Slurm array task's slice, or this Kubernetes Indexed "
+              "Job pod's (with --shard-count)")
+SHARD_COUNT_HELP = "--shard auto in a Kubernetes Indexed Job: its completions (else $TRANSBENCH_SHARD_COUNT)"
 
 
 class Command(TyperCommand):

@@ -16,7 +16,7 @@ from ..scenarios.inference.spec import RunSpec
 from ..spec import load_file, split_list
 from ..store import Store, export
 from .app import app, friendly
-from .options import LIST, build_spec, shown
+from .options import LIST, SHARD_COUNT_HELP, SHARD_HELP, build_spec, shown
 from .tables import console, records_table, visible
 
 
@@ -92,7 +92,8 @@ def run(
     max_batch: Optional[bool] = typer.Option(None, "--max-batch", help="also search the largest batch that fits"),
     gpus: Optional[str] = typer.Option(None, help="run cells in parallel, one worker per listed GPU (0,1,...)"),
     nproc: Optional[int] = typer.Option(None, show_default=_d("nproc"), help="data-parallel inference over N GPUs through torchrun"),
-    shard: Optional[str] = typer.Option(None, help="I/N: run a deterministic slice of the grid"),
+    shard: Optional[str] = typer.Option(None, help=SHARD_HELP),
+    shard_count: Optional[int] = typer.Option(None, "--shard-count", help=SHARD_COUNT_HELP),
     spec: Optional[str] = typer.Option(None, help="YAML/TOML/JSON sweep file; options given here override it"),
     db: str = typer.Option("transbench.db", help="SQLite store"),
     json_path: Optional[str] = typer.Option(None, "--json", help="also write the records as JSON"),
@@ -111,7 +112,7 @@ def run(
         "seq_stdev": seq_stdev, "device": device, "activation": activation, "embeddings": embeddings,
         "min_time": min_time, "min_count": min_count, "warmup": warmup, "timeout": timeout, "baseline": baseline,
         "new_tokens": new_tokens, "compile_mode": compile_mode, "max_batch": max_batch,
-        "gpus": gpus and split_list(gpus, int), "nproc": nproc, "shard": shard, "name": name, "seed": seed,
+        "gpus": gpus and split_list(gpus, int), "nproc": nproc, "shard": shard, "shard_count": shard_count, "name": name, "seed": seed,
     }
     the_spec = build_spec(RunSpec, spec, given)
     _refuse_unused_options(given, the_spec)

@@ -13,6 +13,7 @@ from ..scenarios.serve.spec import ServeSpec
 from ..spec import check_name, split_list
 from ..store import export
 from .app import app, friendly
+from .options import SHARD_COUNT_HELP, SHARD_HELP
 from .tables import console, fmt, pct, visible
 
 SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "latency_p50_ms",
@@ -48,6 +49,8 @@ def serve(
     new_tokens: Optional[int] = typer.Option(None, show_default="32", help="tokens generated per request (--task generate)"),
     seed: int = typer.Option(0, help="seed of arrivals, lengths and weights"),
     timeout: float = typer.Option(900.0, help="seconds a cell may take before it is `timeout`"),
+    shard: Optional[str] = typer.Option(None, help=SHARD_HELP),
+    shard_count: Optional[int] = typer.Option(None, "--shard-count", help=SHARD_COUNT_HELP),
     db: str = typer.Option("transbench.db", help="SQLite store"),
     json_path: Optional[str] = typer.Option(None, "--json", help="also write the records as JSON"),
     csv_path: Optional[str] = typer.Option(None, "--csv", help="also write the records as CSV"),
@@ -62,6 +65,7 @@ def serve(
                      concurrency=split_list(concurrency, int) if concurrency else [], offline=offline,
                      lengths=lengths, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, duration=duration,
                      warmup=warmup, slo_ms=slo_ms, find_max_rate=find_max_rate, seed=seed, timeout=timeout, name=name,
+                     shard=shard, shard_count=shard_count,
                      **({} if percentile is None else {"percentile": percentile}),
                      **({} if new_tokens is None else {"new_tokens": new_tokens}))
     # given at its default value, an option that nothing here uses is refused as any other value is

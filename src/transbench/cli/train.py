@@ -14,7 +14,7 @@ from ..errors import SpecError
 from ..scenarios.training.spec import WHOLE_FIELDS, TrainSpec, parse_bool, zero_stage_refusal
 from ..store import export
 from .app import app, friendly
-from .options import LIST, build_spec, shown
+from .options import LIST, SHARD_COUNT_HELP, SHARD_HELP, build_spec, shown
 from .tables import Col, console, fitted, fmt, pct, status_text, visible
 
 SETTINGS = [Col("model", "model", setting=True), Col("task", "task", setting=True),
@@ -136,6 +136,8 @@ def train(
     node_rank: Optional[int] = typer.Option(None, show_default=_d("node_rank"), help="this host's rank (torchrun --node-rank); only node 0 stores"),
     rdzv_endpoint: Optional[str] = typer.Option(None, help="HOST:PORT of node 0 (torchrun --rdzv-endpoint)"),
     timeout: Optional[float] = typer.Option(None, show_default=_d("timeout"), help="seconds a cell (all its ranks) may take before it is `timeout`"),
+    shard: Optional[str] = typer.Option(None, help=SHARD_HELP),
+    shard_count: Optional[int] = typer.Option(None, "--shard-count", help=SHARD_COUNT_HELP),
     seed: Optional[int] = typer.Option(None, show_default=_d("seed"), help="seed of the random weights and tokens"),
     spec: Optional[str] = typer.Option(None, help="YAML/TOML/JSON sweep file; options given here override it"),
     db: str = typer.Option("transbench.db", help="SQLite store"),
@@ -154,7 +156,7 @@ def train(
         "comm_timing": None if comm_timing is None else parse_bool(comm_timing),
         "nccl_envs": list(nccl_env) if nccl_env else None, "scaling": scaling, "steps": steps,
         "warmup_steps": warmup, "lr": lr, "device": device, "nnodes": nnodes, "node_rank": node_rank,
-        "rdzv_endpoint": rdzv_endpoint, "timeout": timeout, "seed": seed, "name": name,
+        "rdzv_endpoint": rdzv_endpoint, "timeout": timeout, "shard": shard, "shard_count": shard_count, "seed": seed, "name": name,
     }
     the_spec = build_spec(TrainSpec, spec, given, WHOLE_FIELDS)
     # --zero-stage 2 is also the spec's default, which the spec's own check cannot tell from a typed one: the

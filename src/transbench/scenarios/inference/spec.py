@@ -31,7 +31,12 @@ class RunSpec:
     compile_mode: str = "default"
     max_batch: bool = False
     max_batch_limit: int = 65536
-    shard: str | None = None
+    shard: str | None = field(default=None, metadata={
+        "help": "I/N: run slice I of N of the grid; auto: the slice of this Slurm array task or Kubernetes Indexed "
+                "Job pod", "cli": "--shard"})
+    shard_count: int | None = field(default=None, metadata={
+        "help": "--shard auto in a Kubernetes Indexed Job: its completions (else TRANSBENCH_SHARD_COUNT)",
+        "cli": "--shard-count"})
     gpus: list[int] | None = None
     nproc: int = 1
     seed: int = 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...errors import SpecError
 from ...models import build
@@ -89,6 +89,12 @@ class MicroCommon:
     min_time: float | None = None  # seconds of timed calls per point, at least
     warmup: int = 2
     seed: int = 0
+    shard: str | None = field(default=None, metadata={
+        "help": "I/N: measure slice I of N of the points (whole units: a layer's passes, an op's sizes); auto: from "
+                "the Slurm array task or Kubernetes Indexed Job pod", "cli": "--shard"})
+    shard_count: int | None = field(default=None, metadata={
+        "help": "--shard auto in a Kubernetes Indexed Job: its completions (else TRANSBENCH_SHARD_COUNT)",
+        "cli": "--shard-count"})
     name: str | None = None
 
     def _common(self, device) -> dict:
@@ -97,9 +103,13 @@ class MicroCommon:
         if self.warmup < 0:
             raise SpecError(f"--warmup {self.warmup} must be >= 0")
         gpu = device.type == "cuda"
+        from ...runner import shard as sharding
+
+        which = sharding.resolve(self.shard, self.shard_count)  # `auto` becomes this task's I/N, stored with the run
         # A second per point on a GPU: sustained figures (a GPU at its power cap slows within a fraction of a
         # second) and a long enough region for the energy counter (measure/context.py).
-        return {"min_time": self.min_time if self.min_time is not None else (1.0 if gpu else 0.1)}
+        return {"min_time": self.min_time if self.min_time is not None else (1.0 if gpu else 0.1),
+                "shard": None if which is None else f"{which[0]}/{which[1]}", "shard_count": None}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -12,6 +12,7 @@ from ...errors import SpecError
 from ...measure import device as dev
 from ...measure import env as env_mod
 from ...cells import CellResult, SweepCell
+from ...runner import shard as sharding
 from ...runner.sweep import SweepOptions, Target, open_run, run_grid
 from ...spec import checked
 from ...store import Store, export
@@ -118,13 +119,17 @@ def run_micro(kind: str, options, db: str = "transbench.db",
     try:
         spec = {"micro": kind, **opts.to_dict(), "device": str(device)}
         spec.pop("name", None)
-        run_id, name, _ = open_run(store, "micro", spec, opts.name, lambda: env_mod.collect(open_cuda=False))
+        # a shard measures whole units (their points are measured together)
+        todo = sharding.select(cells(kind, opts, device, str(db)), sharding.resolve(opts.shard),
+                               group=lambda c: c.unit)
+        run_id, name, _ = open_run(store, "micro", spec, opts.name, lambda: env_mod.collect(open_cuda=False),
+                                   {c.key() for c in todo})
 
         def on_cell(cell: MicroCell, r: CellResult | None) -> None:
             if r is not None:
                 on_point(Point(json.loads(cell.point), r.status, r.record, r.samples_ms, r.info, r.warnings, r.error))
 
-        run_grid(store, run_id, cells(kind, opts, device, str(db)),
+        run_grid(store, run_id, todo,
                  Target(MicroCell, measure="transbench.scenarios.micro.run:measure"),
                  SweepOptions(timeout=NO_DEADLINE_S), on_cell)
         recs = export.records(store, [run_id])

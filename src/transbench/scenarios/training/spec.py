@@ -66,6 +66,12 @@ class TrainSpec:
     node_rank: int = 0
     rdzv_endpoint: str | None = None
     timeout: float = 900.0
+    shard: str | None = field(default=None, metadata={
+        "help": "I/N: train slice I of N of the grid; auto: from the Slurm array task or Kubernetes Indexed Job pod",
+        "cli": "--shard"})
+    shard_count: int | None = field(default=None, metadata={
+        "help": "--shard auto in a Kubernetes Indexed Job: its completions (else TRANSBENCH_SHARD_COUNT)",
+        "cli": "--shard-count"})
     seed: int = 0
     name: str | None = None
 
@@ -239,6 +245,12 @@ def validate(spec: TrainSpec) -> TrainSpec:
     if spec.ladder and spec.max_batch_limit < spec.batches[0]:  # the search doubles from the batch: a traceback
         raise SpecError(f"--max-batch-limit {spec.max_batch_limit} is below --batch {spec.batches[0]}, where the "
                         "ladder's largest-batch searches start: raise the limit or lower --batch")
+    if spec.ladder and (spec.shard is not None or spec.shard_count is not None):
+        raise SpecError("--shard slices a sweep, and a ladder's steps build on each other: run the ladder whole, "
+                        "or leave --ladder out")
+    from ...runner import shard as sharding
+
+    spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
     if gpu:
         import torch
 
@@ -316,7 +328,17 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
                 one = replace(cell, strategy="none", nproc=1, nnodes=1, zero_stage=None, nccl="", comm_timing=True)
                 cells.setdefault(one.key(), one)
             cells.setdefault(cell.key(), cell)
-    return sorted(cells.values(), key=lambda c: c.world_size)  # stable: grid order within each size
+    ordered = sorted(cells.values(), key=lambda c: c.world_size)  # stable: grid order within each size
+    from ...runner import shard as sharding
+
+    # With --scaling a shard keeps each step whole (every batch and world size of it, its one-GPU baseline with
+    # them), so each shard's store has the baselines of its own efficiencies.
+    def step(c: TrainCell) -> str:
+        same = c.comparable()
+        return json.dumps(same[:5] + same[6:])
+
+    return sharding.select(ordered, sharding.resolve(spec.shard, spec.shard_count),
+                           group=step if spec.scaling else None)
 
 
 def launch_config(cell: TrainCell, spec: TrainSpec):
@@ -380,13 +402,14 @@ def add_scaling(store, run_id: str, cell: TrainCell, result: CellResult) -> None
                                        "strategy": base["cell"]["strategy"]}
 
 
-def open_training_run(store, spec: TrainSpec) -> tuple[str, str, int]:
-    """(run_id, name, cells already stored): the named run resumed (same grid), else a new one."""
+def open_training_run(store, spec: TrainSpec, keys: set[str] | None = None) -> tuple[str, str, int]:
+    """(run_id, name, cells already stored, of `keys` where given: this shard's): the named run resumed (same grid),
+    else a new one."""
     from ...measure import env as env_mod
     from ...runner.sweep import open_run
 
     return open_run(store, "training", replace(spec, name=None).to_dict(), spec.name,
-                    lambda: env_mod.collect(open_cuda=False))
+                    lambda: env_mod.collect(open_cuda=False), keys)
 
 
 def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None = None,
@@ -409,7 +432,7 @@ def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None =
         return []
     store = Store(db)
     try:
-        run_id, _, done = open_training_run(store, spec)
+        run_id, _, done = open_training_run(store, spec, {c.key() for c in cells})
         on_start(cells, done)
         run_grid(store, run_id, cells, target(spec), SweepOptions(timeout=spec.timeout), on_cell)
         recs = export.records(store, [run_id])
