@@ -298,6 +298,6 @@ class CollectivesOptions(MicroCommon):
         if device.type == "cuda" and device.index not in (None, 0):
             raise SpecError(f"--device {device}: the collectives run on GPUs 0..nproc-1 (torchrun's local ranks): "
                             "give --device cuda, and CUDA_VISIBLE_DEVICES to choose the GPUs")
-        if not out.timeout > 0:
-            raise SpecError("--timeout must be positive")
+        if not (out.timeout > 0 and math.isfinite(out.timeout)):
+            raise SpecError(f"--timeout {out.timeout}: give a positive number of seconds")
         return out
