@@ -69,7 +69,7 @@ def collectives(out: str) -> list[str]:
                 row += [fmt(r["latency_ms"] * 1e3), fmt(r["algbw_gbs"]), fmt(r["busbw_gbs"])]
         rows.append(row)
     n, gpu = recs[0].get("world_size"), recs[0].get("gpu")
-    lines = [f"## Collectives: {n} x {gpu}, fp32 (`micro collectives`)", "",
+    lines = [f"## Collectives: {n} x {gpu}, {recs[0].get('dtype')} (`micro collectives`)", "",
              table(["bytes"] + [f"{op} {u}" for op in ops for u in ("us", "algbw GB/s", "busbw GB/s")], rows), ""]
     top = by.get(("all-reduce", max(b for o, b in by if o == "all-reduce"))) if any(o == "all-reduce" for o, _ in by) else None
     link = next((v for k, v in LINK_GBS.items() if gpu and k in gpu), None)
@@ -104,7 +104,8 @@ def training(out: str) -> list[str]:
     recs.sort(key=lambda r: (r["model"], order.get(r["strategy"], 9), r.get("nccl") or "", r.get("zero_stage") or 0,
                              r.get("world_size") or 0))
     gpu = next((r["gpu"] for r in recs if r.get("gpu")), None)
-    lines = [f"## Training on {gpu}: bf16, fused AdamW, batch per GPU (`train`)", "",
+    kinds = sorted({f"{r.get('dtype')} {r.get('optim')}" for r in recs})
+    lines = [f"## Training on {gpu}: {', '.join(kinds)}; batch per GPU (`train`)", "",
              "Scaling = (samples/s over N GPUs / N) / samples/s of the same step on one GPU. All-reduce: DDP's gradient "
              "all-reduce per step (a comm hook timing each bucket with CUDA events: the union of the buckets' spans), "
              "its share of the step, the part after the backward's last bucket (exposed), and the bus bandwidth it ran "

@@ -199,6 +199,9 @@ def breakdown(
     outcome = micro.run_micro("breakdown", opts, db, on_point=_progress)
     recs = outcome.records
     res = outcome.options
+    if not recs:  # a shard that holds none of the parts
+        _finish(outcome, db, json_path, csv_path)
+        return
     first = recs[0]
     src = first.get("ceiling_source")
     ceil = (f"ceilings ({src}): {first['peak_tflops']:.4g} TFLOPS, {first['peak_gbs']:.4g} GB/s"
