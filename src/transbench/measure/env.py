@@ -53,9 +53,10 @@ def _text(value) -> str:
 
 
 # Where a run ran, beside what it ran on: a merged grid of shards from several hosts names each cell's host
-# (runner/sweep.py stores it with the cell) and the hosts' GPUs by UUID here.
+# (runner/sweep.py stores it with the cell) and the hosts' GPUs by UUID here. NODE_NAME is a Kubernetes pod's node,
+# where its manifest passes it (docs/k8s-indexed-job.yaml): the pod's hostname is the pod's own name.
 SCHEDULER_PREFIXES = ("SLURM_JOB_ID", "SLURM_ARRAY_", "SLURM_JOB_NODELIST", "SLURM_NODEID", "JOB_COMPLETION_INDEX",
-                      "TRANSBENCH_SHARD_COUNT")
+                      "TRANSBENCH_SHARD_COUNT", "NODE_NAME")
 
 
 def where() -> dict:
