@@ -209,8 +209,8 @@ def environment() -> dict:
 
 
 def micro(kind: str, options, db: str = "transbench.db"):
-    """A micro-benchmark: kind gemm|bandwidth|layer|breakdown with its options dataclass
-    (transbench.scenarios.micro: GemmOptions, BandwidthOptions, LayerOptions, BreakdownOptions)."""
+    """A micro-benchmark: kind gemm|bandwidth|layer|breakdown|collectives with its options dataclass
+    (transbench.scenarios.micro: GemmOptions, BandwidthOptions, LayerOptions, BreakdownOptions, CollectivesOptions)."""
     from .scenarios.micro import run_micro
 
     return run_micro(kind, options, _path(db))
