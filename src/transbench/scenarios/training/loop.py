@@ -655,8 +655,9 @@ def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: ti
     # Per GPU: the split of the GPU whose peak is highest (every rank's under ddp, fsdp and deepspeed; DataParallel's
     # first GPU, which holds the parameters, gradients, optimizer state and gathered outputs), not sums over GPUs.
     top = max(per_rank, key=lambda r: r["mem"].get("peak_mem_mb") or 0)
-    mem = {k: worst(k) for k in ("params_mb", "grads_mb", "optim_state_mb", "peak_mem_mb", "peak_reserved_mb")}
-    persistent = sum(top["mem"].get(k) or 0 for k in ("params_mb", "grads_mb", "optim_state_mb"))
+    split = ("params_mb", "grads_mb", "optim_state_mb")
+    mem = {**{k: top["mem"].get(k, 0.0) for k in split}, **{k: worst(k) for k in ("peak_mem_mb", "peak_reserved_mb")}}
+    persistent = sum(mem[k] or 0 for k in split)
     activations = mem["peak_mem_mb"] - persistent if mem["peak_mem_mb"] is not None else None
     # Phases of rank 0 (medians over the timed steps). Communication is not a phase of its own: DDP and
     # FSDP overlap their gradient reduction with the backward and DeepSpeed with its backward and step,
