@@ -88,7 +88,7 @@ TRAIN_HEAD = ["model", "strategy", "ZeRO", "GPUs", "nccl", "batch/GPU", "status"
 def train_row(r: dict) -> list:
     bad = r["status"] != "ok"
     return [r["model"], r["strategy"], fmt(r.get("zero_stage")), r.get("world_size"), r.get("nccl") or "-",
-            r.get("batch_size"), r["status"] if not bad else f"{r['status']}: {(r.get('error') or '')[:80]}",
+            r.get("batch_size"), r["status"] if not bad else f"{r['status']}: {(r.get('error') or '')[:80]}".replace("|", "/"),
             fmt(r.get("latency_ms")), fmt(r.get("samples_per_s")), pct(r.get("mfu")),
             pct(r.get("scaling_efficiency")), fmt(r.get("allreduce_ms")), pct(r.get("comm_share")),
             fmt(r.get("allreduce_exposed_ms")), fmt(r.get("allreduce_busbw_gbs")), fmt(r.get("peak_mem_mb"), ".0f"),
