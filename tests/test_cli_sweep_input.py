@@ -83,7 +83,7 @@ CLASSES = {
     "--grad-ckpt": "choice-list", "--compile": "choice-list", "--nccl-p2p": "choice-list",
     "--device": "choice", "--activation": "choice", "--compile-mode": "choice", "--baseline": "choice",
     "--name": "name", "--prompt": "text", "--rdzv-endpoint": "endpoint", "--nccl-env": "nccl-env",
-    "--shard": "shard", "--lengths": "lengths",
+    "--shard": "shard", "--lengths": "lengths", "--op": "choice-list", "--comm-timing": "choice",
 }
 
 
@@ -137,10 +137,11 @@ BATTERY = {
 VALID_CHOICE = {"--task": "base", "--backend": "sdpa", "--dtype": "fp32", "--optim": "sgd", "--kernels": "torch",
                 "--head": "all", "--strategy": "none", "--ops": "copy", "--grad-ckpt": "off", "--compile": "off",
                 "--nccl-p2p": "on", "--device": "cpu", "--activation": "gelu", "--compile-mode": "default",
-                "--baseline": "sdpa"}
+                "--baseline": "sdpa", "--op": "all-reduce"}
 # Per command, the task a valid --task is (train trains mlm on a BERT; serve serves classification).
 VALID_CHOICE_BY_COMMAND = {("train", "--task"): "mlm", ("serve", "--task"): "classification",
-                           ("train", "--strategy"): "ddp", ("train", "--nccl-p2p"): "on"}
+                           ("train", "--strategy"): "ddp", ("train", "--nccl-p2p"): "on",
+                           ("train", "--comm-timing"): "off"}
 
 # Valid options each command is given around the one swept (the one swept replaces its own entry).
 BASE = {
@@ -156,6 +157,8 @@ BASE = {
                          "0.01", "--warmup", "1"],
     ("micro", "breakdown"): ["--model", "bert-tiny", "--device", "cpu", "--batch", "1", "--seq", "8", "--min-time",
                              "0.01", "--warmup", "1"],
+    ("micro", "collectives"): ["--device", "cpu", "--op", "all-reduce", "--sizes", "1KiB", "--min-time", "0.01",
+                               "--warmup", "1"],
     ("tune",): ["--model", "bert-tiny", "--batch", "1", "--seq", "8"],
     ("report",): ["a", "b"],
     ("compare",): ["a", "b"],
@@ -180,6 +183,7 @@ CONTEXT = {
     ("train", "--zero-stage"): [("--strategy", "deepspeed")],
     ("train", "--nccl-p2p"): [("--nproc", "2")],
     ("train", "--nccl-env"): [("--nproc", "2")],
+    ("train", "--comm-timing"): [("--nproc", "2")],
     ("train", "--node-rank"): [("--nnodes", "2"), ("--rdzv-endpoint", "localhost:29500")],
     ("train", "--nnodes"): [("--rdzv-endpoint", "localhost:29500")],
     ("train", "--rdzv-endpoint"): [("--nnodes", "2")],
@@ -436,8 +440,8 @@ def run_case(folder: Path, store: Path, monkeypatch, command, key, kind, value):
 # --- what is rightly accepted ---------------------------------------------------------------------------------
 # Every case of the sweep is refused but these, each with why it is not bad input. Keyed by (command, option,
 # value); a new accepted value is a test failure until it is judged here.
-WRITERS = "run|serve|train|micro gemm|micro bandwidth|micro layer|micro breakdown"
-MICRO = "micro gemm|micro bandwidth|micro layer|micro breakdown"
+WRITERS = "run|serve|train|micro gemm|micro bandwidth|micro layer|micro breakdown|micro collectives"
+MICRO = "micro gemm|micro bandwidth|micro layer|micro breakdown|micro collectives"
 _WHY = [
     (WRITERS, "--db", ["@empty.db", "@missing.db"],
      "a command that stores results starts a store in a missing or empty file (docs/results.md, The store; "
@@ -457,7 +461,7 @@ _WHY = [
     ("run|" + MICRO, "--warmup", ["0"], "no untimed calls: 0 or more"),
     ("run|serve|train", "--timeout", ["1e30"], "a deadline over 1e6 s is none (docs/options.md, shared options)"),
     ("run|train", "--timeout", ["1e-320"], "a positive deadline: every cell ends `timeout`, as asked"),
-    ("run", "--shard", ["1/99999999999999999999999"], "a valid slice: shard 1 gets the first OOM group, and shards past "
+    ("run|serve|train|" + MICRO, "--shard", ["1/99999999999999999999999"], "a valid slice: shard 1 gets the first OOM group, and shards past "
                                                       "the grid's groups are empty, as with 3 hosts for 2 groups"),
     ("serve", "--max-wait-ms", ["0", "1e-320"], "0 or more: a batch leaves at once"),
     ("serve", "--max-wait-ms", ["1e30"], "a wait is cut 10 s after the last arrival (docs/serve.md)"),
@@ -467,6 +471,8 @@ _WHY = [
     ("train", "--grad-ckpt", ["OFF"], "on/off words in any case (spec.py _scalar)"),
     ("train", "--compile", ["OFF"], "on/off words in any case (spec.py _scalar)"),
     ("train", "--nccl-p2p", ["ON"], "on/off words in any case (training.parse_bool)"),
+    ("train", "--comm-timing", ["OFF"], "on/off words in any case (training.parse_bool)"),
+    ("micro collectives", "--timeout", ["1e30", "1e-320"], "a positive deadline for each op's launch (1e30: none)"),
     ("train", "--lr", ["1e30", "1e-320"], "a positive learning rate; one whose loss diverges ends its cell `error` "
                                           "with the NaN loss (docs/train.md): a measured answer"),
     ("train", "--node-rank", ["0"], "node 0 of --nnodes 2"),

@@ -44,8 +44,16 @@ def test_ddp_and_fsdp_train_over_two_ranks(tmp_path):
         assert r["nccl"] == "NCCL_P2P_DISABLE=1"
     # FSDP keeps a shard of the parameters per rank, DDP a full copy.
     assert recs["fsdp"]["params_mb"] == pytest.approx(recs["ddp"]["params_mb"] / 2, rel=0.05)
-    # Same weights, same data, same fp32 arithmetic: the two strategies agree on the loss.
+    # Same weights, same data, same fp32 arithmetic: the two strategies agree on the loss (the timed all-reduce hook
+    # reduces as DDP's own does).
     assert recs["fsdp"]["loss_end"] == pytest.approx(recs["ddp"]["loss_end"], rel=1e-4)
+    # DDP's gradient all-reduce, timed per bucket: every fp32 gradient once per step, a share of the step.
+    ddp = recs["ddp"]
+    assert ddp["allreduce_mb"] == pytest.approx(ddp["params_mb"], rel=0.01)
+    assert 0 < ddp["allreduce_ms"] and 0 < ddp["comm_share"] <= 1.0
+    assert 0 <= ddp["allreduce_exposed_ms"] <= ddp["allreduce_ms"] + 1e-6
+    assert ddp["allreduce_busbw_gbs"] > 0
+    assert recs["fsdp"].get("allreduce_ms") is None
     from transbench.store import Store
 
     store = Store(tmp_path / "d.db")

@@ -437,3 +437,47 @@ def test_compiled_sdpa_training_runs_without_a_mask_on_full_attention_families(m
     windowed = training_loop.Trainer(replace(BASE, model="modernbert-tiny", compile=True), RankInfo(),
                                      torch.device("cpu"))
     assert windowed.info["attn_implementation"] == "sdpa"
+
+
+def test_strategy_dp_is_refused_on_the_cpu_in_one_line(tmp_path):
+    db = tmp_path / "t.db"
+    r = CliRunner().invoke(app, ["train", "--strategy", "dp", "--nproc", "2", "--device", "cpu", "--model",
+                                 "bert-tiny", "--db", str(db)])
+    assert r.exit_code == 2 and "DataParallel" in r.output and "CUDA" in r.output
+    assert "Traceback" not in r.output and not db.exists()
+    with pytest.raises(SpecError, match="CUDA GPUs only"):
+        validate(TrainSpec(models=["bert-tiny"], strategies=["dp"], device="cpu"))
+
+
+def test_dp_cells_run_in_one_process_over_their_gpus():
+    """dp is one process (no torchrun) of nproc GPUs: world size nproc, `batch` rows per GPU fed at once."""
+    from transbench.scenarios.training.spec import launch_config
+
+    cell = replace(BASE, strategy="dp", nproc=4)
+    assert cell.world_size == 4 and cell.global_batch == 16 and not cell.launched
+    assert not launch_config(cell, TrainSpec()).torchrun
+    assert replace(BASE, strategy="ddp", nproc=2).launched
+    fields = cell.record_fields()
+    assert fields["strategy"] == "dp" and fields["world_size"] == 4
+    from transbench.models import build
+
+    (b,) = training_loop.make_batches(cell, build.resolve("bert-tiny").shape, 0, "cpu")
+    assert b["input_ids"].shape == (16, 16)
+
+
+def test_autocast_module_keeps_the_cells_dtype_inside_forward():
+    import torch
+
+    lin = torch.nn.Linear(4, 4)
+    wrapped = training_loop.autocast_module(lin, "cpu", torch.bfloat16)
+    assert wrapped(torch.randn(2, 4)).dtype == torch.bfloat16
+    assert list(wrapped.parameters()) == list(lin.parameters())
+
+
+def test_comm_timing_off_only_where_a_ddp_cell_of_several_gpus_is():
+    with pytest.raises(SpecError, match="--comm-timing off"):
+        validate(TrainSpec(models=["bert-tiny"], device="cpu", comm_timing=False))
+    spec = validate(TrainSpec(models=["bert-tiny"], device="cpu", nprocs=[1, 2], comm_timing=False, scaling=True))
+    cells = expand(spec)
+    assert [c.comm_timing for c in cells] == [True, False]  # the one-GPU baseline has no all-reduce to time
+    assert "comm_timing" in cells[1].identity() and "comm_timing" not in cells[0].identity()

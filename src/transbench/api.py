@@ -218,8 +218,8 @@ def environment() -> dict:
 
 
 def micro(kind: str, options, db: str = "transbench.db"):
-    """A micro-benchmark: kind gemm|bandwidth|layer|breakdown with its options dataclass
-    (transbench.scenarios.micro: GemmOptions, BandwidthOptions, LayerOptions, BreakdownOptions)."""
+    """A micro-benchmark: kind gemm|bandwidth|layer|breakdown|collectives with its options dataclass
+    (transbench.scenarios.micro: GemmOptions, BandwidthOptions, LayerOptions, BreakdownOptions, CollectivesOptions)."""
     from .scenarios.micro import run_micro
 
     return run_micro(kind, options, _path(db))
@@ -306,7 +306,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
 
         if not spec.find_max_rate:
             run_grid(store, run_id, serve_spec.expand(spec, lengths), target, opts, on_cell)
-        for backend in spec.backends if spec.find_max_rate else []:
+        for backend in serve_spec.backends(spec) if spec.find_max_rate else []:
             offline = measured(serve_spec.cell(spec, lengths, backend, "offline"))
             summary = serve_spec.cell(spec, lengths, backend, "max-rate")
             if offline is None or offline["status"] != "ok":

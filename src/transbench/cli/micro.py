@@ -1,4 +1,5 @@
-"""`transbench micro gemm|bandwidth|layer|breakdown`: the device's ceilings and the cost of a layer's parts."""
+"""`transbench micro gemm|bandwidth|layer|breakdown|collectives`: the device's ceilings, the cost of a layer's parts,
+and the collectives between GPUs."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ from .app import app, declared_command
 from .options import App, build_spec
 from .tables import Col, console, fitted, pct, pivot, visible
 
-micro_app = App(no_args_is_help=True, help="Micro-benchmarks: GEMM and memory ceilings, one layer, its parts.")
+micro_app = App(no_args_is_help=True, help="Micro-benchmarks: GEMM and memory ceilings, one layer, its parts, "
+                                                   "collectives between GPUs.")
 app.add_typer(micro_app, name="micro")
+
+PLOT = typer.Option(None, "--plot", help="write a roofline PNG here")
+
 
 def _status(r: dict) -> str | None:
     return None if r["status"] == "ok" else r["status"]
@@ -67,7 +72,7 @@ def _progress(p) -> None:
 
 
 @declared_command(micro_app, micro.GemmOptions, command_options=("spec", "db", "json_path", "csv_path"))
-def gemm(given: dict, *, spec, db, json_path, csv_path, plot: Optional[str] = typer.Option(None, "--plot", help="write a roofline PNG here")) -> None:
+def gemm(given: dict, *, spec, db, json_path, csv_path, plot: Optional[str] = PLOT) -> None:
     """TFLOPS of matrix products per size and dtype, next to the datasheet peak."""
     export.check_paths(json_path, csv_path, db, plot=plot)
     opts = build_spec(micro.GemmOptions, spec, given, command=("micro", "gemm"))
@@ -122,13 +127,16 @@ def layer(given: dict, *, spec, db, json_path, csv_path) -> None:
 
 
 @declared_command(micro_app, micro.BreakdownOptions, command_options=("spec", "db", "json_path", "csv_path"))
-def breakdown(given: dict, *, spec, db, json_path, csv_path, plot: Optional[str] = typer.Option(None, "--plot", help="write a roofline PNG here")) -> None:
+def breakdown(given: dict, *, spec, db, json_path, csv_path, plot: Optional[str] = PLOT) -> None:
     """Time, share, TFLOPS, bytes, intensity and roofline bound of each part of one layer."""
     export.check_paths(json_path, csv_path, db, plot=plot)
     opts = build_spec(micro.BreakdownOptions, spec, given, command=("micro", "breakdown"))
     outcome = micro.run_micro("breakdown", opts, db, on_point=_progress)
     recs = outcome.records
     res = outcome.options
+    if not recs:  # a shard that holds none of the parts
+        _finish(outcome, db, json_path, csv_path)
+        return
     first = recs[0]
     src = first.get("ceiling_source")
     ceil = (f"ceilings ({src}): {first['peak_tflops']:.4g} TFLOPS, {first['peak_gbs']:.4g} GB/s"
@@ -146,3 +154,30 @@ def breakdown(given: dict, *, spec, db, json_path, csv_path, plot: Optional[str]
     console.print(f"attention / FFN FLOP ratio: {first.get('attn_ffn_flop_ratio', 0):.4g} (matrix products; "
                   "shares overlap: dense is inside dense+act, inside ffn)")
     _finish(outcome, db, json_path, csv_path, plot)
+
+
+def _size_label(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes:,} B"
+
+
+@declared_command(micro_app, micro.CollectivesOptions, command_options=("spec", "db", "json_path", "csv_path"))
+def collectives(given: dict, *, spec, db, json_path, csv_path) -> None:
+    """Time, algorithm and bus bandwidth (nccl-tests' definitions) of all-reduce, all-gather and reduce-scatter."""
+    export.check_paths(json_path, csv_path, db)
+    opts = build_spec(micro.CollectivesOptions, spec, given, command=("micro", "collectives"))
+    outcome = micro.run_micro("collectives", opts, db, on_point=_progress)
+    recs = outcome.records
+    res = outcome.options
+    rows: dict[str, dict] = {}
+    for r in recs:
+        cells = rows.setdefault(_size_label(r["bytes"]), {})
+        status = _status(r)
+        cells[f"{r['op']} us"] = status or f"{r['latency_ms'] * 1e3:.4g}"
+        cells[f"{r['op']} busbw"] = "" if status else f"{r['busbw_gbs']:.4g}"
+    where = recs[0]["gpu"] or "cpu" if recs else "cpu"
+    _grid(f"collectives over {res.nproc} x {where}, {res.dtype}: time per call (us) and bus bandwidth (GB/s, "
+          "nccl-tests' busbw)", "bytes", [f"{o} {u}" for o in res.ops for u in ("us", "busbw")], rows)
+    _finish(outcome, db, json_path, csv_path)

@@ -141,7 +141,7 @@ def parameter(cls, f, s, default_none: bool = True) -> inspect.Parameter:
         names.append(s.short)
     if s.repeat:
         annotation = Optional[List[str]]
-    elif is_list:
+    elif is_list or s.read is not None:
         annotation = Optional[str]  # comma text: read into the field's type by coerce(), as a spec file's is
     else:
         annotation = Optional[kind]

@@ -26,7 +26,8 @@ SETTINGS.append(Col("status", show=status_text))
 SPEED_COLUMNS = [*SETTINGS, Col("latency_ms", "step ms"), Col("forward_ms", rank=2), Col("backward_ms", rank=2),
                  Col("optimizer_ms", rank=2), Col("samples_per_s", rank=8), Col("tokens_per_s", rank=3),
                  Col("tflops_per_gpu", rank=5), Col("mfu", rank=7), Col("hfu", rank=4),
-                 Col("scaling_efficiency", rank=6)]
+                 Col("scaling_efficiency", rank=6), Col("allreduce_ms", rank=4), Col("comm_share", rank=5),
+                 Col("allreduce_exposed_ms", rank=3)]
 MEMORY_COLUMNS = [*SETTINGS, Col("peak_mem_mb"), Col("peak_reserved_mb", rank=2, wide=True), Col("params_mb", rank=5),
                   Col("grads_mb", rank=4), Col("optim_state_mb", rank=4), Col("activations_mb", rank=6),
                   Col("loss_start", rank=3), Col("loss_end", rank=3)]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import socket
 import sys
 from importlib import metadata
 
@@ -35,6 +37,8 @@ def _nvml_gpu(index: int) -> dict:
         "max_mem_clock_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM),
         "power_limit_w": lambda: nv.nvmlDeviceGetPowerManagementLimit(h) / 1000,
         "temperature_c": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+        "uuid": lambda: _text(nv.nvmlDeviceGetUUID(h)),
+        "pci_bus_id": lambda: _text(nv.nvmlDeviceGetPciInfo(h).busId),
         "memory_used_mb": lambda: nv.nvmlDeviceGetMemoryInfo(h).used / 2**20,
     }.items():
         try:
@@ -44,11 +48,32 @@ def _nvml_gpu(index: int) -> dict:
     return out
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# Where a run ran, beside what it ran on: a merged grid of shards from several hosts names each cell's host
+# (runner/sweep.py stores it with the cell) and the hosts' GPUs by UUID here. NODE_NAME is a Kubernetes pod's node,
+# where its manifest passes it (docs/k8s-indexed-job.yaml): the pod's hostname is the pod's own name.
+SCHEDULER_PREFIXES = ("SLURM_JOB_ID", "SLURM_ARRAY_", "SLURM_JOB_NODELIST", "SLURM_NODEID", "JOB_COMPLETION_INDEX",
+                      "TRANSBENCH_SHARD_COUNT", "NODE_NAME")
+
+
+def where() -> dict:
+    """This host's name, the GPUs this process may see, and the cluster scheduler's job and task, if any."""
+    return {
+        "hostname": socket.gethostname(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "scheduler": {k: v for k, v in sorted(os.environ.items()) if k.startswith(SCHEDULER_PREFIXES)},
+    }
+
+
 def collect(open_cuda: bool = True) -> dict:
     """With open_cuda=False, GPUs are read through NVML only (no CUDA context in this process)."""
     import torch
 
     env: dict = {
+        **where(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu": platform.processor() or platform.machine(),
@@ -84,6 +109,7 @@ def collect(open_cuda: bool = True) -> dict:
                 "memory_gb": round(mem_gb, 2),
                 "capability": f"{p.major}.{p.minor}",
                 "multiprocessors": p.multi_processor_count,
+                "uuid": f"GPU-{p.uuid}" if getattr(p, "uuid", None) is not None else None,  # NVML's spelling
                 "peak": None if row is None else {"gpu": row.gpu, "tflops": row.tflops, "bandwidth_gbs": row.bandwidth_gbs},
                 **_nvml_gpu(i),
             })

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import queue
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -54,7 +55,10 @@ class SweepOptions:
 
 
 def flat_record(cell, result: CellResult) -> dict:
-    return {**cell.record_fields(), **result.record, "status": result.status, "error": result.error}
+    """The cell's record, with the host that ran it: the shards of one grid, run on several hosts and merged, keep
+    where each cell ran (the run's environment names each host's GPUs by UUID)."""
+    return {**cell.record_fields(), **result.record, "status": result.status, "error": result.error,
+            "host": socket.gethostname()}
 
 
 def store_result(store, run_id: str, cell, result: CellResult, key: str | None = None,

@@ -59,7 +59,7 @@ COLUMNS = {"runs": ["run_id", "name", "kind", "created", "spec", "env"],
                      "created"]}
 # Spec settings that may differ within one run (a resumed run, the shards of one sweep): they decide where and
 # how long cells run, not what they measure.
-RESUMABLE = frozenset({"timeout", "gpus", "shard", "name", "node_rank", "rdzv_endpoint"})
+RESUMABLE = frozenset({"timeout", "gpus", "shard", "shard_count", "name", "node_rank", "rdzv_endpoint"})
 RESUME = "free some space, then rerun the same command (add --resume if the run has no --name) to go on"
 
 
@@ -445,7 +445,10 @@ class Store:
             with self.conn:
                 for other in others:
                     for row in other.rows("runs"):
-                        out.runs += self.conn.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?)", row).rowcount
+                        added = self.conn.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?)", row).rowcount
+                        if not added:
+                            self._add_host(row[0], row[5])
+                        out.runs += added
                         names.setdefault(row[0], row[1])
                     for row in other.rows("cells"):
                         out.cells += self._merge_cell(row, other.path, names, out.differing)
@@ -453,6 +456,19 @@ class Store:
             for other in others:
                 other.close()
         return out
+
+    def _add_host(self, run_id: str, source_env: str) -> None:
+        """A run met again in another store (a shard run on another host): its host, GPUs (UUIDs) and scheduler task
+        join the run's environment under `hosts`, so the merged run says where each of its cells ran (cells keep
+        their `host`)."""
+        (text,) = self.conn.execute("SELECT env FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        env, other = json.loads(text), json.loads(source_env)
+        hosts = env.setdefault("hosts", [host_entry(env)] if env.get("hostname") else [])
+        entry = host_entry(other)
+        if entry["hostname"] is None or entry in hosts:
+            return
+        hosts.append(entry)
+        self.conn.execute("UPDATE runs SET env = ? WHERE run_id = ?", (json.dumps(env), run_id))
 
     def _merge_cell(self, row: tuple, source: str, names: dict[str, str], differing: list[str]) -> int:
         """Insert one cells row unless its (run, key) is here; 1 when it went in as a new cell."""
@@ -473,6 +489,12 @@ class Store:
         differing.append(f"run '{names.get(row[0], row[0])}' cell {_key_text(row[1])}: {source} holds another result "
                          f"({row[status]} against {here[status]}); kept {kept}")
         return 0
+
+
+def host_entry(env: dict) -> dict:
+    """Where a store's run ran: its host, its GPUs (index, name, UUID) and its scheduler task."""
+    return {"hostname": env.get("hostname"), "scheduler": env.get("scheduler") or {},
+            "gpus": [{k: g.get(k) for k in ("index", "name", "uuid")} for g in env.get("gpus") or []]}
 
 
 def _key_text(key: str) -> str:

@@ -28,7 +28,8 @@ SPEED_KEYS = ("latency_ms", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms"
               "tflops_per_gpu", "prefill_ms", "decode_ms_per_token", "decode_p90_ms_per_token", "ms_per_token",
               "speedup", "host_ms", "ttft_ms", "itl_p50_ms", "itl_p99_ms", "service_p50_ms", "service_p99_ms",
               "service_max_ms", "achieved_rate", "goodput", "forward_ms", "backward_ms", "optimizer_ms",
-              "gain_samples_per_s", "scaling_efficiency", "j_per_seq", "j_per_request", "energy_j", "avg_power_w")
+              "gain_samples_per_s", "scaling_efficiency", "j_per_seq", "j_per_request", "energy_j", "avg_power_w",
+              "allreduce_ms", "comm_share", "allreduce_exposed_ms", "allreduce_busbw_gbs", "algbw_gbs", "busbw_gbs")
 
 
 def point(rec: dict) -> tuple:

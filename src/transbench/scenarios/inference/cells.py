@@ -10,7 +10,8 @@ from ...measure import device as dev
 from ...models import build
 from ...models.build import ACTIVATIONS
 from .spec import RunSpec, device_defaults
-from ...spec import check_once, checked, parse_shard
+from ...runner import shard as sharding
+from ...spec import check_once, checked
 from ...store.db import check_name_text
 from ...cells import Cell
 
@@ -89,7 +90,7 @@ def validate(spec: RunSpec) -> RunSpec:
                     what = f"seq {s} + {extra} new tokens" if extra else f"seq {s}"
                     raise SpecError(f"{what} is longer than {ref.name} allows ({ref.shape.max_positions} "
                                     f"positions): use --seq {ref.shape.max_positions - extra} or less")
-    parse_shard(spec.shard)
+    spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
     check_name_text(spec.name)  # before the store is opened (created, when new) for a name it cannot hold
     return spec
 
@@ -122,15 +123,4 @@ def expand(spec: RunSpec) -> list[Cell]:
             new_tokens=spec.new_tokens, compile_mode=spec.compile_mode, seed=spec.seed, warmup=spec.warmup,
             min_time=spec.min_time, min_count=spec.min_count, nproc=spec.nproc,
         ))
-    return shard(cells, parse_shard(spec.shard))
-
-
-def shard(cells: list[Cell], which: tuple[int, int] | None) -> list[Cell]:
-    """Shard I of N: whole OOM groups dealt round-robin in grid order, so each host skips consistently
-    and the same spec always gives the same slice."""
-    if which is None:
-        return cells
-    i, n = which
-    groups = list(dict.fromkeys(c.oom_group() for c in cells))
-    owner = {g: k % n for k, g in enumerate(groups)}
-    return [c for c in cells if owner[c.oom_group()] == i - 1]
+    return sharding.select(cells, sharding.resolve(spec.shard, spec.shard_count))

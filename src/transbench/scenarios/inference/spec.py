@@ -43,7 +43,10 @@ class RunSpec:
     compile_mode: str = setting("default", "torch.compile mode for the compile backend")
     max_batch: bool = setting(False, "also search the largest batch that fits", flag="--max-batch")
     max_batch_limit: int = setting(65536, "the largest-batch search stops at this batch", cli=False)
-    shard: str | None = setting(None, "I/N: run a deterministic slice of the grid")
+    shard: str | None = setting(None, "I/N: run slice I of N of the grid; auto: the slice of this Slurm array task "
+                                "or Kubernetes Indexed Job pod")
+    shard_count: int | None = setting(None, "--shard auto in a Kubernetes Indexed Job: its completions (else "
+                                      "TRANSBENCH_SHARD_COUNT)")
     gpus: list[int] | None = setting(None, "run cells in parallel, one worker per listed GPU (0,1,...)", axis=False)
     nproc: int = setting(1, "data-parallel inference over N GPUs through torchrun")
     seed: int = setting(0, "seed of the random weights and tokens")

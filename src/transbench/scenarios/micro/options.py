@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...declare import setting
 from ...errors import SpecError
@@ -91,6 +91,10 @@ class MicroCommon:
     min_time: float | None = setting(None, "seconds of timed calls per point", shown="1 on GPU, 0.1 on CPU")
     warmup: int = setting(2, "untimed calls before timing each point")
     seed: int = setting(0, "seed of the random inputs", cli=False)
+    shard: str | None = setting(None, "I/N: measure slice I of N of the points (whole units: a layer's passes, an "
+                                "op's sizes); auto: from the Slurm array task or Kubernetes Indexed Job pod")
+    shard_count: int | None = setting(None, "--shard auto in a Kubernetes Indexed Job: its completions (else "
+                                      "TRANSBENCH_SHARD_COUNT)")
     name: str | None = setting(None, "run name")
 
     def _common(self, device) -> dict:
@@ -99,9 +103,13 @@ class MicroCommon:
         if self.warmup < 0:
             raise SpecError(f"--warmup {self.warmup} must be >= 0")
         gpu = device.type == "cuda"
+        from ...runner import shard as sharding
+
+        which = sharding.resolve(self.shard, self.shard_count)  # `auto` becomes this task's I/N, stored with the run
         # A second per point on a GPU: sustained figures (a GPU at its power cap slows within a fraction of a
         # second) and a long enough region for the energy counter (measure/context.py).
-        return {"min_time": self.min_time if self.min_time is not None else (1.0 if gpu else 0.1)}
+        return {"min_time": self.min_time if self.min_time is not None else (1.0 if gpu else 0.1),
+                "shard": None if which is None else f"{which[0]}/{which[1]}", "shard_count": None}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -220,4 +228,88 @@ class BreakdownOptions(MicroCommon):
         _positive([out.seq], "seq", "--seq 128")
         _dtypes([out.dtype], LAYER_DTYPES, device)
         _model(out.model, out.seq, layer=True)
+        return out
+
+
+COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter")
+COLLECTIVE_DTYPES = ("fp32", "fp16", "bf16")
+BYTE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 2**10, "m": 2**20, "mib": 2**20, "mb": 2**20,
+              "g": 2**30, "gib": 2**30, "gb": 2**30}
+MAX_COLLECTIVE_BYTES = 2**40  # 1 TiB: no GPU holds a buffer this large; a typo (2^60) is refused, not allocated
+
+
+def parse_bytes(text: str) -> int:
+    """'1KiB', '64M', '1GiB', '4096' or '2^20' -> bytes (KiB, MiB and GiB are powers of 1024, as nccl-tests' sizes)."""
+    m = re.fullmatch(r"\s*([0-9^*]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in BYTE_UNITS:
+        raise SpecError(f"cannot read size '{str(text).strip()}': write bytes as 4096, 2^20, 64KiB, 16MiB or 1GiB")
+    return parse_size(m.group(1)) * BYTE_UNITS[m.group(2).lower()]
+
+
+def parse_byte_sizes(text: str | None) -> list[int] | None:
+    """A comma list of sizes, each a size or a doubling range 'FROM..TO' (1KiB..1GiB: 1 KiB, 2 KiB, ..., 1 GiB)."""
+    if text is None:
+        return None
+    out: list[int] = []
+    for part in split_list(str(text)):
+        if ".." in part:
+            lo, hi = (parse_bytes(p) for p in part.split("..", 1))
+            if not 1 <= lo <= hi:
+                raise SpecError(f"size range '{part}': write FROM..TO with 1 <= FROM <= TO, e.g. 1KiB..1GiB")
+            while lo <= hi:
+                out.append(lo)
+                lo *= 2
+        else:
+            out.append(parse_bytes(part))
+    return out
+
+
+@dataclass
+class CollectivesOptions(MicroCommon):
+    """All-reduce, all-gather and reduce-scatter over `nproc` processes (torchrun: NCCL between GPUs, gloo on the
+    CPU), per message size in bytes, with nccl-tests' algorithm and bus bandwidth."""
+
+    ops: list[str] | None = setting(None, "", option="--op", choices=COLLECTIVE_OPS, shown="all three", axis=False)
+    # bytes: the all-reduced buffer, the gathered output, the scattered input
+    sizes: list[int] | None = setting(None, "bytes per op, e.g. 1KiB..1GiB (doubling), 64MiB,1GiB or 2^20 (default "
+                                      "1KiB..1GiB on GPU, 1KiB..1MiB on CPU)", read=lambda text: parse_byte_sizes(text),
+                                      axis=False)
+    dtype: str = setting("fp32", "", choices=COLLECTIVE_DTYPES)
+    nproc: int | None = setting(None, "processes (GPUs), through torchrun: NCCL on GPUs, gloo on the CPU",
+                                shown="every visible GPU, 2 on CPU")
+    timeout: float = setting(900.0, "seconds one op (all its sizes) may take")
+
+    def resolved(self, device) -> CollectivesOptions:
+        gpu = device.type == "cuda"
+        _not_empty(self, ("ops", "--op"), ("sizes", "--sizes"))
+        out = dataclasses.replace(self, **self._common(device))
+        if out.ops is None:
+            out.ops = list(COLLECTIVE_OPS)
+        if out.sizes is None:  # nccl-tests' range, doubling: 1 KiB .. 1 GiB on GPUs, up to 1 MiB on the CPU
+            out.sizes = [2**p for p in range(10, 31 if gpu else 21, 1 if gpu else 2)]
+        visible = 0
+        if gpu:
+            import torch
+
+            visible = torch.cuda.device_count()
+        if out.nproc is None:
+            out.nproc = visible if gpu else 2
+        _positive(out.sizes, "size", "--sizes 1KiB..1GiB")
+        _once(out, ("ops", "--op"), ("sizes", "--sizes"))
+        for op in out.ops:
+            if op not in COLLECTIVE_OPS:
+                raise SpecError(f"unknown op '{op}': choose from {', '.join(COLLECTIVE_OPS)}")
+        _dtypes([out.dtype], COLLECTIVE_DTYPES, device)
+        if too := [s for s in out.sizes if s > MAX_COLLECTIVE_BYTES]:
+            raise SpecError(f"size {too[0]:,} bytes is over 1 TiB: give sizes like 1KiB..1GiB")
+        if out.nproc < 2:
+            raise SpecError(f"--nproc {out.nproc}: a collective needs 2 or more processes"
+                            + (f" ({visible} GPU visible)" if gpu and visible < 2 else ""))
+        if gpu and out.nproc > visible:
+            raise SpecError(f"--nproc {out.nproc} needs that many GPUs; {visible} visible")
+        if device.type == "cuda" and device.index not in (None, 0):
+            raise SpecError(f"--device {device}: the collectives run on GPUs 0..nproc-1 (torchrun's local ranks): "
+                            "give --device cuda, and CUDA_VISIBLE_DEVICES to choose the GPUs")
+        if not (out.timeout > 0 and math.isfinite(out.timeout)):
+            raise SpecError(f"--timeout {out.timeout}: give a positive number of seconds")
         return out

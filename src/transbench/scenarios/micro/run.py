@@ -12,12 +12,13 @@ from ...errors import SpecError
 from ...measure import device as dev
 from ...measure import env as env_mod
 from ...cells import CellResult, SweepCell
+from ...runner import shard as sharding
 from ...runner.sweep import SweepOptions, Target, open_run, run_grid
 from ...spec import checked
 from ...store import Store, export
-from . import bandwidth, breakdown, gemm, layer
+from . import bandwidth, breakdown, collectives, gemm, layer
 from .common import Point, make_context
-from .options import BandwidthOptions, BreakdownOptions, GemmOptions, LayerOptions
+from .options import BandwidthOptions, BreakdownOptions, CollectivesOptions, GemmOptions, LayerOptions
 
 # kind -> (its options, its module: units(opts) and measure_unit(unit, opts, ctx), the cells' scenario)
 KINDS = {
@@ -25,6 +26,7 @@ KINDS = {
     "bandwidth": (BandwidthOptions, bandwidth, "micro-bandwidth"),
     "layer": (LayerOptions, layer, "micro-layer"),
     "breakdown": (BreakdownOptions, breakdown, "micro-breakdown"),
+    "collectives": (CollectivesOptions, collectives, "micro-collectives"),
 }
 NO_DEADLINE_S = 3600.0  # a point has no --timeout of its own; a hung kernel still ends within the hour
 
@@ -102,7 +104,7 @@ def measure(cell_dict: dict, state: dict) -> CellResult:
 
 def run_micro(kind: str, options, db: str = "transbench.db",
               on_point: Callable[[Point], None] = lambda p: None) -> MicroOutcome:
-    """Measure micro-benchmark `kind` ('gemm', 'bandwidth', 'layer' or 'breakdown') with its options
+    """Measure micro-benchmark `kind` ('gemm', 'bandwidth', 'layer', 'breakdown' or 'collectives') with its options
     dataclass, through the one sweep loop (a worker process, one stored cell per point, resumable by
     name). Bad options raise SpecError before anything runs."""
     if not isinstance(kind, str) or kind not in KINDS:  # a list or None: a SpecError, not a TypeError
@@ -117,13 +119,17 @@ def run_micro(kind: str, options, db: str = "transbench.db",
     try:
         spec = {"micro": kind, **opts.to_dict(), "device": str(device)}
         spec.pop("name", None)
-        run_id, name, _ = open_run(store, "micro", spec, opts.name, lambda: env_mod.collect(open_cuda=False))
+        # a shard measures whole units (their points are measured together)
+        todo = sharding.select(cells(kind, opts, device, str(db)), sharding.resolve(opts.shard),
+                               group=lambda c: c.unit)
+        run_id, name, _ = open_run(store, "micro", spec, opts.name, lambda: env_mod.collect(open_cuda=False),
+                                   {c.key() for c in todo})
 
         def on_cell(cell: MicroCell, r: CellResult | None) -> None:
             if r is not None:
                 on_point(Point(json.loads(cell.point), r.status, r.record, r.samples_ms, r.info, r.warnings, r.error))
 
-        run_grid(store, run_id, cells(kind, opts, device, str(db)),
+        run_grid(store, run_id, todo,
                  Target(MicroCell, measure="transbench.scenarios.micro.run:measure"),
                  SweepOptions(timeout=NO_DEADLINE_S), on_cell)
         recs = export.records(store, [run_id])

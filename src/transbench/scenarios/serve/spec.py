@@ -45,6 +45,10 @@ class ServeSpec:
     seed: int = setting(0, "seed of arrivals, lengths and weights")
     activation: str | None = setting(None, "gelu|gelu-tanh", cli=False)
     timeout: float = setting(900.0, "seconds a cell may take before it is `timeout`")
+    shard: str | None = setting(None, "I/N: serve slice I of N of the grid (whole backends with --find-max-rate); "
+                                "auto: from the Slurm array task or Kubernetes Indexed Job pod")
+    shard_count: int | None = setting(None, "--shard auto in a Kubernetes Indexed Job: its completions (else "
+                                      "TRANSBENCH_SHARD_COUNT)")
     name: str | None = setting(None, "run name; rerunning a name resumes it")
 
     def to_dict(self) -> dict:
@@ -133,6 +137,9 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     room = (f"the {top} positions a prompt has ({ref.name}'s {ref.shape.max_positions} less --new-tokens "
             f"{spec.new_tokens})" if spec.task == "generate" else None)
     lengths = serve_lengths.parse(spec.lengths, top, ref.path, room)
+    from ...runner import shard as sharding
+
+    spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
     return dataclasses.replace(spec, device=device, dtype=dtype, percentile=float(spec.percentile)), lengths
 
 
@@ -145,14 +152,23 @@ def cell(spec: ServeSpec, lengths, backend: str, mode: str, level: float = 0) ->
 
 
 def expand(spec: ServeSpec, lengths) -> list[ServeCell]:
-    """The grid's cells (backend x load level); --find-max-rate builds its probes as it goes."""
+    """The grid's cells (backend x load level) of this shard; --find-max-rate builds its probes as it goes."""
+    from ...runner import shard as sharding
+
     out = []
     for b in spec.backends:
         out += [cell(spec, lengths, b, "rate", r) for r in spec.rates]
         out += [cell(spec, lengths, b, "concurrency", c) for c in spec.concurrency]
         if spec.offline:
             out.append(cell(spec, lengths, b, "offline"))
-    return out
+    return sharding.select(out, sharding.resolve(spec.shard))
+
+
+def backends(spec: ServeSpec) -> list[str]:
+    """The backends whose --find-max-rate search this shard runs (a search is one backend's, never split)."""
+    from ...runner import shard as sharding
+
+    return sharding.select(spec.backends, sharding.resolve(spec.shard), group=lambda b: b)
 
 
 def check_given(spec: ServeSpec, percentile: bool, new_tokens: bool) -> None:

@@ -11,7 +11,10 @@ from ...measure.device import DTYPES
 TRAIN_TASKS = ("mlm", "causal-lm", "classification")
 TRAIN_DTYPES = tuple(d for d in DTYPES if d != "fp8")  # fp8 is the fused inference engine's
 OPTIMIZERS = ("adamw", "adamw-foreach", "adamw-fused", "sgd", "ds-fused-adam", "apex-fused-adam")
-STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
+# dp: the seed's single-process baseline, torch.nn.DataParallel over `nproc` GPUs of this process (no torchrun);
+# the others launch one process per GPU through torchrun.
+STRATEGIES = ("none", "dp", "ddp", "fsdp", "deepspeed")
+ONE_PROCESS = ("none", "dp")
 # Where the model's own kernels come from: PyTorch's modules, or Liger-Kernel's fused Triton ones
 # (LayerNorm, and the LM/MLM head fused with its cross-entropy so the full logits never exist).
 KERNELS = ("torch", "liger")
@@ -54,6 +57,7 @@ class TrainCell(SweepCell):
     nnodes: int = 1
     zero_stage: int | None = None  # deepspeed only
     nccl: str = ""  # NCCL environment of this cell, "KEY=VAL KEY=VAL" (sorted), empty: the inherited one
+    comm_timing: bool = True  # ddp over several GPUs: time each gradient bucket's all-reduce (loop.GradSyncTimer)
     device: str = "cpu"  # the device type ("cuda" or "cpu"); each rank takes its local GPU
     steps: int = 10
     warmup_steps: int = 2
@@ -67,6 +71,11 @@ class TrainCell(SweepCell):
     @property
     def world_size(self) -> int:
         return self.nproc * self.nnodes
+
+    @property
+    def launched(self) -> bool:
+        """One process per GPU through torchrun (ddp, fsdp, deepspeed); none and dp run in one process."""
+        return self.strategy not in ONE_PROCESS
 
     @property
     def global_batch(self) -> int:
@@ -97,6 +106,8 @@ class TrainCell(SweepCell):
             ident["activation"] = self.activation
         if self.pad_vocab != 1:
             ident["pad_vocab"] = self.pad_vocab
+        if not self.comm_timing:
+            ident["comm_timing"] = False
         return ident
 
     def record_fields(self) -> dict:
@@ -123,4 +134,4 @@ class TrainCell(SweepCell):
         # cells stored before the kernels and head axes ran PyTorch's kernels and the head on every position
         # and before the one name per concept, `attn` and `precision` named the backend and the dtype
         d = {{"attn": "backend", "precision": "dtype"}.get(k, k): v for k, v in d.items()}
-        return cls(**{"kernels": "torch", "head": "all", "activation": None, **d})
+        return cls(**{"kernels": "torch", "head": "all", "activation": None, "comm_timing": True, **d})

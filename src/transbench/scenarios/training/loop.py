@@ -86,16 +86,18 @@ def check_supported(cell: TrainCell, device_type: str) -> None:
 
 def make_batches(cell: TrainCell, shape, rank: int, device) -> list[dict]:
     """One fixed random micro-batch per accumulation step, different on every rank: token ids drawn
-    from [1, vocab - 1) (never the GPT-2 pad/eos id; both ids of a 2-id vocabulary), with the task's labels."""
+    from [1, vocab - 1) (never the GPT-2 pad/eos id; both ids of a 2-id vocabulary), with the task's labels.
+    DataParallel's one process feeds all its GPUs: `batch` rows per GPU, split by DataParallel's scatter."""
     import torch
 
+    rows = cell.batch * (cell.nproc if cell.strategy == "dp" else 1)
     out = []
     for micro in range(cell.grad_accum):
         g = torch.Generator().manual_seed(point_seed("train", cell.model, cell.batch, cell.seq, cell.seed, rank, micro))
         # A 2-id vocabulary (build refuses only 1) leaves [1, vocab - 1) empty: every cell was an `error`
         # ("random_ expects 'from' to be less than 'to'"); it draws both ids.
         low, high = (1, shape.vocab - 1) if shape.vocab > 2 else (0, shape.vocab)
-        ids = torch.randint(low, high, (cell.batch, cell.seq), generator=g)
+        ids = torch.randint(low, high, (rows, cell.seq), generator=g)
         if cell.task == "mlm":
             where = torch.rand(ids.shape, generator=g).argsort(dim=1)[:, :mlm_predictions(cell.seq)]
             chosen = torch.zeros(ids.shape, dtype=torch.bool).scatter_(1, where, True)
@@ -104,7 +106,7 @@ def make_batches(cell: TrainCell, shape, rank: int, device) -> list[dict]:
         elif cell.task == "causal-lm":
             labels = ids.clone()  # transformers shifts them inside the model
         else:
-            labels = build.train_labels(shape, cell.batch, g)  # a checkpoint's regression head takes floats
+            labels = build.train_labels(shape, rows, g)  # a checkpoint's regression head takes floats
         batch = {"input_ids": ids.to(device), "labels": labels.to(device)}
         if shape.decoder:
             batch["use_cache"] = False
@@ -204,6 +206,24 @@ def _checkpointing(model) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
 
+def autocast_module(model, device_type: str, dtype):
+    """`model` run under autocast from inside its forward. DataParallel runs each replica in a thread of its own and
+    autocast's dtype is thread-local: its threads' autocast (torch's parallel_apply) takes the default dtype, fp16,
+    so a bf16 cell trained in fp16 without a scaler. Entered inside forward, each thread gets the cell's dtype."""
+    import torch
+
+    class Autocast(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args, **kwargs):
+            with torch.autocast(device_type, dtype=dtype):
+                return self.inner(*args, **kwargs)
+
+    return Autocast(model)
+
+
 class Trainer:
     """Everything one training step needs, built in the order that lets memory be measured apart."""
 
@@ -212,6 +232,10 @@ class Trainer:
 
         self.cell, self.rank, self.device = cell, rank, device
         self.cuda = device.type == "cuda"
+        # the GPUs this process trains on: its own, or DataParallel's `nproc` from its own on
+        self.devices = ([torch.device("cuda", (device.index or 0) + k) for k in range(cell.nproc)]
+                        if cell.strategy == "dp" else [device])
+        self.comm = None  # GradSyncTimer of a ddp cell over several GPUs
         self.info: dict = {}
         self.mem: dict = {}
         ref = build.resolve(cell.model)
@@ -242,7 +266,8 @@ class Trainer:
             model = MaskedHead(model, ref.family, predict)
         self.info["head_positions"] = predict or cell.seq
         half = _half(cell.dtype)
-        self.autocast_dtype = None if cell.strategy == "deepspeed" else half
+        # DeepSpeed casts itself; DataParallel's replicas enter autocast inside their forward (Autocast)
+        self.autocast_dtype = None if cell.strategy in ("deepspeed", "dp") else half
         self.scaler = None
         self.engine = None
         if cell.strategy == "deepspeed":
@@ -301,8 +326,25 @@ class Trainer:
 
             self.info["strategy_detail"] = "DistributedDataParallel, fp32 gradients all-reduced in buckets (gradient_as_bucket_view)"
             # Gradients as views into the all-reduce buckets: no second copy of them.
-            return DistributedDataParallel(model, device_ids=[self.device.index] if self.cuda else None,
-                                           gradient_as_bucket_view=True)
+            ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.cuda else None,
+                                          gradient_as_bucket_view=True)
+            if self.rank.world_size > 1 and self.cell.comm_timing:
+                from .comm import METHOD, GradSyncTimer
+
+                self.comm = GradSyncTimer(self.cuda)
+                ddp.register_comm_hook(None, self.comm.hook)
+                self.info["comm_method"] = METHOD
+            return ddp
+        if self.cell.strategy == "dp":
+            from torch.nn import DataParallel
+
+            inner = autocast_module(model, self.device.type, half) if half else model
+            ids = [d.index for d in self.devices]
+            self.info["strategy_detail"] = (f"torch.nn.DataParallel over cuda:{ids[0]}..{ids[-1]} in one process: "
+                                            "replicas broadcast and outputs gathered on the first GPU every step, "
+                                            "gradients reduced onto it, one optimizer there")
+            self.info["dp_devices"] = [str(d) for d in self.devices]
+            return DataParallel(inner, device_ids=ids, output_device=ids[0])
         if self.cell.strategy == "fsdp":
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -386,6 +428,8 @@ class Trainer:
                     with self._sync(last):
                         with self._autocast():
                             loss = self.forward(**b)["loss"]
+                        if loss.dim():  # DataParallel gathers one loss per GPU (equal shares of the batch)
+                            loss = loss.mean()
                         mark("forward")
                         scaled = loss / n
                         (self.scaler.scale(scaled) if self.scaler else scaled).backward()
@@ -517,14 +561,19 @@ def run(cell: TrainCell, rank: RankInfo | None = None, device=None) -> CellResul
     losses: list[float] = []
     steps_ms: list[float] = []
 
+    comm: list[tuple[float, float, int]] = []
+
     def step():
         _barrier(rank)
         if len(steps_ms) == 1:  # the first step allocated gradients and optimizer state: the peak of the
-            memory.reset_peak(device)  # steps after it is the steady one
+            for d in trainer.devices:  # steps after it is the steady one
+                memory.reset_peak(d)
         clock.start()
         loss = trainer.step(probe=not steps_ms, mark=clock.mark)  # the first step measures the memory split
         ms, parts = clock.finish()
         steps_ms.append(ms)
+        if trainer.comm is not None:
+            comm.append(trainer.comm.take())
         losses.append(_mean_over_ranks(loss, rank))
         _check_finite(losses[-1], len(losses) - 1, cell)
         return ms, parts
@@ -532,11 +581,15 @@ def run(cell: TrainCell, rank: RankInfo | None = None, device=None) -> CellResul
     cfg = timer.TimerConfig(warmup=cell.warmup_steps, min_time_s=0.0, min_count=cell.steps, max_count=cell.steps,
                             max_time_s=math.inf)  # the cell's timeout bounds it, not the sampler
     sampled = timer.sample_steps(step, device, cfg, sync=_agree(rank))
-    mem = {**trainer.mem, **memory.snapshot(device)}
-    if mem["peak_mem_mb"] is not None:  # the split needs the whole peak, from an empty process: snapshot
-        mem["peak_mem_mb"] += mem.pop("held_at_reset_mb")  # counts above the reset (parameters, state)
-    per_rank = _gather({"samples": sampled.samples_ms, "parts": sampled.parts, "mem": mem, "device": str(device)},
-                       rank)
+    timed_comm = [c for c in comm[len(comm) - len(sampled.samples_ms):] if c is not None] if comm else []
+    mine = []
+    for i, d in enumerate(trainer.devices):  # one entry per GPU: this rank's, or each of DataParallel's
+        mem = {**(trainer.mem if i == 0 else {}), **memory.snapshot(d)}
+        if mem["peak_mem_mb"] is not None:  # the split needs the whole peak, from an empty process: snapshot
+            mem["peak_mem_mb"] += mem.pop("held_at_reset_mb")  # counts above the reset (parameters, state)
+        mine.append({"samples": sampled.samples_ms, "parts": sampled.parts, "mem": mem, "device": str(d),
+                     "comm": timed_comm if i == 0 else []})
+    per_rank = [entry for entries in _gather(mine, rank) for entry in entries]
     if rank.rank != 0:
         return None
     warm_ms = steps_ms[:len(steps_ms) - len(sampled.samples_ms)]
@@ -556,12 +609,29 @@ def step_flops(cell: TrainCell, shape) -> tuple[int, int]:
     return needed * cell.global_batch, ran * cell.global_batch
 
 
+def _comm_figures(per_rank: list[dict], step_ms: float, world: int) -> dict:
+    """The gradient all-reduce of a timed ddp cell: its median time per step over the slowest rank, its share of the
+    median step, the part no backward hid, the bytes reduced and the bus bandwidth they ran at (nccl-tests'
+    definition: bytes x 2(n-1)/n over the time)."""
+    timed = [r["comm"] for r in per_rank if r.get("comm")]
+    if not timed:
+        return {}
+    steps = min(len(t) for t in timed)
+    ms = [max(t[i][0] for t in timed) for i in range(steps)]
+    exposed = [max(t[i][1] for t in timed) for i in range(steps)]
+    nbytes = timed[0][0][2]
+    allreduce = timer.summarize(ms).median_ms
+    return {"allreduce_ms": allreduce, "comm_share": allreduce / step_ms if step_ms else None,
+            "allreduce_exposed_ms": timer.summarize(exposed).median_ms, "allreduce_mb": nbytes / 2**20,
+            "allreduce_busbw_gbs": nbytes * 2 * (world - 1) / world / (allreduce / 1e3) / 1e9 if allreduce else None}
+
+
 def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: timer.Sampled, losses: list[float],
             warm_ms: list[float], build_s: float, device, rank: RankInfo) -> CellResult:
     # A step is as slow as its slowest rank: the step time is the max over ranks, step by step.
     step_ms = [max(r["samples"][i] for r in per_rank) for i in range(len(sampled.samples_ms))]
     steps = timer.Sampled(step_ms, timer.summarize(step_ms), len(step_ms), sampled.context, sampled.parts)
-    world = rank.world_size
+    world = cell.world_size  # GPUs: the ranks, or DataParallel's GPUs in one process
     flops_per_step, hw_flops_per_step = step_flops(cell, trainer.shape)
     gpu = dev.gpu_info(device)
     record, warnings = timing_record(steps, items=cell.global_batch, tokens=cell.global_batch * cell.seq,
@@ -583,8 +653,12 @@ def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: ti
         values = [r["mem"].get(key) for r in per_rank if r["mem"].get(key) is not None]
         return max(values) if values else None
 
-    mem = {k: worst(k) for k in ("params_mb", "grads_mb", "optim_state_mb", "peak_mem_mb", "peak_reserved_mb")}
-    persistent = (mem["params_mb"] or 0) + (mem["grads_mb"] or 0) + (mem["optim_state_mb"] or 0)
+    # Per GPU: the split of the GPU whose peak is highest (every rank's under ddp, fsdp and deepspeed; DataParallel's
+    # first GPU, which holds the parameters, gradients, optimizer state and gathered outputs), not sums over GPUs.
+    top = max(per_rank, key=lambda r: r["mem"].get("peak_mem_mb") or 0)
+    split = ("params_mb", "grads_mb", "optim_state_mb")
+    mem = {**{k: top["mem"].get(k, 0.0) for k in split}, **{k: worst(k) for k in ("peak_mem_mb", "peak_reserved_mb")}}
+    persistent = sum(mem[k] or 0 for k in split)
     activations = mem["peak_mem_mb"] - persistent if mem["peak_mem_mb"] is not None else None
     # Phases of rank 0 (medians over the timed steps). Communication is not a phase of its own: DDP and
     # FSDP overlap their gradient reduction with the backward and DeepSpeed with its backward and step,
@@ -594,6 +668,7 @@ def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: ti
         "samples_per_s": record["throughput_per_s"], "tflops_per_gpu": record["tflops"] / world,
         "gpu": gpu.name if gpu else None, **phases,
         "loss_start": losses[0], "loss_end": losses[-1], **mem, "activations_mb": activations,
+        **_comm_figures(per_rank, steps.stats.median_ms, world),
     })
     info = {
         **trainer.info, "device": str(device), "stats": steps.stats.as_dict(), "flops_per_step": flops_per_step,
@@ -604,6 +679,8 @@ def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: ti
                      for r in per_rank],
         "dist_backend": rank.backend, "nccl_env": rank.nccl_env(),
     }
+    if trainer.comm is not None:
+        info["comm_method"] = trainer.info.get("comm_method")
     if info_energy:
         info["energy_method"] = info_energy
     if trainer.scaler is not None:

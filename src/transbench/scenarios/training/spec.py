@@ -60,13 +60,17 @@ class TrainSpec:
     # the vocabulary rows padded as nanoGPT's 50,304-row GPT-2 (scenarios/training/loop.py)
     pad_vocab: int = setting(1, "pad the vocabulary (embeddings, LM head) to a multiple of N, as nanoGPT's "
                              "50,304-row GPT-2: aligned GEMMs for the head; 1: as it is")
-    strategies: list[str] | None = setting(None, "", option="--strategy", choices=STRATEGIES,
+    strategies: list[str] | None = setting(None, "dp = torch.nn.DataParallel over --nproc GPUs in one process (CUDA "
+                                           "only)", option="--strategy", choices=STRATEGIES,
                                            shown="none on one GPU, ddp on several")
     nprocs: list[int] = setting([1], "GPUs (processes) per node, through torchrun", option="--nproc")
     zero_stages: list[int] = setting([2], "DeepSpeed ZeRO stage 1|2|3", option="--zero-stage")
     nccl_p2p: list[str] | None = setting(None, "on|off: NCCL_P2P_DISABLE=0|1")
     nccl_envs: list[str] | None = setting(None, "KEY=VAL[ KEY=VAL] for the ranks; repeat the option: each one is a "
                                           "point of the axis", option="--nccl-env", repeat=True, whole=True)
+    comm_timing: bool = setting(True, "on|off: ddp over several GPUs: time each gradient bucket's all-reduce with CUDA "
+                                "events (allreduce_ms, comm_share); off: DDP's own hook",
+                                read=lambda text: parse_bool(text))
     scaling: bool = setting(False, "also run each multi-GPU point on one GPU, for the scaling efficiency",
                             flag="--scaling")
     ladder: bool = setting(False, "an optimization ladder for one model: fp32, bf16, largest batches, fused Adam, "
@@ -82,6 +86,10 @@ class TrainSpec:
     node_rank: int = setting(0, "this host's rank (torchrun --node-rank); only node 0 stores")
     rdzv_endpoint: str | None = setting(None, "HOST:PORT of node 0 (torchrun --rdzv-endpoint)")
     timeout: float = setting(900.0, "seconds a cell (all its ranks) may take before it is `timeout`")
+    shard: str | None = setting(None, "I/N: train slice I of N of the grid; auto: from the Slurm array task or "
+                                "Kubernetes Indexed Job pod")
+    shard_count: int | None = setting(None, "--shard auto in a Kubernetes Indexed Job: its completions (else "
+                                      "TRANSBENCH_SHARD_COUNT)")
     seed: int = setting(0, "seed of the random weights and tokens")
     name: str | None = setting(None, "run name; rerunning a name resumes it")
 
@@ -240,11 +248,27 @@ def validate(spec: TrainSpec) -> TrainSpec:
             if given:
                 raise SpecError(f"{option} applies to cells of several GPUs, and every cell here runs one process: "
                                 f"add --nproc 2 (or more), or leave {option} out")
+    if not spec.comm_timing and (max(spec.nprocs) * spec.nnodes == 1 or "ddp" not in (spec.strategies or ["ddp"])):
+        raise SpecError("--comm-timing off applies to ddp cells of several GPUs, and no cell here is one: "
+                        "leave --comm-timing out")
+    if "dp" in (spec.strategies or []):
+        if not gpu:
+            raise SpecError("strategy dp (torch.nn.DataParallel) runs on CUDA GPUs only: use ddp for several "
+                            "processes on the CPU (gloo), or none")
+        if spec.nnodes > 1:
+            raise SpecError("strategy dp is one process over the GPUs of one host: use ddp, fsdp or deepspeed "
+                            "with --nnodes > 1")
     if "none" in (spec.strategies or []) and (spec.nnodes > 1 or max(spec.nprocs) > 1):
-        raise SpecError("strategy none runs one process: use ddp, fsdp or deepspeed with --nproc > 1 or --nnodes > 1")
+        raise SpecError("strategy none runs one process: use dp, ddp, fsdp or deepspeed with --nproc > 1 or --nnodes > 1")
     if spec.ladder and spec.max_batch_limit < spec.batches[0]:  # the search doubles from the batch: a traceback
         raise SpecError(f"--max-batch-limit {spec.max_batch_limit} is below --batch {spec.batches[0]}, where the "
                         "ladder's largest-batch searches start: raise the limit or lower --batch")
+    if spec.ladder and (spec.shard is not None or spec.shard_count is not None):
+        raise SpecError("--shard slices a sweep, and a ladder's steps build on each other: run the ladder whole, "
+                        "or leave --ladder out")
+    from ...runner import shard as sharding
+
+    spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
     if gpu:
         import torch
 
@@ -312,23 +336,34 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
                 grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, head=head, activation=spec.activation,
                 pad_vocab=spec.pad_vocab, strategy=strategy, nproc=nproc,
                 nnodes=spec.nnodes, zero_stage=zero if strategy == "deepspeed" else None,
-                nccl=env if world > 1 else "", device=device, steps=spec.steps, warmup_steps=spec.warmup_steps,
+                nccl=env if world > 1 else "", comm_timing=spec.comm_timing or not (strategy == "ddp" and world > 1), device=device, steps=spec.steps,
+                warmup_steps=spec.warmup_steps,
                 lr=spec.lr, seed=spec.seed,
             )
             if spec.scaling and world > 1:
                 # The same step as one plain process on one GPU of this host: with --nnodes 2 a baseline of
                 # nproc 1 on every node was a 2-GPU cell of its own, and no cell was ever the efficiency's base.
-                one = replace(cell, strategy="none", nproc=1, nnodes=1, zero_stage=None, nccl="")
+                one = replace(cell, strategy="none", nproc=1, nnodes=1, zero_stage=None, nccl="", comm_timing=True)
                 cells.setdefault(one.key(), one)
             cells.setdefault(cell.key(), cell)
-    return sorted(cells.values(), key=lambda c: c.world_size)  # stable: grid order within each size
+    ordered = sorted(cells.values(), key=lambda c: c.world_size)  # stable: grid order within each size
+    from ...runner import shard as sharding
+
+    # With --scaling a shard keeps each step whole (every batch and world size of it, its one-GPU baseline with
+    # them), so each shard's store has the baselines of its own efficiencies.
+    def step(c: TrainCell) -> str:
+        same = c.comparable()
+        return json.dumps(same[:5] + same[6:])
+
+    return sharding.select(ordered, sharding.resolve(spec.shard, spec.shard_count),
+                           group=step if spec.scaling else None)
 
 
 def launch_config(cell: TrainCell, spec: TrainSpec):
     from ...runner.launch import LaunchConfig
 
     return LaunchConfig(
-        nproc=cell.nproc, torchrun=cell.strategy != "none", nnodes=cell.nnodes, node_rank=spec.node_rank,
+        nproc=cell.nproc, torchrun=cell.launched, nnodes=cell.nnodes, node_rank=spec.node_rank,
         rdzv_endpoint=spec.rdzv_endpoint, rdzv_id="transbench-" + hashlib.sha256(cell.key().encode()).hexdigest()[:12],
         timeout=spec.timeout, env=cell.nccl_env(),
     )
@@ -385,13 +420,14 @@ def add_scaling(store, run_id: str, cell: TrainCell, result: CellResult) -> None
                                        "strategy": base["cell"]["strategy"]}
 
 
-def open_training_run(store, spec: TrainSpec) -> tuple[str, str, int]:
-    """(run_id, name, cells already stored): the named run resumed (same grid), else a new one."""
+def open_training_run(store, spec: TrainSpec, keys: set[str] | None = None) -> tuple[str, str, int]:
+    """(run_id, name, cells already stored, of `keys` where given: this shard's): the named run resumed (same grid),
+    else a new one."""
     from ...measure import env as env_mod
     from ...runner.sweep import open_run
 
     return open_run(store, "training", replace(spec, name=None).to_dict(), spec.name,
-                    lambda: env_mod.collect(open_cuda=False))
+                    lambda: env_mod.collect(open_cuda=False), keys)
 
 
 def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None = None,
@@ -414,7 +450,7 @@ def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None =
         return []
     store = Store(db)
     try:
-        run_id, _, done = open_training_run(store, spec)
+        run_id, _, done = open_training_run(store, spec, {c.key() for c in cells})
         on_start(cells, done)
         run_grid(store, run_id, cells, target(spec), SweepOptions(timeout=spec.timeout), on_cell)
         recs = export.records(store, [run_id])
