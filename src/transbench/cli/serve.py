@@ -15,11 +15,18 @@ from ..store import export
 from .app import app, friendly
 from .tables import console, fmt, pct, visible
 
+def _help(name: str) -> str:
+    """A setting's help, declared once with its field (ServeSpec)."""
+    return ServeSpec.__dataclass_fields__[name].metadata["help"]
+
+
 SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "latency_p50_ms",
-         "latency_p99_ms", "latency_p999_ms", "goodput", "mean_batch", "ttft_p50_ms", "itl_p50_ms", "max_rate")
+         "latency_p99_ms", "latency_p999_ms", "latency_p99_upper_ms", "n_requests", "tail_valid", "goodput", "mean_batch", "ttft_p50_ms", "tpot_p50_ms",
+         "itl_p50_ms", "max_rate")
 # Headers with their units, as the report's (report/serve.py LOAD_COLS): rates per second, goodput a percentage
 # (it printed as a bare fraction, 0.9996, and the rates without a unit).
-HEADERS = {"rate": "rate /s", "offered_rate": "offered /s", "achieved_rate": "achieved /s", "max_rate": "max rate /s"}
+HEADERS = {"latency_p99_upper_ms": "p99 upper ms", "n_requests": "requests", "tail_valid": "tail valid",
+           "rate": "rate /s", "offered_rate": "offered /s", "achieved_rate": "achieved /s", "max_rate": "max rate /s"}
 SHOW = {"goodput": pct}
 
 
@@ -31,7 +38,10 @@ def serve(
     backend: str = typer.Option("sdpa", "--backend", "-b", help="backends, comma-separated"),
     dtype: Optional[str] = typer.Option(None, help="fp32|tf32|fp16|bf16; default fp16 on GPU, fp32 on CPU"),
     device: str = typer.Option("auto", help="auto|cpu|cuda|cuda:N"),
-    rate: Optional[str] = typer.Option(None, help="Poisson arrival rates, requests/s (comma-separated: an axis)"),
+    rate: Optional[str] = typer.Option(None, help="arrival rates, requests/s (comma-separated: an axis)"),
+    arrivals: str = typer.Option("poisson", help=_help("arrivals")),
+    trace: Optional[str] = typer.Option(None, help=_help("trace")),
+    trace_speed: float = typer.Option(1.0, help=_help("trace_speed")),
     concurrency: Optional[str] = typer.Option(None, help="closed loop: clients, each sending its next request "
                                               "when the last returns (comma-separated: an axis)"),
     offline: bool = typer.Option(False, "--offline", help="every batch full: the throughput bound"),
@@ -41,9 +51,14 @@ def serve(
     max_wait_ms: float = typer.Option(2.0, help="a batch leaves when its oldest request has waited this long"),
     duration: float = typer.Option(10.0, help="seconds of arrivals measured per cell"),
     warmup: float = typer.Option(2.0, help="seconds of arrivals served first and not counted"),
-    slo_ms: Optional[float] = typer.Option(None, help="latency target: goodput is the share within it"),
+    slo_ms: Optional[float] = typer.Option(None, help="end-to-end latency target, ms (the e2e objective of --slo)"),
+    slo: Optional[str] = typer.Option(None, help=_help("slo")),
     percentile: Optional[float] = typer.Option(None, show_default="99",
-                                               help="the percentile --find-max-rate holds under --slo-ms"),
+                                               help="the percentile a verdict (--find-max-rate, slo_met) holds under "
+                                               "--slo-ms / --slo, by MLPerf LoadGen's early-stopping rule"),
+    percentiles: str = typer.Option("50,90,99", help=_help("percentiles")),
+    goodput_target: Optional[float] = typer.Option(None, help=_help("goodput_target")),
+    prepare_budget: float = typer.Option(serve_spec.PREPARE_BUDGET_S, help=_help("prepare_budget")),
     find_max_rate: bool = typer.Option(False, "--find-max-rate", help="bisect the largest rate meeting the target"),
     new_tokens: Optional[int] = typer.Option(None, show_default="32", help="tokens generated per request (--task generate)"),
     seed: int = typer.Option(0, help="seed of arrivals, lengths and weights"),
@@ -62,6 +77,9 @@ def serve(
                      concurrency=split_list(concurrency, int) if concurrency else [], offline=offline,
                      lengths=lengths, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, duration=duration,
                      warmup=warmup, slo_ms=slo_ms, find_max_rate=find_max_rate, seed=seed, timeout=timeout, name=name,
+                     arrivals=arrivals, trace=trace, trace_speed=trace_speed, slo=slo,
+                     percentiles=split_list(percentiles, float), goodput_target=goodput_target,
+                     prepare_budget=prepare_budget,
                      **({} if percentile is None else {"percentile": percentile}),
                      **({} if new_tokens is None else {"new_tokens": new_tokens}))
     # given at its default value, an option that nothing here uses is refused as any other value is
@@ -73,7 +91,12 @@ def serve(
         level = {"rate": f"{cell.rate:.1f}/s", "concurrency": f"c{cell.concurrency}"}.get(cell.mode, cell.mode)
         r = result.record
         # A max rate of 0 (no probed rate met the target) is an answer too: it printed as a bare "max-rate: ok".
-        detail = (f"p99 {r['latency_p99_ms']:.2f} ms, achieved {r['achieved_rate']:.1f}/s"
+        upper = r.get("latency_p99_upper_ms")
+        detail = (f"p99 {r['latency_p99_ms']:.2f} ms (LoadGen estimate "
+                  + (f"{upper:.2f} ms" if upper is not None else f"n/a: {r.get('n_requests')} requests") + ")"
+                  + (f", verdict {'met' if r['slo_met'] else 'not met'}" + ("" if r.get("tail_valid") else
+                     " (too few requests)") if "slo_met" in r else "")
+                  + f", achieved {r['achieved_rate']:.1f}/s"
                   if "latency_p99_ms" in r else f"max rate {r['max_rate']:.1f}/s"
                   if r.get("max_rate") is not None and result.status == "ok" else "")
         console.print(visible(f"  {cell.backend} {level}: {result.status} {detail or result.error or ''}")[:160],
@@ -82,7 +105,11 @@ def serve(
         for w in result.warnings:
             console.print(visible(f"    warning: {w}"), markup=False, highlight=False)
 
-    outcome = api.serve(spec, db, json_path=json_path, csv_path=csv_path, on_cell=on_cell)
+
+    def on_progress(cell, text):  # the worker's preparation, as it goes (what, i of n)
+        console.print(visible(f"  {cell.backend}: {text}")[:160], markup=False, highlight=False)
+
+    outcome = api.serve(spec, db, json_path=json_path, csv_path=csv_path, on_cell=on_cell, on_progress=on_progress)
     console.print(_table(outcome.records, f"serve {outcome.name} ({outcome.run_id})"))
     # names are text, never markup (as run prints them): --name "x[/bold]y" raised a MarkupError after the load
     console.print(f"stored in {escape(visible(db))} as run [bold]{escape(visible(outcome.name))}[/]"

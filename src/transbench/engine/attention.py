@@ -5,6 +5,7 @@ transpose or contiguous copy runs before the attention kernel.
 """
 from __future__ import annotations
 
+import bisect
 from typing import NamedTuple
 
 import torch
@@ -46,7 +47,25 @@ class Packing(NamedTuple):
         return self.B * self.S if self.gidx is None else self.gidx.shape[0]
 
 
-def make_packing(mask: torch.Tensor | None, B: int, S: int, bucket: int) -> Packing:
+def token_ladder(top: int, step: int, growth: float, max_gap: int) -> list[int]:
+    """Packed sizes up to `top` (a batch's B x S) for a server's graphs: multiples of `step`, each at most `growth`
+    times the one below and at most `max_gap` above it (never less than one step), `top` last. A call of n real
+    tokens runs the first size >= n, so its spare rows number fewer than max(n (growth - 1), step) and fewer than
+    max(max_gap, step): with growth 1.25, step 128 and max_gap the width S, padding stays under a quarter of the
+    tokens (or one step of 128, whichever is larger), and the spare rows, one extra sequence in the varlen
+    attention (make_packing), never outgrow a real one. bert-base 32 x 512 on CUDA: 39 sizes where every
+    multiple of 128 made 128 graphs."""
+    gap_cap = max(step, max_gap // step * step)
+    sizes, r = [], step
+    while r < top:
+        sizes.append(r)
+        r = min(r + gap_cap, max(r + step, int(r * growth) // step * step))
+    sizes.append(top)
+    return sizes
+
+
+def make_packing(mask: torch.Tensor | None, B: int, S: int, bucket: int, sizes: list[int] | None = None) -> Packing:
+    """`sizes`: the packed sizes allowed (token_ladder, ascending, ending at B x S); None: multiples of `bucket`."""
     if mask is None:
         return Packing(B, S, None, None, None, None)
     m = mask.reshape(B, S)
@@ -62,7 +81,7 @@ def make_packing(mask: torch.Tensor | None, B: int, S: int, bucket: int) -> Pack
     if n == B * S:
         return Packing(B, S, None, None, None, None)
     # Round the packed size up so that batches of similar total length share one captured graph.
-    tp = min(B * S, -(-n // bucket) * bucket)
+    tp = sizes[bisect.bisect_left(sizes, n)] if sizes else min(B * S, -(-n // bucket) * bucket)
     # Spare rows form one extra sequence (of token-0 copies), so every row holds finite values: nothing
     # uninitialised can reach a per-tensor reduction such as the fp8 amax.
     if fast:

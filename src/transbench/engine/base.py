@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import Packing, make_packing
+from .attention import Packing, make_packing, token_ladder
 from .config import Dims, EngineOptions, EngineUnsupported
 from .graphs import GraphCache
 from .ops import select_ops
@@ -28,6 +28,15 @@ class EngineBase:
         # Packed sizes are rounded to this on the GPU so similar batches reuse one captured graph.
         self.bucket = 128 if opts.device.type == "cuda" else 1
         self.graphs = GraphCache(opts.cuda_graphs, opts.max_graphs or self.graph_bound(), opts.tune_budget_s)
+        self._ladders: dict[tuple[int, int], list[int]] = {}
+
+    def token_sizes(self, B: int, S: int) -> list[int] | None:
+        """The packed sizes a padded (B, S) call can run: opts.token_growth's ladder, or None (multiples of bucket)."""
+        if self.opts.token_growth is None:
+            return None
+        if (B, S) not in self._ladders:
+            self._ladders[(B, S)] = token_ladder(B * S, self.bucket, self.opts.token_growth, S)
+        return self._ladders[(B, S)]
 
     def graph_bound(self) -> int:
         """Graphs one (max_batch, max_seq) shape can need: each packed token count (a multiple of `bucket`, capped
@@ -73,7 +82,8 @@ class EngineBase:
             # which packing real tokens cannot express: reading it as a padding mask gave silently other outputs.
             raise EngineUnsupported(f"a {mask.dim()}-D attention_mask is not supported: pass a (batch, seq) mask of "
                                     "1 (token) and 0 (padding)")
-        return make_packing(None if mask is None else mask.to(self.opts.device), B, S, self.bucket)
+        return make_packing(None if mask is None else mask.to(self.opts.device), B, S, self.bucket,
+                            self.token_sizes(B, S))
 
     @staticmethod
     def take(t: torch.Tensor | None, p: Packing) -> torch.Tensor | None:

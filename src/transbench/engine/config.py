@@ -34,6 +34,9 @@ class EngineOptions:
     # captured all of them before its load (scenarios/serve/measure.py Encoders.warm) never evicts and recaptures one.
     max_graphs: int | None = None
     tune_budget_s: float | None = TUNE_BUDGET_S  # tuning seconds a new shape's first call may take (None: no limit)
+    # A server's bound on its graphs: packed sizes round up to a geometric ladder (attention.token_ladder), each
+    # size at most this factor above the one below; None: every multiple of the packing bucket (128 on CUDA).
+    token_growth: float | None = None
 
     def __post_init__(self):
         # compile_model's arguments reach here unchecked; a wrong type would fail at the first call (max_batch="8")
@@ -48,6 +51,9 @@ class EngineOptions:
         if self.max_graphs is not None and (isinstance(self.max_graphs, bool) or not isinstance(self.max_graphs, int)
                                             or self.max_graphs < 1):
             raise ValueError(f"max_graphs must be None or a whole number of at least 1, got {self.max_graphs!r}")
+        g = self.token_growth
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 1 < g <= 4):
+            raise ValueError(f"token_growth must be None or a factor above 1 and at most 4, got {g!r}")
         b = self.tune_budget_s
         if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b < float("inf")):
             raise ValueError(f"tune_budget_s must be None or a finite number of seconds >= 0, got {b!r}")
