@@ -150,3 +150,75 @@ def test_trace_outputs_end_each_request_at_its_own_token():
     trace = run_load(gen, LoadPlan([8], arrivals=[0.0, 0.0], outputs=[2, 5], span_s=0.01), BatchPolicy(2, 0.005))
     by = {s.request.rid: s for s in trace.served}
     assert len(by[0].steps) == 2 and len(by[1].steps) == 5 and by[0].done < by[1].done
+
+
+# --- the command line -------------------------------------------------------------------------------------
+
+def _refused(tmp_path, *args):
+    from typer.testing import CliRunner
+
+    from transbench.cli import app
+
+    db = tmp_path / "bad.db"
+    res = CliRunner().invoke(app, ["serve", "--model", "bert-tiny", "--device", "cpu", *map(str, args), "--db", str(db)])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert not db.exists()
+    return res.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rate", "10", "--arrivals", "gamma:0"], "--arrivals gamma:0: burstiness must be above 0"),
+    (["--rate", "10", "--arrivals", "bursty"], "--arrivals 'bursty' is not understood"),
+    (["--concurrency", "2", "--arrivals", "constant"], "--arrivals constant shapes a rate's arrivals"),
+    (["--rate", "10", "--slo", "ttft:200"], "ttft and tpot are generation's"),
+    (["--rate", "10", "--slo", "e2e"], "is not METRIC:MS"),
+    (["--rate", "10", "--slo", "e2e:20", "--slo-ms", "20"], "give it once"),
+    (["--rate", "10", "--percentiles", "50,abc"], "cannot read '50,abc'"),
+    (["--rate", "10", "--percentiles", "50,100"], "--percentiles: 100 must be above 0 and below 100"),
+    (["--rate", "10", "--goodput-target", "0.99"], "--goodput-target is the share meeting the objectives"),
+    (["--rate", "10", "--slo", "e2e:20", "--goodput-target", "1.5"], "--goodput-target is a share above 0"),
+    (["--rate", "10", "--slo", "e2e:20", "--goodput-target", "0.9", "--percentile", "99"], "give one"),
+    (["--rate", "10", "--prepare-budget", "-1"], "--prepare-budget must be at least 0"),
+    (["--rate", "10", "--trace-speed", "2"], "--trace-speed applies to --trace"),
+    (["--rate", "10", "--trace", str(EXAMPLE)], "give one load"),
+    (["--trace", "no-such.jsonl"], "--trace no-such.jsonl: no such file"),
+    (["--trace", str(EXAMPLE), "--trace-speed", "0"], "--trace-speed must be a finite number above 0"),
+    (["--trace", str(EXAMPLE), "--lengths", "fixed:8"], "--lengths and --trace both say"),
+    (["--trace", str(EXAMPLE), "--warmup", "100"], "is not shorter than the trace's"),
+    (["--trace", str(EXAMPLE), "--trace-speed", "0.001"], "not within --timeout"),
+])
+def test_bad_traffic_options_are_one_line(tmp_path, args, message):
+    assert message in _refused(tmp_path, *args)
+
+
+def test_trace_too_long_for_the_model(tmp_path):
+    f = tmp_path / "long.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1}\n'
+                 '{"timestamp": 10, "input_length": 8, "output_length": 1}\n')
+    assert "1 requests ask for more than the model's 128 positions (the longest 600 tokens)" in \
+        _refused(tmp_path, "--trace", f, "--warmup", "0")
+
+
+def test_trace_replay_on_bert_tiny_and_a_changed_trace_refused(tmp_path):
+    """`--trace` end to end: the cell names the trace's digest, carries its requests' count and the generator's
+    lag; rerunning the run's name over a changed file is refused, not mixed into it."""
+    from typer.testing import CliRunner
+
+    from transbench.cli import app
+
+    f = tmp_path / "t.jsonl"
+    f.write_text(EXAMPLE.read_text())
+    db, js = tmp_path / "s.db", tmp_path / "s.json"
+    args = ["serve", "--model", "bert-tiny", "--device", "cpu", "--trace", str(f), "--trace-speed", "4",
+            "--warmup", "0", "--max-batch-size", "4", "--slo-ms", "1000", "--db", str(db), "--name", "tr"]
+    res = CliRunner().invoke(app, [*args, "--json", str(js)])
+    assert res.exit_code == 0, res.output
+    (rec,) = json.loads(js.read_text())
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["mode"] == "trace" and rec["trace"].startswith("t.jsonl@") and rec["trace_speed"] == 4.0
+    assert rec["n_requests"] == 200 and rec["tail_valid"] is False and rec["slo_met"] is False  # 200 < 662
+    assert rec["latency_p99_upper_ms"] is None and rec["latency_p50_upper_ms"] is not None
+    assert rec["client_lag_max_ms"] is not None and rec["shapes_prepared_under_load"] >= 0
+    f.write_text(EXAMPLE.read_text().replace('"input_length": 9,', '"input_length": 10,', 1))
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "already holds a different grid" in res.output, res.output

@@ -347,7 +347,10 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
     store = Store(db)
     lane = None
     try:
-        run_id, name, done = open_run(store, "serve", replace(spec, name=None).to_dict(), spec.name,
+        stored_spec = replace(spec, name=None).to_dict()
+        if lengths.source:  # a trace's or a lengths file's digest: resuming a run over a changed file is refused
+            stored_spec["lengths_source"] = lengths.source
+        run_id, name, done = open_run(store, "serve", stored_spec, spec.name,
                                       lambda: env_mod.collect(open_cuda=False))
 
         # The search decides each probe from the last one, so it drives one lane (one worker, its models kept

@@ -36,7 +36,8 @@ def parse_percentiles(text) -> list[float]:
         except ValueError:
             raise SpecError(f"--percentiles: '{item}' is not a number; give percentiles such as 50,90,99") from None
         if not (math.isfinite(q) and 0 < q < 100) or round(q, 4) != q:
-            raise SpecError(f"--percentiles: {item} must be above 0 and below 100, with at most 4 decimals")
+            shown = f"{item:g}" if isinstance(item, float) else item
+            raise SpecError(f"--percentiles: {shown} must be above 0 and below 100, with at most 4 decimals")
         if q in out:
             raise SpecError(f"--percentiles lists {q:g} twice: give each value once")
         out.append(q)
