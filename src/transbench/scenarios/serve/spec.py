@@ -212,10 +212,11 @@ def tail_share(spec: ServeSpec) -> float:
 
 def cell(spec: ServeSpec, lengths, backend: str, mode: str, level: float = 0) -> ServeCell:
     share = tail_share(spec)
-    judged = spec.slo_ms is not None or spec.slo is not None
-    # A rate judged against a target is planned long enough for its percentile's verdict (LoadGen's minimum, with
-    # a fifth more for the Poisson count's spread), within what --timeout leaves beside preparing and draining.
-    need = math.ceil(1.2 * tails.min_requests(share)) if judged else serve_arrivals.MIN_REQUESTS
+    # A --find-max-rate probe is planned long enough for its percentile's verdict (LoadGen's minimum, with a fifth
+    # more for the Poisson count's spread), within what --timeout leaves beside preparing and draining; one still
+    # short of it is not valid, never passed. A --rate cell keeps the --duration asked (its record says whether
+    # its requests were enough: tail_valid).
+    need = math.ceil(1.2 * tails.min_requests(share)) if spec.find_max_rate else serve_arrivals.MIN_REQUESTS
     limit = spec.timeout - spec.prepare_budget - DEADLINE_SLACK_S - DRAIN_LIMIT_S
     trace = {}
     if mode == "trace":
