@@ -1,4 +1,4 @@
-"""The largest Poisson rate whose latency percentile meets a target, by bisection between 0 and the
+"""The largest arrival rate whose requests meet a target, by bisection between 0 and the
 offline throughput (no rate above what the model serves with every batch full can be sustained)."""
 
 from __future__ import annotations
