@@ -222,3 +222,25 @@ def test_trace_replay_on_bert_tiny_and_a_changed_trace_refused(tmp_path):
     f.write_text(EXAMPLE.read_text().replace('"input_length": 9,', '"input_length": 10,', 1))
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "already holds a different grid" in res.output, res.output
+
+
+def test_find_max_rate_against_goodput_with_gamma_arrivals(tmp_path, extra_backends):
+    """--find-max-rate against --slo's goodput at a target share, probes in bursty gamma arrivals: each probe's
+    verdict is LoadGen's at that share (0.9: 64 requests suffice), and the summary names the target."""
+    from transbench import api
+    from transbench.scenarios.serve.spec import ServeSpec
+
+    extra_backends("serve_backends")
+    said = []
+    spec = ServeSpec(model="bert-tiny", backends=["sleepy"], device="cpu", lengths="fixed:8", max_batch_size=2,
+                     duration=0.5, warmup=0.1, find_max_rate=True, slo="e2e:100", goodput_target=0.9,
+                     arrivals="gamma:0.5", name="gp")
+    recs = api.serve(spec, str(tmp_path / "g.db"), on_progress=lambda cell, text: said.append(text)).records
+    probes = [r for r in recs if r["mode"] == "rate"]
+    (summary,) = [r for r in recs if r["scenario"] == "serve-max-rate"]
+    assert probes and all(r["arrivals"] == "gamma:0.5" and r["tail_percentile"] == pytest.approx(90) for r in probes)
+    passed = [r for r in probes if r["status"] == "ok" and r["slo_met"]]
+    assert all(r["n_requests"] >= 64 and r["slo_misses"] <= r["slo_allowed_misses"] for r in passed)
+    assert summary["status"] == "ok" and summary["goodput_target"] == 0.9 and summary["slo"] == "e2e:100"
+    assert summary["max_rate"] == pytest.approx(max(r["rate"] for r in passed) if passed else 0.0)
+    assert any("preparing" in s for s in said)  # the worker's progress reached the caller
