@@ -25,10 +25,12 @@ run() {  # name, then options
   echo "$name wall_s $((SECONDS - t0))" | tee -a "$OUT/wall.txt"
 }
 for b in fused cudagraph sdpa; do
-  [[ ,$PARTS, == *,a,* ]] && run "a-$b" -b "$b" --max-batch-size 32 --max-wait-ms 4 --lengths lognormal:128:512 \
-    --find-max-rate --slo-ms 25
-  [[ ,$PARTS, == *,b,* ]] && run "b-$b" -b "$b" --max-batch-size 16 --max-wait-ms 2 --lengths lognormal:64:256 \
-    --find-max-rate --slo-ms 10
+  if [[ ,$PARTS, == *,a,* ]]; then
+    run "a-$b" -b "$b" --max-batch-size 32 --max-wait-ms 4 --lengths lognormal:128:512 --find-max-rate --slo-ms 25
+  fi
+  if [[ ,$PARTS, == *,b,* ]]; then
+    run "b-$b" -b "$b" --max-batch-size 16 --max-wait-ms 2 --lengths lognormal:64:256 --find-max-rate --slo-ms 10
+  fi
 done
 if [[ ,$PARTS, == *,rate,* ]]; then
   for b in fused cudagraph; do
