@@ -4,9 +4,10 @@
 # Run from the repo root: bash benchmarks/serve_fused_check.sh [OUT_DIR] [PARTS]
 # PARTS (default a,b), comma-separated:
 #   a     bert-base classification fp16, --max-batch-size 32 --max-wait-ms 4 --lengths lognormal:128:512,
-#         --find-max-rate --slo-ms 25 (p99), for fused, cudagraph, sdpa (~3 min on an H100)
-#   b     the earlier setting: --max-batch-size 16 --lengths lognormal:64:256, p99 <= 10 ms (~2.5 min)
+#         --find-max-rate --slo-ms 25 (p99), for fused, cudagraph, sdpa (estimated ~3 min on an H100, not yet run)
+#   b     the earlier setting: --max-batch-size 16 --lengths lognormal:64:256, p99 <= 10 ms (estimated ~2.5 min)
 #   rate  fused and cudagraph at the issue's single cell, --rate 2000 (setting a), each command timed (~2 min)
+# Each part fits one 10-minute device call: `bash benchmarks/serve_fused_check.sh OUT a`, then `... OUT b`.
 # Prints per run: preparation seconds (the offline cell's, tuning included; each probe prepares again from the
 # tuner's memory), max rate, and p50/p99 at it with the p99's early-stopping estimate and its request count.
 set -euo pipefail
@@ -17,7 +18,7 @@ export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TRANSBENCH_CACHE_DIR=${TRANSBENCH_CACHE_DIR:-$OUT/engine-tuning}
 TB="python3 -m transbench"
 DB="$OUT/serve48.db"
-COMMON=(--model bert-base-uncased --task classification --dtype fp16 --duration 1.5 --warmup 0.5 --timeout 280)
+COMMON=(--model bert-base-uncased --task classification --dtype fp16 --duration 1 --warmup 0.3 --timeout 280)
 run() {  # name, then options
   local name=$1; shift
   local t0=$SECONDS
