@@ -59,6 +59,6 @@ def test_fused_server_ready_in_seconds():
     assert r.status == "ok", (r.status, r.error)
     rec = r.record
     assert rec["prepare_s"] <= 30 + 10  # the budget, the gate's own engine and one graph that may end past it
-    assert rec["shapes_prepared"] + rec["shapes_left"] == r.info["preparation"]["total"] <= 110
+    assert rec["shapes_prepared"] + rec["shapes_left"] == r.info["preparation"]["total"] <= 120  # ~104 ladder sizes + 6 dense
     assert rec["graphs_captured_under_load"] >= 0 and said and "of" in said[0]
     assert rec["n_requests"] >= 662 * 1.0 and rec["latency_p99_upper_ms"] >= rec["latency_p99_ms"]
