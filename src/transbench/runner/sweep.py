@@ -140,8 +140,9 @@ class _Lane:
             if self.worker is None or not self.worker.alive():
                 self.worker = Worker(self.env)
                 self._check()  # interrupted while the worker started: interrupt() found none to end
-            said = None if self.progress is None else (lambda text, cell=cell: self.progress(cell, text))
-            result = self.worker.run(self.target.measure, cell.to_dict(), timeout, said)
+            job = (self.target.measure, cell.to_dict(), timeout)
+            result = self.worker.run(*job) if self.progress is None else \
+                self.worker.run(*job, on_progress=lambda text, cell=cell: self.progress(cell, text))
             left = self.worker.left_mb if self.worker.alive() else None
             if not self.worker.alive():
                 self.worker = None
