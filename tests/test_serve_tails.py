@@ -111,3 +111,13 @@ def test_e2e_verdict_follows_the_upper_estimate():
     assert rec["latency_p99_upper_ms"] == pytest.approx(50.0)  # 20 over 10 ms, more than the 8 allowed
     assert rec["tail_valid"] is True and rec["slo_met"] is False
     assert rec["latency_p90_upper_ms"] == pytest.approx(1.0) and rec["tail_min_requests"] == 662
+
+
+def test_slo_in_the_cell_key_is_text():
+    """The objectives reach records and reports as one canonical text (a dict could not group a report's rows)."""
+    from transbench.scenarios.serve.cell import ServeCell
+
+    c = ServeCell("bert-tiny", "generate", "sdpa", "fp32", "rate", rate=1.0, slo={"ttft": 200.0, "tpot": 50.0})
+    assert c.identity()["slo"] == "tpot:50,ttft:200"
+    assert c.objectives() == {"ttft": 200.0, "tpot": 50.0}
+    assert ServeCell("bert-tiny", "generate", "sdpa", "fp32", "rate", rate=1.0, slo_ms=20).objectives() == {"e2e": 20}

@@ -395,7 +395,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
             # too slow for the target bisected down to rates whose 20 expected arrivals took longer than that).
             floor = MIN_REQUESTS / max(spec.timeout - spec.warmup, 1e-9)
             best, trail = find_max_rate(probe, spec.slo_ms, offline["record"]["achieved_rate"], lowest=floor)
-            rec = {"max_rate": best, "percentile": round(share * 100, 6), "slo_ms": spec.slo_ms, "slo": spec.slo,
+            rec = {"max_rate": best, "percentile": round(share * 100, 6), "slo_ms": spec.slo_ms,
                    "goodput_target": spec.goodput_target, "arrivals": spec.arrivals,
                    "offline_rate": offline["record"]["achieved_rate"], "prepare_s": offline["record"].get("prepare_s")}
             # The passing probe's own figures beside its rate (its cell holds the rest)

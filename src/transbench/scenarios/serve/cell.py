@@ -68,8 +68,8 @@ class ServeCell(SweepCell):
         if self.task == "generate":
             ident["new_tokens"] = self.new_tokens
         # Settings added later appear only off their defaults, so stored cells keep their keys.
-        if self.slo:
-            ident["slo"] = dict(sorted(self.slo.items()))
+        if self.slo:  # as text (METRIC:MS, sorted): a record's value, a report's grouping key, a CSV cell
+            ident["slo"] = ",".join(f"{k}:{v:g}" for k, v in sorted(self.slo.items()))
         if (self.slo or self.slo_ms is not None) and self.tail_share != 0.99:
             ident["tail_percentile"] = round(self.tail_share * 100, 6)
         if self.prepare_budget != 20.0:
