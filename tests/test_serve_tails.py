@@ -116,8 +116,10 @@ def test_e2e_verdict_follows_the_upper_estimate():
 def test_slo_in_the_cell_key_is_text():
     """The objectives reach records and reports as one canonical text (a dict could not group a report's rows)."""
     from transbench.scenarios.serve.cell import ServeCell
+    from transbench.scenarios.serve.lengths import Lengths
 
-    c = ServeCell("bert-tiny", "generate", "sdpa", "fp32", "rate", rate=1.0, slo={"ttft": 200.0, "tpot": 50.0})
+    c = ServeCell("bert-tiny", "generate", "sdpa", "fp32", "rate", rate=1.0, slo={"ttft": 200.0, "tpot": 50.0},
+                  lengths=Lengths("fixed", 8, 8).to_dict())
     assert c.identity()["slo"] == "tpot:50,ttft:200"
     assert c.objectives() == {"ttft": 200.0, "tpot": 50.0}
     assert ServeCell("bert-tiny", "generate", "sdpa", "fp32", "rate", rate=1.0, slo_ms=20).objectives() == {"e2e": 20}
