@@ -114,3 +114,30 @@ def test_engine_ladder_keeps_outputs_on_cpu():
     assert compile_model(m, dtype=torch.float32).token_sizes(3, 19) == list(range(1, 58))  # CPU bucket 1
     with pytest.raises(ValueError, match="token_growth"):
         compile_model(m, dtype=torch.float32, token_growth=1.0)
+
+
+@pytest.mark.parametrize("budget", [None, 0.0])
+def test_a_ladder_server_prepares_within_its_budget(extra_backends, budget):
+    """A fake of the fused engine's ladder: with time enough every reachable ladder size is prepared before the load
+    (none under it); with a budget of 0 none is, and the graphs the load meets are captured under it and counted."""
+    from transbench.scenarios.inference.measure import ModelCache
+    from transbench.scenarios.serve import lengths as serve_lengths, measure as serve
+
+    extra_backends("serve_backends")
+    lengths = serve_lengths.parse("lognormal:12:32", 128).to_dict()
+    cell = serve.ServeCell("bert-tiny", "classification", "ladder", "fp32", "rate", rate=300.0, lengths=lengths,
+                           max_batch_size=4, max_wait_ms=1.0, duration=1.0, warmup=0.1, device="cpu",
+                           prepare_budget=20.0 if budget is None else budget)
+    said = []
+    r = serve.run(cell, ModelCache(), said.append)
+    assert r.status == "ok", r.error
+    rec, prep = r.record, r.info["preparation"]
+    expected = sum(len(token_counts(b, 32, 32, token_ladder(b * 32, 8, 1.25, 32))) for b in (1, 2, 4))
+    assert prep["total"] == expected and rec["shapes_prepared"] + rec["shapes_left"] == expected
+    if budget is None:
+        assert rec["shapes_left"] == 0 and rec["graphs_captured_under_load"] == 0
+        assert "(%d of %d" % (expected, expected) in said[-1]
+    else:
+        assert rec["shapes_prepared"] == 0 and rec["graphs_captured_under_load"] > 0
+        assert "budget of 0 s spent after 0 of" in said[-1]
+    assert rec["shapes_prepared_under_load"] == 0  # every batch size's engine was built before the load
