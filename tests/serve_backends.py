@@ -43,3 +43,26 @@ def _prepare_packer(model, inputs, cell) -> Prepared:
 
 FORCED = [Backend(name="packer", attn="sdpa", prepare=_prepare_packer, packs=True,
                   describe=f"packs tokens, a graph per {PACK_STEP} of them")]
+
+
+def _prepare_ladder(model, inputs, cell) -> Prepared:
+    """Like the fused engine prepared for a server: a 'graph' per size of a packed-token ladder."""
+    from transbench.engine.packing import make_packing, token_ladder
+
+    out = hf_call(model, inputs)()
+    seen: set = set()
+    B, S = inputs.input_ids.shape
+    sizes = token_ladder(B * S, PACK_STEP, 1.25, S)
+    budgets = []
+
+    def fn():
+        p = make_packing(inputs.attention_mask.cpu(), B, S, PACK_STEP, sizes)
+        seen.add((p.dense, p.tokens))
+        return out
+
+    return Prepared(fn, token_bucket=PACK_STEP, graphs=lambda: len(seen), token_sizes=tuple(sizes),
+                    tune_budget=budgets.append)
+
+
+FORCED.append(Backend(name="ladder", attn="sdpa", prepare=_prepare_ladder, packs=True,
+                      describe="packs tokens, a graph per size of a ladder"))

@@ -135,7 +135,7 @@ def test_micro_empty_values_are_not_replaced_by_defaults(options, needle):
 
 
 @pytest.mark.parametrize("change,needle", [
-    ({"percentile": 90.0}, "--percentile 90 is the percentile --find-max-rate holds"),  # ignored without a search
+    ({"percentile": 90.0}, "--percentile 90 is the percentile a verdict holds"),  # ignored without a target
     ({"new_tokens": 8}, "--new-tokens 8 applies to --task generate"),  # ignored by a classification load
     ({"activation": "relu"}, "unknown activation"),  # was never checked: every cell an `error`
 ])

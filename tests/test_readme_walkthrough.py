@@ -20,16 +20,16 @@ def refused(tmp_path, *args):
 
 
 @pytest.mark.parametrize("args, message", [
-    # docs/options.md (serve): "--percentile ... is refused without --find-max-rate"; 99, the default, given by hand ran a
-    # whole load as if the option had been left out (exit 0), where --percentile 50 was refused
-    (["--rate", "10", "--percentile", "99"], "--percentile 99 is the percentile --find-max-rate holds under --slo-ms"),
-    (["--concurrency", "2", "--percentile", "99.0"], "add --find-max-rate, or leave --percentile out"),
-    # docs/options.md (serve): "--new-tokens ... refused without --task generate"; 32, the default, ran alike
+    # docs/serve.md: "--percentile ... is refused without a target (--slo-ms, --slo)"; 99, the default, given by hand
+    # ran a whole load as if the option had been left out (exit 0), where --percentile 50 was refused
+    (["--rate", "10", "--percentile", "99"], "--percentile 99 is the percentile a verdict holds under --slo-ms or --slo"),
+    (["--concurrency", "2", "--percentile", "99.0"], "add one, or leave --percentile out"),
+    # docs/serve.md: "--new-tokens ... refused without --task generate"; 32, the default, ran alike
     (["--rate", "10", "--new-tokens", "32"], "--new-tokens 32 applies to --task generate"),
     # the other values keep their lines
-    (["--rate", "10", "--percentile", "50"], "--percentile 50 is the percentile --find-max-rate holds"),
-    (["--rate", "10", "--percentile", "101"], "--percentile 101: choose from 50, 90, 99, 99.9"),
-    (["--find-max-rate", "--slo-ms", "10", "--percentile", "95"], "--percentile 95: choose from"),
+    (["--rate", "10", "--percentile", "50"], "--percentile 50 is the percentile a verdict holds"),
+    (["--rate", "10", "--percentile", "101"], "--percentile 101: give a percentile above 0 and below 100"),
+    (["--find-max-rate", "--slo-ms", "10", "--percentile", "100"], "--percentile 100: give a percentile"),
 ])
 def test_serve_refuses_an_option_its_load_does_not_use_even_at_its_default(tmp_path, args, message):
     assert message in refused(tmp_path, *args)
@@ -55,7 +55,7 @@ def test_serve_prints_a_max_rate_of_zero_the_cells_warnings_and_names_as_text(tm
     from transbench.cells import CellResult
     from transbench.cli import serve as serve_cli
 
-    def fake_serve(spec, db, *, json_path=None, csv_path=None, on_cell):
+    def fake_serve(spec, db, *, json_path=None, csv_path=None, on_cell, on_progress=None):
         cell = SimpleNamespace(backend="sdpa", mode="max-rate", rate=0.0, concurrency=0)
         on_cell(cell, CellResult("ok", record={"max_rate": 0.0}, warnings=["no probed rate met p99 <= 10 ms"]))
         rec = {"status": "ok", "backend": "sdpa", "mode": "max-rate", "max_rate": 0.0}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from .base import Backend, Prepared
 
+SERVER_TOKEN_GROWTH = 1.25  # each packed size of a server's ladder at most 1.25x the one below
+
 
 def _compile(model, cell, options=None):
     """The engine for `cell`'s model; options: EngineOptions (None: the engine as shipped), for scripts that measure
@@ -29,11 +31,16 @@ def _compile(model, cell, options=None):
     # `transbench tune` does, unless its routes are on disk. Serving keeps the budget (Cell.first_call_budget): its
     # warm-up captures a graph per packed token count, each a shape to tune.
     budget = TUNE_BUDGET_S if cell.first_call_budget else None
+    # A server (serving, the demo) bounds its graphs: packed sizes on a ladder each at most SERVER_TOKEN_GROWTH above
+    # the one below (engine/attention.py token_ladder states the worst-case padding), not every multiple of 128:
+    # bert-base 32 x 512 captured and tuned 128 graphs per batch size before its load (260 s on an H100).
+    growth = SERVER_TOKEN_GROWTH if cell.first_call_budget else None
     # fp32/tf32 cells run the engine in fp32; CUDA graphs only where there is CUDA. An fp8 cell's model is stored in
     # fp16 (measure/device.py torch_dtype): the engine quantizes its linear layers to e4m3.
     try:
         return compile_model(model, dtype=p.dtype, device=p.device, max_batch=max(cell.batch, 1),
-                             fp8=cell.dtype == "fp8", tune_budget_s=budget, options=options)
+                             fp8=cell.dtype == "fp8", tune_budget_s=budget, options=options,
+                             token_growth=growth)
     except EngineUnsupported as exc:
         raise Unsupported(exc.reason) from None
 
@@ -97,9 +104,11 @@ def _prepare(model, inputs, cell) -> Prepared:
                 "gemm_ops": len(gemms)}
 
     graphs = compiled.engine.graphs.enabled
+    B, S = inputs.input_ids.shape if inputs.input_ids is not None else inputs.inputs_embeds.shape[:2]
     return Prepared(fn, {"engine_ops": compiled.engine.ops.name, "cuda_graphs": graphs}, ran=ran,
                     token_bucket=compiled.token_bucket if graphs else 0, graphs=lambda: compiled.graph_captures,
-                    release=compiled.release if graphs else None)
+                    release=compiled.release if graphs else None,
+                    token_sizes=compiled.token_sizes(B, S) if graphs else (), tune_budget=compiled.set_tune_budget)
 
 
 def _generator(model, cell):

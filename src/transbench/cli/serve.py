@@ -13,8 +13,14 @@ from .options import build_spec
 from ..keys import KEYS, show
 from .tables import console, visible
 
+def _help(name: str) -> str:
+    """A setting's help, declared once with its field (ServeSpec)."""
+    return ServeSpec.__dataclass_fields__[name].metadata["help"]
+
+
 SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "latency_p50_ms",
-         "latency_p99_ms", "latency_p999_ms", "goodput", "mean_batch", "ttft_p50_ms", "itl_p50_ms", "max_rate")
+         "latency_p99_ms", "latency_p999_ms", "latency_p99_upper_ms", "n_requests", "tail_valid", "goodput",
+         "mean_batch", "ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "max_rate")
 
 
 @declared_command(app, ServeSpec, command_options=("db", "json_path", "csv_path"))
@@ -31,7 +37,12 @@ def serve(given: dict, *, db, json_path, csv_path) -> None:
         level = {"rate": f"{cell.rate:.1f}/s", "concurrency": f"c{cell.concurrency}"}.get(cell.mode, cell.mode)
         r = result.record
         # A max rate of 0 (no probed rate met the target) is an answer too: it printed as a bare "max-rate: ok".
-        detail = (f"p99 {r['latency_p99_ms']:.2f} ms, achieved {r['achieved_rate']:.1f}/s"
+        upper = r.get("latency_p99_upper_ms")
+        detail = (f"p99 {r['latency_p99_ms']:.2f} ms (LoadGen estimate "
+                  + (f"{upper:.2f} ms" if upper is not None else f"n/a: {r.get('n_requests')} requests") + ")"
+                  + (f", verdict {'met' if r['slo_met'] else 'not met'}" + ("" if r.get("tail_valid") else
+                     " (too few requests)") if "slo_met" in r else "")
+                  + f", achieved {r['achieved_rate']:.1f}/s"
                   if "latency_p99_ms" in r else f"max rate {r['max_rate']:.1f}/s"
                   if r.get("max_rate") is not None and result.status == "ok" else "")
         console.print(visible(f"  {cell.backend} {level}: {result.status} {detail or result.error or ''}")[:160],
@@ -40,7 +51,11 @@ def serve(given: dict, *, db, json_path, csv_path) -> None:
         for w in result.warnings:
             console.print(visible(f"    warning: {w}"), markup=False, highlight=False)
 
-    outcome = api.serve(spec, db, json_path=json_path, csv_path=csv_path, on_cell=on_cell)
+
+    def on_progress(cell, text):  # the worker's preparation, as it goes (what, i of n)
+        console.print(visible(f"  {cell.backend}: {text}")[:160], markup=False, highlight=False)
+
+    outcome = api.serve(spec, db, json_path=json_path, csv_path=csv_path, on_cell=on_cell, on_progress=on_progress)
     console.print(_table(outcome.records, f"serve {outcome.name} ({outcome.run_id})"))
     # names are text, never markup (as run prints them): --name "x[/bold]y" raised a MarkupError after the load
     console.print(f"stored in {escape(visible(db))} as run [bold]{escape(visible(outcome.name))}[/]"

@@ -7,7 +7,7 @@ from .attention import attention
 from .config import Dims, EngineConfig, EngineUnsupported
 from .graphs import GraphCache
 from .ops import select_ops
-from .packing import Packing, make_packing
+from .packing import Packing, make_packing, token_ladder
 from .tuning import tuner as default_tuner
 from .weights import Converter, Layer
 
@@ -32,6 +32,15 @@ class EngineBase:
         # Packed sizes are rounded to this on the GPU so similar batches reuse one captured graph.
         self.bucket = 128 if opts.device.type == "cuda" else 1
         self.graphs = self.graph_cache(opts.options.max_graphs or self.graph_bound())
+        self._ladders: dict[tuple[int, int], list[int]] = {}
+
+    def token_sizes(self, B: int, S: int) -> list[int] | None:
+        """The packed sizes a padded (B, S) call can run: opts.token_growth's ladder, or None (multiples of bucket)."""
+        if self.opts.token_growth is None:
+            return None
+        if (B, S) not in self._ladders:
+            self._ladders[(B, S)] = token_ladder(B * S, self.bucket, self.opts.token_growth, S)
+        return self._ladders[(B, S)]
 
     def graph_cache(self, max_entries: int) -> GraphCache:
         """A graph cache of this engine's settings (its tuner, budget and races)."""
@@ -89,7 +98,7 @@ class EngineBase:
                                     "1 (token) and 0 (padding)")
         o = self.opts.options
         return make_packing(None if mask is None else mask.to(self.opts.device), B, S, self.bucket, o.pack_max_s,
-                            o.pack_max_tokens)
+                            o.pack_max_tokens, self.token_sizes(B, S))
 
     @staticmethod
     def take(t: torch.Tensor | None, p: Packing) -> torch.Tensor | None:

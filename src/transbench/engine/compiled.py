@@ -118,6 +118,23 @@ class CompiledModel:
         of a (batch, seq) shape is a graph of its own, captured (and its routes tuned) at its first call."""
         return self.engine.bucket
 
+    def token_sizes(self, batch: int, seq: int) -> list[int]:
+        """The packed token counts a padded call of (batch, seq) can run, each a graph of its own: the token_growth
+        ladder, or every multiple of token_bucket (capped at batch x seq)."""
+        sizes = self.engine.token_sizes(batch, seq)
+        if sizes is not None:
+            return list(sizes)
+        b, top = self.engine.bucket, batch * seq
+        return sorted({min(top, m) for m in range(b, top + b, b)})
+
+    def set_tune_budget(self, seconds: float | None) -> None:
+        """Tuning seconds a new shape's first call may take from now on (0: its ops take their default routes, a
+        capture only: a server's graphs first met under load)."""
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                    or not 0 <= seconds < float("inf")):
+            raise ValueError(f"seconds must be None or a finite number >= 0, got {seconds!r}")
+        self.engine.graphs.tune_budget_s = seconds
+
     @property
     def graph_captures(self) -> int:
         """Graphs captured so far (0 without CUDA graphs), ones since evicted or released included."""
@@ -145,11 +162,14 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16,
                   max_seq: int | None = None, cuda_graphs: bool = True, fp8: bool = False,
                   device: torch.device | str | None = None,
                   tune_budget_s: float | None = EngineConfig.tune_budget_s,
-                  options: EngineOptions | None = None) -> CompiledModel:
+                  options: EngineOptions | None = None, token_growth: float | None = None) -> CompiledModel:
     """Build the fused engine from a transformers BERT/GPT-2 model (bare or with a task head).
 
     tune_budget_s: wall seconds the first call at a new shape may spend tuning kernel routes (None: no limit,
     what `transbench tune` uses to fill the on-disk table ahead of time); see engine/tuning.py TUNE_BUDGET_S.
+
+    token_growth: a server's bound on its graphs: a padded call's packed size rounds up to a geometric ladder
+    (packing.token_ladder; CompiledModel.token_sizes lists it) instead of every multiple of token_bucket.
 
     dtype="fp8": fp16 activations and residual stream, every linear layer's GEMM in e4m3 where the tuner finds
     it faster (weights quantized once, one scale per output channel; activations per token, quantized by the
@@ -190,6 +210,7 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16,
     if options is not None and not isinstance(options, EngineOptions):
         raise ValueError(f"options must be an EngineOptions, got {options!r}")
     opts = EngineConfig(dtype=dtype, device=device, max_batch=max_batch, max_seq=max_seq, cuda_graphs=cuda_graphs,
-                        fp8=fp8, tune_budget_s=tune_budget_s, options=options or EngineOptions())
+                        fp8=fp8, tune_budget_s=tune_budget_s, options=options or EngineOptions(),
+                        token_growth=token_growth)
     with torch.no_grad():
         return CompiledModel(hf_model, opts)

@@ -99,6 +99,9 @@ class EngineConfig:
     fp8: bool = False
     tune_budget_s: float | None = TUNE_BUDGET_S  # tuning seconds a new shape's first call may take (None: no limit)
     options: EngineOptions = EngineOptions()
+    # A server's bound on its graphs: packed sizes round up to a geometric ladder (packing.token_ladder), each
+    # size at most this factor above the one below; None: every multiple of the packing bucket (128 on CUDA).
+    token_growth: float | None = None
 
     def __post_init__(self):
         # compile_model's arguments reach here unchecked; a wrong type would fail at the first call (max_batch="8")
@@ -110,6 +113,9 @@ class EngineConfig:
         _seconds("tune_budget_s", self.tune_budget_s, none=True)
         if not isinstance(self.options, EngineOptions):
             raise ValueError(f"options must be an EngineOptions, got {self.options!r}")
+        g = self.token_growth
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 1 < g <= 4):
+            raise ValueError(f"token_growth must be None or a factor above 1 and at most 4, got {g!r}")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 mask, by two Triton launches around the call's one host sync on CUDA and by torch ops elsewhere."""
 from __future__ import annotations
 
+import bisect
+
 from typing import NamedTuple
 
 import torch
@@ -44,8 +46,25 @@ class Packing(NamedTuple):
         return self.B * self.S if self.gidx is None else self.gidx.shape[0]
 
 
+def token_ladder(top: int, step: int, growth: float, max_gap: int) -> list[int]:
+    """Packed sizes up to `top` (a batch's B x S) for a server's graphs: multiples of `step`, each at most `growth`
+    times the one below and at most `max_gap` above it (never less than one step), `top` last. A call of n real
+    tokens runs the first size >= n, so its spare rows number fewer than max(n (growth - 1), step) and fewer than
+    max(max_gap, step): with growth 1.25, step 128 and max_gap the width S, padding stays under a quarter of the
+    tokens (or one step of 128, whichever is larger), and the spare rows, one extra sequence in the varlen
+    attention (make_packing), never outgrow a real one. bert-base 32 x 512 on CUDA: 39 sizes where every
+    multiple of 128 made 128 graphs."""
+    gap_cap = max(step, max_gap // step * step)
+    sizes, r = [], step
+    while r < top:
+        sizes.append(r)
+        r = min(r + gap_cap, max(r + step, int(r * growth) // step * step))
+    sizes.append(top)
+    return sizes
+
+
 def make_packing(mask: torch.Tensor | None, B: int, S: int, bucket: int, max_s: int = PACK_MAX_S,
-                 max_tokens: int = PACK_MAX_TOKENS) -> Packing:
+                 max_tokens: int = PACK_MAX_TOKENS, sizes: list[int] | None = None) -> Packing:
     """The packing of a (B, S) mask (None: dense), its packed size rounded up to a multiple of `bucket`. On CUDA,
     masks of at most max_s columns and max_tokens elements (EngineOptions.pack_max_s, pack_max_tokens) take the
     Triton kernels, larger ones the torch ops."""
@@ -64,7 +83,8 @@ def make_packing(mask: torch.Tensor | None, B: int, S: int, bucket: int, max_s: 
     if n == B * S:
         return Packing(B, S, None, None, None, None)
     # Round the packed size up so that batches of similar total length share one captured graph.
-    tp = min(B * S, -(-n // bucket) * bucket)
+    # `sizes`: the packed sizes allowed (token_ladder, ascending, ending at B x S); None: multiples of `bucket`
+    tp = sizes[bisect.bisect_left(sizes, n)] if sizes else min(B * S, -(-n // bucket) * bucket)
     # Spare rows form one extra sequence (of token-0 copies), so every row holds finite values: nothing
     # uninitialised can reach a per-tensor reduction such as the fp8 amax.
     if fast:

@@ -11,15 +11,20 @@ from .data import ReportData, by_scenario, groups, is_ok
 from .document import Figure, Section, Table, measured, num
 
 LOAD_COLS = ("backend", "mode", "offered_rate", "achieved_rate", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
-             "latency_p999_ms", "latency_max_ms", "goodput", "mean_batch", "busy_share", "ttft_p50_ms", "ttft_p99_ms",
-             "itl_p50_ms", "itl_p99_ms", "tokens_per_s", "j_per_request", "rel_err")
+             "latency_p99_upper_ms", "latency_p999_ms", "latency_max_ms", "n_requests", "goodput", "mean_batch",
+             "busy_share", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms",
+             "tokens_per_s", "client_lag_p99_ms", "graphs_captured_under_load", "j_per_request", "rel_err")
 # new_tokens: a generation table's title said neither how many tokens a request asked for nor (column) its tokens/s
-SETTINGS = ("run_name", "model", "task", "dtype", "lengths", "new_tokens", "max_batch_size", "max_wait_ms", "slo_ms")
+SETTINGS = ("run_name", "model", "task", "dtype", "lengths", "new_tokens", "max_batch_size", "max_wait_ms", "slo_ms",
+            "slo")
 
 
 def _level(r: dict) -> str:
     if r.get("mode") == "rate":
-        return f"{r.get('rate'):g}/s Poisson"
+        kind = r.get("arrivals") or "Poisson"
+        return f"{r.get('rate'):g}/s {kind}"
+    if r.get("mode") == "trace":
+        return f"trace {r.get('trace')} x{r.get('trace_speed'):g}"
     if r.get("mode") == "concurrency":
         return f"{r.get('concurrency')} clients"
     return str(r.get("mode"))
@@ -41,11 +46,20 @@ def max_rate_table(recs: list[dict], multi_run: bool = False) -> Table | None:
         return None
     # With several runs, a run column: two runs' rows of one backend were otherwise the same text with other numbers.
     rows = [[*([str(r.get("run_name"))] if multi_run else []), str(r.get("backend")), str(r.get("model")),
-             str(r.get("dtype")), str(r.get("lengths")), f"p{num(r.get('percentile'))} <= {num(r.get('slo_ms'))} ms",
-             measured(r, "max_rate"), measured(r, "offline_rate")] for r in recs]
-    return Table("largest Poisson rate meeting the latency target (bisection; every probe is a serve cell)",
+             str(r.get("dtype")), str(r.get("lengths")), _target(r), measured(r, "max_rate"),
+             measured(r, "latency_p50_ms"), measured(r, "latency_p99_ms"), measured(r, "latency_p99_upper_ms"),
+             measured(r, "prepare_s"), measured(r, "offline_rate")] for r in recs]
+    return Table("largest rate meeting the target (bisection; every probe is a serve cell; a verdict by MLPerf "
+                 "LoadGen's early-stopping rule, p99 upper its estimate)",
                  [*(["run"] if multi_run else []), "backend", "model", "dtype", "lengths", "target", "max rate /s",
-                  "offline /s"], rows)
+                  "p50 ms", "p99 ms", "p99 upper ms", "prepare s", "offline /s"], rows)
+
+
+def _target(r: dict) -> str:
+    if r.get("slo"):
+        e2e = f",e2e:{num(r.get('slo_ms'))}" if r.get("slo_ms") is not None else ""
+        return f"{num(r.get('percentile'))}% meet {r.get('slo')}{e2e}"
+    return f"p{num(r.get('percentile'))} <= {num(r.get('slo_ms'))} ms"
 
 
 def figures(recs: list[dict], out: Path) -> list[Figure]:
@@ -95,7 +109,9 @@ def section(data: ReportData, out: Path) -> Section | None:
     if not recs and top is None:
         return None
     blocks: list = ["Latency runs from a request's planned arrival to its result on the host (no coordinated "
-                    "omission); goodput is the share of requests within the SLO."]
+                    "omission); goodput is the share of requests meeting every objective. An upper figure is MLPerf "
+                    "LoadGen's early-stopping estimate of its percentile (an upper bound at 99% confidence), empty "
+                    "where the load had fewer requests than the percentile needs (662 for p99)."]
     if top is not None:
         blocks.append(top)
     blocks += load_tables(recs)

@@ -52,6 +52,7 @@ class SweepOptions:
     # The search bisects its last gap down to 1/resolution of the batch: 32 for `run --max-batch`; the
     # training ladder takes 4, as each of its probes is a process that builds the model and trains.
     max_batch_resolution: int = 32
+    progress: Callable | None = None  # (cell, text): a running cell's word on how it is getting on
 
 
 def flat_record(cell, result: CellResult) -> dict:
@@ -113,8 +114,9 @@ class _Lane:
     runner/worker.py). `stopping`, once set, ends the lane: no cell starts, and the one it was running raises
     _Interrupted instead of returning the result its killed worker gave."""
 
-    def __init__(self, gpu: int | None, target: Target, stopping: threading.Event | None = None):
-        self.gpu, self.target = gpu, target
+    def __init__(self, gpu: int | None, target: Target, stopping: threading.Event | None = None,
+                 progress: Callable | None = None):
+        self.gpu, self.target, self.progress = gpu, target, progress
         self.env = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)}
         self.worker: Worker | None = None
         self.stopping = stopping
@@ -142,7 +144,9 @@ class _Lane:
             if self.worker is None or not self.worker.alive():
                 self.worker = Worker(self.env)
                 self._check()  # interrupted while the worker started: interrupt() found none to end
-            result = self.worker.run(self.target.measure, cell.to_dict(), timeout)
+            job = (self.target.measure, cell.to_dict(), timeout)
+            result = self.worker.run(*job) if self.progress is None else \
+                self.worker.run(*job, on_progress=lambda text, cell=cell: self.progress(cell, text))
             left = self.worker.left_mb if self.worker.alive() else None
             if not self.worker.alive():
                 self.worker = None
@@ -228,7 +232,7 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
             on_cell(cell, result)
 
     def lane_loop(gpu: int | None) -> None:
-        lane = _Lane(gpu, target, stopping)
+        lane = _Lane(gpu, target, stopping, opts.progress)
         lanes.append(lane)
         try:
             while True:

@@ -10,6 +10,7 @@ import multiprocessing as mp
 import os
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 from contextlib import contextmanager
@@ -114,7 +115,9 @@ def _child_main(conn, env: dict, log_path: str) -> None:
     log = open(log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    state: dict = {}
+    # A cell may say how it is getting on (what it prepares, i of n): sent to the parent beside the result
+    # (Worker.run's on_progress), as ("progress", text) where a result is (dict, float).
+    state: dict = {"progress": lambda text: conn.send(("progress", str(text)))}
     while True:
         try:
             msg = conn.recv()
@@ -178,16 +181,23 @@ class Worker:
     def alive(self) -> bool:
         return self.proc.is_alive()
 
-    def run(self, target: str, cell: dict, timeout: float) -> CellResult:
+    def run(self, target: str, cell: dict, timeout: float, on_progress=None) -> CellResult:
         try:
             self.conn.send((target, cell))
-            if not self.conn.poll(min(timeout, LONGEST_WAIT_S)):
-                tail = self._log_tail()
-                self.stop(kill=True)
-                return CellResult("timeout", error=f"no result within the {timeout:g} s deadline",
-                                  info={"log_tail": tail})
-            result, self.left_mb = self.conn.recv()
-            return CellResult.from_dict(result)
+            deadline = time.monotonic() + min(timeout, LONGEST_WAIT_S)
+            while True:
+                if not self.conn.poll(max(0.0, deadline - time.monotonic())):
+                    tail = self._log_tail()
+                    self.stop(kill=True)
+                    return CellResult("timeout", error=f"no result within the {timeout:g} s deadline",
+                                      info={"log_tail": tail})
+                msg = self.conn.recv()
+                if isinstance(msg[0], str):  # ("progress", text): the cell is getting on; its deadline stands
+                    if on_progress is not None:
+                        on_progress(msg[1])
+                    continue
+                result, self.left_mb = msg
+                return CellResult.from_dict(result)
         except (EOFError, BrokenPipeError, ConnectionResetError):
             self.proc.join(5)
             code = self.proc.exitcode

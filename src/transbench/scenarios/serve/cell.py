@@ -1,4 +1,4 @@
-"""One serve cell: a backend under one load (a Poisson rate, a closed-loop concurrency, or offline)."""
+"""One serve cell: a backend under one load (an arrival rate, a trace, a closed-loop concurrency, or offline)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,14 @@ class ServeCell(SweepCell):
     seed: int = 0
     activation: str | None = None
     embeddings: bool = True  # backends read it (fused, onnxruntime); serving always embeds
+    arrivals: str = "poisson"  # mode rate: arrivals.Arrivals' label (poisson | gamma:B | constant)
+    trace: dict = field(default_factory=dict)  # mode trace: {path, source (name@digest), speed}
+    slo: dict = field(default_factory=dict)  # objectives beside slo_ms (e2e): {ttft, tpot: ms}
+    percentiles: tuple = (50.0, 90.0, 99.0)  # stored with LoadGen's early-stopping estimates
+    tail_share: float = 0.99  # the verdict's percentile (--percentile / 100, or --goodput-target)
+    need: int = 20  # a rate's window stretches to this many expected arrivals (the verdict's minimum)
+    window_limit: float | None = None  # ... but never past this many seconds (what --timeout leaves)
+    prepare_budget: float = 20.0  # seconds of preparation before the load; the rest is prepared under it
 
     @property
     def scenario(self) -> str:
@@ -51,12 +59,34 @@ class ServeCell(SweepCell):
                  "seed": self.seed, "activation": self.activation}
         if self.mode == "rate":
             ident["rate"] = round(self.rate, 6)
+            if self.arrivals != "poisson":  # poisson's cells keep the keys they had before arrivals had kinds
+                ident["arrivals"] = self.arrivals
+        elif self.mode == "trace":  # the file's digest: a resume refuses a changed trace (measure.py checks it)
+            ident.update(trace=self.trace["source"], trace_speed=self.trace["speed"])
         elif self.mode == "concurrency":
             ident["concurrency"] = self.concurrency
         if self.task == "generate":
             ident["new_tokens"] = self.new_tokens
+        # Settings added later appear only off their defaults, so stored cells keep their keys.
+        if self.slo:  # as text (METRIC:MS, sorted): a record's value, a report's grouping key, a CSV cell
+            ident["slo"] = ",".join(f"{k}:{v:g}" for k, v in sorted(self.slo.items()))
+        if (self.slo or self.slo_ms is not None) and self.tail_share != 0.99:
+            ident["tail_percentile"] = round(self.tail_share * 100, 6)
+        if self.prepare_budget != 20.0:
+            ident["prepare_budget"] = self.prepare_budget
         return ident
 
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        d = dict(d)
+        if "percentiles" in d:  # JSON turns the tuple into a list (a frozen cell must hash)
+            d["percentiles"] = tuple(d["percentiles"])
+        return cls(**d)
+
+    def objectives(self) -> dict[str, float]:
+        """Every objective a request must meet (ms): --slo's, and --slo-ms as the end-to-end one."""
+        return {**self.slo, **({"e2e": self.slo_ms} if self.slo_ms is not None else {})}
 
     def oom_group(self) -> str:
         return self.key()

@@ -28,6 +28,7 @@ class Request:
     rid: int
     arrival: float  # seconds from the start of the load
     length: int
+    output: int = 0  # generation: tokens it asks for (a trace's output_length); 0: the cell's --new-tokens
 
 
 @dataclass
@@ -45,6 +46,7 @@ class LoadPlan:
 
     lengths: list[int]  # request i has lengths[i % len] tokens
     arrivals: list[float] | None = None
+    outputs: list[int] | None = None  # generation: request i asks for outputs[i % len] tokens (a trace's)
     concurrency: int = 0
     span_s: float = 0.0  # closed loop: no new request after this; open loop: the end of the arrivals' window
     warmup_s: float = 0.0  # requests that arrive before this are served but not counted
@@ -58,6 +60,9 @@ class Trace:
     plan: LoadPlan
     end: float
     gc_collections: list[int] = field(default_factory=list)  # Python GC collections per generation during the load
+    # Open loop: per request, how late its issue was against its planned arrival (s): the load generator's own lag.
+    # Latency still runs from the planned time; a lag that grows says the client, not the server, fell behind.
+    lags: list[tuple[float, float]] = field(default_factory=list)  # (planned arrival, lag)
 
 
 def run_load(serve_batch: Callable[[list[Request]], Any], plan: LoadPlan, policy: BatchPolicy,
@@ -95,13 +100,20 @@ def _serve(serve_batch, plan: LoadPlan, policy: BatchPolicy, clock, on_measure) 
     measuring = False
     counted = False  # closed loop: a request has arrived after the warm-up
 
+    outputs = plan.outputs or [0]
+    lags: list[tuple[float, float]] = []
+
+    def request(i: int, t: float) -> Request:
+        return Request(i, t, lengths[i % len(lengths)], outputs[i % len(outputs)])
+
     if plan.arrivals is not None:
         def issue() -> None:
             for i, t in enumerate(plan.arrivals):
                 delay = t - now()
                 if delay > 0:
                     time.sleep(delay)
-                inbox.put(Request(i, t, lengths[i % len(lengths)]))  # stamped with its planned time
+                inbox.put(request(i, t))  # stamped with its planned time
+                lags.append((t, max(0.0, now() - t)))
             inbox.put(None)
 
         issuer = threading.Thread(target=issue, daemon=True, name="serve-arrivals")
@@ -111,7 +123,7 @@ def _serve(serve_batch, plan: LoadPlan, policy: BatchPolicy, clock, on_measure) 
     else:
         issuer, issuing, last_arrival = None, False, plan.span_s
         for i in range(plan.concurrency):
-            pending.append(Request(i, 0.0, lengths[i % len(lengths)]))
+            pending.append(request(i, 0.0))
     next_id = plan.concurrency
 
     while True:
@@ -152,16 +164,18 @@ def _serve(serve_batch, plan: LoadPlan, policy: BatchPolicy, clock, on_measure) 
         batches.append((start, done, len(batch)))
         step_times = [s - t0 for s in steps] if steps else []
         for r in batch:
-            served.append(Served(r, start, done, len(batch), step_times))
+            # Generation: a request asking fewer tokens than its batch ran is done at its own last token.
+            own = step_times[:r.output] if r.output and step_times else step_times
+            served.append(Served(r, start, own[-1] if own else done, len(batch), own))
             # Closed loop: the client sends its next request; past the span too while none has arrived after
             # the warm-up yet (a model slower than the span would otherwise leave nothing to measure).
             if plan.arrivals is None and (done < plan.span_s or not counted):
-                pending.append(Request(next_id, done, lengths[next_id % len(lengths)]))
+                pending.append(request(next_id, done))
                 next_id += 1
                 counted = counted or done >= plan.warmup_s
     if issuer is not None:
         issuer.join(timeout=1.0)
-    return Trace(served, list(pending), batches, plan, now())
+    return Trace(served, list(pending), batches, plan, now(), lags=lags)
 
 
 def measured(trace: Trace) -> tuple[list[Served], list[Request]]:

@@ -4,15 +4,18 @@ is `wrong`, never loaded), then the load loop (serve_load) over shape buckets, t
 Shapes: a backend's prepared callable is built for one input shape, and the graph backends (cudagraph,
 fused) replay captured graphs that exist for fixed shapes only. A batch is therefore padded to a bucket:
 its size up to the next power of two (capped at --max-batch-size), its width up to the next multiple of
-LEN_STEP. Every bucket the lengths can reach is prepared (captured, compiled) before the load starts, so
-no capture happens under load; only the inputs change per batch, copied into the bucket's buffers (the
-token ids and the padding mask: the mask is what decides the real work of a packing backend). Padding
-rows of a partly filled bucket are one token long. A packing backend (fused) runs the real tokens of each
-batch only (no padding work), so it gets one width per batch size; the fused engine keys its own graphs on
-the packed token count rounded up to a multiple of its token bucket (128 on CUDA, CompiledModel.token_bucket),
-so warming calls each batch size's engine once per token count the lengths can reach (token_counts): on an
-H100 bert-base batch 16 x 256 is 33 graphs, each captured and its kernel routes tuned (engine/tuning.py) before
-the load; the count of graphs captured under load is in the cell's info (0 when the warm-up covered them).
+LEN_STEP. The buckets the lengths can reach are prepared (captured, compiled) before the load starts, likeliest
+first, within --prepare-budget seconds (prepare.py); any left is prepared on its first use under load and
+counted (shapes_prepared_under_load, graphs_captured_under_load): that first batch's latency carries it. Only
+the inputs change per batch, copied into the bucket's buffers (the token ids and the padding mask: the mask is
+what decides the real work of a packing backend). Padding rows of a partly filled bucket are one token long.
+A packing backend (fused) runs the real tokens of each batch only (no padding work), so it gets one width per
+batch size; the fused engine keys its graphs on the packed token count, which a server rounds up to a
+geometric ladder (engine/attention.py token_ladder: each size at most 1.25x the one below, so padding stays
+under a quarter of the tokens or one 128-token step, and at most one width S above the real count): bert-base
+at batch 32 x 512 is 40 graphs where every multiple of 128 made 128. Warming runs each batch size's engine once
+per ladder size the lengths can reach (token_counts), each capture tuning its kernel routes (engine/tuning.py)
+within the engine's first-call budget; graphs first met under load are captured without tuning.
 
 Generation (decoders, --task generate) is batch-synchronous greedy decoding: a batch's prompts are
 padded to its bucket width and decoded together for --new-tokens steps with the backend's generator;
@@ -23,6 +26,7 @@ so a padded prompt costs its bucket's full width."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from ... import backends
 from ...cells import Cell, CellResult
@@ -31,11 +35,14 @@ from ...measure import memory
 from ...measure.context import Monitor
 from ...models import build
 from ..inference.measure import TOLERANCE, ModelCache, cell_inputs, model_for, output_tensor, reference, rel_err
-from .arrivals import poisson_arrivals, window_s
+from . import arrivals as arrival_kinds
+from .arrivals import window_s
 from .batcher import BatchPolicy
 from .cell import ServeCell
 from .load import DRAIN_LIMIT_S, LoadPlan, run_load
+from .prepare import Step, by_need as _interleave, run_steps
 from .stats import account
+from .trace import read as read_trace
 
 LEN_STEP = 32
 GATE_BATCH = 4  # requests in the correctness check's batch (the reference covers its first and last two)
@@ -59,16 +66,48 @@ def buckets(max_batch: int, max_len: int, top: int, min_len: int = 1) -> list[tu
     return [(b, s) for b in sizes for s in widths]
 
 
-def token_counts(batch: int, max_len: int, top: int, step: int) -> list[int]:
-    """A real-token count of a (batch, top) bucket for each packed size a packing backend rounding to `step` can
-    run: every multiple of `step` from the smallest reachable (each row holds at least one token: padding rows are
-    one token) to batch x max_len, each as the largest reachable count it covers; plus one token short of a full
-    batch where a full one (no padding: the engine runs it dense) is reachable, as that one is packed."""
+def token_counts(batch: int, max_len: int, top: int, step: int | list[int]) -> list[int]:
+    """A real-token count of a (batch, top) bucket for each packed size a packing backend can run: `step` (every
+    multiple of it) or the packed sizes themselves (a ladder), from the smallest reachable (each row holds at least
+    one token: padding rows are one token) to batch x max_len, each as the largest reachable count it covers; plus
+    one token short of a full batch where a full one (no padding: the engine runs it dense) is reachable, as that
+    one is packed."""
     hi, full = batch * max_len, batch * top
-    counts = {min(m, hi) for m in range(-(-batch // step) * step, hi + step, step)}
+    if isinstance(step, int):
+        counts = {min(m, hi) for m in range(-(-batch // step) * step, hi + step, step)}
+    else:
+        sizes = sorted(step)
+        counts = {min(r, hi) for lo, r in zip([0, *sizes], sizes) if r >= batch and lo < hi}
     if hi == full and hi - 1 >= batch:
         counts.add(hi - 1)
     return sorted(counts)
+
+
+def packed_size(tokens: int, batch: int, top: int, sizes: list[int] | int) -> int:
+    """The packed size (a graph) a batch of `tokens` real tokens runs: the first ladder size >= tokens, or the next
+    multiple of a step; batch x top where nothing is padding (dense)."""
+    if tokens >= batch * top:
+        return batch * top + 1  # dense: a graph apart from the packed batch x top one
+    if isinstance(sizes, int):
+        return min(batch * top, -(-tokens // sizes) * sizes)
+    return next((r for r in sorted(sizes) if r >= tokens), batch * top)
+
+
+SAMPLED_BATCHES = 256  # batches drawn per batch size to rank its shapes (prepare.by_need)
+
+
+def sampled_batches(lengths, max_batch: int, seed: int) -> dict[int, list[list[int]]]:
+    """For each batch-size bucket, SAMPLED_BATCHES batches' request lengths drawn from the load's lengths, each
+    batch filling between half its bucket and all of it (the requests a batch of that bucket holds)."""
+    import random
+
+    rng = random.Random(seed + 7)
+    draws = lengths.draw(SAMPLED_BATCHES * max_batch, seed + 7)
+    out = {}
+    for b in sorted({batch_bucket(n, max_batch) for n in range(1, max_batch + 1)}):
+        lo = min(b, max(1, b // 2 + 1))
+        out[b] = [rng.sample(draws, rng.randint(lo, b)) for _ in range(SAMPLED_BATCHES)]
+    return out
 
 
 def even_mask(batch: int, width: int, tokens: int):
@@ -95,7 +134,11 @@ class Encoders:
         # A packing backend drops the padding itself: one width per batch size suffices (fewer engines).
         self.packs = backend.packs
 
-    def entry(self, batch: int, seq: int, stdev: float = 0.0):
+    loading = False  # set once the load starts: a shape prepared from then on is counted as prepared under load
+    under_load = 0
+
+    def entry(self, batch: int, seq: int, stdev: float = 0.0, call: bool = True):
+        """The prepared forward of a bucket; `call`: run it once (compiles or captures), else only build it."""
         key = (batch, seq, stdev)
         if key not in self.prepared:
             import torch
@@ -106,7 +149,12 @@ class Encoders:
                 inputs.attention_mask = torch.ones_like(inputs.input_ids)
             inputs = inputs.to(self.device)
             prepared = self.backend.prepare(self.model, inputs, pc)
-            prepared.fn()  # compiles or captures here, never under load
+            if self.loading:
+                self.under_load += 1
+                if prepared.tune_budget:  # under load a first call captures; it never races kernels for seconds
+                    prepared.tune_budget(0)
+            if call:
+                prepared.fn()
             self.prepared[key] = (inputs, prepared, pc)
         return self.prepared[key]
 
@@ -141,19 +189,51 @@ class Encoders:
         inputs.attention_mask.copy_(mask, non_blocking=True)
         output_tensor(prepared.fn(), self.cell.task)[:n].cpu()  # the results on the host
 
-    def warm(self, lengths) -> None:
-        """Prepare every bucket the load can reach; for a backend with a graph per packed token count (fused),
-        run each count once (token_counts), so its graphs are captured and tuned now, not under load."""
+    def warm(self, lengths, budget_s: float | None = None, progress=None, clock=time.perf_counter) -> dict:
+        """Prepare the buckets the load can reach, likeliest first, until `budget_s` seconds are spent (prepare.py);
+        for a backend with a graph per packed token count (fused), run each batch size's engine once per packed size
+        the lengths can reach (token_counts), so its graphs are captured and tuned now. Returns prepare.run_steps'
+        account. Whatever is left is prepared on first use, under load, without tuning."""
+        start = clock()
         max_len = lengths.max
         self.top = len_bucket(max_len, self.shape.max_positions)
-        for b, s in buckets(self.cell.max_batch_size, max_len, self.top, lengths.shortest):
-            if self.packs and s != self.top:
-                continue
-            inputs, prepared, _ = self.entry(b, s)
-            if prepared.token_bucket:
-                for n in token_counts(b, max_len, s, prepared.token_bucket):
-                    inputs.attention_mask.copy_(even_mask(b, s, n))
-                    prepared.fn()
+        batches = sampled_batches(lengths, self.cell.max_batch_size, self.cell.seed)
+        groups, counts = {}, {}
+        if self.packs:
+            for b in batches:  # built, not yet called: their packed sizes rank the graphs
+                self.entry(b, self.top, call=False)
+            for b, rows in batches.items():
+                _, prepared, _ = self.prepared[(b, self.top, 0.0)]
+                sizes = list(prepared.token_sizes) or prepared.token_bucket
+                if not sizes:  # no graphs: one call prepares the bucket
+                    groups[b], counts[b] = [None], Counter()
+                    continue
+                counts[b] = Counter(packed_size(sum(r) + b - len(r), b, self.top, sizes) for r in rows)
+                groups[b] = [n if n < b * self.top else b * self.top + 1
+                             for n in token_counts(b, max_len, self.top, sizes)]
+                groups[b] = sorted(set(groups[b]), key=lambda n: packed_size(n, b, self.top, sizes))
+                counts[b] = Counter({n: counts[b][packed_size(n, b, self.top, sizes)] for n in groups[b]})
+            order = [(b, n) for b, n in _interleave(groups, counts)]
+            steps = [Step(f"batch {b}" + (f", {min(n, b * self.top):,} tokens" if n else ""),
+                          lambda b=b, n=n: self._call(b, n)) for b, n in order]
+        else:
+            for b, rows in batches.items():
+                widths = sorted({s for _, s in buckets(self.cell.max_batch_size, max_len, self.top, lengths.shortest)})
+                groups[b] = widths
+                counts[b] = Counter(len_bucket(max(r), self.top) for r in rows)
+            steps = [Step(f"batch {b} x {s}", lambda b=b, s=s: self.entry(b, s)) for b, s in _interleave(groups, counts)]
+        account = run_steps(steps, len(steps), budget_s, f"{self.cell.backend} shapes", progress, clock, start)
+        for _, prepared, _ in self.prepared.values():
+            if prepared.tune_budget:  # a graph first met under load is captured, not tuned for seconds
+                prepared.tune_budget(0)
+        return account
+
+    def _call(self, b: int, n: int | None) -> None:
+        """One call of batch size b's engine at n real tokens (n = b x top + 1: the dense, unpadded batch)."""
+        inputs, prepared, _ = self.prepared[(b, self.top, 0.0)]
+        if n is not None:
+            inputs.attention_mask.copy_(even_mask(b, self.top, min(n, b * self.top)))
+        prepared.fn()
 
     def engine_graphs(self) -> int:
         """Graphs the backend has captured so far (fused; 0 elsewhere): captures under load are its growth."""
@@ -186,6 +266,7 @@ class Decoders:
         from ..generation.measure import greedy, make_generator
 
         if (batch, seq) not in self.gens:
+            self.under_load += self.loading
             pc = probe_cell(self.cell, batch, seq)
             gen = make_generator(self.backend, self.model, pc)
             prompt = cell_inputs(pc, self.shape).input_ids.to(self.device)
@@ -219,7 +300,10 @@ class Decoders:
 
         gen, prompt, _ = self.entry(batch_bucket(len(requests), self.cell.max_batch_size),
                                     len_bucket(max(r.length for r in requests), self.top))
-        greedy(gen, prompt, self.cell.new_tokens, self.steps)
+        # A trace's requests ask for their own output lengths: the batch decodes for its longest (at most
+        # --new-tokens, what the generators' caches hold), each request done at its own last token (load.py).
+        steps = min(self.cell.new_tokens, max(r.output or self.cell.new_tokens for r in requests))
+        greedy(gen, prompt, steps, self.steps)
         return self.steps.times
 
     @property
@@ -227,25 +311,45 @@ class Decoders:
         """A prompt's bucket leaves room for the new tokens in the model's positions."""
         return self.shape.max_positions - self.cell.new_tokens
 
-    def warm(self, lengths) -> None:
+    loading = False
+    under_load = 0
+
+    def warm(self, lengths, budget_s: float | None = None, progress=None, clock=time.perf_counter) -> dict:
+        """Prepare the buckets the load can reach, likeliest first, within `budget_s` seconds (as Encoders.warm)."""
+        start = clock()
         self.top = len_bucket(lengths.max, self.longest_prompt)
-        for b, s in buckets(self.cell.max_batch_size, lengths.max, self.top, lengths.shortest):
-            self.entry(b, s)
+        batches = sampled_batches(lengths, self.cell.max_batch_size, self.cell.seed)
+        widths = sorted({s for _, s in buckets(self.cell.max_batch_size, lengths.max, self.top, lengths.shortest)})
+        groups = {b: widths for b in batches}
+        counts = {b: Counter(len_bucket(max(r), self.top) for r in rows) for b, rows in batches.items()}
+        steps = [Step(f"batch {b} x {s}", lambda b=b, s=s: self.entry(b, s)) for b, s in _interleave(groups, counts)]
+        return run_steps(steps, len(steps), budget_s, f"{self.cell.backend} generators", progress, clock, start)
 
 
 def plan_for(cell: ServeCell) -> tuple[LoadPlan, float | None]:
+    """The load's plan, made before it starts (arrival times, lengths, outputs): no server can move it."""
     span = cell.warmup + cell.duration
     dist = cell.length_dist
-    if cell.mode == "rate":  # a low rate's window stretches to MIN_REQUESTS expected arrivals
-        window = window_s(cell.rate, cell.warmup, cell.duration)
-        arrivals = poisson_arrivals(cell.rate, window, cell.seed)
-        return LoadPlan(dist.draw(max(1, len(arrivals)), cell.seed + 1), arrivals=arrivals, span_s=window,
+    if cell.mode == "rate":  # a low rate's window stretches to the expected arrivals its verdict needs
+        window = window_s(cell.rate, cell.warmup, cell.duration, cell.need, cell.window_limit)
+        times = arrival_kinds.parse(cell.arrivals).times(cell.rate, window, cell.seed)
+        return LoadPlan(dist.draw(max(1, len(times)), cell.seed + 1), arrivals=times, span_s=window,
                         warmup_s=cell.warmup), cell.rate
+    if cell.mode == "trace":
+        trace = read_trace(cell.trace["path"])
+        if trace.source != cell.trace["source"]:
+            raise ValueError(f"the trace {cell.trace['path']} changed since the run began (its digest is now "
+                             f"{trace.digest}, the cell's key names {cell.trace['source']})")
+        times = trace.plan(cell.trace["speed"])
+        measured_n = sum(1 for t in times if t >= cell.warmup)
+        offered = measured_n / (times[-1] - cell.warmup) if times[-1] > cell.warmup else None
+        return LoadPlan(list(trace.inputs), arrivals=times, outputs=list(trace.outputs), span_s=times[-1],
+                        warmup_s=cell.warmup), offered
     clients = cell.concurrency if cell.mode == "concurrency" else OFFLINE_QUEUE * cell.max_batch_size
     return LoadPlan(dist.draw(4096, cell.seed + 1), concurrency=clients, span_s=span, warmup_s=cell.warmup), None
 
 
-def run(cell: ServeCell, cache: ModelCache) -> CellResult:
+def run(cell: ServeCell, cache: ModelCache, progress=None) -> CellResult:
     device = dev.resolve(cell.device)
     backend = backends.get(cell.backend)
     reason = backend.unsupported_reason(device.type, cell.dtype, cell.task)
@@ -267,19 +371,23 @@ def run(cell: ServeCell, cache: ModelCache) -> CellResult:
     if not err <= TOLERANCE[cell.dtype]:
         return CellResult("wrong", record=record, info=info,
                           error=f"rel_err {err:.3g} over the {cell.dtype} tolerance {TOLERANCE[cell.dtype]:g}")
-    server.warm(cell.length_dist)
-    info.update(prepare_s=time.perf_counter() - t0, shape_buckets=sorted({k[:2] for k in
-                getattr(server, "prepared", getattr(server, "gens", {}))}), len_step=LEN_STEP)
+    plan, offered = plan_for(cell)  # before preparing: a changed trace file ends the cell here
+    prep = server.warm(cell.length_dist, cell.prepare_budget, progress)
+    prepare_s = time.perf_counter() - t0
+    info.update(prepare_s=prepare_s, shape_buckets=sorted({k[:2] for k in
+                getattr(server, "prepared", getattr(server, "gens", {}))}), len_step=LEN_STEP, preparation=prep)
     counts_graphs = isinstance(server, Encoders) and any(p.graphs for _, p, _ in server.prepared.values())
     graphs_before = server.engine_graphs() if counts_graphs else 0
+    record.update(prepare_s=prepare_s, shapes_prepared=prep["prepared"], shapes_left=prep["left"])
 
-    plan, offered = plan_for(cell)
     # Sampling starts before the load, and the warm-up's end moves the region's start (Monitor.mark): no NVML
     # call runs on the serving thread while requests arrive.
+    server.loading = True
     with Monitor(device) as monitor:
         trace = run_load(server.serve, plan, BatchPolicy(cell.max_batch_size, cell.max_wait_ms / 1e3),
                          on_measure=monitor.mark)
-    rec, samples, load_info = account(trace, cell.slo_ms, offered)
+    rec, samples, load_info = account(trace, None, offered, objectives=cell.objectives(), percentiles=cell.percentiles,
+                                      tail_share=cell.tail_share)
     if not samples:
         return CellResult("error", record=record, info=info,
                           error="no request arrived after the warm-up: lengthen --duration or raise the rate")
@@ -289,13 +397,18 @@ def run(cell: ServeCell, cache: ModelCache) -> CellResult:
     if ctx.energy_j is not None and rec.get("requests"):
         record["j_per_request"] = ctx.energy_j / rec["requests"]
         record["avg_power_w"] = ctx.energy_j / ctx.seconds if ctx.seconds > 0 else None
+    record["shapes_prepared_under_load"] = server.under_load
     if counts_graphs:  # prepare_s above includes capturing (and tuning) these before the load
         after = server.engine_graphs()
         info.update(engine_graphs_before_load=graphs_before, engine_graphs_after_load=after,
                     engine_graphs_captured_under_load=after - graphs_before)
+        record["graphs_captured_under_load"] = after - graphs_before
     gpu = dev.gpu_info(device)
     record.update(peak_mem_mb=memory.snapshot(device)["peak_mem_mb"], gpu=gpu.name if gpu else None)
     warnings = list(ctx.warnings())
+    if cell.mode == "trace" and cell.task == "generate" and max(plan.outputs or [0]) > cell.new_tokens:
+        warnings.append(f"trace requests asking more than --new-tokens {cell.new_tokens} output tokens were cut to it "
+                        "(the generators' caches hold that many)")
     if rec.get("unserved"):
         warnings.append(f"{rec['unserved']} requests were still queued {DRAIN_LIMIT_S:g} s after the last arrival "
                         "(past saturation): their latencies are lower bounds")
@@ -305,4 +418,4 @@ def run(cell: ServeCell, cache: ModelCache) -> CellResult:
 
 def measure(cell: dict, state: dict) -> CellResult:
     """The sweep's target for serve cells; the worker's ModelCache outlives the cell."""
-    return run(ServeCell.from_dict(cell), state.setdefault("models", ModelCache()))
+    return run(ServeCell.from_dict(cell), state.setdefault("models", ModelCache()), state.get("progress"))

@@ -5,16 +5,23 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from collections import Counter
+from pathlib import Path
 
 from ...declare import setting
 from ...errors import SpecError
 from ...measure.device import DTYPES
 from ...models import build
 from ...spec import check_once, checked
-from . import arrivals as serve_arrivals, lengths as serve_lengths
+from . import arrivals as serve_arrivals, lengths as serve_lengths, stats as serve_stats, tails
+from . import trace as serve_trace
 from .cell import ServeCell
+from .load import DRAIN_LIMIT_S
 
 PERCENTILE_KEYS = {50.0: "latency_p50_ms", 90.0: "latency_p90_ms", 99.0: "latency_p99_ms", 99.9: "latency_p999_ms"}
+PREPARE_BUDGET_S = 20.0  # the fused engine's bucket ladder at bert-base 32 x 512 is ~80 graphs, a few seconds each
+# What a cell's deadline holds besides its load: the model's build, the correctness gate and the drain.
+DEADLINE_SLACK_S = 30.0
 # A rate's arrivals are planned in full before its load starts, and the load keeps every request as Python objects
 # (its arrival, start, finish): a million take under a second to plan and ~350 MB in the worker, and cover 80,000/s
 # over the default 12 s window (bert-base serves ~9,000/s on an H100). --rate 1e9 planned 7e8 arrivals for minutes
@@ -29,7 +36,7 @@ class ServeSpec:
     backends: list[str] = setting(["sdpa"], "backends", option="--backend", short="-b", aliases=("--backends",))
     dtype: str | None = setting(None, "default fp16 on GPU, fp32 on CPU", choices=DTYPES[:4])
     device: str = setting("auto", "auto|cpu|cuda|cuda:N")
-    rates: list[float] = setting([], "Poisson arrival rates, requests/s", option="--rate")
+    rates: list[float] = setting([], "arrival rates, requests/s", option="--rate")
     concurrency: list[int] = setting([], "closed loop: clients, each sending its next request when the last returns")
     offline: bool = setting(False, "every batch full: the throughput bound", flag="--offline")
     lengths: str = setting("lognormal:64:256", "fixed:N | normal:MEAN:MAX[:STDEV] | lognormal:MEAN:MAX[:SIGMA] | "
@@ -38,8 +45,9 @@ class ServeSpec:
     max_wait_ms: float = setting(2.0, "a batch leaves when its oldest request has waited this long")
     duration: float = setting(10.0, "seconds of arrivals measured per cell")
     warmup: float = setting(2.0, "seconds of arrivals served first and not counted")
-    slo_ms: float | None = setting(None, "latency target: goodput is the share within it")
-    percentile: float = setting(99.0, "the percentile --find-max-rate holds under --slo-ms")
+    slo_ms: float | None = setting(None, "end-to-end latency target, ms (the e2e objective of --slo)")
+    percentile: float = setting(99.0, "the percentile a verdict (--find-max-rate, slo_met) holds under --slo-ms / "
+                                "--slo, by MLPerf LoadGen's early-stopping rule")
     find_max_rate: bool = setting(False, "bisect the largest rate meeting the target", flag="--find-max-rate")
     new_tokens: int = setting(32, "tokens generated per request (--task generate)")
     seed: int = setting(0, "seed of arrivals, lengths and weights")
@@ -50,6 +58,19 @@ class ServeSpec:
     shard_count: int | None = setting(None, "--shard auto in a Kubernetes Indexed Job: its completions (else "
                                       "TRANSBENCH_SHARD_COUNT)")
     name: str | None = setting(None, "run name; rerunning a name resumes it")
+    arrivals: str = setting("poisson", "poisson | gamma:B (burstiness B, vLLM's: 1 is Poisson, below 1 burstier) | "
+                            "constant")
+    trace: str | None = setting(None, "replay a JSON-lines trace (timestamp ms, input_length, output_length; "
+                                "Mooncake's reads as is)")
+    trace_speed: float = setting(1.0, "replay the trace this many times faster")
+    slo: str | None = setting(None, "objectives a request must all meet, ms: ttft:200,tpot:50,e2e:2000 (goodput; "
+                              "--slo-ms is e2e)")
+    percentiles: list[float] = setting(list(serve_stats.DEFAULT_PERCENTILES), "latency percentiles stored, each with "
+                                       "LoadGen's early-stopping estimate", axis=False)
+    goodput_target: float | None = setting(None, "share of requests that must meet every objective (0.99): the "
+                                           "verdict --find-max-rate holds")
+    prepare_budget: float = setting(PREPARE_BUDGET_S, "seconds of preparation (graphs, buckets) before the load; the "
+                                    "rest is prepared on first use")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -63,7 +84,9 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         raise SpecError(f"expected a ServeSpec, got {type(spec).__name__}")
     numbers = {"--rate": spec.rates, "--duration": [spec.duration], "--warmup": [spec.warmup],
                "--max-wait-ms": [spec.max_wait_ms], "--slo-ms": [] if spec.slo_ms is None else [spec.slo_ms],
-               "--timeout": [spec.timeout]}
+               "--timeout": [spec.timeout], "--prepare-budget": [spec.prepare_budget],
+               "--trace-speed": [spec.trace_speed],
+               "--goodput-target": [] if spec.goodput_target is None else [spec.goodput_target]}
     for flag, values in numbers.items():  # NaN passes every range check below; inf never ends a load or a wait
         for v in values if isinstance(values, list) else []:  # other types: checked() below names them
             if isinstance(v, float) and not math.isfinite(v):
@@ -91,9 +114,33 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         raise SpecError(f"--slo-ms must be above 0, got {spec.slo_ms:g}")
     if spec.timeout <= 0:
         raise SpecError(f"--timeout must be above 0, got {spec.timeout:g}")
-    loads = bool(spec.rates) + bool(spec.concurrency) + spec.offline + spec.find_max_rate
+    loads = bool(spec.rates) + bool(spec.concurrency) + spec.offline + spec.find_max_rate + (spec.trace is not None)
     if loads != 1:
-        raise SpecError("give one load: --rate R[,R...], --concurrency C[,C...], --offline or --find-max-rate")
+        raise SpecError("give one load: --rate R[,R...], --concurrency C[,C...], --offline, --trace FILE or "
+                        "--find-max-rate")
+    arrivals = serve_arrivals.parse(spec.arrivals)
+    if arrivals.kind != "poisson" and not (spec.rates or spec.find_max_rate):
+        raise SpecError(f"--arrivals {spec.arrivals} shapes a rate's arrivals: add --rate or --find-max-rate")
+    serve_trace.parse_speed(spec.trace_speed)
+    if spec.trace_speed != 1.0 and spec.trace is None:
+        raise SpecError("--trace-speed applies to --trace: add --trace FILE or leave --trace-speed out")
+    if spec.trace is not None and spec.lengths != ServeSpec.lengths:
+        raise SpecError("--lengths and --trace both say how long requests are: the trace's input_length is used; "
+                        "leave --lengths out")
+    serve_stats.parse_percentiles(spec.percentiles)
+    objectives = {**(serve_stats.parse_slo(spec.slo) if spec.slo is not None else {})}
+    if "e2e" in objectives and spec.slo_ms is not None:
+        raise SpecError("--slo-ms is the e2e objective and --slo names e2e too: give it once")
+    if spec.task != "generate" and set(objectives) - {"e2e"}:
+        raise SpecError(f"--slo {spec.slo}: ttft and tpot are generation's; task {spec.task} returns one result a "
+                        "request: use e2e (or --slo-ms)")
+    if spec.goodput_target is not None:
+        if not 0 < spec.goodput_target < 1:
+            raise SpecError(f"--goodput-target is a share above 0 and below 1 (0.99), got {spec.goodput_target:g}")
+        if not objectives and spec.slo_ms is None:
+            raise SpecError("--goodput-target is the share meeting the objectives: add --slo or --slo-ms")
+    if not 0 <= spec.prepare_budget:
+        raise SpecError(f"--prepare-budget must be at least 0 seconds, got {spec.prepare_budget:g}")
     if any(r <= 0 for r in spec.rates) or any(c < 1 for c in spec.concurrency):
         raise SpecError("--rate must be above 0 and --concurrency at least 1")
     if spec.max_batch_size < 1 or spec.max_wait_ms < 0:
@@ -120,8 +167,8 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     for c in spec.concurrency:
         if c > MAX_REQUESTS:
             raise SpecError(f"--concurrency {c} queues {c:,} requests at once, above the cap of {MAX_REQUESTS:,}")
-    if spec.find_max_rate and spec.slo_ms is None:
-        raise SpecError("--find-max-rate needs a latency target: add --slo-ms MS")
+    if spec.find_max_rate and spec.slo_ms is None and not objectives:
+        raise SpecError("--find-max-rate needs a target: add --slo-ms MS or --slo ttft:MS,tpot:MS,e2e:MS")
     # a value off the default was given; the CLI also checks the default given (check_given)
     check_given(spec, percentile=float(spec.percentile) != ServeSpec.percentile,
                 new_tokens=spec.new_tokens != ServeSpec.new_tokens)
@@ -136,19 +183,59 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     # Generation: a prompt has what the new tokens leave ("the model's 96 positions" misnamed gpt2-tiny's 128).
     room = (f"the {top} positions a prompt has ({ref.name}'s {ref.shape.max_positions} less --new-tokens "
             f"{spec.new_tokens})" if spec.task == "generate" else None)
-    lengths = serve_lengths.parse(spec.lengths, top, ref.path, room)
+    if spec.trace is not None:
+        trace = serve_trace.read(spec.trace)
+        over = [n for n in trace.inputs if n > top]
+        if over:
+            where = room or f"the model's {top} positions"
+            raise SpecError(f"--trace {spec.trace}: {len(over):,} requests ask for more than {where} (the longest "
+                            f"{max(over):,} tokens): give a trace that fits the model")
+        span = trace.times_s[-1] / spec.trace_speed
+        if spec.warmup >= span:
+            raise SpecError(f"--warmup {spec.warmup:g} s is not shorter than the trace's {span:.4g} s at --trace-speed "
+                            f"{spec.trace_speed:g}: nothing would be measured; lower --warmup")
+        if span + DEADLINE_SLACK_S >= spec.timeout:
+            raise SpecError(f"the trace lasts {span:,.4g} s at --trace-speed {spec.trace_speed:g}, not within --timeout "
+                            f"{spec.timeout:g} s: raise --trace-speed or --timeout")
+        # The trace's own lengths as a histogram: the gate, the buckets and the label read it (requests take theirs)
+        hist = Counter(trace.inputs)
+        counts = tuple(sorted(hist))
+        lengths = serve_lengths.Lengths("counts", sum(trace.inputs) / len(trace.inputs), counts[-1], 0.0, counts,
+                                        tuple(hist[c] for c in counts), f"trace:{trace.source}")
+    else:
+        lengths = serve_lengths.parse(spec.lengths, top, ref.path, room)
     from ...runner import shard as sharding
 
     spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
-    return dataclasses.replace(spec, device=device, dtype=dtype, percentile=float(spec.percentile)), lengths
+    return dataclasses.replace(spec, device=device, dtype=dtype, percentile=float(spec.percentile),
+                               percentiles=serve_stats.parse_percentiles(spec.percentiles)), lengths
+
+
+def tail_share(spec: ServeSpec) -> float:
+    """The verdict's percentile as a share: --goodput-target, else --percentile / 100."""
+    return spec.goodput_target if spec.goodput_target is not None else spec.percentile / 100
 
 
 def cell(spec: ServeSpec, lengths, backend: str, mode: str, level: float = 0) -> ServeCell:
+    share = tail_share(spec)
+    # A --find-max-rate probe is planned long enough for its percentile's verdict (LoadGen's minimum, with a fifth
+    # more for the Poisson count's spread), within what --timeout leaves beside preparing and draining; one still
+    # short of it is not valid, never passed. A --rate cell keeps the --duration asked (its record says whether
+    # its requests were enough: tail_valid).
+    need = math.ceil(1.2 * tails.min_requests(share)) if spec.find_max_rate else serve_arrivals.MIN_REQUESTS
+    limit = spec.timeout - spec.prepare_budget - DEADLINE_SLACK_S - DRAIN_LIMIT_S
+    trace = {}
+    if mode == "trace":
+        t = serve_trace.read(spec.trace)
+        trace = {"path": str(Path(spec.trace).expanduser().resolve()), "source": t.source, "speed": spec.trace_speed}
     return ServeCell(spec.model, spec.task, backend, spec.dtype, mode, rate=float(level) if mode == "rate" else 0.0,
                      concurrency=int(level) if mode == "concurrency" else 0, lengths=lengths.to_dict(),
                      max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms, duration=spec.duration,
                      warmup=spec.warmup, slo_ms=spec.slo_ms, new_tokens=spec.new_tokens, device=spec.device,
-                     seed=spec.seed, activation=spec.activation)
+                     seed=spec.seed, activation=spec.activation, arrivals=serve_arrivals.parse(spec.arrivals).label,
+                     trace=trace, slo=serve_stats.parse_slo(spec.slo) if spec.slo is not None else {},
+                     percentiles=tuple(sorted(set(spec.percentiles) | {round(share * 100, 6)})), tail_share=share, need=need,
+                     window_limit=limit, prepare_budget=spec.prepare_budget)
 
 
 def expand(spec: ServeSpec, lengths) -> list[ServeCell]:
@@ -161,25 +248,50 @@ def expand(spec: ServeSpec, lengths) -> list[ServeCell]:
         out += [cell(spec, lengths, b, "concurrency", c) for c in spec.concurrency]
         if spec.offline:
             out.append(cell(spec, lengths, b, "offline"))
-    return sharding.select(out, sharding.resolve(spec.shard))
-
-
-def backends(spec: ServeSpec) -> list[str]:
-    """The backends whose --find-max-rate search this shard runs (a search is one backend's, never split)."""
+    if spec.trace is not None:
+        trace = serve_trace.read(spec.trace)
+        over = [n for n in trace.inputs if n > top]
+        if over:
+            where = room or f"the model's {top} positions"
+            raise SpecError(f"--trace {spec.trace}: {len(over):,} requests ask for more than {where} (the longest "
+                            f"{max(over):,} tokens): give a trace that fits the model")
+        span = trace.times_s[-1] / spec.trace_speed
+        if spec.warmup >= span:
+            raise SpecError(f"--warmup {spec.warmup:g} s is not shorter than the trace's {span:.4g} s at --trace-speed "
+                            f"{spec.trace_speed:g}: nothing would be measured; lower --warmup")
+        if span + DEADLINE_SLACK_S >= spec.timeout:
+            raise SpecError(f"the trace lasts {span:,.4g} s at --trace-speed {spec.trace_speed:g}, not within --timeout "
+                            f"{spec.timeout:g} s: raise --trace-speed or --timeout")
+        # The trace's own lengths as a histogram: the gate, the buckets and the label read it (requests take theirs)
+        hist = Counter(trace.inputs)
+        counts = tuple(sorted(hist))
+        lengths = serve_lengths.Lengths("counts", sum(trace.inputs) / len(trace.inputs), counts[-1], 0.0, counts,
+                                        tuple(hist[c] for c in counts), f"trace:{trace.source}")
+    else:
+        lengths = serve_lengths.parse(spec.lengths, top, ref.path, room)
     from ...runner import shard as sharding
 
-    return sharding.select(spec.backends, sharding.resolve(spec.shard), group=lambda b: b)
+    spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
+    return dataclasses.replace(spec, device=device, dtype=dtype, percentile=float(spec.percentile),
+                               percentiles=serve_stats.parse_percentiles(spec.percentiles)), lengths
+
+
+def tail_share(spec: ServeSpec) -> float:
+    """The verdict's percentile as a share: --goodput-target, else --percentile / 100."""
+    return spec.goodput_target if spec.goodput_target is not None else spec.percentile / 100
 
 
 def check_given(spec: ServeSpec, percentile: bool, new_tokens: bool) -> None:
     """--percentile and --new-tokens where given (the CLI knows; check() sees only values off the default), refused
     where nothing uses them: `serve --rate 10 --percentile 99` ran without a word, as 99 is the default."""
-    if percentile and float(spec.percentile) not in PERCENTILE_KEYS:  # checked without --find-max-rate too
-        raise SpecError(f"--percentile {spec.percentile:g}: choose from 50, 90, 99, 99.9")
-    if percentile and not spec.find_max_rate:
-        raise SpecError(f"--percentile {spec.percentile:g} is the percentile --find-max-rate holds under --slo-ms, "
-                        "and this load does not search: add --find-max-rate, or leave --percentile out "
-                        "(every cell stores p50, p90, p99 and p99.9)")
+    q = float(spec.percentile)
+    if percentile and not (math.isfinite(q) and 0 < q < 100 and round(q, 4) == q):  # checked without a target too
+        raise SpecError(f"--percentile {spec.percentile:g}: give a percentile above 0 and below 100 (99, 99.9)")
+    if percentile and spec.slo_ms is None and spec.slo is None:
+        raise SpecError(f"--percentile {spec.percentile:g} is the percentile a verdict holds under --slo-ms or --slo, "
+                        "and none is given: add one, or leave --percentile out (--percentiles says which are stored)")
+    if percentile and spec.goodput_target is not None:
+        raise SpecError("--percentile and --goodput-target both set the verdict's share: give one")
     if new_tokens and spec.task != "generate":
         raise SpecError(f"--new-tokens {spec.new_tokens} applies to --task generate; task {spec.task} generates "
                         "nothing: leave --new-tokens out, or use --task generate with a decoder")

@@ -1,0 +1,55 @@
+"""Preparing a server within a time budget: its shapes (buckets, graphs) in the order the load is likeliest to
+need them, until the budget is spent; what is left is prepared on first use, under load, and counted in the
+cell's record (graphs_captured_under_load, shapes_prepared_under_load). The clock is a parameter, so the budget
+is tested against a fake one."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+PROGRESS_EVERY_S = 2.0  # progress lines at most this often (the first and the last always)
+
+
+@dataclass
+class Step:
+    what: str  # e.g. "batch 32, 4,224 tokens"
+    run: Callable[[], None]
+
+
+def by_need(groups: dict[int, list], counts: dict[int, Counter]) -> list[tuple]:
+    """One order, as (group, item) pairs, for every group's items: each group's items by how often the load drew them (most first, never
+    drawn last, in their own order), the groups taken in turns, largest key first. A load near its capacity
+    runs full batches, a light one small ones: turns give each batch size its commonest shapes early."""
+    ranked = [[(g, x) for x in sorted(items, key=lambda x, c=counts.get(g, Counter()),
+                                      o={x: i for i, x in enumerate(items)}: (-c[x], o[x]))]
+              for g, items in sorted(groups.items(), reverse=True)]
+    out = []
+    for i in range(max((len(r) for r in ranked), default=0)):
+        out += [r[i] for r in ranked if i < len(r)]
+    return out
+
+
+def run_steps(steps: Iterable[Step], total: int, budget_s: float | None, what: str,
+              progress: Callable[[str], None] | None = None, clock: Callable[[], float] = time.perf_counter,
+              start: float | None = None) -> dict:
+    """Run steps in order until `budget_s` seconds (since `start`) are spent: a step is started only while time is
+    left (one may end past the budget; the steps are seconds at most). Returns what ran, what is left, seconds."""
+    start = clock() if start is None else start
+    done, said = 0, None
+    for step in steps:
+        if budget_s is not None and clock() - start >= budget_s:
+            break
+        step.run()
+        done += 1
+        now = clock()
+        if progress is not None and (said is None or now - said >= PROGRESS_EVERY_S or done == total):
+            progress(f"preparing {what}: {step.what} ({done} of {total}, {now - start:.1f} s)")
+            said = now
+    seconds = clock() - start
+    if progress is not None and done < total:
+        progress(f"preparing {what}: budget of {budget_s:g} s spent after {done} of {total}; "
+                 f"{total - done} left to first use under load")
+    return {"prepared": done, "total": total, "left": total - done, "seconds": seconds}

@@ -1,0 +1,99 @@
+"""A timestamped request trace (`--trace FILE`): JSON lines, each `{"timestamp": MS, "input_length": N,
+"output_length": M}`, in time order. A Mooncake trace reads as it is (its `hash_ids`, and any other field, are
+ignored). `--trace-speed X` replays X times faster (2: half the gaps; 0.5: twice them).
+
+Read in the parent process to check it (one line and exit 2 for anything wrong) and again in the worker, which
+verifies the digest the cell's key names: a trace changed in between, or under a resumed run, is an error, never
+other requests under the same key."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import SpecError
+
+MAX_FILE_BYTES = 256 * 2**20  # as a lengths file: past it, a file pointed at by mistake would be read for minutes
+MAX_LINES = 1_000_000  # spec.MAX_REQUESTS: every request is planned before the load starts
+FIELDS = "timestamp (ms), input_length and output_length"
+
+
+@dataclass(frozen=True)
+class RequestTrace:
+    times_s: tuple[float, ...]  # arrival times from the first request, at speed 1
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    name: str
+    digest: str
+
+    @property
+    def source(self) -> str:
+        return f"{self.name}@{self.digest}"
+
+    def plan(self, speed: float) -> list[float]:
+        return [t / speed for t in self.times_s]
+
+
+def _field(row: dict, key: str, where: str, whole: bool) -> float:
+    v = row.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise SpecError(f"{where}: '{key}' must be a number; each line needs {FIELDS}")
+    if whole and (v != int(v) or v < 1):
+        raise SpecError(f"{where}: '{key}' {v!r} is not a whole number of tokens of at least 1")
+    if v < 0:
+        raise SpecError(f"{where}: '{key}' must not be negative")
+    return v
+
+
+def read(name: str) -> RequestTrace:
+    label = f"--trace {name}"
+    path = Path(name).expanduser()
+    try:
+        if path.is_dir():
+            raise SpecError(f"{label}: is a folder; give a JSON-lines file, one request a line with {FIELDS}")
+        if not path.is_file():
+            raise SpecError(f"{label}: no such file")
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise SpecError(f"{label}: {size / 2**20:,.0f} MiB is above the {MAX_FILE_BYTES // 2**20} MiB read for a "
+                            "trace: give a slice of it (head -n 100000)")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"{label}: cannot be read ({exc.strerror or exc})") from None
+    if b"\0" in data[:8192]:
+        raise SpecError(f"{label}: is a binary file; give a JSON-lines text file")
+    text = data.decode("utf-8-sig", errors="replace")
+    times, inputs, outputs = [], [], []
+    first = last = None
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{label} line {i}"
+        if len(times) >= MAX_LINES:
+            raise SpecError(f"{label}: more than {MAX_LINES:,} requests; give a slice of it")
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise SpecError(f"{where}: not JSON; each line is one object with {FIELDS}") from None
+        if not isinstance(row, dict):
+            raise SpecError(f"{where}: not a JSON object; each line needs {FIELDS}")
+        ts = _field(row, "timestamp", where, False)
+        if last is not None and ts < last:
+            raise SpecError(f"{where}: timestamp {ts:g} is before the line above's {last:g}; a trace is in time order")
+        first = ts if first is None else first
+        last = ts
+        times.append((ts - first) / 1e3)
+        inputs.append(int(_field(row, "input_length", where, True)))
+        outputs.append(int(_field(row, "output_length", where, True)))
+    if not times:
+        raise SpecError(f"{label}: the file holds no requests (one JSON object a line)")
+    return RequestTrace(tuple(times), tuple(inputs), tuple(outputs), path.name, hashlib.sha256(data).hexdigest()[:12])
+
+
+def parse_speed(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SpecError(f"--trace-speed must be a finite number above 0, got {value!r}")
+    return float(value)

@@ -1,0 +1,143 @@
+"""The fused server ready in seconds: the packed-token ladder (bounded graphs, stated worst-case padding), the
+preparation budget against a fake clock, the order shapes are prepared in, and the progress it reports."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from transbench.engine.packing import make_packing, token_ladder
+from transbench.scenarios.serve.measure import even_mask, packed_size, token_counts
+from transbench.scenarios.serve.prepare import Step, by_need, run_steps
+
+
+@pytest.mark.parametrize("B, S", [(32, 512), (16, 256), (8, 384), (1, 512), (3, 100)])
+def test_ladder_bounds_padding_and_graphs(B, S):
+    step, growth = 128, 1.25
+    sizes = token_ladder(B * S, step, growth, S)
+    assert sizes == sorted(set(sizes)) and sizes[-1] == B * S
+    assert all(s % step == 0 for s in sizes[:-1])
+    for lo, hi in zip(sizes, sizes[1:]):  # the stated bound: 1.25x (or one step), and never a width S above
+        assert hi <= max(lo * growth, lo + step) and hi - lo <= max(S, step)
+    for n in range(1, B * S + 1, 7):  # any real-token count runs with padding under the bound
+        tp = sizes[next(i for i, s in enumerate(sizes) if s >= n)]
+        assert tp - n < max(n * (growth - 1), step) and tp - n < max(S, step)
+    if (B, S) == (32, 512):
+        assert len(sizes) == 40  # where every multiple of 128 was 128 graphs
+
+
+def test_make_packing_rounds_to_the_ladder():
+    B, S = 4, 32
+    sizes = token_ladder(B * S, 8, 1.25, S)
+    for n in range(B, B * S):
+        p = make_packing(even_mask(B, S, n), B, S, 8, sizes)
+        assert p.dense or p.tokens in sizes
+        if not p.dense:
+            assert p.tokens >= n and p.max_len >= p.tokens - n  # the spare rows fit the attention's bound
+
+
+def test_token_counts_cover_each_reachable_ladder_size():
+    B, S = 4, 32
+    sizes = token_ladder(B * S, 8, 1.25, S)
+    counts = token_counts(B, 20, S, sizes)  # lengths up to 20 of a 32-wide bucket
+    reached = {packed_size(n, B, S, sizes) for n in range(B, B * 20 + 1)}
+    assert {packed_size(n, B, S, sizes) for n in counts} == reached
+    full = token_counts(B, S, S, sizes)  # full rows reachable: the dense batch and the packed one below it
+    assert B * S in full and B * S - 1 in full
+
+
+def test_budget_with_a_fake_clock():
+    """Steps run while time is left; one started before the budget ends may finish past it; the rest wait for
+    their first use under load, and the account says how many."""
+    now = [0.0]
+    ran = []
+
+    def step(i):
+        def run():
+            ran.append(i)
+            now[0] += 3.0  # each step takes 3 s of the fake clock
+        return Step(f"graph {i}", run)
+
+    said = []
+    acc = run_steps([step(i) for i in range(10)], 10, 10.0, "fused shapes", said.append, clock=lambda: now[0])
+    assert ran == [0, 1, 2, 3]  # started at 0, 3, 6, 9 s; at 12 s the budget is spent
+    assert acc == {"prepared": 4, "total": 10, "left": 6, "seconds": 12.0}
+    assert said[0].startswith("preparing fused shapes: graph 0 (1 of 10")
+    assert "budget of 10 s spent after 4 of 10; 6 left to first use under load" in said[-1]
+    now[0] = 0.0
+    acc = run_steps([step(i) for i in range(3)], 3, None, "x", clock=lambda: now[0])  # no budget: all
+    assert acc["left"] == 0
+    now[0] = 0.0
+    acc = run_steps([step(i) for i in range(3)], 3, 0.0, "x", clock=lambda: now[0])  # budget 0: all under load
+    assert acc["prepared"] == 0 and acc["left"] == 3
+
+
+def test_progress_is_throttled_but_says_the_last():
+    now = [0.0]
+
+    def run():
+        now[0] += 0.5
+
+    said = []
+    run_steps([Step(f"s{i}", run) for i in range(10)], 10, None, "w", said.append, clock=lambda: now[0])
+    assert len(said) < 10 and "(10 of 10" in said[-1] and "(1 of 10" in said[0]
+
+
+def test_shapes_by_need():
+    """Commonest first within a batch size, batch sizes in turns from the largest."""
+    groups = {1: [128, 256], 4: [128, 256, 384, 512]}
+    counts = {1: Counter({256: 5}), 4: Counter({384: 9, 256: 2})}
+    assert by_need(groups, counts) == [(4, 384), (1, 256), (4, 256), (1, 128), (4, 128), (4, 512)]
+
+
+def test_engine_ladder_keeps_outputs_on_cpu():
+    """The fused engine with a server's ladder gives transformers' outputs (the spare rows are their own
+    sequence), and lists its packed sizes."""
+    from transformers import BertConfig, BertModel
+
+    from transbench.engine import compile_model
+
+    torch.manual_seed(0)
+    m = BertModel(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                             max_position_embeddings=64, vocab_size=100)).eval()
+    ids = torch.randint(1, 100, (3, 19))
+    mask = torch.ones(3, 19, dtype=torch.long)
+    mask[0, 7:] = 0
+    mask[2, 11:] = 0
+    with torch.no_grad():
+        ref = m(ids, attention_mask=mask).last_hidden_state
+    c = compile_model(m, dtype=torch.float32, token_growth=1.25)
+    out = c(ids, attention_mask=mask).last_hidden_state
+    keep = mask.bool()
+    assert torch.allclose(out[keep], ref[keep], atol=1e-4)
+    assert c.token_sizes(3, 19)[-1] == 57 and len(c.token_sizes(3, 19)) < 57
+    assert compile_model(m, dtype=torch.float32).token_sizes(3, 19) == list(range(1, 58))  # CPU bucket 1
+    with pytest.raises(ValueError, match="token_growth"):
+        compile_model(m, dtype=torch.float32, token_growth=1.0)
+
+
+@pytest.mark.parametrize("budget", [None, 0.0])
+def test_a_ladder_server_prepares_within_its_budget(extra_backends, budget):
+    """A fake of the fused engine's ladder: with time enough every reachable ladder size is prepared before the load
+    (none under it); with a budget of 0 none is, and the graphs the load meets are captured under it and counted."""
+    from transbench.scenarios.inference.measure import ModelCache
+    from transbench.scenarios.serve import lengths as serve_lengths, measure as serve
+
+    extra_backends("serve_backends")
+    lengths = serve_lengths.parse("lognormal:12:32", 128).to_dict()
+    cell = serve.ServeCell("bert-tiny", "classification", "ladder", "fp32", "rate", rate=300.0, lengths=lengths,
+                           max_batch_size=4, max_wait_ms=1.0, duration=1.0, warmup=0.1, device="cpu",
+                           prepare_budget=20.0 if budget is None else budget)
+    said = []
+    r = serve.run(cell, ModelCache(), said.append)
+    assert r.status == "ok", r.error
+    rec, prep = r.record, r.info["preparation"]
+    expected = sum(len(token_counts(b, 32, 32, token_ladder(b * 32, 8, 1.25, 32))) for b in (1, 2, 4))
+    assert prep["total"] == expected and rec["shapes_prepared"] + rec["shapes_left"] == expected
+    if budget is None:
+        assert rec["shapes_left"] == 0 and rec["graphs_captured_under_load"] == 0
+        assert "(%d of %d" % (expected, expected) in said[-1]
+    else:
+        assert rec["shapes_prepared"] == 0 and rec["graphs_captured_under_load"] > 0
+        assert "budget of 0 s spent after 0 of" in said[-1]
+    assert rec["shapes_prepared_under_load"] == 0  # every batch size's engine was built before the load
