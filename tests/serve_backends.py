@@ -56,7 +56,7 @@ def _prepare_ladder(model, inputs, cell) -> Prepared:
     budgets = []
 
     def fn():
-        p = make_packing(inputs.attention_mask.cpu(), B, S, PACK_STEP, sizes)
+        p = make_packing(inputs.attention_mask.cpu(), B, S, PACK_STEP, sizes=sizes)
         seen.add((p.dense, p.tokens))
         return out
 

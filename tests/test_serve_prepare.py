@@ -30,7 +30,7 @@ def test_make_packing_rounds_to_the_ladder():
     B, S = 4, 32
     sizes = token_ladder(B * S, 8, 1.25, S)
     for n in range(B, B * S):
-        p = make_packing(even_mask(B, S, n), B, S, 8, sizes)
+        p = make_packing(even_mask(B, S, n), B, S, 8, sizes=sizes)
         assert p.dense or p.tokens in sizes
         if not p.dense:
             assert p.tokens >= n and p.max_len >= p.tokens - n  # the spare rows fit the attention's bound

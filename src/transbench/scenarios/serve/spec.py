@@ -248,37 +248,16 @@ def expand(spec: ServeSpec, lengths) -> list[ServeCell]:
         out += [cell(spec, lengths, b, "concurrency", c) for c in spec.concurrency]
         if spec.offline:
             out.append(cell(spec, lengths, b, "offline"))
-    if spec.trace is not None:
-        trace = serve_trace.read(spec.trace)
-        over = [n for n in trace.inputs if n > top]
-        if over:
-            where = room or f"the model's {top} positions"
-            raise SpecError(f"--trace {spec.trace}: {len(over):,} requests ask for more than {where} (the longest "
-                            f"{max(over):,} tokens): give a trace that fits the model")
-        span = trace.times_s[-1] / spec.trace_speed
-        if spec.warmup >= span:
-            raise SpecError(f"--warmup {spec.warmup:g} s is not shorter than the trace's {span:.4g} s at --trace-speed "
-                            f"{spec.trace_speed:g}: nothing would be measured; lower --warmup")
-        if span + DEADLINE_SLACK_S >= spec.timeout:
-            raise SpecError(f"the trace lasts {span:,.4g} s at --trace-speed {spec.trace_speed:g}, not within --timeout "
-                            f"{spec.timeout:g} s: raise --trace-speed or --timeout")
-        # The trace's own lengths as a histogram: the gate, the buckets and the label read it (requests take theirs)
-        hist = Counter(trace.inputs)
-        counts = tuple(sorted(hist))
-        lengths = serve_lengths.Lengths("counts", sum(trace.inputs) / len(trace.inputs), counts[-1], 0.0, counts,
-                                        tuple(hist[c] for c in counts), f"trace:{trace.source}")
-    else:
-        lengths = serve_lengths.parse(spec.lengths, top, ref.path, room)
+        if spec.trace is not None:
+            out.append(cell(spec, lengths, b, "trace"))
+    return sharding.select(out, sharding.resolve(spec.shard))
+
+
+def backends(spec: ServeSpec) -> list[str]:
+    """The backends whose --find-max-rate search this shard runs (a search is one backend's, never split)."""
     from ...runner import shard as sharding
 
-    spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
-    return dataclasses.replace(spec, device=device, dtype=dtype, percentile=float(spec.percentile),
-                               percentiles=serve_stats.parse_percentiles(spec.percentiles)), lengths
-
-
-def tail_share(spec: ServeSpec) -> float:
-    """The verdict's percentile as a share: --goodput-target, else --percentile / 100."""
-    return spec.goodput_target if spec.goodput_target is not None else spec.percentile / 100
+    return sharding.select(spec.backends, sharding.resolve(spec.shard), group=lambda b: b)
 
 
 def check_given(spec: ServeSpec, percentile: bool, new_tokens: bool) -> None:
