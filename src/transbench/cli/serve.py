@@ -42,7 +42,8 @@ def serve(given: dict, *, db, json_path, csv_path) -> None:
                   + (f"{upper:.2f} ms" if upper is not None else f"n/a: {r.get('n_requests')} requests") + ")"
                   + (f", verdict {'met' if r['slo_met'] else 'not met'}" + ("" if r.get("tail_valid") else
                      " (too few requests)") if "slo_met" in r else "")
-                  + f", achieved {r['achieved_rate']:.1f}/s"
+                  + (f", achieved {r['achieved_rate']:.1f}/s" if r.get("achieved_rate") is not None else "")
+                  + (f", max rate {r['max_rate']:.1f}/s" if r.get("max_rate") is not None else "")
                   if "latency_p99_ms" in r else f"max rate {r['max_rate']:.1f}/s"
                   if r.get("max_rate") is not None and result.status == "ok" else "")
         console.print(visible(f"  {cell.backend} {level}: {result.status} {detail or result.error or ''}")[:160],
