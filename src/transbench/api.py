@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -339,7 +340,9 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
     spec, lengths = serve_spec.check(spec)
     db = _outputs(db, json_path, csv_path)
     _callbacks(on_cell=on_cell)
-    target = Target(ServeCell, measure="transbench.scenarios.serve.measure:measure")
+    # An endpoint's cells send HTTP requests from the worker (scenarios/serve/endpoint.py) instead of serving there.
+    target = Target(ServeCell, measure="transbench.scenarios.serve." + ("endpoint" if spec.url else "measure")
+                    + ":measure")
     opts = SweepOptions(spec.timeout)
     store = Store(db)
     lane = None
@@ -376,12 +379,18 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                 row = measured(serve_spec.cell(spec, lengths, backend, "rate", rate))
                 if not row or row["status"] != "ok":
                     ended[rate] = row["status"] if row else "error"
-                return row["record"].get(metric) if row and row["status"] == "ok" else None
+                if not row or row["status"] != "ok":
+                    return None
+                value = row["record"].get(metric)
+                # An endpoint's percentile that falls on failed requests is stored empty (endpoint.py): the target
+                # was missed, which the search must take as a miss, not as a probe that measured nothing.
+                return math.inf if value is None and row["record"].get("failed") else value
 
             # A probe's window must end within --timeout, else it can only time out after waiting all of it (a model
             # too slow for the target bisected down to rates whose 20 expected arrivals took longer than that).
             floor = MIN_REQUESTS / max(spec.timeout - spec.warmup, 1e-9)
             best, trail = find_max_rate(probe, spec.slo_ms, offline["record"]["achieved_rate"], lowest=floor)
+            trail = [(r, None if lat == math.inf else lat, ok) for r, lat, ok in trail]  # stored as JSON
             rec = {"max_rate": best, "percentile": spec.percentile, "slo_ms": spec.slo_ms,
                    "offline_rate": offline["record"]["achieved_rate"]}
             # A probe that crashed or timed out ends the search (serve_search.find_max_rate) and answers nothing about

@@ -15,19 +15,26 @@ from ..store import export
 from .app import app, friendly
 from .tables import console, fmt, pct, visible
 
-SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "latency_p50_ms",
-         "latency_p99_ms", "latency_p999_ms", "goodput", "mean_batch", "ttft_p50_ms", "itl_p50_ms", "max_rate")
+
+def help_of(name: str) -> str:
+    """An option's help, declared once with its ServeSpec field."""
+    return ServeSpec.__dataclass_fields__[name].metadata["help"]
+
+SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "error_rate", "latency_p50_ms",
+         "latency_p99_ms", "latency_p999_ms", "goodput", "mean_batch", "ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms",
+         "client_lag_p99_ms", "max_rate")
 # Headers with their units, as the report's (report/serve.py LOAD_COLS): rates per second, goodput a percentage
 # (it printed as a bare fraction, 0.9996, and the rates without a unit).
-HEADERS = {"rate": "rate /s", "offered_rate": "offered /s", "achieved_rate": "achieved /s", "max_rate": "max rate /s"}
-SHOW = {"goodput": pct}
+HEADERS = {"rate": "rate /s", "offered_rate": "offered /s", "achieved_rate": "achieved /s", "max_rate": "max rate /s",
+           "error_rate": "errors", "client_lag_p99_ms": "client lag p99 ms"}
+SHOW = {"goodput": pct, "error_rate": pct}
 
 
 @app.command()
 @friendly
 def serve(
-    model: str = typer.Option("bert-base-uncased", "--model", "-m", help="preset or local checkpoint folder"),
-    task: str = typer.Option("classification", help="an encoder task, or generate (decoders: generation under load)"),
+    model: str = typer.Option(ServeSpec.model, "--model", "-m", help="preset or local checkpoint folder"),
+    task: str = typer.Option(ServeSpec.task, help="an encoder task, or generate (decoders: generation under load)"),
     backend: str = typer.Option("sdpa", "--backend", "-b", help="backends, comma-separated"),
     dtype: Optional[str] = typer.Option(None, help="fp32|tf32|fp16|bf16; default fp16 on GPU, fp32 on CPU"),
     device: str = typer.Option("auto", help="auto|cpu|cuda|cuda:N"),
@@ -52,6 +59,12 @@ def serve(
     json_path: Optional[str] = typer.Option(None, "--json", help="also write the records as JSON"),
     csv_path: Optional[str] = typer.Option(None, "--csv", help="also write the records as CSV"),
     name: Optional[str] = typer.Option(None, help="run name; rerunning a name resumes it"),
+    url: Optional[str] = typer.Option(None, help=help_of("url")),
+    api_kind: Optional[str] = typer.Option(None, "--api", help=help_of("api")),
+    served_model: Optional[str] = typer.Option(None, help=help_of("served_model")),
+    tokenizer: Optional[str] = typer.Option(None, help=help_of("tokenizer")),
+    reference_model: Optional[str] = typer.Option(None, help=help_of("reference_model")),
+    request_timeout: float = typer.Option(ServeSpec.request_timeout, help=help_of("request_timeout")),
 ) -> None:
     """Serving under load: latency percentiles against offered load, and the largest rate under a target."""
     export.check_paths(json_path, csv_path, db)  # as run does: a bad path is refused before any load, not after
@@ -62,6 +75,8 @@ def serve(
                      concurrency=split_list(concurrency, int) if concurrency else [], offline=offline,
                      lengths=lengths, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, duration=duration,
                      warmup=warmup, slo_ms=slo_ms, find_max_rate=find_max_rate, seed=seed, timeout=timeout, name=name,
+                     url=url, api=api_kind, served_model=served_model, tokenizer=tokenizer,
+                     reference_model=reference_model, request_timeout=request_timeout,
                      **({} if percentile is None else {"percentile": percentile}),
                      **({} if new_tokens is None else {"new_tokens": new_tokens}))
     # given at its default value, an option that nothing here uses is refused as any other value is
@@ -73,7 +88,9 @@ def serve(
         level = {"rate": f"{cell.rate:.1f}/s", "concurrency": f"c{cell.concurrency}"}.get(cell.mode, cell.mode)
         r = result.record
         # A max rate of 0 (no probed rate met the target) is an answer too: it printed as a bare "max-rate: ok".
-        detail = (f"p99 {r['latency_p99_ms']:.2f} ms, achieved {r['achieved_rate']:.1f}/s"
+        p99 = "failed" if r.get("latency_p99_ms") is None else f"{r['latency_p99_ms']:.2f} ms"
+        errors = f", errors {r['error_rate']:.1%}" if r.get("error_rate") else ""
+        detail = (f"p99 {p99}, achieved {r['achieved_rate']:.1f}/s{errors}"
                   if "latency_p99_ms" in r else f"max rate {r['max_rate']:.1f}/s"
                   if r.get("max_rate") is not None and result.status == "ok" else "")
         console.print(visible(f"  {cell.backend} {level}: {result.status} {detail or result.error or ''}")[:160],

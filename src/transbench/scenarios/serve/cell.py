@@ -29,6 +29,13 @@ class ServeCell(SweepCell):
     seed: int = 0
     activation: str | None = None
     embeddings: bool = True  # backends read it (fused, onnxruntime); serving always embeds
+    # An HTTP endpoint (serve --url): requests go there instead of to a backend in this process.
+    url: str | None = None
+    api: str | None = None  # openai-completions | openai-chat | openai-embeddings
+    served_model: str | None = None  # the requests' `model` field
+    tokenizer: str | None = None  # a local folder: prompts and token counts
+    reference_model: str | None = None  # a local folder: the fp32 reference of the correctness check
+    request_timeout: float = 60.0
 
     @property
     def scenario(self) -> str:
@@ -55,6 +62,10 @@ class ServeCell(SweepCell):
             ident["concurrency"] = self.concurrency
         if self.task == "generate":
             ident["new_tokens"] = self.new_tokens
+        if self.url is not None:  # the endpoint is what is measured; the in-process batcher is not
+            ident.update(url=self.url, api=self.api, served_model=self.served_model, reference=self.reference_model)
+            for k in ("max_batch_size", "max_wait_ms", "activation"):
+                ident.pop(k)
         return ident
 
 

@@ -43,6 +43,23 @@ class ServeSpec:
     activation: str | None = None
     timeout: float = 900.0
     name: str | None = None
+    # An HTTP endpoint instead of a backend in this process (endpoint.py).
+    url: str | None = field(default=None, metadata={
+        "help": "measure an OpenAI-compatible endpoint (http://HOST:PORT) instead of a backend in this process",
+        "cli": "--url"})
+    api: str | None = field(default=None, metadata={
+        "help": "the endpoint's API: openai-completions | openai-chat | openai-embeddings", "cli": "--api"})
+    served_model: str | None = field(default=None, metadata={
+        "help": "the requests' `model` field (default: the first the endpoint lists at /v1/models)",
+        "cli": "--served-model"})
+    tokenizer: str | None = field(default=None, metadata={
+        "help": "a local folder whose tokenizer makes the prompts and counts tokens the endpoint does not report "
+                "(default: synthetic words)", "cli": "--tokenizer"})
+    reference_model: str | None = field(default=None, metadata={
+        "help": "a local checkpoint folder: a sample of the endpoint's answers checked against its fp32 output",
+        "cli": "--reference-model"})
+    request_timeout: float = field(default=60.0, metadata={
+        "help": "seconds a request may take at the endpoint before it counts as timed out", "cli": "--request-timeout"})
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -62,28 +79,41 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
             if isinstance(v, float) and not math.isfinite(v):
                 raise SpecError(f"{flag} {v}: give a finite number")
     spec = checked(ServeSpec, spec)  # api.serve(ServeSpec(...)): each field's type, as the CLI's options
-    ref = build.resolve(spec.model)
-    build.check_task(ref, spec.task)
-    from ... import backends
+    if spec.url is not None:
+        from . import endpoint_spec
 
-    if not spec.backends:  # `-b ''` stored an empty run and exited 0
-        raise SpecError("--backend is empty: give at least one value (an empty axis measures nothing)")
-    for b in spec.backends:
-        backends.get(b)
+        spec = endpoint_spec.check(spec)  # model, task, backends and dtype of an endpoint; the load is checked below
+        ref = endpoint_spec.shape_ref(spec)
+        device, dtype = spec.device, spec.dtype
+    else:
+        endpoint_spec_refuse(spec)
+        ref = build.resolve(spec.model)
+        build.check_task(ref, spec.task)
+        from ... import backends
+
+        if not spec.backends:  # `-b ''` stored an empty run and exited 0
+            raise SpecError("--backend is empty: give at least one value (an empty axis measures nothing)")
+        for b in spec.backends:
+            backends.get(b)
     for values, option in ((spec.backends, "--backend"), (spec.rates, "--rate"), (spec.concurrency, "--concurrency")):
         check_once(values, option)
-    device = str(dev.resolve(spec.device))
-    # None is "not given"; `--dtype ''` is refused below as any unknown dtype (it served the default without a word)
-    dtype = spec.dtype if spec.dtype is not None else ("fp16" if device.startswith("cuda") else "fp32")
-    from ..inference.measure import TOLERANCE
+    if spec.url is None:
+        device = str(dev.resolve(spec.device))
+        # None is "not given"; `--dtype ''` is refused below as any unknown dtype (it served the default silently)
+        dtype = spec.dtype if spec.dtype is not None else ("fp16" if device.startswith("cuda") else "fp32")
+        from ..inference.measure import TOLERANCE
 
-    if dtype not in TOLERANCE:
-        raise SpecError(f"unknown dtype '{dtype}': choose from {', '.join(TOLERANCE)}")
-    dev.check_dtype_runs(device, dtype)  # run's check: bad input, not an `unsupported` cell
+        if dtype not in TOLERANCE:
+            raise SpecError(f"unknown dtype '{dtype}': choose from {', '.join(TOLERANCE)}")
+        dev.check_dtype_runs(device, dtype)  # run's check: bad input, not an `unsupported` cell
     if spec.slo_ms is not None and spec.slo_ms <= 0:
         raise SpecError(f"--slo-ms must be above 0, got {spec.slo_ms:g}")
     if spec.timeout <= 0:
         raise SpecError(f"--timeout must be above 0, got {spec.timeout:g}")
+    if spec.url is not None and spec.warmup + spec.duration + spec.request_timeout >= spec.timeout:
+        raise SpecError(f"--warmup + --duration + --request-timeout is {spec.warmup + spec.duration + spec.request_timeout:g}"
+                        f" s, not within --timeout {spec.timeout:g} s: the cell could time out waiting on its last "
+                        "requests; shorten them or raise --timeout")
     loads = bool(spec.rates) + bool(spec.concurrency) + spec.offline + spec.find_max_rate
     if loads != 1:
         raise SpecError("give one load: --rate R[,R...], --concurrency C[,C...], --offline or --find-max-rate")
@@ -129,7 +159,7 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     # Generation: a prompt has what the new tokens leave ("the model's 96 positions" misnamed gpt2-tiny's 128).
     room = (f"the {top} positions a prompt has ({ref.name}'s {ref.shape.max_positions} less --new-tokens "
             f"{spec.new_tokens})" if spec.task == "generate" else None)
-    lengths = serve_lengths.parse(spec.lengths, top, ref.path, room)
+    lengths = serve_lengths.parse(spec.lengths, top, spec.tokenizer or ref.path, room)
     return dataclasses.replace(spec, device=device, dtype=dtype, percentile=float(spec.percentile)), lengths
 
 
@@ -138,7 +168,9 @@ def cell(spec: ServeSpec, lengths, backend: str, mode: str, level: float = 0) ->
                      concurrency=int(level) if mode == "concurrency" else 0, lengths=lengths.to_dict(),
                      max_batch_size=spec.max_batch_size, max_wait_ms=spec.max_wait_ms, duration=spec.duration,
                      warmup=spec.warmup, slo_ms=spec.slo_ms, new_tokens=spec.new_tokens, device=spec.device,
-                     seed=spec.seed, activation=spec.activation)
+                     seed=spec.seed, activation=spec.activation, url=spec.url, api=spec.api,
+                     served_model=spec.served_model, tokenizer=spec.tokenizer, reference_model=spec.reference_model,
+                     request_timeout=spec.request_timeout)
 
 
 def expand(spec: ServeSpec, lengths) -> list[ServeCell]:
@@ -150,6 +182,16 @@ def expand(spec: ServeSpec, lengths) -> list[ServeCell]:
         if spec.offline:
             out.append(cell(spec, lengths, b, "offline"))
     return out
+
+
+def endpoint_spec_refuse(spec: ServeSpec) -> None:
+    """The endpoint's options without --url: refused, as they would be ignored."""
+    given = [f"--{f.replace('_', '-')}" for f in ("api", "served_model", "tokenizer", "reference_model")
+             if getattr(spec, f) is not None]
+    if spec.request_timeout != ServeSpec.request_timeout:
+        given.append("--request-timeout")
+    if given:
+        raise SpecError(f"{', '.join(given)} apply to an endpoint: add --url http://HOST:PORT, or leave them out")
 
 
 def check_given(spec: ServeSpec, percentile: bool, new_tokens: bool) -> None:
