@@ -326,6 +326,17 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
     return rows
 
 
+def server(spec, on_ready: Callable = lambda info: None) -> str | None:
+    """`transbench server` (scenarios.serve.server_spec.ServerSpec): prepare the backend, call on_ready(info) once it
+    listens, and serve until SIGTERM or SIGINT; returns the name of the signal that ended it."""
+    from .scenarios.serve import server as srv
+    from .scenarios.serve import server_spec
+
+    srv.need_server_extra()
+    spec, ref, decoder = server_spec.check(spec)
+    return srv.run(spec, ref, decoder, on_ready)
+
+
 def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_path: str | None = None,
           on_cell: Callable = lambda c, r: None) -> RunOutcome:
     """A load test (scenarios.serve.spec.ServeSpec): every (backend, load) cell stored as it ends. With

@@ -74,7 +74,7 @@ class ServeCell(SweepCell):
 
     def record_fields(self) -> dict:
         ident = self.identity()
-        ident.update(device=self.device, batch_size=self.max_batch_size)
+        ident.update(device=self.device, batch_size=None if self.url else self.max_batch_size)  # an endpoint's own
         return ident
 
     def model_key(self) -> tuple:

@@ -18,7 +18,12 @@ TASK = {"openai-embeddings": "embed", "openai-completions": "generate", "openai-
 
 
 def check(spec):
+    import importlib.util
+
     from .spec import ServeSpec
+
+    if importlib.util.find_spec("httpx") is None:
+        raise SpecError("serve --url needs httpx: pip install 'transbench[http]'")
 
     parts = urlsplit(spec.url)
     try:
@@ -61,8 +66,6 @@ def check(spec):
                             "name it with --served-model")
         served = listed[0]
     task = TASK[spec.api]
-    if task != "generate" and spec.new_tokens != ServeSpec.new_tokens:
-        raise SpecError(f"--new-tokens applies to --api openai-completions or openai-chat, not {spec.api}")
     return dataclasses.replace(spec, served_model=served, model=served, task=task, backends=["http"], dtype="-",
                                device="cpu")
 

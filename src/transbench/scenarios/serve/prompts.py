@@ -42,7 +42,8 @@ class WordTokenizer:
 
 
 class HFTokenizer:
-    """A folder's transformers tokenizer, without special tokens (a prompt is text to continue or embed)."""
+    """A folder's transformers tokenizer; encoding adds the model's special tokens (BERT's [CLS] and [SEP]; none for
+    GPT-2), as servers do."""
 
     def __init__(self, folder: str):
         from transformers import AutoTokenizer
@@ -52,7 +53,7 @@ class HFTokenizer:
         self.vocab = len(self.tok)
 
     def encode(self, text: str) -> list[int]:
-        return self.tok(text, add_special_tokens=False)["input_ids"]
+        return self.tok(text)["input_ids"]
 
     def decode(self, ids) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)

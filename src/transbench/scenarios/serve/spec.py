@@ -203,6 +203,10 @@ def check_given(spec: ServeSpec, percentile: bool, new_tokens: bool) -> None:
         raise SpecError(f"--percentile {spec.percentile:g} is the percentile --find-max-rate holds under --slo-ms, "
                         "and this load does not search: add --find-max-rate, or leave --percentile out "
                         "(every cell stores p50, p90, p99 and p99.9)")
+    if new_tokens and spec.url is not None:  # an endpoint's task is its API's
+        if spec.api in ("openai-completions", "openai-chat"):
+            return
+        raise SpecError(f"--new-tokens {spec.new_tokens} applies to --api openai-completions or openai-chat")
     if new_tokens and spec.task != "generate":
         raise SpecError(f"--new-tokens {spec.new_tokens} applies to --task generate; task {spec.task} generates "
                         "nothing: leave --new-tokens out, or use --task generate with a decoder")

@@ -1,0 +1,95 @@
+"""What `transbench server` is asked for (ServerSpec), checked before the model is built."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from dataclasses import dataclass, field
+
+from ...errors import SpecError
+from ...models import build
+from ...spec import checked
+
+
+@dataclass
+class ServerSpec:
+    model: str = field(default="bert-base-uncased", metadata={
+        "help": "preset or local checkpoint folder (an encoder serves /v1/embeddings, a decoder /v1/completions)",
+        "cli": "--model"})
+    backend: str = field(default="sdpa", metadata={"help": "the backend that runs it (fused included)",
+                                                   "cli": "--backend"})
+    dtype: str | None = field(default=None, metadata={"help": "fp32|tf32|fp16|bf16|fp8; default fp16 on GPU, fp32 "
+                                                       "on CPU", "cli": "--dtype"})
+    device: str = field(default="auto", metadata={"help": "auto|cpu|cuda|cuda:N", "cli": "--device"})
+    host: str = field(default="127.0.0.1", metadata={
+        "help": "the address to listen on (0.0.0.0: every interface; only where you mean it)", "cli": "--host"})
+    port: int = field(default=8000, metadata={"help": "the port to listen on", "cli": "--port"})
+    served_model_name: str | None = field(default=None, metadata={
+        "help": "the name requests give as `model` (default: --model's name)", "cli": "--served-model-name"})
+    max_batch_size: int = field(default=32, metadata={"help": "the batcher's largest batch",
+                                                      "cli": "--max-batch-size"})
+    max_wait_ms: float = field(default=2.0, metadata={
+        "help": "a batch leaves when its oldest request has waited this long", "cli": "--max-wait-ms"})
+    max_length: int | None = field(default=None, metadata={
+        "help": "the longest input in tokens (default: the model's positions; decoders: less --max-tokens); every "
+                "shape up to it is prepared before the server reports healthy", "cli": "--max-length"})
+    max_tokens: int = field(default=64, metadata={"help": "the most tokens a completion may ask for",
+                                                  "cli": "--max-tokens"})
+    warm_lengths: list[int] = field(default_factory=list, metadata={
+        "help": "decoders: prompt lengths whose generators are prepared for every batch size before the server "
+                "reports healthy (others are prepared at their first request)", "cli": "--warm-lengths"})
+    seed: int = field(default=0, metadata={"help": "seed of a preset's random weights", "cli": "--seed"})
+
+
+def check(spec: ServerSpec):
+    """(spec with device, dtype and name resolved, the model's resolved reference, is it a decoder)."""
+    from ... import backends
+    from ...measure import device as dev
+    from ..inference.measure import TOLERANCE
+
+    spec = checked(ServerSpec, spec)
+    ref = build.resolve(spec.model)
+    decoder = ref.shape.decoder if hasattr(ref.shape, "decoder") else _is_decoder(ref)
+    build.check_task(ref, "generate" if decoder else "base")
+    backends.get(spec.backend)
+    device = str(dev.resolve(spec.device))
+    dtype = spec.dtype if spec.dtype is not None else ("fp16" if device.startswith("cuda") else "fp32")
+    if dtype not in TOLERANCE:
+        raise SpecError(f"unknown dtype '{dtype}': choose from {', '.join(TOLERANCE)}")
+    dev.check_dtype_runs(device, dtype)
+    try:
+        ipaddress.ip_address(spec.host)
+    except ValueError:
+        if spec.host != "localhost":
+            raise SpecError(f"--host {spec.host}: give an IP address to listen on (127.0.0.1, ::1, 0.0.0.0)") from None
+    if not 0 < spec.port < 65536:
+        raise SpecError(f"--port {spec.port}: give a port in 1..65535")
+    if spec.max_batch_size < 1 or spec.max_wait_ms < 0:
+        raise SpecError("--max-batch-size must be at least 1 and --max-wait-ms at least 0")
+    if spec.max_tokens < 1:
+        raise SpecError("--max-tokens must be at least 1")
+    positions = ref.shape.max_positions - (spec.max_tokens if decoder else 0)
+    if positions < 1:
+        raise SpecError(f"--max-tokens {spec.max_tokens} leaves no room for a prompt in {ref.name}'s "
+                        f"{ref.shape.max_positions} positions")
+    length = spec.max_length if spec.max_length is not None else positions
+    if not 1 <= length <= positions:
+        raise SpecError(f"--max-length {length}: give 1..{positions} (" + (
+            f"{ref.name}'s {ref.shape.max_positions} positions less --max-tokens)" if decoder else
+            f"{ref.name}'s positions)"))
+    if not decoder and spec.warm_lengths:
+        raise SpecError("--warm-lengths applies to a decoder: an encoder prepares every shape up to --max-length")
+    bad = [n for n in spec.warm_lengths if not 1 <= n <= length]
+    if bad:
+        raise SpecError(f"--warm-lengths {bad[0]} is outside 1..{length} (--max-length)")
+    name = spec.served_model_name or ref.name
+    return dataclasses.replace(spec, device=device, dtype=dtype, max_length=length, served_model_name=name), ref, \
+        decoder
+
+
+def _is_decoder(ref) -> bool:
+    try:
+        build.check_task(ref, "generate")
+        return True
+    except SpecError:
+        return False
