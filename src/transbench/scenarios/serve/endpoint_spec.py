@@ -20,8 +20,7 @@ TASK = {"openai-embeddings": "embed", "openai-completions": "generate", "openai-
 def check(spec):
     import importlib.util
 
-    from .spec import ServeSpec
-
+    ServeSpec = type(spec)  # its defaults: what the CLI passes where an option is not given
     if importlib.util.find_spec("httpx") is None:
         raise SpecError("serve --url needs httpx: pip install 'transbench[http]'")
 

@@ -58,6 +58,7 @@ class HttpTrace:
     end: float
     pool: int  # connections the client could open
     peak_in_flight: int
+    t0: float = 0.0  # time.perf_counter() at the start of the load (times above are relative to it)
 
 
 def payload(api: str, model: str, prompt: str, new_tokens: int) -> dict:
@@ -224,7 +225,7 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
                     await one(r)
 
             await asyncio.gather(*(client_loop() for _ in range(plan.concurrency)))
-    return HttpTrace(out, plan, now(), pool, peak)
+    return HttpTrace(out, plan, now(), pool, peak, t0)
 
 
 def run_http_load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) -> HttpTrace:
