@@ -310,7 +310,8 @@ def test_server_streams_completions_that_agree_with_the_fp32_reference(tmp_path)
         assert rec["completion_tokens_mean"] == 8 and rec["prompt_tokens_mean"] == 6
         assert rec["ttft_p50_ms"] > 0 and rec["itl_p50_ms"] > 0 and rec["tpot_p50_ms"] > 0
         assert rec["reference_token_agreement"] == 1.0 and rec["reference_first_token_agreement"] == 1.0
-        too_long = httpx.post(server.url + "/v1/completions", json={"model": rec["served_model"], "prompt": "a " * 200})
+        too_long = httpx.post(server.url + "/v1/completions", json={"model": rec["served_model"], "prompt": "a " * 200,
+                                                                    "max_tokens": 4})
         assert too_long.status_code == 400 and too_long.json()["error"]["type"] == "context_length_exceeded"
         many = httpx.post(server.url + "/v1/completions", json={"model": rec["served_model"], "prompt": "a",
                                                                 "max_tokens": 9})

@@ -178,7 +178,7 @@ class Api:
             prompt = data["prompt"]
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
                 prompt = prompt[0]  # a batch of one
-            max_tokens = data.get("max_tokens", 16)
+            max_tokens = data.get("max_tokens", min(16, self.spec.max_tokens))  # OpenAI's default, 16
             if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= \
                     self.spec.max_tokens:
                 raise BadRequest(f"max_tokens must be a whole number in 1..{self.spec.max_tokens} (--max-tokens)")
