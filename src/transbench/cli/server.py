@@ -43,10 +43,13 @@ def server(
                            f"{info['tokenizer']}; /health, /metrics; Ctrl-C or SIGTERM stops it"), err=True)
 
     try:
+        warm = split_list(warm_lengths, int) if warm_lengths is not None else []
+        if warm_lengths is not None and not warm:
+            raise SpecError("--warm-lengths is empty: give prompt lengths (8,64) or leave it out")
         spec = ServerSpec(model=model, backend=backend, dtype=dtype, device=device, host=host, port=port,
                           served_model_name=served_model_name, max_batch_size=max_batch_size,
                           max_wait_ms=max_wait_ms, max_length=max_length, max_tokens=max_tokens,
-                          warm_lengths=split_list(warm_lengths, int) if warm_lengths else [], seed=seed)
+                          warm_lengths=warm, seed=seed)
         ended = api.server(spec, on_ready=ready)
     except SpecError as exc:
         fail(str(exc))

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 from dataclasses import dataclass, field
 
 from ...errors import SpecError
 from ...models import build
-from ...spec import checked
+from ...spec import check_once, checked
+
+MAX_WAIT_MS = 60_000.0  # a batch that waits longer than a minute for company is a misconfiguration
+MAX_BATCH = 4096
 
 
 @dataclass
@@ -64,8 +68,18 @@ def check(spec: ServerSpec):
             raise SpecError(f"--host {spec.host}: give an IP address to listen on (127.0.0.1, ::1, 0.0.0.0)") from None
     if not 0 < spec.port < 65536:
         raise SpecError(f"--port {spec.port}: give a port in 1..65535")
-    if spec.max_batch_size < 1 or spec.max_wait_ms < 0:
-        raise SpecError("--max-batch-size must be at least 1 and --max-wait-ms at least 0")
+    if not math.isfinite(spec.max_wait_ms):  # NaN passes every range check; inf never ends a wait
+        raise SpecError(f"--max-wait-ms {spec.max_wait_ms}: give a finite number")
+    if spec.max_batch_size < 1 or not 0 <= spec.max_wait_ms <= MAX_WAIT_MS:
+        raise SpecError(f"--max-batch-size must be at least 1 and --max-wait-ms in 0..{MAX_WAIT_MS:,}")
+    if spec.max_batch_size > MAX_BATCH:
+        raise SpecError(f"--max-batch-size {spec.max_batch_size} is above {MAX_BATCH}: every batch size up to it is "
+                        "prepared before the server listens")
+    name = spec.served_model_name
+    if name is not None and (not name or len(name) > 256 or any(c.isspace() or not c.isprintable() for c in name)):
+        raise SpecError("--served-model-name: give a name of 1 to 256 characters without spaces or control "
+                        "characters")
+    check_once(spec.warm_lengths, "--warm-lengths")
     if spec.max_tokens < 1:
         raise SpecError("--max-tokens must be at least 1")
     positions = ref.shape.max_positions - (spec.max_tokens if decoder else 0)
