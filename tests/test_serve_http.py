@@ -182,9 +182,9 @@ def test_a_stall_is_carried_by_the_requests_that_arrive_during_it():
     for r in during:  # measured from its planned send time, each request carries what is left of the stall
         assert (r.done - r.arrival) >= (stall_end - (t0 + r.arrival)) - 0.005
     # the client kept sending on schedule during the stall (open loop: no coordinated omission)
-    assert sorted((r.sent - r.arrival) for r in during)[len(during) // 2] < 0.05
+    assert sorted((r.sent - r.arrival) for r in during)[len(during) // 2] < 0.1
     after = [r for r in trace.requests if t0 + r.arrival > stall_end + 0.15]  # once the backlog has drained
-    assert after and min(r.done - r.arrival for r in after) < 0.15
+    assert after and min(r.done - r.arrival for r in after) < 0.5 * max(r.done - r.arrival for r in during)
 
 
 @pytest.mark.slow
@@ -319,3 +319,32 @@ def test_server_streams_completions_that_agree_with_the_fp32_reference(tmp_path)
     finally:
         code, err = server.stop()
     assert code == 0, err
+
+
+def test_the_reference_check_catches_a_wrong_embedding(tmp_path):
+    import torch
+
+    from transbench.models import build
+    from transbench.scenarios.serve.cell import ServeCell
+    from transbench.scenarios.serve.measure import plan_for
+    from transbench.scenarios.serve.prompts import WordTokenizer, make_prompts
+
+    ckpt = tmp_path / "bert"
+    model = build.build_model(build.resolve("bert-tiny"), "base").eval()
+    model.save_pretrained(ckpt)
+    cell = ServeCell("m", "embed", "http", "-", "rate", rate=10.0, lengths={"kind": "fixed", "mean": 6, "max": 6,
+                     "spread": 0, "counts": [], "weights": [], "source": ""}, duration=1.0, warmup=0.0,
+                     url="http://127.0.0.1:9", api="openai-embeddings", reference_model=str(ckpt))
+    plan, _ = plan_for(cell)
+    prompts, _ = make_prompts(plan.lengths, cell.seed + 2, None)
+    tok = WordTokenizer(model.config.vocab_size)
+    right, wrong = [], []
+    for i in range(3):
+        with torch.inference_mode():
+            hidden = model(input_ids=torch.tensor([tok.encode(prompts[i])])).last_hidden_state[0]
+        right.append(Sent(i, 0.0, 6, embedding=hidden.mean(0).tolist()))
+        wrong.append(Sent(i, 0.0, 6, embedding=torch.randn(hidden.shape[-1]).tolist()))
+    rec, why = endpoint.reference_check(cell, HttpTrace(right, plan, 1.0, 1, 1), None)
+    assert why is None and rec["reference_cosine_min"] > 0.9999 and rec["reference_checked"] == 3
+    rec, why = endpoint.reference_check(cell, HttpTrace(wrong, plan, 1.0, 1, 1), None)
+    assert "cosine" in why and rec["reference_cosine_min"] < 0.5

@@ -21,8 +21,9 @@ def check(spec):
     import importlib.util
 
     ServeSpec = type(spec)  # its defaults: what the CLI passes where an option is not given
-    if importlib.util.find_spec("httpx") is None:
-        raise SpecError("serve --url needs httpx: pip install 'transbench[http]'")
+    missing = [m for m in ("h11", "httpx") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SpecError(f"serve --url needs {' and '.join(missing)}: pip install 'transbench[http]'")
 
     parts = urlsplit(spec.url)
     try:
