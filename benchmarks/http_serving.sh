@@ -88,6 +88,7 @@ gpt2() {  # backend. Completions of one prompt length (the server batches prompt
     "--model $GPT2 --max-tokens 32 --warm-lengths 64" "--api openai-completions --lengths fixed:64 --new-tokens 32"
 }
 
+python3 -c "import importlib.util as u; print('uvicorn with', ', '.join(m for m in ('uvloop', 'httptools') if u.find_spec(m)) or 'asyncio and h11 (pip install uvloop httptools: faster)')"
 nvidia-smi 2>/dev/null --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader || true
 for part in ${PARTS//,/ }; do
   case $part in

@@ -10,11 +10,12 @@ from .data import ReportData, by_scenario, groups, is_ok
 from .document import Figure, Section, Table, measured, num
 
 LOAD_COLS = [("backend", "backend", ""), ("mode", "load", ""), ("offered_rate", "offered /s", ""),
-             ("achieved_rate", "achieved /s", ""), ("latency_p50_ms", "p50 ms", ""), ("latency_p90_ms", "p90 ms", ""),
+             ("achieved_rate", "achieved /s", ""), ("error_rate", "errors", "pct"), ("latency_p50_ms", "p50 ms", ""), ("latency_p90_ms", "p90 ms", ""),
              ("latency_p99_ms", "p99 ms", ""), ("latency_p999_ms", "p99.9 ms", ""), ("latency_max_ms", "max ms", ""),
              ("goodput", "goodput", "pct"), ("mean_batch", "mean batch", ""), ("busy_share", "busy", "pct"),
              ("ttft_p50_ms", "TTFT p50 ms", ""), ("ttft_p99_ms", "TTFT p99 ms", ""),
              ("itl_p50_ms", "ITL p50 ms", ""), ("itl_p99_ms", "ITL p99 ms", ""), ("tokens_per_s", "tokens/s", ""),
+             ("tpot_p50_ms", "TPOT p50 ms", ""), ("client_lag_p99_ms", "client lag p99 ms", ""),
              ("j_per_request", "J/request", ""), ("rel_err", "rel err", "err")]
 # new_tokens: a generation table's title said neither how many tokens a request asked for nor (column) its tokens/s
 SETTINGS = ("run_name", "model", "task", "dtype", "lengths", "new_tokens", "max_batch_size", "max_wait_ms", "slo_ms")
