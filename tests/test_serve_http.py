@@ -110,6 +110,17 @@ class Stub:
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
+        async def chat(request):
+            body = await request.json()
+
+            async def events():
+                yield 'data: {"choices": [{"delta": {"role": "assistant"}}]}\n\n'  # a role first, no content
+                for _ in range(body["max_tokens"]):
+                    yield 'data: {"choices": [{"delta": {"content": " c"}}]}\n\n'
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
         async def embeddings(request):
             await request.json()
             start, end = self.stall
@@ -123,6 +134,7 @@ class Stub:
 
         app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
                                 Route("/v1/embeddings", embeddings, methods=["POST"]),
+                                Route("/v1/chat/completions", chat, methods=["POST"]),
                                 Route("/v1/models", models)])
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="critical",
@@ -165,6 +177,33 @@ def test_failed_dropped_and_malformed_streams_are_counted_and_the_run_goes_on():
     ok = [r for r in trace.requests if r.ok]
     assert all(r.completion_tokens == 4 and len(r.steps) == 4 for r in ok)
     assert rec["ttft_p50_ms"] > 0 and rec["tpot_p50_ms"] > 0 and rec["itl_p50_ms"] > 0
+
+
+def test_chat_streams_count_content_deltas_and_usage_falls_back_to_events():
+    with Stub() as stub:
+        plan = LoadPlan([4], arrivals=[i * 0.02 for i in range(10)], span_s=0.2, warmup_s=0.0)
+        body = payload("openai-chat", "stub", "x y", 5)
+        assert body["messages"] == [{"role": "user", "content": "x y"}] and body["stream"] and body["max_tokens"] == 5
+        trace = run_http_load(stub.url, "openai-chat", lambda r: body, plan, timeout_s=10)
+    assert all(r.ok and len(r.steps) == 5 and r.text == " c" * 5 for r in trace.requests)
+    rec, _, info = endpoint.account(trace, None, 50, word_counts=True)
+    assert rec["completion_tokens_mean"] == 5 and rec["prompt_tokens_mean"] is None
+    assert info["token_counts"] == "requested words"
+
+
+def test_refused_connections_and_timeouts_are_failures():
+    port = free_port()  # nothing listens there
+    plan = LoadPlan([4], arrivals=[0.0, 0.01], span_s=0.1, warmup_s=0.0)
+    trace = run_http_load(f"http://127.0.0.1:{port}", "openai-embeddings",
+                          lambda r: payload("openai-embeddings", "m", "x", 0), plan, timeout_s=5)
+    assert [r.status for r in trace.requests] == ["refused", "refused"]
+    with Stub() as stub:
+        stub.stall = (0.0, time.perf_counter() + 2.0)  # every answer stalls past the request timeout
+        trace = run_http_load(stub.url, "openai-embeddings", lambda r: payload("openai-embeddings", "m", "x", 0),
+                              plan, timeout_s=0.3)
+        stub.stall = (0.0, 0.0)
+    assert [r.status for r in trace.requests] == ["timeout", "timeout"]
+    assert all(0.25 < r.done - r.arrival < 1.0 for r in trace.requests)
 
 
 def test_a_stall_is_carried_by_the_requests_that_arrive_during_it():

@@ -61,6 +61,8 @@ class Api:
                             status_code=exc.status)
 
     async def body(self, request) -> dict:
+        if not self.model.alive:  # the model thread has failed: nothing would answer a request queued for it
+            raise BadRequest(f"the model is not serving: {self.model.failure}", 503, "server_error")
         raw = await request.body()
         if len(raw) > MAX_BODY:
             raise BadRequest(f"the body is {len(raw):,} bytes, above the {MAX_BODY:,} accepted", 413)
