@@ -360,6 +360,7 @@ def test_server_streams_completions_that_agree_with_the_fp32_reference(tmp_path)
     assert code == 0, err
 
 
+@pytest.mark.slow  # builds and saves a model: transformers imports alone take seconds
 def test_the_reference_check_catches_a_wrong_embedding(tmp_path):
     import torch
 
