@@ -16,6 +16,7 @@ import asyncio
 import json
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -27,6 +28,7 @@ from .server_model import Job, ModelThread
 GRACE_S = 10.0  # seconds the requests in flight get to finish after SIGTERM
 MAX_BODY = 16 * 2**20  # a request body past this is refused (413) before it is parsed
 MAX_INPUTS = 2048  # inputs in one embeddings request
+SWITCH_S = 0.0005  # the interpreter's thread switch interval while serving (see run)
 
 
 class BadRequest(Exception):
@@ -278,6 +280,10 @@ def run(spec, ref, decoder: bool, on_ready=lambda info: None) -> str | None:
     if main:  # noted here; uvicorn takes these over while it serves and raises them again once it has shut down
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda s, f: stopped.append(s))
+    # The model thread holds the GIL through each batch's Python (a transformers forward, a decode step's launches);
+    # the event loop, answering and streaming, waits for it up to the switch interval each time (5 ms by default).
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_S)
     model = ModelThread(spec, ref, decoder)
     try:
         model.start()
@@ -299,6 +305,7 @@ def run(spec, ref, decoder: bool, on_ready=lambda info: None) -> str | None:
             raise SpecError(f"cannot listen on {spec.host}:{spec.port}")
         return signal.Signals(stopped[0]).name if stopped else None
     finally:
+        sys.setswitchinterval(switch)
         model.stop(timeout=GRACE_S)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
