@@ -52,22 +52,22 @@ def _trace(latencies_ms, failed: int, lag_ms: float = 0.0) -> HttpTrace:
 
 def test_failed_requests_are_ranked_last_and_never_meet_the_target():
     # 95 answered in 10 ms, 5 refused in 1 ms: a server that refuses fast must not look faster
-    rec, samples, info = endpoint.account(_trace([10.0] * 95, 5), slo_ms=50, offered_rate=100, word_counts=True)
+    rec, samples, info = endpoint.account(_trace([10.0] * 95, 5), slo_ms=50, offered_rate=100)
     assert rec["requests"] == 100 and rec["failed"] == 5 and rec["error_rate"] == pytest.approx(0.05)
     assert rec["latency_p50_ms"] == pytest.approx(10.0) and rec["latency_p90_ms"] == pytest.approx(10.0)
     assert rec["latency_p99_ms"] is None and rec["latency_max_ms"] is None  # they fall on failures
     assert rec["goodput"] == pytest.approx(0.95)
     assert info["failures"] == {"http_500": 5} and len(samples) == 95
-    clean, _, _ = endpoint.account(_trace([10.0] * 100, 0), 50, 100, True)
+    clean, _, _ = endpoint.account(_trace([10.0] * 100, 0), 50, 100)
     assert clean["latency_p99_ms"] == pytest.approx(10.0) and clean["error_rate"] == 0
 
 
 def test_client_lag_is_measured_and_a_late_client_is_warned_about():
-    rec, _, _ = endpoint.account(_trace([10.0] * 50, 0, lag_ms=5.0), None, 100, True)
+    rec, _, _ = endpoint.account(_trace([10.0] * 50, 0, lag_ms=5.0), None, 100)
     assert rec["client_lag_p99_ms"] == pytest.approx(5.0) and rec["client_lag_max_ms"] == pytest.approx(5.0)
     trace = _trace([10.0] * 50, 0, lag_ms=5.0)
     assert "fell behind" in endpoint.lag_warning(rec, trace.plan)  # 5 ms > max(1 ms, 10% of a 10 ms gap)
-    ok, _, _ = endpoint.account(_trace([10.0] * 50, 0, lag_ms=0.2), None, 100, True)
+    ok, _, _ = endpoint.account(_trace([10.0] * 50, 0, lag_ms=0.2), None, 100)
     assert endpoint.lag_warning(ok, trace.plan) is None
 
 
@@ -170,7 +170,7 @@ def test_failed_dropped_and_malformed_streams_are_counted_and_the_run_goes_on():
     assert sorted(by) == ["dropped", "http_500", "malformed", "ok"], by
     assert len(by["ok"]) == 10 and len(by["http_500"]) == 5 and len(by["dropped"]) == 5 and len(by["malformed"]) == 5
     assert max(by["ok"]) >= 20  # requests after the failures were still sent and answered
-    rec, _, info = endpoint.account(trace, slo_ms=1000, offered_rate=50, word_counts=True)
+    rec, _, info = endpoint.account(trace, slo_ms=1000, offered_rate=50)
     assert rec["failed"] == 15 and rec["error_rate"] == pytest.approx(0.6) and rec["goodput"] == pytest.approx(0.4)
     assert rec["latency_p50_ms"] is None  # 60% failed: the median falls on failures
     assert info["failures"] == {"http_500": 5, "dropped": 5, "malformed": 5}
@@ -186,9 +186,10 @@ def test_chat_streams_count_content_deltas_and_usage_falls_back_to_events():
         assert body["messages"] == [{"role": "user", "content": "x y"}] and body["stream"] and body["max_tokens"] == 5
         trace = run_http_load(stub.url, "openai-chat", lambda r: body, plan, timeout_s=10)
     assert all(r.ok and len(r.steps) == 5 and r.text == " c" * 5 for r in trace.requests)
-    rec, _, info = endpoint.account(trace, None, 50, word_counts=True)
-    assert rec["completion_tokens_mean"] == 5 and rec["prompt_tokens_mean"] is None
-    assert info["token_counts"] == "requested words"
+    assert endpoint.fill_counts(trace, ["x y"], None) == \
+        "usage where given; prompts: planned words, completions: streamed events"
+    rec, _, info = endpoint.account(trace, None, 50)
+    assert rec["completion_tokens_mean"] == 5 and rec["prompt_tokens_mean"] == 4
 
 
 def test_refused_connections_and_timeouts_are_failures():

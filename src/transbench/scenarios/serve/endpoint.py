@@ -47,7 +47,7 @@ def _failed_percentile(ok_ms: list[float], failed: int, q: float) -> float | Non
     return None if math.isinf(value) or math.isnan(value) else value
 
 
-def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, word_counts: bool) -> tuple:
+def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None) -> tuple:
     """(record, latency samples of the answered requests in ms, info), requests arriving in the warm-up left out."""
     w = trace.plan.warmup_s
     reqs = sorted((r for r in trace.requests if r.arrival >= w), key=lambda r: r.arrival)
@@ -81,9 +81,7 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
     rec["prompt_tokens_mean"] = sum(prompts) / len(prompts) if prompts else None
     info = {"failures": dict(Counter(r.status for r in reqs if not r.ok)), "measured_span_s": span,
             "warmup_requests": len(trace.requests) - n, "connections": trace.pool,
-            "peak_in_flight": trace.peak_in_flight,
-            "token_counts": "usage" if prompts and len(prompts) == len(ok) else
-            ("requested words" if word_counts else "usage where given, else streamed events")}
+            "peak_in_flight": trace.peak_in_flight}
     errors = [r for r in reqs if not r.ok]
     if errors:
         info["first_errors"] = [f"{r.status}: {r.error}"[:200] for r in errors[:5]]
@@ -93,6 +91,31 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
             rec.update(client_lag_p50_ms=percentile(lags, 50), client_lag_p99_ms=percentile(lags, 99),
                        client_lag_max_ms=max(lags))
     return rec, lat_ok, info
+
+
+def fill_counts(trace: HttpTrace, prompts: list[str], tokenizer) -> str:
+    """Token counts the endpoint did not report (`usage`): a prompt's through the local tokenizer (or its planned
+    length: synthetic words are a token each where no tokenizer is given), a completion's as its streamed events.
+    Returns where the counts came from."""
+    answered = [r for r in trace.requests if r.ok]
+    missing_prompt = [r for r in answered if r.prompt_tokens is None]
+    missing_completion = [r for r in answered if r.steps and r.completion_tokens is None]
+    sizes: dict[int, int] = {}
+    for r in missing_prompt:
+        i = r.rid % len(prompts)
+        if i not in sizes:
+            sizes[i] = len(tokenizer.encode(prompts[i])) if tokenizer is not None else r.length
+        r.prompt_tokens = sizes[i]
+    for r in missing_completion:
+        r.completion_tokens = len(r.steps)
+    if not missing_prompt and not missing_completion:
+        return "usage"
+    parts = []
+    if missing_prompt:
+        parts.append("prompts: " + ("the local tokenizer" if tokenizer is not None else "planned words"))
+    if missing_completion:
+        parts.append("completions: streamed events")
+    return "usage where given; " + ", ".join(parts)
 
 
 def lag_warning(rec: dict, plan) -> str | None:
@@ -185,8 +208,9 @@ def run(cell: ServeCell) -> CellResult:
         return payload(cell.api, model, prompts[r.rid % len(prompts)], cell.new_tokens)
 
     trace = run_http_load(cell.url, cell.api, body, plan, cell.request_timeout)
-    rec, samples, info = account(trace, cell.slo_ms, offered, tokenizer is None)
-    info.update(prompts=source, url=cell.url, api=cell.api, served_model=model)
+    info_counts = fill_counts(trace, prompts, tokenizer)
+    rec, samples, info = account(trace, cell.slo_ms, offered)
+    info.update(prompts=source, url=cell.url, api=cell.api, served_model=model, token_counts=info_counts)
     if not rec.get("requests"):
         return CellResult("error", record=rec, info=info,
                           error="no request was sent after the warm-up: lengthen --duration or raise the rate")
