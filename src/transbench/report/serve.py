@@ -10,7 +10,8 @@ from .data import ReportData, by_scenario, groups, is_ok
 from .document import Figure, Section, Table, measured, num
 
 LOAD_COLS = [("backend", "backend", ""), ("mode", "load", ""), ("offered_rate", "offered /s", ""),
-             ("achieved_rate", "achieved /s", ""), ("error_rate", "errors", "pct"), ("latency_p50_ms", "p50 ms", ""), ("latency_p90_ms", "p90 ms", ""),
+             ("achieved_rate", "achieved /s", ""), ("error_rate", "errors", "pct"), ("latency_p50_ms", "p50 ms", ""),
+             ("latency_p90_ms", "p90 ms", ""),
              ("latency_p99_ms", "p99 ms", ""), ("latency_p999_ms", "p99.9 ms", ""), ("latency_max_ms", "max ms", ""),
              ("goodput", "goodput", "pct"), ("mean_batch", "mean batch", ""), ("busy_share", "busy", "pct"),
              ("ttft_p50_ms", "TTFT p50 ms", ""), ("ttft_p99_ms", "TTFT p99 ms", ""),

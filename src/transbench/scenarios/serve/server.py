@@ -298,7 +298,8 @@ def run(spec, ref, decoder: bool, on_ready=lambda info: None) -> str | None:
         config = uvicorn.Config(build_app(api), host=spec.host, port=spec.port, log_level="warning",
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=GRACE_S)
         server = uvicorn.Server(config)
-        on_ready({**model.info, "dtype": spec.dtype, "backend": spec.backend, "url": f"http://{spec.host}:{spec.port}", "model": api.name,
+        on_ready({**model.info, "dtype": spec.dtype, "backend": spec.backend, "model": api.name,
+                  "url": f"http://{spec.host}:{spec.port}",
                   "tokenizer": api.tok.name, "endpoint": "/v1/completions" if decoder else "/v1/embeddings"})
         server.run()
         if not server.started and not stopped:

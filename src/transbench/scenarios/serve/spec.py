@@ -111,9 +111,10 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     if spec.timeout <= 0:
         raise SpecError(f"--timeout must be above 0, got {spec.timeout:g}")
     if spec.url is not None and spec.warmup + spec.duration + spec.request_timeout >= spec.timeout:
-        raise SpecError(f"--warmup + --duration + --request-timeout is {spec.warmup + spec.duration + spec.request_timeout:g}"
-                        f" s, not within --timeout {spec.timeout:g} s: the cell could time out waiting on its last "
-                        "requests; shorten them or raise --timeout")
+        total = spec.warmup + spec.duration + spec.request_timeout
+        raise SpecError(f"--warmup + --duration + --request-timeout is {total:g} s, not within --timeout "
+                        f"{spec.timeout:g} s: the cell could time out waiting on its last requests; shorten them or "
+                        "raise --timeout")
     loads = bool(spec.rates) + bool(spec.concurrency) + spec.offline + spec.find_max_rate
     if loads != 1:
         raise SpecError("give one load: --rate R[,R...], --concurrency C[,C...], --offline or --find-max-rate")
