@@ -84,6 +84,8 @@ CLASSES = {
     "--device": "choice", "--activation": "choice", "--compile-mode": "choice", "--baseline": "choice",
     "--name": "name", "--prompt": "text", "--rdzv-endpoint": "endpoint", "--nccl-env": "nccl-env",
     "--shard": "shard", "--lengths": "lengths", "--op": "choice-list", "--comm-timing": "choice",
+    "--url": "text", "--api": "choice", "--served-model": "text", "--tokenizer": "text", "--reference-model": "text",
+    "--host": "host", "--served-model-name": "name", "--warm-lengths": "int-list",
 }
 
 
@@ -129,6 +131,7 @@ BATTERY = {
                 "counts:@dir", "counts:@missing.txt", "counts:@empty.txt", "counts:@random.txt",
                 "counts:@fifo.txt", "counts:@unreadable.txt", f"counts:{LONG}", "text:@random.txt",
                 "counts:@counts-bad.txt"],
+    "host": ["", " ", "bogus", "1.2.3", "256.0.0.1", "::g", LONG, N],
     "endpoint": ["", " ", "host:", ":29500", "host:abc", "host:0", "host:99999", "host:-1", LONG, "host:1:2"],
     "nccl-env": ["", " ", "FOO=1", "NCCL_X", "=1", "nccl_x=1", "NCCL_X=1 NCCL_X=2", LONG],
     "flag": ["=maybe"],
@@ -137,7 +140,7 @@ BATTERY = {
 VALID_CHOICE = {"--task": "base", "--backend": "sdpa", "--dtype": "fp32", "--optim": "sgd", "--kernels": "torch",
                 "--head": "all", "--strategy": "none", "--ops": "copy", "--grad-ckpt": "off", "--compile": "off",
                 "--nccl-p2p": "on", "--device": "cpu", "--activation": "gelu", "--compile-mode": "default",
-                "--baseline": "sdpa", "--op": "all-reduce"}
+                "--baseline": "sdpa", "--op": "all-reduce", "--api": "openai-embeddings"}
 # Per command, the task a valid --task is (train trains mlm on a BERT; serve serves classification).
 VALID_CHOICE_BY_COMMAND = {("train", "--task"): "mlm", ("serve", "--task"): "classification",
                            ("train", "--strategy"): "ddp", ("train", "--nccl-p2p"): "on",
@@ -160,6 +163,7 @@ BASE = {
     ("micro", "collectives"): ["--device", "cpu", "--op", "all-reduce", "--sizes", "1KiB", "--min-time", "0.01",
                                "--warmup", "1"],
     ("tune",): ["--model", "bert-tiny", "--batch", "1", "--seq", "8"],
+    ("server",): ["--model", "bert-tiny", "--device", "cpu", "--port", "18999"],
     ("report",): ["a", "b"],
     ("compare",): ["a", "b"],
     ("demo",): ["--prompt", "hello world", "--model", "bert-tiny", "--device", "cpu"],
@@ -319,7 +323,7 @@ def _work(*args, **kwargs):
 # runs the demo's model.
 WORK = ["transbench.api.open_run", "transbench.runner.sweep.open_run", "transbench.scenarios.micro.run.open_run",
         "transbench.scenarios.training.spec.run_cell", "transbench.api.environment",
-        "transbench.report.plots.all_figures", "transbench.demo._run_backend"]
+        "transbench.report.plots.all_figures", "transbench.demo._run_backend", "transbench.scenarios.serve.server.run"]
 TUNE_WORK = "error: tune needs a CUDA GPU"  # tune's last check: on this CPU-only host, where it would start
 
 
@@ -449,7 +453,7 @@ _WHY = [
     ("merge", "--into", ["@empty.db", "@missing.db"], "merge's target is a store it starts, as a writer's --db"),
     (WRITERS, "--name", [LONG, N], "a run name is text of any length and script: check_name (spec.py) refuses "
                                    "control characters, an empty name and 'last' only"),
-    ("run|serve|train", "--seed", ["-1", "0"], "any 64-bit integer seeds the weights and tokens (a run with --seed -1 "
+    ("run|serve|train|server", "--seed", ["-1", "0"], "any 64-bit integer seeds the weights and tokens (a run with --seed -1 "
                                                "measured ok)"),
     ("run", "--seq-stdev", ["0", "1e-320"], "0 is the default (every sequence --seq long); a tiny stdev rounds to it"),
     ("run", "--seq-stdev", ["1e30"], "lengths are clipped to 1 and the model's positions (docs/options.md, run); see "
@@ -463,7 +467,8 @@ _WHY = [
     ("run|train", "--timeout", ["1e-320"], "a positive deadline: every cell ends `timeout`, as asked"),
     ("run|serve|train|" + MICRO, "--shard", ["1/99999999999999999999999"], "a valid slice: shard 1 gets the first OOM group, and shards past "
                                                       "the grid's groups are empty, as with 3 hosts for 2 groups"),
-    ("serve", "--max-wait-ms", ["0", "1e-320"], "0 or more: a batch leaves at once"),
+    ("serve|server", "--max-wait-ms", ["0", "1e-320"], "0 or more: a batch leaves at once"),
+    ("server", "--served-model-name", [N], "a model name is text of any script (without spaces or control characters)"),
     ("serve", "--max-wait-ms", ["1e30"], "a wait is cut 10 s after the last arrival (docs/serve.md)"),
     ("serve", "--duration", ["1e-320"], "a positive duration: a short window, as asked"),
     ("serve", "--warmup", ["0", "1e-320"], "0 or more seconds of warm-up"),

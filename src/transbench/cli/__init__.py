@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from .app import app, fail  # noqa: E402,F401
 
 # Each module registers its commands on `app`; a topic whose module is not there yet is left out.
-for _topic in ("run", "serve", "info", "models", "micro", "train", "report", "demo", "tune"):
+for _topic in ("run", "serve", "server", "info", "models", "micro", "train", "report", "demo", "tune"):
     try:
         importlib.import_module(f"{__name__}.{_topic}")
     except ModuleNotFoundError as exc:

@@ -18,9 +18,9 @@ def _help(name: str) -> str:
     return ServeSpec.__dataclass_fields__[name].metadata["help"]
 
 
-SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "latency_p50_ms",
+SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "error_rate", "latency_p50_ms",
          "latency_p99_ms", "latency_p999_ms", "latency_p99_upper_ms", "n_requests", "tail_valid", "goodput",
-         "mean_batch", "ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "max_rate")
+         "mean_batch", "ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "client_lag_p99_ms", "max_rate")
 
 
 @declared_command(app, ServeSpec, command_options=("db", "json_path", "csv_path"))
@@ -38,11 +38,13 @@ def serve(given: dict, *, db, json_path, csv_path) -> None:
         r = result.record
         # A max rate of 0 (no probed rate met the target) is an answer too: it printed as a bare "max-rate: ok".
         upper = r.get("latency_p99_upper_ms")
-        detail = (f"p99 {r['latency_p99_ms']:.2f} ms (LoadGen estimate "
+        p99 = "failed" if r.get("latency_p99_ms") is None else f"{r['latency_p99_ms']:.2f} ms"
+        detail = (f"p99 {p99} (LoadGen estimate "
                   + (f"{upper:.2f} ms" if upper is not None else f"n/a: {r.get('n_requests')} requests") + ")"
                   + (f", verdict {'met' if r['slo_met'] else 'not met'}" + ("" if r.get("tail_valid") else
                      " (too few requests)") if "slo_met" in r else "")
                   + (f", achieved {r['achieved_rate']:.1f}/s" if r.get("achieved_rate") is not None else "")
+                  + (f", errors {r['error_rate']:.1%}" if r.get("error_rate") else "")
                   + (f", max rate {r['max_rate']:.1f}/s" if r.get("max_rate") is not None else "")
                   if "latency_p99_ms" in r else f"max rate {r['max_rate']:.1f}/s"
                   if r.get("max_rate") is not None and result.status == "ok" else "")

@@ -10,7 +10,7 @@ from ..store import export
 from .data import ReportData, by_scenario, groups, is_ok
 from .document import Figure, Section, Table, measured, num
 
-LOAD_COLS = ("backend", "mode", "offered_rate", "achieved_rate", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
+LOAD_COLS = ("backend", "mode", "offered_rate", "achieved_rate", "error_rate", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
              "latency_p99_upper_ms", "latency_p999_ms", "latency_max_ms", "n_requests", "goodput", "mean_batch",
              "busy_share", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms",
              "tokens_per_s", "client_lag_p99_ms", "graphs_captured_under_load", "j_per_request", "rel_err")

@@ -37,6 +37,13 @@ class ServeCell(SweepCell):
     need: int = 20  # a rate's window stretches to this many expected arrivals (the verdict's minimum)
     window_limit: float | None = None  # ... but never past this many seconds (what --timeout leaves)
     prepare_budget: float = 20.0  # seconds of preparation before the load; the rest is prepared under it
+    # An HTTP endpoint (serve --url): requests go there instead of to a backend in this process.
+    url: str | None = None
+    api: str | None = None  # openai-completions | openai-chat | openai-embeddings
+    served_model: str | None = None  # the requests' `model` field
+    tokenizer: str | None = None  # a local folder: prompts and token counts
+    reference_model: str | None = None  # a local folder: the fp32 reference of the correctness check
+    request_timeout: float = 60.0
 
     @property
     def scenario(self) -> str:
@@ -74,6 +81,10 @@ class ServeCell(SweepCell):
             ident["tail_percentile"] = round(self.tail_share * 100, 6)
         if self.prepare_budget != 20.0:
             ident["prepare_budget"] = self.prepare_budget
+        if self.url is not None:  # the endpoint is what is measured; the in-process batcher is not
+            ident.update(url=self.url, api=self.api, served_model=self.served_model, reference=self.reference_model)
+            for k in ("max_batch_size", "max_wait_ms", "activation"):
+                ident.pop(k)
         return ident
 
 
@@ -93,7 +104,7 @@ class ServeCell(SweepCell):
 
     def record_fields(self) -> dict:
         ident = self.identity()
-        ident.update(device=self.device, batch_size=self.max_batch_size)
+        ident.update(device=self.device, batch_size=None if self.url else self.max_batch_size)  # an endpoint's own
         return ident
 
     def model_key(self) -> tuple:

@@ -71,6 +71,17 @@ class ServeSpec:
                                            "verdict --find-max-rate holds")
     prepare_budget: float = setting(PREPARE_BUDGET_S, "seconds of preparation (graphs, buckets) before the load; the "
                                     "rest is prepared on first use")
+    # An HTTP endpoint instead of a backend in this process (endpoint.py).
+    url: str | None = setting(None, "measure an OpenAI-compatible endpoint (http://HOST:PORT) instead of a backend in "
+                              "this process")
+    api: str | None = setting(None, "the endpoint's API: openai-completions | openai-chat | openai-embeddings")
+    served_model: str | None = setting(None, "the requests' `model` field (default: the first the endpoint lists at "
+                                       "/v1/models)")
+    tokenizer: str | None = setting(None, "a local folder whose tokenizer makes the prompts and counts tokens the "
+                                    "endpoint does not report (default: synthetic words)")
+    reference_model: str | None = setting(None, "a local checkpoint folder: a sample of the endpoint's answers checked "
+                                          "against its fp32 output")
+    request_timeout: float = setting(60.0, "seconds a request may take at the endpoint before it counts as timed out")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -92,28 +103,42 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
             if isinstance(v, float) and not math.isfinite(v):
                 raise SpecError(f"{flag} {v}: give a finite number")
     spec = checked(ServeSpec, spec)  # api.serve(ServeSpec(...)): each field's type, as the CLI's options
-    ref = build.resolve(spec.model)
-    build.check_task(ref, spec.task)
-    from ... import backends
+    if spec.url is not None:
+        from . import endpoint_spec
 
-    if not spec.backends:  # `-b ''` stored an empty run and exited 0
-        raise SpecError("--backend is empty: give at least one value (an empty axis measures nothing)")
-    for b in spec.backends:
-        backends.get(b)
+        spec = endpoint_spec.check(spec)  # model, task, backends and dtype of an endpoint; the load is checked below
+        ref = endpoint_spec.shape_ref(spec)
+        device, dtype = spec.device, spec.dtype
+    else:
+        endpoint_spec_refuse(spec)
+        ref = build.resolve(spec.model)
+        build.check_task(ref, spec.task)
+        from ... import backends
+
+        if not spec.backends:  # `-b ''` stored an empty run and exited 0
+            raise SpecError("--backend is empty: give at least one value (an empty axis measures nothing)")
+        for b in spec.backends:
+            backends.get(b)
     for values, option in ((spec.backends, "--backend"), (spec.rates, "--rate"), (spec.concurrency, "--concurrency")):
         check_once(values, option)
-    device = str(dev.resolve(spec.device))
-    # None is "not given"; `--dtype ''` is refused below as any unknown dtype (it served the default without a word)
-    dtype = spec.dtype if spec.dtype is not None else ("fp16" if device.startswith("cuda") else "fp32")
-    from ..inference.measure import TOLERANCE
+    if spec.url is None:
+        device = str(dev.resolve(spec.device))
+        # None is "not given"; `--dtype ''` is refused below as any unknown dtype (it served the default silently)
+        dtype = spec.dtype if spec.dtype is not None else ("fp16" if device.startswith("cuda") else "fp32")
+        from ..inference.measure import TOLERANCE
 
-    if dtype not in TOLERANCE:
-        raise SpecError(f"unknown dtype '{dtype}': choose from {', '.join(TOLERANCE)}")
-    dev.check_dtype_runs(device, dtype)  # run's check: bad input, not an `unsupported` cell
+        if dtype not in TOLERANCE:
+            raise SpecError(f"unknown dtype '{dtype}': choose from {', '.join(TOLERANCE)}")
+        dev.check_dtype_runs(device, dtype)  # run's check: bad input, not an `unsupported` cell
     if spec.slo_ms is not None and spec.slo_ms <= 0:
         raise SpecError(f"--slo-ms must be above 0, got {spec.slo_ms:g}")
     if spec.timeout <= 0:
         raise SpecError(f"--timeout must be above 0, got {spec.timeout:g}")
+    if spec.url is not None and spec.warmup + spec.duration + spec.request_timeout >= spec.timeout:
+        total = spec.warmup + spec.duration + spec.request_timeout
+        raise SpecError(f"--warmup + --duration + --request-timeout is {total:g} s, not within --timeout "
+                        f"{spec.timeout:g} s: the cell could time out waiting on its last requests; shorten them or "
+                        "raise --timeout")
     loads = bool(spec.rates) + bool(spec.concurrency) + spec.offline + spec.find_max_rate + (spec.trace is not None)
     if loads != 1:
         raise SpecError("give one load: --rate R[,R...], --concurrency C[,C...], --offline, --trace FILE or "
@@ -203,7 +228,7 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         lengths = serve_lengths.Lengths("counts", sum(trace.inputs) / len(trace.inputs), counts[-1], 0.0, counts,
                                         tuple(hist[c] for c in counts), f"trace:{trace.source}")
     else:
-        lengths = serve_lengths.parse(spec.lengths, top, ref.path, room)
+        lengths = serve_lengths.parse(spec.lengths, top, spec.tokenizer or ref.path, room)
     from ...runner import shard as sharding
 
     spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
@@ -235,7 +260,9 @@ def cell(spec: ServeSpec, lengths, backend: str, mode: str, level: float = 0) ->
                      seed=spec.seed, activation=spec.activation, arrivals=serve_arrivals.parse(spec.arrivals).label,
                      trace=trace, slo=serve_stats.parse_slo(spec.slo) if spec.slo is not None else {},
                      percentiles=tuple(sorted(set(spec.percentiles) | {round(share * 100, 6)})), tail_share=share, need=need,
-                     window_limit=limit, prepare_budget=spec.prepare_budget)
+                     window_limit=limit, prepare_budget=spec.prepare_budget, url=spec.url, api=spec.api,
+                     served_model=spec.served_model, tokenizer=spec.tokenizer, reference_model=spec.reference_model,
+                     request_timeout=spec.request_timeout)
 
 
 def expand(spec: ServeSpec, lengths) -> list[ServeCell]:
@@ -260,6 +287,16 @@ def backends(spec: ServeSpec) -> list[str]:
     return sharding.select(spec.backends, sharding.resolve(spec.shard), group=lambda b: b)
 
 
+def endpoint_spec_refuse(spec: ServeSpec) -> None:
+    """The endpoint's options without --url: refused, as they would be ignored."""
+    given = [f"--{f.replace('_', '-')}" for f in ("api", "served_model", "tokenizer", "reference_model")
+             if getattr(spec, f) is not None]
+    if spec.request_timeout != ServeSpec.request_timeout:
+        given.append("--request-timeout")
+    if given:
+        raise SpecError(f"{', '.join(given)} apply to an endpoint: add --url http://HOST:PORT, or leave them out")
+
+
 def check_given(spec: ServeSpec, percentile: bool, new_tokens: bool) -> None:
     """--percentile and --new-tokens where given (the CLI knows; check() sees only values off the default), refused
     where nothing uses them: `serve --rate 10 --percentile 99` ran without a word, as 99 is the default."""
@@ -271,6 +308,10 @@ def check_given(spec: ServeSpec, percentile: bool, new_tokens: bool) -> None:
                         "and none is given: add one, or leave --percentile out (--percentiles says which are stored)")
     if percentile and spec.goodput_target is not None:
         raise SpecError("--percentile and --goodput-target both set the verdict's share: give one")
+    if new_tokens and spec.url is not None:  # an endpoint's task is its API's
+        if spec.api in ("openai-completions", "openai-chat"):
+            return
+        raise SpecError(f"--new-tokens {spec.new_tokens} applies to --api openai-completions or openai-chat")
     if new_tokens and spec.task != "generate":
         raise SpecError(f"--new-tokens {spec.new_tokens} applies to --task generate; task {spec.task} generates "
                         "nothing: leave --new-tokens out, or use --task generate with a decoder")

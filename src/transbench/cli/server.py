@@ -1,0 +1,34 @@
+"""`transbench server`: an OpenAI-compatible HTTP server over one model and backend."""
+
+from __future__ import annotations
+
+import sys
+import typer
+
+from .. import api
+from ..errors import SpecError
+from ..scenarios.serve.server_spec import ServerSpec
+from .app import app, declared_command, fail
+from .options import build_spec
+from .tables import visible
+
+
+@declared_command(app, ServerSpec)
+def server(given: dict) -> None:
+    """Serve a model over HTTP (OpenAI-compatible: /v1/embeddings or /v1/completions, /health, /metrics)."""
+    def ready(info: dict) -> None:
+        typer.echo(visible(f"transbench server: {info['model']} ({info['backend']} {info['dtype']}) on {info['url']}"
+                           f"{info['endpoint']}, prepared in {info.get('prepare_s', 0):.1f} s; tokenizer "
+                           f"{info['tokenizer']}; /health, /metrics; Ctrl-C or SIGTERM stops it"), err=True)
+
+    try:
+        if given["warm_lengths"] == []:
+            raise SpecError("--warm-lengths is empty: give prompt lengths (8,64) or leave it out")
+        spec = build_spec(ServerSpec, None, given)
+        ended = api.server(spec, on_ready=ready)
+    except SpecError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        typer.echo("server stopped (interrupted)", err=True)
+        sys.exit(130)
+    typer.echo(f"server stopped ({ended or 'done'}): requests in flight were answered", err=True)

@@ -1,0 +1,241 @@
+"""One serve cell against an HTTP endpoint (`serve --url`): the same plan as in-process serving (arrivals, lengths,
+warm-up, closed loops), prompts of the planned lengths, the requests through http_client, then the accounting and,
+with a reference folder, a correctness check on a sample of the answers.
+
+Failed requests are never dropped from the figures. Each latency percentile ranks a failed request as slower than
+every answered one: where a percentile falls on failures it is not reported (empty), and `error_rate` and the
+counts by kind (`failures` in the cell's info) say why. Goodput counts a failed request as missing any target, and
+the max-rate search takes such a percentile for a missed target. A server that refuses work fast never looks faster
+for it."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from ...cells import CellResult
+from .cell import ServeCell
+from .http_client import HttpTrace, Sent, payload, run_http_load
+from .measure import plan_for
+from .prompts import HFTokenizer, WordTokenizer, has_tokenizer, make_prompts
+from .stats import PERCENTILES, percentile, spread
+
+# The client fell behind when its send lag's p99 passes the larger of these: a fixed floor (the event loop sleeps
+# in whole milliseconds) and a share of the mean gap between planned arrivals (a lag that size reshapes the
+# offered arrival process itself).
+LAG_FLOOR_MS = 1.0
+LAG_GAP_SHARE = 0.1
+REFERENCE_SAMPLE = 8  # answered requests checked against the reference
+MIN_COSINE = 0.99  # an embedding this far from the fp32 reference's is wrong (fp16/bf16 stay above 0.999)
+MIN_FIRST_AGREEMENT = 0.5  # greedy completions: a share of first tokens below this against fp32 is wrong
+
+
+def tokenizer_for(cell: ServeCell):
+    """The local tokenizer (--tokenizer, else the reference folder's), or None: synthetic words."""
+    for folder in (cell.tokenizer, cell.reference_model):
+        if has_tokenizer(folder):
+            return HFTokenizer(folder)
+    return None
+
+
+def _failed_percentile(ok_ms: list[float], failed: int, q: float) -> float | None:
+    """The q-th percentile with failed requests ranked last; None where it falls on (or between) failures."""
+    n = len(ok_ms) + failed
+    if not n:
+        return None
+    value = percentile(ok_ms + [math.inf] * failed, q) if ok_ms else math.inf
+    return None if math.isinf(value) or math.isnan(value) else value
+
+
+def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None) -> tuple:
+    """(record, latency samples of the answered requests in ms, info), requests arriving in the warm-up left out."""
+    w = trace.plan.warmup_s
+    reqs = sorted((r for r in trace.requests if r.arrival >= w), key=lambda r: r.arrival)
+    n = len(reqs)
+    if not n:
+        return {"requests": 0}, [], {}
+    ok = [r for r in reqs if r.ok]
+    lat_ok = [(r.done - r.arrival) * 1e3 for r in ok]
+    failed = n - len(ok)
+    last = max(max((r.done for r in reqs), default=trace.end), trace.plan.span_s)
+    span = max(last - w, 1e-9)
+    rec = {"requests": n, "failed": failed, "error_rate": failed / n, "achieved_rate": len(ok) / span,
+           "offered_rate": offered_rate}
+    rec.update({f"latency_{name}_ms": _failed_percentile(lat_ok, failed, q) for name, q in PERCENTILES.items()})
+    rec.update(latency_max_ms=max(lat_ok) if lat_ok and not failed else None,
+               latency_mean_ms=sum(lat_ok) / len(lat_ok) if lat_ok else None)
+    rec.update(latency_ms=rec["latency_p50_ms"], n_samples=n)
+    if slo_ms is not None:
+        good = sum(1 for x in lat_ok if x <= slo_ms)
+        rec.update(slo_ms=slo_ms, goodput=good / n, goodput_rate=good / span)
+    streamed = [r for r in ok if r.steps]
+    if streamed:
+        rec.update(spread("ttft", [(r.steps[0] - r.arrival) * 1e3 for r in streamed]))
+        gaps = [(b - a) * 1e3 for r in streamed for a, b in zip(r.steps, r.steps[1:])]
+        rec.update({k: v for k, v in spread("itl", gaps).items() if k in ("itl_p50_ms", "itl_p99_ms")})
+        counts = [r.completion_tokens if r.completion_tokens is not None else len(r.steps) for r in streamed]
+        tpot = [(r.done - r.steps[0]) * 1e3 / (c - 1) for r, c in zip(streamed, counts) if c > 1]
+        rec.update({k: v for k, v in spread("tpot", tpot).items() if k in ("tpot_p50_ms", "tpot_p99_ms")})
+        rec.update(tokens_per_s=sum(counts) / span, completion_tokens_mean=sum(counts) / len(counts))
+    prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    rec["prompt_tokens_mean"] = sum(prompts) / len(prompts) if prompts else None
+    info = {"failures": dict(Counter(r.status for r in reqs if not r.ok)), "measured_span_s": span,
+            "warmup_requests": len(trace.requests) - n, "connections": trace.pool,
+            "peak_in_flight": trace.peak_in_flight}
+    errors = [r for r in reqs if not r.ok]
+    if errors:
+        info["first_errors"] = [f"{r.status}: {r.error}"[:200] for r in errors[:5]]
+    if trace.plan.arrivals is not None:
+        lags = [(r.sent - r.arrival) * 1e3 for r in trace.requests if r.sent is not None]
+        if lags:
+            rec.update(client_lag_p50_ms=percentile(lags, 50), client_lag_p99_ms=percentile(lags, 99),
+                       client_lag_max_ms=max(lags))
+    return rec, lat_ok, info
+
+
+def fill_counts(trace: HttpTrace, prompts: list[str], tokenizer) -> str:
+    """Token counts the endpoint did not report (`usage`): a prompt's through the local tokenizer (or its planned
+    length: synthetic words are a token each where no tokenizer is given), a completion's as its streamed events.
+    Returns where the counts came from."""
+    answered = [r for r in trace.requests if r.ok]
+    missing_prompt = [r for r in answered if r.prompt_tokens is None]
+    missing_completion = [r for r in answered if r.steps and r.completion_tokens is None]
+    sizes: dict[int, int] = {}
+    for r in missing_prompt:
+        i = r.rid % len(prompts)
+        if i not in sizes:
+            sizes[i] = len(tokenizer.encode(prompts[i])) if tokenizer is not None else r.length
+        r.prompt_tokens = sizes[i]
+    for r in missing_completion:
+        r.completion_tokens = len(r.steps)
+    if not missing_prompt and not missing_completion:
+        return "usage"
+    parts = []
+    if missing_prompt:
+        parts.append("prompts: " + ("the local tokenizer" if tokenizer is not None else "planned words"))
+    if missing_completion:
+        parts.append("completions: streamed events")
+    return "usage where given; " + ", ".join(parts)
+
+
+def lag_warning(rec: dict, plan) -> str | None:
+    """A warning when the client sent its requests later than planned by more than the threshold."""
+    lag = rec.get("client_lag_p99_ms")
+    if lag is None or not plan.arrivals or len(plan.arrivals) < 2:
+        return None
+    gap_ms = (plan.arrivals[-1] - plan.arrivals[0]) / (len(plan.arrivals) - 1) * 1e3
+    limit = max(LAG_FLOOR_MS, LAG_GAP_SHARE * gap_ms)
+    if lag <= limit:
+        return None
+    return (f"the client fell behind: its send lag p99 was {lag:.2f} ms (max {rec['client_lag_max_ms']:.2f} ms), "
+            f"over {limit:.2f} ms (the larger of {LAG_FLOOR_MS:g} ms and {LAG_GAP_SHARE:.0%} of the mean gap): the "
+            "offered load was not the planned one; run the client on a less busy machine or lower the rate")
+
+
+def reference_check(cell: ServeCell, trace: HttpTrace, tokenizer) -> tuple[dict, str | None]:
+    """(record entries, why the cell is wrong or None): the first answered requests' outputs against the fp32
+    reference of the --reference-model folder (embeddings: cosine; completions: greedy token agreement)."""
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    sample = [r for r in trace.requests if r.ok and (r.embedding is not None or r.text)][:REFERENCE_SAMPLE]
+    if not sample:
+        return {"reference_checked": 0}, "no answered request was kept for the reference check"
+    tok = tokenizer or WordTokenizer(_vocab(cell.reference_model))
+    prompts = {r.rid: p for r, p in zip(sample, _prompts_of(cell, [r.rid for r in sample], tokenizer))}
+    if cell.api == "openai-embeddings":
+        model = AutoModel.from_pretrained(cell.reference_model, torch_dtype=torch.float32).eval()
+        cosines = []
+        for r in sample:
+            ids = torch.tensor([tok.encode(prompts[r.rid])])
+            with torch.inference_mode():
+                hidden = model(input_ids=ids).last_hidden_state[0]
+            got = torch.tensor(r.embedding, dtype=torch.float32)
+            if got.shape != hidden.shape[-1:]:  # another model's vectors
+                cosines.append(-1.0)
+                continue
+            # the endpoint's pooling is its own (mean, or the first token's): the closer of the two is its match
+            cosines.append(max(float(torch.nn.functional.cosine_similarity(got, ref, dim=0))
+                               for ref in (hidden.mean(0), hidden[0])))
+        worst = min(cosines)
+        out = {"reference_checked": len(sample), "reference_cosine_min": worst}
+        return out, (None if worst >= MIN_COSINE else f"an embedding's cosine to the fp32 reference is {worst:.4f}, "
+                     f"under {MIN_COSINE}")
+    model = AutoModelForCausalLM.from_pretrained(cell.reference_model, torch_dtype=torch.float32).eval()
+    agree, first = [], []
+    for r in sample:
+        ids = torch.tensor([tok.encode(prompts[r.rid])])
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=cell.new_tokens,
+                                 do_sample=False, min_new_tokens=cell.new_tokens, pad_token_id=0)
+        ref = out[0, ids.shape[1]:].tolist()
+        got = _generated_ids(tok, r.text)
+        same = sum(1 for a, b in zip(got, ref) if a == b)
+        agree.append(same / max(1, len(ref)))
+        first.append(1.0 if got[:1] == ref[:1] else 0.0)
+    out = {"reference_checked": len(sample), "reference_token_agreement": sum(agree) / len(agree),
+           "reference_first_token_agreement": sum(first) / len(first)}
+    share = out["reference_first_token_agreement"]
+    return out, (None if share >= MIN_FIRST_AGREEMENT else f"only {share:.0%} of first tokens agree with the fp32 "
+                 "reference's greedy choice")
+
+
+def _vocab(folder: str) -> int:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(folder).vocab_size
+
+
+def _generated_ids(tok, text: str) -> list[int]:
+    if isinstance(tok, WordTokenizer):  # transbench server shows a tokenizer-less model's ids as " w<id>"
+        return [int(w[1:]) for w in text.split() if w[:1] == "w" and w[1:].isdigit()]
+    return tok.tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _prompts_of(cell: ServeCell, rids: list[int], tokenizer) -> list[str]:
+    plan, _ = plan_for(cell)
+    prompts, _ = make_prompts(plan.lengths, cell.seed + 2, tokenizer)
+    return [prompts[i % len(prompts)] for i in rids]
+
+
+def run(cell: ServeCell) -> CellResult:
+    tokenizer = tokenizer_for(cell)
+    plan, offered = plan_for(cell)
+    prompts, source = make_prompts(plan.lengths, cell.seed + 2, tokenizer)
+    model = cell.served_model or cell.model
+
+    def body(r: Sent) -> dict:
+        return payload(cell.api, model, prompts[r.rid % len(prompts)], cell.new_tokens)
+
+    trace = run_http_load(cell.url, cell.api, body, plan, cell.request_timeout)
+    info_counts = fill_counts(trace, prompts, tokenizer)
+    rec, samples, info = account(trace, cell.slo_ms, offered)
+    info.update(prompts=source, url=cell.url, api=cell.api, served_model=model, token_counts=info_counts)
+    if not rec.get("requests"):
+        return CellResult("error", record=rec, info=info,
+                          error="no request was sent after the warm-up: lengthen --duration or raise the rate")
+    warnings = []
+    if rec["failed"]:
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(info["failures"].items()))
+        warnings.append(f"{rec['failed']} of {rec['requests']} requests failed ({kinds}; first: "
+                        f"{info['first_errors'][0]}): counted in every figure, as missing any target")
+    lag = lag_warning(rec, plan)
+    if lag:
+        warnings.append(lag)
+    if trace.peak_in_flight >= trace.pool:
+        warnings.append(f"all {trace.pool} connections were in use at once: later requests waited for one "
+                        "(their wait is in their latency)")
+    if rec["failed"] == rec["requests"]:
+        return CellResult("error", record=rec, info=info, warnings=warnings,
+                          error=f"every request failed (first: {info['first_errors'][0]})")
+    if cell.reference_model:
+        checked, wrong = reference_check(cell, trace, tokenizer)
+        rec.update(checked)
+        if wrong:  # a wrong answer's speed is never reported
+            return CellResult("wrong", record=checked, info=info, warnings=warnings, error=wrong)
+    return CellResult("ok", record=rec, samples_ms=samples, info=info, warnings=warnings)
+
+
+def measure(cell: dict, state: dict) -> CellResult:
+    """The sweep's target for serve cells with a URL."""
+    return run(ServeCell.from_dict(cell))

@@ -1,0 +1,91 @@
+"""`serve --url`: what an endpoint run is asked for, checked before any load. The endpoint serves its own model, so
+the in-process settings (--model, --task, --backend, --dtype, the batcher) are refused there, and the request's
+`model` is --served-model or the first the endpoint lists."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+from urllib.parse import urlsplit
+
+from ...errors import SpecError
+from .http_client import APIS, served_models
+
+# An endpoint with no local folder to say how long its model's inputs may be: lengths are not capped by positions.
+NO_POSITIONS = 1 << 20
+TASK = {"openai-embeddings": "embed", "openai-completions": "generate", "openai-chat": "generate"}
+
+
+def check(spec):
+    import importlib.util
+
+    ServeSpec = type(spec)  # its defaults: what the CLI passes where an option is not given
+    missing = [m for m in ("h11", "httpx") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SpecError(f"serve --url needs {' and '.join(missing)}: pip install 'transbench[http]'")
+
+    parts = urlsplit(spec.url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 or parts.path not in ("", "/") \
+            or parts.query or parts.fragment:
+        raise SpecError(f"--url {spec.url}: give the endpoint's root, http://HOST:PORT (its API paths are added: "
+                        "/v1/completions, /v1/chat/completions, /v1/embeddings)")
+    if spec.api not in APIS:
+        raise SpecError(f"--url needs --api: choose from {', '.join(APIS)}" if spec.api is None else
+                        f"unknown --api '{spec.api}': choose from {', '.join(APIS)}")
+    ignored = [flag for flag, name in (("--model", "model"), ("--task", "task"), ("--backend", "backends"),
+                                       ("--dtype", "dtype"), ("--device", "device"),
+                                       ("--max-batch-size", "max_batch_size"), ("--max-wait-ms", "max_wait_ms"),
+                                       ("--activation", "activation"))
+               if getattr(spec, name) != _default(ServeSpec, name)]
+    if ignored:
+        raise SpecError(f"{', '.join(ignored)} set what runs in this process; the endpoint serves its own model: "
+                        "leave them out with --url (name the model with --served-model)")
+    if not (math.isfinite(spec.request_timeout) and spec.request_timeout > 0):
+        raise SpecError(f"--request-timeout must be a positive number of seconds, got {spec.request_timeout:g}")
+    for flag, folder in (("--tokenizer", spec.tokenizer), ("--reference-model", spec.reference_model)):
+        if folder is not None:
+            from pathlib import Path
+
+            if not Path(folder).expanduser().is_dir():
+                raise SpecError(f"{flag} {folder}: no such folder (give a local checkpoint or tokenizer folder)")
+    if spec.tokenizer is not None:
+        from .prompts import has_tokenizer
+
+        if not has_tokenizer(spec.tokenizer):
+            raise SpecError(f"--tokenizer {spec.tokenizer}: the folder holds no tokenizer files")
+    served = spec.served_model
+    if served is None:
+        listed = served_models(spec.url)
+        if not listed:
+            raise SpecError(f"--url {spec.url}: the endpoint lists no model at /v1/models (or cannot be reached): "
+                            "name it with --served-model")
+        served = listed[0]
+    task = TASK[spec.api]
+    return dataclasses.replace(spec, served_model=served, model=served, task=task, backends=["http"], dtype="-",
+                               device="cpu")
+
+
+def shape_ref(spec):
+    """What caps a request's length: the reference or tokenizer folder's positions, else nothing."""
+    for folder in (spec.reference_model, spec.tokenizer):
+        if folder is None:
+            continue
+        try:
+            from transformers import AutoConfig
+
+            positions = getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", None)
+        except (OSError, ValueError):
+            positions = None
+        if positions:
+            return SimpleNamespace(name=folder, path=folder, shape=SimpleNamespace(max_positions=positions))
+    return SimpleNamespace(name=spec.served_model, path=None, shape=SimpleNamespace(max_positions=NO_POSITIONS))
+
+
+def _default(cls, name):
+    f = cls.__dataclass_fields__[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default

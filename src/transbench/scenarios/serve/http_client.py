@@ -1,0 +1,379 @@
+"""The load generator's HTTP target: a plan's requests sent to an OpenAI-compatible endpoint over asyncio (HTTP/1.1
+through h11, a connection per request in flight, kept alive), each at its planned time (open loop) or on the return
+of the last (closed loop), and what came back.
+
+Every request is kept, whatever became of it: answered, refused (HTTP 4xx/5xx or the connection refused), dropped
+(the connection or the stream ended early), timed out, or malformed (a body or event that is not the API's JSON).
+Latency runs from the *planned* send time, so a stalled server or a client that fell behind delays finishes, never
+arrivals (no coordinated omission); the client's own lag, the actual send time less the planned one, is kept per
+request so a load that was not offered as planned says so (endpoint.py).
+
+Streaming (server-sent events) for completions and chat: each event carrying text is a token's arrival (servers
+such as vLLM send one event a token; one that bundles tokens shows fewer, wider gaps), giving time to first token
+and the gaps between tokens. Token counts come from the response's `usage` where the server gives it (streams ask
+for it with `stream_options.include_usage`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import socket
+import time
+from dataclasses import dataclass, field
+
+from .load import LoadPlan
+
+API_PATHS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions",
+             "openai-embeddings": "/v1/embeddings"}
+APIS = tuple(API_PATHS)
+KEEP_OUTPUTS = 64  # requests (the first ones) whose outputs are kept for the reference check
+SPIN_S = 0.0015  # the event loop sleeps in whole milliseconds (epoll): the last of a wait is spent yielding instead
+
+
+@dataclass
+class Sent:
+    """One request and what became of it; times in seconds from the start of the load."""
+
+    rid: int
+    arrival: float  # planned send time
+    length: int  # requested prompt tokens
+    sent: float | None = None  # when it really went out
+    done: float | None = None  # last byte (or the failure)
+    steps: list[float] = field(default_factory=list)  # each streamed event that carried text
+    status: str = "ok"  # ok | http_NNN | refused | dropped | timeout | malformed | error
+    error: str = ""
+    prompt_tokens: int | None = None  # from usage
+    completion_tokens: int | None = None
+    text: str = ""  # generated text (kept for the first KEEP_OUTPUTS requests)
+    embedding: list[float] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class HttpTrace:
+    requests: list[Sent]
+    plan: LoadPlan
+    end: float
+    pool: int  # connections the client could open
+    peak_in_flight: int
+    t0: float = 0.0  # time.perf_counter() at the start of the load (times above are relative to it)
+
+
+def payload(api: str, model: str, prompt: str, new_tokens: int) -> dict:
+    """The request body: greedy (temperature 0), exactly `new_tokens` tokens where the server honours ignore_eos
+    (vLLM, SGLang, transbench server: a benchmark wants a known output length; others ignore the field)."""
+    if api == "openai-embeddings":
+        return {"model": model, "input": prompt}
+    gen = {"model": model, "max_tokens": new_tokens, "temperature": 0, "stream": True,
+           "stream_options": {"include_usage": True}, "ignore_eos": True}
+    if api == "openai-chat":
+        return {**gen, "messages": [{"role": "user", "content": prompt}]}
+    return {**gen, "prompt": prompt}
+
+
+def _message(body: bytes) -> str:
+    try:
+        err = json.loads(body).get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        return str(msg)[:200] if msg else body[:200].decode(errors="replace")
+    except (ValueError, AttributeError):
+        return body[:200].decode(errors="replace")
+
+
+class Malformed(Exception):
+    pass
+
+
+def _usage(r: Sent, usage) -> None:
+    if isinstance(usage, dict):
+        r.prompt_tokens = usage.get("prompt_tokens", r.prompt_tokens)
+        r.completion_tokens = usage.get("completion_tokens", r.completion_tokens)
+
+
+class Dropped(Exception):
+    pass
+
+
+class Connection:
+    """One HTTP/1.1 connection, h11 (the protocol library under httpx) over asyncio streams: one request at a time,
+    kept alive between them, opened again where the server closed it.
+
+    Why not httpx.AsyncClient: on a 2-core host under load, httpx answered 215 requests/s with 32 clients of one
+    connection each (87/s with one client of 32 connections), where asyncio streams carried 4,200/s to the same
+    server: the client, not the server, set the rate, and its send lag grew with it. httpx stays for the one-off
+    /v1/models lookup."""
+
+    def __init__(self, host: str, port: int, ssl_context):
+        self.host, self.port, self.ssl = host, port, ssl_context
+        self.authority = f"{host}:{port}"
+        self.reader = self.writer = self.h11 = None
+
+    async def _open(self) -> None:
+        import h11
+
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port, ssl=self.ssl)
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = self.h11 = None
+
+    async def _event(self):
+        import h11
+
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                self.h11.receive_data(await self.reader.read(65536))  # b"": the server closed the connection
+                continue
+            if isinstance(event, h11.ConnectionClosed):
+                raise Dropped("the server closed the connection")
+            return event
+
+    async def post(self, path: str, body: bytes) -> int:
+        """Send the request; the response's status code (its body: chunks())."""
+        import h11
+
+        for attempt in (0, 1):
+            reused = self.writer is not None
+            if not reused:
+                await self._open()
+            request = h11.Request(method="POST", target=path, headers=[
+                ("Host", self.authority), ("Content-Type", "application/json"), ("Accept", "*/*"),
+                ("Content-Length", str(len(body)))])
+            try:
+                self.writer.write(self.h11.send(request) + self.h11.send(h11.Data(data=body))
+                                  + self.h11.send(h11.EndOfMessage()))
+                await self.writer.drain()
+                event = await self._event()
+                while isinstance(event, h11.InformationalResponse):
+                    event = await self._event()
+                return event.status_code
+            except (Dropped, ConnectionResetError, BrokenPipeError, h11.RemoteProtocolError):
+                self.close()
+                # A kept-alive connection the server had closed while idle (uvicorn after 5 s): once more, afresh.
+                if not reused or attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def chunks(self):
+        import h11
+
+        while True:
+            event = await self._event()
+            if isinstance(event, h11.Data):
+                yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
+                    self.h11.start_next_cycle()  # kept alive for the next request
+                else:
+                    self.close()
+                return
+
+    async def read(self) -> bytes:
+        return b"".join([c async for c in self.chunks()])
+
+
+async def _lines(chunks):
+    buf = b""
+    async for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+    if buf:
+        yield buf.decode("utf-8", errors="replace")
+
+
+async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool) -> None:
+    finished = False
+    async for line in _lines(conn.chunks()):
+        if finished or not line.startswith("data:"):  # blank separators, comments (":"), event:/id: fields
+            continue  # (after [DONE]: read to the end, so the connection is left ready for the next request)
+        data = line[5:].strip()
+        if data == "[DONE]":
+            finished = True
+            continue
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise Malformed(f"an event is not JSON: {data[:80]!r}") from None
+        if not isinstance(event, dict):
+            raise Malformed(f"an event is not a JSON object: {data[:80]!r}")
+        if event.get("error"):
+            r.status, r.error = "error", _message(data.encode())
+            continue
+        choices = event.get("choices") or []
+        if choices:
+            c = choices[0]
+            piece = c.get("text") if api == "openai-completions" else (c.get("delta") or {}).get("content")
+            if piece:
+                r.steps.append(now())
+                if keep:
+                    r.text += piece
+        _usage(r, event.get("usage"))
+    if not finished and r.ok:
+        r.status, r.error = "dropped", "the stream ended before its [DONE] event"
+
+
+async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now, keep: bool) -> None:
+    import h11
+
+    r.sent = now()
+    clean = False
+    try:
+        status = await conn.post(path, body)
+        if status >= 400:
+            r.status, r.error = f"http_{status}", _message(await conn.read())
+        elif api == "openai-embeddings":
+            raw = await conn.read()
+            try:
+                data = json.loads(raw)
+                emb = data["data"][0]["embedding"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise Malformed(f"the response is not an embeddings list: {raw[:80]!r}") from None
+            if keep:
+                r.embedding = emb
+            _usage(r, data.get("usage"))
+        else:
+            await _stream(conn, r, api, now, keep)
+        clean = True
+    except Malformed as exc:
+        r.status, r.error = "malformed", str(exc)
+    except (ConnectionRefusedError, socket.gaierror) as exc:
+        r.status, r.error = "refused", str(exc)[:200] or "connection refused"
+    except (Dropped, ConnectionError, h11.RemoteProtocolError, asyncio.IncompleteReadError) as exc:
+        r.status, r.error = "dropped", str(exc)[:200] or "the connection closed"
+    except OSError as exc:
+        r.status, r.error = "error", f"{type(exc).__name__}: {exc}"[:200]
+    finally:
+        r.done = now()
+        if not clean:  # cancelled (timed out) or failed mid-response: the connection's state is unknown
+            conn.close()
+
+
+def pool_size(plan: LoadPlan) -> int:
+    """Connections enough for every request in flight at once (a plan's every request, or its clients), within the
+    open files the process may hold: the client never makes a request wait for a connection where it can help it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:  # a process may raise its own soft limit up to the hard one
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ValueError, OSError):
+        pass
+    wanted = len(plan.arrivals) if plan.arrivals is not None else plan.concurrency
+    return max(1, min(wanted, soft - 128))
+
+
+class Connections:
+    """Idle connections, taken by one request at a time; a new one where none is idle, up to `limit` (the load's
+    requests in flight at once), so no request waits for a connection while one can be opened."""
+
+    def __init__(self, url: str, limit: int):
+        import ssl
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        https = parts.scheme == "https"
+        self.host, self.port = parts.hostname, parts.port or (443 if https else 80)
+        self.ssl = ssl.create_default_context() if https else None  # one context for every connection
+        self.limit, self.made, self.idle = limit, 0, []
+        self.waiters: asyncio.Queue | None = None
+
+    async def take(self) -> Connection:
+        if self.idle:
+            return self.idle.pop()
+        if self.made < self.limit:
+            self.made += 1
+            return Connection(self.host, self.port, self.ssl)
+        if self.waiters is None:
+            self.waiters = asyncio.Queue()
+        return await self.waiters.get()  # every connection busy: wait for one (counted in the request's latency)
+
+    def give(self, conn: Connection) -> None:
+        if self.waiters is not None and self.waiters._getters:  # noqa: SLF001  (a request waits for a connection)
+            self.waiters.put_nowait(conn)
+        else:
+            self.idle.append(conn)
+
+    def close(self) -> None:
+        for c in self.idle:
+            c.close()
+
+
+async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) -> HttpTrace:
+    pool = pool_size(plan)
+    path = API_PATHS[api]
+    conns = Connections(url, pool)
+    t0 = time.perf_counter()
+    now = lambda: time.perf_counter() - t0  # noqa: E731
+    out: list[Sent] = []
+    in_flight = peak = 0
+
+    async def one(r: Sent) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        client = await conns.take()
+        try:  # the whole request's deadline, connecting, body and stream included
+            body = json.dumps(bodies(r)).encode()
+            await asyncio.wait_for(_send(client, path, api, body, r, now, r.rid < KEEP_OUTPUTS), timeout_s)
+        except asyncio.TimeoutError:
+            r.status, r.error, r.done = "timeout", f"no complete answer within {timeout_s:g} s", now()
+        finally:
+            in_flight -= 1
+            conns.give(client)
+
+    lengths = plan.lengths
+    try:
+        if plan.arrivals is not None:
+            tasks = []
+            for i, t in enumerate(plan.arrivals):
+                delay = t - now() - SPIN_S
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                while now() < t:  # the last stretch: yield to the streams in flight until the planned time
+                    await asyncio.sleep(0)
+                r = Sent(i, t, lengths[i % len(lengths)])
+                out.append(r)
+                tasks.append(asyncio.create_task(one(r)))
+            await asyncio.gather(*tasks)
+        else:
+            counter = iter(range(10**12))
+
+            async def client_loop() -> None:
+                while True:
+                    t = now()
+                    if t >= plan.span_s:
+                        return
+                    i = next(counter)
+                    r = Sent(i, t, lengths[i % len(lengths)])
+                    out.append(r)
+                    await one(r)
+
+            await asyncio.gather(*(client_loop() for _ in range(plan.concurrency)))
+    finally:
+        conns.close()
+    return HttpTrace(out, plan, now(), pool, peak, t0)
+
+
+def run_http_load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) -> HttpTrace:
+    """Run the plan against the endpoint. `bodies(sent)` gives a request's JSON body."""
+    return asyncio.run(_load(url.rstrip("/"), api, bodies, plan, timeout_s))
+
+
+def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
+    """The model names the endpoint lists at /v1/models (vLLM, TEI, transbench server), [] where it lists none."""
+    import httpx
+
+    try:
+        resp = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+        return [m["id"] for m in resp.json().get("data", []) if isinstance(m, dict) and "id" in m]
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+        return []

@@ -1,0 +1,86 @@
+"""Prompts of a requested token count for an HTTP endpoint, and the word tokenizer used where a model has none.
+
+An endpoint takes text. With a tokenizer (`--tokenizer FOLDER`), a prompt is random token ids decoded to text, so
+it re-encodes to about the requested count (a decode/encode round trip may merge or split a few tokens: the count
+the endpoint reports in `usage` is what is recorded). Without one, a prompt is that many synthetic words, which
+`transbench server` over a preset (random weights, no tokenizer) reads one token a word (WordTokenizer), so the
+requested length is exact there; a real server's tokenizer splits them into about 1-3 tokens each."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+# Short, common English words: most tokenizers keep each one token (with its leading space).
+WORDS = ("the of and to in is was for on are as with his they at be this from have or one had by word but not "
+         "what all were when your can said there use each which she do how their if will up other about out many "
+         "then them these so some her would make like him into time has look two more write go see number no way "
+         "could people my than first water been call who oil its now find long down day did get come made may "
+         "part").split()
+
+
+def stable_id(word: str, vocab: int) -> int:
+    """A word's id in [1, vocab): the same in every process (Python's hash() is salted per process)."""
+    return 1 + int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little") % max(1, vocab - 1)
+
+
+class WordTokenizer:
+    """One token per whitespace-separated word, its id a stable hash of the word: text in, ids out, for a model
+    with no tokenizer of its own (a preset's random weights). The server and the client's reference check use
+    the same one, so a synthetic prompt of N words is N tokens at both ends."""
+
+    name = "words"
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
+
+    def encode(self, text: str) -> list[int]:
+        return [stable_id(w, self.vocab) for w in text.split()]
+
+    def decode(self, ids) -> str:
+        return "".join(f" w{int(i)}" for i in ids)  # generated ids have no word: shown by number
+
+
+class HFTokenizer:
+    """A folder's transformers tokenizer; encoding adds the model's special tokens (BERT's [CLS] and [SEP]; none for
+    GPT-2), as servers do."""
+
+    def __init__(self, folder: str):
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(folder)
+        self.name = f"tokenizer:{folder}"
+        self.vocab = len(self.tok)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok(text)["input_ids"]
+
+    def decode(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def has_tokenizer(folder: str | None) -> bool:
+    from pathlib import Path
+
+    from .lengths import TOKENIZER_FILES
+
+    return folder is not None and any((Path(folder) / f).is_file() for f in TOKENIZER_FILES)
+
+
+def make_prompts(lengths: list[int], seed: int, tokenizer=None) -> tuple[list[str], str]:
+    """A prompt per requested length, and what made them ("synthetic-words" or "tokenizer:FOLDER")."""
+    rng = random.Random(seed)
+    if tokenizer is None:
+        return [" ".join(rng.choice(WORDS) for _ in range(n)) for n in lengths], "synthetic-words"
+    special = set(getattr(tokenizer.tok, "all_special_ids", ()) or ()) if hasattr(tokenizer, "tok") else set()
+    # Ids past a few hundred: the first ones of many vocabularies are control, byte or unused tokens.
+    low = min(1000, tokenizer.vocab // 4)
+    out = []
+    for n in lengths:
+        ids = []
+        while len(ids) < n:
+            i = rng.randrange(low, tokenizer.vocab)
+            if i not in special:
+                ids.append(i)
+        out.append(tokenizer.decode(ids))
+    return out, tokenizer.name

@@ -1,0 +1,312 @@
+"""`transbench server`: an OpenAI-compatible HTTP server (Starlette on uvicorn) over the model thread
+(server_model.py): `/v1/embeddings` for an encoder, `/v1/completions` (streamed with `stream: true`) for a decoder,
+`/v1/models`, `/health` and `/metrics` (Prometheus text format).
+
+The backend is prepared (correctness gate, shapes warmed) before the server listens, so it is healthy from its first
+answer. A bad request (not JSON, a missing field, an unknown model, too long an input) is answered with a 4xx and
+an OpenAI-style `{"error": {"message", "type"}}` body, and the server goes on. SIGTERM or SIGINT ends it cleanly:
+it stops accepting, lets the requests in flight finish (up to GRACE_S), then stops the model thread.
+
+Decoding is greedy (temperature and top_p are accepted and not applied: a benchmark wants a known output), and
+`ignore_eos` is what the server always does: a completion has exactly `max_tokens` tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+
+from ...errors import SpecError
+from .prompts import HFTokenizer, WordTokenizer, has_tokenizer
+from .server_model import Job, ModelThread
+
+GRACE_S = 10.0  # seconds the requests in flight get to finish after SIGTERM
+MAX_BODY = 16 * 2**20  # a request body past this is refused (413) before it is parsed
+MAX_INPUTS = 2048  # inputs in one embeddings request
+SWITCH_S = 0.0005  # the interpreter's thread switch interval while serving (see run)
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+def need_server_extra() -> None:
+    """The ASGI stack is an optional extra: one line naming it where it is missing."""
+    import importlib.util
+
+    missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SpecError(f"transbench server needs {' and '.join(missing)}: pip install 'transbench[server]'")
+
+
+class Api:
+    """The request handlers, over one model thread and one tokenizer."""
+
+    def __init__(self, spec, ref, decoder: bool, model: ModelThread, tokenizer):
+        self.spec, self.ref, self.decoder, self.model, self.tok = spec, ref, decoder, model, tokenizer
+        self.name = spec.served_model_name
+        self.vocab = ref.shape.vocab
+
+    # --- helpers --------------------------------------------------------------------------------------
+
+    def error(self, exc: BadRequest):
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"error": {"message": str(exc), "type": exc.kind, "code": exc.status}},
+                            status_code=exc.status)
+
+    async def body(self, request) -> dict:
+        if not self.model.alive:  # the model thread has failed: nothing would answer a request queued for it
+            raise BadRequest(f"the model is not serving: {self.model.failure}", 503, "server_error")
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            raise BadRequest(f"the body is {len(raw):,} bytes, above the {MAX_BODY:,} accepted", 413)
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise BadRequest("the body is not JSON") from None
+        if not isinstance(data, dict):
+            raise BadRequest("the body must be a JSON object")
+        model = data.get("model")
+        if model is None:
+            raise BadRequest("missing field 'model'")
+        if model != self.name:
+            raise BadRequest(f"the model '{str(model)[:100]}' is not served here: this server serves '{self.name}'",
+                             404, "model_not_found")
+        return data
+
+    def ids(self, value, what: str, limit: int) -> list[int]:
+        """One input's token ids: text through the tokenizer, or a list of token ids as given."""
+        if isinstance(value, str):
+            ids = self.tok.encode(value)
+        elif isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+            if any(not 0 <= i < self.vocab for i in value):
+                raise BadRequest(f"{what}: a token id is outside the vocabulary (0..{self.vocab - 1})")
+            ids = list(value)
+        else:
+            raise BadRequest(f"{what} must be a string or a list of token ids")
+        if not ids:
+            raise BadRequest(f"{what} is empty")
+        if len(ids) > limit:
+            raise BadRequest(f"{what} is {len(ids)} tokens, above this server's {limit} (--max-length)", 400,
+                             "context_length_exceeded")
+        return ids
+
+    def bridge(self):
+        """An asyncio queue the model thread can fill, and the emit function it calls."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+
+        def emit(kind, value) -> None:
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, (kind, value))
+            except RuntimeError:  # the loop has closed (shutdown): nobody waits for it any more
+                pass
+
+        return q, emit
+
+    # --- endpoints ------------------------------------------------------------------------------------
+
+    async def health(self, request):
+        from starlette.responses import JSONResponse
+
+        if self.model.alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "failed", "error": self.model.failure}, status_code=503)
+
+    async def metrics(self, request):
+        from starlette.responses import Response
+
+        return Response(self.model.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def models(self, request):
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"object": "list", "data": [{"id": self.name, "object": "model", "created": 0,
+                                                          "owned_by": "transbench"}]})
+
+    async def embeddings(self, request):
+        from starlette.responses import JSONResponse
+
+        t0 = time.perf_counter()
+        try:
+            if self.decoder:
+                raise BadRequest(f"'{self.name}' is a decoder: it serves /v1/completions", 404)
+            data = await self.body(request)
+            if "input" not in data:
+                raise BadRequest("missing field 'input'")
+            given = data["input"]
+            # a string, a list of token ids, or a list of either (a batch of inputs)
+            many = isinstance(given, list) and bool(given) and all(isinstance(x, (str, list)) for x in given)
+            inputs = given if many else [given]
+            if len(inputs) > MAX_INPUTS:
+                raise BadRequest(f"{len(inputs)} inputs, above the {MAX_INPUTS} accepted in one request")
+            ids = [self.ids(x, f"input[{i}]" if many else "input", self.spec.max_length) for i, x in enumerate(inputs)]
+        except BadRequest as exc:
+            self.model.metrics.request("embeddings", exc.status, None)
+            return self.error(exc)
+        q, emit = self.bridge()
+        for x in ids:
+            self.model.submit(Job(x, emit))
+        out: list = []
+        for _ in ids:
+            kind, value = await q.get()
+            if kind == "error":
+                self.model.metrics.request("embeddings", 500, None)
+                return self.error(BadRequest(f"the model failed: {value}", 500, "server_error"))
+            out.append(value)
+        # the answers come back in batch order, which is the submission order within one request
+        n = sum(len(x) for x in ids)
+        self.model.metrics.request("embeddings", 200, time.perf_counter() - t0)
+        return JSONResponse({"object": "list", "model": self.name,
+                             "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(out)],
+                             "usage": {"prompt_tokens": n, "total_tokens": n}})
+
+    async def completions(self, request):
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        t0 = time.perf_counter()
+        try:
+            if not self.decoder:
+                raise BadRequest(f"'{self.name}' is an encoder: it serves /v1/embeddings", 404)
+            data = await self.body(request)
+            if "prompt" not in data:
+                raise BadRequest("missing field 'prompt'")
+            prompt = data["prompt"]
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]  # a batch of one
+            max_tokens = data.get("max_tokens", min(16, self.spec.max_tokens))  # OpenAI's default, 16
+            if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= \
+                    self.spec.max_tokens:
+                raise BadRequest(f"max_tokens must be a whole number in 1..{self.spec.max_tokens} (--max-tokens)")
+            if data.get("n", 1) != 1:
+                raise BadRequest("n must be 1: this server returns one completion a request")
+            stream = data.get("stream", False)
+            if not isinstance(stream, bool):
+                raise BadRequest("stream must be true or false")
+            ids = self.ids(prompt, "prompt", self.spec.max_length)
+            usage = bool((data.get("stream_options") or {}).get("include_usage")) if stream else True
+        except BadRequest as exc:
+            self.model.metrics.request("completions", exc.status, None)
+            return self.error(exc)
+        q, emit = self.bridge()
+        self.model.submit(Job(ids, emit, max_tokens=max_tokens))
+        rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+
+        def chunk(text: str, finish=None, **extra) -> dict:
+            return {"id": rid, "object": "text_completion", "created": created, "model": self.name,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], **extra}
+
+        counts = {"prompt_tokens": len(ids), "completion_tokens": max_tokens, "total_tokens": len(ids) + max_tokens}
+        if not stream:
+            tokens = []
+            while True:
+                kind, value = await q.get()
+                if kind == "error":
+                    self.model.metrics.request("completions", 500, None)
+                    return self.error(BadRequest(f"the model failed: {value}", 500, "server_error"))
+                if kind == "done":
+                    break
+                tokens.append(value)
+            self.model.metrics.request("completions", 200, time.perf_counter() - t0)
+            return JSONResponse(chunk(self.tok.decode(tokens), "length", usage=counts))
+
+        async def events():
+            while True:
+                kind, value = await q.get()
+                if kind == "error":
+                    self.model.metrics.request("completions", 500, None)
+                    yield f"data: {json.dumps({'error': {'message': str(value), 'type': 'server_error'}})}\n\n"
+                    return
+                if kind == "done":
+                    break
+                yield f"data: {json.dumps(chunk(self.tok.decode([value])))}\n\n"
+            yield f"data: {json.dumps(chunk('', 'length'))}\n\n"
+            if usage:
+                yield f"data: {json.dumps({**chunk(''), 'choices': [], 'usage': counts})}\n\n"
+            yield "data: [DONE]\n\n"
+            self.model.metrics.request("completions", 200, time.perf_counter() - t0)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def build_app(api: Api):
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.routing import Route
+
+    async def http_error(request, exc: HTTPException):  # unknown paths and methods: the same JSON error shape
+        return api.error(BadRequest(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code,
+                                    "not_found" if exc.status_code == 404 else "invalid_request_error"))
+
+    routes = [Route("/health", api.health), Route("/metrics", api.metrics), Route("/v1/models", api.models),
+              Route("/v1/embeddings", api.embeddings, methods=["POST"]),
+              Route("/v1/completions", api.completions, methods=["POST"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+def tokenizer_for(ref):
+    return HFTokenizer(ref.path) if has_tokenizer(ref.path) else WordTokenizer(ref.shape.vocab)
+
+
+def check_port(host: str, port: int) -> None:
+    """The address is free to listen on: refused before minutes of preparing the backend, not after."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise SpecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def run(spec, ref, decoder: bool, on_ready=lambda info: None) -> str | None:
+    """Prepare the backend, then serve until SIGTERM or SIGINT; returns the signal's name that ended it. A backend
+    that cannot run here (or whose output is wrong) is refused with one line before anything listens."""
+    import uvicorn
+
+    check_port(spec.host, spec.port)
+    stopped: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = {}
+    if main:  # noted here; uvicorn takes these over while it serves and raises them again once it has shut down
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda s, f: stopped.append(s))
+    # The model thread holds the GIL through each batch's Python (a transformers forward, a decode step's launches);
+    # the event loop, answering and streaming, waits for it up to the switch interval each time (5 ms by default).
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_S)
+    model = ModelThread(spec, ref, decoder)
+    try:
+        model.start()
+        while not model.ready.wait(0.2):
+            if stopped:
+                return signal.Signals(stopped[0]).name
+        if model.failure:
+            raise SpecError(f"{spec.backend} {spec.dtype} could not be prepared for {ref.name}: {model.failure}")
+        if stopped:
+            return signal.Signals(stopped[0]).name
+        api = Api(spec, ref, decoder, model, tokenizer_for(ref))
+        config = uvicorn.Config(build_app(api), host=spec.host, port=spec.port, log_level="warning",
+                                access_log=False, lifespan="off", timeout_graceful_shutdown=GRACE_S)
+        server = uvicorn.Server(config)
+        on_ready({**model.info, "dtype": spec.dtype, "backend": spec.backend, "model": api.name,
+                  "url": f"http://{spec.host}:{spec.port}",
+                  "tokenizer": api.tok.name, "endpoint": "/v1/completions" if decoder else "/v1/embeddings"})
+        server.run()
+        if not server.started and not stopped:
+            raise SpecError(f"cannot listen on {spec.host}:{spec.port}")
+        return signal.Signals(stopped[0]).name if stopped else None
+    finally:
+        sys.setswitchinterval(switch)
+        model.stop(timeout=GRACE_S)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

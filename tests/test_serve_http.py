@@ -1,0 +1,391 @@
+"""Serving over HTTP: `serve --url` (http_client, endpoint accounting) against a stub server that stalls, refuses,
+drops and garbles, and `transbench server` (a tiny model in a subprocess) measured by it; bad requests answered 4xx
+while the server goes on; a clean stop on SIGTERM. Loopback (127.0.0.1) only."""
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+uvicorn = pytest.importorskip("uvicorn")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from transbench.cli import app  # noqa: E402
+from transbench.scenarios.serve import endpoint  # noqa: E402
+from transbench.scenarios.serve.http_client import HttpTrace, Sent, payload, run_http_load  # noqa: E402
+from transbench.scenarios.serve.load import LoadPlan  # noqa: E402
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- accounting ----------------------------------------------------------------------------------------------
+
+
+def _trace(latencies_ms, failed: int, lag_ms: float = 0.0) -> HttpTrace:
+    reqs = []
+    for i, lat in enumerate(latencies_ms):
+        a = 1.0 + i * 0.01
+        reqs.append(Sent(i, a, 8, sent=a + lag_ms / 1e3, done=a + lat / 1e3))
+    for k in range(failed):
+        a = 1.0 + (len(reqs) + k) * 0.01
+        reqs.append(Sent(len(reqs), a, 8, sent=a, done=a + 0.001, status="http_500", error="boom"))
+    plan = LoadPlan([8], arrivals=[r.arrival for r in reqs], span_s=3.0, warmup_s=0.5)
+    return HttpTrace(reqs, plan, 3.0, 100, 4)
+
+
+def test_failed_requests_are_ranked_last_and_never_meet_the_target():
+    # 95 answered in 10 ms, 5 refused in 1 ms: a server that refuses fast must not look faster
+    rec, samples, info = endpoint.account(_trace([10.0] * 95, 5), slo_ms=50, offered_rate=100)
+    assert rec["requests"] == 100 and rec["failed"] == 5 and rec["error_rate"] == pytest.approx(0.05)
+    assert rec["latency_p50_ms"] == pytest.approx(10.0) and rec["latency_p90_ms"] == pytest.approx(10.0)
+    assert rec["latency_p99_ms"] is None and rec["latency_max_ms"] is None  # they fall on failures
+    assert rec["goodput"] == pytest.approx(0.95)
+    assert info["failures"] == {"http_500": 5} and len(samples) == 95
+    clean, _, _ = endpoint.account(_trace([10.0] * 100, 0), 50, 100)
+    assert clean["latency_p99_ms"] == pytest.approx(10.0) and clean["error_rate"] == 0
+
+
+def test_client_lag_is_measured_and_a_late_client_is_warned_about():
+    rec, _, _ = endpoint.account(_trace([10.0] * 50, 0, lag_ms=5.0), None, 100)
+    assert rec["client_lag_p99_ms"] == pytest.approx(5.0) and rec["client_lag_max_ms"] == pytest.approx(5.0)
+    trace = _trace([10.0] * 50, 0, lag_ms=5.0)
+    assert "fell behind" in endpoint.lag_warning(rec, trace.plan)  # 5 ms > max(1 ms, 10% of a 10 ms gap)
+    ok, _, _ = endpoint.account(_trace([10.0] * 50, 0, lag_ms=0.2), None, 100)
+    assert endpoint.lag_warning(ok, trace.plan) is None
+
+
+# --- a stub endpoint that misbehaves ---------------------------------------------------------------------------
+
+
+class Stub:
+    """A Starlette app on a free port, in a thread: request k (in arrival order) gets behaviour k % 5 (ok, 500,
+    dropped, malformed, ok) for streamed completions; embeddings answer, stalling everything between the times
+    set in `stall`."""
+
+    def __init__(self):
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.routing import Route
+
+        self.count = 0
+        self.stall = (0.0, 0.0)  # perf_counter start, end
+
+        async def completions(request):
+            body = await request.json()
+            k, self.count = self.count, self.count + 1
+            kind = k % 5
+            if kind == 1:
+                return JSONResponse({"error": {"message": "overloaded", "type": "server_error"}}, status_code=500)
+
+            async def events():
+                yield 'data: {"choices": [{"text": " a"}]}\n\n'
+                if kind == 2:
+                    raise RuntimeError("the connection drops")  # uvicorn aborts the response mid-body
+                if kind == 3:
+                    yield "data: {not json\n\n"
+                    return
+                for _ in range(body["max_tokens"] - 1):
+                    await asyncio.sleep(0.001)
+                    yield 'data: {"choices": [{"text": " b"}]}\n\n'
+                yield 'data: {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": %d}}\n\n' \
+                    % body["max_tokens"]
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        async def chat(request):
+            body = await request.json()
+
+            async def events():
+                yield 'data: {"choices": [{"delta": {"role": "assistant"}}]}\n\n'  # a role first, no content
+                for _ in range(body["max_tokens"]):
+                    yield 'data: {"choices": [{"delta": {"content": " c"}}]}\n\n'
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        async def embeddings(request):
+            await request.json()
+            start, end = self.stall
+            now = time.perf_counter()
+            if start <= now < end:
+                await asyncio.sleep(end - now)
+            return JSONResponse({"data": [{"embedding": [1.0, 0.0]}], "usage": {"prompt_tokens": 3}})
+
+        async def models(request):
+            return JSONResponse({"data": [{"id": "stub"}]})
+
+        app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
+                                Route("/v1/embeddings", embeddings, methods=["POST"]),
+                                Route("/v1/chat/completions", chat, methods=["POST"]),
+                                Route("/v1/models", models)])
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="critical",
+                                                    access_log=False, lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 10
+        while not self.server.started and time.time() < deadline:
+            time.sleep(0.02)
+        assert self.server.started
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(5)
+
+
+def test_failed_dropped_and_malformed_streams_are_counted_and_the_run_goes_on():
+    with Stub() as stub:
+        plan = LoadPlan([4], arrivals=[i * 0.02 for i in range(25)], span_s=0.5, warmup_s=0.0)
+        trace = run_http_load(stub.url, "openai-completions", lambda r: payload("openai-completions", "stub", "x y",
+                                                                                  4), plan, timeout_s=10)
+    by = {}
+    for r in trace.requests:
+        by.setdefault(r.status, []).append(r.rid)
+    assert len(trace.requests) == 25
+    assert sorted(by) == ["dropped", "http_500", "malformed", "ok"], by
+    assert len(by["ok"]) == 10 and len(by["http_500"]) == 5 and len(by["dropped"]) == 5 and len(by["malformed"]) == 5
+    assert max(by["ok"]) >= 20  # requests after the failures were still sent and answered
+    rec, _, info = endpoint.account(trace, slo_ms=1000, offered_rate=50)
+    assert rec["failed"] == 15 and rec["error_rate"] == pytest.approx(0.6) and rec["goodput"] == pytest.approx(0.4)
+    assert rec["latency_p50_ms"] is None  # 60% failed: the median falls on failures
+    assert info["failures"] == {"http_500": 5, "dropped": 5, "malformed": 5}
+    ok = [r for r in trace.requests if r.ok]
+    assert all(r.completion_tokens == 4 and len(r.steps) == 4 for r in ok)
+    assert rec["ttft_p50_ms"] > 0 and rec["tpot_p50_ms"] > 0 and rec["itl_p50_ms"] > 0
+
+
+def test_chat_streams_count_content_deltas_and_usage_falls_back_to_events():
+    with Stub() as stub:
+        plan = LoadPlan([4], arrivals=[i * 0.02 for i in range(10)], span_s=0.2, warmup_s=0.0)
+        body = payload("openai-chat", "stub", "x y", 5)
+        assert body["messages"] == [{"role": "user", "content": "x y"}] and body["stream"] and body["max_tokens"] == 5
+        trace = run_http_load(stub.url, "openai-chat", lambda r: body, plan, timeout_s=10)
+    assert all(r.ok and len(r.steps) == 5 and r.text == " c" * 5 for r in trace.requests)
+    assert endpoint.fill_counts(trace, ["x y"], None) == \
+        "usage where given; prompts: planned words, completions: streamed events"
+    rec, _, info = endpoint.account(trace, None, 50)
+    assert rec["completion_tokens_mean"] == 5 and rec["prompt_tokens_mean"] == 4
+
+
+def test_refused_connections_and_timeouts_are_failures():
+    port = free_port()  # nothing listens there
+    plan = LoadPlan([4], arrivals=[0.0, 0.01], span_s=0.1, warmup_s=0.0)
+    trace = run_http_load(f"http://127.0.0.1:{port}", "openai-embeddings",
+                          lambda r: payload("openai-embeddings", "m", "x", 0), plan, timeout_s=5)
+    assert [r.status for r in trace.requests] == ["refused", "refused"]
+    with Stub() as stub:
+        stub.stall = (0.0, time.perf_counter() + 2.0)  # every answer stalls past the request timeout
+        trace = run_http_load(stub.url, "openai-embeddings", lambda r: payload("openai-embeddings", "m", "x", 0),
+                              plan, timeout_s=0.3)
+        stub.stall = (0.0, 0.0)
+    assert [r.status for r in trace.requests] == ["timeout", "timeout"]
+    assert all(0.25 < r.done - r.arrival < 1.0 for r in trace.requests)
+
+
+def test_a_stall_is_carried_by_the_requests_that_arrive_during_it():
+    with Stub() as stub:
+        plan = LoadPlan([4], arrivals=[i * 0.01 for i in range(100)], span_s=1.0, warmup_s=0.0)
+        start = time.perf_counter() + 0.4
+        stub.stall = (start, start + 0.3)
+        trace = run_http_load(stub.url, "openai-embeddings", lambda r: payload("openai-embeddings", "stub", "x", 0),
+                              plan, timeout_s=10)
+    assert all(r.ok for r in trace.requests)
+    t0 = trace.t0
+    stall_start, stall_end = stub.stall
+    during = [r for r in trace.requests if stall_start + 0.02 <= t0 + r.sent <= stall_end - 0.05]
+    assert len(during) >= 10
+    for r in during:  # measured from its planned send time, each request carries what is left of the stall
+        assert (r.done - r.arrival) >= (stall_end - (t0 + r.arrival)) - 0.005
+    # the client kept sending on schedule during the stall (open loop: no coordinated omission)
+    assert sorted((r.sent - r.arrival) for r in during)[len(during) // 2] < 0.1
+    after = [r for r in trace.requests if t0 + r.arrival > stall_end + 0.15]  # once the backlog has drained
+    assert after and min(r.done - r.arrival for r in after) < 0.5 * max(r.done - r.arrival for r in during)
+
+
+@pytest.mark.slow
+def test_serve_url_through_the_cli_shows_the_error_rate(tmp_path):
+    with Stub() as stub:
+        res = CliRunner().invoke(app, ["serve", "--url", stub.url, "--api", "openai-completions", "--rate", "40",
+                                       "--duration", "1", "--warmup", "0.2", "--lengths", "fixed:4",
+                                       "--new-tokens", "4", "--db", str(tmp_path / "t.db"),
+                                       "--json", str(tmp_path / "t.json")])
+    assert res.exit_code == 0, res.output
+    rec = json.loads((tmp_path / "t.json").read_text())[0]
+    assert rec["status"] == "ok" and rec["backend"] == "http" and rec["served_model"] == "stub"
+    assert 0.4 < rec["error_rate"] < 0.8 and rec["failed"] > 0
+    assert "errors" in res.output and "requests failed" in res.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--api", "openai-embeddings"], "--url"),
+    (["--url", "ftp://x:1", "--api", "openai-embeddings"], "give the endpoint's root"),
+    (["--url", "http://127.0.0.1:9/v1/embeddings", "--api", "openai-embeddings"], "give the endpoint's root"),
+    (["--url", "http://127.0.0.1:9"], "--url needs --api"),
+    (["--url", "http://127.0.0.1:9", "--api", "grpc"], "unknown --api"),
+    (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--backend", "fused"], "set what runs"),
+    (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--served-model", "m", "--new-tokens", "4"],
+     "--new-tokens"),
+    (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings"], "lists no model"),
+    (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--served-model", "m", "--tokenizer", "/nope"],
+     "no such folder"),
+])
+def test_serve_url_refuses_bad_input_in_one_line(tmp_path, args, message):
+    res = CliRunner().invoke(app, ["serve", "--rate", "5", "--db", str(tmp_path / "t.db"), *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "t.db").exists()
+
+
+# --- transbench server in a subprocess -------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, *args):
+        self.port = free_port()
+        env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "transbench", "server", "--port", str(self.port), *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(self.proc.stderr.read())
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise AssertionError("the server did not report healthy")
+
+    def stop(self) -> tuple[int, str]:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        return self.proc.returncode, self.proc.stderr.read()
+
+
+@pytest.mark.slow
+def test_server_embeddings_measured_by_serve_url_bad_requests_and_a_clean_stop(tmp_path):
+    from transbench.models import build
+
+    ckpt = tmp_path / "bert"
+    build.build_model(build.resolve("bert-tiny"), "base").save_pretrained(ckpt)
+    server = Server("--model", str(ckpt), "--max-length", "32", "--max-batch-size", "8")
+    try:
+        name = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+        post = lambda body: httpx.post(server.url + "/v1/embeddings", content=body, timeout=10)  # noqa: E731
+        for body, code in [("not json", 400), ("[1]", 400), (json.dumps({"input": "a"}), 400),
+                           (json.dumps({"model": "other", "input": "a"}), 404),
+                           (json.dumps({"model": name}), 400),
+                           (json.dumps({"model": name, "input": "a " * 40}), 400),
+                           (json.dumps({"model": name, "input": [10**9]}), 400)]:
+            resp = post(body)
+            assert resp.status_code == code, (body, resp.text)
+            err = resp.json()["error"]
+            assert err["message"] and err["type"]
+        assert httpx.post(server.url + "/v1/completions", json={"model": name, "prompt": "a"}).status_code == 404
+        good = post(json.dumps({"model": name, "input": ["the of", "and"]}))  # still serving
+        assert good.status_code == 200 and len(good.json()["data"]) == 2 and good.json()["usage"]["prompt_tokens"] == 3
+        res = CliRunner().invoke(app, ["serve", "--url", server.url, "--api", "openai-embeddings", "--rate", "30",
+                                       "--duration", "1.5", "--warmup", "0.3", "--lengths", "lognormal:8:32",
+                                       "--reference-model", str(ckpt), "--db", str(tmp_path / "t.db"),
+                                       "--json", str(tmp_path / "t.json")])
+        assert res.exit_code == 0, res.output
+        rec = json.loads((tmp_path / "t.json").read_text())[0]
+        assert rec["status"] == "ok" and rec["failed"] == 0 and rec["requests"] >= 20
+        assert rec["reference_cosine_min"] > 0.999 and rec["reference_checked"] == endpoint.REFERENCE_SAMPLE
+        assert rec["prompt_tokens_mean"] > 1 and rec["client_lag_p99_ms"] is not None
+        metrics = httpx.get(server.url + "/metrics").text
+        assert "transbench_batch_size_bucket" in metrics and "transbench_queue_depth 0" in metrics
+        assert 'transbench_requests_total{endpoint="embeddings",code="400"} 6' in metrics
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
+    assert "server stopped (SIGTERM)" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_server_streams_completions_that_agree_with_the_fp32_reference(tmp_path):
+    from transbench.models import build
+
+    ckpt = tmp_path / "gpt2"
+    build.build_model(build.resolve("gpt2-tiny"), "causal-lm").save_pretrained(ckpt)
+    server = Server("--model", str(ckpt), "--max-tokens", "8", "--max-batch-size", "4", "--warm-lengths", "6")
+    try:
+        res = CliRunner().invoke(app, ["serve", "--url", server.url, "--api", "openai-completions", "--rate", "20",
+                                       "--duration", "1.5", "--warmup", "0.3", "--lengths", "fixed:6",
+                                       "--new-tokens", "8", "--reference-model", str(ckpt),
+                                       "--db", str(tmp_path / "t.db"), "--json", str(tmp_path / "t.json")])
+        assert res.exit_code == 0, res.output
+        rec = json.loads((tmp_path / "t.json").read_text())[0]
+        assert rec["status"] == "ok" and rec["failed"] == 0
+        assert rec["completion_tokens_mean"] == 8 and rec["prompt_tokens_mean"] == 6
+        assert rec["ttft_p50_ms"] > 0 and rec["itl_p50_ms"] > 0 and rec["tpot_p50_ms"] > 0
+        assert rec["reference_token_agreement"] == 1.0 and rec["reference_first_token_agreement"] == 1.0
+        too_long = httpx.post(server.url + "/v1/completions", json={"model": rec["served_model"], "prompt": "a " * 200,
+                                                                    "max_tokens": 4})
+        assert too_long.status_code == 400 and too_long.json()["error"]["type"] == "context_length_exceeded"
+        many = httpx.post(server.url + "/v1/completions", json={"model": rec["served_model"], "prompt": "a",
+                                                                "max_tokens": 9})
+        assert many.status_code == 400
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
+
+
+@pytest.mark.slow  # builds and saves a model: transformers imports alone take seconds
+def test_the_reference_check_catches_a_wrong_embedding(tmp_path):
+    import torch
+
+    from transbench.models import build
+    from transbench.scenarios.serve.cell import ServeCell
+    from transbench.scenarios.serve.measure import plan_for
+    from transbench.scenarios.serve.prompts import WordTokenizer, make_prompts
+
+    ckpt = tmp_path / "bert"
+    model = build.build_model(build.resolve("bert-tiny"), "base").eval()
+    model.save_pretrained(ckpt)
+    cell = ServeCell("m", "embed", "http", "-", "rate", rate=10.0, lengths={"kind": "fixed", "mean": 6, "max": 6,
+                     "spread": 0, "counts": [], "weights": [], "source": ""}, duration=1.0, warmup=0.0,
+                     url="http://127.0.0.1:9", api="openai-embeddings", reference_model=str(ckpt))
+    plan, _ = plan_for(cell)
+    prompts, _ = make_prompts(plan.lengths, cell.seed + 2, None)
+    tok = WordTokenizer(model.config.vocab_size)
+    right, wrong = [], []
+    for i in range(3):
+        with torch.inference_mode():
+            hidden = model(input_ids=torch.tensor([tok.encode(prompts[i])])).last_hidden_state[0]
+        right.append(Sent(i, 0.0, 6, embedding=hidden.mean(0).tolist()))
+        wrong.append(Sent(i, 0.0, 6, embedding=torch.randn(hidden.shape[-1]).tolist()))
+    rec, why = endpoint.reference_check(cell, HttpTrace(right, plan, 1.0, 1, 1), None)
+    assert why is None and rec["reference_cosine_min"] > 0.9999 and rec["reference_checked"] == 3
+    rec, why = endpoint.reference_check(cell, HttpTrace(wrong, plan, 1.0, 1, 1), None)
+    assert "cosine" in why and rec["reference_cosine_min"] < 0.5
