@@ -100,6 +100,10 @@ def run(
     name: Optional[str] = typer.Option(None, help="run name; rerunning a name resumes it"),
     resume: bool = typer.Option(False, "--resume", help="skip finished cells of the named (or newest) run"),
     seed: Optional[int] = typer.Option(None, show_default=_d("seed"), help="seed of the random weights and tokens"),
+    threads: Optional[int] = typer.Option(None, "--threads", show_default="the cores this process may use",
+                                          help=RunSpec.__dataclass_fields__["threads"].metadata["help"]),
+    repeat: Optional[int] = typer.Option(None, "--repeat", show_default=_d("repeat"),
+                                         help=RunSpec.__dataclass_fields__["repeat"].metadata["help"]),
     wide: bool = typer.Option(False, "--wide", help="print every column of the result table (p99, tokens/s, memory, ...)"),
 ) -> None:
     """Measure inference latency, throughput, TFLOPS, MFU and memory over a model x backend x shape grid."""
@@ -112,6 +116,7 @@ def run(
         "min_time": min_time, "min_count": min_count, "warmup": warmup, "timeout": timeout, "baseline": baseline,
         "new_tokens": new_tokens, "compile_mode": compile_mode, "max_batch": max_batch,
         "gpus": gpus and split_list(gpus, int), "nproc": nproc, "shard": shard, "name": name, "seed": seed,
+        "threads": threads, "repeat": repeat,
     }
     the_spec = build_spec(RunSpec, spec, given)
     _refuse_unused_options(given, the_spec)
@@ -148,7 +153,9 @@ def run(
 
     try:
         outcome = api.run(the_spec, db, json_path=json_path, csv_path=csv_path, resume=resume,
-                          on_start=on_start, on_cell=on_cell, on_probe=on_probe)
+                          on_start=on_start, on_cell=on_cell, on_probe=on_probe,
+                          on_warning=lambda line: progress.console.print(visible(f"warning: {line}"), style="yellow",
+                                                                         highlight=False, markup=False))
     finally:
         if bar:  # a stopped, never started bar would still print an empty line
             progress.stop()

@@ -35,8 +35,11 @@ class DeviceContext:
     temp_c: list[float] = field(default_factory=list)
     reasons: set[str] = field(default_factory=set)
     max_sm_clock_mhz: float | None = None
-    energy_j: float | None = None  # from the total-energy counter, over the region
+    energy_j: float | None = None  # over the region: from the board's counter, else integrated (energy_source)
+    energy_source: str | None = None  # counter | integrated (sampled power, trapezoid rule) | None: no energy
+    power_t: list[float] = field(default_factory=list)  # perf_counter time of each power_w reading
     seconds: float = 0.0
+    device_type: str = "cpu"
 
     def summary(self) -> dict:
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
@@ -48,6 +51,7 @@ class DeviceContext:
             "temp_c": max(self.temp_c) if self.temp_c else None,
             "throttle_reasons": sorted(self.reasons),
             "energy_region_j": self.energy_j,
+            "energy_source": self.energy_source,
             "region_s": self.seconds,
         }
 
@@ -71,7 +75,7 @@ class Monitor:
         if nvml is None and device is not None and getattr(device, "type", "cpu") == "cuda":
             nvml, handle = dev.nvml_handle(device.index or 0)
         self.nv, self.h, self.poll_s = nvml, handle, poll_s
-        self.context = DeviceContext()
+        self.context = DeviceContext(device_type=getattr(device, "type", None) or ("cuda" if nvml else "cpu"))
         self._stop = threading.Event()
         self._mark = threading.Event()
         self._thread: threading.Thread | None = None
@@ -96,6 +100,7 @@ class Monitor:
         power = self._try(nv.nvmlDeviceGetPowerUsage, h)
         if power is not None:
             c.power_w.append(power / 1e3)
+            c.power_t.append(time.perf_counter())
         temp = self._try(nv.nvmlDeviceGetTemperature, h, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
         if temp is not None:
             c.temp_c.append(float(temp))
@@ -122,7 +127,7 @@ class Monitor:
         """The region starts now: readings so far are dropped, energy and time count from here."""
         self._mark.clear()
         c = self.context
-        for readings in (c.sm_clock_mhz, c.power_w, c.temp_c, c.reasons):
+        for readings in (c.sm_clock_mhz, c.power_w, c.power_t, c.temp_c, c.reasons):
             readings.clear()
         self._read()
         self._energy0 = self._energy()
@@ -150,7 +155,8 @@ class Monitor:
 
     def __exit__(self, *exc) -> None:
         e1 = self._energy() if self.active else None
-        self.context.seconds = time.perf_counter() - self._t0
+        end = time.perf_counter()
+        self.context.seconds = end - self._t0
         if not self.active:
             return
         self._stop.set()
@@ -163,4 +169,24 @@ class Monitor:
         # region (record.context_record).
         if (self._energy0 is not None and e1 is not None and self.context.seconds >= MIN_ENERGY_REGION_S
                 and e1 > self._energy0):
-            self.context.energy_j = e1 - self._energy0
+            self.context.energy_j, self.context.energy_source = e1 - self._energy0, "counter"
+        elif self._energy0 is None and e1 is None:
+            # A board with no energy counter (NVML answers no total energy): the power readings, integrated over the
+            # region. Only there: over a short region a counter's steps are the trouble, and 50 ms polls of a
+            # power figure that NVML itself averages do not resolve it either.
+            energy = integrate_energy(self.context.power_t, self.context.power_w, self._t0, end)
+            if energy is not None:
+                self.context.energy_j, self.context.energy_source = energy, "integrated"
+
+
+def integrate_energy(times: list[float], watts: list[float], start: float, end: float) -> float | None:
+    """Joules over [start, end] from power readings `watts` taken at `times`: the trapezoid rule between readings,
+    the first reading held back to `start` and the last carried on to `end` (a reading stands for the power
+    around it). None without two readings inside the region."""
+    points = [(t, w) for t, w in zip(times, watts) if start <= t <= end]
+    if len(points) < 2 or end <= start:
+        return None
+    joules = (points[0][0] - start) * points[0][1] + (end - points[-1][0]) * points[-1][1]
+    for (t0, w0), (t1, w1) in zip(points, points[1:]):
+        joules += (t1 - t0) * (w0 + w1) / 2
+    return joules

@@ -51,6 +51,11 @@ class SweepOptions:
     # The search bisects its last gap down to 1/resolution of the batch: 32 for `run --max-batch`; the
     # training ladder takes 4, as each of its probes is a process that builds the model and trains.
     max_batch_resolution: int = 32
+    # Compute threads of every worker (torch, OpenMP, MKL), set before any work; None: the cores this process may
+    # use (measure/load.available_cores), which torch's own default (the machine's cores) may exceed.
+    threads: int | None = None
+    # Each cell measured this many times, each in a fresh worker process, one after another (runner/repeat.py).
+    repeat: int = 1
 
 
 def flat_record(cell, result: CellResult) -> dict:
@@ -109,9 +114,16 @@ class _Lane:
     runner/worker.py). `stopping`, once set, ends the lane: no cell starts, and the one it was running raises
     _Interrupted instead of returning the result its killed worker gave."""
 
-    def __init__(self, gpu: int | None, target: Target, stopping: threading.Event | None = None):
+    def __init__(self, gpu: int | None, target: Target, stopping: threading.Event | None = None,
+                 threads: int | None = None):
+        from ..measure.load import available_cores
+        from .worker import THREAD_VARS
+
         self.gpu, self.target = gpu, target
-        self.env = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)}
+        self.threads = threads or available_cores()
+        self.env = {"TRANSBENCH_THREADS": str(self.threads), **{v: str(self.threads) for v in THREAD_VARS}}
+        if gpu is not None:
+            self.env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         self.worker: Worker | None = None
         self.stopping = stopping
 
@@ -125,11 +137,25 @@ class _Lane:
         if worker is not None:
             worker.proc.kill()
 
-    def run(self, cell, timeout: float) -> CellResult:
-        self._check()
-        result = self._run(cell, timeout)
-        self._check()
-        return result
+    def run(self, cell, timeout: float, repeat: int = 1) -> CellResult:
+        """The cell's result; with `repeat` > 1, measured that many times, each in a fresh worker (repeat.py)."""
+        from .repeat import combine
+
+        if repeat <= 1:
+            self._check()
+            result = self._run(cell, timeout)
+            self._check()
+            return result
+        results = []
+        for _ in range(repeat):
+            self.close()  # a fresh process for every repeat: what one process shares is not a repeat
+            self._check()
+            results.append(self._run(cell, timeout))
+            self._check()
+            if results[-1].status != "ok":
+                break
+        self.close()
+        return combine(results, repeat)
 
     def _run(self, cell, timeout: float) -> CellResult:
         if self.target.launch is not None:
@@ -224,7 +250,7 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
             on_cell(cell, result)
 
     def lane_loop(gpu: int | None) -> None:
-        lane = _Lane(gpu, target, stopping)
+        lane = _Lane(gpu, target, stopping, opts.threads)
         lanes.append(lane)
         try:
             while True:
@@ -248,7 +274,7 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
                     if oom_at is not None and cell.batch > oom_at:
                         result = CellResult("skipped", error=f"batch {oom_at} was out of memory")
                     else:
-                        result = lane.run(cell, opts.timeout)
+                        result = lane.run(cell, opts.timeout, opts.repeat)
                         if result.status == "oom":
                             oom_at = cell.batch if oom_at is None else min(oom_at, cell.batch)
                         elif result.status == "ok" and cell.batch >= fitted:

@@ -35,6 +35,12 @@ class RunSpec:
     gpus: list[int] | None = None
     nproc: int = 1
     seed: int = 0
+    threads: int | None = field(default=None, metadata={
+        "help": "CPU threads of every worker (torch, OpenMP, MKL), set before any work; recorded per cell "
+                "(default: the cores this process may use)", "cli": "--threads"})
+    repeat: int = field(default=1, metadata={
+        "help": "measure each cell N times, each in a fresh process, one after another; tables and compare use "
+                "the spread of the N medians", "cli": "--repeat"})
     name: str | None = None
 
     def to_dict(self) -> dict:
