@@ -527,3 +527,71 @@ def unmatched_table(cmp: Comparison) -> Table | None:
             rows.append([f"only in {side}", _text(settings(r), settings(r)),
                          STATUS_TEXT.get(r["status"], r["status"]), r.get("_why") or _why_unmatched(r, parsed, other)])
     return Table("cells in one run only", ["in", "cell", "status", "why"], rows)
+
+
+def _n(rec: dict) -> int:
+    return len(rec.get("_samples") or [])
+
+
+def comparison_document(cmp: Comparison) -> dict:
+    """`compare --json`: the versioned comparison (store/schema.py's `comparison`): per matched cell its settings,
+    both statuses and medians, B/A, the interval and the rule that gave it, the verdict and its note; the cells in
+    one run only, with why; the verdict counts and how many fail the gate."""
+    from ..store.schema import SCHEMA_VERSION, version
+
+    def side(run: dict) -> dict:
+        return {"run_id": run["run_id"], "name": run["name"], "kind": run["kind"]}
+
+    cells = [{"scenario": c.record_a.get("scenario"), "settings": settings(c.record_a),
+              "status_a": c.record_a["status"], "status_b": c.record_b["status"],
+              "median_a_ms": c.median_a, "median_b_ms": c.median_b, "ratio": c.ratio,
+              "interval": list(c.interval) if c.interval is not None else None, "method": c.method,
+              "verdict": c.verdict, "note": c.note, "n_a": _n(c.record_a), "n_b": _n(c.record_b),
+              "repeats_a": repeat_medians(c.record_a), "repeats_b": repeat_medians(c.record_b)} for c in cmp.cells]
+    unmatched = [{"side": s, "scenario": r.get("scenario"), "settings": settings(r), "status": r["status"],
+                  "why": r.get("_why") or f"not in {'B' if s == 'A' else 'A'}"}
+                 for s, recs in (("A", cmp.only_a), ("B", cmp.only_b)) for r in recs]
+    return {"schema_version": SCHEMA_VERSION, "transbench_version": version(), "kind": "comparison",
+            "run_a": side(cmp.run_a), "run_b": side(cmp.run_b), "alpha": cmp.config.alpha,
+            "min_effect": cmp.config.min_effect, "counts": cmp.counts(), "regressions": len(cmp.regressions),
+            "summary": cmp.summary(), "cells": cells, "unmatched": unmatched}
+
+
+def comparison_markdown(cmp: Comparison) -> str:
+    """`compare --markdown`: a summary for a CI job's page (GitHub's $GITHUB_STEP_SUMMARY): the gate's outcome
+    first, then the comparison table and the unmatched cells."""
+    from .document import table_markdown
+
+    failed = cmp.regressions
+    head = (f"**transbench compare: {len(failed)} regression(s)** (exit 1)" if failed
+            else "**transbench compare: no regression** (exit 0)")
+    parts = [head, "", table_markdown(comparison_table(cmp))]  # the table's markdown ends in the summary
+    extra = unmatched_table(cmp)
+    if extra is not None:
+        parts += ["", table_markdown(extra)]
+    return "\n".join(parts) + "\n"
+
+
+def github_benchmark(cmp: Comparison) -> list[dict]:
+    """`compare --github-benchmark`: run B's ok cells in github-action-benchmark's `customSmallerIsBetter` format,
+    [{name, unit, value, range, extra}]: its median latency per cell, named by the cell's settings (stable from
+    run to run, so the action charts each cell over time), ± half the IQR, and the verdict against A in `extra`."""
+    out = []
+    judged = {id(c.record_b): c for c in cmp.cells}
+    for rec in [c.record_b for c in cmp.cells] + list(cmp.only_b):
+        median = _median(rec) if rec["status"] == "ok" else None
+        if median is None:
+            continue
+        c = judged.get(id(rec))
+        named = settings(rec)
+        scenario = "" if "scenario" in named else str(rec.get("scenario") or "")
+        name = " ".join(x for x in (scenario, _text(named, named)) if x)
+        entry = {"name": name, "unit": "ms", "value": median}
+        if rec.get("latency_iqr_ms") is not None:
+            entry["range"] = f"± {rec['latency_iqr_ms'] / 2:.4g}"
+        if c is not None:
+            interval = "" if c.interval is None else f" ({c.interval[0]:.3f}-{c.interval[1]:.3f})"
+            ratio = "" if c.ratio is None else f"; B/A {c.ratio:.3f}{interval}"
+            entry["extra"] = f"{c.verdict} against {cmp.run_a['name']}{ratio}; {_n(rec)} samples"
+        out.append(entry)
+    return out
