@@ -152,7 +152,8 @@ RUN_COLUMNS = [
     Col("task", "task", setting=True), Col("backend", "backend", setting=True),
     Col("dtype", "dtype", setting=True), Col("batch_size", "batch", setting=True),
     Col("seq_len", "seq", setting=True), Col("status", "status", status_text),
-    Col("latency_ms", "ms"), Col("throughput_per_s", "seq/s", rank=8),
+    Col("latency_ms", "ms"), Col("_repeats", "repeats ms", lambda v: "" if v is None else v, rank=8),
+    Col("throughput_per_s", "seq/s", rank=8),
     Col("prefill_ms", "prefill ms", rank=7), Col("decode_ms_per_token", "ms/token", rank=7),
     Col("tflops", "TFLOPS", rank=6), Col("mfu", "MFU", pct, rank=5), Col("speedup", "speedup %", signed, rank=6),
     Col("peak_mem_mb", "peak MiB", rank=4), Col("mem_saved", "mem saved %", signed, rank=3, wide=True),
@@ -162,8 +163,16 @@ RUN_COLUMNS = [
 
 
 def records_table(recs: list[dict], title: str = "", width: int | None = None, wide: bool = False) -> Group:
-    """One row per cell of a run."""
-    return fitted(recs, RUN_COLUMNS, title, width, wide)
+    """One row per cell of a run; a repeated cell (`run --repeat`) shows the range of its repeats' medians."""
+    return fitted([{**r, "_repeats": repeat_range(r)} for r in recs], RUN_COLUMNS, title, width, wide)
+
+
+def repeat_range(rec: dict) -> str | None:
+    """min-max of a repeated cell's repeat medians and their count, e.g. '0.81-0.86 (3x)'."""
+    lo, hi, n = rec.get("latency_repeat_min_ms"), rec.get("latency_repeat_max_ms"), rec.get("repeats")
+    if lo is None or hi is None or rec.get("status") != "ok":
+        return None
+    return f"{lo:.4g}-{hi:.4g} ({n}x)"
 
 
 def pivot(title: str, corner: str, columns: list[str], rows: dict[str, dict[str, str]], width: int | None = None) -> list[Table]:
