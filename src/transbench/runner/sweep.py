@@ -124,6 +124,7 @@ class _Lane:
         self.env = {"TRANSBENCH_THREADS": str(self.threads), **{v: str(self.threads) for v in THREAD_VARS}}
         if gpu is not None:
             self.env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        self._thread_vars = ("TRANSBENCH_THREADS", *THREAD_VARS)
         self.worker: Worker | None = None
         self.stopping = stopping
 
@@ -183,9 +184,19 @@ class _Lane:
     def _launch(self, cell, timeout: float) -> CellResult:
         from . import launch
 
+        from ..measure import load
+
         module, cfg = self.target.launch(cell)
-        cfg = replace(cfg, timeout=timeout, env={**cfg.env, **self.env})
-        return launch.outcome(launch.launch(module, cell.to_dict(), cfg), cfg)
+        # --threads is the cell's: its ranks share it (torchrun's own default, 1 a rank, left cores idle on a CPU)
+        per_rank = str(max(1, self.threads // max(1, cfg.nproc)))
+        cfg = replace(cfg, timeout=timeout, env={**cfg.env, **self.env, **dict.fromkeys(self._thread_vars, per_rank)})
+        with load.Watch() as watch:  # the ranks are this process's children: their own work is not counted
+            result = launch.outcome(launch.launch(module, cell.to_dict(), cfg), cfg)
+        result.record.update(load.record(watch.busy, self.threads))  # the threads every rank was given
+        gpu = str(getattr(cell, "device", "")).startswith("cuda")
+        if load.competing(watch.busy, 1 if gpu else self.threads):
+            result.warnings.append(load.warning(watch.busy, self.threads))
+        return result
 
     def close(self) -> None:
         if self.worker is not None:
