@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import device as dev
+from . import load
 
 POLL_S = 0.02  # NVML refreshes clocks and power every ~20 ms; polling faster reads the same values
 # The board's energy counter advances in steps: over a region of 0.2 s an H100 read 1,027 W against its
@@ -40,6 +41,7 @@ class DeviceContext:
     power_t: list[float] = field(default_factory=list)  # perf_counter time of each power_w reading
     seconds: float = 0.0
     device_type: str = "cpu"
+    busy: object = None  # load.Busy: other processes' CPU use over the region (None: not watched)
 
     def summary(self) -> dict:
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
@@ -81,6 +83,7 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self._energy0: float | None = None
         self._t0 = 0.0
+        self._load = load.Watch()  # other processes busy during the region (the CPU's own context)
 
     @property
     def active(self) -> bool:
@@ -144,6 +147,7 @@ class Monitor:
             self._t0 = time.perf_counter()
 
     def __enter__(self) -> Monitor:
+        self._load.__enter__()
         if self.active:
             self.context.max_sm_clock_mhz = self._try(self.nv.nvmlDeviceGetMaxClockInfo, self.h, self.nv.NVML_CLOCK_SM)
             self._read()
@@ -157,6 +161,8 @@ class Monitor:
         e1 = self._energy() if self.active else None
         end = time.perf_counter()
         self.context.seconds = end - self._t0
+        self._load.__exit__(*exc)
+        self.context.busy = self._load.busy
         if not self.active:
             return
         self._stop.set()

@@ -100,10 +100,13 @@ class Busy:
         return sum(p["cores"] for p in self.processes)
 
 
-def busy_between(before: dict, after: dict, seconds: float, exclude: set[int] | None = None) -> Busy:
+def busy_between(before: dict, after: dict, seconds: float, exclude: set[int] | None = None,
+                 descendants: bool = True) -> Busy:
     """Processes that used at least BUSY_CORE_SHARE of a core between two cpu_times() readings `seconds` apart,
-    other than `exclude` (default: own_family) and their descendants."""
-    exclude = (own_family() if exclude is None else set(exclude)) | _descendants(after, {os.getpid()})
+    other than `exclude` (default: own_family) and, with `descendants`, this process's descendants."""
+    exclude = own_family() if exclude is None else set(exclude)
+    if descendants:
+        exclude |= _descendants(after, {os.getpid()})
     out = Busy(seconds)
     if seconds <= 0:
         return out
@@ -120,8 +123,8 @@ def busy_between(before: dict, after: dict, seconds: float, exclude: set[int] | 
 class Watch:
     """`with Watch() as w:` around a region; `w.busy` afterwards: the other processes busy during it."""
 
-    def __init__(self, exclude: set[int] | None = None):
-        self.exclude = exclude
+    def __init__(self, exclude: set[int] | None = None, descendants: bool = True):
+        self.exclude, self.descendants = exclude, descendants
         self.busy = Busy()
 
     def __enter__(self) -> Watch:
@@ -129,12 +132,15 @@ class Watch:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.busy = busy_between(self._before, cpu_times(), time.perf_counter() - self._t0, self.exclude)
+        self.busy = busy_between(self._before, cpu_times(), time.perf_counter() - self._t0, self.exclude,
+                                 self.descendants)
 
 
-def check(window_s: float = WINDOW_S, exclude: set[int] | None = None) -> Busy:
-    """Other processes busy now, over a short window (before a sweep starts)."""
-    with Watch(exclude) as w:
+def check(window_s: float = WINDOW_S, exclude: set[int] | None = None, descendants: bool = False) -> Busy:
+    """Other processes busy now, over a short window. Before a sweep this process has no child of its own work
+    yet (its workers start with the sweep), so a child busy now is load like any other (a script that started
+    one, or a test's busy loop)."""
+    with Watch(exclude, descendants) as w:
         time.sleep(window_s)
     return w.busy
 

@@ -69,10 +69,11 @@ def context_record(s: Sampled, *, items: float | None = None, tokens: float | No
     (`integrated`), divided by the calls in it (idle gaps between calls included: they are a few microseconds
     of host work per call, and a real caller has them too)."""
     c = s.context
+    busy = {} if c.busy is None else {"busy_processes": c.busy.processes}  # over the timed region (load.Watch)
     if not c.sm_clock_mhz and c.energy_j is None:
-        return {}
+        return busy
     summary = c.summary()
-    rec = {"sm_clock_mhz": summary["sm_clock_mhz"], "sm_clock_min_mhz": summary["sm_clock_min_mhz"],
+    rec = {**busy, "sm_clock_mhz": summary["sm_clock_mhz"], "sm_clock_min_mhz": summary["sm_clock_min_mhz"],
            "temp_c": summary["temp_c"]}
     if c.energy_j is not None and s.calls:
         per_call = c.energy_j / s.calls

@@ -56,10 +56,13 @@ def execute(target: str, cell: dict, state: dict) -> CellResult:
     if before is not None and result.status == "ok":
         result.record.setdefault("mem_before_mb", before)
     threads = _threads()
-    result.record.update(load.record(watch.busy, threads))
+    # Over the timed region where the sampler watched it (measure/context.py), else over the whole cell.
+    region = result.record.get("busy_processes")
+    busy = load.Busy(processes=region) if isinstance(region, list) else watch.busy
+    result.record.update(load.record(busy, threads))
     # A GPU cell's host needs one core to launch its kernels; a CPU cell, every thread it was given.
-    if load.competing(watch.busy, 1 if device_str.startswith("cuda") else threads):
-        result.warnings.append(load.warning(watch.busy, threads))
+    if load.competing(busy, 1 if device_str.startswith("cuda") else threads):
+        result.warnings.append(load.warning(busy, threads))
     if device_str.startswith("cuda"):
         result.warnings += _interference()
     if _capture_failures() > failed:
