@@ -69,7 +69,7 @@ def context_record(s: Sampled, *, items: float | None = None, tokens: float | No
     (`integrated`), divided by the calls in it (idle gaps between calls included: they are a few microseconds
     of host work per call, and a real caller has them too)."""
     c = s.context
-    busy = {} if c.busy is None else {"busy_processes": c.busy.processes}  # over the timed region (load.Watch)
+    busy = {} if c.busy is None else {"busy_processes": c.busy.processes, "busy_cores": c.busy.total}  # load.Watch
     if not c.sm_clock_mhz and c.energy_j is None:
         return busy
     summary = c.summary()

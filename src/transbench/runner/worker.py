@@ -58,7 +58,8 @@ def execute(target: str, cell: dict, state: dict) -> CellResult:
     threads = _threads()
     # Over the timed region where the sampler watched it (measure/context.py), else over the whole cell.
     region = result.record.get("busy_processes")
-    busy = load.Busy(processes=region) if isinstance(region, list) else watch.busy
+    busy = (load.Busy(processes=region, total=result.record.get("busy_cores")) if isinstance(region, list)
+            else watch.busy)
     result.record.update(load.record(busy, threads))
     # A GPU cell's host needs one core to launch its kernels; a CPU cell, every thread it was given.
     if load.competing(busy, 1 if device_str.startswith("cuda") else threads):

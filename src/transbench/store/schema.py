@@ -36,7 +36,7 @@ def derived_types() -> dict[str, object]:
     it: the caller passes its mapping to record_schema)."""
     from .export import GENERATION_KEYS, RECORD_KEYS, SPEED_KEYS, TRAINING_KEYS
 
-    extra = ("threads", "load_avg", "busy_processes", "repeats", "repeat_medians_ms", "latency_repeat_min_ms",
+    extra = ("threads", "load_avg", "busy_processes", "busy_cores", "repeats", "repeat_medians_ms", "latency_repeat_min_ms",
              "latency_repeat_max_ms", "energy_source", "energy_j", "j_per_token", "sm_clock_min_mhz", "temp_c")
     out: dict[str, object] = {}
     for key in dict.fromkeys((*RECORD_KEYS, *GENERATION_KEYS, *TRAINING_KEYS, *SPEED_KEYS, *extra)):
