@@ -285,7 +285,8 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
                     if oom_at is not None and cell.batch > oom_at:
                         result = CellResult("skipped", error=f"batch {oom_at} was out of memory")
                     else:
-                        result = lane.run(cell, opts.timeout, opts.repeat)
+                        result = (lane.run(cell, opts.timeout, opts.repeat) if opts.repeat > 1
+                                  else lane.run(cell, opts.timeout))
                         if result.status == "oom":
                             oom_at = cell.batch if oom_at is None else min(oom_at, cell.batch)
                         elif result.status == "ok" and cell.batch >= fitted:
