@@ -45,7 +45,8 @@ def env(as_json: bool = typer.Option(False, "--json", help="print JSON"),
         typer.echo(json.dumps(info, indent=1, default=str))
         return
     t = Table(title="environment", show_header=False)
-    for k in ("python", "platform", "torch", "transformers", "triton", "cuda", "cudnn", "driver"):
+    for k in ("python", "platform", "hostname", "cpu_model", "cpu_threads", "load_avg", "git_commit", "torch",
+              "transformers", "triton", "cuda", "cudnn", "driver"):
         t.add_row(k, str(info.get(k)))
     t.add_row("GPUs", str(len(info["gpus"])))
     console.print(t)
