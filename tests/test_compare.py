@@ -369,3 +369,16 @@ def test_runs_whose_shared_cells_all_failed_compared_nothing_and_are_refused(tmp
     make_run(db, "c", [(cell("eager", 1), ok_result(noisy(10.0, seed=4), 1)), failed[1]])
     res = CliRunner().invoke(app, ["compare", "a", "c", "--db", db])
     assert res.exit_code == 0 and "1 fixed" in res.stdout, res.output
+
+
+def test_a_115x_regression_with_few_stored_samples_fails_the_gate(tmp_path):
+    """The case that passed the gate: a run 115x slower than its baseline, 18 against 11 stored samples (one
+    baseline call preempted into B's range), and a 10x slower cell with 5 samples a side: `slower`, exit 1."""
+    db = str(tmp_path / "g.db")
+    base = noisy(0.81, n=17, spread=0.08, seed=1) + [120.0]
+    five = noisy(1.0, n=5, spread=0.05, seed=3)
+    make_run(db, "base", [(cell("sdpa", 1), ok_result(base, 1)), (cell("eager", 1), ok_result(five, 1))])
+    make_run(db, "slow", [(cell("sdpa", 1), ok_result(noisy(93.65, n=11, spread=0.15, seed=2), 1)),
+                          (cell("eager", 1), ok_result([x * 10 for x in noisy(1.0, n=5, spread=0.05, seed=4)], 1))])
+    res = CliRunner().invoke(app, ["compare", "base", "slow", "--db", db])
+    assert res.exit_code == 1 and "2 slower" in res.output and "18 + 11 samples" in res.output, res.output
