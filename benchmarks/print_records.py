@@ -8,6 +8,7 @@ KEYS = ("dtype", "status", "latency_ms", "throughput_per_s", "rel_err", "host_ms
 
 if __name__ == "__main__":
     path, label = sys.argv[1], " ".join(sys.argv[2:])
-    for r in json.load(open(path)):
+    data = json.load(open(path))
+    for r in data["cells"] if isinstance(data, dict) else data:  # the versioned record, or an older bare list
         print(label, r.get("backend"), r.get("batch_size"), r.get("seq_len"),
               " ".join(f"{k} {r.get(k)}" for k in KEYS))

@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.ladder:
         from transbench.scenarios.training.ladder import summary
 
-        rows = json.load(open(args.ladder))
+        data = json.load(open(args.ladder))
+        rows = data["cells"] if isinstance(data, dict) else data  # the versioned record, or an older bare list
         print(summary(rows))
         for r in rows:
             if r["status"] != "ok":

@@ -34,7 +34,7 @@ def test_sweep_statuses_and_no_speed_for_wrong_output(tmp_path, with_broken):
                              "cudagraph", "sdpa-cudnn"],
                    device="cpu", dtypes=["fp32"], baseline="eager", **FAST)
     api.run(spec, db=str(tmp_path / "t.db"), json_path=str(out))
-    recs = {(r["model"], r["backend"]): r for r in json.loads(out.read_text())}
+    recs = {(r["model"], r["backend"]): r for r in json.loads(out.read_text())["cells"]}
     for model in ("bert-tiny", "gpt2-tiny"):
         for b in ("eager", "sdpa", "sdpa-math", "sdpa-flash"):
             r = recs[model, b]

@@ -30,7 +30,7 @@ def test_run_writes_db_json_csv(tmp_path):
     res = invoke("run", "--model", "bert-tiny,gpt2-tiny", "--batch", "1,2", "--seq", "8", *QUICK,
                  "--db", db, "--json", js, "--csv", cs, "--name", "e2e", "--baseline", "eager")
     assert res.exit_code == 0, res.output
-    recs = json.loads(js.read_text())
+    recs = json.loads(js.read_text())["cells"]
     assert len(recs) == 2 * 2 * 2  # models x backends x batches
     assert all(r["status"] == "ok" for r in recs)
     for r in recs:
@@ -115,5 +115,5 @@ def test_local_checkpoint_folder(tmp_path):
     res = invoke("run", "--model", tmp_path / "ckpt", "--batch", "1", "--seq", "8", *QUICK, "--backend", "sdpa",
                  "--db", tmp_path / "c.db", "--json", tmp_path / "c.json")
     assert res.exit_code == 0, res.output
-    rec = json.loads((tmp_path / "c.json").read_text())[0]
+    rec = json.loads((tmp_path / "c.json").read_text())["cells"][0]
     assert rec["status"] == "ok" and rec["model"] == str(tmp_path / "ckpt")

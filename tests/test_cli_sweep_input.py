@@ -560,12 +560,13 @@ def test_a_huge_seq_stdev_draws_lengths_at_both_ends():
     assert draw_lengths(8, 8, 3.0, 128, seed=0) == cast_first.tolist()  # within int64: the lengths drawn before
 
 
-def test_runs_out_without_spec_is_refused(store, tmp_path, monkeypatch):
-    """`runs --out x.yaml` without --spec listed the runs and wrote nothing, exit 0."""
+def test_runs_out_without_spec_writes_json_only(store, tmp_path, monkeypatch):
+    """`runs --out x.yaml` without --spec listed the runs and wrote nothing, exit 0; --out alone writes every stored
+    run as the JSON record, and only to a .json file."""
     shutil.copy(store, tmp_path / "transbench.db")
     monkeypatch.chdir(tmp_path)
     res = runner.invoke(app, ["runs", "--out", "x.yaml"])
-    assert res.exit_code == 2 and res.stderr.startswith("error: --out x.yaml is where --spec RUN writes"), res.output
+    assert res.exit_code == 2 and res.stderr.startswith("error: --out x.yaml: without --spec"), res.output
     assert not (tmp_path / "x.yaml").exists()
 
 

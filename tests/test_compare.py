@@ -17,8 +17,8 @@ from transbench.cells import Cell
 from transbench.cli import app
 from transbench.errors import SpecError
 from transbench.report import CompareConfig, build_report, compare
-from transbench.report.compare import (MIN_BLOCKS, block_medians, comparison_table, judge, ratio_interval, settings,
-                                       unmatched_table)
+from transbench.report.compare import (MIN_BLOCKS, block_medians, comparison_table, judge, rank_counts, rank_interval,
+                                       ratio_interval, settings, t_quantile, unmatched_table)
 from transbench.runner.sweep import store_result
 from transbench.store import Store
 
@@ -100,24 +100,82 @@ def test_100000_samples_per_side():
 
 
 def test_too_few_samples_is_na():
-    for n in (1, 3, 24):  # overlapping sides: nothing to say without an interval
-        ratio, interval, v, note = verdict(noisy(1.0, n=n), noisy(1.01, n=40))
-        assert v == "n/a" and interval is None and f"{n} + 40 samples" in note and "time longer" in note
+    for n in (1, 3):  # no order of so few samples is evidence at alpha 0.05: no interval at all
+        ratio, interval, v, note = verdict(noisy(1.0, n=n), noisy(1.01, n=n))
+        assert v == "n/a" and interval is None and f"{n} + {n} samples" in note and "time longer" in note
+        assert "needs 4 per cell" in note  # how many would: 1 / C(8, 4) < 0.025
+    # overlapping sides whose rank interval reaches past the min effect: n/a, saying what gives an interval
+    ratio, interval, v, note = verdict(noisy(1.0, n=24, spread=0.05), noisy(1.01, n=24, spread=0.05, seed=1))
+    assert v == "n/a" and interval[0] < 1 < 1.03 < interval[1] and "25 per cell" in note and "time longer" in note
     assert judge([], [1.0] * 30, 1.0, 1.0, CompareConfig())[2] == "n/a"
     # 25 samples are 5 blocks of 5: enough for a verdict on a 2x change
     assert verdict(noisy(1.0, n=25), noisy(2.0, n=25))[2] == "slower"
+    # tight samples of one distribution: the rank interval lies within the min effect
+    assert verdict(noisy(1.0, n=20, spread=0.002), noisy(1.0, n=20, spread=0.002, seed=3))[2] == "same"
 
 
 def test_too_few_samples_apart_beyond_the_min_effect_get_a_verdict():
     """A regression that cuts a cell's samples under --min-time (500x slower: 5 samples) was `n/a`, exit 0."""
     a = noisy(1.0, n=40)
     ratio, interval, v, note = verdict(a, noisy(500.0, n=5))
-    assert v == "slower" and interval is None and "40 + 5 samples" in note and "above" in note
+    assert v == "slower" and interval[0] > 400 and "40 + 5 samples" in note and "rank" in note
     assert verdict(noisy(500.0, n=5), a)[2] == "faster"
     assert verdict(a, [2.0])[2] == "slower"  # 1 / C(41, 1) = 0.024 < alpha / 2
+    assert verdict(noisy(1.0, n=20), [2.0])[2] == "n/a"  # 1 / C(21, 1) = 0.048: no evidence at alpha 0.05
     assert verdict(noisy(1.0, n=3), [2.0])[2] == "n/a"  # 1 / C(4, 1): this order is no evidence
-    assert verdict(a, [1.02])[2] == "n/a"  # above every A sample, but not by the min effect of 3%
-    assert verdict(a, [2.0], CompareConfig(alpha=0.01))[2] == "n/a"  # 0.024 is not under 0.005
+    assert verdict(noisy(1.0, n=20), [1.02] * 5)[2] == "n/a"  # above every A sample, but not by the min effect
+
+
+def test_ten_times_slower_with_five_samples_a_side_is_slower():
+    for seed in range(10):
+        a, b = noisy(1.0, n=5, spread=0.1, seed=seed), noisy(10.0, n=5, spread=0.3, seed=100 + seed)
+        ratio, (lo, hi), v, note = verdict(a, b)
+        assert v == "slower" and lo > 1.03 and "5 + 5 samples" in note
+        assert verdict(b, a)[2] == "faster"
+
+
+def test_a_gross_regression_with_an_outlier_inside_its_range_is_slower():
+    """115x slower, 18 against 11 samples, and one baseline call preempted for 120 ms (inside B's range): the
+    samples overlap, so the old rule (every sample apart) said n/a and the gate passed."""
+    a = noisy(0.81, n=17, spread=0.08, seed=1) + [120.0]
+    b = noisy(93.65, n=11, spread=0.15, seed=2)
+    ratio, (lo, hi), v, note = verdict(a, b)
+    assert v == "slower" and lo > 50 and ratio == pytest.approx(115, rel=0.1)
+
+
+def test_rank_counts_are_the_exact_null_distribution():
+    import itertools
+
+    for m in range(6):
+        for n in range(6):
+            got = rank_counts(m, n, m * n)
+            want = [0] * (m * n + 1)
+            for where in itertools.combinations(range(m + n), m):  # the positions of A's samples in the order
+                want[sum(sum(1 for j in where if j < i) for i in range(m + n) if i not in where)] += 1
+            assert got == want, (m, n)
+    assert sum(rank_counts(24, 10_000, 24 * 10_000)) == math.comb(10_024, 24)
+
+
+def test_rank_interval_is_the_rank_test_inverted():
+    """A ratio just outside the interval is refused by the exact one-sided rank test of B against ratio x A,
+    one just inside is not (the test counted here, from rank_counts)."""
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        m, n = (int(x) for x in rng.integers(4, 15, 2))
+        a, b = rng.lognormal(0, 0.1, m), rng.lognormal(0.05, 0.1, n)
+        lo, hi = rank_interval(a, b, 0.05)
+        counts, total = rank_counts(m, n, m * n), math.comb(m + n, m)
+
+        def p_above(r):  # P(U >= observed) for the count of pairs with b > r x a
+            u = int(sum((bj > r * a).sum() for bj in b))
+            return sum(counts[u:]) / total
+
+        assert p_above(lo * 0.999) <= 0.025 < p_above(lo * 1.001)
+
+
+def test_t_quantile():
+    for df, want in ((1, 12.7062047), (2, 4.3026527), (10, 2.2281389), (100, 1.9839715)):
+        assert t_quantile(0.975, df) == pytest.approx(want, abs=1e-6)
 
 
 def test_bad_options():
@@ -260,11 +318,11 @@ def test_output_fits_100_columns(tmp_path):
     make_run(db, "a", rows_a + [(cell("eager", 64, model=long_model), ok_result(noisy(500.0), 64))])
     make_run(db, "b", rows_b)
     res = CliRunner().invoke(app, ["compare", "a", "b", "--db", db])
-    # 12 samples in B: n/a, but for sdpa's 20% slowdown, whose samples lie wholly above A's (compare.separated)
-    assert res.exit_code == 1 and "4 n/a, 4 slower" in res.output, res.output
+    # 12 samples in B: the exact rank interval; within the min effect for eager, above it for sdpa's 20% slowdown
+    assert res.exit_code == 1 and "4 same, 4 slower" in res.output, res.output
     lines = res.output.splitlines()
     assert max(len(x) for x in lines) <= 100 and "\u2026" not in res.output
-    assert "4 n/a, 4 slower, 1 unmatched" in res.output and "time longer" in res.output
+    assert "4 same, 4 slower, 1 unmatched" in res.output and "rank interval" in res.output
     # a folded value is whole: its pieces, read down its column, give it back
     flat = "".join(x.strip("│┃ ") for x in lines)
     assert "a-rather-long" in flat and "final" in flat
@@ -311,3 +369,16 @@ def test_runs_whose_shared_cells_all_failed_compared_nothing_and_are_refused(tmp
     make_run(db, "c", [(cell("eager", 1), ok_result(noisy(10.0, seed=4), 1)), failed[1]])
     res = CliRunner().invoke(app, ["compare", "a", "c", "--db", db])
     assert res.exit_code == 0 and "1 fixed" in res.stdout, res.output
+
+
+def test_a_115x_regression_with_few_stored_samples_fails_the_gate(tmp_path):
+    """The case that passed the gate: a run 115x slower than its baseline, 18 against 11 stored samples (one
+    baseline call preempted into B's range), and a 10x slower cell with 5 samples a side: `slower`, exit 1."""
+    db = str(tmp_path / "g.db")
+    base = noisy(0.81, n=17, spread=0.08, seed=1) + [120.0]
+    five = noisy(1.0, n=5, spread=0.05, seed=3)
+    make_run(db, "base", [(cell("sdpa", 1), ok_result(base, 1)), (cell("eager", 1), ok_result(five, 1))])
+    make_run(db, "slow", [(cell("sdpa", 1), ok_result(noisy(93.65, n=11, spread=0.15, seed=2), 1)),
+                          (cell("eager", 1), ok_result([x * 10 for x in noisy(1.0, n=5, spread=0.05, seed=4)], 1))])
+    res = CliRunner().invoke(app, ["compare", "base", "slow", "--db", db])
+    assert res.exit_code == 1 and "2 slower" in res.output and "18 + 11 samples" in res.output, res.output

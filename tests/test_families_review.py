@@ -155,5 +155,5 @@ def test_every_documented_record_key_is_in_a_cpu_runs_export(tmp_path):
     subprocess.run([sys.executable, "-m", "transbench", "run", "--model", "bert-tiny", "--backend", "sdpa", "--batch",
                     "1", "--seq", "8", "--min-time", "0", "--db", str(tmp_path / "x.db"), "--json", str(out)],
                    check=True, capture_output=True, timeout=300)
-    rec = json.loads(out.read_text())[0]
+    rec = json.loads(out.read_text())["cells"][0]
     assert [k for k in keys if k not in rec] == []

@@ -269,7 +269,7 @@ def test_an_export_replaces_the_file_whole_and_keeps_its_permissions_and_links(t
     link = tmp_path / "link.json"
     link.symlink_to(target.name)
     export.write(recs, json_path=str(link))
-    assert link.is_symlink() and json.loads(target.read_text())[0]["backend"] == "sdpa"
+    assert link.is_symlink() and json.loads(target.read_text())["cells"][0]["backend"] == "sdpa"
     assert (target.stat().st_mode & 0o777) == 0o640
     fresh = tmp_path / "new.csv"
     export.write(recs, csv_path=str(fresh))
@@ -411,5 +411,5 @@ def test_an_export_to_standard_output_on_a_pipe_is_written_in_place(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)[0]["backend"] == "sdpa"
+    assert json.loads(done.stdout)["cells"][0]["backend"] == "sdpa"
     assert list(tmp_path.iterdir()) == []

@@ -302,8 +302,8 @@ def test_a_wrong_generation_cell_shows_no_speed_in_json_csv_report_or_compare(tm
     for name in ("a", "b"):
         api.run(RunSpec(**spec, name=name), db=db, json_path=str(tmp_path / f"{name}.json"),
                 csv_path=str(tmp_path / f"{name}.csv"))
-    recs = {r["backend"]: r for r in json.loads((tmp_path / "a.json").read_text())}
-    timed = [k for k, v in recs["eager"].items() if isinstance(v, float) and k not in ("rel_err", "seq_stdev")]
+    recs = {r["backend"]: r for r in json.loads((tmp_path / "a.json").read_text())["cells"]}
+    timed = [k for k, v in recs["eager"].items() if isinstance(v, float) and k not in ("rel_err", "seq_stdev", "load_avg")]
     assert {"latency_ms", "prefill_ms", "ttft_ms", "itl_p99_ms", "tokens_per_s"} <= set(timed)
     wrong = recs["broken-noise"]
     assert wrong["status"] == "wrong" and wrong["rel_err"] > 0.1
@@ -330,7 +330,7 @@ def test_cpu_run_records_have_every_documented_key_with_nulls_not_zeros(tmp_path
     out = tmp_path / "r.json"
     api.run(RunSpec(models=["bert-tiny"], backends=["sdpa"], batches=[2], seqs=[16], dtypes=["fp32"], **quick),
             db=str(tmp_path / "r.db"), json_path=str(out))
-    (rec,) = json.loads(out.read_text())
+    (rec,) = json.loads(out.read_text())["cells"]
     assert list(rec)[:len(RECORD_KEYS)] == list(RECORD_KEYS)
     for key in ("gpu", "mfu", "peak_mem_mb", "mem_before_mb", "sm_clock_mhz", "avg_power_w", "j_per_seq",
                 "host_ms", "speedup", "mem_saved", "error"):

@@ -67,7 +67,7 @@ def test_gemm_stores_square_and_layer_shapes(db, tmp_path):
     assert (qkv["model"], qkv["n"], qkv["k"]) == ("bert-tiny", 3 * 48, 48)
     assert by[("ffn-down", 16, "fp32")]["k"] == 96
     assert sq["pct_of_peak"] is None  # no datasheet row for a CPU: nothing invented
-    assert len(json.loads(out_json.read_text())) == 12
+    assert len(json.loads(out_json.read_text())["cells"]) == 12
     assert (tmp_path / "g.png").stat().st_size > 1000
     assert "n=64" in res.output
 

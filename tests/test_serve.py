@@ -232,7 +232,7 @@ def test_serve_bert_tiny_on_cpu(tmp_path):
     res = invoke("serve", *QUICK, "--rate", "20", "--backend", "sdpa", "--slo-ms", "1000", "--db", db,
                  "--json", js, "--name", "load")
     assert res.exit_code == 0, res.output
-    (rec,) = json.loads(js.read_text())
+    (rec,) = json.loads(js.read_text())["cells"]
     assert rec["status"] == "ok" and rec["scenario"] == "serve" and rec["rate"] == 20.0
     assert rec["rel_err"] < 1e-3 and rec["offered_rate"] == 20.0 and rec["achieved_rate"] > 0
     assert rec["latency_p50_ms"] <= rec["latency_p99_ms"] <= rec["latency_p999_ms"] <= rec["latency_max_ms"]
@@ -251,7 +251,7 @@ def test_wrong_backend_is_never_loaded(tmp_path, extra_backends):
     db, js = tmp_path / "w.db", tmp_path / "w.json"
     res = invoke("serve", *QUICK, "--offline", "--backend", "broken-noise", "--db", db, "--json", js)
     assert res.exit_code == 0, res.output
-    (rec,) = json.loads(js.read_text())
+    (rec,) = json.loads(js.read_text())["cells"]
     assert rec["status"] == "wrong" and rec.get("latency_p99_ms") is None and rec.get("achieved_rate") is None
 
 
@@ -450,7 +450,7 @@ def test_serve_generate_cli_on_cpu(tmp_path):
                  "--lengths", "normal:16:48", "--max-batch-size", "2", "--concurrency", "2", "--new-tokens", "4",
                  "--duration", "1", "--warmup", "0.2", "--db", tmp_path / "g.db", "--json", js)
     assert res.exit_code == 0, res.output
-    (rec,) = json.loads(js.read_text())
+    (rec,) = json.loads(js.read_text())["cells"]
     assert rec["status"] == "ok" and rec["task"] == "generate" and rec["new_tokens"] == 4
     assert 0 < rec["ttft_p50_ms"] < rec["latency_p50_ms"] and rec["itl_p99_ms"] >= rec["itl_p50_ms"] > 0
 

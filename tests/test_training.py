@@ -257,7 +257,7 @@ def test_cli_train_stores_records_and_resumes(tmp_path):
             "--device", "cpu", "--optim", "sgd", "--db", db, "--json", str(out), "--name", "t1", "--timeout", "120"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    (rec,) = json.loads(out.read_text())
+    (rec,) = json.loads(out.read_text())["cells"]
     assert set(RECORD_KEYS) | set(TRAINING_KEYS) <= set(rec)
     assert (rec["scenario"], rec["status"], rec["backend"], rec["dtype"], rec["task"]) == \
         ("training", "ok", "sdpa", "fp32", "causal-lm")

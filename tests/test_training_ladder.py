@@ -153,7 +153,7 @@ def test_cli_ladder_runs_on_the_sweep_loop_and_resumes(tmp_path, monkeypatch):
             "--db", db, "--json", str(out), "--plot", str(png), "--name", "lad"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["cells"]
     assert [r["step"] for r in rows] == MLM_STEPS + [training_ladder.BEST]
     # The search doubles from the batch so far, then bisects to within 1/4 of the batch.
     assert [r["batch_size"] for r in rows] == [24, 24, 48, 48, 48, 192, 192, 192, 192, 192, 192]
@@ -176,7 +176,7 @@ def test_cli_ladder_runs_on_the_sweep_loop_and_resumes(tmp_path, monkeypatch):
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     assert len(ran) == before  # everything was stored: nothing measured again
-    assert json.loads(out.read_text()) == rows
+    assert json.loads(out.read_text())["cells"] == rows
 
 
 def test_cli_ladder_takes_one_model(tmp_path):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from .errors import SpecError
 from .measure import env as env_mod
+from .measure import load
 from .scenarios.inference import cells as grid
 from .scenarios.training import spec as training
 from .scenarios.training.spec import TrainSpec  # noqa: F401  (api.TrainSpec)
@@ -82,18 +83,19 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
         resume: bool = False, on_start: Callable[[list[Cell], int], None] = lambda cells, done: None,
         on_cell: Callable[[Cell, CellResult | None], None] = lambda c, r: None,
         on_probe: Callable[[Cell, CellResult], None] = lambda c, r: None,
-        explicit: set[str] | None = None) -> RunOutcome:
+        explicit: set[str] | None = None, on_warning: Callable[[str], None] = lambda line: None) -> RunOutcome:
     """Validate, expand and run an inference sweep; every finished cell is stored as it ends.
 
     A run whose name is already in the store is resumed (its finished cells are not run again); the same
     name with a different grid is refused. `resume=True` without a name resumes the newest run.
-    `on_start(cells, already_done)` is called once the grid is known. `explicit`: the fields the caller set (the
-    command line's options and --spec keys); None: those that differ from their defaults."""
+    `on_start(cells, already_done)` is called once the grid is known; `on_warning(line)` before the sweep, for
+    other processes busy on the CPU (each cell records and warns of its own as well). `explicit`: the fields the
+    caller set (the command line's options and --spec keys); None: those that differ from their defaults."""
     asked = checked(RunSpec, spec)  # before the device's defaults fill it: what the caller set (resume below)
     spec = grid.validate(asked)
     db = _outputs(db, json_path, csv_path)
     _flag(resume, "resume")
-    _callbacks(on_start=on_start, on_cell=on_cell, on_probe=on_probe)
+    _callbacks(on_start=on_start, on_cell=on_cell, on_probe=on_probe, on_warning=on_warning)
     if spec.nproc > 1:
         grid.check_data_parallel(spec)
     cells = grid.expand(spec)
@@ -114,12 +116,17 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
         run_id, name, done = open_run(store, "inference", spec_to_store(spec), name,
                                       lambda: env_mod.collect(open_cuda=False), {c.key() for c in cells})
         on_start(cells, done)
-        opts = SweepOptions(spec.timeout, spec.gpus, spec.max_batch, spec.max_batch_limit)
+        busy = load.check()
+        gpu_only = all(c.device.startswith("cuda") for c in cells)
+        if load.competing(busy, 1 if gpu_only else (spec.threads or load.available_cores())):
+            on_warning(load.warning(busy, spec.threads or load.available_cores(), "just before this sweep"))
+        opts = SweepOptions(spec.timeout, spec.gpus, spec.max_batch, spec.max_batch_limit, threads=spec.threads,
+                            repeat=spec.repeat)
         run_grid(store, run_id, cells, inference_target(spec), opts, on_cell, on_probe)
         recs = export.records(store, [run_id])
     finally:
         store.close()
-    export.write(recs, json_path, csv_path)
+    export.write(recs, json_path, csv_path, db=db)
     return RunOutcome(run_id, name, recs, done > 0)
 
 
@@ -409,5 +416,5 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
         if lane is not None:
             lane.close()
         store.close()
-    export.write(recs, json_path, csv_path)
+    export.write(recs, json_path, csv_path, db=db)
     return RunOutcome(run_id, name, recs, done > 0)

@@ -14,7 +14,7 @@ class Key:
     name: str
     title: str  # the column's header: short, so that tables fit a terminal
     unit: str = ""
-    type: str = "number"  # its JSON type: number, integer, string, boolean
+    type: str = "number"  # its JSON type: number, integer, string, boolean, array
     fmt: str = "number"  # number (4 significant digits), pct (a 0..1 fraction as %), signed (+1.0), sci (1.0e-03),
     # onoff (a switch in the options' words)
     kind: str = ""  # "" = every record; else the kind of run that adds it: generation, training, serve
@@ -56,11 +56,29 @@ CATALOGUE = (
     Key('speedup', 'speedup %', unit='%', fmt='signed', doc='% against `--baseline`'),
     Key('mem_saved', 'mem saved %', unit='%', fmt='signed', doc='% against `--baseline`'),
     Key('error', 'error', type='string', doc='why the cell failed'),
+    Key('threads', 'threads', type='integer', doc='CPU threads the cell computed with (`--threads`)'),
+    Key('load_avg', 'load', doc="the machine's 1-minute load average when the cell ran"),
+    Key('busy_processes', 'busy', type='array', doc='other processes busy on the CPU while the cell ran: pid, name, cores'),
+    Key('busy_cores', 'busy cores', doc='the cores all other processes used while the cell ran'),
+    Key('repeats', 'repeats', type='integer', doc='times the cell was measured (`--repeat`), each in a fresh process'),
+    Key('repeat_medians_ms', 'repeat medians', type='array', doc="each repeat's median latency"),
+    Key('latency_repeat_min_ms', 'repeat min ms', unit='ms', doc="the fastest repeat's median"),
+    Key('latency_repeat_max_ms', 'repeat max ms', unit='ms', doc="the slowest repeat's median"),
+    Key('energy_j', 'J', unit='J', doc='energy over the timed region'),
+    Key('energy_source', 'energy source', type='string',
+        doc="counter (the board's energy counter) or integrated (sampled power integrated over the timed region)"),
+    Key('j_per_token', 'J/token', unit='J', doc='energy per real token'),
+    Key('sm_clock_min_mhz', 'SM MHz min', unit='MHz', doc='the lowest SM clock sampled during the timed region'),
+    Key('temp_c', 'temp C', unit='C', doc="the GPU's temperature during the timed region"),
+    Key('algbw_gbs', 'algbw GB/s', unit='GB/s', doc="micro collectives: bytes over time (nccl-tests' algorithm bandwidth)"),
+    Key('busbw_gbs', 'busbw GB/s', unit='GB/s', doc="micro collectives: nccl-tests' bus bandwidth"),
     Key('prefill_ms', 'prefill ms', unit='ms', kind='generation', always=True, doc="the prompt's forward"),
     Key('decode_ms_per_token', 'ms/token', unit='ms', kind='generation', always=True, doc='median over decode steps'),
     Key('kv_cache_mb', 'KV MiB', unit='MiB', kind='generation', always=True, doc='the KV cache the generator allocated'),
     Key('kv_cache_analytic_mb', 'KV MiB (analytic)', unit='MiB', kind='generation', always=True,
         doc='the KV cache the config needs: layers x 2 x heads x head size x tokens x bytes'),
+    Key('decode_p90_ms_per_token', 'ms/token p90', unit='ms', kind='generation', doc='decode step, 90th percentile'),
+    Key('ms_per_token', 'ms/token', unit='ms', doc='causal-lm: latency per token of the sequence'),
     Key('ttft_ms', 'TTFT ms', unit='ms', kind='generation', doc='time to first token'),
     Key('itl_p99_ms', 'ITL p99 ms', unit='ms', kind='generation', doc='inter-token latency, 99th percentile'),
     Key('samples_per_s', 'samples/s', unit='1/s', kind='training', always=True, doc='training samples/s'),
@@ -91,6 +109,7 @@ CATALOGUE = (
     Key('allreduce_mb', 'all-reduce MiB', unit='MiB', kind='training', doc='gradient bytes all-reduced per step'),
     Key('allreduce_busbw_gbs', 'all-reduce busbw', unit='GB/s', kind='training',
         doc="the gradient all-reduce's bus bandwidth (nccl-tests' definition)"),
+    Key('gain_samples_per_s', 'gain', kind='training', doc='ladder: samples/s of this step over the step before'),
     Key('peak_reserved_mb', 'reserved MiB', unit='MiB', kind='training', doc="the caching allocator's peak reserve"),
     Key('params_mb', 'params MiB', unit='MiB', kind='training', doc='parameters, per GPU'),
     Key('grads_mb', 'grads MiB', unit='MiB', kind='training', doc='gradients, per GPU'),
@@ -200,7 +219,7 @@ def show(name: str, value) -> str:
 
 
 JSON_TYPES = {"number": ["number", "null"], "integer": ["integer", "null"], "string": ["string", "null"],
-              "boolean": ["boolean", "null"]}
+              "boolean": ["boolean", "null"], "array": ["array", "null"]}
 
 
 def schema_properties() -> dict:

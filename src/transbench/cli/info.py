@@ -45,7 +45,8 @@ def env(as_json: bool = typer.Option(False, "--json", help="print JSON"),
         typer.echo(json.dumps(info, indent=1, default=str))
         return
     t = Table(title="environment", show_header=False)
-    for k in ("python", "platform", "torch", "transformers", "triton", "cuda", "cudnn", "driver"):
+    for k in ("python", "platform", "hostname", "cpu_model", "cpu_threads", "load_avg", "git_commit", "torch",
+              "transformers", "triton", "cuda", "cudnn", "driver"):
         t.add_row(k, str(info.get(k)))
     t.add_row("GPUs", str(len(info["gpus"])))
     console.print(t)
@@ -75,14 +76,23 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".toml", ".json")  # what spec.load_file reads
 @friendly
 def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
          spec: Optional[str] = typer.Option(None, "--spec", help="write this run's spec (name or id) as YAML/TOML"),
-         out: str = typer.Option("-", help="where --spec writes: a .yaml, .toml or .json path, or - for stdout")) -> None:
-    """Stored runs; with --spec RUN, that run's full spec, to repeat it with `run --spec`."""
+         out: str = typer.Option("-", help="where --spec writes: a .yaml, .toml or .json path, or - for stdout; "
+                                           "without --spec, a .json file for every stored run as the JSON record")) -> None:
+    """Stored runs; with --spec RUN, that run's full spec, to repeat it with `run --spec`; with --out FILE.json alone,
+    every stored run and its cells as the versioned JSON record."""
     # Both listed every run instead, exit 0: `--spec ''` as if it were not given, `--out` without --spec unused.
     if spec is not None and not spec.strip():
         fail("--spec is empty: give a run's name or id (`transbench runs` lists them), or leave --spec out")
     if spec is None and out != "-":
-        fail(f"--out {out} is where --spec RUN writes that run's spec, and --spec is not given: add --spec RUN, or "
-             "leave --out out")
+        # every stored run as the versioned record (the --json of the commands that made them)
+        export.check_output(out, "--out", db)
+        if Path(out).suffix != ".json":
+            fail(f"--out {out}: without --spec, --out writes every stored run as the JSON record: end the name in "
+                 ".json (or add --spec RUN to write that run's spec)")
+        rows = api.runs(db)
+        export.write_record(api.records(db), rows, out)
+        typer.echo(f"wrote {out} ({len(rows)} run(s))")
+        return
     if spec and out != "-":
         export.check_output(out, "--out", db)
         # the suffix picks the format, and --spec reads only these: `--out spec.txt` wrote YAML no command reads back

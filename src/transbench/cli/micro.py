@@ -35,7 +35,7 @@ def _pct(value: float | None, pct: float | None) -> str:
 
 
 def _finish(outcome, db: str, json_path, csv_path, plot_path=None) -> None:
-    export.write(outcome.records, json_path, csv_path)
+    export.write(outcome.records, json_path, csv_path, db=db)
     if plot_path:
         with export.writing(plot_path, outcome.records):  # the run is stored: a failure says how to plot again
             micro.plot_micro(outcome, db, plot_path)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .app import app, friendly
+from .app import app, fail, friendly
 from .tables import console, visible
 
 VERDICT_STYLE = {"slower": "bold red", "broken": "bold red", "faster": "bold green", "fixed": "green"}
@@ -60,14 +61,46 @@ def compare(
     db: str = typer.Option("transbench.db", help="SQLite store"),
     alpha: float = typer.Option(0.05, help="1 - the level of the B/A interval (0.05 = 95%)"),
     min_effect: float = typer.Option(0.03, help="smallest latency change that counts (0.03 = 3%)"),
+    json_path: Optional[str] = typer.Option(None, "--json", help="also write the comparison as JSON (the versioned "
+                                                                 "record's `comparison` kind); - for stdout"),
+    markdown: Optional[str] = typer.Option(None, "--markdown", help="also write it as markdown, for a CI step "
+                                                                   "summary ($GITHUB_STEP_SUMMARY); - for stdout"),
+    github_benchmark: Optional[str] = typer.Option(None, "--github-benchmark", help="also write B's cells for "
+                                                   "github-action-benchmark (tool: customSmallerIsBetter)"),
 ) -> None:
-    """Per-cell latency ratio B/A with a bootstrap interval over block medians; exit code 1 when a cell got
-    slower or broke."""
+    """Per-cell latency ratio B/A with an interval (over block medians; an exact rank interval for few samples;
+    over repeats where both runs have them); exit code 1 when a cell got slower or broke."""
+    import json
+
     from ..report import CompareConfig
     from ..report import compare as compare_runs
-    from ..report.compare import comparison_table, unmatched_table
+    from ..report.compare import (comparison_document, comparison_markdown, comparison_table, github_benchmark as
+                                  benchmark_entries, unmatched_table)
+    from ..store import export
 
+    outputs = {"--json": json_path, "--markdown": markdown, "--github-benchmark": github_benchmark}
+    files = {o: p for o, p in outputs.items() if p is not None and p != "-"}
+    if github_benchmark == "-" or list(outputs.values()).count("-") > 1:
+        fail("- (stdout) takes one of --json and --markdown; --github-benchmark writes a file")
+    for option, path in files.items():
+        export.check_output(path, option, db)
+    for i, (option, path) in enumerate(files.items()):
+        for other, before in list(files.items())[:i]:
+            if os.path.realpath(path) == os.path.realpath(before):
+                fail(f"{other} and {option} both write {path}: give them different files")
     cmp = compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
+    texts = {"--json": lambda: json.dumps(comparison_document(cmp), indent=1, default=str) + "\n",
+             "--markdown": lambda: comparison_markdown(cmp),
+             "--github-benchmark": lambda: json.dumps(benchmark_entries(cmp), indent=1) + "\n"}
+    for option, path in files.items():
+        with export.writing(path):
+            export.write_text(path, texts[option]())
+    stdout = next((o for o, p in outputs.items() if p == "-"), None)
+    if stdout is not None:  # the document alone on stdout, for a pipe; the gate's exit code as always
+        typer.echo(texts[stdout](), nl=False)
+        if cmp.regressions:
+            raise typer.Exit(1)
+        return
     # A CI log or a narrow terminal: every value whole within 100 columns (long text folds, never "...").
     width = min(console.width, 100)
     for doc in (comparison_table(cmp), unmatched_table(cmp)):

@@ -71,7 +71,9 @@ def run(given: dict, *, spec, db, json_path, csv_path, resume, wide) -> None:
 
     try:
         outcome = api.run(the_spec, db, json_path=json_path, csv_path=csv_path, resume=resume,
-                          on_start=on_start, on_cell=on_cell, on_probe=on_probe, explicit=explicit)
+                          on_start=on_start, on_cell=on_cell, on_probe=on_probe, explicit=explicit,
+                          on_warning=lambda line: progress.console.print(visible(f"warning: {line}"), style="yellow",
+                                                                         highlight=False, markup=False))
     finally:
         if bar:  # a stopped, never started bar would still print an empty line
             progress.stop()

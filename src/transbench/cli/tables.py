@@ -146,7 +146,8 @@ RUN_COLUMNS = [
     Col("scenario", setting=True), Col("model", setting=True), Col("task", setting=True),
     Col("backend", setting=True), Col("dtype", setting=True), Col("batch_size", setting=True),
     Col("seq_len", setting=True), Col("status", show=status_text),
-    Col("latency_ms"), Col("throughput_per_s", rank=8), Col("prefill_ms", rank=7), Col("decode_ms_per_token", rank=7),
+    Col("latency_ms"), Col("_repeats", "repeats ms", lambda v: "" if v is None else v, rank=8),
+    Col("throughput_per_s", rank=8), Col("prefill_ms", rank=7), Col("decode_ms_per_token", rank=7),
     Col("tflops", rank=6), Col("mfu", rank=5), Col("speedup", rank=6), Col("peak_mem_mb", rank=4),
     Col("mem_saved", rank=3, wide=True), Col("latency_iqr_ms", rank=2, wide=True),
     Col("latency_p99_ms", rank=2, wide=True), Col("tokens_per_s", rank=3, wide=True), Col("rel_err", rank=1, wide=True),
@@ -154,8 +155,16 @@ RUN_COLUMNS = [
 
 
 def records_table(recs: list[dict], title: str = "", width: int | None = None, wide: bool = False) -> Group:
-    """One row per cell of a run."""
-    return fitted(recs, RUN_COLUMNS, title, width, wide)
+    """One row per cell of a run; a repeated cell (`run --repeat`) shows the range of its repeats' medians."""
+    return fitted([{**r, "_repeats": repeat_range(r)} for r in recs], RUN_COLUMNS, title, width, wide)
+
+
+def repeat_range(rec: dict) -> str | None:
+    """min-max of a repeated cell's repeat medians and their count, e.g. '0.81-0.86 (3x)'."""
+    lo, hi, n = rec.get("latency_repeat_min_ms"), rec.get("latency_repeat_max_ms"), rec.get("repeats")
+    if lo is None or hi is None or rec.get("status") != "ok":
+        return None
+    return f"{lo:.4g}-{hi:.4g} ({n}x)"
 
 
 def pivot(title: str, corner: str, columns: list[str], rows: dict[str, dict[str, str]], width: int | None = None) -> list[Table]:

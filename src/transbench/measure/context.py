@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import device as dev
+from . import load
 
 POLL_S = 0.02  # NVML refreshes clocks and power every ~20 ms; polling faster reads the same values
 # The board's energy counter advances in steps: over a region of 0.2 s an H100 read 1,027 W against its
@@ -35,8 +36,12 @@ class DeviceContext:
     temp_c: list[float] = field(default_factory=list)
     reasons: set[str] = field(default_factory=set)
     max_sm_clock_mhz: float | None = None
-    energy_j: float | None = None  # from the total-energy counter, over the region
+    energy_j: float | None = None  # over the region: from the board's counter, else integrated (energy_source)
+    energy_source: str | None = None  # counter | integrated (sampled power, trapezoid rule) | None: no energy
+    power_t: list[float] = field(default_factory=list)  # perf_counter time of each power_w reading
     seconds: float = 0.0
+    device_type: str = "cpu"
+    busy: object = None  # load.Busy: other processes' CPU use over the region (None: not watched)
 
     def summary(self) -> dict:
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
@@ -48,6 +53,7 @@ class DeviceContext:
             "temp_c": max(self.temp_c) if self.temp_c else None,
             "throttle_reasons": sorted(self.reasons),
             "energy_region_j": self.energy_j,
+            "energy_source": self.energy_source,
             "region_s": self.seconds,
         }
 
@@ -71,12 +77,13 @@ class Monitor:
         if nvml is None and device is not None and getattr(device, "type", "cpu") == "cuda":
             nvml, handle = dev.nvml_handle(device.index or 0)
         self.nv, self.h, self.poll_s = nvml, handle, poll_s
-        self.context = DeviceContext()
+        self.context = DeviceContext(device_type=getattr(device, "type", None) or ("cuda" if nvml else "cpu"))
         self._stop = threading.Event()
         self._mark = threading.Event()
         self._thread: threading.Thread | None = None
         self._energy0: float | None = None
         self._t0 = 0.0
+        self._load = load.Watch()  # other processes busy during the region (the CPU's own context)
 
     @property
     def active(self) -> bool:
@@ -96,6 +103,7 @@ class Monitor:
         power = self._try(nv.nvmlDeviceGetPowerUsage, h)
         if power is not None:
             c.power_w.append(power / 1e3)
+            c.power_t.append(time.perf_counter())
         temp = self._try(nv.nvmlDeviceGetTemperature, h, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
         if temp is not None:
             c.temp_c.append(float(temp))
@@ -122,7 +130,7 @@ class Monitor:
         """The region starts now: readings so far are dropped, energy and time count from here."""
         self._mark.clear()
         c = self.context
-        for readings in (c.sm_clock_mhz, c.power_w, c.temp_c, c.reasons):
+        for readings in (c.sm_clock_mhz, c.power_w, c.power_t, c.temp_c, c.reasons):
             readings.clear()
         self._read()
         self._energy0 = self._energy()
@@ -140,6 +148,7 @@ class Monitor:
             self._t0 = time.perf_counter()
 
     def __enter__(self) -> Monitor:
+        self._load.__enter__()
         if self.active:
             self.context.max_sm_clock_mhz = self._try(self.nv.nvmlDeviceGetMaxClockInfo, self.h, self.nv.NVML_CLOCK_SM)
             self._read()
@@ -151,7 +160,10 @@ class Monitor:
 
     def __exit__(self, *exc) -> None:
         e1 = self._energy() if self.active else None
-        self.context.seconds = time.perf_counter() - self._t0
+        end = time.perf_counter()
+        self.context.seconds = end - self._t0
+        self._load.__exit__(*exc)
+        self.context.busy = self._load.busy
         if not self.active:
             return
         self._stop.set()
@@ -164,4 +176,24 @@ class Monitor:
         # region (record.context_record).
         if (self._energy0 is not None and e1 is not None and self.context.seconds >= MIN_ENERGY_REGION_S
                 and e1 > self._energy0):
-            self.context.energy_j = e1 - self._energy0
+            self.context.energy_j, self.context.energy_source = e1 - self._energy0, "counter"
+        elif self._energy0 is None and e1 is None:
+            # A board with no energy counter (NVML answers no total energy): the power readings, integrated over the
+            # region. Only there: over a short region a counter's steps are the trouble, and 50 ms polls of a
+            # power figure that NVML itself averages do not resolve it either.
+            energy = integrate_energy(self.context.power_t, self.context.power_w, self._t0, end)
+            if energy is not None:
+                self.context.energy_j, self.context.energy_source = energy, "integrated"
+
+
+def integrate_energy(times: list[float], watts: list[float], start: float, end: float) -> float | None:
+    """Joules over [start, end] from power readings `watts` taken at `times`: the trapezoid rule between readings,
+    the first reading held back to `start` and the last carried on to `end` (a reading stands for the power
+    around it). None without two readings inside the region."""
+    points = [(t, w) for t, w in zip(times, watts) if start <= t <= end]
+    if len(points) < 2 or end <= start:
+        return None
+    joules = (points[0][0] - start) * points[0][1] + (end - points[-1][0]) * points[-1][1]
+    for (t0, w0), (t1, w1) in zip(points, points[1:]):
+        joules += (t1 - t0) * (w0 + w1) / 2
+    return joules

@@ -5,11 +5,19 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import subprocess
 import sys
 from importlib import metadata
 
 from . import device as dev
-from . import peaks
+from . import load, peaks
+
+# Versions recorded with every run: what the figures depend on. importlib.metadata reads each in microseconds;
+# torch.utils.collect_env runs pip, conda and nvidia-smi in subprocesses (seconds), so it is not used.
+PACKAGES = ("torch", "transformers", "triton", "pytorch-triton", "numpy", "accelerate", "safetensors", "tokenizers",
+            "onnxruntime", "onnxruntime-gpu", "onnx", "flash-attn", "deepspeed", "liger-kernel", "nvidia-ml-py",
+            "nvidia-cudnn-cu12", "nvidia-cublas-cu12", "nvidia-nccl-cu12")
+GIT_TIMEOUT_S = 2.0
 
 
 def _version(pkg: str) -> str | None:
@@ -25,12 +33,45 @@ def _transbench_version() -> str:
     return __version__
 
 
+def git_commit(cwd: str | None = None) -> str | None:
+    """The commit checked out where the benchmark runs (the code under test, when that is a repository), with
+    "-dirty" where tracked files changed; None outside a repository, without git, or past a short timeout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                              timeout=GIT_TIMEOUT_S)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = head.stdout.strip() or None
+    return commit and commit + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "Model")) and ":" in line:  # x86; some ARM kernels say "Model"
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or None
+
+
+def packages() -> dict[str, str]:
+    return {p: v for p in PACKAGES if (v := _version(p)) is not None}
+
+
 def _nvml_gpu(index: int) -> dict:
     nv, h = dev.nvml_handle(index)
     if h is None:
         return {}
     out: dict = {}
     for key, call in {
+        "uuid": lambda: _text(nv.nvmlDeviceGetUUID(h)),
         "sm_clock_mhz": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
         "mem_clock_mhz": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
         "max_sm_clock_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
@@ -77,6 +118,13 @@ def collect(open_cuda: bool = True) -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_threads": load.available_cores(),  # the cores this process may use: the workers' default --threads
+        "hostname": socket.gethostname(),
+        "git_commit": git_commit(),
+        "packages": packages(),
+        "load_avg": load.load_avg(),
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "triton": _version("triton") or _version("pytorch-triton"),

@@ -10,6 +10,21 @@ from . import peaks
 from .timer import Sampled
 
 NOISY_TEXT = "noisy: IQR/median {:.1%} > 5%"
+# What steadies a noisy cell. On a CPU, timing longer does not: calls vary because the cell's threads share cores
+# with other work (another process, the sweep itself), and more samples of that only repeat it. On a 2-core
+# machine a busy neighbour took sdpa bert batch 1 from 0.81 to 93.65 ms.
+NOISY_FIX = {"cpu": "on a CPU, a quiet machine and fewer --threads than free cores steady it (timing longer "
+                    "does not)",
+             "cuda": "other processes on the GPU, or a clock that moved (sm_clock_min_mhz), widen it; --min-time "
+                     "longer evens out the rest"}
+
+
+def noisy_text(s: Sampled) -> list[str]:
+    """The noisy warning, with the fix that works on the cell's device."""
+    if not s.stats.noisy:
+        return []
+    fix = NOISY_FIX.get(s.context.device_type, NOISY_FIX["cpu"])
+    return [NOISY_TEXT.format(s.stats.iqr_ms / s.stats.median_ms) + f": {fix}"]
 # A call that holds the host for most of its time is timed by the CPU's speed, not the GPU's. On an H100's
 # machine, transformers' bert-base with sdpa attention (the `sdpa` backend: no graphs) at 2 x 96 read 4.7 to
 # 8.1 ms over seven rounds of one process, by transbench and by a plain event loop alike, while graph-replayed points
@@ -39,7 +54,7 @@ def timing_record(s: Sampled, *, items: float | None = None, tokens: float | Non
         rec["tflops"] = flops / seconds / 1e12
         rec["mfu"] = peaks.mfu(flops / seconds / world, gpu and gpu.name, dtype, gpu and gpu.memory_gb)
     rec.update(context_record(s, items=items, tokens=tokens))
-    warnings = [NOISY_TEXT.format(st.iqr_ms / st.median_ms)] if st.noisy else []
+    warnings = noisy_text(s)
     if s.short:  # a cap ended the sampling before --min-time and --min-count were both reached (timer.sample_steps)
         warnings.append(f"short: {s.short}")
     if s.parts.get("host_ms"):
@@ -50,18 +65,21 @@ def timing_record(s: Sampled, *, items: float | None = None, tokens: float | Non
 
 
 def context_record(s: Sampled, *, items: float | None = None, tokens: float | None = None) -> dict:
-    """Clock, power and energy keys. Energy comes from the board's total-energy counter over the timed
-    region, divided by the calls in it (idle gaps between calls included: they are a few microseconds
+    """Clock, power and energy keys. Energy comes from the board's total-energy counter over the timed region
+    (`energy_source: counter`), or where the board keeps none, from its sampled power integrated over the region
+    (`integrated`), divided by the calls in it (idle gaps between calls included: they are a few microseconds
     of host work per call, and a real caller has them too)."""
     c = s.context
+    busy = {} if c.busy is None else {"busy_processes": c.busy.processes, "busy_cores": c.busy.total}  # load.Watch
     if not c.sm_clock_mhz and c.energy_j is None:
-        return {}
+        return busy
     summary = c.summary()
-    rec = {"sm_clock_mhz": summary["sm_clock_mhz"], "sm_clock_min_mhz": summary["sm_clock_min_mhz"],
+    rec = {**busy, "sm_clock_mhz": summary["sm_clock_mhz"], "sm_clock_min_mhz": summary["sm_clock_min_mhz"],
            "temp_c": summary["temp_c"]}
     if c.energy_j is not None and s.calls:
         per_call = c.energy_j / s.calls
         rec["energy_j"] = per_call
+        rec["energy_source"] = c.energy_source  # counter, or integrated from sampled power (no counter)
         rec["avg_power_w"] = c.energy_j / c.seconds if c.seconds > 0 else summary["power_median_w"]
         if items:
             rec["j_per_seq"] = per_call / items
@@ -73,4 +91,4 @@ def context_record(s: Sampled, *, items: float | None = None, tokens: float | No
 
 
 def noisy_warnings(s: Sampled) -> list[str]:
-    return [NOISY_TEXT.format(s.stats.iqr_ms / s.stats.median_ms)] if s.stats.noisy else []
+    return noisy_text(s)

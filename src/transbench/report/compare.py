@@ -19,13 +19,22 @@ were stored:
    give the same verdict; its level is 1 - alpha (95% by default).
 3. `slower` when the whole interval lies above 1 + min_effect, `faster` when it lies below 1 - min_effect,
    else `same`: a change must be both outside the noise and larger than what the gate cares about.
-4. Fewer than MIN_BLOCKS blocks on either side (under 25 samples): `n/a`, with a note to time longer, unless
-   the two sides do not overlap at all (`separated`): every sample of B above (1 + min_effect) x A's largest is
-   `slower`, every one below (1 - min_effect) x A's smallest `faster`, where the chance of that order with no
-   change, 1 / C(n_a + n_b, n_b) for exchangeable samples, is under alpha / 2. A regression severe enough to cut
-   a cell's samples under --min-time (500x slower: 5 samples) was `n/a`, and the gate passed it.
+4. Fewer than MIN_BLOCKS blocks on either side (under 25 samples): an exact rank interval instead. Each side
+   is its samples (its block medians past RANK_SAMPLES); the interval of the ratio B/A is the pair of
+   order statistics of the pairwise ratios b / a that the exact null distribution of the Mann-Whitney count U
+   gives at level 1 - alpha (the Hodges-Lehmann construction; the distribution is counted exactly,
+   `rank_counts`, for any n). `slower` when it lies above 1 + min_effect, `faster` below 1 - min_effect,
+   `same` when it lies within both; else `n/a`, with how many samples an interval over blocks needs. A
+   regression that cuts a cell to a few samples (115x slower: 11 against 18 samples, one of them a
+   preempted call inside B's range) was `n/a`, exit 0; samples that do not overlap at all are the extreme
+   case (every pair apart: chance 1 / C(n_a + n_b, n_b) under no change).
+5. Both runs repeated (`run --repeat N`, N >= 2 on each side): the verdict comes from the repeats, each a
+   fresh process: a Welch t-interval of the mean log repeat median, B minus A, exponentiated (level
+   1 - alpha), against the same min effect. Calls of one process share its state (allocator, thread
+   placement, clock); repeats in separate processes are the independent draws, so their spread is the
+   run-to-run noise a gate must see past.
 A cell that was ok in A and is not in B (OOM, wrong, error, ...) is `broken`; the reverse is `fixed`.
-Everything is numpy and the standard library; rule 4's count is math.comb, exact Python integers at any n."""
+Everything is numpy and the standard library; rule 4's counts are exact Python integers at any n."""
 
 from __future__ import annotations
 
@@ -50,6 +59,8 @@ NOT_COMPARED = ("max-batch",)
 # samples; any cell timed for the default --min-time 1 s at under 40 ms per call has them.
 MIN_BLOCKS = 5
 RESAMPLES = 2000
+# The most samples a side of the rank interval (rule 4) takes as they are; past that, its block medians.
+RANK_SAMPLES = 2000
 SEED = 0
 
 
@@ -76,6 +87,7 @@ class CellComparison:
     interval: tuple[float, float] | None  # bootstrap interval of the ratio of block medians
     verdict: str  # faster | slower | same | broken | fixed | n/a
     note: str = ""
+    method: str | None = None  # what gave the interval: blocks | ranks | repeats (compare.method)
 
 
 @dataclass
@@ -149,43 +161,168 @@ def longer(scenario: object) -> str:
             else "--min-time")
 
 
-def separated(samples_a: list[float], samples_b: list[float], cfg: CompareConfig) -> tuple[str, str] | None:
-    """(verdict, note) for samples too few for blocks whose two sides do not overlap beyond the min effect (the
-    module's rule 4), else None."""
-    if not samples_a or not samples_b:
+def rank_counts(m: int, n: int, upto: int) -> list[int]:
+    """counts[u] for u = 0..upto: of the C(m + n, m) orders of m A samples and n B samples, how many hold exactly
+    u (A, B) pairs with B above A (the Mann-Whitney count U). They are the coefficients of the Gaussian binomial
+    [m + n choose m]_q, the product over i = 1..min(m, n) of (1 - q^(max(m, n) + i)) / (1 - q^i), truncated at
+    q^upto: no later factor lowers a degree, so the truncation is exact. Python integers: exact at any size
+    (24 against 10,000 samples, up to the middle of U's range, takes about 0.2 s)."""
+    k, big = min(m, n), max(m, n)
+    c = np.zeros(upto + 1, dtype=object)
+    c[0] = 1
+    for i in range(1, k + 1):
+        s = big + i
+        if s <= upto:
+            c[s:] = c[s:] - c[:-s]  # times (1 - q^s); numpy reads the right side whole first
+        for r in range(min(i, upto + 1)):
+            c[r::i] = np.cumsum(c[r::i])  # over (1 - q^i): a running sum with stride i
+    return [int(x) for x in c]
+
+
+def rank_depth(m: int, n: int, alpha: float) -> int:
+    """The largest d with P(U < d) <= alpha / 2 under no change (U over m x n pairs), 0 where even the most
+    extreme order is likelier than that (too few samples for any verdict at this alpha)."""
+    total = math.comb(m + n, m)
+    half = m * n // 2
+    below = 0
+    for u, count in enumerate(rank_counts(m, n, half)):
+        below += count
+        if below * 2 > alpha * total:  # P(U <= u) > alpha / 2: P(U < u) was the last that passed
+            return u
+    return half + 1
+
+
+def rank_interval(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[float, float] | None:
+    """The exact rank (Hodges-Lehmann) interval of the ratio B / A at level 1 - alpha: the d-th smallest and the
+    d-th largest of the m x n pairwise ratios b / a, d from U's exact null distribution (rank_depth). It is the
+    rank test of every ratio at once: a ratio r outside it is refused by the test of B against r x A (samples
+    that do not overlap at all are the extreme case, chance 1 / C(m + n, n)). None where no interval exists."""
+    d = rank_depth(len(a), len(b), alpha)
+    if d == 0:
         return None
-    chance = 1 / math.comb(len(samples_a) + len(samples_b), len(samples_b))
-    if chance >= cfg.alpha / 2:
-        return None
-    for verdict, apart, side in (("slower", min(samples_b) > max(samples_a) * (1 + cfg.min_effect), "above"),
-                                 ("faster", max(samples_b) < min(samples_a) * (1 - cfg.min_effect), "below")):
-        if apart:
-            return verdict, (f"{len(samples_a)} + {len(samples_b)} samples, too few for an interval; every one of B's "
-                             f"is {side} A's by over {percent(cfg.min_effect)} (chance with no change {chance:.1e})")
+    ratios = (b[None, :] / a[:, None]).ravel()
+    k = len(ratios)
+    lo, hi = np.partition(ratios, (d - 1, k - d))[[d - 1, k - d]]
+    return float(lo), float(hi)
+
+
+def fewest_per_side(alpha: float) -> int:
+    """The fewest samples per side for which a rank interval exists at this alpha: 1 / C(2n, n) <= alpha / 2."""
+    n = 1
+    while 2 > alpha * math.comb(2 * n, n):
+        n += 1
+    return n
+
+
+def _side(samples: list[float]) -> np.ndarray:
+    """A side of the rank interval: its samples, or past RANK_SAMPLES of them its block medians (at least 44).
+    Raw samples keep the power a side of one or two samples needs (a cell cut to one call by a regression
+    thousands of times slower, against 40 calls of its baseline: chance 1 / 41); the cap keeps the exact count
+    cheap (10,000 samples against 24 take about 2 s, their block medians a millisecond)."""
+    x = np.asarray(samples, dtype=np.float64)
+    return block_medians(samples) if len(x) > RANK_SAMPLES else x
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile (p > 0.5) of Student's t with `df` degrees of freedom: its density integrated by Simpson's
+    rule and the CDF bisected (numpy and math only: scipy is not a dependency)."""
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x: float) -> float:
+        t = np.linspace(0.0, x, 4001)
+        f = np.exp(log_c - (df + 1) / 2 * np.log1p(t * t / df))
+        return 0.5 + x / 12000 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def repeat_interval(reps_a: list[float], reps_b: list[float], alpha: float) -> tuple[float, float]:
+    """Welch t-interval (level 1 - alpha) of mean(log B repeats) - mean(log A repeats), as a ratio B / A."""
+    la, lb = np.log(np.asarray(reps_a, dtype=np.float64)), np.log(np.asarray(reps_b, dtype=np.float64))
+    va, vb = la.var(ddof=1) / len(la), lb.var(ddof=1) / len(lb)
+    diff = float(lb.mean() - la.mean())
+    if va + vb == 0:
+        return math.exp(diff), math.exp(diff)
+    df = (va + vb) ** 2 / (va * va / (len(la) - 1) + vb * vb / (len(lb) - 1))
+    half = t_quantile(1 - alpha / 2, df) * math.sqrt(va + vb)
+    return math.exp(diff - half), math.exp(diff + half)
+
+
+def _beyond(lo: float, hi: float, cfg: CompareConfig) -> str | None:
+    if lo > 1 + cfg.min_effect:
+        return "slower"
+    if hi < 1 - cfg.min_effect:
+        return "faster"
     return None
 
 
 def judge(samples_a: list[float], samples_b: list[float], median_a: float, median_b: float,
-          cfg: CompareConfig, scenario: object = None) -> tuple[float, tuple[float, float] | None, str, str]:
-    """(ratio B/A, interval, verdict, note) for two cells that were both ok (of `scenario`: the note's hint)."""
+          cfg: CompareConfig, scenario: object = None, repeats_a: list[float] | None = None,
+          repeats_b: list[float] | None = None) -> tuple[float, tuple[float, float] | None, str, str]:
+    """(ratio B/A, interval, verdict, note) for two cells that were both ok (of `scenario`: the note's hint);
+    `repeats_a` / `repeats_b`: the medians of each side's repeats, where its run was repeated (rule 5)."""
     ratio = median_b / median_a
+    if repeats_a and repeats_b and len(repeats_a) >= 2 and len(repeats_b) >= 2:
+        lo, hi = repeat_interval(repeats_a, repeats_b, cfg.alpha)
+        return ratio, (lo, hi), _beyond(lo, hi, cfg) or "same", f"over {len(repeats_a)} + {len(repeats_b)} repeats"
     blocks_a, blocks_b = block_medians(samples_a), block_medians(samples_b)
     if min(len(blocks_a), len(blocks_b)) < MIN_BLOCKS:
-        apart = separated(samples_a, samples_b, cfg)
-        if apart:
-            return ratio, None, *apart
-        need = MIN_BLOCKS * MIN_BLOCKS
-        hint = "time longer (--min-time)" if longer(scenario) == "--min-time" else f"raise {longer(scenario)}"
-        return ratio, None, "n/a", (f"{len(samples_a)} + {len(samples_b)} samples: a verdict needs {need} per "
-                                    f"cell; {hint}")
+        return (ratio, *few_samples(samples_a, samples_b, cfg, scenario))
     lo, hi = ratio_interval(blocks_a, blocks_b, cfg.alpha)
-    if lo > 1 + cfg.min_effect:
-        return ratio, (lo, hi), "slower", ""
-    if hi < 1 - cfg.min_effect:
-        return ratio, (lo, hi), "faster", ""
+    verdict = _beyond(lo, hi, cfg)
+    if verdict:
+        return ratio, (lo, hi), verdict, ""
     if lo > 1 or hi < 1:
         return ratio, (lo, hi), "same", f"a change, but not all of it beyond the {percent(cfg.min_effect)} min effect"
     return ratio, (lo, hi), "same", ""
+
+
+def few_samples(samples_a: list[float], samples_b: list[float], cfg: CompareConfig,
+                scenario: object = None) -> tuple[tuple[float, float] | None, str, str]:
+    """(interval, verdict, note) for cells with too few samples for blocks: the exact rank interval (rule 4)."""
+    counts = f"{len(samples_a)} + {len(samples_b)} samples"
+    need = MIN_BLOCKS * MIN_BLOCKS
+    hint = "time longer (--min-time)" if longer(scenario) == "--min-time" else f"raise {longer(scenario)}"
+    if not samples_a or not samples_b:
+        return None, "n/a", f"{counts}: a verdict needs samples on both sides; {hint}"
+    interval = rank_interval(_side(samples_a), _side(samples_b), cfg.alpha)
+    if interval is None:
+        return None, "n/a", (f"{counts}: too few for any verdict at alpha {cfg.alpha:g} (a rank interval needs "
+                             f"{fewest_per_side(cfg.alpha)} per cell, one over blocks {need}); {hint}")
+    lo, hi = interval
+    verdict = _beyond(lo, hi, cfg)
+    if verdict:
+        return interval, verdict, f"{counts}: exact rank interval"
+    if lo >= 1 - cfg.min_effect and hi <= 1 + cfg.min_effect:
+        return interval, "same", f"{counts}: exact rank interval, within the {percent(cfg.min_effect)} min effect"
+    return interval, "n/a", (f"{counts}: the rank interval reaches past the {percent(cfg.min_effect)} min effect "
+                             f"without lying beyond it; {need} per cell give an interval over blocks: {hint}")
+
+
+def method(samples_a: list[float], samples_b: list[float], reps_a: list[float] | None,
+           reps_b: list[float] | None, interval) -> str | None:
+    """Which rule gave the interval: `repeats` (rule 5), `ranks` (rule 4) or `blocks` (rules 1-3); None: none."""
+    if interval is None:
+        return None
+    if reps_a and reps_b and len(reps_a) >= 2 and len(reps_b) >= 2:
+        return "repeats"
+    return "blocks" if min(len(block_medians(samples_a)), len(block_medians(samples_b))) >= MIN_BLOCKS else "ranks"
+
+
+def repeat_medians(rec: dict) -> list[float] | None:
+    """The medians of a cell's repeats (`run --repeat`), where the record holds at least two finite ones."""
+    reps = rec.get("repeat_medians_ms")
+    if not isinstance(reps, list) or len(reps) < 2:
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in reps):
+        return None
+    return [float(v) for v in reps]
 
 
 def _median(rec: dict) -> float | None:
@@ -306,8 +443,11 @@ def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[d
                    else "no latency in A" if not ma else "no latency in B")
             out.cells.append(CellComparison(ra, rb, ma, mb, None, None, "n/a", why))
         else:
-            ratio, interval, verdict, note = judge(ra["_samples"], rb["_samples"], ma, mb, cfg, ra.get("scenario"))
-            out.cells.append(CellComparison(ra, rb, ma, mb, ratio, interval, verdict, note))
+            reps_a, reps_b = repeat_medians(ra), repeat_medians(rb)
+            ratio, interval, verdict, note = judge(ra["_samples"], rb["_samples"], ma, mb, cfg, ra.get("scenario"),
+                                                   reps_a, reps_b)
+            out.cells.append(CellComparison(ra, rb, ma, mb, ratio, interval, verdict, note,
+                                            method(ra["_samples"], rb["_samples"], reps_a, reps_b, interval)))
     return out
 
 
@@ -387,3 +527,71 @@ def unmatched_table(cmp: Comparison) -> Table | None:
             rows.append([f"only in {side}", _text(settings(r), settings(r)),
                          STATUS_TEXT.get(r["status"], r["status"]), r.get("_why") or _why_unmatched(r, parsed, other)])
     return Table("cells in one run only", ["in", "cell", "status", "why"], rows)
+
+
+def _n(rec: dict) -> int:
+    return len(rec.get("_samples") or [])
+
+
+def comparison_document(cmp: Comparison) -> dict:
+    """`compare --json`: the versioned comparison (store/schema.py's `comparison`): per matched cell its settings,
+    both statuses and medians, B/A, the interval and the rule that gave it, the verdict and its note; the cells in
+    one run only, with why; the verdict counts and how many fail the gate."""
+    from ..store.schema import SCHEMA_VERSION, version
+
+    def side(run: dict) -> dict:
+        return {"run_id": run["run_id"], "name": run["name"], "kind": run["kind"]}
+
+    cells = [{"scenario": c.record_a.get("scenario"), "settings": settings(c.record_a),
+              "status_a": c.record_a["status"], "status_b": c.record_b["status"],
+              "median_a_ms": c.median_a, "median_b_ms": c.median_b, "ratio": c.ratio,
+              "interval": list(c.interval) if c.interval is not None else None, "method": c.method,
+              "verdict": c.verdict, "note": c.note, "n_a": _n(c.record_a), "n_b": _n(c.record_b),
+              "repeats_a": repeat_medians(c.record_a), "repeats_b": repeat_medians(c.record_b)} for c in cmp.cells]
+    unmatched = [{"side": s, "scenario": r.get("scenario"), "settings": settings(r), "status": r["status"],
+                  "why": r.get("_why") or f"not in {'B' if s == 'A' else 'A'}"}
+                 for s, recs in (("A", cmp.only_a), ("B", cmp.only_b)) for r in recs]
+    return {"schema_version": SCHEMA_VERSION, "transbench_version": version(), "kind": "comparison",
+            "run_a": side(cmp.run_a), "run_b": side(cmp.run_b), "alpha": cmp.config.alpha,
+            "min_effect": cmp.config.min_effect, "counts": cmp.counts(), "regressions": len(cmp.regressions),
+            "summary": cmp.summary(), "cells": cells, "unmatched": unmatched}
+
+
+def comparison_markdown(cmp: Comparison) -> str:
+    """`compare --markdown`: a summary for a CI job's page (GitHub's $GITHUB_STEP_SUMMARY): the gate's outcome
+    first, then the comparison table and the unmatched cells."""
+    from .document import table_markdown
+
+    failed = cmp.regressions
+    head = (f"**transbench compare: {len(failed)} regression(s)** (exit 1)" if failed
+            else "**transbench compare: no regression** (exit 0)")
+    parts = [head, "", table_markdown(comparison_table(cmp))]  # the table's markdown ends in the summary
+    extra = unmatched_table(cmp)
+    if extra is not None:
+        parts += ["", table_markdown(extra)]
+    return "\n".join(parts) + "\n"
+
+
+def github_benchmark(cmp: Comparison) -> list[dict]:
+    """`compare --github-benchmark`: run B's ok cells in github-action-benchmark's `customSmallerIsBetter` format,
+    [{name, unit, value, range, extra}]: its median latency per cell, named by the cell's settings (stable from
+    run to run, so the action charts each cell over time), ± half the IQR, and the verdict against A in `extra`."""
+    out = []
+    judged = {id(c.record_b): c for c in cmp.cells}
+    for rec in [c.record_b for c in cmp.cells] + list(cmp.only_b):
+        median = _median(rec) if rec["status"] == "ok" else None
+        if median is None:
+            continue
+        c = judged.get(id(rec))
+        named = settings(rec)
+        scenario = "" if "scenario" in named else str(rec.get("scenario") or "")
+        name = " ".join(x for x in (scenario, _text(named, named)) if x)
+        entry = {"name": name, "unit": "ms", "value": median}
+        if rec.get("latency_iqr_ms") is not None:
+            entry["range"] = f"± {rec['latency_iqr_ms'] / 2:.4g}"
+        if c is not None:
+            interval = "" if c.interval is None else f" ({c.interval[0]:.3f}-{c.interval[1]:.3f})"
+            ratio = "" if c.ratio is None else f"; B/A {c.ratio:.3f}{interval}"
+            entry["extra"] = f"{c.verdict} against {cmp.run_a['name']}{ratio}; {_n(rec)} samples"
+        out.append(entry)
+    return out

@@ -59,10 +59,18 @@ def _detail(data: ReportData, recs: list[dict], title: str, cols: list[tuple[str
                 row.append(STATUS_TEXT.get(v, v) if key == "status" else ("" if v is None else str(v)))
             elif key == "iqr_pct":
                 row.append(_iqr_ratio(r))
+            elif key == "repeat_range":
+                row.append(_repeat_range(r))
             else:
                 row.append(measured(r, key, kind))
         rows.append(row)
     return Table(title, [c[1] for c in cols], rows, note)
+
+
+def _repeat_range(r: dict) -> str:
+    if not is_ok(r) or r.get("latency_repeat_min_ms") is None:
+        return ""
+    return f"{num(r['latency_repeat_min_ms'])}-{num(r['latency_repeat_max_ms'])} ({r.get('repeats')}x)"
 
 
 def _iqr_ratio(r: dict) -> str:
@@ -85,7 +93,8 @@ def inference_detail(data: ReportData) -> Table | None:
             ("rel_err", "rel err", "err")]
     if any(r.get("host_ms") is not None for r in recs):
         cols.insert(cols.index(("n_samples", "n", "")), ("host_ms", "host ms", ""))
-    if any(r.get("speedup") is not None for r in recs):
+    if any(r.get("latency_repeat_min_ms") is not None for r in recs):  # `run --repeat`: the repeats' medians, min-max
+        cols.insert(cols.index(("latency_p99_ms", "p99 ms", "")), ("repeat_range", "repeats ms", ""))
         cols += [("speedup", "speedup %", "signed"), ("mem_saved", "mem saved %", "signed")]
     bases = sorted({str(r["_baseline"]) for r in recs if r.get("_baseline")})
     note = ("MFU against the dense datasheet peak of the dtype (empty on devices without a known peak). "

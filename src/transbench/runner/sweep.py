@@ -53,6 +53,11 @@ class SweepOptions:
     # training ladder takes 4, as each of its probes is a process that builds the model and trains.
     max_batch_resolution: int = 32
     progress: Callable | None = None  # (cell, text): a running cell's word on how it is getting on
+    # Compute threads of every worker (torch, OpenMP, MKL), set before any work; None: the cores this process may
+    # use (measure/load.available_cores), which torch's own default (the machine's cores) may exceed.
+    threads: int | None = None
+    # Each cell measured this many times, each in a fresh worker process, one after another (runner/repeat.py).
+    repeat: int = 1
 
 
 def flat_record(cell, result: CellResult) -> dict:
@@ -115,9 +120,16 @@ class _Lane:
     _Interrupted instead of returning the result its killed worker gave."""
 
     def __init__(self, gpu: int | None, target: Target, stopping: threading.Event | None = None,
-                 progress: Callable | None = None):
+                 progress: Callable | None = None, threads: int | None = None):
+        from ..measure.load import available_cores
+        from .worker import THREAD_VARS
+
         self.gpu, self.target, self.progress = gpu, target, progress
-        self.env = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)}
+        self.threads = threads or available_cores()
+        self.env = {"TRANSBENCH_THREADS": str(self.threads), **{v: str(self.threads) for v in THREAD_VARS}}
+        if gpu is not None:
+            self.env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        self._thread_vars = ("TRANSBENCH_THREADS", *THREAD_VARS)
         self.worker: Worker | None = None
         self.stopping = stopping
 
@@ -131,11 +143,25 @@ class _Lane:
         if worker is not None:
             worker.proc.kill()
 
-    def run(self, cell, timeout: float) -> CellResult:
-        self._check()
-        result = self._run(cell, timeout)
-        self._check()
-        return result
+    def run(self, cell, timeout: float, repeat: int = 1) -> CellResult:
+        """The cell's result; with `repeat` > 1, measured that many times, each in a fresh worker (repeat.py)."""
+        from .repeat import combine
+
+        if repeat <= 1:
+            self._check()
+            result = self._run(cell, timeout)
+            self._check()
+            return result
+        results = []
+        for _ in range(repeat):
+            self.close()  # a fresh process for every repeat: what one process shares is not a repeat
+            self._check()
+            results.append(self._run(cell, timeout))
+            self._check()
+            if results[-1].status != "ok":
+                break
+        self.close()
+        return combine(results, repeat)
 
     def _run(self, cell, timeout: float) -> CellResult:
         if self.target.launch is not None:
@@ -165,9 +191,19 @@ class _Lane:
     def _launch(self, cell, timeout: float) -> CellResult:
         from . import launch
 
+        from ..measure import load
+
         module, cfg = self.target.launch(cell)
-        cfg = replace(cfg, timeout=timeout, env={**cfg.env, **self.env})
-        return launch.outcome(launch.launch(module, cell.to_dict(), cfg), cfg)
+        # --threads is the cell's: its ranks share it (torchrun's own default, 1 a rank, left cores idle on a CPU)
+        per_rank = str(max(1, self.threads // max(1, cfg.nproc)))
+        cfg = replace(cfg, timeout=timeout, env={**cfg.env, **self.env, **dict.fromkeys(self._thread_vars, per_rank)})
+        with load.Watch() as watch:  # the ranks are this process's children: their own work is not counted
+            result = launch.outcome(launch.launch(module, cell.to_dict(), cfg), cfg)
+        result.record.update(load.record(watch.busy, self.threads))  # the threads every rank was given
+        gpu = str(getattr(cell, "device", "")).startswith("cuda")
+        if load.competing(watch.busy, 1 if gpu else self.threads):
+            result.warnings.append(load.warning(watch.busy, self.threads))
+        return result
 
     def close(self) -> None:
         if self.worker is not None:
@@ -232,7 +268,7 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
             on_cell(cell, result)
 
     def lane_loop(gpu: int | None) -> None:
-        lane = _Lane(gpu, target, stopping, opts.progress)
+        lane = _Lane(gpu, target, stopping, opts.progress, opts.threads)
         lanes.append(lane)
         try:
             while True:
@@ -256,7 +292,8 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
                     if oom_at is not None and cell.batch > oom_at:
                         result = CellResult("skipped", error=f"batch {oom_at} was out of memory")
                     else:
-                        result = lane.run(cell, opts.timeout)
+                        result = (lane.run(cell, opts.timeout, opts.repeat) if opts.repeat > 1
+                                  else lane.run(cell, opts.timeout))
                         if result.status == "oom":
                             oom_at = cell.batch if oom_at is None else min(oom_at, cell.batch)
                         elif result.status == "ok" and cell.batch >= fitted:

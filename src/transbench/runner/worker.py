@@ -22,6 +22,8 @@ LOG_TAIL_CHARS = 2000
 # The longest wait for a cell: the pipe's poll takes at most 2^31 ms (~24.8 days; `--timeout 1e7` was an
 # OverflowError traceback after the run was stored), and a deadline of 11.5 days is none anyway.
 LONGEST_WAIT_S = 1e6
+# The thread-count variables of the libraries torch computes with on a CPU; TRANSBENCH_THREADS carries the count.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def resolve_target(target: str):
@@ -38,11 +40,13 @@ def execute(target: str, cell: dict, state: dict) -> CellResult:
     from ..measure import device as dev
     from ..measure import memory
 
+    from ..measure import load
+
     failed = _capture_failures()
     device_str = cell.get("device", "cpu")
     device = _device(device_str)
     before = None
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, load.Watch() as watch:
         warnings.simplefilter("always")
         try:
             if device is not None:
@@ -52,12 +56,39 @@ def execute(target: str, cell: dict, state: dict) -> CellResult:
             result = failure(device_str, exc, Unsupported, dev, memory, caught)
     if before is not None and result.status == "ok":
         result.record.setdefault("mem_before_mb", before)
+    threads = _threads()
+    # Over the timed region where the sampler watched it (measure/context.py), else over the whole cell.
+    region = result.record.get("busy_processes")
+    busy = (load.Busy(processes=region, total=result.record.get("busy_cores")) if isinstance(region, list)
+            else watch.busy)
+    result.record.update(load.record(busy, threads))
+    # A GPU cell's host needs one core to launch its kernels; a CPU cell, every thread it was given.
+    if load.competing(busy, 1 if device_str.startswith("cuda") else threads):
+        result.warnings.append(load.warning(busy, threads))
     if device_str.startswith("cuda"):
         result.warnings += _interference()
     if _capture_failures() > failed:
         result.info["fresh_worker_after"] = ("a CUDA-graph capture failed: later captures of this process would run on "
                                              "a second stream")
     return result
+
+
+def _threads() -> int | None:
+    """The intra-op threads torch computes with in this process (None where torch never loaded)."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
+
+
+def apply_threads(threads: int | None) -> None:
+    """Set this process's compute threads before any work: OpenMP and MKL read their variables when they
+    start, torch's intra-op pool is set directly (it may have started already)."""
+    if not threads:
+        return
+    for var in THREAD_VARS:
+        os.environ[var] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def _capture_failures() -> int:
@@ -117,6 +148,8 @@ def _child_main(conn, env: dict, log_path: str) -> None:
     os.dup2(log.fileno(), 2)
     # A cell may say how it is getting on (what it prepares, i of n): sent to the parent beside the result
     # (Worker.run's on_progress), as ("progress", text) where a result is (dict, float).
+    threads = os.environ.get("TRANSBENCH_THREADS", "")
+    apply_threads(int(threads) if threads.isdigit() else None)
     state: dict = {"progress": lambda text: conn.send(("progress", str(text)))}
     while True:
         try:

@@ -79,15 +79,46 @@ def columns(recs: list[dict]) -> list[str]:
     return [*RECORD_KEYS, *extra, *rest]
 
 
-def write(recs: list[dict], json_path: str | None = None, csv_path: str | None = None) -> None:
+def write(recs: list[dict], json_path: str | None = None, csv_path: str | None = None, *, db: str | None = None,
+          runs: list[dict] | None = None) -> None:
     """The --json / --csv exports of a command, where asked for. The run is stored by now, so a failure (a full
-    disk, a file that became a SQLite database) is one line that says so, never a traceback."""
-    for path, fill in ((json_path, _fill_json), (csv_path, _fill_csv)):
+    disk, a file that became a SQLite database) is one line that says so, never a traceback. The JSON is the
+    versioned record (store/schema.py) with the spec and environment of `runs` (store rows), else of the runs of
+    `recs` read from the store `db`."""
+    if json_path and runs is None:
+        runs = runs_of(recs, db)
+    for path, fill in ((json_path, lambda r, f: _fill_json(r, f, runs or [])), (csv_path, _fill_csv)):
         if path:
             with writing(path, recs):
                 _refuse_sqlite(Path(path))  # again at write time: Python callers skip check_paths
                 with replacing(path) as f:
                     fill(recs, f)
+
+
+def runs_of(recs: list[dict], db: str | None) -> list[dict]:
+    """The stored runs the records belong to, in their order; without a store, what the records name."""
+    ids = list(dict.fromkeys(r.get("run_id") for r in recs if r.get("run_id")))
+    found: dict[str, dict] = {}
+    if db and ids:
+        store = Store(db, readonly=True)
+        try:
+            for run_id in ids:
+                run = store.find_run(run_id)
+                if run is not None and run["run_id"] == run_id:
+                    found[run_id] = run
+        finally:
+            store.close()
+    names = {r.get("run_id"): r.get("run_name") for r in recs}
+    return [found.get(i) or {"run_id": i, "name": names.get(i) or i, "kind": "unknown", "created": "", "spec": {},
+                             "env": {}} for i in ids]
+
+
+def write_record(recs: list[dict], runs: list[dict], path: str) -> None:
+    """The versioned record of these runs' records at `path` (`runs --out`)."""
+    with writing(path):
+        _refuse_sqlite(Path(path))
+        with replacing(path) as f:
+            _fill_json(recs, f, runs)
 
 
 @contextmanager
@@ -141,9 +172,10 @@ def save_figure(fig, path: str | Path, **kwargs) -> None:
         fig.savefig(f, format="png", **kwargs)
 
 
-def _fill_json(recs: list[dict], f) -> None:
-    cols = columns(recs)
-    json.dump([{k: r.get(k) for k in cols} for r in recs], f, indent=1, default=str)
+def _fill_json(recs: list[dict], f, runs: list[dict]) -> None:
+    from .schema import record_document
+
+    json.dump(record_document(recs, runs, columns(recs)), f, indent=1, default=str)
 
 
 def _fill_csv(recs: list[dict], f) -> None:

@@ -7,6 +7,7 @@ import itertools
 from ... import backends
 from ...errors import SpecError
 from ...measure import device as dev
+from ...measure.load import available_cores
 from ...models import build
 from ...models.build import ACTIVATIONS
 from .spec import RunSpec, device_defaults
@@ -14,6 +15,10 @@ from ...runner import shard as sharding
 from ...spec import check_once, checked
 from ...store.db import check_name_text
 from ...cells import Cell
+
+
+MAX_THREADS = 4096
+MAX_REPEAT = 100  # each repeat is a process that builds the model again
 
 
 def validate(spec: RunSpec) -> RunSpec:
@@ -57,6 +62,11 @@ def validate(spec: RunSpec) -> RunSpec:
         raise SpecError("--min-count must be at least 1")
     if spec.nproc < 1:
         raise SpecError("--nproc must be at least 1")
+    if spec.threads is not None and not 1 <= spec.threads <= MAX_THREADS:
+        raise SpecError(f"--threads must be between 1 and {MAX_THREADS}, got {spec.threads} (this process may use "
+                        f"{available_cores()} cores)")
+    if not 1 <= spec.repeat <= MAX_REPEAT:
+        raise SpecError(f"--repeat must be between 1 and {MAX_REPEAT}, got {spec.repeat}")
     if spec.max_batch_limit < 1:  # the search's cap: 0 or below probed nothing and stored a misleading answer
         raise SpecError(f"max_batch_limit must be at least 1, got {spec.max_batch_limit}")
     if spec.max_batch and max(spec.batches) > spec.max_batch_limit:  # the search starts at the largest batch

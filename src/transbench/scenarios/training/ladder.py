@@ -190,7 +190,7 @@ def ladder(spec, db: str, *, json_path: str | None = None, csv_path: str | None 
             r.update(run_id=run_id, run_name=name)
     finally:
         store.close()
-    export.write(rows, json_path, csv_path)
+    export.write(rows, json_path, csv_path, db=db)
     return rows
 
 

@@ -456,5 +456,5 @@ def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None =
         recs = export.records(store, [run_id])
     finally:
         store.close()
-    export.write(recs, json_path, csv_path)
+    export.write(recs, json_path, csv_path, db=db)
     return recs
