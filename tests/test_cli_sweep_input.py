@@ -86,6 +86,7 @@ CLASSES = {
     "--shard": "shard", "--lengths": "lengths", "--op": "choice-list", "--comm-timing": "choice",
     "--url": "text", "--api": "choice", "--served-model": "text", "--tokenizer": "text", "--reference-model": "text",
     "--host": "host", "--served-model-name": "name", "--warm-lengths": "int-list",
+    "--arrivals": "text", "--trace": "text", "--slo": "text", "--percentiles": "float-list",
 }
 
 
@@ -471,6 +472,7 @@ _WHY = [
     ("server", "--served-model-name", [N], "a model name is text of any script (without spaces or control characters)"),
     ("serve", "--max-wait-ms", ["1e30"], "a wait is cut 10 s after the last arrival (docs/serve.md)"),
     ("serve", "--duration", ["1e-320"], "a positive duration: a short window, as asked"),
+    ("serve", "--prepare-budget", ["0", "1e-320"], "0 or more seconds: every shape is then prepared on first use"),
     ("serve", "--warmup", ["0", "1e-320"], "0 or more seconds of warm-up"),
     ("serve", "--slo-ms", ["1e30", "1e-320"], "a positive target: every request meets it, or none"),
     ("train", "--grad-ckpt", ["OFF"], "on/off words in any case (spec.py _scalar)"),

@@ -18,12 +18,6 @@ from collections.abc import Mapping
 SCHEMA_VERSION = 1
 SCHEMA_ID = "https://github.com/transbench/transbench/record.schema.json"
 
-_TEXT = ("run_id", "run_name", "scenario", "model", "task", "backend", "dtype", "device", "gpu", "status", "error",
-         "strategy", "activation", "attn", "precision", "optim", "kernels", "energy_source", "compile_mode", "micro",
-         "arrival", "percentile_kind")
-_WHOLE = ("batch_size", "seq_len", "n_samples", "world_size", "threads", "repeats", "new_tokens", "nproc", "seed",
-          "steps")
-_FLAGS = ("embeddings",)
 _LISTS = {"repeat_medians_ms": {"type": "array", "items": {"type": "number"}},
           "busy_processes": {"type": "array", "items": {
               "type": "object", "required": ["pid", "name", "cores"],

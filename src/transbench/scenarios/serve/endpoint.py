@@ -18,7 +18,8 @@ from .cell import ServeCell
 from .http_client import HttpTrace, Sent, payload, run_http_load
 from .measure import plan_for
 from .prompts import HFTokenizer, WordTokenizer, has_tokenizer, make_prompts
-from .stats import PERCENTILES, percentile, spread
+from . import tails
+from .stats import STORED, name, percentile, spread
 
 # The client fell behind when its send lag's p99 passes the larger of these: a fixed floor (the event loop sleeps
 # in whole milliseconds) and a share of the mean gap between planned arrivals (a lag that size reshapes the
@@ -47,7 +48,7 @@ def _failed_percentile(ok_ms: list[float], failed: int, q: float) -> float | Non
     return None if math.isinf(value) or math.isnan(value) else value
 
 
-def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None) -> tuple:
+def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, tail_share: float = 0.99) -> tuple:
     """(record, latency samples of the answered requests in ms, info), requests arriving in the warm-up left out."""
     w = trace.plan.warmup_s
     reqs = sorted((r for r in trace.requests if r.arrival >= w), key=lambda r: r.arrival)
@@ -61,13 +62,19 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None) 
     span = max(last - w, 1e-9)
     rec = {"requests": n, "failed": failed, "error_rate": failed / n, "achieved_rate": len(ok) / span,
            "offered_rate": offered_rate}
-    rec.update({f"latency_{name}_ms": _failed_percentile(lat_ok, failed, q) for name, q in PERCENTILES.items()})
+    rec.update({f"latency_{name(q)}_ms": _failed_percentile(lat_ok, failed, q) for q in STORED})
     rec.update(latency_max_ms=max(lat_ok) if lat_ok and not failed else None,
                latency_mean_ms=sum(lat_ok) / len(lat_ok) if lat_ok else None)
     rec.update(latency_ms=rec["latency_p50_ms"], n_samples=n)
+    # LoadGen's early-stopping verdict (tails.verdict), as in-process serving judges (stats.account): a failed
+    # request misses the target, and too few requests for the percentile make the verdict not valid, never met
+    need = tails.min_requests(tail_share)
+    rec.update(n_requests=n, tail_percentile=tail_share * 100, tail_min_requests=need, tail_valid=n >= need)
     if slo_ms is not None:
         good = sum(1 for x in lat_ok if x <= slo_ms)
-        rec.update(slo_ms=slo_ms, goodput=good / n, goodput_rate=good / span)
+        valid, met = tails.verdict(n, n - good, tail_share)
+        rec.update(slo_ms=slo_ms, goodput=good / n, goodput_rate=good / span, slo_misses=n - good,
+                   slo_allowed_misses=tails.allowed_overs(n, tail_share), tail_valid=valid, slo_met=met)
     streamed = [r for r in ok if r.steps]
     if streamed:
         rec.update(spread("ttft", [(r.steps[0] - r.arrival) * 1e3 for r in streamed]))
@@ -209,7 +216,7 @@ def run(cell: ServeCell) -> CellResult:
 
     trace = run_http_load(cell.url, cell.api, body, plan, cell.request_timeout)
     info_counts = fill_counts(trace, prompts, tokenizer)
-    rec, samples, info = account(trace, cell.slo_ms, offered)
+    rec, samples, info = account(trace, cell.slo_ms, offered, cell.tail_share)
     info.update(prompts=source, url=cell.url, api=cell.api, served_model=model, token_counts=info_counts)
     if not rec.get("requests"):
         return CellResult("error", record=rec, info=info,
