@@ -41,10 +41,10 @@ def _nullable(t: object) -> dict:
 def record_schema(types: Mapping[str, object] | None = None) -> dict:
     """The JSON Schema of every export (records and comparisons), from `types`: result key -> JSON type name
     ('number', 'integer', 'string', 'boolean') or a schema object; default derived_types()."""
-    from .export import RECORD_KEYS
+    from ..keys import record_keys
 
     types = dict(derived_types() if types is None else types)
-    cell = {"type": "object", "required": list(RECORD_KEYS),
+    cell = {"type": "object", "required": list(record_keys()),
             "properties": {k: _nullable(t) for k, t in types.items()}}
     gpu = {"type": "object", "properties": {
         "index": {"type": "integer"}, "name": {"type": "string"}, "uuid": {"type": ["string", "null"]},
