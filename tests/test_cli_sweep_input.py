@@ -86,6 +86,7 @@ CLASSES = {
     "--shard": "shard", "--lengths": "lengths", "--op": "choice-list", "--comm-timing": "choice",
     "--url": "text", "--api": "choice", "--served-model": "text", "--tokenizer": "text", "--reference-model": "text",
     "--host": "host", "--served-model-name": "name", "--warm-lengths": "int-list",
+    "compare:--markdown": "out-file", "compare:--github-benchmark": "out-file",
     "--arrivals": "text", "--trace": "text", "--slo": "text", "--percentiles": "float-list",
 }
 

@@ -235,7 +235,7 @@ def test_serve_url_through_the_cli_shows_the_error_rate(tmp_path):
                                        "--new-tokens", "4", "--db", str(tmp_path / "t.db"),
                                        "--json", str(tmp_path / "t.json")])
     assert res.exit_code == 0, res.output
-    rec = json.loads((tmp_path / "t.json").read_text())[0]
+    rec = json.loads((tmp_path / "t.json").read_text())["cells"][0]
     assert rec["status"] == "ok" and rec["backend"] == "http" and rec["served_model"] == "stub"
     assert 0.4 < rec["error_rate"] < 0.8 and rec["failed"] > 0
     assert "errors" in res.output and "requests failed" in res.output
@@ -319,7 +319,7 @@ def test_server_embeddings_measured_by_serve_url_bad_requests_and_a_clean_stop(t
                                        "--reference-model", str(ckpt), "--db", str(tmp_path / "t.db"),
                                        "--json", str(tmp_path / "t.json")])
         assert res.exit_code == 0, res.output
-        rec = json.loads((tmp_path / "t.json").read_text())[0]
+        rec = json.loads((tmp_path / "t.json").read_text())["cells"][0]
         assert rec["status"] == "ok" and rec["failed"] == 0 and rec["requests"] >= 20
         assert rec["reference_cosine_min"] > 0.999 and rec["reference_checked"] == endpoint.REFERENCE_SAMPLE
         assert rec["prompt_tokens_mean"] > 1 and rec["client_lag_p99_ms"] is not None
@@ -345,7 +345,7 @@ def test_server_streams_completions_that_agree_with_the_fp32_reference(tmp_path)
                                        "--new-tokens", "8", "--reference-model", str(ckpt),
                                        "--db", str(tmp_path / "t.db"), "--json", str(tmp_path / "t.json")])
         assert res.exit_code == 0, res.output
-        rec = json.loads((tmp_path / "t.json").read_text())[0]
+        rec = json.loads((tmp_path / "t.json").read_text())["cells"][0]
         assert rec["status"] == "ok" and rec["failed"] == 0
         assert rec["completion_tokens_mean"] == 8 and rec["prompt_tokens_mean"] == 6
         assert rec["ttft_p50_ms"] > 0 and rec["itl_p50_ms"] > 0 and rec["tpot_p50_ms"] > 0
