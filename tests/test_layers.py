@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "transbench"
 
 # Lowest first. A module may import its own layer and the ones below.
 LAYERS = [
-    ("ground", ("errors", "store")),
+    ("ground", ("errors", "boundary", "store")),
     ("core", ("spec", "cells", "models", "measure")),
     ("engine", ("engine",)),
     ("report", ("report",)),

@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from . import boundary
 from .errors import SpecError
 
 
@@ -223,22 +224,18 @@ def load_file(path: str, cls=None, whole: frozenset[str] = frozenset()) -> dict:
         raise SpecError("--spec is empty: give a .yaml, .toml or .json file")
     p = Path(path)
     try:
-        folder, regular = p.is_dir(), p.is_file()
+        folder, present = p.is_dir(), p.exists()
     except OSError as exc:  # pathlib before Python 3.13 raises for a name too long (ENAMETOOLONG) or a folder
         # that cannot be searched (EACCES): `run --spec` of a 10,000-character name was a traceback
         raise SpecError(f"spec file {path} cannot be read ({exc.strerror}): check the path") from None
     if folder:
         raise SpecError(f"spec file {path} is a folder: give a .yaml, .toml or .json file")
-    if not regular:
+    if not present:
         raise SpecError(f"spec file {path} not found")
     if p.suffix not in (".yaml", ".yml", ".toml", ".json"):
         raise SpecError(f"spec file {path}: use .yaml, .yml, .toml or .json")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"spec file {path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
-    except OSError as exc:
-        raise SpecError(f"spec file {path} cannot be read ({exc.strerror}): check its permissions") from None
+    text = boundary.read_text(p, f"spec file {path}", limit=boundary.SPEC_BYTES,
+                              fix="a sweep file is a short list of options: check the path")
     try:
         data = _parse(path, p.suffix, text)
     except SpecError:
@@ -278,34 +275,19 @@ def _yaml_loader(path: str):
 
 
 def _parse(path: str, suffix: str, text: str):
-    """Parse with the format's own library; its error becomes 'line L, column C: what'."""
+    """Parse through the input boundary (bounded depth, node count and alias expansion; text keys only); a syntax
+    error becomes 'line L, column C: what'."""
+    where = f"spec file {path}"
     if suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            return yaml.load(text, Loader=_yaml_loader(path))  # noqa: S506 - a SafeLoader
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-            what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise SpecError(f"spec file {path}: invalid YAML{at}: {what}") from None
+        return boundary.loads_yaml(text, where, loader=_yaml_loader(path))
     if suffix == ".toml":
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:  # its message already ends "(at line L, column C)"
-            raise SpecError(f"spec file {path}: invalid TOML: {str(exc).splitlines()[0]}") from None
+        return boundary.loads_toml(text, where)
+
     def pairs(items):
         _unique_keys(path, [(k, "") for k, _ in items])
         return dict(items)
 
-    try:
-        return json.loads(text, object_pairs_hook=pairs)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"spec file {path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    return boundary.loads_json(text, where, pairs_hook=pairs, fix="fix it")
 
 
 def dump_text(spec, suffix: str = ".yaml") -> str:
