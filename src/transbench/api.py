@@ -344,7 +344,10 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
     store = Store(db)
     lane = None
     try:
-        run_id, name, done = open_run(store, "serve", replace(spec, name=None).to_dict(), spec.name,
+        stored_spec = replace(spec, name=None).to_dict()
+        if lengths.source:  # the file's name and digest: a resume after the file changed is another grid, refused
+            stored_spec["lengths_file"] = lengths.source
+        run_id, name, done = open_run(store, "serve", stored_spec, spec.name,
                                       lambda: env_mod.collect(open_cuda=False))
 
         # The search decides each probe from the last one, so it drives one lane (one worker, its models kept
