@@ -39,7 +39,7 @@ class BadInput(SpecError):
 
 
 def _fail(where: str, problem: str, fix: str):
-    raise BadInput(f"{where}: {problem}: {fix}")
+    raise BadInput(f"{where}: {problem}: {fix}" if fix else f"{where}: {problem}")
 
 
 # --- files --------------------------------------------------------------------------------------------

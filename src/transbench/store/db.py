@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import boundary
 from ..errors import SpecError
 
 # Marks a file as a transbench store (PRAGMA application_id: ASCII "tbnc"); stores written before the
@@ -365,25 +366,31 @@ class Store:
 
     def _run(self, row) -> dict:
         where = f"run '{row[1]}'"
+        if not all(isinstance(v, str) for v in row[:4]):
+            raise SpecError(f"store {self.path} is damaged: run {row[1]!r} has an id, name, kind or date that is not "
+                            "text: restore it from a copy, or give another --db")
         return {"run_id": row[0], "name": row[1], "kind": row[2], "created": row[3],
                 "spec": self._json(row[4], dict, "spec", where), "env": self._json(row[5], dict, "env", where)}
 
     def _json(self, text, kind: type, column: str, where: str):
-        """A stored JSON column, checked: a row edited by hand or written half by another program is one
-        line naming the store, not a traceback in whatever command reads it next (or a copy in a merge)."""
-        try:
-            value = json.loads(text)
-        except (TypeError, ValueError) as exc:
-            why = f"not JSON ({exc})"
+        """A stored JSON column, checked through the input boundary (nesting bounded) and against what the column
+        declares: a row edited by hand or written half by another program is one line naming the store, the run
+        and the cell, not a traceback in whatever command reads it next (or a copy in a merge)."""
+        why = None
+        if not isinstance(text, str):
+            why = f"{type(text).__name__}, not JSON text"
         else:
-            if not isinstance(value, kind):
-                why = f"{_JSON_NAME.get(type(value), type(value).__name__)}, not {_KIND_TEXT[kind]}"
-            elif column == "samples" and not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                 and math.isfinite(v) for v in value):
-                # json reads NaN too; a NaN sample made every bootstrap bound NaN, and compare said `same`
-                why = "a list that holds something other than finite numbers"
+            try:
+                value = boundary.loads_json(text, "row", depth=boundary.DEPTH, fix="")
+            except SpecError as exc:
+                why = f"not JSON ({str(exc).removeprefix('row: ')})"
             else:
-                return value
+                if not isinstance(value, kind):
+                    why = f"{_JSON_NAME.get(type(value), type(value).__name__)}, not {_KIND_TEXT[kind]}"
+                else:
+                    why = _column_problem(column, value)
+        if why is None:
+            return value
         raise SpecError(f"store {self.path} is damaged: the {column} of {where} is {why}: restore it from a "
                         "copy, or give another --db")
 
@@ -412,10 +419,16 @@ class Store:
         rows = self.conn.execute(
             "SELECT key, scenario, status, record, cell, samples, info, warnings, created FROM cells "
             "WHERE run_id=? ORDER BY rowid", (run_id,)).fetchall()
-        def col(text, kind, name):
-            return self._json(text, kind, name, f"a cell of run {run_id}")
+        run = self.conn.execute("SELECT name FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        run_name = run[0] if run and isinstance(run[0], str) else run_id
         out = []
         for r in rows:
+            def col(text, kind, name, key=r[0]):
+                return self._json(text, kind, name, f"cell {_key_text(key) if isinstance(key, str) else key!r} "
+                                                    f"of run '{run_name}'")
+            if not all(isinstance(v, str) for v in (r[0], r[1], r[2])):
+                raise SpecError(f"store {self.path} is damaged: a cell of run '{run_name}' has a key, scenario or "
+                                "status that is not text: restore it from a copy, or give another --db")
             out.append({"key": r[0], "scenario": r[1], "status": r[2], "record": col(r[3], dict, "record"),
                         "cell": col(r[4], dict, "cell"), "samples": col(r[5], list, "samples"),
                         "info": col(r[6], dict, "info"), "warnings": col(r[7], list, "warnings"), "created": r[8]})
@@ -475,6 +488,48 @@ class Store:
         return 0
 
 
+# Record keys that hold numbers (or nothing): a figure stored as text ("fast") was a TypeError in `runs`, `report`
+# and `compare`, and `merge` copied it on. export.SPEED_KEYS is a subset (tests/test_input_boundary.py).
+NUMBER_KEYS = frozenset({
+    "batch_size", "seq_len", "seq_stdev", "latency_ms", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
+    "latency_p999_ms", "latency_iqr_ms", "n_samples", "host_ms", "throughput_per_s", "tokens_per_s", "tflops", "mfu",
+    "hfu", "peak_mem_mb", "mem_before_mb", "sm_clock_mhz", "sm_clock_min_mhz", "temp_c", "avg_power_w", "energy_j",
+    "j_per_seq", "j_per_token", "j_per_request", "rel_err", "speedup", "mem_saved", "samples_per_s",
+    "tflops_per_gpu", "world_size", "prefill_ms", "decode_ms_per_token", "decode_p90_ms_per_token", "ms_per_token",
+    "kv_cache_mb", "kv_cache_analytic_mb", "ttft_ms", "itl_p50_ms", "itl_p99_ms", "service_p50_ms",
+    "service_p99_ms", "service_max_ms", "offered_rate", "achieved_rate", "goodput", "mean_batch", "forward_ms",
+    "backward_ms", "optimizer_ms", "gain_samples_per_s", "scaling_efficiency"})
+TEXT_KEYS = frozenset({"run_id", "run_name", "scenario", "model", "task", "backend", "dtype", "device", "gpu",
+                       "status", "error", "strategy"})
+ENV_TEXT_KEYS = ("torch", "transformers", "cuda", "driver")
+
+
+def _column_problem(column: str, value) -> str | None:
+    """What in a parsed column breaks its declaration, or None."""
+    if column == "samples" and not all(boundary.is_number(v) for v in value):
+        # json reads NaN too; a NaN sample made every bootstrap bound NaN, and compare said `same`
+        return "a list that holds something other than finite numbers"
+    if column == "record":
+        for k, v in value.items():
+            if v is None:
+                continue
+            if k in NUMBER_KEYS and not (isinstance(v, (int, float)) and not isinstance(v, bool)):
+                return f"a record whose {k} is {_JSON_NAME.get(type(v), type(v).__name__)}, not a number"
+            if k in TEXT_KEYS and not isinstance(v, str):
+                return f"a record whose {k} is {_JSON_NAME.get(type(v), type(v).__name__)}, not text"
+    if column == "warnings" and not all(isinstance(w, str) for w in value):
+        return "a list that holds something other than text"
+    if column == "env":
+        gpus = value.get("gpus")
+        if gpus is not None and not (isinstance(gpus, list) and all(
+                isinstance(g, dict) and isinstance(g.get("name", ""), str) for g in gpus)):
+            return "an environment whose gpus are not a list of objects named by text"
+        bad = next((k for k in ENV_TEXT_KEYS if isinstance(value.get(k), (dict, list))), None)
+        if bad:
+            return f"an environment whose {bad} is {_JSON_NAME[type(value[bad])]}, not text"
+    return None
+
+
 def _key_text(key: str) -> str:
     """A cell key (JSON of the settings that make the cell) as its set values: 'backend eager, batch 1, ...'."""
     try:
@@ -514,6 +569,11 @@ def check_mergeable(others: list[Store], known: dict[str, tuple[dict, str]]) -> 
                                 "--into stores")
         for r in runs:
             other.cells(r["run_id"])
+        ids = {r["run_id"] for r in runs}
+        orphan = next((row for row in other.rows("cells") if row[0] not in ids), None)
+        if orphan is not None:  # a cell of no run: nothing above read it, so nothing checked it
+            raise SpecError(f"store {other.path} is damaged: it holds cells of run id {orphan[0]!r}, which it does not "
+                            "list: nothing was merged; restore it from a copy")
 
 
 def check_sources(paths: list[str]) -> None:
