@@ -55,6 +55,23 @@ CREATE TABLE IF NOT EXISTS cells (
     PRIMARY KEY (run_id, key)
 );
 """
+# Who is writing a run now: one row per (run name, shard) held by a live process, taken in a transaction before
+# anything is measured and deleted when the store is closed (the CLI ends SIGTERM and SIGHUP as Ctrl-C, which closes
+# it). Two processes on one name had both measured, and the later one's INSERT OR REPLACE dropped the other's cell
+# without a word. A row whose process is gone (killed with SIGKILL, a power cut) is taken over: its pid is dead on
+# this host, or is now another process (its start time differs). Not one of COLUMNS: stores made before it had none
+# and are still ours.
+LOCKS = """
+CREATE TABLE IF NOT EXISTS locks (
+    name TEXT NOT NULL,
+    part TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    started TEXT NOT NULL,
+    ticks TEXT NOT NULL,
+    PRIMARY KEY (name, part)
+);
+"""
 COLUMNS = {"runs": ["run_id", "name", "kind", "created", "spec", "env"],
            "cells": ["run_id", "key", "scenario", "status", "record", "cell", "samples", "info", "warnings",
                      "created"]}
@@ -70,6 +87,40 @@ class StoreFull(SpecError):
 
 class RunExists(SpecError):
     """create_run found the name (or its id) taken: made by another process since it was looked up."""
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _ticks(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22), or '' where unknown: a pid
+    alone may be reused by a new process after the one that held a lock died."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError, ValueError):
+        return ""
+
+
+def _alive(pid, host: str, ticks: str) -> bool:
+    """Whether the process that took a lock still runs. On another host that cannot be known: taken as alive."""
+    if host != _host():
+        return True
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        pass
+    except OSError:
+        return False
+    now = _ticks(pid)
+    return not (ticks and now and now != ticks)
 
 
 def _now() -> str:
@@ -310,9 +361,50 @@ class Store:
             self.conn.commit()
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.executescript(LOCKS)
 
     def close(self) -> None:
+        held, self._held = getattr(self, "_held", set()), set()
+        for name, part in held:
+            try:
+                with self.conn:
+                    self.conn.execute("DELETE FROM locks WHERE name=? AND part=? AND pid=? AND host=?",
+                                      (name, part, os.getpid(), _host()))
+            except sqlite3.Error:  # a full disk, say: the row is stale once this process ends, and is taken over
+                pass
         self.conn.close()
+
+    # --- who writes a run -----------------------------------------------------------------------
+    @_guarded
+    def claim(self, name: str, part: str = "") -> None:
+        """Hold run `name` (`part`: a shard, 'I/N', or '' for the whole grid) for this process until close(): a
+        live holder of the whole run, or of the same part, or any part where the whole run is asked for, is one
+        line. A holder that is gone is taken over."""
+        if (name, part) in getattr(self, "_held", set()):
+            return
+        check_name_text(name)
+        me = (os.getpid(), _host(), _ticks(os.getpid()))
+        self.conn.execute("BEGIN IMMEDIATE")  # one claimer at a time: the check and the insert are one step
+        try:
+            for other, pid, host, started, ticks in self.conn.execute(
+                    "SELECT part, pid, host, started, ticks FROM locks WHERE name=?", (name,)).fetchall():
+                if not (other == part or "" in (other, part)):
+                    continue  # another shard of the same sweep: its cells are not ours
+                if (pid, host, ticks) != me and _alive(pid, host, ticks):
+                    self.conn.rollback()
+                    shard = f" (shard {other})" if other else ""
+                    raise SpecError(f"run '{name}'{shard} is being written to store {self.path} by another process "
+                                    f"(pid {pid} on {host}, since {started}): wait for it to end, or choose another "
+                                    "--name" + (f"; if it is gone, delete its lock: sqlite3 {self.path} \"DELETE FROM "
+                                                f"locks WHERE pid={pid}\"" if host != _host() else ""))
+                self.conn.execute("DELETE FROM locks WHERE name=? AND part=?", (name, other))
+            self.conn.execute("INSERT INTO locks VALUES (?,?,?,?,?,?)", (name, part, me[0], me[1], _now(), me[2]))
+            self.conn.commit()
+        except BaseException:
+            if self.conn.in_transaction:
+                self.conn.rollback()
+            raise
+        self._held = getattr(self, "_held", set()) | {(name, part)}
 
     # --- runs -----------------------------------------------------------------------------------
     @_guarded
