@@ -173,9 +173,35 @@ def check_name(name: str) -> str:
                         "use letters, digits, spaces and punctuation")
     if not name.strip():
         raise SpecError("run name is empty: give --name a visible name, or leave it out for a generated one")
+    if not boundary.visible_text(name):  # a zero-width space, a word joiner, a byte-order mark: a name no one sees
+        raise SpecError(f"run name '{name.encode('unicode_escape').decode()}' holds only invisible characters: give "
+                        "--name a visible name, or leave it out for a generated one")
     if name.strip() == "last":  # `runs`, `report` and `compare` read it as the latest run
         raise SpecError("run name 'last' stands for the latest run: choose another name")
     return name
+
+
+# The largest count each option takes: far above any useful value, and low enough that a slip (a warm-up of 1e9
+# calls, a batcher of 1e8 requests) is refused before it runs for days or allocates for ever. Stated in --help
+# (limit_help) and checked by every scenario's validation (check_limits).
+LIMITS = {"--batch": 1_048_576, "--seq": 1_048_576, "--warmup": 100_000, "--min-count": 1_000_000,
+          "--new-tokens": 1_000_000, "--nproc": 1024, "--max-batch-size": 65_536, "--concurrency": 1_000_000,
+          "--steps": 10_000_000}
+# Seconds a serve load runs or warms up for: a day, at most.
+MAX_SECONDS = 86_400
+
+
+def limit_help(text: str, option: str) -> str:
+    """An option's help with its limit: 'untimed calls before timing (at most 100,000)'."""
+    return f"{text} (at most {LIMITS[option]:,})"
+
+
+def check_limits(**given) -> None:
+    """Each count against its option's limit: check_limits(**{"--warmup": 5, "--batch": [1, 8]})."""
+    for option, values in given.items():
+        for v in values if isinstance(values, (list, tuple)) else [values]:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > LIMITS[option]:
+                raise SpecError(f"{option} {v:,} is above its limit of {LIMITS[option]:,}: give a smaller value")
 
 
 def check_once(values, option: str, same=None) -> None:

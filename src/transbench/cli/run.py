@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import api
 from ..errors import SpecError
 from ..scenarios.inference.spec import RunSpec
-from ..spec import load_file, split_list
+from ..spec import limit_help, load_file, split_list
 from ..store import Store, export
 from .app import app, friendly
 from .options import LIST, build_spec, shown
@@ -74,8 +74,8 @@ def run(
                                           help=f"eager,sdpa,sdpa-math,...,fused ({LIST})"),
     dtype: Optional[str] = typer.Option(None, show_default="fp16 on GPU, fp32 on CPU",
                                         help=f"fp32|tf32|fp16|bf16|fp8 ({LIST})"),
-    batch: Optional[str] = typer.Option(None, show_default="1,8,64,256 on GPU, 1,2 on CPU", help=f"batch sizes ({LIST})"),
-    seq: Optional[str] = typer.Option(None, show_default="128,384 on GPU, 128 on CPU", help=f"sequence lengths ({LIST})"),
+    batch: Optional[str] = typer.Option(None, show_default="1,8,64,256 on GPU, 1,2 on CPU", help=limit_help(f"batch sizes ({LIST})", "--batch")),
+    seq: Optional[str] = typer.Option(None, show_default="128,384 on GPU, 128 on CPU", help=limit_help(f"sequence lengths ({LIST})", "--seq")),
     seq_stdev: Optional[float] = typer.Option(None, show_default=_d("seq_stdev"),
                                               help="variable lengths: stdev of lengths drawn around --seq, padded with a mask"),
     device: Optional[str] = typer.Option(None, show_default=_d("device"), help="auto|cpu|cuda|cuda:N"),
@@ -83,15 +83,15 @@ def run(
     embeddings: Optional[bool] = typer.Option(None, "--embeddings/--encoders-only", show_default="--embeddings",
                                               help="time the embedding layer too, or the encoder stack only"),
     min_time: Optional[float] = typer.Option(None, show_default="1 on GPU, 0.5 on CPU", help="seconds of timed calls per cell, at least"),
-    min_count: Optional[int] = typer.Option(None, show_default="20 on GPU, 5 on CPU", help="timed calls per cell, at least"),
-    warmup: Optional[int] = typer.Option(None, show_default="5 on GPU, 2 on CPU", help="untimed calls before timing"),
+    min_count: Optional[int] = typer.Option(None, show_default="20 on GPU, 5 on CPU", help=limit_help("timed calls per cell, at least", "--min-count")),
+    warmup: Optional[int] = typer.Option(None, show_default="5 on GPU, 2 on CPU", help=limit_help("untimed calls before timing", "--warmup")),
     timeout: Optional[float] = typer.Option(None, show_default=_d("timeout"), help="seconds a cell may take before it is `timeout`"),
     baseline: Optional[str] = typer.Option(None, help="backend to compute speedup and mem_saved against"),
-    new_tokens: Optional[int] = typer.Option(None, show_default=_d("new_tokens"), help="tokens to generate (--task generate)"),
+    new_tokens: Optional[int] = typer.Option(None, show_default=_d("new_tokens"), help=limit_help("tokens to generate (--task generate)", "--new-tokens")),
     compile_mode: Optional[str] = typer.Option(None, show_default=_d("compile_mode"), help="torch.compile mode for the compile backend"),
     max_batch: Optional[bool] = typer.Option(None, "--max-batch", help="also search the largest batch that fits"),
     gpus: Optional[str] = typer.Option(None, help="run cells in parallel, one worker per listed GPU (0,1,...)"),
-    nproc: Optional[int] = typer.Option(None, show_default=_d("nproc"), help="data-parallel inference over N GPUs through torchrun"),
+    nproc: Optional[int] = typer.Option(None, show_default=_d("nproc"), help=limit_help("data-parallel inference over N GPUs through torchrun", "--nproc")),
     shard: Optional[str] = typer.Option(None, help="I/N: run a deterministic slice of the grid"),
     spec: Optional[str] = typer.Option(None, help="YAML/TOML/JSON sweep file; options given here override it"),
     db: str = typer.Option("transbench.db", help="SQLite store"),

@@ -10,7 +10,7 @@ from rich.markup import escape
 from .. import api
 from ..scenarios.serve import spec as serve_spec
 from ..scenarios.serve.spec import ServeSpec
-from ..spec import check_name, split_list
+from ..spec import MAX_SECONDS, check_name, limit_help, split_list
 from ..store import export
 from .app import app, friendly
 from .tables import console, fmt, pct, visible
@@ -32,20 +32,20 @@ def serve(
     dtype: Optional[str] = typer.Option(None, help="fp32|tf32|fp16|bf16; default fp16 on GPU, fp32 on CPU"),
     device: str = typer.Option("auto", help="auto|cpu|cuda|cuda:N"),
     rate: Optional[str] = typer.Option(None, help="Poisson arrival rates, requests/s (comma-separated: an axis)"),
-    concurrency: Optional[str] = typer.Option(None, help="closed loop: clients, each sending its next request "
-                                              "when the last returns (comma-separated: an axis)"),
+    concurrency: Optional[str] = typer.Option(None, help=limit_help("closed loop: clients, each sending its next request "
+                                              "when the last returns (comma-separated: an axis)", "--concurrency")),
     offline: bool = typer.Option(False, "--offline", help="every batch full: the throughput bound"),
     lengths: str = typer.Option("lognormal:64:256", help="fixed:N | normal:MEAN:MAX[:STDEV] | "
                                 "lognormal:MEAN:MAX[:SIGMA] | counts:FILE | text:FILE (tokenized, one request a line)"),
-    max_batch_size: int = typer.Option(32, help="the batcher's largest batch"),
+    max_batch_size: int = typer.Option(32, help=limit_help("the batcher's largest batch", "--max-batch-size")),
     max_wait_ms: float = typer.Option(2.0, help="a batch leaves when its oldest request has waited this long"),
     duration: float = typer.Option(10.0, help="seconds of arrivals measured per cell"),
-    warmup: float = typer.Option(2.0, help="seconds of arrivals served first and not counted"),
+    warmup: float = typer.Option(2.0, help=f"seconds of arrivals served first and not counted (at most {MAX_SECONDS:,})"),
     slo_ms: Optional[float] = typer.Option(None, help="latency target: goodput is the share within it"),
     percentile: Optional[float] = typer.Option(None, show_default="99",
                                                help="the percentile --find-max-rate holds under --slo-ms"),
     find_max_rate: bool = typer.Option(False, "--find-max-rate", help="bisect the largest rate meeting the target"),
-    new_tokens: Optional[int] = typer.Option(None, show_default="32", help="tokens generated per request (--task generate)"),
+    new_tokens: Optional[int] = typer.Option(None, show_default="32", help=limit_help("tokens generated per request (--task generate)", "--new-tokens")),
     seed: int = typer.Option(0, help="seed of arrivals, lengths and weights"),
     timeout: float = typer.Option(900.0, help="seconds a cell may take before it is `timeout`"),
     db: str = typer.Option("transbench.db", help="SQLite store"),

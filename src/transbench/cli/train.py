@@ -11,6 +11,7 @@ from rich.text import Text
 
 from .. import api
 from ..errors import SpecError
+from ..spec import limit_help
 from ..scenarios.training.spec import WHOLE_FIELDS, TrainSpec, zero_stage_refusal
 from ..store import export
 from .app import app, friendly
@@ -121,9 +122,9 @@ def train(
     nccl_env: Optional[List[str]] = typer.Option(None, help="KEY=VAL[ KEY=VAL] for the ranks; repeat the option: "
                                                  "each one is a point of the axis"),
     scaling: Optional[bool] = typer.Option(None, "--scaling", help="also run each multi-GPU point on one GPU, for the scaling efficiency"),
-    steps: Optional[int] = typer.Option(None, show_default="20 on GPU, 5 on CPU", help="timed optimizer steps"),
+    steps: Optional[int] = typer.Option(None, show_default="20 on GPU, 5 on CPU", help=limit_help("timed optimizer steps", "--steps")),
     warmup: Optional[int] = typer.Option(None, "--warmup", show_default="5 on GPU, 2 on CPU",
-                                         help="untimed optimizer steps first (at least 1)"),
+                                         help=limit_help("untimed optimizer steps first (at least 1)", "--warmup")),
     lr: Optional[float] = typer.Option(None, show_default=_d("lr"), help="learning rate"),
     device: Optional[str] = typer.Option(None, show_default=_d("device"), help="auto|cpu|cuda"),
     nnodes: Optional[int] = typer.Option(None, show_default=_d("nnodes"), help="hosts (torchrun --nnodes)"),

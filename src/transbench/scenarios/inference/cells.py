@@ -10,7 +10,7 @@ from ...measure import device as dev
 from ...models import build
 from ...models.build import ACTIVATIONS
 from .spec import RunSpec, device_defaults
-from ...spec import check_once, checked, parse_shard
+from ...spec import check_limits, check_once, checked, parse_shard
 from ...store.db import check_name_text
 from ...cells import Cell
 
@@ -54,6 +54,8 @@ def validate(spec: RunSpec) -> RunSpec:
         raise SpecError("--min-time and --warmup must be 0 or more")
     if spec.min_count < 1:
         raise SpecError("--min-count must be at least 1")
+    check_limits(**{"--batch": spec.batches, "--seq": spec.seqs, "--warmup": spec.warmup,
+                    "--min-count": spec.min_count, "--new-tokens": spec.new_tokens, "--nproc": spec.nproc})
     if spec.nproc < 1:
         raise SpecError("--nproc must be at least 1")
     if spec.max_batch_limit < 1:  # the search's cap: 0 or below probed nothing and stored a misleading answer

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ...errors import SpecError
 from ...models import build
-from ...spec import check_once, checked
+from ...spec import MAX_SECONDS, check_limits, check_once, checked
 from . import arrivals as serve_arrivals, lengths as serve_lengths
 from .cell import ServeCell
 
@@ -93,6 +93,11 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         raise SpecError("--max-batch-size must be at least 1 and --max-wait-ms at least 0")
     if spec.duration <= 0 or spec.warmup < 0:
         raise SpecError("--duration must be above 0 and --warmup at least 0 seconds")
+    for option, seconds in (("--duration", spec.duration), ("--warmup", spec.warmup)):
+        if seconds > MAX_SECONDS:
+            raise SpecError(f"{option} {seconds:g} s is above its limit of {MAX_SECONDS:,} s (a day): give fewer seconds")
+    check_limits(**{"--max-batch-size": spec.max_batch_size, "--concurrency": spec.concurrency,
+                    "--new-tokens": spec.new_tokens})
     window = spec.warmup + spec.duration
     for r in spec.rates:
         if r * window > MAX_REQUESTS:
