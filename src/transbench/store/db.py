@@ -624,9 +624,9 @@ def _column_problem(column: str, value) -> str | None:
 
 def _key_text(key: str) -> str:
     """A cell key (JSON of the settings that make the cell) as its set values: 'backend eager, batch 1, ...'."""
-    try:
-        settings = json.loads(key)
-    except ValueError:
+    try:  # a stored key is a row read back: through the input boundary, its nesting bounded
+        settings = boundary.loads_json(key, "cell key", fix="")
+    except SpecError:
         return key
     if not isinstance(settings, dict):
         return key
