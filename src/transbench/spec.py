@@ -18,9 +18,16 @@ from .errors import SpecError
 def check_keys(cls, data: dict, where: str = "") -> None:
     """Spec files and stored specs may only hold the dataclass's fields: a typo is an error, not ignored."""
     known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - known, key=str)
     if unknown:
-        raise SpecError(f"{where}unknown spec key(s) {', '.join(unknown)}: known keys are {', '.join(sorted(known))}")
+        shown = ", ".join(_shown(k) for k in unknown)
+        raise SpecError(f"{where}unknown spec key(s) {shown}: known keys are {', '.join(sorted(known))}")
+
+
+def _shown(key) -> str:
+    """A key as the one-line message shows it: its control characters as escapes (a key "\n" broke the line)."""
+    key = str(key)
+    return CONTROL.sub(lambda m: repr(m.group())[1:-1], key) if CONTROL.search(key) else key
 
 
 # --- One typed reading of every spec: RunSpec, TrainSpec and the micro options all go through coerce() ---
@@ -283,7 +290,7 @@ def _unique_keys(path: str, keys) -> None:
     seen = set()
     for key, where in keys:
         if key in seen:
-            raise SpecError(f"spec file {path}: {key!r} is given twice{where}: keep one")
+            raise SpecError(f"spec file {path}: {key!r} is given twice{where}: keep one")  # repr: one line
         seen.add(key)
 
 

@@ -29,7 +29,6 @@ Everything is numpy and the standard library; rule 4's count is math.comb, exact
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import Counter
