@@ -440,7 +440,31 @@ def test_a_second_writer_on_a_run_name_is_refused_and_a_dead_one_is_taken_over(t
     out = api.run(RunSpec(models=["bert-tiny"], backends=["eager"], batches=[1], seqs=[8], name="shared", **quick),
                   str(db))
     assert [r["status"] for r in out.records] == ["ok"]
-    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM locks").fetchone()[0] == 0  # released at the end
+    from transbench.store import Store
+
+    again = Store(str(db))  # released at the end: another writer takes it
+    again.claim("shared")
+    again.close()
+
+
+def test_shards_of_one_name_write_side_by_side_and_the_whole_grid_waits_for_them(tmp_path):
+    from transbench.store import Store
+
+    db = str(tmp_path / "s.db")
+    a, b, c = Store(db), Store(db), Store(db)
+    try:
+        a.claim("s", "1/2")
+        b.claim("s", "2/2")
+        with pytest.raises(SpecError, match="shard 1/2"):
+            c.claim("s", "1/2")
+        with pytest.raises(SpecError, match="being written"):
+            c.claim("s")
+        a.close()
+        b.close()
+        c.claim("s")
+    finally:
+        for s in (a, b, c):
+            s.close()
 
 
 def test_two_writer_processes_race_for_one_name_and_exactly_one_wins(tmp_path):

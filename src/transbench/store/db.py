@@ -55,23 +55,6 @@ CREATE TABLE IF NOT EXISTS cells (
     PRIMARY KEY (run_id, key)
 );
 """
-# Who is writing a run now: one row per (run name, shard) held by a live process, taken in a transaction before
-# anything is measured and deleted when the store is closed (the CLI ends SIGTERM and SIGHUP as Ctrl-C, which closes
-# it). Two processes on one name had both measured, and the later one's INSERT OR REPLACE dropped the other's cell
-# without a word. A row whose process is gone (killed with SIGKILL, a power cut) is taken over: its pid is dead on
-# this host, or is now another process (its start time differs). Not one of COLUMNS: stores made before it had none
-# and are still ours.
-LOCKS = """
-CREATE TABLE IF NOT EXISTS locks (
-    name TEXT NOT NULL,
-    part TEXT NOT NULL,
-    pid INTEGER NOT NULL,
-    host TEXT NOT NULL,
-    started TEXT NOT NULL,
-    ticks TEXT NOT NULL,
-    PRIMARY KEY (name, part)
-);
-"""
 COLUMNS = {"runs": ["run_id", "name", "kind", "created", "spec", "env"],
            "cells": ["run_id", "key", "scenario", "status", "record", "cell", "samples", "info", "warnings",
                      "created"]}
@@ -89,38 +72,37 @@ class RunExists(SpecError):
     """create_run found the name (or its id) taken: made by another process since it was looked up."""
 
 
-def _host() -> str:
-    import socket
+def _lock_folder() -> Path:
+    """This user's folder of run-name locks on this host: the runtime folder (tmpfs, emptied at boot), else the
+    temporary folder."""
+    import tempfile
 
-    return socket.gethostname()
+    root = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+    folder = root / f"transbench-locks-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
 
 
-def _ticks(pid: int) -> str:
-    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22), or '' where unknown: a pid
-    alone may be reused by a new process after the one that held a lock died."""
+def _lock_key(path: str, name: str) -> str:
+    """The store by its identity (one file however its path is spelled), and the run name."""
+    st = os.stat(path)
+    return hashlib.sha256(f"{st.st_dev}:{st.st_ino}\0{name}".encode()).hexdigest()[:32]
+
+
+def _note_holder(path: Path, part: str) -> None:
+    """Who holds the lock, for the message a second writer prints (best effort: the lock itself decides)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError, ValueError):
-        return ""
-
-
-def _alive(pid, host: str, ticks: str) -> bool:
-    """Whether the process that took a lock still runs. On another host that cannot be known: taken as alive."""
-    if host != _host():
-        return True
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        pass
+        path.write_text(f"pid {os.getpid()}{f' (shard {part})' if part else ''}, since {_now()}")
     except OSError:
-        return False
-    now = _ticks(pid)
-    return not (ticks and now and now != ticks)
+        pass
+
+
+def _holder(path: Path) -> str:
+    try:
+        text = boundary.read_text(path, "lock note", limit=200)
+    except SpecError:
+        return ""
+    return f" ({text})" if text.isprintable() else ""
 
 
 def _now() -> str:
@@ -361,50 +343,59 @@ class Store:
             self.conn.commit()
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.conn.executescript(LOCKS)
 
     def close(self) -> None:
-        held, self._held = getattr(self, "_held", set()), set()
-        for name, part in held:
-            try:
-                with self.conn:
-                    self.conn.execute("DELETE FROM locks WHERE name=? AND part=? AND pid=? AND host=?",
-                                      (name, part, os.getpid(), _host()))
-            except sqlite3.Error:  # a full disk, say: the row is stale once this process ends, and is taken over
-                pass
+        for fds in getattr(self, "_locks", {}).values():  # the run names this store held for this process
+            for fd in fds:
+                os.close(fd)
+        self._locks = {}
         self.conn.close()
 
     # --- who writes a run -----------------------------------------------------------------------
-    @_guarded
     def claim(self, name: str, part: str = "") -> None:
-        """Hold run `name` (`part`: a shard, 'I/N', or '' for the whole grid) for this process until close(): a
-        live holder of the whole run, or of the same part, or any part where the whole run is asked for, is one
-        line. A holder that is gone is taken over."""
-        if (name, part) in getattr(self, "_held", set()):
-            return
+        """Hold run `name` (`part`: a shard, 'I/N', or '' for the whole grid) for this process until close(). Two
+        processes on one name had both measured, and the later one's INSERT OR REPLACE dropped the other's cell
+        without a word; now the second refuses in one line, before it measures anything.
+
+        The lock is the kernel's (flock) on a file named by the store's identity (device and inode) and the run
+        name, in this host's runtime folder: it ends with its process however that ends (SIGKILL, a power cut
+        included), so no lock outlives its writer, and the store's own bytes are not touched, so a command refused
+        after taking it leaves the store byte-identical. A whole-grid writer holds the name's lock exclusively; a
+        shard holds it shared and its shard's lock exclusively, so shards of one sweep write side by side."""
+        import fcntl
+
         check_name_text(name)
-        me = (os.getpid(), _host(), _ticks(os.getpid()))
-        self.conn.execute("BEGIN IMMEDIATE")  # one claimer at a time: the check and the insert are one step
+        self._locks = getattr(self, "_locks", {})
+        if (name, part) in self._locks:
+            return
+        fds, folder = [], "the runtime folder"
         try:
-            for other, pid, host, started, ticks in self.conn.execute(
-                    "SELECT part, pid, host, started, ticks FROM locks WHERE name=?", (name,)).fetchall():
-                if not (other == part or "" in (other, part)):
-                    continue  # another shard of the same sweep: its cells are not ours
-                if (pid, host, ticks) != me and _alive(pid, host, ticks):
-                    self.conn.rollback()
-                    shard = f" (shard {other})" if other else ""
-                    raise SpecError(f"run '{name}'{shard} is being written to store {self.path} by another process "
-                                    f"(pid {pid} on {host}, since {started}): wait for it to end, or choose another "
-                                    "--name" + (f"; if it is gone, delete its lock: sqlite3 {self.path} \"DELETE FROM "
-                                                f"locks WHERE pid={pid}\"" if host != _host() else ""))
-                self.conn.execute("DELETE FROM locks WHERE name=? AND part=?", (name, other))
-            self.conn.execute("INSERT INTO locks VALUES (?,?,?,?,?,?)", (name, part, me[0], me[1], _now(), me[2]))
-            self.conn.commit()
+            folder, key = _lock_folder(), _lock_key(self.path, name)
+            shard = part.split("/")[0] if part else ""
+            wanted = [(folder / f"{key}.lock", fcntl.LOCK_SH if shard else fcntl.LOCK_EX)]
+            if shard:
+                wanted.append((folder / f"{key}.{shard}.lock", fcntl.LOCK_EX))
+            for path, mode in wanted:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+                fds.append(fd)
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = _holder(folder / f"{key}.who")
+                    raise SpecError(f"run '{name}'{f' (shard {part})' if part else ''} is being written to store "
+                                    f"{self.path} by another process{holder}: wait for it to end, or choose "
+                                    "another --name") from None
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            raise SpecError(f"cannot lock run '{name}' of store {self.path} ({exc.strerror or exc}) in {folder}: "
+                            "check that folder's permissions") from None
         except BaseException:
-            if self.conn.in_transaction:
-                self.conn.rollback()
+            for fd in fds:
+                os.close(fd)
             raise
-        self._held = getattr(self, "_held", set()) | {(name, part)}
+        self._locks[(name, part)] = fds
+        _note_holder(folder / f"{key}.who", part)
 
     # --- runs -----------------------------------------------------------------------------------
     @_guarded
