@@ -10,7 +10,6 @@ preset has no tokenizer to borrow (WordPiece ids would be another vocabulary's),
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 

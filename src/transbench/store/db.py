@@ -17,7 +17,6 @@ import errno
 import functools
 import hashlib
 import json
-import math
 import os
 import sqlite3
 import uuid
