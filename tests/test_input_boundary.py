@@ -408,7 +408,7 @@ HOLDER = """
 import sys, time
 from transbench.store.db import Store
 store = Store(sys.argv[1])
-store.claim(sys.argv[2])  # what open_run does first for a named run, before anything is measured
+store.claim(sys.argv[2], *sys.argv[3:])  # what open_run does first for a named run, before anything is measured
 print("holding", flush=True)
 time.sleep(120)
 """
@@ -451,20 +451,25 @@ def test_shards_of_one_name_write_side_by_side_and_the_whole_grid_waits_for_them
     from transbench.store import Store
 
     db = str(tmp_path / "s.db")
-    a, b, c = Store(db), Store(db), Store(db)
+    Store(db).close()
+    holders = [subprocess.Popen([PY, "-c", HOLDER, db, "s", part], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT / "src")}) for part in ("1/3", "2/3")]
+    store = Store(db)
     try:
-        a.claim("s", "1/2")
-        b.claim("s", "2/2")
-        with pytest.raises(SpecError, match="shard 1/2"):
-            c.claim("s", "1/2")
+        assert all(h.stdout.readline().strip() == "holding" for h in holders)
+        with pytest.raises(SpecError, match=r"run 's' \(shard 1/3\) is being written"):
+            store.claim("s", "1/3")
         with pytest.raises(SpecError, match="being written"):
-            c.claim("s")
-        a.close()
-        b.close()
-        c.claim("s")
+            store.claim("s")
+        store.claim("s", "3/3")  # the third shard writes beside them
     finally:
-        for s in (a, b, c):
-            s.close()
+        store.close()
+        for h in holders:
+            h.kill()
+            h.wait()
+    store = Store(db)
+    store.claim("s")  # they ended: the whole grid is free
+    store.close()
 
 
 def test_two_writer_processes_race_for_one_name_and_exactly_one_wins(tmp_path):

@@ -71,6 +71,23 @@ class RunExists(SpecError):
     """create_run found the name (or its id) taken: made by another process since it was looked up."""
 
 
+# The run-name locks this process holds: (lock key, part) -> [descriptors, Stores holding it]. A lock is this
+# process's, not one Store's: a second Store of the same file in the same process (a caller that did not close
+# the first) takes it again instead of refusing itself.
+_HELD: dict[tuple[str, str], list] = {}
+
+
+def _release(held: tuple[str, str]) -> None:
+    entry = _HELD.get(held)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        del _HELD[held]
+        for fd in entry[0]:
+            os.close(fd)
+
+
 def _lock_folder() -> Path:
     """This user's folder of run-name locks on this host: the runtime folder (tmpfs, emptied at boot), else the
     temporary folder."""
@@ -344,9 +361,8 @@ class Store:
         self.conn.execute("PRAGMA synchronous=NORMAL")
 
     def close(self) -> None:
-        for fds in getattr(self, "_locks", {}).values():  # the run names this store held for this process
-            for fd in fds:
-                os.close(fd)
+        for held in getattr(self, "_locks", {}).values():  # the run names this store held for this process
+            _release(held)
         self._locks = {}
         self.conn.close()
 
@@ -370,6 +386,11 @@ class Store:
         fds, folder = [], "the runtime folder"
         try:
             folder, key = _lock_folder(), _lock_key(self.path, name)
+            held = _HELD.get((key, part))
+            if held is not None:  # this process holds it already (an earlier Store of this file, not closed)
+                held[1] += 1
+                self._locks[(name, part)] = (key, part)
+                return
             shard = part.split("/")[0] if part else ""
             wanted = [(folder / f"{key}.lock", fcntl.LOCK_SH if shard else fcntl.LOCK_EX)]
             if shard:
@@ -393,7 +414,8 @@ class Store:
             for fd in fds:
                 os.close(fd)
             raise
-        self._locks[(name, part)] = fds
+        _HELD[(key, part)] = [fds, 1]
+        self._locks[(name, part)] = (key, part)
         _note_holder(folder / f"{key}.who", part)
 
     # --- runs -----------------------------------------------------------------------------------
