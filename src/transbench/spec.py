@@ -192,7 +192,8 @@ def check_name(name: str) -> str:
 # calls, a batcher of 1e8 requests) is refused before it runs for days or allocates for ever. Stated in --help
 # (limit_help) and checked by every scenario's validation (check_limits).
 LIMITS = {"--batch": 1_048_576, "--seq": 1_048_576, "--warmup": 100_000, "--min-count": 1_000_000,
-          "--new-tokens": 1_000_000, "--nproc": 1024, "--max-batch-size": 65_536, "--concurrency": 1_000_000,
+          "--new-tokens": 1_000_000, "--nproc": 1024, "--max-batch-size": 65_536,
+          "--concurrency": 1_000_000,  # serve's MAX_REQUESTS, which its own check names (requests queued at once)
           "--steps": 10_000_000}
 # Seconds a serve load runs or warms up for: a day, at most.
 MAX_SECONDS = 86_400

@@ -96,8 +96,7 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     for option, seconds in (("--duration", spec.duration), ("--warmup", spec.warmup)):
         if seconds > MAX_SECONDS:
             raise SpecError(f"{option} {seconds:g} s is above its limit of {MAX_SECONDS:,} s (a day): give fewer seconds")
-    check_limits(**{"--max-batch-size": spec.max_batch_size, "--concurrency": spec.concurrency,
-                    "--new-tokens": spec.new_tokens})
+    check_limits(**{"--max-batch-size": spec.max_batch_size, "--new-tokens": spec.new_tokens})  # --concurrency: below
     window = spec.warmup + spec.duration
     for r in spec.rates:
         if r * window > MAX_REQUESTS:
