@@ -629,3 +629,10 @@ def test_every_external_reader_goes_through_the_boundary():
 def test_the_scan_sees_readers():
     assert external_reads(PKG / "runner" / "rank.py") and external_reads(PKG / "engine" / "tuning.py")
     assert all((PKG / rel).exists() for rel in INTERNAL)
+
+
+def test_the_concurrency_limit_in_help_is_the_one_serve_checks():
+    from transbench.scenarios.serve.spec import MAX_REQUESTS
+    from transbench.spec import LIMITS
+
+    assert LIMITS["--concurrency"] == MAX_REQUESTS
