@@ -625,9 +625,9 @@ def _column_problem(column: str, value) -> str | None:
         return "a list that holds something other than text"
     if column == "env":
         gpus = value.get("gpus")
-        if gpus is not None and not (isinstance(gpus, list) and all(
-                isinstance(g, dict) and isinstance(g.get("name", ""), str) for g in gpus)):
-            return "an environment whose gpus are not a list of objects named by text"
+        if gpus is not None and not (isinstance(gpus, list) and all(  # a GPU as a bare name too (older stores)
+                isinstance(g, str) or isinstance(g, dict) and isinstance(g.get("name", ""), str) for g in gpus)):
+            return "an environment whose gpus are not a list of GPUs (objects named by text, or names)"
         bad = next((k for k in ENV_TEXT_KEYS if isinstance(value.get(k), (dict, list))), None)
         if bad:
             return f"an environment whose {bad} is {_JSON_NAME[type(value[bad])]}, not text"
