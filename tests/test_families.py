@@ -268,7 +268,7 @@ def test_a_valid_folder_resolves(tmp_path):
 
 
 @pytest.mark.parametrize("config,weights,needle", [
-    ("{not json", "safetensors", "config.json is not valid JSON"),
+    ("{not json", "safetensors", "config.json: invalid JSON at line 1"),
     ({"hidden_size": 48}, "safetensors", "names no model_type"),
     ({**TINY_BERT, "model_type": "bertzilla"}, "safetensors", "model_type 'bertzilla' is unknown to transformers"),
     ({**TINY_BERT, "auto_map": {"AutoModel": "modeling_evil.EvilModel"}}, "safetensors", "custom model code"),

@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "transbench"
 
 # Lowest first. A module may import its own layer and the ones below.
 LAYERS = [
-    ("ground", ("errors", "keys", "store")),
+    ("ground", ("errors", "keys", "boundary", "store")),
     ("core", ("declare", "spec", "cells", "models", "measure")),
     ("engine", ("engine",)),
     ("report", ("report",)),

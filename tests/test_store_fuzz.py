@@ -50,8 +50,8 @@ DAMAGE = {
     "spec not JSON": ("UPDATE runs SET spec='not json' WHERE name='A'", "the spec of run 'A' is not JSON"),
     "spec a list": ("UPDATE runs SET spec='[]' WHERE name='A'", "the spec of run 'A' is a list, not an object"),
     "env null": ("UPDATE runs SET env='null' WHERE name='A'", "the env of run 'A' is null, not an object"),
-    "record cut short": ("UPDATE cells SET record='{' WHERE rowid=1", "the record of a cell of run"),
-    "samples null": ("UPDATE cells SET samples='null' WHERE rowid=1", "the samples of a cell of run"),
+    "record cut short": ("UPDATE cells SET record='{' WHERE rowid=1", "the record of cell 'backend eager"),
+    "samples null": ("UPDATE cells SET samples='null' WHERE rowid=1", "the samples of cell 'backend eager"),
     "samples text": ("UPDATE cells SET samples='[\"x\"]' WHERE rowid=1", "something other than finite numbers"),
     "samples NaN": ("UPDATE cells SET samples='[NaN, 1.0]' WHERE rowid=1", "something other than finite numbers"),
 }

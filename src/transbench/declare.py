@@ -12,6 +12,14 @@ import typing
 from dataclasses import dataclass, field
 
 
+# The largest value of each count a user gives, by its option: stated in --help ("(at most 100,000)", help_text) and
+# checked before anything is stored (spec.check_limits). A warm-up of 1e9 calls was accepted and ran for days.
+LIMITS = {"--batch": 1_048_576, "--seq": 1_048_576, "--warmup": 100_000, "--min-count": 1_000_000,
+          "--new-tokens": 1_000_000, "--nproc": 1024, "--max-batch-size": 65_536,
+          "--concurrency": 1_000_000,  # serve's MAX_REQUESTS, which its own check names (requests queued at once)
+          "--steps": 10_000_000}
+
+
 @dataclass(frozen=True)
 class Setting:
     help: str
@@ -61,9 +69,12 @@ def words(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def help_text(f: dataclasses.Field, s: Setting, is_list: bool) -> str:
+def help_text(f: dataclasses.Field, s: Setting, is_list: bool, item_kind: type = str) -> str:
     """--help's text: the choices, the help, and for a list that it is a sweep axis."""
     text = f"{'|'.join(s.choices)}{': ' if s.help else ''}{s.help}" if s.choices else s.help
+    limit = LIMITS.get(option_of(f, s))
+    if limit is not None and item_kind is int:  # counts; a seconds option of the same spelling is not one
+        text = f"{text} (at most {limit:,})"
     axis = s.axis if s.axis is not None else is_list and not s.repeat
     return f"{text} (comma-separated; a sweep axis)" if axis else f"{text} (comma-separated)" if is_list and not s.repeat else text
 

@@ -10,7 +10,6 @@ preset has no tokenizer to borrow (WordPiece ids would be another vocabulary's),
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,13 +133,9 @@ def load_tokenizer(ref):
 
 def _tokenizer_json_model(path: Path) -> str | None:
     """The model type a tokenizer.json declares (BPE, WordPiece, Unigram, ...); None without the file."""
-    if not path.is_file():
-        return None
-    try:
-        return str(json.loads(path.read_text())["model"]["type"])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise SpecError(f"{path} is not a tokenizer.json (no model type in it): replace it with the "
-                        "checkpoint's own") from None
+    from .models.build import read_tokenizer_json
+
+    return read_tokenizer_json(path)
 
 
 def format_prob(p: float) -> str:

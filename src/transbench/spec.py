@@ -11,16 +11,24 @@ import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .declare import old_keys, whole_fields
+from .declare import LIMITS, old_keys, whole_fields
+from . import boundary
 from .errors import SpecError
 
 
 def check_keys(cls, data: dict, where: str = "") -> None:
     """Spec files and stored specs may only hold the dataclass's fields: a typo is an error, not ignored."""
     known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - known, key=str)
     if unknown:
-        raise SpecError(f"{where}unknown spec key(s) {', '.join(unknown)}: known keys are {', '.join(sorted(known))}")
+        shown = ", ".join(_shown(k) for k in unknown)
+        raise SpecError(f"{where}unknown spec key(s) {shown}: known keys are {', '.join(sorted(known))}")
+
+
+def _shown(key) -> str:
+    """A key as the one-line message shows it: its control characters as escapes (a key "\n" broke the line)."""
+    key = str(key)
+    return CONTROL.sub(lambda m: repr(m.group())[1:-1], key) if CONTROL.search(key) else key
 
 
 # --- One typed reading of every spec: RunSpec, TrainSpec and the micro options all go through coerce() ---
@@ -201,9 +209,27 @@ def check_name(name: str) -> str:
                         "use letters, digits, spaces and punctuation")
     if not name.strip():
         raise SpecError("run name is empty: give --name a visible name, or leave it out for a generated one")
+    if not boundary.visible_text(name):  # a zero-width space, a word joiner, a byte-order mark: a name no one sees
+        raise SpecError(f"run name '{name.encode('unicode_escape').decode()}' holds only invisible characters: give "
+                        "--name a visible name, or leave it out for a generated one")
     if name.strip() == "last":  # `runs`, `report` and `compare` read it as the latest run
         raise SpecError("run name 'last' stands for the latest run: choose another name")
     return name
+
+
+# The largest count each option takes: far above any useful value, and low enough that a slip (a warm-up of 1e9
+# calls, a batcher of 1e8 requests) is refused before it runs for days or allocates for ever. Stated in --help
+# (declare.help_text) and checked by every scenario's validation (check_limits).
+# Seconds a serve load runs or warms up for: a day, at most.
+MAX_SECONDS = 86_400
+
+
+def check_limits(**given) -> None:
+    """Each count against its option's limit: check_limits(**{"--warmup": 5, "--batch": [1, 8]})."""
+    for option, values in given.items():
+        for v in values if isinstance(values, (list, tuple)) else [values]:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > LIMITS[option]:
+                raise SpecError(f"{option} {v:,} is above its limit of {LIMITS[option]:,}: give a smaller value")
 
 
 def check_once(values, option: str, same=None) -> None:
@@ -252,22 +278,18 @@ def load_file(path: str, cls=None, whole: frozenset[str] = frozenset()) -> dict:
         raise SpecError("--spec is empty: give a .yaml, .toml or .json file")
     p = Path(path)
     try:
-        folder, regular = p.is_dir(), p.is_file()
+        folder, present = p.is_dir(), p.exists()
     except OSError as exc:  # pathlib before Python 3.13 raises for a name too long (ENAMETOOLONG) or a folder
         # that cannot be searched (EACCES): `run --spec` of a 10,000-character name was a traceback
         raise SpecError(f"spec file {path} cannot be read ({exc.strerror}): check the path") from None
     if folder:
         raise SpecError(f"spec file {path} is a folder: give a .yaml, .toml or .json file")
-    if not regular:
+    if not present:
         raise SpecError(f"spec file {path} not found")
     if p.suffix not in (".yaml", ".yml", ".toml", ".json"):
         raise SpecError(f"spec file {path}: use .yaml, .yml, .toml or .json")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"spec file {path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
-    except OSError as exc:
-        raise SpecError(f"spec file {path} cannot be read ({exc.strerror}): check its permissions") from None
+    text = boundary.read_text(p, f"spec file {path}", limit=boundary.SPEC_BYTES,
+                              fix="a sweep file is a short list of options: check the path")
     try:
         data = _parse(path, p.suffix, text)
     except SpecError:
@@ -289,7 +311,7 @@ def _unique_keys(path: str, keys) -> None:
     seen = set()
     for key, where in keys:
         if key in seen:
-            raise SpecError(f"spec file {path}: {key!r} is given twice{where}: keep one")
+            raise SpecError(f"spec file {path}: {key!r} is given twice{where}: keep one")  # repr: one line
         seen.add(key)
 
 
@@ -307,34 +329,19 @@ def _yaml_loader(path: str):
 
 
 def _parse(path: str, suffix: str, text: str):
-    """Parse with the format's own library; its error becomes 'line L, column C: what'."""
+    """Parse through the input boundary (bounded depth, node count and alias expansion; text keys only); a syntax
+    error becomes 'line L, column C: what'."""
+    where = f"spec file {path}"
     if suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            return yaml.load(text, Loader=_yaml_loader(path))  # noqa: S506 - a SafeLoader
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-            what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise SpecError(f"spec file {path}: invalid YAML{at}: {what}") from None
+        return boundary.loads_yaml(text, where, loader=_yaml_loader(path))
     if suffix == ".toml":
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:  # its message already ends "(at line L, column C)"
-            raise SpecError(f"spec file {path}: invalid TOML: {str(exc).splitlines()[0]}") from None
+        return boundary.loads_toml(text, where)
+
     def pairs(items):
         _unique_keys(path, [(k, "") for k, _ in items])
         return dict(items)
 
-    try:
-        return json.loads(text, object_pairs_hook=pairs)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"spec file {path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    return boundary.loads_json(text, where, pairs_hook=pairs, fix="fix it")
 
 
 def dump_text(spec, suffix: str = ".yaml") -> str:

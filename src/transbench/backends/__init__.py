@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import importlib
-import os
 
+from ..boundary import env_text
 from ..errors import SpecError
 from .base import Backend, Prepared
 
@@ -16,15 +16,23 @@ def _load() -> dict[str, Backend]:
     found: dict[str, Backend] = {}
     names = [f"{__name__}.{m}" for m in _MODULES]
     # Test-only backends (a broken one, a hanging one, ...) come in through this variable.
-    extra = os.environ.get("TRANSBENCH_EXTRA_BACKENDS")
-    names += extra.split(",") if extra else []
-    for name in names:
+    extra = env_text("TRANSBENCH_EXTRA_BACKENDS")
+    extras = [n.strip() for n in extra.split(",")] if extra else []
+    for name in names + extras:
         try:
+            if name in extras and not all(part.isidentifier() for part in name.split(".")):
+                raise ValueError(name)
             mod = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name == name and name.startswith(__name__):
                 continue  # that backend module is not written yet
-            raise
+            if name not in extras:
+                raise
+            raise SpecError(f"environment variable TRANSBENCH_EXTRA_BACKENDS names {name!r}, a module that cannot be "
+                            "imported: fix or unset it") from None
+        except ValueError:
+            raise SpecError(f"environment variable TRANSBENCH_EXTRA_BACKENDS names {name!r}, which is not a module "
+                            "name: fix or unset it") from None
         for b in [getattr(mod, "BACKEND", None), *getattr(mod, "FORCED", [])]:
             if b is not None:
                 found[b.name] = b

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
+import sys
 
 # The command never reaches a hub (models come from presets or folders, which the library reads with
 # local_files_only): set before anything imports huggingface_hub, which reads it once. Only here, in the
@@ -21,5 +23,51 @@ for _topic in ("run", "serve", "server", "info", "models", "micro", "train", "re
             raise
 
 
+# Where stdout can fail for reasons of its own: the reader went away (`| head`), the disk or quota is full
+# (`> /full/disk/file`, /dev/full), an I/O error on the device.
+_OUTPUT_ERRORS = {errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
+def _streams() -> None:
+    """Text a terminal's encoding cannot show (a run named in Japanese under PYTHONIOENCODING=ascii or a C
+    locale) is printed as escapes, not a UnicodeEncodeError traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):  # not a text file of io's (a test runner's capture)
+            pass
+
+
+def _output_failed(exc: OSError) -> int:
+    """One line for stdout that cannot be written, and fd 1 pointed at /dev/null so the interpreter's last flush
+    of what stays buffered does not fail again ('Exception ignored ... BrokenPipeError', exit 120)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    if exc.errno != errno.EPIPE:  # a reader that went away asked for no more: no word (as `yes | head`), exit 1
+        try:
+            sys.stderr.write(f"error: cannot write the output ({exc.strerror or exc}): free some space or write "
+                             "it elsewhere; finished cells are in the store\n")
+            sys.stderr.flush()
+        except OSError:
+            pass
+    return 1
+
+
 def main() -> None:
-    app()
+    _streams()
+    code = 0
+    try:
+        try:
+            app()
+        except SystemExit as exc:
+            code = exc.code
+        sys.stdout.flush()  # here, not at exit: a full disk is seen while it can still be said
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRORS:
+            raise
+        code = _output_failed(exc)
+    sys.exit(code)

@@ -24,6 +24,12 @@ RUNS_COLUMNS = [Col("name", "name", left=True), Col("run_id", "run id", left=Tru
                 Col("gpu", "gpu", rank=2, left=True)]
 
 
+def _first_gpu(env: dict) -> str:
+    """The run's first GPU by name (the store checks its type: an object named by text, or a bare name)."""
+    first = (env.get("gpus") or ["cpu"])[0]
+    return first if isinstance(first, str) else str(first.get("name", "?"))
+
+
 @app.command()
 @friendly
 def env(as_json: bool = typer.Option(False, "--json", help="print JSON"),
@@ -123,7 +129,7 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
         else:
             typer.echo(dump_text(s))
         return
-    listed = [{**r, "gpu": (r["env"].get("gpus") or [{"name": "cpu"}])[0]["name"]} for r in rows]
+    listed = [{**r, "gpu": _first_gpu(r["env"])} for r in rows]
     console.print(fitted(listed, RUNS_COLUMNS, f"runs in {db}", console.width, notes_from=None))
 
 

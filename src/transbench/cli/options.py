@@ -145,7 +145,7 @@ def parameter(cls, f, s, default_none: bool = True) -> inspect.Parameter:
         annotation = Optional[str]  # comma text: read into the field's type by coerce(), as a spec file's is
     else:
         annotation = Optional[kind]
-    text = help_text(f, s, is_list)
+    text = help_text(f, s, is_list, kind)
     if "[" in text:  # help is rich markup: a bare [liger] would be read as a tag and dropped
         text = text.replace("[", "\\[")
     default = None if default_none else default_of(f)

@@ -18,16 +18,28 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from ..boundary import env_int
 from ..keys import KEYS, fmt, percent, show
 from ..spec import CONTROL  # control characters (defined with the run-name check)
 
 
-def _width() -> int | None:
-    """A terminal's own width; COLUMNS where it is set; else (CI logs, `| tee`) 180 rather than rich's
-    80-column default for output that is not a terminal."""
-    if os.environ.get("COLUMNS", "").isdigit():
-        return int(os.environ["COLUMNS"])
-    return None if sys.stdout.isatty() else 180
+MIN_WIDTH, MAX_WIDTH = 40, 1000
+
+
+def _width() -> int:
+    """COLUMNS where it is a whole number, clamped to 40..1000 (COLUMNS=0 printed nothing and exited 0, and
+    99999999 padded every line to that width); else a terminal's own width, clamped too; else (CI logs, `| tee`)
+    180 rather than rich's 80-column default for output that is not a terminal. Always a number: given None, rich
+    reads COLUMNS itself, unclamped."""
+    columns = env_int("COLUMNS", None, MIN_WIDTH, MAX_WIDTH)
+    if columns is not None:
+        return columns
+    try:
+        if sys.stdout.isatty():
+            return min(MAX_WIDTH, max(MIN_WIDTH, os.get_terminal_size(sys.stdout.fileno()).columns))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 180
 
 
 console = Console(width=_width())

@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import re
+import stat
 import statistics
 import tempfile
 import time
@@ -131,6 +132,28 @@ def _rivals(ranked: list[str]) -> list[str]:
     return (firsts + [n for n in ranked[1:] if n not in firsts])[:RIVALS_PER_OP]
 
 
+# The engine depends on nothing of the benchmark, so it keeps its own bounded reader of its table instead of the
+# benchmark's input boundary (boundary.py): a table is a flat object of a few hundred short entries.
+TABLE_MAX_BYTES = 16 * 2**20
+
+
+def read_table(path: Path):
+    """The table's JSON, read with limits: a regular file (a FIFO there blocked for ever), at most TABLE_MAX_BYTES,
+    parsed with its nesting bounded (a document nested 100,000 deep was a RecursionError traceback). OSError
+    when it cannot be read, ValueError when it is not a table's JSON."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("it is not a regular file (a pipe, a device or a socket)")
+    if st.st_size > TABLE_MAX_BYTES:
+        raise ValueError(f"it is {st.st_size:,} bytes, above the {TABLE_MAX_BYTES:,} a table may have")
+    with open(path, "rb") as f:
+        text = f.read(TABLE_MAX_BYTES + 1).decode("utf-8")
+    try:
+        return json.loads(text)
+    except RecursionError:  # the parser's own bound on nesting (a table nests one level)
+        raise ValueError("it nests too deep") from None
+
+
 class Tuner:
     def __init__(self, path: Path | None = None, timer: Callable[[Callable[[], object], int], float] = _gpu_ms,
                  clock: Callable[[], float] = time.perf_counter):
@@ -140,7 +163,7 @@ class Tuner:
         self.table: dict[str, str] = {}  # key -> route every candidate was timed for
         self.interim: dict[str, str] = {}  # key -> route chosen out of time (saved as a PARTIAL entry)
         try:
-            saved = json.loads(self.path.read_text())
+            saved = read_table(self.path)
         except (OSError, ValueError):
             saved = {}
         for k, v in (saved.items() if isinstance(saved, dict) else ()):
@@ -346,7 +369,7 @@ def _table_problem(path: Path) -> str | None:
         return "it is a folder"
     if path.exists():
         try:
-            data = json.loads(path.read_text())
+            data = read_table(path)
         except OSError as e:
             return f"it cannot be read ({e.strerror or e})"
         except ValueError as e:  # not JSON, truncated, not UTF-8

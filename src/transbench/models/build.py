@@ -10,14 +10,13 @@ with readable headers whose tensors fit that model."""
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
-import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import boundary
 from ..errors import SpecError, Unsupported
 from .presets import PRESETS, Preset
 
@@ -148,20 +147,36 @@ def _refuse(folder: Path, problem: str, fix: str):
 def _read_config(folder: Path) -> dict:
     path = folder / "config.json"
     try:
-        present = path.is_file()
-        text = path.read_bytes() if present else b""
-    except OSError as exc:  # a folder that cannot be searched or a config.json that cannot be read: was a traceback
+        present = path.exists()
+    except OSError as exc:  # a folder that cannot be searched: was a traceback
         _refuse(folder, f"config.json cannot be read ({exc.strerror or exc})", "check the permissions of the folder "
                 "and its files")
     if not present:
         _refuse(folder, "has no config.json", "point --model at a transformers checkpoint folder")
-    try:
-        cfg = json.loads(text.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        _refuse(folder, f"config.json is not valid JSON ({str(exc).splitlines()[0]})", "fix or re-download it")
+    where = f"checkpoint {folder}: config.json"
+    cfg = boundary.load_json_file(path, where, limit=boundary.CONFIG_BYTES, fix="fix or re-download it")
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
         _refuse(folder, "config.json names no model_type", "re-download the checkpoint's config.json")
     return cfg
+
+
+def read_tokenizer_json(path: Path) -> str | None:
+    """The model type a tokenizer.json declares (BPE, WordPiece, Unigram, ...), read through the input boundary
+    before transformers or tokenizers sees the file (a file without its fields was a KeyError traceback there);
+    None without the file."""
+    try:
+        if not path.exists():
+            return None
+    except OSError:
+        return None
+    data = boundary.load_json_file(path, f"{path}", limit=boundary.TOKENIZER_BYTES, depth=16,
+                                   fix="replace it with the checkpoint's own tokenizer.json")
+    model = data.get("model") if isinstance(data, dict) else None
+    kind = model.get("type") if isinstance(model, dict) else None
+    if not isinstance(kind, str) or not isinstance(model.get("vocab"), (dict, list)):
+        raise SpecError(f"{path} is not a tokenizer.json (no model type and vocabulary in it): replace it with the "
+                        "checkpoint's own")
+    return kind
 
 
 def _one_line(exc: BaseException) -> str:
@@ -171,25 +186,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _check_safetensors(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
-    """The header: 8 bytes of little-endian length, then that many bytes of JSON (the safetensors format).
-    Returns each tensor's shape, as the header declares it."""
-    try:
-        size = file.stat().st_size
-        with open(file, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n <= 0 or 8 + n > size:
-                raise ValueError("header length past the end of the file")
-            header = json.loads(f.read(n))
-        if not isinstance(header, dict):
-            raise ValueError("header is not a JSON object")
-        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-        end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
-        if 8 + n + end > size:
-            raise ValueError(f"truncated: {size} bytes, the header describes {8 + n + end}")
-        return {k: tuple(int(d) for d in v["shape"]) for k, v in tensors.items()}
-    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
-        _refuse(folder, f"weight file {file.name} is not a readable safetensors file ({exc})",
-                "re-download or re-save the weights")
+    """Each tensor's shape, as the header declares it, read through the input boundary (bounded header, offsets
+    checked against the file's size)."""
+    return boundary.safetensors_shapes(file, f"checkpoint {folder}: weight file {file.name} is not a readable "
+                                             "safetensors file")
 
 
 def _check_torch_zip(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
@@ -231,10 +231,14 @@ def _check_weights(folder: Path) -> dict[str, tuple[int, ...]]:
     first = found[0]
     files = [first]
     if first.name.endswith(".index.json"):
-        try:
-            shards = sorted(set(json.loads(first.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as exc:
-            _refuse(folder, f"{first.name} is not a valid weight index ({exc})", "re-download it")
+        index = boundary.load_json_file(first, f"checkpoint {folder}: {first.name}", limit=boundary.INDEX_BYTES,
+                                        depth=8, fix="re-download it")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not (isinstance(weight_map, dict) and weight_map and all(isinstance(v, str) and v and "/" not in v
+                                                                    and v not in (".", "..")
+                                                                    for v in weight_map.values())):
+            _refuse(folder, f"{first.name} is not a valid weight index (no weight_map of file names)", "re-download it")
+        shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
             _refuse(folder, f"weight shard {missing[0]} named by {first.name} is missing", "re-download the checkpoint")
@@ -424,6 +428,30 @@ def _check_against_weights(folder: Path, model, family: str, shapes: dict[str, t
                         f"the files' {next(iter(shapes), 'none')})", "use the config.json saved with these weights")
 
 
+# Where a family numbers its layers in tensor names: BERT's `encoder.layer.3.`, GPT-2's `h.3.`, Llama's
+# `layers.3.`, MPT's `blocks.3.`. ALBERT's shared layers (`albert_layers.0`) match none, and are left alone.
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.")
+# Building is bounded before it starts: transformers builds one module per layer, so a config.json of 200,000
+# layers took minutes on the meta device before any check could read a shape. The deepest public text models
+# have under 200 layers.
+MAX_LAYERS = 4096
+
+
+def _check_sizes_fit_weights(folder: Path, cfg, shapes: dict[str, tuple[int, ...]]) -> None:
+    """config.json's layer count against the weight files, from the headers alone and before transformers builds
+    anything: the build's cost grows with the layers (one module each), not with the widths (the meta device
+    allocates nothing). The widths (hidden, FFN, vocabulary, heads) are checked tensor by tensor once the model is
+    built on the meta device (_check_against_weights), which names the first tensor that differs."""
+    fix = "use the config.json saved with these weights"
+    layers = getattr(cfg, "num_hidden_layers", None)
+    if isinstance(layers, int) and layers > MAX_LAYERS:
+        _refuse(folder, f"config.json sets {layers:,} layers, above the {MAX_LAYERS:,} transbench builds", fix)
+    found = {int(m.group(1)) for k in shapes for m in [_LAYER_INDEX.search(k)] if m}
+    if found and isinstance(layers, int) and layers > max(found) + 1:
+        key = getattr(cfg, "attribute_map", {}).get("num_hidden_layers", "num_hidden_layers")
+        _refuse(folder, f"config.json sets {key} to {layers:,}, but the weight files hold {max(found) + 1} layers", fix)
+
+
 def _resolve_folder(folder: Path) -> ModelRef:
     raw = _read_config(folder)
     if raw.get("auto_map"):
@@ -448,6 +476,8 @@ def _resolve_folder(folder: Path) -> ModelRef:
         ref = ModelRef(str(folder), shape_from_config(str(folder), cfg), str(folder))
     except (ValueError, TypeError, AttributeError, KeyError) as exc:
         _refuse(folder, f"transformers cannot read its config.json ({str(exc).splitlines()[0]})", "fix config.json")
+    if not getattr(cfg, "quantization_config", None):  # packed tensors: their shapes differ by design
+        _check_sizes_fit_weights(folder, cfg, shapes)
     model = _meta_model(folder, ref)
     if model is not None:
         _check_runs(folder, ref, cfg, model)

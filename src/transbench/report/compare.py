@@ -38,7 +38,6 @@ Everything is numpy and the standard library; rule 4's counts are exact Python i
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import Counter
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..boundary import loads_json
 from ..errors import SpecError
 from ..store import Store
 from .data import load
@@ -339,9 +339,9 @@ def settings(rec: dict) -> dict[str, object]:
     """The settings the record's stored cell key holds, by name. A JSON-object key names them; a list key
     does not, so each value is named by the first field of the record (contract order: the identity
     fields come first) that holds it, else by its position."""
-    try:
-        key = json.loads(rec["_key"])
-    except ValueError:  # a key that is not JSON (a store written through Store.put_cell) is one setting, as it is
+    try:  # through the input boundary: a stored key is a row read back, its nesting bounded
+        key = loads_json(rec["_key"], "cell key", fix="")
+    except SpecError:  # a key that is not JSON (a store written through Store.put_cell) is one setting, as it is
         key = rec["_key"]
     if isinstance(key, dict):
         return key

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..boundary import env_int
 from ..cells import CellResult
 
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "NVSHMEM_", "TORCH_SYMM_MEM_")
@@ -35,8 +36,9 @@ class RankInfo:
     def from_env(cls) -> RankInfo:
         if "WORLD_SIZE" not in os.environ:
             return cls()
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
-                   int(os.environ["WORLD_SIZE"]), launched=True)
+        # Set by torchrun; read through the input boundary, so a stray WORLD_SIZE=x is one line, not a traceback.
+        return cls(env_int("RANK", 0, 0, 1 << 20, strict=True), env_int("LOCAL_RANK", 0, 0, 1 << 20, strict=True),
+                   env_int("WORLD_SIZE", 1, 1, 1 << 20, strict=True), launched=True)
 
     def device(self, device: str):
         """This rank's device: its local GPU when the cell runs on CUDA."""

@@ -92,10 +92,16 @@ def open_run(store, kind: str, spec: dict, name: str | None, env: Callable[[], d
     in the same store): the named run when it exists (same grid, else SpecError), else a new run."""
     # By its exact name: find_run would also take another run's id or 'last' (the newest run) and add this
     # sweep's cells to that run.
+    # The name is held for this process before anything is looked up or measured (store.claim): a second process
+    # on it refuses, where both had measured and the later one's cell replaced the other's.
+    part = str(spec.get("shard") or "")
+    if name:
+        store.claim(name, part)
     existing = store.run_named(name) if name else None
     if existing is None:
         try:
             run_id, name = store.create_run(name, kind, spec, env())
+            store.claim(name, part)
             return run_id, name, 0
         except RunExists:  # made meanwhile by another process (two shards started at once): resume it
             existing = store.run_named(name)

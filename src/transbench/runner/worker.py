@@ -15,6 +15,7 @@ import traceback
 import warnings
 from contextlib import contextmanager
 
+from ..boundary import env_int
 from ..cells import CellResult
 from ..errors import SpecError
 
@@ -126,7 +127,7 @@ def failure(device_str: str, exc, unsupported_cls, dev, memory, caught) -> CellR
 def _interference() -> list[str]:
     from ..measure import device as dev
 
-    others = [p for p in dev.nvml_other_processes(0) if p != int(os.environ.get("TRANSBENCH_PARENT_PID", -1))]
+    others = [p for p in dev.nvml_other_processes(0) if p != env_int("TRANSBENCH_PARENT_PID", -1, -1, 1 << 31)]
     return [f"other processes on the GPU: {others}"] if others else []
 
 

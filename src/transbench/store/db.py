@@ -17,13 +17,14 @@ import errno
 import functools
 import hashlib
 import json
-import math
 import os
 import sqlite3
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import boundary
+from ..keys import CATALOGUE
 from ..errors import SpecError
 
 # Marks a file as a transbench store (PRAGMA application_id: ASCII "tbnc"); stores written before the
@@ -69,6 +70,56 @@ class StoreFull(SpecError):
 
 class RunExists(SpecError):
     """create_run found the name (or its id) taken: made by another process since it was looked up."""
+
+
+# The run-name locks this process holds: (lock key, part) -> [descriptors, Stores holding it]. A lock is this
+# process's, not one Store's: a second Store of the same file in the same process (a caller that did not close
+# the first) takes it again instead of refusing itself.
+_HELD: dict[tuple[str, str], list] = {}
+
+
+def _release(held: tuple[str, str]) -> None:
+    entry = _HELD.get(held)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        del _HELD[held]
+        for fd in entry[0]:
+            os.close(fd)
+
+
+def _lock_folder() -> Path:
+    """This user's folder of run-name locks on this host: the runtime folder (tmpfs, emptied at boot), else the
+    temporary folder."""
+    import tempfile
+
+    root = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+    folder = root / f"transbench-locks-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def _lock_key(path: str, name: str) -> str:
+    """The store by its identity (one file however its path is spelled), and the run name."""
+    st = os.stat(path)
+    return hashlib.sha256(f"{st.st_dev}:{st.st_ino}\0{name}".encode()).hexdigest()[:32]
+
+
+def _note_holder(path: Path, part: str) -> None:
+    """Who holds the lock, for the message a second writer prints (best effort: the lock itself decides)."""
+    try:
+        path.write_text(f"pid {os.getpid()}{f' (shard {part})' if part else ''}, since {_now()}")
+    except OSError:
+        pass
+
+
+def _holder(path: Path) -> str:
+    try:
+        text = boundary.read_text(path, "lock note", limit=200)
+    except SpecError:
+        return ""
+    return f" ({text})" if text.isprintable() else ""
 
 
 def _now() -> str:
@@ -311,7 +362,62 @@ class Store:
         self.conn.execute("PRAGMA synchronous=NORMAL")
 
     def close(self) -> None:
+        for held in getattr(self, "_locks", {}).values():  # the run names this store held for this process
+            _release(held)
+        self._locks = {}
         self.conn.close()
+
+    # --- who writes a run -----------------------------------------------------------------------
+    def claim(self, name: str, part: str = "") -> None:
+        """Hold run `name` (`part`: a shard, 'I/N', or '' for the whole grid) for this process until close(). Two
+        processes on one name had both measured, and the later one's INSERT OR REPLACE dropped the other's cell
+        without a word; now the second refuses in one line, before it measures anything.
+
+        The lock is the kernel's (flock) on a file named by the store's identity (device and inode) and the run
+        name, in this host's runtime folder: it ends with its process however that ends (SIGKILL, a power cut
+        included), so no lock outlives its writer, and the store's own bytes are not touched, so a command refused
+        after taking it leaves the store byte-identical. A whole-grid writer holds the name's lock exclusively; a
+        shard holds it shared and its shard's lock exclusively, so shards of one sweep write side by side."""
+        import fcntl
+
+        check_name_text(name)
+        self._locks = getattr(self, "_locks", {})
+        if (name, part) in self._locks:
+            return
+        fds, folder = [], "the runtime folder"
+        try:
+            folder, key = _lock_folder(), _lock_key(self.path, name)
+            held = _HELD.get((key, part))
+            if held is not None:  # this process holds it already (an earlier Store of this file, not closed)
+                held[1] += 1
+                self._locks[(name, part)] = (key, part)
+                return
+            shard = part.split("/")[0] if part else ""
+            wanted = [(folder / f"{key}.lock", fcntl.LOCK_SH if shard else fcntl.LOCK_EX)]
+            if shard:
+                wanted.append((folder / f"{key}.{shard}.lock", fcntl.LOCK_EX))
+            for path, mode in wanted:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+                fds.append(fd)
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = _holder(folder / f"{key}.who")
+                    raise SpecError(f"run '{name}'{f' (shard {part})' if part else ''} is being written to store "
+                                    f"{self.path} by another process{holder}: wait for it to end, or choose "
+                                    "another --name") from None
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            raise SpecError(f"cannot lock run '{name}' of store {self.path} ({exc.strerror or exc}) in {folder}: "
+                            "check that folder's permissions") from None
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        _HELD[(key, part)] = [fds, 1]
+        self._locks[(name, part)] = (key, part)
+        _note_holder(folder / f"{key}.who", part)
 
     # --- runs -----------------------------------------------------------------------------------
     @_guarded
@@ -365,25 +471,31 @@ class Store:
 
     def _run(self, row) -> dict:
         where = f"run '{row[1]}'"
+        if not all(isinstance(v, str) for v in row[:4]):
+            raise SpecError(f"store {self.path} is damaged: run {row[1]!r} has an id, name, kind or date that is not "
+                            "text: restore it from a copy, or give another --db")
         return {"run_id": row[0], "name": row[1], "kind": row[2], "created": row[3],
                 "spec": self._json(row[4], dict, "spec", where), "env": self._json(row[5], dict, "env", where)}
 
     def _json(self, text, kind: type, column: str, where: str):
-        """A stored JSON column, checked: a row edited by hand or written half by another program is one
-        line naming the store, not a traceback in whatever command reads it next (or a copy in a merge)."""
-        try:
-            value = json.loads(text)
-        except (TypeError, ValueError) as exc:
-            why = f"not JSON ({exc})"
+        """A stored JSON column, checked through the input boundary (nesting bounded) and against what the column
+        declares: a row edited by hand or written half by another program is one line naming the store, the run
+        and the cell, not a traceback in whatever command reads it next (or a copy in a merge)."""
+        why = None
+        if not isinstance(text, str):
+            why = f"{type(text).__name__}, not JSON text"
         else:
-            if not isinstance(value, kind):
-                why = f"{_JSON_NAME.get(type(value), type(value).__name__)}, not {_KIND_TEXT[kind]}"
-            elif column == "samples" and not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                 and math.isfinite(v) for v in value):
-                # json reads NaN too; a NaN sample made every bootstrap bound NaN, and compare said `same`
-                why = "a list that holds something other than finite numbers"
+            try:
+                value = boundary.loads_json(text, "row", depth=boundary.DEPTH, fix="")
+            except SpecError as exc:
+                why = f"not JSON ({str(exc).removeprefix('row: ')})"
             else:
-                return value
+                if not isinstance(value, kind):
+                    why = f"{_JSON_NAME.get(type(value), type(value).__name__)}, not {_KIND_TEXT[kind]}"
+                else:
+                    why = _column_problem(column, value)
+        if why is None:
+            return value
         raise SpecError(f"store {self.path} is damaged: the {column} of {where} is {why}: restore it from a "
                         "copy, or give another --db")
 
@@ -412,10 +524,16 @@ class Store:
         rows = self.conn.execute(
             "SELECT key, scenario, status, record, cell, samples, info, warnings, created FROM cells "
             "WHERE run_id=? ORDER BY rowid", (run_id,)).fetchall()
-        def col(text, kind, name):
-            return self._json(text, kind, name, f"a cell of run {run_id}")
+        run = self.conn.execute("SELECT name FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        run_name = run[0] if run and isinstance(run[0], str) else run_id
         out = []
         for r in rows:
+            def col(text, kind, name, key=r[0]):
+                return self._json(text, kind, name, f"cell {_key_text(key) if isinstance(key, str) else key!r} "
+                                                    f"of run '{run_name}'")
+            if not all(isinstance(v, str) for v in (r[0], r[1], r[2])):
+                raise SpecError(f"store {self.path} is damaged: a cell of run '{run_name}' has a key, scenario or "
+                                "status that is not text: restore it from a copy, or give another --db")
             out.append({"key": r[0], "scenario": r[1], "status": r[2], "record": col(r[3], dict, "record"),
                         "cell": col(r[4], dict, "cell"), "samples": col(r[5], list, "samples"),
                         "info": col(r[6], dict, "info"), "warnings": col(r[7], list, "warnings"), "created": r[8]})
@@ -495,13 +613,46 @@ def host_entry(env: dict) -> dict:
     """Where a store's run ran: its host, its GPUs (index, name, UUID) and its scheduler task."""
     return {"hostname": env.get("hostname"), "scheduler": env.get("scheduler") or {},
             "gpus": [{k: g.get(k) for k in ("index", "name", "uuid")} for g in env.get("gpus") or []]}
+# Record keys that hold numbers (or nothing): a figure stored as text ("fast") was a TypeError in `runs`, `report`
+# and `compare`, and `merge` copied it on. export.SPEED_KEYS is a subset (tests/test_input_boundary.py).
+# Record keys by their declared type (keys.py): a figure stored as text ("fast") was a TypeError in `runs`,
+# `report` and `compare`, and `merge` copied it on.
+NUMBER_KEYS = frozenset(k.name for k in CATALOGUE if k.type in ("number", "integer"))
+TEXT_KEYS = frozenset(k.name for k in CATALOGUE if k.type == "string")
+ENV_TEXT_KEYS = ("torch", "transformers", "cuda", "driver")
+
+
+def _column_problem(column: str, value) -> str | None:
+    """What in a parsed column breaks its declaration, or None."""
+    if column == "samples" and not all(boundary.is_number(v) for v in value):
+        # json reads NaN too; a NaN sample made every bootstrap bound NaN, and compare said `same`
+        return "a list that holds something other than finite numbers"
+    if column == "record":
+        for k, v in value.items():
+            if v is None:
+                continue
+            if k in NUMBER_KEYS and not (isinstance(v, (int, float)) and not isinstance(v, bool)):
+                return f"a record whose {k} is {_JSON_NAME.get(type(v), type(v).__name__)}, not a number"
+            if k in TEXT_KEYS and not isinstance(v, str):
+                return f"a record whose {k} is {_JSON_NAME.get(type(v), type(v).__name__)}, not text"
+    if column == "warnings" and not all(isinstance(w, str) for w in value):
+        return "a list that holds something other than text"
+    if column == "env":
+        gpus = value.get("gpus")
+        if gpus is not None and not (isinstance(gpus, list) and all(  # a GPU as a bare name too (older stores)
+                isinstance(g, str) or isinstance(g, dict) and isinstance(g.get("name", ""), str) for g in gpus)):
+            return "an environment whose gpus are not a list of GPUs (objects named by text, or names)"
+        bad = next((k for k in ENV_TEXT_KEYS if isinstance(value.get(k), (dict, list))), None)
+        if bad:
+            return f"an environment whose {bad} is {_JSON_NAME[type(value[bad])]}, not text"
+    return None
 
 
 def _key_text(key: str) -> str:
     """A cell key (JSON of the settings that make the cell) as its set values: 'backend eager, batch 1, ...'."""
-    try:
-        settings = json.loads(key)
-    except ValueError:
+    try:  # a stored key is a row read back: through the input boundary, its nesting bounded
+        settings = boundary.loads_json(key, "cell key", fix="")
+    except SpecError:
         return key
     if not isinstance(settings, dict):
         return key
@@ -536,6 +687,11 @@ def check_mergeable(others: list[Store], known: dict[str, tuple[dict, str]]) -> 
                                 "--into stores")
         for r in runs:
             other.cells(r["run_id"])
+        ids = {r["run_id"] for r in runs}
+        orphan = next((row for row in other.rows("cells") if row[0] not in ids), None)
+        if orphan is not None:  # a cell of no run: nothing above read it, so nothing checked it
+            raise SpecError(f"store {other.path} is damaged: it holds cells of run id {orphan[0]!r}, which it does not "
+                            "list: nothing was merged; restore it from a copy")
 
 
 def check_sources(paths: list[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 import shlex
@@ -119,6 +120,21 @@ def write_record(recs: list[dict], runs: list[dict], path: str) -> None:
         _refuse_sqlite(Path(path))
         with replacing(path) as f:
             _fill_json(recs, f, runs)
+def _open_special(path) -> int:
+    """A descriptor of a path that is not a regular file, opened without blocking: a named pipe that no process
+    reads made open() wait for ever (a report whose --json was a FIFO hung after the sweep). A pipe with a reader
+    (`--json /dev/stdout | jq`) and a device open as before; the descriptor is made blocking again for the write."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise SpecError(f"cannot write {path}: it is a named pipe that no process reads; give a regular file, "
+                            "or start the reader first") from None
+        raise
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
 
 
 @contextmanager
@@ -134,7 +150,7 @@ def replacing(path: str | Path, binary: bool = False):
         special = False
     mode, newline = ("b", None) if binary else ("", "")
     if special:  # by the path given: /dev/stdout on a pipe resolves to '/proc/PID/fd/pipe:[N]', a name not there
-        with open(path, "w" + mode, newline=newline) as f:
+        with open(_open_special(path), "w" + mode, newline=newline) as f:
             yield f
         return
     target = Path(os.path.realpath(path))

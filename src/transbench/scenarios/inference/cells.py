@@ -12,7 +12,7 @@ from ...models import build
 from ...models.build import ACTIVATIONS
 from .spec import RunSpec, device_defaults
 from ...runner import shard as sharding
-from ...spec import check_once, checked
+from ...spec import check_limits, check_once, checked
 from ...store.db import check_name_text
 from ...cells import Cell
 
@@ -60,6 +60,8 @@ def validate(spec: RunSpec) -> RunSpec:
         raise SpecError("--min-time and --warmup must be 0 or more")
     if spec.min_count < 1:
         raise SpecError("--min-count must be at least 1")
+    check_limits(**{"--batch": spec.batches, "--seq": spec.seqs, "--warmup": spec.warmup,
+                    "--min-count": spec.min_count, "--new-tokens": spec.new_tokens, "--nproc": spec.nproc})
     if spec.nproc < 1:
         raise SpecError("--nproc must be at least 1")
     if spec.threads is not None and not 1 <= spec.threads <= MAX_THREADS:

@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...boundary import ascii_int
 from ...errors import SpecError
 from ...spec import read_number
 
@@ -136,6 +137,8 @@ def _from_file(kind: str, name: str, tokenizer_dir: str | None) -> Lengths:
     label = f"--lengths {kind}:{name}"
     path = Path(name).expanduser()
     try:  # stat too: pathlib before Python 3.13 raises for a name too long (ENAMETOOLONG), a traceback
+        if path.exists() and not path.is_dir() and not path.is_file():  # a FIFO blocks the read, a device never ends
+            raise SpecError(f"{label}: is not a regular file (a pipe, a device or a socket); give a text file")
         if path.is_dir():
             raise SpecError(f"{label}: is a folder; give a file with one "
                             f"{'token count' if kind == 'counts' else 'request'} a line")
@@ -172,7 +175,7 @@ def _parse_counts(lines, label: str, name: str):
         if not text:
             continue
         try:
-            n = int(text)
+            n = ascii_int(text)  # int('٣') is 3: counts are ASCII digits, as every number transbench reads
         except ValueError:
             raise SpecError(f"{label}: every line must be a token count; for text use --lengths text:{name}") from None
         if n < 1:
@@ -203,8 +206,11 @@ def _tokenizer(model_dir: str | None, name: str):
                         f"({', '.join(TOKENIZER_FILES[:4])}, ...): add them, or use --lengths counts:FILE")
     from transformers import AutoTokenizer
 
+    from ...models.build import read_tokenizer_json
+
+    read_tokenizer_json(Path(model_dir) / "tokenizer.json")  # through the input boundary first: bounded, its fields
     try:
         return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a broken file: transformers and tokenizers raise many kinds
         raise SpecError(f"--lengths text:{name}: the tokenizer in {model_dir} does not load "
                         f"({str(exc).splitlines()[0][:120]})") from None

@@ -12,7 +12,7 @@ from ...declare import setting
 from ...errors import SpecError
 from ...measure.device import DTYPES
 from ...models import build
-from ...spec import check_once, checked
+from ...spec import MAX_SECONDS, check_limits, check_once, checked
 from . import arrivals as serve_arrivals, lengths as serve_lengths, stats as serve_stats, tails
 from . import trace as serve_trace
 from .cell import ServeCell
@@ -43,8 +43,8 @@ class ServeSpec:
                            "counts:FILE | text:FILE (tokenized, one request a line)")
     max_batch_size: int = setting(32, "the batcher's largest batch")
     max_wait_ms: float = setting(2.0, "a batch leaves when its oldest request has waited this long")
-    duration: float = setting(10.0, "seconds of arrivals measured per cell")
-    warmup: float = setting(2.0, "seconds of arrivals served first and not counted")
+    duration: float = setting(10.0, "seconds of arrivals measured per cell (at most 86,400)")
+    warmup: float = setting(2.0, "seconds of arrivals served first and not counted (at most 86,400)")
     slo_ms: float | None = setting(None, "end-to-end latency target, ms (the e2e objective of --slo)")
     percentile: float = setting(99.0, "the percentile a verdict (--find-max-rate, slo_met) holds under --slo-ms / "
                                 "--slo, by MLPerf LoadGen's early-stopping rule")
@@ -175,6 +175,10 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         raise SpecError("--max-batch-size must be at least 1 and --max-wait-ms at least 0")
     if spec.duration <= 0 or spec.warmup < 0:
         raise SpecError("--duration must be above 0 and --warmup at least 0 seconds")
+    for option, seconds in (("--duration", spec.duration), ("--warmup", spec.warmup)):
+        if seconds > MAX_SECONDS:
+            raise SpecError(f"{option} {seconds:g} s is above its limit of {MAX_SECONDS:,} s (a day): give fewer seconds")
+    check_limits(**{"--max-batch-size": spec.max_batch_size, "--new-tokens": spec.new_tokens})  # --concurrency: below
     window = spec.warmup + spec.duration
     for r in spec.rates:
         if r * window > MAX_REQUESTS:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from ...errors import SpecError
 from ...cells import CellResult
 from ...declare import setting
-from ...spec import check_once, checked, coerce
+from ...spec import check_limits, check_once, checked, coerce
 from .cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, TRAIN_DTYPES, STRATEGIES, TRAIN_TASKS, TrainCell
 
 def default_task(shape) -> str:
@@ -204,6 +204,7 @@ def validate(spec: TrainSpec) -> TrainSpec:
         # named as --help names it (--warmup-steps is the old, hidden spelling)
         raise SpecError("--steps and --warmup must be at least 1 (the first step allocates the "
                         "optimizer state and compiles; it is never timed)")
+    check_limits(**{"--steps": spec.steps, "--warmup": spec.warmup_steps})
     if not spec.lr > 0:
         raise SpecError("--lr must be positive")
     if spec.timeout <= 0:

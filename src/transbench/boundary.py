@@ -1,0 +1,326 @@
+"""The input boundary: every file, header, store row and environment variable transbench reads from outside
+passes through these readers, which bound what a hostile or broken input can cost before any parser or model
+builder sees it (bytes, nesting depth, node and item counts, YAML alias expansion, key types) and turn every
+refusal into one SpecError line naming the input and the fix (the CLI prints it and exits 2).
+
+It sits in the ground layer beside errors.py, not in core, because the store (ground) reads its rows through it.
+The engine depends on nothing of the benchmark and keeps its own two-line bounded reader (engine/tuning.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+import struct
+from itertools import accumulate
+from pathlib import Path
+
+from .errors import SpecError
+
+# Limits. Each is far above any legitimate input of its kind and far below what costs seconds or a stack.
+SPEC_BYTES = 1 * 2**20  # a sweep file: a few hundred bytes in practice
+CONFIG_BYTES = 8 * 2**20  # config.json: kilobytes (per-layer lists included)
+TOKENIZER_BYTES = 256 * 2**20  # tokenizer.json of a 256k-word vocabulary is ~35 MB
+INDEX_BYTES = 64 * 2**20  # model.safetensors.index.json: one line per tensor
+HEADER_BYTES = 100 * 2**20  # the safetensors library's own limit on a header
+TABLE_BYTES = 64 * 2**20  # any other JSON document we read whole
+DEPTH = 64  # nesting: specs nest 2 deep, config.json 4, a tokenizer.json 5, stored rows 4
+NODES = 200_000  # YAML nodes after alias expansion (a spec file has tens)
+ENV_CHARS = 4096
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string, escapes included (unrolled: linear)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+class BadInput(SpecError):
+    """An input refused at the boundary."""
+
+
+def _fail(where: str, problem: str, fix: str):
+    raise BadInput(f"{where}: {problem}: {fix}" if fix else f"{where}: {problem}")
+
+
+# --- files --------------------------------------------------------------------------------------------
+
+def read_bytes(path: str | Path, where: str, *, limit: int, fix: str = "check the path") -> bytes:
+    """The whole file, refused before opening when it is not a regular file (a FIFO would block for ever, a
+    device never end) or larger than `limit`; a read error (permissions, a name too long) is one line."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        _fail(where, "no such file", fix)
+    except OSError as exc:
+        _fail(where, f"cannot be read ({exc.strerror or exc})", fix)
+    if stat.S_ISDIR(st.st_mode):
+        _fail(where, "is a folder, not a file", fix)
+    if not stat.S_ISREG(st.st_mode):
+        _fail(where, "is not a regular file (a pipe, a device or a socket)", "give a plain file")
+    if st.st_size > limit:
+        _fail(where, f"{st.st_size:,} bytes is above the {limit:,} bytes read for it", fix)
+    try:
+        with open(p, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        _fail(where, f"cannot be read ({exc.strerror or exc})", "check its permissions")
+    if len(data) > limit:  # grew while it was read
+        _fail(where, f"is above the {limit:,} bytes read for it", fix)
+    return data
+
+
+def read_text(path: str | Path, where: str, *, limit: int, fix: str = "check the path") -> str:
+    data = read_bytes(path, where, limit=limit, fix=fix)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        _fail(where, f"is not UTF-8 text (byte {exc.start})", "save it as UTF-8")
+
+
+def check_output_path(path: str | Path, what: str) -> None:
+    """A file about to be written: a FIFO, a device or a socket there is refused before opening (opening a FIFO
+    for writing blocks until a reader comes), as is a folder."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise BadInput(f"{what} {path} cannot be written ({exc.strerror or exc}): check the path") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise BadInput(f"{what} {path} is a folder: give a file path")
+    if not stat.S_ISREG(st.st_mode):
+        raise BadInput(f"{what} {path} is not a regular file (a pipe, a device or a socket): give a file path")
+
+
+# --- JSON ---------------------------------------------------------------------------------------------
+
+def json_depth(text: str) -> int:
+    """How deep the brackets of a JSON text nest, strings skipped: a cheap scan before json.loads, whose
+    recursion ends in a RecursionError long before the text's size would."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    if not brackets:
+        return 0
+    return max(0, max(accumulate(1 if c in "[{" else -1 for c in brackets)))
+
+
+def loads_json(text: str | bytes, where: str, *, depth: int = DEPTH, fix: str = "fix or replace it",
+               pairs_hook=None):
+    """json.loads with its nesting bounded first; a syntax error names the line and column."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            _fail(where, f"is not UTF-8 text (byte {exc.start})", fix)
+    if not isinstance(text, str):
+        _fail(where, f"holds {type(text).__name__}, not JSON text", fix)
+    if json_depth(text) > depth:
+        _fail(where, f"nests deeper than {depth} levels", fix)
+    try:
+        return json.loads(text, object_pairs_hook=pairs_hook)
+    except json.JSONDecodeError as exc:
+        _fail(where, f"invalid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg})", fix)
+    except RecursionError:  # the scan is a bound, the parser's own recursion the backstop
+        _fail(where, f"nests deeper than {depth} levels", fix)
+    except ValueError as exc:  # an integer of over 4,300 digits
+        _fail(where, f"a value cannot be read ({str(exc).split(';')[0]})", fix)
+
+
+def load_json_file(path: str | Path, where: str, *, limit: int = TABLE_BYTES, depth: int = DEPTH,
+                   fix: str = "fix or replace it", pairs_hook=None):
+    return loads_json(read_text(path, where, limit=limit, fix=fix), where, depth=depth, fix=fix,
+                      pairs_hook=pairs_hook)
+
+
+# --- YAML and TOML ------------------------------------------------------------------------------------
+
+def loads_yaml(text: str, where: str, *, loader=None, depth: int = DEPTH, nodes: int = NODES,
+               fix: str = "fix it"):
+    """YAML through a SafeLoader (or `loader`, a subclass), composed first and walked before anything is
+    constructed: the walk counts nodes with every alias expanded (a few hundred bytes of nested aliases
+    stand for billions), bounds the depth, and refuses mapping keys that are not text (`1: 2`, `null:`, a
+    date), which YAML reads as numbers, None or dates."""
+    import yaml
+
+    cls = loader or yaml.SafeLoader
+    ldr = cls(text)
+    try:
+        try:
+            node = ldr.get_single_node()
+        except RecursionError:
+            _fail(where, f"nests deeper than {depth} levels", fix)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+            what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            _fail(where, f"invalid YAML{at}: {what}", fix)
+        if node is None:
+            return None
+        _walk_yaml(node, where, depth, nodes, fix)
+        try:
+            return ldr.construct_document(node)
+        except RecursionError:
+            _fail(where, f"nests deeper than {depth} levels", fix)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            _fail(where, f"invalid YAML{at}: {getattr(exc, 'problem', None) or exc}", fix)
+    finally:
+        ldr.dispose()
+
+
+_TEXT_KEYS = ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")
+
+
+def _walk_yaml(root, where: str, depth: int, nodes: int, fix: str) -> None:
+    import yaml
+
+    stack, seen = [(root, 1)], 0
+    while stack:
+        node, level = stack.pop()
+        seen += 1
+        if seen > nodes:
+            _fail(where, f"holds more than {nodes:,} values once its aliases are expanded", "write the values out, "
+                  "or use fewer aliases")
+        if level > depth:
+            _fail(where, f"nests deeper than {depth} levels", fix)
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if not (isinstance(key, yaml.ScalarNode) and key.tag in _TEXT_KEYS):
+                    shown = key.value if isinstance(key, yaml.ScalarNode) else "a list or mapping"
+                    _fail(where, f"key {shown!r} at line {key.start_mark.line + 1} is not text",
+                          f"quote it (\"{shown}\") or rename it" if isinstance(key, yaml.ScalarNode) else
+                          "keys must be names")
+                stack.append((value, level + 1))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, level + 1) for item in node.value)
+
+
+def loads_toml(text: str, where: str, *, depth: int = DEPTH, fix: str = "fix it"):
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:  # its message already ends "(at line L, column C)"
+        _fail(where, f"invalid TOML: {str(exc).splitlines()[0]}", fix)
+    except RecursionError:
+        _fail(where, f"nests deeper than {depth} levels", fix)
+    check_tree(data, where, depth=depth, fix=fix)
+    return data
+
+
+def check_tree(value, where: str, *, depth: int = DEPTH, items: int = 10 * NODES, fix: str = "fix it") -> None:
+    """A parsed document's nesting and size bounded, without recursion (so any depth is refused cleanly)."""
+    stack, seen = [(value, 1)], 0
+    while stack:
+        v, level = stack.pop()
+        seen += 1
+        if seen > items:
+            _fail(where, f"holds more than {items:,} values", fix)
+        if level > depth:
+            _fail(where, f"nests deeper than {depth} levels", fix)
+        if isinstance(v, dict):
+            stack.extend((x, level + 1) for x in v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, level + 1) for x in v)
+
+
+# --- safetensors --------------------------------------------------------------------------------------
+
+def safetensors_shapes(path: str | Path, where: str, fix: str = "re-download or re-save the weights"
+                       ) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape, from the header read here with limits (8 bytes of little-endian length, then that
+    many bytes of JSON) before transformers or safetensors opens the file; offsets checked against its size."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+        if not stat.S_ISREG(st.st_mode):
+            _fail(where, "is not a regular file", fix)
+        size = st.st_size
+        with open(p, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                _fail(where, "is shorter than a safetensors header", fix)
+            (n,) = struct.unpack("<Q", raw)
+            if n <= 0 or 8 + n > size:
+                _fail(where, "its header length runs past the end of the file", fix)
+            if n > HEADER_BYTES:
+                _fail(where, f"its header of {n:,} bytes is above the {HEADER_BYTES:,} bytes safetensors reads", fix)
+            text = f.read(n)
+    except OSError as exc:
+        _fail(where, f"cannot be read ({exc.strerror or exc})", fix)
+    header = loads_json(text, where, depth=8, fix=fix)
+    if not isinstance(header, dict):
+        _fail(where, "its header is not a JSON object", fix)
+    shapes, end = {}, 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(shape, list) and len(shape) <= 8 and all(_count(d) for d in shape)
+                and isinstance(offsets, list) and len(offsets) == 2 and all(_count(o) for o in offsets)
+                and offsets[0] <= offsets[1]):
+            _fail(where, f"tensor {name[:80]!r} has no valid shape and data offsets in the header", fix)
+        shapes[name] = tuple(shape)
+        end = max(end, offsets[1])
+    if 8 + n + end > size:
+        _fail(where, f"truncated: {size:,} bytes, the header describes {8 + n + end:,}", fix)
+    return shapes
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+
+
+# --- values -------------------------------------------------------------------------------------------
+
+def is_number(v) -> bool:
+    """A finite JSON number (not a bool, which Python counts as an int)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def ascii_int(text: str) -> int:
+    """int() of ASCII digits only: int('٣') is 3, and a counts file or an option is written in ASCII."""
+    if not text.isascii():
+        raise ValueError(f"not an ASCII number: {text!r}")
+    return int(text)
+
+
+def visible_text(text: str) -> bool:
+    """Text that shows something: not only spaces and invisible format characters (U+200B, U+2060, U+FEFF,
+    soft hyphens, variation selectors, ...)."""
+    import unicodedata
+
+    return any(not c.isspace() and unicodedata.category(c) not in ("Cf", "Mn", "Me", "Zs", "Zl", "Zp", "Cc", "Co",
+                                                                    "Cn", "Cs")
+               and not ("\ufe00" <= c <= "\ufe0f") for c in text)
+
+
+# --- environment --------------------------------------------------------------------------------------
+
+def env_text(name: str, default: str | None = None) -> str | None:
+    """A variable's value, refused when absurdly long or holding a NUL-like control character."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    if len(value) > ENV_CHARS:
+        raise BadInput(f"environment variable {name} is {len(value):,} characters long: set it to a short value "
+                       "or unset it")
+    return value
+
+
+def env_int(name: str, default: int | None, lo: int, hi: int, *, strict: bool = False) -> int | None:
+    """A whole-number variable clamped to [lo, hi] (a terminal width of 0 or 99,999,999 means nothing useful);
+    text that is not ASCII digits is `default`, or refused with `strict`."""
+    value = env_text(name)
+    if value is None:
+        return default
+    text = value.strip()
+    if not (text.lstrip("+-").isdigit() and text.isascii() and len(text) <= 30):
+        if strict:
+            raise BadInput(f"environment variable {name}={value[:40]!r} is not a whole number: fix or unset it")
+        return default
+    return min(hi, max(lo, int(text)))

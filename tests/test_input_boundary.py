@@ -1,0 +1,638 @@
+"""The input boundary (src/transbench/boundary.py) against hostile and concurrent input, per kind of input: spec
+files, model folders (config.json, safetensors headers, tokenizer.json), lengths files, the engine's tuning table,
+store rows read back, environment variables, two writers on one run name, outputs that fail, and the counts users
+give. Property tests (hypothesis) generate nested, huge, type-confused and unicode inputs; the contract for each:
+one line on stderr, exit 2, no traceback, no hang, nothing stored changed."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from report_helpers import cell, make_run, ok_result
+from test_cli_input import invoke, refused
+
+from transbench import boundary
+from transbench.errors import SpecError
+from transbench.scenarios.inference.spec import RunSpec
+from transbench.spec import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "src" / "transbench"
+PY = sys.executable
+FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                        HealthCheck.too_slow])
+
+
+def digest(folder: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
+            if p.is_file() and not p.name.endswith("-shm")}
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc)
+    assert "\n" not in text and text, text
+    return text
+
+
+# --- generated documents: nested, huge, type-confused, unicode --------------------------------------------
+
+scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                      | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)
+KEYS = ["models", "batches", "seqs", "backends", "min_time", "warmup", "min_count", "name", "timeout", "seed"]
+documents = st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=10), values, max_size=5)
+depths = st.integers(min_value=65, max_value=200_000)
+
+
+def nested_json(depth: int) -> str:
+    return '{"batches": ' + "[" * depth + "]" * depth + "}"
+
+
+# --- spec files -------------------------------------------------------------------------------------------
+
+@FAST
+@given(doc=documents, suffix=st.sampled_from([".json", ".yaml", ".toml"]))
+def test_any_spec_document_is_read_or_refused_in_one_line(tmp_path_factory, doc, suffix):
+    """Type-confused and unicode documents: a RunSpec's fields, or one SpecError line; nothing else."""
+    import yaml
+
+    path = tmp_path_factory.mktemp("spec") / f"s{suffix}"
+    if suffix == ".json":
+        path.write_text(json.dumps(doc))
+    elif suffix == ".yaml":
+        path.write_text(yaml.safe_dump(doc, allow_unicode=True))
+    else:
+        path.write_text("".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in doc.items()
+                                if isinstance(v, (str, int, bool)) and not isinstance(v, float)))
+    try:
+        load_file(str(path), RunSpec)
+    except SpecError as exc:
+        one_line(exc)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=depths, kind=st.sampled_from(["json", "yaml", "yaml-block", "toml"]))
+def test_deeply_nested_spec_files_are_refused_by_the_cli(tmp_path_factory, depth, kind):
+    d = tmp_path_factory.mktemp("nest")
+    text = {"json": nested_json(depth), "yaml": "batches: " + "[" * depth + "]" * depth,
+            "yaml-block": "".join(f"{' ' * i}k{i}:\n" for i in range(min(depth, 3000))) + " " * 3000 + "x: 1\n",
+            "toml": "batches = " + "[" * depth + "]" * depth}[kind]
+    spec = d / f"s.{kind.split('-')[0]}"
+    spec.write_text(text)
+    start = time.monotonic()
+    line = refused(invoke("run", "--spec", spec, "--db", d / "x.db"))
+    assert time.monotonic() - start < 20
+    assert "nests deeper" in line or "above the" in line or "invalid" in line
+    assert not (d / "x.db").exists()
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("1: 2\n", "key '1' at line 1 is not text"),
+    ("null: 2\n", "key 'null' at line 1 is not text"),
+    ("2024-01-01: [1]\n", "key '2024-01-01' at line 1 is not text"),
+    ("? [1, 2]\n: 3\n", "is not text"),
+    ("batches: &a [1]\n*a : 2\n", "is not text"),
+])
+def test_yaml_keys_that_are_not_text_are_refused(tmp_path, text, needle):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(text)
+    assert needle in refused(invoke("run", "--spec", spec, "--db", tmp_path / "x.db"))
+
+
+@FAST
+@given(width=st.integers(min_value=2, max_value=12), levels=st.integers(min_value=4, max_value=12))
+def test_yaml_alias_bombs_are_refused_quickly(tmp_path_factory, width, levels):
+    """Each level repeats the one before `width` times: a few hundred bytes that stand for width**levels values."""
+    lines = ["l0: &l0 [" + ", ".join(["x"] * width) + "]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]" for i in range(1, levels)]
+    spec = tmp_path_factory.mktemp("bomb") / "s.yaml"
+    spec.write_text("\n".join(lines) + "\n")
+    start = time.monotonic()
+    try:
+        load_file(str(spec), RunSpec)
+    except SpecError as exc:
+        one_line(exc)
+    assert time.monotonic() - start < 5
+    if width ** levels > boundary.NODES:
+        with pytest.raises(SpecError, match="once its aliases are expanded"):
+            load_file(str(spec), RunSpec)
+
+
+def test_a_huge_spec_file_and_a_named_pipe_are_refused_before_reading(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("batches: [" + "1, " * (boundary.SPEC_BYTES // 3) + "1]\n")
+    assert "bytes read for it" in refused(invoke("run", "--spec", big, "--db", tmp_path / "x.db"))
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    assert "not a regular file" in refused(invoke("run", "--spec", fifo, "--db", tmp_path / "x.db"))
+    assert not (tmp_path / "x.db").exists()
+
+
+# --- model folders ----------------------------------------------------------------------------------------
+
+TINY_BERT = {"model_type": "bert", "hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 3,
+             "intermediate_size": 96, "vocab_size": 1000, "max_position_embeddings": 128}
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory) -> Path:
+    """bert-tiny's weights as one safetensors file (2 layers)."""
+    from safetensors.torch import save_file
+
+    from transbench.models import build
+
+    path = tmp_path_factory.mktemp("w") / "model.safetensors"
+    model = build.build_model(build.resolve("bert-tiny"), "base")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path
+
+
+def folder_with(tmp_path: Path, weights: Path, config) -> Path:
+    d = tmp_path / "ckpt"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    target = d / "model.safetensors"
+    if not target.exists():
+        os.symlink(weights, target)
+    return d
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edit=st.dictionaries(st.sampled_from(["hidden_size", "num_hidden_layers", "num_attention_heads",
+                                             "vocab_size", "intermediate_size", "max_position_embeddings",
+                                             "model_type", "architectures"]), values, min_size=1, max_size=3))
+def test_config_json_of_any_type_confused_sizes_is_one_line(tmp_path_factory, weights, edit):
+    from transbench.models import build
+
+    d = folder_with(tmp_path_factory.mktemp("cfg"), weights, {**TINY_BERT, **edit})
+    try:
+        build.resolve(str(d))
+    except SpecError as exc:
+        one_line(exc)
+
+
+@pytest.mark.parametrize("config,needle", [
+    (nested_json(100_000).replace('"batches"', '"model_type": "bert", "x"'), "nests deeper"),
+    ("[" * 100_000, "nests deeper"),
+    ({**TINY_BERT, "num_hidden_layers": 200_000}, "above the 4,096 transbench builds"),
+    ({**TINY_BERT, "num_hidden_layers": 3000}, "but the weight files hold 2 layers"),
+])
+def test_config_json_deep_or_far_beyond_its_weights_is_refused_before_building(tmp_path, weights, config, needle):
+    d = folder_with(tmp_path, weights, config)
+    start = time.monotonic()
+    line = refused(invoke("run", "--model", d, "--device", "cpu", "--db", tmp_path / "x.db"))
+    assert needle in line and time.monotonic() - start < 30
+    assert not (tmp_path / "x.db").exists()
+
+
+@FAST
+@given(header=st.binary(max_size=200) | values.map(lambda v: json.dumps(v).encode())
+       | depths.map(lambda n: nested_json(n).encode()),
+       length=st.none() | st.integers(min_value=0, max_value=2**64 - 1))
+def test_any_safetensors_header_is_read_or_refused_in_one_line(tmp_path_factory, header, length):
+    path = tmp_path_factory.mktemp("st") / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header) if length is None else length) + header)
+    try:
+        shapes = boundary.safetensors_shapes(path, "weight file")
+    except SpecError as exc:
+        one_line(exc)
+    else:
+        assert all(isinstance(s, tuple) for s in shapes.values())
+
+
+@FAST
+@given(text=values.map(json.dumps) | depths.map(nested_json)
+       | values.map(lambda v: json.dumps({"model": {"type": v, "vocab": v}})))
+def test_any_tokenizer_json_is_read_or_refused_in_one_line(tmp_path_factory, text):
+    from transbench.models.build import read_tokenizer_json
+
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    path.write_text(text)
+    try:
+        assert isinstance(read_tokenizer_json(path), str)
+    except SpecError as exc:
+        one_line(exc)
+
+
+# --- lengths files ----------------------------------------------------------------------------------------
+
+text_lines = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+
+
+@FAST
+@given(lines=st.lists(text_lines | st.integers(min_value=-5, max_value=10**30).map(str)
+                      | st.sampled_from(["٣", "１２", "৪", "1e3", "0x10", " 7 ", "\ufeff5"]), max_size=30))
+def test_any_counts_file_is_read_or_refused_in_one_line(tmp_path_factory, lines):
+    from transbench.scenarios.serve import lengths
+
+    path = tmp_path_factory.mktemp("len") / "counts.txt"
+    content = "\n".join(lines)
+    path.write_text(content, encoding="utf-8")
+    try:
+        out = lengths.parse(f"counts:{path}", 4096)
+    except SpecError as exc:
+        one_line(exc)
+    else:
+        assert all(1 <= c <= 4096 for c in out.counts)
+        read = path.read_text(encoding="utf-8-sig").replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        assert all(x.strip().isascii() for x in read), f"{read} read as counts"
+
+
+def test_non_ascii_digits_in_a_counts_file_are_refused(tmp_path):
+    from transbench.scenarios.serve import lengths
+
+    path = tmp_path / "counts.txt"
+    path.write_text("12\n٣\n")
+    with pytest.raises(SpecError, match="every line must be a token count"):
+        lengths.parse(f"counts:{path}", 4096)
+
+
+# --- the engine's tuning table ----------------------------------------------------------------------------
+
+@FAST
+@given(text=depths.map(nested_json) | values.map(json.dumps) | text_lines)
+def test_any_tuning_table_is_a_problem_line_or_read(tmp_path_factory, text):
+    from transbench.engine import tuning
+
+    path = tmp_path_factory.mktemp("tune") / tuning.TABLE_NAME
+    path.write_text(text)
+    problem = tuning._table_problem(path)
+    assert problem is None or "\n" not in problem
+    tuning.Tuner(path)  # a table it cannot use is ignored (re-timed), never a traceback
+
+
+def test_a_named_pipe_as_the_tuning_table_does_not_block(tmp_path):
+    from transbench.engine import tuning
+
+    fifo = tmp_path / tuning.TABLE_NAME
+    os.mkfifo(fifo)
+    assert "not a regular file" in tuning._table_problem(fifo)
+    assert tuning.Tuner(fifo).table == {}
+
+
+# --- store rows read back ---------------------------------------------------------------------------------
+
+def _store(tmp_path: Path) -> Path:
+    db = tmp_path / "s.db"
+    make_run(str(db), "A", [(cell(), ok_result([1.0, 1.1, 0.9] * 5, 1))])
+    return db
+
+
+COLUMN_VALUES = values | depths.map(lambda n: "[" * n + "]" * n) | st.text(max_size=30)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(column=st.sampled_from(["cells.record", "cells.samples", "cells.info", "cells.warnings", "cells.cell",
+                               "runs.spec", "runs.env", "cells.key", "runs.name", "record.latency_ms",
+                               "record.model", "env.gpus", "env.torch"]),
+       value=COLUMN_VALUES)
+def test_any_stored_row_is_read_or_reported_damaged_and_never_merged(tmp_path_factory, column, value):
+    """A row edited by hand or by another program: `runs`, `report --format md`-like reading (export) and `compare`
+    read it or refuse in one line; `merge` copies nothing from a store it refuses."""
+    from transbench.store import Store, export
+
+    d = tmp_path_factory.mktemp("rows")
+    db = _store(d)
+    con = sqlite3.connect(db)
+    table, col = column.split(".")
+    text = value if isinstance(value, str) and value.startswith("[") else json.dumps(value)
+    if table in ("record", "env"):
+        outer = "cells" if table == "record" else "runs"
+        row = json.loads(con.execute(f"SELECT {table} FROM {outer}").fetchone()[0])
+        row[col] = "__VALUE__"  # spliced as text: json_set() refuses what it cannot parse (2,000 levels deep)
+        con.execute(f"UPDATE {outer} SET {table} = ?", (json.dumps(row).replace('"__VALUE__"', text),))
+    elif col in ("key", "name"):
+        con.execute(f"UPDATE {table} SET {col} = ?", (value if isinstance(value, (str, int, float)) and not
+                                                       isinstance(value, bool) else text,))
+    else:
+        con.execute(f"UPDATE {table} SET {col} = ?", (text,))
+    con.commit()
+    con.close()
+    before = digest(d)
+    for args in (["runs", "--db", db], ["compare", "A", "A", "--db", db]):
+        res = invoke(*args)
+        assert "Traceback" not in res.output
+        assert res.exit_code in (0, 1, 2), res.output
+        if res.exit_code == 2:
+            refused(res)
+    store = Store(str(db), readonly=True)
+    try:
+        export.records(store)
+    except SpecError as exc:
+        one_line(exc)
+    finally:
+        store.close()
+    into = d / "into.db"
+    make_run(str(into), "B", [(cell(backend="sdpa"), ok_result([2.0] * 10, 1))])
+    target = digest(d)["into.db"]
+    res = invoke("merge", db, "--into", into)
+    assert "Traceback" not in res.output
+    if res.exit_code == 2:
+        refused(res)
+        assert digest(d)["into.db"] == target
+    assert digest(d)["s.db"] == before["s.db"]
+
+
+def test_a_figure_stored_as_text_is_damage_naming_the_run_and_cell(tmp_path):
+    db = _store(tmp_path)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE cells SET record = json_set(record, '$.latency_ms', 'fast')")
+    con.commit()
+    con.close()
+    line = refused(invoke("report", "A", "--db", db, "--out", tmp_path / "rep"))
+    assert "damaged" in line and "run 'A'" in line and "cell 'backend eager" in line and "latency_ms" in line
+    into = tmp_path / "into.db"
+    make_run(str(into), "B", [])
+    before = digest(tmp_path)["into.db"]
+    assert "latency_ms" in refused(invoke("merge", db, "--into", into))
+    assert digest(tmp_path)["into.db"] == before
+
+
+def test_every_number_key_the_export_knows_is_checked_as_a_number():
+    from transbench.store import db, export
+
+    assert set(export.SPEED_KEYS) <= db.NUMBER_KEYS
+
+
+# --- environment variables --------------------------------------------------------------------------------
+
+@FAST
+@given(value=st.text(max_size=12) | st.integers().map(str) | st.sampled_from(["0", "-5", "99999999", "٣", "1e9"]))
+def test_any_columns_value_gives_a_sane_width(monkeypatch, value):
+    from transbench.cli import tables
+
+    if "\0" in value:
+        return
+    monkeypatch.setenv("COLUMNS", value)
+    assert tables.MIN_WIDTH <= tables._width() <= tables.MAX_WIDTH
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "99999999"])
+def test_absurd_terminal_widths_still_print_a_table(tmp_path, value):
+    db = _store(tmp_path)
+    out = subprocess.run([PY, "-m", "transbench", "runs", "--db", str(db)], capture_output=True, text=True,
+                         env={**os.environ, "COLUMNS": value}, timeout=120)
+    assert out.returncode == 0 and "A" in out.stdout and len(max(out.stdout.splitlines(), key=len)) <= 1000
+
+
+@pytest.mark.parametrize("var,value", [("TRANSBENCH_EXTRA_BACKENDS", "no_such_module"),
+                                       ("TRANSBENCH_EXTRA_BACKENDS", "a,,b"),
+                                       ("TRANSBENCH_EXTRA_BACKENDS", "x" * 5000)])
+def test_bad_environment_variables_are_one_line(tmp_path, monkeypatch, var, value):
+    from transbench import backends
+
+    monkeypatch.setenv(var, value)
+    monkeypatch.setattr(backends, "_REGISTRY", None)
+    line = refused(invoke("run", "--model", "bert-tiny", "--device", "cpu", "--db", tmp_path / "x.db"))
+    assert var in line
+    monkeypatch.setattr(backends, "_REGISTRY", None)
+
+
+# --- two writers on one run name --------------------------------------------------------------------------
+
+HOLDER = """
+import sys, time
+from transbench.store.db import Store
+store = Store(sys.argv[1])
+store.claim(sys.argv[2], *sys.argv[3:])  # what open_run does first for a named run, before anything is measured
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+def test_a_second_writer_on_a_run_name_is_refused_and_a_dead_one_is_taken_over(tmp_path, quick):
+    from transbench import api
+
+    db = tmp_path / "s.db"
+    holder = subprocess.Popen([PY, "-c", HOLDER, str(db), "shared"], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        before = digest(tmp_path)
+        line = refused(invoke("run", "--model", "bert-tiny", "--batch", "1", "--seq", "8", "--name", "shared",
+                              "--db", db, *[f"--{k.replace('_', '-')}={v}" for k, v in quick.items()]))
+        assert "is being written to store" in line and f"pid {holder.pid}" in line
+        assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM cells").fetchone()[0] == 0
+        assert digest(tmp_path)["s.db"] == before["s.db"]
+        # another shard of the same name is another writer's cells: allowed
+        spec = RunSpec(models=["bert-tiny"], batches=[1], seqs=[8], name="shared", shard="1/1", **quick)
+        with pytest.raises(SpecError, match="being written"):  # 1/1 is the whole grid the holder holds
+            api.run(spec, str(db))
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # the holder died without releasing: its lock is stale and taken over
+    out = api.run(RunSpec(models=["bert-tiny"], backends=["eager"], batches=[1], seqs=[8], name="shared", **quick),
+                  str(db))
+    assert [r["status"] for r in out.records] == ["ok"]
+    from transbench.store import Store
+
+    again = Store(str(db))  # released at the end: another writer takes it
+    again.claim("shared")
+    again.close()
+
+
+def test_shards_of_one_name_write_side_by_side_and_the_whole_grid_waits_for_them(tmp_path):
+    from transbench.store import Store
+
+    db = str(tmp_path / "s.db")
+    Store(db).close()
+    holders = [subprocess.Popen([PY, "-c", HOLDER, db, "s", part], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT / "src")}) for part in ("1/3", "2/3")]
+    store = Store(db)
+    try:
+        assert all(h.stdout.readline().strip() == "holding" for h in holders)
+        with pytest.raises(SpecError, match=r"run 's' \(shard 1/3\) is being written"):
+            store.claim("s", "1/3")
+        with pytest.raises(SpecError, match="being written"):
+            store.claim("s")
+        store.claim("s", "3/3")  # the third shard writes beside them
+    finally:
+        store.close()
+        for h in holders:
+            h.kill()
+            h.wait()
+    store = Store(db)
+    store.claim("s")  # they ended: the whole grid is free
+    store.close()
+
+
+def test_two_writer_processes_race_for_one_name_and_exactly_one_wins(tmp_path):
+    """Both claim at once: the claim is one IMMEDIATE transaction, so one holds the name and the other refuses."""
+    db = tmp_path / "s.db"
+    from transbench.store import Store
+
+    Store(str(db)).close()
+    script = HOLDER.replace("time.sleep(120)", "time.sleep(8)")
+    procs = [subprocess.Popen([PY, "-c", script, str(db), "race"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    won = [o for o in outs if "holding" in o[0]]
+    lost = [o for o in outs if "is being written" in o[1]]
+    assert len(won) == 1 and len(lost) == 1, outs
+
+
+# --- outputs that fail ------------------------------------------------------------------------------------
+
+def test_stdout_on_a_full_disk_is_one_line(tmp_path):
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    db = _store(tmp_path)
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([PY, "-m", "transbench", "runs", "--db", str(db)], stdout=full, stderr=subprocess.PIPE,
+                             text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1 and "No space left on device" in out.stderr
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    proc = subprocess.Popen([PY, "-m", "transbench", "models"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    assert "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_a_unicode_run_name_under_an_ascii_terminal_prints(tmp_path):
+    db = tmp_path / "s.db"
+    make_run(str(db), "日本語-ラン", [(cell(), ok_result([1.0] * 10, 1))])
+    out = subprocess.run([PY, "-m", "transbench", "runs", "--db", str(db)], capture_output=True, timeout=120,
+                         env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert out.returncode == 0, out.stderr
+    assert b"\\u65e5" in out.stdout and b"Traceback" not in out.stderr
+
+
+def test_a_named_pipe_with_no_reader_as_an_output_file_does_not_hang(tmp_path):
+    from transbench.store import export
+
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    result: list = []
+
+    def write():
+        try:
+            with export.writing(fifo):
+                export.write_text(fifo, "[]")
+            result.append("written")
+        except SpecError as exc:
+            result.append(str(exc))
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    t.join(10)
+    assert result and "named pipe that no process reads" in result[0]
+
+
+# --- counts users give ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--model", "bert-tiny", "--device", "cpu", "--warmup", "1000000000"], "--warmup 1,000,000,000 is above"),
+    (["run", "--model", "bert-tiny", "--device", "cpu", "--min-count", "99999999"], "--min-count 99,999,999 is above"),
+    (["run", "--model", "bert-tiny", "--device", "cpu", "--batch", "99999999"], "--batch 99,999,999 is above"),
+    (["serve", "--model", "bert-tiny", "--device", "cpu", "--offline", "--max-batch-size", "100000000"],
+     "--max-batch-size 100,000,000 is above"),
+    (["serve", "--model", "bert-tiny", "--device", "cpu", "--offline", "--duration", "1e9"], "--duration"),
+    (["run", "--model", "bert-tiny", "--device", "cpu", "--name", "\u200b"], "only invisible characters"),
+    (["run", "--model", "bert-tiny", "--device", "cpu", "--name", "\u2060\ufeff "], "only invisible characters"),
+])
+def test_counts_past_their_limit_and_invisible_names_are_refused(tmp_path, args, needle):
+    assert needle in refused(invoke(*args, "--db", tmp_path / "x.db"))
+    assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize("command,options", [("run", ["--warmup", "--min-count", "--batch", "--new-tokens"]),
+                                             ("serve", ["--max-batch-size", "--concurrency"]),
+                                             ("train", ["--steps", "--warmup"])])
+def test_help_states_each_limit(command, options):
+    text = " ".join(invoke(command, "--help").output.split())
+    assert text.count("at most") >= len(options)
+
+
+def test_a_serve_resume_refuses_a_lengths_file_that_changed(tmp_path, monkeypatch):
+    counts = tmp_path / "counts.txt"
+    counts.write_text("8\n12\n")
+    db = tmp_path / "s.db"
+    calls = []
+    from transbench import api
+
+    monkeypatch.setattr(api, "run_grid", lambda *a, **k: calls.append(a))  # the resume check is what is tested
+    args = ["serve", "--model", "bert-tiny", "--device", "cpu", "--concurrency", "1", "--duration", "0.1",
+            "--lengths", f"counts:{counts}", "--name", "L", "--db", db]
+    invoke(*args)
+    counts.write_text("8\n16\n")
+    line = refused(invoke(*args))
+    assert "lengths_source" in line and "counts.txt@" in line
+
+
+# --- every external reader goes through the boundary ------------------------------------------------------
+
+READERS = {("json", "load"), ("json", "loads"), ("yaml", "load"), ("yaml", "safe_load"), ("yaml", "full_load"),
+           ("yaml", "unsafe_load"), ("tomllib", "load"), ("tomllib", "loads"), ("tomli", "load"), ("tomli", "loads")}
+# Reads of what transbench itself wrote a moment ago, never a user's path: each with its reason.
+INTERNAL = {
+    "engine/tuning.py": "the engine's own bounded reader of its table (read_table): it imports nothing of the benchmark",
+    "report/html.py": "the PNG plots the report has just drawn, embedded in its HTML",
+    "runner/launch.py": "a launched cell's own log and result files, in the temporary folder it made",
+    "runner/rank.py": "the cell a launcher wrote for its ranks, in that temporary folder",
+    "runner/sweep.py": "a cell's key, made by the cell itself",
+    "scenarios/micro/run.py": "a micro cell's own fields, serialized by the parent for its worker",
+}
+
+
+def external_reads(path: Path) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        f = node.func
+        base = f.value.id if isinstance(f.value, ast.Name) else None
+        if base == "boundary":
+            continue
+        if (base, f.attr) in READERS:
+            out.append(f"{node.lineno}: {base}.{f.attr}")
+        elif f.attr in ("read_text", "read_bytes"):
+            out.append(f"{node.lineno}: .{f.attr}()")
+        elif f.attr == "read" and isinstance(f.value, ast.Call) and getattr(f.value.func, "id", None) == "open":
+            out.append(f"{node.lineno}: open(...).read()")
+    return out
+
+
+def test_every_external_reader_goes_through_the_boundary():
+    found = {}
+    for p in sorted(PKG.rglob("*.py")):
+        rel = p.relative_to(PKG).as_posix()
+        if rel == "boundary.py" or rel in INTERNAL:
+            continue
+        reads = external_reads(p)
+        if reads:
+            found[rel] = reads
+    assert not found, f"readers outside src/transbench/boundary.py (route them through it, or list them in " \
+                      f"INTERNAL with the reason): {found}"
+
+
+def test_the_scan_sees_readers():
+    assert external_reads(PKG / "runner" / "rank.py") and external_reads(PKG / "engine" / "tuning.py")
+    assert all((PKG / rel).exists() for rel in INTERNAL)
+
+
+def test_the_concurrency_limit_in_help_is_the_one_serve_checks():
+    from transbench.scenarios.serve.spec import MAX_REQUESTS
+    from transbench.spec import LIMITS
+
+    assert LIMITS["--concurrency"] == MAX_REQUESTS
