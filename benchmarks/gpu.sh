@@ -46,7 +46,7 @@ PARTS=(
   "folders|5 min|checkpoint folders on CUDA: MoE, XLNet, windowed attention, regression head, bf16"
   "padding|5 min|the padding path: packing GPU tests, studies/packing_cost.py, padded cells"
   "order|4 min|a fused cell's latency alone and after another cell (studies/order_latency.py)"
-  "tests|25 min|the whole GPU test suite: python3 -m pytest -q -m gpu tests/gpu"
+  "tests|25 min|the whole GPU test suite: python3 -m pytest -q -n 0 -m gpu tests/gpu"
   "tests-kernels|10 min|GPU tests of the engine's kernels, graphs, captures and tuning"
   "tests-fp8|9 min|GPU tests of the fp8 engine and of the engine's model configs"
   "tests-models|6 min|GPU tests of the backends, the families, --gpus and serving"
@@ -66,7 +66,7 @@ caches() {  # empty route-table and Triton caches for this part
 records() { python3 $B/print_records.py "$@"; }  # JSON label: one line per record
 gpu_tests() {  # timeout log pytest-args...: one pytest call, its summary lines
   local t=$1 log=$OUT/$2; shift 2
-  timeout "$t" python3 -m pytest -q -m gpu -p no:cacheprovider -rf --durations=5 "$@" > "$log" 2>&1
+  timeout "$t" python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider -rf --durations=5 "$@" > "$log" 2>&1
   echo "pytest $* rc $?"; grep -E "passed|failed|^FAILED|Error|s call" "$log" | tail -12 | cut -c1-300
 }
 wheels() {  # the wheels the GPU image lacks (DeepSpeed, Liger), from benchmarks/wheels.sh
@@ -595,7 +595,7 @@ part_order() {
   done
 }
 
-part_tests() { caches; timeout 3000 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu; }
+part_tests() { caches; timeout 3000 python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider -rf tests/gpu; }
 part_tests_kernels() { caches; gpu_tests 570 tests_kernels.txt tests/gpu/test_engine_kernels.py; }
 part_tests_fp8() {
   caches

@@ -584,7 +584,7 @@ def test_the_permission_cases_as_another_user(tmp_path):
     ns = ["unshare", "--user", "--map-user=1000", "--map-group=1000"]
     if subprocess.run([*ns, "true"], capture_output=True).returncode != 0:
         pytest.skip("user namespaces are not available here")
-    res = subprocess.run([*ns, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+    res = subprocess.run([*ns, sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__,
                           "-k", "unreadable or readonly", f"--basetemp={tmp_path / 'as-user'}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
