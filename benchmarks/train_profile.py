@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from transbench.measure import device as dev
     from transbench.models import build
     from transbench.runner.rank import RankInfo
-    from transbench.scenarios.training.spec import loop as training_loop
+    from transbench.scenarios.training import loop as training_loop
     from transbench.scenarios.training.spec import default_task
     from transbench.scenarios.training.cell import TrainCell
 
