@@ -558,6 +558,7 @@ def test_runs_out_without_spec_is_refused(store, tmp_path, monkeypatch):
     assert not (tmp_path / "x.yaml").exists()
 
 
+@pytest.mark.slow
 def test_real_processes_exit_2_with_one_line(store, tmp_path):
     """The same contract outside CliRunner: the installed entry point's exit code and stderr."""
     long_store = tmp_path / ("n" * 249 + ".db")  # its -journal file's name is past 255 bytes
@@ -576,6 +577,7 @@ def test_real_processes_exit_2_with_one_line(store, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [long_store.name]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not ROOT_USER or shutil.which("unshare") is None, reason="not root, or no unshare")
 def test_the_permission_cases_as_another_user(tmp_path):
     """Root reads and writes past permission bits, so the sweep's unreadable and read-only cases skip under root. Here

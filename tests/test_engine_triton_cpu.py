@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton", reason="Triton is not installed (it is part of the [test] extra on Linux)")
+pytestmark = pytest.mark.slow  # every kernel through the interpreter: the longest CPU test
 
 
 def test_triton_kernels_match_torch_in_the_interpreter():
