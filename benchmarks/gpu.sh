@@ -46,7 +46,7 @@ PARTS=(
   "folders|5 min|checkpoint folders on CUDA: MoE, XLNet, windowed attention, regression head, bf16"
   "padding|5 min|the padding path: packing GPU tests, studies/packing_cost.py, padded cells"
   "order|4 min|a fused cell's latency alone and after another cell (studies/order_latency.py)"
-  "tests|25 min|the whole GPU test suite: python3 -m pytest -q -m gpu tests/gpu tests/test_engine_*.py"
+  "tests|25 min|the whole GPU test suite: python3 -m pytest -q -n 0 -m gpu tests/gpu tests/test_engine_*.py"
   "tests-ops|10 min|GPU cases of the engine's per-op tests (tests/test_engine_<op>.py): each kernel against torch"
   "tests-kernels|10 min|GPU tests of the engine as a whole: models, graphs, captures and tuning"
   "tests-fp8|9 min|GPU tests of the fp8 engine and of the engine's model configs"
@@ -67,7 +67,7 @@ caches() {  # empty route-table and Triton caches for this part
 records() { python3 $B/print_records.py "$@"; }  # JSON label: one line per record
 gpu_tests() {  # timeout log pytest-args...: one pytest call, its summary lines
   local t=$1 log=$OUT/$2; shift 2
-  timeout "$t" python3 -m pytest -q -m gpu -p no:cacheprovider -rf --durations=5 "$@" > "$log" 2>&1
+  timeout "$t" python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider -rf --durations=5 "$@" > "$log" 2>&1
   echo "pytest $* rc $?"; grep -E "passed|failed|^FAILED|Error|s call" "$log" | tail -12 | cut -c1-300
 }
 wheels() {  # the wheels the GPU image lacks (DeepSpeed, Liger), from benchmarks/wheels.sh
@@ -597,7 +597,7 @@ part_order() {
 }
 
 part_tests() {  # tests/test_engine_*.py: the per-op files' GPU cases (their CPU ones are deselected by -m gpu)
-  caches; timeout 3000 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu tests/test_engine_*.py
+  caches; timeout 3000 python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider -rf tests/gpu tests/test_engine_*.py
 }
 part_tests_ops() {  # the op files' GPU cases (their CPU cases run in Triton's interpreter, deselected here)
   caches

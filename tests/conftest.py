@@ -34,3 +34,17 @@ def extra_backends(monkeypatch):
 
     yield register
     backends._REGISTRY = None
+
+
+# The width output that is not a terminal gets (cli/tables.py); the tests that check what fits are written for it.
+TERMINAL_WIDTH = 180
+
+
+@pytest.fixture(autouse=True)
+def terminal_width(monkeypatch):
+    """One terminal width for every test, whatever the shell exports: pytest-xdist's workers start with COLUMNS=80,
+    and the CLI's console reads COLUMNS once, when cli/tables.py is imported (perhaps while collecting)."""
+    monkeypatch.setenv("COLUMNS", str(TERMINAL_WIDTH))
+    tables = sys.modules.get("transbench.cli.tables")
+    if tables is not None:
+        monkeypatch.setattr(tables.console, "width", TERMINAL_WIDTH)

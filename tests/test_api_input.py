@@ -99,6 +99,7 @@ def test_api_bad_input_is_a_spec_error_before_any_file(tmp_path, call, needle):
     nothing_written(tmp_path)
 
 
+@pytest.mark.slow
 def test_api_reads_one_run_name_as_a_list_of_one(tmp_path):
     """`records(db, "ab")` looked up the runs 'a' and 'b'."""
     db = str(tmp_path / "r.db")

@@ -27,6 +27,7 @@ def with_broken(extra_backends):
     extra_backends("broken_backends")
 
 
+@pytest.mark.slow
 def test_sweep_statuses_and_no_speed_for_wrong_output(tmp_path, with_broken):
     out = tmp_path / "r.json"
     spec = RunSpec(models=["bert-tiny", "gpt2-tiny"], tasks=["base"], batches=[3], seqs=[12], seq_stdev=3.0,
@@ -67,6 +68,7 @@ HEADS = [("bert-tiny", t) for t in ("mlm", "classification", "token-classificati
         [("gpt2-tiny", t) for t in ("causal-lm", "classification", "token-classification", "qa")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,task", HEADS)
 def test_every_head_through_every_cpu_backend(model, task):
     cache = ModelCache()
@@ -85,6 +87,7 @@ def test_every_head_through_every_cpu_backend(model, task):
             assert "ms_per_token" not in r.record
 
 
+@pytest.mark.slow
 def test_onnxruntime_records_its_export_and_reuses_it():
     cache = ModelCache()
     cell = Cell(model="gpt2-tiny", task="base", backend="onnxruntime", dtype="fp32", batch=2, seq=8,
@@ -98,6 +101,7 @@ def test_onnxruntime_records_its_export_and_reuses_it():
     assert "inputs_embeds" in first.info["onnx_inputs"]
 
 
+@pytest.mark.slow
 def test_onnxruntime_bert_encoders_only_takes_the_embedding_output_as_an_input():
     # Exported as a constant, the frozen embedding output let ONNX Runtime fold the whole encoder away.
     cell = Cell(model="bert-tiny", task="base", backend="onnxruntime", dtype="fp32", batch=2, seq=8,
@@ -107,6 +111,7 @@ def test_onnxruntime_bert_encoders_only_takes_the_embedding_output_as_an_input()
     assert "embedding_output" in r.info["onnx_inputs"] and r.record["rel_err"] < 1e-4
 
 
+@pytest.mark.slow
 def test_compile_one_cell_encoders_only_with_padding():
     cell = Cell(model="bert-tiny", task="base", backend="compile", dtype="fp32", batch=2, seq=8, seq_stdev=2.0,
                 embeddings=False, **FAST)

@@ -25,6 +25,7 @@ def stored_run(tmp_path_factory):
     return db
 
 
+@pytest.mark.slow
 def test_run_writes_db_json_csv(tmp_path):
     db, js, cs = tmp_path / "r.db", tmp_path / "r.json", tmp_path / "r.csv"
     res = invoke("run", "--model", "bert-tiny,gpt2-tiny", "--batch", "1,2", "--seq", "8", *QUICK,
@@ -97,6 +98,7 @@ def test_fp16_on_cpu_is_refused_when_the_cpu_cannot_run_it(tmp_path, monkeypatch
     assert res.exit_code == 2 and "does not run on cpu" in res.output
 
 
+@pytest.mark.slow
 def test_models_and_env_commands():
     out = invoke("models").output
     for name in ("bert-base-uncased", "bert-large-uncased", "gpt2-xl", "bert-tiny"):
@@ -107,6 +109,7 @@ def test_models_and_env_commands():
     assert info["torch"] and "transformers" in info and info["gpus"] == []
 
 
+@pytest.mark.slow
 def test_local_checkpoint_folder(tmp_path):
     from transbench.models import build
 

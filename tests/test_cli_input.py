@@ -179,6 +179,7 @@ def test_help_shows_defaults_and_no_bare_bool(command):
 
 # --- names -----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_markup_in_a_run_name_is_stored_and_printed_literally(tmp_path):
     db = tmp_path / "n.db"
     for name in ("x[/bold]y", "[red]b"):
@@ -330,6 +331,7 @@ def test_empty_axes_and_nan_are_refused(tmp_path, args, needle):
     assert not db.exists()
 
 
+@pytest.mark.slow
 def test_an_export_may_not_overwrite_the_store_or_the_other_export(stored, tmp_path):
     db, before = stored
     refused(invoke("run", "--model", "bert-tiny", *QUICK, "--db", db, "--json", db), "it is the store")

@@ -573,6 +573,7 @@ def test_runs_out_without_spec_writes_json_only(store, tmp_path, monkeypatch):
     assert not (tmp_path / "x.yaml").exists()
 
 
+@pytest.mark.slow
 def test_real_processes_exit_2_with_one_line(store, tmp_path):
     """The same contract outside CliRunner: the installed entry point's exit code and stderr."""
     long_store = tmp_path / ("n" * 249 + ".db")  # its -journal file's name is past 255 bytes
@@ -591,6 +592,7 @@ def test_real_processes_exit_2_with_one_line(store, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [long_store.name]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not ROOT_USER or shutil.which("unshare") is None, reason="not root, or no unshare")
 def test_the_permission_cases_as_another_user(tmp_path):
     """Root reads and writes past permission bits, so the sweep's unreadable and read-only cases skip under root. Here
@@ -599,7 +601,7 @@ def test_the_permission_cases_as_another_user(tmp_path):
     ns = ["unshare", "--user", "--map-user=1000", "--map-group=1000"]
     if subprocess.run([*ns, "true"], capture_output=True).returncode != 0:
         pytest.skip("user namespaces are not available here")
-    res = subprocess.run([*ns, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+    res = subprocess.run([*ns, sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__,
                           "-k", "unreadable or readonly", f"--basetemp={tmp_path / 'as-user'}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]

@@ -17,8 +17,9 @@ from transbench.cells import Cell
 from transbench.cli import app
 from transbench.errors import SpecError
 from transbench.report import CompareConfig, build_report, compare
-from transbench.report.compare import (MIN_BLOCKS, block_medians, comparison_table, judge, rank_counts, rank_interval,
-                                       ratio_interval, settings, t_quantile, unmatched_table)
+from transbench.report.compare import (MIN_BLOCKS, block_medians, compare_records, comparison_table, judge,
+                                       rank_counts, rank_interval, ratio_interval, settings, t_quantile,
+                                       unmatched_table)
 from transbench.runner.sweep import store_result
 from transbench.store import Store
 
@@ -45,6 +46,7 @@ def verdict(a: list[float], b: list[float], cfg: CompareConfig = CompareConfig()
     return judge(a, b, float(np.median(a)), float(np.median(b)), cfg)
 
 
+@pytest.mark.slow
 def test_one_drifting_autocorrelated_distribution_is_same():
     holds_one = naive_holds_one = 0
     for seed in range(20):
@@ -246,6 +248,7 @@ def test_cli_exit_codes(two_runs, tmp_path):
     assert not missing.exists()
 
 
+@pytest.mark.slow
 def test_100000_samples_through_the_cli(tmp_path):
     db = str(tmp_path / "big.db")
     make_run(db, "a", [(cell("eager", 1), ok_result(drifting(0.05, n=100_000, seed=1), 1))])
@@ -328,6 +331,7 @@ def test_output_fits_100_columns(tmp_path):
     assert "a-rather-long" in flat and "final" in flat
 
 
+@pytest.mark.slow
 def test_report_with_two_runs_has_the_comparison(two_runs, tmp_path):
     paths = build_report(two_runs, ["before", "after"], tmp_path)
     md = paths.markdown.read_text()
@@ -382,3 +386,66 @@ def test_a_115x_regression_with_few_stored_samples_fails_the_gate(tmp_path):
                           (cell("eager", 1), ok_result([x * 10 for x in noisy(1.0, n=5, spread=0.05, seed=4)], 1))])
     res = CliRunner().invoke(app, ["compare", "base", "slow", "--db", db])
     assert res.exit_code == 1 and "2 slower" in res.output and "18 + 11 samples" in res.output, res.output
+# --- the compare gate at any level, its notes on n/a cells ------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_run_compared_with_itself_is_never_a_regression_at_any_level():
+    # Identical samples: the exact bootstrap interval of the ratio holds 1 at any level, but the 2,000 draws' Monte
+    # Carlo error moved a 1% interval (--alpha 0.99 --min-effect 0) off 1: `slower` or `faster` for 1 pair in 50.
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        x = list(rng.lognormal(0, 0.1, int(rng.integers(25, 5000))))
+        med = float(np.median(x))
+        for alpha in (0.05, 0.5, 0.9, 0.99):
+            _, (lo, hi), verdict, _ = judge(x, x, med, med, CompareConfig(alpha, 0.0))
+            assert verdict == "same" and lo <= 1 <= hi, (len(x), alpha, lo, hi)
+
+
+def test_a_real_change_is_still_judged_at_a_narrow_level():
+    # the guard is for identical block medians only: a 10% slowdown is `slower` at any level
+    rng = np.random.default_rng(2)
+    a = list(rng.lognormal(0, 0.02, 900))
+    b = [v * 1.1 for v in rng.lognormal(0, 0.02, 900)]
+    assert judge(a, b, float(np.median(a)), float(np.median(b)), CompareConfig(0.99, 0.0))[2] == "slower"
+
+
+@pytest.mark.parametrize("alpha, min_effect, shown", [
+    (0.05, 0.03, "(95% interval, min effect 3%)"),
+    (0.001, 0.001, "(99.9% interval, min effect 0.1%)"),  # was "(100% interval, min effect 0%)"
+    (0.0001, 0.0, "(99.99% interval, min effect 0%)"),
+    (0.05, -0.0, "(95% interval, min effect 0%)"),  # was "min effect -0%"
+])
+def test_the_interval_level_and_min_effect_are_shown_as_given(alpha, min_effect, shown):
+    cfg = CompareConfig(alpha, min_effect)
+    rec = {"scenario": "inference", "_key": "k", "status": "ok", "latency_ms": 1.0, "_samples": [1.0] * 25}
+    cmp = compare_records({"name": "a"}, [rec], {"name": "b"}, [dict(rec)], cfg)
+    assert cmp.summary().endswith(shown)
+    assert shown[1:].split(",")[0] in comparison_table(cmp).headers
+
+
+def test_the_note_names_the_side_without_a_latency():
+    a = {"scenario": "inference", "_key": "k", "status": "ok", "latency_ms": 1.0, "_samples": [1.0] * 25}
+    b = {"scenario": "inference", "_key": "k", "status": "ok", "latency_ms": None, "_samples": []}
+    cmp = compare_records({"name": "a"}, [a], {"name": "b"}, [b], CompareConfig())
+    assert (cmp.cells[0].verdict, cmp.cells[0].note) == ("n/a", "no latency in B")  # was "... in either run"
+    cmp = compare_records({"name": "b"}, [b], {"name": "a"}, [a], CompareConfig())
+    assert cmp.cells[0].note == "no latency in A"
+
+
+@pytest.mark.parametrize("scenario, option", [("inference", "--min-time"), ("serve", "--duration"),
+                                              ("training", "--steps")])
+def test_the_n_a_note_names_an_option_of_the_command_that_ran_the_cell(scenario, option):
+    # serve has no --min-time (its samples are its requests: --duration, --rate), train none either (--steps)
+    x = [1.0, 1.1, 0.9] * 4
+    _, _, verdict, note = judge(x, x, 1.0, 1.0, CompareConfig(), scenario)
+    assert verdict == "n/a" and option in note
+    assert ("--min-time" in note) == (option == "--min-time")
+
+
+def test_compare_n_a_note_for_inference_cells(tmp_path):
+    db = str(tmp_path / "t.db")
+    few = ok_result([1.0, 1.1, 1.2, 1.05, 0.95], 1)
+    for name in ("a", "b"):
+        make_run(db, name, [(cell("eager", 1), few)])
+    cmp = compare(db, "a", "b")
+    assert "--min-time" in cmp.cells[0].note  # an inference cell keeps the --min-time hint

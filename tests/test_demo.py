@@ -83,6 +83,7 @@ def test_demo_refuses_a_prompt_longer_than_the_model(packaged):
     assert "takes at most 512" in res.output
 
 
+@pytest.mark.slow
 def test_preset_with_mask_predicts_and_says_weights_are_random(packaged):
     result = run_demo("the cat sat on the [MASK].", model="bert-base-uncased", device="cpu")
     assert result.task == "mlm" and result.random_weights

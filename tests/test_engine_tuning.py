@@ -1,6 +1,15 @@
-"""The tuner's logic on CPU, with a fake timer: choices alone, rivals, and the whole-forward refinement."""
-import pytest
+"""The tuner's logic on CPU, with a fake timer: choices alone, rivals, and the whole-forward refinement; and `tune`'s
+bad input (families the engine cannot run, cache folders and tables it cannot use) as one line, exit code 2."""
 
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from transbench.cli import app
 from transbench.engine import tuning
 
 
@@ -274,6 +283,7 @@ class _Cyclic:
         self.me = self
 
 
+@pytest.mark.slow
 def test_a_call_that_tuned_collects_the_trial_graphs_it_dropped_and_a_warm_call_does_not(tmp_path, monkeypatch):
     """engine/graphs.py GraphCache._capture: the lost trials' memory is freed before the call returns (on an H100 it
     stayed allocated until some later collection); a call whose routes are on disk pays for no collection."""
@@ -317,3 +327,88 @@ def test_a_call_that_tuned_collects_the_trial_graphs_it_dropped_and_a_warm_call_
     finally:
         if enabled:
             gc.enable()
+
+
+# --- tune's bad input: families the engine cannot run, cache folders and tables it cannot use -------------------------
+
+runner = CliRunner()
+FAST = ["--device", "cpu", "--min-time", "0.01"]
+
+
+def refused(res, *needles) -> str:
+    """Exit 2, exactly one line on stderr that starts with `error:` and holds every needle, no traceback."""
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "Traceback" not in res.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+# --- tune: bad input, before any GPU is asked for -----------------------------------------------------------
+
+def tune(*args):
+    return runner.invoke(app, ["tune", "-m", "bert-tiny", "--seq", "8", *[str(a) for a in args]])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--batch", "1,1"], "--batch lists 1 twice"),
+    (["--batch", "1", "--seq", "8,8"], "--seq lists 8 twice"),
+    (["-m", "llama-tiny"], "llama-tiny is a llama model; the fused engine runs bert"),
+    (["-m", "distilbert-tiny"], "the fused engine runs"),
+    (["--cache-dir", ""], "--cache-dir is empty"),
+    (["--cache-dir", "/proc/transbench-tuned"], "a file made in /proc failed"),
+])
+def test_tune_refuses_what_it_cannot_do_in_one_line(args, words):
+    refused(tune(*args), words)
+
+
+def test_tune_without_a_gpu_does_not_advise_the_cpu():
+    line = refused(tune("--device", "cuda"), "tune needs a CUDA GPU")
+    assert "--device cpu" not in line
+
+
+@pytest.mark.parametrize("table, words", [
+    ("folder", "it is a folder"),
+    (b'{"NVIDIA H100|torch 2.13|linear": "triton', "it is not valid JSON"),  # truncated
+    (b"\xff\xfe not text", "it is not valid JSON"),
+    (b"[1, 2]", "it holds a JSON list"),
+    (b'"text"', "it holds a JSON str"),
+])
+def test_tune_refuses_a_table_it_could_not_use_and_leaves_it_as_it_was(tmp_path, table, words):
+    path = tmp_path / tuning.TABLE_NAME
+    if table == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes(table)
+    before = sorted(os.listdir(tmp_path))
+    refused(tune("--cache-dir", tmp_path), f"cannot use the tuning table {path}", words)
+    assert sorted(os.listdir(tmp_path)) == before
+    if table != "folder":
+        assert path.read_bytes() == table
+
+
+def test_tune_refuses_a_cache_dir_under_a_file_and_creates_nothing(tmp_path, monkeypatch):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    refused(tune("--cache-dir", a_file / "tuned"), f"{a_file} is a file, not a folder")
+    monkeypatch.setenv("TRANSBENCH_CACHE_DIR", str(a_file))  # the default folder, from the environment
+    refused(tune(), f"{a_file} is a file, not a folder")
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
+
+
+def test_a_usable_table_passes_and_the_check_creates_nothing(tmp_path):
+    assert tuning.table_problem(tmp_path / "new" / "sub" / tuning.TABLE_NAME) is None
+    assert not (tmp_path / "new").exists()
+    (tmp_path / tuning.TABLE_NAME).write_text(json.dumps({"k": "v"}))
+    assert tuning.table_problem(tmp_path / tuning.TABLE_NAME) is None
+
+
+def test_a_failed_save_leaves_no_temporary_file(tmp_path):
+    """A folder where the table should be: each save (one per tuned op) left a .tmp file beside it."""
+    (tmp_path / tuning.TABLE_NAME).mkdir()
+    t = tuning.Tuner(tmp_path / tuning.TABLE_NAME)
+    t.table["cpu|torch|linear|1x2x3|abc"] = "cublas"
+    t._save()
+    t._save()
+    assert sorted(os.listdir(tmp_path)) == [tuning.TABLE_NAME]

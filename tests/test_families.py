@@ -2,15 +2,20 @@
 every task head each family has through eager and sdpa (compile marked slow), decoders' generation,
 the fused engine on RoBERTa, presets that are transformers configs, and each refusal of a bad folder."""
 
+from __future__ import annotations
+
 import json
 import struct
 import subprocess
 import sys
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from test_cli_input import invoke, refused
+from torch.utils.flop_counter import FlopCounterMode
 
 from transbench.backends import family_reason, registry
 from transbench.cells import Cell
@@ -19,6 +24,8 @@ from transbench.models import build, flops
 from transbench.models.presets import PRESETS
 from transbench.runner import worker  # noqa: E402
 from transbench.scenarios.inference.measure import ModelCache
+from transbench.scenarios.training import loop as training_loop
+from transbench.scenarios.training.cell import TrainCell
 
 
 def execute(cell, cache):
@@ -78,6 +85,7 @@ def test_tasks_follow_transformers_heads():
 CASES = [(m, t) for m in FAMILIES for t in build.family_tasks(PRESETS[m].family) if t != "generate"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,task", CASES)
 def test_every_head_of_every_family_runs_eager(cache, model, task):
     r = run(cache, model, task, "eager")
@@ -160,6 +168,7 @@ def test_compile_runs_every_family(cache, model):
 
 # --- generation ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["llama-tiny", "qwen2-tiny"])
 def test_decoder_families_generate(cache, model):
     r = run(cache, model, "generate", "sdpa")
@@ -232,6 +241,7 @@ def test_fused_engine_matches_transformers_on_roberta(cls_name, family):
         c(torch.randint(3, 1000, (1, 65)))
 
 
+@pytest.mark.slow
 def test_fused_backend_on_roberta_tiny_and_unsupported_elsewhere(cache):
     r = run(cache, "roberta-tiny", "mlm", "fused", seq_stdev=5.0)
     assert r.status == "ok", r.error
@@ -309,6 +319,7 @@ def test_an_encoder_decoder_folder_is_refused(tmp_path):
         build.resolve(str(d))
 
 
+@pytest.mark.slow
 def test_a_half_precision_checkpoint_is_checked_against_an_fp32_reference(tmp_path, cache):
     d = tmp_path / "bf16"
     build.build_model(build.resolve("bert-tiny"), "base").to(torch.bfloat16).save_pretrained(d)
@@ -338,7 +349,7 @@ def test_counted_flops_use_the_checkpoints_kv_heads_and_head_dim(tmp_path):
         model.set_attn_implementation("eager")  # torch's counter sees no FLOPs in the CPU's fused SDPA kernel
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             model(input_ids=torch.ones(1, 9, dtype=torch.long))
-        # a decoder counts the causal half of its attention products (tests/test_families_review.py): the
+        # a decoder counts the causal half of its attention products (the Falcon and counted-decoder tests below): the
         # counter's s x s square less the masked upper half, 4 x q x s (s - 1) / 2 with q = 64
         masked = 4 * 64 * 9 * 8 // 2
         assert flops.forward_flops(shape, 9, "causal-lm") == (counter.get_total_flops() - masked, "counted"), name
@@ -351,6 +362,7 @@ def test_a_torch_zip_checkpoint_resolves(tmp_path):
     assert build.resolve(str(d)).path
 
 
+@pytest.mark.slow
 def test_cli_refuses_custom_code_before_the_sweep_and_never_runs_it(tmp_path):
     marker = tmp_path / "executed"
     d = _folder(tmp_path, {**TINY_BERT, "auto_map": {"AutoModel": "modeling_evil.EvilModel",
@@ -368,6 +380,7 @@ def test_cli_refuses_custom_code_before_the_sweep_and_never_runs_it(tmp_path):
     assert not marker.exists() and not db.exists()  # nothing executed, nothing stored
 
 
+@pytest.mark.slow
 def test_models_command_lists_families_and_presets(tmp_path):
     out = subprocess.run([sys.executable, "-m", "transbench", "models"], capture_output=True, text=True, timeout=300,
                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
@@ -522,6 +535,7 @@ def test_a_folder_is_checked_once_per_process_until_it_changes(tmp_path, monkeyp
     assert "sets num_hidden_layers to 0" in _refusal(d)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit,says", [
     ({"hidden_size": "32"}, "transformers cannot read its config.json (Validation error for field 'hidden_size'"),
     ({"num_attention_heads": 3}, "is not a multiple of the number of attention heads (3)"),
@@ -540,6 +554,7 @@ def test_cli_refuses_a_config_that_cannot_run_before_the_sweep(tmp_path, edit, s
     assert not db.exists()  # nothing stored
 
 
+@pytest.mark.slow
 def test_a_classifier_checkpoint_keeps_its_own_classes(tmp_path, cache):
     # hf_config used to force 2 labels: a 3-label head then failed to load in the cell ("ignore_mismatched_sizes").
     from transformers import BertConfig, BertForSequenceClassification
@@ -550,3 +565,515 @@ def test_a_classifier_checkpoint_keeps_its_own_classes(tmp_path, cache):
     r = run(cache, str(tmp_path / "cls3"), "classification", "eager")
     assert r.status == "ok", (r.error, r.info.get("traceback"))
     assert r.record["rel_err"] < 1e-5
+
+
+# --- more families on the inference path: Falcon, decoders' counted FLOPs, a backbone under another task class --------
+
+ONE_CALL = dict(min_time=0.0, warmup=0, min_count=1)
+SIZES = dict(hidden_size=48, num_attention_heads=4, intermediate_size=72, num_hidden_layers=2, vocab_size=1003,
+             max_position_embeddings=64)
+
+
+def _save(tmp_path, name, family, cls_name="AutoModelForCausalLM", **config):
+    import transformers
+
+    torch.manual_seed(0)
+    model = getattr(transformers, cls_name).from_config(transformers.AutoConfig.for_model(family, **config))
+    model.save_pretrained(tmp_path / name)
+    return str(tmp_path / name)
+
+
+def _cell(model, task, backend, cache, **kw):
+    cell = Cell(model=model, task=task, backend=backend, dtype="fp32", batch=2, seq=16, device="cpu",
+                **{**ONE_CALL, "new_tokens": 3, **kw})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": cache})
+
+
+def _eager_count(folder, task, seq, custom=None):
+    """torch's counter over the real model's eager forward of one sequence."""
+    ref = build.resolve(folder)
+    model = build.build_model(ref, task, attn="eager")
+    with FlopCounterMode(display=False, custom_mapping=custom or {}) as counter, torch.no_grad():
+        model(input_ids=torch.randint(3, ref.shape.vocab - 1, (1, seq)))
+    return counter.get_total_flops()
+
+
+@pytest.fixture(scope="module")
+def falcon(tmp_path_factory):
+    # new_decoder_architecture: grouped-query attention with num_kv_heads (not num_key_value_heads)
+    return _save(tmp_path_factory.mktemp("falcon"), "falcon", "falcon", hidden_size=48, num_attention_heads=4,
+                 num_hidden_layers=2, vocab_size=1003, new_decoder_architecture=True, num_kv_heads=2)
+
+
+# --- Falcon: every cell was `error` (FalconConfig.head_dim is a read-only property) ------------------------------
+
+def test_a_falcon_checkpoint_runs_and_counts_its_flops(falcon):
+    # Before: counting FLOPs rebuilt the config from the shape (preset_config), which sets head_dim, and
+    # FalconConfig has no setter for it: "AttributeError: property 'head_dim' of 'FalconConfig' object has no
+    # setter", so every Falcon cell that ran was `error`. Now the folder's own config.json is counted.
+    shape = build.resolve(falcon).shape
+    fl, method = flops.forward_flops(shape, [16], "base")
+    # hand count: fused QKV (4 query + 2x2 kv heads of 12), dense, 4h MLP, causal attention, 2 layers
+    s, h, q = 16, 48, 48
+    per_layer = 2 * s * h * (q + 2 * 2 * 12) + 2 * s * h * h + 4 * s * h * 4 * h + 2 * s * (s + 1) * q
+    assert (fl, method) == (2 * per_layer, "counted")
+
+
+@pytest.mark.slow
+def test_falcon_runs_sdpa(falcon):
+    # Before: `unsupported` ("falcon has no 'sdpa' attention in transformers"): FalconModel declares sdpa but
+    # cannot switch to it once built (transformers 5 warns and keeps eager), so it is built again with sdpa.
+    cache = ModelCache()
+    for task in ("base", "causal-lm"):
+        r = _cell(falcon, task, "sdpa", cache)
+        assert r.status == "ok", (r.error, r.info.get("traceback"))
+        assert r.info["attn_implementation"] == "sdpa"
+        assert 0 < r.record["rel_err"] < 1e-5  # sdpa really ran: not bit-equal to the eager reference
+
+
+@pytest.mark.slow
+def test_a_family_without_sdpa_stays_unsupported(tmp_path):
+    # The rebuild is for classes that declare sdpa only: Bloom has none, and says so.
+    folder = _save(tmp_path, "bloom", "bloom", hidden_size=48, n_head=4, n_layer=1, vocab_size=1003)
+    r = _cell(folder, "base", "sdpa", ModelCache())
+    assert r.status == "unsupported" and "bloom has no 'sdpa' attention" in r.error
+
+
+# --- counted decoders: the causal half of attention, as the analytic families ------------------------------------
+
+def test_a_counted_decoder_counts_the_causal_half_of_attention(tmp_path):
+    # Before: a counted decoder family (Mistral, Phi, Gemma, GPT-NeoX, OPT, Bloom, ...) counted the s x s square its
+    # eager attention computes and masks, while analytic decoders count s (s + 1) / 2 pairs: a Mistral read 4.0%
+    # more FLOPs than the Llama of the very same shape at 16 tokens (1,204,224 against 1,158,144).
+    gqa = dict(SIZES, num_key_value_heads=2, tie_word_embeddings=False)
+    llama = build.resolve(_save(tmp_path, "llama", "llama", **gqa)).shape
+    mistral = build.resolve(_save(tmp_path, "mistral", "mistral", **gqa, sliding_window=None)).shape
+    for task in ("base", "causal-lm"):
+        for lens in ([16], [16, 9], [1]):
+            a, b = flops.forward_flops(llama, lens, task), flops.forward_flops(mistral, lens, task)
+            assert (a[0], a[1], b[1]) == (b[0], "analytic", "counted"), (task, lens)
+
+
+def test_the_counter_agrees_with_the_formulas_on_analytic_decoders():
+    # The counted path, run on decoders the formulas cover, gives their very count (it read the full square).
+    from transbench.models.presets import PRESETS
+
+    for model in ("gpt2-tiny", "llama-tiny", "qwen2-tiny"):
+        for task in ("base", "causal-lm", "classification"):
+            shape = PRESETS[model]
+            assert flops.counted_flops(shape, 16, task) == flops.analytic_forward_flops(shape, 16, task), model
+
+
+def test_counted_decoder_flops_are_torchs_count_less_the_masked_half(tmp_path):
+    # Against torch's counter on the real model (eager attention): the difference is exactly the masked upper
+    # half of scores and values, layers x 4 x q x s (s - 1) / 2 (q = heads x head_dim = 48 here).
+    phi = _save(tmp_path, "phi", "phi", **SIZES)
+    bloom = _save(tmp_path, "bloom", "bloom", hidden_size=48, n_head=4, n_layer=2, vocab_size=1003)  # ALiBi baddbmm
+    for folder in (phi, bloom):
+        shape = build.resolve(folder).shape
+        for s in (8, 16):
+            masked = shape.layers * 4 * 48 * s * (s - 1) // 2
+            assert flops.forward_flops(shape, [s], "causal-lm")[0] == _eager_count(folder, "causal-lm", s) - masked
+
+
+def test_an_encoder_still_counts_the_full_square(tmp_path):
+    folder = _save(tmp_path, "albert", "albert", "AutoModelForMaskedLM", embedding_size=16, **SIZES)
+    shape = build.resolve(folder).shape
+    assert flops.forward_flops(shape, [16], "mlm") == (_eager_count(folder, "mlm", 16), "counted")
+
+
+# --- a checkpoint's backbone under a task class that names it otherwise -----------------------------------------
+
+def test_qa_on_a_llama_checkpoint_loads_its_backbone(tmp_path):
+    # Before: LlamaForQuestionAnswering holds its LlamaModel as `transformer.`, a Llama checkpoint as `model.`:
+    # transformers loaded none of the checkpoint's tensors (a warning nobody sees) and `--task qa` timed a random
+    # backbone, checked against a reference with the same random weights, so nothing said so.
+    folder = _save(tmp_path, "llama", "llama", **SIZES, num_key_value_heads=2)
+    ref = build.resolve(folder)
+    saved = build.build_model(ref, "causal-lm").model.state_dict()
+    for task in ("qa", "classification", "base"):
+        backbone = build.build_model(ref, task).base_model.state_dict()
+        assert backbone.keys() == saved.keys() and all(torch.equal(backbone[k], saved[k]) for k in saved), task
+
+
+@pytest.mark.slow
+def test_every_documented_record_key_is_in_a_cpu_runs_export(tmp_path):
+    # docs/records.md lists host_ms, mem_before_mb, sm_clock_mhz, avg_power_w, j_per_seq, seq_stdev and embeddings
+    # among the keys every exported record has; a CPU run's JSON had none of the first five (null now: nothing measured).
+    import json
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    table = (Path(__file__).parents[1] / "docs" / "records.md").read_text()
+    keys = re.findall(r"^\| `([a-z_0-9]+)` \|.*\| every record \|$", table, flags=re.M)
+    assert {"host_ms", "mem_before_mb", "sm_clock_mhz", "avg_power_w", "j_per_seq", "seq_stdev"} <= set(keys)
+    from transbench.store.export import RECORD_KEYS
+    assert keys == list(RECORD_KEYS)  # the table lists the export's own keys, in its order
+    out = tmp_path / "r.json"
+    subprocess.run([sys.executable, "-m", "transbench", "run", "--model", "bert-tiny", "--backend", "sdpa", "--batch",
+                    "1", "--seq", "8", "--min-time", "0", "--db", str(tmp_path / "x.db"), "--json", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    rec = json.loads(out.read_text())["cells"][0]
+    assert [k for k in keys if k not in rec] == []
+
+
+# --- families further afield: mixture of experts, BigBird-like, XLNet, GPT-1, Longformer, not text --------------------
+
+def _save_family(path, family, cls_name="AutoModelForCausalLM", **config):
+    import transformers
+
+    torch.manual_seed(0)
+    model = getattr(transformers, cls_name).from_config(transformers.AutoConfig.for_model(family, **config))
+    model.save_pretrained(path / family)
+    return str(path / family)
+
+
+def _family_cell(model, task, backend="eager", cache=None, **kw):
+    cell = Cell(model=model, task=task, backend=backend, dtype="fp32", batch=2, seq=16, device="cpu",
+                **{**ONE_CALL, "new_tokens": 3, **kw})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": cache or ModelCache()})
+
+
+def _torch_count(folder, task, seq, causal):
+    """torch's counter over the real model's eager forward of one sequence (experts run one by one: `eager`)."""
+    ref = build.resolve(folder)
+    model = build.build_model(ref, task, attn="eager")
+    if model._can_set_experts_implementation():
+        model.set_experts_implementation("eager")
+    custom = flops._causal_products(seq) if causal else {}
+    with FlopCounterMode(display=False, custom_mapping=custom) as counter, torch.no_grad():
+        model(input_ids=torch.randint(3, ref.shape.vocab - 1, (1, seq)))
+    return counter.get_total_flops()
+
+
+# --- mixture of experts: every cell was `error` -------------------------------------------------------------------
+
+MOE = {
+    "mixtral": dict(SIZES, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(SIZES, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=32),
+}
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("moe")
+    return {family: _save_family(path, family, **config) for family, config in MOE.items()}
+
+
+@pytest.mark.slow
+def test_moe_families_count_every_chosen_expert(moe):
+    # Before: the meta copy ran its experts through grouped_mm, whose meta kernel takes bf16 only: "RuntimeError:
+    # Expected inputs of BF16 type but got mat_a.dtype=torch.float32", so every cell of Mixtral, Qwen2-MoE, Qwen3-MoE,
+    # OLMoE, GraniteMoE, gpt-oss and Jamba was an `error` (torch's counter does not count grouped_mm either).
+    for family, folder in moe.items():
+        shape = build.resolve(folder).shape
+        for task in ("base", "causal-lm"):
+            assert flops.forward_flops(shape, [16], task) == (_torch_count(folder, task, 16, True), "counted"), family
+
+
+@pytest.mark.slow
+def test_a_moe_checkpoint_runs_inference_and_generation(moe):
+    cache = ModelCache()
+    for task, kw in (("causal-lm", {}), ("classification", {"seq_stdev": 4.0}), ("generate", {})):
+        for backend in ("eager", "sdpa"):
+            r = _family_cell(moe["mixtral"], task, backend, cache, **kw)
+            assert r.status == "ok", (task, backend, r.error)
+            assert r.record["flops_method"] == "counted" and r.record["tflops"] > 0
+
+
+# --- families the meta device cannot run: every cell `unsupported` after it was timed ----------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,config", [
+    ("big_bird", dict(SIZES, attention_type="original_full")),
+    ("megatron-bert", SIZES),
+    ("longformer", dict(SIZES, attention_window=8, pad_token_id=1)),
+])
+def test_families_the_meta_device_cannot_run_are_counted_on_the_host(tmp_path, family, config):
+    # Before: "FLOPs of big_bird: torch's counter cannot run it on the meta device (Tensor.item() cannot be called on
+    # meta tensors)" for every cell of BigBird, Canine, Longformer, LUKE, Megatron-BERT, RemBERT, Reformer and XLNet,
+    # each after it had been checked and timed.
+    folder = _save_family(tmp_path, family, "AutoModelForMaskedLM", **config)
+    shape = build.resolve(folder).shape
+    for task in ("base", "mlm"):
+        assert flops.forward_flops(shape, [16], task) == (_torch_count(folder, task, 16, False), "counted")
+    r = _family_cell(folder, "mlm", seq_stdev=4.0)
+    assert r.status == "ok", r.error
+    assert r.record["flops_method"] == "counted" and r.record["tflops"] > 0
+
+
+# --- XLNet: refused, and told to fix a config.json that was right ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def xlnet(tmp_path_factory):
+    return _save_family(tmp_path_factory.mktemp("xlnet"), "xlnet", d_model=48, n_head=4, d_inner=72, n_layer=2,
+                 vocab_size=1003)
+
+
+@pytest.mark.slow
+def test_xlnet_has_no_position_limit_and_counts_its_attention_both_ways(xlnet):
+    # Before: "config.json sets max_position_embeddings to -1, and it must be a positive integer; fix config.json":
+    # the -1 is XLNetConfig's read-only property, transformers' "no sequence length limit", in no config.json.
+    shape = build.resolve(xlnet).shape
+    assert shape.max_positions == 1 << 20
+    # transformers lists XLNet as a causal LM, but its forward attends both ways: no causal half here.
+    assert flops.forward_flops(shape, [16], "causal-lm") == (_torch_count(xlnet, "causal-lm", 16, False), "counted")
+    cache = ModelCache()
+    for task, kw in (("base", {}), ("causal-lm", {"seq_stdev": 4.0})):
+        r = _family_cell(xlnet, task, cache=cache, **kw)
+        assert r.status == "ok", r.error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,config", [
+    ("openai-gpt", dict(n_embd=48, n_head=4, n_layer=2, vocab_size=1003, n_positions=64)),
+    ("xlnet", dict(d_model=48, n_head=4, d_inner=72, n_layer=2, vocab_size=1003)),
+])
+def test_generation_without_a_kv_cache_is_unsupported(tmp_path, family, config):
+    # Before: GPT-1's forward takes no past_key_values and swallowed the cache in its **kwargs: every decode step ran
+    # the new token alone, and the cell was `ok` with kv_cache_mb 0.0 and the time of that context-free step.
+    folder = _save_family(tmp_path, family, **config)
+    for backend in ("eager", "sdpa"):
+        r = _family_cell(folder, "generate", backend)
+        if backend == "sdpa" and r.status == "unsupported" and "no 'sdpa' attention" in r.error:
+            continue
+        assert r.status == "unsupported" and "forward takes no KV cache" in r.error, (backend, r.status, r.error)
+
+
+# --- Longformer's QA head: `error` ---------------------------------------------------------------------------------
+
+def test_longformer_qa_is_unsupported_and_refused_alone(tmp_path):
+    # Before: "AssertionError: There should be exactly three separator tokens: 2 in every sample for questions
+    # answering", an `error` cell for every backend (random tokens hold no question and context).
+    folder = _save_family(tmp_path, "longformer", "AutoModelForMaskedLM", **SIZES, attention_window=8, pad_token_id=1)
+    r = _family_cell(folder, "qa")
+    assert r.status == "unsupported" and "separator tokens" in r.error, (r.status, r.error)
+    with pytest.raises(SpecError, match="LongformerForQuestionAnswering needs a question and a context"):
+        build.check_task(build.resolve(folder), "qa")
+
+
+# --- models that are not text transformers: refused, but told to fix config.json (or run as `error`) -------------
+
+VISION = dict(hidden_size=48, num_attention_heads=4, intermediate_size=72, num_hidden_layers=2, image_size=32,
+              patch_size=8)
+
+
+@pytest.fixture(scope="module")
+def not_text(tmp_path_factory):
+    path = tmp_path_factory.mktemp("not_text")
+    return {
+        "vit": _save_family(path, "vit", "AutoModel", **VISION),
+        "wav2vec2": _save_family(path, "wav2vec2", "AutoModel", hidden_size=48, num_attention_heads=4, intermediate_size=72,
+                          num_hidden_layers=2, vocab_size=32, conv_dim=[16, 16], conv_stride=[5, 2],
+                          conv_kernel=[10, 3], num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
+        "clip": _save_family(path, "clip", "AutoModel", projection_dim=16, vision_config=VISION,
+                      text_config=dict(SIZES, bos_token_id=1, eos_token_id=2, pad_token_id=0)),
+        "mamba": _save_family(path, "mamba", hidden_size=48, num_hidden_layers=2, vocab_size=1003, state_size=4),
+    }
+
+
+def test_a_model_that_is_not_a_text_transformer_is_refused_with_why(not_text):
+    # Before: vit "transformers cannot read its config.json ('ViTConfig' object has no attribute 'vocab_size'); fix
+    # config.json", clip "... no attribute 'hidden_size' ...", mamba "... no attribute 'num_attention_heads' ...", and
+    # wav2vec2 passed every check: each of its cells an `error` ("missing ... argument: 'input_values'"), exit 0.
+    said = {name: _refusal(folder) for name, folder in not_text.items()}
+    assert "vit is not a text model: ViTModel takes pixel_values, not token ids" in said["vit"]
+    assert "wav2vec2 is not a text model: Wav2Vec2Model takes input_values, not token ids" in said["wav2vec2"]
+    assert "clip is a multimodal model: its config.json nests" in said["clip"]
+    assert "mamba has no attention heads" in said["mamba"]
+    assert not any("fix config.json" in line for line in said.values()), said
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_non_text_folder_in_one_line_and_stores_nothing(not_text, tmp_path):
+    db = tmp_path / "t.db"
+    p = subprocess.run([sys.executable, "-m", "transbench", "run", "--model", not_text["wav2vec2"], "--backend",
+                        "eager", "--batch", "1", "--seq", "8", "--min-time", "0", "--db", str(db)],
+                       capture_output=True, text=True, timeout=300)
+    lines = [x for x in p.stderr.splitlines() if x.startswith("error:")]
+    assert p.returncode == 2 and len(lines) == 1 and "not a text model" in lines[0], (p.returncode, p.stderr[-2000:])
+    assert "Traceback" not in p.stderr and not db.exists()
+
+
+# --- an end-of-sequence id outside the vocabulary ----------------------------------------------------------------
+
+@pytest.mark.slow
+def test_an_eos_id_outside_the_vocabulary_is_not_made_the_padding_id(tmp_path):
+    # Before: with no pad_token_id, hf_config made the eos id (Starcoder2's default 50256, in a 1003-token vocabulary)
+    # the padding id, and the embedding asserted: "transformers cannot build the model its config.json describes
+    # (Padding_idx must be within num_embeddings); fix config.json", for a model transformers itself builds.
+    folder = _save_family(tmp_path, "starcoder2", **SIZES, num_key_value_heads=2)
+    assert json.loads((tmp_path / "starcoder2" / "config.json").read_text())["eos_token_id"] >= 1003
+    r = _family_cell(build.resolve(folder).name, "classification", seq_stdev=4.0)
+    assert r.status == "ok", r.error
+
+
+@pytest.mark.slow
+def test_a_one_token_vocabulary_is_refused_in_one_line(tmp_path):
+    # Before: every cell was an `error` ("random_ expects 'from' to be less than 'to', but got from=0 >= to=0"): the
+    # random tokens skip the padding id, and a vocabulary of one id has no other. A vocabulary of two runs.
+    one = _save_family(tmp_path / "one", "bert", "AutoModelForMaskedLM", **{**SIZES, "vocab_size": 1, "hidden_size": 48})
+    assert "config.json sets vocab_size to 1, which leaves the random tokens no id but the padding id" in _refusal(one)
+    two = _save_family(tmp_path / "two", "gpt2", n_embd=48, n_head=3, n_layer=1, vocab_size=2, n_positions=32)
+    r = _family_cell(two, "causal-lm", seq_stdev=4.0)
+    assert r.status == "ok", r.error
+
+
+@pytest.mark.slow
+def test_the_fused_backend_refuses_xlnet_as_any_family_it_has_no_loader_for(xlnet):
+    # Before: "ValueError: max_seq must be a whole number of at least 1, got -1" (the engine's options read XLNet's
+    # max_position_embeddings before the engine looked at the family): an `error` cell for every task.
+    for task in ("base", "causal-lm"):
+        r = _family_cell(xlnet, task, "fused")
+        assert r.status == "unsupported" and "the engine runs bert, roberta" in r.error, (r.status, r.error)
+
+
+# --- odd but valid shapes, classifier heads, folders transformers builds but cannot run -------------------------------
+
+TRAIN = TrainCell(model="", task="classification", attn="eager", precision="fp32", optim="sgd", batch=2, seq=8,
+                  steps=1, warmup_steps=1, device="cpu")
+BERT = dict(num_hidden_layers=2, hidden_size=48, num_attention_heads=4, intermediate_size=37, vocab_size=10,
+            max_position_embeddings=32)
+
+
+def _odd_cell(model, task, backend="eager", **kw):
+    cell = Cell(model=model, task=task, backend=backend, dtype="fp32", batch=2, seq=8, device="cpu",
+                **{**ONE_CALL, "new_tokens": 3, **kw})
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": ModelCache()})
+
+
+def _odd_torch_count(folder, task, seq=8, batch=2):
+    """torch's counter over the real model's eager forward (a decoder's attention at its causal half)."""
+    ref = build.resolve(folder)
+    model = build.build_model(ref, task, attn="eager")
+    ids = torch.randint(1, ref.shape.vocab, (batch, seq))
+    custom = flops._causal_products(seq) if ref.shape.decoder else {}
+    with FlopCounterMode(display=False, custom_mapping=custom) as counter, torch.no_grad():
+        model(input_ids=ids)
+    return counter.get_total_flops()
+
+
+# --- odd shapes that ran right already: a guard for the checks added below ----------------------------------------
+
+ODD = {
+    # hidden 200, 8 heads of 25, FFN 37, 5 ids, one token type
+    "bert_h200": ("bert", "AutoModelForMaskedLM", dict(BERT, hidden_size=200, num_attention_heads=8, vocab_size=5,
+                                                       type_vocab_size=1)),
+    # one layer, one head of 100, 2 ids, no pad id
+    "bert_one_head": ("bert", "AutoModel", dict(BERT, num_hidden_layers=1, hidden_size=100, num_attention_heads=1,
+                                                vocab_size=2, pad_token_id=None)),
+    # head size 1
+    "bert_head1": ("bert", "AutoModel", dict(BERT, hidden_size=32, num_attention_heads=32)),
+    # GPT-2: heads of 25, untied, FFN 37, both attention options
+    "gpt2": ("gpt2", "AutoModelForCausalLM", dict(n_layer=2, n_positions=32, n_embd=100, n_head=4, n_inner=37,
+                                                  vocab_size=10, bos_token_id=9, eos_token_id=9,
+                                                  tie_word_embeddings=False, scale_attn_by_inverse_layer_idx=True,
+                                                  reorder_and_upcast_attn=True)),
+    # one kv head, head_dim 40 from hidden 100 / 4 heads
+    "llama": ("llama", "AutoModelForCausalLM", dict(BERT, hidden_size=100, num_key_value_heads=1, head_dim=40,
+                                                    bos_token_id=1, eos_token_id=2)),
+    "gemma": ("gemma", "AutoModelForCausalLM", dict(BERT, hidden_size=100, num_key_value_heads=1, head_dim=40,
+                                                    pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+}
+
+
+@pytest.fixture(scope="module")
+def odd(tmp_path_factory):
+    path = tmp_path_factory.mktemp("odd")
+    return {name: _save(path, name, family, cls, **config) for name, (family, cls, config) in ODD.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ODD))
+def test_odd_shapes_run_with_their_flops_counted_right(odd, name):
+    task = "causal-lm" if build.resolve(odd[name]).shape.decoder else "base"
+    for backend in ("eager", "sdpa"):
+        r = _odd_cell(odd[name], task, backend)
+        assert r.status == "ok", (backend, r.error)
+        assert r.record["rel_err"] < 1e-5
+    assert r.info["flops_per_batch"] == _odd_torch_count(odd[name], task)
+
+
+# --- classifier checkpoints keep their classes ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    path = tmp_path_factory.mktemp("heads")
+    return {
+        "regression": _save(path, "regression", "bert", "AutoModelForSequenceClassification", num_labels=1, **BERT),
+        "c1000": _save(path, "c1000", "bert", "AutoModelForTokenClassification", num_labels=1000, **BERT),
+        "gpt2_c3": _save(path, "gpt2_c3", "gpt2", "AutoModelForSequenceClassification", num_labels=3, n_layer=2,
+                         n_positions=32, n_embd=48, n_head=4, vocab_size=10, pad_token_id=None),
+        "multi": _save(path, "multi", "bert", "AutoModelForSequenceClassification", num_labels=4,
+                       problem_type="multi_label_classification", **BERT),
+    }
+
+
+@pytest.mark.slow
+def test_a_regression_head_runs_and_trains(heads):
+    # Before: hf_config made every checkpoint of fewer than 2 labels a 2-label model, whose classifier the loader
+    # refused ("You set `ignore_mismatched_sizes` to `False`"): every classification cell and train cell an `error`.
+    r = _odd_cell(heads["regression"], "classification", seq_stdev=3.0)
+    assert r.status == "ok", r.error
+    t = training_loop.run(replace(TRAIN, model=heads["regression"]))
+    assert t.status == "ok" and t.record["loss_start"] == t.record["loss_start"], t.error
+
+
+def test_a_multi_label_head_trains(heads):
+    # Before: class ids (batch,) into BCEWithLogitsLoss, which wants one float target per class: an `error`.
+    t = training_loop.run(replace(TRAIN, model=heads["multi"]))
+    assert t.status == "ok", t.error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["c1000", "gpt2_c3"])
+def test_a_checkpoints_classes_are_counted(heads, name):
+    # Before: the heads were counted with 2 classes: a 1000-class token classifier read 36% of torch's count.
+    shape = build.resolve(heads[name]).shape
+    for task in ("classification", "token-classification"):
+        assert flops.forward_flops(shape, [8, 8], task) == (_odd_torch_count(heads[name], task), "analytic"), task
+    r = _odd_cell(heads[name], "token-classification")
+    assert r.status == "ok" and r.info["flops_per_batch"] == _odd_torch_count(heads[name], "token-classification")
+
+
+@pytest.mark.slow
+def test_qa_of_a_classifier_checkpoint_has_a_start_and_an_end(heads):
+    # Before: BertForQuestionAnswering got the checkpoint's 1000 labels and split them into start and end:
+    # "too many values to unpack (expected 2)".
+    r = _odd_cell(heads["c1000"], "qa")
+    assert r.status == "ok", r.error
+    assert r.info["flops_per_batch"] == _odd_torch_count(heads["c1000"], "qa")
+
+
+# --- a 2-id vocabulary trains --------------------------------------------------------------------------------------
+
+def test_a_two_id_vocabulary_trains(odd):
+    # Before: tokens drawn from [1, vocab - 1) = [1, 1): "random_ expects 'from' to be less than 'to'", every
+    # train cell of a model that inference ran.
+    t = training_loop.run(replace(TRAIN, model=odd["bert_one_head"], task="mlm"))
+    assert t.status == "ok", t.error
+
+
+# --- folders transformers builds but cannot run: refused before anything runs --------------------------------------
+
+def test_a_bert_without_token_types_is_refused_in_one_line(tmp_path):
+    # Before: every cell an `error` ("index_select(): self indexing axis dim should be positive"), exit 0.
+    folder = _save(tmp_path, "tv0", "bert", "AutoModel", type_vocab_size=0, **BERT)
+    assert "sets type_vocab_size to 0" in _refusal(folder)
+    refused(invoke("run", "-m", folder, "--seq", "8", "--batch", "1", "--device", "cpu", "--db", tmp_path / "x.db"),
+            "type_vocab_size to 0", "set it to 1")
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_a_phi3_with_an_odd_head_size_is_refused_in_one_line(tmp_path):
+    # Phi-3 of 4 heads of 25: its config passes transformers' checks, its rotary code pairs the head's dimensions.
+    # Before: every cell an `error` ("The size of tensor a (25) must match the size of tensor b (26)").
+    folder = _save(tmp_path, "phi3", "phi3", "AutoModelForCausalLM", **dict(BERT, hidden_size=100,
+                                                                             num_key_value_heads=1, pad_token_id=9))
+    assert "cannot run it" in _refusal(folder)
+    # DeBERTa needs a mask on the meta device and still resolves (its type_vocab_size 0 builds no embedding)
+    build.resolve(_save(tmp_path, "deberta", "deberta-v2", "AutoModel", type_vocab_size=0, relative_attention=True,
+                        position_buckets=8, pos_att_type=["p2c", "c2p"], **BERT))

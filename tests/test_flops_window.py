@@ -114,6 +114,7 @@ def _before(folder: str, seq: int, task: str = "causal-lm") -> int:
 
 # --- the forward: counted and analytic families ----------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mistral", "qwen3_moe", "gemma2", "gpt_oss", "cohere2", "qwen3", "gpt_neo",
                                   "recurrent_gemma"])
 def test_counted_sliding_window_layers_count_their_window(folder, name):
@@ -153,6 +154,7 @@ def test_analytic_qwen2_counts_its_sliding_layers(folder):
         assert flops.attention_flops(PRESETS[name], 13, 1) == 2 * 13 * 14 * PRESETS[name].heads * PRESETS[name].dim
 
 
+@pytest.mark.slow
 def test_a_sequence_within_the_window_counts_as_before(folder):
     # Mistral with a window of 8 and without one, same shape: the same count up to 8 tokens (7 stored in the
     # cache), less after.
@@ -188,6 +190,7 @@ def _decode_step(model, prompt: int):
     return counter.get_total_flops(), gen.cache_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mistral", "qwen2", "gemma2", "gpt_oss", "llama-stray"])
 def test_decode_steps_and_the_kv_cache_hold_the_window(folder, name):
     # A decode step at context t scores min(t, w) keys in a sliding layer, and transformers' DynamicCache keeps

@@ -27,6 +27,7 @@ def with_broken(extra_backends):
     extra_backends("broken_backends")
 
 
+@pytest.mark.slow
 def test_generation_records_and_consistency(tmp_path, with_broken):
     out = tmp_path / "g.json"
     spec = RunSpec(models=["gpt2-tiny"], tasks=["generate"], backends=["eager", "sdpa-math", "broken-noise",
@@ -92,6 +93,7 @@ def test_generation_refuses_variable_prompt_lengths():
     assert r.status == "unsupported" and "--seq-stdev" in r.error
 
 
+@pytest.mark.slow
 def test_one_new_token_is_prefill_only():
     cell = Cell(model="gpt2-tiny", task="generate", backend="sdpa", dtype="fp32", batch=1, seq=8, new_tokens=1,
                 **FAST)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PKG = Path(__file__).resolve().parents[1] / "src" / "transbench"
 
 # Lowest first. A module may import its own layer and the ones below.
@@ -73,6 +75,7 @@ def test_no_lower_layer_imports_a_higher_one():
     assert not bad, "imports against the layers:\n" + "\n".join(sorted(bad))
 
 
+@pytest.mark.slow
 def test_the_engine_depends_on_nothing_of_the_benchmark():
     bad = [f"{m} -> {d}" for m, deps in graph().items() if top(m) == "engine" for d in deps if top(d) != "engine"]
     assert not bad, bad
@@ -106,6 +109,7 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
+@pytest.mark.slow
 def test_the_reader_sees_real_imports():
     """The checks above are only as good as the reader: it must see both kinds of import."""
     g = graph()

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from transbench.cli import app
+from transbench.measure import device as dev
 from transbench.models import flops
 from transbench.models.parts import PARTS, attention_ffn_ratio, layer_parts
 from transbench.models.presets import PRESETS
@@ -50,6 +51,7 @@ def db(tmp_path):
 
 # --- the commands, end to end ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_gemm_stores_square_and_layer_shapes(db, tmp_path):
     out_json = tmp_path / "g.json"
     res = invoke("gemm", "--sizes", "32,2^6", "--dtype", "fp32,bf16", "--model", "bert-tiny", "--tokens", "16",
@@ -72,6 +74,7 @@ def test_gemm_stores_square_and_layer_shapes(db, tmp_path):
     assert "n=64" in res.output
 
 
+@pytest.mark.slow
 def test_bandwidth_counts_bytes_read_and_written(db):
     res = invoke("bandwidth", "--sizes", "2^10,4096", "--dtype", "fp32", "--db", db)
     assert res.exit_code == 0, res.output
@@ -84,6 +87,7 @@ def test_bandwidth_counts_bytes_read_and_written(db):
     assert recs[("copy", 1024)]["info"]["operand_sets"] == 1  # no rotation without a known L2
 
 
+@pytest.mark.slow
 def test_layer_forward_and_backward_flops(db):
     res = invoke("layer", "--model", "bert-tiny", "--batch", "1,2", "--seq", "8", "--db", db)
     assert res.exit_code == 0, res.output
@@ -99,6 +103,7 @@ def test_layer_forward_and_backward_flops(db):
     assert "fwd+bwd seq=8" in res.output
 
 
+@pytest.mark.slow
 def test_breakdown_parts_shares_and_measured_ceilings(db, tmp_path):
     assert invoke("gemm", "--sizes", "64", "--db", db).exit_code == 0
     assert invoke("bandwidth", "--sizes", "2^12", "--ops", "copy", "--db", db).exit_code == 0
@@ -122,6 +127,7 @@ def test_breakdown_parts_shares_and_measured_ceilings(db, tmp_path):
     assert "attention / FFN FLOP ratio" in res.output
 
 
+@pytest.mark.slow
 def test_breakdown_gpt2_and_no_ceilings(db):
     out = micro.run_micro("breakdown", micro.BreakdownOptions(model="gpt2-tiny", batch=1, seq=8, device="cpu",
                                                               min_time=0.01), db)
@@ -131,6 +137,7 @@ def test_breakdown_gpt2_and_no_ceilings(db):
     assert recs["qkv"]["bound"] is None and recs["qkv"]["ceiling_source"] is None  # CPU, nothing stored
 
 
+@pytest.mark.slow
 def test_oom_becomes_a_row_and_the_sweep_goes_on(db, monkeypatch):
     import torch
 
@@ -151,6 +158,7 @@ def test_oom_becomes_a_row_and_the_sweep_goes_on(db, monkeypatch):
     assert "out of memory" in results[1].error and "tflops" not in results[1].record
 
 
+@pytest.mark.slow
 def test_micro_layer_resume_skips_batches_above_a_stored_oom(db):
     """A run killed after an OOM at batch 2: resumed by name, batch 4 is skipped, not run."""
     from transbench.cells import CellResult
@@ -231,6 +239,7 @@ def test_attention_ffn_ratio_matches_the_seed():
 
 # --- roofline ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_roofline_classification_on_fixed_numbers(tmp_path):
     assert ridge_point(989.4, 3350) == pytest.approx(295.34, rel=1e-3)
     assert bound(100.0, 989.4, 3350) == "memory"
@@ -309,6 +318,7 @@ def test_bad_options_are_one_line_errors(db, args, words):
     assert not os.path.exists(db)  # refused before anything was stored
 
 
+@pytest.mark.slow
 def test_a_taken_name_resumes_its_grid_and_refuses_another(db):
     assert invoke("gemm", "--sizes", "32", "--db", db, "--name", "mine").exit_code == 0
     again = invoke("gemm", "--sizes", "32", "--db", db, "--name", "mine")
@@ -316,3 +326,71 @@ def test_a_taken_name_resumes_its_grid_and_refuses_another(db):
     res = invoke("gemm", "--sizes", "64", "--db", db, "--name", "mine")
     assert res.exit_code == 2 and "different grid" in res.output
     assert len(cells(db, "micro-gemm")) == 1
+
+
+# --- the CPU allocator's out-of-memory, and micro's bad input ---------------------------------------------------------
+
+runner = CliRunner()
+
+
+def refused(res, *needles) -> str:
+    """Exit 2, exactly one line on stderr that starts with `error:` and holds every needle, no traceback."""
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "Traceback" not in res.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+# --- out of memory on the CPU ----------------------------------------------------------------------------
+
+def test_the_cpu_allocators_refusal_is_out_of_memory():
+    assert dev.is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+                                   "allocate memory: you tried to allocate 4398046511104 bytes."))
+    assert dev.is_oom(MemoryError())
+    assert not dev.is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+@pytest.mark.slow
+def test_a_gemm_too_large_for_the_host_is_an_oom_row(tmp_path):
+    """`micro gemm --sizes 2^20` on a CPU: 4 TB operands, refused by the allocator, stored as `error`."""
+    import torch
+
+    from transbench.scenarios.micro import run as micro_run
+
+    opts = micro.GemmOptions(sizes=[2**20], models=[], device="cpu", min_time=0.01).resolved(torch.device("cpu"))
+    [cell] = micro_run.cells("gemm", opts, "cpu", str(tmp_path / "t.db"))
+    result = micro_run.measure(cell.to_dict(), {})
+    assert result.status == "oom" and "can't allocate memory" in result.error
+
+
+# --- micro: bad input --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, words", [
+    (["layer", "-m", "bert-tiny", "--batch", "1,1", "--seq", "8"], "--batch lists 1 twice"),
+    (["layer", "-m", "bert-tiny", "--batch", "1", "--seq", "8,8"], "--seq lists 8 twice"),
+    (["gemm", "--sizes", "64,2^6", "--model", ""], "--sizes lists 64 twice"),
+    (["gemm", "--sizes", "64", "--dtype", "fp32,fp32", "--model", ""], "--dtype lists fp32 twice"),
+    (["gemm", "--sizes", "64", "--model", "bert-tiny,bert-tiny"], "--model lists bert-tiny twice"),
+    (["bandwidth", "--sizes", "1024,1024"], "--sizes lists 1024 twice"),
+    (["bandwidth", "--sizes", "1024", "--ops", "copy,copy"], "--ops lists copy twice"),
+    (["gemm", "--sizes", "", "--model", ""], "give --sizes or --model"),
+    (["breakdown", "-m", "bert-tiny", "--batch", "0"], "batch 0 is not allowed: give whole numbers >= 1"),
+])
+def test_micro_refuses_a_value_listed_twice_and_says_what_to_give(tmp_path, args, words):
+    db = tmp_path / "m.db"
+    line = refused(runner.invoke(app, ["micro", *args, "--db", str(db), *FAST]), words)
+    assert "--models" not in line and "batchs" not in line
+    assert not db.exists()
+
+
+def test_micro_min_time_help_shows_the_default_it_uses():
+    import torch
+
+    res = runner.invoke(app, ["micro", "gemm", "--help"], env={"COLUMNS": "200", "TERMINAL_WIDTH": "200"})
+    assert res.exit_code == 0
+    opts = micro.GemmOptions(sizes=[64], models=[], device="cpu")
+    cpu = opts.resolved(torch.device("cpu")).min_time
+    gpu = opts._common(torch.device("cuda"))["min_time"]  # what a GPU point gets (no GPU needed to ask)
+    assert f"{gpu:g} on GPU, {cpu:g} on CPU" in " ".join(res.output.split()), res.output

@@ -57,6 +57,7 @@ def no_work(monkeypatch):
 
 # --- 1. never over the store or another SQLite database ---------------------------------------------------
 
+@pytest.mark.slow
 def test_runs_out_never_overwrites_the_store(stored, tmp_path):
     db, before = stored
     refused(invoke("runs", "--db", db, "--spec", "a", "--out", db), "it is the store")
@@ -72,6 +73,7 @@ def test_runs_out_never_overwrites_the_store(stored, tmp_path):
     assert "bert-tiny" in spec.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", ["--json", "--csv", "--plot", "--out"])
 def test_no_output_overwrites_another_sqlite_database(stored, other_db, no_work, option, tmp_path):
     db, _ = stored
@@ -83,6 +85,7 @@ def test_no_output_overwrites_another_sqlite_database(stored, other_db, no_work,
     assert path.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_report_files_never_overwrite_a_sqlite_database(stored, other_db, tmp_path):
     db, _ = stored
     path, before = other_db
@@ -106,6 +109,7 @@ def test_export_write_refuses_a_sqlite_database_from_python(other_db):
 needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 
 
+@pytest.mark.slow
 @needs_dev_full
 @pytest.mark.parametrize("command", [
     TINY_RUN,
@@ -127,12 +131,14 @@ def test_a_full_disk_after_the_run_is_one_line_naming_the_stored_run(tmp_path, c
     assert json.loads((tmp_path / "again.json").read_text())["cells"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not ROOT or not os.path.exists("/proc/version"), reason="root opens /proc/version for writing")
 def test_an_io_error_after_the_run_is_one_line(tmp_path):
     refused(invoke(*TINY_RUN, "--db", tmp_path / "p.db", "--json", "/proc/version"), "cannot write /proc/version",
             "is stored")
 
 
+@pytest.mark.slow
 def test_a_plot_that_fails_after_the_run_is_one_line(tmp_path, monkeypatch):
     # The folder exists when checked and is gone when the plot is written.
     folder = tmp_path / "plots"
@@ -183,6 +189,7 @@ def test_a_proc_file_is_not_an_image(tmp_path, no_work):
 
 # --- 4. runs --out, report --out and empty paths ----------------------------------------------------------
 
+@pytest.mark.slow
 def test_runs_out_is_checked(stored, tmp_path):
     db, before = stored
     refused(invoke("runs", "--db", db, "--spec", "a", "--out", tmp_path / "nodir" / "x.yaml"), "does not exist")
@@ -191,12 +198,14 @@ def test_runs_out_is_checked(stored, tmp_path):
     assert db.read_bytes() == before
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc")
 def test_report_into_a_folder_that_takes_no_files(stored):
     db, _ = stored
     refused(invoke("report", "a", "--db", db, "--out", "/proc"), "cannot write in the folder /proc")
 
 
+@pytest.mark.slow
 def test_report_out_empty_is_refused_not_the_current_folder(stored, tmp_path, monkeypatch):
     db, _ = stored
     monkeypatch.chdir(tmp_path)
@@ -213,6 +222,7 @@ def test_empty_export_paths_are_refused(tmp_path, no_work, command, option):
     assert not db.exists()
 
 
+@pytest.mark.slow
 def test_an_existing_export_is_overwritten(stored, tmp_path):
     """Re-running a command rewrites its exports: no prompt, no refusal."""
     db, _ = stored

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 try:
@@ -70,6 +71,7 @@ def test_every_third_party_import_is_declared():
         assert DIST[mod] in required | extras, f"{mod} is imported in {where[0][0]} but {DIST[mod]} is not declared"
 
 
+@pytest.mark.slow
 def test_required_dependencies_are_all_imported():
     imported = {DIST.get(m) for m in _imports()}
     for req in PYPROJECT["project"]["dependencies"]:
@@ -91,6 +93,7 @@ def test_optional_imports_are_imported_lazily_and_named_in_a_message():
             f"no message tells users to install the [{extra}] extra"
 
 
+@pytest.mark.slow
 def test_optional_imports_are_not_needed_to_start():
     """With every optional module (and triton) made unimportable, the CLI, the API and the engine load."""
     from importlib import metadata

@@ -80,6 +80,7 @@ def _commands(group, path=()):
             yield (*path, name), cmd
 
 
+@pytest.mark.slow
 def test_help_shows_every_bracket_its_option_text_holds():
     """docs/train.md: `--kernels liger` needs `pip install 'transbench[liger]'`; train --help said "pip install
     'transbench'", as typer renders help as rich markup and took [liger] for a style tag."""
@@ -168,6 +169,7 @@ def test_train_names_its_options_as_help_does(tmp_path, option):
     assert res.output.startswith("error: --steps and --warmup must be at least 1 ("), res.output
 
 
+@pytest.mark.slow
 def test_run_max_batch_says_on_the_console_that_its_answer_is_the_cap(tmp_path):
     """docs/options.md (run): "an answer at the cap warns that it is the cap" (spec key `max_batch_limit`). The warning was
     only stored, never printed (every cell's `noisy` is), and it named `--max-batch-limit`, which `run` has not."""

@@ -120,6 +120,7 @@ class FakeDevice:
         self.peak = max(self.peak, self.held + mb)
 
 
+@pytest.mark.slow
 def test_serve_peak_memory_is_the_same_with_the_reference_cached(monkeypatch):
     """The gate's fp32 reference ran on the device after the cell's peak started, unless the worker had it
     cached from an earlier cell: the same serve cell read the reference model's size more when it came first."""

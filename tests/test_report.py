@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -53,6 +54,7 @@ def _table(md: str, title_part: str) -> list[str]:
     return lines[start:end]
 
 
+@pytest.mark.slow
 def test_engine_tables_have_the_seed_readme_shape(stored):
     md = stored["md"]
     for seq in (8, 16):
@@ -69,6 +71,7 @@ def test_engine_tables_have_the_seed_readme_shape(stored):
     assert "| 4 | timeout | timeout | error | error |" in _table(md, "sequence length 8")
 
 
+@pytest.mark.slow
 def test_failed_cells_show_their_status_and_never_a_number(stored):
     page = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", stored["html"])
     for text in (stored["md"], page):
@@ -89,6 +92,7 @@ def test_failed_cells_show_their_status_and_never_a_number(stored):
     assert "CUDA out of memory" in stored["md"]
 
 
+@pytest.mark.slow
 def test_no_plot_point_for_a_failed_cell(stored):
     figures = stored["paths"].figures
     names = {f.path.name for f in figures}
@@ -106,6 +110,7 @@ def test_no_plot_point_for_a_failed_cell(stored):
     assert {p["series"] for p in speed} == {"sdpa"} and len(speed) == 4  # against eager, the default baseline
 
 
+@pytest.mark.slow
 def test_baseline_option(stored, tmp_path):
     store = Store(stored["db"])
     try:
@@ -120,6 +125,7 @@ def test_baseline_option(stored, tmp_path):
     assert "vs sdpa" in speed.title
 
 
+@pytest.mark.slow
 def test_cli_report_and_its_errors(stored, tmp_path):
     runner = CliRunner()
     res = runner.invoke(app, ["report", "last", "--db", stored["db"], "--out", str(tmp_path / "r")])
@@ -186,6 +192,7 @@ def test_generation_training_micro_and_max_batch_tables(tmp_path):
     assert len(roof) == 1 and [(p["label"], p["value"]) for p in roof[0].points] == [("n=256", 0.5)]
 
 
+@pytest.mark.slow
 def test_a_failing_plot_leaves_the_rest_of_the_report(stored, tmp_path, monkeypatch):
     def broken(data, out):
         raise ValueError("no such axis")
@@ -197,6 +204,7 @@ def test_a_failing_plot_leaves_the_rest_of_the_report(stored, tmp_path, monkeypa
     assert "plot broken failed" in md and "latency_throughput_bert-tiny-base-fp32.png" in md
 
 
+@pytest.mark.slow
 def test_runs_of_one_grid_share_columns_and_same_points_stay_apart(tmp_path):
     db = str(tmp_path / "s.db")
     for name, batch in (("p1", 1), ("p256", 256)):  # different points of one grid
@@ -243,6 +251,7 @@ def test_names_are_escaped_in_markdown(tmp_path):
     assert "RuntimeError: &lt;script&gt;*x*&lt;/script&gt;" in html
 
 
+@pytest.mark.slow
 def test_host_ms_gets_a_column_only_where_it_was_measured(tmp_path):
     """GPU cells carry host_ms (measure/record.py); CPU cells do not, and their table keeps its columns."""
     db = str(tmp_path / "h.db")
@@ -257,3 +266,61 @@ def test_host_ms_gets_a_column_only_where_it_was_measured(tmp_path):
     column = head.index("host ms")
     assert sorted(line.split("|")[column].strip() for line in lines[2:]) == [num(0.25), num(0.97)]
     assert "host ms" not in _table(cpu, "every inference cell")[0] and "host-bound" not in cpu
+
+
+# --- runs --spec of a micro run, a report of runs without a common cell or of one run named twice ---------------------
+
+@pytest.mark.slow
+def test_runs_spec_of_a_micro_run_reads_back_with_micro_spec(tmp_path):
+    # `runs --spec RUN --out f.yaml` wrote a micro gemm run's spec that `micro gemm --spec f.yaml` refused twice:
+    # its `micro: gemm` key was unknown, and the resolved default --tokens 256 was "--tokens ... no model".
+    db, db2, out = str(tmp_path / "t.db"), str(tmp_path / "u.db"), str(tmp_path / "m.yaml")
+    fast = ["--device", "cpu", "--min-time", "0.01"]
+    runner = CliRunner()
+    res = runner.invoke(app, ["micro", "gemm", "--sizes", "32", "--model", "", *fast, "--db", db, "--name", "m"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["runs", "--db", db, "--spec", "m", "--out", out])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["micro", "gemm", "--spec", out, "--db", db2, "--name", "again"])
+    assert res.exit_code == 0, res.output
+    # the same spec resumes the run it came from (nothing measured again, no "another grid" refusal)
+    res = runner.invoke(app, ["micro", "gemm", "--spec", out, "--db", db, "--name", "m"])
+    assert res.exit_code == 0, res.output
+    # another sub-command's spec is one line naming the right one
+    res = runner.invoke(app, ["micro", "bandwidth", "--spec", out, "--db", db2])
+    assert res.exit_code == 2 and "transbench micro gemm" in res.output and "Traceback" not in res.output
+    stdout = runner.invoke(app, ["runs", "--db", db, "--spec", "m"])
+    assert stdout.exit_code == 0 and json.loads(stdout.output)["micro"] == "gemm"
+
+
+@pytest.mark.slow
+def test_report_of_runs_without_a_common_cell_says_why_not_an_empty_table(tmp_path):
+    # `compare a b` refuses two runs that share no cell (exit 2); `report a b` compared them into an empty table
+    # under "b vs a: 2 unmatched". It now says why, in the words of compare's refusal.
+    from transbench.report import build_report
+
+    db = str(tmp_path / "t.db")
+    samples = [1.0 + 0.01 * (i % 7) for i in range(30)]
+    make_run(db, "a", [(cell("eager", 1, model="bert-tiny"), ok_result(samples, 1))])
+    make_run(db, "b", [(cell("eager", 1, model="gpt2-tiny"), ok_result(samples, 1))])
+    paths = build_report(db, ["a", "b"], tmp_path / "out")
+    md = paths.markdown.read_text()
+    comparison = md[md.index("## Comparison"):]
+    assert "runs 'a' and 'b' share no cell to compare: no cell of one has the settings" in comparison
+    assert "| A ms |" not in comparison and "cells in one run only" in comparison
+    assert "share no cell to compare" in paths.html.read_text()
+
+
+@pytest.mark.slow
+def test_report_of_one_run_named_twice_refuses_the_comparison_it_cannot_make(tmp_path):
+    """`report a a --alpha 0.1` (or `report a last`, a being the newest) dropped the copy and wrote a report
+    with no comparison: the options that shape one were taken without a word."""
+    db = str(tmp_path / "r.db")
+    make_run(db, "a", [(cell("eager", 1), ok_result([1.0] * 30, 1))])
+    for args in (["a", "a", "--alpha", "0.1"], ["a", "last"], ["a", "a", "--compare"]):
+        res = CliRunner().invoke(app, ["report", *args, "--db", db, "--out", str(tmp_path / "out")])
+        assert res.exit_code == 2, res.output
+        assert res.stderr.startswith(f"error: runs '{args[0]}' and '{args[1]}' are one run ('a')"), res.stderr
+        assert not (tmp_path / "out").exists()
+    res = CliRunner().invoke(app, ["report", "a", "a", "--no-compare", "--db", db, "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0 and (tmp_path / "out" / "report.md").is_file(), res.output

@@ -45,6 +45,7 @@ def _samples(ms: float, n: int = 5) -> list[float]:
     return [ms * (1 + 0.01 * i) for i in range(n)]
 
 
+@pytest.mark.slow
 def test_models_with_one_file_name_spelling_and_long_names_get_their_own_plots(tmp_path):
     db = str(tmp_path / "s.db")
     long_model = "/models/" + "x" * 300 + "/checkpoint"
@@ -128,6 +129,7 @@ def test_serve_plots_keep_backend_colours_and_the_max_rate_table_names_runs(tmp_
                                                             ("two", "sdpa")]
 
 
+@pytest.mark.slow
 def test_heatmap_of_runs_with_and_without_a_datasheet_peak_leaves_no_run_out(tmp_path, drawn):
     db = str(tmp_path / "s.db")
     make_run(db, "h100", [(cell("sdpa", b, 8, dtype="fp16"), ok_result(_samples(b), b, gpu="H100", mfu=0.0004 * b))
@@ -172,6 +174,7 @@ def test_training_scaling_keeps_runs_and_settings_apart(tmp_path, drawn):
                                                  for c in (0.7, 1.0))
 
 
+@pytest.mark.slow
 def test_large_grids_wrap_their_panels(tmp_path, drawn):
     db = str(tmp_path / "s.db")
     backends = ["eager", "sdpa", "fused", "cudagraph", "compile", "sdpa-flash"]

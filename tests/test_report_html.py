@@ -46,6 +46,7 @@ def report(tmp_path_factory):
     return build_report(db, ["html-run"], tmp / "out")
 
 
+@pytest.mark.slow
 def test_page_is_self_contained(report):
     page = report.html.read_text()
     assert len(report.figures) >= 4

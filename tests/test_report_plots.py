@@ -75,6 +75,7 @@ def _legend(fig) -> list[str]:
     return [t.get_text() for t in legend.get_texts()]
 
 
+@pytest.mark.slow
 def test_a_backend_keeps_its_colour_in_every_plot_and_report(tmp_path, drawn):
     db = str(tmp_path / "s.db")
     _run(db, "first", {("eager", 1, 8): 4.0, ("sdpa", 1, 8): 3.0, ("fused", 1, 8): 1.0,
@@ -104,6 +105,7 @@ def test_every_registered_backend_has_a_fixed_colour():
     assert not set(plots.FALLBACK_COLORS) & set(plots.BACKEND_COLORS.values())
 
 
+@pytest.mark.slow
 def test_runs_are_told_apart_by_marker_and_every_series_is_in_the_legend(tmp_path, drawn):
     db = str(tmp_path / "s.db")
     # As in issue 22: two runs measure different points; in the first panel (seq 8) only some series.
@@ -126,6 +128,7 @@ def test_runs_are_told_apart_by_marker_and_every_series_is_in_the_legend(tmp_pat
             assert set(_legend(fig)) == set(found), file  # every series drawn, in the legend
 
 
+@pytest.mark.slow
 def test_panels_without_data_are_left_out(tmp_path, drawn):
     db = str(tmp_path / "s.db")
     # seq 32: every cell failed; batch 2 x seq 16: nothing measured at all; seq 16: no memory measured;

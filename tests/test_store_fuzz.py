@@ -329,6 +329,7 @@ def test_a_store_path_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.db", "pipe.db"]
 
 
+@pytest.mark.slow
 def test_a_shard_counts_only_its_own_stored_cells(tmp_path, quick):
     """Two shards of one run in one store: the second said "resuming: 2 of 2 cells already stored" (its sibling's
     cells) before running all of its own."""

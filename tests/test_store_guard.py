@@ -322,6 +322,7 @@ def test_enospc_from_the_file_system_is_store_full(tmp_path, monkeypatch):
     real.close()
 
 
+@pytest.mark.slow
 def test_a_sweep_stops_on_a_full_disk_with_one_line_and_resumes(tmp_path, monkeypatch):
     path = tmp_path / "t.db"
     _full_after(monkeypatch, stored=1)

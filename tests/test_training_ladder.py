@@ -122,12 +122,14 @@ def test_gain_after_a_failed_step_is_none():
     assert [r["gain_samples_per_s"] for r in rows] == [None, None, None]
 
 
+@pytest.mark.slow
 def test_plot_is_written(tmp_path):
     rows = training_ladder.walk(BASE, FakeRunner())
     path = training_ladder.plot(rows, str(tmp_path / "ladder.png"))
     assert (tmp_path / "ladder.png").stat().st_size > 10_000 and path.endswith("ladder.png")
 
 
+@pytest.mark.slow
 def test_cli_ladder_runs_on_the_sweep_loop_and_resumes(tmp_path, monkeypatch):
     """The ladder through the CLI, the sweep loop and its max-batch search, with each cell measured by a
     fake lane (no process per cell): batches above 24 (fp32) / 48 (bf16) / 200 (checkpointing) are out of

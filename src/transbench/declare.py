@@ -12,8 +12,9 @@ import typing
 from dataclasses import dataclass, field
 
 
-# The largest value of each count a user gives, by its option: stated in --help ("(at most 100,000)", help_text) and
-# checked before anything is stored (spec.check_limits). A warm-up of 1e9 calls was accepted and ran for days.
+# The largest count each option takes: far above any useful value, and low enough that a slip (a warm-up of 1e9
+# calls, a batcher of 1e8 requests) is refused before it runs for days or allocates for ever. Stated in --help
+# (help_text) and checked by every scenario's validation (spec.check_limits).
 LIMITS = {"--batch": 1_048_576, "--seq": 1_048_576, "--warmup": 100_000, "--min-count": 1_000_000,
           "--new-tokens": 1_000_000, "--nproc": 1024, "--max-batch-size": 65_536,
           "--concurrency": 1_000_000,  # serve's MAX_REQUESTS, which its own check names (requests queued at once)

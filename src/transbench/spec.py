@@ -217,9 +217,6 @@ def check_name(name: str) -> str:
     return name
 
 
-# The largest count each option takes: far above any useful value, and low enough that a slip (a warm-up of 1e9
-# calls, a batcher of 1e8 requests) is refused before it runs for days or allocates for ever. Stated in --help
-# (declare.help_text) and checked by every scenario's validation (check_limits).
 # Seconds a serve load runs or warms up for: a day, at most.
 MAX_SECONDS = 86_400
 

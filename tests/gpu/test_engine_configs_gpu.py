@@ -43,7 +43,7 @@ def test_inputs_the_engine_cannot_match_are_refused_on_cuda(name):
 
 
 def test_argument_checks_and_generator_ownership_on_cuda():
-    """tests/test_api_review.py's argument checks on a CUDA model (compile_model, generator) and a generator's
+    """tests/test_api.py's argument checks on a CUDA model (compile_model, generator) and a generator's
     graphs on CUDA: a newer generator of one shape owns the KV cache, an older one must prefill again; its
     greedy tokens match transformers' fp32 ones for the first steps."""
     from transformers import GPT2Config, GPT2LMHeadModel

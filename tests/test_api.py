@@ -1,4 +1,4 @@
-"""Review of the Python API as docs/python-api.md documents it: what each call leaves behind in the
+"""The Python API as docs/python-api.md documents it: what each call leaves behind in the
 caller's process (no global state changed) and the arguments it refuses before any store or file exists."""
 
 import os
@@ -100,6 +100,7 @@ def test_api_wrong_arguments_are_one_spec_error_before_any_file(tmp_path, call, 
     nothing_written(tmp_path)
 
 
+@pytest.mark.slow
 def test_resume_without_a_name_refuses_fields_it_would_ignore(tmp_path, monkeypatch):
     """The CLI refuses `--resume --batch 2` when the newest run holds another grid; api.run resumed the newest run
     with its own grid, measured nothing and came back `resumed`, as if batch 2 had been measured."""
@@ -116,6 +117,7 @@ def test_resume_without_a_name_refuses_fields_it_would_ignore(tmp_path, monkeypa
     assert (again.name, again.resumed, len(again.records)) == ("a", True, len(first.records))
 
 
+@pytest.mark.slow
 def test_readers_refuse_an_empty_run_name_and_a_baseline_no_record_has(tmp_path):
     """api.report(db, "") reported the newest run (records(db, "") and `report ''` refuse the name); records() took a
     misspelt or non-text baseline and left every speedup None without a word (api.report refuses it)."""
@@ -163,6 +165,7 @@ def test_generator_checks_its_arguments_and_a_decode_before_prefill():
         gen.decode(logits.argmax(-1))
 
 
+@pytest.mark.slow
 def test_the_api_leaves_the_callers_environment_alone_and_reads_folders_offline(tmp_path):
     """Importing transbench.api set HF_HUB_OFFLINE=1 in the caller's process (models/build.py, demo.py), which
     turned off the hub for the caller's own transformers code. The library now reads folders with
