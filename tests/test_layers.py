@@ -14,7 +14,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "transbench"
 # Lowest first. A module may import its own layer and the ones below.
 LAYERS = [
     ("ground", ("errors", "keys", "boundary", "store")),
-    ("core", ("declare", "spec", "cells", "models", "measure")),
+    ("core", ("declare", "spec", "arguments", "cells", "models", "measure")),
     ("engine", ("engine",)),
     ("report", ("report",)),
     ("backends", ("backends",)),
@@ -115,3 +115,22 @@ def test_the_reader_sees_real_imports():
     g = graph()
     assert "cells" in g["runner.sweep"] and "measure.timer" in g["scenarios.inference.measure"]
     assert any(d.startswith("scenarios") for d in g["api"])
+
+
+# The face is thin: the command line reaches the package through the API and the declarations alone (the settings'
+# spec dataclasses, the result keys, the typed reading of specs, the input boundary, the errors).
+FACE_MAY_IMPORT = ("api", "declare", "keys", "errors", "spec", "boundary", "cli", "__init__", "")
+
+
+def _declaration(module: str) -> bool:
+    return module.startswith("scenarios.") and module.rsplit(".", 1)[-1] in ("spec", "server_spec", "options")
+
+
+def test_the_command_line_imports_only_the_api_and_the_declarations():
+    bad = [f"{m} -> {d}" for m, deps in graph().items() if top(m) == "cli" for d in deps
+           if top(d) not in FACE_MAY_IMPORT and not _declaration(d)]
+    assert not bad, "the CLI reaches past the API:\n" + "\n".join(sorted(bad))
+
+
+def test_the_api_stays_thin():
+    assert len((PKG / "api.py").read_text().splitlines()) <= 200

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..demo import format_prob, run_demo
+from ..api import format_prob, run_demo
 from ..spec import split_list
 from .app import app, friendly
 from .tables import console

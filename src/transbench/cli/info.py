@@ -12,7 +12,7 @@ from rich.table import Table
 from .. import api
 from ..scenarios.inference.spec import RunSpec
 from ..spec import dump_text
-from ..store import export
+from ..api import export
 from .app import app, fail, friendly
 from .tables import Col, console, fitted, visible
 
@@ -36,8 +36,8 @@ def env(as_json: bool = typer.Option(False, "--json", help="print JSON"),
         db: Optional[str] = typer.Option(None, help="SQLite store whose `micro gemm`/`micro bandwidth` runs give "
                                                     "the measured ceilings (default: transbench.db when there)")) -> None:
     """GPUs, driver, clocks, power limit, library versions, datasheet peaks and measured ceilings."""
-    from ..scenarios.micro import measured_ceilings
-    from ..store import Store
+    from ..api import measured_ceilings
+    from ..api import Store
 
     if db is None:
         db = "transbench.db"  # no store there yet: the datasheet peaks alone

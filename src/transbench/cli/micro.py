@@ -8,9 +8,9 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from ..report.document import percent
-from ..scenarios import micro
-from ..store import export
+from ..keys import percent
+from ..api import micro_benchmarks as micro
+from ..api import export
 from .app import app, declared_command
 from .options import App, build_spec
 from .tables import Col, console, fitted, pct, pivot, visible

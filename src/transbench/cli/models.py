@@ -5,9 +5,9 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from .. import backends
-from ..models import build
-from ..models.presets import PRESETS
+from ..api import backend_registry, family_reason
+from ..api import build
+from ..api import PRESETS
 from .app import app, friendly
 from .tables import console
 
@@ -27,9 +27,9 @@ def models() -> None:
     f = Table(title="what runs for each family", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
     for col in ("family", "kind", "tasks", "backends"):
         f.add_column(col)
-    reg = backends.registry()
+    reg = backend_registry()
     for family in dict.fromkeys(p.family for p in PRESETS.values()):
-        cannot = [b.name for b in reg.values() if backends.family_reason(b, family)]
+        cannot = [b.name for b in reg.values() if family_reason(b, family)]
         forced = [n for n in reg if n.startswith("sdpa-")]
         if forced and set(forced) <= set(cannot):  # one entry for the forced SDPA kernels
             cannot = [n if n != forced[0] else "sdpa-*" for n in cannot if n not in forced[1:]]

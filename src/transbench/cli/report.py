@@ -32,7 +32,7 @@ def report(
 ) -> None:
     """Write report.md, PNG plots and a self-contained report.html for one or more stored runs."""
     from ..errors import SpecError
-    from ..report import CompareConfig, build_report
+    from ..api import CompareConfig, build_report
 
     # Both only shape the comparison: a report of one run (or --no-compare) ignored them without a word.
     comparing = compare if compare is not None else len(runs or []) > 1
@@ -72,11 +72,11 @@ def compare(
     over repeats where both runs have them); exit code 1 when a cell got slower or broke."""
     import json
 
-    from ..report import CompareConfig
-    from ..report import compare as compare_runs
-    from ..report.compare import (comparison_document, comparison_markdown, comparison_table, github_benchmark as
-                                  benchmark_entries, unmatched_table)
-    from ..store import export
+    from ..api import CompareConfig
+    from ..api import compare_runs
+    from ..api import (comparison_document, comparison_markdown, comparison_table,
+                       github_benchmark_export as benchmark_entries, unmatched_table)
+    from ..api import export
 
     outputs = {"--json": json_path, "--markdown": markdown, "--github-benchmark": github_benchmark}
     files = {o: p for o, p in outputs.items() if p is not None and p != "-"}

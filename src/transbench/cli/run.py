@@ -12,7 +12,7 @@ from .. import api
 from ..errors import SpecError
 from ..scenarios.inference.spec import RunSpec
 from ..spec import load_file, split_list
-from ..store import export
+from ..api import export
 from .app import app, declared_command
 from .options import build_spec
 from .tables import console, records_table, visible
@@ -22,7 +22,7 @@ def _refuse_unused_options(given: dict, the_spec: RunSpec) -> None:
     """An option typed for a task or backend the grid does not hold changed nothing, and the run said ok
     (`--task base --new-tokens 64`). Only options typed here: a --spec file (`runs --spec` writes every key)
     holds them all."""
-    from ..backends.compile import check_mode
+    from ..api import check_mode
 
     if given.get("new_tokens") is not None and "generate" not in the_spec.tasks:
         raise SpecError(f"--new-tokens {given['new_tokens']} applies to --task generate, and the grid's tasks are "

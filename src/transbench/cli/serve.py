@@ -7,7 +7,7 @@ from rich.markup import escape
 from .. import api
 from ..scenarios.serve import spec as serve_spec
 from ..scenarios.serve.spec import ServeSpec
-from ..store import export
+from ..api import export
 from .app import app, declared_command
 from .options import build_spec
 from ..keys import KEYS, show

@@ -12,7 +12,7 @@ from rich.text import Text
 from .. import api
 from ..errors import SpecError
 from ..scenarios.training.spec import TrainSpec, zero_stage_refusal
-from ..store import export
+from ..api import export
 from .app import app, declared_command
 from .options import build_spec
 from .tables import Col, console, fitted, fmt, pct, status_text, visible
@@ -107,7 +107,7 @@ def train(given: dict, *, spec, db, json_path, csv_path, wide,
 
     recs = api.train(the_spec, db, json_path=json_path, csv_path=csv_path, on_start=on_start, on_cell=on_cell)
     if recs and the_spec.ladder:
-        from ..scenarios.training.ladder import plot as ladder_plot
+        from ..api import ladder_plot
 
         console.print(training_table(recs, LADDER_COLUMNS, f"training ladder {visible(recs[0]['run_name'])} "
                                      f"({recs[0]['run_id']}): gain = this step / the step before (the best: / the first); "
