@@ -1,4 +1,4 @@
-"""What the fused engine costs before it runs fast (issue 23 items 2 and 4), one measurement per process.
+"""What the fused engine costs before it runs fast (items 2 and 4), one measurement per process.
 
   PYTHONPATH=src python benchmarks/engine_startup.py first-call --model bert-base-uncased --shape 1x128 [--dtype fp8] [--no-budget]
   PYTHONPATH=src python benchmarks/engine_startup.py generate [--requests 5]

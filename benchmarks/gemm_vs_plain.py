@@ -1,5 +1,5 @@
 """`micro gemm`'s measurement against a plain CUDA-event loop over `a @ b`, in one process, with the SM
-clock and power of each region (issue 21: 652 vs 721 TFLOPS at 8192 fp16, the GPU at its power cap).
+clock and power of each region (652 vs 721 TFLOPS at 8192 fp16, the GPU at its power cap).
 
     PYTHONPATH=src python3 benchmarks/gemm_vs_plain.py --sizes 4096,8192 --dtype fp16,bf16
 

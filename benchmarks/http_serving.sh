@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What HTTP costs (issue 49): bert-base embeddings and gpt2 streamed completions behind `transbench server` (sdpa and
+# What HTTP costs: bert-base embeddings and gpt2 streamed completions behind `transbench server` (sdpa and
 # fused, fp16), measured by `serve --url` on loopback, against in-process `serve` at the same loads: p50/p99 at two
 # Poisson rates, the largest rate meeting a p99 target (offline probe + bisection), and the client's send lag.
 # Run from the repo root on a GPU machine (needs transbench[server]: starlette, uvicorn, httpx):

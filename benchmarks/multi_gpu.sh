@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The seeds' multi-GPU tables on one host of 4 GPUs (issue 47): collectives, training scaling (DDP, DataParallel,
+# The seeds' multi-GPU tables on one host of 4 GPUs: collectives, training scaling (DDP, DataParallel,
 # FSDP2, DeepSpeed ZeRO 1/2/3, NCCL P2P on/off), data-parallel inference and a grid over one lane per GPU.
 #
 #   bash benchmarks/multi_gpu.sh [PART ...]        (outputs and summary.md under ${OUT:-/tmp/out})

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 48 on one GPU: the fused server's preparation and its largest rate against cudagraph and sdpa, with
+# On one GPU: the fused server's preparation and its largest rate against cudagraph and sdpa, with
 # MLPerf LoadGen's early-stopping estimates beside the empirical percentiles.
 # Run from the repo root: bash benchmarks/serve_fused_check.sh [OUT_DIR] [PARTS]
 # PARTS (default a,b), comma-separated:

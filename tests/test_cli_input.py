@@ -1,4 +1,4 @@
-"""A new user's inputs (issue 22): spec files, options, names and tables. Bad input is one line on stderr,
+"""A new user's inputs: spec files, options, names and tables. Bad input is one line on stderr,
 exit code 2, no traceback, nothing stored; good input prints every value whole at 100 columns."""
 
 import dataclasses

@@ -85,7 +85,7 @@ def test_the_whole_fp8_forward_stays_within_the_fp8_tolerance_of_fp32():
     out = c8(ids).last_hidden_state.double()
     err32, err8 = ((fp32 - ref).norm() / ref.norm()).item(), ((out - ref).norm() / ref.norm()).item()
     assert err32 < 1e-5
-    # fp8 really ran (its error is e4m3's, thousands of times fp32's), and stays within issue 23's 5e-2 target
+    # fp8 really ran (its error is e4m3's, thousands of times fp32's), and stays within the 5e-2 target
     assert 1e-3 < err8 < 5e-2, err8
     cos = torch.nn.functional.cosine_similarity(out.mean(1), ref.mean(1), dim=-1)
     assert cos.min() > 0.999, cos
@@ -122,7 +122,7 @@ def _count_fp8_work(monkeypatch):
 
 
 def test_below_the_fp8_row_threshold_an_fp8_forward_is_the_fp16_forward(monkeypatch):
-    """Issue 23: at 128 rows fp8 GEMMs lose to fp16 (0.86x on an H100), so an fp8 model below ops.fp8_min_rows
+    """at 128 rows fp8 GEMMs lose to fp16 (0.86x on an H100), so an fp8 model below ops.fp8_min_rows
     runs exactly the fp16 forward: no LayerNorm fp8 copies, no quantize passes, no fp8 GEMMs."""
     m = _bert()
     ids = torch.randint(0, 300, (3, 24))  # 72 rows
@@ -204,7 +204,7 @@ MINILM_SENTENCES = ["The quick brown fox jumps over the lazy dog.", "Benchmarks 
 
 
 def test_real_minilm_checkpoint_sentence_embeddings_in_emulated_fp8():
-    """Issue 23's accuracy check on trained weights: all-MiniLM-L6-v2 (the packaged checkpoint), every GEMM of the
+    """The accuracy check on trained weights: all-MiniLM-L6-v2 (the packaged checkpoint), every GEMM of the
     stack in e4m3 (emulated), mean-pooled sentence embeddings against fp32. Measured: cosine 0.9936-0.9983, the
     short 'I love this movie!' lowest; the issue's 0.999 is not met with any GEMM kind but the attention output
     projection in fp8 (docs/engine.md, fp8), so this holds the measured level as a regression bound."""

@@ -1,4 +1,4 @@
-"""Any transformers family (issue 24) and checkpoint-folder validation (issue 22) on CPU with tiny presets:
+"""Any transformers family and checkpoint-folder validation on CPU with tiny presets:
 every task head each family has through eager and sdpa (compile marked slow), decoders' generation,
 the fused engine on RoBERTa, presets that are transformers configs, and each refusal of a bad folder."""
 
@@ -254,7 +254,7 @@ def test_fused_backend_on_roberta_tiny_and_unsupported_elsewhere(cache):
         assert "the engine runs bert, roberta" in r.error and "\n" not in r.error
 
 
-# --- checkpoint folders (issue 22) -------------------------------------------------------------------
+# --- checkpoint folders -------------------------------------------------------------------
 
 def _folder(tmp_path, config, weights="safetensors"):
     d = tmp_path / "ckpt"

@@ -108,7 +108,7 @@ def test_every_registered_backend_has_a_fixed_colour():
 @pytest.mark.slow
 def test_runs_are_told_apart_by_marker_and_every_series_is_in_the_legend(tmp_path, drawn):
     db = str(tmp_path / "s.db")
-    # As in issue 22: two runs measure different points; in the first panel (seq 8) only some series.
+    # two runs measure different points; in the first panel (seq 8) only some series.
     _run(db, "p1x128", {("sdpa", 1, 8): 3.0, ("eager", 1, 8): 4.0, ("eager", 1, 16): 8.0, ("cudagraph", 1, 16): 1.0})
     _run(db, "p256x128", {("cudagraph", 256, 16): 30.0, ("sdpa", 256, 16): 90.0, ("fused", 256, 16): 20.0,
                           ("eager", 256, 16): "oom"})

@@ -1,4 +1,4 @@
-"""Serving under load (issue 26): arrivals, lengths, the batcher, latency accounting against queueing
+"""Serving under load: arrivals, lengths, the batcher, latency accounting against queueing
 theory, no coordinated omission, the max-rate bisection, and `transbench serve` on bert-tiny."""
 
 import hashlib

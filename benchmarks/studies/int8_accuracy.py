@@ -1,4 +1,4 @@
-"""Would int8 (W8A8, the format production BERT engines run) meet issue 23's accuracy targets where e4m3 misses them?
+"""Would int8 (W8A8, the format production BERT engines run) meet the accuracy targets where e4m3 misses them?
 An experiment on the CPU, outside the engine: every encoder Linear of a transformers model is replaced by its
 fake-quantized twin (8-bit weights per output channel, 8-bit activations per token, fp32 products), so the formats
 and their recipes are compared on equal terms.

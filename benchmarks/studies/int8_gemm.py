@@ -1,4 +1,4 @@
-"""Would an int8 engine path keep fp8's GEMM speed? (issue 23: e4m3 misses the accuracy targets, int8 with a scale per
+"""Would an int8 engine path keep fp8's GEMM speed? (e4m3 misses the accuracy targets, int8 with a scale per
 128-deep slice of K meets them in emulation: docs/engine.md, "Accuracy").
 
 One Triton GEMM, Y = (X W^T) * scales in fp16, over four operand recipes at bert-base and bert-large's large-batch

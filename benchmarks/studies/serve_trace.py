@@ -1,4 +1,4 @@
-"""Where the slow batches of `transbench serve` spend their time. It found issue 26's fused tail to be the harness,
+"""Where the slow batches of `transbench serve` spend their time. It found the fused tail to be the harness,
 not the engine: in one process the tail was absent, which led to the frozen heap and the monitor's mark
 (scenarios/serve/load.py run_load, measure/context.py Monitor.mark).
 

@@ -1,4 +1,4 @@
-"""GPU checks of issue 23's engine work as a whole: fp8 models against fp32, and a fresh generator replaying the
+"""GPU checks of the engine work as a whole: fp8 models against fp32, and a fresh generator replaying the
 graphs of an earlier one. Its kernels alone (the e4m3 LayerNorm, quantize pass, attention output and GEMM routes,
 the embedding block): tests/test_engine_<op>.py."""
 import pytest
@@ -98,7 +98,7 @@ def test_fp8_refuses_sizes_the_fp8_gemm_cannot_take():
 
 @needs_fp8
 def test_real_checkpoint_minilm_fp8_sentence_embeddings():
-    """Issue 23's accuracy target on the trained all-MiniLM-L6-v2 weights: mean-pooled sentence embeddings in fp8
+    """The accuracy target on the trained all-MiniLM-L6-v2 weights: mean-pooled sentence embeddings in fp8
     against fp32. Printed, and held to 0.995: the CPU emulation of this same math gives 0.9969-0.9981 (each of
     the four GEMM kinds in e4m3 costs ~1e-3 of cosine on its own), so the issue's 0.999 is not met (docs)."""
     from pathlib import Path

@@ -1,4 +1,4 @@
-"""GPU checks of the new families (issue 24): every generic backend in fp16, generation with CUDA graphs and
+"""GPU checks of the new families: every generic backend in fp16, generation with CUDA graphs and
 compile for decoders, the fused engine on RoBERTa at roberta-base's shape (python3 -m pytest tests/gpu -m gpu)."""
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def test_generation_under_load(backend):
 
 
 def test_fused_server_ready_in_seconds():
-    """Issue 48's setting: bert-base at max batch 32, lengths up to 512. The packed-token ladder bounds the graphs
+    """The setting: bert-base at max batch 32, lengths up to 512. The packed-token ladder bounds the graphs
     (40 at batch 32 where every multiple of 128 made 128), preparation stops at --prepare-budget (20 s), and the
     graphs left are captured under load, counted. A fresh tuning table would take the first preparation longer
     per graph; the budget holds it regardless."""

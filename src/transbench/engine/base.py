@@ -54,7 +54,7 @@ class EngineBase:
 
     def graph_bound(self) -> int:
         """Graphs one (max_batch, max_seq) shape can need: each packed token count (a multiple of `bucket`, capped
-        at B x S) and the dense one; never fewer than the fixed 32 of before (issue 26: a bert-base server of batch
+        at B x S) and the dense one; never fewer than the fixed 32 of before (a bert-base server of batch
         16 x width 256 reaches 33 counts on an H100, each graph holding a 16 x 256 x 768 fp16 output, 6 MiB)."""
         return max(32, -(-self.opts.max_batch * self.opts.max_seq // self.bucket) + 1)
 

@@ -103,7 +103,7 @@ def fp8_out_scale(xs, GAIN, BIAS_MAX):
 
 # do_not_specialize M: Triton would compile a kernel apart for M == 1 and for M not divisible by 16 (its integer
 # specialisations); M only bounds tiles here (the TMA descriptors carry the shapes), so one compile per config
-# serves every batch x seq: part of the first-call cost issue 23 counts.
+# serves every batch x seq: part of the first-call cost the first call counts.
 @jit(do_not_specialize=["M"])
 def _linear_kernel(x_desc, w_desc, y_desc, r_desc, W, BIAS, XS, WS, YS, M, N, K, GAIN, BIAS_MAX,
                    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, FP8: tl.constexpr,

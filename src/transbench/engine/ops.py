@@ -220,7 +220,7 @@ class TorchOps:
 
 # Rows (tokens) from which an fp8 layer's GEMMs are offered fp8 routes, first (the default where the tuning
 # budget leaves an op untimed); below it an fp8 model runs the fp16 forward: the same tuning keys and routes, no
-# LayerNorm fp8 copies, no quantize kernels. On an H100 (issue 23) the four bert-base GEMMs at 32,768 rows ran
+# LayerNorm fp8 copies, no quantize kernels. On an H100 the four bert-base GEMMs at 32,768 rows ran
 # 1.83x faster in fp8 through torch._scaled_mm, at 128 rows 0.86x (slower), and the fp8 engine at 1 x 128 took
 # 0.4196 ms against fp16's 0.387 ms with the fp8 routes on offer there. 1,024 rows is batch 8 x 128;
 # `bash benchmarks/gpu.sh fp8` times fp16 and fp8 at 8 x 128 to check the crossover.

@@ -38,7 +38,7 @@ MIN_GAIN = 0.01  # a rival replaces the winner only if the whole forward gets at
 # racing every rival there would outlast a benchmark cell's timeout.
 RACE_BUDGET_S = 10.0  # EngineOptions.race_budget_s
 # Wall seconds a shape's first call may spend tuning (compile_model's tune_budget_s; None: no limit), Triton compiles
-# included: issue 23 asks a first call of bert-base at a new shape to cost at most 5 s on an H100, where tuning
+# included: the target asks a first call of bert-base at a new shape to cost at most 5 s on an H100, where tuning
 # every route took 28-53 s. Past it, an op not yet tuned takes its default route, the first candidate it lists
 # (cuBLAS for a GEMM, flash SDPA for attention: library kernels, nothing to compile), and no whole forward is
 # raced. Such choices are saved as partial entries (PARTIAL): a later budgeted process takes them as they are (the
@@ -294,7 +294,7 @@ class Tuner:
         alone = {k: self.table.get(k) for k in keys}
         start = clock()
         # The fp8 forward: an fp8 GEMM that quantizes its output hands the next GEMM an fp8 input, so a chain of fp8
-        # routes saves the quantize passes that make each of them lose alone (issue 23; see ops.FP8_MIN_ROWS).
+        # routes saves the quantize passes that make each of them lose alone (see ops.FP8_MIN_ROWS).
         for family, wanted in (("library", lambda n: not _ours(n)), ("ours", _ours), ("fp8", _fp8)):
             uniform = {k: next((n for n in names if wanted(n)), None) for k, names in ranked.items()}
             uniform = {k: n for k, n in uniform.items() if n is not None and n != self.table.get(k)}

@@ -2,7 +2,7 @@
 read through NVML on a thread during the timed region (never in the parent: no CUDA context needed).
 
 Why: an H100 at its 700 W cap runs large GEMMs below its maximum clock, so the same kernel reads 652 or
-721 TFLOPS depending on the power state (issue 21). A figure is only comparable with the clock it ran at,
+721 TFLOPS depending on the power state. A figure is only comparable with the clock it ran at,
 so every GPU cell records the clock and power beside its latency, and energy from the board's own counter."""
 
 from __future__ import annotations

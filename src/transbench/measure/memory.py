@@ -3,7 +3,7 @@
 A cell's `peak_mem_mb` is torch's peak allocated since the cell reset it, minus what was allocated at
 that moment; `mem_before_mb` is what the process still held when the cell started. Both matter because
 a worker runs many cells: at 730ddb4 a gpt2 sdpa cell read 315.5 MiB alone and 889 MiB after fused
-cells had left their captured graphs behind (issue 21). `release` is called after every cell, and the
+cells had left their captured graphs behind. `release` is called after every cell, and the
 sweep replaces a worker that still holds more than LEFTOVER_MB afterwards."""
 
 from __future__ import annotations

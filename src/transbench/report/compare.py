@@ -10,7 +10,7 @@ were stored:
    samples (the first n - m * floor(n / m) samples, nearest the warm-up, fewer than one block, are left out)
    and each block is replaced by its median. Why: per-call samples drift (clock, temperature) and are
    autocorrelated, so they are not n independent draws; a per-sample Mann-Whitney U test called two
-   identical back-to-back H100 runs `slower` with p = 6.7e-45 (issue 21). Medians of blocks of
+   identical back-to-back H100 runs `slower` with p = 6.7e-45. Medians of blocks of
    consecutive samples are close to independent once a block outlasts the correlation, and sqrt(n) blocks
    of sqrt(n) samples is the classical batch-means choice (Flegal and Jones 2010) that lets both the block
    length and the block count grow with n.

@@ -181,7 +181,7 @@ def temp_files(what: str):
 def _start_without_main(proc) -> None:
     """Start a spawned process without re-running the user's script in it. Spawn re-imports `__main__`
     from its file (or module name) in every child, so a script that calls the API at module level, with
-    no `if __name__ == "__main__":` guard, would run again there and fail (issue 22). Workers need nothing
+    no `if __name__ == "__main__":` guard, would run again there and fail. Workers need nothing
     from `__main__` (targets are named by module path), so the file and spec are hidden while the child
     is prepared, and the API needs no guard."""
     main = sys.modules.get("__main__")

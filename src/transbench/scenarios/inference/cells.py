@@ -76,7 +76,7 @@ def validate(spec: RunSpec) -> RunSpec:
                         "--max-batch search: lower --batch or raise max_batch_limit")
     if spec.gpus is not None:
         # Lanes run one worker per listed GPU; without the GPUs they would be parallel CPU workers that
-        # share the cores, and every figure would come out slower while still `ok` (issue 22).
+        # share the cores, and every figure would come out slower while still `ok`.
         count = dev.gpu_count()
         if count == 0:
             raise SpecError("--gpus needs CUDA GPUs and none is visible: leave --gpus out to run on this machine")
