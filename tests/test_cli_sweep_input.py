@@ -323,7 +323,8 @@ def _work(*args, **kwargs):
 # The first step of each command's work (after every check of its input): open_run makes the run in the store,
 # run_cell launches another host's ranks, all_figures draws the report, environment asks the GPUs, _run_backend
 # runs the demo's model.
-WORK = ["transbench.api.open_run", "transbench.runner.sweep.open_run", "transbench.scenarios.micro.run.open_run",
+WORK = ["transbench.scenarios.inference.run.open_run", "transbench.scenarios.serve.run.open_run",
+        "transbench.runner.sweep.open_run", "transbench.scenarios.micro.run.open_run",
         "transbench.scenarios.training.spec.run_cell", "transbench.api.environment",
         "transbench.report.plots.all_figures", "transbench.demo._run_backend", "transbench.scenarios.serve.server.run"]
 TUNE_WORK = "error: tune needs a CUDA GPU"  # tune's last check: on this CPU-only host, where it would start

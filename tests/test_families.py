@@ -933,7 +933,7 @@ def test_the_fused_backend_refuses_xlnet_as_any_family_it_has_no_loader_for(xlne
 
 # --- odd but valid shapes, classifier heads, folders transformers builds but cannot run -------------------------------
 
-TRAIN = TrainCell(model="", task="classification", attn="eager", precision="fp32", optim="sgd", batch=2, seq=8,
+TRAIN = TrainCell(model="", task="classification", backend="eager", dtype="fp32", optim="sgd", batch=2, seq=8,
                   steps=1, warmup_steps=1, device="cpu")
 BERT = dict(num_hidden_layers=2, hidden_size=48, num_attention_heads=4, intermediate_size=37, vocab_size=10,
             max_position_embeddings=32)

@@ -569,9 +569,9 @@ def test_a_serve_resume_refuses_a_lengths_file_that_changed(tmp_path, monkeypatc
     counts.write_text("8\n12\n")
     db = tmp_path / "s.db"
     calls = []
-    from transbench import api
+    from transbench.scenarios.serve import run as serve_run
 
-    monkeypatch.setattr(api, "run_grid", lambda *a, **k: calls.append(a))  # the resume check is what is tested
+    monkeypatch.setattr(serve_run, "run_grid", lambda *a, **k: calls.append(a))  # the resume check is what is tested
     args = ["serve", "--model", "bert-tiny", "--device", "cpu", "--concurrency", "1", "--duration", "0.1",
             "--lengths", f"counts:{counts}", "--name", "L", "--db", db]
     invoke(*args)
@@ -586,6 +586,7 @@ READERS = {("json", "load"), ("json", "loads"), ("yaml", "load"), ("yaml", "safe
            ("yaml", "unsafe_load"), ("tomllib", "load"), ("tomllib", "loads"), ("tomli", "load"), ("tomli", "loads")}
 # Reads of what transbench itself wrote a moment ago, never a user's path: each with its reason.
 INTERNAL = {
+    "cli/reference.py": "the generated docs pages of this repository, compared with what the declarations generate",
     "engine/tuning.py": "the engine's own bounded reader of its table (read_table): it imports nothing of the benchmark",
     "report/html.py": "the PNG plots the report has just drawn, embedded in its HTML",
     "runner/launch.py": "a launched cell's own log and result files, in the temporary folder it made",

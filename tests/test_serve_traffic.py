@@ -213,7 +213,7 @@ def test_trace_replay_on_bert_tiny_and_a_changed_trace_refused(tmp_path):
             "--warmup", "0", "--max-batch-size", "4", "--slo-ms", "1000", "--db", str(db), "--name", "tr"]
     res = CliRunner().invoke(app, [*args, "--json", str(js)])
     assert res.exit_code == 0, res.output
-    (rec,) = json.loads(js.read_text())
+    (rec,) = json.loads(js.read_text())["cells"]
     assert rec["status"] == "ok", rec["error"]
     assert rec["mode"] == "trace" and rec["trace"].startswith("t.jsonl@") and rec["trace_speed"] == 4.0
     assert rec["n_requests"] == 200 and rec["tail_valid"] is False and rec["slo_met"] is False  # 200 < 662

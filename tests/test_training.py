@@ -262,7 +262,7 @@ def test_cli_train_stores_records_and_resumes(tmp_path):
             "--device", "cpu", "--optim", "sgd", "--db", db, "--json", str(out), "--name", "t1", "--timeout", "120"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    (rec,) = json.loads(out.read_text())["cells"]["cells"]
+    (rec,) = json.loads(out.read_text())["cells"]
     assert set(RECORD_KEYS) | set(TRAINING_KEYS) <= set(rec)
     assert (rec["scenario"], rec["status"], rec["backend"], rec["dtype"], rec["task"]) == \
         ("training", "ok", "sdpa", "fp32", "causal-lm")
@@ -490,7 +490,7 @@ def test_comm_timing_off_only_where_a_ddp_cell_of_several_gpus_is():
 # --- options no cell uses, values listed twice, a ladder that could not start, scaling against its baseline -----------
 
 TRAIN = dict(models=["bert-tiny"], batches=[2], seqs=[8], steps=1, warmup_steps=1, device="cpu")
-TINY_CELL = TrainCell(model="bert-tiny", task="mlm", attn="sdpa", precision="fp32", optim="adamw", batch=4, seq=16,
+TINY_CELL = TrainCell(model="bert-tiny", task="mlm", backend="sdpa", dtype="fp32", optim="adamw", batch=4, seq=16,
                  steps=2, warmup_steps=1, device="cpu")
 
 

@@ -39,6 +39,7 @@ Everything is numpy and the standard library; rule 4's counts are exact Python i
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -185,9 +186,10 @@ def rank_depth(m: int, n: int, alpha: float) -> int:
     total = math.comb(m + n, m)
     half = m * n // 2
     below = 0
+    share = Fraction(alpha) * total  # exact: C(m + n, m) outgrows a float (an OverflowError past ~1e308)
     for u, count in enumerate(rank_counts(m, n, half)):
         below += count
-        if below * 2 > alpha * total:  # P(U <= u) > alpha / 2: P(U < u) was the last that passed
+        if below * 2 > share:  # P(U <= u) > alpha / 2: P(U < u) was the last that passed
             return u
     return half + 1
 
@@ -209,7 +211,7 @@ def rank_interval(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[float, fl
 def fewest_per_side(alpha: float) -> int:
     """The fewest samples per side for which a rank interval exists at this alpha: 1 / C(2n, n) <= alpha / 2."""
     n = 1
-    while 2 > alpha * math.comb(2 * n, n):
+    while 2 > Fraction(alpha) * math.comb(2 * n, n):
         n += 1
     return n
 

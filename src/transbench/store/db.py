@@ -580,7 +580,7 @@ class Store:
         join the run's environment under `hosts`, so the merged run says where each of its cells ran (cells keep
         their `host`)."""
         (text,) = self.conn.execute("SELECT env FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        env, other = json.loads(text), json.loads(source_env)
+        env, other = (boundary.loads_json(t, "a run's environment") for t in (text, source_env))
         hosts = env.setdefault("hosts", [host_entry(env)] if env.get("hostname") else [])
         entry = host_entry(other)
         if entry["hostname"] is None or entry in hosts:

@@ -22,6 +22,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
+from ... import boundary
 from .load import LoadPlan
 
 API_PATHS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions",
@@ -77,7 +78,7 @@ def payload(api: str, model: str, prompt: str, new_tokens: int) -> dict:
 
 def _message(body: bytes) -> str:
     try:
-        err = json.loads(body).get("error")
+        err = boundary.loads_json(body, "an error response").get("error")
         msg = err.get("message") if isinstance(err, dict) else err
         return str(msg)[:200] if msg else body[:200].decode(errors="replace")
     except (ValueError, AttributeError):
@@ -200,7 +201,7 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool) -> None:
             finished = True
             continue
         try:
-            event = json.loads(data)
+            event = boundary.loads_json(data, "a streamed event")
         except ValueError:
             raise Malformed(f"an event is not JSON: {data[:80]!r}") from None
         if not isinstance(event, dict):
@@ -233,7 +234,7 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
         elif api == "openai-embeddings":
             raw = await conn.read()
             try:
-                data = json.loads(raw)
+                data = boundary.loads_json(raw, "the response")
                 emb = data["data"][0]["embedding"]
             except (ValueError, KeyError, IndexError, TypeError):
                 raise Malformed(f"the response is not an embeddings list: {raw[:80]!r}") from None

@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 
+from ... import boundary
 from ...errors import SpecError
 from .prompts import HFTokenizer, WordTokenizer, has_tokenizer
 from .server_model import Job, ModelThread
@@ -69,7 +70,7 @@ class Api:
         if len(raw) > MAX_BODY:
             raise BadRequest(f"the body is {len(raw):,} bytes, above the {MAX_BODY:,} accepted", 413)
         try:
-            data = json.loads(raw)
+            data = boundary.loads_json(raw, "the body")
         except ValueError:
             raise BadRequest("the body is not JSON") from None
         if not isinstance(data, dict):

@@ -9,11 +9,11 @@ other requests under the same key."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ... import boundary
 from ...errors import SpecError
 
 MAX_FILE_BYTES = 256 * 2**20  # as a lengths file: past it, a file pointed at by mistake would be read for minutes
@@ -60,7 +60,7 @@ def read(name: str) -> RequestTrace:
         if size > MAX_FILE_BYTES:
             raise SpecError(f"{label}: {size / 2**20:,.0f} MiB is above the {MAX_FILE_BYTES // 2**20} MiB read for a "
                             "trace: give a slice of it (head -n 100000)")
-        data = path.read_bytes()
+        data = boundary.read_bytes(path, label, limit=MAX_FILE_BYTES, fix="give a slice of it (head -n 100000)")
     except OSError as exc:
         raise SpecError(f"{label}: cannot be read ({exc.strerror or exc})") from None
     if b"\0" in data[:8192]:
@@ -75,7 +75,7 @@ def read(name: str) -> RequestTrace:
         if len(times) >= MAX_LINES:
             raise SpecError(f"{label}: more than {MAX_LINES:,} requests; give a slice of it")
         try:
-            row = json.loads(line)
+            row = boundary.loads_json(line, where, fix=f"each line is one object with {FIELDS}")
         except ValueError:
             raise SpecError(f"{where}: not JSON; each line is one object with {FIELDS}") from None
         if not isinstance(row, dict):

@@ -679,7 +679,7 @@ def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: ti
                      for r in per_rank],
         "dist_backend": rank.backend, "nccl_env": rank.nccl_env(),
     }
-    if trainer.comm is not None:
+    if getattr(trainer, "comm", None) is not None:  # a Trainer of a ddp cell over several GPUs
         info["comm_method"] = trainer.info.get("comm_method")
     if info_energy:
         info["energy_method"] = info_energy
