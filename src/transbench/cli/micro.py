@@ -22,6 +22,14 @@ app.add_typer(micro_app, name="micro")
 PLOT = typer.Option(None, "--plot", help="write a roofline PNG here")
 
 
+def _measure(kind: str, cls, spec, given: dict, db: str, json_path, csv_path, plot=None):
+    """One micro-benchmark: its outputs checked before anything runs, its options from the --spec file and the
+    options given, its points measured and stored."""
+    export.check_paths(json_path, csv_path, db, plot=plot)
+    opts = build_spec(cls, spec, given, command=("micro", kind))
+    return micro.run_micro(kind, opts, db, on_point=_progress)
+
+
 def _status(r: dict) -> str | None:
     return None if r["status"] == "ok" else r["status"]
 
@@ -74,9 +82,7 @@ def _progress(p) -> None:
 @declared_command(micro_app, micro.GemmOptions, command_options=("spec", "db", "json_path", "csv_path"))
 def gemm(given: dict, *, spec, db, json_path, csv_path, plot: Optional[str] = PLOT) -> None:
     """TFLOPS of matrix products per size and dtype, next to the datasheet peak."""
-    export.check_paths(json_path, csv_path, db, plot=plot)
-    opts = build_spec(micro.GemmOptions, spec, given, command=("micro", "gemm"))
-    outcome = micro.run_micro("gemm", opts, db, on_point=_progress)
+    outcome = _measure("gemm", micro.GemmOptions, spec, given, db, json_path, csv_path, plot)
     recs = outcome.records
     rows: dict[str, dict] = {}
     for r in recs:
@@ -93,9 +99,7 @@ def gemm(given: dict, *, spec, db, json_path, csv_path, plot: Optional[str] = PL
 @declared_command(micro_app, micro.BandwidthOptions, command_options=("spec", "db", "json_path", "csv_path"))
 def bandwidth(given: dict, *, spec, db, json_path, csv_path) -> None:
     """GB/s (bytes read + written) of element-wise copy, scale and add, and the TFLOPS they reach."""
-    export.check_paths(json_path, csv_path, db)
-    opts = build_spec(micro.BandwidthOptions, spec, given, command=("micro", "bandwidth"))
-    outcome = micro.run_micro("bandwidth", opts, db, on_point=_progress)
+    outcome = _measure("bandwidth", micro.BandwidthOptions, spec, given, db, json_path, csv_path)
     recs = outcome.records
     rows: dict[str, dict] = {}
     for r in recs:
@@ -103,7 +107,7 @@ def bandwidth(given: dict, *, spec, db, json_path, csv_path) -> None:
         cells = rows.setdefault(f"{r['elements']:,}", {})
         cells[f"{r['op']} GB/s"] = status or _pct(r.get("gbps"), r.get("pct_of_peak"))
         cells[f"{r['op']} TFLOPS"] = "" if status else f"{r['tflops']:.3g}"
-    _grid(f"memory bandwidth, {opts.dtype}: GB/s (% of datasheet) and TFLOPS on {recs[0]['gpu'] or 'cpu'}"
+    _grid(f"memory bandwidth, {outcome.options.dtype}: GB/s (% of datasheet) and TFLOPS on {recs[0]['gpu'] or 'cpu'}"
           if recs else "bandwidth", "elements",
           [f"{op} {unit}" for op in dict.fromkeys(r["op"] for r in recs) for unit in ("GB/s", "TFLOPS")], rows)
     _finish(outcome, db, json_path, csv_path)
@@ -112,9 +116,7 @@ def bandwidth(given: dict, *, spec, db, json_path, csv_path) -> None:
 @declared_command(micro_app, micro.LayerOptions, command_options=("spec", "db", "json_path", "csv_path"))
 def layer(given: dict, *, spec, db, json_path, csv_path) -> None:
     """Forward and forward+backward TFLOPS of one transformer layer over batch x seq."""
-    export.check_paths(json_path, csv_path, db)
-    opts = build_spec(micro.LayerOptions, spec, given, command=("micro", "layer"))
-    outcome = micro.run_micro("layer", opts, db, on_point=_progress)
+    outcome = _measure("layer", micro.LayerOptions, spec, given, db, json_path, csv_path)
     recs = outcome.records
     res = outcome.options
     rows: dict[str, dict] = {}
@@ -129,9 +131,7 @@ def layer(given: dict, *, spec, db, json_path, csv_path) -> None:
 @declared_command(micro_app, micro.BreakdownOptions, command_options=("spec", "db", "json_path", "csv_path"))
 def breakdown(given: dict, *, spec, db, json_path, csv_path, plot: Optional[str] = PLOT) -> None:
     """Time, share, TFLOPS, bytes, intensity and roofline bound of each part of one layer."""
-    export.check_paths(json_path, csv_path, db, plot=plot)
-    opts = build_spec(micro.BreakdownOptions, spec, given, command=("micro", "breakdown"))
-    outcome = micro.run_micro("breakdown", opts, db, on_point=_progress)
+    outcome = _measure("breakdown", micro.BreakdownOptions, spec, given, db, json_path, csv_path, plot)
     recs = outcome.records
     res = outcome.options
     if not recs:  # a shard that holds none of the parts
@@ -166,9 +166,7 @@ def _size_label(nbytes: int) -> str:
 @declared_command(micro_app, micro.CollectivesOptions, command_options=("spec", "db", "json_path", "csv_path"))
 def collectives(given: dict, *, spec, db, json_path, csv_path) -> None:
     """Time, algorithm and bus bandwidth (nccl-tests' definitions) of all-reduce, all-gather and reduce-scatter."""
-    export.check_paths(json_path, csv_path, db)
-    opts = build_spec(micro.CollectivesOptions, spec, given, command=("micro", "collectives"))
-    outcome = micro.run_micro("collectives", opts, db, on_point=_progress)
+    outcome = _measure("collectives", micro.CollectivesOptions, spec, given, db, json_path, csv_path)
     recs = outcome.records
     res = outcome.options
     rows: dict[str, dict] = {}
