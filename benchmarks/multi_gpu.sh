@@ -40,6 +40,8 @@ STEPS="--steps 10 --warmup 3"
 BERT="--model bert-large-uncased --task mlm --seq 128 --dtype bf16 --optim adamw-fused --backend sdpa --head masked --batch 128"
 GPT2="--model gpt2-large --task causal-lm --seq 1024 --dtype bf16 --optim adamw-fused --backend sdpa --batch 8"
 DEADLINE_S=${DEADLINE_S:-540}
+# the models of the inference part (INFER_MODELS=bert-large-uncased reruns only the larger one)
+INFER_MODELS=${INFER_MODELS:-bert-base-uncased,bert-large-uncased}
 START=$(date +%s)
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(collectives train-bert dp infer)
@@ -94,8 +96,8 @@ for part in "${PARTS[@]}"; do
     infer)
       for n in 1 ${NPROCS//,/ }; do
         extra=""; [ "$n" -gt 1 ] && extra="--nproc $n"
-        box 80 "infer_$n" $TB run --model bert-base-uncased,bert-large-uncased --backend sdpa --dtype fp16 \
-          --batch 256 --seq 128,384 --min-time 0.5 $extra --timeout 70 --name "infer-nproc$n" --db "$OUT/infer.db"
+        box 150 "infer_$n" $TB run --model "$INFER_MODELS" --backend sdpa --dtype fp16 \
+          --batch 256 --seq 128,384 --min-time 0.5 $extra --timeout 140 --name "infer-nproc$n" --db "$OUT/infer.db"
       done ;;
     lanes)
       GRID="--model bert-base-uncased,bert-large-uncased --backend sdpa --dtype fp16 --batch 1,8,64,256 --seq 128,384 --min-time 0.5"
