@@ -11,10 +11,12 @@
 #   dp           the same step under torch.nn.DataParallel on 2 and 4 GPUs (one process), beside DDP's
 #   infer        run --nproc 1,2,4: bert-base and bert-large, fp16 sdpa, batch 256, seq 128 and 384
 #   lanes        a 16-cell grid on one lane, then over --gpus 0,1,2,3: wall times and each cell's figure
+#                (LANES_BATCHES=8,256 halves the grid)
 #   p2p          DDP with NCCL_P2P_DISABLE=1 on 2 and 4 GPUs (bert-large)
 #   train-gpt2   gpt2-large causal LM seq 1024, bf16, fused AdamW: one GPU, DDP on 2 and 4
 #   fsdp         FSDP2 for both models on 2 and 4 GPUs
-#   deepspeed    DeepSpeed ZeRO 1, 2, 3 for both models on 2 and 4 GPUs (installs .whl/ when present)
+#   deepspeed    DeepSpeed ZeRO 1, 2, 3 for both models on 2 and 4 GPUs (installs .whl/ when present);
+#                deepspeed-bert and deepspeed-gpt2 run one model each, fsdp-gpt2 FSDP2 for gpt2-large alone
 #   all          every part above, in this order
 # Each part has its own time box (timeout) and stores as it goes: a part cut short keeps the cells it finished, and
 # summary.md is written after every part from the stores (benchmarks/multi_gpu_summary.py). DEADLINE_S (default
@@ -33,7 +35,8 @@ TB="$PY -m transbench"
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 [ "$NGPU" -ge 1 ] || { echo "no GPU visible (nvidia-smi -L)"; exit 1; }
 # 2 and 4 GPUs where there are 4; every count up to what is here otherwise (8 stays unrun until such hosts are lent)
-NPROCS=$($PY -c "n=$NGPU; print(','.join(str(k) for k in (2, 4, 8) if k <= n) or '1')")
+# (NPROCS=4 runs only the 4-GPU cells of the parts that take a count)
+NPROCS=${NPROCS:-$($PY -c "n=$NGPU; print(','.join(str(k) for k in (2, 4, 8) if k <= n) or '1')")}
 GPULIST=$($PY -c "print(','.join(map(str, range($NGPU))))")
 TRAIN_DB="$OUT/train.db"
 STEPS="--steps 10 --warmup 3"
@@ -100,7 +103,7 @@ for part in "${PARTS[@]}"; do
           --batch 256 --seq 128,384 --min-time 0.5 $extra --timeout 140 --name "infer-nproc$n" --db "$OUT/infer.db"
       done ;;
     lanes)
-      GRID="--model bert-base-uncased,bert-large-uncased --backend sdpa --dtype fp16 --batch 1,8,64,256 --seq 128,384 --min-time 0.5"
+      GRID="--model bert-base-uncased,bert-large-uncased --backend sdpa --dtype fp16 --batch ${LANES_BATCHES:-1,8,64,256} --seq 128,384 --min-time 0.5"
       box 200 lanes_1 $TB run $GRID --name lanes-one --db "$OUT/lanes.db"
       box 120 lanes_n $TB run $GRID --gpus "$GPULIST" --name lanes-all --db "$OUT/lanes.db" ;;
     p2p)
@@ -109,11 +112,20 @@ for part in "${PARTS[@]}"; do
     train-gpt2)
       box 300 train_gpt2 $TB train $GPT2 --strategy ddp --nproc "$NPROCS" --scaling $STEPS --timeout 200 \
         --name gpt2-ddp --db "$TRAIN_DB" --wide ;;
+    fsdp-gpt2)
+      box 240 fsdp_gpt2 $TB train $GPT2 --strategy fsdp --nproc "$NPROCS" $STEPS --timeout 200 \
+        --name gpt2-fsdp --db "$TRAIN_DB" --wide ;;
     fsdp)
       box 150 fsdp_bert $TB train $BERT --strategy fsdp --nproc "$NPROCS" $STEPS --timeout 120 \
         --name bert-fsdp --db "$TRAIN_DB" --wide
       box 240 fsdp_gpt2 $TB train $GPT2 --strategy fsdp --nproc "$NPROCS" $STEPS --timeout 200 \
         --name gpt2-fsdp --db "$TRAIN_DB" --wide ;;
+    deepspeed-bert|deepspeed-gpt2)
+      if deepspeed_ready; then
+        if [ "$part" = deepspeed-bert ]; then model=bert; args=$BERT; box=300; else model=gpt2; args=$GPT2; box=420; fi
+        box $box "ds_$model" $TB train $args --strategy deepspeed --zero-stage 1,2,3 --nproc "$NPROCS" $STEPS \
+          --timeout 200 --name "$model-deepspeed" --db "$TRAIN_DB" --wide
+      fi ;;
     deepspeed)
       if deepspeed_ready; then
         # torch's fused AdamW under ZeRO (zero_allow_untested_optimizer): no DeepSpeed op to build with ninja first
