@@ -314,3 +314,22 @@ def test_the_budget_holds_for_an_untimed_first_call_of_many_ops(tmp_path):
         t.tune_pending(keys)
     assert 5.0 <= clock.now <= 5.0 + 0.7 and len(clock.first) == math.ceil(5.0 / 0.7)
 
+
+def test_a_fused_cell_records_where_its_routes_came_from(monkeypatch):
+    """The cell's info sums each captured shape's origins (route_origins), next to engine_tuning."""
+    from transformers import BertConfig, BertModel
+
+    from transbench.backends import fused
+    from transbench.cells import Cell
+    from transbench.engine.compiled import CompiledModel
+    from transbench.scenarios.inputs import make_inputs
+
+    counts = [{"table": 3, "tuned": 0, "partial": 1, "neighbour": 2, "rule": 1},
+              {"table": 0, "tuned": 2, "partial": 0, "neighbour": 0, "rule": 5}]
+    monkeypatch.setattr(CompiledModel, "tuning", lambda self: {
+        f"fwd|{i}": {"routes": {}, "origins": c, "races": []} for i, c in enumerate(counts)})
+    m = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                             vocab_size=300, max_position_embeddings=64)).eval()
+    ran = fused.BACKEND.prepare(m, make_inputs(300, 2, 12, token_types=True, seed=1),
+                                Cell("b", "base", "fused", "fp32", 2, 12)).what_ran()
+    assert ran["route_origins"] == {"table": 3, "tuned": 2, "partial": 1, "neighbour": 2, "rule": 6}
