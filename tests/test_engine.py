@@ -216,10 +216,11 @@ def test_graph_cache_reports_each_graphs_routes_under_a_readable_key():
 
     cache = graphs.GraphCache(enabled=False)
     races = [{"trial": "ours", "routes": {"op": "triton"}, "best_ms": 2.0, "trial_ms": 1.0, "won": True}]
-    cache.entries[("enc", 1, 128, True, 128)] = graphs._Entry(None, [], None, {"op": "triton"}, races)
+    origins = {"table": 0, "tuned": 1, "partial": 0, "neighbour": 0, "rule": 0}
+    cache.entries[("enc", 1, 128, True, 128)] = graphs._Entry(None, [], None, {"op": "triton"}, races, origins)
     cache.entries["decode"] = graphs._Entry(None, [], None, {"op": "cublas"}, [])
-    assert cache.tuning() == {"enc|1|128|True|128": {"routes": {"op": "triton"}, "races": races},
-                              "decode": {"routes": {"op": "cublas"}, "races": []}}
+    assert cache.tuning() == {"enc|1|128|True|128": {"routes": {"op": "triton"}, "races": races, "origins": origins},
+                              "decode": {"routes": {"op": "cublas"}, "races": [], "origins": None}}
 
 
 def test_graph_cache_argument_walk_rebuilds_packing_and_clones_outputs():

@@ -170,8 +170,7 @@ def test_attention_hands_the_output_projection_e4m3_on_a_scale_that_bounds_it(mo
 
 def test_the_gpu_ops_give_an_fp8_layer_below_the_threshold_the_fp16_layers_routes_and_tuning():
     """TritonOps (the CUDA seam) with a recording tuner: below FP8_MIN_ROWS an fp8 layer's GEMM is tuned under the
-    fp16 layer's key among the same candidates (so it shares its tuning); from it, the fp8 routes come first (the
-    default route when the tuning budget leaves the op untimed)."""
+    fp16 layer's key among the same candidates (so it shares its tuning); from it, the fp8 routes come first."""
     from transbench.engine import launch, ops
     if not launch.AVAILABLE:
         pytest.skip("Triton is not installed")

@@ -6,10 +6,11 @@ from transbench.engine import tuning
 
 
 class _Clock:
-    """A clock that only timing work advances: each candidate timed costs `cost` seconds."""
+    """A clock that only timing work advances: a candidate's first sample costs `cost` seconds (its compile, as on
+    a GPU), its later samples nothing. `timed`: every sample, `first`: each candidate's first."""
 
     def __init__(self, cost: float):
-        self.now, self.cost, self.timed = 0.0, cost, []
+        self.now, self.cost, self.timed, self.first = 0.0, cost, [], []
 
     def __call__(self) -> float:
         return self.now
@@ -18,7 +19,9 @@ class _Clock:
         def time_one(fn, reps):
             name = fn()
             self.timed.append(name)
-            self.now += self.cost
+            if name not in self.first:
+                self.first.append(name)
+                self.now += self.cost
             return times[name]
         return time_one
 
@@ -27,61 +30,63 @@ def _cands(*names):
     return {n: (lambda n=n: n) for n in names}
 
 
-def test_tuning_stops_at_the_budget_and_keeps_the_partial_choice_apart(tmp_path):
+def test_a_budgeted_call_runs_an_untuned_op_at_once_and_tunes_it_after_until_the_deadline(tmp_path):
+    """Under a budget nothing is timed before the op runs (it takes the rule's route here: nothing is tuned near
+    it); after the forward the call times candidates until the deadline and keeps the fastest so far apart from
+    complete choices (a partial entry, with every time on disk); a later budgeted process goes on from there, and an
+    unbudgeted one (`transbench tune`) times every candidate."""
     clock = _Clock(cost=1.0)
     times = {"cublas": 2.0, "t1": 1.5, "t2": 1.0, "t3": 0.5}
     t = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
-    with t.budget(2.5):
-        # cublas, t1, t2 are timed (the clock reads 3 s after t2): t3, faster, is never reached
+    with t.budget(2.5), t.recording() as keys:
+        assert t.choose("op1", _cands(*times)) == "cublas" and clock.timed == []
+        assert t.tune_pending(keys)  # the route changed: the caller runs its forward again
+        # cublas (its share), t1, t2, t3: each first sample costs 1 s; t3 would start past the deadline (3 s > 2.5)
+        assert clock.first == ["cublas", "t1", "t2"]
         assert t.choose("op1", _cands(*times)) == "t2"
-        assert clock.timed == ["cublas", "t1", "t2"]
-        # a second op past the deadline takes its default route after timing only it
-        assert t.choose("op2", _cands("cublas", "t1")) == "cublas"
-        assert clock.timed[3:] == ["cublas"]
-        # the same shape again in this process: the partial choices hold, nothing is timed
-        n = len(clock.timed)
-        assert t.choose("op1", _cands(*times)) == "t2" and len(clock.timed) == n
-    assert t.table == {}  # nothing half-tuned passes for a complete choice
-    assert sorted(t.routes(t.interim).values()) == ["cublas", "t2"]  # what ran is reported all the same
-    # a later process under a budget starts warm: the partial choices come from disk, nothing is timed
+    assert t.table == {} and sorted(t.routes(keys).values()) == ["t2"]  # what runs is reported all the same
+    (full,) = keys
+    assert t.progress[full] == {"cublas": 2.0, "t1": 1.5, "t2": 1.0}
     later = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
+    assert later.interim == {full: "t2"} and later.progress == t.progress
     n = len(clock.timed)
-    with later.budget(2.5):
-        assert later.choose("op1", _cands(*times)) == "t2" and later.choose("op2", _cands("cublas", "t1")) == "cublas"
-    assert len(clock.timed) == n and later.table == {}
-    # without a budget (transbench tune) every candidate is timed, and the winner replaces the partial entry
-    fresh = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
+    with later.budget(2.5), later.recording() as keys:
+        assert later.choose("op1", _cands(*times)) == "t2" and len(clock.timed) == n  # warm: timed nothing first
+        assert later.tune_pending(keys)
+    assert clock.timed[n:] == ["t3"] * tuning.ROUNDS  # only what was left; then the choice is complete
+    assert later.table == {full: "t3"} and later.interim == later.progress == {}
+    fresh = tuning.Tuner(tmp_path / "u.json", timer=clock.timer(times), clock=clock)
+    n = len(clock.timed)
     with fresh.budget(None):
         assert fresh.choose("op1", _cands(*times)) == "t3"
     assert clock.timed[n:] == list(times) * tuning.ROUNDS
-    disk = tuning.Tuner(tmp_path / "t.json")
-    assert list(disk.table.values()) == ["t3"] and list(disk.interim.values()) == ["cublas"]
-    with disk.budget(2.5):  # the complete choice wins over nothing: op1 has no partial entry left
-        assert disk.choose("op1", _cands(*times)) == "t3"
 
 
-@pytest.mark.parametrize("chosen_before", [None, "cublas"])
-def test_an_engine_without_graphs_tunes_under_the_same_budget(chosen_before, tmp_path, monkeypatch):
-    """A first call without CUDA graphs is held to the budget a captured one is, and takes a route chosen out of
-    time as it is: unbudgeted, an eager engine re-timed such routes and ran other kernels than a graphed engine
-    in the same process (the GPU PDL test compares the two)."""
+def test_an_engine_without_graphs_tunes_under_the_same_budget(tmp_path):
+    """A first call without CUDA graphs is held to the budget a captured one is: it runs, tunes what it met, and
+    runs again on the routes it found; after it the routes stay (a later call times nothing and runs them)."""
     from transbench.engine.graphs import GraphCache
     clock = _Clock(cost=1.0)
     times = {"cublas": 2.0, "t1": 1.5, "t2": 1.0}
     t = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
-    if chosen_before:  # by a graphed engine's budgeted first call
-        t.interim[t.key("op", _cands(*times))] = chosen_before
     cache = GraphCache(enabled=False, tune_budget_s=1.5, tuner=t)
     assert not cache.enabled
-    assert cache("k", lambda: t.choose("op", _cands(*times))) == (chosen_before or "t1")
-    # with nothing chosen, the 1.5 s budget ran out after two timings (1 s each); else nothing was timed
-    assert clock.timed == ([] if chosen_before else ["cublas", "t1"])
-    assert t.deadline is None  # the budget covers the call only
+    ran = []
+
+    def forward():
+        ran.append(t.choose("op", _cands(*times)))
+        return ran[-1]
+    assert cache("k", forward) == "t1" and ran == ["cublas", "t1"]
+    # cublas's share (1 s), then t1 (2 s, past the 1.5 s budget): t2 waits for a later process
+    assert clock.first == ["cublas", "t1"]
+    assert t.deadline is None and t.pending == {}  # the budget covers the call only
+    n = len(clock.timed)
+    assert cache("k", forward) == "t1" and len(clock.timed) == n  # settled: the process keeps its route
 
 
 def test_a_table_of_plain_entries_loads_and_stays_readable_by_older_code(tmp_path):
     """Every entry is a plain string, as before partial entries existed: an older file loads, and a file with
-    partial entries is a flat str -> str table whose prefixed keys an older reader never looks up."""
+    partial entries and times is a flat str -> str table whose prefixed keys an older reader never looks up."""
     import json
 
     clock = _Clock(cost=1.0)
@@ -91,22 +96,26 @@ def test_a_table_of_plain_entries_loads_and_stays_readable_by_older_code(tmp_pat
     path.write_text(json.dumps({old_key: "t1", "junk": {"not": "an entry"}}))  # what older code wrote, and noise
     t = tuning.Tuner(path, timer=clock.timer(times), clock=clock)
     assert t.table == {old_key: "t1"} and t.interim == {}
-    with t.budget(0.5):
+    with t.budget(0.5), t.recording() as keys:
         assert t.choose("op0", _cands(*times)) == "t1" and clock.timed == []
         assert t.choose("op9", _cands(*times)) == "cublas"
+        t.tune_pending(keys)
     disk = json.loads(path.read_text())
     assert all(isinstance(v, str) for v in disk.values()) and disk[old_key] == "t1"
     (partial,) = [k for k in disk if k.startswith(tuning.PARTIAL)]
     assert partial[len(tuning.PARTIAL):] == t.key("op9", _cands(*times))
+    (timed,) = [k for k in disk if k.startswith(tuning.PROGRESS)]
+    assert timed[len(tuning.PROGRESS):] == t.key("op9", _cands(*times)) and disk[timed] == "cublas=2"
 
 
-def test_a_budget_long_enough_changes_nothing(tmp_path):
+def test_a_budget_long_enough_times_every_candidate(tmp_path):
     clock = _Clock(cost=0.01)
     times = {"cublas": 2.0, "t1": 1.0}
     t = tuning.Tuner(tmp_path / "t.json", timer=clock.timer(times), clock=clock)
-    with t.budget(100.0):
-        assert t.choose("op", _cands(*times)) == "t1"
-    assert clock.timed == ["cublas", "t1"] * tuning.ROUNDS and t.interim == {} and len(t.table) == 1
+    with t.budget(100.0), t.recording() as keys:
+        assert t.choose("op", _cands(*times)) == "cublas"
+        assert t.tune_pending(keys) and t.choose("op", _cands(*times)) == "t1"
+    assert sorted(clock.timed) == sorted(["cublas", "t1"] * tuning.ROUNDS) and t.interim == {} and len(t.table) == 1
     assert t.deadline is None  # the budget ends with its block
 
 
@@ -267,15 +276,19 @@ def test_the_graph_bound_holds_every_packed_count_a_server_warms():
 
 
 def test_routes_chosen_out_of_time_are_reported_as_what_runs(tmp_path):
-    """A forward tuned past its budget runs interim routes: Tuner.routes (what a graph's record says it runs)
-    names them, and a table choice, where one exists, comes first as in choose()."""
+    """A forward captured within a budget of 0 runs routes nobody timed: Tuner.routes (what a graph's record says
+    it runs) names them, and Tuner.origins says where they came from; a complete entry the process found later
+    does not replace a route the process has settled."""
     clock = _Clock(cost=1.0)
     t = tuning.Tuner(tmp_path / "t.json", timer=clock.timer({"fp8": 2.0, "cublas": 1.0}), clock=clock)
     with t.budget(0.0), t.recording() as keys:
-        assert t.choose("linear|op", _cands("fp8", "cublas")) == "fp8"  # the default route, the only one timed
-    assert t.table == {} and t.routes(keys) == {"linear|op": "fp8"}
+        assert t.choose("linear|op", _cands("fp8", "cublas")) == "cublas"  # the rule's: the first library route
+        assert not t.tune_pending(keys) and clock.timed == []  # no time: nothing timed
+    t.settle(keys)
+    assert t.table == {} and t.routes(keys) == {"linear|op": "cublas"}
+    assert t.origins(keys) == {"table": 0, "tuned": 0, "partial": 0, "neighbour": 0, "rule": 1}
     (full,) = keys
-    t.table[full] = "cublas"
+    t.table[full] = "fp8"
     assert list(t.routes(keys).values()) == ["cublas"]
 
 

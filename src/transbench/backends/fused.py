@@ -29,7 +29,8 @@ def _compile(model, cell, options=None):
     # cell, 0.4474 after a 1 x 64 cell, and 0.3296 tuned (benchmarks/results/fp16_grids_h100_2026-11.md); the
     # default routes, saved as partial entries, stayed with later budgeted processes. So a `run` cell tunes fully, as
     # `transbench tune` does, unless its routes are on disk. Serving keeps the budget (Cell.first_call_budget): its
-    # warm-up captures a graph per packed token count, each a shape to tune.
+    # warm-up captures a graph per packed token count, each a shape to tune (untuned ops there borrow the routes of
+    # the nearest tuned shape, engine/tuning.py Tuner.choose, and the info's route_origins counts them).
     budget = TUNE_BUDGET_S if cell.first_call_budget else None
     # A server (serving, the demo) bounds its graphs: packed sizes on a ladder each at most SERVER_TOKEN_GROWTH above
     # the one below (engine/attention.py token_ladder states the worst-case padding), not every multiple of 128:
@@ -94,14 +95,21 @@ def _prepare(model, inputs, cell) -> Prepared:
         return compiled(**kwargs)
 
     def ran():
+        from ..engine.tuning import ORIGINS
+
         tuning = compiled.tuning()
+        out = {"engine_tuning": tuning}
+        if tuning:
+            # Where the routes its graphs run came from (engine/tuning.py ORIGINS): a budgeted first call (serving,
+            # the demo) may run routes borrowed from a nearby tuned shape or the shape rule's, not yet timed.
+            origins = [t["origins"] for t in tuning.values() if t.get("origins")]
+            out["route_origins"] = {o: sum(c.get(o, 0) for c in origins) for o in ORIGINS}
         if not compiled.opts.fp8:
-            return {"engine_tuning": tuning}
+            return out
         # An fp8 cell runs fp16 GEMMs where the tuner found them faster, and a call under engine.ops.FP8_MIN_ROWS
         # tokens runs the fp16 forward: its record says how many GEMM ops really took an fp8 route.
         gemms = [r for t in tuning.values() for op, r in (t["routes"] or {}).items() if op.startswith("linear")]
-        return {"engine_tuning": tuning, "fp8_gemm_ops": sum(r.startswith("fp8") for r in gemms),
-                "gemm_ops": len(gemms)}
+        return {**out, "fp8_gemm_ops": sum(r.startswith("fp8") for r in gemms), "gemm_ops": len(gemms)}
 
     graphs = compiled.engine.graphs.enabled
     B, S = inputs.input_ids.shape if inputs.input_ids is not None else inputs.inputs_embeds.shape[:2]

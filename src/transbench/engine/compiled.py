@@ -128,8 +128,9 @@ class CompiledModel:
         return sorted({min(top, m) for m in range(b, top + b, b)})
 
     def set_tune_budget(self, seconds: float | None) -> None:
-        """Tuning seconds a new shape's first call may take from now on (0: its ops take their default routes, a
-        capture only: a server's graphs first met under load)."""
+        """Tuning seconds a new shape's first call may take from now on (0: its untuned ops take borrowed routes,
+        the nearest tuned shape's or the shape rule's, and nothing is timed: a capture only, for a server's graphs
+        first met under load)."""
         if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
                                     or not 0 <= seconds < float("inf")):
             raise ValueError(f"seconds must be None or a finite number >= 0, got {seconds!r}")
@@ -166,7 +167,9 @@ def compile_model(hf_model: nn.Module, dtype: torch.dtype | str = torch.float16,
     """Build the fused engine from a transformers BERT/GPT-2 model (bare or with a task head).
 
     tune_budget_s: wall seconds the first call at a new shape may spend tuning kernel routes (None: no limit,
-    what `transbench tune` uses to fill the on-disk table ahead of time); see engine/tuning.py TUNE_BUDGET_S.
+    what `transbench tune` uses to fill the on-disk table ahead of time). Within a budget an op not yet tuned runs
+    the route of the nearest tuned shape (else a shape rule's) and the call tunes the ops that cost most, saving what
+    it learns for the next call or process that meets them; see engine/tuning.py TUNE_BUDGET_S.
 
     token_growth: a server's bound on its graphs: a padded call's packed size rounds up to a geometric ladder
     (packing.token_ladder; CompiledModel.token_sizes lists it) instead of every multiple of token_bucket.

@@ -20,6 +20,7 @@ class _Entry:
     out: Any
     routes: dict | None = None  # op name -> the route it runs in this graph (Tuner.routes)
     races: list | None = None  # the whole-forward trials its capture ran (Tuner.races)
+    origins: dict | None = None  # how many of its routes came from each origin (Tuner.origins)
 
 
 # Arguments and outputs are tensors, None, ints, or tuples (NamedTuples such as Packing) of those: flattening
@@ -70,12 +71,18 @@ class GraphCache:
     def __call__(self, key, fn: Callable, *args):
         if not self.enabled:
             # Without graphs a call still tunes the ops it meets first, under the same budget, so an eager engine
-            # starts as fast and runs the routes a graphed one would. Unbudgeted, it re-timed the routes a graphed
-            # engine in the same process had chosen out of time, and the two then ran different kernels (H100:
+            # starts as fast and runs the routes a graphed one would: the call runs, tunes what it left pending,
+            # and runs again if a route changed. Unbudgeted, it re-timed the routes a graphed engine in the same
+            # process had chosen out of time, and the two then ran different kernels (H100:
             # tests/gpu/test_engine_kernels.py's PDL test saw bert and GPT-2 outputs differ by 6e-3,
-            # benchmarks/results/fp8_power_cap_h100_2026-11.md).
-            with self.tuner.budget(self.tune_budget_s):
-                return fn(*args)
+            # benchmarks/results/fp8_power_cap_h100_2026-11.md); the tuner's settled routes keep them equal now.
+            t = self.tuner
+            with t.budget(self.tune_budget_s), t.recording() as keys:
+                out = fn(*args)
+                if t.tune_pending(keys):
+                    out = fn(*args)
+            t.settle(keys)
+            return out
         e = self.entries.get(key)
         if e is not None:
             self.entries.move_to_end(key)
@@ -99,10 +106,13 @@ class GraphCache:
         t = self.tuner
         first_race, timed = len(t.races), t.timed
         # The budget covers the whole first call of a shape: Triton compiles, each op's candidates timed alone (in
-        # the first warm-up), and the whole-forward races.
+        # the first warm-up unbudgeted; under a budget after the first capture, the ops with the largest share
+        # first, then captured again if a route changed: Tuner.refine), and the whole-forward races. Once the call
+        # returns, its routes stay for the process (Tuner.settle).
         with t.budget(self.tune_budget_s), t.recording() as keys:
             e = t.refine(keys, lambda: self._graph(fn, args, static), lambda e: replay_ms(e.graph.replay),
                          enabled=self.refine, race_budget_s=self.race_budget_s)
+        t.settle(keys)
         if t.timed > timed or len(t.races) > first_race:
             # What tuning dropped (the graphs of lost races among it) waits in reference cycles for a garbage
             # collection, its device memory still allocated: on an H100, bert-base 256 x 128 fp8 held 1,271.4 MiB after
@@ -110,7 +120,7 @@ class GraphCache:
             # (benchmarks/results/cell_memory_h100_2026-11.md). A call that tuned pays for one collection; one whose
             # routes were on disk does not.
             gc.collect()
-        e.routes, e.races = t.routes(keys), t.races[first_race:]
+        e.routes, e.origins, e.races = t.routes(keys), t.origins(keys), t.races[first_race:]
         return e
 
     def release(self) -> None:
@@ -120,9 +130,11 @@ class GraphCache:
         self.entries.clear()
 
     def tuning(self) -> dict[str, dict]:
-        """Per captured shape (its key, '|'-joined): the route each op runs and the races that settled them."""
-        return {key if isinstance(key, str) else "|".join(map(str, key)): {"routes": e.routes, "races": e.races}
-                for key, e in self.entries.items()}
+        """Per captured shape (its key, '|'-joined): the route each op runs, how many of those routes came from each
+        origin (tuning.ORIGINS: the table, tuned in this call, partial, a neighbour, the rule) and the races that
+        settled them."""
+        return {key if isinstance(key, str) else "|".join(map(str, key)):
+                {"routes": e.routes, "races": e.races, "origins": e.origins} for key, e in self.entries.items()}
 
     def _graph(self, fn, args, static) -> _Entry:
         side = side_stream(self.device)  # the process's one capture stream: capture.side_stream says why

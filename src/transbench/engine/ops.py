@@ -218,9 +218,9 @@ class TorchOps:
                                               scale=scale).reshape(B, H * D)
 
 
-# Rows (tokens) from which an fp8 layer's GEMMs are offered fp8 routes, first (the default where the tuning
-# budget leaves an op untimed); below it an fp8 model runs the fp16 forward: the same tuning keys and routes, no
-# LayerNorm fp8 copies, no quantize kernels. On an H100 the four bert-base GEMMs at 32,768 rows ran
+# Rows (tokens) from which an fp8 layer's GEMMs are offered fp8 routes, listed first (tuning.rule_route, the rule
+# an op not yet tuned follows, picks among them); below it an fp8 model runs the fp16 forward: the same tuning keys
+# and routes, no LayerNorm fp8 copies, no quantize kernels. On an H100 the four bert-base GEMMs at 32,768 rows ran
 # 1.83x faster in fp8 through torch._scaled_mm, at 128 rows 0.86x (slower), and the fp8 engine at 1 x 128 took
 # 0.4196 ms against fp16's 0.387 ms with the fp8 routes on offer there. 1,024 rows is batch 8 x 128;
 # `bash benchmarks/gpu.sh fp8` times fp16 and fp8 at 8 x 128 to check the crossover.
@@ -286,7 +286,7 @@ class TritonOps(TorchOps):
                 routes["triton" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(self._linear, cfg, h)
             for cfg in gemm.splitk_configs(M):
                 routes["splitk" + "x".join(map(str, cfg))] = lambda cfg=cfg: triton_cand(self._splitk, cfg, h)
-        if fp8_cands and self.fp8(lin, M):  # listed first: the default route where the budget leaves it untimed
+        if fp8_cands and self.fp8(lin, M):  # listed first (tuning.rule_route picks among them by the input's form)
             routes = {**{name: (lambda fn=fn: fn(self.quantize(x))) for name, fn in fp8_cands.items()}, **routes}
         form = "" if isinstance(x, torch.Tensor) else "|fp8 input"
         return routes[self.tuner.choose(f"{op}|{M}x{N}x{K}|{dtype}{form}", routes)]()

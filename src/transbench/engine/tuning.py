@@ -1,14 +1,20 @@
-"""Per-shape kernel choices, timed once on the device and kept on disk so a second process starts warm.
+"""Per-shape kernel choices, timed on the device and kept on disk so a later process starts warm.
 
 Each op's candidates are first timed alone; the choices are then settled by timing whole captured forwards
 (`Tuner.refine`): one with every op on its fastest library route, one with every op on its fastest route of
 ours, then one per close runner-up. Next to its real neighbours a kernel can gain or lose what it did not alone
 (under programmatic dependent launch a Triton kernel overlaps the previous kernel's tail, a cuBLAS one does not).
+
+Under a tuning budget (compile_model's tune_budget_s) a call does not time an op it meets for the first time
+before running it: the op takes a route at once (`Tuner.choose`: the nearest tuned shape's, else a shape rule's),
+and after the forward the call spends what is left of its budget timing the candidates of the ops that cost the
+forward most (`Tuner.tune_pending`), saving each time on disk; a later call or process goes on from there.
 """
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import stat
@@ -17,6 +23,7 @@ import tempfile
 import time
 import zlib
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
@@ -37,18 +44,34 @@ MIN_GAIN = 0.01  # a rival replaces the winner only if the whole forward gets at
 # Wall time one shape may spend racing, closest rivals first: a bert-large 256 x 512 forward takes ~0.2 s, so
 # racing every rival there would outlast a benchmark cell's timeout.
 RACE_BUDGET_S = 10.0  # EngineOptions.race_budget_s
-# Wall seconds a shape's first call may spend tuning (compile_model's tune_budget_s; None: no limit), Triton compiles
-# included: the target asks a first call of bert-base at a new shape to cost at most 5 s on an H100, where tuning
-# every route took 28-53 s. Past it, an op not yet tuned takes its default route, the first candidate it lists
-# (cuBLAS for a GEMM, flash SDPA for attention: library kernels, nothing to compile), and no whole forward is
-# raced. Such choices are saved as partial entries (PARTIAL): a later budgeted process takes them as they are (the
-# serve scenario's --find-max-rate runs each probe in a new worker, which would otherwise tune every shape anew
-# under load), and an unbudgeted one (`transbench tune`, api.tune) times every candidate and replaces them.
+# Wall seconds a call that meets ops not yet tuned may spend tuning them (compile_model's tune_budget_s; None: no
+# limit, every candidate timed before the op first runs, as `transbench tune` does), Triton compiles included:
+# the target asks a first call of bert-base at a new shape to cost at most 5 s on an H100, where tuning every
+# route took 28-53 s. Under a budget an untuned op runs a borrowed route at once (Tuner.choose: the nearest tuned
+# shape's, else rule_route's); after the forward, the call times the candidates of the ops with the largest share
+# of its time until the budget is spent (Tuner.tune_pending), recaptures with what it found, and saves the times
+# (PROGRESS), so a later call or process that meets the op goes on where this one stopped. On an H100, bert-base
+# fp8 256 x 128 ran 22,158 seq/s in a first process when such ops took their first-listed route, 29,460 tuned.
 TUNE_BUDGET_S = 2.5
-# The on-disk key of a partial entry: its full key behind this prefix, a plain string value like every other entry,
-# so a table written by code that knows no partial entries loads here, and one written here loads there (where
-# the prefixed keys match no lookup, and are kept when that code saves).
+# The on-disk key of a partial entry (the fastest of the candidates timed so far): its full key behind this
+# prefix, a plain string value like every other entry, so a table written by code that knows no partial entries
+# loads here, and one written here loads there (where the prefixed keys match no lookup, and are kept when that
+# code saves).
 PARTIAL = "partial|"
+# The on-disk key of the times measured so far for a key not yet complete: "route=ms;route=ms;route=-" (- : the
+# route failed for that shape), a plain string like every other entry.
+PROGRESS = "timed|"
+# A tuned key lends its route to an untuned one of the same op, dtype, input form and model dimensions (a GEMM's
+# N and K; attention's heads and head size) whose varying dimensions (a GEMM's M; attention's batch and sequence)
+# are within this factor of its own, all together (log-scale distance); the nearest lends first.
+NEIGHBOUR_MAX_RATIO = 8.0
+# Leading dimensions of an op's shape field that vary from call to call; the rest are the model's. GEMM ops
+# (linear, linear_gelu, linear_add_ln: M x N x K) vary in the first only.
+VARYING_DIMS = {"dense": 2, "varlen": 3}  # B x S x heads x head_dim; B x S x tokens x heads
+# rule_route: from this many rows an exact-GELU GEMM takes our Triton GEMM, its GELU in the epilogue (cuBLAS has no
+# exact-GELU epilogue, so its route adds a pass): tuned so on an H100 for bert-base at 4,096 rows and more
+# (benchmarks/results/fused_h100_2026-11.md).
+RULE_TRITON_MIN_ROWS = 1024
 
 
 TABLE_NAME = "engine-tuning.json"
@@ -132,6 +155,81 @@ def _rivals(ranked: list[str]) -> list[str]:
     return (firsts + [n for n in ranked[1:] if n not in firsts])[:RIVALS_PER_OP]
 
 
+_SHAPE = re.compile(r"\d+(?:x\d+)+")  # an op's shape field: "32768x2304x768", "256x128x12x64"
+
+
+def shape_of(key: str) -> tuple[str, tuple[int, ...]] | None:
+    """A table key as (its signature, its varying dimensions): the signature is the key without its candidate
+    digest and with the varying dimensions of its shape field blanked (VARYING_DIMS), so keys of one op, dtype,
+    input form and model dimensions on one GPU and torch version share it. None: a key with no shape field."""
+    parts = key.split("|")
+    if len(parts) < 4:
+        return None
+    head, op = parts[:2], parts[2:-1]
+    for i, field in enumerate(op):
+        if _SHAPE.fullmatch(field):
+            dims = tuple(int(v) for v in field.split("x"))
+            n = min(VARYING_DIMS.get(op[0], 1), len(dims) - 1)
+            fixed = "x".join(["*"] * n + [str(d) for d in dims[n:]])
+            return "|".join([*head, *op[:i], fixed, *op[i + 1:]]), dims[:n]
+    return None
+
+
+def _distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    return sum(abs(math.log(max(x, 1) / max(y, 1))) for x, y in zip(a, b))
+
+
+def rule_route(op: str, names) -> str:
+    """The route an op not yet tuned takes where no tuned shape lends one: a rule on its shape and the candidates it
+    lists (`op` as Tuner.choose gets it). The H100 tunings it follows are in benchmarks/results
+    (fp8_gemm_h100_2026-11.md, fp8_power_cap_h100_2026-11.md, fused_h100_2026-11.md).
+    - A GEMM whose input is already e4m3 (`|fp8 input`): our fp8 GEMM, its first config (the largest tile that fits):
+      its epilogue writes what the next op reads (bert-base and bert-large fp8 tuned so for QKV, FC1 and FC2).
+    - An exact-GELU GEMM of at least RULE_TRITON_MIN_ROWS rows: our Triton GEMM, GELU in its epilogue.
+    - Otherwise the first library route: cuBLAS (with its own epilogue or our LayerNorm after it), SDPA's flash
+      kernel, flash varlen; an fp8 layer whose input is not e4m3 stays in fp16 there (no quantize pass: the tuned
+      output projection of bert-base fp8 256 x 128).
+    - The first candidate where none of those is listed."""
+    names = list(names)
+    parts = op.split("|")
+    dims = next((tuple(int(v) for v in f.split("x")) for f in parts if _SHAPE.fullmatch(f)), ())
+    gemm = parts[0].startswith("linear")
+    wanted = []
+    if gemm and parts[-1] == "fp8 input":
+        wanted.append(lambda n: n.startswith("fp8+triton"))
+    if parts[:2] == ["linear_gelu", "exact"] and dims and dims[0] >= RULE_TRITON_MIN_ROWS:
+        wanted.append(lambda n: _family(n) == "triton")
+    wanted.append(lambda n: not _ours(n) and not _fp8(n))
+    for want in wanted:
+        pick = next((n for n in names if want(n)), None)
+        if pick is not None:
+            return pick
+    return names[0]
+
+
+def _read_progress(text: str) -> dict[str, float | None]:
+    """A PROGRESS entry's value: {route: ms, or None where it failed}; malformed parts are dropped."""
+    out: dict[str, float | None] = {}
+    for part in text.split(";"):
+        name, sep, ms = part.partition("=")
+        if not sep or not name:
+            continue
+        if ms == "-":
+            out[name] = None
+            continue
+        try:
+            v = float(ms)
+        except ValueError:
+            continue
+        if math.isfinite(v) and v >= 0:
+            out[name] = v
+    return out
+
+
+def _write_progress(times: dict[str, float | None]) -> str:
+    return ";".join(f"{n}={'-' if v is None else f'{v:.6g}'}" for n, v in sorted(times.items()))
+
+
 # The engine depends on nothing of the benchmark, so it keeps its own bounded reader of its table instead of the
 # benchmark's input boundary (boundary.py): a table is a flat object of a few hundred short entries.
 TABLE_MAX_BYTES = 16 * 2**20
@@ -154,6 +252,18 @@ def read_table(path: Path):
         raise ValueError("it nests too deep") from None
 
 
+@dataclass
+class _Pending:
+    """An op met in this call whose key has no complete entry: what tune_pending needs to time its candidates."""
+    op: str  # the op as choose() got it ('linear|bias=True|128x2304x768|torch.float16')
+    candidates: dict[str, Callable[[], object]]  # from the op's first meeting in the call
+    reps: int
+    calls: int = 0  # times the call met it (each layer, each warm-up): its weight in the forward
+
+
+ORIGINS = ("table", "tuned", "partial", "neighbour", "rule")  # where a route that ran came from (Tuner.origin)
+
+
 class Tuner:
     def __init__(self, path: Path | None = None, timer: Callable[[Callable[[], object], int], float] = _gpu_ms,
                  clock: Callable[[], float] = time.perf_counter):
@@ -161,24 +271,40 @@ class Tuner:
         self.timer, self.clock = timer, clock
         self.deadline: float | None = None  # clock() past which nothing more is timed (see budget())
         self.table: dict[str, str] = {}  # key -> route every candidate was timed for
-        self.interim: dict[str, str] = {}  # key -> route chosen out of time (saved as a PARTIAL entry)
-        try:
-            saved = read_table(self.path)
-        except (OSError, ValueError):
-            saved = {}
-        for k, v in (saved.items() if isinstance(saved, dict) else ()):
-            if isinstance(v, str):  # anything else is no entry this code wrote: ignored, re-timed when needed
-                if k.startswith(PARTIAL):
-                    self.interim[k[len(PARTIAL):]] = v
-                else:
-                    self.table[k] = v
+        self.interim: dict[str, str] = {}  # key -> the fastest of the candidates timed so far (a PARTIAL entry)
+        self.progress: dict[str, dict[str, float | None]] = {}  # key -> {candidate: ms, None: it failed} so far
+        for k, v in self._read().items():
+            if k.startswith(PARTIAL):
+                self.interim[k[len(PARTIAL):]] = v
+            elif k.startswith(PROGRESS):
+                self.progress[k[len(PROGRESS):]] = _read_progress(v)
+            else:
+                self.table[k] = v
+        # What this process runs: key -> route, and where that route came from (ORIGINS). A key's route may change
+        # only inside the call that first met it (its tuning, its races); once that call has returned (settle()),
+        # every later call and engine in the process runs it, whatever later tuning finds (which goes to the table
+        # for later processes): two engines of one process never run different kernels for one op.
+        self.current: dict[str, str] = {}
+        self.origin: dict[str, str] = {}
+        self.settled: set[str] = set()
+        self.pending: dict[str, _Pending] = {}  # ops of the running budgeted call that have no complete entry
+        self._handled: set[str] = set()  # ops the running call has tuned already (its later builds add none)
         # key -> {runner-up: its time alone / the winner's} within RIVAL_MARGIN, timed in this process
         self.rivals: dict[str, dict[str, float]] = {}
         self.forced: dict[str, str] = {}  # key -> candidate, while refine() captures a trial forward
         self.ranked: dict[str, list[str]] = {}  # key -> candidates timed in this process, fastest alone first
         self.races: list[dict] = []  # each whole-forward trial refine() ran in this process, in order
-        self.timed = 0  # choices that timed candidates in this process (choose()), complete or not
+        self.timed = 0  # choices that timed candidates in this process (choose(), tune_pending()), complete or not
         self._recordings: list[set[str]] = []
+        self._budgets = 0  # budget() blocks open
+
+    def _read(self) -> dict[str, str]:
+        """The table on disk, its string entries only (anything else is no entry this code wrote: ignored)."""
+        try:
+            saved = read_table(self.path)
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in saved.items() if isinstance(v, str)} if isinstance(saved, dict) else {}
 
     @contextmanager
     def recording(self) -> Iterator[set[str]]:
@@ -192,16 +318,22 @@ class Tuner:
 
     @contextmanager
     def budget(self, seconds: float | None) -> Iterator[None]:
-        """Inside the block, tuning stops `seconds` from now (None: no limit); see TUNE_BUDGET_S."""
+        """Inside the block, tuning stops `seconds` from now (None: no limit; 0: nothing is timed); see
+        TUNE_BUDGET_S. What the block's calls left pending is dropped when the outermost block ends."""
         saved = self.deadline
         self.deadline = None if seconds is None else self.clock() + seconds
+        self._budgets += 1
         try:
             yield
         finally:
             self.deadline = saved
+            self._budgets -= 1
+            if not self._budgets:
+                self.pending.clear()  # their candidates hold the call's tensors
+                self._handled.clear()
 
     def out_of_time(self) -> bool:
-        return self.deadline is not None and self.clock() > self.deadline
+        return self.deadline is not None and self.clock() >= self.deadline
 
     @staticmethod
     def _device_key() -> str:
@@ -213,79 +345,247 @@ class Tuner:
         """A table key without its device, versions and candidate digest: 'linear|bias=True|128x2304x768|torch.float16'."""
         return "|".join(key.split("|")[2:-1])
 
+    def _route(self, key: str) -> str | None:
+        return self.current.get(key) or self.table.get(key) or self.interim.get(key)
+
     def routes(self, keys) -> dict[str, str]:
-        """The route each op of `keys` takes now, by op name: the table's, else the one chosen out of time (as in
-        choose(): a forward tuned past its budget runs interim routes, and its record must name them)."""
-        chosen = {**self.interim, **self.table}
-        return {self.op_name(k): chosen[k] for k in sorted(keys) if k in chosen}
+        """The route each op of `keys` takes now, by op name: the one this process runs (a complete entry's, or one
+        taken before its tuning was complete), else the table's."""
+        return {self.op_name(k): r for k in sorted(keys) if (r := self._route(k)) is not None}
+
+    def origins(self, keys) -> dict[str, int]:
+        """How many ops of `keys` run a route from each origin (ORIGINS): a complete entry found (`table`) or timed
+        in this process (`tuned`), the fastest of the candidates timed so far (`partial`), a nearby tuned shape's
+        (`neighbour`), rule_route's (`rule`)."""
+        counts = dict.fromkeys(ORIGINS, 0)
+        for k in keys:
+            if self._route(k) is not None:
+                o = self.origin.get(k, "table" if k in self.table else "partial")
+                counts[o] += 1
+        return counts
+
+    def settle(self, keys) -> None:
+        """The routes of `keys` stay what they are for the rest of the process (a call that ran them returned)."""
+        self.settled.update(keys)
 
     def key(self, op: str, names) -> str:
         """The table's key for `op` among candidates `names`: a choice holds only for the GPU and library versions
         that measured it, and only among the candidates it beat (a new route gets timed, not ignored)."""
         return f"{self._device_key()}|{op}|{zlib.crc32(','.join(sorted(names)).encode()):08x}"
 
+    def neighbours(self, key: str) -> list[str]:
+        """Keys with a complete entry that share `key`'s signature (shape_of), the nearest varying dimensions first
+        (log scale), within NEIGHBOUR_MAX_RATIO."""
+        mine = shape_of(key)
+        if mine is None:
+            return []
+        near = []
+        for k in self.table:
+            theirs = shape_of(k) if k != key else None
+            if theirs is not None and theirs[0] == mine[0]:
+                d = _distance(mine[1], theirs[1])
+                if d <= math.log(NEIGHBOUR_MAX_RATIO) + 1e-9:
+                    near.append((d, k))
+        return [k for _, k in sorted(near)]
+
     def choose(self, key: str, candidates: dict[str, Callable[[], object]], reps: int = 20) -> str:
-        """Fastest candidate name for `key`: the median of ROUNDS alternating rounds, each `timer(fn, reps // ROUNDS)`;
-        candidates that raise are skipped. Keeps the close runners-up worth racing in `rivals`. Past the budget's
-        deadline the candidates timed so far (at least the first) decide: a partial choice (`interim`, saved as a
-        PARTIAL entry), which a budgeted call takes as it is and an unbudgeted one (no deadline) times anew."""
+        """The candidate name `key`'s op runs, among `candidates` (name -> fn, in the op's own order):
+        - the route this process runs for it already (`current`: settled by an earlier call, or taken by this
+          budgeted call), else the table's complete entry;
+        - unbudgeted (no deadline): the fastest, every candidate timed now in ROUNDS alternating rounds, each
+          `timer(fn, reps // ROUNDS)`; candidates that raise are skipped; the close runners-up worth racing are kept
+          in `rivals`;
+        - under a budget, nothing is timed before the op runs: it takes the fastest candidate timed so far for this
+          key (`partial`), else the route of the nearest tuned shape (`neighbour`, see neighbours()) that is among
+          its candidates and runs, else rule_route's (`rule`), else the first that runs; and the op waits in
+          `pending` for tune_pending(), which the call runs after its forward."""
         full = self.key(key, candidates)
         for keys in self._recordings:
             keys.add(full)
         if self.forced.get(full) in candidates:
             return self.forced[full]
-        if full in self.table and self.table[full] in candidates:
-            return self.table[full]
-        if self.interim.get(full) in candidates and self.deadline is not None:
-            return self.interim[full]
+        now = self.current.get(full)
+        if now in candidates and (self.deadline is not None or full in self.table or full in self.settled):
+            self._pend(full, key, candidates, reps)
+            return now
+        if self.table.get(full) in candidates:
+            return self._use(full, self.table[full], "table")
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return next(iter(candidates))  # cannot time inside a capture: first working default
+        if self.deadline is None:
+            return self._use(full, self._time_all(full, key, candidates, reps), "tuned")
+        route, origin = self._borrow(full, key, candidates)
+        self._use(full, route, origin)
+        self._pend(full, key, candidates, reps)
+        return route
+
+    def _use(self, key: str, route: str, origin: str) -> str:
+        self.current[key], self.origin[key] = route, origin
+        return route
+
+    def _pend(self, key: str, op: str, candidates: dict, reps: int) -> None:
+        if self.deadline is None or key in self.table or key in self.settled or key in self._handled:
+            return
+        self.pending.setdefault(key, _Pending(op, candidates, reps)).calls += 1
+
+    def _borrow(self, key: str, op: str, candidates: dict) -> tuple[str, str]:
+        """A route for an op not tuned yet, and where it came from, without timing: partial, neighbour, rule (see
+        choose). A route taken from another shape is run once first: a name in this key's candidates can still
+        fail at its shape (a failure is kept in `progress`, so it is not tried again)."""
+        options = []
+        if self.interim.get(key) in candidates:  # timed for this very key: it ran
+            return self.interim[key], "partial"
+        options += [(self.table[k], "neighbour") for k in self.neighbours(key)]
+        options.append((rule_route(op, candidates), "rule"))
+        options += [(n, "rule") for n in candidates]  # in the op's order, should the rule's route fail
+        failed = {n for n, t in self.progress.get(key, {}).items() if t is None}
+        tried = set()
+        for route, origin in options:
+            if route not in candidates or route in failed or route in tried:
+                continue
+            tried.add(route)
+            try:
+                candidates[route]()
+            except Exception:  # noqa: BLE001 - a route that refuses this shape is no route for it
+                self.progress.setdefault(key, {})[route] = None
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                continue
+            if key in self.progress:  # a failure is kept at once: no later process runs that route again
+                self._save()
+            return route, origin
+        raise RuntimeError(f"no candidate ran for {op}")
+
+    def _time_all(self, key: str, op: str, candidates: dict, reps: int) -> str:
+        """Every candidate timed in ROUNDS alternating rounds; the fastest becomes the complete entry."""
         samples: dict[str, list[float]] = {name: [] for name in candidates}
-        complete = True
         self.timed += 1
         for _ in range(ROUNDS):
             for name in list(samples):
-                # Out of time: stop once anything has a time (the default route, listed first, is timed first).
-                if self.out_of_time() and any(samples.values()):
-                    complete = False
-                    break
                 try:
                     samples[name].append(self.timer(candidates[name], max(1, reps // ROUNDS)))
                 except Exception:  # noqa: BLE001 - a backend that refuses this shape is simply not a candidate
                     del samples[name]
                     if torch.cuda.is_available():
                         torch.cuda.synchronize()
-            if not complete:
-                break
         if not samples:
-            raise RuntimeError(f"no candidate ran for {key}")
-        times = {name: statistics.median(v) for name, v in samples.items() if v}
-        ranked = sorted(times, key=times.get)
-        if not complete:  # a choice among some candidates only: kept apart from the complete ones
-            self.interim[full] = ranked[0]
-            self._save()
-            return ranked[0]
-        self.table[full], self.ranked[full] = ranked[0], ranked
-        self.interim.pop(full, None)
-        close = [n for n in ranked if times[n] <= times[ranked[0]] * (1 + RIVAL_MARGIN)]
-        self.rivals[full] = {n: times[n] / max(times[ranked[0]], 1e-9) for n in _rivals(close)}
+            raise RuntimeError(f"no candidate ran for {op}")
+        self._conclude(key, {name: statistics.median(v) for name, v in samples.items()}, complete=True)
         self._save()
+        return self.table[key]
+
+    def _conclude(self, key: str, times: dict[str, float], complete: bool) -> str:
+        """Record the fastest of `times`: the complete entry (with its runners-up in `rivals`), or a partial one."""
+        ranked = sorted(times, key=times.get)
+        if not complete:
+            self.interim[key] = ranked[0]
+            return ranked[0]
+        self.table[key], self.ranked[key] = ranked[0], ranked
+        self.interim.pop(key, None)
+        self.progress.pop(key, None)
+        close = [n for n in ranked if times[n] <= times[ranked[0]] * (1 + RIVAL_MARGIN)]
+        self.rivals[key] = {n: times[n] / max(times[ranked[0]], 1e-9) for n in _rivals(close)}
         return ranked[0]
+
+    def tune_pending(self, keys=None) -> bool:
+        """Spend what is left of the budget on the ops pending from this call (of `keys`; None: all): first the
+        time of the route each runs (already compiled: milliseconds), which times the calls that met it gives its
+        share of the forward; then, the largest share first, each op's candidates not yet timed for its key, until
+        the deadline (see _time_some). An op whose every candidate has a time gets its complete entry; one left
+        incomplete keeps the fastest so far as its partial entry, and its times on disk (PROGRESS) for the next
+        call or process that meets it. Ops the call has not settled take what was found. True if a route of this
+        call changed (the caller runs or captures its forward again)."""
+        todo = {k: self.pending.pop(k) for k in list(self.pending) if keys is None or k in keys}
+        self._handled.update(todo)
+        if self.deadline is None or not todo:
+            return False
+        before, timed = {k: self.current.get(k) for k in todo}, self.timed
+        share: dict[str, float] = {}
+        for k, p in todo.items():
+            if self.out_of_time():
+                break
+            route = self.current[k]
+            if route not in self.progress.get(k, {}):
+                self._time_some(k, p, [route])
+            share[k] = p.calls * (self.progress.get(k, {}).get(route) or 0.0)
+        for k in sorted(share, key=lambda k: (-share[k], k)):
+            if self.out_of_time():
+                break
+            order = self._order(k, todo[k])
+            if order:
+                self._time_some(k, todo[k], order)
+        for k, p in todo.items():
+            times = self.progress.get(k, {})
+            ran = {n: t for n, t in times.items() if t is not None and n in p.candidates}
+            if ran:
+                best = self._conclude(k, ran, complete=all(n in times for n in p.candidates))
+                if k not in self.settled:
+                    origin = "tuned" if k in self.table else "partial" if best != before[k] else self.origin[k]
+                    self._use(k, best, origin)
+        if self.timed > timed:
+            self._save()
+        return any(self.current.get(k) != r for k, r in before.items())
+
+    def _order(self, key: str, p: _Pending) -> list[str]:
+        """`key`'s candidates not yet timed, likeliest first: the route it runs, the nearest tuned shapes' routes,
+        the rule's, then the first of each route family (families differ most), then the rest in the op's order."""
+        names = list(p.candidates)
+        first = [self.current.get(key), *(self.table[k] for k in self.neighbours(key)), rule_route(p.op, names)]
+        families: dict[str, str] = {}
+        for n in names:
+            families.setdefault(_family(n), n)
+        done = self.progress.get(key, {})
+        order = []
+        for n in [*first, *families.values(), *names]:
+            if n in p.candidates and n not in done and n not in order:
+                order.append(n)
+        return order
+
+    def _time_some(self, key: str, p: _Pending, names: list[str]) -> None:
+        """Time `names` of a pending op in order while the budget lasts (the first always): one sample each (its
+        compile included) until the deadline, then ROUNDS - 1 more rounds, alternating, over those reached (they
+        are compiled: milliseconds). Medians go to `progress`; a candidate that raises is kept there as failed."""
+        times = self.progress.setdefault(key, {})
+        samples: dict[str, list[float]] = {}
+        reps = max(1, p.reps // ROUNDS)
+        self.timed += 1
+        for i, name in enumerate(names):
+            if i and self.out_of_time():
+                break
+            try:
+                samples[name] = [self.timer(p.candidates[name], reps)]
+            except Exception:  # noqa: BLE001 - a backend that refuses this shape is simply not a candidate
+                times[name] = None
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+        for _ in range(ROUNDS - 1):
+            for name in list(samples):
+                try:
+                    samples[name].append(self.timer(p.candidates[name], reps))
+                except Exception:  # noqa: BLE001
+                    del samples[name]
+                    times[name] = None
+        for name, v in samples.items():
+            times[name] = statistics.median(v)
 
     def refine(self, keys: set[str], build: Callable[[], T], time_ms: Callable[[T], float], rounds: int = 3,
                clock: Callable[[], float] = time.perf_counter, enabled: bool = True,
                race_budget_s: float = RACE_BUDGET_S) -> T:
-        """Settle close choices in context: `build()` captures the whole forward with the current choices. First
-        the forward with every op in `keys` on its fastest library route (timed in this process) races it, then the
-        one with every op on its fastest route of ours, then the one with every op that has fp8 routes on its fastest
-        fp8 route; then each rival of those ops, the closest first, one at a time and for at most race_budget_s (and
-        none past the tuning budget's deadline). A trial forward replaces the best so far if at least MIN_GAIN faster
-        (timed in alternation, `rounds` times). Returns the best build; the table keeps its choices. Each rival is
-        tried at most once per process. enabled False (EngineOptions.refine): `build()` alone, each op on the route
-        it won alone."""
+        """Settle close choices in context: `build()` captures the whole forward with the current choices. Under a
+        budget, the ops that build left pending are tuned first (tune_pending), and the forward built again if a
+        route changed. Then the forward with every op in `keys` on its fastest library route (timed in this
+        process) races it, then the one with every op on its fastest route of ours, then the one with every op that
+        has fp8 routes on its fastest fp8 route; then each rival of those ops, the closest first, one at a time and
+        for at most race_budget_s (and none past the tuning budget's deadline). A trial forward replaces the best
+        so far if at least MIN_GAIN faster (timed in alternation, `rounds` times). Returns the best build; the table
+        keeps its choices. Each rival is tried at most once per process, and no op the process has settled is
+        raced. enabled False (EngineOptions.refine): no races, each op on the route it won alone."""
         best = build()
+        if self.tune_pending(keys):
+            best = build()
         if not enabled:
             return best
+        keys = {k for k in keys if k not in self.settled}
         # Routes picked one op at a time can lose, as a whole, to one family's kernels throughout, and racing one
         # change at a time never reaches such a forward: H100 bert-base 8 x 512 lost to the cudagraph backend,
         # which runs cuBLAS and SDPA (2.176 ms against 2.158); two tunings of 1 x 128 replayed in 0.3165 and
@@ -334,17 +634,27 @@ class Tuner:
         race["won"] = race["trial_ms"] < race["best_ms"] * (1 - MIN_GAIN)
         if race["won"]:
             self.table.update(choices)
+            for k, n in choices.items():
+                if k not in self.settled:
+                    self._use(k, n, "tuned")
             return trial
         return best
 
     def _save(self) -> None:
+        """The table on disk: this process's entries over what is there (another process sharing the file may have
+        saved entries of its own since this one read it: they are kept)."""
         tmp = None
         try:  # atomic replace: concurrent benchmark processes may share the file
+            entries = self._read()
+            mine = {**self.table,
+                    **{PARTIAL + k: v for k, v in self.interim.items() if k not in self.table},
+                    **{PROGRESS + k: _write_progress(v) for k, v in self.progress.items() if v and k not in self.table}}
+            # a key complete here needs no partial entry or times from elsewhere
+            entries = {k: v for k, v in entries.items() if _unprefixed(k) == k or _unprefixed(k) not in self.table}
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
             with os.fdopen(fd, "w") as f:
-                partial = {PARTIAL + k: v for k, v in self.interim.items() if k not in self.table}
-                json.dump({**self.table, **partial}, f, indent=0, sort_keys=True)
+                json.dump({**entries, **mine}, f, indent=0, sort_keys=True)
             os.replace(tmp, self.path)
         except OSError:  # a read-only home only costs re-tuning in the next process
             if tmp is not None:  # a full disk, or a folder where the table should be: no .tmp file left per save
@@ -352,6 +662,13 @@ class Tuner:
                     os.unlink(tmp)
                 except OSError:
                     pass
+
+
+def _unprefixed(key: str) -> str:
+    for prefix in (PARTIAL, PROGRESS):
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
 
 
 def table_problem(path: Path) -> str | None:
