@@ -14,7 +14,9 @@ def measure(cell: dict, state: dict) -> CellResult:
     latency = base * (1 + (os.getpid() % 7) / 100)
     samples = [latency] * 12
     return CellResult("ok", record={"latency_ms": latency, "n_samples": len(samples), "pid": os.getpid(),
-                                    "at": time.time(), "torch_threads": _threads()}, samples_ms=samples)
+                                    "at": time.time(), "torch_threads": _threads(),
+                                    "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                    else None}, samples_ms=samples)
 
 
 def _threads() -> int:

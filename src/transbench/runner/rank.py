@@ -129,8 +129,9 @@ def main(run: Callable[[dict, RankInfo, object], CellResult | None], argv: list[
     if os.environ.get(HANG_RANK_VAR) == str(info.rank):
         time.sleep(10**6)
     cell = json.loads(Path(args.cell).read_text())
-    from .worker import apply_threads
+    from .worker import apply_cpus, apply_threads
 
+    apply_cpus()
     threads = os.environ.get("TRANSBENCH_THREADS", "")
     apply_threads(int(threads) if threads.isdigit() else None)  # torchrun's default is 1 thread a rank
     result, failed = guarded(lambda device: run(cell, info, device), info, cell.get("device", "cpu"))

@@ -9,6 +9,7 @@ identity as flat record keys) and `to_dict()` / `from_dict()`."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import socket
 import threading
@@ -118,6 +119,28 @@ class _Interrupted(Exception):
     """A lane's cell ended because the sweep was interrupted (run_grid): its result is not the cell's."""
 
 
+def lane_cores(lanes: int) -> list[list[int] | None]:
+    """The host cores of each of `lanes` lanes: disjoint slices of this process's affinity, so one lane's model
+    build or CPU reference does not run on the cores another lane launches its kernels from. Measured on 4 x H100
+    with unpinned lanes (benchmarks/results/multi_gpu_h100x4_2026-11.md): the host-bound cells of one lane moved by
+    up to 52% while the other lanes kept 40-50 cores busy. One lane, or fewer cores than lanes: no pinning."""
+    from ..measure.load import available_cores
+
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = list(range(available_cores()))
+    if lanes <= 1 or len(cores) < lanes:
+        return [None] * max(1, lanes)
+    size, extra = divmod(len(cores), lanes)
+    out, start = [], 0
+    for i in range(lanes):
+        end = start + size + (1 if i < extra else 0)
+        out.append(cores[start:end])
+        start = end
+    return out
+
+
 class _Lane:
     """One GPU (or the one device) and its worker; the worker is replaced after a timeout, a crash, a cell
     that left device memory behind, or a cell whose info names `fresh_worker_after`: it changed the process in a way
@@ -126,13 +149,16 @@ class _Lane:
     _Interrupted instead of returning the result its killed worker gave."""
 
     def __init__(self, gpu: int | None, target: Target, stopping: threading.Event | None = None,
-                 progress: Callable | None = None, threads: int | None = None):
+                 progress: Callable | None = None, threads: int | None = None, cpus: list[int] | None = None):
         from ..measure.load import available_cores
         from .worker import THREAD_VARS
 
         self.gpu, self.target, self.progress = gpu, target, progress
-        self.threads = threads or available_cores()
+        self.threads = threads or (len(cpus) if cpus else available_cores())
         self.env = {"TRANSBENCH_THREADS": str(self.threads), **{v: str(self.threads) for v in THREAD_VARS}}
+        self.cpus = cpus
+        if cpus:
+            self.env["TRANSBENCH_CPUS"] = ",".join(map(str, cpus))
         if gpu is not None:
             self.env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         self._thread_vars = ("TRANSBENCH_THREADS", *THREAD_VARS)
@@ -192,6 +218,8 @@ class _Lane:
                     self.close()
         if self.gpu is not None:  # the worker sees its GPU as cuda:0: keep which physical one it was
             result.info["lane_gpu"] = self.gpu
+        if self.cpus:
+            result.info["lane_cpus"] = f"{len(self.cpus)} cores from {self.cpus[0]}"
         return result
 
     def _launch(self, cell, timeout: float) -> CellResult:
@@ -273,8 +301,11 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
             store_result(store, run_id, cell, result)
             on_cell(cell, result)
 
+    gpus = opts.gpus or [None]
+    shares = dict(zip(gpus, lane_cores(len(gpus))))
+
     def lane_loop(gpu: int | None) -> None:
-        lane = _Lane(gpu, target, stopping, opts.progress, opts.threads)
+        lane = _Lane(gpu, target, stopping, opts.progress, opts.threads, shares.get(gpu))
         lanes.append(lane)
         try:
             while True:
@@ -310,7 +341,6 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
         finally:
             lane.close()
 
-    gpus = opts.gpus or [None]
     if len(gpus) == 1:
         lane_loop(gpus[0])
         return

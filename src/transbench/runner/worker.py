@@ -80,6 +80,17 @@ def _threads() -> int | None:
     return torch.get_num_threads() if torch is not None else None
 
 
+def apply_cpus() -> None:
+    """Keep this process on the cores its lane was given (TRANSBENCH_CPUS, runner/sweep.py lane_cores); set
+    before torch starts its thread pools, which then stay on those cores."""
+    cpus = os.environ.get("TRANSBENCH_CPUS", "")
+    if cpus and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+        except (OSError, ValueError):
+            pass  # a core the host took away since: the process keeps the cores it had
+
+
 def apply_threads(threads: int | None) -> None:
     """Set this process's compute threads before any work: OpenMP and MKL read their variables when they
     start, torch's intra-op pool is set directly (it may have started already)."""
@@ -149,6 +160,7 @@ def _child_main(conn, env: dict, log_path: str) -> None:
     os.dup2(log.fileno(), 2)
     # A cell may say how it is getting on (what it prepares, i of n): sent to the parent beside the result
     # (Worker.run's on_progress), as ("progress", text) where a result is (dict, float).
+    apply_cpus()
     threads = os.environ.get("TRANSBENCH_THREADS", "")
     apply_threads(int(threads) if threads.isdigit() else None)
     state: dict = {"progress": lambda text: conn.send(("progress", str(text)))}

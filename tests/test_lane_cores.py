@@ -1,0 +1,42 @@
+"""Lanes over several GPUs share one host: each lane's workers keep to a slice of its cores (runner/sweep.py
+lane_cores), so a lane building its model does not slow the kernel launches of another."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from transbench.cells import Cell
+from transbench.runner import sweep
+
+
+@pytest.mark.parametrize("cores, lanes, sizes", [(64, 4, [16] * 4), (10, 4, [3, 3, 2, 2]), (4, 4, [1] * 4),
+                                                 (7, 2, [4, 3])])
+def test_each_lane_gets_a_disjoint_slice_of_the_cores(monkeypatch, cores, lanes, sizes):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(100, 100 + cores)), raising=False)
+    shares = sweep.lane_cores(lanes)
+    assert [len(s) for s in shares] == sizes
+    flat = [c for s in shares for c in s]
+    assert sorted(flat) == list(range(100, 100 + cores)) and len(set(flat)) == cores
+
+
+@pytest.mark.parametrize("cores, lanes", [(8, 1), (3, 4)])
+def test_one_lane_or_too_few_cores_pins_nothing(monkeypatch, cores, lanes):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert sweep.lane_cores(lanes) == [None] * lanes
+
+
+def test_a_lane_runs_its_worker_on_its_cores_with_that_many_threads():
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    mine = sorted(os.sched_getaffinity(0))
+    lane = sweep._Lane(None, sweep.Target(Cell, measure="repeat_target:measure"), cpus=mine[:1])
+    assert lane.threads == 1 and lane.env["TRANSBENCH_CPUS"] == str(mine[0])
+    try:
+        result = lane.run(Cell("bert-tiny", "base", "sdpa", "fp32", 1, 8), 120)
+    finally:
+        lane.close()
+    assert result.status == "ok", result.error
+    assert result.record["cpus"] == mine[:1] and result.record["torch_threads"] == 1
+    assert result.info["lane_cpus"] == f"1 cores from {mine[0]}"
