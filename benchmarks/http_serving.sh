@@ -52,7 +52,7 @@ EOF
 }
 
 stop_server() {  # SIGTERM: a clean stop (requests in flight answered); its /metrics first, for the log
-  python3 -c "import httpx,sys; t=httpx.get(sys.argv[1]+'/metrics').text; print('\n'.join(l for l in t.splitlines() if l.startswith(('transbench_batch_size_sum','transbench_batch_size_count','transbench_requests_total'))))" "$URL"
+  python3 -c "import httpx,sys; t=httpx.get(sys.argv[1]+'/metrics').text; print('\n'.join(l for l in t.splitlines() if l.startswith(('transbench_batch_size_sum','transbench_batch_size_count','transbench_requests_total','transbench_batch_seconds_sum','transbench_batch_seconds_count'))))" "$URL"
   kill -TERM "$SERVER" && wait "$SERVER"
   echo "server exit code $?"
   tail -1 "$OUT/server-$PORT.log"
