@@ -29,6 +29,9 @@ class Prepared:
     # Sets the tuning seconds a new shape's first call may take (0: borrowed routes, a capture only): a server's
     # shapes first met under load capture without racing kernels for seconds.
     tune_budget: Callable[[float | None], None] | None = None
+    # Makes a padded call reuse the smallest captured graph that holds it rather than capture its own (True: a
+    # server once its load starts; engine/packing.py reuse_sizes).
+    reuse_captured: Callable[[bool], None] | None = None
 
     def what_ran(self) -> dict:
         """info and, after the first call, what that call settled."""

@@ -116,7 +116,8 @@ def _prepare(model, inputs, cell) -> Prepared:
     return Prepared(fn, {"engine_ops": compiled.engine.ops.name, "cuda_graphs": graphs}, ran=ran,
                     token_bucket=compiled.token_bucket if graphs else 0, graphs=lambda: compiled.graph_captures,
                     release=compiled.release if graphs else None,
-                    token_sizes=compiled.token_sizes(B, S) if graphs else (), tune_budget=compiled.set_tune_budget)
+                    token_sizes=compiled.token_sizes(B, S) if graphs else (), tune_budget=compiled.set_tune_budget,
+                    reuse_captured=compiled.set_reuse_captured if graphs else None)
 
 
 def _generator(model, cell):

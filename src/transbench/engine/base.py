@@ -7,7 +7,7 @@ from .attention import attention
 from .config import Dims, EngineConfig, EngineUnsupported
 from .graphs import GraphCache
 from .ops import select_ops
-from .packing import Packing, make_packing, token_ladder
+from .packing import Packing, make_packing, reuse_sizes, token_ladder
 from .tuning import tuner as default_tuner
 from .weights import Converter, Layer
 
@@ -33,6 +33,9 @@ class EngineBase:
         self.bucket = 128 if opts.device.type == "cuda" else 1
         self.graphs = self.graph_cache(opts.options.max_graphs or self.graph_bound())
         self._ladders: dict[tuple[int, int], list[int]] = {}
+        # Set by a server once its load starts (CompiledModel.set_reuse_captured): a padded call runs the smallest
+        # captured packed size that holds it instead of capturing its own (packing.reuse_sizes says why).
+        self.reuse_captured = False
 
     def token_sizes(self, B: int, S: int) -> list[int] | None:
         """The packed sizes a padded (B, S) call can run: opts.token_growth's ladder, or None (multiples of bucket)."""
@@ -97,8 +100,15 @@ class EngineBase:
             raise EngineUnsupported(f"a {mask.dim()}-D attention_mask is not supported: pass a (batch, seq) mask of "
                                     "1 (token) and 0 (padding)")
         o = self.opts.options
+        sizes = self.token_sizes(B, S)
+        if sizes and self.reuse_captured:
+            sizes = reuse_sizes(sizes, self.captured_sizes(B, S))
         return make_packing(None if mask is None else mask.to(self.opts.device), B, S, self.bucket, o.pack_max_s,
-                            o.pack_max_tokens, self.token_sizes(B, S))
+                            o.pack_max_tokens, sizes)
+
+    def captured_sizes(self, B: int, S: int) -> set[int]:
+        """The packed sizes of (B, S) forwards with a captured graph (forward's key: "fwd", B, S, dense, tokens, ...)."""
+        return {k[4] for k in self.graphs.entries if k[:3] == ("fwd", B, S) and not k[3]}
 
     @staticmethod
     def take(t: torch.Tensor | None, p: Packing) -> torch.Tensor | None:

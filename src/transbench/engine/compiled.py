@@ -127,6 +127,11 @@ class CompiledModel:
         b, top = self.engine.bucket, batch * seq
         return sorted({min(top, m) for m in range(b, top + b, b)})
 
+    def set_reuse_captured(self, on: bool) -> None:
+        """From now on a padded call runs the smallest captured packed size that holds it, if any, instead of
+        capturing its own (a server under load: packing.reuse_sizes)."""
+        self.engine.reuse_captured = bool(on)
+
     def set_tune_budget(self, seconds: float | None) -> None:
         """Tuning seconds a new shape's first call may take from now on (0: its untuned ops take borrowed routes,
         the nearest tuned shape's or the shape rule's, and nothing is timed: a capture only, for a server's graphs

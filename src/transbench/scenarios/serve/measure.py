@@ -15,7 +15,9 @@ geometric ladder (engine/attention.py token_ladder: each size at most 1.25x the 
 under a quarter of the tokens or one 128-token step, and at most one width S above the real count): bert-base
 at batch 32 x 512 is 40 graphs where every multiple of 128 made 128. Warming runs each batch size's engine once
 per ladder size the lengths can reach (token_counts), each capture tuning its kernel routes (engine/tuning.py)
-within the engine's first-call budget; graphs first met under load are captured without tuning.
+within the engine's first-call budget. Under load a batch whose packed size has no graph runs the smallest
+captured size that holds it (padding, engine/packing.py reuse_sizes); only a batch larger than every captured size
+captures, without tuning.
 
 Generation (decoders, --task generate) is batch-synchronous greedy decoding: a batch's prompts are
 padded to its bucket width and decoded together for --new-tokens steps with the backend's generator;
@@ -153,6 +155,8 @@ class Encoders:
                 self.under_load += 1
                 if prepared.tune_budget:  # under load a first call captures; it never races kernels for seconds
                     prepared.tune_budget(0)
+                if prepared.reuse_captured:  # and a later one pads up to a graph it has
+                    prepared.reuse_captured(True)
             if call:
                 prepared.fn()
             self.prepared[key] = (inputs, prepared, pc)
@@ -226,6 +230,8 @@ class Encoders:
         for _, prepared, _ in self.prepared.values():
             if prepared.tune_budget:  # a graph first met under load is captured, not tuned for seconds
                 prepared.tune_budget(0)
+            if prepared.reuse_captured:  # a batch under load pads up to a captured graph before it captures one
+                prepared.reuse_captured(True)
         return account
 
     def _call(self, b: int, n: int | None) -> None:
