@@ -182,6 +182,18 @@ def test_int8_cells_pass_the_gate_record_agreement_and_resume(torchao, tmp_path,
     assert again.resumed and [r["latency_ms"] for r in again.records] == [r["latency_ms"] for r in out.records]
 
 
+def test_a_large_batch_is_judged_on_its_first_64_sequences():
+    cache, big = measure.ModelCache(), cell(batch=70, device="cpu")
+    inputs = measure.cell_inputs(big, build.resolve("bert-tiny").shape)
+    answers.benchmark_reference(cache, big, inputs, torch.device("cpu"))
+    (want,) = [v for k, v in cache.refs.items() if k[0] == "answers"]
+    assert want.shape == (answers.AGREEMENT_ROWS, build.resolve("bert-tiny").shape.hidden)
+    with torch.inference_mode():
+        out = cache.base_model(big)(**inputs.model_kwargs()).last_hidden_state
+    got = answers.on_benchmark(cache, big, inputs, out)
+    assert got["neighbour_agreement"] == 1.0 and got["similarity_spearman"] == pytest.approx(1.0)
+
+
 @pytest.mark.slow
 def test_a_trained_checkpoint_is_judged_on_the_packaged_sentences(torchao, minilm, tmp_path, quick):
     wanted = ["none", "int8-dynamic"] + (["nf4"] if _imports("bitsandbytes") else [])
@@ -220,3 +232,32 @@ def _imports(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(name) is not None
+
+
+def test_torchaos_import_noise_on_a_cpu_build_is_dropped_and_the_rest_kept():
+    """transformers imports torchao whenever it loads a checkpoint once torchao is installed; on a CPU build of torch
+    torchao warned of each CUDA library it could not load, lines before a checkpoint's one-line bad-input error."""
+    import logging
+
+    import transbench  # noqa: F401 - installs the filters
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    torchao_log, pytree_log = logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")
+    handler = Keep()
+    for log in (torchao_log, pytree_log):
+        log.addHandler(handler)
+    try:
+        torchao_log.warning("Failed to load /x/torchao/_C_mxfp8.so: Could not load this library")
+        torchao_log.warning("something else")
+        pytree_log.warning("%s is an Enum subclass and is now natively supported by torch.compile", "E")
+    finally:
+        for log in (torchao_log, pytree_log):
+            log.removeHandler(handler)
+    cpu = torch.version.cuda is None
+    assert seen == (["something else"] if cpu else ["Failed to load /x/torchao/_C_mxfp8.so: Could not load this "
+                                                    "library", "something else"])

@@ -4,8 +4,8 @@ model is a checkpoint with a tokenizer (sentences.py), else on the cell's own be
 On the sentences the cell's backend prepares the cell's model (its dtype, its quant) a second time, for their
 shape, before the cell's own preparation; the answers are kept per worker for the cells that share the model,
 backend, dtype and quant (they differ in batch and sequence length only, so their answers on the sentences are the
-same). On the benchmark inputs the answers are those of the call the correctness check reads, against an fp32
-forward of every row (in slices, reduced to answers as they come)."""
+same). On the benchmark inputs the answers are those of the call the correctness check reads, on its first
+AGREEMENT_ROWS sequences, against an fp32 forward of them (in slices, reduced to answers as they come)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,12 @@ from ...measure import memory
 from ...models import build
 from .sentences import sentence_inputs
 
-# Elements of fp32 output a slice of the reference's rows may hold (1 GiB): an MLM head's logits over every row of a
-# large batch would not fit (bert-base 256 x 384 x 30,522 is 12 GB).
+# The sequences of a batch its agreement is measured on: 64 make 2,016 pairs of similarities and 64 neighbours to
+# keep; an fp32 forward of every row of a large batch would cost more than the cell (bert-large 8,192 x 512: about
+# a minute on an H100 without TF32, where the rel_err reference runs 4 rows).
+AGREEMENT_ROWS = 64
+# Elements of fp32 output a slice of those rows may hold (1 GiB): an MLM head's logits over 64 rows of 512 tokens
+# are 4 GB.
 SLICE_ELEMENTS = 1 << 28
 LOGIT_TASKS = ("mlm", "causal-lm")  # outputs as wide as the vocabulary
 
@@ -72,17 +76,19 @@ def _benchmark_key(cell: Cell) -> tuple:
 
 
 def benchmark_reference(cache, cell: Cell, inputs, device) -> None:
-    """fp32's answers on every row of the cell's inputs, kept with the reference outputs (inference.reference).
-    Before the cell's model is built: the fp32 model's forward is no part of the cell's memory peak."""
+    """fp32's answers on the first AGREEMENT_ROWS rows of the cell's inputs, kept with the reference outputs
+    (inference.reference). Before the cell's model is built: the fp32 forward is no part of the cell's memory peak."""
     key = _benchmark_key(cell)
     if key not in cache.refs:
         shape = build.resolve(cell.model).shape
-        cache.refs[key] = fp32_answers(cache.base_model(cell), inputs, cell.task, device, shape.vocab, shape.hidden)
+        rows = inputs.rows(list(range(min(inputs.batch, AGREEMENT_ROWS))))
+        cache.refs[key] = fp32_answers(cache.base_model(cell), rows, cell.task, device, shape.vocab, shape.hidden)
 
 
 def on_benchmark(cache, cell: Cell, inputs, out) -> dict:
     """The measures of the cell's checked call (`out`, its output tensor) on the cell's inputs, against fp32's."""
-    got = answers(out, cell.task, inputs.lengths)
+    n = min(inputs.batch, AGREEMENT_ROWS)
+    got = answers(out[:n], cell.task, inputs.lengths[:n])
     return {**measures(got, cache.refs[_benchmark_key(cell)], cell.task), "agreement_inputs": "benchmark"}
 
 
