@@ -168,10 +168,12 @@ RUN_COLUMNS = [
 
 
 def records_table(recs: list[dict], title: str = "", width: int | None = None, wide: bool = False) -> Group:
-    """One row per cell of a run; a repeated cell (`run --repeat`) shows the range of its repeats' medians. A run with
-    a quantized or fp8 cell shows its task agreement without --wide: there it is how the cell is judged."""
-    cols = RUN_COLUMNS
-    if any(r.get("quant") not in (None, "none") or r.get("dtype") == "fp8" for r in recs):
+    """One row per cell of a run; a repeated cell (`run --repeat`) shows the range of its repeats' medians. `quant`
+    only where a cell is quantized (else every title read `quant=none`); a run with a quantized or fp8 cell shows its
+    task agreement without --wide: there it is how the cell is judged."""
+    quantized = any(r.get("quant") not in (None, "none") for r in recs)
+    cols = [c for c in RUN_COLUMNS if c.key != "quant" or quantized]
+    if quantized or any(r.get("dtype") == "fp8" for r in recs):
         cols = [Col("task_agreement", rank=1) if c.key == "task_agreement" else c for c in cols]
     return fitted([{**r, "_repeats": repeat_range(r)} for r in recs], cols, title, width, wide)
 
