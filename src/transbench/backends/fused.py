@@ -138,5 +138,6 @@ BACKEND = Backend(
     prepare=_prepare,
     generator=_generator,
     packs=True,
+    quant_refusal="the fused engine quantizes on its own (--dtype fp8) and takes --quant none only",
     describe="transbench.engine: fused QKV, Triton bias+GELU / residual+LayerNorm, packed varlen, CUDA graphs, fp8",
 )

@@ -176,5 +176,8 @@ BACKEND = Backend(
     tasks=("base", "mlm", "classification", "token-classification", "qa", "causal-lm"),
     requires=("onnxruntime", "onnx", "onnxscript"),
     extra="onnx",
+    # torch.onnx exports plain tensors; torchao's and bitsandbytes' quantized weights are tensor subclasses and
+    # modules it has no ONNX operators for.
+    quant_refusal="onnxruntime runs an ONNX export, which quantized weights do not survive: --quant none only",
     describe="ONNX Runtime (CUDA or CPU execution provider) on a torch.onnx dynamo export",
 )

@@ -51,17 +51,20 @@ def run(given: dict, *, spec, db, json_path, csv_path, resume, wide) -> None:
         bar["id"] = progress.add_task("cells", total=len(cells))
         progress.start()
 
+    def quant(cell) -> str:
+        return f" {cell.quant}" if cell.quant != "none" else ""
+
     def on_probe(cell, result):
         detail = f"{result.record.get('latency_ms', 0):.3f} ms" if result.status == "ok" else (result.error or "")
         what = "largest batch" if "probes" in result.info else "batch"  # the search's answer, with its warnings
-        progress.console.print(visible(f"  max-batch search {cell.model} {cell.backend} {cell.dtype} s{cell.seq}: "
-                                       f"{what} {cell.batch} {result.status} {detail}")[:160], highlight=False,
-                               markup=False)
+        progress.console.print(visible(f"  max-batch search {cell.model} {cell.backend} {cell.dtype}{quant(cell)} "
+                                       f"s{cell.seq}: {what} {cell.batch} {result.status} {detail}")[:160],
+                               highlight=False, markup=False)
         for w in result.warnings:
             progress.console.print(visible(f"    warning: {w}"), highlight=False, markup=False)
 
     def on_cell(cell, result):
-        label = f"{cell.model} {cell.task} {cell.backend} {cell.dtype} b{cell.batch} s{cell.seq}"
+        label = f"{cell.model} {cell.task} {cell.backend} {cell.dtype}{quant(cell)} b{cell.batch} s{cell.seq}"
         if result is not None:
             detail = f"{result.record.get('latency_ms', 0):.3f} ms" if result.status == "ok" else (result.error or "")
             progress.console.print(visible(f"  {label}: {result.status} {detail}")[:160], highlight=False, markup=False)

@@ -156,19 +156,26 @@ def status_text(v) -> str:
 # The inference and generation table of `transbench run`.
 RUN_COLUMNS = [
     Col("scenario", setting=True), Col("model", setting=True), Col("task", setting=True),
-    Col("backend", setting=True), Col("dtype", setting=True), Col("batch_size", setting=True),
-    Col("seq_len", setting=True), Col("status", show=status_text),
+    Col("backend", setting=True), Col("dtype", setting=True), Col("quant", setting=True),
+    Col("batch_size", setting=True), Col("seq_len", setting=True), Col("status", show=status_text),
     Col("latency_ms"), Col("_repeats", "repeats ms", lambda v: "" if v is None else v, rank=8),
     Col("throughput_per_s", rank=8), Col("prefill_ms", rank=7), Col("decode_ms_per_token", rank=7),
     Col("tflops", rank=6), Col("mfu", rank=5), Col("speedup", rank=6), Col("peak_mem_mb", rank=4),
     Col("mem_saved", rank=3, wide=True), Col("latency_iqr_ms", rank=2, wide=True),
     Col("latency_p99_ms", rank=2, wide=True), Col("tokens_per_s", rank=3, wide=True), Col("rel_err", rank=1, wide=True),
+    Col("task_agreement", rank=1, wide=True),
 ]
 
 
 def records_table(recs: list[dict], title: str = "", width: int | None = None, wide: bool = False) -> Group:
-    """One row per cell of a run; a repeated cell (`run --repeat`) shows the range of its repeats' medians."""
-    return fitted([{**r, "_repeats": repeat_range(r)} for r in recs], RUN_COLUMNS, title, width, wide)
+    """One row per cell of a run; a repeated cell (`run --repeat`) shows the range of its repeats' medians. `quant`
+    only where a cell is quantized (else every title read `quant=none`); a run with a quantized or fp8 cell shows its
+    task agreement without --wide: there it is how the cell is judged."""
+    quantized = any(r.get("quant") not in (None, "none") for r in recs)
+    cols = [c for c in RUN_COLUMNS if c.key != "quant" or quantized]
+    if quantized or any(r.get("dtype") == "fp8" for r in recs):
+        cols = [Col("task_agreement", rank=1) if c.key == "task_agreement" else c for c in cols]
+    return fitted([{**r, "_repeats": repeat_range(r)} for r in recs], cols, title, width, wide)
 
 
 def repeat_range(rec: dict) -> str | None:

@@ -15,8 +15,8 @@ from . import load, peaks
 # Versions recorded with every run: what the figures depend on. importlib.metadata reads each in microseconds;
 # torch.utils.collect_env runs pip, conda and nvidia-smi in subprocesses (seconds), so it is not used.
 PACKAGES = ("torch", "transformers", "triton", "pytorch-triton", "numpy", "accelerate", "safetensors", "tokenizers",
-            "onnxruntime", "onnxruntime-gpu", "onnx", "flash-attn", "deepspeed", "liger-kernel", "nvidia-ml-py",
-            "nvidia-cudnn-cu12", "nvidia-cublas-cu12", "nvidia-nccl-cu12")
+            "onnxruntime", "onnxruntime-gpu", "onnx", "flash-attn", "deepspeed", "liger-kernel", "torchao",
+            "bitsandbytes", "nvidia-ml-py", "nvidia-cudnn-cu12", "nvidia-cublas-cu12", "nvidia-nccl-cu12")
 GIT_TIMEOUT_S = 2.0
 
 

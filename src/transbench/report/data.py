@@ -59,7 +59,7 @@ def load(store: Store, run_refs: list[str], baseline: str | None = None) -> Repo
             rec["_samples"] = cell["samples"] if cell["status"] == OK else []
             rec["_baseline"] = base
             rec["_run"] = index
-            rec["_series"] = rec.get("backend") if len(runs) == 1 else f"{run['name']}/{rec.get('backend')}"
+            rec["_series"] = variant(rec) if len(runs) == 1 else f"{run['name']}/{variant(rec)}"
         records += recs
     shared_columns(records)
     # `is not None`: `--baseline ''` fell back to the run's own baseline without a word
@@ -74,6 +74,13 @@ def load(store: Store, run_refs: list[str], baseline: str | None = None) -> Repo
 GRID_SETTINGS = ("seq_stdev", "embeddings", "activation", "seed", "nproc", "new_tokens", "compile_mode")
 
 
+def variant(rec: dict) -> str:
+    """What a report's columns and plot lines are per: the backend, and its quant where it has one
+    (`sdpa int8-dynamic`), so the quantized cells of a backend are not taken for a second run of it."""
+    quant = rec.get("quant")
+    return str(rec.get("backend")) if quant in (None, "none") else f"{rec.get('backend')} {quant}"
+
+
 def shared_columns(records: list[dict]) -> None:
     """Set each record's _label: runs that measure different points of one grid (say batch 1 in one run,
     batch 256 in another) share one column per backend, rows per point. A backend's records stay split
@@ -81,7 +88,7 @@ def shared_columns(records: list[dict]) -> None:
     column would then have to pick a value or mix hardware."""
     by_backend: dict[tuple, list[dict]] = {}
     for r in records:
-        by_backend.setdefault((r.get("scenario"), r.get("backend")), []).append(r)
+        by_backend.setdefault((r.get("scenario"), variant(r)), []).append(r)
     for recs in by_backend.values():
         points = [(*export.point(r), r.get("world_size"), r.get("strategy")) for r in recs]
         devices = {r.get("device") for r in recs}
@@ -91,7 +98,7 @@ def shared_columns(records: list[dict]) -> None:
         settings = {tuple(repr(r.get(k)) for k in GRID_SETTINGS) for r in recs}
         shared = len(set(points)) == len(points) and len(devices) <= 1 and len(gpus) <= 1 and len(settings) <= 1
         for r in recs:
-            r["_label"] = r.get("backend") if shared else r["_series"]
+            r["_label"] = variant(r) if shared else r["_series"]
 
 
 def is_ok(rec: dict, key: str | None = None) -> bool:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..store import export
-from .data import ReportData, by_scenario, groups, is_ok, sorted_values
+from .data import ReportData, by_scenario, groups, is_ok, sorted_values, variant
 from .document import STATUS_TEXT, Figure, percent
 
 DPI = 110
@@ -147,7 +147,7 @@ def backend_color(backend: str | None) -> str:
 
 def _run_index(rec: dict) -> int:
     """Which run's style a record is drawn in: none where its column is shared by several runs."""
-    return rec["_run"] if rec["_label"] != rec.get("backend") else 0
+    return rec["_run"] if rec["_label"] != variant(rec) else 0
 
 
 def _legend(fig, axes) -> None:

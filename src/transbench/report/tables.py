@@ -42,8 +42,8 @@ def _run_col(data: ReportData) -> list[tuple[str, str, str]]:
     return [("run_name", "run", "")] if data.multi_run else []
 
 
-IDENTITY = {"run_name", "model", "task", "backend", "dtype", "batch_size", "seq_len", "world_size", "strategy",
-            "status", "device", "gpu"}
+IDENTITY = {"run_name", "model", "task", "backend", "dtype", "quant", "batch_size", "seq_len", "world_size",
+            "strategy", "status", "device", "gpu"}
 
 
 def _detail(data: ReportData, recs: list[dict], title: str, cols: list[tuple[str, str, str]], note: str = "",
@@ -91,6 +91,10 @@ def inference_detail(data: ReportData) -> Table | None:
             ("n_samples", "n", ""), ("throughput_per_s", "seq/s", ""), ("tokens_per_s", "tokens/s", ""),
             ("tflops", "TFLOPS", ""), ("mfu", "MFU", "pct"), ("peak_mem_mb", "peak MiB", ""),
             ("rel_err", "rel err", "err")]
+    if any(r.get("quant") not in (None, "none") for r in recs):
+        cols.insert(cols.index(("dtype", "dtype", "")) + 1, ("quant", "quant", ""))
+    if any(r.get("task_agreement") is not None for r in recs):
+        cols.append(("task_agreement", "agreement", "pct"))
     if any(r.get("host_ms") is not None for r in recs):
         cols.insert(cols.index(("n_samples", "n", "")), ("host_ms", "host ms", ""))
     if any(r.get("latency_repeat_min_ms") is not None for r in recs):  # `run --repeat`: the repeats' medians, min-max

@@ -40,10 +40,13 @@ def point(rec: dict) -> tuple:
 
 
 def apply_baseline(records: list[dict], baseline: str | None) -> list[dict]:
-    """speedup % = (baseline latency / latency - 1) x 100; mem_saved % = (1 - peak / baseline peak) x 100."""
+    """speedup % = (baseline latency / latency - 1) x 100; mem_saved % = (1 - peak / baseline peak) x 100. The
+    baseline is the backend's unquantized cell (a record without `quant` is one): a quantized cell of any backend is
+    measured against it."""
     if not baseline:
         return records
-    base = {point(r): r for r in records if r.get("backend") == baseline and r.get("status") == "ok"}
+    base = {point(r): r for r in records if r.get("backend") == baseline and r.get("status") == "ok"
+            and r.get("quant") in (None, "none")}
     for r in records:
         b = base.get(point(r))
         if r.get("status") != "ok" or b is None or r is b:

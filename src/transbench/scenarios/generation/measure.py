@@ -111,6 +111,8 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     reason = backend.unsupported_reason(device.type, cell.dtype, cell.task)
     if reason:
         return CellResult("unsupported", error=reason)
+    if cell.quant != "none":
+        return CellResult("unsupported", error="--quant measures the inference tasks; generation runs unquantized")
     if cell.seq_stdev > 0:
         raise Unsupported("generation runs equal-length prompts: leave out --seq-stdev with --task generate")
     shape = build.resolve(cell.model).shape

@@ -9,6 +9,7 @@ from ...errors import SpecError
 from ...measure import device as dev
 from ...measure.load import available_cores
 from ...models import build
+from ...models import quant as quantization
 from ...models.build import ACTIVATIONS
 from .spec import RunSpec, device_defaults
 from ...runner import shard as sharding
@@ -27,7 +28,7 @@ def validate(spec: RunSpec) -> RunSpec:
     device = dev.resolve(spec.device)
     spec = device_defaults(spec, device.type)
     for axis, option in (("models", "--model"), ("tasks", "--task"), ("backends", "--backend"),
-                         ("dtypes", "--dtype"), ("batches", "--batch"), ("seqs", "--seq")):
+                         ("dtypes", "--dtype"), ("quants", "--quant"), ("batches", "--batch"), ("seqs", "--seq")):
         if not getattr(spec, axis):
             raise SpecError(f"{option} is empty: give at least one value (an empty axis measures nothing)")
         check_once(getattr(spec, axis), option)
@@ -37,6 +38,7 @@ def validate(spec: RunSpec) -> RunSpec:
     for d in spec.dtypes:
         dev.torch_dtype(d)
         dev.check_dtype_runs(str(device), d)
+    check_quants(spec, device)
     for v, what in [*((b, "batch") for b in spec.batches), *((s, "seq") for s in spec.seqs)]:
         if v < 1:
             raise SpecError(f"{what} must be at least 1, got {v}")
@@ -107,6 +109,27 @@ def validate(spec: RunSpec) -> RunSpec:
     return spec
 
 
+def check_quants(spec: RunSpec, device) -> None:
+    """--quant: each name known, its library installed, the device able to run it (as --dtype is checked); and a grid
+    whose every quantized cell would be `unsupported` (backends that quantize on their own, or not at all; dtype
+    fp8 alone) is refused rather than run to exit 0 with nothing measured."""
+    asked = [q for q in spec.quants if q != "none"]
+    if not asked:
+        return
+    capability = dev.nvml_capability(device.index or 0) if device.type == "cuda" else None
+    quantization.check(spec.quants, device.type, capability)
+    takers = [b for b in spec.backends if backends.get(b).quant_refusal is None]
+    if not takers:
+        raise SpecError(f"--quant {','.join(asked)}: {backends.get(spec.backends[0]).quant_refusal}; add a backend "
+                        "that takes it (eager, sdpa, compile, ...) or leave --quant out")
+    if not any(quantization.unsupported_reason(q, d, device.type, capability) is None for q in asked
+               for d in spec.dtypes):
+        raise SpecError(quantization.unsupported_reason(asked[0], spec.dtypes[0], device.type, capability))
+    if set(spec.tasks) == {"generate"}:
+        raise SpecError(f"--quant {','.join(asked)} measures the inference tasks; generation runs unquantized: "
+                        "leave --quant out with --task generate")
+
+
 def check_data_parallel(spec: RunSpec) -> None:
     """`run --nproc N` splits each batch over N GPUs of this node."""
     device = dev.resolve(spec.device)
@@ -126,11 +149,11 @@ def expand(spec: RunSpec) -> list[Cell]:
     """Cells ordered so that a worker reuses its model and batches grow within each OOM group."""
     device = str(dev.resolve(spec.device))
     cells = []
-    for model, task, dtype, backend, seq, batch in itertools.product(
-        spec.models, spec.tasks, spec.dtypes, spec.backends, sorted(spec.seqs), sorted(spec.batches)
+    for model, task, dtype, backend, quant, seq, batch in itertools.product(
+        spec.models, spec.tasks, spec.dtypes, spec.backends, spec.quants, sorted(spec.seqs), sorted(spec.batches)
     ):
         cells.append(Cell(
-            model=model, task=task, backend=backend, dtype=dtype, batch=batch, seq=seq, device=device,
+            model=model, task=task, backend=backend, dtype=dtype, quant=quant, batch=batch, seq=seq, device=device,
             seq_stdev=spec.seq_stdev, activation=spec.activation, embeddings=spec.embeddings,
             new_tokens=spec.new_tokens, compile_mode=spec.compile_mode, seed=spec.seed, warmup=spec.warmup,
             min_time=spec.min_time, min_count=spec.min_count, nproc=spec.nproc,

