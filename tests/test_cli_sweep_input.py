@@ -87,7 +87,7 @@ CLASSES = {
     "--url": "text", "--api": "choice", "--served-model": "text", "--tokenizer": "text", "--reference-model": "text",
     "--host": "host", "--served-model-name": "name", "--warm-lengths": "int-list",
     "compare:--markdown": "out-file", "compare:--github-benchmark": "out-file",
-    "--arrivals": "text", "--trace": "text", "--slo": "text", "--percentiles": "float-list",
+    "--arrivals": "text", "--trace": "text", "--slo": "text", "--percentiles": "float-list", "--quant": "choice-list",
 }
 
 
