@@ -190,7 +190,7 @@ def temp_files(what: str):
                         "rerun the same command with the run's --name to go on") from None
 
 
-def _start_without_main(proc) -> None:
+def start_without_main(proc) -> None:
     """Start a spawned process without re-running the user's script in it. Spawn re-imports `__main__`
     from its file (or module name) in every child, so a script that calls the API at module level, with
     no `if __name__ == "__main__":` guard, would run again there and fail. Workers need nothing
@@ -220,7 +220,7 @@ class Worker:
         self.conn, child = ctx.Pipe()
         env = {"TRANSBENCH_PARENT_PID": str(os.getpid()), **(env or {})}
         self.proc = ctx.Process(target=_child_main, args=(child, env, self.log_path), daemon=True)
-        _start_without_main(self.proc)
+        start_without_main(self.proc)
         child.close()
         self.left_mb: float | None = None  # what the last cell left allocated after its release
 

@@ -1,11 +1,12 @@
-"""`transbench server`: an OpenAI-compatible HTTP server (Starlette on uvicorn) over the model thread
-(server_model.py): `/v1/embeddings` for an encoder, `/v1/completions` (streamed with `stream: true`) for a decoder,
+"""`transbench server`: an OpenAI-compatible HTTP server (Starlette on uvicorn) over the model, which runs in a
+process of its own (model_process.py, around server_model.py's model thread): `/v1/embeddings` for an encoder,
+`/v1/completions` (streamed with `stream: true`) for a decoder,
 `/v1/models`, `/health` and `/metrics` (Prometheus text format).
 
 The backend is prepared (correctness gate, shapes warmed) before the server listens, so it is healthy from its first
 answer. A bad request (not JSON, a missing field, an unknown model, too long an input) is answered with a 4xx and
 an OpenAI-style `{"error": {"message", "type"}}` body, and the server goes on. SIGTERM or SIGINT ends it cleanly:
-it stops accepting, lets the requests in flight finish (up to GRACE_S), then stops the model thread.
+it stops accepting, lets the requests in flight finish (up to GRACE_S), then stops the model's process.
 
 Decoding is greedy (temperature and top_p are accepted and not applied: a benchmark wants a known output), and
 `ignore_eos` is what the server always does: a completion has exactly `max_tokens` tokens."""
@@ -23,8 +24,9 @@ import uuid
 
 from ... import boundary
 from ...errors import SpecError
+from .model_process import ModelProcess
 from .prompts import HFTokenizer, WordTokenizer, has_tokenizer
-from .server_model import Job, ModelThread
+from .server_model import Emit, Job
 
 GRACE_S = 10.0  # seconds the requests in flight get to finish after SIGTERM
 MAX_BODY = 16 * 2**20  # a request body past this is refused (413) before it is parsed
@@ -48,9 +50,9 @@ def need_server_extra() -> None:
 
 
 class Api:
-    """The request handlers, over one model thread and one tokenizer."""
+    """The request handlers, over one model (its process) and one tokenizer."""
 
-    def __init__(self, spec, ref, decoder: bool, model: ModelThread, tokenizer):
+    def __init__(self, spec, ref, decoder: bool, model: ModelProcess, tokenizer):
         self.spec, self.ref, self.decoder, self.model, self.tok = spec, ref, decoder, model, tokenizer
         self.name = spec.served_model_name
         self.vocab = ref.shape.vocab
@@ -64,7 +66,7 @@ class Api:
                             status_code=exc.status)
 
     async def body(self, request) -> dict:
-        if not self.model.alive:  # the model thread has failed: nothing would answer a request queued for it
+        if not self.model.alive:  # the model has failed: nothing would answer a request queued for it
             raise BadRequest(f"the model is not serving: {self.model.failure}", 503, "server_error")
         raw = await request.body()
         if len(raw) > MAX_BODY:
@@ -101,17 +103,9 @@ class Api:
         return ids
 
     def bridge(self):
-        """An asyncio queue the model thread can fill, and the emit function it calls."""
-        loop = asyncio.get_running_loop()
+        """An asyncio queue the model can fill, and the emit function it calls."""
         q: asyncio.Queue = asyncio.Queue()
-
-        def emit(kind, value) -> None:
-            try:
-                loop.call_soon_threadsafe(q.put_nowait, (kind, value))
-            except RuntimeError:  # the loop has closed (shutdown): nobody waits for it any more
-                pass
-
-        return q, emit
+        return q, Emit(asyncio.get_running_loop(), q)
 
     # --- endpoints ------------------------------------------------------------------------------------
 
@@ -281,11 +275,11 @@ def run(spec, ref, decoder: bool, on_ready=lambda info: None) -> str | None:
     if main:  # noted here; uvicorn takes these over while it serves and raises them again once it has shut down
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda s, f: stopped.append(s))
-    # The model thread holds the GIL through each batch's Python (a transformers forward, a decode step's launches);
-    # the event loop, answering and streaming, waits for it up to the switch interval each time (5 ms by default).
+    # The model runs in a process of its own (model_process.py says why); here the event loop shares the interpreter
+    # lock with the threads that pass messages to it, and gets it back within the switch interval (5 ms by default).
     switch = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_S)
-    model = ModelThread(spec, ref, decoder)
+    model = ModelProcess(spec, ref, decoder)
     try:
         model.start()
         while not model.ready.wait(0.2):

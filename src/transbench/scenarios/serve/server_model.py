@@ -36,6 +36,20 @@ class Job:
     arrival: float = field(default_factory=time.perf_counter)
 
 
+class Emit:
+    """A Job's emit for a request waiting on an event loop: hands (kind, value) to its asyncio queue from any
+    thread. `loop` and `put` let a sender hand many results to one loop in one wake-up (model_process.py)."""
+
+    def __init__(self, loop, q):
+        self.loop, self.put = loop, q.put_nowait
+
+    def __call__(self, kind: str, value) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.put, (kind, value))
+        except RuntimeError:  # the loop has closed (shutdown): nobody waits for it any more
+            pass
+
+
 class Histogram:
     """A Prometheus histogram's counts: cumulative per upper bound, a sum and a count."""
 
@@ -76,14 +90,24 @@ class Metrics:
 
     def text(self) -> str:
         """The Prometheus text exposition format (version 0.0.4)."""
+        return self.model_text() + self.request_text()
+
+    def model_text(self) -> str:
+        """The model's side: its queue and batches (kept where the model runs: model_process.py)."""
         with self.lock:
-            out = ["# HELP transbench_queue_depth Requests waiting for a batch.",
-                   "# TYPE transbench_queue_depth gauge", f"transbench_queue_depth {self.queue_depth}",
-                   "# HELP transbench_batch_size Requests per batch run.", "# TYPE transbench_batch_size histogram",
-                   *self.batch_sizes.lines("transbench_batch_size"),
-                   "# HELP transbench_batch_seconds Seconds a batch ran on the model.",
-                   "# TYPE transbench_batch_seconds histogram", *self.service.lines("transbench_batch_seconds"),
-                   "# HELP transbench_request_seconds Seconds from a request's receipt to its answer's end.",
+            return "\n".join(["# HELP transbench_queue_depth Requests waiting for a batch.",
+                              "# TYPE transbench_queue_depth gauge", f"transbench_queue_depth {self.queue_depth}",
+                              "# HELP transbench_batch_size Requests per batch run.",
+                              "# TYPE transbench_batch_size histogram",
+                              *self.batch_sizes.lines("transbench_batch_size"),
+                              "# HELP transbench_batch_seconds Seconds a batch ran on the model.",
+                              "# TYPE transbench_batch_seconds histogram",
+                              *self.service.lines("transbench_batch_seconds")]) + "\n"
+
+    def request_text(self) -> str:
+        """The HTTP side: requests answered and their latencies (kept where the event loop runs)."""
+        with self.lock:
+            out = ["# HELP transbench_request_seconds Seconds from a request's receipt to its answer's end.",
                    "# TYPE transbench_request_seconds histogram"]
             for endpoint, h in sorted(self.latency.items()):
                 out += h.lines("transbench_request_seconds", f'endpoint="{endpoint}"')
@@ -105,6 +129,9 @@ class ModelThread:
         self.failure: str | None = None  # why preparing (or serving) failed
         self.info: dict = {}
         self.thread = threading.Thread(target=self._main, name="transbench-model", daemon=True)
+        # Called after each batch's (or decode step's) emits: a process that passes them on sends them as one
+        # message then (model_process.py); in-process there is nothing to gather.
+        self.flush: Callable[[], None] = lambda: None
 
     # --- the event loop's side ----------------------------------------------------------------------
 
@@ -223,6 +250,7 @@ class ModelThread:
             except Exception as exc:  # noqa: BLE001  (one batch's failure is its requests' 500, not the server's end)
                 for job in batch:
                     job.emit("error", f"{type(exc).__name__}: {exc}")
+                self.flush()
             with self.metrics.lock:
                 self.metrics.batch_sizes.observe(len(batch))
                 self.metrics.service.observe(time.perf_counter() - start)
@@ -235,6 +263,7 @@ class ModelThread:
                 return
             if job is not None:
                 job.emit("error", why)
+                self.flush()
 
     def _run(self, batch: list[Job]) -> None:
         if self.decoder:
@@ -266,6 +295,7 @@ class ModelThread:
         pooled = ((hidden * m).sum(1) / m.sum(1)).cpu()  # mean over each input's tokens
         for j, row in zip(batch, pooled):
             j.emit("embedding", row.tolist())
+        self.flush()
 
     def _generator(self, batch: int, length: int):
         from ...backends.decoders import make_generator
@@ -304,3 +334,4 @@ class ModelThread:
                     j.emit("token", t)
                     if k + 1 == j.max_tokens:
                         j.emit("done", None)
+            self.flush()

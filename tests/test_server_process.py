@@ -1,0 +1,104 @@
+"""`transbench server` runs its model in a process of its own (scenarios/serve/model_process.py): requests and
+results cross one pipe, gathered so that no message is sent per request, and a child that dies leaves no request
+waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from transbench.scenarios.serve import model_process as mp_
+from transbench.scenarios.serve.server_model import Emit, Job
+
+
+def test_the_sender_gathers_what_is_queued_into_one_message_and_ends_with_its_last():
+    out: queue.Queue = queue.Queue()
+    for i in range(5):
+        out.put(i)
+    out.put(mp_.STOP)
+    sent = []
+    mp_.sender(out, sent.append, "jobs", ("stop",))
+    assert sent == [("jobs", [0, 1, 2, 3, 4]), ("stop",)]
+
+
+class Loop:
+    def __init__(self):
+        self.calls = []
+
+    def call_soon_threadsafe(self, fn, *args):
+        self.calls.append((fn, args))
+
+
+def test_a_message_of_results_wakes_each_event_loop_once():
+    proc = mp_.ModelProcess(None, None, False)  # not started: its delivery alone
+    loop, got = Loop(), {0: [], 1: []}
+    proc._emits = {0: Emit(loop, type("Q", (), {"put_nowait": got[0].append})()),
+                   1: Emit(loop, type("Q", (), {"put_nowait": got[1].append})())}
+    proc._deliver([(0, "token", 5), (1, "token", 6), (0, "done", None), (2, "token", 1)])  # 2: nobody waits
+    assert len(loop.calls) == 1
+    fn, (puts,) = loop.calls[0]
+    fn(puts)
+    assert got == {0: [("token", 5), ("done", None)], 1: [("token", 6)]}
+    assert list(proc._emits) == [1]  # 0 ended; 1 streams on
+
+
+def test_a_child_that_ends_answers_every_waiting_request_with_why():
+    proc = mp_.ModelProcess(None, None, False)
+    heard = []
+    proc.submit(Job([1, 2], lambda kind, value: heard.append((kind, value))))
+    proc._child_conn.close()  # the child's end of the pipe gone: the reader sees the end
+    proc._reader.start()
+    proc._reader.join(10)
+    assert proc.ready.is_set() and not proc.alive
+    assert heard == [("error", "the model process ended")]
+    late = []
+    proc.submit(Job([3], lambda kind, value: late.append((kind, value))))
+    assert late == [("error", "the model process ended")]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the model's process through /proc")
+def test_a_killed_model_process_turns_health_503_and_requests_500_and_the_server_stops_cleanly(tmp_path):
+    from test_serve_http import Server
+
+    from transbench.models import build
+
+    ckpt = tmp_path / "bert"
+    build.build_model(build.resolve("bert-tiny"), "base").save_pretrained(ckpt)
+    server = Server("--model", str(ckpt), "--max-length", "32", "--max-batch-size", "4")
+    try:
+        name = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+        ok = httpx.post(server.url + "/v1/embeddings", json={"model": name, "input": "the of"}, timeout=10)
+        assert ok.status_code == 200
+        children = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+        model = [int(c) for c in children if "spawn_main" in open(f"/proc/{c}/cmdline").read().replace("\0", " ")]
+        assert len(model) == 1, children
+        os.kill(model[0], signal.SIGKILL)
+        deadline = time.time() + 20
+        while httpx.get(server.url + "/health").status_code == 200 and time.time() < deadline:
+            time.sleep(0.1)
+        health = httpx.get(server.url + "/health")
+        assert health.status_code == 503 and "exit code -9" in health.json()["error"]
+        resp = httpx.post(server.url + "/v1/embeddings", json={"model": name, "input": "and"}, timeout=10)
+        assert resp.status_code == 503 and "the model is not serving" in resp.json()["error"]["message"]
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
+    assert "Traceback" not in err
+
+
+def test_emit_hands_results_to_its_loop_from_another_thread():
+    async def main():
+        q: asyncio.Queue = asyncio.Queue()
+        emit = Emit(asyncio.get_running_loop(), q)
+        await asyncio.to_thread(emit, "embedding", [1.0])
+        return await asyncio.wait_for(q.get(), 5)
+
+    assert asyncio.run(main()) == ("embedding", [1.0])
