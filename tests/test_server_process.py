@@ -5,16 +5,21 @@ waiting."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import queue
 import signal
+import struct
 import subprocess
 import time
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from transbench.scenarios.serve import model_process as mp_
+from transbench.scenarios.serve.http_client import embedding_values
 from transbench.scenarios.serve.server_model import Emit, Job
 
 
@@ -65,7 +70,7 @@ def test_a_child_that_ends_answers_every_waiting_request_with_why():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the model's process through /proc")
-def test_a_killed_model_process_turns_health_503_and_requests_500_and_the_server_stops_cleanly(tmp_path):
+def test_base64_embeddings_and_a_killed_model_process_turning_health_and_requests_503(tmp_path):
     from test_serve_http import Server
 
     from transbench.models import build
@@ -77,6 +82,14 @@ def test_a_killed_model_process_turns_health_503_and_requests_500_and_the_server
         name = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
         ok = httpx.post(server.url + "/v1/embeddings", json={"model": name, "input": "the of"}, timeout=10)
         assert ok.status_code == 200
+        # encoding_format: base64 of the same float32 values (OpenAI's client asks for it by default)
+        b64 = httpx.post(server.url + "/v1/embeddings", json={"model": name, "input": "the of",
+                                                                "encoding_format": "base64"}, timeout=10)
+        assert b64.status_code == 200 and isinstance(b64.json()["data"][0]["embedding"], str)
+        floats = ok.json()["data"][0]["embedding"]
+        assert embedding_values(b64.json()["data"][0]["embedding"]) == pytest.approx(floats, rel=1e-6, abs=1e-6)
+        bad = httpx.post(server.url + "/v1/embeddings", json={"model": name, "input": "a", "encoding_format": "hex"})
+        assert bad.status_code == 400 and "encoding_format" in bad.json()["error"]["message"]
         children = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
         model = [int(c) for c in children if "spawn_main" in open(f"/proc/{c}/cmdline").read().replace("\0", " ")]
         assert len(model) == 1, children
@@ -102,3 +115,16 @@ def test_emit_hands_results_to_its_loop_from_another_thread():
         return await asyncio.wait_for(q.get(), 5)
 
     assert asyncio.run(main()) == ("embedding", [1.0])
+
+
+@given(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1, max_size=64))
+def test_an_embedding_reads_the_same_from_base64_and_from_a_list(values):
+    raw = base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
+    assert embedding_values(raw) == values and embedding_values(values) == values
+
+
+@pytest.mark.parametrize("value", ["not base64!", base64.b64encode(b"abc").decode(), "", [], ["1"], [True], {"a": 1},
+                                   None])
+def test_a_malformed_embedding_is_refused(value):
+    with pytest.raises(ValueError):
+        embedding_values(value)

@@ -14,9 +14,11 @@ Decoding is greedy (temperature and top_p are accepted and not applied: a benchm
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -137,6 +139,9 @@ class Api:
             data = await self.body(request)
             if "input" not in data:
                 raise BadRequest("missing field 'input'")
+            encoding = data.get("encoding_format", "float")
+            if encoding not in ("float", "base64"):
+                raise BadRequest("encoding_format must be 'float' or 'base64'")
             given = data["input"]
             # a string, a list of token ids, or a list of either (a batch of inputs)
             many = isinstance(given, list) and bool(given) and all(isinstance(x, (str, list)) for x in given)
@@ -160,6 +165,8 @@ class Api:
         # the answers come back in batch order, which is the submission order within one request
         n = sum(len(x) for x in ids)
         self.model.metrics.request("embeddings", 200, time.perf_counter() - t0)
+        if encoding == "base64":  # little-endian float32, as OpenAI's API defines it
+            out = [base64.b64encode(struct.pack(f"<{len(e)}f", *e)).decode("ascii") for e in out]
         return JSONResponse({"object": "list", "model": self.name,
                              "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(out)],
                              "usage": {"prompt_tokens": n, "total_tokens": n}})
