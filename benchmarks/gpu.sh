@@ -22,6 +22,7 @@ PARTS=(
   "targets|6 min|the fp8 throughput rows: bert-base 256x128, bert-large 128x384, fp16 and fp8 vs sdpa"
   "fp8|9 min|the fp8 table (bert-base 1/8/256x128, bert-large 128x384), with embeddings, fp8 profile and MFU"
   "startup|4 min|first calls of the fused engine, cold and after tune; a fresh gpt2 generator vs one reused"
+  "first-process|4 min|bert-base fp8 256x128 in a first process: empty table, a nearby shape tuned, the shape tuned"
   "memory|10 min|peak memory of fused vs sdpa over the tuned bert-base fp16 grid"
   "isolation|9 min|memory per cell: a gpt2 grid of four backends in one run vs each sdpa cell alone"
   "sampler|8 min|sampler and micro gemm vs plain loops, energy per sequence, compare of two identical runs"
@@ -183,6 +184,10 @@ part_startup() {
   timeout 100 python3 $B/engine_startup.py generate --requests 5
   timeout 60 $TB tune --model bert-base-uncased --batch 8 --seq 384 --dtype fp16 2>&1 | grep -E "^batch"
   timeout 60 python3 $B/engine_startup.py first-call --model bert-base-uncased --shape 8x384 --dtype fp16
+}
+
+part_first_process() {  # each step a process of its own, on its own table (benchmarks/engine_first_process.py)
+  timeout 230 python3 $B/engine_first_process.py --model bert-base-uncased --dtype fp8 --shape 256x128 --nearby 128
 }
 
 part_memory() {
