@@ -9,7 +9,8 @@
 #   rate  fused and cudagraph at the issue's single cell, --rate 2000 (setting a), each command timed (~2 min)
 # Each part fits one 10-minute device call: `bash benchmarks/serve_fused_check.sh OUT a`, then `... OUT b`.
 # Prints per run: preparation seconds (the offline cell's, tuning included; each probe prepares again from the
-# tuner's memory), max rate, and p50/p99 at it with the p99's early-stopping estimate and its request count.
+# tuner's memory), max rate, and p50/p99 at it with the p99's early-stopping estimate and its request count, beside
+# the batches' service time (p99, max): a tail that its batches' service time does not explain is queueing or host.
 set -euo pipefail
 OUT=${1:-serve48}
 PARTS=${2:-a,b}
@@ -46,8 +47,8 @@ wall = dict(line.split(" wall_s ") for line in (out / "wall.txt").read_text().sp
     if (out / "wall.txt").exists() else {}
 def f(v, d=2):
     return "" if v is None else f"{v:,.{d}f}" if isinstance(v, float) else str(v)
-print(f"| run | backend | prepare s | max rate /s | p50 ms | p99 ms | p99 upper ms | requests | graphs under load | wall s |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print(f"| run | backend | prepare s | max rate /s | p50 ms | p99 ms | p99 upper ms | requests | service p99 ms | service max ms | graphs under load | wall s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for p in sorted(out.glob("*.json")):
     recs = json.loads(p.read_text())
     for r in recs:
@@ -55,6 +56,7 @@ for p in sorted(out.glob("*.json")):
             prep = r.get("prepare_s")
             print(f"| {p.stem} | {r['backend']} | {f(prep, 1)} | {f(r.get('max_rate') or r.get('achieved_rate'), 0)} | "
                   f"{f(r.get('latency_p50_ms'))} | {f(r.get('latency_p99_ms'))} | {f(r.get('latency_p99_upper_ms'))} | "
-                  f"{f(r.get('n_requests'))} | {f(r.get('graphs_captured_under_load'))} | {wall.get(p.stem, '')} |"
+                  f"{f(r.get('n_requests'))} | {f(r.get('service_p99_ms'))} | {f(r.get('service_max_ms'))} | "
+                  f"{f(r.get('graphs_captured_under_load'))} | {wall.get(p.stem, '')} |"
                   + ("" if r.get("status") == "ok" else f" {r.get('status')}: {r.get('error')}"))
 PY
