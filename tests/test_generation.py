@@ -49,6 +49,8 @@ def test_generation_records_and_consistency(tmp_path, with_broken):
         # The whole call contains a prefill and N - 1 decode steps. Only the ordering is asserted: ratios of
         # CPU timings taken at different moments fail on a loaded 2-core CI machine (seen: 2.25x).
         assert r["latency_ms"] > r["prefill_ms"]
+        # what a decode step reads over its median time; no datasheet bandwidth for a CPU
+        assert r["decode_gbs"] > 0 and r["decode_hbm_share"] is None
     broken = recs["broken-noise"]  # its own decoder (Backend.generator) is used, and caught
     assert broken["status"] == "wrong" and broken["latency_ms"] is None and broken["prefill_ms"] is None
     assert recs["onnxruntime"]["status"] == "unsupported"
@@ -129,3 +131,28 @@ def test_the_kv_cache_goes_by_the_name_the_installed_transformers_takes():
             warnings.simplefilter("ignore", FutureWarning)  # the old name, on a transformers that renamed it
             c(torch.zeros(1, 4, dtype=torch.long), **{name: object()})
 
+
+
+@pytest.mark.parametrize("name, tied", [("gpt2-tiny", True), ("llama-tiny", False)])
+def test_a_decode_step_reads_every_weight_once_and_not_an_input_table_it_does_not_project_with(name, tied):
+    from transbench.models import build
+    from transbench.scenarios.generation.measure import weight_bytes
+
+    model = build.build_model(build.resolve(name), "causal-lm")
+    every = sum(p.numel() * p.element_size() for p in model.parameters())
+    table = model.get_input_embeddings().weight
+    assert (model.get_output_embeddings().weight is table) == tied
+    assert weight_bytes(model) == (every if tied else every - table.numel() * table.element_size())
+    assert weight_bytes(model.half()) * 2 == weight_bytes(model.float())
+
+
+def test_decode_bandwidth_against_the_datasheet():
+    from types import SimpleNamespace
+
+    from transbench.scenarios.generation.measure import decode_bandwidth
+
+    h100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", memory_gb=79.2)
+    got = decode_bandwidth(250e6, 0.1, h100)  # 250 MB in 0.1 ms: 2,500 GB/s of the H100 SXM's 3,350
+    assert got["decode_gbs"] == pytest.approx(2500) and got["decode_hbm_share"] == pytest.approx(2500 / 3350)
+    assert decode_bandwidth(250e6, 0.1, None) == {"decode_gbs": pytest.approx(2500), "decode_hbm_share": None}
+    assert decode_bandwidth(250e6, None, h100) == {"decode_gbs": None, "decode_hbm_share": None}

@@ -92,6 +92,11 @@ CATALOGUE = (
     Key('kv_cache_analytic_mb', 'KV MiB (analytic)', unit='MiB', kind='generation', always=True,
         doc='the KV cache the config needs: layers x 2 x heads x head size x tokens x bytes'),
     Key('decode_p90_ms_per_token', 'ms/token p90', unit='ms', kind='generation', doc='decode step, 90th percentile'),
+    Key('decode_gbs', 'decode GB/s', unit='GB/s', kind='generation',
+        doc="the bytes a decode step must read (the weights once, the KV cache at the mean context) over its median "
+            "time ([run](run.md#tasks))"),
+    Key('decode_hbm_share', 'decode HBM', unit='fraction', fmt='pct', kind='generation',
+        doc="decode_gbs against the device's datasheet memory bandwidth: how near the step is to its memory floor"),
     Key('ms_per_token', 'ms/token', unit='ms', doc='causal-lm: latency per token of the sequence'),
     Key('ttft_ms', 'TTFT ms', unit='ms', kind='generation', doc='time to first token'),
     Key('itl_p99_ms', 'ITL p99 ms', unit='ms', kind='generation', doc='inter-token latency, 99th percentile'),

@@ -103,6 +103,29 @@ def _agreement(tokens, ref_tokens) -> dict:
     return {"greedy_token_match": float(same.float().mean()), "greedy_first_divergence": first}
 
 
+def weight_bytes(model) -> int:
+    """Bytes of the weights one decode step reads: every parameter once (parameters() yields tied ones once), less
+    an input embedding table that is not also the output projection (a step reads one row of it a sequence). GPT-2's
+    tied table stays: the output projection reads all of it. Position tables count whole (under 1% of gpt2's)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    if inp is not None and (out is None or out.weight is not inp.weight):
+        total -= inp.weight.numel() * inp.weight.element_size()
+    return total
+
+
+def decode_bandwidth(read_bytes: float, decode_ms: float | None, gpu) -> dict:
+    """What a decode step's median time means in memory bandwidth: GB/s, and its share of the device's datasheet
+    bandwidth (None where the device has no row: a CPU, an unknown GPU)."""
+    if not decode_ms:
+        return {"decode_gbs": None, "decode_hbm_share": None}
+    from ...measure import peaks
+
+    gbs = read_bytes / (decode_ms / 1e3) / 1e9
+    row = peaks.lookup(gpu.name, gpu.memory_gb) if gpu is not None else None
+    return {"decode_gbs": gbs, "decode_hbm_share": gbs / row.bandwidth_gbs if row else None}
+
+
 def run(cell: Cell, cache: ModelCache) -> CellResult:
     import torch
 
@@ -154,6 +177,7 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     dec = timer.summarize(decodes) if decodes else None
     mem = memory.snapshot(device)
     gpu = dev.gpu_info(device)
+    weights = weight_bytes(model)
     fl, flops_method = flops.generation_flops(shape, cell.seq, n)
     fl *= cell.batch
     elem = torch.empty((), dtype=dev.torch_dtype(cell.dtype)).element_size()
@@ -170,6 +194,10 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
         # back), next to what the decoder's cache tensors really hold.
         "kv_cache_analytic_mb": flops.kv_cache_bytes(shape, cell.seq + n - 1, elem) * cell.batch / 2**20,
         "kv_cache_mb": measured / 2**20 if measured is not None else None,
+        # A decode step reads every weight and the cache of every token before it: at step k (1..n-1) the prompt
+        # and k tokens, seq + n/2 on average over the steps.
+        **decode_bandwidth(weights + flops.kv_cache_bytes(shape, cell.seq + n // 2, elem) * cell.batch,
+                           dec.median_ms if dec else None, gpu),
     })
     info.update({"stats": sampled.stats.as_dict(), "prefill_stats": pre.as_dict(),
                  "decode_stats": dec.as_dict() if dec else None, "memory": mem, "flops_per_generation": fl,
