@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,21 +91,10 @@ def plan(a: argparse.Namespace) -> list[tuple[str, str, str]]:
     return steps
 
 
-def _cuda_ms(fn, reps: int) -> float:
-    import torch
-
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in ev:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in ev)
-
-
 def measure(a: argparse.Namespace) -> dict:
     """One measuring process: the first call at the shape, then the timed calls (see the module's docstring)."""
     import torch
+    from engine_bench import bench  # the CUDA-event timer of benchmarks/engine_bench.py (this script's folder)
 
     from transbench.engine import compile_model, tuning
     from transbench.engine.compiled import BERT_LIKE
@@ -137,7 +125,7 @@ def measure(a: argparse.Namespace) -> dict:
         for _ in range(a.warmup):
             fn()
         torch.cuda.synchronize()
-        ms = _cuda_ms(fn, a.reps)
+        ms = bench(fn, min_reps=a.reps, max_reps=a.reps)
     counts = dict.fromkeys(ORIGINS, 0)
     for shape in c.tuning().values():
         for o, n in (shape.get("origins") or {}).items():
