@@ -47,3 +47,18 @@ def test_the_engine_reads_its_captured_sizes_from_the_forward_keys():
                                                            ("fwd", 16, 512, False, 896, False, True, True): 0,
                                                            ("dec", 32, 512, False, 2048): 0}))
     assert EngineBase.captured_sizes(fake, 32, 512) == {1792}
+
+
+def test_the_sizes_are_worked_out_again_only_when_the_graphs_change():
+    from types import SimpleNamespace
+
+    from transbench.engine.base import EngineBase
+
+    key = ("fwd", 32, 512, False, 1920, False, True, True)
+    fake = SimpleNamespace(graphs=SimpleNamespace(entries={key: 0}, captures=1), _reused={})
+    fake.captured_sizes = lambda B, S: EngineBase.captured_sizes(fake, B, S)
+    first = EngineBase._reuse(fake, 32, 512, LADDER)
+    assert first[0] == 1920 and EngineBase._reuse(fake, 32, 512, LADDER) is first  # no change: the same list
+    fake.graphs.entries[key[:4] + (1536,) + key[5:]] = 0  # a capture under load
+    fake.graphs.captures = 2
+    assert EngineBase._reuse(fake, 32, 512, LADDER)[:2] == [1536, 1920]

@@ -36,6 +36,7 @@ class EngineBase:
         # Set by a server once its load starts (CompiledModel.set_reuse_captured): a padded call runs the smallest
         # captured packed size that holds it instead of capturing its own (packing.reuse_sizes says why).
         self.reuse_captured = False
+        self._reused: dict[tuple[int, int], tuple] = {}  # (B, S) -> (the graphs' state, its sizes)
 
     def token_sizes(self, B: int, S: int) -> list[int] | None:
         """The packed sizes a padded (B, S) call can run: opts.token_growth's ladder, or None (multiples of bucket)."""
@@ -102,9 +103,17 @@ class EngineBase:
         o = self.opts.options
         sizes = self.token_sizes(B, S)
         if sizes and self.reuse_captured:
-            sizes = reuse_sizes(sizes, self.captured_sizes(B, S))
+            sizes = self._reuse(B, S, sizes)
         return make_packing(None if mask is None else mask.to(self.opts.device), B, S, self.bucket, o.pack_max_s,
                             o.pack_max_tokens, sizes)
+
+    def _reuse(self, B: int, S: int, sizes: list[int]) -> list[int]:
+        """reuse_sizes for (B, S), worked out again only when the graphs changed: this is every serving call's path."""
+        state = (self.graphs.captures, len(self.graphs.entries))
+        hit = self._reused.get((B, S))
+        if hit is None or hit[0] != state:
+            hit = self._reused[(B, S)] = (state, reuse_sizes(sizes, self.captured_sizes(B, S)))
+        return hit[1]
 
     def captured_sizes(self, B: int, S: int) -> set[int]:
         """The packed sizes of (B, S) forwards with a captured graph (forward's key: "fwd", B, S, dense, tokens, ...)."""
