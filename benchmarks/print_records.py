@@ -4,8 +4,8 @@
 import json
 import sys
 
-KEYS = ("dtype", "quant", "status", "latency_ms", "throughput_per_s", "rel_err", "task_agreement", "host_ms",
-        "peak_mem_mb", "sm_clock_mhz")
+KEYS = ("run_name", "model", "dtype", "quant", "status", "latency_ms", "throughput_per_s", "rel_err", "task_agreement", "host_ms",
+        "peak_mem_mb", "sm_clock_mhz", "busy_cores")
 
 if __name__ == "__main__":
     path, label = sys.argv[1], " ".join(sys.argv[2:])
