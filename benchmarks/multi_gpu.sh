@@ -43,6 +43,8 @@ STEPS="--steps 10 --warmup 3"
 BERT="--model bert-large-uncased --task mlm --seq 128 --dtype bf16 --optim adamw-fused --backend sdpa --head masked --batch 128"
 GPT2="--model gpt2-large --task causal-lm --seq 1024 --dtype bf16 --optim adamw-fused --backend sdpa --batch 8"
 DEADLINE_S=${DEADLINE_S:-540}
+# the ZeRO stages of the deepspeed parts (ZERO_STAGES=3 reruns only stage 3)
+ZERO_STAGES=${ZERO_STAGES:-1,2,3}
 # the models of the inference part (INFER_MODELS=bert-large-uncased reruns only the larger one)
 INFER_MODELS=${INFER_MODELS:-bert-base-uncased,bert-large-uncased}
 START=$(date +%s)
@@ -123,15 +125,15 @@ for part in "${PARTS[@]}"; do
     deepspeed-bert|deepspeed-gpt2)
       if deepspeed_ready; then
         if [ "$part" = deepspeed-bert ]; then model=bert; args=$BERT; box=300; else model=gpt2; args=$GPT2; box=420; fi
-        box $box "ds_$model" $TB train $args --strategy deepspeed --zero-stage 1,2,3 --nproc "$NPROCS" $STEPS \
+        box $box "ds_$model" $TB train $args --strategy deepspeed --zero-stage "$ZERO_STAGES" --nproc "$NPROCS" $STEPS \
           --timeout 200 --name "$model-deepspeed" --db "$TRAIN_DB" --wide
       fi ;;
     deepspeed)
       if deepspeed_ready; then
         # torch's fused AdamW under ZeRO (zero_allow_untested_optimizer): no DeepSpeed op to build with ninja first
-        box 300 ds_bert $TB train $BERT --strategy deepspeed --zero-stage 1,2,3 --nproc "$NPROCS" $STEPS \
+        box 300 ds_bert $TB train $BERT --strategy deepspeed --zero-stage "$ZERO_STAGES" --nproc "$NPROCS" $STEPS \
           --timeout 150 --name bert-deepspeed --db "$TRAIN_DB" --wide
-        box 420 ds_gpt2 $TB train $GPT2 --strategy deepspeed --zero-stage 1,2,3 --nproc "$NPROCS" $STEPS \
+        box 420 ds_gpt2 $TB train $GPT2 --strategy deepspeed --zero-stage "$ZERO_STAGES" --nproc "$NPROCS" $STEPS \
           --timeout 200 --name gpt2-deepspeed --db "$TRAIN_DB" --wide
       fi ;;
     *) echo "unknown part '$part'"; exit 2 ;;
