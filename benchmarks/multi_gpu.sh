@@ -10,7 +10,8 @@
 #                all-reduce time and share per step, memory split per GPU)
 #   dp           the same step under torch.nn.DataParallel on 2 and 4 GPUs (one process), beside DDP's
 #   infer        run --nproc 1,2,4: bert-base and bert-large, fp16 sdpa, batch 256, seq 128 and 384
-#   lanes        a 16-cell grid on one lane, then over --gpus 0,1,2,3: wall times and each cell's figure
+#   lanes        a 16-cell grid on one lane, then over --gpus 0,1,2,3, then on one lane again: wall times, each cell's
+#                figure on the lanes against one lane, and one lane's own run-to-run change
 #                (LANES_BATCHES=8,256 halves the grid)
 #   p2p          DDP with NCCL_P2P_DISABLE=1 on 2 and 4 GPUs (bert-large)
 #   train-gpt2   gpt2-large causal LM seq 1024, bf16, fused AdamW: one GPU, DDP on 2 and 4
@@ -107,7 +108,9 @@ for part in "${PARTS[@]}"; do
     lanes)
       GRID="--model bert-base-uncased,bert-large-uncased --backend sdpa --dtype fp16 --batch ${LANES_BATCHES:-1,8,64,256} --seq 128,384 --min-time 0.5"
       box 200 lanes_1 $TB run $GRID --name lanes-one --db "$OUT/lanes.db"
-      box 120 lanes_n $TB run $GRID --gpus "$GPULIST" --name lanes-all --db "$OUT/lanes.db" ;;
+      box 120 lanes_n $TB run $GRID --gpus "$GPULIST" --name lanes-all --db "$OUT/lanes.db"
+      # one lane once more: how far a cell moves between two runs on one lane, the yardstick for the lanes' ratios
+      box 200 lanes_1b $TB run $GRID --name lanes-one-again --db "$OUT/lanes.db" ;;
     p2p)
       box 150 train_p2p $TB train $BERT --strategy ddp --nproc "$NPROCS" --nccl-p2p off $STEPS --timeout 120 \
         --name bert-ddp-nop2p --db "$TRAIN_DB" --wide ;;

@@ -162,20 +162,34 @@ def lanes(out: str) -> list[str]:
             if m:
                 walls[m.group(1)] = (m.group(2), m.group(3))
     key = lambda r: (r["model"], r["backend"], r["dtype"], r["batch_size"], r["seq_len"])  # noqa: E731
-    one = {key(r): r for r in recs if r["run_name"] == "lanes-one" and r["status"] == "ok"}
-    many = {key(r): r for r in recs if r["run_name"] == "lanes-all" and r["status"] == "ok"}
-    rows, within = [], 0
+    ok = lambda name: {key(r): r for r in recs if r["run_name"] == name and r["status"] == "ok"}  # noqa: E731
+    one, many, again = ok("lanes-one"), ok("lanes-all"), ok("lanes-one-again")
+    rows, within, spread = [], 0, 0
     for k in sorted(set(one) & set(many)):
         ratio = many[k]["latency_ms"] / one[k]["latency_ms"]
         within += abs(ratio - 1) <= 0.05
-        rows.append([*k, fmt(one[k]["latency_ms"]), fmt(many[k]["latency_ms"]), f"{ratio:.3f}",
-                     many[k].get("gpu") or "-"])
+        row = [*k, fmt(one[k]["latency_ms"]), fmt(many[k]["latency_ms"]), f"{ratio:.3f}"]
+        if k in again:
+            # the lanes' figure against the range of the two one-lane runs, widened by 5%
+            lo = min(one[k]["latency_ms"], again[k]["latency_ms"]) * 0.95
+            hi = max(one[k]["latency_ms"], again[k]["latency_ms"]) * 1.05
+            inside = lo <= many[k]["latency_ms"] <= hi
+            spread += inside
+            row += [fmt(again[k]["latency_ms"]), f"{again[k]['latency_ms'] / one[k]['latency_ms']:.3f}",
+                    "yes" if inside else "no"]
+        else:
+            row += ["-", "-", "-"]
+        rows.append(row + [many[k].get("gpu") or "-"])
     lines = ["## One lane against one lane per GPU (`run --gpus`)", ""]
-    for name, label in (("lanes_1", "one lane"), ("lanes_n", "--gpus (all)")):
+    for name, label in (("lanes_1", "one lane"), ("lanes_n", "--gpus (all)"), ("lanes_1b", "one lane again")):
         if name in walls:
             lines.append(f"- {label}: wall {walls[name][1]} s (exit {walls[name][0]})")
-    lines += ["", f"{within} of {len(rows)} cells within 5% of the same cell on one lane.", "",
-              table(["model", "backend", "dtype", "batch", "seq", "one lane ms", "lanes ms", "ratio", "gpu"], rows), ""]
+    lines += ["", f"{within} of {len(rows)} cells within 5% of the same cell on one lane."]
+    if again:
+        lines.append(f"{spread} of {len(rows)} cells within the two one-lane runs' range widened by 5% "
+                     "(one lane's own run-to-run change: the 'again' ratio).")
+    lines += ["", table(["model", "backend", "dtype", "batch", "seq", "one lane ms", "lanes ms", "ratio",
+                         "one lane again ms", "again ratio", "in range", "gpu"], rows), ""]
     return lines
 
 

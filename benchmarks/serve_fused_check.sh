@@ -50,7 +50,8 @@ def f(v, d=2):
 print(f"| run | backend | prepare s | max rate /s | p50 ms | p99 ms | p99 upper ms | requests | service p99 ms | service max ms | graphs under load | wall s |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for p in sorted(out.glob("*.json")):
-    recs = json.loads(p.read_text())
+    doc = json.loads(p.read_text())
+    recs = doc.get("cells", []) if isinstance(doc, dict) else doc  # a versioned record: its cells
     for r in recs:
         if r.get("scenario") == "serve-max-rate" or (p.stem.startswith("rate-") and r.get("mode") == "rate"):
             prep = r.get("prepare_s")

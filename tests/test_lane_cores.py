@@ -40,3 +40,22 @@ def test_a_lane_runs_its_worker_on_its_cores_with_that_many_threads():
     assert result.status == "ok", result.error
     assert result.record["cpus"] == mine[:1] and result.record["torch_threads"] == 1
     assert result.info["lane_cpus"] == f"1 cores from {mine[0]}"
+
+
+def test_a_physical_cores_hyperthreads_stay_in_one_lane(monkeypatch):
+    # 8 logical CPUs on 4 cores, siblings numbered as Linux does on x86 (cpu i and i + 4)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(sweep, "_siblings", lambda c: frozenset({c % 4, c % 4 + 4}))
+    shares = sweep.lane_cores(2)
+    assert shares == [[0, 1, 4, 5], [2, 3, 6, 7]]
+
+
+def test_fewer_physical_cores_than_lanes_splits_the_logical_cpus(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    monkeypatch.setattr(sweep, "_siblings", lambda c: frozenset({c % 2, c % 2 + 2}))
+    assert sweep.lane_cores(4) == [[0], [1], [2], [3]]
+
+
+def test_siblings_read_from_this_machine_include_the_cpu_itself():
+    cpu = sorted(os.sched_getaffinity(0))[0] if hasattr(os, "sched_getaffinity") else 0
+    assert cpu in sweep._siblings(cpu)

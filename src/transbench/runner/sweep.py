@@ -119,24 +119,50 @@ class _Interrupted(Exception):
     """A lane's cell ended because the sweep was interrupted (run_grid): its result is not the cell's."""
 
 
+def _siblings(cpu: int) -> frozenset[int]:
+    """The logical CPUs that share `cpu`'s physical core (its hyperthreads), from sysfs; the CPU alone where the
+    kernel does not say."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+            text = f.read().strip()
+    except OSError:
+        return frozenset({cpu})
+    out = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.strip().isdigit() and (not hi or hi.strip().isdigit()):
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(out) if cpu in out else frozenset({cpu})
+
+
 def lane_cores(lanes: int) -> list[list[int] | None]:
     """The host cores of each of `lanes` lanes: disjoint slices of this process's affinity, so one lane's model
-    build or CPU reference does not run on the cores another lane launches its kernels from. Measured on 4 x H100
-    with unpinned lanes (benchmarks/results/multi_gpu_h100x4_2026-11.md): the host-bound cells of one lane moved by
-    factors of 0.778 to 1.518 while the other lanes kept 40.17 to 50.78 cores busy. One lane, or fewer cores than lanes: no pinning."""
+    build or CPU reference does not run on the cores another lane launches its kernels from. A slice takes whole
+    physical cores (a core's hyperthreads stay in one lane), since two lanes' launch threads on the two halves of
+    one core slow each other down. Measured on 4 x H100 with unpinned lanes
+    (benchmarks/results/multi_gpu_h100x4_2026-11.md): the host-bound cells of one lane moved by factors of 0.778
+    to 1.518 while the other lanes kept 40.17 to 50.78 cores busy. One lane, or fewer cores than lanes: no pinning."""
     from ..measure.load import available_cores
 
     try:
-        cores = sorted(os.sched_getaffinity(0))
+        cpus = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cores = list(range(available_cores()))
-    if lanes <= 1 or len(cores) < lanes:
+        cpus = list(range(available_cores()))
+    if lanes <= 1 or len(cpus) < lanes:
         return [None] * max(1, lanes)
-    size, extra = divmod(len(cores), lanes)
+    mine, groups, seen = set(cpus), [], set()
+    for c in cpus:  # physical cores in order of their first CPU, each the CPUs of it this process may use
+        if c not in seen:
+            group = sorted(_siblings(c) & mine) or [c]
+            seen.update(group)
+            groups.append(group)
+    if len(groups) < lanes:  # fewer physical cores than lanes: split the logical CPUs instead
+        groups = [[c] for c in cpus]
+    size, extra = divmod(len(groups), lanes)
     out, start = [], 0
     for i in range(lanes):
         end = start + size + (1 if i < extra else 0)
-        out.append(cores[start:end])
+        out.append(sorted(c for g in groups[start:end] for c in g))
         start = end
     return out
 
