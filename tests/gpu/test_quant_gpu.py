@@ -38,6 +38,11 @@ def test_quantized_cells_run_pass_the_gate_and_say_what_ran(backend, name):
     if name == "fp8-dynamic" and not fp8_capable():
         pytest.skip("fp8-dynamic needs compute capability 8.9")
     r = execute(cell(backend=backend, quant=name))
+    if backend == "cudagraph" and name == "int8-dynamic" and r.status == "unsupported":
+        # torchao's dynamic int8 path syncs with the host inside the forward (on an H100 with torch 2.11 the capture
+        # was invalidated): the cell says so in one line, with no figure, rather than failing
+        assert "CUDA graph" in r.error and "\n" not in r.error
+        return
     assert r.status == "ok", (r.status, r.error, r.info.get("traceback"))
     assert 0 < r.record["rel_err"] <= QUANT_TOLERANCE[name]
     assert r.info["quantized_layers"] == r.info["linear_layers"] and r.info["quant_library"].startswith("torchao")
