@@ -673,3 +673,38 @@ def test_max_rate_search_never_probes_a_rate_whose_load_would_outlast_the_deadli
     assert [t[0] for t in trail] == probed == [4.0, 2.0]  # 1.0 would be next: not run
     best, trail = find_max_rate(lambda r: 50.0, slo_ms=10.0, capacity=8.0)  # no floor: the usual 8 probes
     assert len(trail) == 8
+
+
+def test_a_closed_loop_whose_first_batches_stalled_goes_on_until_it_measured_enough():
+    # the first batch stalls past the whole window (a server capturing graphs under load); the loop goes on past
+    # span_s until min_measured requests arrived after the warm-up, so the offline rate is not 1 request's
+    calls = []
+
+    def serve(batch):
+        calls.append(len(batch))
+        time.sleep(0.3 if len(calls) == 1 else 0.001)
+
+    plan = LoadPlan([8], concurrency=4, span_s=0.1, warmup_s=0.05, min_measured=40, limit_s=5.0)
+    trace = run_load(serve, plan, BatchPolicy(4, 0.0))
+    after = [s for s in trace.served if s.request.arrival >= plan.warmup_s]
+    assert len(after) >= 40
+    assert trace.end < 5.0
+
+
+def test_a_closed_loop_stops_at_its_limit_even_short_of_its_minimum():
+    plan = LoadPlan([8], concurrency=1, span_s=0.05, warmup_s=0.0, min_measured=10**6, limit_s=0.3)
+    trace = run_load(lambda batch: time.sleep(0.01), plan, BatchPolicy(1, 0.0))
+    assert 0.3 <= trace.end < 1.5
+    assert 5 < len(trace.served) < 10**6
+
+
+def test_the_offline_plan_asks_the_requests_its_verdict_needs_within_the_timeout():
+    from transbench.scenarios.serve.cell import ServeCell
+    from transbench.scenarios.serve.measure import plan_for
+
+    lengths = serve_lengths.parse("fixed:8", 128).to_dict()
+    base = dict(lengths=lengths, duration=1.0, warmup=0.3, need=795, window_limit=200.0)
+    offline, _ = plan_for(ServeCell("bert-tiny", "classification", "sdpa", "fp32", "offline", **base))
+    assert offline.min_measured == 795 and offline.limit_s == 200.0
+    closed, _ = plan_for(ServeCell("bert-tiny", "classification", "sdpa", "fp32", "concurrency", concurrency=2, **base))
+    assert closed.min_measured == 1

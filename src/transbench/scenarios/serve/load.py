@@ -50,6 +50,12 @@ class LoadPlan:
     concurrency: int = 0
     span_s: float = 0.0  # closed loop: no new request after this; open loop: the end of the arrivals' window
     warmup_s: float = 0.0  # requests that arrive before this are served but not counted
+    # Closed loop: clients go on past span_s until this many requests arrived after the warm-up, up to limit_s. An
+    # offline probe whose first batches stalled (H100, the fused server capturing graphs under load:
+    # benchmarks/results/serve_fused_h100_2026-11.md) had measured 1 request in its window, and the max-rate search
+    # then bisected under a capacity of 0.7 requests/s.
+    min_measured: int = 1
+    limit_s: float = float("inf")
 
 
 @dataclass
@@ -98,7 +104,6 @@ def _serve(serve_batch, plan: LoadPlan, policy: BatchPolicy, clock, on_measure) 
     pending: deque = deque()
     batcher = Batcher(policy)
     measuring = False
-    counted = False  # closed loop: a request has arrived after the warm-up
 
     outputs = plan.outputs or [0]
     lags: list[tuple[float, float]] = []
@@ -125,6 +130,7 @@ def _serve(serve_batch, plan: LoadPlan, policy: BatchPolicy, clock, on_measure) 
         for i in range(plan.concurrency):
             pending.append(request(i, 0.0))
     next_id = plan.concurrency
+    after = 0  # closed loop: requests sent after the warm-up
 
     while True:
         while True:  # everything that has arrived joins the queue
@@ -167,12 +173,13 @@ def _serve(serve_batch, plan: LoadPlan, policy: BatchPolicy, clock, on_measure) 
             # Generation: a request asking fewer tokens than its batch ran is done at its own last token.
             own = step_times[:r.output] if r.output and step_times else step_times
             served.append(Served(r, start, own[-1] if own else done, len(batch), own))
-            # Closed loop: the client sends its next request; past the span too while none has arrived after
-            # the warm-up yet (a model slower than the span would otherwise leave nothing to measure).
-            if plan.arrivals is None and (done < plan.span_s or not counted):
+            # Closed loop: the client sends its next request; past the span too while fewer than min_measured
+            # have arrived after the warm-up (a model slower than the span would otherwise leave too few to
+            # measure), until limit_s.
+            if plan.arrivals is None and (done < plan.span_s or (after < plan.min_measured and done < plan.limit_s)):
                 pending.append(request(next_id, done))
                 next_id += 1
-                counted = counted or done >= plan.warmup_s
+                after += done >= plan.warmup_s
     if issuer is not None:
         issuer.join(timeout=1.0)
     return Trace(served, list(pending), batches, plan, now(), lags=lags)

@@ -352,7 +352,12 @@ def plan_for(cell: ServeCell) -> tuple[LoadPlan, float | None]:
         return LoadPlan(list(trace.inputs), arrivals=times, outputs=list(trace.outputs), span_s=times[-1],
                         warmup_s=cell.warmup), offered
     clients = cell.concurrency if cell.mode == "concurrency" else OFFLINE_QUEUE * cell.max_batch_size
-    return LoadPlan(dist.draw(4096, cell.seed + 1), concurrency=clients, span_s=span, warmup_s=cell.warmup), None
+    # The offline cell measures at least the requests a verdict needs (as a rate's window stretches above), within
+    # what --timeout leaves: its rate is the capacity a max-rate search bisects under. A concurrency cell keeps its
+    # --duration (at least one request measured).
+    return LoadPlan(dist.draw(4096, cell.seed + 1), concurrency=clients, span_s=span, warmup_s=cell.warmup,
+                    min_measured=max(1, cell.need) if cell.mode == "offline" else 1,
+                    limit_s=float("inf") if cell.window_limit is None else max(span, cell.window_limit)), None
 
 
 def run(cell: ServeCell, cache: ModelCache, progress=None) -> CellResult:
