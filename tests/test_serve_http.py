@@ -62,6 +62,41 @@ def test_failed_requests_are_ranked_last_and_never_meet_the_target():
     assert clean["latency_p99_ms"] == pytest.approx(10.0) and clean["error_rate"] == 0
 
 
+@pytest.mark.parametrize("failed", [0, 3])
+def test_chosen_percentiles_carry_loadgen_estimates_as_in_process(failed):
+    from transbench.scenarios.serve import tails
+
+    lat = [float(i % 100) for i in range(1, 1001 - failed)]
+    rec, _, _ = endpoint.account(_trace(lat, failed), None, 100, 0.95, percentiles=(50.0, 95.0, 99.0))
+    n = rec["requests"]
+    assert n == 1000 and rec["latency_p95_ms"] is not None
+    ranked = sorted(lat) + [float("inf")] * failed
+    for q in (50.0, 95.0, 99.0):
+        want = tails.upper_estimate(ranked, q / 100)
+        key = f"latency_{'p' + str(int(q))}_upper_ms"
+        if want is None or want == float("inf"):
+            assert rec[key] is None
+        else:
+            assert rec[key] == pytest.approx(want)  # the trace's times carry float rounding
+    assert rec["latency_p50_upper_ms"] >= rec["latency_p50_ms"]
+
+
+def test_goodput_against_several_objectives_on_a_streamed_log():
+    # 4 streamed answers of 5 tokens: (ttft ms, token gap ms); objectives ttft 100 and tpot 20
+    shapes = [(50, 10), (150, 10), (50, 30), (90, 19)]
+    reqs = []
+    for i, (ttft, gap) in enumerate(shapes):
+        a = 1.0 + i
+        steps = [a + (ttft + k * gap) / 1e3 for k in range(5)]
+        reqs.append(Sent(i, a, 8, sent=a, done=steps[-1], steps=steps, completion_tokens=5))
+    reqs.append(Sent(4, 5.0, 8, sent=5.0, done=5.001, status="dropped", error="gone"))
+    trace = HttpTrace(reqs, LoadPlan([8], arrivals=[r.arrival for r in reqs], span_s=6.0, warmup_s=0.5), 6.0, 8, 2)
+    rec, _, _ = endpoint.account(trace, None, 1.0, objectives={"ttft": 100, "tpot": 20})
+    assert rec["goodput"] == pytest.approx(2 / 5)  # the first and the last streamed; the dropped one misses
+    rec, _, _ = endpoint.account(trace, 200, 1.0, objectives={"ttft": 100})
+    assert rec["goodput"] == pytest.approx(3 / 5) and rec["slo_ms"] == 200  # only the 150 ms TTFT and the drop miss
+
+
 def test_client_lag_is_measured_and_a_late_client_is_warned_about():
     rec, _, _ = endpoint.account(_trace([10.0] * 50, 0, lag_ms=5.0), None, 100)
     assert rec["client_lag_p99_ms"] == pytest.approx(5.0) and rec["client_lag_max_ms"] == pytest.approx(5.0)

@@ -19,7 +19,7 @@ from .http_client import HttpTrace, Sent, payload, run_http_load
 from .measure import plan_for
 from .prompts import HFTokenizer, WordTokenizer, has_tokenizer, make_prompts
 from . import tails
-from .stats import STORED, name, percentile, spread
+from .stats import DEFAULT_PERCENTILES, STORED, name, percentile, spread
 
 # The client fell behind when its send lag's p99 passes the larger of these: a fixed floor (the event loop sleeps
 # in whole milliseconds) and a share of the mean gap between planned arrivals (a lag that size reshapes the
@@ -48,8 +48,29 @@ def _failed_percentile(ok_ms: list[float], failed: int, q: float) -> float | Non
     return None if math.isinf(value) or math.isnan(value) else value
 
 
-def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, tail_share: float = 0.99) -> tuple:
-    """(record, latency samples of the answered requests in ms, info), requests arriving in the warm-up left out."""
+def _tpot_ms(r) -> float | None:
+    """(end to end - TTFT) / (tokens - 1) of a streamed answer; None for one token or none streamed."""
+    count = r.completion_tokens if r.completion_tokens is not None else len(r.steps)
+    return (r.done - r.steps[0]) * 1e3 / (count - 1) if r.steps and count > 1 else None
+
+
+def _meets(r, objectives: dict[str, float]) -> bool:
+    """Whether an answered request meets every objective (ms), as stats.meets judges an in-process one."""
+    if "e2e" in objectives and (r.done - r.arrival) * 1e3 > objectives["e2e"]:
+        return False
+    if "ttft" in objectives and (not r.steps or (r.steps[0] - r.arrival) * 1e3 > objectives["ttft"]):
+        return False
+    tp = _tpot_ms(r)
+    return not ("tpot" in objectives and tp is not None and tp > objectives["tpot"])
+
+
+def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, tail_share: float = 0.99, *,
+            objectives: dict[str, float] | None = None, percentiles=DEFAULT_PERCENTILES) -> tuple:
+    """(record, latency samples of the answered requests in ms, info), requests arriving in the warm-up left out.
+    The same figures as in-process serving (stats.account): the `percentiles` asked with LoadGen's early-stopping
+    estimate of each, goodput against every objective ({ttft, tpot, e2e: ms}; `slo_ms` is the e2e one) and its
+    verdict at `tail_share`; a failed request ranks after every answered one and misses every objective."""
+    objectives = {**(objectives or {}), **({"e2e": slo_ms} if slo_ms is not None else {})}
     w = trace.plan.warmup_s
     reqs = sorted((r for r in trace.requests if r.arrival >= w), key=lambda r: r.arrival)
     n = len(reqs)
@@ -62,7 +83,12 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
     span = max(last - w, 1e-9)
     rec = {"requests": n, "failed": failed, "error_rate": failed / n, "achieved_rate": len(ok) / span,
            "offered_rate": offered_rate}
-    rec.update({f"latency_{name(q)}_ms": _failed_percentile(lat_ok, failed, q) for q in STORED})
+    chosen = sorted(set(percentiles))
+    rec.update({f"latency_{name(q)}_ms": _failed_percentile(lat_ok, failed, q) for q in sorted(set(STORED) | set(chosen))})
+    ranked = lat_ok + [math.inf] * failed
+    for q in chosen:  # LoadGen's estimate; empty where it falls on a failed request (or below its minimum count)
+        est = tails.upper_estimate(ranked, q / 100)
+        rec[f"latency_{name(q)}_upper_ms"] = None if est is None or math.isinf(est) else est
     rec.update(latency_max_ms=max(lat_ok) if lat_ok and not failed else None,
                latency_mean_ms=sum(lat_ok) / len(lat_ok) if lat_ok else None)
     rec.update(latency_ms=rec["latency_p50_ms"], n_samples=n)
@@ -70,18 +96,20 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
     # request misses the target, and too few requests for the percentile make the verdict not valid, never met
     need = tails.min_requests(tail_share)
     rec.update(n_requests=n, tail_percentile=tail_share * 100, tail_min_requests=need, tail_valid=n >= need)
-    if slo_ms is not None:
-        good = sum(1 for x in lat_ok if x <= slo_ms)
+    if objectives:
+        good = sum(1 for r in ok if _meets(r, objectives))
         valid, met = tails.verdict(n, n - good, tail_share)
-        rec.update(slo_ms=slo_ms, goodput=good / n, goodput_rate=good / span, slo_misses=n - good,
+        rec.update(goodput=good / n, goodput_rate=good / span, slo_misses=n - good,
                    slo_allowed_misses=tails.allowed_overs(n, tail_share), tail_valid=valid, slo_met=met)
+        if "e2e" in objectives:
+            rec["slo_ms"] = objectives["e2e"]
     streamed = [r for r in ok if r.steps]
     if streamed:
         rec.update(spread("ttft", [(r.steps[0] - r.arrival) * 1e3 for r in streamed]))
         gaps = [(b - a) * 1e3 for r in streamed for a, b in zip(r.steps, r.steps[1:])]
         rec.update({k: v for k, v in spread("itl", gaps).items() if k in ("itl_p50_ms", "itl_p99_ms")})
         counts = [r.completion_tokens if r.completion_tokens is not None else len(r.steps) for r in streamed]
-        tpot = [(r.done - r.steps[0]) * 1e3 / (c - 1) for r, c in zip(streamed, counts) if c > 1]
+        tpot = [t for t in map(_tpot_ms, streamed) if t is not None]
         rec.update({k: v for k, v in spread("tpot", tpot).items() if k in ("tpot_p50_ms", "tpot_p99_ms")})
         rec.update(tokens_per_s=sum(counts) / span, completion_tokens_mean=sum(counts) / len(counts))
     prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
@@ -216,7 +244,8 @@ def run(cell: ServeCell) -> CellResult:
 
     trace = run_http_load(cell.url, cell.api, body, plan, cell.request_timeout)
     info_counts = fill_counts(trace, prompts, tokenizer)
-    rec, samples, info = account(trace, cell.slo_ms, offered, cell.tail_share)
+    rec, samples, info = account(trace, None, offered, cell.tail_share, objectives=cell.objectives(),
+                                 percentiles=cell.percentiles)
     info.update(prompts=source, url=cell.url, api=cell.api, served_model=model, token_counts=info_counts)
     if not rec.get("requests"):
         return CellResult("error", record=rec, info=info,
