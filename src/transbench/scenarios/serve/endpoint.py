@@ -19,7 +19,7 @@ from .http_client import HttpTrace, Sent, payload, run_http_load
 from .measure import plan_for
 from .prompts import HFTokenizer, WordTokenizer, has_tokenizer, make_prompts
 from . import tails
-from .stats import DEFAULT_PERCENTILES, STORED, name, percentile, spread
+from .stats import DEFAULT_PERCENTILES, STORED, name, percentile, spread, within
 
 # The client fell behind when its send lag's p99 passes the larger of these: a fixed floor (the event loop sleeps
 # in whole milliseconds) and a share of the mean gap between planned arrivals (a lag that size reshapes the
@@ -55,13 +55,9 @@ def _tpot_ms(r) -> float | None:
 
 
 def _meets(r, objectives: dict[str, float]) -> bool:
-    """Whether an answered request meets every objective (ms), as stats.meets judges an in-process one."""
-    if "e2e" in objectives and (r.done - r.arrival) * 1e3 > objectives["e2e"]:
-        return False
-    if "ttft" in objectives and (not r.steps or (r.steps[0] - r.arrival) * 1e3 > objectives["ttft"]):
-        return False
-    tp = _tpot_ms(r)
-    return not ("tpot" in objectives and tp is not None and tp > objectives["tpot"])
+    """Whether an answered request meets every objective (ms), judged as an in-process one (stats.within)."""
+    ttft = (r.steps[0] - r.arrival) * 1e3 if r.steps else None
+    return within(objectives, (r.done - r.arrival) * 1e3, ttft, _tpot_ms(r))
 
 
 def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, tail_share: float = 0.99, *,
