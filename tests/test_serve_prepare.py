@@ -61,7 +61,7 @@ def test_budget_with_a_fake_clock():
     said = []
     acc = run_steps([step(i) for i in range(10)], 10, 10.0, "fused shapes", said.append, clock=lambda: now[0])
     assert ran == [0, 1, 2, 3]  # started at 0, 3, 6, 9 s; at 12 s the budget is spent
-    assert acc == {"prepared": 4, "total": 10, "left": 6, "seconds": 12.0}
+    assert acc == {"prepared": 4, "total": 10, "left": 6, "tuned": 4, "seconds": 12.0}
     assert said[0].startswith("preparing fused shapes: graph 0 (1 of 10")
     assert "budget of 10 s spent after 4 of 10; 6 left to first use under load" in said[-1]
     now[0] = 0.0
@@ -70,6 +70,29 @@ def test_budget_with_a_fake_clock():
     now[0] = 0.0
     acc = run_steps([step(i) for i in range(3)], 3, 0.0, "x", clock=lambda: now[0])  # budget 0: all under load
     assert acc["prepared"] == 0 and acc["left"] == 3
+
+
+def test_tuning_stops_at_the_switch_and_the_rest_is_captured_untuned():
+    """With switch_s, the first step started at or after it runs after on_switch (the fused server's tuning
+    budget set to 0); the account says how many were tuned; on_switch is not called when every step ran before."""
+    now, ran, switched = [0.0], [], []
+
+    def step(i, cost):
+        def run():
+            ran.append((i, bool(switched)))
+            now[0] += cost
+        return Step(f"graph {i}", run)
+
+    said = []
+    acc = run_steps([step(i, 3.0 if i < 2 else 0.5) for i in range(10)], 10, 10.0, "fused shapes", said.append,
+                    clock=lambda: now[0], switch_s=5.0, on_switch=lambda: switched.append(now[0]))
+    assert switched == [6.0] and ran[:3] == [(0, False), (1, False), (2, True)]
+    assert acc["tuned"] == 2 and acc["prepared"] == 10 and acc["left"] == 0
+    assert any("6.0 s spent tuning 2 of 10; the rest captured without tuning" in m for m in said)
+    now[0], switched[:] = 0.0, []
+    acc = run_steps([step(i, 0.1) for i in range(3)], 3, 10.0, "x", clock=lambda: now[0], switch_s=5.0,
+                    on_switch=lambda: switched.append(1))
+    assert switched == [] and acc["tuned"] == 3
 
 
 def test_progress_is_throttled_but_says_the_last():

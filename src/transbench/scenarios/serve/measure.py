@@ -95,6 +95,7 @@ def packed_size(tokens: int, batch: int, top: int, sizes: list[int] | int) -> in
     return next((r for r in sorted(sizes) if r >= tokens), batch * top)
 
 
+TUNED_SHARE = 0.5  # of a server's preparation budget spent tuning shapes as they are captured (Encoders.warm)
 SAMPLED_BATCHES = 256  # batches drawn per batch size to rank its shapes (prepare.by_need)
 
 
@@ -226,10 +227,22 @@ class Encoders:
                 groups[b] = widths
                 counts[b] = Counter(len_bucket(max(r), self.top) for r in rows)
             steps = [Step(f"batch {b} x {s}", lambda b=b, s=s: self.entry(b, s)) for b, s in _interleave(groups, counts)]
-        account = run_steps(steps, len(steps), budget_s, f"{self.cell.backend} shapes", progress, clock, start)
+
+        def untuned() -> None:
+            for _, prepared, _ in self.prepared.values():
+                if prepared.tune_budget:  # a graph met from here on is captured, not tuned for seconds
+                    prepared.tune_budget(0)
+
+        # Tuning takes the first TUNED_SHARE of the budget, the commonest shapes first; the rest of it captures the
+        # remaining shapes on borrowed routes. Tuning every shape cold, the fused server had prepared 7 of 51 when
+        # its 20 s were spent, and each shape left to the load stalled it while captured
+        # (benchmarks/results/serve_fused_h100_2026-11.md); a borrowed route ran within 3% of the tuned one at
+        # bert-base fp8 256 x 128 (first_process_quant_h100_2026-11.md).
+        switch = budget_s * TUNED_SHARE if budget_s is not None and self.packs else None
+        account = run_steps(steps, len(steps), budget_s, f"{self.cell.backend} shapes", progress, clock, start,
+                            switch_s=switch, on_switch=untuned)
+        untuned()
         for _, prepared, _ in self.prepared.values():
-            if prepared.tune_budget:  # a graph first met under load is captured, not tuned for seconds
-                prepared.tune_budget(0)
             if prepared.reuse_captured:  # a batch under load pads up to a captured graph before it captures one
                 prepared.reuse_captured(True)
         return account

@@ -34,14 +34,25 @@ def by_need(groups: dict[int, list], counts: dict[int, Counter]) -> list[tuple]:
 
 def run_steps(steps: Iterable[Step], total: int, budget_s: float | None, what: str,
               progress: Callable[[str], None] | None = None, clock: Callable[[], float] = time.perf_counter,
-              start: float | None = None) -> dict:
+              start: float | None = None, switch_s: float | None = None,
+              on_switch: Callable[[], None] | None = None) -> dict:
     """Run steps in order until `budget_s` seconds (since `start`) are spent: a step is started only while time is
-    left (one may end past the budget; the steps are seconds at most). Returns what ran, what is left, seconds."""
+    left (one may end past the budget; the steps are seconds at most). The first step started `switch_s` seconds or
+    more after the start runs after `on_switch()` (the fused server stops tuning there: what is left is captured on
+    borrowed routes, a fraction of a tuned capture's time). Returns what ran, what is left, how many ran before the
+    switch, seconds."""
     start = clock() if start is None else start
-    done, said = 0, None
+    done, said, before = 0, None, None
     for step in steps:
         if budget_s is not None and clock() - start >= budget_s:
             break
+        if before is None and switch_s is not None and clock() - start >= switch_s:
+            before = done
+            if on_switch is not None:
+                on_switch()
+            if progress is not None:
+                progress(f"preparing {what}: {clock() - start:.1f} s spent tuning {done} of {total}; the rest "
+                         "captured without tuning")
         step.run()
         done += 1
         now = clock()
@@ -52,4 +63,5 @@ def run_steps(steps: Iterable[Step], total: int, budget_s: float | None, what: s
     if progress is not None and done < total:
         progress(f"preparing {what}: budget of {budget_s:g} s spent after {done} of {total}; "
                  f"{total - done} left to first use under load")
-    return {"prepared": done, "total": total, "left": total - done, "seconds": seconds}
+    return {"prepared": done, "total": total, "left": total - done, "tuned": done if before is None else before,
+            "seconds": seconds}
