@@ -16,7 +16,7 @@ get() {
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
     -d .whl "$@"
 }
-get hjson annotated-types typing-inspection typing-extensions liger-kernel pydantic torchao
+get hjson annotated-types typing-inspection typing-extensions liger-kernel pydantic torchao starlette uvicorn httptools
 # pydantic pins its compiled core exactly: take the version its metadata names.
 CORE=$(unzip -p .whl/pydantic-*.whl '*/METADATA' | sed -n 's/^Requires-Dist: pydantic-core==\([0-9.]*\).*/\1/p')
 get "pydantic-core==$CORE"
