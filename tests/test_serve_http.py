@@ -327,15 +327,25 @@ class Server:
         return self.proc.returncode, self.proc.stderr.read()
 
 
-@pytest.mark.slow
-def test_server_embeddings_measured_by_serve_url_bad_requests_and_a_clean_stop(tmp_path):
+def bert_server(tmp_path, max_batch: int) -> tuple[Server, str]:
+    """A bert-tiny checkpoint folder (tmp_path / "bert") behind `transbench server` (inputs up to 32 tokens), and its
+    served name."""
     from transbench.models import build
 
     ckpt = tmp_path / "bert"
     build.build_model(build.resolve("bert-tiny"), "base").save_pretrained(ckpt)
-    server = Server("--model", str(ckpt), "--max-length", "32", "--max-batch-size", "8")
+    server = Server("--model", str(ckpt), "--max-length", "32", "--max-batch-size", str(max_batch))
     try:
-        name = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+        return server, httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+    except BaseException:
+        server.stop()
+        raise
+
+
+@pytest.mark.slow
+def test_server_embeddings_measured_by_serve_url_bad_requests_and_a_clean_stop(tmp_path):
+    server, name = bert_server(tmp_path, 8)
+    try:
         post = lambda body: httpx.post(server.url + "/v1/embeddings", content=body, timeout=10)  # noqa: E731
         for body, code in [("not json", 400), ("[1]", 400), (json.dumps({"input": "a"}), 400),
                            (json.dumps({"model": "other", "input": "a"}), 404),
@@ -351,7 +361,7 @@ def test_server_embeddings_measured_by_serve_url_bad_requests_and_a_clean_stop(t
         assert good.status_code == 200 and len(good.json()["data"]) == 2 and good.json()["usage"]["prompt_tokens"] == 3
         res = CliRunner().invoke(app, ["serve", "--url", server.url, "--api", "openai-embeddings", "--rate", "30",
                                        "--duration", "1.5", "--warmup", "0.3", "--lengths", "lognormal:8:32",
-                                       "--reference-model", str(ckpt), "--db", str(tmp_path / "t.db"),
+                                       "--reference-model", str(tmp_path / "bert"), "--db", str(tmp_path / "t.db"),
                                        "--json", str(tmp_path / "t.json")])
         assert res.exit_code == 0, res.output
         rec = json.loads((tmp_path / "t.json").read_text())["cells"][0]

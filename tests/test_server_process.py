@@ -71,15 +71,10 @@ def test_a_child_that_ends_answers_every_waiting_request_with_why():
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the model's process through /proc")
 def test_base64_embeddings_and_a_killed_model_process_turning_health_and_requests_503(tmp_path):
-    from test_serve_http import Server
+    from test_serve_http import bert_server
 
-    from transbench.models import build
-
-    ckpt = tmp_path / "bert"
-    build.build_model(build.resolve("bert-tiny"), "base").save_pretrained(ckpt)
-    server = Server("--model", str(ckpt), "--max-length", "32", "--max-batch-size", "4")
+    server, name = bert_server(tmp_path, 4)
     try:
-        name = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
         ok = httpx.post(server.url + "/v1/embeddings", json={"model": name, "input": "the of"}, timeout=10)
         assert ok.status_code == 200
         # encoding_format: base64 of the same float32 values (OpenAI's client asks for it by default)
