@@ -95,6 +95,15 @@ def packed_size(tokens: int, batch: int, top: int, sizes: list[int] | int) -> in
     return next((r for r in sorted(sizes) if r >= tokens), batch * top)
 
 
+def _for_load(prepared) -> None:
+    """A prepared forward as the load runs it: a first call captures without racing kernels for seconds, and a
+    padded call pads up to a captured graph before it captures one (engine/packing.py reuse_sizes)."""
+    if prepared.tune_budget:
+        prepared.tune_budget(0)
+    if prepared.reuse_captured:
+        prepared.reuse_captured(True)
+
+
 TUNED_SHARE = 0.5  # of a server's preparation budget spent tuning shapes as they are captured (Encoders.warm)
 SAMPLED_BATCHES = 256  # batches drawn per batch size to rank its shapes (prepare.by_need)
 
@@ -154,10 +163,7 @@ class Encoders:
             prepared = self.backend.prepare(self.model, inputs, pc)
             if self.loading:
                 self.under_load += 1
-                if prepared.tune_budget:  # under load a first call captures; it never races kernels for seconds
-                    prepared.tune_budget(0)
-                if prepared.reuse_captured:  # and a later one pads up to a graph it has
-                    prepared.reuse_captured(True)
+                _for_load(prepared)
             if call:
                 prepared.fn()
             self.prepared[key] = (inputs, prepared, pc)
@@ -241,10 +247,8 @@ class Encoders:
         switch = budget_s * TUNED_SHARE if budget_s is not None and self.packs else None
         account = run_steps(steps, len(steps), budget_s, f"{self.cell.backend} shapes", progress, clock, start,
                             switch_s=switch, on_switch=untuned)
-        untuned()
         for _, prepared, _ in self.prepared.values():
-            if prepared.reuse_captured:  # a batch under load pads up to a captured graph before it captures one
-                prepared.reuse_captured(True)
+            _for_load(prepared)
         return account
 
     def _call(self, b: int, n: int | None) -> None:
