@@ -45,23 +45,32 @@ FORCED = [Backend(name="packer", attn="sdpa", prepare=_prepare_packer, packs=Tru
                   describe=f"packs tokens, a graph per {PACK_STEP} of them")]
 
 
+CLOCK = [0.0]  # a fake clock the ladder's captures advance: a tuned capture costs TUNED_S, an untuned one UNTUNED_S
+TUNED_S, UNTUNED_S = 3.0, 0.5
+
+
 def _prepare_ladder(model, inputs, cell) -> Prepared:
-    """Like the fused engine prepared for a server: a 'graph' per size of a packed-token ladder."""
-    from transbench.engine.packing import make_packing, token_ladder
+    """Like the fused engine prepared for a server: a 'graph' per size of a packed-token ladder, its first call a
+    capture that advances CLOCK (tuned unless its tuning budget was set to 0), and, once told to reuse, a padded
+    call runs the smallest captured size that holds it (engine/packing.py reuse_sizes)."""
+    from transbench.engine.packing import make_packing, reuse_sizes, token_ladder
 
     out = hf_call(model, inputs)()
     seen: set = set()
     B, S = inputs.input_ids.shape
     sizes = token_ladder(B * S, PACK_STEP, 1.25, S)
-    budgets = []
+    budgets, reuse = [], [False]
 
     def fn():
-        p = make_packing(inputs.attention_mask.cpu(), B, S, PACK_STEP, sizes=sizes)
-        seen.add((p.dense, p.tokens))
+        use = reuse_sizes(sizes, {t for dense, t in seen if not dense}) if reuse[0] else sizes
+        p = make_packing(inputs.attention_mask.cpu(), B, S, PACK_STEP, sizes=use)
+        if (p.dense, p.tokens) not in seen:
+            CLOCK[0] += UNTUNED_S if budgets and budgets[-1] == 0 else TUNED_S
+            seen.add((p.dense, p.tokens))
         return out
 
     return Prepared(fn, token_bucket=PACK_STEP, graphs=lambda: len(seen), token_sizes=tuple(sizes),
-                    tune_budget=budgets.append)
+                    tune_budget=budgets.append, reuse_captured=lambda on: reuse.__setitem__(0, on))
 
 
 FORCED.append(Backend(name="ladder", attn="sdpa", prepare=_prepare_ladder, packs=True,

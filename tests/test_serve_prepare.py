@@ -59,16 +59,16 @@ def test_budget_with_a_fake_clock():
         return Step(f"graph {i}", run)
 
     said = []
-    acc = run_steps([step(i) for i in range(10)], 10, 10.0, "fused shapes", said.append, clock=lambda: now[0])
+    acc = run_steps([step(i) for i in range(10)], 10.0, "fused shapes", said.append, clock=lambda: now[0])
     assert ran == [0, 1, 2, 3]  # started at 0, 3, 6, 9 s; at 12 s the budget is spent
     assert acc == {"prepared": 4, "total": 10, "left": 6, "tuned": 4, "seconds": 12.0}
     assert said[0].startswith("preparing fused shapes: graph 0 (1 of 10")
     assert "budget of 10 s spent after 4 of 10; 6 left to first use under load" in said[-1]
     now[0] = 0.0
-    acc = run_steps([step(i) for i in range(3)], 3, None, "x", clock=lambda: now[0])  # no budget: all
+    acc = run_steps([step(i) for i in range(3)], None, "x", clock=lambda: now[0])  # no budget: all
     assert acc["left"] == 0
     now[0] = 0.0
-    acc = run_steps([step(i) for i in range(3)], 3, 0.0, "x", clock=lambda: now[0])  # budget 0: all under load
+    acc = run_steps([step(i) for i in range(3)], 0.0, "x", clock=lambda: now[0])  # budget 0: all under load
     assert acc["prepared"] == 0 and acc["left"] == 3
 
 
@@ -84,15 +84,37 @@ def test_tuning_stops_at_the_switch_and_the_rest_is_captured_untuned():
         return Step(f"graph {i}", run)
 
     said = []
-    acc = run_steps([step(i, 3.0 if i < 2 else 0.5) for i in range(10)], 10, 10.0, "fused shapes", said.append,
+    acc = run_steps([step(i, 3.0 if i < 2 else 0.5) for i in range(10)], 10.0, "fused shapes", said.append,
                     clock=lambda: now[0], switch_s=5.0, on_switch=lambda: switched.append(now[0]))
     assert switched == [6.0] and ran[:3] == [(0, False), (1, False), (2, True)]
     assert acc["tuned"] == 2 and acc["prepared"] == 10 and acc["left"] == 0
     assert any("6.0 s spent tuning 2 of 10; the rest captured without tuning" in m for m in said)
     now[0], switched[:] = 0.0, []
-    acc = run_steps([step(i, 0.1) for i in range(3)], 3, 10.0, "x", clock=lambda: now[0], switch_s=5.0,
+    acc = run_steps([step(i, 0.1) for i in range(3)], 10.0, "x", clock=lambda: now[0], switch_s=5.0,
                     on_switch=lambda: switched.append(1))
     assert switched == [] and acc["tuned"] == 3
+
+
+def test_the_covering_shapes_come_first_once_tuning_stops():
+    """first_after_switch runs right after the switch, ahead of the rest; a step whose key already ran (tuned among
+    the commonest) is skipped, and the total counts each key once."""
+    now, ran = [0.0], []
+
+    def step(k, cost=1.0):
+        def run():
+            ran.append(k)
+            now[0] += cost
+        return Step(f"shape {k}", run, key=k)
+
+    steps = [step(k, 3.0) for k in ("a", "b")] + [step(k) for k in ("c", "d", "top1", "e")]
+    cover = [step("top2"), step("top1"), step("a")]
+    acc = run_steps(steps, 100.0, "x", clock=lambda: now[0], switch_s=5.0, on_switch=lambda: None,
+                    first_after_switch=cover)
+    assert ran == ["a", "b", "top2", "top1", "c", "d", "e"]
+    assert acc == {"prepared": 7, "total": 7, "left": 0, "tuned": 2, "seconds": 11.0}
+    now[0], ran[:] = 0.0, []
+    acc = run_steps(steps, 7.5, "x", clock=lambda: now[0], switch_s=5.0, first_after_switch=cover)
+    assert ran == ["a", "b", "top2", "top1"] and acc["left"] == 3  # the budget ran out on the rest, not the cover
 
 
 def test_progress_is_throttled_but_says_the_last():
@@ -102,7 +124,7 @@ def test_progress_is_throttled_but_says_the_last():
         now[0] += 0.5
 
     said = []
-    run_steps([Step(f"s{i}", run) for i in range(10)], 10, None, "w", said.append, clock=lambda: now[0])
+    run_steps([Step(f"s{i}", run) for i in range(10)], None, "w", said.append, clock=lambda: now[0])
     assert len(said) < 10 and "(10 of 10" in said[-1] and "(1 of 10" in said[0]
 
 
@@ -164,3 +186,36 @@ def test_a_ladder_server_prepares_within_its_budget(extra_backends, budget):
         assert rec["shapes_prepared"] == 0 and rec["graphs_captured_under_load"] > 0
         assert "budget of 0 s spent after 0 of" in said[-1]
     assert rec["shapes_prepared_under_load"] == 0  # every batch size's engine was built before the load
+
+
+def test_a_short_budget_still_leaves_every_batch_a_captured_graph(extra_backends):
+    """With a budget that tunes a few shapes and captures the rest untuned, each batch size's largest shape is
+    captured once tuning stops, so no batch the load draws captures under load: each pads into a captured graph
+    (the fused server's first max-rate probe captured 5 graphs under load, its p99 2,386 ms)."""
+    from types import SimpleNamespace
+
+    from transbench import backends
+    from transbench.models import build
+    from transbench.scenarios.inference.measure import ModelCache, model_for
+    from transbench.scenarios.serve import lengths as serve_lengths, measure as serve
+
+    extra_backends("serve_backends")
+    import serve_backends as fake
+    lengths = serve_lengths.parse("lognormal:12:32", 128)
+    cell = serve.ServeCell("bert-tiny", "classification", "ladder", "fp32", "rate", rate=300.0,
+                           lengths=lengths.to_dict(), max_batch_size=4, max_wait_ms=1.0, duration=1.0, warmup=0.1,
+                           device="cpu", prepare_budget=8.0)
+    backend, device = backends.get("ladder"), torch.device("cpu")
+    model = model_for(ModelCache(), cell, backend, device)
+    server = serve.Encoders(model, backend, cell, build.resolve("bert-tiny").shape, device)
+    fake.CLOCK[0] = 0.0
+    prep = server.warm(lengths, cell.prepare_budget, clock=lambda: fake.CLOCK[0])
+    assert prep["tuned"] == 2 and 0 < prep["left"]  # 2 tuned (3 s each), then untuned captures until 8 s
+    before = server.engine_graphs()
+    server.loading = True
+    for rows in serve.sampled_batches(lengths, 4, seed=11).values():
+        for row in rows[:64]:
+            server.serve([SimpleNamespace(length=n) for n in row])
+        for n in (1, 2, 3, 4):  # the longest batches a size can draw
+            server.serve([SimpleNamespace(length=32)] * (n - 1) + [SimpleNamespace(length=31)])
+    assert server.engine_graphs() == before and server.under_load == 0

@@ -224,15 +224,22 @@ class Encoders:
                              for n in token_counts(b, max_len, self.top, sizes)]
                 groups[b] = sorted(set(groups[b]), key=lambda n: packed_size(n, b, self.top, sizes))
                 counts[b] = Counter({n: counts[b][packed_size(n, b, self.top, sizes)] for n in groups[b]})
-            order = [(b, n) for b, n in _interleave(groups, counts)]
-            steps = [Step(f"batch {b}" + (f", {min(n, b * self.top):,} tokens" if n else ""),
-                          lambda b=b, n=n: self._call(b, n)) for b, n in order]
+            steps = [self._step(b, n) for b, n in _interleave(groups, counts)]
+            # Each batch size's largest packed size (and its dense batch where the load drew one) captured first once
+            # tuning stops: from then on every batch of that size pads into a captured graph (engine/packing.py
+            # reuse_sizes) where it would otherwise capture under load. Ranked by need, these came last: the fused
+            # server's first max-rate probe captured 5 graphs under load and its p99 went to 2,386 ms
+            # (benchmarks/results/serve_fused_h100_2026-11.md).
+            cover = [self._step(b, n) for b in sorted(groups, reverse=True) for n in groups[b]
+                     if n is not None and (n == max(m for m in groups[b] if m <= b * self.top)
+                                           or (n > b * self.top and counts[b][n]))]
         else:
             for b, rows in batches.items():
                 widths = sorted({s for _, s in buckets(self.cell.max_batch_size, max_len, self.top, lengths.shortest)})
                 groups[b] = widths
                 counts[b] = Counter(len_bucket(max(r), self.top) for r in rows)
             steps = [Step(f"batch {b} x {s}", lambda b=b, s=s: self.entry(b, s)) for b, s in _interleave(groups, counts)]
+            cover = []
 
         def untuned() -> None:
             for _, prepared, _ in self.prepared.values():
@@ -245,11 +252,15 @@ class Encoders:
         # (benchmarks/results/serve_fused_h100_2026-11.md); a borrowed route ran within 3% of the tuned one at
         # bert-base fp8 256 x 128 (first_process_quant_h100_2026-11.md).
         switch = budget_s * TUNED_SHARE if budget_s is not None and self.packs else None
-        account = run_steps(steps, len(steps), budget_s, f"{self.cell.backend} shapes", progress, clock, start,
-                            switch_s=switch, on_switch=untuned)
+        account = run_steps(steps, budget_s, f"{self.cell.backend} shapes", progress, clock, start,
+                            switch_s=switch, on_switch=untuned, first_after_switch=cover)
         for _, prepared, _ in self.prepared.values():
             _for_load(prepared)
         return account
+
+    def _step(self, b: int, n: int | None) -> Step:
+        return Step(f"batch {b}" + (f", {min(n, b * self.top):,} tokens" if n else ""), lambda: self._call(b, n),
+                    key=(b, n))
 
     def _call(self, b: int, n: int | None) -> None:
         """One call of batch size b's engine at n real tokens (n = b x top + 1: the dense, unpadded batch)."""
@@ -346,7 +357,7 @@ class Decoders:
         groups = {b: widths for b in batches}
         counts = {b: Counter(len_bucket(max(r), self.top) for r in rows) for b, rows in batches.items()}
         steps = [Step(f"batch {b} x {s}", lambda b=b, s=s: self.entry(b, s)) for b, s in _interleave(groups, counts)]
-        return run_steps(steps, len(steps), budget_s, f"{self.cell.backend} generators", progress, clock, start)
+        return run_steps(steps, budget_s, f"{self.cell.backend} generators", progress, clock, start)
 
 
 def plan_for(cell: ServeCell) -> tuple[LoadPlan, float | None]:

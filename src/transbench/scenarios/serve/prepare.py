@@ -6,8 +6,8 @@ is tested against a fake one."""
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 PROGRESS_EVERY_S = 2.0  # progress lines at most this often (the first and the last always)
@@ -17,6 +17,7 @@ PROGRESS_EVERY_S = 2.0  # progress lines at most this often (the first and the l
 class Step:
     what: str  # e.g. "batch 32, 4,224 tokens"
     run: Callable[[], None]
+    key: object = None  # steps of one key run once: a shape both among the commonest and among those covering the rest
 
 
 def by_need(groups: dict[int, list], counts: dict[int, Counter]) -> list[tuple]:
@@ -32,18 +33,27 @@ def by_need(groups: dict[int, list], counts: dict[int, Counter]) -> list[tuple]:
     return out
 
 
-def run_steps(steps: Iterable[Step], total: int, budget_s: float | None, what: str,
+def run_steps(steps: Iterable[Step], budget_s: float | None, what: str,
               progress: Callable[[str], None] | None = None, clock: Callable[[], float] = time.perf_counter,
               start: float | None = None, switch_s: float | None = None,
-              on_switch: Callable[[], None] | None = None) -> dict:
+              on_switch: Callable[[], None] | None = None, first_after_switch: Sequence[Step] = ()) -> dict:
     """Run steps in order until `budget_s` seconds (since `start`) are spent: a step is started only while time is
     left (one may end past the budget; the steps are seconds at most). The first step started `switch_s` seconds or
     more after the start runs after `on_switch()` (the fused server stops tuning there: what is left is captured on
-    borrowed routes, a fraction of a tuned capture's time). Returns what ran, what is left, how many ran before the
-    switch, seconds."""
+    borrowed routes, a fraction of a tuned capture's time), and after `first_after_switch` (the fused server's
+    largest shape of each batch size: once captured, every batch pads into a captured graph instead of capturing
+    one under load). A step whose key ran already is skipped. Returns what ran, what is left, how many ran before
+    the switch, seconds."""
     start = clock() if start is None else start
-    done, said, before = 0, None, None
-    for step in steps:
+    queue = deque(steps)
+    keys = [s.key if s.key is not None else id(s) for s in [*queue, *first_after_switch]]
+    total = len(set(keys))
+    done, said, before, ran = 0, None, None, set()
+    while queue:
+        step = queue.popleft()
+        key = step.key if step.key is not None else id(step)
+        if key in ran:
+            continue
         if budget_s is not None and clock() - start >= budget_s:
             break
         if before is None and switch_s is not None and clock() - start >= switch_s:
@@ -52,8 +62,13 @@ def run_steps(steps: Iterable[Step], total: int, budget_s: float | None, what: s
                 on_switch()
             if progress is not None:
                 progress(f"preparing {what}: {clock() - start:.1f} s spent tuning {done} of {total}; the rest "
-                         "captured without tuning")
+                         "captured without tuning" + (", each batch size's largest first" if first_after_switch else ""))
+            if first_after_switch:
+                queue.appendleft(step)
+                queue.extendleft(reversed(first_after_switch))
+                continue
         step.run()
+        ran.add(key)
         done += 1
         now = clock()
         if progress is not None and (said is None or now - said >= PROGRESS_EVERY_S or done == total):
