@@ -7,6 +7,8 @@
 #         --find-max-rate --slo-ms 25 (p99), for fused, cudagraph, sdpa (on an H100 the fused search alone took 231 s)
 #   b     the earlier setting: --max-batch-size 16 --lengths lognormal:64:256, p99 <= 10 ms (estimated ~2.5 min)
 #   rate  fused and cudagraph at the issue's single cell, --rate 2000 (setting a), each command timed (~2 min)
+#   b-rate  setting b at one rate (B_RATE, default 8907: the fused server's earlier max rate) for 10 s, fused by
+#         default: a bisection knows the max rate to 5% only, this says whether that rate holds (~1 min)
 # Each part fits one 10-minute device call: `bash benchmarks/serve_fused_check.sh OUT a`, then `... OUT b`.
 # Prints per run: preparation seconds (the offline cell's, tuning included; each probe prepares again from the
 # tuner's memory), max rate, and p50/p99 at it with the p99's early-stopping estimate and its request count, beside
@@ -40,6 +42,12 @@ if [[ ,$PARTS, == *,rate,* ]]; then
       --duration 10 --warmup 2 --timeout 400
   done
 fi
+if [[ ,$PARTS, == *,b-rate,* ]]; then
+  for b in ${BACKENDS:-fused}; do
+    run "b-rate-$b" -b "$b" --max-batch-size 16 --max-wait-ms 2 --lengths lognormal:64:256 --rate "${B_RATE:-8907}" \
+      --slo-ms 10 --duration 10 --warmup 2 --timeout 400
+  done
+fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -53,7 +61,7 @@ for p in sorted(out.glob("*.json")):
     doc = json.loads(p.read_text())
     recs = doc.get("cells", []) if isinstance(doc, dict) else doc  # a versioned record: its cells
     for r in recs:
-        if r.get("scenario") == "serve-max-rate" or (p.stem.startswith("rate-") and r.get("mode") == "rate"):
+        if r.get("scenario") == "serve-max-rate" or ("rate-" in p.stem and r.get("mode") == "rate"):
             prep = r.get("prepare_s")
             print(f"| {p.stem} | {r['backend']} | {f(prep, 1)} | {f(r.get('max_rate') or r.get('achieved_rate'), 0)} | "
                   f"{f(r.get('latency_p50_ms'))} | {f(r.get('latency_p99_ms'))} | {f(r.get('latency_p99_upper_ms'))} | "
