@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from ... import boundary
-from .load import LoadPlan
+from .load import LoadPlan, no_collector
 
 API_PATHS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions",
              "openai-embeddings": "/v1/embeddings"}
@@ -390,8 +390,10 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
 
 
 def run_http_load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) -> HttpTrace:
-    """Run the plan against the endpoint. `bodies(sent)` gives a request's JSON body."""
-    return asyncio.run(_load(url.rstrip("/"), api, bodies, plan, timeout_s))
+    """Run the plan against the endpoint, without the cyclic collector (load.no_collector: a full collection stalls
+    the sends). `bodies(sent)` gives a request's JSON body."""
+    with no_collector():
+        return asyncio.run(_load(url.rstrip("/"), api, bodies, plan, timeout_s))
 
 
 def served_models(url: str, timeout_s: float = 10.0) -> list[str]:

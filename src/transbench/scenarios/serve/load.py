@@ -13,6 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,20 +79,36 @@ def run_load(serve_batch: Callable[[list[Request]], Any], plan: LoadPlan, policy
     the host times at which each generated token was (generation). `on_measure` is called once, when the
     loop first finds the warm-up over (the energy counter starts there).
 
-    The load runs with the heap as it stands frozen (gc.freeze, as long-running Python servers do after their warm-up):
-    the model, its graphs and its tuning records are never scanned again by the collector. Without it, on an H100
-    (benchmarks/results/fp8_engine_h100_2026-11.md) every fused serve probe, a fresh worker that had just captured 68
-    graphs, stalled once for 10-20 ms in mid-load, a cluster of requests late by that much, where the same cells run in
-    one long-lived process (benchmarks/studies/serve_trace.py) had no such stall and no full collection."""
+    The load runs without the cyclic garbage collector (no_collector)."""
+    with no_collector() as collections:
+        trace = _serve(serve_batch, plan, policy, clock, on_measure)
+    trace.gc_collections = collections
+    return trace
+
+
+@contextmanager
+def no_collector():
+    """Python's cyclic collector off for a load, the heap as it stands frozen first (gc.freeze, as long-running Python
+    servers do after their warm-up); yields a list that holds the collections per generation that ran anyway.
+    Freezing alone kept the model, its graphs and its tuning records out of every scan (on an H100 each fused probe,
+    a fresh worker that had captured 68 graphs, had stalled once for 10-20 ms in mid-load:
+    benchmarks/results/fp8_engine_h100_2026-11.md), but full collections still ran over the load's own records: a
+    10-s probe of 89,189 requests on an H200 had its batch service and its arrivals' issue stall together, 54.5 and
+    51.1 ms (benchmarks/results/serve_fused_h200_2026-11.md), and here a full collection over 90,000 requests'
+    records took 22 ms. A load's records hold no cycles, so nothing accrues while the collector is off."""
     gc.collect()
     gc.freeze()
+    was = gc.isenabled()
+    gc.disable()
     before = [g["collections"] for g in gc.get_stats()]
+    collections: list[int] = []
     try:
-        trace = _serve(serve_batch, plan, policy, clock, on_measure)
+        yield collections
     finally:
+        collections += [g["collections"] - b for g, b in zip(gc.get_stats(), before)]
+        if was:
+            gc.enable()
         gc.unfreeze()
-    trace.gc_collections = [g["collections"] - b for g, b in zip(gc.get_stats(), before)]
-    return trace
 
 
 def _serve(serve_batch, plan: LoadPlan, policy: BatchPolicy, clock, on_measure) -> Trace:
