@@ -4,6 +4,7 @@ a fixed sleep per call (so a load test's capacity does not depend on how busy th
 import time
 
 from transbench.backends.base import Backend, Prepared, hf_call
+from transbench.backends.decoders import HFGenerator
 
 SERVICE_S = 0.004
 
@@ -75,3 +76,25 @@ def _prepare_ladder(model, inputs, cell) -> Prepared:
 
 FORCED.append(Backend(name="ladder", attn="sdpa", prepare=_prepare_ladder, packs=True,
                       describe="packs tokens, a graph per size of a ladder"))
+
+
+class _TuningGenerator(HFGenerator):
+    """Like the fused engine's generator: its first prefill is a capture that advances CLOCK (tuned unless its
+    tuning budget was set to 0); the budgets it was given are kept."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.budgets, self.captured = [], False
+
+    def set_tune_budget(self, seconds):
+        self.budgets.append(seconds)
+
+    def prefill(self, input_ids):
+        if not self.captured:
+            CLOCK[0] += UNTUNED_S if self.budgets and self.budgets[-1] == 0 else TUNED_S
+            self.captured = True
+        return super().prefill(input_ids)
+
+
+FORCED.append(Backend(name="tuning-gen", attn="sdpa", prepare=_prepare, generator=lambda model, cell:
+                      _TuningGenerator(model), describe="its generators tune their first capture"))

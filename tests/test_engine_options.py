@@ -39,6 +39,11 @@ def test_compile_model_passes_its_options_down(tmp_path):
     gpt = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100, n_positions=32)).eval()
     gen = compile_model(gpt, options=o).generator(1, 8)  # the generator's graphs: the model's options
     assert (gen.graphs.tuner, gen.graphs.refine, gen.graphs.race_budget_s) == (t, False, 1.0)
+    gen.set_tune_budget(0)  # a server's generator met under load: a capture only, for every generator of its shape
+    assert gen.graphs.tune_budget_s == 0 and compile_model(gpt, options=o).generator(1, 8).graphs.tune_budget_s != 0
+    for bad in (-1, float("nan"), True, "0"):
+        with pytest.raises(ValueError, match="seconds must be"):
+            gen.set_tune_budget(bad)
 
 
 def test_the_triton_ops_launch_with_the_options():

@@ -219,3 +219,40 @@ def test_a_short_budget_still_leaves_every_batch_a_captured_graph(extra_backends
         for n in (1, 2, 3, 4):  # the longest batches a size can draw
             server.serve([SimpleNamespace(length=32)] * (n - 1) + [SimpleNamespace(length=31)])
     assert server.engine_graphs() == before and server.under_load == 0
+
+
+def test_generators_built_after_the_tuning_share_or_under_load_capture_untuned(extra_backends):
+    """A server's generators tune while the first half of its budget lasts; the ones built after it, and any built
+    under load, are told to capture on borrowed routes (a tuned capture under load held a gpt2 server's first
+    requests for 4.9 s)."""
+    from types import SimpleNamespace
+
+    from transbench import backends
+    from transbench.models import build
+    from transbench.scenarios.inference.measure import ModelCache, model_for
+    from transbench.scenarios.serve import lengths as serve_lengths, measure as serve
+
+    extra_backends("serve_backends")
+    import serve_backends as fake
+
+    lengths = serve_lengths.parse("lognormal:24:64", 100)
+    cell = serve.ServeCell("gpt2-tiny", "generate", "tuning-gen", "fp32", "rate", rate=50.0, lengths=lengths.to_dict(),
+                           max_batch_size=4, max_wait_ms=1.0, duration=1.0, warmup=0.1, device="cpu", new_tokens=2,
+                           prepare_budget=7.0)
+    backend, device = backends.get("tuning-gen"), torch.device("cpu")
+    cache = ModelCache()
+    model = model_for(cache, cell, backend, device)
+    server = serve.Decoders(model, backend, cell, build.resolve("gpt2-tiny").shape, device)
+    server.check(cache)
+    fake.CLOCK[0] = 0.0
+    prep = server.warm(lengths, cell.prepare_budget, clock=lambda: fake.CLOCK[0])
+    # 3 s each while under 3.5 s (the gate's shape, built before, costs nothing), then 0.5 s each until 7 s
+    assert prep["tuned"] == 3 and prep["left"] > 0
+    built = [g for key, (g, _, _) in server.gens.items() if key != (server.gate_cell().batch, server.gate_cell().seq)]
+    assert [g.budgets for g in built].count([]) == 2 and all(g.budgets == [0] for g in built if g.budgets)
+    server.loading = True
+    have = set(server.gens)
+    width = next(s for s in (32, 64) if any((b, s) not in have for b in (1, 2, 4)))
+    b = next(b for b in (1, 2, 4) if (b, width) not in have)
+    server.serve([SimpleNamespace(length=width, output=0)] * b)
+    assert server.gens[(b, width)][0].budgets == [0] and server.under_load == 1

@@ -133,6 +133,15 @@ class Generator:
         """For the benchmark's record: the kernel routes of the prefill and decode graphs captured so far."""
         return {"engine_tuning": self.graphs.tuning()}
 
+    def set_tune_budget(self, seconds: float | None) -> None:
+        """Tuning seconds this generator's first prefill and decode of a shape may take (0: borrowed routes, a capture
+        only: a server's generator first met under load; CompiledModel.set_tune_budget says the same of forwards).
+        It holds for every generator of this (batch, max_total_len): they share the graphs."""
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                    or not 0 <= seconds < float("inf")):
+            raise ValueError(f"seconds must be None or a finite number >= 0, got {seconds!r}")
+        self.graphs.tune_budget_s = seconds
+
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.e.ops.linear(h.contiguous(), self.e.head)
 

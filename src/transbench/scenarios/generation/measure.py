@@ -9,8 +9,9 @@ greedy tokens agree with the fp32 reference's is recorded in info (half precisio
 pick another token at a near tie, so it is not a gate).
 
 A backend can bring its own decoder through `Backend.generator(model, cell)`: an object with
-`prefill(input_ids) -> (B, V) logits` and `decode(next_ids (B,)) -> (B, V) logits` (optionally `info`
-and `cache_bytes()`). The default is transformers' own forward with a DynamicCache."""
+`prefill(input_ids) -> (B, V) logits` and `decode(next_ids (B,)) -> (B, V) logits` (optionally `info`,
+`cache_bytes()` and `set_tune_budget(seconds)`, which a server calls with 0 for a generator it builds once it stops
+tuning: serve/measure.py Decoders). The default is transformers' own forward with a DynamicCache."""
 
 from __future__ import annotations
 

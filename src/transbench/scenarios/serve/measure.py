@@ -303,6 +303,10 @@ class Decoders:
             self.under_load += self.loading
             pc = probe_cell(self.cell, batch, seq)
             gen = make_generator(self.backend, self.model, pc)
+            if (self.loading or not self.tuning) and hasattr(gen, "set_tune_budget"):
+                # A capture, not seconds of races: gpt2 fp16 on the fused backend, one generator left to the load,
+                # held its first 32 requests at 20/s for 4.9 s (benchmarks/results/http_serving_h200_2026-11.md).
+                gen.set_tune_budget(0)
             prompt = cell_inputs(pc, self.shape).input_ids.to(self.device)
             greedy(gen, prompt, self.cell.new_tokens)  # compiles or captures here, never under load
             self.gens[(batch, seq)] = (gen, prompt, pc)
@@ -347,9 +351,11 @@ class Decoders:
 
     loading = False
     under_load = 0
+    tuning = True  # False once warm's tuning share is spent: generators built from then on capture untuned
 
     def warm(self, lengths, budget_s: float | None = None, progress=None, clock=time.perf_counter) -> dict:
-        """Prepare the buckets the load can reach, likeliest first, within `budget_s` seconds (as Encoders.warm)."""
+        """Prepare the buckets the load can reach, likeliest first, within `budget_s` seconds (as Encoders.warm: the
+        first TUNED_SHARE of it tunes, the rest captures on borrowed routes)."""
         start = clock()
         self.top = len_bucket(lengths.max, self.longest_prompt)
         batches = sampled_batches(lengths, self.cell.max_batch_size, self.cell.seed)
@@ -357,7 +363,10 @@ class Decoders:
         groups = {b: widths for b in batches}
         counts = {b: Counter(len_bucket(max(r), self.top) for r in rows) for b, rows in batches.items()}
         steps = [Step(f"batch {b} x {s}", lambda b=b, s=s: self.entry(b, s)) for b, s in _interleave(groups, counts)]
-        return run_steps(steps, budget_s, f"{self.cell.backend} generators", progress, clock, start)
+        tunes = any(hasattr(g, "set_tune_budget") for g, _, _ in self.gens.values())  # the gate's built one
+        switch = budget_s * TUNED_SHARE if budget_s is not None and tunes else None
+        return run_steps(steps, budget_s, f"{self.cell.backend} generators", progress, clock, start, switch_s=switch,
+                         on_switch=lambda: setattr(self, "tuning", False))
 
 
 def plan_for(cell: ServeCell) -> tuple[LoadPlan, float | None]:
