@@ -19,7 +19,7 @@ PORT=${PORT:-18471}
 URL=http://127.0.0.1:$PORT
 OUT=$(dirname "$DB")
 SERVER=
-# Overridable for a CPU smoke run: DTYPE=fp32 BERT=bert-tiny GPT2=gpt2-tiny BACKENDS=sdpa BERT_RATES=20,50 ...
+# INPROC=0 skips the in-process cells. Overridable for a CPU smoke run: DTYPE=fp32 BERT=bert-tiny GPT2=gpt2-tiny BACKENDS=sdpa BERT_RATES=20,50 ...
 DTYPE=${DTYPE:-fp16}
 BERT=${BERT:-bert-base-uncased}
 GPT2=${GPT2:-gpt2}
@@ -68,8 +68,10 @@ pair() {  # label, backend, rates, slo, in-process args (quoted), server args (q
   else
     load="--duration 2 --warmup 0.5 --timeout 300 --rate $rates --slo-ms $slo"; name=$label-$b
   fi
-  # shellcheck disable=SC2086
-  $TB serve $inproc --backend "$b" --dtype "$DTYPE" $load --name "inproc-$name" --db "$DB"
+  if [[ ${INPROC:-1} == 1 ]]; then  # INPROC=0: the HTTP path only (its in-process cells measured in an earlier call)
+    # shellcheck disable=SC2086
+    $TB serve $inproc --backend "$b" --dtype "$DTYPE" $load --name "inproc-$name" --db "$DB"
+  fi
   # shellcheck disable=SC2086
   start_server $srv --backend "$b" --dtype "$DTYPE" || return 1
   # shellcheck disable=SC2086
