@@ -250,9 +250,59 @@ def test_generators_built_after_the_tuning_share_or_under_load_capture_untuned(e
     assert prep["tuned"] == 3 and prep["left"] > 0
     built = [g for key, (g, _, _) in server.gens.items() if key != (server.gate_cell().batch, server.gate_cell().seq)]
     assert [g.budgets for g in built].count([]) == 2 and all(g.budgets == [0] for g in built if g.budgets)
+    assert (4, 64) in server.gens  # the largest bucket came first: it holds every batch (serve.holder)
     server.loading = True
-    have = set(server.gens)
-    width = next(s for s in (32, 64) if any((b, s) not in have for b in (1, 2, 4)))
-    b = next(b for b in (1, 2, 4) if (b, width) not in have)
-    server.serve([SimpleNamespace(length=width, output=0)] * b)
-    assert server.gens[(b, width)][0].budgets == [0] and server.under_load == 1
+    server.serve([SimpleNamespace(length=40, output=0)] * 3)
+    assert server.under_load == 0
+    fresh = serve.Decoders(model, backend, cell, build.resolve("gpt2-tiny").shape, device)
+    fresh.check(cache)
+    fresh.warm(lengths, 0.0, clock=lambda: fake.CLOCK[0])  # nothing prepared: the load builds what it meets
+    fresh.loading = True
+    fresh.serve([SimpleNamespace(length=50, output=0)])  # wider than the gate's generator (4 x 32): built now
+    assert fresh.gens[(1, 64)][0].budgets == [0] and fresh.under_load == 1
+
+
+def test_a_batch_runs_the_smallest_prepared_bucket_that_holds_it():
+    from transbench.scenarios.serve.measure import holder
+
+    prepared = {(4, 64, 0.0): 0, (4, 32, 0.0): 0, (32, 512, 0.0): 0, (2, 32, 8.0): 0}  # the last: the gate's
+    assert holder(prepared, 4, 64) == (4, 64)  # its own
+    assert holder(prepared, 2, 32) == (4, 32)  # the gate's bucket of other lengths is not one
+    assert holder(prepared, 1, 64) == (4, 64) and holder(prepared, 8, 64) == (32, 512)
+    assert holder({}, 2, 32) == (2, 32) and holder({(1, 32): 0}, 2, 32) == (2, 32)  # none holds it: its own
+
+
+def test_a_short_budget_leaves_a_graph_backend_no_shape_to_prepare_under_load(extra_backends):
+    """A backend of one graph per (batch, width) bucket, its budget spent after the largest bucket and a few more:
+    every batch the load draws runs its own bucket or the smallest prepared one that holds it, none is prepared
+    under load."""
+    from types import SimpleNamespace
+
+    from transbench import backends
+    from transbench.models import build
+    from transbench.scenarios.inference.measure import ModelCache, model_for
+    from transbench.scenarios.serve import lengths as serve_lengths, measure as serve
+
+    extra_backends("serve_backends")
+    lengths = serve_lengths.parse("lognormal:24:96", 128)
+    cell = serve.ServeCell("bert-tiny", "classification", "sleepy", "fp32", "rate", rate=300.0,
+                           lengths=lengths.to_dict(), max_batch_size=4, max_wait_ms=1.0, duration=1.0, warmup=0.1,
+                           device="cpu", prepare_budget=4.0)
+    backend, device = backends.get("sleepy"), torch.device("cpu")
+    cache = ModelCache()
+    server = serve.Encoders(model_for(cache, cell, backend, device), backend, cell, build.resolve("bert-tiny").shape,
+                            device)
+    server.check(cache)
+    now = [0.0]
+
+    def clock():  # each look at the clock a second later: the budget ends after a few buckets
+        now[0] += 1.0
+        return now[0]
+
+    prep = server.warm(lengths, cell.prepare_budget, clock=clock)
+    assert (4, 96, 0.0) in server.prepared and prep["left"] > 0
+    server.loading = True
+    for rows in serve.sampled_batches(lengths, 4, seed=3).values():
+        for row in rows[:16]:
+            server.serve([SimpleNamespace(length=n) for n in row])
+    assert server.under_load == 0

@@ -4,9 +4,11 @@ is `wrong`, never loaded), then the load loop (serve_load) over shape buckets, t
 Shapes: a backend's prepared callable is built for one input shape, and the graph backends (cudagraph,
 fused) replay captured graphs that exist for fixed shapes only. A batch is therefore padded to a bucket:
 its size up to the next power of two (capped at --max-batch-size), its width up to the next multiple of
-LEN_STEP. The buckets the lengths can reach are prepared (captured, compiled) before the load starts, likeliest
-first, within --prepare-budget seconds (prepare.py); any left is prepared on its first use under load and
-counted (shapes_prepared_under_load, graphs_captured_under_load): that first batch's latency carries it. Only
+LEN_STEP. The buckets the lengths can reach are prepared (captured, compiled) before the load starts, the largest
+first (it holds every batch), then the likeliest, within --prepare-budget seconds (prepare.py). Under load a batch
+whose bucket was left runs the smallest prepared bucket that holds it (holder: more padding, no compile or capture
+stalling the queue); only where none does is its own prepared then, counted (shapes_prepared_under_load,
+graphs_captured_under_load): that first batch's latency carries it. Only
 the inputs change per batch, copied into the bucket's buffers (the token ids and the padding mask: the mask is
 what decides the real work of a packing backend). Padding rows of a partly filled bucket are one token long.
 A packing backend (fused) runs the real tokens of each batch only (no padding work), so it gets one width per
@@ -93,6 +95,19 @@ def packed_size(tokens: int, batch: int, top: int, sizes: list[int] | int) -> in
     if isinstance(sizes, int):
         return min(batch * top, -(-tokens // sizes) * sizes)
     return next((r for r in sorted(sizes) if r >= tokens), batch * top)
+
+
+def holder(prepared, batch: int, width: int) -> tuple[int, int]:
+    """The bucket a batch of (batch, width) runs under load: its own where prepared, else the smallest prepared one
+    that holds it (more rows and columns of padding: its mask, or a generator's unmasked prompt, covers them), else
+    its own, prepared then. `prepared` holds (batch, width, ...) keys. A shape prepared under load stalls every batch
+    queued behind it for its compile or capture: the fused engine's packed sizes pad up the same way
+    (engine/packing.py reuse_sizes)."""
+    shapes = {k[:2] for k in prepared if len(k) < 3 or not k[2]}  # not the gate's bucket of other lengths
+    if (batch, width) in shapes:
+        return batch, width
+    fits = [k for k in shapes if k[0] >= batch and k[1] >= width]
+    return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else (batch, width)
 
 
 def _for_load(prepared) -> None:
@@ -194,7 +209,8 @@ class Encoders:
 
         n = len(requests)
         width = self.top if self.packs else len_bucket(max(r.length for r in requests), self.top)
-        inputs, prepared, _ = self.entry(batch_bucket(n, self.cell.max_batch_size), width)
+        bucket = (batch_bucket(n, self.cell.max_batch_size), width)
+        inputs, prepared, _ = self.entry(*(holder(self.prepared, *bucket) if self.loading else bucket))
         lengths = [r.length for r in requests] + [1] * (inputs.batch - n)
         mask = (torch.arange(inputs.input_ids.shape[1])[None, :] < torch.tensor(lengths)[:, None])
         inputs.attention_mask.copy_(mask, non_blocking=True)
@@ -238,7 +254,10 @@ class Encoders:
                 widths = sorted({s for _, s in buckets(self.cell.max_batch_size, max_len, self.top, lengths.shortest)})
                 groups[b] = widths
                 counts[b] = Counter(len_bucket(max(r), self.top) for r in rows)
-            steps = [Step(f"batch {b} x {s}", lambda b=b, s=s: self.entry(b, s)) for b, s in _interleave(groups, counts)]
+            # The largest bucket first: it holds every batch, so none prepares a shape under load (holder).
+            top = (max(groups), max(groups[max(groups)]))
+            steps = [Step(f"batch {b} x {s}", lambda b=b, s=s: self.entry(b, s), key=(b, s))
+                     for b, s in [top, *_interleave(groups, counts)]]
             cover = []
 
         def untuned() -> None:
@@ -336,8 +355,9 @@ class Decoders:
     def serve(self, requests) -> list[float]:
         from ..generation.measure import greedy
 
-        gen, prompt, _ = self.entry(batch_bucket(len(requests), self.cell.max_batch_size),
-                                    len_bucket(max(r.length for r in requests), self.top))
+        bucket = (batch_bucket(len(requests), self.cell.max_batch_size),
+                  len_bucket(max(r.length for r in requests), self.top))
+        gen, prompt, _ = self.entry(*(holder(self.gens, *bucket) if self.loading else bucket))
         # A trace's requests ask for their own output lengths: the batch decodes for its longest (at most
         # --new-tokens, what the generators' caches hold), each request done at its own last token (load.py).
         steps = min(self.cell.new_tokens, max(r.output or self.cell.new_tokens for r in requests))
@@ -362,7 +382,9 @@ class Decoders:
         widths = sorted({s for _, s in buckets(self.cell.max_batch_size, lengths.max, self.top, lengths.shortest)})
         groups = {b: widths for b in batches}
         counts = {b: Counter(len_bucket(max(r), self.top) for r in rows) for b, rows in batches.items()}
-        steps = [Step(f"batch {b} x {s}", lambda b=b, s=s: self.entry(b, s)) for b, s in _interleave(groups, counts)]
+        top = (max(groups), widths[-1])  # holds every batch (holder): none prepares a generator under load
+        steps = [Step(f"batch {b} x {s}", lambda b=b, s=s: self.entry(b, s), key=(b, s))
+                 for b, s in [top, *_interleave(groups, counts)]]
         tunes = any(hasattr(g, "set_tune_budget") for g, _, _ in self.gens.values())  # the gate's built one
         switch = budget_s * TUNED_SHARE if budget_s is not None and tunes else None
         return run_steps(steps, budget_s, f"{self.cell.backend} generators", progress, clock, start, switch_s=switch,

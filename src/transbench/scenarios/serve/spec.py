@@ -69,8 +69,8 @@ class ServeSpec:
                                        "LoadGen's early-stopping estimate", axis=False)
     goodput_target: float | None = setting(None, "share of requests that must meet every objective (0.99): the "
                                            "verdict --find-max-rate holds")
-    prepare_budget: float = setting(PREPARE_BUDGET_S, "seconds of preparation (graphs, buckets) before the load; the "
-                                    "rest is prepared on first use")
+    prepare_budget: float = setting(PREPARE_BUDGET_S, "seconds of preparation (graphs, buckets) before the load; under "
+                                    "load a batch whose own was left runs a larger prepared one")
     # An HTTP endpoint instead of a backend in this process (endpoint.py).
     url: str | None = setting(None, "measure an OpenAI-compatible endpoint (http://HOST:PORT) instead of a backend in "
                               "this process")
