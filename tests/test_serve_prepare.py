@@ -188,26 +188,42 @@ def test_a_ladder_server_prepares_within_its_budget(extra_backends, budget):
     assert rec["shapes_prepared_under_load"] == 0  # every batch size's engine was built before the load
 
 
-def test_a_short_budget_still_leaves_every_batch_a_captured_graph(extra_backends):
-    """With a budget that tunes a few shapes and captures the rest untuned, each batch size's largest shape is
-    captured once tuning stops, so no batch the load draws captures under load: each pads into a captured graph
-    (the fused server's first max-rate probe captured 5 graphs under load, its p99 2,386 ms)."""
-    from types import SimpleNamespace
-
+def _servers(extra_backends, model: str, task: str, backend: str, lengths: str, max_len: int, budget: float, **kw):
+    """A CPU server of a test backend (tests/serve_backends.py), as serve.run builds it: a function that makes one
+    (Encoders or Decoders, by task, its gate's reference computed), the lengths and the cell."""
     from transbench import backends
     from transbench.models import build
     from transbench.scenarios.inference.measure import ModelCache, model_for
     from transbench.scenarios.serve import lengths as serve_lengths, measure as serve
 
     extra_backends("serve_backends")
+    dist = serve_lengths.parse(lengths, max_len)
+    cell = serve.ServeCell(model, task, backend, "fp32", "rate", rate=300.0, lengths=dist.to_dict(), max_batch_size=4,
+                           max_wait_ms=1.0, duration=1.0, warmup=0.1, device="cpu", prepare_budget=budget, **kw)
+    b, device, cache = backends.get(backend), torch.device("cpu"), ModelCache()
+    loaded = model_for(cache, cell, b, device)
+    kind = serve.Decoders if task == "generate" else serve.Encoders
+
+    def make():
+        server = kind(loaded, b, cell, build.resolve(model).shape, device)
+        server.check(cache)
+        return server
+
+    return make, dist, cell
+
+
+def test_a_short_budget_still_leaves_every_batch_a_captured_graph(extra_backends):
+    """With a budget that tunes a few shapes and captures the rest untuned, each batch size's largest shape is
+    captured once tuning stops, so no batch the load draws captures under load: each pads into a captured graph
+    (the fused server's first max-rate probe captured 5 graphs under load, its p99 2,386 ms)."""
+    from types import SimpleNamespace
+
+    from transbench.scenarios.serve import measure as serve
+
+    make, lengths, cell = _servers(extra_backends, "bert-tiny", "classification", "ladder", "lognormal:12:32", 128, 8.0)
     import serve_backends as fake
-    lengths = serve_lengths.parse("lognormal:12:32", 128)
-    cell = serve.ServeCell("bert-tiny", "classification", "ladder", "fp32", "rate", rate=300.0,
-                           lengths=lengths.to_dict(), max_batch_size=4, max_wait_ms=1.0, duration=1.0, warmup=0.1,
-                           device="cpu", prepare_budget=8.0)
-    backend, device = backends.get("ladder"), torch.device("cpu")
-    model = model_for(ModelCache(), cell, backend, device)
-    server = serve.Encoders(model, backend, cell, build.resolve("bert-tiny").shape, device)
+
+    server = make()
     fake.CLOCK[0] = 0.0
     prep = server.warm(lengths, cell.prepare_budget, clock=lambda: fake.CLOCK[0])
     assert prep["tuned"] == 2 and 0 < prep["left"]  # 2 tuned (3 s each), then untuned captures until 8 s
@@ -227,23 +243,11 @@ def test_generators_built_after_the_tuning_share_or_under_load_capture_untuned(e
     requests for 4.9 s)."""
     from types import SimpleNamespace
 
-    from transbench import backends
-    from transbench.models import build
-    from transbench.scenarios.inference.measure import ModelCache, model_for
-    from transbench.scenarios.serve import lengths as serve_lengths, measure as serve
-
-    extra_backends("serve_backends")
+    make, lengths, cell = _servers(extra_backends, "gpt2-tiny", "generate", "tuning-gen", "lognormal:24:64", 100, 7.0,
+                                   new_tokens=2)
     import serve_backends as fake
 
-    lengths = serve_lengths.parse("lognormal:24:64", 100)
-    cell = serve.ServeCell("gpt2-tiny", "generate", "tuning-gen", "fp32", "rate", rate=50.0, lengths=lengths.to_dict(),
-                           max_batch_size=4, max_wait_ms=1.0, duration=1.0, warmup=0.1, device="cpu", new_tokens=2,
-                           prepare_budget=7.0)
-    backend, device = backends.get("tuning-gen"), torch.device("cpu")
-    cache = ModelCache()
-    model = model_for(cache, cell, backend, device)
-    server = serve.Decoders(model, backend, cell, build.resolve("gpt2-tiny").shape, device)
-    server.check(cache)
+    server = make()
     fake.CLOCK[0] = 0.0
     prep = server.warm(lengths, cell.prepare_budget, clock=lambda: fake.CLOCK[0])
     # 3 s each while under 3.5 s (the gate's shape, built before, costs nothing), then 0.5 s each until 7 s
@@ -254,8 +258,7 @@ def test_generators_built_after_the_tuning_share_or_under_load_capture_untuned(e
     server.loading = True
     server.serve([SimpleNamespace(length=40, output=0)] * 3)
     assert server.under_load == 0
-    fresh = serve.Decoders(model, backend, cell, build.resolve("gpt2-tiny").shape, device)
-    fresh.check(cache)
+    fresh = make()
     fresh.warm(lengths, 0.0, clock=lambda: fake.CLOCK[0])  # nothing prepared: the load builds what it meets
     fresh.loading = True
     fresh.serve([SimpleNamespace(length=50, output=0)])  # wider than the gate's generator (4 x 32): built now
@@ -278,21 +281,10 @@ def test_a_short_budget_leaves_a_graph_backend_no_shape_to_prepare_under_load(ex
     under load."""
     from types import SimpleNamespace
 
-    from transbench import backends
-    from transbench.models import build
-    from transbench.scenarios.inference.measure import ModelCache, model_for
-    from transbench.scenarios.serve import lengths as serve_lengths, measure as serve
+    from transbench.scenarios.serve import measure as serve
 
-    extra_backends("serve_backends")
-    lengths = serve_lengths.parse("lognormal:24:96", 128)
-    cell = serve.ServeCell("bert-tiny", "classification", "sleepy", "fp32", "rate", rate=300.0,
-                           lengths=lengths.to_dict(), max_batch_size=4, max_wait_ms=1.0, duration=1.0, warmup=0.1,
-                           device="cpu", prepare_budget=4.0)
-    backend, device = backends.get("sleepy"), torch.device("cpu")
-    cache = ModelCache()
-    server = serve.Encoders(model_for(cache, cell, backend, device), backend, cell, build.resolve("bert-tiny").shape,
-                            device)
-    server.check(cache)
+    make, lengths, cell = _servers(extra_backends, "bert-tiny", "classification", "sleepy", "lognormal:24:96", 128, 4.0)
+    server = make()
     now = [0.0]
 
     def clock():  # each look at the clock a second later: the budget ends after a few buckets
