@@ -95,7 +95,8 @@ def no_collector():
     benchmarks/results/fp8_engine_h100_2026-11.md), but full collections still ran over the load's own records: a
     10-s probe of 89,189 requests on an H200 had its batch service and its arrivals' issue stall together, 54.5 and
     51.1 ms (benchmarks/results/serve_fused_h200_2026-11.md), and here a full collection over 90,000 requests'
-    records took 22 ms. A load's records hold no cycles, so nothing accrues while the collector is off."""
+    records took 22 ms. A load's own records hold no cycles; the few it makes (an exception's traceback) wait for the
+    collection after it."""
     gc.collect()
     gc.freeze()
     was = gc.isenabled()

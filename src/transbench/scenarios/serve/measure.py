@@ -103,9 +103,9 @@ def holder(prepared, batch: int, width: int) -> tuple[int, int]:
     its own, prepared then. `prepared` holds (batch, width, ...) keys. A shape prepared under load stalls every batch
     queued behind it for its compile or capture: the fused engine's packed sizes pad up the same way
     (engine/packing.py reuse_sizes)."""
-    shapes = {k[:2] for k in prepared if len(k) < 3 or not k[2]}  # not the gate's bucket of other lengths
-    if (batch, width) in shapes:
+    if (batch, width) in prepared or (batch, width, 0.0) in prepared:  # every batch's path under load: a lookup
         return batch, width
+    shapes = {k[:2] for k in prepared if len(k) < 3 or not k[2]}  # not the gate's bucket of other lengths
     fits = [k for k in shapes if k[0] >= batch and k[1] >= width]
     return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else (batch, width)
 
@@ -374,8 +374,8 @@ class Decoders:
     tuning = True  # False once warm's tuning share is spent: generators built from then on capture untuned
 
     def warm(self, lengths, budget_s: float | None = None, progress=None, clock=time.perf_counter) -> dict:
-        """Prepare the buckets the load can reach, likeliest first, within `budget_s` seconds (as Encoders.warm: the
-        first TUNED_SHARE of it tunes, the rest captures on borrowed routes)."""
+        """Prepare the buckets the load can reach, the largest first, then the likeliest, within `budget_s` seconds (as
+        Encoders.warm: the first TUNED_SHARE of it tunes, the rest captures on borrowed routes)."""
         start = clock()
         self.top = len_bucket(lengths.max, self.longest_prompt)
         batches = sampled_batches(lengths, self.cell.max_batch_size, self.cell.seed)
