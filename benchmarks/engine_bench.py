@@ -361,7 +361,35 @@ def _kernel_table(title, fn, reps):
 
 @torch.inference_mode()
 def timeline(name, B, S, fp8=True, reps=10):
-    """Where a captured forward's wall time goes beyond its kernels: the profiler's kernel spans inside graph
+    """graph_timeline of a bert encoders-only forward."""
+    L, H, _ = SHAPES[name]
+    eng = compile_model(bert(name).half(), dtype="fp8" if fp8 else torch.float16, max_batch=B)
+    x = torch.randn(B, S, H, device="cuda", dtype=torch.float16)
+    eng.encode(x), eng.encode(x)
+    graph_timeline(f"{name} {B}x{S}{' fp8' if fp8 else ''}", next(iter(eng.engine.graphs.entries.values())).graph,
+                   reps)
+
+
+@torch.inference_mode()
+def timeline_decode(model, B, prompt, reps=20):
+    """graph_timeline of a gpt2-family decode step at position `prompt` (fp16, random weights), with the HBM
+    bandwidth its weights and KV cache would take alone: what the step's floor is."""
+    cfg = {"gpt2": GPT2Config(), "gpt2-medium": GPT2Config(n_embd=1024, n_layer=24, n_head=16)}[model]
+    m = GPT2LMHeadModel(cfg).cuda().half().eval()
+    eng = compile_model(m, dtype=torch.float16)
+    gen = eng.generator(B, prompt + 64)
+    nxt = gen.prefill(torch.randint(0, cfg.vocab_size, (B, prompt), device="cuda")).argmax(-1)
+    for _ in range(4):  # the first steps tune and capture
+        nxt = gen.decode(nxt).argmax(-1)
+    graph = gen.graphs.entries["decode"].graph
+    weights = sum(p.numel() for p in m.parameters()) * 2
+    kv = 2 * cfg.n_layer * B * (prompt + 4) * cfg.n_embd * 2
+    graph_timeline(f"{model} decode step, batch {B} at position {prompt} (weights {weights / 1e6:.0f} MB, KV read "
+                   f"{kv / 1e6:.1f} MB)", graph, reps)
+
+
+def graph_timeline(title, graph, reps=10):
+    """Where a captured graph's wall time goes beyond its kernels: the profiler's kernel spans inside graph
     replays (PDL on, as transbench runs), their union (busy) against the replay's span, the idle gaps between
     kernels and the kernels they sit between; then the SM clock and power over 3 s of back-to-back replays."""
     import json
@@ -372,13 +400,7 @@ def timeline(name, B, S, fp8=True, reps=10):
 
     from transbench.measure.device import nvml_handle
 
-    L, H, _ = SHAPES[name]
-    eng = compile_model(bert(name).half(), dtype="fp8" if fp8 else torch.float16, max_batch=B)
-    x = torch.randn(B, S, H, device="cuda", dtype=torch.float16)
-    eng.encode(x), eng.encode(x)
-    graph = next(iter(eng.engine.graphs.entries.values())).graph
-    print(f"\n## timeline {name} {B}x{S}{' fp8' if fp8 else ''}: replay back to back {replay_ms(graph.replay):.3f} ms",
-          flush=True)
+    print(f"\n## timeline {title}: replay back to back {replay_ms(graph.replay):.4f} ms", flush=True)
     with prof(activities=[ProfilerActivity.CUDA]) as p:
         for _ in range(reps):
             graph.replay()
@@ -710,7 +732,7 @@ def attention_sweep():
 
 PARTS = ("bert-base", "bert-large", "gemm", "routes", "bert-large-target", "varlen", "generate", "profile", "call",
          "timeline", "timeline-large", "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant", "fp8gemm", "attn",
-         "attn-sweep")
+         "attn-sweep", "timeline-decode")
 
 
 def main(argv=None):
@@ -758,6 +780,10 @@ def main(argv=None):
             timeline("bert-base", 256, 128)
         elif part == "timeline-large":
             timeline("bert-large", 128, 384)
+        elif part == "timeline-decode":
+            timeline_decode("gpt2", 1, 512)
+            timeline_decode("gpt2-medium", 4, 256)
+            timeline("bert-base", 1, 128, fp8=False)
         elif part == "call":
             call_cost("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "refine":
