@@ -474,7 +474,10 @@ _WHY = [
     ("server", "--served-model-name", [N], "a model name is text of any script (without spaces or control characters)"),
     ("serve", "--max-wait-ms", ["1e30"], "a wait is cut 10 s after the last arrival (docs/serve.md)"),
     ("serve", "--duration", ["1e-320"], "a positive duration: a short window, as asked"),
-    ("serve", "--prepare-budget", ["0", "1e-320"], "0 or more seconds: every shape is then prepared on first use"),
+    ("serve|server", "--prepare-budget", ["0", "1e-320"], "0 or more seconds: a shape left runs a larger prepared "
+                                                           "one, or is prepared on first use"),
+    ("server", "--prepare-budget", ["1e30"], "every shape prepared before the server reports healthy: it has no "
+                                             "deadline to fit"),
     ("serve", "--warmup", ["0", "1e-320"], "0 or more seconds of warm-up"),
     ("serve", "--slo-ms", ["1e30", "1e-320"], "a positive target: every request meets it, or none"),
     ("train", "--grad-ckpt", ["OFF"], "on/off words in any case (spec.py _scalar)"),

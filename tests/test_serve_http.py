@@ -5,6 +5,7 @@ while the server goes on; a clean stop on SIGTERM. Loopback (127.0.0.1) only."""
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -327,14 +328,14 @@ class Server:
         return self.proc.returncode, self.proc.stderr.read()
 
 
-def bert_server(tmp_path, max_batch: int) -> tuple[Server, str]:
+def bert_server(tmp_path, max_batch: int, *args: str) -> tuple[Server, str]:
     """A bert-tiny checkpoint folder (tmp_path / "bert") behind `transbench server` (inputs up to 32 tokens), and its
     served name."""
     from transbench.models import build
 
     ckpt = tmp_path / "bert"
     build.build_model(build.resolve("bert-tiny"), "base").save_pretrained(ckpt)
-    server = Server("--model", str(ckpt), "--max-length", "32", "--max-batch-size", str(max_batch))
+    server = Server("--model", str(ckpt), "--max-length", "32", "--max-batch-size", str(max_batch), *args)
     try:
         return server, httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
     except BaseException:
@@ -375,6 +376,29 @@ def test_server_embeddings_measured_by_serve_url_bad_requests_and_a_clean_stop(t
         code, err = server.stop()
     assert code == 0, err
     assert "server stopped (SIGTERM)" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_a_server_prepares_within_its_budget_and_counts_what_requests_prepared(tmp_path):
+    """--prepare-budget as in-process serving (measure.Encoders.warm; its order and the padding into a larger bucket
+    are tested in test_serve_prepare.py): a budget spent at once leaves every shape, the ready line says so, the
+    answers are those of a batch, and /metrics counts each shape prepared for a request."""
+    server, name = bert_server(tmp_path, 8, "--prepare-budget", "1e-9")
+    try:
+        texts = ["the of and", "a " * 30, "of"]
+        single = [httpx.post(server.url + "/v1/embeddings", json={"model": name, "input": t}, timeout=30).json()
+                  for t in texts]
+        together = httpx.post(server.url + "/v1/embeddings", json={"model": name, "input": texts}, timeout=30).json()
+        metrics = httpx.get(server.url + "/metrics").text
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
+    assert re.search(r"prepared in [0-9.]+ s \(0 shapes; [1-9][0-9]* left to pad into larger ones\)", err), err
+    for one, row in zip(single, together["data"]):
+        a, b = one["data"][0]["embedding"], row["embedding"]
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+    under_load = int(re.search(r"^transbench_shapes_prepared_under_load (\d+)$", metrics, re.M).group(1))
+    assert 2 <= under_load <= 4  # batches of one at two widths, and the batch of three (the 32-token one shares one)
 
 
 @pytest.mark.slow

@@ -13,12 +13,19 @@ from .options import build_spec
 from .tables import visible
 
 
+def left(info: dict) -> str:
+    """What --prepare-budget left: batches of those shapes pad into larger prepared ones."""
+    if not info.get("shapes_left"):
+        return ""
+    return f" ({info['shapes_prepared']} shapes; {info['shapes_left']} left to pad into larger ones)"
+
+
 @declared_command(app, ServerSpec)
 def server(given: dict) -> None:
     """Serve a model over HTTP (OpenAI-compatible: /v1/embeddings or /v1/completions, /health, /metrics)."""
     def ready(info: dict) -> None:
         typer.echo(visible(f"transbench server: {info['model']} ({info['backend']} {info['dtype']}) on {info['url']}"
-                           f"{info['endpoint']}, prepared in {info.get('prepare_s', 0):.1f} s; tokenizer "
+                           f"{info['endpoint']}, prepared in {info.get('prepare_s', 0):.1f} s{left(info)}; tokenizer "
                            f"{info['tokenizer']}; /health, /metrics; Ctrl-C or SIGTERM stops it"), err=True)
 
     try:

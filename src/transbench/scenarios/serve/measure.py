@@ -204,13 +204,18 @@ class Encoders:
         return rel_err(out[rows], ref, [inputs.lengths[i] for i in rows], inputs.input_ids.shape[1]), \
             prepared.what_ran()
 
+    def entry_for(self, n: int, longest: int):
+        """The prepared bucket a batch of n inputs, the longest `longest` tokens, runs (holder's under load): in-process
+        serving's and the server's (server_model.py)."""
+        width = self.top if self.packs else len_bucket(longest, self.top)
+        bucket = (batch_bucket(n, self.cell.max_batch_size), width)
+        return self.entry(*(holder(self.prepared, *bucket) if self.loading else bucket))
+
     def serve(self, requests) -> None:
         import torch
 
         n = len(requests)
-        width = self.top if self.packs else len_bucket(max(r.length for r in requests), self.top)
-        bucket = (batch_bucket(n, self.cell.max_batch_size), width)
-        inputs, prepared, _ = self.entry(*(holder(self.prepared, *bucket) if self.loading else bucket))
+        inputs, prepared, _ = self.entry_for(n, max(r.length for r in requests))
         lengths = [r.length for r in requests] + [1] * (inputs.batch - n)
         mask = (torch.arange(inputs.input_ids.shape[1])[None, :] < torch.tensor(lengths)[:, None])
         inputs.attention_mask.copy_(mask, non_blocking=True)

@@ -77,6 +77,7 @@ class Metrics:
     def __init__(self):
         self.lock = threading.Lock()
         self.queue_depth = 0
+        self.prepared_under_load = 0
         self.batch_sizes = Histogram(BATCH_BUCKETS)
         self.service = Histogram(LATENCY_BUCKETS_S)  # a batch's run
         self.latency: dict[str, Histogram] = {}  # per endpoint: receipt to last byte handed to the server
@@ -97,6 +98,10 @@ class Metrics:
         with self.lock:
             return "\n".join(["# HELP transbench_queue_depth Requests waiting for a batch.",
                               "# TYPE transbench_queue_depth gauge", f"transbench_queue_depth {self.queue_depth}",
+                              "# HELP transbench_shapes_prepared_under_load Shapes compiled or captured for a request "
+                              "after the server reported healthy (each stalled the batches behind it).",
+                              "# TYPE transbench_shapes_prepared_under_load counter",
+                              f"transbench_shapes_prepared_under_load {self.prepared_under_load}",
                               "# HELP transbench_batch_size Requests per batch run.",
                               "# TYPE transbench_batch_size histogram",
                               *self.batch_sizes.lines("transbench_batch_size"),
@@ -157,7 +162,7 @@ class ModelThread:
         lengths = Lengths("lognormal", max(1.0, s.max_length / 2), s.max_length, 0.5)
         return ServeCell(s.model, "generate" if self.decoder else "base", s.backend, s.dtype, "server",
                          lengths=lengths.to_dict(), max_batch_size=s.max_batch_size, max_wait_ms=s.max_wait_ms,
-                         new_tokens=s.max_tokens, device=s.device, seed=s.seed)
+                         new_tokens=s.max_tokens, device=s.device, seed=s.seed, prepare_budget=s.prepare_budget)
 
     def _main(self) -> None:
         try:
@@ -178,7 +183,7 @@ class ModelThread:
         from ...errors import Unsupported
         from ...measure import device as dev
         from ..inference.measure import TOLERANCE, ModelCache, model_for
-        from .measure import Decoders, Encoders
+        from .measure import TUNED_SHARE, Decoders, Encoders, batch_bucket
 
         cell = self.cell()
         self.device = dev.resolve(cell.device)
@@ -196,17 +201,21 @@ class ModelThread:
         if not err <= TOLERANCE[cell.dtype]:
             raise Unsupported(f"rel_err {err:.3g} against the fp32 reference is over the {cell.dtype} tolerance "
                               f"{TOLERANCE[cell.dtype]:g}: this backend's output is wrong here")
-        self.cell_ = cell
-        if self.decoder:
-            self.gens: dict = {}
+        ran["rel_err"] = err
+        if self.decoder:  # every generator --warm-lengths lists, tuned within the budget's tuning share
+            sizes = sorted({batch_bucket(k, cell.max_batch_size) for k in range(1, cell.max_batch_size + 1)})
             for n in self.spec.warm_lengths:
-                from .measure import batch_bucket
-
-                for b in sorted({batch_bucket(k, cell.max_batch_size) for k in range(1, cell.max_batch_size + 1)}):
-                    self._generator(b, n)
-        else:
-            self.runner.warm(cell.length_dist)
-        self.info = {"rel_err": err, "prepare_s": time.perf_counter() - t0, **ran}
+                for b in sizes:
+                    if time.perf_counter() - t0 > cell.prepare_budget * TUNED_SHARE:
+                        self.runner.tuning = False
+                    self.runner.entry(b, n)
+        else:  # as in-process serving: the largest bucket first, the likeliest next, within the budget
+            prep = self.runner.warm(cell.length_dist, cell.prepare_budget)
+            ran.update(shapes_prepared=prep["prepared"], shapes_left=prep["left"])
+        # From here a shape prepared on a request's demand is counted, and captures untuned (measure.Encoders.entry,
+        # Decoders.entry); an encoder batch whose own bucket was left pads into a larger prepared one (holder).
+        self.runner.loading = True
+        self.info = {**ran, "prepare_s": time.perf_counter() - t0}
 
     def _loop(self) -> None:
         policy = BatchPolicy(self.spec.max_batch_size, self.spec.max_wait_ms / 1e3)
@@ -252,6 +261,7 @@ class ModelThread:
                     job.emit("error", f"{type(exc).__name__}: {exc}")
                 self.flush()
             with self.metrics.lock:
+                self.metrics.prepared_under_load = self.runner.under_load
                 self.metrics.batch_sizes.observe(len(batch))
                 self.metrics.service.observe(time.perf_counter() - start)
 
@@ -275,13 +285,9 @@ class ModelThread:
         import torch
 
         from ..inference.measure import output_tensor
-        from .measure import batch_bucket, len_bucket
 
-        r = self.runner
         n = len(batch)
-        longest = max(len(j.ids) for j in batch)
-        width = r.top if r.packs else len_bucket(longest, r.top)
-        inputs, prepared, _ = r.entry(batch_bucket(n, self.spec.max_batch_size), width)
+        inputs, prepared, _ = self.runner.entry_for(n, max(len(j.ids) for j in batch))
         B, W = inputs.input_ids.shape
         ids = torch.zeros(B, W, dtype=inputs.input_ids.dtype)
         lengths = [len(j.ids) for j in batch] + [1] * (B - n)  # padding rows are one token long
@@ -297,22 +303,6 @@ class ModelThread:
             j.emit("embedding", row.tolist())
         self.flush()
 
-    def _generator(self, batch: int, length: int):
-        from ...backends.decoders import make_generator
-        from ..generation.measure import greedy
-        from .measure import probe_cell
-
-        key = (batch, length)
-        if key not in self.gens:
-            pc = probe_cell(self.cell_, batch, length)
-            gen = make_generator(self.backend, self.model, pc)
-            import torch
-
-            warm = torch.ones(batch, length, dtype=torch.long, device=self.device)
-            greedy(gen, warm, self.spec.max_tokens)  # compiles or captures here
-            self.gens[key] = gen
-        return self.gens[key]
-
     def _generate(self, batch: list[Job]) -> None:
         import torch
 
@@ -320,7 +310,7 @@ class ModelThread:
 
         n, length = len(batch), len(batch[0].ids)
         B = batch_bucket(n, self.spec.max_batch_size)
-        gen = self._generator(B, length)
+        gen = self.runner.entry(B, length)[0]
         rows = [j.ids for j in batch] + [batch[0].ids] * (B - n)  # padding rows repeat the first prompt
         ids = torch.tensor(rows, dtype=torch.long, device=self.device)
         steps = max(j.max_tokens for j in batch)

@@ -20,6 +20,14 @@ from .load import DRAIN_LIMIT_S
 
 PERCENTILE_KEYS = {50.0: "latency_p50_ms", 90.0: "latency_p90_ms", 99.0: "latency_p99_ms", 99.9: "latency_p999_ms"}
 PREPARE_BUDGET_S = 20.0  # the fused engine's bucket ladder at bert-base 32 x 512 is ~80 graphs, a few seconds each
+
+
+def prepare_budget_setting():
+    """--prepare-budget, as in-process serving and `transbench server` take it (server_spec.py)."""
+    return setting(PREPARE_BUDGET_S, "seconds of preparation (graphs, buckets) before requests are served; a batch "
+                   "whose own bucket was left runs a larger prepared one")
+
+
 # What a cell's deadline holds besides its load: the model's build, the correctness gate and the drain.
 DEADLINE_SLACK_S = 30.0
 # A rate's arrivals are planned in full before its load starts, and the load keeps every request as Python objects
@@ -69,8 +77,7 @@ class ServeSpec:
                                        "LoadGen's early-stopping estimate", axis=False)
     goodput_target: float | None = setting(None, "share of requests that must meet every objective (0.99): the "
                                            "verdict --find-max-rate holds")
-    prepare_budget: float = setting(PREPARE_BUDGET_S, "seconds of preparation (graphs, buckets) before the load; under "
-                                    "load a batch whose own was left runs a larger prepared one")
+    prepare_budget: float = prepare_budget_setting()
     # An HTTP endpoint instead of a backend in this process (endpoint.py).
     url: str | None = setting(None, "measure an OpenAI-compatible endpoint (http://HOST:PORT) instead of a backend in "
                               "this process")
