@@ -9,7 +9,11 @@ KEYS = ("run_name", "model", "dtype", "quant", "status", "latency_ms", "throughp
 
 if __name__ == "__main__":
     path, label = sys.argv[1], " ".join(sys.argv[2:])
-    data = json.load(open(path))
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:  # a step cut by its timeout writes no JSON: its log says what it finished
+        sys.exit(f"{label} no records in {path}: {exc}")
     for r in data["cells"] if isinstance(data, dict) else data:  # the versioned record, or an older bare list
         print(label, r.get("backend"), r.get("batch_size"), r.get("seq_len"),
               " ".join(f"{k} {r.get(k)}" for k in KEYS))

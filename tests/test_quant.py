@@ -65,6 +65,17 @@ def test_every_linear_layer_is_quantized_and_what_ran_is_said(torchao, name):
     assert info["quant_recipe"].startswith("Int8")
 
 
+def test_fp8_dynamic_keeps_a_layer_with_an_all_zero_row_in_the_dtype():
+    """torchao's per-row fp8 scale of an all-zero row is 0 and the row's output not finite (H200: llama-3.2-1b's
+    lm_head, tied to an embedding whose padding row is zero): such a layer is found and kept, by name."""
+    model = build.build_model(build.resolve("llama-tiny"), "causal-lm")
+    assert quant._zero_row_layers(model) == []
+    with torch.no_grad():
+        model.lm_head.weight[3].zero_()
+        model.model.layers[1].mlp.up_proj.weight[0, :5].zero_()  # a partly zero row is quantized as usual
+    assert quant._zero_row_layers(model) == ["lm_head"]
+
+
 def test_fp8_dynamic_runs_bf16_cells_of_a_gpu_from_compute_capability_8_9():
     assert quant.unsupported_reason("none", "fp16", "cpu") is None
     assert "bf16" in quant.unsupported_reason("fp8-dynamic", "fp16", "cuda", (9, 0))

@@ -49,6 +49,19 @@ def test_quantized_cells_run_pass_the_gate_and_say_what_ran(backend, name):
     assert r.record["agreement_inputs"] == "benchmark" and 0 <= r.record["task_agreement"] <= 1
 
 
+def test_fp8_dynamic_keeps_a_layer_with_a_zero_row_and_its_output_stays_finite():
+    pytest.importorskip("torchao")
+    if not fp8_capable():
+        pytest.skip("fp8-dynamic needs compute capability 8.9")
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 128)).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        model[1].weight[3].zero_()  # as a head tied to an embedding's padding row (llama-3.2-1b's lm_head)
+    info = quant.apply(model, "fp8-dynamic")
+    assert info["kept_layers"] == ["1"] and info["quantized_layers"] == 1
+    with torch.inference_mode():
+        assert torch.isfinite(model(torch.randn(8, 64, device="cuda", dtype=torch.bfloat16))).all()
+
+
 def test_fp8_dynamic_refuses_an_fp16_cell_in_one_line():
     pytest.importorskip("torchao")
     r = execute(cell(dtype="fp16", quant="fp8-dynamic"))

@@ -156,12 +156,15 @@ def apply(model, quant: str) -> dict:
     if quant == "none":
         return {}
     converted = as_linear(model)
-    lib = LIBRARY[quant]
+    lib, kept = LIBRARY[quant], []
     if lib == "torchao":
+        import torch
         from torchao.quantization import quantize_
 
         config = _torchao_config(quant)
-        quantize_(model, config)
+        kept = _zero_row_layers(model) if quant == "fp8-dynamic" else []
+        quantize_(model, config, filter_fn=(lambda m, name: isinstance(m, torch.nn.Linear) and name not in kept)
+                  if kept else None)
         recipe = type(config).__name__ + ("(granularity=PerRow)" if quant == "fp8-dynamic" else "")
     else:
         _nf4(model)
@@ -173,4 +176,16 @@ def apply(model, quant: str) -> dict:
             "quantized_layers": done, "linear_layers": total}
     if converted:
         info["conv1d_as_linear"] = converted
+    if kept:
+        info["kept_layers"] = kept
     return info
+
+
+def _zero_row_layers(model) -> list[str]:
+    """Linear layers with an all-zero output row, which fp8-dynamic keeps in the dtype: torchao's per-row scale of
+    that row is 0, and its quantized row not finite. A head tied to an embedding with a padding row has one:
+    llama-3.2-1b's lm_head gave non-finite logits on an H200 (benchmarks/results/quantization_h200_2026-11.md)."""
+    import torch
+
+    return [name for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and bool((m.weight.detach() == 0).all(dim=1).any())]
