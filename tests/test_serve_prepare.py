@@ -298,3 +298,27 @@ def test_a_short_budget_leaves_a_graph_backend_no_shape_to_prepare_under_load(ex
         for row in rows[:16]:
             server.serve([SimpleNamespace(length=n) for n in row])
     assert server.under_load == 0
+
+
+@pytest.mark.parametrize("budget,untuned", [(1e6, False), (0.0, True)])
+def test_the_servers_warm_generators_tune_within_its_budgets_first_half(extra_backends, budget, untuned):
+    """`transbench server --warm-lengths`: every listed generator is prepared before it reports healthy, tuned while
+    the first half of --prepare-budget lasts and captured on borrowed routes after it; one built for a request
+    after that is counted (/metrics) and captures untuned."""
+    from transbench.models import build
+    from transbench.scenarios.serve.server_model import Job, ModelThread
+    from transbench.scenarios.serve.server_spec import ServerSpec
+
+    extra_backends("serve_backends")
+    spec = ServerSpec(model="gpt2-tiny", backend="tuning-gen", dtype="fp32", device="cpu", max_batch_size=2,
+                      max_length=16, max_tokens=2, warm_lengths=[8, 16], prepare_budget=budget)
+    thread = ModelThread(spec, build.resolve("gpt2-tiny"), decoder=True)
+    thread._prepare()
+    gate = (thread.runner.gate_cell().batch, thread.runner.gate_cell().seq)
+    warm = {k: g for k, (g, _, _) in thread.runner.gens.items() if k != gate}
+    assert set(warm) == {(1, 8), (2, 8), (1, 16), (2, 16)}
+    assert all(g.budgets == ([0] if untuned else []) for g in warm.values())
+    tokens = []
+    thread._generate([Job([1, 2, 3], lambda kind, value: tokens.append(kind), max_tokens=2)])  # a length not warmed
+    assert tokens == ["token", "token", "done"]
+    assert thread.runner.gens[(1, 3)][0].budgets == [0] and thread.runner.under_load == 1

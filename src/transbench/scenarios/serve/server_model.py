@@ -204,9 +204,10 @@ class ModelThread:
         ran["rel_err"] = err
         if self.decoder:  # every generator --warm-lengths lists, tuned within the budget's tuning share
             sizes = sorted({batch_bucket(k, cell.max_batch_size) for k in range(1, cell.max_batch_size + 1)})
+            start = time.perf_counter()  # the budget counts from here, as Encoders.warm's does
             for n in self.spec.warm_lengths:
                 for b in sizes:
-                    if time.perf_counter() - t0 > cell.prepare_budget * TUNED_SHARE:
+                    if time.perf_counter() - start > cell.prepare_budget * TUNED_SHARE:
                         self.runner.tuning = False
                     self.runner.entry(b, n)
         else:  # as in-process serving: the largest bucket first, the likeliest next, within the budget
