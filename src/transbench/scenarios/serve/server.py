@@ -165,8 +165,9 @@ class Api:
         # the answers come back in batch order, which is the submission order within one request
         n = sum(len(x) for x in ids)
         self.model.metrics.request("embeddings", 200, time.perf_counter() - t0)
-        if encoding == "base64":  # little-endian float32, as OpenAI's API defines it
-            out = [base64.b64encode(struct.pack(f"<{len(e)}f", *e)).decode("ascii") for e in out]
+        # The model hands little-endian float32 bytes (server_model.py): base64 as OpenAI's API defines it, or floats
+        out = [base64.b64encode(e).decode("ascii") if encoding == "base64"
+               else list(struct.unpack(f"<{len(e) // 4}f", e)) for e in out]
         return JSONResponse({"object": "list", "model": self.name,
                              "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(out)],
                              "usage": {"prompt_tokens": n, "total_tokens": n}})

@@ -28,7 +28,8 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 @dataclass
 class Job:
     """One input to run: its token ids, when it arrived, and how to hand results back (`emit(kind, value)` is
-    called on the model thread: "embedding" once, or "token" per token then "done"; "error" on a failure)."""
+    called on the model thread: "embedding" once (little-endian float32 bytes), or "token" per token then "done";
+    "error" on a failure)."""
 
     ids: list[int]
     emit: Callable[[str, Any], None]
@@ -299,9 +300,11 @@ class ModelThread:
         inputs.attention_mask.copy_(mask)
         hidden = output_tensor(prepared.fn(), "base")[:n].float()
         m = mask[:n, :, None].to(hidden.device, hidden.dtype)
-        pooled = ((hidden * m).sum(1) / m.sum(1)).cpu()  # mean over each input's tokens
+        pooled = ((hidden * m).sum(1) / m.sum(1)).cpu().numpy().astype("<f4", copy=False)  # mean over its tokens
+        # Little-endian float32 bytes, what OpenAI's base64 encoding holds: one bytes object crosses the pipe and the
+        # HTTP process encodes it as is, where a list of 768 Python floats was pickled, unpickled and packed again.
         for j, row in zip(batch, pooled):
-            j.emit("embedding", row.tolist())
+            j.emit("embedding", row.tobytes())
         self.flush()
 
     def _generate(self, batch: list[Job]) -> None:
