@@ -110,6 +110,14 @@ def holder(prepared, batch: int, width: int) -> tuple[int, int]:
     return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else (batch, width)
 
 
+def bucket_steps(groups: dict[int, list[int]], counts: dict[int, Counter], entry) -> list[Step]:
+    """Preparation steps over (batch, width) buckets, `entry(batch, width)` each: the largest bucket first (it holds
+    every batch, so none prepares a shape under load: holder), then the likeliest (prepare.by_need)."""
+    top = (max(groups), max(groups[max(groups)]))
+    return [Step(f"batch {b} x {s}", lambda b=b, s=s: entry(b, s), key=(b, s))
+            for b, s in [top, *_interleave(groups, counts)]]
+
+
 def _for_load(prepared) -> None:
     """A prepared forward as the load runs it: a first call captures without racing kernels for seconds, and a
     padded call pads up to a captured graph before it captures one (engine/packing.py reuse_sizes)."""
@@ -259,11 +267,7 @@ class Encoders:
                 widths = sorted({s for _, s in buckets(self.cell.max_batch_size, max_len, self.top, lengths.shortest)})
                 groups[b] = widths
                 counts[b] = Counter(len_bucket(max(r), self.top) for r in rows)
-            # The largest bucket first: it holds every batch, so none prepares a shape under load (holder).
-            top = (max(groups), max(groups[max(groups)]))
-            steps = [Step(f"batch {b} x {s}", lambda b=b, s=s: self.entry(b, s), key=(b, s))
-                     for b, s in [top, *_interleave(groups, counts)]]
-            cover = []
+            steps, cover = bucket_steps(groups, counts, self.entry), []
 
         def untuned() -> None:
             for _, prepared, _ in self.prepared.values():
@@ -387,9 +391,7 @@ class Decoders:
         widths = sorted({s for _, s in buckets(self.cell.max_batch_size, lengths.max, self.top, lengths.shortest)})
         groups = {b: widths for b in batches}
         counts = {b: Counter(len_bucket(max(r), self.top) for r in rows) for b, rows in batches.items()}
-        top = (max(groups), widths[-1])  # holds every batch (holder): none prepares a generator under load
-        steps = [Step(f"batch {b} x {s}", lambda b=b, s=s: self.entry(b, s), key=(b, s))
-                 for b, s in [top, *_interleave(groups, counts)]]
+        steps = bucket_steps(groups, counts, self.entry)
         tunes = any(hasattr(g, "set_tune_budget") for g, _, _ in self.gens.values())  # the gate's built one
         switch = budget_s * TUNED_SHARE if budget_s is not None and tunes else None
         return run_steps(steps, budget_s, f"{self.cell.backend} generators", progress, clock, start, switch_s=switch,
