@@ -374,7 +374,7 @@ def timeline(name, B, S, fp8=True, reps=10):
 def timeline_decode(model, B, prompt, reps=20):
     """graph_timeline of a gpt2-family decode step at position `prompt` (fp16, random weights), with the HBM
     bandwidth its weights and KV cache would take alone: what the step's floor is."""
-    cfg = {"gpt2": GPT2Config(), "gpt2-medium": GPT2Config(n_embd=1024, n_layer=24, n_head=16)}[model]
+    cfg = GPT2_SIZES[model]
     m = GPT2LMHeadModel(cfg).cuda().half().eval()
     eng = compile_model(m, dtype=torch.float16)
     gen = eng.generator(B, prompt + 64)
@@ -386,6 +386,62 @@ def timeline_decode(model, B, prompt, reps=20):
     kv = 2 * cfg.n_layer * B * (prompt + 4) * cfg.n_embd * 2
     graph_timeline(f"{model} decode step, batch {B} at position {prompt} (weights {weights / 1e6:.0f} MB, KV read "
                    f"{kv / 1e6:.1f} MB)", graph, reps)
+
+
+GPT2_SIZES = {"gpt2": GPT2Config(), "gpt2-medium": GPT2Config(n_embd=1024, n_layer=24, n_head=16)}
+
+
+def decode_step(model, B, prompt, steps=100):
+    """A gpt2-family decode step at batch B after `prompt` tokens (fp16, random weights, tuned unbudgeted as
+    `transbench tune` does): its captured graph's replay alone at position prompt; a plain loop of `steps`
+    back-to-back decode() calls between two CUDA events (host included; positions prompt to prompt + steps); the HBM
+    bandwidth the step's weights and KV cache take at the replay's time against the device's; the kernels in the
+    graph; and the last step's logits against fp32 transformers over the same tokens, with the greedy tokens'
+    agreement."""
+    from transbench.measure.peaks import lookup
+
+    cfg = GPT2_SIZES[model]
+    with torch.device("cuda"):
+        ref = GPT2LMHeadModel(cfg).eval()
+    m = GPT2LMHeadModel(cfg).cuda().half().eval()
+    m.load_state_dict(ref.state_dict())
+    eng = compile_model(m, dtype=torch.float16)
+    gen = eng.generator(B, prompt + steps + 16)
+    ids = torch.randint(0, cfg.vocab_size, (B, prompt), device="cuda")
+    nxt, toks = gen.prefill(ids).argmax(-1), []
+    for _ in range(8):  # the first step tunes and captures
+        toks.append(nxt)
+        logits = gen.decode(nxt)
+        nxt = logits.argmax(-1)
+    full = torch.cat([ids, torch.stack(toks, 1)], 1)
+    want = ref(full).logits[:, -1].float()
+    err, agree = rel(logits.float(), want), (logits.argmax(-1) == want.argmax(-1)).float().mean().item()
+    graph = gen.graphs.entries["decode"].graph
+    gen.pos_t.fill_(prompt)
+    replay = replay_ms(graph.replay)
+    gen.pos = prompt + 8
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(steps):
+        nxt = gen.decode(nxt).argmax(-1)
+    b.record()
+    torch.cuda.synchronize()
+    loop = a.elapsed_time(b) / steps
+    weights = sum(p.numel() for p in m.parameters()) * 2  # the tied head counted once: the embedding reads a row
+    kv = 2 * cfg.n_layer * B * prompt * cfg.n_embd * 2
+    row = lookup(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory / 2**30)
+    gbs = (weights + kv) / replay / 1e6
+    share = f" = {gbs / row.bandwidth_gbs:.0%} of {row.bandwidth_gbs:,.0f}" if row else ""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = sum(1 for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    print(f"\n## decode {model} batch {B} at position {prompt}: replay {replay:.4f} ms, plain loop of {steps} decode() "
+          f"calls {loop:.4f} ms/token, {kernels} kernels, HBM {gbs:,.0f} GB/s{share} (weights {weights / 1e6:.0f} MB, "
+          f"KV {kv / 1e6:.1f} MB); last step's logits rel_err {err:.2e} against fp32, argmax agreement {agree:.0%}",
+          flush=True)
+    for key, route in sorted((gen.info["engine_tuning"].get("decode") or {}).get("routes", {}).items()):
+        print(f"  {key[:80]:80s} {route}")
 
 
 def graph_timeline(title, graph, reps=10):
@@ -732,7 +788,7 @@ def attention_sweep():
 
 PARTS = ("bert-base", "bert-large", "gemm", "routes", "bert-large-target", "varlen", "generate", "profile", "call",
          "timeline", "timeline-large", "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant", "fp8gemm", "attn",
-         "attn-sweep", "timeline-decode")
+         "attn-sweep", "timeline-decode", "decode")
 
 
 def main(argv=None):
@@ -784,6 +840,9 @@ def main(argv=None):
             timeline_decode("gpt2", 1, 512)
             timeline_decode("gpt2-medium", 4, 256)
             timeline("bert-base", 1, 128, fp8=False)
+        elif part == "decode":
+            decode_step("gpt2", 1, 512)
+            decode_step("gpt2-medium", 4, 256)
         elif part == "call":
             call_cost("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "refine":

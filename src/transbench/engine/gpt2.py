@@ -159,13 +159,18 @@ class Generator:
         return self._logits(h.view(B, S, -1)[:, -1])
 
     def _decode(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        # Each LayerNorm runs inside the projection after it (ops.norm_linear): at a few rows a projection can be
+        # one GEMV kernel with the LayerNorm as its prologue and the bias, GELU or residual as its epilogue
+        # (gemv.py), five kernels a layer where _blocks' order takes eight.
         e = self.e
+        ops, gelu = e.ops, e.dims.gelu
         x = (F.embedding(ids, e.wte) + F.embedding(pos, e.wpe)).contiguous()
-
-        def attend(i, qkv):
-            return e.ops.decode_attention(qkv, self.kv[i][0], self.kv[i][1], pos, e.layers[i].scale)
-
-        return self._logits(e._blocks(x, attend))
+        for i, L in enumerate(e.layers):
+            qkv = ops.norm_linear(x, L.qkv, L.norm1)
+            x = ops.norm_linear(ops.decode_attention(qkv, self.kv[i][0], self.kv[i][1], pos, L.scale), L.out,
+                                residual=x)
+            x = ops.norm_linear(ops.norm_linear(x, L.fc1, L.norm2, gelu), L.fc2, residual=x)
+        return ops.norm_linear(x, e.head, e.ln_f)
 
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:

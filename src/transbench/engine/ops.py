@@ -1,4 +1,4 @@
-"""The one device seam: fused Triton kernels on CUDA (one module per op: gemm, layernorm, activation, quantize,
+"""The one device seam: fused Triton kernels on CUDA (one module per op: gemm, gemv, layernorm, activation, quantize,
 embeddings, decode_attention; attention.py chooses its own routes), plain torch ops elsewhere (same math, same
 signatures): TorchOps is every op's torch reference."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from . import gemm
+from . import gemm, gemv
 from .activation import ACT_GELU, ACT_GELU_TANH
 from .activation import bias_gelu as triton_bias_gelu
 from .config import EngineOptions
@@ -206,6 +206,16 @@ class TorchOps:
         return self.add_layernorm(self.linear(x, lin, bias=False), residual, lin.bias, norm.weight, norm.bias,
                                   norm.eps, store_residual, quant)
 
+    def norm_linear(self, x, lin: Linear, norm: Norm | None = None, act: str | None = None,
+                    residual: torch.Tensor | None = None):
+        """act(LayerNorm(x) W^T + b) + residual, each part optional (act: a GELU kind, then no residual): a pre-LN
+        decoder's projections as a decode step runs them, the LayerNorm before its GEMM (gemv.py says why)."""
+        h = x if norm is None else self.add_layernorm(x, None, None, norm.weight, norm.bias, norm.eps)
+        if act is not None:
+            return self.linear_gelu(h, lin, act)
+        y = self.linear(h, lin)
+        return y if residual is None else y + residual
+
     def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
         """One new token per sequence: write its k, v at `pos` of the (B, heads, L, head_dim) caches and attend
         over positions 0..pos. `pos` is a 1-element device tensor, so a captured graph serves every step."""
@@ -339,6 +349,33 @@ class TritonOps(TorchOps):
         # fp16.
         return self._choose(f"linear_gelu|{kind}", x, lin, cands,
                             lambda gemm, cfg, h: gemm(h, lin.weight, lin.bias, act, cfg=cfg), fp8)
+
+    def norm_linear(self, x, lin, norm=None, act=None, residual=None):
+        if (not isinstance(x, torch.Tensor) or self.fp8(lin, rows(x))
+                or (residual is not None and not residual.is_contiguous())):
+            return super().norm_linear(x, lin, norm, act, residual)
+        code = ACT_GELU_TANH if act == "tanh" else ACT_GELU if act is not None else 0
+        ln = (None if norm is None else (norm.weight, norm.bias, norm.eps))
+
+        def normed(h):
+            return h if norm is None else self.add_layernorm(h, None, None, norm.weight, norm.bias, norm.eps)
+
+        def library(h):  # cuBLAS, our LayerNorm before it and bias + GELU (or the residual add) after it
+            if act is None:
+                y = F.linear(normed(h), lin.weight, lin.bias)
+                return y if residual is None else y.add_(residual)
+            y = F.linear(normed(h), lin.weight)
+            if lin.bias is None:
+                return F.gelu(y, approximate="tanh" if act == "tanh" else "none")
+            return triton_bias_gelu(y, lin.bias, act == "tanh", pdl=self.pdl)
+        cands = {"cublas": library}
+        if gemv.supported(x, lin.weight):  # the whole projection in one kernel: gemv.py
+            for cfg in gemv.configs(rows(x)):
+                cands["gemv" + "x".join(map(str, cfg))] = (
+                    lambda h, cfg=cfg: gemv.gemv(h, lin.weight, lin.bias, code, residual, ln, cfg, pdl=self.pdl))
+        key = f"norm_linear|ln={norm is not None}|act={act}|res={residual is not None}"
+        return self._choose(key, x, lin, cands,
+                            lambda gemm, cfg, h: gemm(normed(h), lin.weight, lin.bias, code, residual, cfg=cfg))
 
     def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
         return triton_decode_attention(qkv, k_cache, v_cache, pos, scale, pdl=self.pdl)

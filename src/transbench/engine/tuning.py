@@ -133,7 +133,7 @@ def _family(name: str) -> str:
 
 def _ours(name: str) -> bool:
     """A route whose GEMM or attention is one of our Triton kernels, not a library's (cuBLAS, SDPA's kernels)."""
-    return _family(name) in ("triton", "splitk")
+    return _family(name) in ("triton", "splitk", "gemv")
 
 
 def _fp8(name: str) -> bool:
@@ -186,6 +186,8 @@ def rule_route(op: str, names) -> str:
     - A GEMM whose input is already e4m3 (`|fp8 input`): our fp8 GEMM, its first config (the largest tile that fits):
       its epilogue writes what the next op reads (bert-base and bert-large fp8 tuned so for QKV, FC1 and FC2).
     - An exact-GELU GEMM of at least RULE_TRITON_MIN_ROWS rows: our Triton GEMM, GELU in its epilogue.
+    - A decode step's projection (norm_linear) at a few rows: our GEMV, its first config (gemv.CONFIGS), the
+      LayerNorm, bias, GELU and residual in its one kernel.
     - Otherwise the first library route: cuBLAS (with its own epilogue or our LayerNorm after it), SDPA's flash
       kernel, flash varlen; an fp8 layer whose input is not e4m3 stays in fp16 there (no quantize pass: the tuned
       output projection of bert-base fp8 256 x 128).
@@ -199,6 +201,8 @@ def rule_route(op: str, names) -> str:
         wanted.append(lambda n: n.startswith("fp8+triton"))
     if parts[:2] == ["linear_gelu", "exact"] and dims and dims[0] >= RULE_TRITON_MIN_ROWS:
         wanted.append(lambda n: _family(n) == "triton")
+    if parts[0] == "norm_linear":  # offered only at a few rows (gemv.MAX_ROWS)
+        wanted.append(lambda n: _family(n) == "gemv")
     wanted.append(lambda n: not _ours(n) and not _fp8(n))
     for want in wanted:
         pick = next((n for n in names if want(n)), None)

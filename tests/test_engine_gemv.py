@@ -1,0 +1,55 @@
+"""engine/gemv.py: act(LayerNorm(x) W^T + b) [+ residual] of a few rows in one kernel, against torch in fp32: with and
+without the LayerNorm, each activation, the residual, no bias; one to eight rows, widths not a power of two (200,
+1600, 2304) and a vocabulary-sized output (50,257 columns), each config."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from op_cases import cases, randn, rel, run, tol
+
+# (rows, out, in): one row and odd counts; widths 200 and 1,600 (hidden sizes not a power of two), gpt2's QKV
+# (2,304 x 768), FC2 (768 x 3,072) and head (50,257 x 768)
+SHAPES = cases(cpu=[(1, 40, 200), (3, 24, 96)],
+               gpu=[(1, 2304, 768), (1, 768, 3072), (4, 4096, 1024), (3, 200, 200), (8, 1600, 1600), (5, 96, 6400),
+                    (1, 50257, 768)])
+# (LayerNorm, activation, residual, bias): the four forms a GPT-2 decode step runs (QKV and head, output
+# projection and FC2, FC1 with each GELU) and a projection without bias
+FORMS = [(True, 0, False, True), (False, 0, True, True), (True, 1, False, True), (True, 2, False, True),
+         (False, 0, False, False)]
+
+
+def check_gemv(device, dtype, M, N, K):
+    from transbench.engine.gemv import configs, gemv
+    x, w, b = randn(device, dtype, M, K, scale=2.0, seed=1), randn(device, dtype, N, K, scale=K**-0.5, seed=2), \
+        randn(device, dtype, N, seed=3)
+    r, g, gb = randn(device, dtype, M, N, seed=4), randn(device, dtype, K, seed=5), randn(device, dtype, K, seed=6)
+    x = x + 3.0  # a mean far from 0: what a one-pass variance would lose
+    cfgs = configs(M)
+    assert cfgs, M
+    for i, (ln, act, res, bias) in enumerate(FORMS):
+        h = F.layer_norm(x.float(), (K,), g.float(), gb.float(), 1e-5) if ln else x.float()
+        ref = F.linear(h, w.float(), b.float() if bias else None)
+        ref = F.gelu(ref) if act == 1 else F.gelu(ref, approximate="tanh") if act == 2 else ref
+        ref = ref + r.float() if res else ref
+        # every config on the GPU; the interpreter is slow, so one config a form there
+        for cfg in cfgs if device == "cuda" else [cfgs[i % len(cfgs)]]:
+            out = gemv(x, w, b if bias else None, act, r if res else None, (g, gb, 1e-5) if ln else None, cfg)
+            assert out.shape == (M, N) and out.dtype == dtype
+            assert rel(out, ref) < tol(device, dtype), (ln, act, res, bias, cfg, rel(out, ref))
+
+
+@pytest.mark.parametrize("device,dtype,M,N,K", SHAPES)
+def test_gemv(device, dtype, M, N, K):
+    run(check_gemv, device, dtype, M, N, K)
+
+
+def test_gemv_refuses_what_it_cannot_run():
+    pytest.importorskip("triton", reason="Triton is not installed (it is part of the [test] extra on Linux)")
+    from transbench.engine.gemv import MAX_ROWS, gemv, supported
+    w = torch.zeros(8, 16, dtype=torch.float16)
+    assert not supported(torch.zeros(MAX_ROWS + 1, 16, dtype=torch.float16), w)  # the GEMMs' rows
+    assert not supported(torch.zeros(2, 16), w)  # fp32 input
+    with pytest.raises(ValueError, match="not supported"):
+        gemv(torch.zeros(2, 15, dtype=torch.float16), w, None)  # K differs
+    with pytest.raises(ValueError, match="not supported"):
+        gemv(torch.zeros(2, 16, dtype=torch.float16), w, None, residual=torch.zeros(2, 9, dtype=torch.float16))
