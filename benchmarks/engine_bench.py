@@ -442,6 +442,10 @@ def decode_step(model, B, prompt, steps=100):
           flush=True)
     for key, route in sorted((gen.info["engine_tuning"].get("decode") or {}).get("routes", {}).items()):
         print(f"  {key[:80]:80s} {route}")
+    eng = compile_model(m, dtype=torch.float16, cuda_graphs=False, options=NO_PDL)  # the routes tuned above
+    gen = eng.generator(B, prompt + 16)
+    nxt = gen.prefill(ids).argmax(-1)
+    _kernel_table(f"{model} decode step, batch {B} at position {prompt}", lambda: gen.decode(nxt), 5)
 
 
 def graph_timeline(title, graph, reps=10):

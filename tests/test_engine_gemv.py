@@ -10,7 +10,7 @@ from op_cases import cases, randn, rel, run, tol
 # (rows, out, in): one row and odd counts; widths 200 and 1,600 (hidden sizes not a power of two), gpt2's QKV
 # (2,304 x 768), FC2 (768 x 3,072) and head (50,257 x 768)
 SHAPES = cases(cpu=[(1, 40, 200), (3, 24, 96)],
-               gpu=[(1, 2304, 768), (1, 768, 3072), (4, 4096, 1024), (3, 200, 200), (8, 1600, 1600), (5, 96, 6400),
+               gpu=[(1, 2304, 768), (1, 768, 3072), (4, 4096, 1024), (3, 200, 200), (8, 1600, 1600), (5, 96, 2000), (1, 1600, 6400),
                     (1, 50257, 768)])
 # (LayerNorm, activation, residual, bias): the four forms a GPT-2 decode step runs (QKV and head, output
 # projection and FC2, FC1 with each GELU) and a projection without bias
@@ -24,7 +24,7 @@ def check_gemv(device, dtype, M, N, K):
         randn(device, dtype, N, seed=3)
     r, g, gb = randn(device, dtype, M, N, seed=4), randn(device, dtype, K, seed=5), randn(device, dtype, K, seed=6)
     x = x + 3.0  # a mean far from 0: what a one-pass variance would lose
-    cfgs = configs(M)
+    cfgs = configs(M, K)
     assert cfgs, M
     for i, (ln, act, res, bias) in enumerate(FORMS):
         h = F.layer_norm(x.float(), (K,), g.float(), gb.float(), 1e-5) if ln else x.float()
@@ -49,6 +49,7 @@ def test_gemv_refuses_what_it_cannot_run():
     w = torch.zeros(8, 16, dtype=torch.float16)
     assert not supported(torch.zeros(MAX_ROWS + 1, 16, dtype=torch.float16), w)  # the GEMMs' rows
     assert not supported(torch.zeros(2, 16), w)  # fp32 input
+    assert not supported(torch.zeros(1, 9000, dtype=torch.float16), torch.zeros(8, 9000, dtype=torch.float16))
     with pytest.raises(ValueError, match="not supported"):
         gemv(torch.zeros(2, 15, dtype=torch.float16), w, None)  # K differs
     with pytest.raises(ValueError, match="not supported"):

@@ -9,6 +9,16 @@ from .launch import jit, launch_options, pdl_enter, scratch, tl, triton
 
 
 @jit
+def _attend_tile(q, k, v, jm, m_i, l_i, acc):
+    # One tile of cached rows folded into the running softmax (m_i, l_i) and its weighted sum acc.
+    s = tl.where(jm, tl.sum(k.to(tl.float32) * q[None, :], 1), float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new)
+    return m_new, l_i * alpha + tl.sum(p, 0), acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
+
+
+@jit
 def _decode_attention_kernel(QKV, K, V, POS, OUT, PART, ARRIVED, L, scale, H: tl.constexpr, D: tl.constexpr,
                              BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                              CHUNKS_P2: tl.constexpr, PDL: tl.constexpr):
@@ -16,17 +26,25 @@ def _decode_attention_kernel(QKV, K, V, POS, OUT, PART, ARRIVED, L, scale, H: tl
     # leave most SMs idle and walk the cache serially. The position comes from device memory, so one graph
     # serves every step; chunks past it return at once. The last program of a head to finish merges the
     # chunks' partial softmaxes, and resets its arrival counter.
-    pdl_enter(PDL)
     bh, c = tl.program_id(0), tl.program_id(1)
     chunks = tl.num_programs(1)
     b, h = bh // H, bh % H
+    # The position and the cached rows before it were written before the previous kernel ran (the host's copy
+    # before the replay, earlier steps' attention), so the chunk's first tile is loaded before waiting on that
+    # kernel (PDL): its trip from HBM overlaps the QKV projection's tail.
     pos = tl.load(POS)
     d = tl.arange(0, BLOCK_D)
     dm = d < D
-    row = QKV + b * (3 * H * D) + h * D
-    q = tl.load(row + d, mask=dm, other=0.0).to(tl.float32) * scale
     cache = bh.to(tl.int64) * L * D
     start = c * CHUNK
+    j = start + tl.arange(0, BLOCK)
+    jm = (j < pos) & (j < start + CHUNK)
+    offs = cache + j[:, None] * D + d[None, :]
+    k_first = tl.load(K + offs, mask=jm[:, None] & dm[None, :], other=0.0)
+    v_first = tl.load(V + offs, mask=jm[:, None] & dm[None, :], other=0.0)
+    pdl_enter(PDL)
+    row = QKV + b * (3 * H * D) + h * D
+    q = tl.load(row + d, mask=dm, other=0.0).to(tl.float32) * scale
     # The chunk holding pos writes the new k, v there and seeds its softmax with them from registers: every
     # program reads only rows < pos, never the row being written.
     own = (pos >= start) & (pos < start + CHUNK)
@@ -38,20 +56,14 @@ def _decode_attention_kernel(QKV, K, V, POS, OUT, PART, ARRIVED, L, scale, H: tl
     tl.store(V + cache + pos * D + d, v_new, mask=new_m)
     m_i = tl.where(own, tl.sum(q * k_new.to(tl.float32), 0), -1e30)  # finite: empty chunks stay NaN-free
     l_i = tl.where(own, 1.0, 0.0)
-    acc = v_new.to(tl.float32)
-    for off in range(start, tl.minimum(start + CHUNK, pos), BLOCK):
+    m_i, l_i, acc = _attend_tile(q, k_first, v_first, jm, m_i, l_i, v_new.to(tl.float32))
+    for off in range(start + BLOCK, tl.minimum(start + CHUNK, pos), BLOCK):
         j = off + tl.arange(0, BLOCK)
         jm = (j < pos) & (j < start + CHUNK)
         offs = cache + j[:, None] * D + d[None, :]
-        k = tl.load(K + offs, mask=jm[:, None] & dm[None, :], other=0.0).to(tl.float32)
-        s = tl.where(jm, tl.sum(k * q[None, :], 1), float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new)
-        v = tl.load(V + offs, mask=jm[:, None] & dm[None, :], other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        m_i = m_new
+        k = tl.load(K + offs, mask=jm[:, None] & dm[None, :], other=0.0)
+        v = tl.load(V + offs, mask=jm[:, None] & dm[None, :], other=0.0)
+        m_i, l_i, acc = _attend_tile(q, k, v, jm, m_i, l_i, acc)
     part = PART + (bh * chunks + c) * (BLOCK_D + 2)
     tl.store(part + d, acc)
     tl.store(part + BLOCK_D, m_i)

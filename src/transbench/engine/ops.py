@@ -370,7 +370,7 @@ class TritonOps(TorchOps):
             return triton_bias_gelu(y, lin.bias, act == "tanh", pdl=self.pdl)
         cands = {"cublas": library}
         if gemv.supported(x, lin.weight):  # the whole projection in one kernel: gemv.py
-            for cfg in gemv.configs(rows(x)):
+            for cfg in gemv.configs(*x.shape):
                 cands["gemv" + "x".join(map(str, cfg))] = (
                     lambda h, cfg=cfg: gemv.gemv(h, lin.weight, lin.bias, code, residual, ln, cfg, pdl=self.pdl))
         key = f"norm_linear|ln={norm is not None}|act={act}|res={residual is not None}"
