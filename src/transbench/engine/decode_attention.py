@@ -58,12 +58,12 @@ def _decode_attention_kernel(QKV, K, V, POS, OUT, PART, ARRIVED, L, scale, H: tl
     l_i = tl.where(own, 1.0, 0.0)
     m_i, l_i, acc = _attend_tile(q, k_first, v_first, jm, m_i, l_i, v_new.to(tl.float32))
     for off in range(start + BLOCK, tl.minimum(start + CHUNK, pos), BLOCK):
-        j = off + tl.arange(0, BLOCK)
-        jm = (j < pos) & (j < start + CHUNK)
-        offs = cache + j[:, None] * D + d[None, :]
-        k = tl.load(K + offs, mask=jm[:, None] & dm[None, :], other=0.0)
-        v = tl.load(V + offs, mask=jm[:, None] & dm[None, :], other=0.0)
-        m_i, l_i, acc = _attend_tile(q, k, v, jm, m_i, l_i, acc)
+        rows = off + tl.arange(0, BLOCK)
+        rm = (rows < pos) & (rows < start + CHUNK)
+        at_rows = cache + rows[:, None] * D + d[None, :]
+        k = tl.load(K + at_rows, mask=rm[:, None] & dm[None, :], other=0.0)
+        v = tl.load(V + at_rows, mask=rm[:, None] & dm[None, :], other=0.0)
+        m_i, l_i, acc = _attend_tile(q, k, v, rm, m_i, l_i, acc)
     part = PART + (bh * chunks + c) * (BLOCK_D + 2)
     tl.store(part + d, acc)
     tl.store(part + BLOCK_D, m_i)
