@@ -1,5 +1,6 @@
 """engine/embeddings.py: BERT's embedding block (word + position + token-type gathers, sum, LayerNorm) in one
-kernel, against ops.TorchOps.embed_layernorm: positions from the row (dense) or given, token types or none."""
+kernel, against ops.TorchOps.embed_layernorm: positions from the row (dense), given, or one for every row (GPT-2's
+decode step), token types or none, the LayerNorm or the sum alone."""
 import pytest
 import torch
 
@@ -21,6 +22,12 @@ def check_embed_layernorm(device, dtype, B, S, N, V, P):
                                          Norm(w.float(), lb.float(), 1e-12), S)
         err = rel(embed_layernorm(ids, word, p, pos, t, typ, w, lb, 1e-12, S), ref)
         assert err < tol(device, dtype), (label, err)
+    # GPT-2's decode step: one position for every row, no token types, the sum not normalised
+    one = pids[:1]
+    ref = TorchOps().embed_layernorm(ids, word.float(), one, pos.float(), None, None, None, S)
+    err = rel(embed_layernorm(ids, word, one, pos, None, None, None, None, 0.0, S), ref)
+    assert err < tol(device, dtype), ("one position, no types, no norm", err)
+    assert torch.allclose(ref, word.float()[ids] + pos.float()[one]), "the reference's sum"
 
 
 @pytest.mark.parametrize("device,dtype,B,S,N,V,P", SHAPES)

@@ -22,7 +22,7 @@ MAX_ROWS = 8
 MAX_K = 8192
 # (BN output rows of W a program, warps), the likeliest first (tuning.rule_route takes the first that fits). Small
 # BN gives the few-column layers (768 outputs) enough programs to fill every SM.
-CONFIGS = [(4, 4), (2, 4), (8, 4), (4, 8), (2, 8), (1, 4), (8, 8), (16, 4), (16, 8), (32, 8)]
+CONFIGS = [(4, 4), (2, 4), (8, 4), (4, 8), (2, 8), (1, 4), (8, 8), (16, 4), (16, 8), (32, 8), (4, 16), (8, 16)]
 # Values a thread may hold of the program's weight slice (fp16/bf16) and of its input rows (fp32): configs() drops
 # the configs past them, which would spill registers.
 PER_THREAD = 64

@@ -164,7 +164,7 @@ class Generator:
         # (gemv.py), five kernels a layer where _blocks' order takes eight.
         e = self.e
         ops, gelu = e.ops, e.dims.gelu
-        x = (F.embedding(ids, e.wte) + F.embedding(pos, e.wpe)).contiguous()
+        x = ops.embed_layernorm(ids, e.wte, pos, e.wpe, None, None, None, 1)  # one kernel, not two gathers and a sum
         for i, L in enumerate(e.layers):
             qkv = ops.norm_linear(x, L.qkv, L.norm1)
             x = ops.norm_linear(ops.decode_attention(qkv, self.kv[i][0], self.kv[i][1], pos, L.scale), L.out,

@@ -191,13 +191,15 @@ class TorchOps:
         y = self.quantize(y) if quant else y
         return (y, s) if store_residual else y
 
-    def embed_layernorm(self, ids, word, pos_ids, pos, tt, type_, norm: Norm, S: int) -> torch.Tensor:
+    def embed_layernorm(self, ids, word, pos_ids, pos, tt, type_, norm: Norm | None, S: int) -> torch.Tensor:
         """LayerNorm(word[ids] + pos[pos_ids] + type_[tt]) of flat (T,) ids: BERT's embedding block. pos_ids None:
-        the position of row r is r % S (dense (B, S) rows); tt None: token type 0."""
+        the position of row r is r % S (dense (B, S) rows), one element: that position for every row; tt None:
+        token type 0; type_ None: no token types (GPT-2); norm None: the sum, not normalised (GPT-2)."""
         p = torch.arange(ids.shape[0], device=ids.device) % S if pos_ids is None else pos_ids
         x = F.embedding(ids, word) + F.embedding(p, pos)
-        x = x + (type_[0] if tt is None else F.embedding(tt, type_))
-        return F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
+        if type_ is not None:
+            x = x + (type_[0] if tt is None else F.embedding(tt, type_))
+        return x if norm is None else F.layer_norm(x, (x.shape[-1],), norm.weight, norm.bias, norm.eps)
 
     def linear_add_layernorm(self, x, lin: Linear, residual: torch.Tensor, norm: Norm,
                              store_residual: bool = False, quant: bool = False):
@@ -381,7 +383,8 @@ class TritonOps(TorchOps):
         return triton_decode_attention(qkv, k_cache, v_cache, pos, scale, pdl=self.pdl)
 
     def embed_layernorm(self, ids, word, pos_ids, pos, tt, type_, norm, S):
-        return triton_embed_layernorm(ids, word, pos_ids, pos, tt, type_, norm.weight, norm.bias, norm.eps, S,
+        w, b, eps = (None, None, 0.0) if norm is None else (norm.weight, norm.bias, norm.eps)
+        return triton_embed_layernorm(ids, word, pos_ids, pos, tt, type_, w, b, eps, S,
                                       pdl=self.pdl)
 
     def add_layernorm(self, x, residual, bias, weight, ln_bias, eps, store_residual=False, quant=False):
