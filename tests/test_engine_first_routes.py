@@ -86,6 +86,9 @@ def seeded(path, entries) -> tuning.Tuner:
      "cublas+triton_gelu"),
     ("dense|256x128x12x64|torch.float16|causal=False|fp8 output", ["flash", "cudnn", "efficient", "triton64x64x4",
                                                                   "fp8+triton64x64x4"], "flash"),
+    # a decode step's projection at a few rows: our GEMV's first config, over cuBLAS and our GEMMs
+    ("norm_linear|ln=True|act=tanh|res=False|1x3072x768|torch.float16", ["cublas", "gemv4x4", "gemv2x4",
+                                                                          "splitk16x64x128"], "gemv4x4"),
     # nothing the rule names is listed (a tuner that offers fp8 routes only): the first candidate
     (gemm(2048), ["fp8", "fp8+add"], "fp8"),
 ])

@@ -56,3 +56,20 @@ def test_gemv_refuses_what_it_cannot_run():
         gemv(torch.zeros(2, 15, dtype=torch.float16), w, None)  # K differs
     with pytest.raises(ValueError, match="not supported"):
         gemv(torch.zeros(2, 16, dtype=torch.float16), w, None, residual=torch.zeros(2, 9, dtype=torch.float16))
+
+
+def test_torch_norm_linear_is_the_layernorm_then_the_projection():
+    """ops.TorchOps.norm_linear, the reference the GPU routes are checked against and what runs on the CPU: each
+    form a GPT-2 decode step uses."""
+    from transbench.engine.ops import Linear, Norm, TorchOps
+    g = torch.Generator().manual_seed(0)
+    x, r = torch.randn(3, 16, generator=g), torch.randn(3, 8, generator=g)
+    lin, norm = Linear(torch.randn(8, 16, generator=g), torch.randn(8, generator=g)), \
+        Norm(torch.randn(16, generator=g), torch.randn(16, generator=g), 1e-5)
+    h = F.layer_norm(x, (16,), norm.weight, norm.bias, 1e-5)
+    ops = TorchOps()
+    torch.testing.assert_close(ops.norm_linear(x, lin, norm), F.linear(h, lin.weight, lin.bias))
+    torch.testing.assert_close(ops.norm_linear(x, lin, norm, "exact"), F.gelu(F.linear(h, lin.weight, lin.bias)))
+    torch.testing.assert_close(ops.norm_linear(x, lin, norm, "tanh"),
+                               F.gelu(F.linear(h, lin.weight, lin.bias), approximate="tanh"))
+    torch.testing.assert_close(ops.norm_linear(x, lin, residual=r), F.linear(x, lin.weight, lin.bias) + r)
