@@ -22,6 +22,7 @@ PARTS=(
   "targets|6 min|the fp8 throughput rows: bert-base 256x128, bert-large 128x384, fp16 and fp8 vs sdpa"
   "fp8|9 min|the fp8 table (bert-base 1/8/256x128, bert-large 128x384), with embeddings, fp8 profile and MFU"
   "startup|4 min|first calls of the fused engine, cold and after tune; a fresh gpt2 generator vs one reused"
+  "decode|5 min|gpt2 b1@512 and gpt2-medium b4@256 decode steps: replay, plain loop, kernels, HBM; generation cells"
   "first-process|4 min|bert-base fp8 256x128 in a first process: empty table, a nearby shape tuned, the shape tuned"
   "memory|10 min|peak memory of fused vs sdpa over the tuned bert-base fp16 grid"
   "isolation|9 min|memory per cell: a gpt2 grid of four backends in one run vs each sdpa cell alone"
@@ -185,6 +186,20 @@ part_startup() {
   timeout 100 python3 $B/engine_startup.py generate --requests 5
   timeout 60 $TB tune --model bert-base-uncased --batch 8 --seq 384 --dtype fp16 2>&1 | grep -E "^batch"
   timeout 60 python3 $B/engine_startup.py first-call --model bert-base-uncased --shape 8x384 --dtype fp16
+}
+
+part_decode() {  # the decode GEMV's figures (benchmarks/results/decode_gemv_h200_2026-11.md)
+  caches
+  timeout 200 python3 $B/engine_bench.py --parts decode 2>&1 | grep -v -i warn
+  printf 'min_count: 5\nwarmup: 1\n' > "$OUT/decode.yaml"  # a sample is a whole generation of 128 tokens
+  local m
+  for m in "gpt2 1 512" "gpt2-medium 4 256"; do
+    set -- $m
+    timeout 150 $TB run --spec "$OUT/decode.yaml" --model $1 --task generate --backend fused,sdpa --dtype fp16 \
+      --batch $2 --seq $3 --new-tokens 128 --min-time 0.3 --timeout 140 --name decode-$1 --db "$OUT/decode.db" \
+      --json "$OUT/decode-$1.json"
+    records "$OUT/decode-$1.json" "$1:"
+  done
 }
 
 part_first_process() {  # each step a process of its own, on its own table (benchmarks/engine_first_process.py)

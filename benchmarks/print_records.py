@@ -5,7 +5,7 @@ import json
 import sys
 
 KEYS = ("run_name", "model", "dtype", "quant", "status", "latency_ms", "throughput_per_s", "rel_err", "task_agreement", "host_ms",
-        "peak_mem_mb", "sm_clock_mhz", "busy_cores")
+        "peak_mem_mb", "sm_clock_mhz", "busy_cores", "decode_ms_per_token", "decode_hbm_share")
 
 if __name__ == "__main__":
     path, label = sys.argv[1], " ".join(sys.argv[2:])
