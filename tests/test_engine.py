@@ -151,16 +151,17 @@ def test_gpt2_backbone_tanh_and_exact_gelu_and_classifier():
     assert rel(compile_model(m, dtype=torch.float32)(ids, attention_mask=mask).logits, ref) < 1e-5
 
 
-def test_gpt2_greedy_generation_matches_hf_loop():
+@pytest.mark.parametrize("batch", [2, 9])  # the few-row decode step (gpt2.Generator._decode) and the larger one
+def test_gpt2_greedy_generation_matches_hf_loop(batch):
     m = GPT2LMHeadModel(gpt2_cfg()).eval()
     c = compile_model(m, dtype=torch.float32)
-    prompt = torch.randint(1, VOCAB, (2, 9))
+    prompt = torch.randint(1, VOCAB, (batch, 9))
     new = 12
     ids = prompt
     with torch.no_grad():
         for _ in range(new):
             ids = torch.cat([ids, m(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    gen = c.generator(2, prompt.shape[1] + new)
+    gen = c.generator(batch, prompt.shape[1] + new)
     logits = gen.prefill(prompt)
     with torch.no_grad():
         assert rel(logits, m(prompt).logits[:, -1]) < 1e-5

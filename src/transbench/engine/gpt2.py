@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import EngineBase
+from . import gemv
 from .config import GELU_KINDS, Dims, EngineConfig, EngineUnsupported
 from .graphs import GraphCache
 from .ops import Linear
@@ -159,12 +160,17 @@ class Generator:
         return self._logits(h.view(B, S, -1)[:, -1])
 
     def _decode(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        # Each LayerNorm runs inside the projection after it (ops.norm_linear): at a few rows a projection can be
-        # one GEMV kernel with the LayerNorm as its prologue and the bias, GELU or residual as its epilogue
-        # (gemv.py), five kernels a layer where _blocks' order takes eight.
+        # Up to gemv.MAX_ROWS sequences each LayerNorm runs inside the projection after it (ops.norm_linear): a
+        # projection is then one GEMV kernel, the LayerNorm its prologue and the bias, GELU or residual its
+        # epilogue (gemv.py), five kernels a layer where _blocks' order takes eight. Larger batches keep _blocks'
+        # order, whose routes were tuned and measured for them (benchmarks/results/decode_gemv_h200_2026-11.md).
         e = self.e
         ops, gelu = e.ops, e.dims.gelu
         x = ops.embed_layernorm(ids, e.wte, pos, e.wpe, None, None, None, 1)  # one kernel, not two gathers and a sum
+        if self.B > gemv.MAX_ROWS:
+            def attend(i, qkv):
+                return ops.decode_attention(qkv, self.kv[i][0], self.kv[i][1], pos, e.layers[i].scale)
+            return self._logits(e._blocks(x, attend))
         for i, L in enumerate(e.layers):
             qkv = ops.norm_linear(x, L.qkv, L.norm1)
             x = ops.norm_linear(ops.decode_attention(qkv, self.kv[i][0], self.kv[i][1], pos, L.scale), L.out,
