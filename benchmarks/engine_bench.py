@@ -370,6 +370,18 @@ def timeline(name, B, S, fp8=True, reps=10):
                    reps)
 
 
+GPT2_SIZES = {"gpt2": GPT2Config(), "gpt2-medium": GPT2Config(n_embd=1024, n_layer=24, n_head=16)}
+
+
+def decode_bytes(m, B, pos):
+    """(weights, KV cache) bytes a decode step of gpt2-family `m` at batch B and position `pos` reads: the weights
+    as generation cells count them (scenarios/generation/measure.weight_bytes), K and V of every layer up to pos."""
+    from transbench.scenarios.generation.measure import weight_bytes
+
+    c = m.config
+    return weight_bytes(m), 2 * c.n_layer * B * pos * c.n_embd * m.dtype.itemsize
+
+
 @torch.inference_mode()
 def timeline_decode(model, B, prompt, reps=20):
     """graph_timeline of a gpt2-family decode step at position `prompt` (fp16, random weights), with the HBM
@@ -382,13 +394,9 @@ def timeline_decode(model, B, prompt, reps=20):
     for _ in range(4):  # the first steps tune and capture
         nxt = gen.decode(nxt).argmax(-1)
     graph = gen.graphs.entries["decode"].graph
-    weights = sum(p.numel() for p in m.parameters()) * 2
-    kv = 2 * cfg.n_layer * B * (prompt + 4) * cfg.n_embd * 2
+    weights, kv = decode_bytes(m, B, prompt + 4)
     graph_timeline(f"{model} decode step, batch {B} at position {prompt} (weights {weights / 1e6:.0f} MB, KV read "
                    f"{kv / 1e6:.1f} MB)", graph, reps)
-
-
-GPT2_SIZES = {"gpt2": GPT2Config(), "gpt2-medium": GPT2Config(n_embd=1024, n_layer=24, n_head=16)}
 
 
 def decode_step(model, B, prompt, steps=100):
@@ -398,7 +406,9 @@ def decode_step(model, B, prompt, steps=100):
     bandwidth the step's weights and KV cache take at the replay's time against the device's; the kernels in the
     graph; and the last step's logits against fp32 transformers over the same tokens, with the greedy tokens'
     agreement."""
-    from transbench.measure.peaks import lookup
+    from types import SimpleNamespace
+
+    from transbench.scenarios.generation.measure import decode_bandwidth
 
     cfg = GPT2_SIZES[model]
     with torch.device("cuda"):
@@ -427,11 +437,12 @@ def decode_step(model, B, prompt, steps=100):
     b.record()
     torch.cuda.synchronize()
     loop = a.elapsed_time(b) / steps
-    weights = sum(p.numel() for p in m.parameters()) * 2  # the tied head counted once: the embedding reads a row
-    kv = 2 * cfg.n_layer * B * prompt * cfg.n_embd * 2
-    row = lookup(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory / 2**30)
-    gbs = (weights + kv) / replay / 1e6
-    share = f" = {gbs / row.bandwidth_gbs:.0%} of {row.bandwidth_gbs:,.0f}" if row else ""
+    weights, kv = decode_bytes(m, B, prompt)
+    gpu = SimpleNamespace(name=torch.cuda.get_device_name(),
+                          memory_gb=torch.cuda.get_device_properties(0).total_memory / 2**30)
+    bw = decode_bandwidth(weights + kv, replay, gpu)
+    gbs, frac = bw["decode_gbs"], bw["decode_hbm_share"]
+    share = f" = {frac:.0%} of {gbs / frac:,.0f}" if frac else ""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
         graph.replay()
         torch.cuda.synchronize()
