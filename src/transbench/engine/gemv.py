@@ -22,16 +22,20 @@ MAX_ROWS = 8
 MAX_K = 8192
 # (BN output rows of W a program, warps), the likeliest first (tuning.rule_route takes the first that fits). Small
 # BN gives the few-column layers (768 outputs) enough programs to fill every SM.
-CONFIGS = [(4, 4), (2, 4), (8, 4), (4, 8), (2, 8), (1, 4), (8, 8), (16, 4), (16, 8), (32, 8), (4, 16), (8, 16)]
+CONFIGS = [(4, 4), (2, 4), (8, 4), (4, 8), (2, 8), (1, 4), (8, 8), (16, 4), (16, 8), (32, 8), (4, 16), (8, 16),
+           (4, 2), (8, 2), (2, 2), (2, 1), (4, 1), (8, 1)]
 # Values a thread may hold of the program's weight slice (fp16/bf16) and of its input rows (fp32): configs() drops
 # the configs past them, which would spill registers.
 PER_THREAD = 64
 
 
 def configs(M: int, K: int) -> list[tuple[int, int]]:
-    """The configs whose weight slice and input rows fit in registers for M rows of K, in CONFIGS' order."""
+    """The configs whose weight slice and input rows fit in registers for M rows of K, in CONFIGS' order. Each
+    thread of a program of several warps takes at least one 8-wide vector of a row: with more threads than that,
+    Triton spreads some warps over the rows and re-lays the slice out through shared memory (the kernel says why
+    that costs)."""
     kp2, bm = triton.next_power_of_2(K), triton.next_power_of_2(M)
-    return [(bn, w) for bn, w in CONFIGS if max(bn, bm) * kp2 <= PER_THREAD * 32 * w]
+    return [(bn, w) for bn, w in CONFIGS if max(bn, bm) * kp2 <= PER_THREAD * 32 * w and (w == 1 or kp2 >= 8 * 32 * w)]
 
 
 @jit(do_not_specialize=["M"])
@@ -45,7 +49,12 @@ def _gemv_kernel(X, W, BIAS, R, Y, LNW, LNB, M, N, K, eps, ACT: tl.constexpr, HA
     nm = n < N
     k = tl.arange(0, KP2)
     km = k < K
-    w = tl.load(W + n.to(tl.int64)[:, None] * K + k[None, :], mask=nm[:, None] & km[None, :], other=0.0)
+    # The product is [rows, BN, K] and both operands are loaded in that shape, so the layouts Triton gives the loads
+    # (K across the threads, 8 to a thread) serve the product as they are. A [BN, K] load broadcast later is re-laid
+    # out through shared memory after the wait, the work this kernel exists to take off the critical path: it cost
+    # gpt2-medium's 4-row step 0.76 ms against the 0.45 asked (benchmarks/results/decode_gemv_h200_2026-11.md).
+    w = tl.load(W + n.to(tl.int64)[None, :, None] * K + k[None, None, :], mask=nm[None, :, None] & km[None, None, :],
+                other=0.0)
     if HAS_LN:  # masked columns: weight and bias 0, so they add nothing
         g = tl.load(LNW + k, mask=km, other=0.0).to(tl.float32)
         gb = tl.load(LNB + k, mask=km, other=0.0).to(tl.float32)
@@ -54,14 +63,14 @@ def _gemv_kernel(X, W, BIAS, R, Y, LNW, LNB, M, N, K, eps, ACT: tl.constexpr, HA
     pdl_enter(PDL)
     m = tl.arange(0, BM)
     mm = m < M
-    full = mm[:, None] & km[None, :]
-    x = tl.load(X + m.to(tl.int64)[:, None] * K + k[None, :], mask=full, other=0.0).to(tl.float32)
+    full = mm[:, None, None] & km[None, None, :]
+    x = tl.load(X + m.to(tl.int64)[:, None, None] * K + k[None, None, :], mask=full, other=0.0).to(tl.float32)
     if HAS_LN:  # two passes over the rows in registers: no E[x^2] - mean^2 cancellation
-        mean = tl.sum(x, 1) / K
-        d = tl.where(full, x - mean[:, None], 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(d * d, 1) / K + eps)
-        x = d * rstd[:, None] * g[None, :] + gb[None, :]
-    acc = tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], 2)
+        mean = tl.sum(x, 2) / K
+        d = tl.where(full, x - mean[:, :, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, 2) / K + eps)
+        x = d * rstd[:, :, None] * g[None, None, :] + gb[None, None, :]
+    acc = tl.sum(x * w.to(tl.float32), 2)  # [rows, BN]: every row's sums in one reduction
     if HAS_BIAS:
         acc += bias[None, :]
     acc = activate(acc, ACT)
@@ -70,7 +79,6 @@ def _gemv_kernel(X, W, BIAS, R, Y, LNW, LNB, M, N, K, eps, ACT: tl.constexpr, HA
     if HAS_RES:
         acc += tl.load(R + out, mask=om, other=0.0).to(tl.float32)
     tl.store(Y + out, acc.to(Y.dtype.element_ty), mask=om)
-
 
 def supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """A few contiguous fp16/bf16 rows against a row-major weight of the same dtype."""
