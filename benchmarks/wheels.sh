@@ -13,13 +13,13 @@ DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl deep
 # Binary wheels for the GPU machine's Python (3.12, x86-64 manylinux), whatever Python runs this script.
 get() {
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-    -d .whl "$@"
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_28_x86_64 -d .whl "$@"
 }
 get hjson annotated-types typing-inspection typing-extensions liger-kernel pydantic torchao starlette uvicorn httptools
 # bitsandbytes (--quant nf4) ships a library for each CUDA and ROCm release, 43 MB zipped, too much to travel with the
 # rest: keep it unpacked with only the library for the GPU image's torch (CUDA 13.0); gpu.sh puts it on the path.
-get bitsandbytes
+get "bitsandbytes>=0.50"  # the release measured on the GPU image (benchmarks/results/quantization_h200_2026-11.md)
 unzip -q -o .whl/bitsandbytes-*.whl -d .whl/bnb && rm .whl/bitsandbytes-*.whl
 find .whl/bnb -name 'libbitsandbytes_*.so' ! -name '*cuda130*' -delete
 # pydantic pins its compiled core exactly: take the version its metadata names.
