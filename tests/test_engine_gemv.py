@@ -73,3 +73,20 @@ def test_torch_norm_linear_is_the_layernorm_then_the_projection():
     torch.testing.assert_close(ops.norm_linear(x, lin, norm, "tanh"),
                                F.gelu(F.linear(h, lin.weight, lin.bias), approximate="tanh"))
     torch.testing.assert_close(ops.norm_linear(x, lin, residual=r), F.linear(x, lin.weight, lin.bias) + r)
+
+
+
+# (rows, K): the warps a program may have. K of 256 or less: one warp (a thread holds 8 of a row's values); gpt2's 768
+# and gpt2-medium's 1,024: up to 4; 4,096 at 4 rows: 8 or more, for the slice to fit in registers.
+WARPS = {(1, 40): {1}, (3, 200): {1}, (1, 768): {1, 2, 4}, (4, 1024): {2, 4}, (4, 4096): {8, 16}, (8, 1600): {8}}
+
+
+@pytest.mark.parametrize("M,K", list(WARPS))
+def test_configs_keep_every_thread_on_a_vector_of_each_row_and_in_registers(M, K):
+    # Past one warp, a program whose threads outnumber the 8-wide vectors of a row has Triton spread warps over the
+    # rows, and the weight slice is re-laid out through shared memory after the wait (gemv.py's kernel says why).
+    pytest.importorskip("triton", reason="Triton is not installed (it is part of the [test] extra on Linux)")
+    from transbench.engine.gemv import CONFIGS, configs
+    got = configs(M, K)
+    assert {w for _, w in got} == WARPS[M, K]
+    assert got == [c for c in CONFIGS if c in got]  # CONFIGS' order: tuning.rule_route takes the first

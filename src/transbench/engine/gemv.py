@@ -35,7 +35,8 @@ def configs(M: int, K: int) -> list[tuple[int, int]]:
     Triton spreads some warps over the rows and re-lays the slice out through shared memory (the kernel says why
     that costs)."""
     kp2, bm = triton.next_power_of_2(K), triton.next_power_of_2(M)
-    return [(bn, w) for bn, w in CONFIGS if max(bn, bm) * kp2 <= PER_THREAD * 32 * w and (w == 1 or kp2 >= 8 * 32 * w)]
+    return [(bn, w) for bn, w in CONFIGS
+            if max(bn, bm) * kp2 <= PER_THREAD * 32 * w and (w == 1 or kp2 >= 8 * 32 * w)]
 
 
 @jit(do_not_specialize=["M"])
@@ -51,8 +52,8 @@ def _gemv_kernel(X, W, BIAS, R, Y, LNW, LNB, M, N, K, eps, ACT: tl.constexpr, HA
     km = k < K
     # The product is [rows, BN, K] and both operands are loaded in that shape, so the layouts Triton gives the loads
     # (K across the threads, 8 to a thread) serve the product as they are. A [BN, K] load broadcast later is re-laid
-    # out through shared memory after the wait, the work this kernel exists to take off the critical path: it cost
-    # gpt2-medium's 4-row step 0.76 ms against the 0.45 asked (benchmarks/results/decode_gemv_h200_2026-11.md).
+    # out through shared memory after the wait, the work this kernel exists to take off the critical path: with it a
+    # gpt2-medium step of 4 rows took 0.7585 ms, without it 0.6843 (benchmarks/results/decode_gemv_h200_2026-11.md).
     w = tl.load(W + n.to(tl.int64)[None, :, None] * K + k[None, None, :], mask=nm[None, :, None] & km[None, None, :],
                 other=0.0)
     if HAS_LN:  # masked columns: weight and bias 0, so they add nothing
@@ -79,6 +80,7 @@ def _gemv_kernel(X, W, BIAS, R, Y, LNW, LNB, M, N, K, eps, ACT: tl.constexpr, HA
     if HAS_RES:
         acc += tl.load(R + out, mask=om, other=0.0).to(tl.float32)
     tl.store(Y + out, acc.to(Y.dtype.element_ty), mask=om)
+
 
 def supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """A few contiguous fp16/bf16 rows against a row-major weight of the same dtype."""
