@@ -84,6 +84,50 @@ def test_any_spec_document_is_read_or_refused_in_one_line(tmp_path_factory, doc,
         one_line(exc)
 
 
+@pytest.mark.parametrize("depth", [65, 400, 1_100, 5_000, 200_000])
+@pytest.mark.parametrize("block", [False, True])
+def test_deep_yaml_is_refused_from_its_tokens_before_it_is_composed(monkeypatch, capfd, depth, block):
+    # Caught as a RecursionError from PyYAML's composer, depths past the recursion limit took up to a second each,
+    # and under the CLI in a pytest worker finalizers printed "Exception ignored in sys.unraisablehook" beside the
+    # error line. The composer must not even start on such a document.
+    import yaml
+
+    def composed(*args, **kw):
+        raise AssertionError("composed a document deeper than the bound")
+
+    monkeypatch.setattr(yaml.composer.Composer, "compose_node", composed)
+    text = ("".join(f"{' ' * i}k{i}:\n" for i in range(min(depth, 2_000))) + " " * 2_000 + "x: 1\n" if block
+            else "batches: " + "[" * depth + "]" * depth)
+    start = time.monotonic()
+    with pytest.raises(SpecError, match="nests deeper than 64 levels"):
+        boundary.loads_yaml(text, "spec file s.yaml")
+    assert time.monotonic() - start < 2
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize("depth", [64, 400, 200_000])
+def test_deep_toml_is_refused_from_its_brackets_before_it_is_parsed(monkeypatch, depth):
+    # tomllib recurses into nested arrays, as PyYAML's composer does (the test above says why that is not clean)
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    def parsed(*args, **kw):
+        raise AssertionError("parsed a document deeper than the bound")
+
+    monkeypatch.setattr(tomllib, "loads", parsed)
+    with pytest.raises(SpecError, match="nests deeper than 64 levels"):
+        boundary.loads_toml("batches = " + "[" * depth + "]" * depth, "spec file s.toml")
+
+
+def test_brackets_in_toml_strings_and_comments_open_nothing():
+    lines = ['a = "[[[[ \\" [[[["', "b = '[[['", 'c = """', "[[[[[", '"""', "d = '''[[['''", "# [[[[[[[",
+             'e = "' + "[" * 100 + '"', "[t]", "x = [1, [2]]", "[[arr]]", "y = {z = [1]}"]
+    doc = boundary.loads_toml("\n".join(lines) + "\n", "spec file s.toml", depth=6)  # arr[0].y.z's 1: six levels
+    assert doc["a"] == '[[[[ " [[[[' and doc["e"] == "[" * 100 and doc["t"] == {"x": [1, [2]]}
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(depth=depths, kind=st.sampled_from(["json", "yaml", "yaml-block", "toml"]))
 def test_deeply_nested_spec_files_are_refused_by_the_cli(tmp_path_factory, depth, kind):

@@ -32,6 +32,8 @@ ENV_CHARS = 4096
 
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string, escapes included (unrolled: linear)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+# TOML's strings (multi-line first) and comments, which may hold brackets that open nothing.
+_TOML_TEXT = re.compile(r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*')
 
 
 class BadInput(SpecError):
@@ -146,6 +148,7 @@ def loads_yaml(text: str, where: str, *, loader=None, depth: int = DEPTH, nodes:
     ldr = cls(text)
     try:
         try:
+            _yaml_depth_bound(text, cls, where, depth, fix)
             node = ldr.get_single_node()
         except RecursionError:
             _fail(where, f"nests deeper than {depth} levels", fix)
@@ -170,6 +173,27 @@ def loads_yaml(text: str, where: str, *, loader=None, depth: int = DEPTH, nodes:
 
 
 _TEXT_KEYS = ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")
+
+
+def _yaml_depth_bound(text: str, cls, where: str, depth: int, fix: str) -> None:
+    """Refuse a document whose collections open deeper than `depth`, from PyYAML's tokens (its scanner does not
+    recurse), before its composer recurses into them. A RecursionError caught there is not clean: deep in the stack,
+    finalizers that raise print "Exception ignored in sys.unraisablehook" around the error line, and a few thousand
+    levels took a second or more each (tests/test_input_boundary.py found both). The walk after composing stays
+    the exact bound; indentless sequences, uncounted here, at most double the composer's depth."""
+    import yaml
+
+    opens = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken, yaml.FlowMappingStartToken,
+             yaml.FlowSequenceStartToken)
+    closes = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+    level = 0
+    for token in yaml.scan(text, Loader=cls):
+        if isinstance(token, opens):
+            level += 1
+            if level > depth:
+                _fail(where, f"nests deeper than {depth} levels", fix)
+        elif isinstance(token, closes):
+            level -= 1
 
 
 def _walk_yaml(root, where: str, depth: int, nodes: int, fix: str) -> None:
@@ -201,6 +225,12 @@ def loads_toml(text: str, where: str, *, depth: int = DEPTH, fix: str = "fix it"
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
+    # Brackets counted first, as json_depth does: tomllib recurses into nested arrays and inline tables, and a
+    # RecursionError caught from deep in the stack is not clean (_yaml_depth_bound says why). The document is a
+    # table, one level above its brackets; check_tree stays the exact bound.
+    brackets = _NOT_BRACKET.sub("", _TOML_TEXT.sub("", text))
+    if brackets and 1 + max(accumulate(1 if c in "[{" else -1 for c in brackets)) > depth:
+        _fail(where, f"nests deeper than {depth} levels", fix)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:  # its message already ends "(at line L, column C)"
