@@ -426,8 +426,9 @@ def decode_step(model, B, prompt, steps=100):
     full = torch.cat([ids, torch.stack(toks, 1)], 1)
     want = ref(full).logits[:, -1].float()
     err, agree = rel(logits.float(), want), (logits.argmax(-1) == want.argmax(-1)).float().mean().item()
-    graph = gen.graphs.entries["decode"].graph
-    gen.pos_t.fill_(prompt)
+    entry = gen.graphs.entries["decode"]
+    graph = entry.graph
+    entry.static_in[1].fill_(prompt)  # the graph reads its own copy of the position (graphs.py), not gen.pos_t
     replay = replay_ms(graph.replay)
     gen.pos = prompt + 8
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

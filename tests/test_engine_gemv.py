@@ -73,7 +73,8 @@ def test_torch_norm_linear_is_the_layernorm_then_the_projection():
     torch.testing.assert_close(ops.norm_linear(x, lin, norm, "tanh"),
                                F.gelu(F.linear(h, lin.weight, lin.bias), approximate="tanh"))
     torch.testing.assert_close(ops.norm_linear(x, lin, residual=r), F.linear(x, lin.weight, lin.bias) + r)
-
+    # every part at once, as the GEMV's epilogue applies them: the activation, then the residual
+    torch.testing.assert_close(ops.norm_linear(x, lin, norm, "exact", r), F.gelu(F.linear(h, lin.weight, lin.bias)) + r)
 
 
 # (rows, K): the warps a program may have. K of 256 or less: one warp (a thread holds 8 of a row's values); gpt2's 768

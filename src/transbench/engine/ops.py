@@ -210,12 +210,10 @@ class TorchOps:
 
     def norm_linear(self, x, lin: Linear, norm: Norm | None = None, act: str | None = None,
                     residual: torch.Tensor | None = None):
-        """act(LayerNorm(x) W^T + b) + residual, each part optional (act: a GELU kind, then no residual): a pre-LN
-        decoder's projections as a decode step runs them, the LayerNorm before its GEMM (gemv.py says why)."""
+        """act(LayerNorm(x) W^T + b) + residual, each part optional (act: a GELU kind): a pre-LN decoder's
+        projections as a decode step runs them, the LayerNorm before its GEMM (gemv.py says why)."""
         h = x if norm is None else self.add_layernorm(x, None, None, norm.weight, norm.bias, norm.eps)
-        if act is not None:
-            return self.linear_gelu(h, lin, act)
-        y = self.linear(h, lin)
+        y = self.linear(h, lin) if act is None else self.linear_gelu(h, lin, act)
         return y if residual is None else y + residual
 
     def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
@@ -362,14 +360,14 @@ class TritonOps(TorchOps):
         def normed(h):
             return h if norm is None else self.add_layernorm(h, None, None, norm.weight, norm.bias, norm.eps)
 
-        def library(h):  # cuBLAS, our LayerNorm before it and bias + GELU (or the residual add) after it
+        def library(h):  # cuBLAS, our LayerNorm before it and bias + GELU, then the residual add, after it
             if act is None:
                 y = F.linear(normed(h), lin.weight, lin.bias)
-                return y if residual is None else y.add_(residual)
-            y = F.linear(normed(h), lin.weight)
-            if lin.bias is None:
-                return F.gelu(y, approximate="tanh" if act == "tanh" else "none")
-            return triton_bias_gelu(y, lin.bias, act == "tanh", pdl=self.pdl)
+            elif lin.bias is None:
+                y = F.gelu(F.linear(normed(h), lin.weight), approximate="tanh" if act == "tanh" else "none")
+            else:
+                y = triton_bias_gelu(F.linear(normed(h), lin.weight), lin.bias, act == "tanh", pdl=self.pdl)
+            return y if residual is None else y.add_(residual)
         cands = {"cublas": library}
         if gemv.supported(x, lin.weight):  # the whole projection in one kernel: gemv.py
             for cfg in gemv.configs(*x.shape):
