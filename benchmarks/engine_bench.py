@@ -461,6 +461,65 @@ def decode_step(model, B, prompt, steps=100):
     _kernel_table(f"{model} decode step, batch {B} at position {prompt}", lambda: gen.decode(nxt), 5)
 
 
+def gemv_chains(layers=24):
+    """Each decode projection of gpt2 (batch 1) and gpt2-medium (batch 4) alone: `layers` launches of one config in a
+    CUDA graph (PDL on), each on its own weights so every launch reads them from HBM as a step does, replayed back to
+    back; us a launch and the weights' GB/s, every GEMV config against cuBLAS's F.linear (the product alone, no
+    LayerNorm or epilogue). A config whose output is off fp32's by more than 1e-2 prints no time."""
+    from transbench.engine import gemv
+
+    for model, B in (("gpt2", 1), ("gpt2-medium", 4)):
+        h = GPT2_SIZES[model].n_embd
+        for name, N, K, ln, act, res in (("qkv", 3 * h, h, True, 0, False), ("out", h, h, False, 0, True),
+                                         ("fc1", 4 * h, h, True, 2, False), ("fc2", h, 4 * h, False, 0, True)):
+            ws = [torch.randn(N, K, device="cuda", dtype=torch.float16) * K**-0.5 for _ in range(layers)]
+            x, bias = torch.randn(B, K, device="cuda", dtype=torch.float16), torch.randn(N, device="cuda").half()
+            r = torch.randn(B, N, device="cuda", dtype=torch.float16)
+            g, gb = torch.rand(K, device="cuda").half() + 0.5, torch.randn(K, device="cuda").half()
+            norm = (g, gb, 1e-5) if ln else None
+            hx = torch.nn.functional.layer_norm(x.float(), (K,), g.float(), gb.float(), 1e-5) if ln else x.float()
+            want = hx @ ws[0].float().t() + bias.float()
+            want = torch.nn.functional.gelu(want, approximate="tanh") if act == 2 else want
+            want = want + r.float() if res else want
+            times = {}
+
+            def chain(one):
+                one(ws[0])  # compiles
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for w in ws:
+                        one(w)
+                return replay_ms(graph.replay) * 1e3 / layers
+
+            for cfg in gemv.configs(B, K, norm=ln):
+                def one(w, cfg=cfg):
+                    return gemv.gemv(x, w, bias, act, r if res else None, norm, cfg)
+                if rel(one(ws[0]).float(), want) > 1e-2:
+                    times["gemv" + "x".join(map(str, cfg))] = None
+                    continue
+                times["gemv" + "x".join(map(str, cfg))] = chain(one)
+            times["cublas F.linear"] = chain(lambda w: torch.nn.functional.linear(x, w))
+            floor = N * K * 2 / hbm_bytes_per_s() * 1e6
+            print(f"\n## {model} {name} at {B} row(s), {N} x {K} ({N * K * 2 / 1e6:.1f} MB): us a launch in a chain of "
+                  f"{layers}, HBM floor {floor:.2f} us", flush=True)
+            ranked = sorted((v, k) for k, v in times.items() if v is not None)
+            for us, k in ranked[:6] + ([ranked[-1]] if len(ranked) > 6 else []):
+                print(f"  {k:18s} {us:7.2f} us  {N * K * 2 / us / 1e3:7.0f} GB/s", flush=True)
+            for k in (k for k, v in times.items() if v is None):
+                print(f"  {k:18s} failed its check against fp32", flush=True)
+            if "cublas F.linear" not in [k for _, k in ranked[:6]]:
+                print(f"  {'cublas F.linear':18s} {times['cublas F.linear']:7.2f} us", flush=True)
+            del ws
+
+
+def hbm_bytes_per_s() -> float:
+    """The device's datasheet HBM bandwidth (measure/peaks.py), bytes/s."""
+    from transbench.measure import peaks
+    row = peaks.lookup(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory / 2**30)
+    return row.bandwidth_gbs * 1e9
+
+
 def graph_timeline(title, graph, reps=10):
     """Where a captured graph's wall time goes beyond its kernels: the profiler's kernel spans inside graph
     replays (PDL on, as transbench runs), their union (busy) against the replay's span, the idle gaps between
@@ -805,7 +864,7 @@ def attention_sweep():
 
 PARTS = ("bert-base", "bert-large", "gemm", "routes", "bert-large-target", "varlen", "generate", "profile", "call",
          "timeline", "timeline-large", "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant", "fp8gemm", "attn",
-         "attn-sweep", "timeline-decode", "decode")
+         "attn-sweep", "timeline-decode", "decode", "gemv")
 
 
 def main(argv=None):
@@ -860,6 +919,8 @@ def main(argv=None):
         elif part == "decode":
             decode_step("gpt2", 1, 512)
             decode_step("gpt2-medium", 4, 256)
+        elif part == "gemv":
+            gemv_chains()
         elif part == "call":
             call_cost("bert-base", [(1, 128), (8, 128), (1, 512), (8, 512)])
         elif part == "refine":

@@ -315,6 +315,8 @@ def test_runs_table_fits_100_columns():
     (["run", "--model", "bert-tiny", "--min-time", "-inf"], "min_time: expected a number, got -inf"),
     (["micro", "gemm", "--sizes", "64", "--min-time", "inf"], "min_time: expected a number, got inf"),
     (["train", "--model", "bert-tiny", "--pad-vocab", "0"], "--pad-vocab must be at least 1"),
+    (["train", "--model", "bert-tiny", "--dropout", "1"], "--dropout must be a probability"),
+    (["train", "--model", "bert-tiny", "--dropout", "inf"], "--dropout inf"),
     (["run", "--model", "bert-tiny", "--batch", "1,,8"], "'1,,8' has an empty item between commas: write e.g. 1,8"),
     (["run", "--model", "bert-tiny,"], "'bert-tiny,' has an empty item"),
     (["run", "--model", "bert-tiny", "--batch", "99999999999999999999999"], "larger than a 64-bit integer holds"),

@@ -74,6 +74,7 @@ def _check_arithmetic(cell: TrainCell, r: CellResult) -> None:
     {"head": "masked"}, {"model": "roberta-tiny", "head": "masked", "grad_ckpt": True},
     {"model": "gpt2-tiny", "task": "causal-lm", "activation": "gelu-tanh"},
     {"model": "gpt2-tiny", "task": "causal-lm", "pad_vocab": 64}, {"head": "masked", "pad_vocab": 48},
+    {"dropout": 0.0}, {"model": "gpt2-tiny", "task": "causal-lm", "dropout": 0.0}, {"dropout": 0.25},
 ])
 def test_every_option_runs_and_takes_effect(change):
     cell = replace(BASE, **change)
@@ -84,6 +85,8 @@ def test_every_option_runs_and_takes_effect(change):
     assert info["gradient_checkpointing"] == cell.grad_ckpt
     if cell.activation:
         assert info["activation"] == "gelu_pytorch_tanh"
+    if cell.dropout is not None:  # every dropout of the built model, the attention's among them
+        assert set(info["dropout"].values()) == {cell.dropout} and len(info["dropout"]) >= 2, info["dropout"]
     # The tiny presets' 1,000-row vocabulary, padded up to the multiple (the tokens stay below 1,000).
     vocab = training_loop.build.resolve(cell.model).shape.vocab
     assert info["vocab_rows"] == -(-vocab // cell.pad_vocab) * cell.pad_vocab
@@ -121,7 +124,7 @@ def test_phases_are_recorded_and_sum_to_the_step(accum):
 def test_cell_key_holds_every_setting_that_changes_the_measurement():
     key = json.loads(BASE.key())
     assert key == json.loads(json.dumps(key, sort_keys=True))
-    for change in [{"kernels": "liger"}, {"head": "masked"}, {"activation": "gelu-tanh"}, {"pad_vocab": 64}, {"grad_ckpt": True}, {"compile": True}, {"zero_stage": 2},
+    for change in [{"kernels": "liger"}, {"head": "masked"}, {"activation": "gelu-tanh"}, {"pad_vocab": 64}, {"dropout": 0.0}, {"grad_ckpt": True}, {"compile": True}, {"zero_stage": 2},
                    {"nccl": "NCCL_P2P_DISABLE=1"}, {"lr": 1e-2}, {"seed": 1}, {"optim": "sgd"}, {"grad_accum": 2}]:
         assert replace(BASE, **change).key() != BASE.key(), change
     assert replace(BASE, steps=9, warmup_steps=3).key() == BASE.key()  # how long it is sampled, not what
@@ -133,6 +136,7 @@ def test_cell_key_holds_every_setting_that_changes_the_measurement():
     old.pop("head")  # and before the head and activation options: same cell, same key
     old.pop("activation")
     old.pop("pad_vocab")
+    old.pop("dropout")
     assert TrainCell.from_dict(old) == BASE and "head" not in json.loads(BASE.key())
 
 
@@ -211,6 +215,7 @@ def test_validation_errors_are_one_line():
         ({"heads": ["first"]}, "unknown head 'first': choose from all, masked"),
         ({"activation": "relu"}, "unknown activation 'relu'"),
         ({"pad_vocab": 0}, "--pad-vocab must be at least 1"),
+        ({"dropout": 1.0}, "--dropout must be a probability"), ({"dropout": -0.1}, "--dropout must be a probability"),
         ({"models": ["gpt2-tiny"], "heads": ["masked"]}, "--head masked runs the MLM head"),
     ]
     for change, text in bad:
@@ -542,6 +547,7 @@ def test_zero_stage_2_with_deepspeed_and_a_stored_spec_still_pass(tmp_path, monk
     ({"heads": ["masked"]}, "--head"),
     ({"activation": "gelu-tanh"}, "--activation"),
     ({"pad_vocab": 64}, "--pad-vocab"),
+    ({"dropout": 0.0}, "--dropout"),
     ({"strategies": ["ddp"]}, "--strategy"),
     ({"strategies": ["deepspeed"], "zero_stages": [3]}, "--strategy, --zero-stage"),
 ])

@@ -20,7 +20,8 @@ BASE = TrainCell(model="bert-tiny", task="mlm", backend="sdpa", dtype="fp32", op
 
 
 MLM_STEPS = ["fp32, largest batch", "bf16", "bf16, largest batch", "fused AdamW", "grad accumulation 4",
-             "grad checkpointing, largest batch", "MLM head on masked positions", "vocabulary padded to a multiple of 64", "torch.compile",
+             "grad checkpointing, largest batch", "MLM head on masked positions", "vocabulary padded to a multiple of 64", "no dropout",
+             "torch.compile",
              "Liger kernels"]
 
 
@@ -30,15 +31,16 @@ def test_the_steps_are_the_notebooks_then_the_fields():
     gpt2 = [s.name for s in training_ladder.steps_for("causal-lm", "gpt2")]
     assert gpt2 == [n for n in MLM_STEPS if "MLM" not in n][:6] + ["GELU in one kernel (gelu-tanh)",
                                                                    "vocabulary padded to a multiple of 64",
-                                                                   "torch.compile", "Liger kernels"]
+                                                                   "no dropout", "torch.compile", "Liger kernels"]
     assert [s.name for s in training_ladder.steps_for("causal-lm", "llama")] == [n for n in gpt2 if "GELU" not in n]
-    assert [s.search for s in training_ladder.STEPS] == [True, False, True, False, False, True] + [False] * 5
-    assert [s.keep for s in training_ladder.STEPS] == ["always"] * 3 + ["faster", "never"] + ["faster"] * 6
+    assert [s.search for s in training_ladder.STEPS] == [True, False, True, False, False, True] + [False] * 6
+    assert [s.keep for s in training_ladder.STEPS] == ["always"] * 3 + ["faster", "never"] + ["faster"] * 7
 
 
 class FakeRunner:
     """Largest batches 64 (fp32), 128 (bf16), 512 (checkpointing); samples/s from the options: bf16 x2.5,
-    fused x1.2, accumulation x1.1, checkpointing x0.8, masked head x1.1, padded vocabulary x1.05, compile x1.25,
+    fused x1.2, accumulation x1.1, checkpointing x0.8, masked head x1.1, padded vocabulary x1.05, no dropout x1.08,
+    compile x1.25,
     batch >= 128 x1.2;
     liger is unsupported (not installed)."""
 
@@ -56,6 +58,7 @@ class FakeRunner:
         speed *= (1.1 if cell.grad_accum == 4 else 1.0) * (self.ckpt_factor if cell.grad_ckpt else 1.0)
         speed *= (1.1 if cell.head == "masked" else 1.0) * (1.25 if cell.compile else 1.0)
         speed *= (1.3 if cell.activation == "gelu-tanh" else 1.0) * (1.05 if cell.pad_vocab > 1 else 1.0)
+        speed *= 1.08 if cell.dropout == 0 else 1.0
         speed *= (0.9 if cell.kernels == "liger" else 1.0) * (1.2 if cell.batch >= 128 else 1.0)
         rec = {"samples_per_s": speed, "tflops": speed / 100, "mfu": speed / 1000, "peak_mem_mb": cell.batch * 10.0}
         return cell, CellResult("ok", rec)
@@ -68,28 +71,30 @@ def test_each_step_builds_on_what_was_kept_and_searches_start_from_the_batch_so_
     cells = [c for c, _ in runner.calls]
     # Each search starts from the batch so far, never from 1: fp32 from the base batch, bf16 from fp32's.
     assert [(c.batch, s) for c, s in runner.calls if s] == [(4, True), (64, True), (128, True)]
-    assert [c.batch for c in cells] == [4, 64, 64] + [128] * 7
+    assert [c.batch for c in cells] == [4, 64, 64] + [128] * 8
     # Checkpointing (x0.8 at batch 512) lost to the configuration so far: the later steps leave it off.
-    assert [c.grad_ckpt for c in cells] == [False] * 5 + [True] + [False] * 4
-    assert [c.grad_accum for c in cells] == [1, 1, 1, 1, 4, 1, 1, 1, 1, 1]  # measured, never kept
-    assert [c.head for c in cells] == ["all"] * 6 + ["masked"] * 4
-    assert [c.pad_vocab for c in cells] == [1] * 7 + [64] * 3
-    assert [c.compile for c in cells] == [False] * 8 + [True] * 2
-    assert [c.optim for c in cells] == ["adamw"] * 3 + ["adamw-fused"] * 7
-    assert [r["kept"] for r in rows[:-1]] == [True, True, True, True, False, False, True, True, True, False]
-    speeds = [100.0, 250.0, 300.0, 360.0, 396.0, 288.0, 396.0, 415.8, 519.75]
-    assert [r.get("samples_per_s") for r in rows[:9]] == pytest.approx(speeds)
+    assert [c.grad_ckpt for c in cells] == [False] * 5 + [True] + [False] * 5
+    assert [c.grad_accum for c in cells] == [1, 1, 1, 1, 4, 1, 1, 1, 1, 1, 1]  # measured, never kept
+    assert [c.head for c in cells] == ["all"] * 6 + ["masked"] * 5
+    assert [c.pad_vocab for c in cells] == [1] * 7 + [64] * 4
+    assert [c.dropout for c in cells] == [None] * 8 + [0.0] * 3
+    assert [c.compile for c in cells] == [False] * 9 + [True] * 2
+    assert [c.optim for c in cells] == ["adamw"] * 3 + ["adamw-fused"] * 8
+    assert [r["kept"] for r in rows[:-1]] == [True, True, True, True, False, False, True, True, True, True, False]
+    speeds = [100.0, 250.0, 300.0, 360.0, 396.0, 288.0, 396.0, 415.8, 449.064, 561.33]
+    assert [r.get("samples_per_s") for r in rows[:10]] == pytest.approx(speeds)
     gains = [r["gain_samples_per_s"] for r in rows]
     assert gains[0] is None  # nothing before the first step
-    assert gains[1:9] == pytest.approx([2.5, 1.2, 1.2, 1.1, 288 / 396, 396 / 288, 1.05, 1.25])
-    assert gains[9] is None and rows[9]["status"] == "unsupported"  # no speed for a step that did not run
+    assert gains[1:10] == pytest.approx([2.5, 1.2, 1.2, 1.1, 288 / 396, 396 / 288, 1.05, 1.08, 1.25])
+    assert gains[10] is None and rows[10]["status"] == "unsupported"  # no speed for a step that did not run
     assert rows[2]["gain_peak_mem_mb"] == pytest.approx(2.0)
     assert rows[2]["gain_mfu"] == pytest.approx(rows[2]["gain_samples_per_s"])
     # The best combination is the compiled, masked-head, fused configuration; its gain is over fp32.
     best = rows[-1]
-    assert best["best_of"] == "torch.compile" and best["samples_per_s"] == pytest.approx(519.75)
-    assert best["gain_samples_per_s"] == pytest.approx(5.1975) and best["gain_mfu"] == pytest.approx(5.1975)
-    assert best["options"] == "bf16, batch 128, adamw-fused, masked head, vocabulary padded to 64, compile"
+    assert best["best_of"] == "torch.compile" and best["samples_per_s"] == pytest.approx(561.33)
+    assert best["gain_samples_per_s"] == pytest.approx(5.6133) and best["gain_mfu"] == pytest.approx(5.6133)
+    assert best["options"] == ("bf16, batch 128, adamw-fused, masked head, dropout 0.0, vocabulary padded to 64, "
+                               "compile")
     text = training_ladder.summary(rows)
     assert "x2.50" in text and "best combination" in text and "padded to 64, compile" in text
 
@@ -113,7 +118,8 @@ def test_a_gpt2_ladder_has_no_masked_head_step_and_keeps_the_one_kernel_gelu():
     assert "MLM head on masked positions" not in [r["step"] for r in rows]
     assert all(c.head == "all" for c, _ in runner.calls)
     assert [c.activation for c, _ in runner.calls][-4:] == ["gelu-tanh"] * 4
-    assert rows[-1]["options"] == "bf16, batch 128, adamw-fused, gelu-tanh, vocabulary padded to 64, compile"
+    assert rows[-1]["options"] == ("bf16, batch 128, adamw-fused, gelu-tanh, dropout 0.0, vocabulary padded to 64, "
+                                   "compile")
 
 
 def test_gain_after_a_failed_step_is_none():
@@ -158,7 +164,7 @@ def test_cli_ladder_runs_on_the_sweep_loop_and_resumes(tmp_path, monkeypatch):
     rows = json.loads(out.read_text())["cells"]
     assert [r["step"] for r in rows] == MLM_STEPS + [training_ladder.BEST]
     # The search doubles from the batch so far, then bisects to within 1/4 of the batch.
-    assert [r["batch_size"] for r in rows] == [24, 24, 48, 48, 48, 192, 192, 192, 192, 192, 192]
+    assert [r["batch_size"] for r in rows] == [24, 24, 48, 48, 48, 192, 192, 192, 192, 192, 192, 192]
     assert rows[1]["gain_samples_per_s"] == pytest.approx(2.0)  # bf16 at the same batch
     # No cell is measured twice (a search takes its start batch's stored result), and the bf16 search
     # starts from the bf16 step's batch 24: it never goes back to batch 1, where a ladder on an H100 ran out

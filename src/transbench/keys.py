@@ -116,6 +116,7 @@ CATALOGUE = (
     Key('grad_ckpt', 'grad ckpt', type='boolean', fmt='onoff', kind='training', doc='gradient checkpointing on/off'),
     Key('compile', 'compile', type='boolean', fmt='onoff', kind='training', doc='torch.compile on/off'),
     Key('activation', 'activation', type='string', kind='training', doc="the FFN's activation (null: the model's own)"),
+    Key('dropout', 'dropout', kind='training', doc="every dropout probability of the model (`--dropout`; null: the model's own)"),
     Key('zero_stage', 'ZeRO', type='integer', kind='training', doc='DeepSpeed ZeRO stage (deepspeed cells)'),
     Key('nccl', 'nccl', type='string', kind='training', doc="the cell's NCCL environment (`--nccl-p2p`, `--nccl-env`)"),
     Key('scaling_efficiency', 'scaling', fmt='pct', kind='training',

@@ -19,7 +19,7 @@ from .tables import Col, console, fitted, fmt, pct, status_text, visible
 
 SETTINGS = [Col(k, setting=True) for k in ("model", "task", "backend", "dtype", "optim", "batch_size", "seq_len",
                                             "grad_accum", "grad_ckpt", "compile", "kernels", "head", "activation",
-                                            "pad_vocab", "strategy", "world_size", "zero_stage", "nccl")]
+                                            "dropout", "pad_vocab", "strategy", "world_size", "zero_stage", "nccl")]
 SETTINGS.append(Col("status", show=status_text))
 # A narrow terminal drops the lowest rank first: the phase split and the derived rates go before the figures a
 # training table is read for (samples/s, MFU, scaling), which one cell on a 180-column terminal lost first.

@@ -562,7 +562,15 @@ def input_kinds(ref: ModelRef) -> InputKinds:
     return InputKinds(types, pad)
 
 
-def hf_config(ref: ModelRef, task: str, activation: str | None = None):
+def dropout_fields(cfg) -> list[str]:
+    """The config fields that hold a dropout probability (families name them differently: BERT's
+    hidden_dropout_prob and attention_probs_dropout_prob, GPT-2's resid_pdrop, embd_pdrop and attn_pdrop, others'
+    dropout, attention_dropout, classifier_dropout): every number-valued field whose name says dropout."""
+    return sorted(k for k, v in vars(cfg).items()
+                  if ("dropout" in k or k.endswith("pdrop")) and isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def hf_config(ref: ModelRef, task: str, activation: str | None = None, dropout: float | None = None):
     import transformers
 
     if ref.path:
@@ -589,6 +597,12 @@ def hf_config(ref: ModelRef, task: str, activation: str | None = None):
         if name is None:
             raise Unsupported(f"--activation: {ref.family} names no activation transbench can set")
         setattr(cfg, name, ACTIVATIONS[activation])
+    if dropout is not None:
+        names = dropout_fields(cfg)
+        if not names:
+            raise Unsupported(f"--dropout: {ref.family} names no dropout transbench can set")
+        for name in names:
+            setattr(cfg, name, dropout)
     return cfg
 
 
@@ -636,7 +650,7 @@ def _backbone_mapping(model, family: str, info: dict) -> dict[str, str] | None:
 
 
 def build_model(ref: ModelRef, task: str, *, attn: str = "eager", activation: str | None = None,
-                device: str = "cpu", seed: int = 0):
+                dropout: float | None = None, device: str = "cpu", seed: int = 0):
     """An fp32 model in eval mode on `device`; random weights from `seed` unless `ref` has a folder."""
     import torch
     import transformers
@@ -647,7 +661,7 @@ def build_model(ref: ModelRef, task: str, *, attn: str = "eager", activation: st
     if reason:
         raise Unsupported(reason)
     cls = getattr(transformers, task_class(ref.family, task))
-    cfg = hf_config(ref, task, activation)
+    cfg = hf_config(ref, task, activation, dropout)
     # The bare model without a pooler (BERT, RoBERTa, ...): `base` is the encoder's hidden states.
     extra = _init_kwargs(cls)
     if ref.path and device != "meta":  # a meta model holds no data: the folder's config alone builds it

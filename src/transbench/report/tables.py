@@ -129,7 +129,7 @@ def generation_table(data: ReportData) -> Table | None:
 # a column. Without them, `train --grad-ckpt off,on` gave two rows with the same label and different numbers.
 TRAINING_AXES = (("task", "task"), ("optim", "optim"), ("grad_accum", "accum"), ("grad_ckpt", "grad ckpt"),
                  ("compile", "compile"), ("kernels", "kernels"), ("head", "head"), ("activation", "activation"),
-                 ("pad_vocab", "pad vocab"),
+                 ("dropout", "dropout"), ("pad_vocab", "pad vocab"),
                  ("zero_stage", "ZeRO"), ("nccl", "nccl"), ("lr", "lr"), ("seed", "seed"))
 
 

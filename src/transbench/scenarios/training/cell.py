@@ -51,6 +51,7 @@ class TrainCell(SweepCell):
     kernels: str = "torch"
     head: str = "all"  # mlm: the head on every position, or on the masked ones only (HEADS)
     activation: str | None = None  # None: the model's own; else a name of models.build.ACTIVATIONS
+    dropout: float | None = None  # every dropout probability of the model's config; None: the model's own
     pad_vocab: int = 1  # the vocabulary rows (embeddings, LM head) padded to a multiple of this; 1: as they are
     strategy: str = "none"
     nproc: int = 1  # processes per node
@@ -89,7 +90,7 @@ class TrainCell(SweepCell):
         vocabulary too: a 2-GPU cell of `--pad-vocab 64` took its scaling baseline from an unpadded run."""
         return [self.model, self.task, self.backend, self.dtype, self.optim, self.batch, self.seq,
                 self.grad_accum, self.grad_ckpt, self.compile, self.kernels, self.head, self.activation,
-                self.pad_vocab]
+                self.dropout, self.pad_vocab]
 
     def identity(self) -> dict:
         """Every setting that changes what this cell measures (its speed, memory or losses); the step
@@ -106,6 +107,8 @@ class TrainCell(SweepCell):
             ident["activation"] = self.activation
         if self.pad_vocab != 1:
             ident["pad_vocab"] = self.pad_vocab
+        if self.dropout is not None:
+            ident["dropout"] = self.dropout
         if not self.comm_timing:
             ident["comm_timing"] = False
         return ident
@@ -116,7 +119,7 @@ class TrainCell(SweepCell):
                 "dtype": self.dtype, "device": self.device, "batch_size": self.batch, "seq_len": self.seq,
                 "world_size": self.world_size, "strategy": self.strategy, "optim": self.optim,
                 "grad_accum": self.grad_accum, "grad_ckpt": self.grad_ckpt, "compile": self.compile,
-                "kernels": self.kernels, "head": self.head, "activation": self.activation,
+                "kernels": self.kernels, "head": self.head, "activation": self.activation, "dropout": self.dropout,
                 # None: the vocabulary as it is (as in identity); without it a ladder's padded step and the step
                 # before it were two rows of the same settings and different speeds in the report
                 "pad_vocab": self.pad_vocab if self.pad_vocab != 1 else None,
@@ -134,4 +137,5 @@ class TrainCell(SweepCell):
         # cells stored before the kernels and head axes ran PyTorch's kernels and the head on every position
         # and before the one name per concept, `attn` and `precision` named the backend and the dtype
         d = {{"attn": "backend", "precision": "dtype"}.get(k, k): v for k, v in d.items()}
-        return cls(**{"kernels": "torch", "head": "all", "activation": None, "comm_timing": True, **d})
+        return cls(**{"kernels": "torch", "head": "all", "activation": None, "dropout": None, "comm_timing": True,
+                      **d})

@@ -44,6 +44,9 @@ STEPS: tuple[LadderStep, ...] = (
     # An odd vocabulary (GPT-2's 50,257 rows; BERT's 30,522 is even but not a multiple of 8) leaves the head's
     # GEMMs unaligned (scenarios/training/loop.py _pad_vocab says what that cost on an H100).
     LadderStep("vocabulary padded to a multiple of 64", {"pad_vocab": 64}, keep="faster"),
+    # BERT's and GPT-2's configs train with dropout 0.1; nanoGPT and llm.c pretrain GPT-2 with none. Its masks are
+    # memory-bound work in every layer, forward and backward; a step of its own, so the table shows what it cost.
+    LadderStep("no dropout", {"dropout": 0.0}, keep="faster"),
     LadderStep("torch.compile", {"compile": True}, keep="faster"),
     LadderStep("Liger kernels", {"kernels": "liger"}, keep="faster"),
 )
@@ -56,7 +59,8 @@ RESOLUTION = 4
 # The spec's options each step of the ladder sets for itself (STEPS), and their command-line spellings.
 SET_BY_LADDER = (("dtypes", "--dtype"), ("optims", "--optim"), ("grad_accums", "--grad-accum"),
                  ("grad_ckpts", "--grad-ckpt"), ("compiles", "--compile"), ("kernels", "--kernels"),
-                 ("heads", "--head"), ("activation", "--activation"), ("pad_vocab", "--pad-vocab"),
+                 ("heads", "--head"), ("activation", "--activation"), ("dropout", "--dropout"),
+                 ("pad_vocab", "--pad-vocab"),
                  ("strategies", "--strategy"), ("zero_stages", "--zero-stage"))
 
 # measure(cell, search) -> (the cell that was measured: its batch the largest that fits where search, result)
@@ -72,6 +76,7 @@ def _options(cell: TrainCell) -> str:
     on = [cell.dtype, f"batch {cell.batch}", cell.optim]
     on += [label for flag, label in ((cell.grad_ckpt, "grad ckpt"), (cell.head == "masked", "masked head"),
                                      (cell.activation is not None, cell.activation),
+                                     (cell.dropout is not None, f"dropout {cell.dropout}"),
                                      (cell.pad_vocab > 1, f"vocabulary padded to {cell.pad_vocab}"),
                                      (cell.compile, "compile"), (cell.kernels != "torch", cell.kernels)) if flag]
     return ", ".join(on)

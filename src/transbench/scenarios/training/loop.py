@@ -244,7 +244,8 @@ class Trainer:
         dev.set_matmul_precision(cell.dtype)
 
         before = self._allocated()
-        model = build.build_model(ref, cell.task, attn=attn_impl, activation=cell.activation, device=str(device),
+        model = build.build_model(ref, cell.task, attn=attn_impl, activation=cell.activation,
+                                  dropout=cell.dropout, device=str(device),
                                   seed=cell.seed)
         self.info["vocab_rows"] = _pad_vocab(model, cell.pad_vocab)
         if cell.compile and attn_impl == "sdpa" and ref.family in FULL_ATTENTION_FAMILIES:
@@ -307,6 +308,8 @@ class Trainer:
             "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
             "model_class": type(self.hf_model).__name__,
             "activation": getattr(self.hf_model.config, build.activation_field(self.hf_model.config) or "", None),
+            # what the model was built with, each field as its family names it (--dropout sets them all)
+            "dropout": {k: getattr(self.hf_model.config, k) for k in build.dropout_fields(self.hf_model.config)},
             "parameters": n_params,
             **optimizer_info(self.optimizer),
         })

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,10 @@ class TrainSpec:
                                "only (BERT's own pretraining)", option="--head", choices=HEADS)
     activation: str | None = setting(None, "gelu|gelu-tanh: gelu-tanh is GPT-2's gelu_new in one kernel",
                                      shown="the model's own")
+    # GPT-2's and BERT's configs train with 0.1; pretraining recipes of today's decoders (nanoGPT's and llm.c's GPT-2)
+    # use none: dropout's masks are memory-bound kernels in every layer, forward and backward
+    dropout: float | None = setting(None, "set every dropout probability of the model to P (0: none, as nanoGPT "
+                                    "and llm.c pretrain GPT-2)", shown="the model's own")
     # the vocabulary rows padded as nanoGPT's 50,304-row GPT-2 (scenarios/training/loop.py)
     pad_vocab: int = setting(1, "pad the vocabulary (embeddings, LM head) to a multiple of N, as nanoGPT's "
                              "50,304-row GPT-2: aligned GEMMs for the head; 1: as it is")
@@ -196,6 +201,8 @@ def validate(spec: TrainSpec) -> TrainSpec:
     _check_once(spec)
     if spec.activation is not None and spec.activation not in build.ACTIVATIONS:
         raise SpecError(f"unknown activation '{spec.activation}': choose from {', '.join(build.ACTIVATIONS)}")
+    if spec.dropout is not None and not (math.isfinite(spec.dropout) and 0 <= spec.dropout < 1):
+        raise SpecError(f"--dropout must be a probability in [0, 1), got {spec.dropout}")
     if spec.pad_vocab < 1:
         raise SpecError(f"--pad-vocab must be at least 1 (1: the vocabulary as it is), got {spec.pad_vocab}")
     if spec.max_batch_limit < 1:
@@ -335,7 +342,7 @@ def expand(spec: TrainSpec) -> list[TrainCell]:
             cell = TrainCell(
                 model=model, task=task, backend=attn, dtype=precision, optim=optim, batch=batch, seq=seq,
                 grad_accum=accum, grad_ckpt=ckpt, compile=comp, kernels=kern, head=head, activation=spec.activation,
-                pad_vocab=spec.pad_vocab, strategy=strategy, nproc=nproc,
+                dropout=spec.dropout, pad_vocab=spec.pad_vocab, strategy=strategy, nproc=nproc,
                 nnodes=spec.nnodes, zero_stage=zero if strategy == "deepspeed" else None,
                 nccl=env if world > 1 else "", comm_timing=spec.comm_timing or not (strategy == "ddp" and world > 1), device=device, steps=spec.steps,
                 warmup_steps=spec.warmup_steps,
