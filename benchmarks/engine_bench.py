@@ -492,7 +492,7 @@ def gemv_chains(layers=24):
                         one(w)
                 return replay_ms(graph.replay) * 1e3 / layers
 
-            for cfg in gemv.configs(B, K, norm=ln):
+            for cfg in gemv.configs(B, K):
                 def one(w, cfg=cfg):
                     return gemv.gemv(x, w, bias, act, r if res else None, norm, cfg)
                 if rel(one(ws[0]).float(), want) > 1e-2:

@@ -3,7 +3,7 @@ stepped by transbench's own Trainer (scenarios/training/loop.py), kernels groupe
 cross-entropy / norm / elementwise / optimizer / other.
 
     PYTHONPATH=src python3 benchmarks/train_profile.py --model gpt2 --task causal-lm --seq 1024 --batch 16 \
-        --dtype bf16 --optim adamw-fused [--compile] [--kernels liger] [--head masked] [--activation gelu-tanh] \
+        --dtype bf16 --optim adamw-fused [--compile] [--kernels liger] [--head masked] [--activation gelu-tanh] [--dropout 0] \
         --out /tmp/prof
 
 Prints the step's wall time (CUDA events), the GPU's busy time per step (the kernels' summed time: below
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head", default="all")
     p.add_argument("--activation", default=None, help="gelu|gelu-tanh (default: the model's own)")
     p.add_argument("--pad-vocab", type=int, default=1, help="vocabulary rows padded to a multiple of this")
+    p.add_argument("--dropout", type=float, default=None, help="every dropout probability (default: the model's own)")
     p.add_argument("--grad-ckpt", action="store_true")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile happens here)")
     p.add_argument("--steps", type=int, default=3, help="profiled steps")
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     cell = TrainCell(model=args.model, task=task, backend=args.backend, dtype=args.dtype, optim=args.optim,
                      batch=args.batch, seq=args.seq, grad_ckpt=args.grad_ckpt, compile=args.compile,
                      kernels=args.kernels, head=args.head, activation=args.activation,
-                     pad_vocab=args.pad_vocab, device=device.type)
+                     dropout=args.dropout, pad_vocab=args.pad_vocab, device=device.type)
     training_loop.check_supported(cell, device.type)
     trainer = training_loop.Trainer(cell, RankInfo(), device)
     for _ in range(args.warmup):

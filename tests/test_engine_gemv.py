@@ -30,9 +30,7 @@ def check_gemv(device, dtype, M, N, K):
     # for each pair, and the interpreter is slow
     pairs = range(max(len(cfgs), len(FORMS)) if device == "cuda" else len(FORMS))
     for i in pairs:
-        cfg = cfgs[i % len(cfgs)]
-        forms = FORMS if cfg[2] == 1 else [f for f in FORMS if not f[0]]  # a split GEMV takes no LayerNorm
-        ln, act, res, bias = forms[i % len(forms)]
+        (ln, act, res, bias), cfg = FORMS[i % len(FORMS)], cfgs[i % len(cfgs)]
         h = F.layer_norm(x.float(), (K,), g.float(), gb.float(), 1e-5) if ln else x.float()
         ref = F.linear(h, w.float(), b.float() if bias else None)
         ref = F.gelu(ref) if act == 1 else F.gelu(ref, approximate="tanh") if act == 2 else ref
@@ -91,36 +89,5 @@ def test_configs_keep_every_thread_on_a_vector_of_each_row_and_in_registers(M, K
     pytest.importorskip("triton", reason="Triton is not installed (it is part of the [test] extra on Linux)")
     from transbench.engine.gemv import CONFIGS, configs
     got = configs(M, K)
-    assert {w for _, w, split in got if split == 1} == WARPS[M, K]
+    assert {w for _, w in got} == WARPS[M, K]
     assert got == [c for c in CONFIGS if c in got]  # CONFIGS' order: tuning.rule_route takes the first
-    assert [c for c in configs(M, K, norm=True)] == [c for c in got if c[2] == 1]  # a LayerNorm needs the whole row
-
-
-def check_split(device, dtype, M, N, K):
-    from transbench.engine import launch
-    from transbench.engine.gemv import gemv
-    x, w, b = randn(device, dtype, M, K, seed=1), randn(device, dtype, N, K, scale=K**-0.5, seed=2), \
-        randn(device, dtype, N, seed=3)
-    r = randn(device, dtype, M, N, seed=4)
-    ref = F.gelu(F.linear(x.float(), w.float(), b.float())) + r.float()
-    for split in (2, 4, 8):
-        cfg = (8, 1, split)
-        first = gemv(x, w, b, 1, r, None, cfg)
-        assert rel(first, ref) < tol(device, dtype), (split, rel(first, ref))
-        assert torch.equal(gemv(x, w, b, 1, r, None, cfg), first), split
-        tiles = -(-N // 8)
-        assert int(launch.scratch(x.device, torch.int32, tiles).abs().sum()) == 0, split
-    try:
-        gemv(x, w, b, 0, None, (b, b, 1e-5), (8, 1, 2))
-    except ValueError as e:
-        assert "LayerNorm" in str(e), e
-    else:
-        raise AssertionError("a split GEMV took a LayerNorm")
-
-
-@pytest.mark.parametrize("device,dtype,M,N,K", cases(cpu=[(3, 24, 200)], gpu=[(4, 1024, 4096), (1, 200, 1000)]))
-def test_split_gemv_adds_its_slices_in_a_fixed_order_and_leaves_its_counters_at_zero(device, dtype, M, N, K):
-    """Split over K (configs for projections without a LayerNorm): the last program of a column tile adds the
-    slices' partial sums and applies the epilogue; the same call twice gives the same bits, and the arrival
-    counters are zero again after it (the next call's start)."""
-    run(check_split, device, dtype, M, N, K)

@@ -370,7 +370,7 @@ class TritonOps(TorchOps):
             return y if residual is None else y.add_(residual)
         cands = {"cublas": library}
         if gemv.supported(x, lin.weight):  # the whole projection in one kernel: gemv.py
-            for cfg in gemv.configs(*x.shape, norm=ln is not None):
+            for cfg in gemv.configs(*x.shape):
                 cands["gemv" + "x".join(map(str, cfg))] = (
                     lambda h, cfg=cfg: gemv.gemv(h, lin.weight, lin.bias, code, residual, ln, cfg, pdl=self.pdl))
         key = f"norm_linear|ln={norm is not None}|act={act}|res={residual is not None}"
