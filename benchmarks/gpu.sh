@@ -30,7 +30,7 @@ PARTS=(
   "serve|9 min|max rate under p99 10 ms per backend (bert-base), gpt2 generation under load"
   "generate|6 min|gpt2 generation under load with prompts that fill the positions, fused and sdpa"
   "train|4 min|training throughput: bert-large MLM and gpt2, bf16, fused AdamW, compile off and on"
-  "train-best|5 min|the best one-GPU training cells of bert-large and gpt2 (compiled, padded vocabulary)"
+  "train-best|9 min|the best one-GPU training cells of bert-large and gpt2 (compiled, padded vocabulary), with and without dropout"
   "ladder|10 min|(wheels) train --ladder for bert-large MLM seq 128 and gpt2 seq 1024"
   "deepspeed|9 min|(wheels) DeepSpeed ZeRO 1-3 beside plain training: bert-large and gpt2-large"
   "profile|6 min|(wheels) a training step's kernel time by group; the attention kernel it reaches"
@@ -324,6 +324,12 @@ part_train_best() {
     --head masked --compile on --pad-vocab 64 --steps 5 --warmup 2 --timeout 160 --name best-bert-large --db "$db" --wide
   timeout 150 $TB train --model gpt2 --seq 1024 --dtype bf16 --batch 48 --optim adamw-fused --activation gelu-tanh \
     --compile on --pad-vocab 64 --steps 5 --warmup 2 --timeout 140 --name best-gpt2 --db "$db" --wide
+  # the same cells without dropout (training_dropout_h200_2026-11.md)
+  timeout 170 $TB train --model bert-large-uncased --task mlm --seq 128 --dtype bf16 --batch 384 --optim adamw-fused \
+    --head masked --compile on --pad-vocab 64 --dropout 0 --steps 10 --warmup 2 --timeout 160 --name best-bert-large-d0 \
+    --db "$db" --wide
+  timeout 150 $TB train --model gpt2 --seq 1024 --dtype bf16 --batch 48 --optim adamw-fused --activation gelu-tanh \
+    --compile on --pad-vocab 64 --dropout 0 --steps 20 --warmup 2 --timeout 140 --name best-gpt2-d0 --db "$db" --wide
 }
 
 part_ladder() {
