@@ -487,6 +487,7 @@ _WHY = [
     ("micro collectives", "--timeout", ["1e30", "1e-320"], "a positive deadline for each op's launch (1e30: none)"),
     ("train", "--lr", ["1e30", "1e-320"], "a positive learning rate; one whose loss diverges ends its cell `error` "
                                           "with the NaN loss (docs/train.md): a measured answer"),
+    ("train", "--dropout", ["0", "1e-320"], "a probability in [0, 1): 0 is no dropout, as nanoGPT pretrains GPT-2"),
     ("train", "--node-rank", ["0"], "node 0 of --nnodes 2"),
     ("train", "--rdzv-endpoint", ["host:1:2"], "torchrun reads it as host 'host:1', port 2 (an unbracketed IPv6 "
                                                "address reads the same way)"),
