@@ -116,8 +116,7 @@ def reference(cache: ModelCache, cell: Cell, inputs: Inputs, device):
 
 def eager_dtype_err(cache: ModelCache, cell: Cell, inputs: Inputs, device) -> float | None:
     """rel_err against the reference of the fp32 model's eager forward cast to the cell's dtype, on the reference's
-    rows: how far the dtype itself moves this model (EAGER_SLACK). None where it cannot run (out of memory beside
-    the cell's model)."""
+    rows: how far the dtype itself moves this model (EAGER_SLACK). None where it cannot run."""
     import torch
 
     key = (cell.model_key(), cell.batch, cell.seq, cell.seq_stdev, cell.dtype)
@@ -129,7 +128,7 @@ def eager_dtype_err(cache: ModelCache, cell: Cell, inputs: Inputs, device) -> fl
             with torch.inference_mode():
                 out = output_tensor(model(**sub.to(device).model_kwargs()), cell.task)
             cache.eager_errs[key] = rel_err(out, ref, sub.lengths, sub.input_ids.shape[1])
-        except torch.OutOfMemoryError:
+        except RuntimeError:  # out of memory beside the cell's model, or an op the dtype lacks here: no relief
             cache.eager_errs[key] = None
         finally:
             del model
