@@ -273,11 +273,11 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     if why and eager_judged(cell):  # past the tolerance: how far the dtype itself moves this model
         info["eager_dtype_rel_err"] = eager = eager_dtype_err(cache, cell, inputs, device)
         why = wrong(cell, err, agreed, eager)
-        # The eager copy sat beside the cell's model: the peak starts again, and one call puts the cell's own back.
-        memory.restart_peak(device)
-        prepared.fn()
-        dev.synchronize(device)
         if not why:
+            # The eager copy sat beside the cell's model: the peak starts again, and one call puts the cell's own back.
+            memory.restart_peak(device)
+            prepared.fn()
+            dev.synchronize(device)
             judged = [f"rel_err {err:.3g} is over the {cell.dtype} tolerance {TOLERANCE[cell.dtype]:g}, and within "
                       f"{EAGER_SLACK:g} x the same model's eager {cell.dtype} forward ({eager:.3g}): judged by that"]
     if why:
