@@ -94,45 +94,45 @@ def cell_inputs(cell: Cell, shape) -> Inputs:
                        stdev=cell.seq_stdev, max_len=shape.max_positions, seed=seed)
 
 
-def reference(cache: ModelCache, cell: Cell, inputs: Inputs, device):
-    """fp32, eager attention, no TF32, on the device: the rows of `reference_rows` only."""
+def _rows_forward(cache: ModelCache, cell: Cell, inputs: Inputs, device, dtype: str):
+    """The cell's fp32 model run eagerly on the rows of `reference_rows`, on the device, no TF32: in fp32 the cached
+    model itself (moved back to the CPU after), in another dtype a cast copy (freed after)."""
     import torch
 
+    base = cache.base_model(cell)
+    model = base if dtype == "fp32" else copy.deepcopy(base)
+    dev.set_matmul_precision("fp32")
+    sub = inputs.rows(reference_rows(cell.batch))
+    try:
+        model.to(device=device, dtype=dev.torch_dtype(dtype))
+        with torch.inference_mode():
+            return output_tensor(model(**sub.to(device).model_kwargs()), cell.task).float().cpu()
+    finally:
+        base.to("cpu")
+        del model
+        dev.free_memory(device)
+
+
+def reference(cache: ModelCache, cell: Cell, inputs: Inputs, device):
+    """fp32, eager attention, no TF32, on the device: the rows of `reference_rows` only."""
     rows = reference_rows(cell.batch)
     key = (cell.model_key(), cell.batch, cell.seq, cell.seq_stdev, cell.embeddings)
     if key not in cache.refs:
-        model = cache.base_model(cell)
-        dev.set_matmul_precision("fp32")
-        sub = inputs.rows(rows)
-        try:
-            model.to(device)
-            with torch.inference_mode():
-                cache.refs[key] = output_tensor(model(**sub.to(device).model_kwargs()), cell.task).float().cpu()
-        finally:
-            model.to("cpu")
-            dev.free_memory(device)
+        cache.refs[key] = _rows_forward(cache, cell, inputs, device, "fp32")
     return rows, cache.refs[key]
 
 
 def eager_dtype_err(cache: ModelCache, cell: Cell, inputs: Inputs, device) -> float | None:
-    """rel_err against the reference of the fp32 model's eager forward cast to the cell's dtype, on the reference's
-    rows: how far the dtype itself moves this model (EAGER_SLACK). None where it cannot run."""
-    import torch
-
+    """rel_err against the reference of the same model's eager forward in the cell's dtype, on the reference's rows:
+    how far the dtype itself moves this model (EAGER_SLACK). None where it cannot run."""
     key = (cell.model_key(), cell.batch, cell.seq, cell.seq_stdev, cell.dtype)
     if key not in cache.eager_errs:
         rows, ref = reference(cache, cell, inputs, device)
-        sub, model = inputs.rows(rows), None
         try:
-            model = copy.deepcopy(cache.base_model(cell)).to(device=device, dtype=dev.torch_dtype(cell.dtype))
-            with torch.inference_mode():
-                out = output_tensor(model(**sub.to(device).model_kwargs()), cell.task)
-            cache.eager_errs[key] = rel_err(out, ref, sub.lengths, sub.input_ids.shape[1])
+            out = _rows_forward(cache, cell, inputs, device, cell.dtype)
+            cache.eager_errs[key] = rel_err(out, ref, [inputs.lengths[i] for i in rows], inputs.input_ids.shape[1])
         except RuntimeError:  # out of memory beside the cell's model, or an op the dtype lacks here: no relief
             cache.eager_errs[key] = None
-        finally:
-            del model
-            dev.free_memory(device)
     return cache.eager_errs[key]
 
 
