@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from transbench.cli import app
 from transbench.cli import tables
 from transbench.errors import SpecError
+from transbench.measure.load import available_cores
 from transbench.scenarios.micro.options import BandwidthOptions, BreakdownOptions, GemmOptions, LayerOptions
 from transbench.scenarios.training.spec import TrainSpec
 from transbench.scenarios.inference.spec import RunSpec
@@ -360,3 +361,28 @@ def test_an_option_of_the_wrong_kind_is_one_line(tmp_path, args, needle):
     # click's own errors used to be drawn as a usage box of five or six lines
     line = refused(invoke(*args), needle)
     assert "--help" in line
+
+
+CORES = available_cores()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["train", "--model", "bert-tiny", "--nproc", "2000"], "--nproc 2,000 is above its limit of 1,024"),
+    (["train", "--model", "bert-tiny", "--batch", "2000000"], "--batch 2,000,000 is above its limit of 1,048,576"),
+    (["micro", "gemm", "--sizes", "8", "--warmup", "200000"], "--warmup 200,000 is above its limit of 100,000"),
+    (["micro", "layer", "--batch", "2000000"], "--batch 2,000,000 is above its limit"),
+    (["micro", "breakdown", "--seq", "2000000"], "--seq 2,000,000 is above its limit"),
+    (["serve", "--model", "bert-tiny", "--concurrency", "2000000"], "--concurrency 2,000,000 is above its limit"),
+    # more CPU processes than cores: `train --nproc 2000` started ranks until the kernel killed the parent
+    (["train", "--model", "bert-tiny", "--strategy", "ddp", "--nproc", str(CORES + 1)], "at most one process per core"),
+    (["micro", "collectives", "--nproc", str(CORES + 1)], "at most one process per core"),
+    (["run", "--model", "bert-tiny", "--nproc", str(CORES + 1), "--batch", str(CORES + 1)],
+     "at most one process per core"),
+])
+def test_every_command_holds_the_limits_its_help_states(tmp_path, args, needle):
+    """The limits --help prints (declare.LIMITS) are checked where every command's spec is read (spec.coerce): only
+    run and serve held them, and `micro gemm --warmup 200000` ran on past them."""
+    db = tmp_path / "x.db"
+    refused(invoke(*args, "--device", "cpu", "--db", db), needle)
+    assert not db.exists()
+    refused(invoke("tune", "--model", "bert-tiny", "--batch", "2000000"), "--batch 2,000,000 is above its limit")

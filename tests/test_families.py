@@ -524,6 +524,19 @@ def test_a_bin_checkpoint_holding_code_is_refused_and_never_run(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("cls_name,layers", [("BertForMaskedLM", "num_hidden_layers"), ("GPT2LMHeadModel", "n_layer"),
+                                             ("BertModel", "num_hidden_layers")])
+def test_a_config_of_fewer_layers_than_its_weights_is_refused(tmp_path, cls_name, layers):
+    """transformers leaves the layers past config.json's count unused with a note nobody sees: the cell measured a
+    model smaller than the one the files hold. A head the bare model leaves unused (MLM's `cls.`) still passes."""
+    d = _saved(tmp_path / "ckpt", _tiny(cls_name, **{layers: 2}))
+    build.resolve(str(d))  # the weights and their own config.json: no refusal
+    d = _saved(tmp_path / "fewer", _tiny(cls_name, **{layers: 2}), **{layers: 1})
+    says = _refusal(d)
+    assert "its weights hold layers config.json does not build" in says, says
+    assert ".1." in says
+
+
 def test_a_folder_is_checked_once_per_process_until_it_changes(tmp_path, monkeypatch):
     d = _saved(tmp_path / "ckpt", _tiny())
     calls = []

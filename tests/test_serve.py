@@ -292,7 +292,7 @@ def test_wrong_backend_is_never_loaded(tmp_path, extra_backends):
     (["--rate", "1e9", "--duration", "0.5", "--warmup", "0.2"],
      "--rate 1e+09 over a 0.7 s window (--warmup + --duration) plans 700,000,000 requests, above the cap of 1,000,000"),
     (["--rate", "1e6", "--duration", "10"], "plans 12,000,000 requests"),
-    (["--concurrency", "2000000"], "--concurrency 2000000 queues 2,000,000 requests at once, above the cap"),
+    (["--concurrency", "2000000"], "--concurrency 2,000,000 is above its limit of 1,000,000"),
     # every numeric field of every --lengths form is finite (inf and 1e400 used to end as error cells)
     (["--rate", "10", "--lengths", "lognormal:16:64:inf"], "spread 'inf' is not a finite number"),
     (["--rate", "10", "--lengths", "lognormal:16:64:1e400"], "spread '1e400' is not a finite number"),

@@ -167,7 +167,10 @@ def _refused(tmp_path, *args):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--rate", "10", "--arrivals", "gamma:0"], "--arrivals gamma:0: burstiness must be above 0"),
+    (["--rate", "10", "--arrivals", "gamma:0"], "--arrivals gamma:0: burstiness must be at least 0.01"),
+    # draws of exactly 0 (every one at this shape): the plan of arrivals never ended, its list growing
+    (["--rate", "10", "--arrivals", "gamma:1e-300"], "--arrivals gamma:1e-300: burstiness must be at least 0.01"),
+    (["--rate", "10", "--arrivals", "gamma:0.001"], "burstiness must be at least 0.01"),
     (["--rate", "10", "--arrivals", "bursty"], "--arrivals 'bursty' is not understood"),
     (["--concurrency", "2", "--arrivals", "constant"], "--arrivals constant shapes a rate's arrivals"),
     (["--rate", "10", "--slo", "ttft:200"], "ttft and tpot are generation's"),

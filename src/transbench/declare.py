@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 # The largest count each option takes: far above any useful value, and low enough that a slip (a warm-up of 1e9
 # calls, a batcher of 1e8 requests) is refused before it runs for days or allocates for ever. Stated in --help
-# (help_text) and checked by every scenario's validation (spec.check_limits).
+# (help_text) and checked where every spec is read (spec.coerce).
 LIMITS = {"--batch": 1_048_576, "--seq": 1_048_576, "--warmup": 100_000, "--min-count": 1_000_000,
           "--new-tokens": 1_000_000, "--nproc": 1024, "--max-batch-size": 65_536,
-          "--concurrency": 1_000_000,  # serve's MAX_REQUESTS, which its own check names (requests queued at once)
+          "--concurrency": 1_000_000,  # serve's MAX_REQUESTS: requests queued at once
           "--steps": 10_000_000}
 
 

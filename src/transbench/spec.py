@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .declare import LIMITS, old_keys, whole_fields
+from .declare import LIMITS, declared, old_keys, option_of, whole_fields
 from . import boundary
 from .errors import SpecError
 
@@ -68,8 +68,9 @@ def check_int(value: int, what: str) -> int:
 def read_number(text: str, kind: type):
     """`kind(text)` (int or float) with ASCII digits only, as the command line's typed options read numbers (typer):
     Python's int() and float() also take another script's digits, so `--batch ٣` ran batch 3 where `--min-count ٣`
-    was refused. ValueError otherwise."""
-    if not text.isascii():
+    was refused; and digits grouped by `_` (`--batch 1_000` ran batch 1000 where `1,000` is two values and
+    `1e3` is refused). ValueError otherwise."""
+    if not text.isascii() or "_" in text:
         raise ValueError(f"not an ASCII number: {text!r}")
     return kind(text)
 
@@ -108,6 +109,9 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
     whole = whole | whole_fields(cls)
     check_keys(cls, data, where)
     hints = typing.get_type_hints(cls)
+    # Each count's limit comes from its option's spelling (declare.LIMITS), as --help states it: every command's
+    # spec is read here, so `train --nproc 2000` or `micro gemm --warmup 200000` is refused like `run --batch`.
+    limited = {f.name: option_of(f, s) for f, s in declared(cls) if option_of(f, s) in LIMITS}
     out = {}
     for key, value in data.items():
         kind, is_list, optional = _field_type(hints[key])
@@ -129,6 +133,8 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
                 typed.append(_scalar(item, kind, text_ok=is_list))
                 if kind is int:
                     check_int(typed[-1], f"{where}{key}: ")
+                    if key in limited:
+                        check_limit(limited[key], typed[-1])
             except _WrongType:
                 if labels and key in labels and kind is float and _not_finite(item):
                     # the command line's own words: `--rate nan` names the option as the user typed it
@@ -221,12 +227,10 @@ def check_name(name: str) -> str:
 MAX_SECONDS = 86_400
 
 
-def check_limits(**given) -> None:
-    """Each count against its option's limit: check_limits(**{"--warmup": 5, "--batch": [1, 8]})."""
-    for option, values in given.items():
-        for v in values if isinstance(values, (list, tuple)) else [values]:
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > LIMITS[option]:
-                raise SpecError(f"{option} {v:,} is above its limit of {LIMITS[option]:,}: give a smaller value")
+def check_limit(option: str, value: int) -> None:
+    """A count against its option's limit (declare.LIMITS)."""
+    if value > LIMITS[option]:
+        raise SpecError(f"{option} {value:,} is above its limit of {LIMITS[option]:,}: give a smaller value")
 
 
 def check_once(values, option: str, same=None) -> None:

@@ -14,6 +14,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from ..errors import SpecError
+
 # A process counts as busy once it used this share of one core over the window, and the machine as loaded once
 # the busy processes together used BUSY_TOTAL cores while the cell's threads needed every core.
 BUSY_CORE_SHARE = 0.2
@@ -30,6 +32,16 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def check_cpu_ranks(nproc: int) -> None:
+    """Processes of one CPU cell (gloo ranks), each a whole torch process of 150 MB or more: at most one per core
+    this process may use. More only time-slice the same cores (the cell measures the host, not the strategy),
+    and `train --nproc 2000` on the CPU started processes until the kernel killed the parent, leaving the rest."""
+    cores = available_cores()
+    if nproc > cores:
+        raise SpecError(f"--nproc {nproc} on the CPU: at most one process per core, {cores} here; give --nproc "
+                        f"{cores} or fewer")
 
 
 def load_avg() -> float | None:

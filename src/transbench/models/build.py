@@ -422,6 +422,21 @@ def _check_against_weights(folder: Path, model, family: str, shapes: dict[str, t
             _refuse(folder, f"config.json does not fit its weights: tensor {key} is {list(have)} in the weight "
                             f"files, but config.json makes it {list(want)}",
                     "use the config.json saved with these weights")
+    # More copies of a repeated module (layers, blocks) in the files than config.json builds: transformers leaves
+    # them unused with a note nobody sees, and a config.json of 1 layer over 2 layers' weights measured half the
+    # model its files hold. A head the model lacks is no repeated module of it, so it passes.
+    built = {_LAYER_INDEX.sub(_any_index, name) for name in expected}
+    prefixes = _backbone_names(model, family)
+
+    def unbuilt_layer(key: str) -> bool:  # the key under its own name or without its backbone's (`bert.`)
+        name = rename(key)[0]
+        names = [name, *(name.removeprefix(f"{p}.") for p in prefixes if name.startswith(f"{p}."))]
+        return (name not in expected and any(n not in expected and _LAYER_INDEX.search(n)
+                                             and _LAYER_INDEX.sub(_any_index, n) in built for n in names))
+    extra = [key for key in shapes if unbuilt_layer(key)]
+    if extra:
+        _refuse(folder, f"its weights hold layers config.json does not build ({extra[0]}, {len(extra)} tensors): its "
+                        "layer count is lower than the weights'", "use the config.json saved with these weights")
     if not found:
         _refuse(folder, f"its weights hold none of the tensors of the {type(model).__name__} that config.json "
                         f"describes (its first is {next(iter(expected), 'none')}, "
@@ -431,6 +446,13 @@ def _check_against_weights(folder: Path, model, family: str, shapes: dict[str, t
 # Where a family numbers its layers in tensor names: BERT's `encoder.layer.3.`, GPT-2's `h.3.`, Llama's
 # `layers.3.`, MPT's `blocks.3.`. ALBERT's shared layers (`albert_layers.0`) match none, and are left alone.
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.")
+
+
+def _any_index(m: re.Match) -> str:
+    """A layer's index in a tensor name replaced by `#`: `encoder.layer.3.` and `encoder.layer.0.` alike."""
+    return m.group(0)[:m.start(1) - m.start(0)] + "#."
+
+
 # Building is bounded before it starts: transformers builds one module per layer, so a config.json of 200,000
 # layers took minutes on the meta device before any check could read a shape. The deepest public text models
 # have under 200 layers.

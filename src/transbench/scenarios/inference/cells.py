@@ -7,13 +7,13 @@ import itertools
 from ... import backends
 from ...errors import SpecError
 from ...measure import device as dev
-from ...measure.load import available_cores
+from ...measure.load import available_cores, check_cpu_ranks
 from ...models import build
 from ...models import quant as quantization
 from ...models.build import ACTIVATIONS
 from .spec import RunSpec, device_defaults
 from ...runner import shard as sharding
-from ...spec import check_limits, check_once, checked
+from ...spec import check_once, checked
 from ...store.db import check_name_text
 from ...cells import Cell
 
@@ -62,8 +62,6 @@ def validate(spec: RunSpec) -> RunSpec:
         raise SpecError("--min-time and --warmup must be 0 or more")
     if spec.min_count < 1:
         raise SpecError("--min-count must be at least 1")
-    check_limits(**{"--batch": spec.batches, "--seq": spec.seqs, "--warmup": spec.warmup,
-                    "--min-count": spec.min_count, "--new-tokens": spec.new_tokens, "--nproc": spec.nproc})
     if spec.nproc < 1:
         raise SpecError("--nproc must be at least 1")
     if spec.threads is not None and not 1 <= spec.threads <= MAX_THREADS:
@@ -138,6 +136,8 @@ def check_data_parallel(spec: RunSpec) -> None:
 
         if spec.nproc > torch.cuda.device_count():
             raise SpecError(f"--nproc {spec.nproc} needs {spec.nproc} GPUs; {torch.cuda.device_count()} visible")
+    else:
+        check_cpu_ranks(spec.nproc)
     small = [b for b in spec.batches if b < spec.nproc]
     if small:
         raise SpecError(f"batch {small[0]} cannot be split over --nproc {spec.nproc}: use batches of {spec.nproc} or more")

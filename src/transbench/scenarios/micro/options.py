@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ...declare import setting
 from ...errors import SpecError
 from ...measure.device import DTYPES
+from ...measure.load import check_cpu_ranks
 from ...models import build
 from ...spec import INT_MAX, check_int, check_once, split_list
 
@@ -307,6 +308,8 @@ class CollectivesOptions(MicroCommon):
                             + (f" ({visible} GPU visible)" if gpu and visible < 2 else ""))
         if gpu and out.nproc > visible:
             raise SpecError(f"--nproc {out.nproc} needs that many GPUs; {visible} visible")
+        if not gpu:
+            check_cpu_ranks(out.nproc)
         if device.type == "cuda" and device.index not in (None, 0):
             raise SpecError(f"--device {device}: the collectives run on GPUs 0..nproc-1 (torchrun's local ranks): "
                             "give --device cuda, and CUDA_VISIBLE_DEVICES to choose the GPUs")

@@ -17,8 +17,13 @@ from ...errors import SpecError
 from ...spec import read_number
 
 MIN_REQUESTS = 20  # a percentile over fewer requests says little (a bisection probe may ask a low rate)
-FORMS = "poisson, gamma:B (burstiness B > 0; 1 is Poisson) or constant"
-MAX_BURSTINESS = 1e6  # past it gaps are constant to the float's precision; far smaller ones are 0 or inf draws
+FORMS = "poisson, gamma:B (burstiness 0.01 <= B <= 1e6; 1 is Poisson) or constant"
+MAX_BURSTINESS = 1e6  # past it gaps are constant to the float's precision
+# Below it the gamma draws (random.gammavariate, shape B) underflow to exactly 0: at B = 0.001 about half of them,
+# so half the requests arrive at one instant, and far below every gap is 0, and `gamma:1e-300` planned arrivals for
+# ever, its list growing without bound. At 0.01 under 0.1% of the draws are 0, and the gaps' coefficient of
+# variation is already 10 (Poisson's is 1).
+MIN_BURSTINESS = 0.01
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,9 @@ def parse(text: str) -> Arrivals:
             b = read_number(rest, float)
         except ValueError:
             raise SpecError(f"--arrivals {text}: burstiness '{rest}' is not a number; use {FORMS}") from None
-        if not (math.isfinite(b) and 0 < b <= MAX_BURSTINESS):
-            raise SpecError(f"--arrivals {text}: burstiness must be above 0 and at most {MAX_BURSTINESS:g}")
+        if not (math.isfinite(b) and MIN_BURSTINESS <= b <= MAX_BURSTINESS):
+            raise SpecError(f"--arrivals {text}: burstiness must be at least {MIN_BURSTINESS:g} and at most "
+                            f"{MAX_BURSTINESS:g}")
         return Arrivals("poisson") if b == 1 else Arrivals("gamma", b)
     raise SpecError(f"--arrivals '{text}' is not understood: use {FORMS}")
 

@@ -5,7 +5,9 @@ the in-process settings (--model, --task, --backend, --dtype, the batcher) are r
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
+import re
 from types import SimpleNamespace
 from urllib.parse import urlsplit
 
@@ -17,6 +19,33 @@ NO_POSITIONS = 1 << 20
 TASK = {"openai-embeddings": "embed", "openai-completions": "generate", "openai-chat": "generate"}
 
 
+def _is_root(url: str) -> bool:
+    """An endpoint's root, http(s)://HOST[:PORT][/], with a host a client can resolve: a name of letters, digits,
+    `-` and `_` (a container's), an IPv4 address or a bracketed IPv6 one. `http://[::1` and
+    `http://999.999.999.999` ended in tracebacks of urlsplit and of httpx, and `http://a b:1` ran a load whose every
+    request failed."""
+    try:
+        parts = urlsplit(url)
+        port, host = parts.port, parts.hostname
+    except ValueError:  # an unclosed bracket, a port that is not a number below 65536
+        return False
+    if parts.scheme not in ("http", "https") or not host or parts.path not in ("", "/") or parts.query \
+            or parts.fragment or parts.username is not None or (port is not None and port < 1):
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    try:
+        name = host.encode("idna").decode("ascii")  # an internationalised name, as the client sends it
+    except UnicodeError:
+        return False
+    labels = name.removesuffix(".").split(".")
+    return (len(name) <= 253 and not all(label.isdigit() for label in labels)  # dotted numbers: a bad IPv4
+            and all(re.fullmatch(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)", label) for label in labels))
+
+
 def check(spec):
     import importlib.util
 
@@ -25,13 +54,7 @@ def check(spec):
     if missing:
         raise SpecError(f"serve --url needs {' and '.join(missing)}: pip install 'transbench[http]'")
 
-    parts = urlsplit(spec.url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 or parts.path not in ("", "/") \
-            or parts.query or parts.fragment:
+    if not _is_root(spec.url):
         raise SpecError(f"--url {spec.url}: give the endpoint's root, http://HOST:PORT (its API paths are added: "
                         "/v1/completions, /v1/chat/completions, /v1/embeddings)")
     if spec.api not in APIS:

@@ -12,7 +12,7 @@ from ...declare import setting
 from ...errors import SpecError
 from ...measure.device import DTYPES
 from ...models import build
-from ...spec import MAX_SECONDS, check_limits, check_once, checked
+from ...spec import MAX_SECONDS, check_once, checked
 from . import arrivals as serve_arrivals, lengths as serve_lengths, stats as serve_stats, tails
 from . import trace as serve_trace
 from .cell import ServeCell
@@ -185,7 +185,6 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     for option, seconds in (("--duration", spec.duration), ("--warmup", spec.warmup)):
         if seconds > MAX_SECONDS:
             raise SpecError(f"{option} {seconds:g} s is above its limit of {MAX_SECONDS:,} s (a day): give fewer seconds")
-    check_limits(**{"--max-batch-size": spec.max_batch_size, "--new-tokens": spec.new_tokens})  # --concurrency: below
     window = spec.warmup + spec.duration
     for r in spec.rates:
         if r * window > MAX_REQUESTS:
@@ -203,9 +202,6 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     if (spec.concurrency or spec.offline or spec.find_max_rate) and window >= spec.timeout:
         raise SpecError(f"--warmup + --duration is {window:g} s, not within --timeout {spec.timeout:g} s: the cell "
                         "could only time out; shorten them or raise --timeout")
-    for c in spec.concurrency:
-        if c > MAX_REQUESTS:
-            raise SpecError(f"--concurrency {c} queues {c:,} requests at once, above the cap of {MAX_REQUESTS:,}")
     if spec.find_max_rate and spec.slo_ms is None and not objectives:
         raise SpecError("--find-max-rate needs a target: add --slo-ms MS or --slo ttft:MS,tpot:MS,e2e:MS")
     # a value off the default was given; the CLI also checks the default given (check_given)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from ...errors import SpecError
 from ...cells import CellResult
 from ...declare import setting
-from ...spec import check_limits, check_once, checked, coerce
+from ...measure.load import check_cpu_ranks
+from ...spec import check_once, checked, coerce
 from .cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, TRAIN_DTYPES, STRATEGIES, TRAIN_TASKS, TrainCell
 
 def default_task(shape) -> str:
@@ -211,7 +212,6 @@ def validate(spec: TrainSpec) -> TrainSpec:
         # named as --help names it (--warmup-steps is the old, hidden spelling)
         raise SpecError("--steps and --warmup must be at least 1 (the first step allocates the "
                         "optimizer state and compiles; it is never timed)")
-    check_limits(**{"--steps": spec.steps, "--warmup": spec.warmup_steps})
     if not spec.lr > 0:
         raise SpecError("--lr must be positive")
     if spec.timeout <= 0:
@@ -277,7 +277,9 @@ def validate(spec: TrainSpec) -> TrainSpec:
     from ...runner import shard as sharding
 
     spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
-    if gpu:
+    if not gpu:
+        check_cpu_ranks(max(spec.nprocs))
+    else:
         import torch
 
         if max(spec.nprocs) > torch.cuda.device_count():
