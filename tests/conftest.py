@@ -48,3 +48,17 @@ def terminal_width(monkeypatch):
     tables = sys.modules.get("transbench.cli.tables")
     if tables is not None:
         monkeypatch.setattr(tables.console, "width", TERMINAL_WIDTH)
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Any benchmark starting is a failure: output paths (tests/test_outputs.py, test_output_ownership.py) must be
+    refused before it."""
+    from transbench import api
+    from transbench.scenarios import micro
+
+    def started(*args, **kwargs):
+        raise AssertionError("the work started before the output paths were checked")
+
+    monkeypatch.setattr(micro, "run_micro", started)
+    monkeypatch.setattr(api, "train", started)
+    monkeypatch.setattr(api, "run", started)

@@ -44,16 +44,6 @@ def other_db(tmp_path):
     return path, path.read_bytes()
 
 
-@pytest.fixture
-def no_work(monkeypatch):
-    """Any benchmark starting is a failure: the paths must be refused before it."""
-    def started(*args, **kwargs):
-        raise AssertionError("the work started before the output paths were checked")
-
-    monkeypatch.setattr(micro, "run_micro", started)
-    monkeypatch.setattr(api, "train", started)
-    monkeypatch.setattr(api, "run", started)
-
 
 # --- 1. never over the store or another SQLite database ---------------------------------------------------
 
@@ -67,7 +57,9 @@ def test_runs_out_never_overwrites_the_store(stored, tmp_path):
     refused(invoke("runs", "--db", db, "--spec", "a", "--out", link), "it is the store")
     assert db.read_bytes() == before
     spec = tmp_path / "a.yaml"
-    spec.write_text("an older spec\n")  # an existing file that is not a database is overwritten, as before
+    res = invoke("runs", "--db", db, "--spec", "a", "--out", spec)
+    assert res.exit_code == 0, res.output
+    spec.write_text(spec.read_text().replace("bert-tiny", "an older model"))  # a spec of ours: replaced
     res = invoke("runs", "--db", db, "--spec", "a", "--out", spec)
     assert res.exit_code == 0, res.output
     assert "bert-tiny" in spec.read_text()
@@ -224,13 +216,17 @@ def test_empty_export_paths_are_refused(tmp_path, no_work, command, option):
 
 @pytest.mark.slow
 def test_an_existing_export_is_overwritten(stored, tmp_path):
-    """Re-running a command rewrites its exports: no prompt, no refusal."""
+    """Re-running a command rewrites its exports: no prompt, no refusal. Only its own: another file there is
+    refused (tests/test_output_ownership.py)."""
     db, _ = stored
     js = tmp_path / "r.json"
-    js.write_text("old")
+    js.write_text('{"schema_version": 1, "transbench_version": "0.0.1", "kind": "record", "cells": "old"}')
     res = invoke(*TINY_RUN, "--db", db, "--name", "a", "--json", js)
     assert res.exit_code == 0, res.output
-    assert json.loads(js.read_text())["schema_version"] == 1
+    assert json.loads(js.read_text())["schema_version"] == 1 and json.loads(js.read_text())["cells"] != "old"
+    js.write_text("old")
+    refused(invoke(*TINY_RUN, "--db", db, "--name", "a", "--json", js), "is not a file transbench wrote")
+    assert js.read_text() == "old"
 
 
 def test_check_output_needs_no_write_permission_on_the_folder_of_an_existing_file(tmp_path):

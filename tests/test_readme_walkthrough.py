@@ -114,7 +114,7 @@ def test_runs_spec_out_writes_a_file_the_spec_option_reads_back(tmp_path, suffix
     run_spec = RunSpec(models=["bert-tiny"], backends=["eager"], batches=[1], seqs=[8])
     make_run(db, "a", [(cell("eager", 1), ok_result([1.0, 1.1, 1.2], 1))], spec=run_spec.to_dict())
     train_spec = TrainSpec(models=["bert-tiny"], optims=["adamw", "sgd"], batches=[2], seqs=[16], steps=3)
-    make_run(db, "t", [], kind="train", spec=train_spec.to_dict())
+    make_run(db, "t", [], kind="training", spec=train_spec.to_dict())
     for name, cls, want in (("a", RunSpec, run_spec), ("t", TrainSpec, train_spec)):
         out = tmp_path / f"{name}{suffix}"
         res = runner.invoke(app, ["runs", "--db", db, "--spec", name, "--out", str(out)])

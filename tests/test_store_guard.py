@@ -95,13 +95,22 @@ def _newer_schema(p):
     con.close()
 
 
+def _newer_schema_unmarked(p):  # the version of a newer schema, without the marker: only marked files were checked
+    _newer_schema(p)
+    con = sqlite3.connect(p)
+    con.execute("PRAGMA application_id=0")
+    con.commit()
+    con.close()
+
+
 BAD = {"random bytes": (_random_bytes, "not a SQLite database"),
        "foreign sqlite": (_foreign, "another application"),
        "foreign sqlite in WAL mode": (_foreign_wal, "another application"),
        "foreign application_id": (_foreign_marked, "another application"),
        "foreign runs/cells tables": (_foreign_same_table_names, "another application"),
        "truncated header": (_sqlite_header_only, "not a SQLite database"),
-       "newer schema": (_newer_schema, "upgrade transbench")}
+       "newer schema": (_newer_schema, "upgrade transbench"),
+       "newer schema, unmarked": (_newer_schema_unmarked, "upgrade transbench")}
 
 COMMANDS = {"runs": lambda bad, tmp: ["runs", "--db", bad],
             "runs --spec": lambda bad, tmp: ["runs", "--db", bad, "--spec", "last"],
@@ -394,7 +403,7 @@ def test_merge_refuses_a_run_name_that_is_another_run_in_the_target(tmp_path):
     a, b = tmp_path / "a.db", tmp_path / "b.db"
     _store_with_cells(a, name="same")
     s = Store(b)
-    s.conn.execute("INSERT INTO runs VALUES ('otherid', 'same', 'inference', '2025', '{}', '{}')")
+    s.conn.execute("INSERT INTO runs VALUES ('otherid', 'same', 'inference', '2025-01-01T00:00:00+00:00', '{}', '{}')")
     s.conn.commit()
     s.close()
     before = b.read_bytes()

@@ -503,7 +503,9 @@ def test_an_export_that_fails_part_way_leaves_the_previous_file_as_it_was(tmp_pa
     """`--json out.json` was opened for writing in place: a disk that filled, or a Ctrl-C, part-way through left a
     truncated file where the good one of the last run had been."""
     path = tmp_path / "out.file"
-    path.write_text("the previous good export\n")
+    # the last run's export (an export of ours: one of the user's would be refused, store/export.py ours)
+    export.write([{"run_name": "old", "backend": "eager", "status": "ok"}], **{option: str(path)})
+    good = path.read_text()
     before = sorted(p.name for p in tmp_path.iterdir())
     recs = [{"run_name": "a", "backend": "sdpa", "status": "ok", "latency_ms": 1.0}] * 20
     _fill_up(monkeypatch, tmp_path, exc())
@@ -512,14 +514,14 @@ def test_an_export_that_fails_part_way_leaves_the_previous_file_as_it_was(tmp_pa
     monkeypatch.undo()
     if exc is _disk_full:
         assert "No space left on device" in str(info.value) and "rerun the same command" in str(info.value)
-    assert path.read_text() == "the previous good export\n"
+    assert path.read_text() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temporary file left
 
 
 def test_an_export_replaces_the_file_whole_and_keeps_its_permissions_and_links(tmp_path):
     recs = [{"run_name": "a", "backend": "sdpa", "status": "ok"}]
     target = tmp_path / "real.json"
-    target.write_text("old")
+    target.write_text("[]\n")  # an older export of no records: ours, so replaced (store/export.py ours)
     target.chmod(0o640)
     link = tmp_path / "link.json"
     link.symlink_to(target.name)
@@ -566,12 +568,13 @@ def test_runs_spec_out_that_fails_part_way_leaves_the_previous_file_as_it_was(tm
     make_run(db, "a", [(cell("eager", 1), ok_result([1.0, 1.1, 1.2], 1))])
     out = tmp_path / "specs" / "a.yaml"
     out.parent.mkdir()
-    out.write_text("the previous spec\n")
+    previous = f"{export.SPEC_MARK}: run 'a' (inference)\nmodels: [older]\n"  # ours: replaced (export.ours)
+    out.write_text(previous)
     _fill_up(monkeypatch, out.parent, exc(), room=10)
     result = CliRunner().invoke(app, ["runs", "--db", db, "--spec", "a", "--out", str(out)])
     monkeypatch.undo()
     assert result.exit_code == (2 if exc is _disk_full else 130), result.output
-    assert out.read_text() == "the previous spec\n"
+    assert out.read_text() == previous
     assert [p.name for p in out.parent.iterdir()] == ["a.yaml"]
     ok = CliRunner().invoke(app, ["runs", "--db", db, "--spec", "a", "--out", str(out)])
     assert ok.exit_code == 0 and "backends:" in out.read_text()

@@ -6,8 +6,6 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-STATUSES = ("ok", "oom", "timeout", "error", "wrong", "unsupported", "skipped")
-
 
 class SweepCell:
     """What the one sweep loop (runner/sweep.py) needs of every scenario's cell, from its `identity()` (every

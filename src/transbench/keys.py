@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A cell's status (the record's `status`): what every scenario writes, what the store reads back (store/db.py refuses
+# any other) and what the tables print in red (every one but ok).
+STATUSES = ("ok", "oom", "timeout", "error", "wrong", "unsupported", "skipped")
 
 @dataclass(frozen=True)
 class Key:

@@ -91,7 +91,7 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
         fail("--spec is empty: give a run's name or id (`transbench runs` lists them), or leave --spec out")
     if spec is None and out != "-":
         # every stored run as the versioned record (the --json of the commands that made them)
-        export.check_output(out, "--out", db)
+        export.check_output(out, "--out", db, writes=export.RUNS_OUT)
         if Path(out).suffix != ".json":
             fail(f"--out {out}: without --spec, --out writes every stored run as the JSON record: end the name in "
                  ".json (or add --spec RUN to write that run's spec)")
@@ -100,7 +100,7 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
         typer.echo(f"wrote {out} ({len(rows)} run(s))")
         return
     if spec and out != "-":
-        export.check_output(out, "--out", db)
+        export.check_output(out, "--out", db, writes=export.RUNS_OUT)
         # the suffix picks the format, and --spec reads only these: `--out spec.txt` wrote YAML no command reads back
         if Path(out).suffix not in SPEC_SUFFIXES:
             fail(f"--out {out}: end the file name in .yaml, .yml, .toml or .json (the formats --spec reads), or give "
@@ -121,8 +121,13 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
             stored = {k: v for k, v in stored.items() if k != "tokens"}
         if out != "-":
             # a training, serve or micro run's spec too: --out was ignored for them (JSON on stdout, no file, exit 0)
+            text = dump_text(s or stored, Path(out).suffix)
+            if Path(out).suffix != ".json":
+                # YAML and TOML take a comment: the mark that tells a rerun this file is ours to replace (a spec
+                # the user wrote by hand is refused, store/export.py ours); JSON has none, and is told by its shape.
+                text = f"{export.SPEC_MARK}: run {match[0]['name']!r} ({match[0]['kind']})\n" + text
             with export.writing(out):  # whole, or the file as it was (a full disk, Ctrl-C)
-                export.write_text(out, dump_text(s or stored, Path(out).suffix))
+                export.write_text(out, text)
             typer.echo(f"wrote {out}")
         elif s is None:
             typer.echo(json.dumps(stored, indent=1))

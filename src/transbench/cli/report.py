@@ -64,7 +64,8 @@ def compare(
     json_path: Optional[str] = typer.Option(None, "--json", help="also write the comparison as JSON (the versioned "
                                                                  "record's `comparison` kind); - for stdout"),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="also write it as markdown, for a CI step "
-                                                                   "summary ($GITHUB_STEP_SUMMARY); - for stdout"),
+                                                                   "summary ($GITHUB_STEP_SUMMARY): added at the "
+                                                                   "end of an existing file; - for stdout"),
     github_benchmark: Optional[str] = typer.Option(None, "--github-benchmark", help="also write B's cells for "
                                                    "github-action-benchmark (tool: customSmallerIsBetter)"),
 ) -> None:
@@ -82,8 +83,11 @@ def compare(
     files = {o: p for o, p in outputs.items() if p is not None and p != "-"}
     if github_benchmark == "-" or list(outputs.values()).count("-") > 1:
         fail("- (stdout) takes one of --json and --markdown; --github-benchmark writes a file")
+    # What each writes (store/export.py KINDS): a file already there is replaced only when it is one of those, and
+    # the markdown is appended, as a step summary expects ($GITHUB_STEP_SUMMARY holds the job's earlier steps').
+    writes = {"--json": "json", "--github-benchmark": "benchmark"}
     for option, path in files.items():
-        export.check_output(path, option, db)
+        export.check_output(path, option, db, writes=writes.get(option), append=option == "--markdown")
     for i, (option, path) in enumerate(files.items()):
         for other, before in list(files.items())[:i]:
             if os.path.realpath(path) == os.path.realpath(before):
@@ -94,7 +98,7 @@ def compare(
              "--github-benchmark": lambda: json.dumps(benchmark_entries(cmp), indent=1) + "\n"}
     for option, path in files.items():
         with export.writing(path):
-            export.write_text(path, texts[option]())
+            (export.append_text if option == "--markdown" else export.write_text)(path, texts[option]())
     stdout = next((o for o, p in outputs.items() if p == "-"), None)
     if stdout is not None:  # the document alone on stdout, for a pipe; the gate's exit code as always
         typer.echo(texts[stdout](), nl=False)

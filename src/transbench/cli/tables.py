@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..boundary import env_int
-from ..keys import KEYS, fmt, percent, show
+from ..keys import KEYS, STATUSES, fmt, percent, show
 from ..spec import CONTROL  # control characters (defined with the run-name check)
 
 
@@ -211,8 +211,8 @@ def pivot(title: str, corner: str, columns: list[str], rows: dict[str, dict[str,
     return tables
 
 
-STATUSES = ("oom", "timeout", "error", "wrong", "unsupported", "skipped")
+FAILED = tuple(s for s in STATUSES if s != "ok")
 
 
 def _cell(text: str) -> Text:
-    return Text(text, style="bold red" if text in STATUSES else "")
+    return Text(text, style="bold red" if text in FAILED else "")

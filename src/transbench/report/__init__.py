@@ -33,9 +33,14 @@ class ReportPaths:
         return [f.path for f in self.figures]
 
 
-# What a report writes in its folder: an existing file of these names is overwritten, so none may be a SQLite
-# database (a store kept beside its report).
-REPORT_FILES = ("report.md", "report.html", "*.png")
+# What a report writes in its folder (glob pattern -> the kind of file, store/export.py KINDS): the plots' names
+# are plots.py's and serve.py's. An existing file of these names is replaced, so each must be one a report wrote
+# (not a user's notes in report.md, nor a SQLite database kept beside its report): check_folder refuses the folder
+# otherwise, before anything is written. A user's other files there (diagram.png) are left alone.
+REPORT_FILES = {"report.md": "report.md", "report.html": "report.html",
+                "latency_throughput_*.png": "plot", "speedup_*.png": "plot", "*_heatmap_*.png": "plot",
+                "latency_dist_*.png": "plot", "training_scaling.png": "plot", "roofline.png": "plot",
+                "roofline_*.png": "plot", "serve_*.png": "plot"}
 
 
 def _report_folder(out: str | Path) -> Path:
@@ -117,8 +122,8 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
 
     title = "transbench report: " + ", ".join(r["name"] for r in data.runs)
     md_path, html_path = out / "report.md", out / "report.html"
-    # The folder was writable when checked; a full disk still is one line, and leaves the last report's files as
-    # they were (store/export.py replacing).
+    # The folder was writable when checked, and its report files ours (check_folder); a full disk still is one
+    # line, and leaves the last report's files as they were (store/export.py replacing).
     with writing(md_path):
         write_text(md_path, to_markdown(title, sections, out))
     with writing(html_path):

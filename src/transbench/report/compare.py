@@ -63,6 +63,9 @@ RESAMPLES = 2000
 # The most samples a side of the rank interval (rule 4) takes as they are; past that, its block medians.
 RANK_SAMPLES = 2000
 SEED = 0
+# A sample of 0 ms is a time (a clock coarser than the call reads it; measure/record.py guards its rates against it),
+# but a ratio over it is none: A's block medians of 0 made the interval nan-nan, and compare said `same`.
+ZERO_NOTE = "samples of 0 ms (a clock coarser than the call) leave B/A without an interval"
 
 
 @dataclass(frozen=True)
@@ -276,7 +279,10 @@ def judge(samples_a: list[float], samples_b: list[float], median_a: float, media
     blocks_a, blocks_b = block_medians(samples_a), block_medians(samples_b)
     if min(len(blocks_a), len(blocks_b)) < MIN_BLOCKS:
         return (ratio, *few_samples(samples_a, samples_b, cfg, scenario))
-    lo, hi = ratio_interval(blocks_a, blocks_b, cfg.alpha)
+    with np.errstate(divide="ignore", invalid="ignore"):  # over 0 ms: no finite bound, checked below
+        lo, hi = ratio_interval(blocks_a, blocks_b, cfg.alpha)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return ratio, None, "n/a", ZERO_NOTE
     verdict = _beyond(lo, hi, cfg)
     if verdict:
         return ratio, (lo, hi), verdict, ""
@@ -293,11 +299,14 @@ def few_samples(samples_a: list[float], samples_b: list[float], cfg: CompareConf
     hint = "time longer (--min-time)" if longer(scenario) == "--min-time" else f"raise {longer(scenario)}"
     if not samples_a or not samples_b:
         return None, "n/a", f"{counts}: a verdict needs samples on both sides; {hint}"
-    interval = rank_interval(_side(samples_a), _side(samples_b), cfg.alpha)
+    with np.errstate(divide="ignore", invalid="ignore"):  # over 0 ms: no finite bound, checked below
+        interval = rank_interval(_side(samples_a), _side(samples_b), cfg.alpha)
     if interval is None:
         return None, "n/a", (f"{counts}: too few for any verdict at alpha {cfg.alpha:g} (a rank interval needs "
                              f"{fewest_per_side(cfg.alpha)} per cell, one over blocks {need}); {hint}")
     lo, hi = interval
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None, "n/a", f"{counts}: {ZERO_NOTE}"
     verdict = _beyond(lo, hi, cfg)
     if verdict:
         return interval, verdict, f"{counts}: exact rank interval"

@@ -96,7 +96,11 @@ def table_markdown(t: Table) -> str:
 
 
 def to_markdown(title: str, sections: list[Section], image_dir: Path) -> str:
-    out = [f"# {md_text(title)}", ""]
+    from ..store.export import REPORT_MARK
+
+    # The mark first (an HTML comment: no markdown viewer shows it) tells a rerun that report.md is ours to
+    # replace; a file without it is a user's, and `report --out` refuses to write over it (store/export.py ours).
+    out = [REPORT_MARK, f"# {md_text(title)}", ""]
     for s in sections:
         out += [f"## {md_text(s.title)}", ""]
         for b in s.blocks:

@@ -66,6 +66,10 @@ def to_html(title: str, sections: list[Section]) -> str:
                 body.append(figure_html(b))
             else:
                 body.append(f"<p>{html.escape(b)}</p>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+    from ..store.export import REPORT_MARK
+
+    # The mark right after the doctype (before it, a comment may put a browser in quirks mode) tells a rerun that
+    # report.html is ours to replace (store/export.py ours).
+    return (f"<!DOCTYPE html>\n{REPORT_MARK}\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n<body>\n"
             + "\n".join(body) + "\n</body></html>\n")

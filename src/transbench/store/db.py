@@ -17,20 +17,26 @@ import errno
 import functools
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from .. import boundary
-from ..keys import CATALOGUE
+from ..keys import CATALOGUE, KEYS, STATUSES
 from ..errors import SpecError
 
 # Marks a file as a transbench store (PRAGMA application_id: ASCII "tbnc"); stores written before the
 # marker existed are recognized by their two tables and get it on their next write.
 APP_ID = 0x74626E63
 SCHEMA_VERSION = 1  # PRAGMA user_version: a newer one is refused rather than misread
+# The kinds of run a store holds: the kind each command passes to open_run (scenarios/inference/run.py, training/
+# spec.py, serve/run.py, micro/run.py). create_run takes no other, and a stored run of another kind is damage: a run
+# whose kind was edited to 'bogus' was listed, compared and merged as if it were a kind of run.
+RUN_KINDS = ("inference", "training", "serve", "micro")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -241,11 +247,13 @@ def inspect(path: str) -> str:
         raise SpecError(f"{path} is not a SQLite database, so not a transbench store: it was left as it is; "
                         "give a transbench store's path")
     app_id = int.from_bytes(head[68:72], "big", signed=True)
+    version = int.from_bytes(head[60:64], "big", signed=True)
+    newer = None if version <= SCHEMA_VERSION else SpecError(
+        f"store {path} has schema version {version}, newer than this transbench knows ({SCHEMA_VERSION}): "
+        "upgrade transbench to read it")
     if app_id == APP_ID:
-        version = int.from_bytes(head[60:64], "big", signed=True)
-        if version > SCHEMA_VERSION:
-            raise SpecError(f"store {path} has schema version {version}, newer than this transbench knows "
-                            f"({SCHEMA_VERSION}): upgrade transbench to read it")
+        if newer:
+            raise newer
         # The marker alone does not make the tables: a writer killed between marking a new file and creating
         # its tables leaves a marked file with none (safe to start in), and a marked file whose tables are
         # not ours would fail on the first query with a traceback, after a writer had switched its journal.
@@ -260,11 +268,13 @@ def inspect(path: str) -> str:
     if app_id != 0:
         raise _foreign(path)
     tables = _tables(path)
-    if not tables:
-        return "empty"
-    if _our_tables(tables):
-        return "ours"  # a store from before the marker
-    raise _foreign(path)
+    if tables and not _our_tables(tables):
+        raise _foreign(path)
+    # Our tables (a store from before the marker) or none, with the version of a newer schema: only marked files were
+    # checked for it, so `runs` read such a file by today's schema and a writer stamped it with this one's version.
+    if newer:
+        raise newer
+    return "ours" if tables else "empty"
 
 
 def _our_tables(tables: dict[str, list[str]]) -> bool:
@@ -425,6 +435,8 @@ class Store:
         # A named run has an id derived from its name, so shards of one sweep on several hosts share it
         # and `merge` joins their cells.
         check_name_text(name)
+        if kind not in RUN_KINDS:  # a caller's bug: what is written must read back (_run refuses other kinds)
+            raise ValueError(f"run kind {kind!r} is not one of {', '.join(RUN_KINDS)} (store.db.RUN_KINDS)")
         if name:
             run_id = hashlib.sha256(name.encode()).hexdigest()[:12]
         else:
@@ -474,8 +486,17 @@ class Store:
         if not all(isinstance(v, str) for v in row[:4]):
             raise SpecError(f"store {self.path} is damaged: run {row[1]!r} has an id, name, kind or date that is not "
                             "text: restore it from a copy, or give another --db")
+        if row[2] not in RUN_KINDS:
+            self._damaged("kind", where, f"{row[2]!r}, not one of {', '.join(RUN_KINDS)}")
+        if not _is_date(row[3]):
+            self._damaged("date", where, f"{row[3]!r}, not an ISO 8601 date and time")
         return {"run_id": row[0], "name": row[1], "kind": row[2], "created": row[3],
                 "spec": self._json(row[4], dict, "spec", where), "env": self._json(row[5], dict, "env", where)}
+
+    def _damaged(self, column: str, where: str, why: str) -> NoReturn:
+        """The one line every damaged row of a run or a cell is refused with, naming the store, the row and why."""
+        raise SpecError(f"store {self.path} is damaged: the {column} of {where} is {why}: restore it from a copy, or "
+                        "give another --db")
 
     def _json(self, text, kind: type, column: str, where: str):
         """A stored JSON column, checked through the input boundary (nesting bounded) and against what the column
@@ -496,8 +517,7 @@ class Store:
                     why = _column_problem(column, value)
         if why is None:
             return value
-        raise SpecError(f"store {self.path} is damaged: the {column} of {where} is {why}: restore it from a "
-                        "copy, or give another --db")
+        self._damaged(column, where, why)
 
     # --- cells ----------------------------------------------------------------------------------
     @_guarded
@@ -528,15 +548,23 @@ class Store:
         run_name = run[0] if run and isinstance(run[0], str) else run_id
         out = []
         for r in rows:
-            def col(text, kind, name, key=r[0]):
-                return self._json(text, kind, name, f"cell {_key_text(key) if isinstance(key, str) else key!r} "
-                                                    f"of run '{run_name}'")
             if not all(isinstance(v, str) for v in (r[0], r[1], r[2])):
                 raise SpecError(f"store {self.path} is damaged: a cell of run '{run_name}' has a key, scenario or "
                                 "status that is not text: restore it from a copy, or give another --db")
-            out.append({"key": r[0], "scenario": r[1], "status": r[2], "record": col(r[3], dict, "record"),
-                        "cell": col(r[4], dict, "cell"), "samples": col(r[5], list, "samples"),
-                        "info": col(r[6], dict, "info"), "warnings": col(r[7], list, "warnings"), "created": r[8]})
+            where = f"cell '{_key_text(r[0])}' of run '{run_name}'"  # as docs/input-boundary.md quotes it
+            if r[2] not in STATUSES:  # compare took any other status for a failure: `fixed`, "A was bogus"
+                self._damaged("status", where, f"{r[2]!r}, not one of {', '.join(STATUSES)}")
+            if r[0][:1] in ("{", "[") and not isinstance(_parsed(r[0]), dict if r[0][0] == "{" else list):
+                # The form sweep.store_result writes (cell.key(): the settings as a JSON object), cut short or edited:
+                # compare took it for one setting of that text. A key in no JSON form at all is left as it is:
+                # Store.put_cell takes any text as a key (compare.settings reads it as one setting).
+                self._damaged("key", where, "JSON cut short or edited, not the cell's settings")
+            if not _is_date(r[8]):
+                self._damaged("date", where, f"{r[8]!r}, not an ISO 8601 date and time")
+            record, cell, samples, info, warnings = (self._json(text, kind, name, where) for text, kind, name in zip(
+                r[3:8], (dict, dict, list, dict, list), ("record", "cell", "samples", "info", "warnings")))
+            out.append({"key": r[0], "scenario": r[1], "status": r[2], "record": record, "cell": cell,
+                        "samples": samples, "info": info, "warnings": warnings, "created": r[8]})
         return out
 
     @_guarded
@@ -619,20 +647,48 @@ def host_entry(env: dict) -> dict:
 # `report` and `compare`, and `merge` copied it on.
 NUMBER_KEYS = frozenset(k.name for k in CATALOGUE if k.type in ("number", "integer"))
 TEXT_KEYS = frozenset(k.name for k in CATALOGUE if k.type == "string")
+# Units (keys.py declares each key's) of figures that cannot be below zero or infinite: a time, a rate, a bandwidth,
+# TFLOPS, a clock, power, energy, a 0..1 share. A latency_ms edited to -5 was compared as B/A -2.04. Not here: %
+# (speedup and mem_saved are signed), C (a temperature), MiB (params_mb, optim_state_mb and activations_mb are
+# allocator differences, which fall below zero where memory is freed in between: scenarios/training/loop.py) and the
+# keys with no unit (a correlation, a loss, a count).
+MAGNITUDE_UNITS = frozenset({"ms", "s", "1/s", "GB/s", "TFLOPS", "MHz", "W", "J", "fraction"})
+MAGNITUDE_KEYS = frozenset(k.name for k in CATALOGUE if k.unit in MAGNITUDE_UNITS)
 ENV_TEXT_KEYS = ("torch", "transformers", "cuda", "driver")
+
+
+def _finite(v) -> bool:
+    """A finite number, not a bool. json reads an integer of 400 digits as an int that no float holds: math.isfinite
+    (boundary.is_number) raised OverflowError on it, a traceback in `compare` and `merge`."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _column_problem(column: str, value) -> str | None:
     """What in a parsed column breaks its declaration, or None."""
-    if column == "samples" and not all(boundary.is_number(v) for v in value):
-        # json reads NaN too; a NaN sample made every bootstrap bound NaN, and compare said `same`
-        return "a list that holds something other than finite numbers"
+    if column == "samples":
+        if not all(_finite(v) for v in value):
+            # json reads NaN too; a NaN sample made every bootstrap bound NaN, and compare said `same`
+            return "a list that holds something other than finite numbers"
+        negative = next((v for v in value if v < 0), None)
+        if negative is not None:
+            # Samples are times in ms (CellResult.samples_ms, every scenario's): -1, -2, -3 were compared as `faster`
+            # with a negative interval. 0 is a time a clock coarser than the call reads (measure/record.py guards it).
+            return f"a list that holds a negative time ({negative:g} ms)"
     if column == "record":
         for k, v in value.items():
             if v is None:
                 continue
             if k in NUMBER_KEYS and not (isinstance(v, (int, float)) and not isinstance(v, bool)):
                 return f"a record whose {k} is {_JSON_NAME.get(type(v), type(v).__name__)}, not a number"
+            if k in NUMBER_KEYS and isinstance(v, int) and not _finite(v):  # tables and compare divide it as a float
+                return f"a record whose {k} is an integer too large for a number"
+            if k in MAGNITUDE_KEYS and not (_finite(v) and v >= 0):
+                return f"a record whose {k} is {v:g}, not a finite number of 0 or more ({KEYS[k].unit})"
             if k in TEXT_KEYS and not isinstance(v, str):
                 return f"a record whose {k} is {_JSON_NAME.get(type(v), type(v).__name__)}, not text"
     if column == "warnings" and not all(isinstance(w, str) for w in value):
@@ -648,15 +704,33 @@ def _column_problem(column: str, value) -> str | None:
     return None
 
 
+def _parsed(key: str):
+    """A stored cell key as JSON, or None where it is none."""
+    try:  # a stored key is a row read back: through the input boundary, its nesting bounded
+        return boundary.loads_json(key, "cell key", fix="")
+    except SpecError:
+        return None
+
+
 def _key_text(key: str) -> str:
     """A cell key (JSON of the settings that make the cell) as its set values: 'backend eager, batch 1, ...'."""
-    try:  # a stored key is a row read back: through the input boundary, its nesting bounded
-        settings = boundary.loads_json(key, "cell key", fix="")
-    except SpecError:
-        return key
+    settings = _parsed(key)
     if not isinstance(settings, dict):
         return key
     return ", ".join(f"{k} {v}" for k, v in settings.items() if v not in (None, False, "", 0, 0.0))
+
+
+def _is_date(text) -> bool:
+    """The date of a run or a cell as _now() writes it (ISO 8601, extended form: '2025-01-01T00:00:00+00:00').
+    `find_run('last')` orders runs by this text: a date edited to 5 (SQLite's TEXT affinity keeps it as '5') sorted
+    after every real one, and 'last' was that run."""
+    if not isinstance(text, str) or text[4:5] != "-":  # '20250101' reads as a date too, and sorts before '2025-...'
+        return False
+    try:
+        _dt.datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass

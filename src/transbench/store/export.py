@@ -6,14 +6,16 @@ import csv
 import errno
 import json
 import os
+import re
 import shlex
 import stat
 import tempfile
 import uuid
+import zlib
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from .. import keys
+from .. import boundary, keys
 from ..errors import SpecError
 from .db import Store
 
@@ -91,10 +93,12 @@ def write(recs: list[dict], json_path: str | None = None, csv_path: str | None =
     `recs` read from the store `db`."""
     if json_path and runs is None:
         runs = runs_of(recs, db)
-    for path, fill in ((json_path, lambda r, f: _fill_json(r, f, runs or [])), (csv_path, _fill_csv)):
+    for path, option, fill in ((json_path, "--json", lambda r, f: _fill_json(r, f, runs or [])),
+                               (csv_path, "--csv", _fill_csv)):
         if path:
             with writing(path, recs):
                 _refuse_sqlite(Path(path))  # again at write time: Python callers skip check_paths
+                refuse_foreign(path, option, WRITES[option])
                 with replacing(path) as f:
                     fill(recs, f)
 
@@ -121,8 +125,11 @@ def write_record(recs: list[dict], runs: list[dict], path: str) -> None:
     """The versioned record of these runs' records at `path` (`runs --out`)."""
     with writing(path):
         _refuse_sqlite(Path(path))
+        refuse_foreign(path, "--out", RUNS_OUT)
         with replacing(path) as f:
             _fill_json(recs, f, runs)
+
+
 def _open_special(path) -> int:
     """A descriptor of a path that is not a regular file, opened without blocking: a named pipe that no process
     reads made open() wait for ever (a report whose --json was a FIFO hung after the sweep). A pipe with a reader
@@ -146,7 +153,8 @@ def replacing(path: str | Path, binary: bool = False):
     it. Opened in place, a disk that filled or a Ctrl-C part-way left a truncated file where the last run's good one
     had been. A symbolic link keeps pointing where it did (its target is replaced), an existing file keeps its
     permission bits; a path that is not a regular file (/dev/stdout, a pipe), or a writable file in a folder that
-    takes no new file (check_output allows it), is written in place."""
+    takes no new file (check_output allows it), is written in place. Whether an existing file may be replaced at
+    all is decided before (refuse_foreign)."""
     try:
         special = not stat.S_ISREG(os.stat(path).st_mode)
     except FileNotFoundError:
@@ -184,11 +192,46 @@ def write_text(path: str | Path, text: str) -> None:
         f.write(text)
 
 
+def append_text(path: str | Path, text: str) -> None:
+    """`text` added at the end of `path`, created when missing (`compare --markdown`): its usual file is GitHub's
+    $GITHUB_STEP_SUMMARY, which every step of a job appends to, and a summary written over it lost what the steps
+    before had put there. A blank line goes between what is there and `text` (a line right under a markdown table
+    is read as one more row of it); a write that fails part-way (a full disk) is cut back to the file's earlier
+    length. /dev/stdout and pipes are written as any output is (replacing)."""
+    try:
+        special = not stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        special = False
+    if special:
+        with open(_open_special(path), "w", newline="") as f:
+            f.write(text)
+        return
+    with open(path, "a+b") as f:  # a+: the end can be read; every write goes to the end
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - 2))
+        end = f.read()
+        gap = b"" if not size or end.endswith(b"\n\n") else b"\n" if end.endswith(b"\n") else b"\n\n"
+        try:
+            f.write(gap + text.encode("utf-8"))
+            f.flush()
+        except BaseException:
+            with suppress(OSError):
+                f.truncate(size)
+            raise
+
+
 def save_figure(fig, path: str | Path, **kwargs) -> None:
-    """A matplotlib figure saved as the PNG `path` whole, or `path` as it was (replacing): savefig on the path itself
-    wrote in place, so a full disk or a Ctrl-C while drawing left a truncated plot where the last report's was."""
+    """A matplotlib figure saved as `path` whole, or `path` as it was (replacing): savefig on the path itself wrote
+    in place, so a full disk or a Ctrl-C while drawing left a truncated plot where the last report's was. The format
+    is the suffix's (`--plot roofline.svg` got PNG bytes before; no suffix matplotlib knows: PNG), and the file
+    carries the mark `ours` recognises (plot_mark). An existing file that is not a plot of ours is refused, again
+    at write time: a Python caller (plot_micro, the report's plots) may not have checked it."""
+    fmt = _plot_format(Path(path))
+    refuse_foreign(path, "", ("plot",))
     with replacing(path, binary=True) as f:
-        fig.savefig(f, format="png", **kwargs)
+        if fmt == "pgf":  # LaTeX source, no metadata: the mark is its first line, a TeX comment
+            f.write(f"%% {plot_creator()}\n".encode())
+        fig.savefig(f, format=fmt, **{**plot_mark(fmt), **kwargs})
 
 
 def _fill_json(recs: list[dict], f, runs: list[dict]) -> None:
@@ -206,9 +249,11 @@ def _fill_csv(recs: list[dict], f) -> None:
 
 
 # --- output paths ------------------------------------------------------------------------------------------
-# Every file a command writes besides the store (--json, --csv, --plot, `runs --out`, the report's files) is
-# checked here before any work starts (a sweep can take hours), and written inside `writing`, so bad input is
-# one line (SpecError) and nothing that is not ours is overwritten.
+# Every file a command writes besides the store (--json, --csv, --plot, `runs --out`, the report's files, compare's
+# outputs) is checked here before any work starts (a sweep can take hours), and written inside `writing`, so bad
+# input is one line (SpecError) and nothing that is not ours is overwritten: an existing file is replaced only when
+# `ours` recognises it as what transbench writes at that option (a rerun replaces its previous output), and
+# `compare --markdown` appends.
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 # A file name to suggest when a folder is given where a file belongs.
@@ -233,7 +278,7 @@ def check_paths(json_path: str | None, csv_path: str | None, db: str | None = No
     time: each as in `check_output`, and no two the same file."""
     given = {o: p for o, p in (("--json", json_path), ("--csv", csv_path), ("--plot", plot)) if p is not None}
     for option, path in given.items():
-        check_output(path, option, db, image=option == "--plot")
+        check_output(path, option, db)
     options = list(given)
     for i, option in enumerate(options):
         for other in options[:i]:
@@ -241,15 +286,240 @@ def check_paths(json_path: str | None, csv_path: str | None, db: str | None = No
                 raise SpecError(f"{other} and {option} both write {given[option]}: give them different files")
 
 
-def check_output(path: str, option: str, db: str | None = None, *, image: bool = False) -> None:
+def check_output(path: str, option: str, db: str | None = None, *, image: bool = False,
+                 writes: str | tuple[str, ...] | None = None, append: bool = False) -> None:
     """One file a command will write: not empty, not the store `db` (nor its journal), not a folder, in a
-    folder that exists and is writable, never over a SQLite database, and with `image` a format matplotlib
-    writes (by the suffix). An existing other file is overwritten, as re-running a command expects. Nothing
-    is created here."""
+    folder that exists and is writable, never over a SQLite database, and for a plot (`image`, or `writes`
+    "plot") a format matplotlib writes (by the suffix). `writes`: the kinds of file the option writes (KINDS;
+    default WRITES[option]): an existing non-empty regular file is replaced only when `ours` recognises it as one
+    of them, so a rerun replaces its previous output and a user's file is refused (refuse_foreign); an empty file,
+    a new path, /dev/stdout and pipes are written. With `append` (compare --markdown) the file is added to, never
+    replaced: an existing one need only hold text. Nothing is created or changed here."""
     if not str(path).strip():  # `--json ' '` wrote a file named ' ' (api.py's _path refuses it too)
         raise SpecError(f"{option} is empty: give a file path")
+    kinds = () if append else _kinds(writes if writes is not None else WRITES[option])
     with writing(path):  # a name too long, a symlink loop: one line too
-        _check_file(Path(path), option, db, image)
+        _check_file(Path(path), option, db, image or "plot" in kinds)
+        if append:
+            _refuse_binary(Path(path), option)
+        else:
+            refuse_foreign(path, option, kinds)
+
+
+# --- whose file it is ----------------------------------------------------------------------------------------
+# An existing file is replaced only when it is recognisably what transbench writes at that option; each kind is
+# told from what this code writes, reading at most a few KiB of it (HEAD_BYTES from its start, as much from its end).
+
+KINDS = ("json", "benchmark", "csv", "spec", "report.md", "report.html", "plot")
+# The kinds each option of run/serve/train/micro (check_paths, api.check_outputs) writes; `runs --out` writes the
+# JSON record without --spec and a spec with it; compare, report and `runs --out` pass theirs to check_output.
+WRITES = {"--json": ("json",), "--csv": ("csv",), "--plot": ("plot",)}
+RUNS_OUT = ("json", "spec")
+HEAD_BYTES = 4096
+# The first line of report.md and the line after report.html's doctype (report/document.py, report/html.py).
+REPORT_MARK = "<!-- written by transbench report -->"
+# The first line of a YAML or TOML spec `runs --spec RUN --out FILE` writes (cli/info.py); a comment to both.
+SPEC_MARK = "# written by transbench runs --spec"
+# The record's first columns in every export since the first (docs/records.md; RECORD_KEYS begins with them, and
+# keys added later went after them), so an older export is recognised too.
+CSV_HEAD = ("run_id", "run_name", "scenario", "model", "task", "backend")
+_STRING = rb'"(?:[^"\\]|\\.)*"'
+# The versioned record or comparison (schema.py record_document, report/compare.py comparison_document: these keys
+# first, in this order); before the versioned record, --json wrote a list of records (each beginning with run_id).
+_RECORD = re.compile(rb'\s*\{\s*"schema_version"\s*:\s*\d+\s*,\s*"transbench_version"\s*:\s*' + _STRING
+                     + rb'\s*,\s*"kind"\s*:\s*"(?:record|comparison)"')
+_OLD_RECORDS = re.compile(rb'\s*\[\s*(?:\]\s*\Z|\{\s*"run_id"\s*:)')
+# github-action-benchmark's customSmallerIsBetter list as report/compare.py github_benchmark writes it: objects
+# whose keys begin name, unit, value; an empty list where run B had no ok cell.
+_BENCHMARK = re.compile(rb'\s*\[\s*(?:\]\s*\Z|\{\s*"name"\s*:\s*' + _STRING + rb'\s*,\s*"unit"\s*:\s*' + _STRING
+                        + rb'\s*,\s*"value"\s*:)')
+# The report before REPORT_MARK: the title and first section report/__init__.py has always begun with.
+_OLD_MARKDOWN = re.compile(rb"# transbench report: [^\n]*\n\n## Runs\n")
+_OLD_HTML = b'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>transbench report: '
+# Where each format keeps the creator plot_mark gives it, as bytes of the file (svgz: of its decompressed start).
+_PLOT_MARKS = {
+    "png": rb"tEXtSoftware\x00transbench ",
+    "svg": rb"<dc:creator>\s*<cc:Agent>\s*<dc:title>transbench ",
+    "pdf": rb"/Creator \(transbench ",
+    "eps": rb"%%Creator: transbench ",
+    "ps": rb"%%Creator: transbench ",
+    "pgf": rb"\A%% transbench ",
+    "jpg": rb"\xff\xfe..transbench ",  # a COM segment: marker, 2 bytes of length, the text
+    "gif": rb"!\xfe.transbench ",  # a comment extension: introducer, label, the first block's length
+    "tif": rb"\A(?:II\*\x00|MM\x00\*).*transbench ",  # ImageDescription: after the first IFD, near the start
+    "webp": rb'xmp:CreatorTool="transbench ',
+}
+_PLOT_MARKS.update(svgz=_PLOT_MARKS["svg"], jpeg=_PLOT_MARKS["jpg"], tiff=_PLOT_MARKS["tif"], avif=_PLOT_MARKS["webp"])
+
+
+def _kinds(writes: str | tuple[str, ...]) -> tuple[str, ...]:
+    kinds = (writes,) if isinstance(writes, str) else tuple(writes)
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown output kind(s) {sorted(unknown)}: one of {KINDS}")
+    return kinds
+
+
+def ours(path: str | Path, writes: str | tuple[str, ...]) -> bool:
+    """Whether the existing file `path` is one transbench writes as `writes` (a kind of KINDS, or several):
+    json: the versioned record or comparison (or the list of records --json wrote before it); benchmark: the
+    customSmallerIsBetter list; csv: a header beginning with CSV_HEAD; spec: SPEC_MARK on the first line of a
+    YAML/TOML spec, a JSON spec by its shape (spec.dump_text's json.dumps, indent 1, read whole: a spec is small);
+    report.md / report.html: REPORT_MARK, or the start an older report always had; plot: the creator plot_mark
+    wrote in that format's metadata, or a PNG of matplotlib's beside a report.md of ours (the report's plots before
+    they were marked). A file that cannot be read is not known to be ours."""
+    p = Path(path)
+    kinds = _kinds(writes)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(HEAD_BYTES)
+            whole = not f.read(1)
+    except OSError:
+        return False
+    return any(_RECOGNISE[k](p, head, whole) for k in kinds)
+
+
+def _csv(p: Path, head: bytes, whole: bool) -> bool:
+    try:
+        first = next(csv.reader([head.split(b"\n", 1)[0].decode("utf-8").rstrip("\r")]), [])
+    except UnicodeDecodeError:
+        return False
+    return tuple(first[:len(CSV_HEAD)]) == CSV_HEAD
+
+
+def _spec(p: Path, head: bytes, whole: bool) -> bool:
+    if head.startswith(SPEC_MARK.encode()):
+        return True
+    if p.suffix.lower() != ".json" or not head.lstrip().startswith(b"{"):
+        return False
+    # A spec dump_text writes is a few hundred bytes: a longer file is read no further, and is not one.
+    try:  # through the input boundary, as every file read from outside is (tests/test_input_boundary.py)
+        text = boundary.read_text(p, "output file", limit=4 * HEAD_BYTES)
+        data = boundary.loads_json(text, "output file")
+    except SpecError:  # unreadable, too long, not UTF-8 or not JSON: not a spec of ours
+        return False
+    # spec.dump_text's JSON byte for byte: the spec's options with one space of indent, which is not how a file
+    # is written by hand (a copy of one of ours is ours).
+    return isinstance(data, dict) and bool(data) and text == json.dumps(data, indent=1) + "\n"
+
+
+def _plot(p: Path, head: bytes, whole: bool) -> bool:
+    fmt = _plot_format(p)
+    if fmt in ("raw", "rgba"):  # bare pixels, no room for a mark: an existing one is never known to be ours
+        return False
+    if fmt == "svgz":
+        with suppress(zlib.error):
+            head = zlib.decompressobj(wbits=31).decompress(head, HEAD_BYTES)
+    mark = re.compile(_PLOT_MARKS[fmt], re.DOTALL)
+    if mark.search(head) or any(mark.search(part) for part in _ends(p, fmt, whole)):
+        return True
+    return (fmt == "png" and head.startswith(b"\x89PNG") and b"tEXtSoftware\x00Matplotlib" in head
+            and ours(p.parent / "report.md", "report.md"))
+
+
+def _ends(p: Path, fmt: str, whole: bool) -> list[bytes]:
+    """Where a mark sits at a file's end: WebP's XMP chunk; a PDF's Info dictionary, written just before the
+    cross-reference table that `startxref` (at the very end) points to, which grows with the plot's objects."""
+    if whole:
+        return []
+    try:
+        with open(p, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - HEAD_BYTES))
+            tail = f.read()
+            parts = [tail]
+            found = re.search(rb"startxref\s+(\d+)\s+%%EOF\s*\Z", tail) if fmt == "pdf" else None
+            if found:
+                at = int(found.group(1))
+                f.seek(max(0, at - HEAD_BYTES))
+                parts.append(f.read(min(at, HEAD_BYTES)))
+    except OSError:
+        return []
+    return parts
+
+
+_RECOGNISE = {
+    "json": lambda p, head, whole: bool(_RECORD.match(head) or _OLD_RECORDS.match(head)),
+    "benchmark": lambda p, head, whole: bool(_BENCHMARK.match(head)),
+    "csv": _csv,
+    "spec": _spec,
+    "report.md": lambda p, head, whole: (head.startswith(REPORT_MARK.encode() + b"\n")
+                                         or bool(_OLD_MARKDOWN.match(head))),
+    "report.html": lambda p, head, whole: (head.startswith(b"<!DOCTYPE html>\n" + REPORT_MARK.encode() + b"\n")
+                                           or head.startswith(_OLD_HTML)),
+    "plot": _plot,
+}
+
+
+def refuse_foreign(path: str | Path, option: str, writes: str | tuple[str, ...], *,
+                   instead: str = "another path") -> None:
+    """A SpecError, one line, for an existing non-empty regular file at `path` that `ours` does not recognise as a
+    kind `writes`: replacing it would lose what a user put there (`compare --json notes.md` did). A new path, an
+    empty file, /dev/stdout, a pipe or a device pass."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except (OSError, ValueError):  # not there (or unreachable: the write says why)
+        return
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0 or ours(p, writes):
+        return
+    at = f" ({option})" if option else ""
+    why = ("it exists and cannot be read to tell whether transbench wrote it" if not os.access(p, os.R_OK)
+           else "it exists and is not a file transbench wrote")
+    raise SpecError(f"cannot write {p}: {why}{at}: remove it, or give {instead}")
+
+
+def _refuse_binary(p: Path, option: str) -> None:
+    """What `compare --markdown` appends to must hold text: a plot or an archive given by mistake would be
+    changed, and no reader would show the summary."""
+    try:
+        if not p.is_file():
+            return
+        with open(p, "rb") as f:
+            head = f.read(HEAD_BYTES)
+    except OSError:  # the write will tell
+        return
+    try:
+        head.decode("utf-8")
+        text = b"\0" not in head
+    except UnicodeDecodeError as e:
+        text = b"\0" not in head and e.start >= len(head) - 3 and len(head) == HEAD_BYTES  # a character cut at the end
+    if not text:
+        raise SpecError(f"cannot write {p}: it is not a text file, and {option} adds markdown at the end of an "
+                        "existing file: give a text file (e.g. $GITHUB_STEP_SUMMARY), or another path")
+
+
+def plot_creator() -> str:
+    """The creator a plot names in its metadata: what `ours` looks for."""
+    from .schema import version
+
+    return f"transbench {version()}"
+
+
+def plot_mark(fmt: str) -> dict:
+    """savefig's arguments that put plot_creator() in a `fmt` file: matplotlib's metadata where its writer takes
+    some, Pillow's comment, description or XMP for the formats Pillow writes; none for raw/rgba (pixels only)."""
+    creator = plot_creator()
+    if fmt == "png":
+        return {"metadata": {"Software": creator}}
+    if fmt in ("pdf", "svg", "svgz", "eps", "ps"):
+        return {"metadata": {"Creator": creator}}
+    if fmt in ("jpg", "jpeg", "gif"):
+        return {"pil_kwargs": {"comment": creator}}
+    if fmt in ("tif", "tiff"):
+        return {"pil_kwargs": {"description": creator}}
+    if fmt in ("webp", "avif"):
+        xmp = ('<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+               '<rdf:Description xmlns:xmp="http://ns.adobe.com/xap/1.0/" '
+               f'xmp:CreatorTool="{creator}"/></rdf:RDF></x:xmpmeta>')
+        return {"pil_kwargs": {"xmp": xmp.encode()}}
+    return {}
+
+
+def _plot_format(p: Path) -> str:
+    """The format matplotlib writes for the suffix (check_output refused any other on --plot); PNG otherwise."""
+    suffix = p.suffix.lower().lstrip(".")
+    return suffix if suffix in _PLOT_MARKS or suffix in ("raw", "rgba") else "png"
 
 
 def _check_file(p: Path, option: str, db: str | None, image: bool) -> None:
@@ -306,10 +576,11 @@ def _check_image_format(p: Path, option: str) -> None:
                         f"{', '.join(sorted(formats))})")
 
 
-def check_folder(path: str | Path, option: str, names: tuple[str, ...] = ()) -> Path:
+def check_folder(path: str | Path, option: str, names: dict[str, str] | None = None) -> Path:
     """A folder a command writes files into (`report --out`), created when missing: not empty, not a file,
     really writable (a file is made and removed: permissions do not stop root, and /proc takes no files), and
-    no existing file matching the glob patterns `names` (what will be overwritten) a SQLite database."""
+    every existing file matching one of the glob patterns `names` (what will be replaced; pattern -> the kind of
+    file written there, KINDS) neither a SQLite database nor a file that is not ours (refuse_foreign)."""
     if not str(path).strip():  # `--out ' '` made a folder named ' '
         raise SpecError(f"{option} is empty: give a folder")
     out = Path(path)
@@ -338,9 +609,10 @@ def check_folder(path: str | Path, option: str, names: tuple[str, ...] = ()) -> 
             raise SpecError(f"cannot create the folder {out} ({option}): {e.strerror or e}") from None
         raise SpecError(f"cannot write in the folder {out} ({option}): a file made there failed "
                         f"({e.strerror or e}): give another folder") from None
-    for pattern in names:
+    for pattern, kind in (names or {}).items():
         for f in sorted(out.glob(pattern)):
             _refuse_sqlite(f)
+            refuse_foreign(f, option, (kind,), instead="another folder")
     return out
 
 

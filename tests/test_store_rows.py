@@ -1,0 +1,182 @@
+"""Rows of a store of ours that hold what no transbench writes (edited by hand, half written by another program):
+every command that reads them refuses in one line naming the store, exit 2, and leaves every file as it was; a
+merge copies none of it. What transbench writes (store.db: Store.put_cell through sweep.store_result) is read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+from report_helpers import make_run, ok_result
+from test_store_guard import invoke, one_line_error
+
+from transbench import api
+from transbench.keys import STATUSES
+from transbench.scenarios.inference import cells as grid
+from transbench.scenarios.inference.spec import RunSpec
+from transbench.store import Store
+from transbench.store import db as store_db
+
+# A grid `run --resume` repeats as it is: its cells are all stored, so a resume measures nothing and only reads.
+SPEC = grid.validate(RunSpec(models=["bert-tiny"], backends=["eager"], batches=[1, 2], seqs=[8], device="cpu",
+                             min_time=0.01, warmup=1))
+
+
+def samples(median: float, n: int = 40) -> list[float]:
+    return [median * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(n)]
+
+
+def digest(folder: Path) -> dict:
+    """sha256 of every file (SQLite's -shm index is shared memory, not the store)."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.endswith("-shm")}
+
+
+def two_runs(db: Path, a=samples(10.0), b=samples(10.0)) -> None:
+    """Runs B, then A (the newest: the run `run --resume` takes up), of the same two cells."""
+    for name, s in (("B", b), ("A", a)):
+        make_run(str(db), name, [(c, ok_result(s, c.batch)) for c in grid.expand(SPEC)],
+                 spec=api.spec_to_store(SPEC))
+
+
+A_CELL = "rowid = (SELECT MIN(c.rowid) FROM cells c JOIN runs r ON c.run_id = r.run_id WHERE r.name = 'A')"
+
+
+def _record(**changes):
+    """Sets record keys of A's first cell, written as Python's json writes them (NaN and Infinity included)."""
+    def damage(con):
+        (text,) = con.execute(f"SELECT record FROM cells WHERE {A_CELL}").fetchone()
+        con.execute(f"UPDATE cells SET record = ? WHERE {A_CELL}", (json.dumps({**json.loads(text), **changes}),))
+    return damage
+
+
+def _sql(statement):
+    return lambda con: con.execute(statement)
+
+
+BIG = "9" * 400  # json reads it as an int that no float holds
+
+# damage -> (how, what the one line says, whether it is in a run's row: plain `runs` reads only those)
+DAMAGE = {
+    "negative samples": (_sql(f"UPDATE cells SET samples = '[-1, -2, -3]' WHERE {A_CELL}"),
+                         ["the samples of cell 'backend eager", "a negative time (-1 ms)"], False),
+    "a sample of 400 digits": (_sql(f"UPDATE cells SET samples = '[1.0, {BIG}]' WHERE {A_CELL}"),
+                               ["the samples of cell", "something other than finite numbers"], False),
+    "status not one transbench writes": (_sql(f"UPDATE cells SET status = 'bogus' WHERE {A_CELL}"),
+                                         ["the status of cell", "'bogus', not one of ok, oom"], False),
+    "status a number": (_sql(f"UPDATE cells SET status = 5 WHERE {A_CELL}"),  # TEXT affinity stores '5'
+                        ["the status of cell", "'5', not one of"], False),
+    "negative latency": (_record(latency_ms=-5), ["the record of cell", "latency_ms is -5, not a finite number of 0 "
+                                                  "or more (ms)"], False),
+    "infinite latency": (_record(latency_ms=float("inf")), ["latency_ms is inf"], False),
+    "NaN throughput": (_record(throughput_per_s=float("nan")), ["throughput_per_s is nan"], False),
+    "negative MFU": (_record(mfu=-0.5), ["mfu is -0.5, not a finite number of 0 or more (fraction)"], False),
+    "a latency of 400 digits": (_sql(f"UPDATE cells SET record = replace(record, '\"latency_ms\": ', "
+                                     f"'\"latency_ms\": {BIG}, \"was\": ') WHERE {A_CELL}"),
+                                ["latency_ms is an integer too large for a number"], False),
+    "key cut short": (_sql(f"UPDATE cells SET key = substr(key, 1, 20) WHERE {A_CELL}"),
+                      ["the key of cell", "JSON cut short or edited"], False),
+    "cell date a number": (_sql(f"UPDATE cells SET created = 5 WHERE {A_CELL}"),
+                           ["the date of cell", "'5', not an ISO 8601 date"], False),
+    "run date a number": (_sql("UPDATE runs SET created = 5 WHERE name = 'A'"),
+                          ["the date of run 'A' is '5', not an ISO 8601 date"], True),
+    "run kind not one transbench writes": (_sql("UPDATE runs SET kind = 'bogus' WHERE name = 'A'"),
+                                           ["the kind of run 'A' is 'bogus', not one of inference, training"], True),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_row_transbench_never_writes_is_refused_by_every_reader_and_never_merged(tmp_path, damage):
+    how, needles, run_row = DAMAGE[damage]
+    db = tmp_path / "s.db"
+    two_runs(db)
+    con = sqlite3.connect(db)
+    how(con)
+    con.commit()
+    con.close()
+    target = tmp_path / "t.db"
+    make_run(str(target), "T", [(grid.expand(SPEC)[0], ok_result(samples(5.0), 1))])
+    before = digest(tmp_path)
+    # plain `runs` reads the runs' rows only; its --out record reads every cell
+    listing = ["runs", "--db", db] if run_row else ["runs", "--db", db, "--out", tmp_path / "all.json"]
+    for args in (listing, ["compare", "A", "B", "--db", db], ["report", "A", "--db", db, "--out", tmp_path / "out"],
+                 ["merge", db, "--into", target], ["run", "--resume", "--db", db]):
+        one_line_error(invoke(*args), f"store {db} is damaged", *needles)
+        assert digest(tmp_path) == before, args  # the store, the merge target: no byte changed, nothing written
+
+
+def test_what_transbench_writes_is_read(tmp_path):
+    """The checks refuse nothing the tool writes: every status, 0 ms samples, a key of no JSON form (Store.put_cell
+    takes any text), figures with no unit that may be negative, and an unmarked store of this schema."""
+    db = tmp_path / "s.db"
+    two_runs(db)
+    s = Store(db)
+    run_id = s.find_run("A")["run_id"]
+    for status in STATUSES:
+        s.put_cell(run_id, f"plain key {status}", "inference", status,
+                   {"latency_ms": 0.0, "speedup": -12.5, "similarity_spearman": -0.2, "loss_end": -1.0,
+                    "activations_mb": -3.0, "temp_c": -5.0, "rel_err": float("inf")},
+                   cell={}, samples=[0.0, 0.0, 1.5])
+    s.close()
+    assert len(api.records(str(db), ["A"])) == 2 + len(STATUSES)
+    assert invoke("merge", db, "--into", tmp_path / "t.db").exit_code == 0
+    res = invoke("compare", "A", "B", "--db", db)
+    assert res.exit_code in (0, 1) and "Traceback" not in res.output, res.output
+
+
+def _zero_samples_compare(tmp_path, n):
+    """A clock coarser than the call reads 0 ms for half of the samples of both runs (the median is still above 0)."""
+    db = tmp_path / "s.db"
+    coarse = [0.0] * (n // 2) + [0.002] * (n - n // 2)
+    two_runs(db, coarse, coarse)
+    res = invoke("compare", "A", "B", "--db", db, "--json", tmp_path / "c.json")
+    assert "Traceback" not in res.output and "nan" not in res.output and "RuntimeWarning" not in res.output, res.output
+    return {c["settings"]["batch"]: c for c in json.loads((tmp_path / "c.json").read_text())["cells"]}
+
+
+@pytest.mark.parametrize("n", [40, 12])  # blocks (rules 1-3), ranks (rule 4)
+def test_samples_of_0_ms_are_no_interval_not_nan(tmp_path, n):
+    """Both runs' block medians at 0 ms made the interval nan-nan, and compare said `same`."""
+    cells = _zero_samples_compare(tmp_path, n)
+    for c in cells.values():
+        assert c["verdict"] == "n/a" and c["interval"] is None, c
+        assert "samples of 0 ms" in c["note"], c
+
+
+def test_an_unmarked_store_of_a_newer_schema_is_not_written(tmp_path):
+    """Only a marked file was checked for a newer schema: `run --db` wrote into an unmarked one and reset its
+    user_version to 1."""
+    path = tmp_path / "s.db"
+    two_runs(path)
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA application_id = 0")
+    con.execute(f"PRAGMA user_version = {store_db.SCHEMA_VERSION + 1}")
+    con.commit()
+    con.close()
+    head = path.read_bytes()[:100]
+    assert int.from_bytes(head[68:72], "big") == 0 and int.from_bytes(head[60:64], "big") == 2
+    before = digest(tmp_path)
+    for args in (["run", "--model", "bert-tiny", "--batch", "1", "--seq", "8", "--device", "cpu", "--min-time", "0.01",
+                  "--warmup", "1", "--db", path, "--name", "new"], ["run", "--resume", "--db", path]):
+        one_line_error(invoke(*args), f"store {path} has schema version 2, newer than this transbench knows (1)",
+                       "upgrade transbench")
+    assert digest(tmp_path) == before
+
+
+def test_every_run_kind_a_command_writes_is_declared(tmp_path):
+    """The kinds the commands pass to open_run are the ones a stored run is read with (store.db.RUN_KINDS); a kind
+    of no command is not written, so what is stored reads back."""
+    src = Path(__file__).resolve().parents[1] / "src" / "transbench"
+    written = {m for p in src.rglob("*.py") for m in re.findall(r'open_run\(store, "([a-z-]+)"', p.read_text())}
+    assert written == set(store_db.RUN_KINDS)
+    s = Store(tmp_path / "s.db")
+    try:
+        with pytest.raises(ValueError, match="not one of inference"):
+            s.create_run("x", "train", {}, {})
+        assert s.runs() == []
+    finally:
+        s.close()
