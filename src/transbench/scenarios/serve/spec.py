@@ -304,7 +304,8 @@ def endpoint_spec_refuse(spec: ServeSpec) -> None:
     if spec.request_timeout != ServeSpec.request_timeout:
         given.append("--request-timeout")
     if given:
-        raise SpecError(f"{', '.join(given)} apply to an endpoint: add --url http://HOST:PORT, or leave them out")
+        verb, it = ("applies", "it") if len(given) == 1 else ("apply", "them")
+        raise SpecError(f"{', '.join(given)} {verb} to an endpoint: add --url http://HOST:PORT, or leave {it} out")
 
 
 def check_given(spec: ServeSpec, percentile: bool, new_tokens: bool) -> None:
