@@ -26,6 +26,7 @@ from report_helpers import cell, make_run, ok_result
 from test_cli_input import invoke, refused
 
 from transbench import boundary
+from transbench.declare import LIMITS
 from transbench.errors import SpecError
 from transbench.scenarios.inference.spec import RunSpec
 from transbench.spec import load_file
@@ -681,3 +682,75 @@ def test_the_concurrency_limit_in_help_is_the_one_serve_checks():
     from transbench.spec import LIMITS
 
     assert LIMITS["--concurrency"] == MAX_REQUESTS
+
+
+# --- options checked where every spec is read, endpoint URLs, arrivals, output files ------------------------------
+
+@FAST
+@given(data=st.data())
+def test_any_count_past_its_limit_is_refused_by_every_spec(data):
+    """declare.LIMITS, held for every command's spec (spec.coerce): a count past its limit is one line naming it."""
+    from transbench.declare import declared, item_type, option_of
+    from transbench.scenarios.micro.options import BreakdownOptions, GemmOptions, LayerOptions
+    from transbench.scenarios.serve.spec import ServeSpec
+    from transbench.scenarios.training.spec import TrainSpec
+    from transbench.spec import coerce
+
+    cls = data.draw(st.sampled_from([RunSpec, TrainSpec, ServeSpec, GemmOptions, LayerOptions, BreakdownOptions]))
+    limited = [(f.name, option_of(f, s)) for f, s in declared(cls)
+               if option_of(f, s) in LIMITS and item_type(cls, f.name)[0] is int]
+    if not limited:
+        return
+    name, option = data.draw(st.sampled_from(limited))
+    value = data.draw(st.integers(min_value=LIMITS[option] + 1, max_value=2**63 - 1))
+    with pytest.raises(SpecError) as e:
+        coerce(cls, {name: value if not item_type(cls, name)[1] else [value]})
+    assert f"{option} {value:,} is above its limit of {LIMITS[option]:,}" in one_line(e.value)
+
+
+@FAST
+@given(url=st.text(max_size=40) | st.builds(lambda host, port: f"http://{host}:{port}", st.text(max_size=20),
+                                            st.integers(min_value=-5, max_value=10**6)))
+def test_any_endpoint_url_is_a_root_a_client_reads_or_refused(url):
+    """serve --url: any text is a yes or a no, never an exception; what is taken, httpx (the client) reads too."""
+    from transbench.scenarios.serve.endpoint_spec import _is_root
+
+    if _is_root(url):
+        httpx = pytest.importorskip("httpx")
+        assert httpx.URL(url).host
+
+
+@FAST
+@given(b=st.text(max_size=12) | st.floats(allow_nan=True, allow_infinity=True).map(repr))
+def test_any_burstiness_is_refused_or_plans_a_bounded_list_quickly(b):
+    """--arrivals gamma:B: one line as the CLI prints it (control characters escaped), or a plan of arrivals that ends
+    (gamma:1e-300 planned for ever)."""
+    from transbench.cli.tables import visible
+    from transbench.scenarios.serve import arrivals
+
+    try:
+        plan = arrivals.parse(f"gamma:{b}")
+    except SpecError as exc:
+        assert "\n" not in visible(str(exc))
+        return
+    start = time.monotonic()
+    times = plan.times(rate=50.0, span_s=10.0, seed=0)
+    assert time.monotonic() - start < 5 and len(times) < 100_000 and all(t >= 0 for t in times)
+
+
+@FAST
+@given(content=st.binary(max_size=600), kind=st.sampled_from(["json", "benchmark", "csv", "spec", "report.md",
+                                                               "report.html", "plot"]),
+       suffix=st.sampled_from([".json", ".csv", ".yaml", ".md", ".html", ".png", ".svg", ".pdf"]))
+def test_any_existing_file_is_ours_or_refused_and_left_as_it_was(tmp_path_factory, content, kind, suffix):
+    """An output path holding anything at all: recognised as ours (and then replaced), or refused in one line before
+    any work, the file unchanged (store/export.py ours)."""
+    from transbench.store import export
+
+    path = tmp_path_factory.mktemp("out") / f"f{suffix}"
+    path.write_bytes(content)
+    try:
+        export.check_output(str(path), "--out", writes=kind)
+    except SpecError as exc:
+        one_line(exc)
+    assert path.read_bytes() == content

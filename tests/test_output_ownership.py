@@ -47,6 +47,12 @@ USER_FILES = {
 }
 
 
+def users_file(path: Path, kind: str) -> tuple[Path, str]:
+    """A user's file of `kind` at `path`, and its digest (to show it unchanged)."""
+    USER_FILES[kind](path)
+    return path, digest(path)
+
+
 
 @pytest.fixture
 def runs_db(tmp_path):
@@ -64,9 +70,7 @@ def runs_db(tmp_path):
 @pytest.mark.parametrize("kind", sorted(USER_FILES))
 @pytest.mark.parametrize("option", ["--json", "--csv"])
 def test_an_export_refuses_a_users_file_before_the_run(tmp_path, no_work, option, kind):
-    path = tmp_path / f"mine.{kind}"
-    USER_FILES[kind](path)
-    before = digest(path)
+    path, before = users_file(tmp_path / f"mine.{kind}", kind)
     refused(invoke(*TINY_RUN, "--db", tmp_path / "r.db", option, path), f"cannot write {path}", FOREIGN,
             f"({option})", "remove it, or give another path")
     assert digest(path) == before and not (tmp_path / "r.db").exists()
@@ -74,9 +78,7 @@ def test_an_export_refuses_a_users_file_before_the_run(tmp_path, no_work, option
 
 @pytest.mark.parametrize("kind", sorted(USER_FILES))
 def test_a_plot_refuses_a_users_file_before_the_run(tmp_path, no_work, kind):
-    path = tmp_path / "mine.png"
-    USER_FILES[kind](path)
-    before = digest(path)
+    path, before = users_file(tmp_path / "mine.png", kind)
     refused(invoke(*GEMM, "--db", tmp_path / "g.db", "--plot", path), FOREIGN, "(--plot)")
     assert digest(path) == before
 
@@ -126,9 +128,7 @@ def test_a_rerun_replaces_its_own_plot_in_the_suffixs_format(tmp_path):
 @pytest.mark.parametrize("kind", sorted(USER_FILES))
 @pytest.mark.parametrize("option", ["--json", "--github-benchmark"])
 def test_compare_refuses_a_users_file(runs_db, tmp_path, option, kind):
-    path = tmp_path / f"precious.{kind}"
-    USER_FILES[kind](path)
-    before = digest(path)
+    path, before = users_file(tmp_path / f"precious.{kind}", kind)
     refused(invoke("compare", "a", "b", "--db", runs_db, option, path), f"cannot write {path}", FOREIGN,
             f"({option})")
     assert digest(path) == before
@@ -198,9 +198,7 @@ def test_a_refused_compare_output_writes_none_of_the_others(runs_db, tmp_path):
 def test_report_refuses_a_folder_with_a_users_file_of_its_names(runs_db, tmp_path, name, kind):
     out = tmp_path / "myproj"
     out.mkdir()
-    path = out / name
-    USER_FILES[kind](path)
-    before = digest(path)
+    path, before = users_file(out / name, kind)
     refused(invoke("report", "a", "--db", runs_db, "--out", out), f"cannot write {path}", FOREIGN, "(--out)",
             "give another folder")
     assert digest(path) == before and [p.name for p in out.iterdir()] == [name]  # nothing written beside it

@@ -284,7 +284,8 @@ def test_serve_url_through_the_cli_shows_the_error_rate(tmp_path):
     # hosts no client can reach: urlsplit's and httpx's tracebacks, or a load of failed requests, before
     *[(["--url", url, "--api", "openai-embeddings", "--served-model", "m"], "give the endpoint's root")
       for url in ("http://[::1", "http://999.999.999.999:80", "http://a b:1", "http://1.2.3:8", "http://-x:1",
-                  "http://x..y:1", "http://127.0.0.1:0", "http://127.0.0.1:70000", "http://u:p@127.0.0.1:9")],
+                  "http://x..y:1", "http://127.0.0.1:0", "http://127.0.0.1:70000", "http://u:p@127.0.0.1:9",
+                  "http://¡:80")],
     (["--url", "http://127.0.0.1:9"], "--url needs --api"),
     (["--url", "http://127.0.0.1:9", "--api", "grpc"], "unknown --api"),
     (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--backend", "fused"], "set what runs"),

@@ -42,8 +42,16 @@ def _is_root(url: str) -> bool:
     except UnicodeError:
         return False
     labels = name.removesuffix(".").split(".")
-    return (len(name) <= 253 and not all(label.isdigit() for label in labels)  # dotted numbers: a bad IPv4
-            and all(re.fullmatch(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)", label) for label in labels))
+    if len(name) > 253 or all(label.isdigit() for label in labels) \
+            or not all(re.fullmatch(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)", label) for label in labels):
+        return False  # dotted numbers: a bad IPv4 address; other characters: no host name
+    import httpx  # the client (check() has made sure it is installed): its IDNA rules are stricter than Python's
+
+    try:
+        httpx.URL(url)
+    except httpx.InvalidURL:  # `http://¡` passed Python's idna codec, and failed in the client
+        return False
+    return True
 
 
 def check(spec):
