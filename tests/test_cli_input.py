@@ -352,15 +352,48 @@ def stored(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["run", "--min-time", "0.1s"], "Invalid value for '--min-time'"),
+    (["run", "--min-time", "0.1s"], "--min-time '0.1s': expected a number (as 0.5)"),
     (["run", "--bogus"], "No such option: --bogus"),
     (["models", "extra"], "unexpected extra argument"),
-    (["micro", "breakdown", "--batch", "1,2"], "Invalid value for '--batch'"),
+    (["micro", "breakdown", "--batch", "1,2"], "--batch '1,2': expected an integer (as 1000)"),
 ])
 def test_an_option_of_the_wrong_kind_is_one_line(tmp_path, args, needle):
     # click's own errors used to be drawn as a usage box of five or six lines
     line = refused(invoke(*args), needle)
     assert "--help" in line
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["runs", "--spec", "a", "--spec", "b"], "--spec was given twice: give it once"),
+    (["run", "--min-time", "5", "--batch", "1", "--min-time", "1"], "--min-time was given twice"),
+    (["run", "--min-time=5", "--min-time", "1"], "--min-time was given twice"),
+    (["micro", "gemm", "--sizes", "8", "--sizes", "16"], "--sizes was given twice"),
+    (["report", "--compare", "--no-compare"], "--compare and --no-compare were both given"),
+    (["compare", "a", "b", "--json", "x.json", "--json", "y.json"], "--json was given twice"),
+])
+def test_an_option_of_one_value_given_twice_is_refused(tmp_path, args, needle):
+    """click keeps the last of a repeated option: `runs --spec a --spec b` printed b's spec alone, and an alias that
+    sets --min-time followed by the user's own ran the user's without a word."""
+    db = tmp_path / "x.db"
+    refused(invoke(*args, "--db", db), needle)
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--min-time", "0_5"], "--min-time '0_5': expected a number (as 0.5), in ASCII digits without `_`"),
+    (["run", "--min-time=1_0"], "--min-time '1_0'"),
+    (["run", "--min-time", "٣"], "in ASCII digits"),
+    (["micro", "gemm", "--warmup", "1_0"], "--warmup '1_0': expected an integer (as 1000)"),
+    (["train", "--steps", "2_0"], "--steps '2_0'"),
+    (["serve", "--percentile", "9_9"], "--percentile '9_9'"),
+    (["compare", "a", "b", "--alpha", "0_1"], "--alpha '0_1'"),
+])
+def test_a_typed_number_is_read_as_the_list_axes_read_it(tmp_path, args, needle):
+    """click reads a typed option with int() or float(), which take `_` grouping (`--min-time 0_5` ran 5 s) and other
+    scripts' digits; the list axes refused both (spec.read_number)."""
+    db = tmp_path / "x.db"
+    refused(invoke(*args, "--db", db), needle)
+    assert not db.exists()
 
 
 CORES = available_cores()

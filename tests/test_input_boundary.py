@@ -754,3 +754,21 @@ def test_any_existing_file_is_ours_or_refused_and_left_as_it_was(tmp_path_factor
     except SpecError as exc:
         one_line(exc)
     assert path.read_bytes() == content
+
+
+@FAST
+@given(text=st.text(max_size=10).filter(lambda t: not t.startswith("-")))
+def test_any_text_for_a_typed_number_is_read_as_python_reads_ascii_or_refused(tmp_path_factory, text):
+    """A typed option's number (here `compare --alpha`): refused in one line naming the option unless it is ASCII
+    without `_` and float() reads it (cli/options.py _ascii_number); what is read goes on to the next check."""
+    from transbench.spec import read_number
+
+    db = tmp_path_factory.mktemp("db") / "none.db"
+    line = refused(invoke("compare", "a", "b", "--alpha", text, "--db", db))
+    try:
+        read_number(text.strip(), float)
+    except ValueError:
+        assert "--alpha" in line and "expected a number" in line
+    else:
+        assert "expected a number" not in line
+    assert not db.exists()

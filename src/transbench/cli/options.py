@@ -15,7 +15,7 @@ from typer.core import TyperCommand, TyperGroup
 from ..errors import SpecError
 from ..declare import (CommandOptions, declared, default_of, help_text, item_type, option_of,
                        shown_default)
-from ..spec import check_name, coerce, load_file, split_list
+from ..spec import check_name, coerce, load_file, read_number, split_list
 from .tables import visible
 
 # Old spelling -> today's, and the value of an option given alone, both from the settings' declarations
@@ -29,10 +29,11 @@ class Command(TyperCommand):
     """A typer command that reads old option spellings and value-less on/off axes before click parses."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
-        known = {o for p in self.params for o in (*p.opts, *p.secondary_opts)}
+        param_of = {o: p for p in self.params if p.param_type_name == "option" for o in (*p.opts, *p.secondary_opts)}
         takes_value = {o for p in self.params if not getattr(p, "is_flag", False) and p.param_type_name == "option"
                        for o in p.opts}
         out: list[str] = []
+        given: dict[str, str] = {}  # a parameter's name -> the spelling it was first given as
         i = 0
         while i < len(args):
             arg = args[i]
@@ -40,18 +41,23 @@ class Command(TyperCommand):
                 out += args[i:]
                 break
             name, eq, value = arg.partition("=")
-            if name in ALIASES and name not in known and ALIASES[name] in known:
+            if name in ALIASES and name not in param_of and ALIASES[name] in param_of:
                 typer.echo(f"note: {name} is now {ALIASES[name]}", err=True)
                 name = ALIASES[name]
                 arg = name + eq + value
             out.append(arg)
-            if name in OPTIONAL_VALUE and name in known and not eq:
+            if name in param_of:
+                _once(ctx, param_of[name], name, given)
+            if name in OPTIONAL_VALUE and name in param_of and not eq:
                 nxt = args[i + 1] if i + 1 < len(args) else None
                 if nxt is None or nxt.startswith("-"):
                     out.append(OPTIONAL_VALUE[name])
             elif name in takes_value and not eq and i + 1 < len(args):
-                out.append(args[i + 1])  # the option's value, never read as an option name
+                value = args[i + 1]
+                out.append(value)  # the option's value, never read as an option name
                 i += 1
+            if name in takes_value and (eq or i < len(args)):
+                _ascii_number(ctx, param_of[name], name, value)
             i += 1
         return super().parse_args(ctx, out)
 
@@ -82,6 +88,44 @@ class Group(TyperGroup):
             typer.echo(f"error: {visible(message)}{where}", err=True)
             sys.exit(exc.exit_code)
         sys.exit(rv if isinstance(rv, int) else 0)  # an Exit's code comes back instead of exiting with it
+
+
+def _once(ctx, param, spelling: str, given: dict[str, str]) -> None:
+    """An option of one value given twice is refused: click keeps the last, so `runs --spec a --spec b` showed b
+    alone and `run --min-time 5 ... --min-time 1` (an alias that adds options, then the user's own) ran 1 s
+    without a word. A repeatable option (several --trace files) is the exception, as declared."""
+    if getattr(param, "multiple", False) or getattr(param, "count", False):
+        return
+    if param.name in given:
+        first = given[param.name]
+        twice = f"{spelling} was given twice" if first == spelling else f"{first} and {spelling} were both given"
+        ctx.fail(f"{twice}: give it once")
+    given[param.name] = spelling
+
+
+def _ascii_number(ctx, param, spelling: str, value: str) -> None:
+    """A typed number as the list axes read it (spec.read_number): click's int() and float() take digits grouped
+    by `_` (`--min-time 0_5` ran 5 s) and other scripts' digits."""
+    kind = _number_kind(param)
+    if kind is None:
+        return
+    try:
+        read_number(value.strip(), kind)
+    except ValueError:
+        what = "an integer (as 1000)" if kind is int else "a number (as 0.5)"
+        how = ", in ASCII digits without `_`" if "_" in value or not value.isascii() else ""
+        ctx.fail(f"{spelling} {value!r}: expected {what}{how}")
+
+
+def _number_kind(param) -> type | None:
+    """int or float where the option reads a number: click's copies in typer < 0.22 keep a ParamType in `type`,
+    typer >= 0.22 the annotation in `type_descriptor`."""
+    named = {"integer": int, "float": float}.get(getattr(getattr(param, "type", None), "name", ""))
+    if named is not None:
+        return named
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    kinds = [k for k in (annotation, *typing.get_args(annotation)) if k in (int, float)]
+    return kinds[0] if kinds else None
 
 
 def _no_bool_placeholder(params):

@@ -471,7 +471,13 @@ def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -
         da, db_ = load(store, [run_a]), load(store, [run_b])
     finally:
         store.close()
-    cmp = compare_records(da.runs[0], da.records, db_.runs[0], db_.records, cfg)
+    a, b = da.runs[0], db_.runs[0]
+    if a["run_id"] == b["run_id"]:
+        # `compare a a` (or `a last` where a is the newest) judged every cell `same` and passed the gate: a run
+        # against itself checks nothing, and is most likely a name mistyped in a CI step. As `report a a` says.
+        raise SpecError(f"runs '{run_a}' and '{run_b}' are one run ('{a['name']}'): a comparison needs two "
+                        "different runs (`transbench runs` lists them)")
+    cmp = compare_records(a, da.records, b, db_.records, cfg)
     why = nothing_compared(cmp)
     if why is not None:
         raise SpecError(why)
