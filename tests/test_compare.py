@@ -454,3 +454,25 @@ def test_compare_n_a_note_for_inference_cells(tmp_path):
         make_run(db, name, [(cell("eager", 1), few)])
     cmp = compare(db, "a", "b")
     assert "--min-time" in cmp.cells[0].note  # an inference cell keeps the --min-time hint
+
+
+@pytest.mark.parametrize("failed_a, failed_b, n, verdict", [
+    (0, 121, 201, "broken"),  # a server that sheds 60% of its load answers the rest as fast
+    (0, 10, 20, "broken"),
+    (0, 1, 200, "same"),  # 0.5 points: under the 3-point min effect
+    (5, 9, 100, "same"),  # 4 points, within chance (z 1.1)
+    (60, 0, 200, "same"),  # fewer failures: no regression
+])
+def test_a_load_test_whose_failures_grew_is_broken_whatever_its_latency(tmp_path, failed_a, failed_b, n, verdict):
+    """serve --url times the answered requests alone: B's latency is the same while it fails more of them, and the
+    gate passed it (exit 0). compare.more_failures judges the failed share."""
+    db = str(tmp_path / "f.db")
+    for name, failed in (("A", failed_a), ("B", failed_b)):
+        make_run(db, name, [(cell("eager", 1), ok_result(noisy(10.0, seed=len(name)), 1, n_requests=n,
+                                                          failed=failed, error_rate=failed / n))])
+    res = CliRunner().invoke(app, ["compare", "A", "B", "--db", db, "--json", str(tmp_path / "c.json")])
+    (c,) = json.loads((tmp_path / "c.json").read_text())["cells"]
+    assert c["verdict"] == verdict, c
+    assert res.exit_code == (1 if verdict == "broken" else 0), res.output
+    if verdict == "broken":
+        assert f"B failed {failed_b / n:.1%} of its requests" in c["note"]

@@ -128,6 +128,43 @@ def test_what_transbench_writes_is_read(tmp_path):
     assert res.exit_code in (0, 1) and "Traceback" not in res.output, res.output
 
 
+@pytest.mark.parametrize("extra, samples_ms, says", [
+    ({"tokens_per_s": -12.75}, None, "tokens_per_s is -12.75, not a finite number of 0 or more"),
+    ({"tpot_p50_ms": float("inf")}, None, "tpot_p50_ms is inf"),
+    ({"model": 12345}, None, "model is a number, not text"),
+    ({}, [1.0, float("nan")], "something other than finite numbers"),
+    ({}, [1.0, -2.0], "a negative time (-2 ms)"),
+])
+def test_a_cell_the_store_would_refuse_is_kept_as_an_error_without_its_figures(tmp_path, extra, samples_ms, says):
+    """What an endpoint answers reaches the record (its usage counts, its model's name): a figure the store refuses
+    on reading, once written, made every later read of the whole store refuse it. The writer checks with the
+    reader's rules (db.cell_problem): the cell is an error, the store stays readable."""
+    db = tmp_path / "s.db"
+    result = ok_result(samples(10.0), 1, **extra)
+    if samples_ms is not None:
+        result.samples_ms = samples_ms
+    make_run(str(db), "A", [(grid.expand(SPEC)[0], result)])
+    (rec,) = api.records(str(db), ["A"])
+    assert rec["status"] == "error" and says in rec["error"] and rec.get("latency_ms") is None
+    assert invoke("runs", "--db", db, "--out", tmp_path / "all.json").exit_code == 0
+
+
+def test_a_figure_of_no_bound_that_is_not_finite_is_stored_as_none_and_exported_as_strict_json(tmp_path):
+    """A cosine of NaN vectors (`reference_cosine_min`, a key with no declared bound) reached `runs --out f.json`
+    as a bare NaN, which strict JSON readers refuse; stored and exported, an undefined figure is null."""
+    db = tmp_path / "s.db"
+    result = ok_result(samples(10.0), 1, reference_cosine_min=float("nan"), rel_err=float("inf"))
+    result.info = {"cosines": [float("nan"), 1.0]}
+    make_run(str(db), "A", [(grid.expand(SPEC)[0], result)])
+    (rec,) = api.records(str(db), ["A"])
+    assert rec["status"] == "ok" and rec["reference_cosine_min"] is None and rec["rel_err"] is None
+    out = tmp_path / "all.json"
+    assert invoke("runs", "--db", db, "--out", out).exit_code == 0
+    text = out.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the export"))
+
+
 def _zero_samples_compare(tmp_path, n):
     """A clock coarser than the call reads 0 ms for half of the samples of both runs (the median is still above 0)."""
     db = tmp_path / "s.db"

@@ -93,9 +93,12 @@ def compare(
             if os.path.realpath(path) == os.path.realpath(before):
                 fail(f"{other} and {option} both write {path}: give them different files")
     cmp = compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
-    texts = {"--json": lambda: json.dumps(comparison_document(cmp), indent=1, default=str) + "\n",
+    def strict(doc) -> str:  # JSON a CI's parser reads: an undefined figure is null, never a bare NaN
+        return json.dumps(export.finite_json(doc), indent=1, default=str, allow_nan=False) + "\n"
+
+    texts = {"--json": lambda: strict(comparison_document(cmp)),
              "--markdown": lambda: comparison_markdown(cmp),
-             "--github-benchmark": lambda: json.dumps(benchmark_entries(cmp), indent=1) + "\n"}
+             "--github-benchmark": lambda: strict(benchmark_entries(cmp))}
     for option, path in files.items():
         with export.writing(path):
             (export.append_text if option == "--markdown" else export.write_text)(path, texts[option]())

@@ -33,7 +33,9 @@ were stored:
    1 - alpha), against the same min effect. Calls of one process share its state (allocator, thread
    placement, clock); repeats in separate processes are the independent draws, so their spread is the
    run-to-run noise a gate must see past.
-A cell that was ok in A and is not in B (OOM, wrong, error, ...) is `broken`; the reverse is `fixed`.
+A cell that was ok in A and is not in B (OOM, wrong, error, ...) is `broken`; the reverse is `fixed`. A load
+test's cell (`serve`) whose share of failed requests grew is `broken` too, whatever its latency: the answered
+requests alone are timed, so a server that sheds load fast would pass on them (more_failures).
 Everything is numpy and the standard library; rule 4's counts are exact Python integers at any n."""
 
 from __future__ import annotations
@@ -457,9 +459,30 @@ def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[d
             reps_a, reps_b = repeat_medians(ra), repeat_medians(rb)
             ratio, interval, verdict, note = judge(ra["_samples"], rb["_samples"], ma, mb, cfg, ra.get("scenario"),
                                                    reps_a, reps_b)
+            failing = more_failures(ra, rb, cfg)
+            if failing is not None:
+                verdict, note = "broken", failing
             out.cells.append(CellComparison(ra, rb, ma, mb, ratio, interval, verdict, note,
                                             method(ra["_samples"], rb["_samples"], reps_a, reps_b, interval)))
     return out
+
+
+def more_failures(ra: dict, rb: dict, cfg: CompareConfig) -> str | None:
+    """Why B's share of failed requests is a regression, or None. B fails more than A by at least min_effect (as a
+    share of requests: 0.03, 3 points) and by more than chance: a one-sided two-proportion z-test at alpha. Only
+    cells that count requests and their failures (serve --url's `n_requests`, `failed`) are judged."""
+    counts = [(r.get("n_requests"), r.get("failed")) for r in (ra, rb)]
+    if not all(isinstance(n, int) and isinstance(f, int) and 0 <= f <= n and n > 0 for n, f in counts):
+        return None
+    (na, fa), (nb, fb) = counts
+    pa, pb = fa / na, fb / nb
+    pooled = (fa + fb) / (na + nb)
+    if pb - pa < cfg.min_effect or pooled in (0, 1):
+        return None
+    z = (pb - pa) / math.sqrt(pooled * (1 - pooled) * (1 / na + 1 / nb))
+    if z < statistics.NormalDist().inv_cdf(1 - cfg.alpha):
+        return None
+    return f"B failed {pb:.1%} of its requests ({fb:,} of {nb:,}), A {pa:.1%} ({fa:,} of {na:,})"
 
 
 def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -> Comparison:

@@ -21,7 +21,7 @@ from ..cells import CellResult
 from ..errors import SpecError
 # Spec settings a resumed run may change (where and how long cells run, not what they measure): one set with
 # merge's, which joins the shards of one run.
-from ..store.db import RESUMABLE, RunExists
+from ..store.db import RESUMABLE, RunExists, cell_problem
 from .worker import Worker
 
 
@@ -71,6 +71,13 @@ def flat_record(cell, result: CellResult) -> dict:
 def store_result(store, run_id: str, cell, result: CellResult, key: str | None = None,
                  scenario: str | None = None) -> None:
     rec = flat_record(cell, result)
+    why = cell_problem(rec, result.samples_ms)
+    if why is not None:
+        # A figure no store row holds (a negative or infinite rate from an endpoint's usage counts): stored, every
+        # later read of the store would refuse it as damaged. The cell is an error, its figures left out.
+        result = CellResult("error", info=result.info, warnings=result.warnings,
+                            error=f"the measurement gave {why}: a figure no store holds, so none is kept")
+        rec = flat_record(cell, result)
     if scenario:
         rec["scenario"] = scenario
     store.put_cell(run_id, key or cell.key(), scenario or cell.scenario, result.status, rec,

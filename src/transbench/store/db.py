@@ -526,8 +526,9 @@ class Store:
         with self.conn:  # one transaction: the cell is stored whole or not at all
             self.conn.execute(
                 "INSERT OR REPLACE INTO cells VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (run_id, key, scenario, status, json.dumps(record, default=str), json.dumps(cell),
-                 json.dumps(samples or []), json.dumps(info or {}, default=str), json.dumps(warnings or []), _now()),
+                (run_id, key, scenario, status, json.dumps(finite_json(record), default=str), json.dumps(cell),
+                 json.dumps(samples or []), json.dumps(finite_json(info or {}), default=str),
+                 json.dumps(warnings or []), _now()),
             )
 
     @_guarded
@@ -702,6 +703,27 @@ def _column_problem(column: str, value) -> str | None:
         if bad:
             return f"an environment whose {bad} is {_JSON_NAME[type(value[bad])]}, not text"
     return None
+
+
+def cell_problem(record: dict, samples: list) -> str | None:
+    """What in a cell about to be stored the store would refuse on reading it back, or None: a writer checks with
+    the reader's own rules, so a cell it stores never makes the store read as damaged (an endpoint's usage of -3
+    tokens gave tokens_per_s -12.75, and every later `runs`, `compare` and `--resume` of the store refused it)."""
+    return _column_problem("samples", samples) or _column_problem("record", record)
+
+
+def finite_json(value):
+    """`value` with every float that is not finite as None (JSON's null): json.dumps writes NaN and Infinity, which
+    no strict JSON reader takes (a cosine of NaN vectors, `reference_cosine_min`, reached `runs --out f.json` as a
+    bare NaN). Keys the catalogue bounds are refused before this (cell_problem); elsewhere an undefined figure is
+    none."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
 
 
 def _parsed(key: str):

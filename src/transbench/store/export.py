@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import boundary, keys
 from ..errors import SpecError
-from .db import Store
+from .db import Store, finite_json
 
 # Every record has these keys, in this order (docs/records.md): None where one does not apply
 # or the device cannot measure it (clock and power on a CPU), so a CPU run's export has a GPU run's columns.
@@ -237,7 +237,8 @@ def save_figure(fig, path: str | Path, **kwargs) -> None:
 def _fill_json(recs: list[dict], f, runs: list[dict]) -> None:
     from .schema import record_document
 
-    json.dump(record_document(recs, runs, columns(recs)), f, indent=1, default=str)
+    # Strict JSON: a store written before its writer kept non-finite figures out may still hold a NaN.
+    json.dump(finite_json(record_document(recs, runs, columns(recs))), f, indent=1, default=str, allow_nan=False)
 
 
 def _fill_csv(recs: list[dict], f) -> None:
