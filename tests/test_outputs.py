@@ -72,7 +72,7 @@ def test_no_output_overwrites_another_sqlite_database(stored, other_db, no_work,
     path, before = other_db
     if option == "--plot":  # a database named like an image
         path = path.rename(tmp_path / "other.png")
-    command = {"--out": ["runs", "--db", db, "--spec", "a"], "--plot": GEMM}.get(option, TINY_RUN)
+    command = {"--out": ["runs", "--spec", "a"], "--plot": GEMM}.get(option, TINY_RUN)
     refused(invoke(*command, "--db", db, option, path), "SQLite database", str(path))
     assert path.read_bytes() == before
 
