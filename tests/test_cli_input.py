@@ -160,7 +160,7 @@ def test_on_off_axes_take_what_users_type(tmp_path, monkeypatch):
     assert [(s.grad_ckpts, s.compiles) for s in specs] == [
         ([True], [False]), ([True, False], [True]), ([False], [True]), ([True], [False])]
     refused(invoke("train", "--model", "bert-tiny", "--grad-ckpt", "maybe", "--db", tmp_path / "b.db"),
-            "grad_ckpts: expected a list of true/false values, got 'maybe'")
+            "--grad-ckpt 'maybe': expected a list of true/false values, e.g. --grad-ckpt true")  # named as typed
 
 
 @pytest.mark.parametrize("command", [[], ["run"], ["train"], ["micro"], ["micro", "gemm"], ["runs"], ["compare"]])
@@ -363,6 +363,18 @@ def test_an_option_of_the_wrong_kind_is_one_line(tmp_path, args, needle):
     assert "--help" in line
 
 
+@pytest.mark.parametrize("text, needle", [
+    ('{"models": ["bert-tiny"], "timeout": 1' + "0" * 400 + "}", "timeout: expected a number"),  # no float holds it
+    ("models: [bert-tiny]\nmin_time: 1" + "0" * 400 + "\n", "min_time: expected a number"),
+    ('{"models": [""]}', "a model name is empty"),  # Path("") is the current folder
+])
+def test_spec_values_no_number_or_model_holds_are_one_line(tmp_path, text, needle):
+    spec = tmp_path / ("s.json" if text.startswith("{") else "s.yaml")
+    spec.write_text(text)
+    refused(invoke("run", "--spec", spec, "--device", "cpu", "--db", tmp_path / "x.db"), needle)
+    assert not (tmp_path / "x.db").exists()
+
+
 @pytest.mark.parametrize("args,needle", [
     (["runs", "--spec", "a", "--spec", "b"], "--spec was given twice: give it once"),
     (["run", "--min-time", "5", "--batch", "1", "--min-time", "1"], "--min-time was given twice"),
@@ -411,6 +423,11 @@ CORES = available_cores()
     (["micro", "collectives", "--nproc", str(CORES + 1)], "at most one process per core"),
     (["run", "--model", "bert-tiny", "--nproc", str(CORES + 1), "--batch", str(CORES + 1)],
      "at most one process per core"),
+    # sizes past any GPU's memory: the OS killed the worker, or the tensor's byte count overflowed (an error cell)
+    (["train", "--model", "bert-tiny", "--pad-vocab", "100000000"], "--pad-vocab 100,000,000 is above its limit"),
+    (["micro", "gemm", "--sizes", "2^40"], "above its limit of 1,048,576 (2^20)"),
+    (["micro", "bandwidth", "--sizes", "2^62"], "above its limit of 1,099,511,627,776 (2^40)"),
+    (["micro", "collectives", "--sizes", "2^50"], "above its limit of 1,099,511,627,776 (2^40)"),
 ])
 def test_every_command_holds_the_limits_its_help_states(tmp_path, args, needle):
     """The limits --help prints (declare.LIMITS) are checked where every command's spec is read (spec.coerce): only

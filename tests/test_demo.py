@@ -83,6 +83,11 @@ def test_demo_refuses_a_prompt_longer_than_the_model(packaged):
     assert "takes at most 512" in res.output
 
 
+def test_demo_refuses_a_prompt_that_is_not_utf8():
+    # bytes that are not UTF-8 reach Python as lone surrogates (`--prompt $'caf\xe9'`): the tokenizer's TypeError
+    assert "--prompt is not UTF-8 text (character 4)" in _refused(["--prompt", "caf\udce9 [MASK]"])
+
+
 @pytest.mark.slow
 def test_preset_with_mask_predicts_and_says_weights_are_random(packaged):
     result = run_demo("the cat sat on the [MASK].", model="bert-base-uncased", device="cpu")

@@ -259,6 +259,66 @@ def test_any_safetensors_header_is_read_or_refused_in_one_line(tmp_path_factory,
         assert all(isinstance(s, tuple) for s in shapes.values())
 
 
+def _lying(weights: Path, edit) -> bytes:
+    """`weights` with its header edited by `edit(header)`; the data bytes as they were."""
+    raw = weights.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    edit(header)
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + raw[8 + n:]
+
+
+def _tensors(header):
+    return [v for k, v in header.items() if k != "__metadata__"]
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda h: _tensors(h)[0].update(dtype="F64"), "needs"),  # its offsets still fit F32
+    (lambda h: [t.update(dtype="ZZ") for t in _tensors(h)], "which safetensors does not know"),
+    (lambda h: [t.update(data_offsets=[0, 4]) for t in _tensors(h)], "needs"),
+    (lambda h: _tensors(h)[1].update(shape=_tensors(h)[0]["shape"], data_offsets=_tensors(h)[0]["data_offsets"]),
+     "starts at byte"),
+])
+def test_a_safetensors_header_that_lies_is_refused_before_the_run(tmp_path, weights, edit, needle):
+    """Headers whose dtype is unknown, whose offsets do not hold their shape, or whose tensors overlap passed the
+    boundary: the run was stored and every cell was an `error` from the library."""
+    d = folder_with(tmp_path, weights, TINY_BERT)
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors").write_bytes(_lying(weights, edit))
+    line = refused(invoke("run", "--model", d, "--device", "cpu", "--db", tmp_path / "x.db"))
+    assert needle in line and "model.safetensors" in line
+    assert not (tmp_path / "x.db").exists()
+
+
+@FAST
+@given(data=st.data())
+def test_any_header_the_boundary_takes_safetensors_opens(tmp_path_factory, weights, data):
+    """Edits of a real header (dtypes, shapes, offsets): refused in one line, or the library reads every tensor."""
+    from safetensors import safe_open
+
+    def edit(header):
+        for t in _tensors(header):
+            field = data.draw(st.sampled_from(["dtype", "shape", "data_offsets", None]))
+            if field == "dtype":
+                t["dtype"] = data.draw(st.sampled_from(["F32", "F16", "F64", "I8", "BOOL", "F4", "ZZ"]))
+            elif field == "shape":
+                t["shape"] = data.draw(st.lists(st.integers(0, 64), max_size=3))
+            elif field == "data_offsets":
+                t["data_offsets"] = sorted(data.draw(st.lists(st.integers(0, 40_000), min_size=2, max_size=2)))
+
+    path = tmp_path_factory.mktemp("st") / "model.safetensors"
+    path.write_bytes(_lying(weights, edit))
+    try:
+        boundary.safetensors_shapes(path, "weight file")
+    except SpecError as exc:
+        one_line(exc)
+        return
+    with safe_open(str(path), "np") as f:
+        for k in f.keys():
+            f.get_slice(k)
+
+
 @FAST
 @given(text=values.map(json.dumps) | depths.map(nested_json)
        | values.map(lambda v: json.dumps({"model": {"type": v, "vocab": v}})))

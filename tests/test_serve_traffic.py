@@ -65,6 +65,11 @@ def test_example_trace_reads(tmp_path):
     ('{"timestamp": 5, "input_length": 2, "output_length": 1}\n{"timestamp": 4, "input_length": 2, "output_length": 1}\n',
      "line 2: timestamp 4 is before"),
     ("\n\n", "holds no requests"),
+    # math.isfinite of a 400-digit int raised OverflowError, a traceback
+    (f'{{"timestamp": 1{"0" * 400}, "input_length": 8, "output_length": 4}}\n', "line 1: 'timestamp' is past"),
+    (f'{{"timestamp": 0, "input_length": 8, "output_length": {2**53 + 1}}}\n', "line 1: 'output_length' is past"),
+    ('{"timestamp": 1e300, "input_length": 8, "output_length": 4}\n', "line 1: 'timestamp' is past"),
+    ('{"timestamp": NaN, "input_length": 8, "output_length": 4}\n', "'timestamp' must be a number"),
 ])
 def test_bad_trace_lines(tmp_path, text, message):
     f = tmp_path / "t.jsonl"
@@ -192,6 +197,18 @@ def _refused(tmp_path, *args):
 ])
 def test_bad_traffic_options_are_one_line(tmp_path, args, message):
     assert message in _refused(tmp_path, *args)
+
+
+@pytest.mark.parametrize("option, text", [
+    ("--trace", f'{{"timestamp": 1{"0" * 400}, "input_length": 8, "output_length": 4}}\n'),
+    ("--lengths", f"5\n1{'0' * 400}\n"),  # the mean, a float, overflowed before the count met the model's limit
+])
+def test_a_huge_number_in_a_traffic_file_is_one_line_naming_its_line(tmp_path, option, text):
+    f = tmp_path / "f.txt"
+    f.write_text(text)
+    args = ["--trace", f] if option == "--trace" else ["--rate", "5", "--lengths", f"counts:{f}"]
+    out = _refused(tmp_path, *args)
+    assert f"{f} line {1 if option == '--trace' else 2}: " in out and "is past 9,007,199,254,740,992" in out
 
 
 def test_trace_too_long_for_the_model(tmp_path):

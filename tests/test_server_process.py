@@ -123,3 +123,83 @@ def test_an_embedding_reads_the_same_from_base64_and_from_a_list(values):
 def test_a_malformed_embedding_is_refused(value):
     with pytest.raises(ValueError):
         embedding_values(value)
+
+
+def fake_api(decoder: bool):
+    """The HTTP side over a model that answers nothing: what is refused never reaches it."""
+    from types import SimpleNamespace as NS
+
+    from transbench.scenarios.serve import server
+    from transbench.scenarios.serve.prompts import WordTokenizer
+    from transbench.scenarios.serve.server_model import Metrics
+
+    spec = NS(served_model_name="tiny", max_length=32, max_tokens=8)
+    model = NS(alive=True, failure=None, metrics=Metrics(), submit=lambda job: None)
+    return server.build_app(server.Api(spec, NS(shape=NS(vocab=100)), decoder, model, WordTokenizer(100)))
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/embeddings", '{"model": "tiny", "input": "a \\ud800"}'),
+    ("/v1/embeddings", '{"model": "tiny", "input": ["a", "\\udfff"]}'),
+    ("/v1/embeddings", '{"model": "\\ud800", "input": "a"}'),
+    ("/v1/completions", '{"model": "tiny", "prompt": "\\ud800", "max_tokens": 2}'),
+    ("/v1/completions", '{"model": "tiny", "prompt": "a", "stream": true, "stream_options": "x"}'),
+    ("/v1/completions", '{"model": "tiny", "prompt": "a", "stream": true, "stream_options": [1]}'),
+])
+def test_a_lone_surrogate_or_stream_options_not_an_object_is_a_400(path, body):
+    app = fake_api(path == "/v1/completions")
+
+    async def main():
+        # a 500, not the app's exception: its message would hold the surrogate, which xdist cannot pass on
+        transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post(path, content=body.encode())
+
+    resp = asyncio.run(main())
+    assert resp.status_code == 400, resp.text
+    message = resp.json()["error"]["message"]
+    assert "surrogate" in message or "stream_options must be an object" in message
+
+
+def call(app, messages, hang: bool = False) -> list[dict]:
+    """One POST through the ASGI app, its body in the given pieces; then a hang-up, or (hang) nothing more."""
+    sent, pending = [], list(messages)
+
+    async def receive():
+        if pending:
+            return pending.pop(0)
+        if hang:
+            await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/embeddings", "raw_path": b"/v1/embeddings", "query_string": b"", "root_path": "",
+             "headers": [(b"content-length", b"100")], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 20))  # the app returns: no exception for the log
+    return sent
+
+
+def test_a_client_that_hangs_up_mid_body_is_dropped_without_an_exception():
+    sent = call(fake_api(False), [{"type": "http.request", "body": b'{"model"', "more_body": True}])
+    assert sent[0]["status"] == 499  # answered to nobody: the server drops it
+
+
+def test_a_body_that_stalls_part_way_is_answered_408_and_its_connection_closed(monkeypatch):
+    from transbench.scenarios.serve import server
+
+    monkeypatch.setattr(server, "BODY_S", 0.2)
+    sent = call(fake_api(False), [{"type": "http.request", "body": b'{"model"', "more_body": True}], hang=True)
+    assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"]
+    assert b"did not arrive" in sent[1]["body"]
+
+
+def test_a_body_past_the_limit_is_refused_as_it_arrives(monkeypatch):
+    from transbench.scenarios.serve import server
+
+    monkeypatch.setattr(server, "MAX_BODY", 10)
+    sent = call(fake_api(False), [{"type": "http.request", "body": b"x" * 8, "more_body": True},
+                                  {"type": "http.request", "body": b"x" * 8, "more_body": True}], hang=True)
+    assert sent[0]["status"] == 413 and (b"connection", b"close") in sent[0]["headers"]

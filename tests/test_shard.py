@@ -47,6 +47,11 @@ def test_auto_reads_the_schedulers_index(env, count, want):
     (None, 2, {}, "--shard-count is the count"),
     ("auto", 0, K8S, "at least 1"),
     ("3/2", None, {}, "bad --shard"),
+    # another script's digits, and counts past any cluster's array (a run of no cells, exit 0)
+    ("auto", 5, {"JOB_COMPLETION_INDEX": "٣"}, "whole number"),
+    ("1/100000000000000000000000", None, {}, "above the limit of 1,000,000"),
+    ("auto", None, {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "0",
+                    "SLURM_ARRAY_TASK_MAX": "100000000000000000000"}, "above the limit of 1,000,000"),
 ])
 def test_refusals_are_one_line(text, count, env, says):
     with pytest.raises(SpecError, match=says) as got:

@@ -193,6 +193,17 @@ def test_a_missing_folder_is_named(tmp_path):
     assert not (tmp_path / "no").exists()
 
 
+def test_a_run_name_lock_that_cannot_be_taken_leaves_no_new_store(tmp_path, monkeypatch):
+    """The run-name lock's folder is made after the store is opened: refused there, a new store was left behind."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(not_a_folder))
+    db = tmp_path / "new.db"
+    one_line_error(invoke("micro", "bandwidth", "--device", "cpu", "--sizes", "1024", "--ops", "copy", "--db", db,
+                          "--name", "x"), "cannot lock run 'x'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 def _good(tmp_path):
     good = tmp_path / "good.db"
     _store_with_cells(good)

@@ -284,21 +284,45 @@ def safetensors_shapes(path: str | Path, where: str, fix: str = "re-download or 
     header = loads_json(text, where, depth=8, fix=fix)
     if not isinstance(header, dict):
         _fail(where, "its header is not a JSON object", fix)
-    shapes, end = {}, 0
+    shapes, spans = {}, []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         shape = entry.get("shape") if isinstance(entry, dict) else None
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
         if not (isinstance(shape, list) and len(shape) <= 8 and all(_count(d) for d in shape)
                 and isinstance(offsets, list) and len(offsets) == 2 and all(_count(o) for o in offsets)
                 and offsets[0] <= offsets[1]):
             _fail(where, f"tensor {name[:80]!r} has no valid shape and data offsets in the header", fix)
+        if dtype not in SAFETENSORS_BITS:
+            _fail(where, f"tensor {name[:80]!r} has the dtype {str(dtype)[:20]!r}, which safetensors does not know",
+                  fix)
+        bits = math.prod(shape) * SAFETENSORS_BITS[dtype]
+        if bits % 8 == 0 and offsets[1] - offsets[0] != bits // 8:
+            _fail(where, f"tensor {name[:80]!r} ({dtype} {shape}) needs {bits // 8:,} bytes, its offsets give "
+                  f"{offsets[1] - offsets[0]:,}", fix)
         shapes[name] = tuple(shape)
-        end = max(end, offsets[1])
+        spans.append((offsets[0], offsets[1], name))
+    # As safetensors reads them: the tensors' bytes follow each other from the header's end, no gap or overlap, and
+    # end where the file ends. A header that lies here passed this check and failed every cell in the library.
+    end = 0
+    for begin, stop, name in sorted(spans):
+        if begin != end:
+            _fail(where, f"tensor {name[:80]!r} starts at byte {begin:,} of the data, not at {end:,} where the one "
+                  "before it ends", fix)
+        end = stop
     if 8 + n + end > size:
         _fail(where, f"truncated: {size:,} bytes, the header describes {8 + n + end:,}", fix)
+    if 8 + n + end < size:
+        _fail(where, f"{size - 8 - n - end:,} bytes past the last tensor's end, which safetensors refuses", fix)
     return shapes
+
+
+# Bits of one element of each dtype safetensors writes (its Dtype enum); the sub-byte ones are packed.
+SAFETENSORS_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
+                    "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64,
+                    "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
 
 
 def _count(v) -> bool:
@@ -308,8 +332,15 @@ def _count(v) -> bool:
 # --- values -------------------------------------------------------------------------------------------
 
 def is_number(v) -> bool:
-    """A finite JSON number (not a bool, which Python counts as an int)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite JSON number (not a bool, which Python counts as an int). JSON, YAML and TOML read an integer of 400
+    digits as an int that no float holds: math.isfinite raised OverflowError on it (a spec's `timeout: 1000...0`
+    was a traceback), and no figure or setting of ours is that large."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def ascii_int(text: str) -> int:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 LIMITS = {"--batch": 1_048_576, "--seq": 1_048_576, "--warmup": 100_000, "--min-count": 1_000_000,
           "--new-tokens": 1_000_000, "--nproc": 1024, "--max-batch-size": 65_536,
           "--concurrency": 1_000_000,  # serve's MAX_REQUESTS: requests queued at once
-          "--steps": 10_000_000}
+          "--steps": 10_000_000,
+          "--pad-vocab": 65_536}  # a multiple past any vocabulary: 1e8 sized embeddings until the OS killed the worker
 
 
 @dataclass(frozen=True)

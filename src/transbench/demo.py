@@ -168,6 +168,10 @@ def run_demo(prompt: str, model: str | None = None, backends: list[str] | None =
 
     if not prompt.strip():
         raise SpecError("--prompt is empty: give some text, e.g. --prompt \"the cat sat on the [MASK].\"")
+    try:  # bytes that are not UTF-8 reach Python as lone surrogates, which the tokenizer takes for no text at all
+        prompt.encode()
+    except UnicodeEncodeError as exc:
+        raise SpecError(f"--prompt is not UTF-8 text (character {exc.start + 1}): give it in UTF-8") from None
     names = ["eager"] if backends is None else backends
     if not names:
         raise SpecError("--backend is empty: give at least one backend, e.g. --backend eager,sdpa")

@@ -86,12 +86,12 @@ def _scalar(value, kind: type, text_ok: bool):
         if kind is not bool:
             try:
                 number = read_number(word, kind)
-                if math.isfinite(number):
+                if boundary.is_number(number):
                     return number
             except ValueError:
                 pass
     elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value):  # NaN passes every `< 0` check; inf never ends a deadline or a timer loop
+        if not boundary.is_number(value):  # NaN passes every `< 0` check; inf never ends a deadline or a timer loop
             raise _WrongType
         return float(value)
     elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
@@ -148,6 +148,9 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
                         example = str(_scalar(item, kind, text_ok=True)).lower()
                     except _WrongType:
                         pass
+                if labels and key in labels:  # given on the command line: named as typed (`--grad-ckpt maybe`)
+                    raise SpecError(f"{labels[key]} {item!r}: expected {expected}, e.g. {labels[key]} {example}"
+                                    ) from None
                 raise SpecError(f"{where}{key}: expected {expected}, got {item!r}: write e.g. {key}: "
                                 f"{f'[{example}]' if is_list else example}") from None
         out[key] = typed if is_list else typed[0]
@@ -159,6 +162,8 @@ def _not_finite(item) -> bool:
         return not math.isfinite(float(item))
     except (TypeError, ValueError):
         return False
+    except OverflowError:  # an int past any float: not finite as a number of ours
+        return True
 
 
 def _today_keys(cls, data: dict, where: str) -> dict:
@@ -260,6 +265,11 @@ def checked(cls, spec, whole: frozenset[str] = frozenset()):
     return out
 
 
+# Shards of one grid: far more than any cluster's job array, and far below what stored a run of no cells for
+# `--shard 1/100000000000000000000000`.
+MAX_SHARDS = 1_000_000
+
+
 def parse_shard(shard: str | None) -> tuple[int, int] | None:
     if shard is None:
         return None
@@ -267,8 +277,14 @@ def parse_shard(shard: str | None) -> tuple[int, int] | None:
         i, n = (read_number(x, int) for x in shard.split("/"))
     except ValueError:
         raise SpecError(f"bad --shard '{shard}': write I/N, e.g. 1/4") from None
+    return check_shard(i, n, f"--shard '{shard}'")
+
+
+def check_shard(i: int, n: int, what: str) -> tuple[int, int]:
     if not (n >= 1 and 1 <= i <= n):
-        raise SpecError(f"bad --shard '{shard}': need 1 <= I <= N")
+        raise SpecError(f"bad {what}: need 1 <= I <= N")
+    if n > MAX_SHARDS:
+        raise SpecError(f"bad {what}: {n:,} shards is above the limit of {MAX_SHARDS:,}")
     return i, n
 
 

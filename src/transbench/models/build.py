@@ -527,6 +527,9 @@ def _fingerprint(model: str, folder: Path) -> tuple | None:
 def resolve(model: str) -> ModelRef:
     if model in PRESETS:
         return ModelRef(model, PRESETS[model])
+    if not model.strip():  # Path("") is the current folder: `--model ''` benchmarked whatever checkpoint was there
+        raise SpecError(f"a model name is empty: use a preset ({', '.join(PRESETS)}) or a local checkpoint "
+                        "folder (./ for the current one)")
     path = Path(model).expanduser()
     # os.path.isdir, not Path.is_dir: before Python 3.13 the latter raises for a name too long (ENAMETOOLONG) or a
     # folder that cannot be searched (EACCES), and `--model` of a 10,000-character name was a traceback

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Mapping
 
 from ..errors import SpecError
-from ..spec import parse_shard
+from ..spec import check_shard, parse_shard, read_number
 
 COUNT_VAR = "TRANSBENCH_SHARD_COUNT"
 SCHEDULER_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN",
@@ -26,7 +26,7 @@ def _int(env: Mapping[str, str], var: str) -> int | None:
     if text is None or not text.strip():
         return None
     try:
-        return int(text.strip())
+        return read_number(text.strip(), int)  # ASCII digits, as every number transbench reads
     except ValueError:
         raise SpecError(f"--shard auto: {var}={text.strip()[:40]!r} is not a whole number") from None
 
@@ -79,9 +79,10 @@ def resolve(shard: str | None, count: int | None = None,
         i, n = _slurm(env)
         if count is not None and count != n:
             raise SpecError(f"--shard-count {count} differs from the Slurm array's {n} tasks: leave --shard-count out")
-        return i, n
+        return check_shard(i, n, f"--shard auto (the Slurm array's task {i} of {n:,})")
     if _int(env, "JOB_COMPLETION_INDEX") is not None:
-        return _kubernetes(env, count)
+        i, n = _kubernetes(env, count)
+        return check_shard(i, n, f"--shard auto (the Indexed Job's index {i - 1} of {n:,})")
     raise SpecError("--shard auto: no Slurm array (SLURM_ARRAY_TASK_ID) or Kubernetes Indexed Job "
                     "(JOB_COMPLETION_INDEX) in the environment: give --shard I/N")
 

@@ -95,6 +95,11 @@ def _release(held: tuple[str, str]) -> None:
             os.close(fd)
 
 
+def _remove(path: str) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(path + suffix).unlink(missing_ok=True)
+
+
 def _lock_folder() -> Path:
     """This user's folder of run-name locks on this host: the runtime folder (tmpfs, emptied at boot), else the
     temporary folder."""
@@ -355,9 +360,16 @@ class Store:
         except BaseException:
             self.conn.close()
             if kind == "missing":  # a store that could not be started leaves no file behind
-                for suffix in ("", "-wal", "-shm", "-journal"):
-                    Path(self.path + suffix).unlink(missing_ok=True)
+                _remove(self.path)
             raise
+        self.new = kind == "missing"
+
+    def _remove_if_unused(self) -> None:
+        """A store this Store created and wrote no run to is removed: a command refused before its first run (the
+        run-name lock's folder cannot be made) left a new, empty store behind."""
+        if getattr(self, "new", False) and not self.conn.execute("SELECT 1 FROM runs LIMIT 1").fetchone():
+            self.conn.close()
+            _remove(self.path)
 
     @_guarded
     def _prepare(self, kind: str) -> None:
@@ -419,6 +431,7 @@ class Store:
         except OSError as exc:
             for fd in fds:
                 os.close(fd)
+            self._remove_if_unused()
             raise SpecError(f"cannot lock run '{name}' of store {self.path} ({exc.strerror or exc}) in {folder}: "
                             "check that folder's permissions") from None
         except BaseException:
@@ -658,21 +671,10 @@ MAGNITUDE_KEYS = frozenset(k.name for k in CATALOGUE if k.unit in MAGNITUDE_UNIT
 ENV_TEXT_KEYS = ("torch", "transformers", "cuda", "driver")
 
 
-def _finite(v) -> bool:
-    """A finite number, not a bool. json reads an integer of 400 digits as an int that no float holds: math.isfinite
-    (boundary.is_number) raised OverflowError on it, a traceback in `compare` and `merge`."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
-
-
 def _column_problem(column: str, value) -> str | None:
     """What in a parsed column breaks its declaration, or None."""
     if column == "samples":
-        if not all(_finite(v) for v in value):
+        if not all(boundary.is_number(v) for v in value):
             # json reads NaN too; a NaN sample made every bootstrap bound NaN, and compare said `same`
             return "a list that holds something other than finite numbers"
         negative = next((v for v in value if v < 0), None)
@@ -686,9 +688,10 @@ def _column_problem(column: str, value) -> str | None:
                 continue
             if k in NUMBER_KEYS and not (isinstance(v, (int, float)) and not isinstance(v, bool)):
                 return f"a record whose {k} is {_JSON_NAME.get(type(v), type(v).__name__)}, not a number"
-            if k in NUMBER_KEYS and isinstance(v, int) and not _finite(v):  # tables and compare divide it as a float
+            # tables and compare divide it as a float
+            if k in NUMBER_KEYS and isinstance(v, int) and not boundary.is_number(v):
                 return f"a record whose {k} is an integer too large for a number"
-            if k in MAGNITUDE_KEYS and not (_finite(v) and v >= 0):
+            if k in MAGNITUDE_KEYS and not (boundary.is_number(v) and v >= 0):
                 return f"a record whose {k} is {v:g}, not a finite number of 0 or more ({KEYS[k].unit})"
             if k in TEXT_KEYS and not isinstance(v, str):
                 return f"a record whose {k} is {_JSON_NAME.get(type(v), type(v).__name__)}, not text"

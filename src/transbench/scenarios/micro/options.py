@@ -54,10 +54,21 @@ def _not_empty(opts, *axes: tuple[str, str]) -> None:
             raise SpecError(f"{option} is empty: give at least one value, or leave it out for the default")
 
 
-def _positive(values, what: str, example: str) -> None:
+# The largest size of each micro-benchmark: past every GPU's memory already (an `oom` cell), and far below where the
+# tensor's byte count overflows (`micro gemm --sizes 2^40` or `bandwidth --sizes 2^62` stored an `error` cell,
+# "Storage size calculation overflowed"). GEMM: n x n fp32 of 2^20 is 4 TiB; bandwidth and collectives: 2^40
+# elements or bytes, 4 TiB and more.
+MAX_GEMM_SIZE = 2**20
+MAX_VECTOR_SIZE = 2**40
+
+
+def _positive(values, what: str, example: str, most: int | None = None) -> None:
     for v in values:
         if v < 1:
             raise SpecError(f"{what} {v} is not allowed: give whole numbers >= 1 (e.g. {example})")
+        if most is not None and v > most:
+            raise SpecError(f"{what} {v:,} is above its limit of {most:,} (2^{most.bit_length() - 1}): past any GPU's "
+                            f"memory (e.g. {example})")
 
 
 def _once(opts, *axes: tuple[str, str]) -> None:
@@ -120,7 +131,7 @@ class MicroCommon:
 class GemmOptions(MicroCommon):
     """Square n x n x n products over `sizes`, plus each model's four layer GEMMs at `tokens` rows."""
 
-    sizes: list[int] | None = setting(None, "square sizes n, e.g. 1024,2^12 (GPU default 128..16384)",
+    sizes: list[int] | None = setting(None, "square sizes n, e.g. 1024,2^12 (GPU default 128..16384; at most 2^20)",
                                       read=lambda text: parse_sizes(text), axis=False)
     dtypes: list[str] | None = setting(None, "", option="--dtype", choices=GEMM_DTYPES,
                                        shown="all on GPU, fp32 on CPU", axis=False)
@@ -142,7 +153,7 @@ class GemmOptions(MicroCommon):
             out.models = ["bert-base-uncased", "bert-large-uncased"] if gpu else []
         if out.tokens is None:
             out.tokens = 64 * 128 if gpu else 256
-        _positive(out.sizes, "size", "--sizes 1024,4096")
+        _positive(out.sizes, "size", "--sizes 1024,4096", MAX_GEMM_SIZE)
         _positive([out.tokens], "token count", "--tokens 8192")
         _once(out, ("sizes", "--sizes"), ("dtypes", "--dtype"), ("models", "--model"))
         _dtypes(out.dtypes, GEMM_DTYPES, device)
@@ -160,7 +171,8 @@ class GemmOptions(MicroCommon):
 class BandwidthOptions(MicroCommon):
     """Element-wise copy (y = x), scale (y = a x) and add (z = x + y) over vectors of `sizes` elements."""
 
-    sizes: list[int] | None = setting(None, "elements per vector, e.g. 2^20,2^24 (GPU default 2^14..2^28)",
+    sizes: list[int] | None = setting(None, "elements per vector, e.g. 2^20,2^24 (GPU default 2^14..2^28; at most "
+                                      "2^40)",
                                       read=lambda text: parse_sizes(text), axis=False)
     ops: list[str] | None = setting(None, "", choices=STREAM_OPS, axis=False)
     dtype: str = setting("fp32", "", choices=STREAM_DTYPES)
@@ -173,7 +185,7 @@ class BandwidthOptions(MicroCommon):
             out.sizes = [2**p for p in range(14, 29)] if gpu else [2**p for p in range(14, 23, 2)]
         if out.ops is None:
             out.ops = list(STREAM_OPS)
-        _positive(out.sizes, "size", "--sizes 2^20,2^24")
+        _positive(out.sizes, "size", "--sizes 2^20,2^24", MAX_VECTOR_SIZE)
         _once(out, ("sizes", "--sizes"), ("ops", "--ops"))
         for op in out.ops:
             if op not in STREAM_OPS:
@@ -273,7 +285,8 @@ class CollectivesOptions(MicroCommon):
     ops: list[str] | None = setting(None, "", option="--op", choices=COLLECTIVE_OPS, shown="all three", axis=False)
     # bytes: the all-reduced buffer, the gathered output, the scattered input
     sizes: list[int] | None = setting(None, "bytes per op, e.g. 1KiB..1GiB (doubling), 64MiB,1GiB or 2^20 (default "
-                                      "1KiB..1GiB on GPU, 1KiB..1MiB on CPU)", read=lambda text: parse_byte_sizes(text),
+                                      "1KiB..1GiB on GPU, 1KiB..1MiB on CPU; at most 2^40)",
+                                      read=lambda text: parse_byte_sizes(text),
                                       axis=False)
     dtype: str = setting("fp32", "", choices=COLLECTIVE_DTYPES)
     nproc: int | None = setting(None, "processes (GPUs), through torchrun: NCCL on GPUs, gloo on the CPU",
@@ -295,7 +308,7 @@ class CollectivesOptions(MicroCommon):
             visible = torch.cuda.device_count()
         if out.nproc is None:
             out.nproc = visible if gpu else 2
-        _positive(out.sizes, "size", "--sizes 1KiB..1GiB")
+        _positive(out.sizes, "size", "--sizes 1KiB..1GiB", MAX_VECTOR_SIZE)
         _once(out, ("ops", "--op"), ("sizes", "--sizes"))
         for op in out.ops:
             if op not in COLLECTIVE_OPS:

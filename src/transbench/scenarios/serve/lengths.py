@@ -22,6 +22,9 @@ NORMAL_STDEV_SHARE = 0.25
 # A spread this large already clips nearly every draw to 1 or MAX (a lognormal's median is MEAN e^(-SIGMA^2/2)); far
 # larger finite ones overflow the draw itself (lognormal past ~1e154, normal near 1e308): an error cell, not a refusal.
 MAX_SPREAD = 1e6
+# The largest number a counts or trace file may hold: past it a whole number is no longer exact as a float, and far
+# past it (hundreds of digits) converting it to one (a mean, a time) overflows. No model has nearly this many positions.
+MAX_FILE_NUMBER = 2**53
 
 
 @dataclass(frozen=True)
@@ -170,16 +173,20 @@ def _from_file(kind: str, name: str, tokenizer_dir: str | None) -> Lengths:
 
 
 def _parse_counts(lines, label: str, name: str):
-    for line in lines:
+    for i, line in enumerate(lines, 1):
         text = line.strip()
         if not text:
             continue
         try:
             n = ascii_int(text)  # int('٣') is 3: counts are ASCII digits, as every number transbench reads
         except ValueError:
-            raise SpecError(f"{label}: every line must be a token count; for text use --lengths text:{name}") from None
+            raise SpecError(f"{label} line {i}: every line must be a token count; for text use --lengths "
+                            f"text:{name}") from None
         if n < 1:
-            raise SpecError(f"{label}: token counts must be at least 1")
+            raise SpecError(f"{label} line {i}: token counts must be at least 1")
+        if n > MAX_FILE_NUMBER:
+            raise SpecError(f"{label} line {i}: a count of {len(text)} digits is past {MAX_FILE_NUMBER:,}, the "
+                            "largest a counts file may hold")
         yield n
 
 

@@ -5,8 +5,9 @@ process of its own (model_process.py, around server_model.py's model thread): `/
 
 The backend is prepared (correctness gate, shapes warmed) before the server listens, so it is healthy from its first
 answer. A bad request (not JSON, a missing field, an unknown model, too long an input) is answered with a 4xx and
-an OpenAI-style `{"error": {"message", "type"}}` body, and the server goes on. SIGTERM or SIGINT ends it cleanly:
-it stops accepting, lets the requests in flight finish (up to GRACE_S), then stops the model's process.
+an OpenAI-style `{"error": {"message", "type"}}` body (one whose body has not arrived within BODY_S: 408), and
+the server goes on; a client that hangs up mid-body is dropped quietly. SIGTERM or SIGINT ends it cleanly: it stops
+accepting, lets the requests in flight finish (up to GRACE_S), then stops the model's process.
 
 Decoding is greedy (temperature and top_p are accepted and not applied: a benchmark wants a known output), and
 `ignore_eos` is what the server always does: a completion has exactly `max_tokens` tokens."""
@@ -31,7 +32,11 @@ from .prompts import HFTokenizer, WordTokenizer, has_tokenizer
 from .server_model import Emit, Job
 
 GRACE_S = 10.0  # seconds the requests in flight get to finish after SIGTERM
-MAX_BODY = 16 * 2**20  # a request body past this is refused (413) before it is parsed
+MAX_BODY = 16 * 2**20  # a request body past this is refused (413) as it arrives, before it is parsed
+# A body has this long to arrive in full: a client that stalls part way would otherwise hold its connection (and the
+# bytes read so far) for as long as it stays connected; the slowest real client sends a body in well under a second.
+BODY_S = 30.0
+GONE = 499  # nginx's "client closed request", as /metrics counts a client that hung up before its body was read
 MAX_INPUTS = 2048  # inputs in one embeddings request
 SWITCH_S = 0.0005  # the interpreter's thread switch interval while serving (see run)
 
@@ -40,6 +45,16 @@ class BadRequest(Exception):
     def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error"):
         super().__init__(message)
         self.status, self.kind = status, kind
+
+
+def text(value: str, what: str) -> str:
+    """A string from the body that can be encoded: JSON's "\\ud800" escape decodes to a lone surrogate, which
+    UTF-8 (the tokenizer, the answer's own JSON) cannot encode."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"{what} is not valid Unicode text (a lone surrogate at character {exc.start})") from None
+    return value
 
 
 def need_server_extra() -> None:
@@ -64,15 +79,31 @@ class Api:
     def error(self, exc: BadRequest):
         from starlette.responses import JSONResponse
 
+        # 408 and 413 leave the rest of the body unread on the connection: it is closed, not read as the next request
+        close = {"Connection": "close"} if exc.status in (408, 413) else None
         return JSONResponse({"error": {"message": str(exc), "type": exc.kind, "code": exc.status}},
-                            status_code=exc.status)
+                            status_code=exc.status, headers=close)
+
+    async def read(self, request) -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise BadRequest(f"the body is above the {MAX_BODY:,} bytes accepted", 413)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def body(self, request) -> dict:
+        from starlette.requests import ClientDisconnect
+
         if not self.model.alive:  # the model has failed: nothing would answer a request queued for it
             raise BadRequest(f"the model is not serving: {self.model.failure}", 503, "server_error")
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
-            raise BadRequest(f"the body is {len(raw):,} bytes, above the {MAX_BODY:,} accepted", 413)
+        try:
+            raw = await asyncio.wait_for(self.read(request), BODY_S)
+        except asyncio.TimeoutError:
+            raise BadRequest(f"the body did not arrive in full within {BODY_S:g} s", 408) from None
+        except ClientDisconnect:  # the client hung up part way: nothing to answer, and no fault of the server's
+            raise BadRequest("the client closed the connection before its body arrived", GONE) from None
         try:
             data = boundary.loads_json(raw, "the body")
         except ValueError:
@@ -83,14 +114,14 @@ class Api:
         if model is None:
             raise BadRequest("missing field 'model'")
         if model != self.name:
-            raise BadRequest(f"the model '{str(model)[:100]}' is not served here: this server serves '{self.name}'",
-                             404, "model_not_found")
+            raise BadRequest(f"the model '{text(str(model), 'model')[:100]}' is not served here: this server serves "
+                             f"'{self.name}'", 404, "model_not_found")
         return data
 
     def ids(self, value, what: str, limit: int) -> list[int]:
         """One input's token ids: text through the tokenizer, or a list of token ids as given."""
         if isinstance(value, str):
-            ids = self.tok.encode(value)
+            ids = self.tok.encode(text(value, what))
         elif isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
             if any(not 0 <= i < self.vocab for i in value):
                 raise BadRequest(f"{what}: a token id is outside the vocabulary (0..{self.vocab - 1})")
@@ -194,8 +225,11 @@ class Api:
             stream = data.get("stream", False)
             if not isinstance(stream, bool):
                 raise BadRequest("stream must be true or false")
+            options = data.get("stream_options") or {}
+            if not isinstance(options, dict):
+                raise BadRequest("stream_options must be an object, such as {\"include_usage\": true}")
             ids = self.ids(prompt, "prompt", self.spec.max_length)
-            usage = bool((data.get("stream_options") or {}).get("include_usage")) if stream else True
+            usage = bool(options.get("include_usage")) if stream else True
         except BadRequest as exc:
             self.model.metrics.request("completions", exc.status, None)
             return self.error(exc)
@@ -302,7 +336,7 @@ def run(spec, ref, decoder: bool, on_ready=lambda info: None) -> str | None:
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=GRACE_S)
         server = uvicorn.Server(config)
         on_ready({**model.info, "dtype": spec.dtype, "backend": spec.backend, "model": api.name,
-                  "url": f"http://{spec.host}:{spec.port}",
+                  "url": f"http://{f'[{spec.host}]' if ':' in spec.host else spec.host}:{spec.port}",  # IPv6 in []
                   "tokenizer": api.tok.name, "endpoint": "/v1/completions" if decoder else "/v1/embeddings"})
         server.run()
         if not server.started and not stopped:

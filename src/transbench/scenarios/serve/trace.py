@@ -9,12 +9,12 @@ other requests under the same key."""
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from ... import boundary
 from ...errors import SpecError
+from .lengths import MAX_FILE_NUMBER
 
 MAX_FILE_BYTES = 256 * 2**20  # as a lengths file: past it, a file pointed at by mistake would be read for minutes
 MAX_LINES = 1_000_000  # spec.MAX_REQUESTS: every request is planned before the load starts
@@ -39,8 +39,10 @@ class RequestTrace:
 
 def _field(row: dict, key: str, where: str, whole: bool) -> float:
     v = row.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise SpecError(f"{where}: '{key}' must be a number; each line needs {FIELDS}")
+    if not (boundary.is_number(v) or isinstance(v, int) and not isinstance(v, bool)):  # an int of 400 digits is
+        raise SpecError(f"{where}: '{key}' must be a number; each line needs {FIELDS}")  # past the limit below
+    if abs(v) > MAX_FILE_NUMBER:
+        raise SpecError(f"{where}: '{key}' is past {MAX_FILE_NUMBER:,}, the largest number a trace may hold")
     if whole and (v != int(v) or v < 1):
         raise SpecError(f"{where}: '{key}' {v!r} is not a whole number of tokens of at least 1")
     if v < 0:
@@ -94,6 +96,6 @@ def read(name: str) -> RequestTrace:
 
 
 def parse_speed(value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if not boundary.is_number(value) or value <= 0:
         raise SpecError(f"--trace-speed must be a finite number above 0, got {value!r}")
     return float(value)
