@@ -113,7 +113,7 @@ def test_client_lag_is_measured_and_a_late_client_is_warned_about():
 class Stub:
     """A Starlette app on a free port, in a thread: request k (in arrival order) gets behaviour k % 5 (ok, 500,
     dropped, malformed, ok) for streamed completions; embeddings answer, stalling everything between the times
-    set in `stall`."""
+    set in `stall`; where `answer` is set, every route answers its response instead."""
 
     def __init__(self):
         from starlette.applications import Starlette
@@ -122,6 +122,12 @@ class Stub:
 
         self.count = 0
         self.stall = (0.0, 0.0)  # perf_counter start, end
+        self.answer = None  # a function giving a starlette Response
+
+        def route(path, handler, **kw):
+            async def either(request):
+                return self.answer() if self.answer is not None else await handler(request)
+            return Route(path, either, **kw)
 
         async def completions(request):
             body = await request.json()
@@ -168,10 +174,10 @@ class Stub:
         async def models(request):
             return JSONResponse({"data": [{"id": "stub"}]})
 
-        app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
-                                Route("/v1/embeddings", embeddings, methods=["POST"]),
-                                Route("/v1/chat/completions", chat, methods=["POST"]),
-                                Route("/v1/models", models)])
+        app = Starlette(routes=[route("/v1/completions", completions, methods=["POST"]),
+                                route("/v1/embeddings", embeddings, methods=["POST"]),
+                                route("/v1/chat/completions", chat, methods=["POST"]),
+                                route("/v1/models", models)])
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="critical",
                                                     access_log=False, lifespan="off"))
@@ -264,6 +270,183 @@ def test_a_stall_is_carried_by_the_requests_that_arrive_during_it():
     assert after and min(r.done - r.arrival for r in after) < 0.5 * max(r.done - r.arrival for r in during)
 
 
+# --- a hostile endpoint's answers: each a counted failure of its request, never a lost cell, a hang or a store refusal
+
+
+@pytest.fixture(scope="module")
+def stub():
+    with Stub() as s:
+        yield s
+
+
+def answer(stub, api: str, response) -> Sent:
+    """One request's fate where the stub answers `response` (a Response, or a function giving one)."""
+    from starlette.responses import Response
+
+    stub.answer = (lambda: response) if isinstance(response, Response) else response  # a Response is callable (ASGI)
+    try:
+        plan = LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0)
+        (r,) = run_http_load(stub.url, api, lambda r: payload(api, "stub", "x y", 4), plan, timeout_s=10).requests
+    finally:
+        stub.answer = None
+    return r
+
+
+def sse(*events: str, media_type="text/event-stream"):
+    from starlette.responses import Response
+
+    return Response("".join(f"data: {e}\n\n" for e in (*events, "[DONE]")), media_type=media_type)
+
+
+def endless(first: bytes, chunk: bytes, status=200, media_type="application/json"):
+    """A body that never ends, sent as fast as it is read."""
+    from starlette.responses import StreamingResponse
+
+    async def body():
+        yield first
+        while True:
+            yield chunk
+            await asyncio.sleep(0)
+
+    return lambda: StreamingResponse(body(), status_code=status, media_type=media_type)
+
+
+TEXT = '{"choices": [{"text": " a"}]}'
+
+
+@pytest.mark.parametrize("api, count", [
+    *[("openai-completions", c) for c in ("-3", "1e400", "NaN", "3.0", '"5"', "[1]", "true", "1" + "0" * 400)],
+    ("openai-embeddings", "-3"), ("openai-embeddings", '"x"')])
+def test_a_usage_count_that_is_no_token_count_makes_the_request_malformed(stub, api, count):
+    from starlette.responses import Response
+
+    usage = '{"prompt_tokens": 4, "completion_tokens": %s}' % count
+    r = answer(stub, api, sse(TEXT, '{"choices": [], "usage": %s}' % usage) if api != "openai-embeddings" else
+               Response('{"data": [{"embedding": [1.0]}], "usage": {"prompt_tokens": %s}}' % count,
+                        media_type="application/json"))
+    assert r.status == "malformed" and "tokens" in r.error and "not a whole number" in r.error, r.error
+    assert r.completion_tokens is None or r.completion_tokens == 4  # nothing of the bad count kept
+    r = answer(stub, "openai-completions", sse(TEXT, '{"choices": [], "usage": 5}'))
+    assert r.status == "malformed" and "usage is int" in r.error
+    r = answer(stub, "openai-completions", sse(TEXT, '{"choices": [], "usage": {"completion_tokens": 1}}'))
+    assert r.ok and r.completion_tokens == 1
+
+
+@pytest.mark.parametrize("ids, why", [
+    ([12345], "no id is a name"), ([["a"]], "no id is a name"), (["a\nb\x1b[31m"], "no id is a name"),
+    (["x" * 257], "no id is a name"), ([], "none listed"), (["x" * 2**20], "over 1,048,576 bytes")])
+def test_a_listing_of_no_usable_model_name_is_refused_in_one_line(stub, ids, why):
+    from starlette.responses import JSONResponse
+
+    from transbench.errors import SpecError
+    from transbench.scenarios.serve.http_client import served_models
+
+    stub.answer = lambda: JSONResponse({"data": [{"id": i} for i in ids]})
+    try:
+        with pytest.raises(SpecError, match="lists no model at /v1/models") as e:
+            served_models(stub.url)
+        assert why in str(e.value) and "\n" not in str(e.value) and len(str(e.value)) < 300
+        stub.answer = lambda: JSONResponse({"data": [{"id": 5}, {"id": "m"}]})
+        assert served_models(stub.url) == ["m"]  # a usable name after a bad one
+    finally:
+        stub.answer = None
+
+
+def test_a_listing_sent_byte_by_byte_is_refused_at_its_deadline(stub):
+    from starlette.responses import StreamingResponse
+
+    from transbench.errors import SpecError
+    from transbench.scenarios.serve.http_client import served_models
+
+    async def trickle():
+        while True:
+            yield b" "
+            await asyncio.sleep(0.05)  # each read well within the per-read timeout: only a total deadline ends it
+
+    stub.answer = lambda: StreamingResponse(trickle(), media_type="application/json")
+    try:
+        with pytest.raises(SpecError, match="no whole answer within 0.5 s"):
+            served_models(stub.url, timeout_s=0.5)
+    finally:
+        stub.answer = None
+
+
+@pytest.mark.parametrize("api, event, why", [
+    ("openai-completions", '{"choices": "abc"}', "not a list of objects"),
+    ("openai-completions", '{"choices": [1]}', "not a list of objects"),
+    ("openai-completions", '{"choices": [{"text": 5}]}', "text is not text"),
+    ("openai-chat", '{"choices": [{"delta": "x"}]}', "delta is not an object"),
+    ("openai-chat", '{"choices": [{"delta": {"content": ["a"]}}]}', "text is not text")])
+def test_an_event_of_another_shape_makes_the_request_malformed(stub, api, event, why):
+    r = answer(stub, api, sse(event))
+    assert r.status == "malformed" and why in r.error, r.error
+
+
+@pytest.mark.parametrize("api, response, status, why", [
+    ("openai-embeddings", endless(b"[", b"1," * 2**15), "malformed", "over 8,388,608 bytes"),
+    ("openai-completions", endless(b"data: ", b"d" * 2**16, media_type="text/event-stream"), "malformed",
+     "line of the event stream is over"),
+    ("openai-completions", endless(b'{"error": "', b"A" * 2**16, status=500), "http_500", "AAAA")])
+def test_an_endless_body_is_cut_where_it_passes_its_bound(stub, api, response, status, why):
+    r = answer(stub, api, response)
+    assert r.status == status and why in r.error, (r.status, r.error)
+    assert len(r.error) <= 200
+
+
+def test_stream_lines_split_across_chunks_and_a_line_without_end_is_cut():
+    from transbench.scenarios.serve import http_client
+
+    async def lines(chunks):
+        async def gen():
+            for c in chunks:
+                yield c
+        return [line async for line in http_client._lines(gen())]
+
+    assert asyncio.run(lines([b"data: a", b"b\r", b"\ndata: c\n\n", b"ta", b"il"])) == \
+        ["data: ab", "data: c", "", "tail"]
+    with pytest.raises(http_client.Malformed, match="over 1,048,576 bytes"):
+        asyncio.run(lines([b"d" * 1000] * 1100))  # a line in a thousand pieces: joined once, never copied for each
+
+
+@pytest.mark.parametrize("body", ['{"data": [{"embedding": [NaN, Infinity, 1.0]}]}',
+                                  '{"data": [{"embedding": [1e400]}]}', '{"data": [{"embedding": [1e39]}]}',
+                                  '{"data": [{"embedding": [%s]}]}' % ("1" + "0" * 400),
+                                  '{"data": [{"embedding": "AADAfwAAgH8AAIA/"}]}'])  # float32 NaN, inf, 1.0
+def test_an_embedding_of_no_finite_numbers_is_malformed(stub, body):
+    from starlette.responses import Response
+
+    r = answer(stub, "openai-embeddings", Response(body, media_type="application/json"))
+    assert r.status == "malformed" and "NaN, infinite" in r.error, r.error
+
+
+def test_a_non_stream_a_redirect_and_a_stream_of_no_text_are_failures_of_their_kind(stub):
+    from starlette.responses import Response
+
+    r = answer(stub, "openai-completions", sse(TEXT, media_type="text/html"))
+    assert r.status == "malformed" and "not an event stream" in r.error
+    r = answer(stub, "openai-completions", Response("<html>502 Bad Gateway</html>", media_type="text/html"))
+    assert r.status == "malformed" and "'text/html'" in r.error
+    r = answer(stub, "openai-chat", Response(status_code=307, headers={"Location": "http://127.0.0.1:9/"}))
+    assert r.status == "http_307" and "redirected to 'http://127.0.0.1:9/'" in r.error
+    r = answer(stub, "openai-completions", sse('{"choices": [], "usage": {"completion_tokens": 3}}'))
+    assert r.status == "malformed" and "no content was streamed" in r.error
+    r = answer(stub, "openai-completions", sse(TEXT, media_type=None))  # no Content-Type: its events decide
+    assert r.ok, r.error
+    # a chat stream's role-only first delta, a keep-alive and an empty text are no content, and no failure either
+    r = answer(stub, "openai-chat", sse('{"choices": [{"delta": {"role": "assistant", "content": ""}}]}',
+                                        '{"choices": [{"delta": {"content": " c"}}]}', '{"choices": []}'))
+    assert r.ok and len(r.steps) == 1 and r.text == " c"
+
+
+def test_a_root_with_or_without_its_slash_is_one_endpoint():
+    from transbench.scenarios.serve import endpoint_spec
+    from transbench.scenarios.serve.spec import ServeSpec
+
+    urls = ["http://127.0.0.1:9", "http://127.0.0.1:9/", "HTTP://127.0.0.1:9/?#"]
+    checked = {endpoint_spec.check(ServeSpec(url=u, api="openai-embeddings", served_model="m")).url for u in urls}
+    assert checked == {"http://127.0.0.1:9"}
+
+
 @pytest.mark.slow
 def test_serve_url_through_the_cli_shows_the_error_rate(tmp_path):
     with Stub() as stub:
@@ -300,6 +483,33 @@ def test_serve_url_refuses_bad_input_in_one_line(tmp_path, args, message):
     res = CliRunner().invoke(app, ["serve", "--rate", "5", "--db", str(tmp_path / "t.db"), *args])
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "t.db").exists()
+
+
+URL = ["--url", "http://127.0.0.1:9", "--api", "openai-embeddings"]
+
+
+@pytest.mark.parametrize("make, args, message", [
+    (None, ["--served-model", ""], "--served-model '': give the name the endpoint serves"),
+    (None, ["--served-model", "a\nb"], "1 to 256 printable characters"),
+    ("tokenizer", ["--served-model", "m", "--tokenizer", "{dir}"], "its tokenizer files cannot be read"),
+    ("config", ["--served-model", "m", "--reference-model", "{dir}"], "is not a readable safetensors file"),
+])
+def test_serve_url_checks_its_names_and_folders_before_the_load(tmp_path, make, args, message):
+    """A name no endpoint serves, and folders whose files cannot be read, failed the cell after the whole load had run
+    (every request failed; `KeyError: 'added_tokens'`; a negative dimension), where `run --model` refuses them."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    if make == "tokenizer":
+        (folder / "tokenizer.json").write_text('{"model": {"type": "WordPiece", "vocab": {"a": 0}}}')
+    if make == "config":
+        (folder / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": -48, "num_hidden_layers": 1,
+                                                        "num_attention_heads": 2, "intermediate_size": 8}))
+        (folder / "model.safetensors").write_bytes(b"")
+    args = [a.replace("{dir}", str(folder)) for a in args]
+    res = CliRunner().invoke(app, ["serve", "--rate", "5", "--db", str(tmp_path / "t.db"), *URL, *args])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    assert message in res.stderr and "Traceback" not in res.output
     assert not (tmp_path / "t.db").exists()
 
 

@@ -48,9 +48,14 @@ def _failed_percentile(ok_ms: list[float], failed: int, q: float) -> float | Non
     return None if math.isinf(value) or math.isnan(value) else value
 
 
+def _tokens(r) -> int:
+    """A streamed answer's tokens: its usage count (http_client._usage has checked it is one), else its events."""
+    return r.completion_tokens if r.completion_tokens is not None else len(r.steps)
+
+
 def _tpot_ms(r) -> float | None:
     """(end to end - TTFT) / (tokens - 1) of a streamed answer; None for one token or none streamed."""
-    count = r.completion_tokens if r.completion_tokens is not None else len(r.steps)
+    count = _tokens(r)
     return (r.done - r.steps[0]) * 1e3 / (count - 1) if r.steps and count > 1 else None
 
 
@@ -104,7 +109,7 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
         rec.update(spread("ttft", [(r.steps[0] - r.arrival) * 1e3 for r in streamed]))
         gaps = [(b - a) * 1e3 for r in streamed for a, b in zip(r.steps, r.steps[1:])]
         rec.update({k: v for k, v in spread("itl", gaps).items() if k in ("itl_p50_ms", "itl_p99_ms")})
-        counts = [r.completion_tokens if r.completion_tokens is not None else len(r.steps) for r in streamed]
+        counts = [_tokens(r) for r in streamed]
         tpot = [t for t in map(_tpot_ms, streamed) if t is not None]
         rec.update({k: v for k, v in spread("tpot", tpot).items() if k in ("tpot_p50_ms", "tpot_p99_ms")})
         rec.update(tokens_per_s=sum(counts) / span, completion_tokens_mean=sum(counts) / len(counts))

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 from ...errors import SpecError
-from .http_client import APIS, served_models
+from .http_client import APIS, MODEL_CHARS, is_model_name, served_models
 
 # An endpoint with no local folder to say how long its model's inputs may be: lengths are not capped by positions.
 NO_POSITIONS = 1 << 20
@@ -65,6 +65,10 @@ def check(spec):
     if not _is_root(spec.url):
         raise SpecError(f"--url {spec.url}: give the endpoint's root, http://HOST:PORT (its API paths are added: "
                         "/v1/completions, /v1/chat/completions, /v1/embeddings)")
+    # The root without a trailing `/` (or an empty `?` or `#`): the URL is part of a cell's identity, and a resume
+    # with `http://h:p/` was refused as another grid than the run made with `http://h:p`.
+    parts = urlsplit(spec.url)
+    spec = dataclasses.replace(spec, url=f"{parts.scheme}://{parts.netloc}")
     if spec.api not in APIS:
         raise SpecError(f"--url needs --api: choose from {', '.join(APIS)}" if spec.api is None else
                         f"unknown --api '{spec.api}': choose from {', '.join(APIS)}")
@@ -84,18 +88,29 @@ def check(spec):
 
             if not Path(folder).expanduser().is_dir():
                 raise SpecError(f"{flag} {folder}: no such folder (give a local checkpoint or tokenizer folder)")
-    if spec.tokenizer is not None:
-        from .prompts import has_tokenizer
+    from .prompts import HFTokenizer, has_tokenizer
 
-        if not has_tokenizer(spec.tokenizer):
-            raise SpecError(f"--tokenizer {spec.tokenizer}: the folder holds no tokenizer files")
-    served = spec.served_model
-    if served is None:
-        listed = served_models(spec.url)
-        if not listed:
-            raise SpecError(f"--url {spec.url}: the endpoint lists no model at /v1/models (or cannot be reached): "
-                            "name it with --served-model")
-        served = listed[0]
+    if spec.tokenizer is not None and not has_tokenizer(spec.tokenizer):
+        raise SpecError(f"--tokenizer {spec.tokenizer}: the folder holds no tokenizer files")
+    if spec.reference_model is not None:  # its config and weights read at the input boundary, as `run --model`'s
+        from ...models import build
+
+        build.resolve(spec.reference_model)
+    # The tokenizer the cell will use (endpoint.tokenizer_for), loaded here: a broken one failed the cell after the
+    # whole load had run (`KeyError: 'added_tokens'`).
+    for flag, folder in (("--tokenizer", spec.tokenizer), ("--reference-model", spec.reference_model)):
+        if has_tokenizer(folder):
+            try:
+                HFTokenizer(folder)
+            except Exception as exc:  # noqa: BLE001 - a corrupt file: transformers and tokenizers raise many kinds
+                first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+                raise SpecError(f"{flag} {folder}: its tokenizer files cannot be read ({type(exc).__name__}: "
+                                f"{first})") from None
+            break
+    if spec.served_model is not None and not is_model_name(spec.served_model):
+        raise SpecError(f"--served-model {spec.served_model!r}: give the name the endpoint serves, 1 to "
+                        f"{MODEL_CHARS} printable characters (GET /v1/models lists them)")
+    served = spec.served_model if spec.served_model is not None else served_models(spec.url)[0]
     task = TASK[spec.api]
     return dataclasses.replace(spec, served_model=served, model=served, task=task, backends=["http"], dtype="-",
                                device="cpu")

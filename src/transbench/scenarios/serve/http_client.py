@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from ... import boundary
+from ...errors import SpecError
 from .load import LoadPlan, no_collector
 
 API_PATHS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions",
@@ -30,6 +31,16 @@ API_PATHS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/c
 APIS = tuple(API_PATHS)
 KEEP_OUTPUTS = 64  # requests (the first ones) whose outputs are kept for the reference check
 SPIN_S = 0.0015  # the event loop sleeps in whole milliseconds (epoll): the last of a wait is spent yielding instead
+# What is kept of an endpoint's answers, each far above a real one's: a body without end (or of gigabytes) was held
+# whole until --request-timeout, 2.8 GB in 12 s.
+ERROR_BYTES = 4096  # an error answer: its message is all that is kept (_message, 200 characters)
+RESPONSE_BYTES = 8 * 2**20  # a JSON answer: an embedding of 8,192 floats is 200 KB as JSON text
+LINE_BYTES = 2**20  # a line of an event stream: one event, a token's text
+TEXT_CHARS = 2**20  # generated text kept for the reference check (its tokens up to --new-tokens are compared)
+MODELS_BYTES = 2**20  # the /v1/models listing: tens of bytes a model
+MODEL_CHARS = 256  # a listed model name: sent in every request and stored as the record's `model`
+MAX_TOKENS = 10**9  # a usage count above this is no model's: a 400-digit one overflowed the accounting
+F32_MAX = 3.4028234663852886e38  # an embedding's values: float32 (the reference check's dtype)
 
 
 @dataclass
@@ -78,10 +89,13 @@ def embedding_values(value) -> list[float]:
             raise ValueError("not base64") from None
         if not raw or len(raw) % 4:
             raise ValueError("not float32 values")
-        return list(struct.unpack(f"<{len(raw) // 4}f", raw))
-    if not isinstance(value, list) or not value or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        value = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    if not isinstance(value, list) or not value or any(type(v) not in (int, float) for v in value):  # bool too
         raise ValueError("not a list of numbers")
+    # NaN, infinity (JSON's NaN/Infinity, or their float32 bits) and values past float32's range (infinite there) are
+    # no embedding: the reference check's cosine of one is NaN (comparisons are exact for any int, false for NaN)
+    if not all(-F32_MAX <= v <= F32_MAX for v in value):
+        raise ValueError("a value is NaN, infinite or past float32's range")
     return value
 
 
@@ -115,9 +129,20 @@ class Malformed(Exception):
 
 
 def _usage(r: Sent, usage) -> None:
-    if isinstance(usage, dict):
-        r.prompt_tokens = usage.get("prompt_tokens", r.prompt_tokens)
-        r.completion_tokens = usage.get("completion_tokens", r.completion_tokens)
+    """The token counts of an answer's `usage` (null or absent: none given), each a whole number in 0..MAX_TOKENS
+    (a negative, infinite, NaN or text count reached the stored tokens_per_s, which the store then refuses): the one
+    check of a count read from an endpoint; anything else makes the request Malformed."""
+    if usage is None:
+        return
+    if not isinstance(usage, dict):
+        raise Malformed(f"usage is {type(usage).__name__}, not an object")
+    for key in ("prompt_tokens", "completion_tokens"):
+        count = usage.get(key)
+        if count is None:
+            continue
+        if type(count) is not int or not 0 <= count <= MAX_TOKENS:
+            raise Malformed(f"usage.{key} is {str(count)[:40]!r}, not a whole number of tokens in 0..{MAX_TOKENS:,}")
+        setattr(r, key, count)
 
 
 class Dropped(Exception):
@@ -161,8 +186,8 @@ class Connection:
                 raise Dropped("the server closed the connection")
             return event
 
-    async def post(self, path: str, body: bytes) -> int:
-        """Send the request; the response's status code (its body: chunks())."""
+    async def post(self, path: str, body: bytes):
+        """Send the request; the response (h11.Response: status_code, headers; its body: chunks())."""
         import h11
 
         for attempt in (0, 1):
@@ -179,7 +204,7 @@ class Connection:
                 event = await self._event()
                 while isinstance(event, h11.InformationalResponse):
                     event = await self._event()
-                return event.status_code
+                return event
             except (Dropped, ConnectionResetError, BrokenPipeError, h11.RemoteProtocolError):
                 self.close()
                 # A kept-alive connection the server had closed while idle (uvicorn after 5 s): once more, afresh.
@@ -201,19 +226,54 @@ class Connection:
                     self.close()
                 return
 
-    async def read(self) -> bytes:
-        return b"".join([c async for c in self.chunks()])
+    async def read(self, limit: int) -> bytes:
+        """The body, or where it is longer than `limit`, its first limit + 1 bytes: the rest is left unread (it may
+        never end) and the connection closed."""
+        kept, size = [], 0
+        async for chunk in self.chunks():
+            kept.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                self.close()
+                break
+        return b"".join(kept)[:limit + 1]
 
 
 async def _lines(chunks):
-    buf = b""
+    """The stream's lines. A line's pieces are joined once, when it ends (`buf += chunk` copied the pending line on
+    every chunk: quadratic in a line without end), and a line over LINE_BYTES is Malformed."""
+    pending, size = [], 0
     async for chunk in chunks:
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            yield line.rstrip(b"\r").decode("utf-8", errors="replace")
-    if buf:
-        yield buf.decode("utf-8", errors="replace")
+        parts = chunk.split(b"\n")
+        for i, part in enumerate(parts):
+            pending.append(part)
+            size += len(part)
+            if size > LINE_BYTES:
+                raise Malformed(f"a line of the event stream is over {LINE_BYTES:,} bytes")
+            if i < len(parts) - 1:
+                yield b"".join(pending).rstrip(b"\r").decode("utf-8", errors="replace")
+                pending, size = [], 0
+    if size:
+        yield b"".join(pending).decode("utf-8", errors="replace")
+
+
+def _piece(event: dict, api: str, data: str) -> str | None:
+    """The text a streamed event carries (None: none), or Malformed where its `choices` are not the API's: a list of
+    objects, each with a `text` (completions) or a `delta` object with a `content` (chat), text or null."""
+    choices = event.get("choices")
+    if choices is None or choices == []:  # a usage-only event
+        return None
+    if not isinstance(choices, list) or not isinstance(choices[0], dict):
+        raise Malformed(f"an event's choices are not a list of objects: {data[:80]!r}")
+    holder = choices[0] if api == "openai-completions" else choices[0].get("delta")
+    if holder is None:
+        return None
+    if not isinstance(holder, dict):
+        raise Malformed(f"an event's delta is not an object: {data[:80]!r}")
+    piece = holder.get("text" if api == "openai-completions" else "content")
+    if piece is not None and not isinstance(piece, str):
+        raise Malformed(f"an event's text is not text: {data[:80]!r}")
+    return piece
 
 
 async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool) -> None:
@@ -234,17 +294,16 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool) -> None:
         if event.get("error"):
             r.status, r.error = "error", _message(data.encode())
             continue
-        choices = event.get("choices") or []
-        if choices:
-            c = choices[0]
-            piece = c.get("text") if api == "openai-completions" else (c.get("delta") or {}).get("content")
-            if piece:
-                r.steps.append(now())
-                if keep:
-                    r.text += piece
+        piece = _piece(event, api, data)
+        if piece:  # a chat stream's first delta carries the role alone
+            r.steps.append(now())
+            if keep and len(r.text) < TEXT_CHARS:
+                r.text += piece
         _usage(r, event.get("usage"))
     if not finished and r.ok:
         r.status, r.error = "dropped", "the stream ended before its [DONE] event"
+    elif r.ok and not r.steps:  # a usage count alone is no generation: there is no token time to measure
+        r.status, r.error = "malformed", "no content was streamed: no event carried text"
 
 
 async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now, keep: bool) -> None:
@@ -253,20 +312,31 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
     r.sent = now()
     clean = False
     try:
-        status = await conn.post(path, body)
-        if status >= 400:
-            r.status, r.error = f"http_{status}", _message(await conn.read())
+        response = await conn.post(path, body)
+        status, headers = response.status_code, dict(response.headers)
+        if not 200 <= status < 300:  # redirects are not followed: a 307's empty body read as a stream was `dropped`
+            message = _message(await conn.read(ERROR_BYTES))
+            moved = headers.get(b"location", b"")[:120].decode(errors="replace")
+            r.status, r.error = f"http_{status}", f"redirected to {moved!r}, not followed" if moved else message
         elif api == "openai-embeddings":
-            raw = await conn.read()
+            raw = await conn.read(RESPONSE_BYTES)
+            if len(raw) > RESPONSE_BYTES:
+                raise Malformed(f"the response is over {RESPONSE_BYTES:,} bytes")
             try:
                 data = boundary.loads_json(raw, "the response")
                 emb = embedding_values(data["data"][0]["embedding"])
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise Malformed(f"the response is not an embeddings list: {raw[:80]!r}") from None
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                why = f" ({exc})" if type(exc) is ValueError else ""  # embedding_values' reason
+                raise Malformed(f"the response is not an embeddings list{why}: {raw[:80]!r}") from None
             if keep:
                 r.embedding = emb
             _usage(r, data.get("usage"))
         else:
+            # an HTML page (a proxy's error) read as a stream was `dropped`, its lines being no events; a stream sent
+            # with no Content-Type at all is read as one (its events, or their absence, decide)
+            kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if kind and kind != b"text/event-stream":
+                raise Malformed(f"the answer is not an event stream (Content-Type {kind.decode(errors='replace')!r})")
             await _stream(conn, r, api, now, keep)
         clean = True
     except Malformed as exc:
@@ -396,12 +466,44 @@ def run_http_load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) 
         return asyncio.run(_load(url.rstrip("/"), api, bodies, plan, timeout_s))
 
 
+def is_model_name(name) -> bool:
+    """A model's name as an endpoint lists it and every request sends it: text of 1 to MODEL_CHARS printable
+    characters."""
+    return isinstance(name, str) and 0 < len(name) <= MODEL_CHARS and name.isprintable()
+
+
 def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
-    """The model names the endpoint lists at /v1/models (vLLM, TEI, transbench server), [] where it lists none."""
+    """The model names the endpoint lists at /v1/models (vLLM, TEI, transbench server): text of 1 to MODEL_CHARS
+    printable characters (a number or a list landed in the record's text key `model`, a 5 MB name in every request).
+    SpecError, one line, where it lists none or its listing cannot be read: no answer, an answer over MODELS_BYTES or
+    not whole within `timeout_s` (httpx's timeout is a read's: a listing sent a byte a second held `serve --url` for
+    ever; the deadline is checked after each read, so the wait is at most twice `timeout_s`)."""
     import httpx
 
+    def refuse(why: str):
+        raise SpecError(f"--url {url}: the endpoint lists no model at /v1/models ({why}): name it with --served-model")
+
+    deadline = time.monotonic() + timeout_s
+    body = bytearray()
+    try:  # identity: a compressed listing would be bounded as sent, not as read
+        with httpx.stream("GET", url.rstrip("/") + "/v1/models", timeout=timeout_s,
+                          headers={"Accept-Encoding": "identity"}) as resp:
+            if not 200 <= resp.status_code < 300:
+                refuse(f"HTTP {resp.status_code}")
+            for chunk in resp.iter_raw():
+                body += chunk
+                if len(body) > MODELS_BYTES:
+                    refuse(f"its answer is over {MODELS_BYTES:,} bytes")
+                if time.monotonic() > deadline:
+                    refuse(f"no whole answer within {timeout_s:g} s")
+    except httpx.HTTPError as exc:
+        refuse(f"no answer: {type(exc).__name__}")
     try:
-        resp = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
-        return [m["id"] for m in resp.json().get("data", []) if isinstance(m, dict) and "id" in m]
-    except (httpx.HTTPError, ValueError, AttributeError, TypeError):
-        return []
+        listed = boundary.loads_json(bytes(body), "the listing").get("data")
+    except (ValueError, AttributeError):
+        refuse("its answer is not a JSON object")
+    ids = [m.get("id") for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
+    names = [i for i in ids if is_model_name(i)]
+    if not names:
+        refuse(f"no id is a name of 1 to {MODEL_CHARS} printable characters" if ids else "none listed")
+    return names
