@@ -519,7 +519,9 @@ def test_serve_url_checks_its_names_and_folders_before_the_load(tmp_path, make, 
 class Server:
     def __init__(self, *args):
         self.port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+        # the caller's path after the source's: packages it added (a wheel unpacked beside the image's) stay visible
+        path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "transbench", "server", "--port", str(self.port), *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.url = f"http://127.0.0.1:{self.port}"

@@ -32,7 +32,7 @@ def test_visible_gpus_run_and_a_missing_one_is_refused(tmp_path):
                                    "--min-time", "0.05", "--gpus", ",".join(map(str, range(n))), "--db", str(db),
                                    "--json", str(js)])
     assert res.exit_code == 0, res.output
-    recs = json.loads(js.read_text())
+    recs = json.loads(js.read_text())["cells"]
     assert len(recs) == 2 and all(r["status"] == "ok" for r in recs)
     before = db.read_bytes()
     res = CliRunner().invoke(app, ["run", "--model", "bert-tiny", "--gpus", f"0,{n}", "--db", str(db)])

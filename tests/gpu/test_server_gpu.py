@@ -42,7 +42,7 @@ def test_embeddings_behind_the_server(tmp_path, server_cls, backend):
                                        "--reference-model", str(ckpt), "--db", str(tmp_path / "t.db"),
                                        "--json", str(tmp_path / "t.json")])
         assert res.exit_code == 0, res.output
-        rec = json.loads((tmp_path / "t.json").read_text())[0]
+        rec = json.loads((tmp_path / "t.json").read_text())["cells"][0]
         assert rec["status"] == "ok" and rec["failed"] == 0, rec.get("error")
         assert rec["reference_cosine_min"] > 0.99 and rec["achieved_rate"] == pytest.approx(200, rel=0.3)
     finally:
@@ -64,7 +64,7 @@ def test_streamed_completions_behind_the_server(tmp_path, server_cls, backend):
                                        "--new-tokens", "8", "--reference-model", str(ckpt),
                                        "--db", str(tmp_path / "t.db"), "--json", str(tmp_path / "t.json")])
         assert res.exit_code == 0, res.output
-        rec = json.loads((tmp_path / "t.json").read_text())[0]
+        rec = json.loads((tmp_path / "t.json").read_text())["cells"][0]
         assert rec["status"] == "ok" and rec["failed"] == 0, rec.get("error")
         assert rec["completion_tokens_mean"] == 8 and rec["ttft_p50_ms"] > 0
         assert rec["reference_first_token_agreement"] >= 0.5
