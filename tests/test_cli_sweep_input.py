@@ -468,8 +468,6 @@ _WHY = [
     ("run|" + MICRO, "--warmup", ["0"], "no untimed calls: 0 or more"),
     ("run|serve|train", "--timeout", ["1e30"], "a deadline over 1e6 s is none (docs/options.md, shared options)"),
     ("run|train", "--timeout", ["1e-320"], "a positive deadline: every cell ends `timeout`, as asked"),
-    ("run|serve|train|" + MICRO, "--shard", ["1/99999999999999999999999"], "a valid slice: shard 1 gets the first OOM group, and shards past "
-                                                      "the grid's groups are empty, as with 3 hosts for 2 groups"),
     ("serve|server", "--max-wait-ms", ["0", "1e-320"], "0 or more: a batch leaves at once"),
     ("server", "--served-model-name", [N], "a model name is text of any script (without spaces or control characters)"),
     ("serve", "--max-wait-ms", ["1e30"], "a wait is cut 10 s after the last arrival (docs/serve.md)"),

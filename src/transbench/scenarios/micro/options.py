@@ -56,8 +56,8 @@ def _not_empty(opts, *axes: tuple[str, str]) -> None:
 
 # The largest size of each micro-benchmark: past every GPU's memory already (an `oom` cell), and far below where the
 # tensor's byte count overflows (`micro gemm --sizes 2^40` or `bandwidth --sizes 2^62` stored an `error` cell,
-# "Storage size calculation overflowed"). GEMM: n x n fp32 of 2^20 is 4 TiB; bandwidth and collectives: 2^40
-# elements or bytes, 4 TiB and more.
+# "Storage size calculation overflowed"). GEMM: n x n fp32 of 2^20 is 4 TiB; bandwidth: 2^40 elements, 4 TiB and
+# more (collectives: MAX_COLLECTIVE_BYTES).
 MAX_GEMM_SIZE = 2**20
 MAX_VECTOR_SIZE = 2**40
 
@@ -308,7 +308,7 @@ class CollectivesOptions(MicroCommon):
             visible = torch.cuda.device_count()
         if out.nproc is None:
             out.nproc = visible if gpu else 2
-        _positive(out.sizes, "size", "--sizes 1KiB..1GiB", MAX_VECTOR_SIZE)
+        _positive(out.sizes, "size", "--sizes 1KiB..1GiB")
         _once(out, ("ops", "--op"), ("sizes", "--sizes"))
         for op in out.ops:
             if op not in COLLECTIVE_OPS:
