@@ -93,7 +93,7 @@ class Group(TyperGroup):
 def _once(ctx, param, spelling: str, given: dict[str, str]) -> None:
     """An option of one value given twice is refused: click keeps the last, so `runs --spec a --spec b` showed b
     alone and `run --min-time 5 ... --min-time 1` (an alias that adds options, then the user's own) ran 1 s
-    without a word. A repeatable option (several --trace files) is the exception, as declared."""
+    without a word. A repeatable option (`train --nccl-env`, one value a point) is the exception, as declared."""
     if getattr(param, "multiple", False) or getattr(param, "count", False):
         return
     if param.name in given:
