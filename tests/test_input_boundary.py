@@ -832,3 +832,68 @@ def test_any_text_for_a_typed_number_is_read_as_python_reads_ascii_or_refused(tm
     else:
         assert "expected a number" not in line
     assert not db.exists()
+
+
+def _single_value_options() -> list[tuple[list[str], str, bool]]:
+    """(command, option, takes a value) for every option of one value of every command, read from the CLI itself."""
+    import typer.main
+
+    from transbench.cli import app
+
+    def walk(group, path):
+        for name, cmd in group.commands.items():
+            if hasattr(cmd, "commands"):
+                yield from walk(cmd, [*path, name])
+                continue
+            for p in cmd.params:
+                if p.param_type_name == "option" and not getattr(p, "multiple", False) and p.name != "help":
+                    yield [*path, name], p.opts[0], not getattr(p, "is_flag", False)
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+@FAST
+@given(case=st.sampled_from(_single_value_options()), value=st.text(max_size=8).filter(lambda t: not t.startswith("-")))
+def test_any_option_of_one_value_given_twice_is_refused_before_anything_runs(tmp_path_factory, case, value):
+    """cli/options.py _once: click kept the last of a repeated option without a word."""
+    from transbench.cli.tables import visible
+
+    command, option, takes_value = case
+    given = [option, value] if takes_value else [option]
+    cwd = tmp_path_factory.mktemp("twice")
+    here = os.getcwd()
+    os.chdir(cwd)  # where a default store (./transbench.db) would be made
+    try:
+        line = refused(invoke(*command, *given, *given))
+    finally:
+        os.chdir(here)
+    # the first value, read before the second option, may be refused first: named as typed
+    assert f"{option} was given twice: give it once" in line or line.startswith(f"error: {option} {visible(repr(value))}")
+    assert not any(cwd.iterdir())
+
+
+@FAST
+@given(usage=values | st.dictionaries(st.sampled_from(["prompt_tokens", "completion_tokens"]), values, max_size=2))
+def test_any_usage_an_endpoint_sends_is_counted_or_malformed(usage):
+    """serve --url: an answer's `usage` sets whole token counts in 0..MAX_TOKENS, or makes the request malformed."""
+    from transbench.scenarios.serve import http_client
+
+    r = http_client.Sent(0, 0.0, 4)
+    try:
+        http_client._usage(r, usage)
+    except http_client.Malformed:
+        return
+    for count in (r.prompt_tokens, r.completion_tokens):
+        assert count is None or type(count) is int and 0 <= count <= http_client.MAX_TOKENS
+
+
+@FAST
+@given(vector=values | st.lists(st.floats(allow_nan=True, allow_infinity=True) | st.integers(), max_size=6))
+def test_any_embedding_an_endpoint_sends_is_finite_float32_or_refused(vector):
+    from transbench.scenarios.serve import http_client
+
+    try:
+        got = http_client.embedding_values(vector)
+    except ValueError:
+        return
+    assert got and all(abs(v) <= http_client.F32_MAX for v in got)
