@@ -17,7 +17,7 @@ from ...cells import CellResult
 from .cell import ServeCell
 from .http_client import HttpTrace, Sent, payload, run_http_load
 from .measure import plan_for
-from .prompts import HFTokenizer, WordTokenizer, has_tokenizer, make_prompts
+from .prompts import WordTokenizer, local_tokenizer, make_prompts
 from . import tails
 from .stats import DEFAULT_PERCENTILES, STORED, name, percentile, spread, within
 
@@ -32,11 +32,7 @@ MIN_FIRST_AGREEMENT = 0.5  # greedy completions: a share of first tokens below t
 
 
 def tokenizer_for(cell: ServeCell):
-    """The local tokenizer (--tokenizer, else the reference folder's), or None: synthetic words."""
-    for folder in (cell.tokenizer, cell.reference_model):
-        if has_tokenizer(folder):
-            return HFTokenizer(folder)
-    return None
+    return local_tokenizer(cell.tokenizer, cell.reference_model)
 
 
 def _failed_percentile(ok_ms: list[float], failed: int, q: float) -> float | None:

@@ -72,6 +72,14 @@ def has_tokenizer(folder: str | None) -> bool:
     return folder is not None and any((Path(folder) / f).is_file() for f in TOKENIZER_FILES)
 
 
+def local_tokenizer(tokenizer: str | None, reference_model: str | None) -> HFTokenizer | None:
+    """The tokenizer of `serve --url` (--tokenizer, else the reference folder's), or None: synthetic words."""
+    for folder in (tokenizer, reference_model):
+        if has_tokenizer(folder):
+            return HFTokenizer(folder)
+    return None
+
+
 def make_prompts(lengths: list[int], seed: int, tokenizer=None) -> tuple[list[str], str]:
     """A prompt per requested length, and what made them ("synthetic-words" or "tokenizer:FOLDER")."""
     rng = random.Random(seed)
