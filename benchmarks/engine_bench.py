@@ -862,8 +862,8 @@ def attention_sweep():
 
 
 PARTS = ("bert-base", "bert-large", "gemm", "routes", "bert-large-target", "varlen", "generate", "profile", "call",
-         "timeline", "timeline-large", "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant", "fp8gemm", "attn",
-         "attn-sweep", "timeline-decode", "decode", "gemv")
+         "timeline", "timeline-1x128", "timeline-large", "refine", "refine-large", "pdl", "fp8", "profile-fp8", "quant",
+         "fp8gemm", "attn", "attn-sweep", "timeline-decode", "decode", "gemv")
 
 
 def main(argv=None):
@@ -909,6 +909,8 @@ def main(argv=None):
             profile("bert-large", [(128, 384)], fp8=True)
         elif part == "timeline":
             timeline("bert-base", 256, 128)
+        elif part == "timeline-1x128":
+            timeline("bert-base", 1, 128, fp8=False)
         elif part == "timeline-large":
             timeline("bert-large", 128, 384)
         elif part == "timeline-decode":

@@ -135,7 +135,80 @@ def fake_api(decoder: bool):
 
     spec = NS(served_model_name="tiny", max_length=32, max_tokens=8)
     model = NS(alive=True, failure=None, metrics=Metrics(), submit=lambda job: None)
-    return server.build_app(server.Api(spec, NS(shape=NS(vocab=100)), decoder, model, WordTokenizer(100)))
+    return server.build_app(server.Api(spec, NS(shape=NS(vocab=100, hidden=16)), decoder, model, WordTokenizer(100)))
+
+
+def answering_api(decoder: bool):
+    """The HTTP side over a model that answers at once: each completion token 5 up to max_tokens, each embedding 16
+    zeros."""
+    from types import SimpleNamespace as NS
+
+    from transbench.scenarios.serve import server
+    from transbench.scenarios.serve.prompts import WordTokenizer
+    from transbench.scenarios.serve.server_model import Metrics
+
+    def submit(job):
+        if not decoder:
+            return job.emit("embedding", bytes(64))
+        for _ in range(job.max_tokens):
+            job.emit("token", 5)
+        job.emit("done", None)
+    spec = NS(served_model_name="tiny", max_length=32, max_tokens=8)
+    model = NS(alive=True, failure=None, metrics=Metrics(), submit=submit)
+    return server.build_app(server.Api(spec, NS(shape=NS(vocab=100, hidden=16)), decoder, model, WordTokenizer(100)))
+
+
+def post(app, path: str, body: dict) -> httpx.Response:
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+            return await client.post(path, json=body)
+    return asyncio.run(main())
+
+
+# A field that asks for another answer than this server gives (greedy, exactly max_tokens tokens, full-size
+# embeddings) is refused with a 400 naming it, not answered as if it were absent.
+@pytest.mark.parametrize("field,value", [
+    ("stop", "\n"), ("stop", ["x"]), ("echo", True), ("logprobs", 5), ("logprobs", True), ("best_of", 2),
+    ("best_of", True), ("suffix", "x"), ("presence_penalty", 0.5), ("frequency_penalty", -1),
+    ("repetition_penalty", 1.2), ("temperature", -1), ("temperature", 2.5), ("temperature", "0"), ("top_p", 0),
+    ("top_p", 1.5), ("ignore_eos", "yes"), ("n", 2), ("n", True), ("logit_bias", {"1": 5}), ("min_tokens", 3),
+    ("min_tokens", -1), ("min_tokens", 1.5), ("dimensions", 8), ("dimensions", -1), ("dimensions", 16.0),
+])
+def test_a_field_asking_for_another_answer_is_a_400_naming_it(field, value):
+    path = "/v1/embeddings" if field == "dimensions" else "/v1/completions"
+    body = {"model": "tiny", "input": "a b"} if field == "dimensions" else {"model": "tiny", "prompt": "a b",
+                                                                            "max_tokens": 2}
+    resp = post(answering_api(path == "/v1/completions"), path, {**body, field: value})
+    assert resp.status_code == 400 and field in resp.json()["error"]["message"], resp.text
+
+
+def test_what_benchmark_clients_send_is_answered():
+    """vLLM's benchmark client's completion fields (logprobs null, ignore_eos false, repetition_penalty 1, best_of 1),
+    OpenAI's neutral values, and an embeddings request naming the model's own size."""
+    fields = {"temperature": 0.0, "top_p": 1, "logprobs": None, "ignore_eos": False, "repetition_penalty": 1.0,
+              "best_of": 1, "stop": None, "echo": False, "presence_penalty": 0, "frequency_penalty": 0.0, "n": 1,
+              "suffix": None, "logit_bias": {}, "min_tokens": 2, "seed": 7, "user": "u"}
+    resp = post(answering_api(True), "/v1/completions", {"model": "tiny", "prompt": "a b", "max_tokens": 2, **fields})
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 2, resp.text
+    resp = post(answering_api(False), "/v1/embeddings", {"model": "tiny", "input": "a", "dimensions": 16})
+    assert resp.status_code == 200 and len(resp.json()["data"][0]["embedding"]) == 16, resp.text
+
+
+_SCALARS = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False) \
+    | st.text(max_size=5)
+_JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=6)
+
+
+@given(field=st.sampled_from(["stop", "echo", "logprobs", "best_of", "suffix", "presence_penalty", "temperature",
+                              "top_p", "ignore_eos", "n", "logit_bias", "min_tokens", "repetition_penalty"]),
+       value=_JSON)
+def test_any_value_of_a_completion_field_is_answered_or_refused_in_one_line(field, value):
+    resp = post(answering_api(True), "/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 2, field: value})
+    assert resp.status_code in (200, 400), resp.text
+    if resp.status_code == 400:
+        message = resp.json()["error"]["message"]
+        assert field in message and "\n" not in message
 
 
 @pytest.mark.parametrize("path,body", [

@@ -9,8 +9,9 @@ an OpenAI-style `{"error": {"message", "type"}}` body (one whose body has not ar
 the server goes on; a client that hangs up mid-body is dropped quietly. SIGTERM or SIGINT ends it cleanly: it stops
 accepting, lets the requests in flight finish (up to GRACE_S), then stops the model's process.
 
-Decoding is greedy (temperature and top_p are accepted and not applied: a benchmark wants a known output), and
-`ignore_eos` is what the server always does: a completion has exactly `max_tokens` tokens."""
+Decoding is greedy (temperature and top_p are accepted in range and not applied: a benchmark wants a known output),
+and `ignore_eos` is what the server always does: a completion has exactly `max_tokens` tokens. A field that asks for
+another answer (stop sequences, echo, logprobs, penalties: COMPLETION_FIELDS) is refused, not ignored."""
 
 from __future__ import annotations
 
@@ -55,6 +56,52 @@ def text(value: str, what: str) -> str:
     except UnicodeEncodeError as exc:
         raise BadRequest(f"{what} is not valid Unicode text (a lone surrogate at character {exc.start})") from None
     return value
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _none_or(*neutral):
+    """A check that a field is absent (null) or one of the values that change nothing (same type: 0 is not False)."""
+    return lambda v: v is None or any(type(v) is type(n) and v == n for n in neutral)
+
+
+def _none_or_number(at: float):
+    return lambda v: v is None or (_number(v) and v == at)
+
+
+# Fields of a completion request this server does not act on. It decodes greedily and always to max_tokens (the
+# module's docstring), so a field is taken only where the answer it asks for is that one: sampling settings in their
+# OpenAI ranges (applied by no benchmark that wants a known output), the others only at the value that changes nothing
+# (vLLM's benchmark client sends logprobs null, ignore_eos false and repetition_penalty 1). Anything else would be an
+# answer other than the one asked for, given silently: refused (400), saying what the server does. Fields not listed
+# (user, seed, metadata, ...) change nothing and are ignored.
+COMPLETION_FIELDS = {
+    "n": (_none_or(1), "n must be 1: this server returns one completion a request"),
+    "temperature": (lambda v: v is None or (_number(v) and 0 <= v <= 2), "temperature must be a number in 0..2 "
+                    "(decoding here is greedy whatever it is)"),
+    "top_p": (lambda v: v is None or (_number(v) and 0 < v <= 1), "top_p must be a number in (0, 1] (decoding here "
+              "is greedy whatever it is)"),
+    "stop": (_none_or("", []), "stop sequences are not supported: a completion here has exactly max_tokens tokens"),
+    "ignore_eos": (lambda v: v is None or isinstance(v, bool), "ignore_eos must be true or false (a completion here "
+                   "has exactly max_tokens tokens either way)"),
+    "echo": (_none_or(False), "echo is not supported: the answer is the completion alone"),
+    "logprobs": (_none_or(False), "logprobs are not supported"),
+    "best_of": (_none_or(1), "best_of must be 1: this server returns one greedy completion a request"),
+    "suffix": (_none_or(""), "suffix is not supported"),
+    "logit_bias": (_none_or({}), "logit_bias is not supported"),
+    "presence_penalty": (_none_or_number(0), "presence_penalty is not supported (only 0)"),
+    "frequency_penalty": (_none_or_number(0), "frequency_penalty is not supported (only 0)"),
+    "repetition_penalty": (_none_or_number(1), "repetition_penalty is not supported (only 1)"),
+}
+
+
+def check_fields(data: dict, fields: dict) -> None:
+    """BadRequest for the first field of `fields` (name -> (accepts(value), message)) whose value is not accepted."""
+    for name, (accepts, message) in fields.items():
+        if not accepts(data.get(name)):
+            raise BadRequest(message)
 
 
 def need_server_extra() -> None:
@@ -173,6 +220,10 @@ class Api:
             encoding = data.get("encoding_format", "float")
             if encoding not in ("float", "base64"):
                 raise BadRequest("encoding_format must be 'float' or 'base64'")
+            dims = data.get("dimensions")
+            if dims is not None and not (type(dims) is int and dims == self.ref.shape.hidden):
+                raise BadRequest(f"dimensions must be {self.ref.shape.hidden}, this model's embedding size: this "
+                                 "server does not shorten embeddings")
             given = data["input"]
             # a string, a list of token ids, or a list of either (a batch of inputs)
             many = isinstance(given, list) and bool(given) and all(isinstance(x, (str, list)) for x in given)
@@ -220,8 +271,11 @@ class Api:
             if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= \
                     self.spec.max_tokens:
                 raise BadRequest(f"max_tokens must be a whole number in 1..{self.spec.max_tokens} (--max-tokens)")
-            if data.get("n", 1) != 1:
-                raise BadRequest("n must be 1: this server returns one completion a request")
+            check_fields(data, COMPLETION_FIELDS)
+            low = data.get("min_tokens")
+            if low is not None and not (type(low) is int and 0 <= low <= max_tokens):
+                raise BadRequest("min_tokens must be a whole number in 0..max_tokens (a completion here has exactly "
+                                 "max_tokens tokens)")
             stream = data.get("stream", False)
             if not isinstance(stream, bool):
                 raise BadRequest("stream must be true or false")
