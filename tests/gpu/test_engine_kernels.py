@@ -239,3 +239,19 @@ def test_routes_are_settled_in_the_whole_captured_forward(tmp_path, monkeypatch)
     c2 = compile_model(m, dtype=torch.float16, options=EngineOptions(tuner=fresh))
     with torch.no_grad():
         assert torch.equal(c2(ids).last_hidden_state, out)  # same routes, same kernels: the same bits
+
+
+def test_a_route_is_timed_on_the_gpu_not_on_the_host_that_launches_it():
+    """tuning._gpu_ms: a call whose host side is slow (1 ms here) and whose kernel is short is timed as its graph
+    replays, in microseconds. Judged on one eager call, as it was, its host time put it over the 0.2 ms line and it
+    was timed eagerly, host included (benchmarks/results/engine_limits_h200_2026-11.md)."""
+    import time
+
+    from transbench.engine.tuning import _gpu_ms
+
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_host():
+        time.sleep(0.001)
+        x.add_(1)
+    assert _gpu_ms(slow_host, 10) < 0.05
