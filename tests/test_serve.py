@@ -272,6 +272,22 @@ def test_serve_bert_tiny_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
+def test_runs_spec_of_a_serve_run_reads_back_with_serve_spec(tmp_path):
+    """`runs --spec` wrote a serve run's spec that no command read (`serve` had no --spec, `run --spec` refused its
+    keys). The file repeats the run, and an option given beside it overrides the file's."""
+    db, db2, out, js = tmp_path / "s.db", tmp_path / "t.db", tmp_path / "s.yaml", tmp_path / "t.json"
+    assert invoke("serve", *QUICK, "--rate", "20", "--backend", "sdpa", "--db", db, "--name", "load").exit_code == 0
+    res = invoke("runs", "--db", db, "--spec", "load", "--out", out)
+    assert res.exit_code == 0, res.output
+    res = invoke("serve", "--spec", out, "--rate", "10", "--db", db2, "--json", js)
+    assert res.exit_code == 0, res.output
+    (rec,) = json.loads(js.read_text())["cells"]
+    assert rec["rate"] == 10.0 and rec["backend"] == "sdpa" and rec["lengths"] == "lognormal:12:32:0.5"
+    res = invoke("run", "--spec", out, "--db", db2)  # another command's spec: one line naming its keys
+    assert res.exit_code == 2 and "unknown spec key" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.slow
 def test_wrong_backend_is_never_loaded(tmp_path, extra_backends):
     extra_backends("broken_backends")
     db, js = tmp_path / "w.db", tmp_path / "w.json"

@@ -84,8 +84,8 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
          spec: Optional[str] = typer.Option(None, "--spec", help="write this run's spec (name or id) as YAML/TOML"),
          out: str = typer.Option("-", help="where --spec writes: a .yaml, .toml or .json path, or - for stdout; "
                                            "without --spec, a .json file for every stored run as the JSON record")) -> None:
-    """Stored runs; with --spec RUN, that run's full spec, to repeat it with `run --spec`; with --out FILE.json alone,
-    every stored run and its cells as the versioned JSON record."""
+    """Stored runs; with --spec RUN, that run's spec, for its own command's --spec (run, serve, train, micro KIND);
+    with --out FILE.json alone, every stored run and its cells as the versioned JSON record."""
     # Both listed every run instead, exit 0: `--spec ''` as if it were not given, `--out` without --spec unused.
     if spec is not None and not spec.strip():
         fail("--spec is empty: give a run's name or id (`transbench runs` lists them), or leave --spec out")
