@@ -386,7 +386,10 @@ def test_an_event_of_another_shape_makes_the_request_malformed(stub, api, event,
     ("openai-embeddings", endless(b"[", b"1," * 2**15), "malformed", "over 8,388,608 bytes"),
     ("openai-completions", endless(b"data: ", b"d" * 2**16, media_type="text/event-stream"), "malformed",
      "line of the event stream is over"),
-    ("openai-completions", endless(b'{"error": "', b"A" * 2**16, status=500), "http_500", "AAAA")])
+    ("openai-completions", endless(b'{"error": "', b"A" * 2**16, status=500), "http_500", "AAAA"),
+    # a valid stream that never ends: its event times grew until the request's timeout; 4 tokens asked for
+    ("openai-completions", endless(b"", f"data: {TEXT}\n\n".encode(), media_type="text/event-stream"), "malformed",
+     "over 96 events of text")])
 def test_an_endless_body_is_cut_where_it_passes_its_bound(stub, api, response, status, why):
     r = answer(stub, api, response)
     assert r.status == status and why in r.error, (r.status, r.error)

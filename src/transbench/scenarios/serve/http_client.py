@@ -37,6 +37,10 @@ ERROR_BYTES = 4096  # an error answer: its message is all that is kept (_message
 RESPONSE_BYTES = 8 * 2**20  # a JSON answer: an embedding of 8,192 floats is 200 KB as JSON text
 LINE_BYTES = 2**20  # a line of an event stream: one event, a token's text
 TEXT_CHARS = 2**20  # generated text kept for the reference check (its tokens up to --new-tokens are compared)
+# Events carrying text a stream may send per token asked for (and beyond, for a few): a server sends one a token,
+# some a few (text split where a character's bytes are). A stream past this is malformed: one that never ended grew
+# its list of event times until --request-timeout.
+EVENTS_PER_TOKEN, EXTRA_EVENTS = 8, 64
 MODELS_BYTES = 2**20  # the /v1/models listing: tens of bytes a model
 MODEL_CHARS = 256  # a listed model name: sent in every request and stored as the record's `model`
 MAX_TOKENS = 10**9  # a usage count above this is no model's: a 400-digit one overflowed the accounting
@@ -276,7 +280,8 @@ def _piece(event: dict, api: str, data: str) -> str | None:
     return piece
 
 
-async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool) -> None:
+async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, most: int) -> None:
+    """Read a stream of events into `r`; more than `most` events carrying text is Malformed."""
     finished = False
     async for line in _lines(conn.chunks()):
         if finished or not line.startswith("data:"):  # blank separators, comments (":"), event:/id: fields
@@ -296,6 +301,9 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool) -> None:
             continue
         piece = _piece(event, api, data)
         if piece:  # a chat stream's first delta carries the role alone
+            if len(r.steps) == most:
+                raise Malformed(f"the stream sent over {most:,} events of text ({EVENTS_PER_TOKEN} a token asked for, "
+                                f"and {EXTRA_EVENTS})")
             r.steps.append(now())
             if keep and len(r.text) < TEXT_CHARS:
                 r.text += piece
@@ -306,7 +314,7 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool) -> None:
         r.status, r.error = "malformed", "no content was streamed: no event carried text"
 
 
-async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now, keep: bool) -> None:
+async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now, keep: bool, most: int) -> None:
     import h11
 
     r.sent = now()
@@ -337,7 +345,7 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             if kind and kind != b"text/event-stream":
                 raise Malformed(f"the answer is not an event stream (Content-Type {kind.decode(errors='replace')!r})")
-            await _stream(conn, r, api, now, keep)
+            await _stream(conn, r, api, now, keep, most)
         clean = True
     except Malformed as exc:
         r.status, r.error = "malformed", str(exc)
@@ -418,8 +426,10 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
         peak = max(peak, in_flight)
         client = await conns.take()
         try:  # the whole request's deadline, connecting, body and stream included
-            body = json.dumps(bodies(r)).encode()
-            await asyncio.wait_for(_send(client, path, api, body, r, now, r.rid < KEEP_OUTPUTS), timeout_s)
+            body = bodies(r)
+            most = EVENTS_PER_TOKEN * body.get("max_tokens", 0) + EXTRA_EVENTS
+            await asyncio.wait_for(_send(client, path, api, json.dumps(body).encode(), r, now, r.rid < KEEP_OUTPUTS,
+                                         most), timeout_s)
         except asyncio.TimeoutError:
             r.status, r.error, r.done = "timeout", f"no complete answer within {timeout_s:g} s", now()
         finally:
