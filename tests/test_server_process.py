@@ -125,8 +125,9 @@ def test_a_malformed_embedding_is_refused(value):
         embedding_values(value)
 
 
-def fake_api(decoder: bool):
-    """The HTTP side over a model that answers nothing: what is refused never reaches it."""
+def fake_api(decoder: bool, submit=lambda job: None):
+    """The HTTP side over a model that runs `submit(job)` for each input (by default it answers nothing: what is
+    refused never reaches it)."""
     from types import SimpleNamespace as NS
 
     from transbench.scenarios.serve import server
@@ -134,28 +135,20 @@ def fake_api(decoder: bool):
     from transbench.scenarios.serve.server_model import Metrics
 
     spec = NS(served_model_name="tiny", max_length=32, max_tokens=8)
-    model = NS(alive=True, failure=None, metrics=Metrics(), submit=lambda job: None)
+    model = NS(alive=True, failure=None, metrics=Metrics(), submit=submit)
     return server.build_app(server.Api(spec, NS(shape=NS(vocab=100, hidden=16)), decoder, model, WordTokenizer(100)))
 
 
 def answering_api(decoder: bool):
-    """The HTTP side over a model that answers at once: each completion token 5 up to max_tokens, each embedding 16
+    """fake_api over a model that answers at once: each completion token 5 up to max_tokens, each embedding 16
     zeros."""
-    from types import SimpleNamespace as NS
-
-    from transbench.scenarios.serve import server
-    from transbench.scenarios.serve.prompts import WordTokenizer
-    from transbench.scenarios.serve.server_model import Metrics
-
     def submit(job):
         if not decoder:
             return job.emit("embedding", bytes(64))
         for _ in range(job.max_tokens):
             job.emit("token", 5)
         job.emit("done", None)
-    spec = NS(served_model_name="tiny", max_length=32, max_tokens=8)
-    model = NS(alive=True, failure=None, metrics=Metrics(), submit=submit)
-    return server.build_app(server.Api(spec, NS(shape=NS(vocab=100, hidden=16)), decoder, model, WordTokenizer(100)))
+    return fake_api(decoder, submit)
 
 
 def post(app, path: str, body: dict) -> httpx.Response:

@@ -110,7 +110,7 @@ def _gpu_ms(fn: Callable[[], object], reps: int, inner: int = 10) -> float:
     # Whether a call is short is judged on a replay of one, not on one eager call: an eager call's span between two
     # events is the host's launch time wherever the host is slower than the kernels. On an H200 that timed routes of
     # bert-base's 1 x 128 GEMMs eagerly at 140-233 us where their graphs replay in 5-9 us, and the tuner chose
-    # cuBLAS + LayerNorm for FC2, 1.7 us slower than our GEMM; judged so, the forward ran 0.317 ms, not 0.351
+    # cuBLAS + LayerNorm for FC2, 1.7 us slower than our GEMM; judged so, the forward runs 0.319 ms, not 0.351
     # (benchmarks/results/engine_limits_h200_2026-11.md).
     graph = torch.cuda.CUDAGraph()
     with capture(graph, stream=side):  # on the stream warmed up above (graphs.GraphCache._graph says why)
