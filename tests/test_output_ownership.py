@@ -337,3 +337,24 @@ def test_a_raw_plot_has_no_mark_so_an_existing_one_is_refused(tmp_path):
     export.save_figure(Figure(figsize=(1, 1)), path)  # a new path: written
     with pytest.raises(SpecError, match=FOREIGN):
         export.check_output(str(path), "--plot")
+
+
+@pytest.mark.parametrize("name", ["nightly", "a (b) c", "x'y", ""])
+def test_a_spec_file_tells_the_kind_of_run_it_was_written_from(tmp_path, name):
+    """store/export.spec_kind reads back what spec_mark wrote, whatever the run's name; a file without the mark (JSON,
+    the user's own) or no file at all tells nothing."""
+    from transbench.store import db, export
+
+    for kind in db.RUN_KINDS:
+        f = tmp_path / "s.yaml"
+        f.write_text(export.spec_mark(name, kind) + "\nmodel: bert-tiny\n")
+        assert export.spec_kind(str(f)) == kind
+    f.write_text('{\n "model": "bert-tiny"\n}')
+    assert export.spec_kind(str(f)) is None and export.spec_kind(str(tmp_path / "missing.yaml")) is None
+
+
+def test_every_kind_of_run_names_the_command_that_repeats_it():
+    from transbench.cli.options import COMMAND_OF_KIND
+    from transbench.store.db import RUN_KINDS
+
+    assert set(COMMAND_OF_KIND) == set(RUN_KINDS)

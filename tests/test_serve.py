@@ -283,8 +283,10 @@ def test_runs_spec_of_a_serve_run_reads_back_with_serve_spec(tmp_path):
     assert res.exit_code == 0, res.output
     (rec,) = json.loads(js.read_text())["cells"]
     assert rec["rate"] == 10.0 and rec["backend"] == "sdpa" and rec["lengths"] == "lognormal:12:32:0.5"
-    res = invoke("run", "--spec", out, "--db", db2)  # another command's spec: one line naming its keys
-    assert res.exit_code == 2 and "unknown spec key" in res.output and "Traceback" not in res.output
+    for command in (["run"], ["train"], ["micro", "gemm"]):  # another command's: one line naming the right one
+        res = invoke(*command, "--spec", out, "--db", db2)
+        assert res.exit_code == 2 and "written from a serve run" in res.output, res.output
+        assert "`transbench serve --spec`" in res.output and "Traceback" not in res.output
 
 
 @pytest.mark.slow

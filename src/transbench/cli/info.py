@@ -125,7 +125,7 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
             if Path(out).suffix != ".json":
                 # YAML and TOML take a comment: the mark that tells a rerun this file is ours to replace (a spec
                 # the user wrote by hand is refused, store/export.py ours); JSON has none, and is told by its shape.
-                text = f"{export.SPEC_MARK}: run {match[0]['name']!r} ({match[0]['kind']})\n" + text
+                text = export.spec_mark(match[0]["name"], match[0]["kind"]) + "\n" + text
             with export.writing(out):  # whole, or the file as it was (a full disk, Ctrl-C)
                 export.write_text(out, text)
             typer.echo(f"wrote {out}")

@@ -26,7 +26,7 @@ def _measure(kind: str, cls, spec, given: dict, db: str, json_path, csv_path, pl
     """One micro-benchmark: its outputs checked before anything runs, its options from the --spec file and the
     options given, its points measured and stored."""
     export.check_paths(json_path, csv_path, db, plot=plot)
-    opts = build_spec(cls, spec, given, command=("micro", kind))
+    opts = build_spec(cls, spec, given, command=("micro", kind), kind="micro")
     return micro.run_micro(kind, opts, db, on_point=_progress)
 
 

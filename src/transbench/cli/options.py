@@ -16,6 +16,7 @@ from ..errors import SpecError
 from ..declare import (CommandOptions, declared, default_of, help_text, item_type, option_of,
                        shown_default)
 from ..spec import check_name, coerce, load_file, read_number, split_list
+from ..api import export
 from .tables import visible
 
 # Old spelling -> today's, and the value of an option given alone, both from the settings' declarations
@@ -147,11 +148,21 @@ class App(typer.Typer):
         return super().command(*args, **kwargs)
 
 
+# The command whose --spec repeats a stored run of each kind (store.db.RUN_KINDS).
+COMMAND_OF_KIND = {"inference": "run", "training": "train", "serve": "serve", "micro": "micro KIND"}
+
+
 def build_spec(cls, spec_file: str | None, given: dict, whole: frozenset[str] = frozenset(),
-               command: tuple[str, str] | None = None):
+               command: tuple[str, str] | None = None, kind: str | None = None):
     """The spec of a command: the --spec file (checked against `cls`, errors naming the file), overridden
     by the options given on the command line (None = not given). `command` = (key, value): a key of the
-    file that names the sub-command the spec belongs to (a micro run's stored spec holds `micro: gemm`)."""
+    file that names the sub-command the spec belongs to (a micro run's stored spec holds `micro: gemm`). `kind`: the
+    kind of run the command stores; a file `runs --spec` wrote from a run of another kind is refused naming the
+    command it belongs to (it was refused, listing every key that command does not know)."""
+    made = export.spec_kind(spec_file) if spec_file is not None and kind is not None else None
+    if made is not None and made != kind:
+        raise SpecError(f"spec file {spec_file} was written from a {made} run (its first line says so): give it to "
+                        f"`transbench {COMMAND_OF_KIND.get(made, made)} --spec`")
     if spec_file is not None and command is not None:
         # `transbench runs --spec RUN --out f.yaml` writes a micro run's spec with its `micro: gemm` key, and
         # `micro gemm --spec f.yaml` refused that key as unknown: the file it wrote could not be read back.

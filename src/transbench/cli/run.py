@@ -37,7 +37,7 @@ def _refuse_unused_options(given: dict, the_spec: RunSpec) -> None:
 def run(given: dict, *, spec, db, json_path, csv_path, resume, wide) -> None:
     """Measure inference latency, throughput, TFLOPS, MFU and memory over a model x backend x shape grid."""
     export.check_paths(json_path, csv_path, db)
-    the_spec = build_spec(RunSpec, spec, given)
+    the_spec = build_spec(RunSpec, spec, given, kind="inference")
     _refuse_unused_options(given, the_spec)
     explicit = set(load_file(spec, RunSpec) if spec is not None else {}) | {k for k, v in given.items() if v is not None}
 

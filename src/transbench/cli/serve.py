@@ -27,7 +27,7 @@ SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rat
 def serve(given: dict, *, spec, db, json_path, csv_path) -> None:
     """Serving under load: latency percentiles against offered load, and the largest rate under a target."""
     export.check_paths(json_path, csv_path, db)  # as run does: a bad path is refused before any load, not after
-    spec = build_spec(ServeSpec, spec, given)
+    spec = build_spec(ServeSpec, spec, given, kind="serve")
     # given at its default value, an option that nothing here uses is refused as any other value is
     serve_spec.check_given(spec, percentile=given["percentile"] is not None, new_tokens=given["new_tokens"] is not None)
 

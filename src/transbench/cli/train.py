@@ -72,7 +72,7 @@ def train(given: dict, *, spec, db, json_path, csv_path, wide,
                                              help="where --ladder writes its plot (PNG)")) -> None:
     """Measure training samples/s, tokens/s, TFLOPS per GPU, MFU, memory and scaling over a grid of choices."""
     zero_stage, max_batch_limit = given["zero_stages"], given["max_batch_limit"]
-    the_spec = build_spec(TrainSpec, spec, given)
+    the_spec = build_spec(TrainSpec, spec, given, kind="training")
     # --zero-stage 2 is also the spec's default, which the spec's own check cannot tell from a typed one: the
     # command line can (None: not given), and `--zero-stage 2` without deepspeed trained plain and said ok.
     if zero_stage is not None and "deepspeed" not in (the_spec.strategies or []):

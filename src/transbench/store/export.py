@@ -321,6 +321,23 @@ HEAD_BYTES = 4096
 REPORT_MARK = "<!-- written by transbench report -->"
 # The first line of a YAML or TOML spec `runs --spec RUN --out FILE` writes (cli/info.py); a comment to both.
 SPEC_MARK = "# written by transbench runs --spec"
+
+
+def spec_mark(name: str, kind: str) -> str:
+    """The first line of a spec file written from the run `name` of `kind` (a db.RUN_KINDS)."""
+    return f"{SPEC_MARK}: run {name!r} ({kind})"
+
+
+def spec_kind(path: str) -> str | None:
+    """The kind of run a spec file was written from, read from its first line's mark (spec_mark); None where it has
+    none (a JSON spec, a file the user wrote) or the file cannot be read (the spec's own reading says why)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.read(HEAD_BYTES).split(b"\n", 1)[0].decode("utf-8", "replace").rstrip()
+    except OSError:
+        return None
+    found = re.fullmatch(re.escape(SPEC_MARK) + r": run .* \((\w+)\)", first)
+    return found.group(1) if found else None
 # The record's first columns in every export since the first (docs/records.md; RECORD_KEYS begins with them, and
 # keys added later went after them), so an older export is recognised too.
 CSV_HEAD = ("run_id", "run_name", "scenario", "model", "task", "backend")
