@@ -351,6 +351,23 @@ def test_a_spec_file_tells_the_kind_of_run_it_was_written_from(tmp_path, name):
         assert export.spec_kind(str(f)) == kind
     f.write_text('{\n "model": "bert-tiny"\n}')
     assert export.spec_kind(str(f)) is None and export.spec_kind(str(tmp_path / "missing.yaml")) is None
+    assert export.spec_kind(str(tmp_path)) is None  # a folder
+
+
+def test_a_named_pipe_as_a_spec_file_tells_nothing_at_once(tmp_path):
+    """spec_kind is read before the spec file is checked: opening a named pipe with no writer blocked for ever."""
+    import os
+    import threading
+
+    from transbench.store import export
+
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(export.spec_kind(str(fifo))), daemon=True)
+    t.start()
+    t.join(10)
+    assert got == [None]
 
 
 def test_every_kind_of_run_names_the_command_that_repeats_it():

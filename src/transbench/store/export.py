@@ -330,12 +330,20 @@ def spec_mark(name: str, kind: str) -> str:
 
 def spec_kind(path: str) -> str | None:
     """The kind of run a spec file was written from, read from its first line's mark (spec_mark); None where it has
-    none (a JSON spec, a file the user wrote) or the file cannot be read (the spec's own reading says why)."""
+    none (a JSON spec, a file the user wrote) or is no regular file that can be read (the spec's own reading says
+    why). Opened without blocking: a named pipe with no writer blocked `run --spec` for ever here."""
     try:
-        with open(path, "rb") as f:
-            first = f.read(HEAD_BYTES).split(b"\n", 1)[0].decode("utf-8", "replace").rstrip()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError):  # ValueError: a NUL in the path
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        first = os.read(fd, HEAD_BYTES).split(b"\n", 1)[0].decode("utf-8", "replace").rstrip()
     except OSError:
         return None
+    finally:
+        os.close(fd)
     found = re.fullmatch(re.escape(SPEC_MARK) + r": run .* \((\w+)\)", first)
     return found.group(1) if found else None
 # The record's first columns in every export since the first (docs/records.md; RECORD_KEYS begins with them, and
