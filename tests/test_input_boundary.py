@@ -85,6 +85,45 @@ def test_any_spec_document_is_read_or_refused_in_one_line(tmp_path_factory, doc,
         one_line(exc)
 
 
+@pytest.mark.parametrize("text", ["# a \x1f comment\nbatches: [1]\n", "name: \"a\x07b\"\n", "\x00"])
+def test_a_yaml_spec_with_a_control_character_is_one_line(tmp_path, text):
+    """PyYAML's reader refuses such characters as the loader is made, before the boundary's own checks: a traceback."""
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match="invalid YAML") as exc:
+        load_file(str(path), RunSpec)
+    one_line(exc.value)
+
+
+SERVE_KEYS = ["model", "backends", "rates", "concurrency", "duration", "lengths", "arrivals", "max_batch_size",
+              "request_timeout", "name", "url"]
+
+
+@FAST
+@given(doc=st.dictionaries(st.sampled_from(SERVE_KEYS) | st.text(max_size=10), values, max_size=5),
+       mark=st.none() | st.sampled_from(["inference", "training", "serve", "micro"]) | st.text(max_size=12),
+       command=st.sampled_from([("serve", "serve"), ("run", "inference"), ("train", "training")]))
+def test_any_spec_file_given_to_serve_run_or_train_is_read_or_refused_in_one_line(tmp_path_factory, doc, mark,
+                                                                                 command):
+    """`serve --spec` reads a serve run's spec (runs --spec writes it with a first line naming the run's kind): any
+    document, under any such line or none, given to any command's --spec, is that command's spec or one line."""
+    import yaml
+
+    from transbench.cli.options import build_spec
+    from transbench.scenarios.serve.spec import ServeSpec
+    from transbench.scenarios.training.spec import TrainSpec
+    from transbench.store import export
+
+    path = tmp_path_factory.mktemp("spec") / "s.yaml"
+    head = "" if mark is None else export.spec_mark("r", mark).replace("\n", " ") + "\n"
+    path.write_text(head + yaml.safe_dump(doc, allow_unicode=True))
+    cls = {"serve": ServeSpec, "run": RunSpec, "train": TrainSpec}[command[0]]
+    try:
+        build_spec(cls, str(path), {}, kind=command[1])
+    except SpecError as exc:
+        one_line(exc)
+
+
 @pytest.mark.parametrize("depth", [65, 400, 1_100, 5_000, 200_000])
 @pytest.mark.parametrize("block", [False, True])
 def test_deep_yaml_is_refused_from_its_tokens_before_it_is_composed(monkeypatch, capfd, depth, block):

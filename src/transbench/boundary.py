@@ -145,7 +145,10 @@ def loads_yaml(text: str, where: str, *, loader=None, depth: int = DEPTH, nodes:
     import yaml
 
     cls = loader or yaml.SafeLoader
-    ldr = cls(text)
+    try:
+        ldr = cls(text)
+    except yaml.YAMLError as exc:  # its reader refuses control characters as it is made, even in a comment
+        _fail(where, f"invalid YAML: {str(exc).splitlines()[0]}", fix)
     try:
         try:
             _yaml_depth_bound(text, cls, where, depth, fix)
