@@ -346,6 +346,8 @@ def spec_kind(path: str) -> str | None:
         os.close(fd)
     found = re.fullmatch(re.escape(SPEC_MARK) + r": run .* \((\w+)\)", first)
     return found.group(1) if found else None
+
+
 # The record's first columns in every export since the first (docs/records.md; RECORD_KEYS begins with them, and
 # keys added later went after them), so an older export is recognised too.
 CSV_HEAD = ("run_id", "run_name", "scenario", "model", "task", "backend")

@@ -39,8 +39,9 @@ class RequestTrace:
 
 def _field(row: dict, key: str, where: str, whole: bool) -> float:
     v = row.get(key)
-    if not (boundary.is_number(v) or isinstance(v, int) and not isinstance(v, bool)):  # an int of 400 digits is
-        raise SpecError(f"{where}: '{key}' must be a number; each line needs {FIELDS}")  # past the limit below
+    # an int of 400 digits is no finite float (is_number) but a number: the limit below refuses it, saying why
+    if isinstance(v, bool) or not (isinstance(v, int) or boundary.is_number(v)):
+        raise SpecError(f"{where}: '{key}' must be a number; each line needs {FIELDS}")
     if abs(v) > MAX_FILE_NUMBER:
         raise SpecError(f"{where}: '{key}' is past {MAX_FILE_NUMBER:,}, the largest number a trace may hold")
     if whole and (v != int(v) or v < 1):
