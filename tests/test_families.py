@@ -446,6 +446,20 @@ def test_a_config_transformers_cannot_build_is_refused(tmp_path, cls_name, edit,
     assert needle in _refusal(_saved(tmp_path / "ckpt", _tiny(cls_name), **edit))
 
 
+def test_a_refused_config_prints_nothing_but_its_refusal(tmp_path):
+    # transformers warned first ("pad_token_id must be `None` or an integer within the vocabulary (between 0 and -6)")
+    # on stderr, above the line that refuses the folder. A fresh process: transformers warns once per process.
+    import subprocess
+    import sys
+    d = _saved(tmp_path / "ckpt", _tiny(), vocab_size=-5, pad_token_id=0)
+    r = subprocess.run([sys.executable, "-m", "transbench", "run", "--model", str(d), "--backend", "eager",
+                        "--db", str(tmp_path / "r.db")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "sets vocab_size to -5" in lines[0], r.stderr
+    assert not (tmp_path / "r.db").exists()
+
+
 def test_a_config_that_does_not_fit_its_weights_is_refused(tmp_path):
     # Each was an `error` cell (ignore_mismatched_sizes) stored with exit 0
     fix = "; use the config.json saved with these weights"

@@ -253,11 +253,18 @@ def _load_config(folder: Path):
     """transformers' own reading of config.json: whatever it raises (a strict field's wrong type, a value its
     config class rejects, ...) is the folder's fault, so one line, never a traceback."""
     from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
 
+    # Its warnings about the file (a pad_token_id outside a vocab_size of -5) would print before the one line that
+    # refuses the folder; the checks after it say what is wrong.
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
         return AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
     except Exception as exc:
         _refuse(folder, f"transformers cannot read its config.json ({_one_line(exc)})", "fix config.json")
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def _bad_size(value) -> bool:
