@@ -318,6 +318,14 @@ def _stored_count(db: Path) -> int:
         return 0
 
 
+def _as_from_a_terminal() -> None:
+    """The command's Ctrl-C and hang-up as a terminal gives them: a suite run under `nohup` or as a background job of
+    a script has SIGHUP or SIGINT ignored, a child inherits that, and the command rightly keeps an ignored signal
+    (cli/app.py), so the signal tests failed there."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class _Sweep:
     """A `transbench` command in its own process, its output in files (a process left behind holding a pipe would
     block a reader), its temporary files in a folder of its own."""
@@ -333,7 +341,8 @@ class _Sweep:
 
     def start(self):
         with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen(self.args, env=self.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(self.args, env=self.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                         preexec_fn=_as_from_a_terminal)
         return self
 
     def wait_for(self, ready, limit: float = 120.0) -> None:
@@ -647,8 +656,13 @@ def test_an_interrupted_sweep_on_several_lanes_stores_no_cell_it_did_not_finish(
     def on_cell(cell, result):  # sdpa is stored: the other lane hangs in fail-hangs; Ctrl-C a second later
         threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGINT)).start()
 
-    with pytest.raises(KeyboardInterrupt):
-        run_grid(store, run_id, grid.expand(spec), inference_target(spec), SweepOptions(120, gpus=[0, 1]), on_cell)
+    # Ctrl-C as Python sets it up from a terminal: a suite run under a background job of a script has it ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_grid(store, run_id, grid.expand(spec), inference_target(spec), SweepOptions(120, gpus=[0, 1]), on_cell)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     # Not Thread.is_alive: on CPython 3.11 an interrupted join marks the thread it waited for as ended (bpo-45274).
     lanes = [t for t in threading.enumerate() if "guarded_lane" in t.name]
     workers = [p for p in __import__("multiprocessing").active_children() if p.is_alive()]
