@@ -24,6 +24,7 @@ def check_gemv(device, dtype, M, N, K):
         randn(device, dtype, N, seed=3)
     r, g, gb = randn(device, dtype, M, N, seed=4), randn(device, dtype, K, seed=5), randn(device, dtype, K, seed=6)
     x = x + 3.0  # a mean far from 0: what a one-pass variance would lose
+    x[-1] += 500.0  # a row whose mean is 60 times its spread: the kernel's statistics are of the row less its first value
     cfgs = configs(M, K)
     assert cfgs, M
     # every form and every config, each config in one form (forms and configs in turn): a kernel compiles apart
@@ -75,6 +76,25 @@ def test_torch_norm_linear_is_the_layernorm_then_the_projection():
     torch.testing.assert_close(ops.norm_linear(x, lin, residual=r), F.linear(x, lin.weight, lin.bias) + r)
     # every part at once, as the GEMV's epilogue applies them: the activation, then the residual
     torch.testing.assert_close(ops.norm_linear(x, lin, norm, "exact", r), F.gelu(F.linear(h, lin.weight, lin.bias)) + r)
+
+
+def test_fold_norm_is_the_layernorms_weights_through_the_projection():
+    """LayerNorm(x) W^T + b == rstd ((x - mean) gamma W^T) + W beta + b: fold_norm's two vectors are W gamma and
+    W beta + b (fp32), without a bias too; and ops keeps them on the Linear for its Norm, anew for another."""
+    pytest.importorskip("triton", reason="Triton is not installed (it is part of the [test] extra on Linux)")
+    from transbench.engine.gemv import fold_norm
+    from transbench.engine.ops import Linear, Norm, norm_sums
+    w, b = randn("cpu", torch.float16, 6, 10, seed=1), randn("cpu", torch.float16, 6, seed=2)
+    gamma, beta = randn("cpu", torch.float16, 10, seed=3), randn("cpu", torch.float16, 10, seed=4)
+    wg, wb = fold_norm(w, b, gamma, beta)
+    assert wg.dtype == wb.dtype == torch.float32 and wg.shape == wb.shape == (6,)
+    torch.testing.assert_close(wg, w.float() @ gamma.float())
+    torch.testing.assert_close(wb, w.float() @ beta.float() + b.float())
+    torch.testing.assert_close(fold_norm(w, None, gamma, beta)[1], w.float() @ beta.float())
+    lin, n1, n2 = Linear(w, b), Norm(gamma, beta, 1e-5), Norm(beta, gamma, 1e-5)
+    first = norm_sums(lin, n1)
+    assert norm_sums(lin, n1)[0] is first[0]  # kept
+    torch.testing.assert_close(norm_sums(lin, n2)[0], w.float() @ beta.float())  # another Norm: made anew
 
 
 # (rows, K): the warps a program may have. K of 256 or less: one warp (a thread holds 8 of a row's values); gpt2's 768

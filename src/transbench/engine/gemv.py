@@ -3,8 +3,8 @@
 At one to a few tokens a projection is the time to stream its weights, and a decode step of gpt2 ran 8 kernels a
 layer at about 3.7 us each (benchmarks/results/engine_limits_h200_2026-11.md): cuBLAS's GEMV, then a LayerNorm, GELU
 or residual add of its own. Here the LayerNorm that precedes a pre-LN projection is this kernel's prologue (each
-program normalises the few input rows itself: they are a few KiB, read from L2) and the bias, GELU and residual its
-epilogue, so a GPT-2 layer is five kernels: QKV, attention, output projection, FC1, FC2. Each program holds its
+program takes the few input rows' statistics itself: they are a few KiB, read from L2; the LayerNorm's weights act
+through two vectors of the projection's, fold_norm) and the bias, GELU and residual its epilogue, so a GPT-2 layer is five kernels: QKV, attention, output projection, FC1, FC2. Each program holds its
 slice of the weights whole, fetched before it waits on the previous kernel (see the kernel). Launched on CUDA only (and
 in Triton's CPU interpreter by the tests); ops.TorchOps.norm_linear is the reference.
 """
@@ -40,7 +40,7 @@ def configs(M: int, K: int) -> list[tuple[int, int]]:
 
 
 @jit(do_not_specialize=["M"])
-def _gemv_kernel(X, W, BIAS, R, Y, LNW, LNB, M, N, K, eps, ACT: tl.constexpr, HAS_LN: tl.constexpr,
+def _gemv_kernel(X, W, BIAS, R, Y, LNW, WG, WB, M, N, K, eps, ACT: tl.constexpr, HAS_LN: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  KP2: tl.constexpr, PDL: tl.constexpr):
     # A program holds its BN rows of W whole, K wide. They, the LayerNorm's weights and the bias never depend on
@@ -56,23 +56,31 @@ def _gemv_kernel(X, W, BIAS, R, Y, LNW, LNB, M, N, K, eps, ACT: tl.constexpr, HA
     # gpt2-medium step of 4 rows took 0.7585 ms, without it 0.6843 (benchmarks/results/decode_gemv_h200_2026-11.md).
     w = tl.load(W + n.to(tl.int64)[None, :, None] * K + k[None, None, :], mask=nm[None, :, None] & km[None, None, :],
                 other=0.0)
-    if HAS_LN:  # masked columns: weight and bias 0, so they add nothing
+    if HAS_LN:  # masked columns: gamma 0, so they add nothing; the bias is in WB (fold_norm)
         g = tl.load(LNW + k, mask=km, other=0.0).to(tl.float32)
-        gb = tl.load(LNB + k, mask=km, other=0.0).to(tl.float32)
-    if HAS_BIAS:
+        wg = tl.load(WG + n, mask=nm, other=0.0)
+        bias = tl.load(WB + n, mask=nm, other=0.0)
+    elif HAS_BIAS:
         bias = tl.load(BIAS + n, mask=nm, other=0.0).to(tl.float32)
     pdl_enter(PDL)
     m = tl.arange(0, BM)
     mm = m < M
     full = mm[:, None, None] & km[None, None, :]
     x = tl.load(X + m.to(tl.int64)[:, None, None] * K + k[None, None, :], mask=full, other=0.0).to(tl.float32)
-    if HAS_LN:  # two passes over the rows in registers: no E[x^2] - mean^2 cancellation
+    if HAS_LN:
+        # LayerNorm(x) W^T + b = rstd ((x - c) gamma W^T - mean_c W gamma) + W beta + b, with mean_c and rstd of
+        # the row shifted by its first value c (no E[x^2] - mean^2 cancellation for a row far from 0). The row's
+        # two sums and the product are three reductions of the same registers with no order between them, where
+        # normalising first chains two reductions before the product's (fold_norm says what that saved).
+        c = tl.load(X + m.to(tl.int64) * K, mask=mm, other=0.0).to(tl.float32)
+        x = tl.where(full, x - c[:, None, None], 0.0)
         mean = tl.sum(x, 2) / K
-        d = tl.where(full, x - mean[:, :, None], 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(d * d, 2) / K + eps)
-        x = d * rstd[:, :, None] * g[None, None, :] + gb[None, None, :]
-    acc = tl.sum(x * w.to(tl.float32), 2)  # [rows, BN]: every row's sums in one reduction
-    if HAS_BIAS:
+        var = tl.maximum(tl.sum(x * x, 2) / K - mean * mean, 0.0)
+        acc = tl.sum(x * g[None, None, :] * w.to(tl.float32), 2)  # [rows, BN]: every row's sums in one reduction
+        acc = (acc - mean * wg[None, :]) * (1.0 / tl.sqrt(var + eps))
+    else:
+        acc = tl.sum(x * w.to(tl.float32), 2)
+    if HAS_LN or HAS_BIAS:
         acc += bias[None, :]
     acc = activate(acc, ACT)
     out = m.to(tl.int64)[:, None] * N + n[None, :]
@@ -89,20 +97,33 @@ def supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.shape[1] == weight.shape[1])
 
 
+def fold_norm(weight: torch.Tensor, bias: torch.Tensor | None, gamma: torch.Tensor,
+              beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W gamma, W beta + b), fp32 (N,): what the kernel's LayerNorm prologue needs of a projection and the LayerNorm
+    before it, computed once per pair (ops.TritonOps.norm_linear keeps them on the Linear). From the weights as
+    stored, so that mean_c W gamma cancels the kernel's own sums."""
+    w = weight.float()
+    return (w @ gamma.float()).contiguous(), (w @ beta.float() + (0.0 if bias is None else bias.float())).contiguous()
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: int = 0,
          residual: torch.Tensor | None = None, norm: tuple | None = None, cfg=CONFIGS[0],
-         pdl: bool = True) -> torch.Tensor:
+         pdl: bool = True, sums: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """act(LayerNorm(x) W^T + bias) [+ residual] for x of at most MAX_ROWS rows; norm: (weight, bias, eps) of the
-    LayerNorm, or None (x as it is). act: an activation.ACT_* code. pdl: EngineOptions.pdl."""
+    LayerNorm, or None (x as it is); sums: fold_norm's of this weight, bias and norm (computed here if None). act:
+    an activation.ACT_* code. pdl: EngineOptions.pdl."""
     if not supported(x, weight) or (residual is not None and (not residual.is_contiguous()
                                                               or residual.shape != (x.shape[0], weight.shape[0]))):
         raise ValueError("shape/layout not supported by the GEMV")
     (M, K), N = x.shape, weight.shape[0]
     bn, num_warps = cfg
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    lnw, lnb, eps = norm if norm is not None else (weight, weight, 0.0)
+    if norm is not None and sums is None:
+        sums = fold_norm(weight, bias, norm[0], norm[1])
+    gamma, eps = (norm[0], norm[2]) if norm is not None else (weight, 0.0)
+    wg, wb = sums if norm is not None else (weight, weight)
     _gemv_kernel[(triton.cdiv(N, bn),)](
-        x, weight, bias if bias is not None else weight, residual if residual is not None else y, y, lnw, lnb,
+        x, weight, bias if bias is not None else weight, residual if residual is not None else y, y, gamma, wg, wb,
         M, N, K, float(eps), ACT=act, HAS_LN=norm is not None, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None, BM=triton.next_power_of_2(M), BN=bn, KP2=triton.next_power_of_2(K),
         num_warps=num_warps, **launch_options(x.device, pdl))

@@ -36,6 +36,9 @@ class Linear:
     # x W^T + b from the row's e4m3 scale (fp8_out_scale), fixed at conversion with the e4m3 weights
     fp8_gain: float = 0.0
     fp8_bias_max: float = 0.0
+    # (the Norm, W gamma, W beta + b) of the LayerNorm a decode GEMV runs before this projection (gemv.fold_norm),
+    # made by its first call (a warm-up, never a capture: graphs.GraphCache._graph) and kept
+    norm_sums: tuple | None = None
 
 
 @dataclass
@@ -237,6 +240,13 @@ class TorchOps:
 FP8_MIN_ROWS = 1024
 
 
+def norm_sums(lin: Linear, norm: Norm) -> tuple[torch.Tensor, torch.Tensor]:
+    """gemv.fold_norm's vectors of `lin` after `norm`, kept on the Linear for the next call with the same Norm."""
+    if lin.norm_sums is None or lin.norm_sums[0] is not norm:
+        lin.norm_sums = (norm, *gemv.fold_norm(lin.weight, lin.bias, norm.weight, norm.bias))
+    return lin.norm_sums[1:]
+
+
 class TritonOps(TorchOps):
     """CUDA: every GEMM and its epilogue by whichever route the tuner timed fastest for the shape (cuBLAS,
     cuBLAS with its own epilogue, our Triton GEMM with the epilogue fused, and for fp8 layers torch._scaled_mm
@@ -356,6 +366,7 @@ class TritonOps(TorchOps):
             return super().norm_linear(x, lin, norm, act, residual)
         code = ACT_GELU_TANH if act == "tanh" else ACT_GELU if act is not None else 0
         ln = (None if norm is None else (norm.weight, norm.bias, norm.eps))
+        sums = None if norm is None else norm_sums(lin, norm)
 
         def normed(h):
             return h if norm is None else self.add_layernorm(h, None, None, norm.weight, norm.bias, norm.eps)
@@ -372,7 +383,7 @@ class TritonOps(TorchOps):
         if gemv.supported(x, lin.weight):  # the whole projection in one kernel: gemv.py
             for cfg in gemv.configs(*x.shape):
                 cands["gemv" + "x".join(map(str, cfg))] = (
-                    lambda h, cfg=cfg: gemv.gemv(h, lin.weight, lin.bias, code, residual, ln, cfg, pdl=self.pdl))
+                    lambda h, cfg=cfg: gemv.gemv(h, lin.weight, lin.bias, code, residual, ln, cfg, self.pdl, sums))
         key = f"norm_linear|ln={norm is not None}|act={act}|res={residual is not None}"
         return self._choose(key, x, lin, cands,
                             lambda gemm, cfg, h: gemm(normed(h), lin.weight, lin.bias, code, residual, cfg=cfg))
