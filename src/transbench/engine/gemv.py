@@ -120,10 +120,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: 
     (M, K), N = x.shape, weight.shape[0]
     bn, num_warps = cfg
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    if norm is not None and sums is None:
-        sums = fold_norm(weight, bias, norm[0], norm[1])
-    gamma, eps = (norm[0], norm[2]) if norm is not None else (weight, 0.0)
-    wg, wb = sums if norm is not None else (weight, weight)
+    if norm is None:  # the kernel reads none of these
+        gamma, eps, (wg, wb) = weight, 0.0, (weight, weight)
+    else:
+        gamma, eps = norm[0], norm[2]
+        wg, wb = sums if sums is not None else fold_norm(weight, bias, norm[0], norm[1])
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x, weight, bias if bias is not None else weight, residual if residual is not None else y, y, gamma, wg, wb,
         M, N, K, float(eps), ACT=act, HAS_LN=norm is not None, HAS_BIAS=bias is not None,
