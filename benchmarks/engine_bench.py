@@ -402,7 +402,8 @@ def timeline_decode(model, B, prompt, reps=20):
 def decode_step(model, B, prompt, steps=100):
     """A gpt2-family decode step at batch B after `prompt` tokens (fp16, random weights, tuned unbudgeted as
     `transbench tune` does): its captured graph's replay alone at position prompt; a plain loop of `steps`
-    back-to-back decode() calls between two CUDA events (host included; positions prompt to prompt + steps); the HBM
+    back-to-back decode() calls and their argmax between two CUDA events (host included; positions prompt to prompt +
+    steps), then as many decode_greedy() calls (the argmax in the step's graph, as a generation cell runs); the HBM
     bandwidth the step's weights and KV cache take at the replay's time against the device's; the kernels in the
     graph; and the last step's logits against fp32 transformers over the same tokens, with the greedy tokens'
     agreement."""
@@ -439,6 +440,15 @@ def decode_step(model, B, prompt, steps=100):
     b.record()
     torch.cuda.synchronize()
     loop = a.elapsed_time(b) / steps
+    gen.pos = prompt + 8  # the same positions again, the argmax in the step's graph (what a generation cell runs)
+    gen.decode_greedy(nxt)
+    gen.pos = prompt + 8
+    a.record()
+    for _ in range(steps):
+        nxt = gen.decode_greedy(nxt)
+    b.record()
+    torch.cuda.synchronize()
+    greedy = a.elapsed_time(b) / steps
     weights, kv = decode_bytes(m, B, prompt)
     gpu = SimpleNamespace(name=torch.cuda.get_device_name(),
                           memory_gb=torch.cuda.get_device_properties(0).total_memory / 2**30)
@@ -450,7 +460,7 @@ def decode_step(model, B, prompt, steps=100):
         torch.cuda.synchronize()
     kernels = sum(1 for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     print(f"\n## decode {model} batch {B} at position {prompt}: replay {replay:.4f} ms, plain loop of {steps} decode() "
-          f"calls {loop:.4f} ms/token, {kernels} kernels, HBM {gbs:,.0f} GB/s{share} (weights {weights / 1e6:.0f} MB, "
+          f"calls {loop:.4f} ms/token (decode_greedy() calls {greedy:.4f}), {kernels} kernels, HBM {gbs:,.0f} GB/s{share} (weights {weights / 1e6:.0f} MB, "
           f"KV {kv / 1e6:.1f} MB); last step's logits rel_err {err:.2e} against fp32, argmax agreement {agree:.0%}",
           flush=True)
     for key, route in sorted((gen.info["engine_tuning"].get("decode") or {}).get("routes", {}).items()):

@@ -173,6 +173,16 @@ def test_gpt2_greedy_generation_matches_hf_loop(batch):
     assert torch.equal(torch.stack(toks, 1), ids[:, prompt.shape[1]:])
     with pytest.raises(ValueError):
         gen.decode(nxt)  # the static cache is full
+    # decode_greedy (the argmax in the step: engine/argmax.py), through the decoders' greedy_step: the same tokens
+    from transbench.backends.decoders import greedy_step
+    nxt, toks = gen.prefill(prompt).argmax(-1), []
+    for _ in range(new):
+        toks.append(nxt)
+        nxt = greedy_step(gen, nxt)
+        assert nxt.shape == (batch,) and nxt.dtype == torch.int64
+    assert torch.equal(torch.stack(toks, 1), ids[:, prompt.shape[1]:]) and gen.pos == prompt.shape[1] + new
+    with pytest.raises(ValueError, match="full"):
+        gen.decode_greedy(nxt)
 
 
 def test_unsupported_models_and_options():

@@ -89,6 +89,9 @@ def seeded(path, entries) -> tuning.Tuner:
     # a decode step's projection at a few rows: our GEMV's first config, over cuBLAS and our GEMMs
     ("norm_linear|ln=True|act=tanh|res=False|1x3072x768|torch.float16", ["cublas", "gemv4x4", "gemv2x4",
                                                                           "splitk16x64x128"], "gemv4x4"),
+    # decode attention: its first config (one warp), all candidates ours
+    ("decode_attention|4x16x384x64|torch.float16", ["decode64x64x1", "decode32x32x1", "decode64x64x2",
+                                                     "decode128x128x4", "decode64x64x4"], "decode64x64x1"),
     # nothing the rule names is listed (a tuner that offers fp8 routes only): the first candidate
     (gemm(2048), ["fp8", "fp8+add"], "fp8"),
 ])

@@ -85,7 +85,7 @@ def test_the_default_tuner_follows_the_cache_folder(tmp_path, monkeypatch):
 
 
 ENGINE_MODULES = ("kernels", "ops", "tuning", "gemm", "launch", "attention", "packing", "graphs", "capture",
-                  "layernorm", "quantize", "activation", "embeddings", "decode_attention", "config")
+                  "layernorm", "quantize", "activation", "embeddings", "decode_attention", "argmax", "gemv", "config")
 
 
 def test_no_script_or_test_switches_the_engine_by_writing_its_modules():

@@ -4,7 +4,8 @@ forced SDPA kernels) or with a StaticCache whose decode step is compiled or capt
 transformers Cache runs (GPT-2, Llama, Qwen2, Mistral, ...); positions are passed explicitly.
 
 A decoder has `prefill(input_ids) -> (B, V) logits`, `decode(next_ids (B,)) -> (B, V) logits`, `info`
-and `cache_bytes()`; a backend can bring its own through `Backend.generator(model, cell)`."""
+and `cache_bytes()`, and may have `decode_greedy(next_ids) -> (B,) next tokens` (the fused engine's picks them inside
+its captured step: greedy_step); a backend can bring its own through `Backend.generator(model, cell)`."""
 
 from __future__ import annotations
 
@@ -161,6 +162,14 @@ class StaticGenerator:
 
     def cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in _cache_tensors(self.cache))
+
+
+def greedy_step(gen, next_ids):
+    """The tokens after next_ids by argmax: the decoder's own decode_greedy where it has one, else the argmax of
+    decode's logits. The same tokens either way; the fused engine's runs the argmax inside its step's graph and copies
+    no logits out (engine/argmax.py says what that saves)."""
+    own = getattr(gen, "decode_greedy", None)
+    return own(next_ids) if own is not None else gen.decode(next_ids).argmax(-1)
 
 
 def cache_bytes(gen) -> int | None:

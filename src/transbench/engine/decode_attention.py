@@ -7,6 +7,15 @@ import torch
 
 from .launch import jit, launch_options, pdl_enter, scratch, tl, triton
 
+# (rows a chunk holds at least, rows a tile, warps), the likeliest first: ops.TritonOps.decode_attention races them
+# (tuning.rule_route takes the first that fits). One warp reduces a tile's dot products and softmax sums within the
+# warp, where four pass them through shared memory: in the decode step's graph one warp ran gpt2-medium's step at
+# batch 4 in 0.6506 ms against 0.7140 with four, gpt2's at batch 1 in 0.1758 against 0.1826
+# (benchmarks/results/engine_limits_h200_2026-11.md).
+CONFIGS = [(64, 64, 1), (32, 32, 1), (64, 64, 2), (128, 128, 4), (64, 64, 4)]
+# fp16/bf16 values of the key and value tiles a thread may hold: configs() drops the configs past it.
+PER_THREAD = 256
+
 
 @jit
 def _attend_tile(q, k, v, jm, m_i, l_i, acc):
@@ -82,18 +91,26 @@ def _decode_attention_kernel(QKV, K, V, POS, OUT, PART, ARRIVED, L, scale, H: tl
         tl.store(ARRIVED + bh, 0)
 
 
-def decode_attention(qkv, k_cache, v_cache, pos, scale, pdl: bool = True):
+def configs(D: int) -> list[tuple[int, int, int]]:
+    """The configs whose key and value tiles fit a thread's registers at head size D, in CONFIGS' order; the last of
+    CONFIGS (four warps) always, so every head size has one."""
+    block_d = triton.next_power_of_2(D)
+    return [c for c in CONFIGS if 2 * c[1] * block_d <= PER_THREAD * 32 * c[2]] or CONFIGS[-1:]
+
+
+def decode_attention(qkv, k_cache, v_cache, pos, scale, pdl: bool = True, cfg=CONFIGS[-1]):
     """qkv (B, 3*H*D) of one new token per sequence; caches (B, H, L, D); pos a 1-element device tensor.
     Writes the token's k and v at pos and returns its attention over positions 0..pos, (B, H*D). pdl:
-    EngineOptions.pdl."""
+    EngineOptions.pdl; cfg: one of CONFIGS."""
     B, H, L, D = k_cache.shape
     qkv = qkv.contiguous()
     block_d = triton.next_power_of_2(D)
-    chunk = max(64, triton.next_power_of_2(triton.cdiv(L, 32)))  # at most 32 chunks, at least 64 rows each
+    rows, block, num_warps = cfg
+    chunk = max(rows, triton.next_power_of_2(triton.cdiv(L, 32)))  # at most 32 chunks, at least `rows` rows each
     chunks = triton.cdiv(L, chunk)
     out = qkv.new_empty(B, H * D)
     _decode_attention_kernel[(B * H, chunks)](
         qkv, k_cache, v_cache, pos, out, scratch(qkv.device, torch.float32, B * H * chunks * (block_d + 2)),
-        scratch(qkv.device, torch.int32, B * H), L, scale, H=H, D=D, BLOCK_D=block_d, CHUNK=chunk, BLOCK=64,
-        CHUNKS_P2=triton.next_power_of_2(chunks), num_warps=4, **launch_options(qkv.device, pdl))
+        scratch(qkv.device, torch.int32, B * H), L, scale, H=H, D=D, BLOCK_D=block_d, CHUNK=chunk, BLOCK=block,
+        CHUNKS_P2=triton.next_power_of_2(chunks), num_warps=num_warps, **launch_options(qkv.device, pdl))
     return out

@@ -193,6 +193,15 @@ class Generator:
     @torch.inference_mode()
     def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
         """(B,) tokens at the next position -> (B, vocab) logits; appends to the cache."""
+        return self._step("decode", self._decode, next_ids)
+
+    @torch.inference_mode()
+    def decode_greedy(self, next_ids: torch.Tensor) -> torch.Tensor:
+        """(B,) tokens at the next position -> (B,) int64 next tokens, decode(next_ids).argmax(-1) with the argmax
+        inside the step's graph (engine/argmax.py) and no logits copied out of it; appends to the cache."""
+        return self._step("greedy", lambda ids, pos: self.e.ops.argmax(self._decode(ids, pos)), next_ids)
+
+    def _step(self, key: str, fn, next_ids: torch.Tensor) -> torch.Tensor:
         if self.state.owner is not self and self.pos == 0:  # not "another generator ran prefill since": none may have
             raise ValueError("decode before prefill: call prefill(input_ids) with the prompt first")
         if self.state.owner is not self:
@@ -202,6 +211,6 @@ class Generator:
             raise ValueError(f"generator is full ({self.L} tokens)")
         self.pos_t.fill_(self.pos)
         ids = next_ids.to(self.e.opts.device).reshape(self.B)
-        out = self.graphs("decode", self._decode, ids, self.pos_t)
+        out = self.graphs(key, fn, ids, self.pos_t)
         self.pos += 1
         return out

@@ -1,5 +1,5 @@
 """The one device seam: fused Triton kernels on CUDA (one module per op: gemm, gemv, layernorm, activation, quantize,
-embeddings, decode_attention; attention.py chooses its own routes), plain torch ops elsewhere (same math, same
+embeddings, decode_attention, argmax; attention.py chooses its own routes), plain torch ops elsewhere (same math, same
 signatures): TorchOps is every op's torch reference."""
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from . import gemm, gemv
 from .activation import ACT_GELU, ACT_GELU_TANH
 from .activation import bias_gelu as triton_bias_gelu
+from .argmax import argmax as triton_argmax
 from .config import EngineOptions
+from .decode_attention import configs as decode_attention_configs
 from .decode_attention import decode_attention as triton_decode_attention
 from .embeddings import embed_layernorm as triton_embed_layernorm
 from .launch import AVAILABLE
@@ -230,6 +232,10 @@ class TorchOps:
         return F.scaled_dot_product_attention(q.unsqueeze(2), k_cache, v_cache, attn_mask=valid,
                                               scale=scale).reshape(B, H * D)
 
+    def argmax(self, logits):
+        """(B, V) -> (B,) int64: greedy decoding's next tokens, the first index of each row's largest value."""
+        return logits.argmax(-1)
+
 
 # Rows (tokens) from which an fp8 layer's GEMMs are offered fp8 routes, listed first (tuning.rule_route, the rule
 # an op not yet tuned follows, picks among them); below it an fp8 model runs the fp16 forward: the same tuning keys
@@ -389,7 +395,13 @@ class TritonOps(TorchOps):
                             lambda gemm, cfg, h: gemm(normed(h), lin.weight, lin.bias, code, residual, cfg=cfg))
 
     def decode_attention(self, qkv, k_cache, v_cache, pos, scale):
-        return triton_decode_attention(qkv, k_cache, v_cache, pos, scale, pdl=self.pdl)
+        B, H, L, D = k_cache.shape
+        cands = {"decode" + "x".join(map(str, cfg)): (lambda cfg=cfg: triton_decode_attention(
+            qkv, k_cache, v_cache, pos, scale, pdl=self.pdl, cfg=cfg)) for cfg in decode_attention_configs(D)}
+        return cands[self.tuner.choose(f"decode_attention|{B}x{H}x{L}x{D}|{qkv.dtype}", cands)]()
+
+    def argmax(self, logits):
+        return triton_argmax(logits, pdl=self.pdl)
 
     def embed_layernorm(self, ids, word, pos_ids, pos, tt, type_, norm, S):
         w, b, eps = (None, None, 0.0) if norm is None else (norm.weight, norm.bias, norm.eps)

@@ -10,7 +10,8 @@ pick another token at a near tie, so it is not a gate).
 
 A backend can bring its own decoder through `Backend.generator(model, cell)`: an object with
 `prefill(input_ids) -> (B, V) logits` and `decode(next_ids (B,)) -> (B, V) logits` (optionally `info`,
-`cache_bytes()` and `set_tune_budget(seconds)`, which a server calls with 0 for a generator it builds once it stops
+`cache_bytes()`, `decode_greedy(next_ids) -> (B,) tokens` (backends/decoders.py greedy_step) and
+`set_tune_budget(seconds)`, which a server calls with 0 for a generator it builds once it stops
 tuning: serve/measure.py Decoders). The default is transformers' own forward with a DynamicCache."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ...measure import memory, timer
 from ...measure.record import timing_record
 from ...models import build, flops
 from ...cells import Cell, CellResult
-from ...backends.decoders import HFGenerator, cache_bytes, make_generator
+from ...backends.decoders import HFGenerator, cache_bytes, greedy_step, make_generator
 from ..inference.measure import TOLERANCE, ModelCache, cell_inputs, model_for, reference_rows, rel_err
 
 # --- timing ---------------------------------------------------------------------------------------
@@ -71,7 +72,7 @@ def greedy(gen, input_ids, new_tokens: int, clock: StepClock | None = None, keep
         clock.mark(1)
     tokens = [nxt]
     for k in range(1, new_tokens):
-        nxt = gen.decode(nxt).argmax(-1)
+        nxt = greedy_step(gen, nxt)
         tokens.append(nxt)
         if clock:
             clock.mark(k + 1)

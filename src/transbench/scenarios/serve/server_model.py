@@ -310,6 +310,7 @@ class ModelThread:
     def _generate(self, batch: list[Job]) -> None:
         import torch
 
+        from ...backends.decoders import greedy_step
         from .measure import batch_bucket
 
         n, length = len(batch), len(batch[0].ids)
@@ -321,7 +322,7 @@ class ModelThread:
         nxt = gen.prefill(ids).argmax(-1)
         for k in range(steps):
             if k:
-                nxt = gen.decode(nxt).argmax(-1)
+                nxt = greedy_step(gen, nxt)
             tokens = nxt[:n].tolist()  # on the host as it is produced: what a stream returns
             for j, t in zip(batch, tokens):
                 if k < j.max_tokens:

@@ -25,6 +25,7 @@ def run(spec: TuneSpec, progress: Callable[[dict], None] | None = None, options=
 
     import torch
 
+    from ...backends.decoders import greedy_step
     from ...engine import EngineOptions, EngineUnsupported, compile_model, tuning
     from ...measure import device as dev
     from ...models import build
@@ -87,7 +88,7 @@ def run(spec: TuneSpec, progress: Callable[[dict], None] | None = None, options=
                 compiled(input_ids=ids)
                 if ref.family == "gpt2" and s < ref.shape.max_positions:  # generation: its one-token decode step too
                     gen = compiled.generator(b, s + 1)
-                    gen.decode(gen.prefill(ids).argmax(-1))
+                    greedy_step(gen, gen.prefill(ids).argmax(-1))  # the step a generation cell runs
                 torch.cuda.synchronize(target)
                 tuned = compiled.tuning().values()
                 rows.append({"batch": b, "seq": s, "seconds": time.perf_counter() - start,
