@@ -429,8 +429,8 @@ def decode_step(model, B, prompt, steps=100):
     err, agree = rel(logits.float(), want), (logits.argmax(-1) == want.argmax(-1)).float().mean().item()
     entry = gen.graphs.entries["decode"]
     graph = entry.graph
-    with torch.inference_mode():  # the graph reads its own copy of the position (graphs.py), not gen.pos_t
-        entry.static_in[1].fill_(prompt)
+    with torch.inference_mode():  # the graph reads the generator's position tensor
+        gen.pos_t.fill_(prompt)
     replay = replay_ms(graph.replay)
     gen.pos = prompt + 8
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -211,6 +211,8 @@ class Generator:
             raise ValueError(f"generator is full ({self.L} tokens)")
         self.pos_t.fill_(self.pos)
         ids = next_ids.to(self.e.opts.device).reshape(self.B)
-        out = self.graphs(key, fn, ids, self.pos_t)
+        # The position is read where it lies, not passed as an argument: GraphCache copies each argument into the
+        # graph's own input before a replay, one more kernel a step outside the graph.
+        out = self.graphs(key, lambda i: fn(i, self.pos_t), ids)
         self.pos += 1
         return out
