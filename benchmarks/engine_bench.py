@@ -460,7 +460,8 @@ def decode_step(model, B, prompt, steps=100):
         torch.cuda.synchronize()
     kernels = sum(1 for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     print(f"\n## decode {model} batch {B} at position {prompt}: replay {replay:.4f} ms, plain loop of {steps} decode() "
-          f"calls {loop:.4f} ms/token (decode_greedy() calls {greedy:.4f}), {kernels} kernels, HBM {gbs:,.0f} GB/s{share} (weights {weights / 1e6:.0f} MB, "
+          f"calls {loop:.4f} ms/token (decode_greedy() calls {greedy:.4f}), {kernels} kernels, HBM {gbs:,.0f} "
+          f"GB/s{share} (weights {weights / 1e6:.0f} MB, "
           f"KV {kv / 1e6:.1f} MB); last step's logits rel_err {err:.2e} against fp32, argmax agreement {agree:.0%}",
           flush=True)
     for key, route in sorted((gen.info["engine_tuning"].get("decode") or {}).get("routes", {}).items()):

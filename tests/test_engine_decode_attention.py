@@ -7,7 +7,8 @@ import torch
 from op_cases import cases, randn, rel, run, tol
 
 # (batch, heads, cache length, head size)
-SHAPES = cases(cpu=[(2, 3, 300, 24)], gpu=[(1, 12, 640, 64), (4, 25, 1024, 64), (3, 5, 200, 40), (2, 4, 130, 25), (2, 3, 260, 96)])
+SHAPES = cases(cpu=[(2, 3, 300, 24)],
+               gpu=[(1, 12, 640, 64), (4, 25, 1024, 64), (3, 5, 200, 40), (2, 4, 130, 25), (2, 3, 260, 96)])
 
 
 def check_decode_attention(device, dtype, B, H, L, D):

@@ -90,7 +90,7 @@ def seeded(path, entries) -> tuning.Tuner:
     ("norm_linear|ln=True|act=tanh|res=False|1x3072x768|torch.float16", ["cublas", "gemv4x4", "gemv2x4",
                                                                           "splitk16x64x128"], "gemv4x4"),
     # decode attention: its first config (one warp), all candidates ours
-    ("decode_attention|4x16x384x64|torch.float16", ["decode64x64x1", "decode32x32x1", "decode64x64x2",
+    ("decode_attention|4x384x16x64|torch.float16", ["decode64x64x1", "decode32x32x1", "decode64x64x2",
                                                      "decode128x128x4", "decode64x64x4"], "decode64x64x1"),
     # nothing the rule names is listed (a tuner that offers fp8 routes only): the first candidate
     (gemm(2048), ["fp8", "fp8+add"], "fp8"),
@@ -105,6 +105,8 @@ def test_shape_signatures_keep_the_model_dimensions_and_blank_the_varying_ones()
     assert tuning.shape_of(f"{dev}|{gemm(512)}|abcd") == (f"{dev}|linear|bias=True|*x768x768|{FP16}", (512,))
     assert tuning.shape_of(f"{dev}|dense|8x512x12x64|{FP16}|causal=False|ef01") == (
         f"{dev}|dense|*x*x12x64|{FP16}|causal=False", (8, 512))
+    assert tuning.shape_of(f"{dev}|decode_attention|4x384x16x64|{FP16}|ef01") == (
+        f"{dev}|decode_attention|*x*x16x64|{FP16}", (4, 384))
     assert tuning.shape_of(f"{dev}|no shape here|ef01") is None and t.op_name(f"{dev}|{gemm(8)}|ab") == gemm(8)
 
 

@@ -398,7 +398,7 @@ class TritonOps(TorchOps):
         B, H, L, D = k_cache.shape
         cands = {"decode" + "x".join(map(str, cfg)): (lambda cfg=cfg: triton_decode_attention(
             qkv, k_cache, v_cache, pos, scale, pdl=self.pdl, cfg=cfg)) for cfg in decode_attention_configs(D)}
-        return cands[self.tuner.choose(f"decode_attention|{B}x{H}x{L}x{D}|{qkv.dtype}", cands)]()
+        return cands[self.tuner.choose(f"decode_attention|{B}x{L}x{H}x{D}|{qkv.dtype}", cands)]()
 
     def argmax(self, logits):
         return triton_argmax(logits, pdl=self.pdl)

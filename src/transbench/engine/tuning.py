@@ -66,8 +66,9 @@ PROGRESS = "timed|"
 # are within this factor of its own, all together (log-scale distance); the nearest lends first.
 NEIGHBOUR_MAX_RATIO = 8.0
 # Leading dimensions of an op's shape field that vary from call to call; the rest are the model's. GEMM ops
-# (linear, linear_gelu, linear_add_ln: M x N x K) vary in the first only.
-VARYING_DIMS = {"dense": 2, "varlen": 3}  # B x S x heads x head_dim; B x S x tokens x heads
+# (linear, linear_gelu, linear_add_ln: M x N x K) vary in the first only. dense: B x S x heads x head_dim; varlen:
+# B x S x tokens x heads; decode_attention: B x cache length x heads x head_dim.
+VARYING_DIMS = {"dense": 2, "varlen": 3, "decode_attention": 2}
 # rule_route: from this many rows an exact-GELU GEMM takes our Triton GEMM, its GELU in the epilogue (cuBLAS has no
 # exact-GELU epilogue, so its route adds a pass): tuned so on an H100 for bert-base at 4,096 rows and more
 # (benchmarks/results/fused_h100_2026-11.md).
@@ -143,7 +144,7 @@ def _family(name: str) -> str:
 
 def _ours(name: str) -> bool:
     """A route whose GEMM or attention is one of our Triton kernels, not a library's (cuBLAS, SDPA's kernels)."""
-    return _family(name) in ("triton", "splitk", "gemv")
+    return _family(name) in ("triton", "splitk", "gemv", "decode")
 
 
 def _fp8(name: str) -> bool:
@@ -198,6 +199,8 @@ def rule_route(op: str, names) -> str:
     - An exact-GELU GEMM of at least RULE_TRITON_MIN_ROWS rows: our Triton GEMM, GELU in its epilogue.
     - A decode step's projection (norm_linear) at a few rows: our GEMV, its first config (gemv.CONFIGS), the
       LayerNorm, bias, GELU and residual in its one kernel.
+    - Decode attention: its first config that fits the head size (decode_attention.CONFIGS; every candidate is our
+      kernel, so the last line below picks it).
     - Otherwise the first library route: cuBLAS (with its own epilogue or our LayerNorm after it), SDPA's flash
       kernel, flash varlen; an fp8 layer whose input is not e4m3 stays in fp16 there (no quantize pass: the tuned
       output projection of bert-base fp8 256 x 128).
