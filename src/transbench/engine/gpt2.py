@@ -159,12 +159,14 @@ class Generator:
         h = e._blocks(e._embed(p, ids, None, None, None), attend)
         return self._logits(h.view(B, S, -1)[:, -1])
 
-    def _decode(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _decode(self, ids: torch.Tensor) -> torch.Tensor:
+        # The position is read where it lies (DecodeState.pos_t), not passed in: GraphCache copies each argument
+        # into the graph's own input before a replay, one more kernel a step outside the graph.
         # Up to gemv.MAX_ROWS sequences each LayerNorm runs inside the projection after it (ops.norm_linear): a
         # projection is then one GEMV kernel, the LayerNorm its prologue and the bias, GELU or residual its
         # epilogue (gemv.py), five kernels a layer where _blocks' order takes eight. Larger batches keep _blocks'
         # order, whose routes were tuned and measured for them (benchmarks/results/decode_gemv_h200_2026-11.md).
-        e = self.e
+        e, pos = self.e, self.pos_t
         ops, gelu = e.ops, e.dims.gelu
         x = ops.embed_layernorm(ids, e.wte, pos, e.wpe, None, None, None, 1)  # one kernel, not two gathers and a sum
         if self.B > gemv.MAX_ROWS:
@@ -177,6 +179,9 @@ class Generator:
                                 residual=x)
             x = ops.norm_linear(ops.norm_linear(x, L.fc1, L.norm2, gelu), L.fc2, residual=x)
         return ops.norm_linear(x, e.head, e.ln_f)
+
+    def _greedy(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.e.ops.argmax(self._decode(ids))
 
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -199,7 +204,7 @@ class Generator:
     def decode_greedy(self, next_ids: torch.Tensor) -> torch.Tensor:
         """(B,) tokens at the next position -> (B,) int64 next tokens, decode(next_ids).argmax(-1) with the argmax
         inside the step's graph (engine/argmax.py) and no logits copied out of it; appends to the cache."""
-        return self._step("greedy", lambda ids, pos: self.e.ops.argmax(self._decode(ids, pos)), next_ids)
+        return self._step("greedy", self._greedy, next_ids)
 
     def _step(self, key: str, fn, next_ids: torch.Tensor) -> torch.Tensor:
         if self.state.owner is not self and self.pos == 0:  # not "another generator ran prefill since": none may have
@@ -211,8 +216,6 @@ class Generator:
             raise ValueError(f"generator is full ({self.L} tokens)")
         self.pos_t.fill_(self.pos)
         ids = next_ids.to(self.e.opts.device).reshape(self.B)
-        # The position is read where it lies, not passed as an argument: GraphCache copies each argument into the
-        # graph's own input before a replay, one more kernel a step outside the graph.
-        out = self.graphs(key, lambda i: fn(i, self.pos_t), ids)
+        out = self.graphs(key, fn, ids)
         self.pos += 1
         return out
