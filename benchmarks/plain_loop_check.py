@@ -44,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--point", action="append", default=None, help="BATCHxSEQ, repeatable")
     p.add_argument("--dtype", default="fp16")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--new-tokens", type=int, default=None, help="generation cells of this many new tokens")
+    p.add_argument("--new-tokens", type=int, default=None, help="generation cells of this many new tokens (2 or more)")
     args = p.parse_args(argv)
+    if args.new_tokens is not None and args.new_tokens < 2:  # a generation of one token has no decode step to time
+        p.error(f"--new-tokens must be at least 2, got {args.new_tokens}")
     import torch
 
     if not torch.cuda.is_available():

@@ -3,6 +3,7 @@ script parses; every benchmarks/ path the repository names exists; the results i
 import py_compile
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,11 @@ def test_the_readme_names_every_part_and_every_script():
     scripts = sorted(p.relative_to(BENCHMARKS).as_posix() for p in BENCHMARKS.rglob("*") if p.suffix in (".py", ".sh")
                      and "__pycache__" not in p.parts)
     assert [s for s in scripts if f"`{s}`" not in readme] == []
+
+
+@pytest.mark.parametrize("value", ["0", "1", "-3", "x"])
+def test_plain_loop_check_refuses_a_generation_without_decode_steps(value):
+    """--new-tokens below 2 leaves no decode step to time (it divided by zero after loading the model)."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plain_loop_check.py"), "--new-tokens", value],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--new-tokens" in r.stderr and "Traceback" not in r.stderr, r.stderr
