@@ -67,11 +67,17 @@ def pdl_on(device: torch.device, pdl: bool = True) -> bool:
 
 @jit
 def pdl_enter(PDL: tl.constexpr):
-    # Wait for the previous kernel (its writes become visible) before touching activations or outputs, then
-    # let the next kernel launch: it can only get as far as its own wait, so the lookahead is one kernel.
+    # Let the next kernel launch, then wait for the previous one (its writes become visible) before touching
+    # activations or outputs. Triggering first lets kernels further on take SMs as they free up and fetch their
+    # weights before their own waits, where triggering after the wait allowed one kernel of lookahead: gpt2's
+    # decode step went from 0.1800 to 0.1779 ms, gpt2-medium's at batch 4 from 0.5768 to 0.5700, bert-base 1 x 128
+    # from 0.3188 to 0.3127 (benchmarks/results/engine_limits_h200_2026-11.md). The waits still chain: a kernel
+    # finishes only after its own wait, so waiting on the previous kernel waits on every kernel before it. What
+    # a kernel reads before its wait must therefore be written before the graph's replay began (weights, the
+    # position, earlier steps' cache rows), never by a kernel of the same replay.
     if PDL:
-        gdc_wait()
         gdc_launch_dependents()
+        gdc_wait()
 
 
 def launch_options(device: torch.device, pdl: bool = True) -> dict:
