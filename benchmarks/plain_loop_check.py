@@ -106,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
 def generation_rounds(args, name: str, batch: int, seq: int, cache, device):
     """(the scenario's decode ms a token per generation, the plain loop's per round, SM clocks) of one generation
     cell, its decoder built and warmed as the scenario does."""
-    import torch
-
     from transbench import backends
     from transbench.backends.decoders import greedy_step, make_generator
     from transbench.cells import Cell
@@ -123,21 +121,19 @@ def generation_rounds(args, name: str, batch: int, seq: int, cache, device):
     prompt = cell_inputs(cell, build.resolve(args.model).shape).input_ids.to(device)
     greedy(gen, prompt, n)  # compiles, tunes or captures
     clock, ours, plain, clocks = StepClock(device, n), [], [], []
+    nxt = [None]  # the step's tokens, fed back to it
+
+    def step():
+        nxt[0] = greedy_step(gen, nxt[0])
     for _ in range(args.rounds):
         with Monitor(device) as m:
             for _ in range(3):
                 greedy(gen, prompt, n, clock)
                 ours.append(statistics.median(clock.elapsed_ms()[1:]))
         clocks.append(m.context.summary()["sm_clock_mhz"])
-        nxt = gen.prefill(prompt).argmax(-1)
+        nxt[0] = gen.prefill(prompt).argmax(-1)
         with Monitor(device) as m:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(n - 1):
-                nxt = greedy_step(gen, nxt)
-            end.record()
-            end.synchronize()
-        plain.append(start.elapsed_time(end) / (n - 1))
+            plain.append(plain_loop_ms(step, n - 1))
         clocks.append(m.context.summary()["sm_clock_mhz"])
     print(f"{name} {batch}x{seq} decode rounds: transbench {' '.join(f'{x:.4f}' for x in ours)}; "
           f"plain loop {' '.join(f'{x:.4f}' for x in plain)}", flush=True)
