@@ -31,6 +31,17 @@ def gpt2_cfg(**kw):
                       bos_token_id=0, eos_token_id=0, pad_token_id=0, **kw)
 
 
+def random_norms(m):
+    """Gamma and beta away from transformers' 1 and 0, so that folding them into GPT-2's QKV and FC1
+    (engine/weights.fold) is tested; returns m."""
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.LayerNorm):
+                mod.weight.normal_(1.0, 0.5)
+                mod.bias.normal_(0.0, 0.5)
+    return m
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
@@ -123,7 +134,7 @@ def test_real_checkpoint_minilm():
 
 @pytest.mark.parametrize("left", [False, True])
 def test_gpt2_matches_transformers(left):
-    m = GPT2LMHeadModel(gpt2_cfg()).eval()
+    m = random_norms(GPT2LMHeadModel(gpt2_cfg())).eval()
     c = compile_model(m, dtype=torch.float32)
     ids, mask = batch(left=left)
     with torch.no_grad():
@@ -138,7 +149,7 @@ def test_gpt2_matches_transformers(left):
 
 def test_gpt2_backbone_tanh_and_exact_gelu_and_classifier():
     for act in ("gelu_new", "gelu"):
-        m = GPT2Model(gpt2_cfg(activation_function=act, scale_attn_by_inverse_layer_idx=True)).eval()
+        m = random_norms(GPT2Model(gpt2_cfg(activation_function=act, scale_attn_by_inverse_layer_idx=True))).eval()
         ids, mask = batch()
         with torch.no_grad():
             ref = m(ids, attention_mask=mask).last_hidden_state
@@ -153,7 +164,7 @@ def test_gpt2_backbone_tanh_and_exact_gelu_and_classifier():
 
 @pytest.mark.parametrize("batch", [2, 9])  # the few-row decode step (gpt2.Generator._decode) and the larger one
 def test_gpt2_greedy_generation_matches_hf_loop(batch):
-    m = GPT2LMHeadModel(gpt2_cfg()).eval()
+    m = random_norms(GPT2LMHeadModel(gpt2_cfg())).eval()
     c = compile_model(m, dtype=torch.float32)
     prompt = torch.randint(1, VOCAB, (batch, 9))
     new = 12

@@ -13,9 +13,10 @@ SHAPES = cases(cpu=[(1, 40, 200), (3, 24, 96)],
                gpu=[(1, 2304, 768), (1, 768, 3072), (4, 4096, 1024), (3, 200, 200), (8, 1600, 1600), (5, 96, 2000), (1, 1600, 6400),
                     (1, 50257, 768)])
 # (LayerNorm, activation, residual, bias): the four forms a GPT-2 decode step runs (QKV and head, output
-# projection and FC2, FC1 with each GELU) and a projection without bias
+# projection and FC2, FC1 with each GELU), a projection without bias, and LayerNorms without weights (GPT-2's
+# ln_1 and ln_2, whose gamma and beta are folded into QKV and FC1: weights.fold)
 FORMS = [(True, 0, False, True), (False, 0, True, True), (True, 1, False, True), (True, 2, False, True),
-         (False, 0, False, False)]
+         (False, 0, False, False), ("bare", 0, False, True), ("bare", 2, False, False)]
 
 
 def check_gemv(device, dtype, M, N, K):
@@ -32,11 +33,14 @@ def check_gemv(device, dtype, M, N, K):
     pairs = range(max(len(cfgs), len(FORMS)) if device == "cuda" else len(FORMS))
     for i in pairs:
         (ln, act, res, bias), cfg = FORMS[i % len(FORMS)], cfgs[i % len(cfgs)]
-        h = F.layer_norm(x.float(), (K,), g.float(), gb.float(), 1e-5) if ln else x.float()
+        bare = ln == "bare"
+        h = F.layer_norm(x.float(), (K,), None if bare else g.float(), None if bare else gb.float(), 1e-5) \
+            if ln else x.float()
         ref = F.linear(h, w.float(), b.float() if bias else None)
         ref = F.gelu(ref) if act == 1 else F.gelu(ref, approximate="tanh") if act == 2 else ref
         ref = ref + r.float() if res else ref
-        out = gemv(x, w, b if bias else None, act, r if res else None, (g, gb, 1e-5) if ln else None, cfg)
+        norm = (None, None, 1e-5) if bare else (g, gb, 1e-5) if ln else None
+        out = gemv(x, w, b if bias else None, act, r if res else None, norm, cfg)
         assert out.shape == (M, N) and out.dtype == dtype
         assert rel(out, ref) < tol(device, dtype), (ln, act, res, bias, cfg, rel(out, ref))
 
@@ -91,6 +95,9 @@ def test_fold_norm_is_the_layernorms_weights_through_the_projection():
     torch.testing.assert_close(wg, w.float() @ gamma.float())
     torch.testing.assert_close(wb, w.float() @ beta.float() + b.float())
     torch.testing.assert_close(fold_norm(w, None, gamma, beta)[1], w.float() @ beta.float())
+    wg, wb = fold_norm(w, b, None, None)  # a LayerNorm without weights: gamma 1, beta 0
+    torch.testing.assert_close(wg, w.float().sum(1))
+    torch.testing.assert_close(wb, b.float())
     lin, n1, n2 = Linear(w, b), Norm(gamma, beta, 1e-5), Norm(beta, gamma, 1e-5)
     first = norm_sums(lin, n1)
     assert norm_sums(lin, n1)[0] is first[0]  # kept

@@ -22,6 +22,9 @@ def check_add_layernorm(device, dtype, T, N):
     y = add_layernorm(x, None, None, w, lb, 1e-12)  # no residual, no bias
     err = rel(y, F.layer_norm(x.float(), (N,), w.float(), lb.float(), 1e-12))
     assert err < tol(device, dtype), err
+    y, res = add_layernorm(x, r, b, None, None, 1e-5, store_residual=True)  # no weights: folded (weights.fold)
+    err = rel(y, F.layer_norm(s, (N,), None, None, 1e-5)), rel(res, s)
+    assert max(err) < tol(device, dtype), err
 
 
 @pytest.mark.parametrize("device,dtype,T,N", SHAPES)

@@ -3,8 +3,9 @@
 At one to a few tokens a projection is the time to stream its weights, and a decode step of gpt2 ran 8 kernels a
 layer at about 3.7 us each (benchmarks/results/engine_limits_h200_2026-11.md): cuBLAS's GEMV, then a LayerNorm, GELU
 or residual add of its own. Here the LayerNorm that precedes a pre-LN projection is this kernel's prologue (each
-program takes the few input rows' statistics itself: they are a few KiB, read from L2; the LayerNorm's weights act
-through two vectors of the projection's, fold_norm) and the bias, GELU and residual its epilogue, so a GPT-2 layer
+program takes the few input rows' statistics itself: they are a few KiB, read from L2; GPT-2's ln_1 and ln_2 come
+with their weights folded into QKV and FC1 (weights.fold), and ln_f's act through two vectors of the head's,
+fold_norm) and the bias, GELU and residual its epilogue, so a GPT-2 layer
 is five kernels: QKV, attention, output projection, FC1, FC2. Each program holds its slice of the weights whole,
 fetched before it waits on the previous kernel (see the kernel). Launched on CUDA only (and in Triton's CPU
 interpreter by the tests); ops.TorchOps.norm_linear is the reference.
@@ -41,7 +42,7 @@ def configs(M: int, K: int) -> list[tuple[int, int]]:
 
 
 @jit(do_not_specialize=["M"])
-def _gemv_kernel(X, W, BIAS, R, Y, LNW, WG, WB, M, N, K, eps, ACT: tl.constexpr, HAS_LN: tl.constexpr,
+def _gemv_kernel(X, W, BIAS, R, Y, LNW, WG, WB, M, N, K, eps, ACT: tl.constexpr, HAS_LN: tl.constexpr, HAS_GAMMA: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  KP2: tl.constexpr, PDL: tl.constexpr):
     # A program holds its BN rows of W whole, K wide. They, the LayerNorm's weights and the bias never depend on
@@ -57,8 +58,9 @@ def _gemv_kernel(X, W, BIAS, R, Y, LNW, WG, WB, M, N, K, eps, ACT: tl.constexpr,
     # gpt2-medium step of 4 rows took 0.7585 ms, without it 0.6843 (benchmarks/results/decode_gemv_h200_2026-11.md).
     w = tl.load(W + n.to(tl.int64)[None, :, None] * K + k[None, None, :], mask=nm[None, :, None] & km[None, None, :],
                 other=0.0)
-    if HAS_LN:  # masked columns: gamma 0, so they add nothing; the bias is in WB (fold_norm)
-        g = tl.load(LNW + k, mask=km, other=0.0).to(tl.float32)
+    if HAS_LN:  # the bias is in WB (fold_norm); masked columns are 0 in x and w, so they add nothing
+        if HAS_GAMMA:
+            g = tl.load(LNW + k, mask=km, other=0.0).to(tl.float32)
         wg = tl.load(WG + n, mask=nm, other=0.0)
         bias = tl.load(WB + n, mask=nm, other=0.0)
     elif HAS_BIAS:
@@ -78,7 +80,9 @@ def _gemv_kernel(X, W, BIAS, R, Y, LNW, WG, WB, M, N, K, eps, ACT: tl.constexpr,
         x = tl.where(full, x - c[:, None, None], 0.0)
         mean = tl.sum(x, 2) / K
         var = tl.maximum(tl.sum(x * x, 2) / K - mean * mean, 0.0)
-        acc = tl.sum(x * g[None, None, :] * w.to(tl.float32), 2)  # [rows, BN]: every row's sums in one reduction
+        if HAS_GAMMA:  # gamma not folded into W (weights.fold): GPT-2's ln_f before the LM head tied to wte
+            x = x * g[None, None, :]
+        acc = tl.sum(x * w.to(tl.float32), 2)  # [rows, BN]: every row's sums in one reduction
         acc = (acc - mean * wg[None, :]) * (1.0 / tl.sqrt(var + eps))
     else:
         acc = tl.sum(x * w.to(tl.float32), 2)
@@ -99,20 +103,23 @@ def supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.shape[1] == weight.shape[1])
 
 
-def fold_norm(weight: torch.Tensor, bias: torch.Tensor | None, gamma: torch.Tensor,
-              beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fold_norm(weight: torch.Tensor, bias: torch.Tensor | None, gamma: torch.Tensor | None,
+              beta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(W gamma, W beta + b), fp32 (N,): what the kernel's LayerNorm prologue needs of a projection and the LayerNorm
-    before it, computed once per pair (ops.TritonOps.norm_linear keeps them on the Linear). From the weights as
-    stored, so that mean_c W gamma cancels the kernel's own sums."""
+    before it, computed once per pair (ops.TritonOps.norm_linear keeps them on the Linear); gamma and beta None: a
+    LayerNorm without weights (1 and 0). From the weights as stored, so that mean_c W gamma cancels the kernel's own
+    sums."""
     w = weight.float()
-    return (w @ gamma.float()).contiguous(), (w @ beta.float() + (0.0 if bias is None else bias.float())).contiguous()
+    wg = w.sum(1) if gamma is None else w @ gamma.float()
+    wb = torch.zeros_like(wg) if beta is None else w @ beta.float()
+    return wg.contiguous(), (wb + (0.0 if bias is None else bias.float())).contiguous()
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: int = 0,
          residual: torch.Tensor | None = None, norm: tuple | None = None, cfg=CONFIGS[0],
          pdl: bool = True, sums: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """act(LayerNorm(x) W^T + bias) [+ residual] for x of at most MAX_ROWS rows; norm: (weight, bias, eps) of the
-    LayerNorm, or None (x as it is); sums: fold_norm's of this weight, bias and norm (computed here if None). act:
+    LayerNorm (weight and bias None: none, weights.fold), or None (x as it is); sums: fold_norm's of this weight, bias and norm (computed here if None). act:
     an activation.ACT_* code. pdl: EngineOptions.pdl."""
     if not supported(x, weight) or (residual is not None and (not residual.is_contiguous()
                                                               or residual.shape != (x.shape[0], weight.shape[0]))):
@@ -126,8 +133,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: 
         gamma, eps = norm[0], norm[2]
         wg, wb = sums if sums is not None else fold_norm(weight, bias, norm[0], norm[1])
     _gemv_kernel[(triton.cdiv(N, bn),)](
-        x, weight, bias if bias is not None else weight, residual if residual is not None else y, y, gamma, wg, wb,
-        M, N, K, float(eps), ACT=act, HAS_LN=norm is not None, HAS_BIAS=bias is not None,
+        x, weight, bias if bias is not None else weight, residual if residual is not None else y, y,
+        weight if gamma is None else gamma, wg, wb, M, N, K, float(eps), ACT=act, HAS_LN=norm is not None,
+        HAS_GAMMA=gamma is not None, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None, BM=triton.next_power_of_2(M), BN=bn, KP2=triton.next_power_of_2(K),
         num_warps=num_warps, **launch_options(x.device, pdl))
     return y

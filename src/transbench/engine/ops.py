@@ -45,8 +45,8 @@ class Linear:
 
 @dataclass
 class Norm:
-    weight: torch.Tensor
-    bias: torch.Tensor
+    weight: torch.Tensor | None  # None: no gamma or beta, folded into the projection after it (weights.fold)
+    bias: torch.Tensor | None
     eps: float
 
 

@@ -27,8 +27,14 @@ class Converter:
     def t(self, x: torch.Tensor | None) -> torch.Tensor | None:
         return None if x is None else x.detach().to(self.device, self.dtype).contiguous()
 
-    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None, transpose: bool = False) -> Linear:
-        w = self.t(weight.t() if transpose else weight)
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None, transpose: bool = False,
+               after: nn.LayerNorm | None = None) -> Linear:
+        """after: the LayerNorm whose only reader this projection is (pre-LN GPT-2), its gamma and beta folded in:
+        LayerNorm(x) W^T + b = norm(x) (W diag(gamma))^T + (W beta + b), norm without weights (fold)."""
+        weight = weight.t() if transpose else weight
+        if after is not None:
+            weight, bias = fold(weight, bias, after)
+        w = self.t(weight)
         lin = Linear(w, self.t(bias))
         if self.fp8:
             w8, scale = quantize_rows(w)  # one scale per output channel, fixed once
@@ -36,8 +42,23 @@ class Converter:
             lin.fp8_gain, lin.fp8_bias_max = fp8_bounds(w8, lin.weight_scale, lin.bias)
         return lin
 
-    def norm(self, ln: nn.LayerNorm) -> Norm:
+    def norm(self, ln: nn.LayerNorm, folded: bool = False) -> Norm:
+        """folded: its gamma and beta live in the projections after it (linear(after=ln)), so it normalises only."""
+        if folded:
+            return Norm(None, None, float(ln.eps))
         return Norm(self.t(ln.weight), self.t(ln.bias), float(ln.eps))
+
+
+def fold(weight: torch.Tensor, bias: torch.Tensor | None, ln: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W diag(gamma), W beta + b) in fp32, (out, in) weight. Folded once here, the decode GEMV's LayerNorm prologue
+    multiplies by nothing: gpt2-medium's 96 GEMVs at 4 rows ran 0.4860 ms against 0.5224 with gamma applied in the
+    kernel (benchmarks/results/engine_limits_h200_2026-11.md, "Raced and not kept", where a second copy of the
+    weights was thought needed; a prefill LayerNorm without weights needs none)."""
+    w = weight.detach().float()
+    b = w @ ln.bias.detach().float() if ln.bias is not None else torch.zeros(w.shape[0], device=w.device)
+    if bias is not None:
+        b = b + bias.detach().float()
+    return (w * ln.weight.detach().float() if ln.weight is not None else w), b
 
 
 def bert_layer(c: Converter, layer, scale: float) -> Layer:
@@ -58,12 +79,13 @@ def bert_layer(c: Converter, layer, scale: float) -> Layer:
 def gpt2_layer(c: Converter, block, scale: float) -> Layer:
     # GPT-2's Conv1D stores (in, out): transpose once here so every GEMM is F.linear's (out, in).
     a, m = block.attn, block.mlp
+    # ln_1 and ln_2 feed only QKV and FC1: their weights are folded into them (fold).
     return Layer(
-        qkv=c.linear(a.c_attn.weight, a.c_attn.bias, transpose=True),
+        qkv=c.linear(a.c_attn.weight, a.c_attn.bias, transpose=True, after=block.ln_1),
         out=c.linear(a.c_proj.weight, a.c_proj.bias, transpose=True),
-        norm1=c.norm(block.ln_1),
-        fc1=c.linear(m.c_fc.weight, m.c_fc.bias, transpose=True),
+        norm1=c.norm(block.ln_1, folded=True),
+        fc1=c.linear(m.c_fc.weight, m.c_fc.bias, transpose=True, after=block.ln_2),
         fc2=c.linear(m.c_proj.weight, m.c_proj.bias, transpose=True),
-        norm2=c.norm(block.ln_2),
+        norm2=c.norm(block.ln_2, folded=True),
         scale=scale,
     )
