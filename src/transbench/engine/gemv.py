@@ -70,6 +70,11 @@ def _gemv_kernel(X, W, BIAS, R, Y, LNW, WG, WB, M, N, K, eps, ACT: tl.constexpr,
     mm = m < M
     full = mm[:, None, None] & km[None, None, :]
     x = tl.load(X + m.to(tl.int64)[:, None, None] * K + k[None, None, :], mask=full, other=0.0).to(tl.float32)
+    out = m.to(tl.int64)[:, None] * N + n[None, :]
+    om = mm[:, None] & nm[None, :]
+    if HAS_RES:  # written in this replay, so after the wait; but with the input rows, not after the product: their
+        # trips to L2 overlap, where a load after the reductions is a second trip in series
+        res = tl.load(R + out, mask=om, other=0.0).to(tl.float32)
     if HAS_LN:
         # LayerNorm(x) W^T + b = rstd ((x - c) gamma W^T - mean_c W gamma) + W beta + b, with mean_c and rstd of
         # the row shifted by its first value c (no E[x^2] - mean^2 cancellation for a row far from 0). The row's
@@ -89,10 +94,8 @@ def _gemv_kernel(X, W, BIAS, R, Y, LNW, WG, WB, M, N, K, eps, ACT: tl.constexpr,
     if HAS_LN or HAS_BIAS:
         acc += bias[None, :]
     acc = activate(acc, ACT)
-    out = m.to(tl.int64)[:, None] * N + n[None, :]
-    om = mm[:, None] & nm[None, :]
     if HAS_RES:
-        acc += tl.load(R + out, mask=om, other=0.0).to(tl.float32)
+        acc += res
     tl.store(Y + out, acc.to(Y.dtype.element_ty), mask=om)
 
 
