@@ -4,7 +4,7 @@ interpreter and, where CUDA is, on the GPU, from the same test function.
 Triton decides at kernel definition whether a kernel is interpreted (TRITON_INTERPRET=1), so the CPU runs happen in
 one worker process started with it set, before anything there imports the engine; the check function travels there
 by name (its test module) with plain arguments. Interpreted kernels are slow: the CPU cases are a few small shapes
-(odd ones among them), the GPU cases more and at real sizes."""
+(odd ones among them), the GPU cases more and at real sizes. Whole-model engine tests share random_norms."""
 from __future__ import annotations
 
 import atexit
@@ -107,3 +107,14 @@ def residual_tile_does_not_fit(cfg) -> bool:
     bm, bn, bk, stages, _, _, subtile = cfg
     need = 2 * (stages * (bm + bn) * bk + 2 * bm * (bn // 2 if subtile else bn))  # fp16/bf16 bytes
     return need > torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+
+
+def random_norms(m):
+    """m with its LayerNorms' gamma and beta drawn away from transformers' 1 and 0 (in place), so that the engine's
+    fold of GPT-2's ln_1 and ln_2 into QKV and FC1 (engine/weights.fold) changes values that a test checks."""
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.LayerNorm):
+                mod.weight.normal_(1.0, 0.5)
+                mod.bias.normal_(0.0, 0.5)
+    return m

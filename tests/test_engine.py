@@ -7,6 +7,7 @@ from transformers import (BertConfig, BertForMaskedLM, BertForQuestionAnswering,
                           BertForTokenClassification, BertModel, GPT2Config, GPT2ForSequenceClassification,
                           GPT2LMHeadModel, GPT2Model, DistilBertConfig, DistilBertModel)
 
+from op_cases import random_norms
 from transbench.engine import EngineUnsupported, compile_model
 
 VOCAB = 1000
@@ -29,17 +30,6 @@ def bert_cfg(**kw):
 def gpt2_cfg(**kw):
     return GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64,
                       bos_token_id=0, eos_token_id=0, pad_token_id=0, **kw)
-
-
-def random_norms(m):
-    """Gamma and beta away from transformers' 1 and 0, so that folding them into GPT-2's QKV and FC1
-    (engine/weights.fold) is tested; returns m."""
-    with torch.no_grad():
-        for mod in m.modules():
-            if isinstance(mod, torch.nn.LayerNorm):
-                mod.weight.normal_(1.0, 0.5)
-                mod.bias.normal_(0.0, 0.5)
-    return m
 
 
 @pytest.fixture(autouse=True)
@@ -72,6 +62,26 @@ def test_bert_matches_transformers(act):
             assert rel(out.pooler_output, ref.pooler_output) < 1e-5
     # Padding rows are zeros, never garbage from other sequences.
     assert out.last_hidden_state[2, 4:].abs().max() == 0
+
+
+def test_layernorms_without_bias_or_weights_match_transformers():
+    """A LayerNorm built with bias=False or elementwise_affine=False (1 and 0): the engine's Norm takes them as such,
+    in BERT's post-LN layers and in GPT-2's ln_f, ln_1 and ln_2 (the last two folded into QKV and FC1)."""
+    for m, out in ((BertModel(bert_cfg()), "last_hidden_state"), (GPT2LMHeadModel(gpt2_cfg()), "logits")):
+        random_norms(m)
+        for i, (name, mod) in enumerate(list(m.named_modules())):
+            if isinstance(mod, torch.nn.LayerNorm):
+                parent = m.get_submodule(name.rsplit(".", 1)[0]) if "." in name else m
+                bare = torch.nn.LayerNorm(mod.normalized_shape, mod.eps, elementwise_affine=i % 2 == 0, bias=False)
+                if i % 2 == 0:
+                    bare.weight.data.copy_(mod.weight.data)
+                setattr(parent, name.rsplit(".", 1)[-1], bare)
+        m.eval()
+        ids, mask = batch()
+        with torch.no_grad():
+            ref = getattr(m(ids, attention_mask=mask), out)
+            got = getattr(compile_model(m, dtype=torch.float32)(ids, attention_mask=mask), out)
+        assert rel(got, ref, mask) < 1e-5, type(m).__name__
 
 
 def test_bert_mask_with_holes_and_inputs_embeds():

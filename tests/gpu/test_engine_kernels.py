@@ -133,17 +133,11 @@ def test_programmatic_dependent_launch_changes_no_output():
 
 
 def _gpt2(layers=2):
-    """Its LayerNorms' gamma and beta away from 1 and 0, so that the engine's fold of them into QKV and FC1
-    (engine/weights.fold) is what runs."""
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    from op_cases import random_norms
     with torch.device("cuda"):
-        m = GPT2LMHeadModel(GPT2Config(n_layer=layers, attn_implementation="sdpa")).eval()
-    with torch.no_grad():
-        for mod in m.modules():
-            if isinstance(mod, torch.nn.LayerNorm):
-                mod.weight.normal_(1.0, 0.5)
-                mod.bias.normal_(0.0, 0.5)
-    return m
+        return random_norms(GPT2LMHeadModel(GPT2Config(n_layer=layers, attn_implementation="sdpa")).eval())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

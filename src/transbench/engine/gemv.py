@@ -5,9 +5,9 @@ layer at about 3.7 us each (benchmarks/results/engine_limits_h200_2026-11.md): c
 or residual add of its own. Here the LayerNorm that precedes a pre-LN projection is this kernel's prologue (each
 program takes the few input rows' statistics itself: they are a few KiB, read from L2; GPT-2's ln_1 and ln_2 come
 with their weights folded into QKV and FC1 (weights.fold), and ln_f's act through two vectors of the head's,
-fold_norm) and the bias, GELU and residual its epilogue, so a GPT-2 layer
-is five kernels: QKV, attention, output projection, FC1, FC2. Each program holds its slice of the weights whole,
-fetched before it waits on the previous kernel (see the kernel). Launched on CUDA only (and in Triton's CPU
+fold_norm) and the bias, GELU and residual its epilogue, so a GPT-2 layer is five kernels: QKV, attention, output
+projection, FC1, FC2. Each program holds its slice of the weights whole, fetched before it waits on the previous
+kernel (see the kernel). Launched on CUDA only (and in Triton's CPU
 interpreter by the tests); ops.TorchOps.norm_linear is the reference.
 """
 from __future__ import annotations
@@ -42,9 +42,9 @@ def configs(M: int, K: int) -> list[tuple[int, int]]:
 
 
 @jit(do_not_specialize=["M"])
-def _gemv_kernel(X, W, BIAS, R, Y, LNW, WG, WB, M, N, K, eps, ACT: tl.constexpr, HAS_LN: tl.constexpr, HAS_GAMMA: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 KP2: tl.constexpr, PDL: tl.constexpr):
+def _gemv_kernel(X, W, BIAS, R, Y, LNW, WG, WB, M, N, K, eps, ACT: tl.constexpr, HAS_LN: tl.constexpr,
+                 HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BM: tl.constexpr,
+                 BN: tl.constexpr, KP2: tl.constexpr, PDL: tl.constexpr):
     # A program holds its BN rows of W whole, K wide. They, the LayerNorm's weights and the bias never depend on
     # the previous kernel, so they are loaded before this program waits on it (PDL): the weights' trip from HBM
     # overlaps that kernel, and after the wait only the few input rows (in L2) are left to read.
@@ -122,8 +122,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: 
          residual: torch.Tensor | None = None, norm: tuple | None = None, cfg=CONFIGS[0],
          pdl: bool = True, sums: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """act(LayerNorm(x) W^T + bias) [+ residual] for x of at most MAX_ROWS rows; norm: (weight, bias, eps) of the
-    LayerNorm (weight and bias None: none, weights.fold), or None (x as it is); sums: fold_norm's of this weight, bias and norm (computed here if None). act:
-    an activation.ACT_* code. pdl: EngineOptions.pdl."""
+    LayerNorm (weight and bias None: none, weights.fold), or None (x as it is); sums: fold_norm's of this weight,
+    bias and norm (computed here if None). act: an activation.ACT_* code. pdl: EngineOptions.pdl."""
     if not supported(x, weight) or (residual is not None and (not residual.is_contiguous()
                                                               or residual.shape != (x.shape[0], weight.shape[0]))):
         raise ValueError("shape/layout not supported by the GEMV")

@@ -10,8 +10,8 @@ from .quantize import store_fp8_row
 
 @jit
 def _add_layernorm_kernel(X, R, BIAS, W, B, Y, RES_OUT, Q, QS, N, eps,
-                          HAS_R: tl.constexpr, HAS_BIAS: tl.constexpr, AFFINE: tl.constexpr, STORE_RES: tl.constexpr, QUANT: tl.constexpr,
-                          BLOCK: tl.constexpr, PDL: tl.constexpr):
+                          HAS_R: tl.constexpr, HAS_BIAS: tl.constexpr, AFFINE: tl.constexpr, STORE_RES: tl.constexpr,
+                          QUANT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # One row per program: rows are at most a few thousand wide, so the whole row sits in registers
     # and x + bias + residual is read once, normalised and written once.
     pdl_enter(PDL)
@@ -30,7 +30,8 @@ def _add_layernorm_kernel(X, R, BIAS, W, B, Y, RES_OUT, Q, QS, N, eps,
     rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / N + eps)
     y = d * rstd
     if AFFINE:
-        y = y * tl.load(W + cols, mask=m, other=0.0).to(tl.float32) + tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
+        y = y * tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
+        y += tl.load(B + cols, mask=m, other=0.0).to(tl.float32)
     tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=m)
     if QUANT:  # the next GEMM's fp8 input, from the same registers
         store_fp8_row(y, row, cols, m, N, Q, QS)
@@ -51,8 +52,7 @@ def add_layernorm(x, residual, bias, weight, ln_bias, eps, store_residual=False,
     _add_layernorm_kernel[(x2.shape[0],)](
         x2, r, bias if bias is not None else x2, x2 if weight is None else weight, x2 if ln_bias is None else ln_bias,
         y, res_out, q, qs, n, eps, HAS_R=residual is not None, HAS_BIAS=bias is not None, AFFINE=weight is not None,
-        STORE_RES=store_residual, QUANT=quant,
-        BLOCK=block, num_warps=warps(block), **launch_options(x.device, pdl))
+        STORE_RES=store_residual, QUANT=quant, BLOCK=block, num_warps=warps(block), **launch_options(x.device, pdl))
     y = y.view_as(x)
     if quant:
         y = (y, q, qs)

@@ -46,7 +46,9 @@ class Converter:
         """folded: its gamma and beta live in the projections after it (linear(after=ln)), so it normalises only."""
         if folded:
             return Norm(None, None, float(ln.eps))
-        return Norm(self.t(ln.weight), self.t(ln.bias), float(ln.eps))
+        n = ln.normalized_shape[-1]  # a LayerNorm without weights or bias (elementwise_affine, bias=False): 1 and 0
+        return Norm(self.t(ln.weight if ln.weight is not None else torch.ones(n)),
+                    self.t(ln.bias if ln.bias is not None else torch.zeros(n)), float(ln.eps))
 
 
 def fold(weight: torch.Tensor, bias: torch.Tensor | None, ln: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
