@@ -69,13 +69,13 @@ def test_layernorms_without_bias_or_weights_match_transformers():
     in BERT's post-LN layers and in GPT-2's ln_f, ln_1 and ln_2 (the last two folded into QKV and FC1)."""
     for m, out in ((BertModel(bert_cfg()), "last_hidden_state"), (GPT2LMHeadModel(gpt2_cfg()), "logits")):
         random_norms(m)
-        for i, (name, mod) in enumerate(list(m.named_modules())):
-            if isinstance(mod, torch.nn.LayerNorm):
-                parent = m.get_submodule(name.rsplit(".", 1)[0]) if "." in name else m
-                bare = torch.nn.LayerNorm(mod.normalized_shape, mod.eps, elementwise_affine=i % 2 == 0, bias=False)
-                if i % 2 == 0:
-                    bare.weight.data.copy_(mod.weight.data)
-                setattr(parent, name.rsplit(".", 1)[-1], bare)
+        norms = [(name, mod) for name, mod in m.named_modules() if isinstance(mod, torch.nn.LayerNorm)]
+        for i, (name, mod) in enumerate(norms):  # in turn: weights without bias, then neither
+            parent = m.get_submodule(name.rsplit(".", 1)[0]) if "." in name else m
+            bare = torch.nn.LayerNorm(mod.normalized_shape, mod.eps, elementwise_affine=i % 2 == 0, bias=False)
+            if i % 2 == 0:
+                bare.weight.data.copy_(mod.weight.data)
+            setattr(parent, name.rsplit(".", 1)[-1], bare)
         m.eval()
         ids, mask = batch()
         with torch.no_grad():

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .gemv import fold_norm
 from .ops import Linear, Norm, fp8_bounds, quantize_rows
 
 
@@ -57,9 +58,7 @@ def fold(weight: torch.Tensor, bias: torch.Tensor | None, ln: nn.LayerNorm) -> t
     went from 0.5685 to 0.5318 ms a token on one tuned table (benchmarks/results/engine_limits_h200_2026-11.md,
     "GPT-2's LayerNorm weights folded into the projections after them")."""
     w = weight.detach().float()
-    b = w @ ln.bias.detach().float() if ln.bias is not None else torch.zeros(w.shape[0], device=w.device)
-    if bias is not None:
-        b = b + bias.detach().float()
+    b = fold_norm(w, bias, None, ln.bias)[1]  # W beta + b, as the GEMV's prologue takes it for an unfolded norm
     return (w * ln.weight.detach().float() if ln.weight is not None else w), b
 
 
