@@ -4,7 +4,8 @@ interpreter and, where CUDA is, on the GPU, from the same test function.
 Triton decides at kernel definition whether a kernel is interpreted (TRITON_INTERPRET=1), so the CPU runs happen in
 one worker process started with it set, before anything there imports the engine; the check function travels there
 by name (its test module) with plain arguments. Interpreted kernels are slow: the CPU cases are a few small shapes
-(odd ones among them), the GPU cases more and at real sizes. Whole-model engine tests share random_norms."""
+(odd ones among them), the GPU cases more and at real sizes. Whole-model engine tests share random_norms,
+bare_norms and greedy_feed_steps."""
 from __future__ import annotations
 
 import atexit
@@ -118,3 +119,43 @@ def random_norms(m):
                 mod.weight.normal_(1.0, 0.5)
                 mod.bias.normal_(0.0, 0.5)
     return m
+
+
+def bare_norms(m):
+    """m with each LayerNorm replaced (in place) by one built with bias=False, keeping its weights, or, every second
+    one in module order, with elementwise_affine=False: what the engine's converter takes as 1 and 0."""
+    norms = [(name, mod) for name, mod in m.named_modules() if isinstance(mod, torch.nn.LayerNorm)]
+    for i, (name, mod) in enumerate(norms):
+        parent = m.get_submodule(name.rsplit(".", 1)[0]) if "." in name else m
+        bare = torch.nn.LayerNorm(mod.normalized_shape, mod.eps, elementwise_affine=i % 2 == 0, bias=False,
+                                  device=mod.weight.device)
+        if i % 2 == 0:
+            bare.weight.data.copy_(mod.weight.data)
+        setattr(parent, name.rsplit(".", 1)[-1], bare)
+    return m
+
+
+def greedy_feed_steps(gen, prompt, want) -> None:
+    """Greedy steps of the GPT-2 generator `gen` (batch 2, 16 tokens) after `prompt` (2, 5), each against want(the
+    tokens fed so far): the tokens a step returned given back, then changed in place, another tensor of another
+    integer dtype, a decode() between, tokens of an earlier step, and a new prefill (decode_greedy reads the position
+    from the step before's output only when given the tokens that step returned, at the position it left)."""
+    fed = [gen.prefill(prompt).argmax(-1)]
+    fed.append(gen.decode_greedy(fed[-1]))
+    assert torch.equal(fed[-1], want(fed[:1]))
+    with torch.inference_mode():  # (the tokens are inference tensors: changed in place only in inference mode)
+        fed[-1][1] = 3  # forced in place, then given back
+    fed.append(gen.decode_greedy(fed[-1]))
+    assert torch.equal(fed[-1], want(fed[:2]))
+    forced = torch.tensor([4, 5], dtype=torch.int32)
+    fed.append(gen.decode_greedy(forced))
+    fed[-2] = forced.long().to(fed[-1].device)
+    assert torch.equal(fed[-1], want(fed[:3]))
+    stale = fed[-1]
+    fed.append(gen.decode(stale).argmax(-1))
+    assert torch.equal(fed[-1], want(fed[:4]))
+    fed.append(gen.decode_greedy(stale))  # taken at the generator's position, not at the one after `stale`
+    fed[-2] = stale
+    assert torch.equal(fed[-1], want(fed[:5])) and gen.pos == 5 + 5
+    gen.prefill(prompt)
+    assert torch.equal(gen.decode_greedy(fed[-1]), want(fed[-1:]))  # a new sequence: the position is the prompt's

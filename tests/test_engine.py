@@ -7,7 +7,7 @@ from transformers import (BertConfig, BertForMaskedLM, BertForQuestionAnswering,
                           BertForTokenClassification, BertModel, GPT2Config, GPT2ForSequenceClassification,
                           GPT2LMHeadModel, GPT2Model, DistilBertConfig, DistilBertModel)
 
-from op_cases import random_norms
+from op_cases import bare_norms, greedy_feed_steps, random_norms
 from transbench.engine import EngineUnsupported, compile_model
 
 VOCAB = 1000
@@ -68,15 +68,7 @@ def test_layernorms_without_bias_or_weights_match_transformers():
     """A LayerNorm built with bias=False or elementwise_affine=False (1 and 0): the engine's Norm takes them as such,
     in BERT's post-LN layers and in GPT-2's ln_f, ln_1 and ln_2 (the last two folded into QKV and FC1)."""
     for m, out in ((BertModel(bert_cfg()), "last_hidden_state"), (GPT2LMHeadModel(gpt2_cfg()), "logits")):
-        random_norms(m)
-        norms = [(name, mod) for name, mod in m.named_modules() if isinstance(mod, torch.nn.LayerNorm)]
-        for i, (name, mod) in enumerate(norms):  # in turn: weights without bias, then neither
-            parent = m.get_submodule(name.rsplit(".", 1)[0]) if "." in name else m
-            bare = torch.nn.LayerNorm(mod.normalized_shape, mod.eps, elementwise_affine=i % 2 == 0, bias=False)
-            if i % 2 == 0:
-                bare.weight.data.copy_(mod.weight.data)
-            setattr(parent, name.rsplit(".", 1)[-1], bare)
-        m.eval()
+        bare_norms(random_norms(m)).eval()
         ids, mask = batch()
         with torch.no_grad():
             ref = getattr(m(ids, attention_mask=mask), out)
@@ -204,6 +196,18 @@ def test_gpt2_greedy_generation_matches_hf_loop(batch):
     assert torch.equal(torch.stack(toks, 1), ids[:, prompt.shape[1]:]) and gen.pos == prompt.shape[1] + new
     with pytest.raises(ValueError, match="full"):
         gen.decode_greedy(nxt)
+
+
+def test_greedy_steps_take_the_tokens_they_are_given():
+    """A greedy step given back the tokens it returned reads their position from its own output (decode_greedy);
+    tokens changed in place, other tensors, and steps after decode() or a new prefill are taken as given."""
+    m = GPT2LMHeadModel(gpt2_cfg()).eval()
+    prompt = torch.randint(1, VOCAB, (2, 5))
+
+    def want(tokens):  # fp32 transformers' greedy token after the prompt and `tokens`
+        with torch.no_grad():
+            return m(torch.cat([prompt, torch.stack(tokens, 1)], 1)).logits[:, -1].argmax(-1)
+    greedy_feed_steps(compile_model(m, dtype=torch.float32).generator(2, 16), prompt, want)
 
 
 def test_unsupported_models_and_options():

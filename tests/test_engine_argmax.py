@@ -1,6 +1,6 @@
 """engine/argmax.py: greedy decoding's argmax of each row, against torch.argmax: the first index of the largest
 value across the parts a row is split over, NaN above every number, -0.0 equal to +0.0, rows of -inf; vocabularies of
-odd widths (GPT-2's 50,257) in fp16, bf16 and fp32."""
+odd widths (GPT-2's 50,257) in fp16, bf16 and fp32; with the step's position, the next one after the tokens."""
 import pytest
 import torch
 
@@ -31,6 +31,10 @@ def check_argmax(device, dtype, B, N):
     got, want = argmax(x), x.argmax(-1)
     assert got.dtype == torch.int64 and torch.equal(got, want), (got.tolist(), want.tolist())
     assert torch.equal(argmax(x[B + 1:B + 2]), want[B + 1:B + 2])  # one row alone
+    # with the step's position (the tail of a greedy step's input, gpt2.Generator.decode_greedy): the next one after
+    feed = torch.tensor([7, 8, 511], device=device)
+    got = argmax(x, pos=feed[2:])
+    assert torch.equal(got, torch.cat((want, torch.tensor([512], device=device)))), got.tolist()
 
 
 @pytest.mark.parametrize("device,dtype,B,N", SHAPES)

@@ -161,6 +161,51 @@ def test_gpt2_shape_vs_transformers_and_generation(dtype):
             logits = gen.decode(nxt)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layernorms_without_bias_or_weights(dtype):
+    """LayerNorms built with bias=False or elementwise_affine=False (taken as 1 and 0 by the converter) in BERT's
+    forward and in GPT-2's forward and decode steps, whose GEMVs fold ln_1 and ln_2 and take ln_f in the head's."""
+    from transbench.engine import compile_model
+
+    from op_cases import bare_norms
+    bert = bare_norms(_bert())
+    ids, mask = _padded_batch(3, 77, bert.config.vocab_size, 5)
+    with torch.no_grad():
+        ref = bert(ids, attention_mask=mask).last_hidden_state
+        assert rel(compile_model(bert, dtype=dtype)(ids, attention_mask=mask).last_hidden_state, ref, mask) <= 1e-2
+    m = bare_norms(_gpt2())
+    c = compile_model(m, dtype=dtype)
+    with torch.no_grad():
+        prompt = ids[:2, :37] % m.config.vocab_size
+        gen = c.generator(2, 37 + 40)
+        logits, seq = gen.prefill(prompt), prompt
+        for step in range(40):
+            if step % 10 == 0 or step == 39:
+                assert rel(logits, m(seq).logits[:, -1]) <= 1e-2, step
+            nxt = logits.argmax(-1)
+            seq = torch.cat([seq, nxt[:, None]], 1)
+            logits = gen.decode(nxt)
+
+
+def test_greedy_steps_take_the_tokens_they_are_given():
+    """decode_greedy's captured steps, fed their own output or other tokens (op_cases.greedy_feed_steps), against the
+    same engine's routes run eagerly through decode() and torch's argmax."""
+    from transbench.engine import compile_model
+
+    from op_cases import greedy_feed_steps
+    m = _gpt2()
+    prompt = torch.randint(1, m.config.vocab_size, (2, 5), device="cuda")
+    gen = compile_model(m, dtype=torch.float16).generator(2, 16)
+    eager = compile_model(m, dtype=torch.float16, cuda_graphs=False).generator(2, 16)
+
+    def want(tokens):
+        logits = eager.prefill(prompt)
+        for t in tokens:
+            logits = eager.decode(t)
+        return logits.argmax(-1)
+    greedy_feed_steps(gen, prompt, want)
+
+
 def test_fp8_linear_path():
     from transbench.engine import EngineUnsupported, compile_model
     m = _bert()

@@ -4,7 +4,9 @@ torch.argmax after the step's graph cost more than the step's last kernels: on a
 at batch 1 (0.1810 ms replayed, 0.2003 with it), where this kernel added 7 us launched the same way, and the logits
 clone before it 6 to 9 us more (benchmarks/results/engine_limits_h200_2026-11.md). Inside the graph, under
 programmatic dependent launch, it launches while the LM head runs. Same answer as torch.argmax: the first index of
-the largest value, NaN above every number. ops.TorchOps.argmax is the reference."""
+the largest value, NaN above every number. Given the step's position it also writes the next one after the tokens,
+so the step's output is the next step's input (gpt2.Generator.decode_greedy). ops.TorchOps.argmax is the
+reference."""
 from __future__ import annotations
 
 import torch
@@ -33,7 +35,8 @@ def _first_of_top(keys, idx, n: tl.constexpr):
 
 
 @jit
-def _argmax_kernel(X, PART, ARRIVED, OUT, N, SPAN, PARTS_P2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _argmax_kernel(X, PART, ARRIVED, OUT, POS, N, SPAN, HAS_POS: tl.constexpr, PARTS_P2: tl.constexpr,
+                   BLOCK: tl.constexpr, PDL: tl.constexpr):
     # Program (row, part): its part's largest key and first index, then the row's last program to finish merges the
     # parts' in a fixed order and resets its arrival counter. PART is fp32 scratch: int32 scratch holds only
     # counters, which every kernel leaves at zero (launch.scratch).
@@ -64,17 +67,21 @@ def _argmax_kernel(X, PART, ARRIVED, OUT, N, SPAN, PARTS_P2: tl.constexpr, BLOCK
                                                                                                   bitcast=True)
         top, first = _first_of_top(tl.where(cm, keys, tl.full([PARTS_P2], -2147483648, tl.int32)), idx, PARTS_P2)
         tl.store(OUT + r, first.to(tl.int64))
+        if HAS_POS and r == 0:
+            tl.store(OUT + tl.num_programs(0), tl.load(POS).to(tl.int64) + 1)
         tl.store(ARRIVED + r, 0)
 
 
-def argmax(x: torch.Tensor, pdl: bool = True) -> torch.Tensor:
-    """(B, N) fp16/bf16/fp32 -> (B,) int64: the first index of each row's largest value. pdl: EngineOptions.pdl."""
+def argmax(x: torch.Tensor, pdl: bool = True, pos: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, N) fp16/bf16/fp32 -> (B,) int64: the first index of each row's largest value; pos (a 1-element integer
+    tensor): (B + 1,), pos + 1 after them. pdl: EngineOptions.pdl."""
     B, N = x.shape
     x = x.contiguous()
     span = triton.cdiv(triton.cdiv(N, PARTS), BLOCK) * BLOCK
     parts = triton.cdiv(N, span)
-    out = torch.empty(B, device=x.device, dtype=torch.int64)
+    out = torch.empty(B + (pos is not None), device=x.device, dtype=torch.int64)
     _argmax_kernel[(B, parts)](x, scratch(x.device, torch.float32, 2 * B * parts), scratch(x.device, torch.int32, B),
-                               out, N, span, PARTS_P2=triton.next_power_of_2(parts), BLOCK=BLOCK, num_warps=4,
+                               out, out if pos is None else pos, N, span, HAS_POS=pos is not None,
+                               PARTS_P2=triton.next_power_of_2(parts), BLOCK=BLOCK, num_warps=4,
                                **launch_options(x.device, pdl))
     return out

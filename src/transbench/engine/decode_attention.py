@@ -38,9 +38,9 @@ def _decode_attention_kernel(QKV, K, V, POS, OUT, PART, ARRIVED, L, scale, H: tl
     bh, c = tl.program_id(0), tl.program_id(1)
     chunks = tl.num_programs(1)
     b, h = bh // H, bh % H
-    # The position and the cached rows before it were written before this replay began (the position's fill
-    # before it, earlier steps' attention), so the chunk's first tile is loaded before waiting on the previous
-    # kernel (PDL, launch.pdl_enter): its trip from HBM overlaps the kernels before.
+    # The position and the cached rows before it were written before this replay began (the position's fill or
+    # the step's input copied in before it, earlier steps' attention), so the chunk's first tile is loaded before
+    # waiting on the previous kernel (PDL, launch.pdl_enter): its trip from HBM overlaps the kernels before.
     pos = tl.load(POS)
     d = tl.arange(0, BLOCK_D)
     dm = d < D

@@ -106,7 +106,7 @@ class DecodeState:
     124-142 ms against 50.8 for gpt2, batch 1, prompt 512, 128 new tokens)."""
 
     kv: list[torch.Tensor]
-    pos_t: torch.Tensor  # the decode step's position, read by the graph from device memory
+    pos_t: torch.Tensor  # decode()'s position, read by its graph from device memory (decode_greedy's rides its input)
     graphs: GraphCache  # graphs that write this cache
     owner: object = None  # the generator whose sequence the cache holds now
 
@@ -128,6 +128,7 @@ class Generator:
         self.state = engine.decode_state(batch_size, max_total_len)
         self.kv, self.pos_t, self.graphs = self.state.kv, self.state.pos_t, self.state.graphs
         self.pos = 0
+        self._fed = None  # the last greedy step's (tokens returned, its whole output, the position it wrote there)
 
     @property
     def info(self) -> dict:
@@ -159,14 +160,14 @@ class Generator:
         h = e._blocks(e._embed(p, ids, None, None, None), attend)
         return self._logits(h.view(B, S, -1)[:, -1])
 
-    def _decode(self, ids: torch.Tensor) -> torch.Tensor:
-        # The position is read where it lies (DecodeState.pos_t), not passed in: GraphCache copies each argument
-        # into the graph's own input before a replay, one more kernel a step outside the graph.
+    def _decode(self, ids: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+        # The position is read where it lies (DecodeState.pos_t, or after the tokens in a greedy step's input), not
+        # passed in as a number: a graph reads it from device memory, so one graph serves every step.
         # Up to gemv.MAX_ROWS sequences each LayerNorm runs inside the projection after it (ops.norm_linear): a
         # projection is then one GEMV kernel, the LayerNorm its prologue and the bias, GELU or residual its
         # epilogue (gemv.py), five kernels a layer where _blocks' order takes eight. Larger batches keep _blocks'
         # order, whose routes were tuned and measured for them (benchmarks/results/decode_gemv_h200_2026-11.md).
-        e, pos = self.e, self.pos_t
+        e, pos = self.e, self.pos_t if pos is None else pos
         ops, gelu = e.ops, e.dims.gelu
         x = ops.embed_layernorm(ids, e.wte, pos, e.wpe, None, None, None, 1)  # one kernel, not two gathers and a sum
         if self.B > gemv.MAX_ROWS:
@@ -180,8 +181,10 @@ class Generator:
             x = ops.norm_linear(ops.norm_linear(x, L.fc1, L.norm2, gelu), L.fc2, residual=x)
         return ops.norm_linear(x, e.head, e.ln_f)
 
-    def _greedy(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.e.ops.argmax(self._decode(ids))
+    def _greedy(self, feed: torch.Tensor) -> torch.Tensor:
+        # feed: the tokens, then their position; the argmax writes the next tokens, then the next position
+        pos = feed[self.B:]
+        return self.e.ops.argmax(self._decode(feed[:self.B], pos), pos)
 
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -192,21 +195,40 @@ class Generator:
             raise ValueError(f"prompt {tuple(ids.shape)} does not fit generator(batch={self.B}, max_total_len={self.L})")
         self.state.owner = self
         out = self.graphs(("prefill", S), self._prefill, ids)
-        self.pos = S
+        self.pos, self._fed = S, None
         return out
 
     @torch.inference_mode()
     def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
         """(B,) tokens at the next position -> (B, vocab) logits; appends to the cache."""
-        return self._step("decode", self._decode, next_ids)
+        self._check()
+        self.pos_t.fill_(self.pos)
+        self._fed = None
+        return self._step("decode", self._decode, next_ids.to(self.e.opts.device).reshape(self.B))
 
     @torch.inference_mode()
     def decode_greedy(self, next_ids: torch.Tensor) -> torch.Tensor:
         """(B,) tokens at the next position -> (B,) int64 next tokens, decode(next_ids).argmax(-1) with the argmax
-        inside the step's graph (engine/argmax.py) and no logits copied out of it; appends to the cache."""
-        return self._step("greedy", self._greedy, next_ids)
+        inside the step's graph (engine/argmax.py) and no logits copied out of it; appends to the cache.
 
-    def _step(self, key: str, fn, next_ids: torch.Tensor) -> torch.Tensor:
+        The step's input is the tokens and their position, and its output the next tokens and the next position.
+        Given back the tokens it returned (a view of that output, changed in place or not), a step takes its
+        position from there; other tokens get the position filled in first, one more kernel outside the graph. On
+        an H200 that kernel cost 2.7 us of gpt2's 0.1799 ms step at batch 1, and without it the generation cell went
+        from 0.1670 and 0.1673 to 0.1657 and 0.1660 ms a token (benchmarks/results/engine_limits_h200_2026-11.md)."""
+        self._check()
+        fed, self._fed = self._fed, None
+        if fed is not None and next_ids is fed[0] and fed[2] == self.pos:
+            feed = fed[1]
+        else:
+            dev = self.e.opts.device
+            feed = torch.cat((next_ids.to(dev).reshape(self.B).long(), torch.full((1,), self.pos, device=dev)))
+        out = self._step("greedy", self._greedy, feed)
+        tokens = out[:self.B]
+        self._fed = (tokens, out, self.pos)
+        return tokens
+
+    def _check(self) -> None:
         if self.state.owner is not self and self.pos == 0:  # not "another generator ran prefill since": none may have
             raise ValueError("decode before prefill: call prefill(input_ids) with the prompt first")
         if self.state.owner is not self:
@@ -214,8 +236,8 @@ class Generator:
                              "(batch, max_total_len) ran prefill since; call prefill again")
         if self.pos >= self.L:
             raise ValueError(f"generator is full ({self.L} tokens)")
-        self.pos_t.fill_(self.pos)
-        ids = next_ids.to(self.e.opts.device).reshape(self.B)
-        out = self.graphs(key, fn, ids)
+
+    def _step(self, key: str, fn, arg: torch.Tensor) -> torch.Tensor:
+        out = self.graphs(key, fn, arg)
         self.pos += 1
         return out

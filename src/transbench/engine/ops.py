@@ -232,9 +232,11 @@ class TorchOps:
         return F.scaled_dot_product_attention(q.unsqueeze(2), k_cache, v_cache, attn_mask=valid,
                                               scale=scale).reshape(B, H * D)
 
-    def argmax(self, logits):
-        """(B, V) -> (B,) int64: greedy decoding's next tokens, the first index of each row's largest value."""
-        return logits.argmax(-1)
+    def argmax(self, logits, pos=None):
+        """(B, V) -> (B,) int64: greedy decoding's next tokens, the first index of each row's largest value; with
+        the step's position (a 1-element tensor), (B + 1,): the next position after them."""
+        out = logits.argmax(-1)
+        return out if pos is None else torch.cat((out, pos.long() + 1))
 
 
 # Rows (tokens) from which an fp8 layer's GEMMs are offered fp8 routes, listed first (tuning.rule_route, the rule
@@ -400,8 +402,8 @@ class TritonOps(TorchOps):
             qkv, k_cache, v_cache, pos, scale, pdl=self.pdl, cfg=cfg)) for cfg in decode_attention_configs(D)}
         return cands[self.tuner.choose(f"decode_attention|{B}x{L}x{H}x{D}|{qkv.dtype}", cands)]()
 
-    def argmax(self, logits):
-        return triton_argmax(logits, pdl=self.pdl)
+    def argmax(self, logits, pos=None):
+        return triton_argmax(logits, pdl=self.pdl, pos=pos)
 
     def embed_layernorm(self, ids, word, pos_ids, pos, tt, type_, norm, S):
         w, b, eps = (None, None, 0.0) if norm is None else (norm.weight, norm.bias, norm.eps)
