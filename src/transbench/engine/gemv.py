@@ -7,8 +7,8 @@ program takes the few input rows' statistics itself: they are a few KiB, read fr
 with their weights folded into QKV and FC1 (weights.fold), and ln_f's act through two vectors of the head's,
 fold_norm) and the bias, GELU and residual its epilogue, so a GPT-2 layer is five kernels: QKV, attention, output
 projection, FC1, FC2. Each program holds its slice of the weights whole, fetched before it waits on the previous
-kernel (see the kernel). Launched on CUDA only (and in Triton's CPU
-interpreter by the tests); ops.TorchOps.norm_linear is the reference.
+kernel (see the kernel). Launched on CUDA only (and in Triton's CPU interpreter by the tests);
+ops.TorchOps.norm_linear is the reference.
 """
 from __future__ import annotations
 
