@@ -149,6 +149,16 @@ def test_a_folder_without_tokenizer_files_is_refused(tmp_path, packaged):
     assert "--backend is empty" in _refused(["--prompt", "hello world", "--backend", ""])
 
 
+def test_a_folder_whose_tokenizer_outgrows_its_vocabulary_is_refused_as_such(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = _gpt2_folder(tmp_path / "gpt2")
+    GPT2LMHeadModel(GPT2Config(vocab_size=3, n_embd=32, n_layer=1, n_head=2, n_positions=64, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(str(folder))  # the tokenizer's 300 ids stay
+    line = _refused(["--prompt", "hello world", "--model", str(folder)])
+    assert "vocabulary of 3: its tokenizer files and config.json's vocab_size disagree" in line
+
+
 def test_probabilities_print_with_significant_digits(tmp_path):
     assert format_prob(3.2e-05) == "3.2e-05"
     assert format_prob(0.41234) == "0.412"

@@ -88,6 +88,78 @@ def test_static_cache_decoder_matches_dynamic_cache():
     assert gen.cache_bytes() == 2 * 2 * 3 * 17 * 48 * 4  # k and v, 2 layers, batch 3, 17 slots, hidden 48, fp32
 
 
+@pytest.mark.parametrize("runs", [1, 3])
+def test_a_built_decode_step_finds_the_cache_the_prefill_left(runs):
+    """compile.py and cudagraph.py build the decode step by running it (a compile; a capture's warm-up) at the first
+    decode: a sliding window that is full shifts at every write, and without the prompt run again after the build the
+    first generation's tokens came out a step ahead."""
+    import torch
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    from transbench.backends.decoders import HFGenerator, StaticGenerator
+    from transbench.scenarios.generation.measure import greedy
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(hidden_size=64, intermediate_size=100, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=100, max_position_embeddings=64, sliding_window=8)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))  # the window is full
+    want, _ = greedy(HFGenerator(model), ids, 8)
+
+    def build(step, device):
+        for _ in range(runs):
+            step()
+        return step, {"runs": runs}
+
+    gen = StaticGenerator(model, 2, 24, build)
+    for _ in range(2):  # the first generation builds the step
+        got, _ = greedy(gen, ids, 8)
+        assert torch.equal(got, want)
+    assert gen.info["runs"] == runs
+
+
+def _steps(rows):
+    """_reference_greedy's steps from hand-written logits: rows[r][k] the logits of row r at step k."""
+    import torch
+
+    logits = torch.tensor(rows, dtype=torch.float32)  # (B, N, V)
+    out = []
+    for k in range(logits.shape[1]):
+        top = logits[:, k].topk(min(3, logits.shape[-1]), -1)
+        out.append((top.values, top.indices, logits[:, k].norm(dim=-1)))
+    return out
+
+
+def test_a_token_leaving_fp32_must_be_a_near_tie_there():
+    import torch
+
+    from transbench.scenarios.generation.measure import _divergence
+
+    # One row, two steps, five logits a step (norm about 10): fp32 takes 0 then 1.
+    steps = _steps([[[10.0, 1, 1, 1, 0], [1, 9.99, 9.9, 0, -5]]])
+    ref = torch.tensor([[0, 1]])
+    assert _divergence(torch.tensor([[0, 1]]), ref, steps, 1e-3) is None  # the same tokens
+    # At step 2 token 2 is 0.09 below: a near tie at fp16's 2e-2 (allowed 0.40), not at fp32's 1e-3 (0.02).
+    assert _divergence(torch.tensor([[0, 2]]), ref, steps, 2e-2) is None
+    why = _divergence(torch.tensor([[0, 2]]), ref, steps, 1e-3)
+    assert why.startswith("greedy token 2 of reference row 0 is 2 where fp32's is 1") and "decode step is wrong" in why
+    # Token 4 is not among the three kept: its gap is at least the third's, 9.99 - 1, past even bf16's 0.80.
+    assert "is 4 where" in _divergence(torch.tensor([[0, 4]]), ref, steps, 4e-2)
+    # Only the first divergence is judged: after it the prefixes differ, so fp32's logits no longer apply.
+    assert _divergence(torch.tensor([[3, 4]]), torch.tensor([[0, 1]]), _steps([[[10.0, 1, 1, 9.999, 0],
+                                                                                 [0, 0, 0, 0, 0]]]), 1e-3) is None
+
+
+def test_a_decode_step_gone_wrong_after_the_prefill_is_caught(extra_backends):
+    extra_backends("wrong_decode_backends")
+    cache = ModelCache()
+    cell = dict(model="gpt2-tiny", task="generate", dtype="fp32", batch=2, seq=8, new_tokens=8, device="cpu", **FAST)
+    wrong = execute(Cell(backend="broken-decode", **cell), cache)
+    assert wrong.status == "wrong" and wrong.record["rel_err"] < 1e-4  # the prefill is right
+    assert "decode step is wrong" in wrong.error and wrong.record.get("latency_ms") is None
+    assert execute(Cell(backend="eager", **cell), cache).status == "ok"
+
+
 def test_generation_refuses_variable_prompt_lengths():
     cell = Cell(model="gpt2-tiny", task="generate", backend="eager", dtype="fp32", batch=2, seq=8, seq_stdev=2.0,
                 new_tokens=3, **FAST)

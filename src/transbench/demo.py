@@ -191,8 +191,9 @@ def run_demo(prompt: str, model: str | None = None, backends: list[str] | None =
     if len(ids) > limit:
         raise SpecError(f"the prompt is {len(ids)} tokens; {ref.name} takes at most {limit}: shorten the prompt")
     if max(ids) >= ref.shape.vocab:
-        raise SpecError(f"token id {max(ids)} is outside {ref.name}'s vocabulary of {ref.shape.vocab}: "
-                        "use a full-size preset or a checkpoint folder")
+        fix = ("its tokenizer files and config.json's vocab_size disagree: give the folder the tokenizer its weights "
+               "were trained with" if ref.path is not None else "use a full-size preset or a checkpoint folder")
+        raise SpecError(f"token id {max(ids)} is outside {ref.name}'s vocabulary of {ref.shape.vocab}: {fix}")
     if ref.path is None:
         notes.append(f"{ref.name} has random weights: the outputs show the plumbing, not a prediction")
     task = _task(ref, prompt, tokenizer)

@@ -114,3 +114,29 @@ def test_static_decoders_match_dynamic_cache_tokens():
         for _ in range(2):  # a second generation replays what the first built
             got, _ = greedy(gen, ids, 12)
             assert torch.equal(got, want), step
+
+
+def test_static_decoders_keep_a_full_sliding_window():
+    """Capturing and compiling run the decode step before its first use: a full sliding window shifts at each write,
+    so the first generation came out a step ahead until the prompt ran again after the build (decoders._build)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    from transbench.backends import compile as compile_backend
+    from transbench.backends import cudagraph
+    from transbench.backends.decoders import HFGenerator
+    from transbench.scenarios.generation.measure import greedy
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(hidden_size=64, intermediate_size=100, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=100, max_position_embeddings=64, sliding_window=8)
+    m = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval().to("cuda")
+    ids = torch.randint(0, 100, (2, 16), device="cuda")  # the window is full at the first decode
+    want, _ = greedy(HFGenerator(m), ids, 10)
+    cell = SimpleNamespace(batch=2, seq=16, new_tokens=10, compile_mode="default")
+    for step, make in {"cudagraph": cudagraph.make_generator, "compile": compile_backend.make_generator}.items():
+        gen = make(m, cell)
+        for _ in range(2):
+            got, _ = greedy(gen, ids, 10)
+            assert torch.equal(got, want), step

@@ -34,6 +34,17 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+# --threads past any machine's cores: refused, not handed to OpenMP.
+MAX_THREADS = 4096
+
+
+def check_threads(threads: int | None) -> None:
+    """--threads None (the cores this process may use) or 1 to MAX_THREADS."""
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise SpecError(f"--threads must be between 1 and {MAX_THREADS}, got {threads} (this process may use "
+                        f"{available_cores()} cores)")
+
+
 def check_cpu_ranks(nproc: int) -> None:
     """Processes of one CPU cell (gloo ranks), each a whole torch process of 150 MB or more: at most one per core
     this process may use. More only time-slice the same cores (the cell measures the host, not the strategy),

@@ -3,10 +3,11 @@
 One timed sample is one whole generation of `new_tokens` tokens for the batch: the prompt's forward
 and the argmax of its last position (prefill, which yields the first token), then one forward per
 further token (decode). Steps are timed back to back with CUDA events (perf_counter on the CPU) and
-nothing synchronizes between them, so the total is what a user waits for. Correctness: the prefill's
-last-position logits against an fp32 eager reference (`wrong` over the dtype's tolerance); how many
-greedy tokens agree with the fp32 reference's is recorded in info (half precision may legitimately
-pick another token at a near tie, so it is not a gate).
+nothing synchronizes between them, so the total is what a user waits for. Correctness, on the first
+generation (the one that compiles or captures): the prefill's last-position logits against an fp32 eager
+reference (`wrong` over the dtype's tolerance), and the first greedy token that leaves the reference's,
+which must be a near tie in fp32's logits at that step (_divergence: half precision may legitimately
+pick another token there, never one far below). How many tokens agree is recorded in info.
 
 A backend can bring its own decoder through `Backend.generator(model, cell)`: an object with
 `prefill(input_ids) -> (B, V) logits` and `decode(next_ids (B,)) -> (B, V) logits` (optionally `info`,
@@ -81,8 +82,29 @@ def greedy(gen, input_ids, new_tokens: int, clock: StepClock | None = None, keep
 
 # --- the scenario ---------------------------------------------------------------------------------
 
+# Largest fp32 logits kept a step for the token gate (_divergence): past them, a token's gap is at least the last's.
+TOP_K = 64
+
+
+def _reference_greedy(gen, input_ids, new_tokens: int):
+    """fp32 greedy decoding that keeps, at each step, the largest logits, their ids and the logits' norm (what
+    _divergence weighs a token against): (first logits, tokens (B, N), [(values, ids, norms)] a step), on the CPU."""
+    import torch
+
+    logits = gen.prefill(input_ids)
+    first, tokens, steps = logits.float().cpu(), [], []
+    for k in range(new_tokens):
+        if k:
+            logits = gen.decode(tokens[-1])
+        top = logits.float().topk(min(TOP_K, logits.shape[-1]), -1)
+        steps.append((top.values.cpu(), top.indices.cpu(), logits.float().norm(dim=-1).cpu()))
+        tokens.append(logits.argmax(-1))
+    return first, torch.stack(tokens, 1).cpu(), steps
+
+
 def _reference(cache: ModelCache, cell: Cell, prompt, device):
-    """fp32 eager reference on a few rows: prefill logits of the last position, and its greedy tokens."""
+    """fp32 eager reference on a few rows: prefill logits of the last position, its greedy tokens and each step's
+    largest logits (_reference_greedy)."""
     rows = reference_rows(cell.batch)
     key = ("generate", cell.model_key(), cell.batch, cell.seq, cell.new_tokens, cell.seed)
     if key not in cache.refs:
@@ -90,8 +112,7 @@ def _reference(cache: ModelCache, cell: Cell, prompt, device):
         dev.set_matmul_precision("fp32")
         try:
             model.to(device)
-            tokens, first = greedy(HFGenerator(model), prompt[rows].to(device), cell.new_tokens, keep_first=True)
-            cache.refs[key] = (first, tokens.cpu())
+            cache.refs[key] = _reference_greedy(HFGenerator(model), prompt[rows].to(device), cell.new_tokens)
         finally:
             model.to("cpu")
             dev.free_memory(device)
@@ -103,6 +124,31 @@ def _agreement(tokens, ref_tokens) -> dict:
     diverged = (~same).any(1)
     first = [int((~row).nonzero()[0]) if d else None for row, d in zip(same, diverged)]
     return {"greedy_token_match": float(same.float().mean()), "greedy_first_divergence": first}
+
+
+def _divergence(tokens, ref_tokens, steps, tol: float) -> str | None:
+    """Why the tokens may not have left fp32's where they first do, or None. Up to there both decoded the same
+    prefix, so fp32's logits at that step judge the token taken: another precision may take a token whose fp32 logit
+    is within sqrt(2) tol ||logits|| of the largest, the most two logits can move when the logits' rel_err is tol
+    (the whole error in those two). A wider gap means that step's logits were further from fp32's than the prefill's
+    gate allows: a decode step gone wrong (a cache the step read wrongly), not a near tie. A token outside the kept
+    TOP_K is judged by the smallest kept logit, a gap it is at least."""
+    tokens = tokens.cpu()
+    for row in range(tokens.shape[0]):
+        off = (tokens[row] != ref_tokens[row]).nonzero()
+        if not len(off):
+            continue
+        k = int(off[0])
+        values, ids, norms = (t[row] for t in steps[k])
+        got = int(tokens[row, k])
+        at = (ids == got).nonzero()
+        gap = float(values[0] - (values[int(at[0])] if len(at) else values[-1]))
+        allowed = 2 ** 0.5 * tol * float(norms)
+        if gap > allowed:
+            return (f"greedy token {k + 1} of reference row {row} is {got} where fp32's is {int(ref_tokens[row, k])}, "
+                    f"{gap:.3g} below it in fp32's logits: past the {allowed:.3g} a near tie allows at the "
+                    f"tolerance {tol:g}, so that decode step is wrong")
+    return None
 
 
 def weight_bytes(model) -> int:
@@ -142,7 +188,7 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
         raise Unsupported("generation runs equal-length prompts: leave out --seq-stdev with --task generate")
     shape = build.resolve(cell.model).shape
     prompt = cell_inputs(cell, shape).input_ids
-    rows, ref_first, ref_tokens = _reference(cache, cell, prompt, device)
+    rows, ref_first, ref_tokens, ref_steps = _reference(cache, cell, prompt, device)
 
     model = model_for(cache, cell, backend, device)
     prompt = prompt.to(device)
@@ -165,6 +211,9 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     if not err <= TOLERANCE[cell.dtype]:
         return CellResult("wrong", record=record, info=info,
                           error=f"prefill rel_err {err:.3g} over the {cell.dtype} tolerance {TOLERANCE[cell.dtype]:g}")
+    off = _divergence(tokens[rows], ref_tokens, ref_steps, TOLERANCE[cell.dtype])
+    if off:
+        return CellResult("wrong", record=record, info=info, error=off)
 
     clock = StepClock(device, n)
 

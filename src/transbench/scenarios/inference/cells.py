@@ -7,7 +7,7 @@ import itertools
 from ... import backends
 from ...errors import SpecError
 from ...measure import device as dev
-from ...measure.load import available_cores, check_cpu_ranks
+from ...measure.load import check_cpu_ranks, check_threads
 from ...models import build
 from ...models import quant as quantization
 from ...models.build import ACTIVATIONS
@@ -18,7 +18,6 @@ from ...store.db import check_name_text
 from ...cells import Cell
 
 
-MAX_THREADS = 4096
 MAX_REPEAT = 100  # each repeat is a process that builds the model again
 
 
@@ -64,9 +63,7 @@ def validate(spec: RunSpec) -> RunSpec:
         raise SpecError("--min-count must be at least 1")
     if spec.nproc < 1:
         raise SpecError("--nproc must be at least 1")
-    if spec.threads is not None and not 1 <= spec.threads <= MAX_THREADS:
-        raise SpecError(f"--threads must be between 1 and {MAX_THREADS}, got {spec.threads} (this process may use "
-                        f"{available_cores()} cores)")
+    check_threads(spec.threads)
     if not 1 <= spec.repeat <= MAX_REPEAT:
         raise SpecError(f"--repeat must be between 1 and {MAX_REPEAT}, got {spec.repeat}")
     if spec.max_batch_limit < 1:  # the search's cap: 0 or below probed nothing and stored a misleading answer

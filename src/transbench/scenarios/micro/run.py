@@ -131,7 +131,7 @@ def run_micro(kind: str, options, db: str = "transbench.db",
 
         run_grid(store, run_id, todo,
                  Target(MicroCell, measure="transbench.scenarios.micro.run:measure"),
-                 SweepOptions(timeout=NO_DEADLINE_S), on_cell)
+                 SweepOptions(timeout=NO_DEADLINE_S, threads=opts.threads), on_cell)
         recs = export.records(store, [run_id])
     finally:
         store.close()

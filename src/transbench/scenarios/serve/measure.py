@@ -345,7 +345,8 @@ class Decoders:
         return probe_cell(self.cell, min(GATE_BATCH, self.cell.max_batch_size), seq)
 
     def reference(self, cache: ModelCache):
-        """The gate's fp32 prefill logits and greedy tokens (generation._reference: cached per worker)."""
+        """The gate's fp32 reference: rows, prefill logits, greedy tokens and steps (generation._reference: cached per
+        worker)."""
         from ..generation.measure import _reference
 
         pc = self.gate_cell()
@@ -356,7 +357,7 @@ class Decoders:
 
         gate = self.gate_cell()
         gen, prompt, pc = self.entry(gate.batch, gate.seq)
-        rows, ref_first, _ = self.reference(cache)
+        rows, ref_first, *_ = self.reference(cache)
         dev.set_matmul_precision(self.cell.dtype)
         _, first = greedy(gen, prompt, self.cell.new_tokens, keep_first=True)
         return rel_err(first[rows], ref_first, None), dict(getattr(gen, "info", {}))
