@@ -436,3 +436,4 @@ def test_every_command_holds_the_limits_its_help_states(tmp_path, args, needle):
     refused(invoke(*args, "--device", "cpu", "--db", db), needle)
     assert not db.exists()
     refused(invoke("tune", "--model", "bert-tiny", "--batch", "2000000"), "--batch 2,000,000 is above its limit")
+    refused(invoke("tune", "--batch", "0"), "--model is required: give a preset")  # was "..., got None: give --model"

@@ -307,6 +307,7 @@ def test_fp8_path_checks_its_output():
     (["layer", "--model", "bert-tiny", "--batch", "0"], "batch 0"),
     (["layer", "--model", "bert-tiny", "--seq", "4096"], "longer than"),
     (["breakdown", "--model", "gpt2-tiny", "--dtype", "tf32"], "needs a CUDA GPU"),
+    (["layer", "--model", "bert-tiny", "--threads", "0"], "--threads must be between 1 and 4096, got 0"),
 ])
 def test_bad_options_are_one_line_errors(db, args, words):
     res = CliRunner().invoke(app, ["micro", *args, "--db", db, *FAST])
@@ -316,6 +317,12 @@ def test_bad_options_are_one_line_errors(db, args, words):
     import os
 
     assert not os.path.exists(db)  # refused before anything was stored
+
+
+def test_a_point_of_more_than_a_day_is_refused(db):
+    res = CliRunner().invoke(app, ["micro", "gemm", "--sizes", "64", "--device", "cpu", "--min-time", "1e300",
+                                   "--db", db])
+    assert res.exit_code == 2 and "--min-time 1e+300 s is above its limit of 86,400 s" in res.output, res.output
 
 
 @pytest.mark.slow

@@ -371,6 +371,41 @@ def test_a_listing_sent_byte_by_byte_is_refused_at_its_deadline(stub):
         stub.answer = None
 
 
+def test_headers_sent_line_by_line_are_refused_at_the_deadline():
+    """A server that never ends its headers: httpx's timeout is a read's, so only a deadline on the whole exchange
+    ends it (one header line a second held `serve --url` for ever)."""
+    import socket
+    import threading
+    import time
+
+    from transbench.errors import SpecError
+    from transbench.scenarios.serve.http_client import served_models
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drip():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            while not stop.is_set():
+                conn.sendall(b"X-A: b\r\n")
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    try:
+        start = time.monotonic()
+        with pytest.raises(SpecError, match="no whole answer within 0.5 s"):
+            served_models(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.5)
+        assert time.monotonic() - start < 5
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
 @pytest.mark.parametrize("api, event, why", [
     ("openai-completions", '{"choices": "abc"}', "not a list of objects"),
     ("openai-completions", '{"choices": [1]}', "not a list of objects"),

@@ -76,6 +76,39 @@ def test_a_damaged_row_is_one_line_and_never_copied_by_merge(tmp_path, damage):
     assert not any((tmp_path / "out").glob("*")) if (tmp_path / "out").exists() else True
 
 
+@pytest.mark.parametrize("damage", ["record cut short", "samples NaN"])
+def test_merge_into_a_damaged_store_is_refused_untouched(tmp_path, damage):
+    """The sources were read back before a merge, the target not: a merge wrote beside its damage without a word."""
+    sql, needle = DAMAGE[damage]
+    target, source = tmp_path / "t.db", tmp_path / "s.db"
+    two_runs(target)
+    make_run(str(source), "C", [(cell("eager", 4), ok_result(samples(30.0), 4))])
+    con = sqlite3.connect(target)
+    con.execute(sql)
+    con.commit()
+    con.close()
+    before = digest(tmp_path)
+    refused(invoke("merge", source, "--into", target), f"store {target} is damaged", needle)
+    assert digest(tmp_path) == before
+
+
+def test_a_store_with_a_trigger_is_refused_untouched(tmp_path):
+    """A trigger's RAISE made a cell's insert a traceback, after `run` had opened its run (left with no cells)."""
+    db, other = tmp_path / "s.db", tmp_path / "o.db"
+    two_runs(db)
+    two_runs(other)
+    con = sqlite3.connect(db)
+    con.execute("CREATE TRIGGER tr AFTER INSERT ON cells BEGIN SELECT RAISE(ABORT, 'boom'); END")
+    con.commit()
+    con.close()
+    before = digest(tmp_path)
+    for args in (["run", "--model", "bert-tiny", "--batch", "1", "--seq", "8", "--device", "cpu", "--db", db],
+                 ["runs", "--db", db], ["compare", "A", "B", "--db", db], ["merge", other, "--into", db],
+                 ["merge", db, "--into", other]):
+        refused(invoke(*args), f"store {db} holds triggers (tr), which no transbench store has")
+    assert digest(tmp_path) == before
+
+
 def test_a_marked_file_without_our_tables_is_refused_untouched(tmp_path):
     """The application_id alone made a file 'ours': its first query failed with a traceback, after a writer
     had switched its journal to WAL (its header bytes changed)."""

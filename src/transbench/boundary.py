@@ -106,9 +106,15 @@ def json_depth(text: str) -> int:
     return max(0, max(accumulate(1 if c in "[{" else -1 for c in brackets)))
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def loads_json(text: str | bytes, where: str, *, depth: int = DEPTH, fix: str = "fix or replace it",
-               pairs_hook=None):
-    """json.loads with its nesting bounded first; a syntax error names the line and column."""
+               pairs_hook=None, finite: bool = False):
+    """json.loads with its nesting bounded first; a syntax error names the line and column. finite: NaN, Infinity
+    and -Infinity (which Python's json reads, and standard JSON has not) are refused: a config.json's NaN epsilon
+    built a model of NaN outputs."""
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8")
@@ -119,7 +125,7 @@ def loads_json(text: str | bytes, where: str, *, depth: int = DEPTH, fix: str = 
     if json_depth(text) > depth:
         _fail(where, f"nests deeper than {depth} levels", fix)
     try:
-        return json.loads(text, object_pairs_hook=pairs_hook)
+        return json.loads(text, object_pairs_hook=pairs_hook, **({"parse_constant": _no_constant} if finite else {}))
     except json.JSONDecodeError as exc:
         _fail(where, f"invalid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg})", fix)
     except RecursionError:  # the scan is a bound, the parser's own recursion the backstop
@@ -129,9 +135,9 @@ def loads_json(text: str | bytes, where: str, *, depth: int = DEPTH, fix: str = 
 
 
 def load_json_file(path: str | Path, where: str, *, limit: int = TABLE_BYTES, depth: int = DEPTH,
-                   fix: str = "fix or replace it", pairs_hook=None):
+                   fix: str = "fix or replace it", pairs_hook=None, finite: bool = False):
     return loads_json(read_text(path, where, limit=limit, fix=fix), where, depth=depth, fix=fix,
-                      pairs_hook=pairs_hook)
+                      pairs_hook=pairs_hook, finite=finite)
 
 
 # --- YAML and TOML ------------------------------------------------------------------------------------

@@ -135,8 +135,14 @@ def test_static_decoders_keep_a_full_sliding_window():
     ids = torch.randint(0, 100, (2, 16), device="cuda")  # the window is full at the first decode
     want, _ = greedy(HFGenerator(m), ids, 10)
     cell = SimpleNamespace(batch=2, seq=16, new_tokens=10, compile_mode="default")
+    from transbench.errors import Unsupported
+
     for step, make in {"cudagraph": cudagraph.make_generator, "compile": compile_backend.make_generator}.items():
         gen = make(m, cell)
         for _ in range(2):
-            got, _ = greedy(gen, ids, 10)
+            try:
+                got, _ = greedy(gen, ids, 10)
+            except Unsupported as exc:  # torch 2.11 refused to capture this decode step: said, not an error
+                assert step == "cudagraph" and "cannot be captured in a CUDA graph" in str(exc), exc
+                break
             assert torch.equal(got, want), step

@@ -70,14 +70,7 @@ def _prepare(model, inputs, cell) -> Prepared:
     device = next(model.parameters()).device
     unpadded = kwargs.get("attention_mask") is None
     with masks_as_outside_capture() if unpadded else contextlib.nullcontext(False) as same_masks:
-        try:
-            graph, out, capture_s = capture(lambda: model(**kwargs), device)
-        except RuntimeError as exc:
-            reason = capture_refusal(exc)
-            if reason is None:
-                raise
-            raise Unsupported(f"{model.config.model_type}'s forward cannot be captured in a CUDA graph: {reason}") \
-                from None
+        graph, out, capture_s = captured(lambda: model(**kwargs), model, device)
 
     def fn():
         graph.replay()
@@ -92,6 +85,18 @@ def _prepare(model, inputs, cell) -> Prepared:
 # the model cannot be graphed as transformers writes it, which is `unsupported`, not an error of this backend.
 CAPTURE_REFUSALS = ("during CUDA graph capture", "operation not permitted when stream is capturing",
                     "cudaErrorStreamCaptureUnsupported", "cudaErrorStreamCaptureInvalidated")
+
+
+def captured(call, model, device):
+    """capture(call, device), or Unsupported where torch refuses to capture what the model's forward does."""
+    try:
+        return capture(call, device)
+    except RuntimeError as exc:
+        reason = capture_refusal(exc)
+        if reason is None:
+            raise
+        raise Unsupported(f"{model.config.model_type}'s forward cannot be captured in a CUDA graph: {reason}") \
+            from None
 
 
 def capture_refusal(exc: BaseException) -> str | None:
@@ -111,7 +116,9 @@ def make_generator(model, cell):
     from .decoders import StaticGenerator
 
     def build_step(step, device):
-        graph, out, capture_s = capture(step, device)
+        # A Mistral with a full sliding window copied a CPU tensor to the GPU in its decode step (H200, torch 2.11,
+        # transformers 5.17): refused by the capture, so `unsupported` as _prepare says, not an `error` cell.
+        graph, out, capture_s = captured(step, model, device)
 
         def replay():
             graph.replay()

@@ -154,7 +154,7 @@ def _read_config(folder: Path) -> dict:
     if not present:
         _refuse(folder, "has no config.json", "point --model at a transformers checkpoint folder")
     where = f"checkpoint {folder}: config.json"
-    cfg = boundary.load_json_file(path, where, limit=boundary.CONFIG_BYTES, fix="fix or re-download it")
+    cfg = boundary.load_json_file(path, where, limit=boundary.CONFIG_BYTES, fix="fix or re-download it", finite=True)
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
         _refuse(folder, "config.json names no model_type", "re-download the checkpoint's config.json")
     return cfg

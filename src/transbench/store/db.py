@@ -263,6 +263,7 @@ def inspect(path: str) -> str:
         # its tables leaves a marked file with none (safe to start in), and a marked file whose tables are
         # not ours would fail on the first query with a traceback, after a writer had switched its journal.
         tables = _tables(path, ours=True)
+        _no_triggers(path, tables)
         if not tables:
             return "empty"
         if not _our_tables(tables):
@@ -275,6 +276,7 @@ def inspect(path: str) -> str:
     tables = _tables(path)
     if tables and not _our_tables(tables):
         raise _foreign(path)
+    _no_triggers(path, tables)
     # Our tables (a store from before the marker) or none, with the version of a newer schema: only marked files were
     # checked for it, so `runs` read such a file by today's schema and a writer stamped it with this one's version.
     if newer:
@@ -282,8 +284,19 @@ def inspect(path: str) -> str:
     return "ours" if tables else "empty"
 
 
+# _tables' entry for the file's triggers, where it has any. A transbench store has none: a trigger's RAISE turned a
+# cell's insert into a traceback after the run had been opened (`run` left a run of no cells behind).
+TRIGGERS = "(triggers)"
+
+
 def _our_tables(tables: dict[str, list[str]]) -> bool:
     return all(tables.get(t) == cols for t, cols in COLUMNS.items())
+
+
+def _no_triggers(path: str, tables: dict[str, list[str]]) -> None:
+    if TRIGGERS in tables:
+        raise SpecError(f"store {path} holds triggers ({', '.join(tables[TRIGGERS])}), which no transbench store has: "
+                        "it was left as it is; restore it from a copy, or give another --db")
 
 
 def _tables(path: str, ours: bool = False) -> dict[str, list[str]]:
@@ -296,7 +309,9 @@ def _tables(path: str, ours: bool = False) -> dict[str, list[str]]:
         con = sqlite3.connect(f"{Path(path).absolute().as_uri()}?{flags}", uri=True)
         try:
             names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-            return {n: [c[0] for c in con.execute("SELECT name FROM pragma_table_info(?)", (n,))] for n in names}
+            out = {n: [c[0] for c in con.execute("SELECT name FROM pragma_table_info(?)", (n,))] for n in names}
+            triggers = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='trigger'")]
+            return {**out, TRIGGERS: triggers} if triggers else out
         finally:
             con.close()
     except sqlite3.Error as exc:
@@ -599,9 +614,10 @@ class Store:
         others = [Store(p, readonly=True) for p in paths]
         out = Merged()
         try:
-            runs = self.runs()
-            check_mergeable(others, {r["name"]: (r, self.path) for r in runs})
-            names = {r["run_id"]: r["name"] for r in runs}
+            # This store is read back too: merging into a damaged one spread nothing, but wrote beside the damage
+            # without a word.
+            check_mergeable([self, *others], {})
+            names = {r["run_id"]: r["name"] for r in self.runs()}
             with self.conn:
                 for other in others:
                     for row in other.rows("runs"):

@@ -13,7 +13,7 @@ from ...models import quant as quantization
 from ...models.build import ACTIVATIONS
 from .spec import RunSpec, device_defaults
 from ...runner import shard as sharding
-from ...spec import check_once, checked
+from ...spec import check_once, check_seconds, checked
 from ...store.db import check_name_text
 from ...cells import Cell
 
@@ -59,6 +59,10 @@ def validate(spec: RunSpec) -> RunSpec:
         raise SpecError("--timeout must be positive")
     if spec.min_time < 0 or spec.warmup < 0:
         raise SpecError("--min-time and --warmup must be 0 or more")
+    check_seconds("--timeout", spec.timeout)
+    if spec.min_time >= spec.timeout:  # such a cell could only end as `timeout`, after --timeout seconds
+        raise SpecError(f"--min-time {spec.min_time:g} s is not below --timeout {spec.timeout:g} s, the time a cell "
+                        "may take: lower --min-time or raise --timeout")
     if spec.min_count < 1:
         raise SpecError("--min-count must be at least 1")
     if spec.nproc < 1:
@@ -97,8 +101,12 @@ def validate(spec: RunSpec) -> RunSpec:
             for s in spec.seqs:
                 if s + extra > ref.shape.max_positions:
                     what = f"seq {s} + {extra} new tokens" if extra else f"seq {s}"
+                    room = ref.shape.max_positions - extra
+                    fix = (f"use --seq {room} or less" if room >= 1 else  # `--seq -72 or less` was the advice
+                           f"use --new-tokens {ref.shape.max_positions - s} or less" if s < ref.shape.max_positions
+                           else f"give --seq and --new-tokens that add up to {ref.shape.max_positions} or less")
                     raise SpecError(f"{what} is longer than {ref.name} allows ({ref.shape.max_positions} "
-                                    f"positions): use --seq {ref.shape.max_positions - extra} or less")
+                                    f"positions): {fix}")
     spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
     check_name_text(spec.name)  # before the store is opened (created, when new) for a name it cannot hold
     return spec

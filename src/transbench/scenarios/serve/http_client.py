@@ -486,26 +486,30 @@ def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
     """The model names the endpoint lists at /v1/models (vLLM, TEI, transbench server): text of 1 to MODEL_CHARS
     printable characters (a number or a list landed in the record's text key `model`, a 5 MB name in every request).
     SpecError, one line, where it lists none or its listing cannot be read: no answer, an answer over MODELS_BYTES or
-    not whole within `timeout_s` (httpx's timeout is a read's: a listing sent a byte a second held `serve --url` for
-    ever; the deadline is checked after each read, so the wait is at most twice `timeout_s`)."""
+    not whole within `timeout_s`. The deadline holds for the whole exchange, headers included: httpx's timeout is a
+    read's, and a listing sent a byte a second, or headers a line a second, held `serve --url` for ever."""
     import httpx
 
     def refuse(why: str):
         raise SpecError(f"--url {url}: the endpoint lists no model at /v1/models ({why}): name it with --served-model")
 
-    deadline = time.monotonic() + timeout_s
-    body = bytearray()
-    try:  # identity: a compressed listing would be bounded as sent, not as read
-        with httpx.stream("GET", url.rstrip("/") + "/v1/models", timeout=timeout_s,
-                          headers={"Accept-Encoding": "identity"}) as resp:
+    async def fetch() -> bytes:
+        body = bytearray()
+        # identity: a compressed listing would be bounded as sent, not as read
+        async with httpx.AsyncClient(timeout=timeout_s) as client, client.stream(
+                "GET", url.rstrip("/") + "/v1/models", headers={"Accept-Encoding": "identity"}) as resp:
             if not 200 <= resp.status_code < 300:
                 refuse(f"HTTP {resp.status_code}")
-            for chunk in resp.iter_raw():
+            async for chunk in resp.aiter_raw():
                 body += chunk
                 if len(body) > MODELS_BYTES:
                     refuse(f"its answer is over {MODELS_BYTES:,} bytes")
-                if time.monotonic() > deadline:
-                    refuse(f"no whole answer within {timeout_s:g} s")
+        return bytes(body)
+
+    try:
+        body = asyncio.run(asyncio.wait_for(fetch(), timeout_s))
+    except (asyncio.TimeoutError, TimeoutError):
+        refuse(f"no whole answer within {timeout_s:g} s")
     except httpx.HTTPError as exc:
         refuse(f"no answer: {type(exc).__name__}")
     try:
