@@ -307,6 +307,9 @@ def test_corrupt_weight_files_are_refused(tmp_path):
     with pytest.raises(SpecError, match="pytorch_model.bin is not a readable torch zip archive"):
         build.resolve(str(d))
     (d / "pytorch_model.bin").unlink()
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../../etc/passwd"}}))
+    with pytest.raises(SpecError, match="names a weight shard outside the folder"):
+        build.resolve(str(d))
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
     with pytest.raises(SpecError, match="weight shard model-00001-of-00002.safetensors .* is missing"):
         build.resolve(str(d))

@@ -145,8 +145,8 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
 
     if progress is not None:  # progress=5 was called only after the first shape's minutes of tuning
         check_callbacks(progress=progress)
-    if model is None:
-        raise SpecError("--model is required: give a preset or a bert/gpt2 checkpoint folder")
+    if model is None:  # "got None" was the CLI's line for a missing --model
+        raise SpecError("model must be a preset name or a checkpoint folder: give --model")
     if not isinstance(model, (str, os.PathLike)):
         raise SpecError(f"model must be a preset name or a checkpoint folder, got {model!r}")
     if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):  # was pathlib's TypeError, unnamed

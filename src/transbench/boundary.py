@@ -130,6 +130,8 @@ def loads_json(text: str | bytes, where: str, *, depth: int = DEPTH, fix: str = 
         _fail(where, f"invalid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg})", fix)
     except RecursionError:  # the scan is a bound, the parser's own recursion the backstop
         _fail(where, f"nests deeper than {depth} levels", fix)
+    except SpecError:  # the pairs hook's own line (a key given twice), not wrapped in a second one
+        raise
     except ValueError as exc:  # an integer of over 4,300 digits
         _fail(where, f"a value cannot be read ({str(exc).split(';')[0]})", fix)
 

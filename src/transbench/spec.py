@@ -228,14 +228,8 @@ def check_name(name: str) -> str:
     return name
 
 
-# Seconds a setting measures, warms up or waits for: a day, at most (`run --min-time 1e300` was taken, and measured
-# until the cell's timeout; micro has none).
+# Seconds a serve load runs or warms up for: a day, at most.
 MAX_SECONDS = 86_400
-
-
-def check_seconds(option: str, seconds: float) -> None:
-    if seconds > MAX_SECONDS:
-        raise SpecError(f"{option} {seconds:g} s is above its limit of {MAX_SECONDS:,} s (a day): give fewer seconds")
 
 
 def check_limit(option: str, value: int) -> None:

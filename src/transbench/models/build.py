@@ -234,10 +234,13 @@ def _check_weights(folder: Path) -> dict[str, tuple[int, ...]]:
         index = boundary.load_json_file(first, f"checkpoint {folder}: {first.name}", limit=boundary.INDEX_BYTES,
                                         depth=8, fix="re-download it")
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not (isinstance(weight_map, dict) and weight_map and all(isinstance(v, str) and v and "/" not in v
-                                                                    and v not in (".", "..")
+        if not (isinstance(weight_map, dict) and weight_map and all(isinstance(v, str) and v
                                                                     for v in weight_map.values())):
             _refuse(folder, f"{first.name} is not a valid weight index (no weight_map of file names)", "re-download it")
+        outside = next((v for v in weight_map.values() if "/" in v or v in (".", "..")), None)
+        if outside is not None:  # a shard is a file beside the index, never a path out of the folder
+            _refuse(folder, f"{first.name} names a weight shard outside the folder ({outside[:80]!r})",
+                    "re-download it")
         shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:

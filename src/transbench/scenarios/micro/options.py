@@ -15,7 +15,7 @@ from ...errors import SpecError
 from ...measure.device import DTYPES
 from ...measure.load import check_cpu_ranks, check_threads
 from ...models import build
-from ...spec import INT_MAX, check_int, check_once, check_seconds, split_list
+from ...spec import INT_MAX, check_int, check_once, split_list
 
 GEMM_DTYPES = DTYPES
 LAYER_DTYPES = tuple(d for d in DTYPES if d != "fp8")
@@ -116,8 +116,6 @@ class MicroCommon:
     def _common(self, device) -> dict:
         if self.min_time is not None and not self.min_time > 0:
             raise SpecError(f"--min-time {self.min_time} must be > 0 seconds")
-        if self.min_time is not None:
-            check_seconds("--min-time", self.min_time)
         if self.warmup < 0:
             raise SpecError(f"--warmup {self.warmup} must be >= 0")
         check_threads(self.threads)

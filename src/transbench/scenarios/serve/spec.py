@@ -12,7 +12,7 @@ from ...declare import setting
 from ...errors import SpecError
 from ...measure.device import DTYPES
 from ...models import build
-from ...spec import check_once, check_seconds, checked
+from ...spec import MAX_SECONDS, check_once, checked
 from . import arrivals as serve_arrivals, lengths as serve_lengths, stats as serve_stats, tails
 from . import trace as serve_trace
 from .cell import ServeCell
@@ -183,7 +183,8 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     if spec.duration <= 0 or spec.warmup < 0:
         raise SpecError("--duration must be above 0 and --warmup at least 0 seconds")
     for option, seconds in (("--duration", spec.duration), ("--warmup", spec.warmup)):
-        check_seconds(option, seconds)
+        if seconds > MAX_SECONDS:
+            raise SpecError(f"{option} {seconds:g} s is above its limit of {MAX_SECONDS:,} s (a day): give fewer seconds")
     window = spec.warmup + spec.duration
     for r in spec.rates:
         if r * window > MAX_REQUESTS:
