@@ -99,13 +99,14 @@ def test_a_store_with_a_trigger_is_refused_untouched(tmp_path):
     two_runs(other)
     con = sqlite3.connect(db)
     con.execute("CREATE TRIGGER tr AFTER INSERT ON cells BEGIN SELECT RAISE(ABORT, 'boom'); END")
+    con.execute('CREATE TRIGGER "t\nx" AFTER DELETE ON runs BEGIN SELECT 1; END')  # a name of two lines
     con.commit()
     con.close()
     before = digest(tmp_path)
     for args in (["run", "--model", "bert-tiny", "--batch", "1", "--seq", "8", "--device", "cpu", "--db", db],
                  ["runs", "--db", db], ["compare", "A", "B", "--db", db], ["merge", other, "--into", db],
                  ["merge", db, "--into", other]):
-        refused(invoke(*args), f"store {db} holds triggers (tr), which no transbench store has")
+        refused(invoke(*args), f"store {db} holds triggers ('tr', 't\\nx'), which no transbench store has")
     assert digest(tmp_path) == before
 
 

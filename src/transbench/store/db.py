@@ -295,8 +295,9 @@ def _our_tables(tables: dict[str, list[str]]) -> bool:
 
 def _no_triggers(path: str, tables: dict[str, list[str]]) -> None:
     if TRIGGERS in tables:
-        raise SpecError(f"store {path} holds triggers ({', '.join(tables[TRIGGERS])}), which no transbench store has: "
-                        "it was left as it is; restore it from a copy, or give another --db")
+        names = ", ".join(repr(t)[:60] for t in tables[TRIGGERS][:3])  # repr: a name may hold a line break
+        raise SpecError(f"store {path} holds triggers ({names}), which no transbench store has: it was left as it "
+                        "is; restore it from a copy, or give another --db")
 
 
 def _tables(path: str, ours: bool = False) -> dict[str, list[str]]:
