@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -267,6 +268,24 @@ def test_config_json_of_any_type_confused_sizes_is_one_line(tmp_path_factory, we
         build.resolve(str(d))
     except SpecError as exc:
         one_line(exc)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(["layer_norm_eps", "initializer_range", "hidden_dropout_prob", "hidden_size"]),
+       value=st.floats())
+def test_a_config_number_json_does_not_allow_is_refused_in_one_line(tmp_path_factory, weights, field, value):
+    """json.dumps writes NaN and Infinity, and Python's reader took them: a NaN epsilon built a model of NaN outputs,
+    whose every cell read `wrong`. Standard JSON has no such numbers, so config.json's reader refuses them."""
+    from transbench.models import build
+
+    d = folder_with(tmp_path_factory.mktemp("cfg"), weights, {**TINY_BERT, field: value})
+    try:
+        build.resolve(str(d))
+    except SpecError as exc:
+        one_line(exc)
+        assert math.isfinite(value) or "is not a number JSON allows" in str(exc)
+    else:
+        assert math.isfinite(value)
 
 
 @pytest.mark.parametrize("config,needle", [
