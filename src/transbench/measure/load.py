@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from ..declare import setting
 from ..errors import SpecError
 
 # A process counts as busy once it used this share of one core over the window, and the machine as loaded once
@@ -36,6 +37,12 @@ def available_cores() -> int:
 
 # --threads past any machine's cores: refused, not handed to OpenMP.
 MAX_THREADS = 4096
+
+
+def threads_setting():
+    """--threads of the commands that time CPU work (run, micro): one declaration, a field in each spec."""
+    return setting(None, "CPU threads of every worker (torch, OpenMP, MKL), set before any work; recorded per cell",
+                   shown="the cores this process may use")
 
 
 def check_threads(threads: int | None) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ...declare import setting
 from ...measure.device import DTYPES
+from ...measure.load import threads_setting
 from ...models.quant import QUANTS
 from ...spec import coerce
 
@@ -54,8 +55,7 @@ class RunSpec:
     gpus: list[int] | None = setting(None, "run cells in parallel, one worker per listed GPU (0,1,...)", axis=False)
     nproc: int = setting(1, "data-parallel inference over N GPUs through torchrun")
     seed: int = setting(0, "seed of the random weights and tokens")
-    threads: int | None = setting(None, "CPU threads of every worker (torch, OpenMP, MKL), set before any work; "
-                                  "recorded per cell", shown="the cores this process may use")
+    threads: int | None = threads_setting()
     repeat: int = setting(1, "measure each cell N times, each in a fresh process, one after another; tables and "
                           "compare use the spread of the N medians")
     name: str | None = setting(None, "run name; rerunning a name resumes it")

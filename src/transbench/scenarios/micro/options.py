@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ...declare import setting
 from ...errors import SpecError
 from ...measure.device import DTYPES
-from ...measure.load import check_cpu_ranks, check_threads
+from ...measure.load import check_cpu_ranks, check_threads, threads_setting
 from ...models import build
 from ...spec import INT_MAX, check_int, check_once, split_list
 
@@ -105,8 +105,7 @@ class MicroCommon:
     seed: int = setting(0, "seed of the random inputs", cli=False)
     # On a CPU shared with other work, a part of a layer waited for a thread that had lost its core and read 1,000 to
     # 4,000% of the whole layer (micro breakdown on 2 cores): one thread each avoids that wait, as run --threads does.
-    threads: int | None = setting(None, "CPU threads of the worker (torch, OpenMP, MKL); recorded per point",
-                                  shown="the cores this process may use")
+    threads: int | None = threads_setting()
     shard: str | None = setting(None, "I/N: measure slice I of N of the points (whole units: a layer's passes, an "
                                 "op's sizes); auto: from the Slurm array task or Kubernetes Indexed Job pod")
     shard_count: int | None = setting(None, "--shard auto in a Kubernetes Indexed Job: its completions (else "
