@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from report_helpers import cell, make_run, ok_result
 from test_cli_input import invoke, refused
@@ -860,6 +860,7 @@ def test_any_burstiness_is_refused_or_plans_a_bounded_list_quickly(b):
 @given(content=st.binary(max_size=600), kind=st.sampled_from(["json", "benchmark", "csv", "spec", "report.md",
                                                                "report.html", "plot"]),
        suffix=st.sampled_from([".json", ".csv", ".yaml", ".md", ".html", ".png", ".svg", ".pdf"]))
+@example(content=b"\r\x00", kind="csv", suffix=".json")  # a carriage return csv.reader raised on: a traceback
 def test_any_existing_file_is_ours_or_refused_and_left_as_it_was(tmp_path_factory, content, kind, suffix):
     """An output path holding anything at all: recognised as ours (and then replaced), or refused in one line before
     any work, the file unchanged (store/export.py ours)."""

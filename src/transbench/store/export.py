@@ -410,7 +410,7 @@ def ours(path: str | Path, writes: str | tuple[str, ...]) -> bool:
 def _csv(p: Path, head: bytes, whole: bool) -> bool:
     try:
         first = next(csv.reader([head.split(b"\n", 1)[0].decode("utf-8").rstrip("\r")]), [])
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, csv.Error):  # a lone carriage return inside the line (b"\r\x00") is csv's error
         return False
     return tuple(first[:len(CSV_HEAD)]) == CSV_HEAD
 
