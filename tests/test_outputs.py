@@ -124,13 +124,6 @@ def test_a_full_disk_after_the_run_is_one_line_naming_the_stored_run(tmp_path, c
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not ROOT or not os.path.exists("/proc/version"), reason="root opens /proc/version for writing")
-def test_an_io_error_after_the_run_is_one_line(tmp_path):
-    refused(invoke(*TINY_RUN, "--db", tmp_path / "p.db", "--json", "/proc/version"), "cannot write /proc/version",
-            "is stored")
-
-
-@pytest.mark.slow
 def test_a_plot_that_fails_after_the_run_is_one_line(tmp_path, monkeypatch):
     # The folder exists when checked and is gone when the plot is written.
     folder = tmp_path / "plots"
@@ -179,6 +172,26 @@ def test_a_proc_file_is_not_an_image(tmp_path, no_work):
     refused(invoke(*GEMM, "--db", tmp_path / "p.db", "--plot", "/proc/version"), "/proc/version")
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc")
+@pytest.mark.parametrize("option", ["--json", "--csv"])
+@pytest.mark.parametrize("path", ["/proc/self/status", "/proc/new.csv", "/proc/sys/kernel/hostname"])
+def test_a_file_of_the_kernel_is_refused_before_any_work(tmp_path, no_work, option, path):
+    """/proc takes no new file, so `--csv /proc/self/status` failed once written, after the measuring; as root,
+    a few of its files are writable in place."""
+    db = tmp_path / "k.db"
+    refused(invoke(*GEMM, "--db", db, option, path), path, "kernel's proc file system")
+    assert not db.exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc")
+def test_kernel_fs_names_the_kernels_file_systems_only(tmp_path):
+    assert export.kernel_fs("/proc/self/status") == "proc"
+    assert export.kernel_fs("/proc/no/such/file") == "proc"
+    assert export.kernel_fs(tmp_path / "x.csv") is None
+    # /dev/stdout leads through /proc/self/fd; a pipe or a terminal is written as given.
+    export.check_output("/dev/stdout", "--json")
+
+
 # --- 4. runs --out, report --out and empty paths ----------------------------------------------------------
 
 @pytest.mark.slow
@@ -194,7 +207,7 @@ def test_runs_out_is_checked(stored, tmp_path):
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc")
 def test_report_into_a_folder_that_takes_no_files(stored):
     db, _ = stored
-    refused(invoke("report", "a", "--db", db, "--out", "/proc"), "cannot write in the folder /proc")
+    refused(invoke("report", "a", "--db", db, "--out", "/proc"), "/proc", "kernel's proc file system")
 
 
 @pytest.mark.slow

@@ -80,21 +80,6 @@ def read_text(path: str | Path, where: str, *, limit: int, fix: str = "check the
         _fail(where, f"is not UTF-8 text (byte {exc.start})", "save it as UTF-8")
 
 
-def check_output_path(path: str | Path, what: str) -> None:
-    """A file about to be written: a FIFO, a device or a socket there is refused before opening (opening a FIFO
-    for writing blocks until a reader comes), as is a folder."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise BadInput(f"{what} {path} cannot be written ({exc.strerror or exc}): check the path") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise BadInput(f"{what} {path} is a folder: give a file path")
-    if not stat.S_ISREG(st.st_mode):
-        raise BadInput(f"{what} {path} is not a regular file (a pipe, a device or a socket): give a file path")
-
-
 # --- JSON ---------------------------------------------------------------------------------------------
 
 def json_depth(text: str) -> int:

@@ -564,6 +564,7 @@ def _check_file(p: Path, option: str, db: str | None, image: bool) -> None:
     if not folder.is_dir():
         why = "is not a folder" if folder.exists() else "does not exist (create it first)"
         raise SpecError(f"cannot write {path}: folder {folder} {why}")
+    _refuse_kernel_fs(p, path)
     # An existing file needs only itself writable (e.g. /dev/stdout); a new one needs its folder.
     if not (os.access(p, os.W_OK) if p.exists() else os.access(folder, os.W_OK | os.X_OK)):
         raise SpecError(f"cannot write {path}: {'the file' if p.exists() else f'folder {folder}'} is not "
@@ -571,6 +572,48 @@ def _check_file(p: Path, option: str, db: str | None, image: bool) -> None:
     _refuse_sqlite(p)
     if image:
         _check_image_format(p, option)
+
+
+# The kernel's own file systems: their files are the kernel's settings and views, not results. /proc and /sys take
+# no new file, so a results file there failed only once it was written, after the measuring
+# (`run --csv /proc/self/status`), and a few of their files are writable in place (as root, /proc/sys/...).
+KERNEL_FS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs", "bpf",
+                       "pstore", "efivarfs", "fusectl", "binfmt_misc", "selinuxfs", "mqueue"})
+
+
+def kernel_fs(path: str | Path) -> str | None:
+    """The type of the kernel file system (KERNEL_FS) that holds `path`, by the deepest mount point above it in
+    /proc/self/mountinfo; None elsewhere, and where the table cannot be read (not Linux)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            table = f.read()
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    deepest, kind = "", None
+    for line in table.splitlines():
+        fields = line.split()
+        if "-" not in fields[5:]:
+            continue
+        # The mount point is the fifth field, its spaces and other odd bytes written as octal escapes.
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(deepest):
+            deepest, kind = mount, fields[fields.index("-", 5) + 1]
+    return kind if kind in KERNEL_FS else None
+
+
+def _refuse_kernel_fs(p: Path, shown: str) -> None:
+    """A new path or a regular file there. A pipe or a device is written as given: /dev/stdout leads through
+    /proc/self/fd to a terminal or to a pipe that /proc names."""
+    try:
+        special = not stat.S_ISREG(os.stat(p).st_mode) and not stat.S_ISDIR(os.stat(p).st_mode)
+    except OSError:
+        special = False
+    fs = None if special else kernel_fs(p)
+    if fs:
+        raise SpecError(f"cannot write {shown}: it is in the kernel's {fs} file system, which holds no results: "
+                        "give a path in an ordinary folder")
 
 
 def _is_store(p: Path, db: Path) -> bool:
@@ -612,6 +655,7 @@ def check_folder(path: str | Path, option: str, names: dict[str, str] | None = N
     if not str(path).strip():  # `--out ' '` made a folder named ' '
         raise SpecError(f"{option} is empty: give a folder")
     out = Path(path)
+    _refuse_kernel_fs(out, str(out))
     # One level at a time, so that a refused folder leaves none of those made for it: `--out new/NAME` with a NAME
     # too long made `new` before failing (mkdir(parents=True)), and pathlib's exists() raised for a NAME too long
     # before Python 3.13 (a traceback).
