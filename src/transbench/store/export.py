@@ -587,9 +587,9 @@ def kernel_fs(path: str | Path) -> str | None:
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
             table = f.read()
-    except OSError:
+        real = os.path.realpath(path)
+    except (OSError, ValueError):  # ValueError: a NUL in the path (the write says why)
         return None
-    real = os.path.realpath(path)
     deepest, kind = "", None
     for line in table.splitlines():
         fields = line.split()
@@ -607,8 +607,9 @@ def _refuse_kernel_fs(p: Path, shown: str) -> None:
     """A new path or a regular file there. A pipe or a device is written as given: /dev/stdout leads through
     /proc/self/fd to a terminal or to a pipe that /proc names."""
     try:
-        special = not stat.S_ISREG(os.stat(p).st_mode) and not stat.S_ISDIR(os.stat(p).st_mode)
-    except OSError:
+        mode = os.stat(p).st_mode
+        special = not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+    except (OSError, ValueError):
         special = False
     fs = None if special else kernel_fs(p)
     if fs:
