@@ -315,6 +315,28 @@ def test_corrupt_weight_files_are_refused(tmp_path):
         build.resolve(str(d))
 
 
+@pytest.mark.parametrize("family,cls_name,extra", [
+    ("roberta", "RobertaModel", {}),
+    ("esm", "EsmModel", {"mask_token_id": 32, "position_embedding_type": "absolute"}),
+    ("mpnet", "MPNetModel", {}),
+    ("longformer", "LongformerModel", {"attention_window": [8]}),
+])
+def test_positions_numbered_from_the_pad_id_bound_the_sequence(tmp_path, family, cls_name, extra):
+    """Families that number positions from pad_token_id + 1 lose that many of max_position_embeddings; ESM, MPNet
+    and Longformer were not in a list of RoBERTa's kin, so one token past their length was an IndexError cell."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(family, vocab_size=40, hidden_size=36, num_hidden_layers=1,
+                                               num_attention_heads=6, intermediate_size=50,
+                                               max_position_embeddings=18, pad_token_id=1, **extra)
+    getattr(transformers, cls_name)(config).save_pretrained(tmp_path / family)
+    ref = build.resolve(str(tmp_path / family))
+    assert ref.shape.max_positions == 16
+    refused(invoke("run", "--model", tmp_path / family, "--seq", "17", "--db", tmp_path / "x.db"),
+            "seq 17 is longer than", "allows (16 positions)")
+    assert not build.positions_from_pad("bert") and not build.positions_from_pad("no-such-family")
+
+
 def test_an_encoder_decoder_folder_is_refused(tmp_path):
     from transformers import T5Config, T5Model
 

@@ -10,6 +10,7 @@ with readable headers whose tensors fit that model."""
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import re
 import zipfile
@@ -38,9 +39,11 @@ _TASK_MAPPINGS = {
 # Config attribute of the FFN width and of the activation, where a family does not use the common name.
 _FFN_NAMES = ("intermediate_size", "n_inner", "hidden_dim", "ffn_dim", "d_ff")
 _ACT_NAMES = ("hidden_act", "activation_function", "activation", "hidden_activation")
-# Families that number positions from pad_token_id + 1 (RoBERTa's create_position_ids_from_input_ids):
-# their max_position_embeddings is the longest sequence plus that offset.
-OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm", "data2vec-text")
+# RoBERTa's function numbering positions from pad_token_id + 1: a family whose modeling module has it (transformers
+# copies it into each: ESM, MPNet, I-BERT, Longformer and others beside RoBERTa's) has a max_position_embeddings of
+# the longest sequence plus that offset. A fixed list of RoBERTa's kin missed the others, whose sequences one or two
+# past their length ran into an IndexError cell.
+_POSITIONS_FROM_PAD = "create_position_ids_from_input_ids"
 # Keys of a config's dict that describe the file, not the model (and model_type is the family).
 _NOT_CONFIG = ("model_type", "architectures", "transformers_version", "_name_or_path", "auto_map", "dtype",
                "torch_dtype", "_attn_implementation_autoset", "num_hidden_layers", "hidden_size",
@@ -97,14 +100,36 @@ def _first(cfg, names, default=None):
     return default
 
 
+@functools.cache
+def positions_from_pad(family: str) -> bool:
+    """Whether `family` numbers positions from pad_token_id + 1 (_POSITIONS_FROM_PAD), told by its modeling module,
+    which holds the function or a class with it as a method."""
+    import importlib
+
+    import transformers
+
+    try:
+        config_module = transformers.CONFIG_MAPPING[family].__module__
+        module = importlib.import_module(config_module.replace(".configuration_", ".modeling_"))
+    except Exception:  # noqa: BLE001 - no such family or module, or one whose optional imports fail: no offset known
+        return False
+    return hasattr(module, _POSITIONS_FROM_PAD) or any(
+        isinstance(v, type) and hasattr(v, _POSITIONS_FROM_PAD) for v in vars(module).values())
+
+
+def position_offset(family: str, pad_token_id) -> int:
+    """What a family's position numbering spends of max_position_embeddings before the first token."""
+    return (pad_token_id or 0) + 1 if positions_from_pad(family) else 0
+
+
 def shape_from_config(name: str, cfg) -> Preset:
     """The benchmark's view of a transformers config (attribute_map makes GPT-2's n_embd read as hidden_size)."""
     hidden, heads = cfg.hidden_size, cfg.num_attention_heads
     positions = getattr(cfg, "max_position_embeddings", None)
     if not positions or positions < 0:  # none, or XLNet's -1: its config class says "no sequence length limit"
         positions = 1 << 20
-    if cfg.model_type in OFFSET_POSITIONS:
-        positions -= (cfg.pad_token_id or 0) + 1
+    else:
+        positions -= position_offset(cfg.model_type, getattr(cfg, "pad_token_id", None))
     head_dim = getattr(cfg, "head_dim", None)
     kv = getattr(cfg, "num_key_value_heads", None)
     return Preset(
@@ -121,7 +146,7 @@ def preset_config(shape: Preset):
     """The transformers config of a preset: the family's config class with the shape and the preset's extras."""
     import transformers
 
-    offset = shape.config.get("pad_token_id", 0) + 1 if shape.family in OFFSET_POSITIONS else 0
+    offset = position_offset(shape.family, shape.config.get("pad_token_id"))
     kw = dict(num_hidden_layers=shape.layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
               vocab_size=shape.vocab, max_position_embeddings=shape.max_positions + offset)
     cls = transformers.CONFIG_MAPPING[shape.family]

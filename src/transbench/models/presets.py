@@ -56,7 +56,7 @@ PRESETS: dict[str, Preset] = {
         _p("gpt2-large", "gpt2", 36, 1280, 20, 5120, 50257, 1024, decoder=True),
         _p("gpt2-xl", "gpt2", 48, 1600, 25, 6400, 50257, 1024, decoder=True),
         # FacebookAI/roberta-base config.json: 514 position embeddings, numbered from pad id 1 + 1, so 512
-        # tokens (build.OFFSET_POSITIONS); one token type
+        # tokens (build.position_offset); one token type
         _p("roberta-base", "roberta", 12, 768, 12, 3072, 50265, 512, type_vocab_size=1, pad_token_id=1,
            bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5),
         # distilbert/distilbert-base-uncased config.json (dim 768, n_layers 6, n_heads 12, hidden_dim 3072)
