@@ -125,7 +125,65 @@ def test_a_marked_file_without_our_tables_is_refused_untouched(tmp_path):
     before = digest(tmp_path)
     for args in (["runs", "--db", path], ["compare", "A", "B", "--db", path], ["merge", path, "--into", good],
                  ["merge", good, "--into", path]):
-        refused(invoke(*args), f"store {path} is damaged", "not a transbench store's")
+        refused(invoke(*args), f"store {path} is damaged", "not laid out as a transbench store's")
+    assert digest(tmp_path) == before
+
+
+RUNS_COLUMNS = "run_id TEXT PRIMARY KEY, name TEXT UNIQUE NOT NULL, kind TEXT NOT NULL, created TEXT NOT NULL, " \
+               "spec TEXT NOT NULL, env TEXT NOT NULL"
+# Tables with our columns, laid out otherwise: each was read as a store, and then a traceback, a misread or a loss.
+LAYOUTS = {
+    "without rowid": f"CREATE TABLE runs ({RUNS_COLUMNS}) WITHOUT ROWID",  # reads ordered by rowid: a traceback
+    "a check": f"CREATE TABLE runs ({RUNS_COLUMNS}, CHECK (kind != 'serve'))",  # a merge's insert was ignored
+    "no keys": "CREATE TABLE runs (run_id TEXT, name TEXT, kind TEXT, created TEXT, spec TEXT, env TEXT)",
+    "virtual": "CREATE VIRTUAL TABLE runs USING fts5(run_id, name, kind, created, spec, env)",
+}
+
+
+@pytest.mark.parametrize("layout", [*LAYOUTS, "generated column", "an index"])
+def test_our_tables_laid_out_otherwise_are_refused_untouched(tmp_path, layout):
+    """A merge into a store with a unique index on cells(status) replaced stored cells, exit 0; a hidden generated
+    column was read as the count of cells; a table WITHOUT ROWID was a traceback in every reader."""
+    path, good = tmp_path / "odd.db", tmp_path / "good.db"
+    two_runs(path)
+    two_runs(good)
+    con = sqlite3.connect(path)
+    if layout in LAYOUTS:
+        con.execute("PRAGMA legacy_alter_table=ON")  # cells keep referring to `runs`
+        con.execute("ALTER TABLE runs RENAME TO old_runs")
+        con.execute(LAYOUTS[layout])
+        con.execute("INSERT INTO runs SELECT run_id, name, kind, created, spec, env FROM old_runs")
+        con.execute("DROP TABLE old_runs")
+    elif layout == "generated column":
+        con.execute("ALTER TABLE runs ADD COLUMN g INTEGER GENERATED ALWAYS AS (99) VIRTUAL")
+    else:
+        con.execute("CREATE INDEX ix ON cells(status)")
+    con.commit()
+    con.close()
+    before = digest(tmp_path)
+    for args in (["runs", "--db", path], ["compare", "A", "B", "--db", path], ["merge", path, "--into", good],
+                 ["merge", good, "--into", path]):
+        refused(invoke(*args), f"store {path} is damaged", "not laid out as a transbench store's")
+    assert digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("column,sql", [
+    ("name", "UPDATE runs SET name=CAST(x'41ff' AS TEXT) WHERE name='A'"),
+    ("record", "UPDATE cells SET record=CAST(x'7b22ff223a317d' AS TEXT) WHERE rowid=1"),
+])
+def test_text_that_is_not_utf8_is_damage_in_one_line(tmp_path, column, sql):
+    path, good = tmp_path / "s.db", tmp_path / "good.db"
+    two_runs(path)
+    two_runs(good)
+    con = sqlite3.connect(path)
+    con.execute(sql)
+    con.commit()
+    con.close()
+    before = digest(tmp_path)
+    listing = [["runs", "--db", path]] if column == "name" else []  # `runs` reads no record
+    for args in (*listing, ["compare", "A", "B", "--db", path], ["merge", path, "--into", good],
+                 ["merge", good, "--into", path], ["report", "A", "B", "--db", path, "--out", tmp_path / "r"]):
+        refused(invoke(*args), f"store {path} is damaged: a value of column '{column}' is not UTF-8 text")
     assert digest(tmp_path) == before
 
 

@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sqlite3
 import uuid
 from dataclasses import dataclass, field
@@ -159,6 +160,10 @@ def _translate(path: str, exc: BaseException) -> SpecError | None:
                          f"whole; {RESUME}")
     if not isinstance(exc, sqlite3.Error):
         return None
+    undecodable = re.match(r"Could not decode to UTF-8 column '([^']{0,60})", str(exc))
+    if undecodable:  # sqlite3 reading text of another encoding: its message quotes the text, control bytes and all
+        return SpecError(f"store {path} is damaged: a value of column {undecodable.group(1)!r} is not UTF-8 text: "
+                         "restore it from a copy, or give another --db")
     code = _errname(exc)
     if code.startswith("SQLITE_FULL"):
         return StoreFull(f"the disk holding store {path} is full ({exc}): cells stored before are whole; {RESUME}")
@@ -267,9 +272,9 @@ def inspect(path: str) -> str:
         if not tables:
             return "empty"
         if not _our_tables(tables):
-            raise SpecError(f"store {path} is damaged (its tables are not a transbench store's: "
-                            f"{', '.join(sorted(tables))}): it was left as it is; restore it from a copy, "
-                            "or give another --db")
+            raise SpecError(f"store {path} is damaged (its tables runs and cells are missing or not laid out as a "
+                            "transbench store's: other columns, indexes or constraints): it was left as it is; "
+                            "restore it from a copy, or give another --db")
         return "ours"
     if app_id != 0:
         raise _foreign(path)
@@ -289,8 +294,37 @@ def inspect(path: str) -> str:
 TRIGGERS = "(triggers)"
 
 
-def _our_tables(tables: dict[str, list[str]]) -> bool:
-    return all(tables.get(t) == cols for t, cols in COLUMNS.items())
+def _our_tables(tables: dict[str, tuple]) -> bool:
+    """Our two tables laid out exactly as SCHEMA makes them. Their column names alone let through a table WITHOUT
+    ROWID (every read ordered by rowid was a traceback), a hidden generated column (`SELECT r.*` read it as the
+    count of cells), and an index or constraint of another's (a unique index on cells(status) turned a merge's
+    INSERT OR REPLACE into deletions of stored cells, exit 0)."""
+    expected = _expected_layout()
+    return all(tables.get(t) == expected[t] for t in COLUMNS)
+
+
+def _layout(con: sqlite3.Connection, table: str) -> tuple:
+    """What a table is, beyond its data: the CREATE statement SQLite keeps for it (SCHEMA's has not changed since
+    the first store: a CHECK, WITHOUT ROWID, a virtual table or an added column all show there), its columns as
+    SQLite reads them, and its indexes (unique, origin, partial, columns), another's CREATE INDEX among them."""
+    sql = con.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name=?", (table,)).fetchone()
+    columns = tuple(con.execute('SELECT name, type, "notnull", pk, hidden FROM pragma_table_xinfo(?)', (table,)))
+    indexes = []
+    for name, unique, origin, partial in con.execute(
+            'SELECT name, "unique", origin, partial FROM pragma_index_list(?)', (table,)).fetchall():
+        keys = tuple(r[0] for r in con.execute("SELECT name FROM pragma_index_xinfo(?) WHERE key", (name,)))
+        indexes.append((unique, origin, partial, keys))
+    return sql, columns, tuple(sorted(indexes, key=repr))
+
+
+@functools.cache
+def _expected_layout() -> dict[str, tuple]:
+    con = sqlite3.connect(":memory:")
+    try:
+        con.executescript(SCHEMA)
+        return {t: _layout(con, t) for t in COLUMNS}
+    finally:
+        con.close()
 
 
 def _no_triggers(path: str, tables: dict[str, list[str]]) -> None:
@@ -300,8 +334,8 @@ def _no_triggers(path: str, tables: dict[str, list[str]]) -> None:
                         "is; restore it from a copy, or give another --db")
 
 
-def _tables(path: str, ours: bool = False) -> dict[str, list[str]]:
-    """{table: columns} of a file (`ours`: one that carries our marker), read without writing a byte:
+def _tables(path: str, ours: bool = False) -> dict[str, tuple]:
+    """{table: its _layout (ours; () for another's)} of a file (`ours`: one that carries our marker), read without writing a byte:
     immutable (no lock, no -shm file) unless a -wal file beside it may hold the newest schema, which only a
     plain read-only connection reads."""
     wal = Path(f"{path}-wal")
@@ -310,7 +344,7 @@ def _tables(path: str, ours: bool = False) -> dict[str, list[str]]:
         con = sqlite3.connect(f"{Path(path).absolute().as_uri()}?{flags}", uri=True)
         try:
             names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-            out = {n: [c[0] for c in con.execute("SELECT name FROM pragma_table_info(?)", (n,))] for n in names}
+            out = {n: _layout(con, n) if n in COLUMNS else () for n in names}
             triggers = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='trigger'")]
             return {**out, TRIGGERS: triggers} if triggers else out
         finally:
