@@ -50,6 +50,13 @@ DAMAGE = {
     "spec not JSON": ("UPDATE runs SET spec='not json' WHERE name='A'", "the spec of run 'A' is not JSON"),
     "spec a list": ("UPDATE runs SET spec='[]' WHERE name='A'", "the spec of run 'A' is a list, not an object"),
     "env null": ("UPDATE runs SET env='null' WHERE name='A'", "the env of run 'A' is null, not an object"),
+    # merge adds a host to a run's `hosts`: an entry of another shape there was a traceback
+    "hosts text": ("UPDATE runs SET env=json_set(env, '$.hosts', 'x') WHERE name='A'",
+                   "the env of run 'A' is an environment whose hosts are a string, not a list"),
+    "host entry": ("UPDATE runs SET env=json_set(env, '$.hosts', json('[1]')) WHERE name='A'",
+                   "whose hosts hold an entry whose shape is a number, not an object"),
+    "hostname list": ("UPDATE runs SET env=json_set(env, '$.hostname', json('[\"x\"]')) WHERE name='A'",
+                      "the env of run 'A' is an environment whose hostname is a list, not text"),
     "record cut short": ("UPDATE cells SET record='{' WHERE rowid=1", "the record of cell 'backend eager"),
     "samples null": ("UPDATE cells SET samples='null' WHERE rowid=1", "the samples of cell 'backend eager"),
     "samples text": ("UPDATE cells SET samples='[\"x\"]' WHERE rowid=1", "something other than finite numbers"),
@@ -90,6 +97,22 @@ def test_merge_into_a_damaged_store_is_refused_untouched(tmp_path, damage):
     before = digest(tmp_path)
     refused(invoke("merge", source, "--into", target), f"store {target} is damaged", needle)
     assert digest(tmp_path) == before
+
+
+def test_merge_joins_a_host_whose_gpus_are_bare_names(tmp_path):
+    """Older stores hold a GPU as its name alone, which every reader takes; merge's host entry took only objects."""
+    source, target = tmp_path / "s.db", tmp_path / "t.db"
+    two_runs(source)
+    two_runs(target)
+    con = sqlite3.connect(source)
+    con.execute("UPDATE runs SET env=json_set(env, '$.hostname', 'other', '$.gpus', json('[\"NVIDIA X\"]'))")
+    con.commit()
+    con.close()
+    res = invoke("merge", source, "--into", target)
+    assert res.exit_code == 0, res.output
+    (run,) = [r for r in Store(target, readonly=True).runs() if r["name"] == "A"]
+    assert {"hostname": "other", "scheduler": {}, "gpus": [{"index": None, "name": "NVIDIA X", "uuid": None}]} \
+        in run["env"]["hosts"]
 
 
 def test_a_store_with_a_trigger_is_refused_untouched(tmp_path):

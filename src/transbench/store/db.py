@@ -705,11 +705,10 @@ class Store:
 def host_entry(env: dict) -> dict:
     """Where a store's run ran: its host, its GPUs (index, name, UUID) and its scheduler task."""
     return {"hostname": env.get("hostname"), "scheduler": env.get("scheduler") or {},
-            "gpus": [{k: g.get(k) for k in ("index", "name", "uuid")} for g in env.get("gpus") or []]}
-# Record keys that hold numbers (or nothing): a figure stored as text ("fast") was a TypeError in `runs`, `report`
-# and `compare`, and `merge` copied it on. export.SPEED_KEYS is a subset (tests/test_input_boundary.py).
+            "gpus": [{k: g.get(k) for k in ("index", "name", "uuid")} if isinstance(g, dict)
+                     else {"index": None, "name": g, "uuid": None} for g in env.get("gpus") or []]}
 # Record keys by their declared type (keys.py): a figure stored as text ("fast") was a TypeError in `runs`,
-# `report` and `compare`, and `merge` copied it on.
+# `report` and `compare`, and `merge` copied it on. export.SPEED_KEYS is a subset (tests/test_input_boundary.py).
 NUMBER_KEYS = frozenset(k.name for k in CATALOGUE if k.type in ("number", "integer"))
 TEXT_KEYS = frozenset(k.name for k in CATALOGUE if k.type == "string")
 # Units (keys.py declares each key's) of figures that cannot be below zero or infinite: a time, a rate, a bandwidth,
@@ -749,13 +748,33 @@ def _column_problem(column: str, value) -> str | None:
     if column == "warnings" and not all(isinstance(w, str) for w in value):
         return "a list that holds something other than text"
     if column == "env":
-        gpus = value.get("gpus")
-        if gpus is not None and not (isinstance(gpus, list) and all(  # a GPU as a bare name too (older stores)
-                isinstance(g, str) or isinstance(g, dict) and isinstance(g.get("name", ""), str) for g in gpus)):
-            return "an environment whose gpus are not a list of GPUs (objects named by text, or names)"
+        problem = _host_problem(value)
+        if problem:
+            return f"an environment whose {problem}"
         bad = next((k for k in ENV_TEXT_KEYS if isinstance(value.get(k), (dict, list))), None)
         if bad:
             return f"an environment whose {bad} is {_JSON_NAME[type(value[bad])]}, not text"
+        hosts = value.get("hosts")
+        if hosts is not None and not isinstance(hosts, list):
+            return f"an environment whose hosts are {_JSON_NAME.get(type(hosts), 'other')}, not a list"
+        problem = next((p for p in map(_host_problem, hosts or []) if p), None)
+        if problem:  # merge adds to them (_add_host): a host entry of another shape was a traceback there
+            return f"an environment whose hosts hold an entry whose {problem}"
+    return None
+
+
+def _host_problem(env) -> str | None:
+    """What in a run's environment, or in one of its `hosts` entries (host_entry), is not where it ran."""
+    if not isinstance(env, dict):
+        return f"shape is {_JSON_NAME.get(type(env), 'other')}, not an object"
+    gpus = env.get("gpus")
+    if gpus is not None and not (isinstance(gpus, list) and all(  # a GPU as a bare name too (older stores)
+            isinstance(g, str) or isinstance(g, dict) and isinstance(g.get("name", ""), str) for g in gpus)):
+        return "gpus are not a list of GPUs (objects named by text, or names)"
+    if not isinstance(env.get("hostname"), (str, type(None))):
+        return f"hostname is {_JSON_NAME.get(type(env['hostname']), 'other')}, not text"
+    if not isinstance(env.get("scheduler"), (dict, type(None))):
+        return f"scheduler is {_JSON_NAME.get(type(env['scheduler']), 'other')}, not an object"
     return None
 
 
