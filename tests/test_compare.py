@@ -476,3 +476,15 @@ def test_a_load_test_whose_failures_grew_is_broken_whatever_its_latency(tmp_path
     assert res.exit_code == (1 if verdict == "broken" else 0), res.output
     if verdict == "broken":
         assert f"B failed {failed_b / n:.1%} of its requests" in c["note"]
+
+
+@pytest.mark.parametrize("reps_a,reps_b,alpha", [
+    ([1.0, 1.3], [1.0, 1.3], 1e-6),  # two repeats at a strict --alpha: a log ratio of about +-1,000
+    ([1.0, 1e300], [1.0, 1e300], 0.05),
+    ([0.0, 1.0], [1.0, 1.0], 0.05),  # a repeat's median of 0 ms: no log ratio
+])
+def test_repeats_that_bound_no_ratio_are_na_not_a_traceback(reps_a, reps_b, alpha):
+    """math.exp of the interval's bound raised OverflowError in compare and report."""
+    samples = [1.0] * 40
+    ratio, interval, verdict, note = judge(samples, samples, 1.0, 1.0, CompareConfig(alpha, 0.0), None, reps_a, reps_b)
+    assert (interval, verdict) == (None, "n/a") and note

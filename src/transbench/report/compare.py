@@ -255,10 +255,16 @@ def repeat_interval(reps_a: list[float], reps_b: list[float], alpha: float) -> t
     va, vb = la.var(ddof=1) / len(la), lb.var(ddof=1) / len(lb)
     diff = float(lb.mean() - la.mean())
     if va + vb == 0:
-        return math.exp(diff), math.exp(diff)
+        return _exp(diff), _exp(diff)
     df = (va + vb) ** 2 / (va * va / (len(la) - 1) + vb * vb / (len(lb) - 1))
     half = t_quantile(1 - alpha / 2, df) * math.sqrt(va + vb)
-    return math.exp(diff - half), math.exp(diff + half)
+    return _exp(diff - half), _exp(diff + half)
+
+
+def _exp(x: float) -> float:
+    """exp, infinite past the largest float: two repeats of 1 and 1.3 ms at --alpha 1e-6 bound the log ratio by
+    about 1,000, and math.exp raised OverflowError (a traceback in compare and report)."""
+    return math.inf if x > 709.0 else math.exp(x)
 
 
 def _beyond(lo: float, hi: float, cfg: CompareConfig) -> str | None:
@@ -276,7 +282,12 @@ def judge(samples_a: list[float], samples_b: list[float], median_a: float, media
     `repeats_a` / `repeats_b`: the medians of each side's repeats, where its run was repeated (rule 5)."""
     ratio = median_b / median_a
     if repeats_a and repeats_b and len(repeats_a) >= 2 and len(repeats_b) >= 2:
+        if min(*repeats_a, *repeats_b) <= 0:
+            return ratio, None, "n/a", ZERO_NOTE
         lo, hi = repeat_interval(repeats_a, repeats_b, cfg.alpha)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return ratio, None, "n/a", (f"{len(repeats_a)} + {len(repeats_b)} repeats spread too widely to bound the "
+                                        "ratio at this --alpha: more repeats (--repeat) bound it")
         return ratio, (lo, hi), _beyond(lo, hi, cfg) or "same", f"over {len(repeats_a)} + {len(repeats_b)} repeats"
     blocks_a, blocks_b = block_medians(samples_a), block_medians(samples_b)
     if min(len(blocks_a), len(blocks_b)) < MIN_BLOCKS:
