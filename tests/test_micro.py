@@ -198,6 +198,8 @@ def test_measured_ceilings_feed_env(db, monkeypatch):
                                                          "gpu": "NVIDIA H100 80GB HBM3"}, cell={})
     store.put_cell(run_id, "copy", "micro-bandwidth", "ok", {"op": "copy", "gbps": 2860.0, "dtype": "fp32",
                                                             "gpu": "NVIDIA H100 80GB HBM3"}, cell={})
+    store.put_cell(run_id, "no dtype", "micro-gemm", "ok", {"dtype": None, "tflops": 900.0,  # a TypeError in env
+                                                           "gpu": "NVIDIA H100 80GB HBM3"}, cell={})
     store.close()
     expected = {"bf16 GEMM TFLOPS": 736.5, "fp16 GEMM TFLOPS": 741.0, "copy GB/s": 2860.0}
     assert micro.measured_ceilings(db, "NVIDIA H100 80GB HBM3") == expected

@@ -28,7 +28,8 @@ def _best(db_path: str, hardware: str) -> tuple[dict[str, float], float | None]:
                 rec = c["record"]
                 if c["status"] != "ok" or not _on(rec, hardware):
                     continue
-                if c["scenario"] == "micro-gemm" and rec.get("tflops"):
+                if c["scenario"] == "micro-gemm" and rec.get("tflops") and rec.get("dtype"):  # a null dtype: no
+                    # ceiling of any dtype (sorting them by name was a TypeError in `env`)
                     gemm[rec["dtype"]] = max(gemm.get(rec["dtype"], 0.0), rec["tflops"])
                 elif c["scenario"] == "micro-bandwidth" and rec.get("op") == "copy" and rec.get("gbps"):
                     copy = max(copy or 0.0, rec["gbps"])
