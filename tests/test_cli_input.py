@@ -327,6 +327,7 @@ def test_runs_table_fits_100_columns():
     (["run", "--model", "bert-tiny", "--compile-mode", "bogus"], "max-autotune"),
     (["run", "--model", "bert-tiny", "--name", "last"], "run name 'last' stands for the latest run"),
     (["run", "--model", "bert-tiny", "--name", "gpt\u202e2"], "holds the control character '\\u202e'"),
+    (["run", "--model", "bert-tiny", "--name", "a\u2028b"], "holds the control character '\\u2028'"),
 ])
 def test_empty_axes_and_nan_are_refused(tmp_path, args, needle):
     db = tmp_path / "x.db"

@@ -99,6 +99,18 @@ def test_merge_into_a_damaged_store_is_refused_untouched(tmp_path, damage):
     assert digest(tmp_path) == before
 
 
+def test_a_damaged_rows_line_escapes_the_line_separators_of_its_names(tmp_path):
+    db = tmp_path / "s.db"
+    two_runs(db)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE runs SET name='A\u2028B\u2029C' WHERE name='A'")
+    con.execute("UPDATE runs SET spec='[]' WHERE name='A\u2028B\u2029C'")
+    con.commit()
+    con.close()
+    line = refused(invoke("runs", "--db", db), "the spec of run 'A\\u2028B\\u2029C' is a list")
+    assert "\u2028" not in line and "\u2029" not in line
+
+
 def test_merge_joins_a_host_whose_gpus_are_bare_names(tmp_path):
     """Older stores hold a GPU as its name alone, which every reader takes; merge's host entry took only objects."""
     source, target = tmp_path / "s.db", tmp_path / "t.db"

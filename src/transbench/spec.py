@@ -205,8 +205,9 @@ def split_list(value, kind=str) -> list:
 # C0 and C1 control characters (ESC, BEL, newline, ...) and DEL. Rich prints ESC as it is, so a stored name
 # or an error message holding `\x1b[2J` would clear the terminal of whoever lists it. Also the bidirectional
 # overrides and isolates (U+202A-202E, U+2066-2069) and marks (U+200E, U+200F): they reorder the text shown
-# after them, so a name could display as another.
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# after them, so a name could display as another. And the line and paragraph separators (U+2028, U+2029), which
+# str.splitlines, JavaScript and log viewers break lines at: a one-line error holding one read as two.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def check_name(name: str) -> str:
