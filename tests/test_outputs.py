@@ -211,6 +211,23 @@ def test_report_into_a_folder_that_takes_no_files(stored):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name,make", [
+    ("report.md", lambda p: p.mkdir()),
+    ("report.html", lambda p: os.mkfifo(p)),
+    ("report.md", lambda p: p.symlink_to("/nonexistent/x")),
+    ("latency_throughput_bert-tiny-base-fp32.png", lambda p: p.mkdir()),
+], ids=["folder", "fifo", "link to nothing", "a plot's name taken by a folder"])
+def test_a_report_files_name_taken_by_no_file_is_refused_before_any_plot(stored, tmp_path, name, make):
+    """report.md a folder failed after the plots were written; a plot's name taken by a folder lost that plot."""
+    db, _ = stored
+    out = tmp_path / "rep"
+    out.mkdir()
+    make(out / name)
+    refused(invoke("report", "a", "--db", db, "--out", out), f"cannot write {out / name}", "remove it")
+    assert os.listdir(out) == [name]
+
+
+@pytest.mark.slow
 def test_report_out_empty_is_refused_not_the_current_folder(stored, tmp_path, monkeypatch):
     db, _ = stored
     monkeypatch.chdir(tmp_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import glob
 import json
 import os
 import re
@@ -683,7 +684,13 @@ def check_folder(path: str | Path, option: str, names: dict[str, str] | None = N
         raise SpecError(f"cannot write in the folder {out} ({option}): a file made there failed "
                         f"({e.strerror or e}): give another folder") from None
     for pattern, kind in (names or {}).items():
-        for f in sorted(out.glob(pattern)):
+        literal = out / pattern  # glob skips a link to nothing, which the write then failed on
+        for f in sorted(out.glob(pattern)) if glob.has_magic(pattern) else [literal] * os.path.lexists(literal):
+            if not f.is_file():  # report.md a folder or a pipe failed after the plots were written; a plot's name
+                # taken by a folder lost that plot without a word
+                what = "a folder" if f.is_dir() else "not a regular file (a pipe, a device, or a link to nothing)"
+                raise SpecError(f"cannot write {f}: it is {what}, and {option} writes a file of that name there: "
+                                "remove it, or give another folder")
             _refuse_sqlite(f)
             refuse_foreign(f, option, (kind,), instead="another folder")
     return out
