@@ -299,3 +299,14 @@ def test_a_failed_max_batch_search_shows_no_largest_batch(tmp_path):
     column = table.headers.index("largest batch")
     # "largest batch 0" beside an error read as a measured answer
     assert [row[column] for row in table.rows] == ["512", "error"]
+
+
+def test_a_name_past_label_max_is_drawn_cut_with_a_hash_and_stays_distinct():
+    """Folding a 20,000-character backend name from a damaged store took matplotlib minutes (`report` timed out)."""
+    from transbench.report import plots
+
+    a, b = "x" * 10_000 + "a" + "x" * 10_000, "x" * 10_000 + "b" + "x" * 10_000
+    drawn_a, drawn_b = plots.wrap(a), plots.wrap(b)
+    assert drawn_a != drawn_b
+    assert max(len(drawn_a), len(drawn_b)) <= plots.LABEL_MAX + 30  # the hash and the folds' line breaks
+    assert plots.wrap("bert-tiny") == "bert-tiny"

@@ -70,13 +70,23 @@ def slug(*parts) -> str:
     return f"{text[:SLUG_MAX].strip('-')}-{digest}".lstrip("-")
 
 
+# The most characters of one name a figure draws. Past it, its start and end with a hash of the whole: folding a
+# 20,000-character name (a store's damaged row, a run named by a script) took matplotlib minutes of text layout.
+LABEL_MAX = 200
+
+
 def wrap(text, width: int = 40) -> str:
     """A name drawn in a figure (legend entry, panel or figure title) folded onto lines of at most `width`
     characters: a long run name or model path pushed the legend and the title off the image and collapsed the
-    axes to nothing. Folded, never cut: two long names that differ only in the middle stay two entries."""
-    lines = str(text).split("\n")
+    axes to nothing. Folded, and cut only past LABEL_MAX, keeping a hash: two long names that differ only in the
+    middle stay two entries."""
+    text = str(text)
+    if len(text) > LABEL_MAX:
+        digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        text = f"{text[:LABEL_MAX - 60]}...{text[-40:]} #{digest}"
+    lines = text.split("\n")
     if all(len(line) <= width for line in lines):
-        return str(text)
+        return text
     return "\n".join(part for line in lines for part in (textwrap.wrap(
         line, width, break_long_words=True, break_on_hyphens=False) or [""]))
 
