@@ -111,6 +111,20 @@ def test_a_damaged_rows_line_escapes_the_line_separators_of_its_names(tmp_path):
     assert "\u2028" not in line and "\u2029" not in line
 
 
+def test_a_stored_spec_that_does_not_read_back_is_damage(tmp_path):
+    """`runs --spec` refused it in a spec file's words, as if the user had written it."""
+    db = tmp_path / "s.db"
+    two_runs(db, spec_a={"models": ["bert-tiny"], "batches": [1, 2]})
+    con = sqlite3.connect(db)
+    con.execute("UPDATE runs SET spec=json_set(spec, '$.batches', 'x') WHERE name='A'")
+    con.commit()
+    con.close()
+    before = digest(tmp_path)
+    refused(invoke("runs", "--db", db, "--spec", "A"), f"store {db} is damaged: the spec of run 'A' does not read "
+            "back (batches: expected a list of whole numbers")
+    assert digest(tmp_path) == before
+
+
 def test_merge_joins_a_host_whose_gpus_are_bare_names(tmp_path):
     """Older stores hold a GPU as its name alone, which every reader takes; merge's host entry took only objects."""
     source, target = tmp_path / "s.db", tmp_path / "t.db"

@@ -13,6 +13,7 @@ from .. import api
 from ..scenarios.inference.spec import RunSpec
 from ..spec import dump_text
 from ..api import export
+from ..errors import SpecError
 from .app import app, fail, friendly
 from .tables import Col, console, fitted, visible
 
@@ -112,7 +113,11 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
                  [r for r in rows if r["name"] == spec] or [r for r in rows if r["run_id"] == spec])
         if not match:
             fail(f"no run {spec} in {db}: `transbench runs` lists them")
-        s = RunSpec.from_dict(match[0]["spec"]) if match[0]["kind"] == "inference" else None
+        try:
+            s = RunSpec.from_dict(match[0]["spec"]) if match[0]["kind"] == "inference" else None
+        except SpecError as exc:  # said in a spec file's words ("batches: expected a list"), as if the user wrote it
+            fail(f"store {db} is damaged: the spec of run {match[0]['name']!r} does not read back ({exc}): restore it "
+                 "from a copy, or give another --db")
         stored = match[0]["spec"]
         if match[0]["kind"] == "micro" and stored.get("micro") == "gemm" and not stored.get("models"):
             # a gemm run without layer GEMMs stores its resolved default --tokens (256 on a CPU), and
