@@ -61,6 +61,10 @@ DAMAGE = {
     "samples null": ("UPDATE cells SET samples='null' WHERE rowid=1", "the samples of cell 'backend eager"),
     "samples text": ("UPDATE cells SET samples='[\"x\"]' WHERE rowid=1", "something other than finite numbers"),
     "samples NaN": ("UPDATE cells SET samples='[NaN, 1.0]' WHERE rowid=1", "something other than finite numbers"),
+    "batch -1": ("UPDATE cells SET record=json_set(record, '$.batch_size', -1) WHERE rowid=1",
+                 "a record whose batch_size is -1, not a count"),
+    "samples 1.5": ("UPDATE cells SET record=json_set(record, '$.n_samples', 1.5) WHERE rowid=1",
+                    "a record whose n_samples is 1.5, not a count"),
 }
 
 

@@ -710,6 +710,8 @@ def host_entry(env: dict) -> dict:
 # Record keys by their declared type (keys.py): a figure stored as text ("fast") was a TypeError in `runs`,
 # `report` and `compare`, and `merge` copied it on. export.SPEED_KEYS is a subset (tests/test_input_boundary.py).
 NUMBER_KEYS = frozenset(k.name for k in CATALOGUE if k.type in ("number", "integer"))
+# Counts (a batch, samples, threads, requests): a batch_size of -1 or 1.5 was listed and compared as a setting.
+COUNT_KEYS = frozenset(k.name for k in CATALOGUE if k.type == "integer")
 TEXT_KEYS = frozenset(k.name for k in CATALOGUE if k.type == "string")
 # Units (keys.py declares each key's) of figures that cannot be below zero or infinite: a time, a rate, a bandwidth,
 # TFLOPS, a clock, power, energy, a 0..1 share. A latency_ms edited to -5 was compared as B/A -2.04. Not here: %
@@ -741,6 +743,8 @@ def _column_problem(column: str, value) -> str | None:
             # tables and compare divide it as a float
             if k in NUMBER_KEYS and isinstance(v, int) and not boundary.is_number(v):
                 return f"a record whose {k} is an integer too large for a number"
+            if k in COUNT_KEYS and not (isinstance(v, int) and v >= 0):
+                return f"a record whose {k} is {v:g}, not a count (a whole number of 0 or more)"
             if k in MAGNITUDE_KEYS and not (boundary.is_number(v) and v >= 0):
                 return f"a record whose {k} is {v:g}, not a finite number of 0 or more ({KEYS[k].unit})"
             if k in TEXT_KEYS and not isinstance(v, str):
