@@ -414,6 +414,8 @@ CORES = available_cores()
 
 @pytest.mark.parametrize("args,needle", [
     (["train", "--model", "bert-tiny", "--nproc", "2000"], "--nproc 2,000 is above its limit of 1,024"),
+    (["train", "--model", "bert-tiny", "--grad-accum", "100000000000"], "--grad-accum 100,000,000,000 is above its "
+     "limit of 1,024"),
     (["train", "--model", "bert-tiny", "--batch", "2000000"], "--batch 2,000,000 is above its limit of 1,048,576"),
     (["micro", "gemm", "--sizes", "8", "--warmup", "200000"], "--warmup 200,000 is above its limit of 100,000"),
     (["micro", "layer", "--batch", "2000000"], "--batch 2,000,000 is above its limit"),

@@ -554,7 +554,9 @@ def test_absurd_terminal_widths_still_print_a_table(tmp_path, value):
 
 @pytest.mark.parametrize("var,value", [("TRANSBENCH_EXTRA_BACKENDS", "no_such_module"),
                                        ("TRANSBENCH_EXTRA_BACKENDS", "a,,b"),
-                                       ("TRANSBENCH_EXTRA_BACKENDS", "x" * 5000)])
+                                       ("TRANSBENCH_EXTRA_BACKENDS", "x" * 5000),
+                                       # a module whose own import fails: ImportError, not ModuleNotFoundError
+                                       ("TRANSBENCH_EXTRA_BACKENDS", "asyncio.windows_events")])
 def test_bad_environment_variables_are_one_line(tmp_path, monkeypatch, var, value):
     from transbench import backends
 

@@ -340,6 +340,7 @@ def test_wrong_backend_is_never_loaded(tmp_path, extra_backends):
     (["--rate", "10", "--percentile", "-5"], "--percentile -5: give a percentile"),
     (["--rate", "10", "--percentile", "95"], "--percentile 95 is the percentile a verdict holds"),
     (["--rate", "10", "--dtype", "fp8"], "dtype fp8 does not run on cpu: use fp32 there, or a GPU"),
+    (["--rate", "10", "--max-wait-ms", "1e300"], "--max-wait-ms in 0..60,000"),  # an `ok` cell that served nothing
     (["--rate", "10", "--name", ""], "run name is empty"),
     (["--rate", "10", "--name", "a\x1b[2Jb"], "holds the control character"),
     (["--rate", "10", "--json", "no-such-folder/r.json"], "folder no-such-folder does not exist"),

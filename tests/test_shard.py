@@ -49,6 +49,8 @@ def test_auto_reads_the_schedulers_index(env, count, want):
     ("3/2", None, {}, "bad --shard"),
     # another script's digits, and counts past any cluster's array (a run of no cells, exit 0)
     ("auto", 5, {"JOB_COMPLETION_INDEX": "٣"}, "whole number"),
+    ("auto", None, {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "3",
+                    "SLURM_ARRAY_TASK_STEP": "0"}, "SLURM_ARRAY_TASK_STEP=0 must be at least 1"),
     ("1/100000000000000000000000", None, {}, "above the limit of 1,000,000"),
     ("auto", None, {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "0",
                     "SLURM_ARRAY_TASK_MAX": "100000000000000000000"}, "above the limit of 1,000,000"),

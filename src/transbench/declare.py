@@ -19,6 +19,7 @@ LIMITS = {"--batch": 1_048_576, "--seq": 1_048_576, "--warmup": 100_000, "--min-
           "--new-tokens": 1_000_000, "--nproc": 1024, "--max-batch-size": 65_536,
           "--concurrency": 1_000_000,  # serve's MAX_REQUESTS: requests queued at once
           "--steps": 10_000_000,
+          "--grad-accum": 1024,  # micro-batches a step: 1e11 ran until the cell's timeout
           "--pad-vocab": 65_536}  # a multiple past any vocabulary: 1e8 sized embeddings until the OS killed the worker
 
 

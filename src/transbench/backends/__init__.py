@@ -30,6 +30,11 @@ def _load() -> dict[str, Backend]:
                 raise
             raise SpecError(f"environment variable TRANSBENCH_EXTRA_BACKENDS names {name!r}, a module that cannot be "
                             "imported: fix or unset it") from None
+        except Exception as exc:  # noqa: BLE001 - an extra module's own import failing (ImportError: win32 only)
+            if name not in extras:
+                raise
+            raise SpecError(f"environment variable TRANSBENCH_EXTRA_BACKENDS names {name!r}, whose import fails "
+                            f"({type(exc).__name__}): fix or unset it") from None
         except ValueError:
             raise SpecError(f"environment variable TRANSBENCH_EXTRA_BACKENDS names {name!r}, which is not a module "
                             "name: fix or unset it") from None

@@ -34,7 +34,8 @@ def _int(env: Mapping[str, str], var: str) -> int | None:
 def _slurm(env: Mapping[str, str]) -> tuple[int, int]:
     task = _int(env, "SLURM_ARRAY_TASK_ID")
     low, high = _int(env, "SLURM_ARRAY_TASK_MIN"), _int(env, "SLURM_ARRAY_TASK_MAX")
-    count, step = _int(env, "SLURM_ARRAY_TASK_COUNT"), _int(env, "SLURM_ARRAY_TASK_STEP") or 1
+    count, step = _int(env, "SLURM_ARRAY_TASK_COUNT"), _int(env, "SLURM_ARRAY_TASK_STEP")
+    step = 1 if step is None else step  # unset: no step; 0 is refused below, as -1 is (`or 1` read it as 1)
     if low is None:
         low = 0 if count is not None else None
     if low is None or (high is None and count is None):

@@ -12,9 +12,8 @@ from ...errors import SpecError
 from ...measure.device import DTYPES
 from ...models import build
 from ...spec import check_once, checked
-from .spec import prepare_budget_setting
+from .spec import MAX_WAIT_MS, prepare_budget_setting
 
-MAX_WAIT_MS = 60_000.0  # a batch that waits longer than a minute for company is a misconfiguration
 MAX_BATCH = 4096
 
 
@@ -69,7 +68,7 @@ def check(spec: ServerSpec):
     if not math.isfinite(spec.max_wait_ms):  # NaN passes every range check; inf never ends a wait
         raise SpecError(f"--max-wait-ms {spec.max_wait_ms}: give a finite number")
     if spec.max_batch_size < 1 or not 0 <= spec.max_wait_ms <= MAX_WAIT_MS:
-        raise SpecError(f"--max-batch-size must be at least 1 and --max-wait-ms in 0..{MAX_WAIT_MS:,}")
+        raise SpecError(f"--max-batch-size must be at least 1 and --max-wait-ms in 0..{MAX_WAIT_MS:,.0f}")
     if spec.max_batch_size > MAX_BATCH:
         raise SpecError(f"--max-batch-size {spec.max_batch_size} is above {MAX_BATCH}: every batch size up to it is "
                         "prepared before the server listens")

@@ -18,6 +18,10 @@ from . import trace as serve_trace
 from .cell import ServeCell
 from .load import DRAIN_LIMIT_S
 
+# A batch that waits longer than a minute for company is a misconfiguration (`serve --max-wait-ms 1e300` stored an
+# `ok` cell that served nothing); `server` takes the same bound.
+MAX_WAIT_MS = 60_000.0
+
 PERCENTILE_KEYS = {50.0: "latency_p50_ms", 90.0: "latency_p90_ms", 99.0: "latency_p99_ms", 99.9: "latency_p999_ms"}
 PREPARE_BUDGET_S = 20.0  # the fused engine's bucket ladder at bert-base 32 x 512 is ~80 graphs, a few seconds each
 
@@ -178,8 +182,8 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
                         "it (the shapes it leaves are prepared on first use)")
     if any(r <= 0 for r in spec.rates) or any(c < 1 for c in spec.concurrency):
         raise SpecError("--rate must be above 0 and --concurrency at least 1")
-    if spec.max_batch_size < 1 or spec.max_wait_ms < 0:
-        raise SpecError("--max-batch-size must be at least 1 and --max-wait-ms at least 0")
+    if spec.max_batch_size < 1 or not 0 <= spec.max_wait_ms <= MAX_WAIT_MS:  # NaN fails too
+        raise SpecError(f"--max-batch-size must be at least 1 and --max-wait-ms in 0..{MAX_WAIT_MS:,.0f}")
     if spec.duration <= 0 or spec.warmup < 0:
         raise SpecError("--duration must be above 0 and --warmup at least 0 seconds")
     for option, seconds in (("--duration", spec.duration), ("--warmup", spec.warmup)):
