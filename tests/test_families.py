@@ -284,6 +284,7 @@ def test_a_valid_folder_resolves(tmp_path):
     (json.dumps(TINY_BERT)[:-1] + ', "initializer_range": -Infinity}', "safetensors", "-Infinity is not a number"),
     ({**TINY_BERT, "model_type": "bertzilla"}, "safetensors", "model_type 'bertzilla' is unknown to transformers"),
     ({**TINY_BERT, "auto_map": {"AutoModel": "modeling_evil.EvilModel"}}, "safetensors", "custom model code"),
+    ({**TINY_BERT, "num_labels": 10**9}, "safetensors", "num_labels to 1,000,000,000, above the 1,000,000"),  # an OOM
     (TINY_BERT, None, "has no weight file"),
 ])
 def test_bad_folders_are_refused(tmp_path, config, weights, needle):

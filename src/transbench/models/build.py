@@ -49,6 +49,8 @@ _NOT_CONFIG = ("model_type", "architectures", "transformers_version", "_name_or_
                "torch_dtype", "_attn_implementation_autoset", "num_hidden_layers", "hidden_size",
                "num_attention_heads", "vocab_size", "max_position_embeddings", "num_key_value_heads", "head_dim",
                "n_layer", "n_embd", "n_head", "n_positions", "dim", "n_layers", "n_heads", *_FFN_NAMES)
+# The most classes a checkpoint's head may have (config.json's num_labels): extreme classifiers reach the millions.
+MAX_LABELS = 1_000_000
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # The config's sizes a shape is made of (shape_from_config): each a positive integer where the config has it.
 _SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings",
@@ -521,6 +523,12 @@ def _resolve_folder(folder: Path) -> ModelRef:
     if family not in CONFIG_MAPPING_NAMES:
         _refuse(folder, f"model_type '{family}' is unknown to transformers {__version__}",
                 "upgrade transformers or use a checkpoint of a family it ships (transbench models)")
+    labels = raw.get("num_labels")
+    if isinstance(labels, int) and labels > MAX_LABELS:
+        # transformers makes an id2label entry per label as it reads the config: 1e9 took every byte of memory
+        # before any check (the process was killed, nothing printed).
+        _refuse(folder, f"config.json sets num_labels to {labels:,}, above the {MAX_LABELS:,} a classifier here "
+                "may have", "fix config.json")
     shapes = _check_weights(folder)
     cfg = _load_config(folder)
     if getattr(cfg, "is_encoder_decoder", False):
