@@ -470,7 +470,6 @@ _WHY = [
     ("run|train", "--timeout", ["1e-320"], "a positive deadline: every cell ends `timeout`, as asked"),
     ("serve|server", "--max-wait-ms", ["0", "1e-320"], "0 or more: a batch leaves at once"),
     ("server", "--served-model-name", [N], "a model name is text of any script (without spaces or control characters)"),
-    ("serve", "--max-wait-ms", ["1e30"], "a wait is cut 10 s after the last arrival (docs/serve.md)"),
     ("serve", "--duration", ["1e-320"], "a positive duration: a short window, as asked"),
     ("serve|server", "--prepare-budget", ["0", "1e-320"], "0 or more seconds: a shape left runs a larger prepared "
                                                            "one, or is prepared on first use"),

@@ -198,6 +198,29 @@ def test_yaml_keys_that_are_not_text_are_refused(tmp_path, text, needle):
     assert needle in refused(invoke("run", "--spec", spec, "--db", tmp_path / "x.db"))
 
 
+@pytest.mark.parametrize("text,needle", [
+    ("models: [bert-tiny]\nmin_time: 0_2\n", "min_time: expected a number, got '0_2'"),  # YAML 1.1 read 2.0
+    ("models: [bert-tiny]\nbatches: [1:30]\n", "'1:30'"),  # base 60: batch 90
+    ("models: [bert-tiny]\nbatches: [0x10]\n", "'0x10'"),
+    ("models: [bert-tiny]\nbatches: [1_0]\n", "'1_0'"),
+])
+def test_yaml_numbers_the_command_line_refuses_are_refused(tmp_path, text, needle):
+    """PyYAML reads YAML 1.1's number forms, which `--min-time 0_2` or `--batch 0x10` are refused as."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(text)
+    assert needle in refused(invoke("run", "--spec", spec, "--db", tmp_path / "x.db"))
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_yaml_numbers_in_their_decimal_forms_read_as_numbers(tmp_path):
+    from transbench.spec import load_file
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("batches: [010, +2]\nmin_time: 1e-1\nwarmup: 3\nseq_stdev: .5\n")
+    got = load_file(str(spec))
+    assert (got["batches"], got["min_time"], got["seq_stdev"]) == ([10, 2], 0.1, 0.5)
+
+
 @FAST
 @given(width=st.integers(min_value=2, max_value=12), levels=st.integers(min_value=4, max_value=12))
 def test_yaml_alias_bombs_are_refused_quickly(tmp_path_factory, width, levels):

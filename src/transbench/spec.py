@@ -343,7 +343,21 @@ def _yaml_loader(path: str):
                                     if isinstance(k, yaml.ScalarNode) and k.value != "<<"])
             return super().construct_mapping(node, deep)
 
+    # Numbers as the command line reads them (YAML 1.2's decimal forms): PyYAML's YAML 1.1 read `min_time: 0_2` as
+    # 2.0, `batches: [1:30]` as 90 (base 60), 0x10 as 16 and 010 as 8, where `--min-time 0_2` is refused. Any
+    # other spelling stays text, which the setting's type check refuses in one line.
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in (_YAML_INT, _YAML_FLOAT)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver(_YAML_INT, re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+    Loader.add_implicit_resolver(_YAML_FLOAT, re.compile(
+        r"^[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+(?=[eE]))(?:[eE][-+]?[0-9]+)?$"), list("-+.0123456789"))
+    Loader.add_constructor(_YAML_INT, lambda loader, node: int(loader.construct_scalar(node)))
+    Loader.add_constructor(_YAML_FLOAT, lambda loader, node: float(loader.construct_scalar(node)))
     return Loader
+
+
+_YAML_INT, _YAML_FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 
 
 def _parse(path: str, suffix: str, text: str):

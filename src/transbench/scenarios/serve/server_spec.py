@@ -12,7 +12,7 @@ from ...errors import SpecError
 from ...measure.device import DTYPES
 from ...models import build
 from ...spec import check_once, checked
-from .spec import MAX_WAIT_MS, prepare_budget_setting
+from .spec import MAX_WAIT_MS, max_wait_setting, prepare_budget_setting
 
 MAX_BATCH = 4096
 
@@ -28,7 +28,7 @@ class ServerSpec:
     port: int = setting(8000, "the port to listen on")
     served_model_name: str | None = setting(None, "the name requests give as `model` (default: --model's name)")
     max_batch_size: int = setting(32, "the batcher's largest batch")
-    max_wait_ms: float = setting(2.0, "a batch leaves when its oldest request has waited this long")
+    max_wait_ms: float = max_wait_setting()
     max_length: int | None = setting(None, "the longest input in tokens (default: the model's positions; decoders: "
                                      "less --max-tokens)")
     max_tokens: int = setting(64, "the most tokens a completion may ask for")

@@ -32,6 +32,11 @@ def prepare_budget_setting():
                    "whose own bucket was left runs a larger prepared one")
 
 
+def max_wait_setting():
+    """--max-wait-ms, as in-process serving and `transbench server` take it (server_spec.py)."""
+    return setting(2.0, f"a batch leaves when its oldest request has waited this long (0 to {MAX_WAIT_MS:,.0f})")
+
+
 # What a cell's deadline holds besides its load: the model's build, the correctness gate and the drain.
 DEADLINE_SLACK_S = 30.0
 # A rate's arrivals are planned in full before its load starts, and the load keeps every request as Python objects
@@ -54,7 +59,7 @@ class ServeSpec:
     lengths: str = setting("lognormal:64:256", "fixed:N | normal:MEAN:MAX[:STDEV] | lognormal:MEAN:MAX[:SIGMA] | "
                            "counts:FILE | text:FILE (tokenized, one request a line)")
     max_batch_size: int = setting(32, "the batcher's largest batch")
-    max_wait_ms: float = setting(2.0, "a batch leaves when its oldest request has waited this long")
+    max_wait_ms: float = max_wait_setting()
     duration: float = setting(10.0, "seconds of arrivals measured per cell (at most 86,400)")
     warmup: float = setting(2.0, "seconds of arrivals served first and not counted (at most 86,400)")
     slo_ms: float | None = setting(None, "end-to-end latency target, ms (the e2e objective of --slo)")
