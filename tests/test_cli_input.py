@@ -308,6 +308,14 @@ def test_runs_table_fits_100_columns():
 
 
 @pytest.mark.parametrize("args,needle", [
+    (["--max-tokens", "5"], "--max-tokens 5 applies to a decoder: bert-tiny is an encoder"),  # ignored without a word
+    (["--warm-lengths", "4"], "--warm-lengths applies to a decoder"),
+])
+def test_server_refuses_decoder_options_for_an_encoder(args, needle):
+    refused(invoke("server", "--model", "bert-tiny", "--device", "cpu", *args), needle)
+
+
+@pytest.mark.parametrize("args,needle", [
     (["run", "--model", "bert-tiny", "--batch", ","], "--batch is empty"),
     (["run", "--model", "bert-tiny", "--min-time", "nan"], "min_time: expected a number, got nan"),
     (["train", "--model", "bert-tiny", "--seq", " "], "--seq is empty"),

@@ -92,6 +92,9 @@ def check(spec: ServerSpec):
             f"{ref.name}'s positions)"))
     if not decoder and spec.warm_lengths:
         raise SpecError("--warm-lengths applies to a decoder: an encoder prepares the shapes up to --max-length")
+    if not decoder and spec.max_tokens != ServerSpec.max_tokens:  # the dataclass keeps the default as its attribute
+        raise SpecError(f"--max-tokens {spec.max_tokens} applies to a decoder: {ref.name} is an encoder, which serves "
+                        "embeddings, not completions")
     bad = [n for n in spec.warm_lengths if not 1 <= n <= length]
     if bad:
         raise SpecError(f"--warm-lengths {bad[0]} is outside 1..{length} (--max-length)")
