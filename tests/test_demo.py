@@ -149,6 +149,21 @@ def test_a_folder_without_tokenizer_files_is_refused(tmp_path, packaged):
     assert "--backend is empty" in _refused(["--prompt", "hello world", "--backend", ""])
 
 
+def test_a_vocabulary_without_unk_is_refused_in_one_line(tmp_path, packaged):
+    """The tokenizers library raised a bare Exception ("Missing [UNK] token from the vocabulary"): a traceback."""
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(packaged / name, bert / name)
+    (bert / "vocab.txt").write_text("hello\nworld\n")
+    line = _refused(["--prompt", "the quick [MASK] fox", "--model", str(bert)])
+    assert "cannot encode the prompt (WordPiece error: Missing [UNK] token" in line
+
+
+def test_a_dtype_the_device_cannot_run_is_refused():
+    assert "dtype fp8 does not run on cpu" in _refused(["--prompt", "hello", "--dtype", "fp8"])
+
+
 def test_a_folder_whose_tokenizer_outgrows_its_vocabulary_is_refused_as_such(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 

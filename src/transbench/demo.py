@@ -181,10 +181,16 @@ def run_demo(prompt: str, model: str | None = None, backends: list[str] | None =
         registry.get(name)
     torch_device = dev.resolve(device)
     dev.torch_dtype(dtype)
+    dev.check_dtype_runs(str(torch_device), dtype)  # as run and serve: `--dtype fp8` on a CPU ran nothing, exit 0
     ref = build.resolve(str(packaged_checkpoint()) if model is None else model)
     notes = []
     tokenizer = load_tokenizer(ref)
-    ids = tokenizer(prompt)["input_ids"]
+    try:
+        ids = tokenizer(prompt)["input_ids"]
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises a bare Exception ("WordPiece error: Missing
+        # [UNK] token from the vocabulary", a vocabulary with no [UNK]): the folder's tokenizer files are the fault
+        raise SpecError(f"the tokenizer of {ref.name} cannot encode the prompt ({str(exc).splitlines()[0][:200]}): give "
+                        "the folder the tokenizer files its weights were trained with") from None
     if not ids:
         raise SpecError(f"the tokenizer of {ref.name} turned the prompt into no tokens: give other text")
     limit = ref.shape.max_positions
