@@ -336,6 +336,7 @@ def test_server_refuses_decoder_options_for_an_encoder(args, needle):
     (["run", "--model", "bert-tiny", "--name", "last"], "run name 'last' stands for the latest run"),
     (["run", "--model", "bert-tiny", "--name", "gpt\u202e2"], "holds the control character '\\u202e'"),
     (["run", "--model", "bert-tiny", "--name", "a\u2028b"], "holds the control character '\\u2028'"),
+    (["run", "--model", "bert-tiny", "--name", "n" * 100_000], "run name is 100,000 characters, above the 1,000"),
 ])
 def test_empty_axes_and_nan_are_refused(tmp_path, args, needle):
     db = tmp_path / "x.db"

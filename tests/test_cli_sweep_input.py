@@ -454,8 +454,8 @@ _WHY = [
      "a command that stores results starts a store in a missing or empty file (docs/results.md, The store; "
      "tests/test_store_guard.py: an empty file is no store to read, but a writer may start one)"),
     ("merge", "--into", ["@empty.db", "@missing.db"], "merge's target is a store it starts, as a writer's --db"),
-    (WRITERS, "--name", [LONG, N], "a run name is text of any length and script: check_name (spec.py) refuses "
-                                   "control characters, an empty name and 'last' only"),
+    (WRITERS, "--name", [N], "a run name is text of any script: check_name (spec.py) refuses control characters, "
+                             "an empty name, 'last' and a name over MAX_NAME characters only"),
     ("run|serve|train|server", "--seed", ["-1", "0"], "any 64-bit integer seeds the weights and tokens (a run with --seed -1 "
                                                "measured ok)"),
     ("run", "--seq-stdev", ["0", "1e-320"], "0 is the default (every sequence --seq long); a tiny stdev rounds to it"),

@@ -226,7 +226,13 @@ def check_name(name: str) -> str:
                         "--name a visible name, or leave it out for a generated one")
     if name.strip() == "last":  # `runs`, `report` and `compare` read it as the latest run
         raise SpecError("run name 'last' stands for the latest run: choose another name")
+    if len(name) > MAX_NAME:  # a name of 100,000 characters took a minute to lay out in each table it titles
+        raise SpecError(f"run name is {len(name):,} characters, above the {MAX_NAME:,} a name may have: give a "
+                        "shorter one")
     return name
+
+
+MAX_NAME = 1_000
 
 
 # Seconds a serve load runs or warms up for: a day, at most.
