@@ -338,6 +338,26 @@ def test_positions_numbered_from_the_pad_id_bound_the_sequence(tmp_path, family,
     assert not build.positions_from_pad("bert") and not build.positions_from_pad("no-such-family")
 
 
+def test_a_weight_shard_in_a_subfolder_is_inside_the_folder(tmp_path):
+    """An index naming `sub/x.safetensors` was refused as naming a shard outside the folder."""
+    from transformers import BertConfig, BertModel
+
+    d = tmp_path / "sharded"
+    BertModel(BertConfig(**{k: v for k, v in TINY_BERT.items() if k != "model_type"}),
+              add_pooling_layer=False).save_pretrained(d, max_shard_size="40KB")
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    moved = sorted(set(index["weight_map"].values()))[-1]
+    (d / "sub").mkdir()
+    (d / moved).rename(d / "sub" / moved)
+    index["weight_map"] = {k: f"sub/{v}" if v == moved else v for k, v in index["weight_map"].items()}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert build.resolve(str(d)).shape.layers == 2
+    index["weight_map"] = {k: f"sub/../../{v}" for k, v in index["weight_map"].items()}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(SpecError, match="names a weight shard outside the folder"):
+        build.resolve(str(d))
+
+
 def test_an_encoder_decoder_folder_is_refused(tmp_path):
     from transformers import T5Config, T5Model
 

@@ -264,8 +264,9 @@ def _check_weights(folder: Path) -> dict[str, tuple[int, ...]]:
         if not (isinstance(weight_map, dict) and weight_map and all(isinstance(v, str) and v
                                                                     for v in weight_map.values())):
             _refuse(folder, f"{first.name} is not a valid weight index (no weight_map of file names)", "re-download it")
-        outside = next((v for v in weight_map.values() if "/" in v or v in (".", "..")), None)
-        if outside is not None:  # a shard is a file beside the index, never a path out of the folder
+        outside = next((v for v in weight_map.values()
+                        if os.path.isabs(v) or ".." in Path(v).parts or v in (".", "") or "\\" in v), None)
+        if outside is not None:  # a shard is a file in the folder (a subfolder too), never a path out of it
             _refuse(folder, f"{first.name} names a weight shard outside the folder ({outside[:80]!r})",
                     "re-download it")
         shards = sorted(set(weight_map.values()))
