@@ -2,6 +2,7 @@
 omission under every arrival kind, the load generator's own lag, and bad traffic options refused in one line."""
 
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -83,6 +84,9 @@ def test_bad_trace_files(tmp_path):
         serve_trace.read(str(tmp_path / "missing.jsonl"))
     with pytest.raises(SpecError, match="is a folder"):
         serve_trace.read(str(tmp_path))
+    if os.path.exists("/dev/zero"):  # there, but no file: it said "no such file"
+        with pytest.raises(SpecError, match="is not a regular file"):
+            serve_trace.read("/dev/zero")
     (tmp_path / "b.bin").write_bytes(b"\0\1\2")
     with pytest.raises(SpecError, match="binary"):
         serve_trace.read(str(tmp_path / "b.bin"))

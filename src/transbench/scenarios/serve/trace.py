@@ -57,8 +57,9 @@ def read(name: str) -> RequestTrace:
     try:
         if path.is_dir():
             raise SpecError(f"{label}: is a folder; give a JSON-lines file, one request a line with {FIELDS}")
-        if not path.is_file():
-            raise SpecError(f"{label}: no such file")
+        if not path.is_file():  # a pipe or a device (/dev/zero) is there, but no file to read
+            raise SpecError(f"{label}: " + ("is not a regular file (a pipe, a device or a socket); give a JSON-lines "
+                                            "file" if path.exists() else "no such file"))
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
             raise SpecError(f"{label}: {size / 2**20:,.0f} MiB is above the {MAX_FILE_BYTES // 2**20} MiB read for a "
