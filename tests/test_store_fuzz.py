@@ -44,6 +44,15 @@ def two_runs(db: Path, spec_a: dict | None = None, spec_b: dict | None = None) -
                             (cell("eager", 2), ok_result(samples(20.0), 2))], spec=spec_b)
 
 
+def edit_store(db: Path, *statements: str) -> None:
+    """Apply SQL to a store as another program would, committed."""
+    con = sqlite3.connect(db)
+    for sql in statements:
+        con.execute(sql)
+    con.commit()
+    con.close()
+
+
 # --- rows that are not what a store of ours holds -----------------------------------------------------------
 
 DAMAGE = {
@@ -73,10 +82,7 @@ def test_a_damaged_row_is_one_line_and_never_copied_by_merge(tmp_path, damage):
     sql, needle = DAMAGE[damage]
     db = tmp_path / "s.db"
     two_runs(db)
-    con = sqlite3.connect(db)
-    con.execute(sql)
-    con.commit()
-    con.close()
+    edit_store(db, sql)
     target = tmp_path / "t.db"
     Store(target).close()
     before = digest(tmp_path)
@@ -94,10 +100,7 @@ def test_merge_into_a_damaged_store_is_refused_untouched(tmp_path, damage):
     target, source = tmp_path / "t.db", tmp_path / "s.db"
     two_runs(target)
     make_run(str(source), "C", [(cell("eager", 4), ok_result(samples(30.0), 4))])
-    con = sqlite3.connect(target)
-    con.execute(sql)
-    con.commit()
-    con.close()
+    edit_store(target, sql)
     before = digest(tmp_path)
     refused(invoke("merge", source, "--into", target), f"store {target} is damaged", needle)
     assert digest(tmp_path) == before
@@ -106,11 +109,8 @@ def test_merge_into_a_damaged_store_is_refused_untouched(tmp_path, damage):
 def test_a_damaged_rows_line_escapes_the_line_separators_of_its_names(tmp_path):
     db = tmp_path / "s.db"
     two_runs(db)
-    con = sqlite3.connect(db)
-    con.execute("UPDATE runs SET name='A\u2028B\u2029C' WHERE name='A'")
-    con.execute("UPDATE runs SET spec='[]' WHERE name='A\u2028B\u2029C'")
-    con.commit()
-    con.close()
+    edit_store(db, "UPDATE runs SET name='A\u2028B\u2029C' WHERE name='A'",
+               "UPDATE runs SET spec='[]' WHERE name='A\u2028B\u2029C'")
     line = refused(invoke("runs", "--db", db), "the spec of run 'A\\u2028B\\u2029C' is a list")
     assert "\u2028" not in line and "\u2029" not in line
 
@@ -119,10 +119,7 @@ def test_a_stored_spec_that_does_not_read_back_is_damage(tmp_path):
     """`runs --spec` refused it in a spec file's words, as if the user had written it."""
     db = tmp_path / "s.db"
     two_runs(db, spec_a={"models": ["bert-tiny"], "batches": [1, 2]})
-    con = sqlite3.connect(db)
-    con.execute("UPDATE runs SET spec=json_set(spec, '$.batches', 'x') WHERE name='A'")
-    con.commit()
-    con.close()
+    edit_store(db, "UPDATE runs SET spec=json_set(spec, '$.batches', 'x') WHERE name='A'")
     before = digest(tmp_path)
     refused(invoke("runs", "--db", db, "--spec", "A"), f"store {db} is damaged: the spec of run 'A' does not read "
             "back (batches: expected a list of whole numbers")
@@ -134,10 +131,7 @@ def test_merge_joins_a_host_whose_gpus_are_bare_names(tmp_path):
     source, target = tmp_path / "s.db", tmp_path / "t.db"
     two_runs(source)
     two_runs(target)
-    con = sqlite3.connect(source)
-    con.execute("UPDATE runs SET env=json_set(env, '$.hostname', 'other', '$.gpus', json('[\"NVIDIA X\"]'))")
-    con.commit()
-    con.close()
+    edit_store(source, "UPDATE runs SET env=json_set(env, '$.hostname', 'other', '$.gpus', json('[\"NVIDIA X\"]'))")
     res = invoke("merge", source, "--into", target)
     assert res.exit_code == 0, res.output
     (run,) = [r for r in Store(target, readonly=True).runs() if r["name"] == "A"]
@@ -228,10 +222,7 @@ def test_text_that_is_not_utf8_is_damage_in_one_line(tmp_path, column, sql):
     path, good = tmp_path / "s.db", tmp_path / "good.db"
     two_runs(path)
     two_runs(good)
-    con = sqlite3.connect(path)
-    con.execute(sql)
-    con.commit()
-    con.close()
+    edit_store(path, sql)
     before = digest(tmp_path)
     listing = [["runs", "--db", path]] if column == "name" else []  # `runs` reads no record
     for args in (*listing, ["compare", "A", "B", "--db", path], ["merge", path, "--into", good],
