@@ -189,8 +189,9 @@ def run_demo(prompt: str, model: str | None = None, backends: list[str] | None =
         ids = tokenizer(prompt)["input_ids"]
     except Exception as exc:  # noqa: BLE001 - the tokenizers library raises a bare Exception ("WordPiece error: Missing
         # [UNK] token from the vocabulary", a vocabulary with no [UNK]): the folder's tokenizer files are the fault
-        raise SpecError(f"the tokenizer of {ref.name} cannot encode the prompt ({str(exc).splitlines()[0][:200]}): give "
-                        "the folder the tokenizer files its weights were trained with") from None
+        why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise SpecError(f"the tokenizer of {ref.name} cannot encode the prompt ({why}): give the folder the "
+                        "tokenizer files its weights were trained with") from None
     if not ids:
         raise SpecError(f"the tokenizer of {ref.name} turned the prompt into no tokens: give other text")
     limit = ref.shape.max_positions

@@ -335,9 +335,9 @@ def _no_triggers(path: str, tables: dict[str, list[str]]) -> None:
 
 
 def _tables(path: str, ours: bool = False) -> dict[str, tuple]:
-    """{table: its _layout (ours; () for another's)} of a file (`ours`: one that carries our marker), read without writing a byte:
-    immutable (no lock, no -shm file) unless a -wal file beside it may hold the newest schema, which only a
-    plain read-only connection reads."""
+    """{table: its _layout (() for a table not ours)} of a file (`ours`: one that carries our marker), read
+    without writing a byte: immutable (no lock, no -shm file) unless a -wal file beside it may hold the newest
+    schema, which only a plain read-only connection reads."""
     wal = Path(f"{path}-wal")
     flags = "mode=ro" if wal.exists() and wal.stat().st_size else "mode=ro&immutable=1"
     try:
