@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import sqlite3
 import struct
@@ -202,6 +203,26 @@ def test_yaml_keys_and_numbers_the_command_line_would_not_take_are_refused(tmp_p
     spec.write_text(text)
     assert needle in refused(invoke("run", "--spec", spec, "--db", tmp_path / "x.db"))
     assert not (tmp_path / "x.db").exists()
+
+
+_DECIMAL = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+@FAST
+@given(text=st.text(alphabet="0123456789_:.xXoObBeE+-", min_size=1, max_size=12))
+@example(text="0_2")
+@example(text="1:30")
+def test_a_yaml_number_reads_as_its_decimal_value_or_is_refused_in_one_line(tmp_path, text):
+    """Whatever number-like text a spec file gives min_time, it reads as Python reads that decimal, or the file
+    is refused in one line: never a YAML 1.1 reading the command line would not make (0_2 as 2.0, 1:30 as 90)."""
+    spec = tmp_path / "n.yaml"
+    spec.write_text(f"models: [bert-tiny]\nmin_time: {text}\n")
+    try:
+        got = load_file(str(spec), RunSpec)["min_time"]
+    except SpecError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert _DECIMAL.fullmatch(text) and got == float(text)
 
 
 def test_yaml_numbers_in_their_decimal_forms_read_as_numbers(tmp_path):

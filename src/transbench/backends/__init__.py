@@ -19,9 +19,10 @@ def _load() -> dict[str, Backend]:
     extra = env_text("TRANSBENCH_EXTRA_BACKENDS")
     extras = [n.strip() for n in extra.split(",")] if extra else []
     for name in names + extras:
+        if name in extras and not all(part.isidentifier() for part in name.split(".")):
+            raise SpecError(f"environment variable TRANSBENCH_EXTRA_BACKENDS names {name!r}, which is not a module "
+                            "name: fix or unset it")
         try:
-            if name in extras and not all(part.isidentifier() for part in name.split(".")):
-                raise ValueError(name)
             mod = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name == name and name.startswith(__name__):
@@ -35,9 +36,6 @@ def _load() -> dict[str, Backend]:
                 raise
             raise SpecError(f"environment variable TRANSBENCH_EXTRA_BACKENDS names {name!r}, whose import fails "
                             f"({type(exc).__name__}): fix or unset it") from None
-        except ValueError:
-            raise SpecError(f"environment variable TRANSBENCH_EXTRA_BACKENDS names {name!r}, which is not a module "
-                            "name: fix or unset it") from None
         for b in [getattr(mod, "BACKEND", None), *getattr(mod, "FORCED", [])]:
             if b is not None:
                 found[b.name] = b
