@@ -74,6 +74,14 @@ DAMAGE = {
                  "a record whose batch_size is -1, not a count"),
     "samples 1.5": ("UPDATE cells SET record=json_set(record, '$.n_samples', 1.5) WHERE rowid=1",
                     "a record whose n_samples is 1.5, not a count"),
+    # A run's kind and its cells' scenarios hand-edited apart: compare paired an inference cell moved into a training
+    # run with training cells, and a report filed it under a table of another kind.
+    "kind of another run": ("UPDATE runs SET kind='training' WHERE name='A'",
+                            "is 'inference', not a scenario of its run's kind, training"),
+    "scenario of another kind": ("UPDATE cells SET scenario='micro-gemm' WHERE rowid=1",
+                                 "is 'micro-gemm', not a scenario of its run's kind, inference (inference, generation, max-batch)"),
+    "record of another scenario": ("UPDATE cells SET record=json_set(record, '$.scenario', 'generation') "
+                                   "WHERE rowid=1", "a record of scenario 'generation', not its row's 'inference'"),
 }
 
 

@@ -210,6 +210,8 @@ def test_every_run_kind_a_command_writes_is_declared(tmp_path):
     src = Path(__file__).resolve().parents[1] / "src" / "transbench"
     written = {m for p in src.rglob("*.py") for m in re.findall(r'open_run\(store, "([a-z-]+)"', p.read_text())}
     assert written == set(store_db.RUN_KINDS)
+    from transbench.scenarios.micro.run import KINDS as MICRO
+    assert {scenario for *_, scenario in MICRO.values()} == set(store_db.RUN_KINDS["micro"])
     s = Store(tmp_path / "s.db")
     try:
         with pytest.raises(ValueError, match="not one of inference"):

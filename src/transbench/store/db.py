@@ -36,8 +36,13 @@ APP_ID = 0x74626E63
 SCHEMA_VERSION = 1  # PRAGMA user_version: a newer one is refused rather than misread
 # The kinds of run a store holds: the kind each command passes to open_run (scenarios/inference/run.py, training/
 # spec.py, serve/run.py, micro/run.py). create_run takes no other, and a stored run of another kind is damage: a run
-# whose kind was edited to 'bogus' was listed, compared and merged as if it were a kind of run.
-RUN_KINDS = ("inference", "training", "serve", "micro")
+# whose kind was edited to 'bogus' was listed, compared and merged as if it were a kind of run. Each kind names the
+# scenarios its cells are stored under (the cells' `scenario` property, and runner/sweep.py's max-batch answers and
+# serve/run.py's max-rate answers): a cell of another, or a record whose scenario disagrees with its row's, is damage
+# too, as an inference cell hand-moved into a training run was compared beside training cells without a word.
+RUN_KINDS = {"inference": ("inference", "generation", "max-batch"), "training": ("training", "max-batch"),
+             "serve": ("serve", "serve-max-rate"),
+             "micro": ("micro-gemm", "micro-bandwidth", "micro-layer", "micro-breakdown", "micro-collectives")}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -608,8 +613,9 @@ class Store:
         rows = self.conn.execute(
             "SELECT key, scenario, status, record, cell, samples, info, warnings, created FROM cells "
             "WHERE run_id=? ORDER BY rowid", (run_id,)).fetchall()
-        run = self.conn.execute("SELECT name FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        run = self.conn.execute("SELECT name, kind FROM runs WHERE run_id=?", (run_id,)).fetchone()
         run_name = run[0] if run and isinstance(run[0], str) else run_id
+        scenarios = RUN_KINDS.get(run[1]) if run and isinstance(run[1], str) else None
         out = []
         for r in rows:
             if not all(isinstance(v, str) for v in (r[0], r[1], r[2])):
@@ -627,6 +633,12 @@ class Store:
                 self._damaged("date", where, f"{r[8]!r}, not an ISO 8601 date and time")
             record, cell, samples, info, warnings = (self._json(text, kind, name, where) for text, kind, name in zip(
                 r[3:8], (dict, dict, list, dict, list), ("record", "cell", "samples", "info", "warnings")))
+            if scenarios is not None and r[1] not in scenarios:
+                self._damaged("scenario", where, f"{r[1]!r}, not a scenario of its run's kind, {run[1]} "
+                              f"({', '.join(scenarios)})")
+            if record.get("scenario", r[1]) != r[1]:
+                self._damaged("record", where, f"a record of scenario {repr(record['scenario'])[:80]}, not its row's "
+                              f"{r[1]!r}")
             out.append({"key": r[0], "scenario": r[1], "status": r[2], "record": record, "cell": cell,
                         "samples": samples, "info": info, "warnings": warnings, "created": r[8]})
         return out
