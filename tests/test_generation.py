@@ -80,12 +80,12 @@ def test_static_cache_decoder_matches_dynamic_cache():
     model = build.build_model(build.resolve("gpt2-tiny"), "generate", attn="sdpa")
     ids = torch.randint(1, 1000, (3, 7), generator=torch.Generator().manual_seed(1))
     want, first = greedy(HFGenerator(model), ids, 10, keep_first=True)
-    gen = StaticGenerator(model, 3, 17)
+    gen = StaticGenerator(model, 3, 16)  # 7 + 10 - 1: the last new token is never fed (Cell.positions)
     for _ in range(2):  # the second generation resets the static cache
         got, first_static = greedy(gen, ids, 10, keep_first=True)
         assert torch.equal(got, want)
         assert torch.allclose(first, first_static, atol=1e-5)
-    assert gen.cache_bytes() == 2 * 2 * 3 * 17 * 48 * 4  # k and v, 2 layers, batch 3, 17 slots, hidden 48, fp32
+    assert gen.cache_bytes() == 2 * 2 * 3 * 16 * 48 * 4  # k and v, 2 layers, batch 3, 16 slots, hidden 48, fp32
 
 
 @pytest.mark.parametrize("runs", [1, 3])
@@ -111,11 +111,61 @@ def test_a_built_decode_step_finds_the_cache_the_prefill_left(runs):
             step()
         return step, {"runs": runs}
 
-    gen = StaticGenerator(model, 2, 24, build)
+    gen = StaticGenerator(model, 2, 23, build)  # 16 + 8 - 1 positions
     for _ in range(2):  # the first generation builds the step
         got, _ = greedy(gen, ids, 8)
         assert torch.equal(got, want)
     assert gen.info["runs"] == runs
+
+
+def test_generation_needs_the_positions_it_feeds_not_one_more(tmp_path):
+    """A generation feeds its prompt and every new token but the last: seq 8 and 9 new tokens fit 16 positions, and
+    were refused as needing 17."""
+    import json
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from transbench.store import Store
+    from test_cli_input import invoke, refused
+
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100, n_positions=16, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(tmp_path / "m")
+    db = tmp_path / "g.db"
+    common = ["run", "--model", tmp_path / "m", "--task", "generate", "--seq", "8", "--batch", "2", "--device",
+              "cpu", "--min-time", "0.01", "--warmup", "1", "--db", db]
+    res = invoke(*common, "--new-tokens", "9", "--backend", "eager,sdpa")
+    assert res.exit_code == 0, res.output
+    s = Store(db, readonly=True)
+    try:
+        cells = s.cells(s.runs()[0]["run_id"])
+    finally:
+        s.close()
+    assert [c["status"] for c in cells] == ["ok", "ok"], json.dumps([c["record"].get("error") for c in cells])
+    refused(invoke(*common, "--new-tokens", "10"),
+            "seq 8 + 10 new tokens needs 17 positions, more than", "allows (16 positions): use --seq 7 or less")
+
+
+@pytest.mark.parametrize("window,ok", [(4, False), (64, True)])
+def test_a_local_window_placed_by_the_key_length_is_no_static_cache_generation(window, ok):
+    """GPT-Neo's local layers place their window by the key length, a static cache's size: its compile and
+    cudagraph generations were `wrong`, not `unsupported`. A window as long as the cache is whole causal attention."""
+    import torch
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    from transbench.backends.decoders import HFGenerator, StaticGenerator
+    from transbench.errors import Unsupported
+    from transbench.scenarios.generation.measure import greedy
+
+    torch.manual_seed(0)
+    cfg = GPTNeoConfig(hidden_size=32, num_layers=2, num_heads=2, vocab_size=100, max_position_embeddings=64,
+                       attention_types=[[["global", "local"], 1]], window_size=window, bos_token_id=0, eos_token_id=0)
+    model = GPTNeoForCausalLM._from_config(cfg, attn_implementation="eager").eval()
+    if not ok:
+        with pytest.raises(Unsupported, match="gpt_neo's local attention .window 4. places its window by the cache"):
+            StaticGenerator(model, 2, 19)
+        return
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(greedy(StaticGenerator(model, 2, 19), ids, 8)[0], greedy(HFGenerator(model), ids, 8)[0])
 
 
 def _steps(rows):

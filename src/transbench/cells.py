@@ -56,6 +56,12 @@ class Cell(SweepCell):
     def scenario(self) -> str:
         return "generation" if self.task == "generate" else "inference"
 
+    @property
+    def positions(self) -> int:
+        """Positions the cell feeds the model: the prompt, and in generation each new token but the last, which is
+        read from the logits and never fed back. A generation's static cache holds this many."""
+        return self.seq + (self.new_tokens - 1 if self.task == "generate" else 0)
+
     def identity(self) -> dict:
         """Every setting that changes what this cell measures (timing settings such as min_time do not).
         Settings that only apply to some cells appear only there: new_tokens for generation, the compile

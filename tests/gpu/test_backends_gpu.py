@@ -101,13 +101,12 @@ def test_static_decoders_match_dynamic_cache_tokens():
     m = build.build_model(build.resolve("gpt2-tiny"), "generate", attn="sdpa", device="cuda")
     ids = torch.randint(1, 1000, (3, 8), device="cuda")
     want, _ = greedy(HFGenerator(m), ids, 12)
-    from types import SimpleNamespace
-
     from transbench.backends import compile as compile_backend
     from transbench.backends import cudagraph
 
-    cell = SimpleNamespace(batch=3, seq=8, new_tokens=12, compile_mode="default")
-    makers = {"eager": lambda: StaticGenerator(m, 3, 20), "cudagraph": lambda: cudagraph.make_generator(m, cell),
+    cell = Cell("gpt2-tiny", "generate", "cudagraph", "fp32", 3, 8, device="cuda", new_tokens=12)
+    makers = {"eager": lambda: StaticGenerator(m, 3, cell.positions),
+              "cudagraph": lambda: cudagraph.make_generator(m, cell),
               "compile": lambda: compile_backend.make_generator(m, cell)}
     for step, make in makers.items():
         gen = make()
@@ -119,8 +118,6 @@ def test_static_decoders_match_dynamic_cache_tokens():
 def test_static_decoders_keep_a_full_sliding_window():
     """Capturing and compiling run the decode step before its first use: a full sliding window shifts at each write,
     so the first generation came out a step ahead until the prompt ran again after the build (decoders._build)."""
-    from types import SimpleNamespace
-
     from transformers import AutoModelForCausalLM, MistralConfig
 
     from transbench.backends import compile as compile_backend
@@ -134,7 +131,7 @@ def test_static_decoders_keep_a_full_sliding_window():
     m = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval().to("cuda")
     ids = torch.randint(0, 100, (2, 16), device="cuda")  # the window is full at the first decode
     want, _ = greedy(HFGenerator(m), ids, 10)
-    cell = SimpleNamespace(batch=2, seq=16, new_tokens=10, compile_mode="default")
+    cell = Cell("mistral", "generate", "cudagraph", "fp32", 2, 16, device="cuda", new_tokens=10)
     from transbench.errors import Unsupported
 
     for step, make in {"cudagraph": cudagraph.make_generator, "compile": compile_backend.make_generator}.items():

@@ -89,7 +89,7 @@ def make_generator(model, cell):
         return compiled, {"compile_s": time.perf_counter() - t0, "compile_mode": cell.compile_mode,
                           **fresh_worker_after(cell.compile_mode, device)}
 
-    return StaticGenerator(model, cell.batch, cell.seq + cell.new_tokens, build_step, step="compile")
+    return StaticGenerator(model, cell.batch, cell.positions, build_step, step="compile")
 
 
 BACKEND = Backend(

@@ -126,7 +126,7 @@ def make_generator(model, cell):
 
         return replay, {"capture_s": capture_s}
 
-    return StaticGenerator(model, cell.batch, cell.seq + cell.new_tokens, build_step, step="cudagraph")
+    return StaticGenerator(model, cell.batch, cell.positions, build_step, step="cudagraph")
 
 
 BACKEND = Backend(

@@ -76,6 +76,20 @@ class HFGenerator:
         return sum(t.numel() * t.element_size() for t in _cache_tensors(self.cache))
 
 
+def _check_static_window(config, max_len: int) -> None:
+    """GPT-Neo's local layers cut their window out of a causal table by the key length (transformers'
+    modeling_gpt_neo, GPTNeoSelfAttention._attn), and a static cache's key length is its size, not the tokens written:
+    once the cache is longer than the window, each query's window sits where another position's would, and the
+    compile and cudagraph cells were `wrong` (on the CPU too: the prefill's logits were 0.055 off). Its layers declare
+    themselves in `attention_layers`; families whose windows transformers' StaticCache holds (Mistral's
+    `sliding_window`) are not affected."""
+    window = getattr(config, "window_size", None)
+    if "local" in (getattr(config, "attention_layers", None) or ()) and isinstance(window, int) and window < max_len:
+        raise Unsupported(f"generation with a static cache: {config.model_type}'s local attention (window {window}) "
+                          f"places its window by the cache's length, {max_len} positions, not the tokens in it, so its "
+                          "tokens would be wrong; a growing cache (the eager backend) generates it")
+
+
 class StaticGenerator:
     """transformers' forward with a StaticCache (fixed-size buffers), the decode step on static input
     buffers so a backend can compile it or capture it in a CUDA graph (`build_step`; None: eager).
@@ -87,6 +101,7 @@ class StaticGenerator:
         import torch
         from transformers import StaticCache
 
+        _check_static_window(model.config, max_len)
         device = next(model.parameters()).device
         self.model, self.build_step, self.max_len = model, build_step, max_len
         self.cache = StaticCache(config=model.config, max_cache_len=max_len)

@@ -125,7 +125,7 @@ def _generator(model, cell):
     from ..errors import Unsupported
 
     try:
-        return _compile(model, cell).generator(cell.batch, cell.seq + cell.new_tokens)
+        return _compile(model, cell).generator(cell.batch, cell.positions)
     except EngineUnsupported as exc:
         raise Unsupported(exc.reason) from None
 

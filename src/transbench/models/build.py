@@ -479,6 +479,18 @@ def _check_against_weights(folder: Path, model, family: str, shapes: dict[str, t
         _refuse(folder, f"its weights hold none of the tensors of the {type(model).__name__} that config.json "
                         f"describes (its first is {next(iter(expected), 'none')}, "
                         f"the files' {next(iter(shapes), 'none')})", "use the config.json saved with these weights")
+    # Some of the bare model's parameters and not others: a checkpoint cut short or hand-pruned. transformers fills
+    # what is missing with random values and a note nobody sees, and a folder missing one layer's query ran `ok`,
+    # measured as the checkpoint. Buffers may be missing (position ids that older files did not save); so may the
+    # input embeddings of a tied model whose files keep them only as its LM head.
+    tied = getattr(model.config, "tie_word_embeddings", False) and any(k.endswith("lm_head.weight") for k in shapes)
+    skip = {id(model.get_input_embeddings().weight)} if tied and model.get_input_embeddings() is not None else set()
+    lacking = [name for name, param in model.named_parameters() if name not in found and id(param) not in skip]
+    if lacking:
+        _refuse(folder, f"its weights lack {len(lacking)} of the {type(model).__name__}'s parameters that config.json "
+                        f"describes ({', '.join(lacking[:3])}{', ...' if len(lacking) > 3 else ''}), which would run "
+                        "random", "restore the missing weights (re-download the checkpoint), or use the config.json "
+                        "saved with these weights")
 
 
 # Where a family numbers its layers in tensor names: BERT's `encoder.layer.3.`, GPT-2's `h.3.`, Llama's

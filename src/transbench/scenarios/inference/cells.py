@@ -93,16 +93,18 @@ def validate(spec: RunSpec) -> RunSpec:
             raise SpecError(reasons[0])
     for ref in refs:
         for task in spec.tasks:
-            extra = spec.new_tokens if task == "generate" else 0
+            # Generation feeds the prompt and every new token but the last (Cell.positions): seq + new tokens - 1.
+            extra = spec.new_tokens - 1 if task == "generate" else 0
+            top = ref.shape.max_positions
             for s in spec.seqs:
-                if s + extra > ref.shape.max_positions:
-                    what = f"seq {s} + {extra} new tokens" if extra else f"seq {s}"
-                    room = ref.shape.max_positions - extra
+                if s + extra > top:
+                    what = f"seq {s} + {extra + 1} new tokens needs {s + extra} positions, more" if extra else \
+                        f"seq {s} is longer"
+                    room = top - extra
                     fix = (f"use --seq {room} or less" if room >= 1 else  # `--seq -72 or less` was the advice
-                           f"use --new-tokens {ref.shape.max_positions - s} or less" if s < ref.shape.max_positions
-                           else f"give --seq and --new-tokens that add up to {ref.shape.max_positions} or less")
-                    raise SpecError(f"{what} is longer than {ref.name} allows ({ref.shape.max_positions} "
-                                    f"positions): {fix}")
+                           f"use --new-tokens {top - s + 1} or less" if s <= top
+                           else f"give --seq and --new-tokens that add up to {top + 1} or less")
+                    raise SpecError(f"{what} than {ref.name} allows ({top} positions): {fix}")
     spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
     check_name_text(spec.name)  # before the store is opened (created, when new) for a name it cannot hold
     return spec
