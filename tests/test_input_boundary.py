@@ -994,3 +994,14 @@ def test_any_embedding_an_endpoint_sends_is_finite_float32_or_refused(vector):
     except ValueError:
         return
     assert got and all(abs(v) <= http_client.F32_MAX for v in got)
+
+
+@pytest.mark.parametrize("command", [["run", "--model", "bert-tiny", "--backend", "eager"],
+                                     ["train", "--model", "bert-tiny"], ["micro", "layer", "--model", "bert-tiny"]])
+def test_a_grid_past_the_cells_one_run_takes_is_refused_before_it_is_built(tmp_path, command):
+    """Each axis within its limit, their product was not: 60,000 batches x 128 seqs held 4.5 GB before a cell ran."""
+    batches, seqs = ",".join(map(str, range(1, 401))), ",".join(map(str, range(1, 301)))
+    db = tmp_path / "t.db"
+    refused(invoke(*command, "--batch", batches, "--seq", seqs, "--device", "cpu", "--db", db),
+            "the grid has 120,000 cells (400 --batch x 300 --seq), above the 100,000 one run takes")
+    assert not db.exists()

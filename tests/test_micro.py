@@ -397,3 +397,11 @@ def test_micro_min_time_help_shows_the_default_it_uses():
     cpu = opts.resolved(torch.device("cpu")).min_time
     gpu = opts._common(torch.device("cuda"))["min_time"]  # what a GPU point gets (no GPU needed to ask)
     assert f"{gpu:g} on GPU, {cpu:g} on CPU" in " ".join(res.output.split()), res.output
+
+
+def test_gemm_tokens_past_their_limit_are_refused(tmp_path):
+    """1e18 rows stored four `error` cells (storage size overflowed), exit 0: the limit --help states."""
+    db = tmp_path / "g.db"
+    refused(runner.invoke(app, ["micro", "gemm", "--model", "bert-tiny", "--sizes", "64", "--tokens",
+                                "1000000000000000000", "--db", str(db)]), "--tokens", "above its limit of 1,048,576")
+    assert not db.exists()

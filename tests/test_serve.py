@@ -289,6 +289,34 @@ def test_runs_spec_of_a_serve_run_reads_back_with_serve_spec(tmp_path):
         assert "`transbench serve --spec`" in res.output and "Traceback" not in res.output
 
 
+def test_runs_spec_of_a_lengths_file_run_reads_back(tmp_path):
+    """The stored spec holds the lengths file's digest (`lengths_source`), a key `serve --spec` refused: the file
+    `runs --spec` wrote was refused by the command it was written for."""
+    db, db2, out, counts = tmp_path / "s.db", tmp_path / "t.db", tmp_path / "s.yaml", tmp_path / "counts.txt"
+    counts.write_text("5\n6\n")
+    args = [f"counts:{counts}" if a.startswith("lognormal") else a for a in QUICK]
+    res = invoke("serve", *args, "--rate", "20", "--backend", "sdpa", "--db", db, "--name", "c")
+    assert res.exit_code == 0, res.output
+    assert invoke("runs", "--db", db, "--spec", "c", "--out", out).exit_code == 0
+    assert "lengths_source" not in out.read_text()
+    res = invoke("serve", "--spec", out, "--db", db2)
+    assert res.exit_code == 0, res.output
+
+
+def test_an_endpoint_runs_spec_leaves_out_what_the_endpoint_resolved():
+    """A `serve --url` run stores the model, task, backend, dtype and device the endpoint resolved; `serve --spec`
+    refuses them beside --url (they set what runs in this process)."""
+    from transbench import api
+
+    stored = {"url": "http://127.0.0.1:9", "api": "openai-completions", "served_model": "m", "model": "m",
+              "task": "generate", "backends": ["http"], "dtype": "-", "device": "cpu", "rates": [5.0]}
+    assert api.spec_file({"kind": "serve", "spec": stored}) == {
+        "url": "http://127.0.0.1:9", "api": "openai-completions", "served_model": "m", "rates": [5.0]}
+    in_process = {"model": "bert-tiny", "backends": ["sdpa"], "dtype": "fp32", "lengths_source": "c.txt@1"}
+    assert api.spec_file({"kind": "serve", "spec": in_process}) == {"model": "bert-tiny", "backends": ["sdpa"],
+                                                                     "dtype": "fp32"}
+
+
 @pytest.mark.slow
 def test_wrong_backend_is_never_loaded(tmp_path, extra_backends):
     extra_backends("broken_backends")

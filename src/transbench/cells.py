@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 
 
@@ -25,6 +27,43 @@ class SweepCell:
     @classmethod
     def from_dict(cls, d: dict):
         return cls(**d)
+
+    @classmethod
+    def field_problem(cls, d: dict) -> str | None:
+        """What in a store row's `cell` column breaks the type a field declares, or None. A row edited by hand
+        (batch "1") made a cell whose batch compared with numbers as text: a traceback in the resume that skips
+        larger batches after an `oom`. A column of another version's fields, which from_dict cannot build, is its
+        readers' to skip (runner/sweep.py prior_ooms)."""
+        try:
+            cell = cls.from_dict(d)  # subclasses read older forms there (TrainCell's renamed fields, ServeCell's tuple)
+        except (TypeError, ValueError):
+            return None
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            value, want = getattr(cell, f.name), hints[f.name]
+            if not _fits(value, want):
+                return (f"a {cls.__name__} whose {f.name} is {json.dumps(value, default=str)[:60]}, not "
+                        f"{' or '.join(getattr(t, '__name__', str(t)) for t in _members(want))}")
+        return None
+
+
+def _members(hint) -> tuple:
+    """The types a field's annotation admits: `int | None` is (int, NoneType)."""
+    return typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+        else (hint,)
+
+
+def _fits(value, hint) -> bool:
+    for t in _members(hint):
+        if t is type(None) and value is None:
+            return True
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if t not in (int, float, type(None)) and isinstance(t, type) and isinstance(value, t):
+            return True
+    return False
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,11 @@ LIMITS = {"--batch": 1_048_576, "--seq": 1_048_576, "--warmup": 100_000, "--min-
           "--concurrency": 1_000_000,  # serve's MAX_REQUESTS: requests queued at once
           "--steps": 10_000_000,
           "--grad-accum": 1024,  # micro-batches a step: 1e11 ran until the cell's timeout
-          "--pad-vocab": 65_536}  # a multiple past any vocabulary: 1e8 sized embeddings until the OS killed the worker
+          "--pad-vocab": 65_536,  # a multiple past any vocabulary: 1e8 sized embeddings until the OS killed the worker
+          "--tokens": 1_048_576}  # micro gemm's layer rows: 1e18 stored `error` cells (storage size overflowed), exit 0
+# The most cells one run's grid may have (the product of its axes' lengths): a spec file of 60,000 batches x 128 seqs
+# (7.7 million cells, each axis within its limit) held 4.5 GB before a cell ran. At a second a cell this is a day.
+MAX_CELLS = 100_000
 
 
 @dataclass(frozen=True)
@@ -78,8 +82,12 @@ def help_text(f: dataclasses.Field, s: Setting, is_list: bool, item_kind: type =
     limit = LIMITS.get(option_of(f, s))
     if limit is not None and item_kind is int:  # counts; a seconds option of the same spelling is not one
         text = f"{text} (at most {limit:,})"
-    axis = s.axis if s.axis is not None else is_list and not s.repeat
-    return f"{text} (comma-separated; a sweep axis)" if axis else f"{text} (comma-separated)" if is_list and not s.repeat else text
+    return f"{text} (comma-separated; a sweep axis)" if is_axis(s, is_list) else f"{text} (comma-separated)" if is_list and not s.repeat else text
+
+
+def is_axis(s: Setting, is_list: bool) -> bool:
+    """Whether a setting is a sweep axis: each of its values a point of the grid."""
+    return s.axis if s.axis is not None else is_list and not s.repeat
 
 
 def shown_default(f: dataclasses.Field, s: Setting) -> str:

@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .declare import LIMITS, declared, old_keys, option_of, whole_fields
+from .declare import LIMITS, MAX_CELLS, declared, is_axis, item_type, old_keys, option_of, whole_fields
 from . import boundary
 from .errors import SpecError
 
@@ -269,7 +269,19 @@ def checked(cls, spec, whole: frozenset[str] = frozenset()):
     out = cls(**coerce(cls, {f.name: getattr(spec, f.name) for f in fields(cls)}, "", whole))
     if getattr(out, "name", None) is not None:
         check_name(out.name)  # control characters, an empty name, 'last': refused as on the CLI
+    check_grid_size(cls, out)
     return out
+
+
+def check_grid_size(cls, spec) -> None:
+    """The grid's cells (the product of its axes' lengths, an upper bound where a scenario does not cross two of
+    them) are at most declare.MAX_CELLS: each axis within its own limit, the product was not bounded."""
+    sizes = [(option_of(f, s), len(v)) for f, s in declared(cls)
+             if is_axis(s, item_type(cls, f.name)[1]) and isinstance(v := getattr(spec, f.name), list) and len(v) > 1]
+    if math.prod(n for _, n in sizes) > MAX_CELLS:
+        shown = " x ".join(f"{n:,} {option}" for option, n in sizes)
+        raise SpecError(f"the grid has {math.prod(n for _, n in sizes):,} cells ({shown}), above the {MAX_CELLS:,} "
+                        "one run takes: give fewer values, or split the grid into several runs")
 
 
 # Shards of one grid: far more than any cluster's job array, and far below what stored a run of no cells for

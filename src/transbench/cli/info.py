@@ -118,12 +118,7 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
         except SpecError as exc:  # said in a spec file's words ("batches: expected a list"), as if the user wrote it
             fail(f"store {db} is damaged: the spec of run {match[0]['name']!r} does not read back ({exc}): restore it "
                  "from a copy, or give another --db")
-        stored = match[0]["spec"]
-        if match[0]["kind"] == "micro" and stored.get("micro") == "gemm" and not stored.get("models"):
-            # a gemm run without layer GEMMs stores its resolved default --tokens (256 on a CPU), and
-            # `micro gemm --spec` refuses --tokens where no model is measured: the file did not read back.
-            # Left out, the rerun resolves the same default, so the spec (and a resume by name) is the same.
-            stored = {k: v for k, v in stored.items() if k != "tokens"}
+        stored = api.spec_file(match[0])
         if out != "-":
             # a training, serve or micro run's spec too: --out was ignored for them (JSON on stdout, no file, exit 0)
             text = dump_text(s or stored, Path(out).suffix)

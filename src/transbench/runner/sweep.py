@@ -21,7 +21,7 @@ from ..cells import CellResult
 from ..errors import SpecError
 # Spec settings a resumed run may change (where and how long cells run, not what they measure): one set with
 # merge's, which joins the shards of one run.
-from ..store.db import RESUMABLE, RunExists, cell_problem
+from ..store.db import RESUMABLE, RunExists, cell_problem, new_run_ident
 from .worker import Worker
 
 
@@ -103,13 +103,14 @@ def open_run(store, kind: str, spec: dict, name: str | None, env: Callable[[], d
     # The name is held for this process before anything is looked up or measured (store.claim): a second process
     # on it refuses, where both had measured and the later one's cell replaced the other's.
     part = str(spec.get("shard") or "")
-    if name:
-        store.claim(name, part)
-    existing = store.run_named(name) if name else None
+    # A run the user did not name is named here, so its name is held before its row is written: a lock refused
+    # after the insert left an empty run in the store, exit 2.
+    run_id, name = (None, name) if name else new_run_ident(kind)
+    store.claim(name, part)
+    existing = store.run_named(name)
     if existing is None:
         try:
-            run_id, name = store.create_run(name, kind, spec, env())
-            store.claim(name, part)
+            run_id, name = store.create_run(name, kind, spec, env(), run_id=run_id)
             return run_id, name, 0
         except RunExists:  # made meanwhile by another process (two shards started at once): resume it
             existing = store.run_named(name)
@@ -297,7 +298,7 @@ def check_same_device(stored: list[dict], todo: list) -> None:
 def prior_ooms(store, run_id: str, cell_type: type) -> dict:
     """The smallest out-of-memory batch of each OOM group already stored in this run."""
     out: dict = {}
-    for c in store.cells(run_id):
+    for c in store.cells(run_id, cell_type):
         if c["status"] == "oom":
             try:
                 cell = cell_type.from_dict(c["cell"])
@@ -314,8 +315,9 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
     """Run every cell not yet stored for this run. Cells of one OOM group go to one lane, in batch order;
     a batch above one that ran out of memory (now or before a resume) is `skipped`."""
     done = store.finished_keys(run_id)
-    check_same_device(store.cells(run_id), [c for c in cells if c.key() not in done])
-    stored = {c["key"]: c for c in store.cells(run_id)} if opts.max_batch else {}
+    rows = store.cells(run_id, target.cell_type)  # its `cell` columns checked: the resume builds cells from them
+    check_same_device(rows, [c for c in cells if c.key() not in done])
+    stored = {c["key"]: c for c in rows} if opts.max_batch else {}
     prior_oom = prior_ooms(store, run_id, target.cell_type)
     groups: dict = {}
     for c in cells:

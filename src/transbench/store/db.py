@@ -117,6 +117,12 @@ def _lock_folder() -> Path:
     return folder
 
 
+def new_run_ident(kind: str) -> tuple[str, str]:
+    """(id, name) of a run the user did not name: a random id, and the kind, the time and the id's start as its name."""
+    run_id = uuid.uuid4().hex[:12]
+    return run_id, f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{run_id[:4]}"
+
+
 def _lock_key(path: str, name: str) -> str:
     """The store by its identity (one file however its path is spelled), and the run name."""
     st = os.stat(path)
@@ -231,6 +237,18 @@ def inspect(path: str) -> str:
     p = Path(path)
     if not path.strip():  # `--db ' '` made a store named ' ' (`--db ''` read as the folder '.')
         raise SpecError("store path is empty: give a file path, e.g. --db transbench.db")
+    if path == ":memory:" or path.startswith("file:"):
+        # SQLite's names for a database in memory and for a URI: `merge --into :memory:` said it merged, and kept
+        # nothing
+        raise SpecError(f"store {path} is SQLite's name for a database that is not a plain file: give a file path, "
+                        "e.g. --db transbench.db")
+    if path.endswith(("/", os.sep)):  # SQLite opened `x.db/` as x.db, and a new x.db was made beside the refusal
+        raise SpecError(f"store {path} ends in a folder separator: give a file path, e.g. --db "
+                        f"{path.rstrip('/' + os.sep) or 'transbench.db'}")
+    side = next((suffix for suffix in ("-wal", "-shm", "-journal") if path.endswith(suffix)), None)
+    if side:  # SQLite takes such a file for the side file of the store named without it, and deletes or rewrites it
+        raise SpecError(f"store {path} is named as SQLite names the side files of a store ({side}): SQLite would "
+                        f"delete or rewrite it when {path[:-len(side)]} is opened; give another name")
     try:
         folder, exists, regular = p.is_dir(), p.exists(), p.is_file()
     except OSError as exc:  # pathlib before Python 3.13 raises for a name too long (ENAMETOOLONG) or a folder that
@@ -499,17 +517,18 @@ class Store:
 
     # --- runs -----------------------------------------------------------------------------------
     @_guarded
-    def create_run(self, name: str | None, kind: str, spec: dict, env: dict) -> tuple[str, str]:
-        # A named run has an id derived from its name, so shards of one sweep on several hosts share it
-        # and `merge` joins their cells.
+    def create_run(self, name: str | None, kind: str, spec: dict, env: dict,
+                   run_id: str | None = None) -> tuple[str, str]:
+        """A new run: `name` and `run_id` as given (an unnamed run's, from new_run_ident), a named run's id derived
+        from its name (shards of one sweep on several hosts share it and `merge` joins their cells), or for neither
+        a new unnamed run's."""
         check_name_text(name)
         if kind not in RUN_KINDS:  # a caller's bug: what is written must read back (_run refuses other kinds)
             raise ValueError(f"run kind {kind!r} is not one of {', '.join(RUN_KINDS)} (store.db.RUN_KINDS)")
-        if name:
+        if not name:
+            run_id, name = new_run_ident(kind)
+        elif run_id is None:
             run_id = hashlib.sha256(name.encode()).hexdigest()[:12]
-        else:
-            run_id = uuid.uuid4().hex[:12]
-            name = f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{run_id[:4]}"
         try:
             with self.conn:
                 self.conn.execute("INSERT INTO runs VALUES (?,?,?,?,?,?)",
@@ -609,7 +628,9 @@ class Store:
                                                 (run_id,))}
 
     @_guarded
-    def cells(self, run_id: str) -> list[dict]:
+    def cells(self, run_id: str, cell_type=None) -> list[dict]:
+        """The run's cells, every column checked; with `cell_type` (a cells.SweepCell class: the reader builds its
+        cells from the `cell` column) that column's fields against the types the class declares."""
         rows = self.conn.execute(
             "SELECT key, scenario, status, record, cell, samples, info, warnings, created FROM cells "
             "WHERE run_id=? ORDER BY rowid", (run_id,)).fetchall()
@@ -633,6 +654,9 @@ class Store:
                 self._damaged("date", where, f"{r[8]!r}, not an ISO 8601 date and time")
             record, cell, samples, info, warnings = (self._json(text, kind, name, where) for text, kind, name in zip(
                 r[3:8], (dict, dict, list, dict, list), ("record", "cell", "samples", "info", "warnings")))
+            problem = cell_type.field_problem(cell) if cell_type is not None else None
+            if problem:
+                self._damaged("cell", where, problem)
             if scenarios is not None and r[1] not in scenarios:
                 self._damaged("scenario", where, f"{r[1]!r}, not a scenario of its run's kind, {run[1]} "
                               f"({', '.join(scenarios)})")

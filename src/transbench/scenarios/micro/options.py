@@ -136,9 +136,9 @@ class GemmOptions(MicroCommon):
     """Square n x n x n products over `sizes`, plus each model's four layer GEMMs at `tokens` rows."""
 
     sizes: list[int] | None = setting(None, "square sizes n, e.g. 1024,2^12 (GPU default 128..16384; at most 2^20)",
-                                      read=lambda text: parse_sizes(text), axis=False)
+                                      read=lambda text: parse_sizes(text))
     dtypes: list[str] | None = setting(None, "", option="--dtype", choices=GEMM_DTYPES,
-                                       shown="all on GPU, fp32 on CPU", axis=False)
+                                       shown="all on GPU, fp32 on CPU")
     # transformer-shaped GEMMs of these presets; [] for none
     models: list[str] | None = setting(None, "presets whose 4 layer GEMMs to add; '' for none", option="--model",
                                        short="-m", shown="bert-base-uncased,bert-large-uncased on GPU, none on CPU",
@@ -177,8 +177,8 @@ class BandwidthOptions(MicroCommon):
 
     sizes: list[int] | None = setting(None, "elements per vector, e.g. 2^20,2^24 (GPU default 2^14..2^28; at most "
                                       "2^40)",
-                                      read=lambda text: parse_sizes(text), axis=False)
-    ops: list[str] | None = setting(None, "", choices=STREAM_OPS, axis=False)
+                                      read=lambda text: parse_sizes(text))
+    ops: list[str] | None = setting(None, "", choices=STREAM_OPS)
     dtype: str = setting("fp32", "", choices=STREAM_DTYPES)
 
     def resolved(self, device) -> BandwidthOptions:
@@ -205,10 +205,8 @@ class LayerOptions(MicroCommon):
 
     model: str = setting("bert-large-uncased", "preset or local checkpoint folder", short="-m")
     dtype: str | None = setting(None, "", choices=LAYER_DTYPES, shown="fp16 on GPU, fp32 on CPU")
-    batches: list[int] | None = setting(None, "batch sizes", option="--batch", shown="4,8,...,128 on GPU, 1,4 on CPU",
-                                        axis=False)
-    seqs: list[int] | None = setting(None, "sequence lengths", option="--seq", shown="128,512 on GPU, 128 on CPU",
-                                     axis=False)
+    batches: list[int] | None = setting(None, "batch sizes", option="--batch", shown="4,8,...,128 on GPU, 1,4 on CPU")
+    seqs: list[int] | None = setting(None, "sequence lengths", option="--seq", shown="128,512 on GPU, 128 on CPU")
 
     def resolved(self, device) -> LayerOptions:
         gpu = device.type == "cuda"
@@ -286,12 +284,11 @@ class CollectivesOptions(MicroCommon):
     """All-reduce, all-gather and reduce-scatter over `nproc` processes (torchrun: NCCL between GPUs, gloo on the
     CPU), per message size in bytes, with nccl-tests' algorithm and bus bandwidth."""
 
-    ops: list[str] | None = setting(None, "", option="--op", choices=COLLECTIVE_OPS, shown="all three", axis=False)
+    ops: list[str] | None = setting(None, "", option="--op", choices=COLLECTIVE_OPS, shown="all three")
     # bytes: the all-reduced buffer, the gathered output, the scattered input
     sizes: list[int] | None = setting(None, "bytes per op, e.g. 1KiB..1GiB (doubling), 64MiB,1GiB or 2^20 (default "
                                       "1KiB..1GiB on GPU, 1KiB..1MiB on CPU; at most 2^40)",
-                                      read=lambda text: parse_byte_sizes(text),
-                                      axis=False)
+                                      read=lambda text: parse_byte_sizes(text))
     dtype: str = setting("fp32", "", choices=COLLECTIVE_DTYPES)
     nproc: int | None = setting(None, "processes (GPUs), through torchrun: NCCL on GPUs, gloo on the CPU",
                                 shown="every visible GPU, 2 on CPU")

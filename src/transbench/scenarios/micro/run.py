@@ -77,6 +77,15 @@ class MicroCell(SweepCell):
 
 
 
+def spec_file(stored: dict) -> dict:
+    """A stored micro run's spec as `micro KIND --spec` reads it back (`runs --spec`). A gemm run without layer GEMMs
+    stores its resolved default --tokens (256 on a CPU), which `micro gemm --spec` refuses where no model is measured:
+    left out, the rerun resolves the same default, so the spec (and a resume by name) is the same."""
+    if stored.get("micro") == "gemm" and not stored.get("models"):
+        return {k: v for k, v in stored.items() if k != "tokens"}
+    return stored
+
+
 def cells(kind: str, opts, device, db: str) -> list[MicroCell]:
     _, module, _ = KINDS[kind]
     options = json.dumps(opts.to_dict(), sort_keys=True)

@@ -88,7 +88,7 @@ def check(spec):
 
             if not Path(folder).expanduser().is_dir():
                 raise SpecError(f"{flag} {folder}: no such folder (give a local checkpoint or tokenizer folder)")
-    from .prompts import has_tokenizer, local_tokenizer
+    from .prompts import has_tokenizer, local_tokenizer, prompt_ids
 
     if spec.tokenizer is not None and not has_tokenizer(spec.tokenizer):
         raise SpecError(f"--tokenizer {spec.tokenizer}: the folder holds no tokenizer files")
@@ -99,13 +99,15 @@ def check(spec):
     # The tokenizer the cell will use (local_tokenizer), loaded here: a broken one failed the cell after the whole
     # load had run (`KeyError: 'added_tokens'`).
     try:
-        local_tokenizer(spec.tokenizer, spec.reference_model)
+        tokenizer = local_tokenizer(spec.tokenizer, spec.reference_model)
     except Exception as exc:  # noqa: BLE001 - a corrupt file: transformers and tokenizers raise many kinds
         flag, folder = (("--tokenizer", spec.tokenizer) if spec.tokenizer else
                         ("--reference-model", spec.reference_model))
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise SpecError(f"{flag} {folder}: its tokenizer files cannot be read ({type(exc).__name__}: "
                         f"{first})") from None
+    if tokenizer is not None:
+        prompt_ids(tokenizer)  # a vocabulary of special tokens alone, refused before the load
     if spec.served_model is not None and not is_model_name(spec.served_model):
         raise SpecError(f"--served-model {spec.served_model!r}: give the name the endpoint serves, 1 to "
                         f"{MODEL_CHARS} printable characters (GET /v1/models lists them)")

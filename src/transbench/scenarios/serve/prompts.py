@@ -12,6 +12,8 @@ import functools
 import hashlib
 import random
 
+from ...errors import SpecError
+
 # Short, common English words: most tokenizers keep each one token (with its leading space).
 WORDS = ("the of and to in is was for on are as with his they at be this from have or one had by word but not "
          "what all were when your can said there use each which she do how their if will up other about out many "
@@ -80,14 +82,26 @@ def local_tokenizer(tokenizer: str | None, reference_model: str | None) -> HFTok
     return None
 
 
+def prompt_ids(tokenizer) -> tuple[int, set[int]]:
+    """(the lowest id prompts draw from, the ids they never draw): ids past a few hundred, since the first ones of
+    many vocabularies are control, byte or unused tokens, and no special token; from 0 where every id past that
+    is special. SpecError where every id is: a vocabulary of [PAD] [UNK] [CLS] [SEP] [MASK] alone had the prompt
+    loop draw for ever, and the cell waited out its whole timeout."""
+    special = set(getattr(tokenizer.tok, "all_special_ids", ()) or ()) if hasattr(tokenizer, "tok") else set()
+    for low in (min(1000, tokenizer.vocab // 4), 0):
+        if any(i not in special for i in range(low, tokenizer.vocab)):
+            return low, special
+    raise SpecError(f"the tokenizer of {tokenizer.name.removeprefix('tokenizer:')}: every id of its vocabulary "
+                    f"({tokenizer.vocab}) is a special token, so no prompt can be drawn from it: give a tokenizer with "
+                    "ordinary tokens")
+
+
 def make_prompts(lengths: list[int], seed: int, tokenizer=None) -> tuple[list[str], str]:
     """A prompt per requested length, and what made them ("synthetic-words" or "tokenizer:FOLDER")."""
     rng = random.Random(seed)
     if tokenizer is None:
         return [" ".join(rng.choice(WORDS) for _ in range(n)) for n in lengths], "synthetic-words"
-    special = set(getattr(tokenizer.tok, "all_special_ids", ()) or ()) if hasattr(tokenizer, "tok") else set()
-    # Ids past a few hundred: the first ones of many vocabularies are control, byte or unused tokens.
-    low = min(1000, tokenizer.vocab // 4)
+    low, special = prompt_ids(tokenizer)
     out = []
     for n in lengths:
         ids = []

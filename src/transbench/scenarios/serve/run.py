@@ -19,6 +19,19 @@ from .search import find_max_rate
 from .stats import name as percentile_name
 
 
+# The fields endpoint_spec.check resolves for a `serve --url` run (the endpoint serves its own model): stored with the
+# run, and refused by `serve --spec` beside --url (set, they would name what runs in this process).
+ENDPOINT_RESOLVED = ("model", "task", "backends", "dtype", "device")
+
+
+def spec_file(stored: dict) -> dict:
+    """A stored serve run's spec as `serve --spec` reads it back (`runs --spec`): without the lengths file's digest
+    (a key no spec file takes) and, for an endpoint, without what the endpoint resolved. Both were written, and the
+    file was refused by the command it was written for."""
+    return {k: v for k, v in stored.items()
+            if k != "lengths_source" and not (stored.get("url") and k in ENDPOINT_RESOLVED)}
+
+
 def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_path: str | None = None,
           on_cell: Callable = lambda c, r: None, on_progress: Callable | None = None) -> RunOutcome:
     """A load test (scenarios.serve.spec.ServeSpec): every (backend, load) cell stored as it ends. With

@@ -129,7 +129,7 @@ def add_gains(rows: list[dict]) -> list[dict]:
 
 
 def _stored(store, run_id: str, key: str) -> dict | None:
-    for c in store.cells(run_id):
+    for c in store.cells(run_id, TrainCell):
         if c["key"] == key:
             return c
     return None

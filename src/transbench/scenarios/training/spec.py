@@ -404,7 +404,7 @@ def find_baseline(store, run_id: str, cell: TrainCell, gpu: str | None) -> dict 
     want = json.dumps(cell.comparable())
     for rid in runs:
         found = []
-        for c in store.cells(rid):
+        for c in store.cells(rid, TrainCell):
             other = c["cell"]
             if c["status"] != "ok" or c["scenario"] != "training" or other.get("nproc", 1) * other.get("nnodes", 1) != 1:
                 continue
