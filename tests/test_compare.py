@@ -488,3 +488,18 @@ def test_repeats_that_bound_no_ratio_are_na_not_a_traceback(reps_a, reps_b, alph
     samples = [1.0] * 40
     ratio, interval, verdict, note = judge(samples, samples, 1.0, 1.0, CompareConfig(alpha, 0.0), None, reps_a, reps_b)
     assert (interval, verdict) == (None, "n/a") and note
+
+
+def test_samples_at_the_ends_of_the_floats_are_compared_and_shown_in_one_width(tmp_path):
+    """Samples the store takes (finite, 0 or more) whose ratios pass any float: no interval of inf, and a median of
+    1e300 ms shown in 301 digits, wider than any terminal."""
+    import re
+
+    db = str(tmp_path / "x.db")
+    make_run(db, "a", [(cell("eager", 1), ok_result([1e-300 * (1 + i / 100) for i in range(40)], 1))])
+    make_run(db, "b", [(cell("eager", 1), ok_result([1e300 * (1 + i / 100) for i in range(40)], 1))])
+    res = CliRunner().invoke(app, ["compare", "a", "b", "--db", db])
+    assert "Traceback" not in res.output and not re.search(r"\binf\b", res.output), res.output
+    assert "1.195e+300" in res.output and not re.search(r"\d{20}", res.output), res.output
+    assert "B/A is past the largest float" in res.output
+    assert rank_interval(np.array([1e-300, 2e-300, 3e-300]), np.array([1e300, 2e300, 3e300]), 0.5) is None

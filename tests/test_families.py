@@ -106,6 +106,16 @@ def test_sdpa_with_padding_and_encoders_only(cache, model):
     assert 0 < r.record["rel_err"] < 1e-4
 
 
+@pytest.mark.parametrize("model", ["gpt2-tiny", "llama-tiny"])
+def test_a_decoder_classifier_given_embeddings_over_padding_is_unsupported(cache, model):
+    """From inputs_embeds a decoder's classifier reads the last position, padding here, where the reference (from the
+    ids) reads the last real token: every backend, eager included, was `wrong`."""
+    r = run(cache, model, "classification", "eager", seq_stdev=5.0, embeddings=False)
+    assert r.status == "unsupported" and "reads each sequence's last position" in r.error, r.error
+    r = run(cache, model, "classification", "eager", embeddings=False)  # no padding: nothing read is padding
+    assert r.status == "ok", r.error
+
+
 def test_a_missing_head_is_unsupported_in_a_mixed_grid(cache):
     r = run(cache, "llama-tiny", "mlm", "eager")
     assert r.status == "unsupported" and "needs a family with that head" in r.error
@@ -179,6 +189,25 @@ def test_decoder_families_generate(cache, model):
     p = PRESETS[model]
     assert r.record["kv_cache_analytic_mb"] * 2**20 == 2 * 2 * 2 * (16 + 4 - 1) * 2 * 12 * 4 == flops.kv_cache_bytes(
         p, 16 + 4 - 1, 4) * 2
+
+
+@pytest.mark.parametrize("layout,kv", [(dict(multi_query=True), 1), (dict(multi_query=False), 4),
+                                       (dict(new_decoder_architecture=True, num_kv_heads=2), 4)])  # broadcast first
+def test_falcons_analytic_kv_cache_counts_the_heads_it_caches(tmp_path, layout, kv):
+    """Falcon's first layout with multi_query caches one key and value head for all its query heads (falcon-7b: 71):
+    its config names no num_key_value_heads, and the analytic cache and a decode step's bandwidth counted them all."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    from transbench.backends.decoders import HFGenerator
+
+    cfg = FalconConfig(vocab_size=97, hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
+                       max_position_embeddings=64, alibi=False, parallel_attn=True, **layout)
+    FalconForCausalLM(cfg).save_pretrained(tmp_path / "falcon")
+    ref = build.resolve(str(tmp_path / "falcon"))
+    assert ref.shape.kv == kv
+    gen = HFGenerator(build.build_model(ref, "generate"))
+    gen.prefill(torch.randint(3, 90, (1, 10)))
+    assert gen.cache_bytes() == flops.kv_cache_bytes(ref.shape, 10, 4)
 
 
 def test_static_cache_decoder_matches_dynamic_cache_for_llama():
@@ -506,6 +535,15 @@ def test_a_refused_config_prints_nothing_but_its_refusal(tmp_path):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "sets vocab_size to -5" in lines[0], r.stderr
     assert not (tmp_path / "r.db").exists()
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "linear", "factor": 0, "rope_theta": 10000.0},
+                                  {"rope_type": "default", "rope_theta": -1.0}])
+def test_a_rotary_base_or_scale_that_is_not_positive_is_refused(tmp_path, rope):
+    """Built and run by transformers: every cell read `wrong` (rel_err inf)."""
+    d = _saved(tmp_path / "ckpt", _tiny("LlamaForCausalLM"), rope_parameters=rope)
+    key = "factor" if "factor" in rope else "rope_theta"
+    assert f"config.json sets rope_parameters.{key} to {rope[key]!r}, and it must be a positive number" in _refusal(d)
 
 
 def test_a_config_that_does_not_fit_its_weights_is_refused(tmp_path):

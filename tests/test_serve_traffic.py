@@ -215,6 +215,14 @@ def test_a_huge_number_in_a_traffic_file_is_one_line_naming_its_line(tmp_path, o
     assert f"{f} line {1 if option == '--trace' else 2}: " in out and "is past 9,007,199,254,740,992" in out
 
 
+def test_a_trace_whose_requests_are_all_at_time_zero_says_so(tmp_path):
+    """`lower --warmup` was the advice, with --warmup 0."""
+    f = tmp_path / "zero.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 8, "output_length": 1}\n' * 3)
+    assert "every request is at timestamp 0, so the trace spans no time" in _refused(tmp_path, "--trace", f,
+                                                                                     "--warmup", "0")
+
+
 def test_trace_too_long_for_the_model(tmp_path):
     f = tmp_path / "long.jsonl"
     f.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1}\n'

@@ -405,6 +405,21 @@ def test_a_resume_refuses_a_stored_cell_of_the_wrong_field_types(tmp_path, edit,
     assert digest(tmp_path) == before
 
 
+def test_resume_says_a_bad_value_came_from_the_stored_spec(tmp_path):
+    """`run --resume` of the newest run whose stored spec holds threads -5 said `--threads must be between 1 and
+    4096`, an option the user never typed."""
+    db = tmp_path / "s.db"
+    spec = grid.validate(RunSpec(models=["bert-tiny"], backends=["eager"], batches=[1], seqs=[8], device="cpu",
+                                 min_time=0.01, warmup=1))
+    make_run(str(db), "inference-old", [(c, ok_result(samples(10.0), c.batch)) for c in grid.expand(spec)],
+             spec=api.spec_to_store(spec))
+    edit_store(db, "UPDATE runs SET spec=json_set(spec, '$.threads', -5)")
+    before = digest(tmp_path)
+    refused(invoke("run", "--resume", "--db", db), "cannot resume run 'inference-old' with the spec stored with it:",
+            "--threads")
+    assert digest(tmp_path) == before
+
+
 # --- a killed sweep's -wal file -----------------------------------------------------------------------------
 
 def test_readers_leave_a_killed_sweeps_wal_file_as_it_is(tmp_path):

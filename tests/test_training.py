@@ -184,6 +184,9 @@ def test_nan_loss_is_an_error_without_speed():
     ({"kernels": "liger"}, ("liger_kernel", "transbench[liger]")),
     ({"backend": "sdpa-cudnn"}, (None, "CUDA only")),
     ({"dtype": "fp16"}, (None, "CUDA only")),
+    # transformers refused to build it: a ValueError, `error`, where inference's sdpa cells read `unsupported`
+    ({"model": "deberta-tiny", "backend": "sdpa"}, (None, "deberta-v2 has no 'sdpa' attention in transformers: train "
+                                                          "it with --backend eager")),
 ])
 def test_unavailable_choices_are_unsupported_with_the_fix(change, needs):
     module, text = needs

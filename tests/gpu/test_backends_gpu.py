@@ -139,7 +139,9 @@ def test_static_decoders_keep_a_full_sliding_window():
         for _ in range(2):
             try:
                 got, _ = greedy(gen, ids, 10)
-            except Unsupported as exc:  # torch 2.11 refused to capture this decode step: said, not an error
-                assert step == "cudagraph" and "cannot be captured in a CUDA graph" in str(exc), exc
+            except Unsupported as exc:  # said, not an error: torch 2.11 refused to capture this decode step, and
+                # transformers' sliding-window cache guards the compiled step on the tokens written (a recompile a step)
+                assert ("cannot be captured in a CUDA graph" if step == "cudagraph" else
+                        "the decode step recompiles at each position") in str(exc), exc
                 break
             assert torch.equal(got, want), step

@@ -69,14 +69,9 @@ def family_reason(backend: Backend, family: str) -> str | None:
         return None if family in (*BERT_LIKE, "gpt2") else f"the fused engine runs {', '.join(BERT_LIKE)} and gpt2"
     if backend.attn == "eager" or backend.attn_fallback:
         return None
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+    from ..models import build
 
-    cls = getattr(transformers, MODEL_MAPPING_NAMES.get(family, ""), None)
-    flag = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn"}.get(backend.attn)
-    if cls is not None and flag and not getattr(cls, flag, False):
-        return f"{family} has no '{backend.attn}' attention in transformers"
-    return None
+    return build.missing_attention(family, "base", backend.attn)
 
 
 __all__ = ["Backend", "Prepared", "family_reason", "get", "registry"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from ..errors import Unsupported
 from .base import Backend, Prepared
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -86,8 +87,26 @@ def make_generator(model, cell):
         with torch.inference_mode():
             compiled()  # compiles; the replayed step runs the same positions again
         dev.synchronize(device)
-        return compiled, {"compile_s": time.perf_counter() - t0, "compile_mode": cell.compile_mode,
-                          **fresh_worker_after(cell.compile_mode, device)}
+
+        def decode():
+            # As the forwards' timed calls: a recompile is no step of the compiled model. transformers' sliding-window
+            # cache guards the step on the tokens written (`cumulative_length_int`), so a Mistral's step recompiled
+            # at every position until dynamo's limit, then ran eagerly: an `ok` cell timing compilations and eager
+            # steps under the name compile.
+            try:
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    return compiled()
+            except RuntimeError as exc:
+                if "Detected recompile" not in str(exc):
+                    raise
+                guard = next((line.strip(" -") for line in str(exc).splitlines() if "==" in line), "")
+                guard = guard.split("#")[0].strip()  # the guard, without dynamo's comment on where it came from
+                raise Unsupported("generation under compile: the decode step recompiles at each position"
+                                  f"{f' (guard {guard})' if guard else ''}, so its steps would time compilations; "
+                                  "sdpa generates it") from None
+
+        return decode, {"compile_s": time.perf_counter() - t0, "compile_mode": cell.compile_mode,
+                        **fresh_worker_after(cell.compile_mode, device)}
 
     return StaticGenerator(model, cell.batch, cell.positions, build_step, step="compile")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import os
 import re
 import zipfile
@@ -134,6 +135,12 @@ def shape_from_config(name: str, cfg) -> Preset:
         positions -= position_offset(cfg.model_type, getattr(cfg, "pad_token_id", None))
     head_dim = getattr(cfg, "head_dim", None)
     kv = getattr(cfg, "num_key_value_heads", None)
+    if cfg.model_type == "falcon" and getattr(cfg, "multi_query", False) and \
+            not getattr(cfg, "new_decoder_architecture", False):
+        # Falcon's first layout (falcon-7b) projects and caches one key and value head for all its query heads
+        # (transformers' FalconAttention); its config names no num_key_value_heads, and the analytic KV cache and a
+        # decode step's bandwidth counted 71 heads.
+        kv = 1
     return Preset(
         name, cfg.model_type, cfg.num_hidden_layers, hidden, heads, _first(cfg, _FFN_NAMES, 4 * hidden),
         cfg.vocab_size, positions,
@@ -317,12 +324,31 @@ def _check_sizes(folder: Path, cfg, raw: dict) -> None:
             key = getattr(cfg, "attribute_map", {}).get(name, name)  # GPT-2's n_head is num_attention_heads
             _refuse(folder, f"config.json sets {key} to {value!r}, and it must be a positive integer",
                     "fix config.json")
+    for key, value in _rope_values(cfg):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not (math.isfinite(value) and value > 0):
+            # rotary frequencies of base 0, or positions scaled by 0: transformers builds and runs it, and every
+            # cell read `wrong` (rel_err inf)
+            _refuse(folder, f"config.json sets {key} to {value!r}, and it must be a positive number", "fix config.json")
     if getattr(cfg, "vocab_size", None) == 1:
         # The cells' random tokens avoid the padding id (RoBERTa numbers positions by it): one id leaves none to
         # draw, and every cell was an `error` ("random_ expects 'from' to be less than 'to'").
         key = getattr(cfg, "attribute_map", {}).get("vocab_size", "vocab_size")
         _refuse(folder, f"config.json sets {key} to 1, which leaves the random tokens no id but the padding id",
                 "use a vocabulary of 2 or more")
+
+
+def _rope_values(cfg):
+    """(name, value) of the rotary base and scaling factors config.json sets: top-level rope_theta, and rope_parameters'
+    or rope_scaling's rope_theta and factors, per layer type where a family nests them (Gemma 3)."""
+    yield "rope_theta", getattr(cfg, "rope_theta", None)
+    for field in ("rope_parameters", "rope_scaling"):
+        params = getattr(cfg, field, None)
+        tables = [params] if isinstance(params, dict) else []
+        tables += [v for v in (params or {}).values() if isinstance(v, dict)] if isinstance(params, dict) else []
+        for table in tables:
+            for key in ("rope_theta", "factor"):
+                if key in table:
+                    yield f"{field}.{key}", table[key]
 
 
 def _check_text_transformer(folder: Path, family: str, cfg) -> None:
@@ -772,6 +798,18 @@ def param_count(shape: Preset) -> int:
 
 # The class flag that says a transformers model class has an attention implementation.
 _SUPPORTS = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn"}
+
+
+def missing_attention(family: str, task: str, attn: str) -> str | None:
+    """Why `family`'s class for `task` has no transformers `attn` attention ('sdpa', 'flash_attention_2'), or None
+    (eager, or a class that declares it). A class that lacks it refuses to be built with it (a ValueError)."""
+    import transformers
+
+    cls = getattr(transformers, task_class(family, task) or "", None)
+    flag = _SUPPORTS.get(attn)
+    if cls is not None and flag and not getattr(cls, flag, False):
+        return f"{family} has no '{attn}' attention in transformers"
+    return None
 
 
 def _init_kwargs(cls) -> dict:

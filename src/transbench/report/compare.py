@@ -207,9 +207,12 @@ def rank_interval(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[float, fl
     d = rank_depth(len(a), len(b), alpha)
     if d == 0:
         return None
-    ratios = (b[None, :] / a[:, None]).ravel()
+    with np.errstate(over="ignore", divide="ignore", under="ignore"):  # stored extremes (1e300 ms over 1e-320 ms)
+        ratios = (b[None, :] / a[:, None]).ravel()
     k = len(ratios)
     lo, hi = np.partition(ratios, (d - 1, k - d))[[d - 1, k - d]]
+    if not (np.isfinite(lo) and np.isfinite(hi)):  # a ratio past any float: no interval to judge by (`n/a`)
+        return None
     return float(lo), float(hi)
 
 
@@ -280,7 +283,10 @@ def judge(samples_a: list[float], samples_b: list[float], median_a: float, media
           repeats_b: list[float] | None = None) -> tuple[float, tuple[float, float] | None, str, str]:
     """(ratio B/A, interval, verdict, note) for two cells that were both ok (of `scenario`: the note's hint);
     `repeats_a` / `repeats_b`: the medians of each side's repeats, where its run was repeated (rule 5)."""
-    ratio = median_b / median_a
+    with np.errstate(over="ignore", divide="ignore"):
+        ratio = float(np.float64(median_b) / np.float64(median_a))
+    if not math.isfinite(ratio):  # medians at the two ends of the floats (1e300 ms over 1e-300 ms)
+        return None, None, "n/a", f"B/A is past the largest float (medians {median_a:.4g} and {median_b:.4g} ms)"
     if repeats_a and repeats_b and len(repeats_a) >= 2 and len(repeats_b) >= 2:
         if min(*repeats_a, *repeats_b) <= 0:
             return ratio, None, "n/a", ZERO_NOTE

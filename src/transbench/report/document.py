@@ -35,6 +35,9 @@ class Section:
     blocks: list[Table | Figure | str] = field(default_factory=list)
 
 
+LONG = 10**15  # num() writes values from here on in scientific notation
+
+
 def num(value, kind: str = "") -> str:
     """A measured value as text: enough digits to compare, no scientific notation for everyday sizes."""
     if value is None:
@@ -49,9 +52,11 @@ def num(value, kind: str = "") -> str:
         return f"{value:+.1f}"
     if kind == "err":
         return f"{value:.2e}"
+    a = abs(value)
+    if LONG <= a < 2**1023:  # past any measured figure: 1e300 ms printed 301 digits, wider than any table
+        return f"{float(value):.4g}"
     if isinstance(value, int):
         return str(value)
-    a = abs(value)
     if a >= 1000:
         return f"{value:.0f}"
     if a >= 100:

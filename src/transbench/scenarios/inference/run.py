@@ -48,7 +48,10 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
             if last is None or last["kind"] != "inference":
                 raise SpecError(f"nothing to resume: no inference run in {db}")
             _refuse_ignored_fields(asked, last, explicit)
-            spec = grid.validate(RunSpec.from_dict({**last["spec"], "name": last["name"]}))
+            try:
+                spec = grid.validate(RunSpec.from_dict({**last["spec"], "name": last["name"]}))
+            except SpecError as exc:  # a value the caller never typed: say it came from the stored run
+                raise SpecError(f"cannot resume run '{last['name']}' with the spec stored with it: {exc}") from None
             cells, name = grid.expand(spec), last["name"]
         elif resume and store.find_run(name) is None:
             raise SpecError(f"nothing to resume: no run named {name} in {db}")

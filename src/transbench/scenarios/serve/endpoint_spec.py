@@ -128,6 +128,11 @@ def shape_ref(spec):
             positions = getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", None)
         except (OSError, ValueError):
             positions = None
+        if positions is not None and (isinstance(positions, bool) or not isinstance(positions, int) or positions < 1):
+            # a tokenizer folder's config is read only here (a --reference-model's was checked by build.resolve):
+            # -5 advised `--new-tokens -6 or less`
+            raise SpecError(f"{folder}: its config.json sets max_position_embeddings to {positions!r}, and it must be "
+                            "a positive integer: fix config.json")
         if positions:
             return SimpleNamespace(name=folder, path=folder, shape=SimpleNamespace(max_positions=positions))
     return SimpleNamespace(name=spec.served_model, path=None, shape=SimpleNamespace(max_positions=NO_POSITIONS))

@@ -235,6 +235,9 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
             raise SpecError(f"--trace {spec.trace}: {len(over):,} requests ask for more than {where} (the longest "
                             f"{max(over):,} tokens): give a trace that fits the model")
         span = trace.times_s[-1] / spec.trace_speed
+        if span <= 0:  # every request at time 0: `lower --warmup` was the advice, with --warmup 0
+            raise SpecError(f"--trace {spec.trace}: every request is at timestamp 0, so the trace spans no time to "
+                            "measure a rate over: give a trace whose timestamps advance")
         if spec.warmup >= span:
             raise SpecError(f"--warmup {spec.warmup:g} s is not shorter than the trace's {span:.4g} s at --trace-speed "
                             f"{spec.trace_speed:g}: nothing would be measured; lower --warmup")

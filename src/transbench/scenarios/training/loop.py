@@ -58,6 +58,11 @@ def check_supported(cell: TrainCell, device_type: str) -> None:
             raise Unsupported("attention flash-attn2 runs on CUDA in fp16 or bf16 only")
     if cell.backend == "sdpa-cudnn" and not cuda:
         raise Unsupported("attention sdpa-cudnn runs on CUDA only")
+    # transformers refuses to build a class with an attention it lacks (DeBERTa-v2 and sdpa, the default): a ValueError
+    # in the cell, `error`, where inference's cells read `unsupported`
+    missing = build.missing_attention(build.resolve(cell.model).family, cell.task, ATTENTION[cell.backend][0])
+    if missing:
+        raise Unsupported(f"{missing}: train it with --backend eager")
     if cell.optim == "ds-fused-adam" or cell.strategy == "deepspeed":
         what = "optimizer ds-fused-adam" if cell.optim == "ds-fused-adam" else "strategy deepspeed"
         if _missing("deepspeed"):
