@@ -552,6 +552,12 @@ def _statuses(records) -> str:
     return ", ".join(f"{n} {s}" for s, n in sorted(Counter(r["status"] for r in records).items()))
 
 
+def ratio_text(ratio: float) -> str:
+    """B/A as text: three decimals where they say something; past them, three significant digits (a ratio of 1e-18
+    read 0.000, one of 1e18 nineteen digits and three decimals)."""
+    return f"{ratio:.3f}" if 0.001 <= abs(ratio) < 10_000 or ratio == 0 else f"{ratio:.3g}"
+
+
 def _state(rec: dict, median: float | None) -> str:
     return num(median) if rec["status"] == "ok" else STATUS_TEXT.get(rec["status"], rec["status"])
 
@@ -563,10 +569,10 @@ def comparison_table(cmp: Comparison) -> Table:
     vary = varying(records)
     rows = []
     for c in cmp.cells:
-        interval = "" if c.interval is None else f"{c.interval[0]:.3f}-{c.interval[1]:.3f}"
+        interval = "" if c.interval is None else f"{ratio_text(c.interval[0])}-{ratio_text(c.interval[1])}"
         rows.append(([_text(settings(c.record_a), vary)] if vary else []) + [
             _state(c.record_a, c.median_a), _state(c.record_b, c.median_b),
-            "" if c.ratio is None else f"{c.ratio:.3f}", interval, c.verdict, c.note])
+            "" if c.ratio is None else ratio_text(c.ratio), interval, c.verdict, c.note])
     headers = (["cell"] if vary else []) + ["A ms", "B ms", "B/A", f"{percent(1 - cmp.config.alpha)} interval",
                                             "verdict", "note"]
     shared = common(records)
@@ -647,8 +653,8 @@ def github_benchmark(cmp: Comparison) -> list[dict]:
         if rec.get("latency_iqr_ms") is not None:
             entry["range"] = f"± {rec['latency_iqr_ms'] / 2:.4g}"
         if c is not None:
-            interval = "" if c.interval is None else f" ({c.interval[0]:.3f}-{c.interval[1]:.3f})"
-            ratio = "" if c.ratio is None else f"; B/A {c.ratio:.3f}{interval}"
+            interval = "" if c.interval is None else f" ({ratio_text(c.interval[0])}-{ratio_text(c.interval[1])})"
+            ratio = "" if c.ratio is None else f"; B/A {ratio_text(c.ratio)}{interval}"
             entry["extra"] = f"{c.verdict} against {cmp.run_a['name']}{ratio}; {_n(rec)} samples"
         out.append(entry)
     return out

@@ -167,7 +167,18 @@ def _legend(fig, axes) -> None:
         for handle, name in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(name, handle)
     if seen:
-        fig.legend(list(seen.values()), [wrap(name) for name in seen], loc="outside right upper", fontsize=8)
+        figure_legend(fig, list(seen.values()), list(seen))
+
+
+# Legend entries a column holds before the legend takes another: 55 runs' entries ran off the image's bottom.
+LEGEND_ROWS = 24
+
+
+def figure_legend(fig, handles: list, names: list[str]) -> None:
+    """The figure's legend, outside the panels at the right, centred: at the top it sat over the figure's title
+    (centred over the whole figure, legend included)."""
+    fig.legend(handles, [wrap(name) for name in names], loc="outside right center", fontsize=8,
+               ncols=max(1, -(-len(names) // LEGEND_ROWS)))
 
 
 def _panels(fig, count: int, ncols: int = 4) -> list:
@@ -361,8 +372,11 @@ def _sample_axis(ax, samples: list[list[float]]) -> None:
     how many samples of each box lie beyond it."""
     import numpy as np
 
-    lo = min(float(np.percentile(s, AXIS_PERCENTILES[0])) for s in samples)
     hi = max(float(np.percentile(s, AXIS_PERCENTILES[1])) for s in samples)
+    # The low end from the positive samples: a sample of 0 ms (a clock coarser than the call) made the axis linear
+    # from 0, and boxes 10x apart flat lines; it is counted below the axis (a log axis draws no value <= 0).
+    positive = [[v for v in s if v > 0] for s in samples]
+    lo = min((float(np.percentile(s, AXIS_PERCENTILES[0])) for s in positive if s), default=0.0)
     if lo > 0 and hi / lo > 10:
         ax.set_yscale("log")
         bottom, top = lo / 1.15, hi * 1.15
@@ -432,7 +446,7 @@ def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
             ax.grid(True, axis="y", alpha=0.3)
             points += [{"plot": "samples", "series": r["_label"], "seq": seq, "batch": b,
                         "value": len(r["_samples"])} for r in boxed]
-        fig.legend(list(legend.values()), [wrap(name) for name in legend], loc="outside right upper", fontsize=8)
+        figure_legend(fig, list(legend.values()), list(legend))
         lo, hi = AXIS_PERCENTILES
         title = (f"{model} {task} {dtype}: latency distribution of the raw samples\n"
                  f"(whiskers p{lo:g}-p{hi:g}; \u25b2n: n samples above the axis)")

@@ -106,7 +106,7 @@ def plot_roofline(points: Iterable[Mapping], peak_tflops: float | Mapping[str, f
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     if any(groups):
-        fig.legend(fontsize=8, loc="outside right upper")
+        fig.legend(fontsize=8, loc="outside right center")  # as plots.figure_legend: clear of the title
     _label_points(fig, ax, [p for p in pts if p.get("label")])
     export.save_figure(fig, path, dpi=120)
     return path

@@ -229,6 +229,10 @@ def save_figure(fig, path: str | Path, **kwargs) -> None:
     at write time: a Python caller (plot_micro, the report's plots) may not have checked it."""
     fmt = _plot_format(Path(path))
     refuse_foreign(path, "", ("plot",))
+    # Every text drawn literally: a run named `cost $x^2$` was drawn as math, and one with `$\undefined{$` failed
+    # every plot of the report (matplotlib's mathtext parser). No label of ours is math.
+    for text in fig.findobj(lambda artist: hasattr(artist, "set_parse_math")):
+        text.set_parse_math(False)
     with replacing(path, binary=True) as f:
         if fmt == "pgf":  # LaTeX source, no metadata: the mark is its first line, a TeX comment
             f.write(f"%% {plot_creator()}\n".encode())
@@ -247,7 +251,17 @@ def _fill_csv(recs: list[dict], f) -> None:
     w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
     for r in recs:
-        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
+        w.writerow({k: _csv_value(r.get(k)) for k in cols})
+
+
+def _csv_value(value):
+    """A record's value in a CSV cell: lists and objects as the JSON record writes them (Python's repr, with single
+    quotes and True, was no format a CI script reads), switches as JSON's true and false, none as empty."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict, bool)):
+        return json.dumps(finite_json(value), default=str, allow_nan=False)
+    return value
 
 
 # --- output paths ------------------------------------------------------------------------------------------
