@@ -90,6 +90,17 @@ def nothing_written(tmp_path):
     (lambda db: api.merge(None, ["x.db"]), "target must be a file path"),
     (lambda db: api.tune("bert-tiny", ["x"], [8], device="cpu"), "batches: expected a list of whole numbers, got 'x'"),
     (lambda db: api.tune(None, [1], [8], device="cpu"), "model must be a preset name or a checkpoint folder"),
+    # AttributeErrors and TypeErrors from deep inside, some after the backend was prepared or the runs were loaded
+    (lambda db: api.run_demo(None), "prompt must be text, got None"),
+    (lambda db: api.run_demo("hi", model=5), "model must be a preset name or a checkpoint folder, got 5"),
+    (lambda db: api.run_demo("hi", model="bert-tiny", backends="sdpa"), "backends must be a list of backend names"),
+    (lambda db: api.report(db, ["a"], "out", config=5), "config must be a transbench.report.CompareConfig, got 5"),
+    (lambda db: api.report(db, ["a"], "out", compare_runs="no"), "compare_runs must be True or False, got 'no'"),
+    (lambda db: api.report(db, ["a"], "out", bogus=1), "report() takes no keyword 'bogus'"),
+    (lambda db: api.train(TrainSpec(**TRAIN), db, on_cel=print), "train() takes no keyword 'on_cel'"),
+    (lambda db: api.run(RunSpec(**RUN), db, resume=True, explicit=5), "explicit must be None or the names of the"),
+    (lambda db: api.spec_file({"kind": "serve", "spec": None}), "run must be a row of runs()"),
+    (lambda db: api.spec_file(None), "run must be a row of runs()"),
 ])
 def test_api_bad_input_is_a_spec_error_before_any_file(tmp_path, call, needle):
     with pytest.raises(SpecError) as exc:

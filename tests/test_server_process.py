@@ -269,3 +269,15 @@ def test_a_body_past_the_limit_is_refused_as_it_arrives(monkeypatch):
     sent = call(fake_api(False), [{"type": "http.request", "body": b"x" * 8, "more_body": True},
                                   {"type": "http.request", "body": b"x" * 8, "more_body": True}], hang=True)
     assert sent[0]["status"] == 413 and (b"connection", b"close") in sent[0]["headers"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions/", "/v1/embeddings/", "/health/"])
+def test_a_path_with_a_trailing_slash_is_a_json_404_not_a_redirect(path):
+    """Starlette answered 307 with a Location built from the client's Host header (`http://evil.example/...`)."""
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(answering_api(True)), base_url="http://t",
+                                     headers={"host": "evil.example"}) as client:
+            return await client.post(path, json={"model": "tiny", "prompt": "a", "max_tokens": 1})
+    resp = asyncio.run(main())
+    assert resp.status_code in (404, 405) and "location" not in resp.headers, (resp.status_code, resp.headers)
+    assert resp.json()["error"]["message"].startswith(f"POST {path}")

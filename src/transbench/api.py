@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .arguments import RunOutcome, check_callbacks, check_names, check_outputs, check_path  # noqa: F401
+from .arguments import RunOutcome, check_callbacks, check_flag, check_names, check_outputs, check_path  # noqa: F401
 from .errors import SpecError
 from .measure import env as env_mod
 from .scenarios.inference.run import inference_target, run, spec_to_store  # noqa: F401  (api.run, ...)
@@ -45,6 +45,7 @@ def train(spec: TrainSpec, db: str = "transbench.db", **kwargs) -> list[dict]:
     """A training sweep (scenarios/training/spec.py), or with `spec.ladder` the seed notebook's ladder of steps
     for one model (scenarios/training/ladder.py); kwargs: json_path, csv_path, on_start, on_cell."""
     spec = checked(TrainSpec, spec)  # a dict or None: a SpecError, not an AttributeError
+    check_keywords(kwargs, ("json_path", "csv_path", "on_start", "on_cell"), "train")
     db = check_outputs(db, kwargs.get("json_path"), kwargs.get("csv_path"))
     check_callbacks(**{k: v for k, v in kwargs.items() if k in ("on_start", "on_cell")})
     if spec.ladder:
@@ -87,6 +88,8 @@ def spec_file(run: dict) -> dict:
     from .scenarios.micro import run as micro_run
     from .scenarios.serve import run as serve_run
 
+    if not (isinstance(run, dict) and isinstance(run.get("kind"), str) and isinstance(run.get("spec"), dict)):
+        raise SpecError(f"run must be a row of runs() (a dict with a kind and a spec), got {run!r:.200}")
     return {"serve": serve_run.spec_file, "micro": micro_run.spec_file}.get(run["kind"], dict)(run["spec"])
 
 
@@ -126,7 +129,20 @@ def report(db: str = "transbench.db", runs: list[str] | None = None, out_dir: st
     # Only None or an empty list is "the newest run", as no run named on the command line: runs="" (a name left
     # empty by mistake) reported the newest run without a word, where records(db, "") and `report ''` refuse it.
     runs = ["last"] if runs is None or (isinstance(runs, list) and not runs) else runs
+    check_keywords(kwargs, ("compare_runs", "config"), "report")
+    if kwargs.get("compare_runs") is not None:
+        check_flag(kwargs["compare_runs"], "compare_runs")  # "no" was a true value
+    if kwargs.get("config") is not None and not isinstance(kwargs["config"], CompareConfig):
+        raise SpecError(f"config must be a transbench.report.CompareConfig, got {kwargs['config']!r}")
     return build_report(check_path(db), check_names(runs, "runs"), check_path(out_dir, "out_dir"), baseline, **kwargs)
+
+
+def check_keywords(given: dict, allowed: tuple[str, ...], function: str) -> None:
+    """A keyword a function passes on (**kwargs) that it does not take: a TypeError from deep inside, naming another
+    function (`train(spec, on_cel=print)`)."""
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise SpecError(f"{function}() takes no keyword {unknown[0]!r}: it takes {', '.join(allowed)}")
 
 
 def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: float = 0.03):
@@ -171,6 +187,7 @@ def server(spec, on_ready: Callable = lambda info: None) -> str | None:
     from .scenarios.serve import server_spec
 
     srv.need_server_extra()
+    check_callbacks(on_ready=on_ready)  # on_ready=5 was called only after the backend was prepared
     spec, ref, decoder = server_spec.check(spec)
     return srv.run(spec, ref, decoder, on_ready)
 

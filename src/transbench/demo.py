@@ -10,6 +10,7 @@ preset has no tokenizer to borrow (WordPiece ids would be another vocabulary's),
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,6 +167,16 @@ def run_demo(prompt: str, model: str | None = None, backends: list[str] | None =
     from .measure import device as dev
     from .models import build
 
+    # From Python: None or 5 as the prompt was an AttributeError, a model of 5 another, and backends="sdpa" the
+    # backends 's', 'd', 'p', 'a'
+    if not isinstance(prompt, str):
+        raise SpecError(f"prompt must be text, got {prompt!r}")
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise SpecError(f"model must be a preset name or a checkpoint folder, got {model!r}")
+    if isinstance(backends, str) or (backends is not None and (not isinstance(backends, (list, tuple)) or
+                                                               not all(isinstance(b, str) for b in backends))):
+        raise SpecError(f"backends must be a list of backend names, got {backends!r}")
+    model = None if model is None else os.fspath(model)
     if not prompt.strip():
         raise SpecError("--prompt is empty: give some text, e.g. --prompt \"the cat sat on the [MASK].\"")
     try:  # bytes that are not UTF-8 reach Python as lone surrogates, which the tokenizer takes for no text at all

@@ -30,6 +30,9 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
     `on_start(cells, already_done)` is called once the grid is known; `on_warning(line)` before the sweep, for
     other processes busy on the CPU (each cell records and warns of its own as well). `explicit`: the fields the
     caller set (the command line's options and --spec keys); None: those that differ from their defaults."""
+    if explicit is not None and not (isinstance(explicit, (set, frozenset, list, tuple))
+                                     and all(isinstance(k, str) for k in explicit)):
+        raise SpecError(f"explicit must be None or the names of the fields the caller set, got {explicit!r:.200}")
     asked = checked(RunSpec, spec)  # before the device's defaults fill it: what the caller set (resume below)
     spec = grid.validate(asked)
     db = check_outputs(db, json_path, csv_path)

@@ -341,7 +341,11 @@ def build_app(api: Api):
     routes = [Route("/health", api.health), Route("/metrics", api.metrics), Route("/v1/models", api.models),
               Route("/v1/embeddings", api.embeddings, methods=["POST"]),
               Route("/v1/completions", api.completions, methods=["POST"])]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    # `/v1/completions/` was a 307 to a URL built from the client's Host header (`http://evil.example/...`): an
+    # unknown path, a JSON 404 as any other
+    app.router.redirect_slashes = False
+    return app
 
 
 def tokenizer_for(ref):
