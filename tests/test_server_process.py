@@ -281,3 +281,53 @@ def test_a_path_with_a_trailing_slash_is_a_json_404_not_a_redirect(path):
     resp = asyncio.run(main())
     assert resp.status_code in (404, 405) and "location" not in resp.headers, (resp.status_code, resp.headers)
     assert resp.json()["error"]["message"].startswith(f"POST {path}")
+
+
+def test_a_connection_whose_headers_do_not_arrive_is_closed_and_others_are_served(monkeypatch):
+    """uvicorn times a connection out only between requests: 280 connections that sent nothing, or half their headers,
+    were held for ever and used up the descriptors; every other client then timed out."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from test_serve_http import free_port
+    from transbench.scenarios.serve import server
+
+    monkeypatch.setattr(server, "HEADER_S", 0.5)
+    port = free_port()
+    config = uvicorn.Config(answering_api(False), host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                            http=server.header_deadline_protocol())
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(100):
+            if srv.started:
+                break
+            time.sleep(0.05)
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(5)]
+        half = [socket.create_connection(("127.0.0.1", port)) for _ in range(5)]
+        for s in half:
+            s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n")
+        body = socket.create_connection(("127.0.0.1", port))  # headers in time: its body has BODY_S, not HEADER_S
+        body.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        time.sleep(1.5)
+
+        def closed(s) -> bool:
+            s.settimeout(0.2)
+            try:
+                return s.recv(10) == b""
+            except socket.timeout:
+                return False
+            except OSError:
+                return True
+
+        assert all(closed(s) for s in idle + half) and not closed(body)
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"model": "tiny", "input": "a"}, timeout=5)
+        assert resp.status_code == 200, resp.text
+        for s in idle + half + [body]:
+            s.close()
+    finally:
+        srv.should_exit = True
+        thread.join(10)

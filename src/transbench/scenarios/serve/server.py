@@ -37,6 +37,10 @@ MAX_BODY = 16 * 2**20  # a request body past this is refused (413) as it arrives
 # A body has this long to arrive in full: a client that stalls part way would otherwise hold its connection (and the
 # bytes read so far) for as long as it stays connected; the slowest real client sends a body in well under a second.
 BODY_S = 30.0
+# A connection whose request line and headers have not arrived this long after it opened (or after its last answer)
+# is closed: uvicorn's h11 protocol times a connection out only between requests, so connections that sent nothing,
+# or half their headers, were held for ever, and 280 of them used up the descriptors: every other client timed out.
+HEADER_S = 10.0
 GONE = 499  # nginx's "client closed request", as /metrics counts a client that hung up before its body was read
 MAX_INPUTS = 2048  # inputs in one embeddings request
 SWITCH_S = 0.0005  # the interpreter's thread switch interval while serving (see run)
@@ -363,6 +367,84 @@ def check_port(host: str, port: int) -> None:
             raise SpecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def header_deadline_protocol():
+    """The HTTP protocol uvicorn picks (httptools where it is installed, else h11), with a deadline on each request's
+    line and headers (HEADER_S): both time a connection out only between requests."""
+    import importlib.util
+
+    if importlib.util.find_spec("httptools") is not None:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base
+
+    class HeaderDeadline(Base):
+        _deadline = None
+        _headers_in = False  # this request's line and headers have arrived
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(HEADER_S, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if not self._headers_in and not self.transport.is_closing():
+                self.transport.close()  # no request begun: nothing to answer
+
+        def _h11_headers_in(self) -> None:
+            conn = getattr(self, "conn", None)  # h11's connection; httptools says so in on_headers_complete
+            if conn is not None:
+                import h11  # uvicorn's dependency
+
+                self._headers_in = self._headers_in or conn.their_state is not h11.IDLE
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._h11_headers_in()
+            if self._headers_in:  # the body has BODY_S (Api.body)
+                self._disarm()
+
+        def on_headers_complete(self) -> None:
+            self._headers_in = True
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            self._headers_in = False  # a pipelined request's headers, parsed in super(), set it again
+            super().on_response_complete()
+            self._h11_headers_in()
+            if not self._headers_in and not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
+
+
+def _more_descriptors(most: int = 65_536) -> None:
+    """The soft limit on open files raised to the hard one (at most `most`): at the usual soft 1,024 a few hundred
+    slow clients left none for the rest, and asyncio's accept loop logged a traceback per refused connection."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = min(most, hard) if hard != resource.RLIM_INFINITY else most
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):  # no such limit here, or not ours to raise
+        pass
+
+
 def run(spec, ref, decoder: bool, on_ready=lambda info: None) -> str | None:
     """Prepare the backend, then serve until SIGTERM or SIGINT; returns the signal's name that ended it. A backend
     that cannot run here (or whose output is wrong) is refused with one line before anything listens."""
@@ -390,8 +472,10 @@ def run(spec, ref, decoder: bool, on_ready=lambda info: None) -> str | None:
         if stopped:
             return signal.Signals(stopped[0]).name
         api = Api(spec, ref, decoder, model, tokenizer_for(ref))
+        _more_descriptors()
         config = uvicorn.Config(build_app(api), host=spec.host, port=spec.port, log_level="warning",
-                                access_log=False, lifespan="off", timeout_graceful_shutdown=GRACE_S)
+                                access_log=False, lifespan="off", timeout_graceful_shutdown=GRACE_S,
+                                http=header_deadline_protocol())
         server = uvicorn.Server(config)
         on_ready({**model.info, "dtype": spec.dtype, "backend": spec.backend, "model": api.name,
                   "url": f"http://{f'[{spec.host}]' if ':' in spec.host else spec.host}:{spec.port}",  # IPv6 in []
