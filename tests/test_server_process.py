@@ -331,3 +331,51 @@ def test_a_connection_whose_headers_do_not_arrive_is_closed_and_others_are_serve
     finally:
         srv.should_exit = True
         thread.join(10)
+
+
+def test_a_body_still_arriving_when_the_server_stops_gets_a_json_503():
+    """SIGTERM while a client was part way through its body: the stop waited out the whole grace, then uvicorn
+    cancelled the read (a traceback, a text/plain 500), and the server said requests in flight were answered."""
+    from types import SimpleNamespace as NS
+
+    from transbench.scenarios.serve import server
+    from transbench.scenarios.serve.prompts import WordTokenizer
+    from transbench.scenarios.serve.server_model import Metrics
+
+    api = server.Api(NS(served_model_name="tiny", max_length=32, max_tokens=8), NS(shape=NS(vocab=100, hidden=16)),
+                     False, NS(alive=True, failure=None, metrics=Metrics(), submit=lambda job: None), WordTokenizer(100))
+    app = server.build_app(api)
+
+    async def main():
+        async def body():
+            yield b'{"model": "tiny", '
+            api.stopping = lambda: True  # SIGTERM now, the rest of the body still to come
+            await asyncio.sleep(30)
+            yield b'"input": "a"}'
+
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+            start = time.monotonic()
+            resp = await client.post("/v1/embeddings", content=body(), headers={"content-type": "application/json"})
+            return resp, time.monotonic() - start
+    resp, took = asyncio.run(main())
+    assert resp.status_code == 503 and resp.json()["error"]["message"] == \
+        "the server is stopping, and the body had not arrived", resp.text
+    assert took < 5 and resp.headers.get("connection") == "close"
+
+
+def test_the_requests_cut_off_at_the_end_of_the_grace_are_counted():
+    import logging
+
+    from transbench.scenarios.serve import server
+
+    cut = server._GraceCut()
+    log = logging.getLogger("uvicorn.error")
+    log.addFilter(cut)
+    try:
+        log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", 3)
+        log.warning("something else %s", 7)
+    finally:
+        log.removeFilter(cut)
+    assert cut.count == 3
+    ended = server.Stopped("SIGTERM")
+    assert ended == "SIGTERM" and ended.cut == 0

@@ -182,7 +182,8 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
 
 def server(spec, on_ready: Callable = lambda info: None) -> str | None:
     """`transbench server` (scenarios.serve.server_spec.ServerSpec): prepare the backend, call on_ready(info) once it
-    listens, and serve until SIGTERM or SIGINT; returns the name of the signal that ended it."""
+    listens, and serve until SIGTERM or SIGINT; returns the name of the signal that ended it (scenarios.serve.server
+    .Stopped, a str whose `cut` counts the requests still in flight when the grace ran out)."""
     from .scenarios.serve import server as srv
     from .scenarios.serve import server_spec
 

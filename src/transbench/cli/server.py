@@ -38,4 +38,7 @@ def server(given: dict) -> None:
     except KeyboardInterrupt:
         typer.echo("server stopped (interrupted)", err=True)
         sys.exit(130)
-    typer.echo(f"server stopped ({ended or 'done'}): requests in flight were answered", err=True)
+    cut = getattr(ended, "cut", 0)
+    typer.echo(f"server stopped ({ended or 'done'}): " + (f"{cut} request(s) still in flight when the grace ran out "
+                                                           "were cut off" if cut else "requests in flight were answered"),
+               err=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import signal
 import socket
 import struct
@@ -41,6 +42,7 @@ BODY_S = 30.0
 # is closed: uvicorn's h11 protocol times a connection out only between requests, so connections that sent nothing,
 # or half their headers, were held for ever, and 280 of them used up the descriptors: every other client timed out.
 HEADER_S = 10.0
+STOP_POLL_S = 0.2  # how often a body still arriving looks whether the server is stopping
 GONE = 499  # nginx's "client closed request", as /metrics counts a client that hung up before its body was read
 MAX_INPUTS = 2048  # inputs in one embeddings request
 SWITCH_S = 0.0005  # the interpreter's thread switch interval while serving (see run)
@@ -124,14 +126,16 @@ class Api:
         self.spec, self.ref, self.decoder, self.model, self.tok = spec, ref, decoder, model, tokenizer
         self.name = spec.served_model_name
         self.vocab = ref.shape.vocab
+        self.stopping = lambda: False  # run() points it at uvicorn's: SIGTERM or SIGINT has come
 
     # --- helpers --------------------------------------------------------------------------------------
 
     def error(self, exc: BadRequest):
         from starlette.responses import JSONResponse
 
-        # 408 and 413 leave the rest of the body unread on the connection: it is closed, not read as the next request
-        close = {"Connection": "close"} if exc.status in (408, 413) else None
+        # 408, 413 and a 503 cutting a body short leave the rest of the body unread on the connection: it is closed,
+        # not read as the next request
+        close = {"Connection": "close"} if exc.status in (408, 413, 503) else None
         return JSONResponse({"error": {"message": str(exc), "type": exc.kind, "code": exc.status}},
                             status_code=exc.status, headers=close)
 
@@ -149,12 +153,23 @@ class Api:
 
         if not self.model.alive:  # the model has failed: nothing would answer a request queued for it
             raise BadRequest(f"the model is not serving: {self.model.failure}", 503, "server_error")
+        # The body within BODY_S, unless the server is told to stop first: a body still on its way then held the stop
+        # for the whole grace, and was cancelled at its end (a traceback, a text/plain 500 to the client).
+        reading = asyncio.ensure_future(self.read(request))
+        deadline = asyncio.get_running_loop().time() + BODY_S
         try:
-            raw = await asyncio.wait_for(self.read(request), BODY_S)
-        except asyncio.TimeoutError:
-            raise BadRequest(f"the body did not arrive in full within {BODY_S:g} s", 408) from None
+            while not reading.done():
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    raise BadRequest(f"the body did not arrive in full within {BODY_S:g} s", 408)
+                if self.stopping():
+                    raise BadRequest("the server is stopping, and the body had not arrived", 503, "server_error")
+                await asyncio.wait({reading}, timeout=min(left, STOP_POLL_S))
+            raw = reading.result()
         except ClientDisconnect:  # the client hung up part way: nothing to answer, and no fault of the server's
             raise BadRequest("the client closed the connection before its body arrived", GONE) from None
+        finally:
+            reading.cancel()
         try:
             data = boundary.loads_json(raw, "the body")
         except ValueError:
@@ -445,6 +460,27 @@ def _more_descriptors(most: int = 65_536) -> None:
         pass
 
 
+class Stopped(str):
+    """The name of the signal that stopped the server ('done' without one), and `cut`: the requests still in flight
+    when the grace (GRACE_S) ran out, which uvicorn cancelled. "requests in flight were answered" was said for those
+    too."""
+    cut = 0
+
+
+class _GraceCut(logging.Filter):
+    """Counts the requests uvicorn cancels when the graceful shutdown's time runs out (its "Cancel N running task(s)"
+    line), and lets every record through."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Cancel %s running task") and record.args:
+            self.count += int(record.args[0])
+        return True
+
+
 def run(spec, ref, decoder: bool, on_ready=lambda info: None) -> str | None:
     """Prepare the backend, then serve until SIGTERM or SIGINT; returns the signal's name that ended it. A backend
     that cannot run here (or whose output is wrong) is refused with one line before anything listens."""
@@ -477,13 +513,21 @@ def run(spec, ref, decoder: bool, on_ready=lambda info: None) -> str | None:
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=GRACE_S,
                                 http=header_deadline_protocol())
         server = uvicorn.Server(config)
+        api.stopping = lambda: server.should_exit
         on_ready({**model.info, "dtype": spec.dtype, "backend": spec.backend, "model": api.name,
                   "url": f"http://{f'[{spec.host}]' if ':' in spec.host else spec.host}:{spec.port}",  # IPv6 in []
                   "tokenizer": api.tok.name, "endpoint": "/v1/completions" if decoder else "/v1/embeddings"})
-        server.run()
+        cut = _GraceCut()
+        logging.getLogger("uvicorn.error").addFilter(cut)
+        try:
+            server.run()
+        finally:
+            logging.getLogger("uvicorn.error").removeFilter(cut)
         if not server.started and not stopped:
             raise SpecError(f"cannot listen on {spec.host}:{spec.port}")
-        return signal.Signals(stopped[0]).name if stopped else None
+        ended = Stopped(signal.Signals(stopped[0]).name if stopped else "done")
+        ended.cut = cut.count
+        return ended
     finally:
         sys.setswitchinterval(switch)
         model.stop(timeout=GRACE_S)
