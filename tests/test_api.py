@@ -2,6 +2,7 @@
 caller's process (no global state changed) and the arguments it refuses before any store or file exists."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -163,6 +164,43 @@ def test_generator_checks_its_arguments_and_a_decode_before_prefill():
         fast.generator(2, 12).prefill(ids)  # a newer generator of the shape owns the cache now
     with pytest.raises(ValueError, match="holds another sequence now"):
         gen.decode(logits.argmax(-1))
+
+
+def test_the_engine_checks_the_inputs_it_is_given():
+    """Out-of-vocabulary ids indexed the embedding table out of bounds (an IndexError here; on a GPU a device-side
+    assert that ends the CUDA context), a list was an AttributeError, an empty batch a RuntimeError in attention."""
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
+
+    from transbench.engine import compile_model
+
+    bert = compile_model(BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                              intermediate_size=64, vocab_size=100)).eval(), torch.float32,
+                         max_batch=2, max_seq=16)
+    ids = torch.randint(0, 100, (2, 8))
+    for kwargs, needle in [({"input_ids": torch.full((2, 8), 100)}, "input_ids holds 100, outside the 100 rows"),
+                           ({"input_ids": torch.full((2, 8), -1)}, "input_ids holds -1"),
+                           ({"input_ids": ids.float()}, "must hold integer token ids"),
+                           ({"input_ids": [[1, 2]]}, "must be a torch tensor of token ids, got list"),
+                           ({"input_ids": ids[0]}, "must have 2 dimension"),
+                           ({"input_ids": ids[:0]}, "input_ids is empty"),
+                           ({"input_ids": ids, "attention_mask": torch.ones(3, 3)}, "attention_mask must be a (2, 8)"),
+                           ({"input_ids": ids, "token_type_ids": torch.full((2, 8), 5)}, "token_type_ids holds 5"),
+                           ({"inputs_embeds": torch.randn(2, 8, 5)}, "inputs_embeds must be (batch, seq, 32)")]:
+        with pytest.raises(ValueError, match=re.escape(needle)):
+            bert(**kwargs)
+    with pytest.raises(ValueError, match="hidden_states must be a floating-point torch tensor"):
+        bert.engine.encode(None)
+    gpt = compile_model(GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100,
+                                                   n_positions=64)).eval(), torch.float32, max_batch=2, max_seq=16)
+    gen = gpt.generator(2, 12)
+    with torch.no_grad():
+        gen.prefill(ids[:, :5])
+        for bad, needle in [(torch.tensor([1, 2, 3]), "next_ids holds 3 tokens, and this generator decodes 2"),
+                            (torch.tensor([1, 500]), "next_ids holds 500"), ([1, 2], "got list")]:
+            with pytest.raises(ValueError, match=re.escape(needle)):
+                gen.decode(bad)
+            with pytest.raises(ValueError, match=re.escape(needle)):
+                gen.decode_greedy(bad)
 
 
 @pytest.mark.slow

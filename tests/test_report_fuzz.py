@@ -310,3 +310,36 @@ def test_a_name_past_label_max_is_drawn_cut_with_a_hash_and_stays_distinct():
     assert drawn_a != drawn_b
     assert max(len(drawn_a), len(drawn_b)) <= plots.LABEL_MAX + 30  # the hash and the folds' line breaks
     assert plots.wrap("bert-tiny") == "bert-tiny"
+
+
+def test_direction_and_control_characters_are_shown_as_escapes_in_the_report(tmp_path):
+    """A checkpoint folder named with U+202E (right-to-left override) reversed the rest of report.md's and
+    report.html's headings; the terminal already showed it as \\u202e."""
+    db = str(tmp_path / "b.db")
+    make_run(db, "a", [(cell("eager", 1, model="ck/\u202emodel"), ok_result([1.0, 1.1, 0.9] * 10, 1))])
+    paths = build_report(db, ["a"], tmp_path / "out")
+    for path in (paths.markdown, paths.html):
+        text = path.read_text()
+        assert "\u202e" not in text and "u202emodel" in text, path
+
+
+def test_a_name_with_dollar_signs_is_drawn_as_it_is_in_every_plot(tmp_path):
+    """matplotlib read `$...$` in a run name as math: `cost $x^2$` was drawn as a formula, and `$\\undefined{$`
+    failed every plot of the report (ParseFatalException), exit 0 with no plots."""
+    db = str(tmp_path / "d.db")
+    for name in ("cost $x^2$ run", "bad $\\undefinedcmd{$ math"):
+        make_run(db, name, [(cell(b, n), ok_result([1.0 * n, 1.1 * n, 0.9 * n] * 10, n)) for b in ("eager", "sdpa")
+                            for n in (1, 2)])
+    paths = build_report(db, ["cost $x^2$ run", "bad $\\undefinedcmd{$ math"], tmp_path / "out")
+    assert not paths.plot_failures and len(paths.figures) >= 3, paths.plot_failures
+
+
+def test_a_name_as_long_as_names_may_be_leaves_the_other_columns_of_runs(tmp_path):
+    """One 1,000-character name claimed the whole terminal: `runs` showed the name column alone and said `--wide`
+    would show the rest, an option it does not have."""
+    from test_cli_input import invoke
+
+    db = tmp_path / "l.db"
+    make_run(str(db), "L" * 1000, [(cell("eager", 1), ok_result([1.0] * 30, 1))])
+    out = invoke("runs", "--db", db).output
+    assert "run id" in out and "inference" in out and "--wide" not in out, out

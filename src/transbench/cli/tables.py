@@ -86,10 +86,18 @@ def _table_width(widths: list[int]) -> int:
     return sum(widths) + 3 * len(widths) + 1
 
 
-def _min_width(header: str, texts: list[str]) -> int:
+# The most a text column (names, settings) claims when the table is fitted: past it the column folds its values,
+# as rich does. A run name of 1,000 characters (the longest a name may be) claimed the whole terminal, and every
+# other column of `runs` was left out.
+TEXT_FOLD = 40
+
+
+def _min_width(header: str, texts: list[str], fold: bool = False) -> int:
     # The whole header: rich would rather wrap a value than a header when it must squeeze, so a table is
-    # only known to fit when every header fits on one line too. Headers are kept short for that.
-    return max([cell_len(header)] + [cell_len(t) for t in texts] + [1])
+    # only known to fit when every header fits on one line too. Headers are kept short for that. `fold`: a text
+    # column, which claims at most TEXT_FOLD.
+    values = max([cell_len(t) for t in texts] + [1])
+    return max(cell_len(header), min(values, TEXT_FOLD) if fold else values)
 
 
 def fitted(rows: list[dict], cols: list[Col], title: str = "", width: int | None = None, wide: bool = False,
@@ -118,7 +126,7 @@ def fitted(rows: list[dict], cols: list[Col], title: str = "", width: int | None
 
     dropped: list[Col] = []
     while True:
-        widths = [_min_width(c.header, texts[c.key]) for c in shown]
+        widths = [_min_width(c.header, texts[c.key], c.left or c.setting) for c in shown]
         if _table_width(widths) <= width:
             break
         candidates = [c for c in shown if c.rank > 0]
@@ -132,7 +140,9 @@ def fitted(rows: list[dict], cols: list[Col], title: str = "", width: int | None
     if constant:
         head += "  " + "  ".join(f"{_setting_name(cols, k)}={fmt(v)}" for k, v in constant.items())
     left_out = [c.header for c in dropped] + [c.header for c in hidden_wide]
-    how = "a wider terminal" if wide else "--wide and a wider terminal" if dropped else "--wide"
+    # `--wide` only where the table has columns it adds (`runs` has none, and no --wide)
+    how = ("a wider terminal" if wide or not any(c.wide for c in cols) else "--wide and a wider terminal" if dropped
+           else "--wide")
     caption = f"not shown: {', '.join(left_out)} ({how} shows them)" if left_out else None
     t = Table(title=Text(visible(head.strip())), caption=Text(caption) if caption else None, box=box.HEAVY_HEAD)
     for c in shown:

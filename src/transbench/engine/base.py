@@ -12,6 +12,34 @@ from .tuning import tuner as default_tuner
 from .weights import Converter, Layer
 
 
+def check_ids(t, what: str, vocab: int | None, dims: tuple[int, ...] = (2,)) -> None:
+    """Token ids as the engine takes them: a torch tensor of integers with `dims` dimensions, none of them empty, and
+    on the host each id in [0, vocab). A list was an AttributeError, float ids a RuntimeError deep in the embedding,
+    an empty batch one in attention, and an id past the vocabulary indexed the table out of bounds (an IndexError on
+    the CPU; on a GPU a device-side assert that ends the process's CUDA context). Ids already on a GPU are not
+    range-checked: reading them back would wait for the GPU on every call."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{what} must be a torch tensor of token ids, got {type(t).__name__}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{what} must hold integer token ids, got {t.dtype}")
+    if t.dim() not in dims:
+        raise ValueError(f"{what} must have {' or '.join(map(str, dims))} dimension(s), got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{what} is empty (shape {tuple(t.shape)}): give at least one token")
+    if vocab is not None and t.device.type == "cpu":
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"{what} holds {lo if lo < 0 else hi}, outside the {vocab} rows it indexes [0, {vocab})")
+
+
+def check_states(t, what: str, hidden: int) -> None:
+    """Embedded inputs (inputs_embeds, encode's hidden states): a floating-point (batch, seq, hidden) tensor."""
+    if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+        raise ValueError(f"{what} must be a floating-point torch tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if t.dim() != 3 or t.shape[-1] != hidden or t.numel() == 0:
+        raise ValueError(f"{what} must be (batch, seq, {hidden}) and not empty, got shape {tuple(t.shape)}")
+
+
 class EngineBase:
     dims: Dims
     layers: list[Layer]
@@ -83,6 +111,19 @@ class EngineBase:
         last hidden state; BERT: it and the pooler output)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if input_ids is not None:
+            check_ids(input_ids, "input_ids", self.vocab)
+        else:
+            check_states(inputs_embeds, "inputs_embeds", self.dims.hidden)
+        shape = tuple((input_ids if input_ids is not None else inputs_embeds).shape[:2])
+        if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or
+                                           (attention_mask.dim() <= 2 and tuple(attention_mask.shape) != shape)):
+            raise ValueError(f"attention_mask must be a {shape} torch tensor of 1 (token) and 0 (padding), got "
+                             f"{tuple(getattr(attention_mask, 'shape', ())) or type(attention_mask).__name__}")
+        for name, t, rows in (("token_type_ids", token_type_ids, self.type_vocab),
+                              ("position_ids", position_ids, self.position_rows)):
+            if t is not None:
+                check_ids(t, name, rows, (1, 2))
         dev = self.opts.device
         ids = None if input_ids is None else input_ids.to(dev)
         embeds = None if inputs_embeds is None else inputs_embeds.to(dev, self.opts.dtype)

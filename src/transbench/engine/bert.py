@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import EngineBase
+from .base import EngineBase, check_states
 from .config import GELU_KINDS, Dims, EngineConfig, EngineUnsupported
 from .ops import hp
 from .packing import Packing
@@ -33,8 +33,10 @@ class BertEngine(EngineBase):
         self.check_fp8_dims()
         c, e = self.conv, bert.embeddings
         self.word = c.t(e.word_embeddings.weight)
+        self.vocab = self.word.shape[0]
         self.pos = c.t(e.position_embeddings.weight)
         self.type = c.t(e.token_type_embeddings.weight)
+        self.type_vocab, self.position_rows = self.type.shape[0], self.pos.shape[0]  # what forward's ids index
         self.emb_norm = c.norm(e.LayerNorm)
         self.layers = [bert_layer(c, layer, self.dims.scale) for layer in bert.encoder.layer]
         pool = getattr(bert, "pooler", None)
@@ -99,6 +101,7 @@ class BertEngine(EngineBase):
 
     def encode(self, hidden_states: torch.Tensor, attention_mask=None):
         """(last hidden state, pooler output or None) of the encoder layers on already-embedded states."""
+        check_states(hidden_states, "hidden_states", self.dims.hidden)
         h = hidden_states.to(self.opts.device, self.opts.dtype)
         B, S = h.shape[:2]
         self.check_shape(B, S)

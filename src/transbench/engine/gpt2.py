@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import EngineBase
+from .base import EngineBase, check_ids
 from . import gemv
 from .config import GELU_KINDS, Dims, EngineConfig, EngineUnsupported
 from .graphs import GraphCache
@@ -31,6 +31,8 @@ class GPT2Engine(EngineBase):
         self.check_fp8_dims()
         c = self.conv
         self.wte, self.wpe = c.t(gpt2.wte.weight), c.t(gpt2.wpe.weight)
+        self.vocab = self.wte.shape[0]
+        self.type_vocab, self.position_rows = self.vocab, self.wpe.shape[0]  # GPT-2's token types are tokens
         self.ln_f = c.norm(gpt2.ln_f)
         # Same factors as HF's GPT2Attention.scaling.
         scales = [(self.dims.scale if cfg.scale_attn_weights else 1.0)
@@ -189,6 +191,7 @@ class Generator:
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(B, S) prompt -> (B, vocab) logits at its last position; resets the cache."""
+        check_ids(input_ids, "input_ids", self.e.vocab)
         ids = input_ids.to(self.e.opts.device)
         B, S = ids.shape
         if B != self.B or S > self.L:
@@ -202,6 +205,7 @@ class Generator:
     def decode(self, next_ids: torch.Tensor) -> torch.Tensor:
         """(B,) tokens at the next position -> (B, vocab) logits; appends to the cache."""
         self._check()
+        self._check_next(next_ids)
         self.pos_t.fill_(self.pos)
         self._fed = None
         return self._step("decode", self._decode, next_ids.to(self.e.opts.device).reshape(self.B))
@@ -221,12 +225,20 @@ class Generator:
         if fed is not None and next_ids is fed[0] and fed[2] == self.pos:
             feed = fed[1]
         else:
+            self._check_next(next_ids)
             dev = self.e.opts.device
             feed = torch.cat((next_ids.to(dev).reshape(self.B).long(), torch.full((1,), self.pos, device=dev)))
         out = self._step("greedy", self._greedy, feed)
         tokens = out[:self.B]
         self._fed = (tokens, out, self.pos)
         return tokens
+
+    def _check_next(self, next_ids) -> None:
+        """A step's tokens: one id per sequence, (B,) or (B, 1). The tokens a greedy step returned skip this."""
+        check_ids(next_ids, "next_ids", self.e.vocab, (1, 2))
+        if next_ids.numel() != self.B:
+            raise ValueError(f"next_ids holds {next_ids.numel()} tokens, and this generator decodes {self.B} "
+                             f"sequences (shape {tuple(next_ids.shape)})")
 
     def _check(self) -> None:
         if self.state.owner is not self and self.pos == 0:  # not "another generator ran prefill since": none may have

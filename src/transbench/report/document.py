@@ -4,6 +4,7 @@ html.py) from the same blocks, so the two never disagree."""
 from __future__ import annotations
 
 from ..keys import KEYS, percent  # noqa: F401  (report.document.percent)
+from ..spec import CONTROL
 
 import re
 from dataclasses import dataclass, field
@@ -83,9 +84,16 @@ _MD_MARKUP = re.compile(r"([\\`*_\[\]|~])")
 _HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 
 
+def shown_text(text) -> str:
+    """Text with its control and direction characters written as escapes (\\u202e), as the terminal shows them
+    (cli/tables.py visible): a checkpoint folder named with U+202E reversed the rest of report.md's and report.html's
+    headings."""
+    return CONTROL.sub(lambda m: m.group() if m.group() in "\n\t" else repr(m.group())[1:-1], str(text))
+
+
 def md_text(text) -> str:
     """Any text as literal markdown on one line: markup characters backslash-escaped, HTML as entities."""
-    s = " ".join(str(text).splitlines())
+    s = shown_text(" ".join(str(text).splitlines()))
     s = re.sub(r"[&<>]", lambda m: _HTML[m.group()], s)
     return _MD_MARKUP.sub(r"\\\1", s)
 

@@ -8,7 +8,13 @@ import html
 import re
 from pathlib import Path
 
-from .document import STATUS_TEXT, Figure, Section, Table
+from .document import STATUS_TEXT, Figure, Section, Table, shown_text
+
+
+def _escape(text, quote: bool = True) -> str:
+    """Text as HTML: its control and direction characters shown as escapes (document.shown_text), then escaped."""
+    return html.escape(shown_text(text), quote=quote)
+
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1400px;
@@ -35,14 +41,14 @@ def data_uri(path: Path) -> str:
 def _cell(text: str) -> str:
     cls = ("bad" if text in BAD else text if text in VERDICTS else "text" if len(text) > 40
            else "" if NUMBER.match(text) else "left")
-    return f"<td class=\"{cls}\">{html.escape(text)}</td>" if cls else f"<td>{html.escape(text)}</td>"
+    return f"<td class=\"{cls}\">{_escape(text)}</td>" if cls else f"<td>{_escape(text)}</td>"
 
 
 def table_html(t: Table) -> str:
-    parts = [f"<h4>{html.escape(t.title)}</h4>"] if t.title else []
+    parts = [f"<h4>{_escape(t.title)}</h4>"] if t.title else []
     if t.note:
-        parts.append(f"<p class=\"note\">{html.escape(t.note)}</p>")
-    parts.append("<div class=\"wrap\"><table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in t.headers)
+        parts.append(f"<p class=\"note\">{_escape(t.note)}</p>")
+    parts.append("<div class=\"wrap\"><table><thead><tr>" + "".join(f"<th>{_escape(h)}</th>" for h in t.headers)
                  + "</tr></thead><tbody>")
     parts += ["<tr>" + "".join(_cell(str(c)) for c in row) + "</tr>" for row in t.rows]
     parts.append("</tbody></table></div>")
@@ -50,26 +56,26 @@ def table_html(t: Table) -> str:
 
 
 def figure_html(f: Figure) -> str:
-    alt = html.escape(f.title, quote=True)
+    alt = _escape(f.title, quote=True)
     return (f"<figure><img src=\"{data_uri(f.path)}\" alt=\"{alt}\">"
-            f"<figcaption>{html.escape(f.title)}</figcaption></figure>")
+            f"<figcaption>{_escape(f.title)}</figcaption></figure>")
 
 
 def to_html(title: str, sections: list[Section]) -> str:
-    body = [f"<h1>{html.escape(title)}</h1>"]
+    body = [f"<h1>{_escape(title)}</h1>"]
     for s in sections:
-        body.append(f"<h2>{html.escape(s.title)}</h2>")
+        body.append(f"<h2>{_escape(s.title)}</h2>")
         for b in s.blocks:
             if isinstance(b, Table):
                 body.append(table_html(b))
             elif isinstance(b, Figure):
                 body.append(figure_html(b))
             else:
-                body.append(f"<p>{html.escape(b)}</p>")
+                body.append(f"<p>{_escape(b)}</p>")
     from ..store.export import REPORT_MARK
 
     # The mark right after the doctype (before it, a comment may put a browser in quirks mode) tells a rerun that
     # report.html is ours to replace (store/export.py ours).
     return (f"<!DOCTYPE html>\n{REPORT_MARK}\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n<body>\n"
+            f"<title>{_escape(title)}</title><style>{CSS}</style></head>\n<body>\n"
             + "\n".join(body) + "\n</body></html>\n")
