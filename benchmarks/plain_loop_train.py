@@ -57,14 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
-        print("error: needs a CUDA GPU", file=sys.stderr)
-        return 2
     from transbench.measure.context import Monitor
     from transbench.models import build
     from transbench.scenarios.training import loop
     from transbench.scenarios.training.cell import TrainCell
 
+    if not torch.cuda.is_available():  # one line and exit 2, as the other plain-loop checks
+        print("error: needs a CUDA GPU", file=sys.stderr)
+        return 2
     device = torch.device("cuda", 0)
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     cell = TrainCell(args.model, args.task, "sdpa", args.dtype, args.optim, args.batch, args.seq, device="cuda",
