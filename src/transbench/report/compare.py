@@ -207,13 +207,11 @@ def rank_interval(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[float, fl
     d = rank_depth(len(a), len(b), alpha)
     if d == 0:
         return None
-    with np.errstate(over="ignore", divide="ignore", under="ignore"):  # stored extremes (1e300 ms over 1e-320 ms)
+    with np.errstate(over="ignore", divide="ignore", under="ignore"):  # stored extremes (1e300 ms over 1e-300 ms)
         ratios = (b[None, :] / a[:, None]).ravel()
     k = len(ratios)
     lo, hi = np.partition(ratios, (d - 1, k - d))[[d - 1, k - d]]
-    if not (np.isfinite(lo) and np.isfinite(hi)):  # a ratio past any float: no interval to judge by (`n/a`)
-        return None
-    return float(lo), float(hi)
+    return float(lo), float(hi)  # not finite over 0 ms or past the largest float: its callers say which (`n/a`)
 
 
 def fewest_per_side(alpha: float) -> int:
@@ -325,7 +323,8 @@ def few_samples(samples_a: list[float], samples_b: list[float], cfg: CompareConf
                              f"{fewest_per_side(cfg.alpha)} per cell, one over blocks {need}); {hint}")
     lo, hi = interval
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        return None, "n/a", f"{counts}: {ZERO_NOTE}"
+        zero = min(*samples_a, *samples_b) <= 0
+        return None, "n/a", f"{counts}: {ZERO_NOTE if zero else 'a ratio of their samples passes the largest float'}"
     verdict = _beyond(lo, hi, cfg)
     if verdict:
         return interval, verdict, f"{counts}: exact rank interval"
