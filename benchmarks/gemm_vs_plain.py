@@ -9,8 +9,8 @@ event pair around them: sustained, as transbench's point is; a 30-call burst ran
 loop cycles as many random operand pairs as transbench's point does (together twice the L2 cache, so each call reads
 its operands from HBM), and once more with one pair, which small sizes find in L2 (the figure a loop over one `a @ b`
 gives). Below about n = 2048 (fp16, H200) a call is as fast as the host launches it, and all three columns are the
-host's (benchmarks/results/plain_loop_points_h200_2026-11.md). Both report TFLOPS with the median SM clock and power of their own
-region; the last column compares TFLOPS per MHz, i.e. the two at the same clock."""
+host's (benchmarks/results/plain_loop_points_h200_2026-11.md). Both report TFLOPS with the median SM clock and
+power of their own region; the ratio column compares TFLOPS per MHz, i.e. the two at the same clock."""
 
 from __future__ import annotations
 

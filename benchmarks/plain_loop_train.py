@@ -6,11 +6,11 @@
 For each round, in one process: (a) transbench's training cell as `train` runs it (scenarios/training/loop.py run:
 its Trainer, its sampler, the median of its timed steps), and (b) a loop as a user writes it: the same model class
 built with the same random weights (models/build.py build_model, the only part shared), `torch.optim.AdamW`, autocast
-to the dtype (fp16 with a GradScaler), `loss.backward()`, `step()`, `zero_grad()`, CUDA events around each step, the median. The batch is drawn
-the same way: random ids, and for MLM 15% of positions masked and scored. The cell's options are the defaults of
-`train` (no compile, the head on every position, the model's dropout). Prints both medians, their ratio and the
-SM clock of each. A ratio far from 1 means the trainer's step does work a plain loop does not, or its clock reads
-something other than the step."""
+to the dtype (fp16 with a GradScaler), `loss.backward()`, `step()`, `zero_grad()`, CUDA events around each step,
+the median. The batch is drawn the same way: random ids, and for MLM 15% of positions masked and scored. The
+cell's options are the defaults of `train` (no compile, the head on every position, the model's dropout). Prints
+both medians, their ratio and the SM clock of each. A ratio far from 1 means the trainer's step does work a plain
+loop does not, or its clock reads something other than the step."""
 
 from __future__ import annotations
 

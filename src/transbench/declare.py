@@ -82,7 +82,9 @@ def help_text(f: dataclasses.Field, s: Setting, is_list: bool, item_kind: type =
     limit = LIMITS.get(option_of(f, s))
     if limit is not None and item_kind is int:  # counts; a seconds option of the same spelling is not one
         text = f"{text} (at most {limit:,})"
-    return f"{text} (comma-separated; a sweep axis)" if is_axis(s, is_list) else f"{text} (comma-separated)" if is_list and not s.repeat else text
+    if is_axis(s, is_list):
+        return f"{text} (comma-separated; a sweep axis)"
+    return f"{text} (comma-separated)" if is_list and not s.repeat else text
 
 
 def is_axis(s: Setting, is_list: bool) -> bool:

@@ -39,6 +39,6 @@ def server(given: dict) -> None:
         typer.echo("server stopped (interrupted)", err=True)
         sys.exit(130)
     cut = getattr(ended, "cut", 0)
-    typer.echo(f"server stopped ({ended or 'done'}): " + (f"{cut} request(s) still in flight when the grace ran out "
-                                                           "were cut off" if cut else "requests in flight were answered"),
-               err=True)
+    said = (f"{cut} request(s) still in flight when the grace ran out were cut off" if cut
+            else "requests in flight were answered")
+    typer.echo(f"server stopped ({ended or 'done'}): {said}", err=True)
