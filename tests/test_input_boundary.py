@@ -1005,3 +1005,18 @@ def test_a_grid_past_the_cells_one_run_takes_is_refused_before_it_is_built(tmp_p
     refused(invoke(*command, "--batch", batches, "--seq", seqs, "--device", "cpu", "--db", db),
             "the grid has 120,000 cells (400 --batch x 300 --seq), above the 100,000 one run takes")
     assert not db.exists()
+
+
+@settings(max_examples=40, deadline=None)
+@given(a=st.integers(1, 2000), b=st.integers(1, 2000))
+def test_a_grid_is_refused_exactly_when_its_cells_pass_the_limit(a, b):
+    """spec.checked: the product of the axes' lengths against declare.MAX_CELLS, in one line naming each axis."""
+    from transbench.declare import MAX_CELLS
+    from transbench.spec import checked
+
+    spec = RunSpec(models=["bert-tiny"], backends=["eager"], batches=list(range(1, a + 1)), seqs=list(range(1, b + 1)))
+    if a * b > MAX_CELLS:
+        with pytest.raises(SpecError, match=f"the grid has {a * b:,} cells .{a:,} --batch x {b:,} --seq."):
+            checked(RunSpec, spec)
+    else:
+        assert checked(RunSpec, spec).batches == list(range(1, a + 1))

@@ -14,6 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from report_helpers import bad_result, cell, make_run, ok_result
 from test_cli_input import invoke, refused
 
@@ -557,3 +559,27 @@ def test_a_shard_counts_only_its_own_stored_cells(tmp_path, quick):
     assert seen == [(sizes[0], 0), (sizes[1], 0)]
     assert api.run(spec(2), db, on_start=lambda cells, done: seen.append((len(cells), done))).resumed
     assert seen[-1] == (sizes[1], sizes[1])
+
+
+_JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                     max_size=3), max_leaves=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(field=st.sampled_from(["batch", "seq", "seq_stdev", "model", "embeddings", "activation", "new_tokens"]),
+       value=_JSONISH)
+def test_a_stored_cell_field_of_any_value_reads_back_or_is_named(field, value):
+    """Store.cells(run_id, Cell) checks the `cell` column against the fields' types: any value either builds a cell
+    whose field has its declared type, or is named in the one line of damage."""
+    import typing
+
+    from transbench.cells import Cell, _fits, _members
+
+    stored = {**cell("eager", 1).to_dict(), field: value}
+    problem = Cell.field_problem(stored)
+    hint = typing.get_type_hints(Cell)[field]
+    if problem is None:
+        assert _fits(value, hint), (field, value)
+    else:
+        assert f"whose {field} is" in problem and any(getattr(t, "__name__", "") in problem for t in _members(hint))
