@@ -82,7 +82,8 @@ DAMAGE = {
     "kind of another run": ("UPDATE runs SET kind='training' WHERE name='A'",
                             "is 'inference', not a scenario of its run's kind, training"),
     "scenario of another kind": ("UPDATE cells SET scenario='micro-gemm' WHERE rowid=1",
-                                 "is 'micro-gemm', not a scenario of its run's kind, inference (inference, generation, max-batch)"),
+                                 "is 'micro-gemm', not a scenario of its run's kind, inference (inference, generation, "
+                                 "max-batch)"),
     "record of another scenario": ("UPDATE cells SET record=json_set(record, '$.scenario', 'generation') "
                                    "WHERE rowid=1", "a record of scenario 'generation', not its row's 'inference'"),
 }
@@ -388,7 +389,8 @@ def test_resume_without_a_name_refuses_options_it_would_ignore(tmp_path):
 
 
 @pytest.mark.parametrize("edit,says", [("json_set(cell, '$.batch', '1')", 'a Cell whose batch is "1", not int'),
-                                       ("json_set(cell, '$.batch', json('null'))", "a Cell whose batch is null, not int"),
+                                       ("json_set(cell, '$.batch', json('null'))",
+                                        "a Cell whose batch is null, not int"),
                                        ("json_set(cell, '$.seq', 8.5)", "a Cell whose seq is 8.5, not int")])
 def test_a_resume_refuses_a_stored_cell_of_the_wrong_field_types(tmp_path, edit, says):
     """An `oom` cell whose `cell` column was edited to batch "1": the resume that skips larger batches compared it with
