@@ -11,7 +11,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .arguments import RunOutcome, check_callbacks, check_flag, check_names, check_outputs, check_path  # noqa: F401
+from .arguments import (RunOutcome, check_callbacks, check_flag, check_keywords, check_names,  # noqa: F401
+                        check_outputs, check_path)
 from .errors import SpecError
 from .measure import env as env_mod
 from .scenarios.inference.run import inference_target, run, spec_to_store  # noqa: F401  (api.run, ...)
@@ -135,14 +136,6 @@ def report(db: str = "transbench.db", runs: list[str] | None = None, out_dir: st
     if kwargs.get("config") is not None and not isinstance(kwargs["config"], CompareConfig):
         raise SpecError(f"config must be a transbench.report.CompareConfig, got {kwargs['config']!r}")
     return build_report(check_path(db), check_names(runs, "runs"), check_path(out_dir, "out_dir"), baseline, **kwargs)
-
-
-def check_keywords(given: dict, allowed: tuple[str, ...], function: str) -> None:
-    """A keyword a function passes on (**kwargs) that it does not take: a TypeError from deep inside, naming another
-    function (`train(spec, on_cel=print)`)."""
-    unknown = sorted(set(given) - set(allowed))
-    if unknown:
-        raise SpecError(f"{function}() takes no keyword {unknown[0]!r}: it takes {', '.join(allowed)}")
 
 
 def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: float = 0.03):

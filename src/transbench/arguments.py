@@ -44,6 +44,14 @@ def check_callbacks(**given) -> None:
             raise SpecError(f"{what} must be a function, got {fn!r}")
 
 
+def check_keywords(given: dict, allowed: tuple[str, ...], function: str) -> None:
+    """A keyword a function passes on (**kwargs) that it does not take: a TypeError from deep inside, naming another
+    function (`train(spec, on_cel=print)`)."""
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise SpecError(f"{function}() takes no keyword {unknown[0]!r}: it takes {', '.join(allowed)}")
+
+
 def check_flag(value, what: str) -> bool:
     """resume="no" is a true value: it asked for a resume (and refused a new store) rather than a fresh run."""
     if not isinstance(value, bool):

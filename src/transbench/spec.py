@@ -27,8 +27,7 @@ def check_keys(cls, data: dict, where: str = "") -> None:
 
 def _shown(key) -> str:
     """A key as the one-line message shows it: its control characters as escapes (a key "\n" broke the line)."""
-    key = str(key)
-    return CONTROL.sub(lambda m: repr(m.group())[1:-1], key) if CONTROL.search(key) else key
+    return escaped(key)
 
 
 # --- One typed reading of every spec: RunSpec, TrainSpec and the micro options all go through coerce() ---
@@ -208,6 +207,14 @@ def split_list(value, kind=str) -> list:
 # after them, so a name could display as another. And the line and paragraph separators (U+2028, U+2029), which
 # str.splitlines, JavaScript and log viewers break lines at: a one-line error holding one read as two.
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def escaped(text, keep: str = "") -> str:
+    """`text` with its CONTROL characters written as escapes (`\x1b`, `\u202e`), those in `keep` left as they are: how
+    the terminal's tables, the one-line messages and the reports show a name."""
+    text = str(text)
+    return CONTROL.sub(lambda m: m.group() if m.group() in keep else repr(m.group())[1:-1], text) \
+        if CONTROL.search(text) else text
 
 
 def check_name(name: str) -> str:

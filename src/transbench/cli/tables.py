@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ..boundary import env_int
 from ..keys import KEYS, STATUSES, fmt, percent, show
-from ..spec import CONTROL  # control characters (defined with the run-name check)
+from ..spec import escaped  # control characters as escapes (defined with the run-name check)
 
 
 MIN_WIDTH, MAX_WIDTH = 40, 1000
@@ -47,7 +47,7 @@ console = Console(width=_width())
 
 def visible(text) -> str:
     """`text` with its control characters written as escapes (\\x1b), everything else as it is."""
-    return CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
+    return escaped(text)
 
 
 def pct(value) -> str:

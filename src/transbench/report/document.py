@@ -4,7 +4,7 @@ html.py) from the same blocks, so the two never disagree."""
 from __future__ import annotations
 
 from ..keys import KEYS, percent  # noqa: F401  (report.document.percent)
-from ..spec import CONTROL
+from ..spec import escaped
 
 import re
 from dataclasses import dataclass, field
@@ -88,7 +88,7 @@ def shown_text(text) -> str:
     """Text with its control and direction characters written as escapes (\\u202e), as the terminal shows them
     (cli/tables.py visible): a checkpoint folder named with U+202E reversed the rest of report.md's and report.html's
     headings."""
-    return CONTROL.sub(lambda m: m.group() if m.group() in "\n\t" else repr(m.group())[1:-1], str(text))
+    return escaped(text, keep="\n\t")
 
 
 def md_text(text) -> str:

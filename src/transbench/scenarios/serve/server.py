@@ -387,10 +387,14 @@ def header_deadline_protocol():
     line and headers (HEADER_S): both time a connection out only between requests."""
     import importlib.util
 
+    idle = None  # h11's state of a connection whose next request has not begun; httptools says so itself
     if importlib.util.find_spec("httptools") is not None:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
     else:
+        import h11  # uvicorn's dependency
         from uvicorn.protocols.http.h11_impl import H11Protocol as Base
+
+        idle = h11.IDLE
 
     class HeaderDeadline(Base):
         _deadline = None
@@ -411,11 +415,8 @@ def header_deadline_protocol():
                 self.transport.close()  # no request begun: nothing to answer
 
         def _h11_headers_in(self) -> None:
-            conn = getattr(self, "conn", None)  # h11's connection; httptools says so in on_headers_complete
-            if conn is not None:
-                import h11  # uvicorn's dependency
-
-                self._headers_in = self._headers_in or conn.their_state is not h11.IDLE
+            if idle is not None and self.conn.their_state is not idle:  # h11 parsed the request line and headers
+                self._headers_in = True
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
