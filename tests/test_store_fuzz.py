@@ -585,3 +585,16 @@ def test_a_stored_cell_field_of_any_value_reads_back_or_is_named(field, value):
         assert _fits(value, hint), (field, value)
     else:
         assert f"whose {field} is" in problem and any(getattr(t, "__name__", "") in problem for t in _members(hint))
+
+
+@settings(max_examples=60, deadline=None)
+@given(stem=st.text(alphabet="abcdefgh_-.0123", min_size=1, max_size=12),
+       tail=st.sampled_from(["-wal", "-shm", "-journal", "/"]))
+def test_any_store_name_sqlite_reads_as_another_file_is_refused_in_one_line(tmp_path_factory, stem, tail):
+    """A store named as SQLite names a store's side files, or ending in a folder separator: SQLite deleted, rewrote or
+    opened another file than the one named. Refused before anything is made."""
+    folder = tmp_path_factory.mktemp("names")
+    name = str(folder / stem) + tail
+    res = invoke("runs", "--db", name)
+    refused(res, f"store {name}")
+    assert list(folder.iterdir()) == []
