@@ -195,3 +195,52 @@ def test_roofline_point_labels_do_not_overlap():
             assert not a.overlaps(b), "two point labels overlap"
     frame = ax.get_window_extent(renderer)
     assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
+
+
+def _text_boxes(fig, texts) -> list:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    return [t.get_window_extent(renderer) for t in texts if t.get_text()]
+
+
+def _apart(boxes) -> bool:
+    return not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def test_a_dense_batch_sweep_names_few_batches_and_no_two_names_overlap(tmp_path, drawn):
+    db = str(tmp_path / "s.db")
+    _run(db, "dense", {(backend, b, 8): 1.0 + b * (0.5 if backend == "sdpa" else 1.0)
+                       for b in range(1, 49) for backend in ("eager", "sdpa")})
+    build_report(db, ["dense"], tmp_path / "r")
+    for file in ("latency_throughput_bert-tiny-base-fp32.png", "speedup_bert-tiny-base-fp32.png"):
+        fig = drawn[file]
+        for ax in fig.axes:
+            labels = ax.get_xticklabels()
+            named = [t.get_text() for t in labels if t.get_text()]
+            assert len(labels) == 48 and 2 <= len(named) <= plots.AXIS_LABELS, (file, named)
+            assert named[0] == "1" and named[-1] == "48"  # the ends are always named
+            assert _apart(_text_boxes(fig, labels)), f"{file}: batch labels overlap"
+
+
+def test_heatmap_panel_titles_do_not_run_into_each_other(tmp_path, drawn):
+    db = str(tmp_path / "s.db")
+    backends_ = ("eager", "sdpa", "sdpa-math", "sdpa-efficient", "compile", "cudagraph")
+    make_run(db, "a-run-name-long-enough-to-fold", [(cell(b, 1, 8), ok_result(_samples(2.0), 1)) for b in backends_])
+    make_run(db, "another-run-name-as-long-as-it", [(cell(b, 1, 8), ok_result(_samples(3.0), 1)) for b in backends_])
+    build_report(db, ["a-run-name-long-enough-to-fold", "another-run-name-as-long-as-it"], tmp_path / "r")
+    fig = drawn["tflops_heatmap_bert-tiny-base-fp32.png"]
+    titles = [ax.title for ax in fig.axes if ax.get_title()]
+    assert len(titles) == 12 and _apart(_text_boxes(fig, titles))
+
+
+def test_latency_distribution_of_many_runs_stays_within_the_row_width(tmp_path, drawn):
+    db = str(tmp_path / "s.db")
+    make_run(db, "many", [(cell(f"backend-{i}", 1, 8), ok_result(_samples(1.0 + i / 10), 1)) for i in range(55)])
+    build_report(db, ["many"], tmp_path / "r")
+    fig = drawn["latency_dist_bert-tiny-base-fp32.png"]
+    assert fig.get_figwidth() <= plots.PANEL_ROW_WIDTH
+    (ax,) = fig.axes
+    assert len([t for t in ax.get_xticklabels() if t.get_text()]) == 55  # every box keeps its name

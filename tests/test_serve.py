@@ -777,3 +777,20 @@ def test_the_offline_plan_asks_the_requests_its_verdict_needs_within_the_timeout
     assert offline.min_measured == 795 and offline.limit_s == 200.0
     closed, _ = plan_for(ServeCell("bert-tiny", "classification", "sdpa", "fp32", "concurrency", concurrency=2, **base))
     assert closed.min_measured == 1
+
+
+def test_report_keeps_the_p99_upper_column_where_every_load_was_too_short_for_it():
+    # The section says an empty upper figure means fewer requests than the percentile needs; its column was
+    # dropped instead when no row had one.
+    from transbench.keys import KEYS
+    from transbench.report.serve import load_tables
+
+    base = {"run_name": "s", "model": "bert-tiny", "task": "embed", "dtype": "fp32", "lengths": "fixed:8",
+            "max_batch_size": 2, "max_wait_ms": 2.0, "slo_ms": None, "backend": "sdpa", "mode": "rate", "rate": 4.0,
+            "status": "ok", "offered_rate": 4.0, "achieved_rate": 4.0, "latency_p99_ms": 30.0, "n_requests": 40,
+            "latency_p99_upper_ms": None}
+    upper = KEYS["latency_p99_upper_ms"].title
+    (table,) = load_tables([base])
+    assert table.rows[0][table.headers.index(upper)] == ""
+    (table,) = load_tables([{**base, "latency_p99_ms": None}])  # no p99 at all: no upper column either
+    assert upper not in table.headers

@@ -111,6 +111,26 @@ def _save(fig, path: Path, title: str, points: list[dict]) -> Figure:
     return Figure(path, title, points)
 
 
+# The most batch sizes a panel's axis names: a sweep of every batch from 1 to 64 wrote 64 labels over each other.
+# Every measured batch keeps its tick; the names are spread over the axis, the first and the last always named.
+AXIS_LABELS = 8
+
+
+def spread_labels(positions: list[float], names: list[str], most: int = AXIS_LABELS) -> list[str]:
+    """names with all but at most `most` blanked, those kept at least 1/most of the axis's span apart."""
+    if len(names) <= most:
+        return list(names)
+    lo, hi = positions[0], positions[-1]
+    gap = (hi - lo) / most
+    keep, last = {0}, lo
+    for i, pos in enumerate(positions[1:-1], start=1):
+        if pos - last >= gap and hi - pos >= gap:
+            keep.add(i)
+            last = pos
+    keep.add(len(names) - 1)
+    return [name if i in keep else "" for i, name in enumerate(names)]
+
+
 def _log_axes(ax, x_values: list | None = None, y: bool = True) -> None:
     """Log axes that read as plain numbers, ticked at the batch sizes measured."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
@@ -118,7 +138,7 @@ def _log_axes(ax, x_values: list | None = None, y: bool = True) -> None:
     plain = FuncFormatter(lambda v, _: f"{v:g}")
     if x_values:
         ax.set_xscale("log", base=2)
-        ax.set_xticks(x_values, [str(v) for v in x_values])
+        ax.set_xticks(x_values, spread_labels([math.log2(v) for v in x_values], [str(v) for v in x_values]))
         ax.xaxis.set_minor_formatter(NullFormatter())
     if y:
         ax.set_yscale("log")
@@ -253,7 +273,7 @@ def _bars(ax, recs: list[dict], key: str, labels: list[str]) -> list[dict]:
                color=backend_color(first["backend"]), hatch=HATCHES[_run_index(first) % len(HATCHES)],
                edgecolor="white", linewidth=0.5)
         points += [{"plot": key, "series": lab, "batch": batches[x], "value": mine[batches[x]][key]} for x in xs]
-    ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+    ax.set_xticks(range(len(batches)), spread_labels(list(range(len(batches))), [str(b) for b in batches]))
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xlabel("batch size")
     ax.grid(True, axis="y", alpha=0.3)
@@ -350,7 +370,9 @@ def efficiency_heatmap(data: ReportData, out: Path) -> list[Figure]:
             ax.set_yticks(range(len(batches)), [str(b) for b in batches])
             ax.set_xlabel("sequence length")
             ax.set_ylabel("batch size")
-            ax.set_title(wrap(lab, 30))
+            # folded to the panel's width (about 12 characters an inch at 9 points, less the batch axis's labels):
+            # at 30 characters, neighbouring panels' titles of one or two lengths ran into each other
+            ax.set_title(wrap(lab, max(10, int((width - 0.7) * 12))), fontsize=9)
         fig.colorbar(im, ax=axes, label="MFU %" if use_mfu else "TFLOPS")
         what = ("MFU (dense datasheet peak)" if use_mfu else
                 "TFLOPS (no datasheet peak for a device of these cells: no MFU)" if any(is_ok(r, "mfu") for r in recs)
@@ -412,7 +434,10 @@ def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
                         for pt in points_at)
         # rows of at most four panels, and of at most PANEL_ROW_WIDTH inches: three runs of six backends at one
         # point made four 12-inch panels a row
-        panel = 1.2 + 0.62 * per_panel
+        # and a panel of at most that width: 55 runs at one point made one 35-inch panel; the names under
+        # its boxes get smaller instead
+        panel = min(1.2 + 0.62 * per_panel, PANEL_ROW_WIDTH)
+        names_size = 7 if 1.2 + 0.62 * per_panel <= PANEL_ROW_WIDTH else 5
         ncols = max(1, min(len(points_at), 4, int(PANEL_ROW_WIDTH // panel)))
         fig = _canvas(ncols * panel, 3.3 * -(-len(points_at) // ncols))
         axes = _panels(fig, len(points_at), ncols)
@@ -443,6 +468,7 @@ def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
             ax.set_title(f"batch {b}, seq {seq}", fontsize=9)
             ax.set_ylabel("ms per call", fontsize=8)
             ax.tick_params(which="both", labelsize=7)
+            ax.tick_params(axis="x", labelsize=names_size)
             ax.grid(True, axis="y", alpha=0.3)
             points += [{"plot": "samples", "series": r["_label"], "seq": seq, "batch": b,
                         "value": len(r["_samples"])} for r in boxed]

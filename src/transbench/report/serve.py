@@ -15,6 +15,9 @@ LOAD_COLS = ("backend", "mode", "offered_rate", "achieved_rate", "error_rate", "
              "busy_share", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms",
              "tokens_per_s", "client_lag_p99_ms", "graphs_captured_under_load", "j_per_request", "rel_err")
 # new_tokens: a generation table's title said neither how many tokens a request asked for nor (column) its tokens/s
+# An upper figure stays beside its percentile even where every cell's is empty: the section's text says an empty
+# one means too few requests for the percentile, and a missing column said nothing.
+PAIRED = {"latency_p99_upper_ms": "latency_p99_ms"}
 SETTINGS = ("run_name", "model", "task", "dtype", "lengths", "new_tokens", "max_batch_size", "max_wait_ms", "slo_ms",
             "slo")
 
@@ -33,7 +36,8 @@ def _level(r: dict) -> str:
 def load_tables(recs: list[dict]) -> list[Table]:
     out = []
     for key, rows in groups(recs, SETTINGS).items():
-        cols = [k for k in LOAD_COLS if any(r.get(k) is not None for r in rows)]
+        cols = [k for k in LOAD_COLS if any(r.get(PAIRED.get(k, k)) is not None or r.get(k) is not None
+                                            for r in rows)]
         body = [[_level(r) if k == "mode" else measured(r, k) if k != "backend" else str(r.get(k))
                  for k in cols] for r in rows]
         title = "serve: " + ", ".join(f"{k}={v}" for k, v in zip(SETTINGS, key) if v is not None)
