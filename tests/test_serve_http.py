@@ -61,6 +61,9 @@ def test_failed_requests_are_ranked_last_and_never_meet_the_target():
     assert info["failures"] == {"http_500": 5} and len(samples) == 95
     clean, _, _ = endpoint.account(_trace([10.0] * 100, 0), 50, 100)
     assert clean["latency_p99_ms"] == pytest.approx(10.0) and clean["error_rate"] == 0
+    # a percentile on the last answered request's rank is its value (it read empty: inf * 0 next to a failure)
+    assert endpoint._failed_percentile([10.0, 20.0], 1, 50) == 20.0
+    assert endpoint._failed_percentile([10.0, 20.0], 1, 75) is None
 
 
 @pytest.mark.parametrize("failed", [0, 3])
@@ -218,7 +221,10 @@ def test_failed_dropped_and_malformed_streams_are_counted_and_the_run_goes_on():
     assert info["failures"] == {"http_500": 5, "dropped": 5, "malformed": 5}
     ok = [r for r in trace.requests if r.ok]
     assert all(r.completion_tokens == 4 and len(r.steps) == 4 for r in ok)
-    assert rec["ttft_p50_ms"] > 0 and rec["tpot_p50_ms"] > 0 and rec["itl_p50_ms"] > 0
+    # TTFT and TPOT rank the failures last as the latency does: at 60% failed their medians are empty, not the
+    # answered 40%'s; the gaps between tokens are the answered streams' own
+    assert rec["ttft_p50_ms"] is None and rec["tpot_p50_ms"] is None and rec["itl_p50_ms"] > 0
+    assert rec["latency_mean_ms"] is None and rec["ttft_mean_ms"] is None
 
 
 def test_chat_streams_count_content_deltas_and_usage_falls_back_to_events():
@@ -330,6 +336,127 @@ def test_a_usage_count_that_is_no_token_count_makes_the_request_malformed(stub, 
     assert r.status == "malformed" and "usage is int" in r.error
     r = answer(stub, "openai-completions", sse(TEXT, '{"choices": [], "usage": {"completion_tokens": 1}}'))
     assert r.ok and r.completion_tokens == 1
+
+
+@pytest.mark.parametrize("count", [0, 5, 10**9])
+def test_a_completion_count_no_stream_of_text_could_have_makes_the_request_malformed(stub, count):
+    # 4 tokens asked for: 10^9 in usage made a token rate of billions a second, 0 for text streamed made 0 tokens/s
+    r = answer(stub, "openai-completions", sse(TEXT, TEXT, '{"choices": [], "usage": {"completion_tokens": %d}}'
+                                               % count))
+    assert r.status == "malformed" and f"usage.completion_tokens is {count:,}" in r.error and "4 tokens asked" in \
+        r.error, r.error
+    r = answer(stub, "openai-completions", sse(TEXT, TEXT, '{"choices": [], "usage": {"completion_tokens": 4}}'))
+    assert r.ok and r.completion_tokens == 4  # two events of four tokens (a server may bundle them): an answer
+
+
+def _raw_server(handle):
+    """A plain TCP server on a free loopback port, `handle(conn)` per connection in a thread; returns (url, stop)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    srv.settimeout(0.2)
+    done = threading.Event()
+
+    def loop():
+        while not done.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+    threading.Thread(target=loop, daemon=True).start()
+
+    def stop():
+        done.set()
+        srv.close()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}", stop
+
+
+def _read_request(conn) -> bool:
+    """One whole POST off the connection (headers and Content-Length body); False where the client closed it."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        got = conn.recv(65536)
+        if not got:
+            return False
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"content-length: *(\d+)", head, re.I).group(1))
+    while len(body) < length:
+        body += conn.recv(65536)
+    return True
+
+
+def test_a_request_the_server_read_and_dropped_is_counted_dropped_and_never_sent_again():
+    # The server answers a connection's first request, then reads the second and closes without a word. The client
+    # resent such a request on a new connection, got its answer, and the cell read 0% failed.
+    posts = []
+
+    def handle(conn):
+        with conn:
+            for k in range(2):
+                if not _read_request(conn):
+                    return
+                posts.append(k)
+                if k == 0:
+                    body = b'{"data": [{"embedding": [1.0, 0.0]}], "usage": {"prompt_tokens": 2}}'
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+    url, stop = _raw_server(handle)
+    try:  # one request in flight at a time: each goes out on the connection the one before used
+        plan = LoadPlan([4], arrivals=[i * 0.05 for i in range(6)], span_s=0.3, warmup_s=0.0)
+        trace = run_http_load(url, "openai-embeddings", lambda r: payload("openai-embeddings", "m", "x", 0), plan,
+                              timeout_s=5)
+    finally:
+        stop()
+    statuses = [r.status for r in trace.requests]
+    assert statuses == ["ok", "dropped"] * 3, statuses
+    assert len(posts) == 6  # six requests, six sent: none twice
+
+
+def test_a_connection_the_server_closed_while_idle_is_opened_again_before_the_request_goes():
+    def handle(conn):  # one answer a connection, then the server closes it (as uvicorn after its keep-alive)
+        with conn:
+            if _read_request(conn):
+                body = b'{"data": [{"embedding": [1.0, 0.0]}]}'
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+    url, stop = _raw_server(handle)
+    try:
+        plan = LoadPlan([4], arrivals=[i * 0.05 for i in range(5)], span_s=0.25, warmup_s=0.0)
+        trace = run_http_load(url, "openai-embeddings", lambda r: payload("openai-embeddings", "m", "x", 0), plan,
+                              timeout_s=5)
+    finally:
+        stop()
+    assert [r.status for r in trace.requests] == ["ok"] * 5
+
+
+def test_only_a_request_that_waited_for_a_connection_is_warned_about(stub):
+    # A closed loop of 2 clients holds 2 connections, each always busy: nothing waits, and the run said "all 2
+    # connections were in use at once: later requests waited".
+    plan = LoadPlan([4], concurrency=2, span_s=0.3, warmup_s=0.0)
+    trace = run_http_load(stub.url, "openai-embeddings", lambda r: payload("openai-embeddings", "m", "x", 0), plan,
+                          timeout_s=5)
+    assert trace.peak_in_flight == trace.pool == 2 and trace.waited == 0
+    from transbench.scenarios.serve import http_client
+
+    conns = http_client.Connections(stub.url, 1)
+
+    async def two():
+        first = await conns.take()
+        waiting = asyncio.ensure_future(conns.take())
+        await asyncio.sleep(0)
+        conns.give(first)
+        return await waiting is first
+    assert asyncio.run(two()) and conns.waited == 1
+
+
+def test_client_lag_leaves_out_the_warm_up_requests():
+    trace = _trace([10.0] * 50, 0)
+    early = Sent(999, 0.1, 8, sent=0.2, done=0.21)  # in the warm-up (0.5 s): 100 ms late, as a cold client start
+    trace.requests.insert(0, early)
+    rec, _, _ = endpoint.account(trace, None, 100)
+    assert rec["client_lag_max_ms"] == pytest.approx(0.0)
 
 
 @pytest.mark.parametrize("ids, why", [

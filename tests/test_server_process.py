@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import queue
 import signal
@@ -227,7 +228,7 @@ def test_a_lone_surrogate_or_stream_options_not_an_object_is_a_400(path, body):
     assert "surrogate" in message or "stream_options must be an object" in message
 
 
-def call(app, messages, hang: bool = False) -> list[dict]:
+def call(app, messages, hang: bool = False, path: str = "/v1/embeddings", length: bytes = b"100") -> list[dict]:
     """One POST through the ASGI app, its body in the given pieces; then a hang-up, or (hang) nothing more."""
     sent, pending = [], list(messages)
 
@@ -242,8 +243,8 @@ def call(app, messages, hang: bool = False) -> list[dict]:
         sent.append(message)
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/v1/embeddings", "raw_path": b"/v1/embeddings", "query_string": b"", "root_path": "",
-             "headers": [(b"content-length", b"100")], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-length", length)], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
     asyncio.run(asyncio.wait_for(app(scope, receive, send), 20))  # the app returns: no exception for the log
     return sent
 
@@ -269,6 +270,50 @@ def test_a_body_past_the_limit_is_refused_as_it_arrives(monkeypatch):
     sent = call(fake_api(False), [{"type": "http.request", "body": b"x" * 8, "more_body": True},
                                   {"type": "http.request", "body": b"x" * 8, "more_body": True}], hang=True)
     assert sent[0]["status"] == 413 and (b"connection", b"close") in sent[0]["headers"]
+
+
+@pytest.mark.parametrize("length", [b"16777217", b"100000000000000000000"])
+def test_a_body_declared_past_the_limit_is_refused_at_once(length):
+    # a Content-Length of 10^20 was held for BODY_S (30 s) waiting for a body that could only be refused, then 408
+    started = time.perf_counter()
+    sent = call(fake_api(False), [], hang=True, length=length)
+    assert sent[0]["status"] == 413 and time.perf_counter() - started < 5
+    assert b"above the 16,777,216 bytes" in sent[1]["body"]
+
+
+def test_requests_waiting_on_a_model_process_that_dies_get_503():
+    # as /health and every later request answer: the server is not serving, not failing this request alone (500)
+    from types import SimpleNamespace as NS
+
+    from transbench.scenarios.serve import server
+    from transbench.scenarios.serve.prompts import WordTokenizer
+    from transbench.scenarios.serve.server_model import Metrics
+
+    def dies(job):
+        model.alive, model.failure = False, "the model process ended (exit code -9)"
+        job.emit("error", model.failure)
+    model = NS(alive=True, failure=None, metrics=Metrics(), submit=dies)
+    spec = NS(served_model_name="tiny", max_length=32, max_tokens=8)
+    for decoder, path, body in ((False, "/v1/embeddings", {"model": "tiny", "input": "a b"}),
+                                (True, "/v1/completions", {"model": "tiny", "prompt": "a b", "max_tokens": 2})):
+        model.alive, model.failure = True, None
+        app = server.build_app(server.Api(spec, NS(shape=NS(vocab=100, hidden=16)), decoder, model, WordTokenizer(100)))
+        resp = post(app, path, body)
+        assert resp.status_code == 503 and "exit code -9" in resp.json()["error"]["message"], resp.text
+    assert model.metrics.requests == {("embeddings", 503): 1, ("completions", 503): 1}
+
+
+def test_a_stream_its_client_left_part_way_is_counted_in_metrics():
+    # a streamed completion whose client hung up was counted under no status at all
+    def one_token(job):  # a token, then nothing: the stream is still open when the client leaves
+        job.emit("token", 5)
+    app = fake_api(True, one_token)
+    body = json.dumps({"model": "tiny", "prompt": "a b", "max_tokens": 4, "stream": True}).encode()
+    sent = call(app, [{"type": "http.request", "body": body, "more_body": False}], path="/v1/completions",
+                length=str(len(body)).encode())
+    assert sent[0]["status"] == 200
+    metrics = next(r.endpoint.__self__.model.metrics for r in app.routes if r.path == "/metrics")
+    assert metrics.requests == {("completions", 499): 1}
 
 
 @pytest.mark.parametrize("path", ["/v1/completions/", "/v1/embeddings/", "/health/"])

@@ -44,6 +44,14 @@ def _failed_percentile(ok_ms: list[float], failed: int, q: float) -> float | Non
     return None if math.isinf(value) or math.isnan(value) else value
 
 
+def _ranked_spread(prefix: str, ok_ms: list[float], failed: int, keep=None) -> dict:
+    """stats.spread with the failed requests ranked after every answered one, as the latency's percentiles are: a
+    percentile that falls on failures is empty, and so are the max and the mean of a load with failures. Half the
+    requests answered 500 and the TTFT and TPOT of the other half read as the load's."""
+    out = spread(prefix, ok_ms + [math.inf] * failed)
+    return {k: v if math.isfinite(v) else None for k, v in out.items() if keep is None or k in keep}
+
+
 def _tokens(r) -> int:
     """A streamed answer's tokens: its usage count (http_client._usage has checked it is one), else its events."""
     return r.completion_tokens if r.completion_tokens is not None else len(r.steps)
@@ -87,7 +95,7 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
         est = tails.upper_estimate(ranked, q / 100)
         rec[f"latency_{name(q)}_upper_ms"] = None if est is None or math.isinf(est) else est
     rec.update(latency_max_ms=max(lat_ok) if lat_ok and not failed else None,
-               latency_mean_ms=sum(lat_ok) / len(lat_ok) if lat_ok else None)
+               latency_mean_ms=sum(lat_ok) / len(lat_ok) if lat_ok and not failed else None)
     rec.update(latency_ms=rec["latency_p50_ms"], n_samples=n)
     # LoadGen's early-stopping verdict (tails.verdict), as in-process serving judges (stats.account): a failed
     # request misses the target, and too few requests for the percentile make the verdict not valid, never met
@@ -102,23 +110,26 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
             rec["slo_ms"] = objectives["e2e"]
     streamed = [r for r in ok if r.steps]
     if streamed:
-        rec.update(spread("ttft", [(r.steps[0] - r.arrival) * 1e3 for r in streamed]))
+        # TTFT and TPOT per request, failures ranked last; the gaps between tokens are the answered streams' own
+        # (a failure has no place among them), and tokens_per_s the tokens that arrived in answered requests
+        rec.update(_ranked_spread("ttft", [(r.steps[0] - r.arrival) * 1e3 for r in streamed], failed))
         gaps = [(b - a) * 1e3 for r in streamed for a, b in zip(r.steps, r.steps[1:])]
         rec.update({k: v for k, v in spread("itl", gaps).items() if k in ("itl_p50_ms", "itl_p99_ms")})
         counts = [_tokens(r) for r in streamed]
         tpot = [t for t in map(_tpot_ms, streamed) if t is not None]
-        rec.update({k: v for k, v in spread("tpot", tpot).items() if k in ("tpot_p50_ms", "tpot_p99_ms")})
+        if tpot:
+            rec.update(_ranked_spread("tpot", tpot, failed, ("tpot_p50_ms", "tpot_p99_ms")))
         rec.update(tokens_per_s=sum(counts) / span, completion_tokens_mean=sum(counts) / len(counts))
     prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
     rec["prompt_tokens_mean"] = sum(prompts) / len(prompts) if prompts else None
     info = {"failures": dict(Counter(r.status for r in reqs if not r.ok)), "measured_span_s": span,
             "warmup_requests": len(trace.requests) - n, "connections": trace.pool,
-            "peak_in_flight": trace.peak_in_flight}
+            "peak_in_flight": trace.peak_in_flight, "connection_waits": trace.waited}
     errors = [r for r in reqs if not r.ok]
     if errors:
         info["first_errors"] = [f"{r.status}: {r.error}"[:200] for r in errors[:5]]
     if trace.plan.arrivals is not None:
-        lags = [(r.sent - r.arrival) * 1e3 for r in trace.requests if r.sent is not None]
+        lags = [(r.sent - r.arrival) * 1e3 for r in reqs if r.sent is not None]  # as every figure: after warm-up
         if lags:
             rec.update(client_lag_p50_ms=percentile(lags, 50), client_lag_p99_ms=percentile(lags, 99),
                        client_lag_max_ms=max(lags))
@@ -255,8 +266,8 @@ def run(cell: ServeCell) -> CellResult:
     lag = lag_warning(rec, plan)
     if lag:
         warnings.append(lag)
-    if trace.peak_in_flight >= trace.pool:
-        warnings.append(f"all {trace.pool} connections were in use at once: later requests waited for one "
+    if trace.waited:  # requests that found every connection busy; a pool as large as the load's requests never does
+        warnings.append(f"{trace.waited} request(s) waited for one of the {trace.pool} connections, every one busy "
                         "(their wait is in their latency)")
     if rec["failed"] == rec["requests"]:
         return CellResult("error", record=rec, info=info, warnings=warnings,

@@ -76,7 +76,8 @@ class HttpTrace:
     end: float
     pool: int  # connections the client could open
     peak_in_flight: int
-    t0: float = 0.0  # time.perf_counter() at the start of the load (times above are relative to it)
+    t0: float = 0.0
+    waited: int = 0  # requests that waited for a connection (every one of `pool` busy)  # time.perf_counter() at the start of the load (times above are relative to it)
 
 
 def embedding_values(value) -> list[float]:
@@ -191,30 +192,31 @@ class Connection:
             return event
 
     async def post(self, path: str, body: bytes):
-        """Send the request; the response (h11.Response: status_code, headers; its body: chunks())."""
+        """Send the request; the response (h11.Response: status_code, headers; its body: chunks()). A request is sent
+        once: one whose connection failed after it was written may have reached the server, and sent again it was
+        answered once and counted as one answered request where the server had dropped it."""
         import h11
 
-        for attempt in (0, 1):
-            reused = self.writer is not None
-            if not reused:
-                await self._open()
-            request = h11.Request(method="POST", target=path, headers=[
-                ("Host", self.authority), ("Content-Type", "application/json"), ("Accept", "*/*"),
-                ("Content-Length", str(len(body)))])
-            try:
-                self.writer.write(self.h11.send(request) + self.h11.send(h11.Data(data=body))
-                                  + self.h11.send(h11.EndOfMessage()))
-                await self.writer.drain()
+        if self.writer is not None:
+            await asyncio.sleep(0)  # let the loop take in a close the server sent while the connection was idle
+            if self.reader.at_eof() or self.writer.is_closing():
+                self.close()  # a kept-alive connection the server closed while idle (uvicorn after 5 s): a new one
+        if self.writer is None:
+            await self._open()
+        request = h11.Request(method="POST", target=path, headers=[
+            ("Host", self.authority), ("Content-Type", "application/json"), ("Accept", "*/*"),
+            ("Content-Length", str(len(body)))])
+        try:
+            self.writer.write(self.h11.send(request) + self.h11.send(h11.Data(data=body))
+                              + self.h11.send(h11.EndOfMessage()))
+            await self.writer.drain()
+            event = await self._event()
+            while isinstance(event, h11.InformationalResponse):
                 event = await self._event()
-                while isinstance(event, h11.InformationalResponse):
-                    event = await self._event()
-                return event
-            except (Dropped, ConnectionResetError, BrokenPipeError, h11.RemoteProtocolError):
-                self.close()
-                # A kept-alive connection the server had closed while idle (uvicorn after 5 s): once more, afresh.
-                if not reused or attempt:
-                    raise
-        raise AssertionError("unreachable")
+            return event
+        except (Dropped, ConnectionResetError, BrokenPipeError, h11.RemoteProtocolError):
+            self.close()
+            raise
 
     async def chunks(self):
         import h11
@@ -280,8 +282,11 @@ def _piece(event: dict, api: str, data: str) -> str | None:
     return piece
 
 
-async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, most: int) -> None:
-    """Read a stream of events into `r`; more than `most` events carrying text is Malformed."""
+async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int) -> None:
+    """Read a stream of events into `r`: more events carrying text than `asked` tokens can send (EVENTS_PER_TOKEN
+    each, and EXTRA_EVENTS) is Malformed, and so is a usage count of more completion tokens than asked, or of none
+    where text came: 10^9 tokens for 4 asked made a token rate of billions a second."""
+    most = EVENTS_PER_TOKEN * asked + EXTRA_EVENTS
     finished = False
     async for line in _lines(conn.chunks()):
         if finished or not line.startswith("data:"):  # blank separators, comments (":"), event:/id: fields
@@ -312,9 +317,12 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, most: in
         r.status, r.error = "dropped", "the stream ended before its [DONE] event"
     elif r.ok and not r.steps:  # a usage count alone is no generation: there is no token time to measure
         r.status, r.error = "malformed", "no content was streamed: no event carried text"
+    elif r.ok and r.completion_tokens is not None and not 1 <= r.completion_tokens <= asked:
+        r.status, r.error = "malformed", (f"usage.completion_tokens is {r.completion_tokens:,} for a stream of "
+                                          f"{len(r.steps):,} events of text, {asked:,} tokens asked for")
 
 
-async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now, keep: bool, most: int) -> None:
+async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now, keep: bool, asked: int) -> None:
     import h11
 
     r.sent = now()
@@ -345,7 +353,7 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             if kind and kind != b"text/event-stream":
                 raise Malformed(f"the answer is not an event stream (Content-Type {kind.decode(errors='replace')!r})")
-            await _stream(conn, r, api, now, keep, most)
+            await _stream(conn, r, api, now, keep, asked)
         clean = True
     except Malformed as exc:
         r.status, r.error = "malformed", str(exc)
@@ -389,6 +397,7 @@ class Connections:
         self.ssl = ssl.create_default_context() if https else None  # one context for every connection
         self.limit, self.made, self.idle = limit, 0, []
         self.waiters: asyncio.Queue | None = None
+        self.waited = 0
 
     async def take(self) -> Connection:
         if self.idle:
@@ -398,6 +407,7 @@ class Connections:
             return Connection(self.host, self.port, self.ssl)
         if self.waiters is None:
             self.waiters = asyncio.Queue()
+        self.waited += 1
         return await self.waiters.get()  # every connection busy: wait for one (counted in the request's latency)
 
     def give(self, conn: Connection) -> None:
@@ -412,6 +422,9 @@ class Connections:
 
 
 async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) -> HttpTrace:
+    import h11  # noqa: F401  (imported before the clock starts: imported at the first connection, its 0.1 s was the
+    # first request's send lag)
+
     pool = pool_size(plan)
     path = API_PATHS[api]
     conns = Connections(url, pool)
@@ -427,9 +440,8 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
         client = await conns.take()
         try:  # the whole request's deadline, connecting, body and stream included
             body = bodies(r)
-            most = EVENTS_PER_TOKEN * body.get("max_tokens", 0) + EXTRA_EVENTS
             await asyncio.wait_for(_send(client, path, api, json.dumps(body).encode(), r, now, r.rid < KEEP_OUTPUTS,
-                                         most), timeout_s)
+                                         body.get("max_tokens", 0)), timeout_s)
         except asyncio.TimeoutError:
             r.status, r.error, r.done = "timeout", f"no complete answer within {timeout_s:g} s", now()
         finally:
@@ -466,7 +478,7 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
             await asyncio.gather(*(client_loop() for _ in range(plan.concurrency)))
     finally:
         conns.close()
-    return HttpTrace(out, plan, now(), pool, peak, t0)
+    return HttpTrace(out, plan, now(), pool, peak, t0, conns.waited)
 
 
 def run_http_load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) -> HttpTrace:

@@ -140,6 +140,9 @@ class Api:
                             status_code=exc.status, headers=close)
 
     async def read(self, request) -> bytes:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY:  # refused at once, not after waiting out BODY_S for it
+            raise BadRequest(f"the body is above the {MAX_BODY:,} bytes accepted (Content-Length {declared[:40]})", 413)
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
@@ -201,6 +204,13 @@ class Api:
                              "context_length_exceeded")
         return ids
 
+    def failed(self, api: str, why) -> "BadRequest":
+        """A request the model failed, counted: 503 where the model process has died (as /health and every request
+        after it answer), 500 where the model raised for this request alone."""
+        status = 500 if self.model.alive else 503
+        self.model.metrics.request(api, status, None)
+        return BadRequest(f"the model failed: {why}", status, "server_error")
+
     def bridge(self):
         """An asyncio queue the model can fill, and the emit function it calls."""
         q: asyncio.Queue = asyncio.Queue()
@@ -260,8 +270,7 @@ class Api:
         for _ in ids:
             kind, value = await q.get()
             if kind == "error":
-                self.model.metrics.request("embeddings", 500, None)
-                return self.error(BadRequest(f"the model failed: {value}", 500, "server_error"))
+                return self.error(self.failed("embeddings", value))
             out.append(value)
         # the answers come back in batch order, which is the submission order within one request
         n = sum(len(x) for x in ids)
@@ -320,8 +329,7 @@ class Api:
             while True:
                 kind, value = await q.get()
                 if kind == "error":
-                    self.model.metrics.request("completions", 500, None)
-                    return self.error(BadRequest(f"the model failed: {value}", 500, "server_error"))
+                    return self.error(self.failed("completions", value))
                 if kind == "done":
                     break
                 tokens.append(value)
@@ -329,20 +337,28 @@ class Api:
             return JSONResponse(chunk(self.tok.decode(tokens), "length", usage=counts))
 
         async def events():
-            while True:
-                kind, value = await q.get()
-                if kind == "error":
-                    self.model.metrics.request("completions", 500, None)
-                    yield f"data: {json.dumps({'error': {'message': str(value), 'type': 'server_error'}})}\n\n"
-                    return
-                if kind == "done":
-                    break
-                yield f"data: {json.dumps(chunk(self.tok.decode([value])))}\n\n"
-            yield f"data: {json.dumps(chunk('', 'length'))}\n\n"
-            if usage:
-                yield f"data: {json.dumps({**chunk(''), 'choices': [], 'usage': counts})}\n\n"
-            yield "data: [DONE]\n\n"
-            self.model.metrics.request("completions", 200, time.perf_counter() - t0)
+            # Counted once, however the stream ends: a client that hung up mid-stream ends it here (the generator is
+            # closed), and was counted nowhere in /metrics.
+            status = GONE
+            try:
+                while True:
+                    kind, value = await q.get()
+                    if kind == "error":
+                        status = self.failed("completions", value).status
+                        yield f"data: {json.dumps({'error': {'message': str(value), 'type': 'server_error'}})}\n\n"
+                        return
+                    if kind == "done":
+                        break
+                    yield f"data: {json.dumps(chunk(self.tok.decode([value])))}\n\n"
+                yield f"data: {json.dumps(chunk('', 'length'))}\n\n"
+                if usage:
+                    yield f"data: {json.dumps({**chunk(''), 'choices': [], 'usage': counts})}\n\n"
+                yield "data: [DONE]\n\n"
+                status = 200
+                self.model.metrics.request("completions", 200, time.perf_counter() - t0)
+            finally:
+                if status == GONE:
+                    self.model.metrics.request("completions", GONE, None)
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

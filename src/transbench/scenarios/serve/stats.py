@@ -72,6 +72,8 @@ def percentile(values: list[float], q: float) -> float:
     pos = q / 100 * (len(s) - 1)
     lo = int(pos)
     hi = min(lo + 1, len(s) - 1)
+    if pos == lo:  # on a rank: its value (a failure ranked as infinity next to it made inf * 0, NaN)
+        return s[lo]
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
