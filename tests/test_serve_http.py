@@ -338,6 +338,17 @@ def test_a_usage_count_that_is_no_token_count_makes_the_request_malformed(stub, 
     assert r.ok and r.completion_tokens == 1
 
 
+def test_a_stream_ends_at_its_done_event_whatever_the_server_does_after_it(stub):
+    from starlette.responses import StreamingResponse
+
+    async def held():
+        yield f"data: {TEXT}\n\ndata: {TEXT}\n\ndata: [DONE]\n\n"
+        await asyncio.sleep(1.0)  # the body held open after the answer is whole
+
+    r = answer(stub, "openai-completions", lambda: StreamingResponse(held(), media_type="text/event-stream"))
+    assert r.ok and r.done - r.sent < 0.5, (r.status, r.done - r.sent)
+
+
 @pytest.mark.parametrize("count", [0, 5, 10**9])
 def test_a_completion_count_no_stream_of_text_could_have_makes_the_request_malformed(stub, count):
     # 4 tokens asked for: 10^9 in usage made a token rate of billions a second, 0 for text streamed made 0 tokens/s
@@ -641,6 +652,9 @@ def test_serve_url_through_the_cli_shows_the_error_rate(tmp_path):
     (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--served-model", "m", "--new-tokens", "4"],
      "--new-tokens"),
     (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings"], "lists no model"),
+    # nothing listens there: with --served-model no listing was asked for, and the load ran as a cell of failures
+    (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--served-model", "m"],
+     "nothing accepts a connection there"),
     (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--served-model", "m", "--tokenizer", "/nope"],
      "no such folder"),
 ])

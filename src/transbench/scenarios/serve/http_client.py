@@ -294,6 +294,7 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: i
         data = line[5:].strip()
         if data == "[DONE]":
             finished = True
+            r.done = now()  # the answer's end: a server that holds the body open after it does not lengthen it
             continue
         try:
             event = boundary.loads_json(data, "a streamed event")
@@ -364,7 +365,8 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
     except OSError as exc:
         r.status, r.error = "error", f"{type(exc).__name__}: {exc}"[:200]
     finally:
-        r.done = now()
+        if not clean or r.done is None:
+            r.done = now()
         if not clean:  # cancelled (timed out) or failed mid-response: the connection's state is unknown
             conn.close()
 
@@ -486,6 +488,25 @@ def run_http_load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) 
     the sends). `bodies(sent)` gives a request's JSON body."""
     with no_collector():
         return asyncio.run(_load(url.rstrip("/"), api, bodies, plan, timeout_s))
+
+
+def check_reachable(url: str, timeout_s: float = 10.0) -> None:
+    """SpecError, one line, where nothing accepts a connection at the URL within `timeout_s` (a host name that does
+    not resolve, nothing listening, a TLS handshake refused). With --served-model no listing is asked for first, and
+    such a load ran to its end as a cell of failed requests, exit 0."""
+    import ssl
+
+    async def connect() -> None:
+        conns = Connections(url, 1)
+        _, writer = await asyncio.open_connection(conns.host, conns.port, ssl=conns.ssl)
+        writer.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(connect(), timeout_s))
+    except (OSError, ssl.SSLError, asyncio.TimeoutError) as exc:
+        why = f"no connection within {timeout_s:g} s" if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) else \
+            f"{type(exc).__name__}: {str(exc)[:120]}"
+        raise SpecError(f"--url {url}: nothing accepts a connection there ({why})") from None
 
 
 def is_model_name(name) -> bool:
