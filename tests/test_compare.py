@@ -225,7 +225,7 @@ def test_cli_exit_codes(two_runs, tmp_path):
     runner = CliRunner()
     res = runner.invoke(app, ["compare", "before", "after", "--db", two_runs])
     assert res.exit_code == 1, res.output
-    assert "slower" in res.output and "broken" in res.output and "only in A" in res.output
+    assert "slower" in res.output and "broken" in res.output and "missing in B" in res.output
     res = runner.invoke(app, ["compare", "before-2", "same", "--db", two_runs])
     assert res.exit_code == 0, res.output
     assert "2 same" in res.output
@@ -325,7 +325,7 @@ def test_output_fits_100_columns(tmp_path):
     assert res.exit_code == 1 and "4 same, 4 slower" in res.output, res.output
     lines = res.output.splitlines()
     assert max(len(x) for x in lines) <= 100 and "\u2026" not in res.output
-    assert "4 same, 4 slower, 1 unmatched" in res.output and "rank interval" in res.output
+    assert "4 same, 4 slower, 1 missing in B" in res.output and "rank interval" in res.output
     # a folded value is whole: its pieces, read down its column, give it back
     flat = "".join(x.strip("│┃ ") for x in lines)
     assert "a-rather-long" in flat and "final" in flat
@@ -452,8 +452,30 @@ def test_compare_n_a_note_for_inference_cells(tmp_path):
     few = ok_result([1.0, 1.1, 1.2, 1.05, 0.95], 1)
     for name in ("a", "b"):
         make_run(db, name, [(cell("eager", 1), few)])
-    cmp = compare(db, "a", "b")
-    assert "--min-time" in cmp.cells[0].note  # an inference cell keeps the --min-time hint
+    # every pair n/a: the gate judged nothing, and must not pass (it passed a 10x regression at 3 samples a side);
+    # the refusal carries the cell's note, with an inference cell's --min-time hint
+    with pytest.raises(SpecError, match="no pair of cells got a verdict .*--min-time"):
+        compare(db, "a", "b")
+    few10x = ok_result([10 * x for x in (1.0, 1.1, 1.2)], 1)
+    make_run(db, "c", [(cell("eager", 1), ok_result([1.0, 1.1, 1.2], 1))])
+    make_run(db, "d", [(cell("eager", 1), few10x)])
+    res = CliRunner().invoke(app, ["compare", "c", "d", "--db", db])
+    assert res.exit_code == 2 and "no pair of cells got a verdict" in res.stderr, res.output
+
+
+def test_a_cell_of_a_that_b_lacks_fails_the_gate(tmp_path):
+    # B ran half the grid (it crashed part way, or is one shard): 2 same and 2 unmatched passed, exit 0
+    db = str(tmp_path / "m.db")
+    make_run(db, "a", [(cell(b, n), ok_result(noisy(5.0 * n, seed=n), n)) for b in ("eager", "sdpa") for n in (1, 2)])
+    make_run(db, "b", [(cell(b, 1), ok_result(noisy(5.0, seed=9), 1)) for b in ("eager", "sdpa")])
+    make_run(db, "c", [(cell(b, n), ok_result(noisy(5.0 * n, seed=n + 3), n)) for b in ("eager", "sdpa")
+                       for n in (1, 2, 4)])
+    res = CliRunner().invoke(app, ["compare", "a", "b", "--db", db, "--json", "-"])
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 1 and doc["missing_in_b"] == 2 and doc["failed"] and doc["regressions"] == 0
+    assert compare(db, "a", "b").summary().startswith("b vs a: 2 same, 2 missing in B")
+    res = CliRunner().invoke(app, ["compare", "a", "c", "--db", db])  # B's extra cells are no regression
+    assert res.exit_code == 0 and "2 only in B" in res.output, res.output
 
 
 @pytest.mark.parametrize("failed_a, failed_b, n, verdict", [

@@ -105,7 +105,7 @@ def compare(
     stdout = next((o for o, p in outputs.items() if p == "-"), None)
     if stdout is not None:  # the document alone on stdout, for a pipe; the gate's exit code as always
         typer.echo(texts[stdout](), nl=False)
-        if cmp.regressions:
+        if cmp.failed:
             raise typer.Exit(1)
         return
     # A CI log or a narrow terminal: every value whole within 100 columns (long text folds, never "...").
@@ -122,5 +122,5 @@ def compare(
                         for h, v in zip(doc.headers, row)])
         console.print(t, width=width)
     console.print(visible(cmp.summary()), highlight=False, markup=False, width=width)
-    if cmp.regressions:
+    if cmp.failed:
         raise typer.Exit(1)

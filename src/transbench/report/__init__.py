@@ -3,7 +3,7 @@ comparison with a statistical verdict.
 
     from transbench.report import build_report, compare
     paths = build_report("transbench.db", ["last"], "report/")
-    cmp = compare("transbench.db", "before", "after")   # cmp.regressions gates a pipeline
+    cmp = compare("transbench.db", "before", "after")   # cmp.failed gates a pipeline
 """
 
 from __future__ import annotations

@@ -109,6 +109,12 @@ class Comparison:
     def regressions(self) -> list[CellComparison]:
         return [c for c in self.cells if c.verdict in REGRESSIONS]
 
+    @property
+    def failed(self) -> bool:
+        """The gate (`transbench compare` exits 1): a cell slower or broken, or a cell of A that B lacks. A run B that
+        crashed part way, or one shard of a sweep, passed on the cells it had."""
+        return bool(self.regressions or self.only_a)
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for c in self.cells:
@@ -117,8 +123,10 @@ class Comparison:
 
     def summary(self) -> str:
         parts = [f"{n} {v}" for v, n in sorted(self.counts().items())]
-        if self.only_a or self.only_b:
-            parts.append(f"{len(self.only_a) + len(self.only_b)} unmatched")
+        if self.only_a:
+            parts.append(f"{len(self.only_a)} missing in B")
+        if self.only_b:
+            parts.append(f"{len(self.only_b)} only in B")
         return (f"{self.run_b['name']} vs {self.run_a['name']}: " + (", ".join(parts) or "no cells")
                 + f" ({percent(1 - self.config.alpha)} interval, min effect {percent(self.config.min_effect)})")
 
@@ -520,6 +528,12 @@ def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -
     why = nothing_compared(cmp)
     if why is not None:
         raise SpecError(why)
+    if all(c.verdict == "n/a" for c in cmp.cells):
+        # every pair too uncertain to judge (3 samples a side): a 10x regression passed the gate, exit 0
+        note = next((c.note for c in cmp.cells if c.note), "")
+        raise SpecError(f"runs '{a['name']}' and '{b['name']}': no pair of cells got a verdict"
+                        + (f" ({note})" if note else "") + ": a gate that judged nothing must not pass; time more "
+                        "samples (--min-count, --min-time) or repeat the runs (--repeat)")
     return cmp
 
 
@@ -586,7 +600,7 @@ def unmatched_table(cmp: Comparison) -> Table | None:
     for side, recs, other, others in (("A", cmp.only_a, "B", cmp.only_b), ("B", cmp.only_b, "A", cmp.only_a)):
         parsed = [(o.get("scenario"), settings(o)) for o in others]
         for r in recs:
-            rows.append([f"only in {side}", _text(settings(r), settings(r)),
+            rows.append(["missing in B" if side == "A" else "only in B", _text(settings(r), settings(r)),
                          STATUS_TEXT.get(r["status"], r["status"]), r.get("_why") or _why_unmatched(r, parsed, other)])
     return Table("cells in one run only", ["in", "cell", "status", "why"], rows)
 
@@ -616,6 +630,7 @@ def comparison_document(cmp: Comparison) -> dict:
     return {"schema_version": SCHEMA_VERSION, "transbench_version": version(), "kind": "comparison",
             "run_a": side(cmp.run_a), "run_b": side(cmp.run_b), "alpha": cmp.config.alpha,
             "min_effect": cmp.config.min_effect, "counts": cmp.counts(), "regressions": len(cmp.regressions),
+            "missing_in_b": len(cmp.only_a), "failed": cmp.failed,
             "summary": cmp.summary(), "cells": cells, "unmatched": unmatched}
 
 
@@ -625,7 +640,8 @@ def comparison_markdown(cmp: Comparison) -> str:
     from .document import table_markdown
 
     failed = cmp.regressions
-    head = (f"**transbench compare: {len(failed)} regression(s)** (exit 1)" if failed
+    missing = f", {len(cmp.only_a)} cell(s) of A missing in B" if cmp.only_a else ""
+    head = (f"**transbench compare: {len(failed)} regression(s){missing}** (exit 1)" if cmp.failed
             else "**transbench compare: no regression** (exit 0)")
     parts = [head, "", table_markdown(comparison_table(cmp))]  # the table's markdown ends in the summary
     extra = unmatched_table(cmp)
