@@ -62,6 +62,7 @@ def _check_arithmetic(cell: TrainCell, r: CellResult) -> None:
     assert r.info["hw_flops_per_step"] == ran and r.info["flops_per_step"] == fl
     assert (ran > fl) == (cell.grad_ckpt or (cell.task == "mlm" and cell.head == "all"))
     assert rec["hfu"] is None
+    assert rec["flops_method"] == ("analytic" if PRESETS[cell.model].family in flops.ANALYTIC else "counted")
     assert rec["tflops_per_gpu"] == pytest.approx(rec["tflops"] / cell.world_size)
     assert rec["mfu"] is None  # no datasheet peak for a CPU: never a guessed one
     assert len(r.samples_ms) == cell.steps and rec["n_samples"] == cell.steps

@@ -390,11 +390,18 @@ def training_flops(shape: Preset, seq: int, task: str, *, head_tokens: int | Non
     head counted on those only, whether or not the step runs it on every position. What the hardware
     executes (HFU's numerator) is `recompute` True under activation checkpointing (each layer's forward
     once more; the head is not checkpointed) and the head on every position where the step runs it there.
-    Families counted by torch's counter have no separable head or layers: their count is 3 (4 with
-    `recompute`) x the whole forward's per-sequence part (work done once per forward, `counted_split`, is
-    left out: a step's count is this times its sequences)."""
+    Families counted by torch's counter: the count of the task's forward less the bare model's is the head, so
+    an MLM head is counted on `head_tokens` of the `seq` positions as for the analytic families (ALBERT's and
+    DeBERTa's heads were counted on every position: MFU 1.3 to 1.8 times too high); 3 x that per-sequence part
+    (work done once per forward, `counted_split`, is left out: a step's count is this times its sequences), and
+    the bare model once more with `recompute`."""
     if shape.family not in ANALYTIC:
-        return (4 if recompute else 3) * counted_split(shape, seq, task)[0]
+        total = counted_split(shape, seq, task)[0]
+        body = counted_split(shape, seq, "base")[0] if recompute or (task == "mlm" and head_tokens is not None) \
+            else total
+        if task == "mlm" and head_tokens is not None:
+            total = body + (total - body) * head_tokens // seq
+        return 3 * total + (body if recompute else 0)
     windows = attention_windows(shape)
     layers = sum(layer_flops(shape, seq, k, windows) for k in range(shape.layers))
     head = head_flops(shape, task, head_tokens if task == "mlm" and head_tokens is not None else seq)

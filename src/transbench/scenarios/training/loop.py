@@ -648,6 +648,7 @@ def _result(cell: TrainCell, trainer: Trainer, per_rank: list[dict], sampled: ti
     # MFU is linear in the FLOPs (measure/peaks.mfu), so it scales by their ratio.
     mfu = record.get("mfu")
     record["hfu"] = None if mfu is None else mfu * hw_flops_per_step / flops_per_step
+    record["flops_method"] = "analytic" if trainer.shape.family in flops.ANALYTIC else "counted"  # as inference's
     info_energy = None
     if world > 1 and ("energy_j" in record or record.get("avg_power_w") is not None):
         # NVML reads rank 0's GPU; the ranks do the same work. Power too: a 2-GPU record read 6 J per 10 ms step
