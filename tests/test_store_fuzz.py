@@ -324,6 +324,26 @@ def test_merge_refuses_a_run_of_that_name_with_another_grid_or_kind(tmp_path):
     assert res.exit_code == 0 and "0 new run(s), 1 new cell(s)" in res.output, res.output
 
 
+def test_merge_refuses_one_run_under_two_names_and_shards_of_other_library_versions(tmp_path):
+    """A run renamed in one copy joined its cells to the other name's run, exit 0; a shard that ran another torch
+    mixed two versions' cells under one environment."""
+    import sqlite3
+
+    target, renamed, old = (tmp_path / n for n in ("t.db", "r.db", "v.db"))
+    env = {"torch": "2.13.0", "transformers": "5.24.0", "gpus": []}
+    make_run(str(target), "S", [(cell("eager", 1), ok_result(samples(10.0), 1))], spec={"batches": [1, 2]}, env=env)
+    make_run(str(renamed), "S", [(cell("eager", 2), ok_result(samples(20.0), 2))], spec={"batches": [1, 2]}, env=env)
+    with sqlite3.connect(renamed) as conn:
+        conn.execute("UPDATE runs SET name = 'Q'")
+    conn.close()
+    make_run(str(old), "S", [(cell("eager", 2), ok_result(samples(20.0), 2))], spec={"batches": [1, 2]},
+             env={**env, "torch": "2.1.0"})
+    before = digest(tmp_path)
+    refused(invoke("merge", renamed, "--into", target), "has the id of run 'S'", "one run under two names")
+    refused(invoke("merge", old, "--into", target), "another run than the one of that name", "torch 2.1.0 vs 2.13.0")
+    assert digest(tmp_path) == before
+
+
 def test_a_refused_merge_of_several_sources_writes_nothing(tmp_path):
     """Sources were merged one by one: the first was in the target before the second was refused (exit 2, the
     target changed), and a new target was left behind empty when a source was refused."""

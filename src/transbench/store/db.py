@@ -876,20 +876,32 @@ class Merged:
     differing: list[str] = field(default_factory=list)
 
 
+# The libraries whose versions make a run's cells comparable: shards of one run that ran other versions are two runs.
+VERSIONED = ("torch", "transformers", "triton", "transbench", "cuda")
+
+
 def check_mergeable(others: list[Store], known: dict[str, tuple[dict, str]]) -> None:
     """Refuse stores whose runs cannot join `known` (name -> (run, the store it is in)) and each other, and any
     row that does not read back (damage is refused, not spread). A named run's id comes from its name, so two
     sweeps given one --name share it: the ids alone would join cells of another kind or another grid into one
     run (shards of one sweep differ only in where and how long they ran: RESUMABLE)."""
+    by_id = {run["run_id"]: (run, path) for run, path in known.values()}
     for other in others:
         runs = other.runs()
         for r in runs:
             here, where = known.setdefault(r["name"], (r, other.path))
+            named, named_in = by_id.setdefault(r["run_id"], (r, other.path))
+            if named["name"] != r["name"]:  # a run renamed in one copy: its cells joined the other name's run, unsaid
+                raise SpecError(f"run '{r['name']}' of {other.path} has the id of run '{named['name']}' of {named_in} "
+                                f"({r['run_id']}): one run under two names; nothing was merged; rename one back, or "
+                                "merge them into separate --into stores")
             differ = ([f"id {r['run_id']} vs {here['run_id']}"] if here["run_id"] != r["run_id"] else
                       [f"kind {r['kind']} vs {here['kind']}"] if here["kind"] != r["kind"] else
                       [f"{k} {json.dumps(r['spec'].get(k))} vs {json.dumps(here['spec'].get(k))}"
                        for k in sorted(set(here["spec"]) | set(r["spec"]))
-                       if k not in RESUMABLE and here["spec"].get(k) != r["spec"].get(k)][:3])
+                       if k not in RESUMABLE and here["spec"].get(k) != r["spec"].get(k)][:3]
+                      or [f"{k} {r['env'].get(k)} vs {here['env'].get(k)}" for k in VERSIONED
+                          if r["env"].get(k) != here["env"].get(k)][:3])
             if differ:
                 raise SpecError(f"run '{r['name']}' of {other.path} is another run than the one of that name in "
                                 f"{where} ({'; '.join(differ)}): nothing was merged; merge them into separate "
