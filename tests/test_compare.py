@@ -526,3 +526,22 @@ def test_samples_at_the_ends_of_the_floats_are_compared_and_shown_in_one_width(t
     assert "B/A is past the largest float" in res.output
     interval = rank_interval(np.array([1e-300, 2e-300, 3e-300] * 4), np.array([1e300, 2e300, 3e300] * 4), 0.05)
     assert interval is not None and not math.isfinite(interval[1])  # its callers say n/a, and why
+
+
+def test_b_over_a_lies_inside_its_interval_where_either_run_was_repeated(tmp_path):
+    # A repeated run's latency_ms is its middle repeat's median while its interval came from every repeat's samples
+    # (or, both repeated, from the repeats' log means): B/A 1.019 was printed beside 1.020-1.049
+    db = str(tmp_path / "r.db")
+    # the middle repeat's median (the lower of two) stands apart from the pooled samples' median
+    rep = ok_result(noisy(10.0, n=80, seed=1), 1, latency_ms=9.0, repeat_medians_ms=[9.0, 11.0], repeats=2)
+    make_run(db, "rep", [(cell("eager", 1), rep)])
+    make_run(db, "one", [(cell("eager", 1), ok_result(noisy(10.4, n=80, seed=3), 1))])
+    make_run(db, "rep2", [(cell("eager", 1), ok_result(noisy(10.0, n=80, seed=4), 1, latency_ms=9.9,
+                                                      repeat_medians_ms=[9.9, 10.6], repeats=2))])
+    for a, b in (("rep", "one"), ("one", "rep"), ("rep", "rep2")):
+        (c,) = compare(db, a, b).cells
+        lo, hi = c.interval
+        assert lo <= c.ratio <= hi, (a, b, c.ratio, c.interval)
+        assert c.ratio == pytest.approx(c.median_b / c.median_a)
+    (c,) = compare(db, "rep", "rep2").cells
+    assert c.method == "repeats" and c.median_a == pytest.approx((9.0 * 11.0) ** 0.5)

@@ -362,6 +362,10 @@ def repeat_medians(rec: dict) -> list[float] | None:
     return [float(v) for v in reps]
 
 
+def _geometric_mean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
 def _median(rec: dict) -> float | None:
     if rec.get("latency_ms"):
         return rec["latency_ms"]
@@ -481,6 +485,13 @@ def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[d
             out.cells.append(CellComparison(ra, rb, ma, mb, None, None, "n/a", why))
         else:
             reps_a, reps_b = repeat_medians(ra), repeat_medians(rb)
+            # B/A from the data its interval comes from, so it lies inside it: a repeated cell's latency_ms is its
+            # middle repeat's median, and B/A 1.019 was printed beside an interval of 1.020-1.049
+            if reps_a and reps_b:  # rule 5: the repeats' geometric means, the centre of the Welch interval
+                ma, mb = _geometric_mean(reps_a), _geometric_mean(reps_b)
+            elif reps_a or reps_b:  # the samples, every repeat's pooled: their medians
+                ma = statistics.median(ra["_samples"]) if ra["_samples"] else ma
+                mb = statistics.median(rb["_samples"]) if rb["_samples"] else mb
             ratio, interval, verdict, note = judge(ra["_samples"], rb["_samples"], ma, mb, cfg, ra.get("scenario"),
                                                    reps_a, reps_b)
             failing = more_failures(ra, rb, cfg)
