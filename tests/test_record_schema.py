@@ -113,3 +113,37 @@ def test_compare_json_markdown_and_github_benchmark(tmp_path):
     res = invoke("compare", "a", "b", "--db", db, "--json", "-")
     assert res.exit_code == 1 and valid(json.loads(res.stdout))["regressions"] == 1
     assert invoke("compare", "a", "b", "--db", db, "--json", "-", "--markdown", "-").exit_code == 2
+
+
+@pytest.mark.parametrize("key, value", [
+    ("busy_processes", "lots"), ("busy_processes", [1, 2]), ("busy_processes", [{"pid": 1, "name": "x"}]),
+    ("busy_processes", [{"pid": "1", "name": "x", "cores": 1.0}]), ("repeat_medians_ms", ["a", -1]),
+    ("repeat_medians_ms", [1.0, -2.0]), ("repeat_medians_ms", 3.0), ("repeat_medians_ms", [True, 1.0])])
+def test_a_stored_list_its_schema_refuses_is_damage_not_exported(tmp_path, key, value):
+    # `runs --out` wrote the value as it was stored, and its output failed the package's own schema
+    import sqlite3
+
+    db = tmp_path / "s.db"
+    make_run(str(db), "A", [(cell("eager", 1), ok_result([1.0, 1.1, 1.2], 1))])
+    with sqlite3.connect(db) as con:
+        row = json.loads(con.execute("SELECT record FROM cells").fetchone()[0])
+        con.execute("UPDATE cells SET record = ?", (json.dumps({**row, key: value}),))
+    con.close()
+    res = invoke("runs", "--db", db, "--out", tmp_path / "r.json")
+    assert res.exit_code == 2 and "damaged" in res.output and key in res.output, res.output
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_stored_list_that_fits_its_schema_exports_valid(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "s.db"
+    make_run(str(db), "A", [(cell("eager", 1), ok_result([1.0, 1.1, 1.2], 1))])
+    good = {"busy_processes": [{"pid": 7, "name": "make", "cores": 1.5}], "repeat_medians_ms": [1.0, 1.2]}
+    with sqlite3.connect(db) as con:
+        row = json.loads(con.execute("SELECT record FROM cells").fetchone()[0])
+        con.execute("UPDATE cells SET record = ?", (json.dumps({**row, **good}),))
+    con.close()
+    res = invoke("runs", "--db", db, "--out", tmp_path / "r.json")
+    assert res.exit_code == 0, res.output
+    valid(json.loads((tmp_path / "r.json").read_text()))

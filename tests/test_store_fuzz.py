@@ -344,6 +344,23 @@ def test_merge_refuses_one_run_under_two_names_and_shards_of_other_library_versi
     assert digest(tmp_path) == before
 
 
+def test_cells_of_a_run_the_store_does_not_list_are_damage_to_every_reader(tmp_path):
+    """merge alone refused them; `runs --out` exported the other cells, exit 0, and `report` called them unmatched."""
+    db = tmp_path / "o.db"
+    make_run(str(db), "a", [(cell("eager", 1), ok_result(samples(10.0), 1))])
+    make_run(str(db), "b", [(cell("eager", 1), ok_result(samples(11.0), 1))])
+    with sqlite3.connect(db) as conn:
+        conn.execute("DELETE FROM runs WHERE name = 'b'")
+    conn.close()
+    into = tmp_path / "into.db"
+    make_run(str(into), "c", [(cell("eager", 2), ok_result(samples(20.0), 2))])
+    before = digest(tmp_path)
+    for args in (["runs", "--db", db, "--out", tmp_path / "r.json"], ["runs", "--db", db],
+                 ["report", "a", "--db", db, "--out", tmp_path / "rep"], ["merge", db, "--into", into]):
+        refused(invoke(*args), "is damaged", "which it does not list")
+    assert digest(tmp_path) == before
+
+
 def test_a_refused_merge_of_several_sources_writes_nothing(tmp_path):
     """Sources were merged one by one: the first was in the target before the second was refused (exit 2, the
     target changed), and a new target was left behind empty when a source was refused."""

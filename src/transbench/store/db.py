@@ -29,6 +29,7 @@ from typing import NoReturn
 from .. import boundary
 from ..keys import CATALOGUE, KEYS, STATUSES
 from ..errors import SpecError
+from .schema import list_problem
 
 # Marks a file as a transbench store (PRAGMA application_id: ASCII "tbnc"); stores written before the
 # marker existed are recognized by their two tables and get it on their next write.
@@ -430,12 +431,24 @@ class Store:
                 self.conn.execute("PRAGMA query_only=ON")
             else:
                 self._prepare(kind)
+            if kind != "missing":
+                self._check_orphans()
         except BaseException:
             self.conn.close()
             if kind == "missing":  # a store that could not be started leaves no file behind
                 _remove(self.path)
             raise
         self.new = kind == "missing"
+
+    @_guarded
+    def _check_orphans(self) -> None:
+        """Cells of a run the store does not list are damage, said where every command opens it: merge alone refused
+        them; `runs --out` exported the other cells (exit 0) and `report` called them unmatched."""
+        orphan = self.conn.execute(
+            "SELECT run_id FROM cells WHERE run_id NOT IN (SELECT run_id FROM runs) LIMIT 1").fetchone()
+        if orphan is not None:
+            raise SpecError(f"store {self.path} is damaged: it holds cells of run id {str(orphan[0])[:40]!r}, which it "
+                            "does not list: restore it from a copy, or give another --db")
 
     def _remove_if_unused(self) -> None:
         """A store this Store created and wrote no run to is removed: a command refused before its first run (the
@@ -749,6 +762,7 @@ NUMBER_KEYS = frozenset(k.name for k in CATALOGUE if k.type in ("number", "integ
 # Counts (a batch, samples, threads, requests): a batch_size of -1 or 1.5 was listed and compared as a setting.
 COUNT_KEYS = frozenset(k.name for k in CATALOGUE if k.type == "integer")
 TEXT_KEYS = frozenset(k.name for k in CATALOGUE if k.type == "string")
+LIST_KEYS = frozenset(k.name for k in CATALOGUE if k.type == "array")
 # Units (keys.py declares each key's) of figures that cannot be below zero or infinite: a time, a rate, a bandwidth,
 # TFLOPS, a clock, power, energy, a 0..1 share. A latency_ms edited to -5 was compared as B/A -2.04. Not here: %
 # (speedup and mem_saved are signed), C (a temperature), MiB (params_mb, optim_state_mb and activations_mb are
@@ -785,6 +799,10 @@ def _column_problem(column: str, value) -> str | None:
                 return f"a record whose {k} is {v:g}, not a finite number of 0 or more ({KEYS[k].unit})"
             if k in TEXT_KEYS and not isinstance(v, str):
                 return f"a record whose {k} is {_JSON_NAME.get(type(v), type(v).__name__)}, not text"
+            if k in LIST_KEYS:  # an export wrote {"busy_processes": "lots"}, which its own schema refuses
+                problem = list_problem(k, v)
+                if problem:
+                    return f"a record whose {k} is {problem}"
     if column == "warnings" and not all(isinstance(w, str) for w in value):
         return "a list that holds something other than text"
     if column == "env":
@@ -906,13 +924,8 @@ def check_mergeable(others: list[Store], known: dict[str, tuple[dict, str]]) -> 
                 raise SpecError(f"run '{r['name']}' of {other.path} is another run than the one of that name in "
                                 f"{where} ({'; '.join(differ)}): nothing was merged; merge them into separate "
                                 "--into stores")
-        for r in runs:
+        for r in runs:  # (a cell of no run: other.runs() above refused it)
             other.cells(r["run_id"])
-        ids = {r["run_id"] for r in runs}
-        orphan = next((row for row in other.rows("cells") if row[0] not in ids), None)
-        if orphan is not None:  # a cell of no run: nothing above read it, so nothing checked it
-            raise SpecError(f"store {other.path} is damaged: it holds cells of run id {orphan[0]!r}, which it does not "
-                            "list: nothing was merged; restore it from a copy")
 
 
 def check_sources(paths: list[str]) -> None:

@@ -24,6 +24,33 @@ _LISTS = {"repeat_medians_ms": {"type": "array", "items": {"type": "number"}},
               "properties": {"pid": {"type": "integer"}, "name": {"type": "string"}, "cores": {"type": "number"}}}}}
 
 
+_JSON_TYPES = {"number": (int, float), "integer": (int,), "string": (str,), "object": (dict,)}
+
+
+def list_problem(key: str, value) -> str | None:
+    """What in a stored list-valued key breaks its declared schema (_LISTS), or None: the store's readers check it
+    (store/db.py), so an export never writes a record its own schema refuses. Numbers must be finite and not
+    below 0 (repeat medians are times)."""
+    import math
+
+    item = _LISTS[key]["items"]
+
+    def fits(v, t: str) -> bool:
+        return isinstance(v, _JSON_TYPES[t]) and not isinstance(v, bool) and (
+            t not in ("number", "integer") or (math.isfinite(v) and v >= 0))
+
+    if not isinstance(value, list):
+        return f"{type(value).__name__}, not a list"
+    for v in value:
+        if not fits(v, item["type"]):
+            return f"a list that holds {str(v)[:40]!r}, not a {item['type']}" + (
+                " of 0 or more" if item["type"] in ("number", "integer") else "")
+        for name in item.get("required", ()):
+            if name not in v or not fits(v[name], item["properties"][name]["type"]):
+                return f"a list whose entry {str(v)[:60]!r} has no {name} of type {item['properties'][name]['type']}"
+    return None
+
+
 def derived_types() -> dict[str, object]:
     """key -> JSON type of every declared result key, from the catalogue (keys.py); list-valued keys as a schema."""
     from ..keys import CATALOGUE
