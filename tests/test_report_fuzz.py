@@ -343,3 +343,20 @@ def test_a_name_as_long_as_names_may_be_leaves_the_other_columns_of_runs(tmp_pat
     make_run(str(db), "L" * 1000, [(cell("eager", 1), ok_result([1.0] * 30, 1))])
     out = invoke("runs", "--db", db).output
     assert "run id" in out and "inference" in out and "--wide" not in out, out
+
+
+def test_matplotlib_s_own_tick_labels_stay_math_while_our_texts_are_drawn_as_they_are(tmp_path):
+    # Turning math off for every text reached the log axes' tick labels, which matplotlib writes as math: the
+    # roofline plot's axes read `$\mathdefault{10^{0}}$`
+    from matplotlib.figure import Figure
+
+    from transbench.store import export
+
+    fig = Figure()
+    ax = fig.subplots()
+    ax.loglog([1, 10, 100], [1, 10, 100])
+    ax.set_title("cost $x^2$ run")
+    export.save_figure(fig, tmp_path / "f.png")
+    labels = [t for t in ax.get_xticklabels() + ax.get_yticklabels() if "mathdefault" in t.get_text()]
+    assert labels and all(t.get_parse_math() for t in labels)
+    assert not ax.title.get_parse_math()

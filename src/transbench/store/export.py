@@ -230,9 +230,17 @@ def save_figure(fig, path: str | Path, **kwargs) -> None:
     fmt = _plot_format(Path(path))
     refuse_foreign(path, "", ("plot",))
     # Every text drawn literally: a run named `cost $x^2$` was drawn as math, and one with `$\undefined{$` failed
-    # every plot of the report (matplotlib's mathtext parser). No label of ours is math.
+    # every plot of the report (matplotlib's mathtext parser). No label of ours is math; the tick labels of a log
+    # axis's own formatter are (10^2), and the roofline's axes read `$\mathdefault{10^{0}}$` when this reached them.
+    from matplotlib.ticker import LogFormatterMathtext
+
+    formatted = {id(text) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+                 for ticks, fmt in ((axis.get_major_ticks(), axis.get_major_formatter()),
+                                    (axis.get_minor_ticks(), axis.get_minor_formatter()))
+                 if isinstance(fmt, LogFormatterMathtext) for tick in ticks for text in (tick.label1, tick.label2)}
     for text in fig.findobj(lambda artist: hasattr(artist, "set_parse_math")):
-        text.set_parse_math(False)
+        if id(text) not in formatted:
+            text.set_parse_math(False)
     with replacing(path, binary=True) as f:
         if fmt == "pgf":  # LaTeX source, no metadata: the mark is its first line, a TeX comment
             f.write(f"%% {plot_creator()}\n".encode())
