@@ -192,8 +192,9 @@ def test_markup_in_a_run_name_is_stored_and_printed_literally(tmp_path):
     listed = invoke("runs", "--db", db)
     assert listed.exit_code == 0 and "x[/bold]y" in listed.stdout and "[red]b" in listed.stdout
     cmp = invoke("compare", "x[/bold]y", "[red]b", "--db", db)
-    assert cmp.exit_code in (0, 1), cmp.output
-    assert "A = x[/bold]y, B = [red]b" in cmp.stdout
+    # 2: a few samples a side may leave every pair n/a, which compare refuses, naming the runs as they are
+    assert cmp.exit_code in (0, 1, 2) and "x[/bold]y" in cmp.output, cmp.output
+    assert cmp.exit_code == 2 or "A = x[/bold]y, B = [red]b" in cmp.stdout
 
 
 def test_control_characters_in_a_run_name_are_refused(tmp_path):

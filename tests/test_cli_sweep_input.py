@@ -488,7 +488,8 @@ _WHY = [
     ("train", "--node-rank", ["0"], "node 0 of --nnodes 2"),
     ("train", "--rdzv-endpoint", ["host:1:2"], "torchrun reads it as host 'host:1', port 2 (an unbracketed IPv6 "
                                                "address reads the same way)"),
-    ("report|compare", "--alpha", ["1e-320"], "between 0 and 1: an interval of almost 100%"),
+    ("report", "--alpha", ["1e-320"], "between 0 and 1: an interval of almost 100% (compare refuses the runs: no pair "
+                                      "of 5 + 5 samples gets a verdict at it, and a gate that judged nothing fails)"),
     ("report|compare", "--min-effect", ["0", "1e-320"], "0 or more (docs/results.md, compare)"),
     ("demo", "--prompt", [LONG, N], "text: 10,000 letters are one WordPiece word ([UNK]), a digit a token"),
     ("micro gemm", "--model", ["", ",", " "], "no model (docs/micro.md: `--model ''` for none); ',' and ' ' split "

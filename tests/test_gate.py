@@ -89,7 +89,7 @@ def test_a_busy_process_is_seen_and_named(busy_child):
     assert mine and mine[0]["cores"] >= load.BUSY_CORE_SHARE, busy.processes  # its share of a shared machine
     line = load.warning(load.Busy(0.5, mine), 2)
     assert line.startswith("busy: other processes used") and f"pid {busy_child.pid}" in line
-    assert "quiet machine" in line and "fewer --threads" in line
+    assert "quiet machine" in line and "fewer threads than free cores" in line
     assert load.competing(load.Busy(0.5, [{**mine[0], "cores": 0.9}]), threads=2, cores=2)  # 2 threads, 1.1 cores free
     assert not load.competing(load.Busy(0.5, [{**mine[0], "cores": 0.9}]), threads=1, cores=2)
 
@@ -139,7 +139,7 @@ def test_the_noisy_warning_names_the_fix_that_works_on_a_cpu():
 
     s = timer.Sampled([1.0, 1.3, 0.8, 1.5], timer.summarize([1.0, 1.3, 0.8, 1.5]), 4, context.DeviceContext())
     (line,) = record.noisy_warnings(s)
-    assert line.startswith("noisy: IQR/median") and "fewer --threads" in line and "quiet machine" in line
+    assert line.startswith("noisy: IQR/median") and "fewer threads than free cores" in line and "quiet machine" in line
     assert "timing longer does not" in line
 
 

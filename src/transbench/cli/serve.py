@@ -10,17 +10,23 @@ from ..scenarios.serve.spec import ServeSpec
 from ..api import export
 from .app import app, declared_command
 from .options import build_spec
-from ..keys import KEYS, show
-from .tables import console, visible
+from .tables import Col, console, fitted, status_text, visible
 
 def _help(name: str) -> str:
     """A setting's help, declared once with its field (ServeSpec)."""
     return ServeSpec.__dataclass_fields__[name].metadata["help"]
 
 
-SHOWN = ("backend", "mode", "rate", "concurrency", "offered_rate", "achieved_rate", "error_rate", "latency_p50_ms",
-         "latency_p99_ms", "latency_p999_ms", "latency_p99_upper_ms", "n_requests", "tail_valid", "goodput",
-         "mean_batch", "ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "client_lag_p99_ms", "max_rate")
+# The table every serve prints, fitted to the terminal as run's is (cli/tables.fitted): a cell that did not end ok
+# has its reason under the table; columns of a lower rank go first where the terminal is narrow (0: never).
+SERVE_COLUMNS = [
+    Col("backend", setting=True), Col("mode", setting=True), Col("rate", setting=True),
+    Col("concurrency", setting=True), Col("status", show=status_text), Col("offered_rate", rank=6),
+    Col("achieved_rate", rank=7), Col("error_rate", rank=8), Col("latency_p50_ms"), Col("latency_p99_ms"),
+    Col("latency_p999_ms", rank=3), Col("latency_p99_upper_ms", rank=5), Col("n_requests", rank=6),
+    Col("tail_valid", rank=2), Col("goodput", rank=5), Col("mean_batch", rank=3), Col("ttft_p50_ms", rank=4),
+    Col("tpot_p50_ms", rank=4), Col("itl_p50_ms", rank=2), Col("client_lag_p99_ms", rank=1), Col("max_rate"),
+]
 
 
 @declared_command(app, ServeSpec, command_options=("spec", "db", "json_path", "csv_path"))
@@ -66,13 +72,4 @@ def serve(given: dict, *, spec, db, json_path, csv_path) -> None:
 
 
 def _table(recs: list[dict], title: str):
-    from rich.table import Table
-    from rich.text import Text
-
-    cols = [k for k in SHOWN if any(r.get(k) is not None for r in recs)]
-    t = Table(title=Text(visible(title)))
-    for k in ["status", *cols]:
-        t.add_column(KEYS[k].title, justify="left" if k in ("backend", "mode", "status") else "right")
-    for r in recs:
-        t.add_row(str(r.get("status")), *(show(k, r.get(k)) for k in cols))
-    return t
+    return fitted(recs, SERVE_COLUMNS, title)

@@ -105,8 +105,10 @@ def fitted(rows: list[dict], cols: list[Col], title: str = "", width: int | None
     """`rows` as one table no wider than `width`. A row whose status is not ok gets a numbered note with
     its reason (`notes_from`) under the table, instead of a column that would be too wide to fit."""
     width = width or console.width
+    # (a setting no row has, serve's clients in a rate load, is not a setting of the table: "clients=-" said nothing)
     constant = {c.key: rows[0].get(c.key) for c in cols
-                if c.setting and rows and len({repr(r.get(c.key)) for r in rows}) == 1 and len(rows) > 1}
+                if c.setting and rows and len({repr(r.get(c.key)) for r in rows}) == 1 and len(rows) > 1
+                and rows[0].get(c.key) is not None}
     shown = [c for c in cols if c.key not in constant and (c.key == "status" or any(r.get(c.key) is not None for r in rows))]
     hidden_wide = [c for c in shown if c.wide and not wide]
     shown = [c for c in shown if wide or not c.wide]

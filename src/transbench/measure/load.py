@@ -194,7 +194,7 @@ def warning(busy: Busy, threads: int | None, where: str = "during this cell") ->
     named = f" ({named}{more})" if named else " (none over a fifth of a core: many light ones)"
     return (f"busy: other processes used {busy.cores:.2g} of the {cores} cores {where}{named}, beside "
             f"{threads or cores} thread(s) of this benchmark: CPU figures move with that load; measure on a quiet "
-            "machine, or with fewer --threads than free cores")
+            "machine, or with fewer threads than free cores (run and micro take --threads)")
 
 
 def record(busy: Busy, threads: int | None) -> dict:

@@ -13,8 +13,8 @@ NOISY_TEXT = "noisy: IQR/median {:.1%} > 5%"
 # What steadies a noisy cell. On a CPU, timing longer does not: calls vary because the cell's threads share cores
 # with other work (another process, the sweep itself), and more samples of that only repeat it. On a 2-core
 # machine a busy neighbour took sdpa bert batch 1 from 0.81 to 93.65 ms.
-NOISY_FIX = {"cpu": "on a CPU, a quiet machine and fewer --threads than free cores steady it (timing longer "
-                    "does not)",
+NOISY_FIX = {"cpu": "on a CPU, a quiet machine and fewer threads than free cores (run and micro: --threads) steady "
+                    "it (timing longer does not)",
              "cuda": "other processes on the GPU, or a clock that moved (sm_clock_min_mhz), widen it; --min-time "
                      "longer evens out the rest"}
 
