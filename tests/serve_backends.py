@@ -19,7 +19,8 @@ def _prepare(model, inputs, cell) -> Prepared:
     return Prepared(fn)
 
 
-BACKEND = Backend(name="sleepy", attn="sdpa", prepare=_prepare, describe=f"sleeps {SERVICE_S * 1e3:g} ms a batch")
+BACKEND = Backend(name="sleepy", attn="sdpa", prepare=_prepare, per_shape=True,
+                  describe=f"sleeps {SERVICE_S * 1e3:g} ms a batch, a 'graph' per bucket")
 
 
 PACK_STEP = 8
@@ -42,7 +43,7 @@ def _prepare_packer(model, inputs, cell) -> Prepared:
     return Prepared(fn, token_bucket=PACK_STEP, graphs=lambda: len(seen))
 
 
-FORCED = [Backend(name="packer", attn="sdpa", prepare=_prepare_packer, packs=True,
+FORCED = [Backend(name="packer", attn="sdpa", prepare=_prepare_packer, packs=True, per_shape=True,
                   describe=f"packs tokens, a graph per {PACK_STEP} of them")]
 
 
@@ -74,7 +75,7 @@ def _prepare_ladder(model, inputs, cell) -> Prepared:
                     tune_budget=budgets.append, reuse_captured=lambda on: reuse.__setitem__(0, on))
 
 
-FORCED.append(Backend(name="ladder", attn="sdpa", prepare=_prepare_ladder, packs=True,
+FORCED.append(Backend(name="ladder", attn="sdpa", prepare=_prepare_ladder, packs=True, per_shape=True,
                       describe="packs tokens, a graph per size of a ladder"))
 
 

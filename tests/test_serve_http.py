@@ -814,7 +814,8 @@ def test_a_server_prepares_within_its_budget_and_counts_what_requests_prepared(t
     finally:
         code, err = server.stop()
     assert code == 0, err
-    assert re.search(r"prepared in [0-9.]+ s \(0 shapes; [1-9][0-9]* left to pad into larger ones\)", err), err
+    assert re.search(r"prepared in [0-9.]+ s \(0 shapes; [1-9][0-9]* left to pad into larger ones, or to prepare on "
+                     r"first use where the backend has no graph per shape\)", err), err
     for one, row in zip(single, together["data"]):
         a, b = one["data"][0]["embedding"], row["embedding"]
         assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4

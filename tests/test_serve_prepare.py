@@ -300,6 +300,21 @@ def test_a_short_budget_leaves_a_graph_backend_no_shape_to_prepare_under_load(ex
     assert server.under_load == 0
 
 
+def test_a_backend_with_nothing_to_capture_runs_each_batch_in_its_own_bucket(extra_backends):
+    # sdpa padded every batch under load into the largest prepared bucket: a 5-token request ran 128 columns
+    from types import SimpleNamespace
+
+    make, lengths, cell = _servers(extra_backends, "bert-tiny", "classification", "sdpa", "lognormal:24:96", 128, 4.0)
+    server = make()
+    server.top = 96
+    server.entry(4, 96)  # the largest bucket prepared, as a short budget leaves it
+    server.loading = True
+    inputs, _, _ = server.entry_for(1, 5)
+    assert tuple(inputs.input_ids.shape) == (1, 32)  # its own bucket (not the largest, 4 x 96), prepared now
+    server.serve([SimpleNamespace(length=5)])
+    assert server.under_load >= 1
+
+
 @pytest.mark.parametrize("budget,untuned", [(1e6, False), (0.0, True)])
 def test_the_servers_warm_generators_tune_within_its_budgets_first_half(extra_backends, budget, untuned):
     """`transbench server --warm-lengths`: every listed generator is prepared before it reports healthy, tuned while

@@ -56,6 +56,10 @@ class Backend:
     # --task generate; None: transformers' own forward with a DynamicCache (scenarios/generation/measure.py)
     generator: Callable[..., Any] | None = None
     packs: bool = False  # runs only the real tokens of a padded batch (no padding work): serving pads no width
+    # A graph, compiled program or export per (batch, width) bucket: preparing one under load stalls the queue behind
+    # it, so serving runs a batch in the smallest prepared bucket that holds it (serve/measure.py holder). Backends
+    # without one (eager, sdpa) run each batch in its own bucket: padding a 5-token request to 128 bought nothing.
+    per_shape: bool = False
     # Why the backend takes `--quant none` only (models/quant.py quantizes the transformers model it is given);
     # None: it runs the quantized model.
     quant_refusal: str | None = None

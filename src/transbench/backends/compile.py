@@ -118,4 +118,5 @@ BACKEND = Backend(
     prepare=_prepare,
     generator=make_generator,
     describe="torch.compile of the transformers model (sdpa attention), mode from --compile-mode",
+    per_shape=True,
 )

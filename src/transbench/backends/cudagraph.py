@@ -137,4 +137,5 @@ BACKEND = Backend(
     devices=("cuda",),
     generator=make_generator,
     describe="the sdpa model captured in one CUDA graph, replayed",
+    per_shape=True,
 )

@@ -140,4 +140,5 @@ BACKEND = Backend(
     packs=True,
     quant_refusal="the fused engine quantizes on its own (--dtype fp8) and takes --quant none only",
     describe="transbench.engine: fused QKV, Triton bias+GELU / residual+LayerNorm, packed varlen, CUDA graphs, fp8",
+    per_shape=True,
 )

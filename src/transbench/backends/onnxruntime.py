@@ -180,4 +180,5 @@ BACKEND = Backend(
     # modules it has no ONNX operators for.
     quant_refusal="onnxruntime runs an ONNX export, which quantized weights do not survive: --quant none only",
     describe="ONNX Runtime (CUDA or CPU execution provider) on a torch.onnx dynamo export",
+    per_shape=True,
 )

@@ -14,10 +14,12 @@ from .tables import visible
 
 
 def left(info: dict) -> str:
-    """What --prepare-budget left: batches of those shapes pad into larger prepared ones."""
+    """What --prepare-budget left: batches of those shapes pad into larger prepared ones (a backend with a graph per
+    shape), or are prepared on first use (eager, sdpa: nothing to capture)."""
     if not info.get("shapes_left"):
         return ""
-    return f" ({info['shapes_prepared']} shapes; {info['shapes_left']} left to pad into larger ones)"
+    return (f" ({info['shapes_prepared']} shapes; {info['shapes_left']} left to pad into larger ones, or to prepare "
+            "on first use where the backend has no graph per shape)")
 
 
 @declared_command(app, ServerSpec)

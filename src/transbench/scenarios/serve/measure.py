@@ -217,7 +217,7 @@ class Encoders:
         serving's and the server's (server_model.py)."""
         width = self.top if self.packs else len_bucket(longest, self.top)
         bucket = (batch_bucket(n, self.cell.max_batch_size), width)
-        return self.entry(*(holder(self.prepared, *bucket) if self.loading else bucket))
+        return self.entry(*(holder(self.prepared, *bucket) if self.loading and self.backend.per_shape else bucket))
 
     def serve(self, requests) -> None:
         import torch
