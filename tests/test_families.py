@@ -396,6 +396,18 @@ def test_an_encoder_decoder_folder_is_refused(tmp_path):
         build.resolve(str(d))
 
 
+def test_the_encoder_of_an_encoder_decoder_family_is_refused_as_such(tmp_path):
+    # a T5EncoderModel's config says is_encoder_decoder false: it was built as a T5Model and refused for the decoder
+    # weights it lacks ("re-download the checkpoint"), though it was whole
+    from transformers import T5Config, T5EncoderModel
+
+    d = tmp_path / "t5enc"
+    T5EncoderModel(T5Config(d_model=32, d_ff=64, d_kv=8, num_heads=4, num_layers=1, vocab_size=100)).save_pretrained(d)
+    with pytest.raises(SpecError, match=r"t5 is an encoder-decoder family \(this folder holds a part of one: "
+                                        r"T5EncoderModel\); transbench benchmarks encoders and decoders"):
+        build.resolve(str(d))
+
+
 @pytest.mark.slow
 def test_a_half_precision_checkpoint_is_checked_against_an_fp32_reference(tmp_path, cache):
     d = tmp_path / "bf16"

@@ -351,6 +351,16 @@ def _rope_values(cfg):
                     yield f"{field}.{key}", table[key]
 
 
+def _encoder_decoder_family(family: str) -> bool:
+    """Whether transformers' default config of `family` is an encoder-decoder's (T5, BART, ...)."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        return bool(getattr(CONFIG_MAPPING[family](), "is_encoder_decoder", False))
+    except Exception:  # noqa: BLE001 - a config class that cannot be built from its defaults: not known to be one
+        return False
+
+
 def _check_text_transformer(folder: Path, family: str, cfg) -> None:
     """The model takes token ids and has attention heads: what every task here feeds and counts. A vision or audio
     model, a multimodal one, or one without attention was refused with a line that blamed config.json ("transformers
@@ -570,10 +580,14 @@ def _resolve_folder(folder: Path) -> ModelRef:
                 "may have", "fix config.json")
     shapes = _check_weights(folder)
     cfg = _load_config(folder)
-    if getattr(cfg, "is_encoder_decoder", False):
+    if getattr(cfg, "is_encoder_decoder", False) or _encoder_decoder_family(family):
         # Its forward needs decoder inputs that no task here defines (T5 fails without them, BART's classifier
-        # wants an end-of-sequence token in every row): refused, not benchmarked half-way.
-        _refuse(folder, f"{family} is an encoder-decoder family", "transbench benchmarks encoders and decoders")
+        # wants an end-of-sequence token in every row): refused, not benchmarked half-way. A T5EncoderModel's
+        # folder says is_encoder_decoder false, and was built as a T5Model whose decoder's weights it lacks ("restore
+        # the missing weights": the checkpoint was whole).
+        named = ", ".join(map(str, raw.get("architectures") or [])) or "no architecture named"
+        alone = "" if getattr(cfg, "is_encoder_decoder", False) else f" (this folder holds a part of one: {named})"
+        _refuse(folder, f"{family} is an encoder-decoder family{alone}", "transbench benchmarks encoders and decoders")
     _check_text_transformer(folder, family, cfg)
     _check_sizes(folder, cfg, raw)
     try:
