@@ -490,7 +490,8 @@ _WHY = [
                                                "address reads the same way)"),
     ("report", "--alpha", ["1e-320"], "between 0 and 1: an interval of almost 100% (compare refuses the runs: no pair "
                                       "of 5 + 5 samples gets a verdict at it, and a gate that judged nothing fails)"),
-    ("report|compare", "--min-effect", ["0", "1e-320"], "0 or more (docs/results.md, compare)"),
+    ("report", "--min-effect", ["0", "1e-320"], "0 or more (docs/results.md, compare; compare refuses these runs at "
+                                                "it: their 5 + 5 samples put no pair beyond or within a min effect of 0)"),
     ("demo", "--prompt", [LONG, N], "text: 10,000 letters are one WordPiece word ([UNK]), a digit a token"),
     ("micro gemm", "--model", ["", ",", " "], "no model (docs/micro.md: `--model ''` for none); ',' and ' ' split "
                                               "to the same empty list"),

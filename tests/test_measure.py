@@ -344,8 +344,11 @@ def test_cpu_inference_cell_rates_use_real_tokens_and_the_median(quick):
 @pytest.mark.slow
 def test_a_wrong_generation_cell_shows_no_speed_in_json_csv_report_or_compare(tmp_path, extra_backends):
     from transbench import api
-    from transbench.report.compare import compare
+    from transbench.errors import SpecError
+    from transbench.report.compare import CompareConfig, compare, compare_records
+    from transbench.report.data import load
     from transbench.scenarios.inference.spec import RunSpec
+    from transbench.store import Store
 
     extra_backends("broken_backends")
     db = str(tmp_path / "w.db")
@@ -366,7 +369,15 @@ def test_a_wrong_generation_cell_shows_no_speed_in_json_csv_report_or_compare(tm
     md = (tmp_path / "rep" / "report.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| gpt2-tiny | broken-noise"))
     assert "wrong" in row and not any(ch.isdigit() for ch in row.split("wrong", 1)[1].split("|")[1:-2][0])
-    cmp = compare(db, "a", "b")
+    # two samples a cell leave every pair n/a, which compare() refuses: the pairs as it judged them
+    with pytest.raises(SpecError, match="no pair of cells got a verdict"):
+        compare(db, "a", "b")
+    store = Store(db, readonly=True)
+    try:
+        da, db_ = load(store, ["a"]), load(store, ["b"])
+    finally:
+        store.close()
+    cmp = compare_records(da.runs[0], da.records, db_.runs[0], db_.records, CompareConfig())
     broken = next(c for c in cmp.cells if c.record_a["backend"] == "broken-noise")
     assert broken.median_a is None and broken.median_b is None and broken.ratio is None
 

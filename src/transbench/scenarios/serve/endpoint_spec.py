@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 from ...errors import SpecError
-from .http_client import APIS, MODEL_CHARS, check_reachable, is_model_name, served_models
+from .http_client import APIS, MODEL_CHARS, is_model_name, served_models
 
 # An endpoint with no local folder to say how long its model's inputs may be: lengths are not capped by positions.
 NO_POSITIONS = 1 << 20
@@ -111,8 +111,6 @@ def check(spec):
     if spec.served_model is not None and not is_model_name(spec.served_model):
         raise SpecError(f"--served-model {spec.served_model!r}: give the name the endpoint serves, 1 to "
                         f"{MODEL_CHARS} printable characters (GET /v1/models lists them)")
-    if spec.served_model is not None:
-        check_reachable(spec.url)  # the listing below, where it is asked for, finds out the same
     served = spec.served_model if spec.served_model is not None else served_models(spec.url)[0]
     task = TASK[spec.api]
     return dataclasses.replace(spec, served_model=served, model=served, task=task, backends=["http"], dtype="-",

@@ -119,9 +119,11 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
             if isinstance(v, float) and not math.isfinite(v):
                 raise SpecError(f"{flag} {v}: give a finite number")
     spec = checked(ServeSpec, spec)  # api.serve(ServeSpec(...)): each field's type, as the CLI's options
+    listed = True
     if spec.url is not None:
         from . import endpoint_spec
 
+        listed = spec.served_model is None  # the endpoint's listing is read (it answers, or the check refuses)
         spec = endpoint_spec.check(spec)  # model, task, backends and dtype of an endpoint; the load is checked below
         ref = endpoint_spec.shape_ref(spec)
         device, dtype = spec.device, spec.dtype
@@ -254,6 +256,12 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     from ...runner import shard as sharding
 
     spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
+    if spec.url is not None and not listed:
+        # Last, after every check of what is on this machine: with --served-model no listing was read, and a URL where
+        # nothing listens ran the whole load as a cell of failed requests, exit 0
+        from .http_client import check_reachable
+
+        check_reachable(spec.url)
     return dataclasses.replace(spec, device=device, dtype=dtype, percentile=float(spec.percentile),
                                percentiles=serve_stats.parse_percentiles(spec.percentiles)), lengths
 
