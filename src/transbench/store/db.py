@@ -924,7 +924,7 @@ def check_mergeable(others: list[Store], known: dict[str, tuple[dict, str]]) -> 
                 raise SpecError(f"run '{r['name']}' of {other.path} is another run than the one of that name in "
                                 f"{where} ({'; '.join(differ)}): nothing was merged; merge them into separate "
                                 "--into stores")
-        for r in runs:  # (a cell of no run: other.runs() above refused it)
+        for r in runs:  # (a cell of no run: opening the store refused it, Store._check_orphans)
             other.cells(r["run_id"])
 
 

@@ -76,8 +76,8 @@ class HttpTrace:
     end: float
     pool: int  # connections the client could open
     peak_in_flight: int
-    t0: float = 0.0
-    waited: int = 0  # requests that waited for a connection (every one of `pool` busy)  # time.perf_counter() at the start of the load (times above are relative to it)
+    t0: float = 0.0  # time.perf_counter() at the start of the load (times above are relative to it)
+    waited: int = 0  # requests that waited for a connection (every one of `pool` busy)
 
 
 def embedding_values(value) -> list[float]:
