@@ -43,3 +43,17 @@ def make_run(db: str, name: str, results: list[tuple[Cell, CellResult]], kind: s
     finally:
         store.close()
     return run_id
+
+
+def judged_pairs(db, run_a: str, run_b: str):
+    """Two stored runs compared as `compare` compares them, before its refusal of a comparison that judged nothing
+    (every pair n/a): the pairs themselves, for tests of what each says."""
+    from transbench.report.compare import CompareConfig, compare_records
+    from transbench.report.data import load
+
+    store = Store(str(db), readonly=True)
+    try:
+        da, db_ = load(store, [run_a]), load(store, [run_b])
+    finally:
+        store.close()
+    return compare_records(da.runs[0], da.records, db_.runs[0], db_.records, CompareConfig())

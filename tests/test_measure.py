@@ -345,10 +345,10 @@ def test_cpu_inference_cell_rates_use_real_tokens_and_the_median(quick):
 def test_a_wrong_generation_cell_shows_no_speed_in_json_csv_report_or_compare(tmp_path, extra_backends):
     from transbench import api
     from transbench.errors import SpecError
-    from transbench.report.compare import CompareConfig, compare, compare_records
-    from transbench.report.data import load
+    from report_helpers import judged_pairs
+
+    from transbench.report.compare import compare
     from transbench.scenarios.inference.spec import RunSpec
-    from transbench.store import Store
 
     extra_backends("broken_backends")
     db = str(tmp_path / "w.db")
@@ -372,12 +372,7 @@ def test_a_wrong_generation_cell_shows_no_speed_in_json_csv_report_or_compare(tm
     # two samples a cell leave every pair n/a, which compare() refuses: the pairs as it judged them
     with pytest.raises(SpecError, match="no pair of cells got a verdict"):
         compare(db, "a", "b")
-    store = Store(db, readonly=True)
-    try:
-        da, db_ = load(store, ["a"]), load(store, ["b"])
-    finally:
-        store.close()
-    cmp = compare_records(da.runs[0], da.records, db_.runs[0], db_.records, CompareConfig())
+    cmp = judged_pairs(db, "a", "b")
     broken = next(c for c in cmp.cells if c.record_a["backend"] == "broken-noise")
     assert broken.median_a is None and broken.median_b is None and broken.ratio is None
 

@@ -169,3 +169,45 @@ def test_a_stored_list_that_fits_its_schema_exports_valid(tmp_path):
     res = invoke("runs", "--db", db, "--out", tmp_path / "r.json")
     assert res.exit_code == 0, res.output
     valid(json.loads((tmp_path / "r.json").read_text()))
+
+
+def _json_values():
+    from hypothesis import strategies as st
+
+    leaves = st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=False) | st.text(max_size=8)
+    return st.recursive(leaves, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["pid", "name", "cores", "x"]), inner, max_size=4), max_leaves=12)
+
+
+def test_any_stored_list_value_exports_valid_or_is_damage_in_one_line(tmp_path_factory):
+    # a property over the declared list keys: whatever a store holds there, `runs --out` writes a record its own
+    # schema accepts, or refuses in one line (exit 2) and writes nothing
+    import sqlite3
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    d = tmp_path_factory.mktemp("lists")
+    db = d / "s.db"
+    make_run(str(db), "A", [(cell("eager", 1), ok_result([1.0, 1.1, 1.2], 1))])
+    with sqlite3.connect(db) as con:
+        base = json.loads(con.execute("SELECT record FROM cells").fetchone()[0])
+    con.close()
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(key=st.sampled_from(["busy_processes", "repeat_medians_ms"]), value=_json_values())
+    def check(key, value):
+        with sqlite3.connect(db) as con:
+            con.execute("UPDATE cells SET record = ?", (json.dumps({**base, key: value}),))
+        con.close()
+        out = d / "r.json"
+        out.unlink(missing_ok=True)
+        res = invoke("runs", "--db", db, "--out", out)
+        assert "Traceback" not in res.output
+        if res.exit_code == 0:
+            valid(json.loads(out.read_text()))
+        else:
+            assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1 and "damaged" in res.output
+            assert not out.exists()
+
+    check()

@@ -11,7 +11,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from report_helpers import make_run, ok_result
+from report_helpers import judged_pairs, make_run, ok_result
 from test_store_guard import invoke, one_line_error
 
 from transbench import api
@@ -165,20 +165,6 @@ def test_a_figure_of_no_bound_that_is_not_finite_is_stored_as_none_and_exported_
     json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the export"))
 
 
-def compare_records_of(db):
-    """Runs A and B of `db` compared as compare does, before its refusal of a comparison that judged nothing."""
-    from transbench.report.compare import CompareConfig, compare_records
-    from transbench.report.data import load
-    from transbench.store import Store
-
-    store = Store(db, readonly=True)
-    try:
-        da, db_ = load(store, ["A"]), load(store, ["B"])
-    finally:
-        store.close()
-    return compare_records(da.runs[0], da.records, db_.runs[0], db_.records, CompareConfig())
-
-
 @pytest.mark.parametrize("n", [40, 12])  # blocks (rules 1-3), ranks (rule 4)
 def test_samples_of_0_ms_are_no_interval_not_nan(tmp_path, n):
     """Both runs' block medians at 0 ms made the interval nan-nan, and compare said `same`. Every pair is n/a: the
@@ -189,7 +175,7 @@ def test_samples_of_0_ms_are_no_interval_not_nan(tmp_path, n):
     res = invoke("compare", "A", "B", "--db", db, "--json", tmp_path / "c.json")
     assert "Traceback" not in res.output and "nan" not in res.output and "RuntimeWarning" not in res.output, res.output
     assert res.exit_code == 2 and "no pair of cells got a verdict" in res.output and "samples of 0 ms" in res.output
-    cmp = compare_records_of(db)
+    cmp = judged_pairs(db, "A", "B")
     for c in cmp.cells:
         assert c.verdict == "n/a" and c.interval is None and "samples of 0 ms" in c.note, c
 

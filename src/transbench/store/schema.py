@@ -13,6 +13,7 @@ keys it does not know; the schema allows them)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 
 SCHEMA_VERSION = 1
@@ -31,8 +32,6 @@ def list_problem(key: str, value) -> str | None:
     """What in a stored list-valued key breaks its declared schema (_LISTS), or None: the store's readers check it
     (store/db.py), so an export never writes a record its own schema refuses. Numbers must be finite and not
     below 0 (repeat medians are times)."""
-    import math
-
     item = _LISTS[key]["items"]
 
     def fits(v, t: str) -> bool:
