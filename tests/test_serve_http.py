@@ -569,6 +569,35 @@ def test_an_endless_body_is_cut_where_it_passes_its_bound(stub, api, response, s
     assert len(r.error) <= 200
 
 
+@pytest.mark.parametrize("body", [
+    # one event split over data lines; bare CR line ends; no space after the colon; comments, event and id fields
+    'data: {"choices": [{"text":\ndata: " a"}]}\n\ndata: {"choices":\ndata: [{"text": " b"}]}\n\ndata: [DONE]\n\n',
+    'data: {"choices": [{"text": " a"}]}\r\rdata:{"choices": [{"text": " b"}]}\r\rdata: [DONE]\r\r',
+    ': keep-alive\n\nevent: completion\nid: 1\ndata: {"choices": [{"text": " a"}]}\n\nretry: 10\n\n'
+    'data: {"choices": [{"text": " b"}]}\r\n\r\ndata: [DONE]'])  # the last event's blank line never sent
+def test_every_form_the_event_stream_format_allows_is_read_as_its_events(stub, body):
+    from starlette.responses import Response
+
+    r = answer(stub, "openai-completions", lambda: Response(body, media_type="text/event-stream"))
+    assert r.ok and len(r.steps) == 2, (r.status, r.error, r.steps)
+
+
+def test_an_embedding_of_another_width_than_the_loads_first_is_malformed(stub):
+    from starlette.responses import Response
+
+    widths = iter([3, 3, 2, 3])  # one answer of another model's width, as from a mixed pool behind one URL
+    stub.answer = lambda: Response('{"data": [{"embedding": %s}]}' % ([0.5] * next(widths)),
+                                   media_type="application/json")
+    try:
+        plan = LoadPlan([4], arrivals=[0.0, 0.05, 0.1, 0.15], span_s=0.2, warmup_s=0.0)
+        api = "openai-embeddings"
+        sent = run_http_load(stub.url, api, lambda r: payload(api, "stub", "x y", 4), plan, timeout_s=10).requests
+    finally:
+        stub.answer = None
+    assert [r.status for r in sent] == ["ok", "ok", "malformed", "ok"], [(r.status, r.error) for r in sent]
+    assert "has 2 values, where the load's first answer had 3" in sent[2].error
+
+
 def test_stream_lines_split_across_chunks_and_a_line_without_end_is_cut():
     from transbench.scenarios.serve import http_client
 
@@ -580,6 +609,8 @@ def test_stream_lines_split_across_chunks_and_a_line_without_end_is_cut():
 
     assert asyncio.run(lines([b"data: a", b"b\r", b"\ndata: c\n\n", b"ta", b"il"])) == \
         ["data: ab", "data: c", "", "tail"]
+    # bare CRs end lines too (the event-stream format), and CR then LF across two chunks is one ending
+    assert asyncio.run(lines([b"data: a\r\rdata: b\r", b"\n\r", b"x\r"])) == ["data: a", "", "data: b", "", "x"]
     with pytest.raises(http_client.Malformed, match="over 1,048,576 bytes"):
         asyncio.run(lines([b"d" * 1000] * 1100))  # a line in a thousand pieces: joined once, never copied for each
 

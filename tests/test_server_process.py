@@ -316,6 +316,17 @@ def test_a_stream_its_client_left_part_way_is_counted_in_metrics():
     assert metrics.requests == {("completions", 499): 1}
 
 
+def test_a_stream_its_client_left_before_it_began_is_counted_in_metrics():
+    # the client hangs up as the answer starts, before the stream's first event: its events were never begun, so
+    # the count in their ending never ran, and the request was counted under no status at all
+    app = fake_api(True, lambda job: None)  # the model is slow: no token yet when the client leaves
+    body = json.dumps({"model": "tiny", "prompt": "a b", "max_tokens": 4, "stream": True}).encode()
+    call(app, [{"type": "http.request", "body": body, "more_body": False}], path="/v1/completions",
+         length=str(len(body)).encode())
+    metrics = next(r.endpoint.__self__.model.metrics for r in app.routes if r.path == "/metrics")
+    assert metrics.requests == {("completions", 499): 1}
+
+
 @pytest.mark.parametrize("path", ["/v1/completions/", "/v1/embeddings/", "/health/"])
 def test_a_path_with_a_trailing_slash_is_a_json_404_not_a_redirect(path):
     """Starlette answered 307 with a Location built from the client's Host header (`http://evil.example/...`)."""

@@ -392,9 +392,9 @@ def training_flops(shape: Preset, seq: int, task: str, *, head_tokens: int | Non
     once more; the head is not checkpointed) and the head on every position where the step runs it there.
     Families counted by torch's counter: the count of the task's forward less the bare model's is the head, so
     an MLM head is counted on `head_tokens` of the `seq` positions as for the analytic families (ALBERT's and
-    DeBERTa's heads were counted on every position: MFU 1.3 to 1.8 times too high); 3 x that per-sequence part
-    (work done once per forward, `counted_split`, is left out: a step's count is this times its sequences), and
-    the bare model once more with `recompute`."""
+    DeBERTa's heads were counted on every position: for a small ALBERT, 1.34 times the MFU of a hand count); 3 x
+    that per-sequence part (work done once per forward, `counted_split`, is left out: a step's count is this times
+    its sequences), and the bare model once more with `recompute`."""
     if shape.family not in ANALYTIC:
         total = counted_split(shape, seq, task)[0]
         body = counted_split(shape, seq, "base")[0] if recompute or (task == "mlm" and head_tokens is not None) \

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import resource
 import socket
 import time
@@ -246,21 +247,55 @@ class Connection:
 
 
 async def _lines(chunks):
-    """The stream's lines. A line's pieces are joined once, when it ends (`buf += chunk` copied the pending line on
-    every chunk: quadratic in a line without end), and a line over LINE_BYTES is Malformed."""
-    pending, size = [], 0
+    """The stream's lines, ended by CRLF, LF or a bare CR (the event-stream format allows all three; a CR at the end
+    of one chunk and an LF at the start of the next are one ending). A line's pieces are joined once, when it ends
+    (`buf += chunk` copied the pending line on every chunk: quadratic in a line without end), and a line over
+    LINE_BYTES is Malformed."""
+    pending, size, after_cr = [], 0, False
     async for chunk in chunks:
-        parts = chunk.split(b"\n")
+        if after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        if not chunk:
+            continue
+        after_cr = chunk.endswith(b"\r")
+        parts = _LINE_END.split(chunk)
         for i, part in enumerate(parts):
             pending.append(part)
             size += len(part)
             if size > LINE_BYTES:
                 raise Malformed(f"a line of the event stream is over {LINE_BYTES:,} bytes")
             if i < len(parts) - 1:
-                yield b"".join(pending).rstrip(b"\r").decode("utf-8", errors="replace")
+                yield b"".join(pending).decode("utf-8", errors="replace")
                 pending, size = [], 0
     if size:
         yield b"".join(pending).decode("utf-8", errors="replace")
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+async def _events(lines):
+    """The data of each event: its `data` fields' values joined by newlines (one event may span several), dispatched
+    at the blank line that ends it, as the event-stream format says; other fields (event, id, retry) and comments
+    (lines starting with ":") are skipped. An event's data over LINE_BYTES is Malformed. Data left without its
+    blank line when the stream ends is dispatched too: a `data: [DONE]` that ends the body is the stream's end."""
+    data, size = [], 0
+    async for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+            data, size = [], 0
+            continue
+        name, colon, value = line.partition(":")
+        if name != "data":
+            continue
+        value = value[1:] if colon and value.startswith(" ") else value
+        data.append(value)
+        size += len(value) + 1
+        if size > LINE_BYTES:
+            raise Malformed(f"an event of the event stream is over {LINE_BYTES:,} bytes")
+    if data:
+        yield "\n".join(data)
 
 
 def _piece(event: dict, api: str, data: str) -> str | None:
@@ -288,11 +323,10 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: i
     where text came: 10^9 tokens for 4 asked made a token rate of billions a second."""
     most = EVENTS_PER_TOKEN * asked + EXTRA_EVENTS
     finished = False
-    async for line in _lines(conn.chunks()):
-        if finished or not line.startswith("data:"):  # blank separators, comments (":"), event:/id: fields
-            continue  # (after [DONE]: read to the end, so the connection is left ready for the next request)
-        data = line[5:].strip()
-        if data == "[DONE]":
+    async for data in _events(_lines(conn.chunks())):
+        if finished:  # after [DONE]: read to the end, so the connection is left ready for the next request
+            continue
+        if data.strip() == "[DONE]":
             finished = True
             r.done = now()  # the answer's end: a server that holds the body open after it does not lengthen it
             continue
@@ -323,7 +357,10 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: i
                                           f"{len(r.steps):,} events of text, {asked:,} tokens asked for")
 
 
-async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now, keep: bool, asked: int) -> None:
+async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now, keep: bool, asked: int,
+                widths: dict) -> None:
+    """Send one request and read its answer into `r`. widths: the load's embedding width, set by its first answered
+    embedding (an endpoint serves one model, so another width is a wrong answer: a mixed pool behind one URL)."""
     import h11
 
     r.sent = now()
@@ -345,6 +382,9 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             except (ValueError, KeyError, IndexError, TypeError) as exc:
                 why = f" ({exc})" if type(exc) is ValueError else ""  # embedding_values' reason
                 raise Malformed(f"the response is not an embeddings list{why}: {raw[:80]!r}") from None
+            first = widths.setdefault("embedding", len(emb))
+            if len(emb) != first:
+                raise Malformed(f"the embedding has {len(emb):,} values, where the load's first answer had {first:,}")
             if keep:
                 r.embedding = emb
             _usage(r, data.get("usage"))
@@ -434,6 +474,7 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
     now = lambda: time.perf_counter() - t0  # noqa: E731
     out: list[Sent] = []
     in_flight = peak = 0
+    widths: dict = {}
 
     async def one(r: Sent) -> None:
         nonlocal in_flight, peak
@@ -443,7 +484,7 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
         try:  # the whole request's deadline, connecting, body and stream included
             body = bodies(r)
             await asyncio.wait_for(_send(client, path, api, json.dumps(body).encode(), r, now, r.rid < KEEP_OUTPUTS,
-                                         body.get("max_tokens", 0)), timeout_s)
+                                         body.get("max_tokens", 0), widths), timeout_s)
         except asyncio.TimeoutError:
             r.status, r.error, r.done = "timeout", f"no complete answer within {timeout_s:g} s", now()
         finally:
