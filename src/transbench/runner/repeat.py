@@ -11,12 +11,15 @@ order.
 The stored record is the median repeat's (the lower of the two middle ones for an even N), so its latency,
 throughput and FLOPS stay one measurement's consistent figures; `repeat_medians_ms` holds every repeat's median
 latency, `latency_repeat_min_ms` / `latency_repeat_max_ms` their range (tables show it), and the stored samples
-are every repeat's, in time order (`n_samples` counts them all). `compare` judges two repeated runs on their
-repeat medians (report/compare.py, rule 5)."""
+are every repeat's, in time order (`n_samples` counts them all). The spread (p90, p99, IQR) is over those stored
+samples, the count `n_samples` states: the median repeat's own spread rested on a third of them at N = 3, and a
+reader recomputing p99 from the stored samples got another figure (0.75 ms stored, 2.03 ms over the samples).
+`compare` judges two repeated runs on their repeat medians (report/compare.py, rule 5)."""
 
 from __future__ import annotations
 
 from ..cells import CellResult
+from ..measure.timer import summarize
 
 # A spread of the repeat medians (max - min over their median) above this is worth a line: the processes
 # disagreed more than the noisy threshold of one cell's calls (measure/timer.py NOISY_IQR_RATIO).
@@ -44,6 +47,10 @@ def combine(results: list[CellResult], asked: int) -> CellResult:
     record = {**middle.record, "repeats": len(results), "repeat_medians_ms": medians,
               "latency_repeat_min_ms": min(medians), "latency_repeat_max_ms": max(medians),
               "n_samples": len(samples) if samples else middle.record.get("n_samples")}
+    if samples:  # the spread of the samples stored and counted, not of the median repeat's alone
+        pooled = summarize(samples)
+        tails = {"latency_p90_ms": pooled.p90_ms, "latency_p99_ms": pooled.p99_ms, "latency_iqr_ms": pooled.iqr_ms}
+        record.update({key: value for key, value in tails.items() if key in middle.record})
     warnings = list(middle.warnings)
     for r in results:  # another repeat's busy neighbours are the cell's too
         warnings += [w for w in r.warnings if w.startswith("busy:") and w not in warnings]
