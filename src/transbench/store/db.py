@@ -698,6 +698,13 @@ class Store:
         others = [Store(p, readonly=True) for p in paths]
         out = Merged()
         try:
+            # Each run merged in is held as a writer holds it (claim), before anything is read back: merged into a run
+            # that a sweep was writing to this store, its cells were counted as merged, then replaced by the sweep's
+            # INSERT OR REPLACE of the same keys without a word.
+            for other in others:
+                for row in other.rows("runs"):
+                    if isinstance(row[1], str):  # a name that is not text is damage, refused by the check below
+                        self.claim(row[1])
             # This store is read back too: merging into a damaged one spread nothing, but wrote beside the damage
             # without a word.
             check_mergeable([self, *others], {})
