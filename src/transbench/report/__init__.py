@@ -76,7 +76,8 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
                             "different runs; give another one, or --no-compare to report it alone")
         raise SpecError("--compare needs two runs: transbench report RUN_A RUN_B --compare")
     out = _report_folder(out_dir)  # the text as given: Path("") would be the current folder
-    figures, plot_failures = plots.all_figures(data, out)
+    with writing(out):  # a full disk (plots.DISK_ERRORS) is one line before report.md is replaced
+        figures, plot_failures = plots.all_figures(data, out)
     comparisons = []
     if compare_runs:
         by_run = {r["run_id"]: [x for x in data.records if x["run_id"] == r["run_id"]] for r in data.runs}
@@ -102,7 +103,8 @@ def build_report(db: str, runs: list[str] | None, out_dir: str | Path, baseline:
         sections.append(Section("Micro-benchmarks", micro))
     from .serve import section as serve_section  # serving under load (report/serve.py)
 
-    serve = serve_section(data, out)
+    with writing(out):
+        serve = serve_section(data, out)
     if serve is not None:
         sections.append(serve)
     problems = tables.problems_table(data)

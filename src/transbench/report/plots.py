@@ -6,6 +6,7 @@ process and no display is needed."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import re
@@ -578,6 +579,10 @@ def roofline(data: ReportData, out: Path) -> list[Figure]:
 
 PLOTS = (latency_throughput, speedup_memory, efficiency_heatmap, latency_distributions, training_scaling,
          roofline)
+# A plot that cannot be written for these fails every plot and file after it: the report stops in one line (its
+# last files left as they were), where a report.md saying "plot ... failed: No space left on device" replaced a
+# good one.
+DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
 
 
 def all_figures(data: ReportData, out: Path) -> tuple[list[Figure], list[str]]:
@@ -587,6 +592,10 @@ def all_figures(data: ReportData, out: Path) -> tuple[list[Figure], list[str]]:
     for plot in PLOTS:
         try:
             figures += plot(data, out)
+        except OSError as exc:
+            if exc.errno in DISK_ERRORS:
+                raise
+            failures.append(f"plot {plot.__name__} failed: {type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - one broken plot must not cost the whole report
             failures.append(f"plot {plot.__name__} failed: {type(exc).__name__}: {exc}")
     return figures, failures

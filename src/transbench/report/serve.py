@@ -9,6 +9,7 @@ from ..keys import KEYS
 from ..store import export
 from .data import ReportData, by_scenario, groups, is_ok
 from .document import Figure, Section, Table, measured, num
+from .plots import DISK_ERRORS
 
 LOAD_COLS = ("backend", "mode", "offered_rate", "achieved_rate", "error_rate", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
              "latency_p99_upper_ms", "latency_p999_ms", "latency_max_ms", "n_requests", "goodput", "mean_batch",
@@ -121,6 +122,10 @@ def section(data: ReportData, out: Path) -> Section | None:
     blocks += load_tables(recs)
     try:
         blocks += figures(recs, out)
+    except OSError as exc:
+        if exc.errno in DISK_ERRORS:  # the folder, not the plot (plots.DISK_ERRORS)
+            raise
+        blocks.append(f"serve plot failed: {type(exc).__name__}: {exc}")
     except Exception as exc:  # noqa: BLE001 - a broken plot must not cost the tables
         blocks.append(f"serve plot failed: {type(exc).__name__}: {exc}")
     return Section("Serving under load", blocks)
