@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import signal
 import sys
+import threading
 import typing
 
 import typer
@@ -81,6 +83,25 @@ def _catch_stop_signals() -> list:
     return caught
 
 
+def _redelivering(previous):
+    """An unraisable-exception hook that sends an interruption again. A signal's exception raised while a finalizer
+    ran (an asyncio transport's __del__ as `serve --url` closed its connection check) is printed by Python as
+    "Exception ignored in ..." with its traceback, and dropped: Ctrl-C was lost, and the run went on to the end,
+    exit 0. The signal comes again a moment later, after the finalizer, where the command can end as it should."""
+
+    def hook(unraisable) -> None:
+        exc = unraisable.exc_value
+        if not isinstance(exc, KeyboardInterrupt):
+            return previous(unraisable)
+        signum = exc.args[0] if isinstance(exc, Stopped) else signal.SIGINT
+        # Not from here: a signal sent inside the hook would be raised inside it and dropped again.
+        again = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
+
+    return hook
+
+
 def friendly(fn):
     """Turn bad input into one line on stderr and exit code 2, never a stack trace; Ctrl-C, SIGTERM and SIGHUP into
     one line and exit code 128 + the signal's number, after the cleanup (workers ended, temporary files removed)."""
@@ -88,6 +109,7 @@ def friendly(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         caught = _catch_stop_signals()
+        unraisable, sys.unraisablehook = sys.unraisablehook, _redelivering(sys.unraisablehook)
         try:
             return fn(*args, **kwargs)
         except SpecError as exc:
@@ -101,6 +123,7 @@ def friendly(fn):
                        "resume (a run started without one: `transbench runs` lists its name)", err=True)
             sys.exit(128 + signum)
         finally:
+            sys.unraisablehook = unraisable
             for sig in caught:
                 signal.signal(sig, signal.SIG_DFL)
 
