@@ -179,6 +179,11 @@ def _translate(path: str, exc: BaseException) -> SpecError | None:
     code = _errname(exc)
     if code.startswith("SQLITE_FULL"):
         return StoreFull(f"the disk holding store {path} is full ({exc}): cells stored before are whole; {RESUME}")
+    if code == "SQLITE_IOERR_SHMSIZE":
+        # WAL's -shm file could not grow: SQLite's own docs give a full disk as the cause, and a store on a full disk
+        # met at open (`merge --into`, a resume) said "disk I/O error: check that the file and its folder are writable".
+        return StoreFull(f"the disk holding store {path} is full ({exc}: its -shm file could not grow): cells stored "
+                         f"before are whole; {RESUME}")
     if code.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
         return SpecError(f"store {path} is damaged ({exc}): restore it from a copy, or give another --db")
     if code.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_IOERR", "SQLITE_PERM")):
