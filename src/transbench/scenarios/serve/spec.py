@@ -184,7 +184,9 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
             raise SpecError("--goodput-target is the share meeting the objectives: add --slo or --slo-ms")
     if not 0 <= spec.prepare_budget:
         raise SpecError(f"--prepare-budget must be at least 0 seconds, got {spec.prepare_budget:g}")
-    if spec.prepare_budget >= spec.timeout:  # the cell would time out preparing, before any load
+    # The cell would time out preparing, before any load. An endpoint prepares nothing here: `serve --url --timeout 10`
+    # was refused for the default budget of 20 s, an option --url has no use for.
+    if spec.url is None and spec.prepare_budget >= spec.timeout:
         raise SpecError(f"--prepare-budget {spec.prepare_budget:g} s is not within --timeout {spec.timeout:g} s: lower "
                         "it (the shapes it leaves are prepared on first use)")
     if any(r <= 0 for r in spec.rates) or any(c < 1 for c in spec.concurrency):
