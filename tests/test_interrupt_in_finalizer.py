@@ -36,4 +36,23 @@ def test_a_signal_raised_inside_a_finalizer_still_ends_the_command(signum, capsy
     assert ended.value.code == 128 + signum
     err = capsys.readouterr().err
     assert "Exception ignored" not in err and "Traceback" not in err
-    assert "finished cells are in the store" in err
+    assert err.strip() == ("interrupted" if signum == signal.SIGINT else "stopped by SIGTERM")
+
+
+def test_an_interrupted_reader_is_not_told_to_resume(capsys):
+    """`report`, `runs`, `merge` measure nothing: no --name to give again, no cells to resume."""
+
+    @friendly
+    def reader():
+        raise KeyboardInterrupt
+
+    @friendly
+    def measuring():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as ended:
+        reader()
+    assert ended.value.code == 130 and capsys.readouterr().err.strip() == "interrupted"
+    with pytest.raises(SystemExit):
+        friendly(measuring.__wrapped__, measures=True)()
+    assert "rerun the same command with the same --name to resume" in capsys.readouterr().err

@@ -102,9 +102,11 @@ def _redelivering(previous):
     return hook
 
 
-def friendly(fn):
+def friendly(fn, measures: bool = False):
     """Turn bad input into one line on stderr and exit code 2, never a stack trace; Ctrl-C, SIGTERM and SIGHUP into
-    one line and exit code 128 + the signal's number, after the cleanup (workers ended, temporary files removed)."""
+    one line and exit code 128 + the signal's number, after the cleanup (workers ended, temporary files removed).
+    `measures`: the command stores cells, and the line says how to resume them; a reader (`report`, `runs`, `merge`,
+    ...) told to "rerun the same command with the same --name to resume" had no --name and nothing to resume."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -120,7 +122,8 @@ def friendly(fn):
             # A run started without --name has one of its own: `transbench runs` lists it (and `run --resume` takes
             # the newest), and rerunning with it resumes.
             typer.echo(f"{how}: finished cells are in the store; rerun the same command with the same --name to "
-                       "resume (a run started without one: `transbench runs` lists its name)", err=True)
+                       "resume (a run started without one: `transbench runs` lists its name)" if measures else how,
+                       err=True)
             sys.exit(128 + signum)
         finally:
             sys.unraisablehook = unraisable
@@ -157,7 +160,7 @@ def declared_command(app, cls, *, name: str | None = None, skip: tuple[str, ...]
         command.__annotations__ = {p.name: p.annotation for p in params}
         command.__doc__ = fn.__doc__
         command.__name__ = fn.__name__
-        app.command(name or fn.__name__.replace("_", "-"))(friendly(command))
+        app.command(name or fn.__name__.replace("_", "-"))(friendly(command, measures=True))
         return fn
 
     return register
