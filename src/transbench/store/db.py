@@ -379,6 +379,15 @@ def _tables(path: str, ours: bool = False) -> dict[str, tuple]:
         finally:
             con.close()
     except sqlite3.Error as exc:
+        if flags == "mode=ro" and not Path(f"{path}-shm").exists() and not os.access(Path(path).absolute().parent,
+                                                                                    os.W_OK):
+            # SQLite reads a -wal file only through a -shm file beside it, which this folder takes no new file for
+            # (a read-only mount, a shared folder): a killed sweep's store there was called damaged, "restore it from
+            # a copy", where store and -wal are whole.
+            raise SpecError(f"store {path} has cells in its -wal file (a sweep that did not end) and SQLite needs "
+                            f"to make {Path(path).name}-shm beside it to read them, which its folder does not allow "
+                            "(read-only): copy the store and its -wal file to a folder you can write in, and give "
+                            "that --db") from None
         if ours:  # a store of ours, damaged: said as _translate says it
             raise SpecError(f"store {path} is damaged ({exc}): it was left as it is; restore it from a copy, "
                             "or give another --db") from None
