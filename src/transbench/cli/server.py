@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import typer
 
 from .. import api
 from ..errors import SpecError
 from ..scenarios.serve.server_spec import ServerSpec
-from .app import app, declared_command, fail
+from .app import Stopped, app, declared_command, fail
 from .options import build_spec
 from .tables import visible
 
@@ -37,9 +38,13 @@ def server(given: dict) -> None:
         ended = api.server(spec, on_ready=ready)
     except SpecError as exc:
         fail(str(exc))
-    except KeyboardInterrupt:
-        typer.echo("server stopped (interrupted)", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        # Before the server takes SIGTERM itself (while it prepares), a SIGTERM or SIGHUP arrives as Stopped
+        # (cli/app.py): it was "server stopped (interrupted)", exit 130, as if Ctrl-C had been pressed.
+        signum = exc.args[0] if isinstance(exc, Stopped) else signal.SIGINT
+        how = "interrupted" if signum == signal.SIGINT else signal.Signals(signum).name
+        typer.echo(f"server stopped ({how})", err=True)
+        sys.exit(128 + signum)
     cut = getattr(ended, "cut", 0)
     said = (f"{cut} request(s) still in flight when the grace ran out were cut off" if cut
             else "requests in flight were answered")
