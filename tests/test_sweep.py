@@ -444,6 +444,25 @@ def test_a_signal_to_the_sweep_mid_cell_ends_it_at_once_with_one_line_and_it_res
 
 
 @pytest.mark.slow
+def test_a_sweep_killed_by_sigkill_takes_its_worker_with_it(tmp_path, sweeps):
+    """`kill -9` (or the OOM killer) runs no cleanup: the worker of a hung cell was left running for ever, its parent
+    gone, holding its device and memory."""
+    db = tmp_path / "t.db"
+    args = ["run", "--model", "bert-tiny", "--backend", "sdpa,fail-hangs", "--batch", "1", "--seq", "8", "--device",
+            "cpu", "--min-time", "0.05", "--warmup", "1", "--timeout", "600", "--db", str(db), "--name", "a"]
+    s = sweeps(tmp_path, args).start()
+    s.wait_for(lambda: _stored_count(db) >= 1)  # fail-hangs is next, in the same worker
+    time.sleep(1.5)
+    workers = [p for p in s.seen if _alive(p)]
+    assert workers
+    s.stop_with(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while [p for p in workers if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in workers if _alive(p)], "a worker outlived the sweep killed by SIGKILL"
+
+
+@pytest.mark.slow
 def test_sigterm_mid_training_cell_stops_its_process_tree_and_removes_its_folder(tmp_path, sweeps):
     """A launched cell (train: its own process, or torchrun's ranks) was left to its parent-death signal and its
     temporary folder (cell.json, the ranks' logs) stayed behind."""

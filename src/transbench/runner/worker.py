@@ -153,8 +153,25 @@ def _release(cell: dict) -> float | None:
     return memory.allocated_mb(device)
 
 
+def _die_with_parent() -> None:
+    """A sweep killed by SIGKILL (`kill -9`, the OOM killer) runs no cleanup: its worker went on with the cell, a hung
+    one for ever, holding its device and memory. The kernel now ends it with the sweep (Linux; as runner/rank.py
+    does for a rank). The signal follows the thread that started the worker: its lane's, which stops the worker before
+    it ends (runner/sweep.py lane_loop)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != env_int("TRANSBENCH_PARENT_PID", -1, -1, 1 << 31):  # the sweep died before the line above
+        os._exit(1)
+
+
 def _child_main(conn, env: dict, log_path: str) -> None:
     os.environ.update(env)
+    _die_with_parent()
     log = open(log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
