@@ -12,15 +12,21 @@ import sys
 # process the command owns; the Python API leaves its caller's environment alone.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from .app import app, fail  # noqa: E402,F401
+try:
+    from .app import app, fail  # noqa: E402,F401
 
-# Each module registers its commands on `app`; a topic whose module is not there yet is left out.
-for _topic in ("run", "serve", "server", "info", "models", "micro", "train", "report", "demo", "tune"):
-    try:
-        importlib.import_module(f"{__name__}.{_topic}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{_topic}":
-            raise
+    # Each module registers its commands on `app`; a topic whose module is not there yet is left out.
+    for _topic in ("run", "serve", "server", "info", "models", "micro", "train", "report", "demo", "tune"):
+        try:
+            importlib.import_module(f"{__name__}.{_topic}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{_topic}":
+                raise
+except KeyboardInterrupt:
+    # Ctrl-C while the commands load (the first half second of every command) was Python's traceback of an import,
+    # exit -2. Nothing has started: one word and 130, as an interrupted command ends (cli/app.py friendly).
+    sys.stderr.write("interrupted\n")
+    sys.exit(130)
 
 
 # Where stdout can fail for reasons of its own: the reader went away (`| head`), the disk or quota is full
