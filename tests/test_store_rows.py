@@ -149,6 +149,20 @@ def test_a_cell_the_store_would_refuse_is_kept_as_an_error_without_its_figures(t
     assert invoke("runs", "--db", db, "--out", tmp_path / "all.json").exit_code == 0
 
 
+def test_a_negative_seed_is_stored_and_read_as_it_ran(tmp_path):
+    """`--seed -1` is taken (any 64-bit integer seeds) and measured; its cell is kept ok with its seed, and the store
+    stays readable: the seed was read back as a count, so the cell became an error whose record the reader refused,
+    and every later `runs --out`, `report` and `merge` of the store with it."""
+    db = tmp_path / "s.db"
+    spec = grid.validate(RunSpec(models=["bert-tiny"], backends=["eager"], batches=[1], seqs=[8], device="cpu",
+                                 min_time=0.01, warmup=1, seed=-1))
+    make_run(str(db), "A", [(grid.expand(spec)[0], ok_result(samples(10.0), 1))])
+    (rec,) = api.records(str(db), ["A"])
+    assert rec["status"] == "ok" and rec["seed"] == -1
+    assert invoke("runs", "--db", db, "--out", tmp_path / "all.json").exit_code == 0
+    assert invoke("merge", db, "--into", tmp_path / "t.db").exit_code == 0
+
+
 def test_a_figure_of_no_bound_that_is_not_finite_is_stored_as_none_and_exported_as_strict_json(tmp_path):
     """A cosine of NaN vectors (`reference_cosine_min`, a key with no declared bound) reached `runs --out f.json`
     as a bare NaN, which strict JSON readers refuse; stored and exported, an undefined figure is null."""

@@ -780,8 +780,10 @@ def host_entry(env: dict) -> dict:
 # Record keys by their declared type (keys.py): a figure stored as text ("fast") was a TypeError in `runs`,
 # `report` and `compare`, and `merge` copied it on. export.SPEED_KEYS is a subset (tests/test_input_boundary.py).
 NUMBER_KEYS = frozenset(k.name for k in CATALOGUE if k.type in ("number", "integer"))
-# Counts (a batch, samples, threads, requests): a batch_size of -1 or 1.5 was listed and compared as a setting.
-COUNT_KEYS = frozenset(k.name for k in CATALOGUE if k.type == "integer")
+# Counts (a batch, samples, threads, requests): a batch_size of -1 or 1.5 was listed and compared as a setting. A seed
+# is no count: any 64-bit integer seeds the weights and tokens, and `--seed -1` measured, then its cell's record made
+# every later `runs --out`, `report` and `merge` refuse the store as damaged.
+COUNT_KEYS = frozenset(k.name for k in CATALOGUE if k.type == "integer") - {"seed"}
 TEXT_KEYS = frozenset(k.name for k in CATALOGUE if k.type == "string")
 LIST_KEYS = frozenset(k.name for k in CATALOGUE if k.type == "array")
 # Units (keys.py declares each key's) of figures that cannot be below zero or infinite: a time, a rate, a bandwidth,
