@@ -235,6 +235,19 @@ def test_part_costs_by_hand():
     assert g["dense+act"].elementwise_flops == 16 * 96 * 10  # bias + tanh GELU (9)
 
 
+@pytest.mark.parametrize("model", ["bert-tiny", "llama-tiny", "qwen2-tiny", "modernbert-tiny", "smollm2-135m"])
+def test_layer_gemms_are_the_models_own_widths(model):
+    """Each layer GEMM of `micro gemm --model` has the widths its model computes, so their FLOPs are the layer's
+    projections and FFN as models/flops.py counts them: grouped-query attention's keys and values at kv_heads, a gated
+    MLP's up projection at twice the FFN width (llama-tiny's qkv was 3 x hidden wide, its ffn-up half as wide)."""
+    shape = PRESETS[model]
+    t = 16
+    got = {g.shape: g for g in gemm.shapes(gemm.GemmOptions(sizes=[], models=[model], tokens=t))}
+    projections = flops.layer_flops(shape, t) - flops.attention_flops(shape, t)
+    assert sum(2 * g.m * g.n * g.k for g in got.values()) == projections
+    assert got["qkv"].n == (shape.heads + 2 * shape.kv) * shape.dim and got["attn-out"].k == shape.heads * shape.dim
+
+
 def test_attention_ffn_ratio_matches_the_seed():
     assert attention_ffn_ratio(PRESETS["bert-large-uncased"], 128) == pytest.approx(0.53125)
 

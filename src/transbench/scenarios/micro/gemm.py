@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ...measure import device as dev
 from ...models import build
+from ...models.flops import GATED_MLP
 from ..inference.measure import TOLERANCE
 from .common import Context, Point, cycling, guarded, operand_sets, rel_err, time_calls, timing_record
 from .options import GemmOptions
@@ -41,8 +42,13 @@ def shapes(opts: GemmOptions) -> list[GemmShape]:
     for name in opts.models:
         s = build.resolve(name).shape
         t, h, i = opts.tokens, s.hidden, s.intermediate
-        out += [GemmShape("qkv", t, 3 * h, h, name), GemmShape("attn-out", t, h, h, name),
-                GemmShape("ffn-up", t, i, h, name), GemmShape("ffn-down", t, h, i, name)]
+        # The model's own widths (models/flops.py counts the same): grouped-query attention projects kv_heads keys
+        # and values, and a gated MLP's up projection is gate and up together; 3h and i labelled llama-tiny's qkv
+        # 16x144x48 where its layer computes 16x96x48, and its ffn-up at half its width.
+        q, kv = s.heads * s.dim, s.kv * s.dim
+        up = 2 * i if s.family in GATED_MLP else i
+        out += [GemmShape("qkv", t, q + 2 * kv, h, name), GemmShape("attn-out", t, h, q, name),
+                GemmShape("ffn-up", t, up, h, name), GemmShape("ffn-down", t, h, i, name)]
     return out
 
 
