@@ -110,7 +110,8 @@ def train(given: dict, *, spec, db, json_path, csv_path, wide,
         from ..api import ladder_plot
 
         console.print(training_table(recs, LADDER_COLUMNS, f"training ladder {visible(recs[0]['run_name'])} "
-                                     f"({recs[0]['run_id']}): gain = this step / the step before (the best: / the first); "
+                                     f"({recs[0]['run_id']}): gain = this step / the kept steps it changed "
+                                     "(the best: / the first); "
                                      "kept = later steps build on it"))
         with export.writing(plot, recs):  # the run is stored: a failure says how to plot it again
             path = ladder_plot(recs, plot)
