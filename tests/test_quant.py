@@ -109,6 +109,24 @@ def test_a_quantized_random_weight_cell_is_held_to_its_quant_tolerance():
     assert measure.wrong(cell(), float("nan"), None) is not None
 
 
+def test_a_regression_head_has_no_answer_to_agree_on_and_is_held_to_its_tolerance():
+    """num_labels 1: the argmax of one score is always 0, so every quantized cell of a regression checkpoint agreed
+    100% and, judged on the sentences, passed with any rel_err under 1. It records no agreement, and is held to its
+    quant's rel_err tolerance on the sentences too."""
+    scores = torch.randn(4, 1)
+    for task, out in (("classification", scores), ("token-classification", torch.randn(4, 8, 1))):
+        got = answers.answers(out, task, [8] * 4)
+        assert answers.measures(got, answers.answers(-out, task, [8] * 4), task)["task_agreement"] is None
+    assert answers.measures(answers.answers(torch.randn(4, 3), "classification", [8] * 4),
+                            answers.answers(torch.randn(4, 3), "classification", [8] * 4),
+                            "classification")["task_agreement"] is not None
+    on_sentences = {"argmax_agreement": None, "task_agreement": None, "agreement_inputs": "sentences"}
+    assert measure.wrong(cell(task="classification", quant="int8-dynamic"), 0.5, on_sentences) == \
+        "rel_err 0.5 over the int8-dynamic fp32 tolerance 0.06"
+    kept = {"argmax_agreement": 1.0, "task_agreement": 1.0, "agreement_inputs": "sentences"}
+    assert measure.wrong(cell(task="classification", quant="int8-dynamic"), 0.5, kept) is None
+
+
 def test_past_its_tolerance_a_16_bit_cell_is_held_to_its_models_eager_forward_in_that_dtype():
     """llama-3.2-1b in bf16 at batch 8 read rel_err 0.0401 against the 0.04 tolerance with random weights: the dtype,
     not the backend. Past the tolerance an unquantized fp16/bf16 cell of the whole model passes within EAGER_SLACK x

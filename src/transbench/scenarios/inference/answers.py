@@ -36,6 +36,10 @@ def answers(out, task: str, lengths: list[int]):
     span's start and end position. Taken without a copy of the output, which may be a large batch's logits."""
     import torch
 
+    if task in ("classification", "token-classification") and out.shape[-1] == 1:
+        # A regression head (num_labels 1) answers a score, not a class: the argmax of one logit is always 0, so a
+        # quantized cell agreed 100% whatever its scores, and on the sentences passed the gate with any rel_err.
+        return torch.zeros(out.shape[0], 0, dtype=torch.long)
     if task == "classification":
         return agreement.labels(out)
     keep = torch.arange(out.shape[1], device=out.device)[None, :] < torch.tensor(lengths, device=out.device)[:, None]

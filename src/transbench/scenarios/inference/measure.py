@@ -207,8 +207,10 @@ def wrong(cell: Cell, err: float, agreed: dict | None, eager_err: float | None =
     checkpoint (task agreement measured on the packaged sentences) is held to agreement.TARGETS, its rel_err only
     to BROKEN; every other cell to the rel_err tolerance of its dtype (and quant), or, where eager_judged and past
     it, to EAGER_SLACK times eager_err (eager_dtype_err). A random-weight model's answers are near-ties that even
-    bf16 splits (docs/quantization.md), so its agreement is recorded, not gated on."""
-    if reduced(cell) and agreed and agreed["agreement_inputs"] == "sentences":
+    bf16 splits (docs/quantization.md), so its agreement is recorded, not gated on. A head with no answer to agree on
+    (a regression score) is held to its rel_err tolerance wherever it ran."""
+    on_sentences = agreed and agreed["agreement_inputs"] == "sentences" and agreed.get("task_agreement") is not None
+    if reduced(cell) and on_sentences:
         short = agreement.shortfall(agreed)
         if short:
             return f"{short} on the packaged sentences"
