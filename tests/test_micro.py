@@ -209,6 +209,24 @@ def test_measured_ceilings_feed_env(db, monkeypatch):
     res = CliRunner().invoke(app, ["env", "--db", db, "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["gpus"][0]["measured"] == expected
+    assert "cpu_measured" not in json.loads(res.output)
+
+
+def test_env_json_has_the_cpus_measured_ceilings_as_its_table_does(db, monkeypatch):
+    """Without a GPU the table printed the CPU's ceilings `micro` measured in --db; --json left them out."""
+    from transbench import api
+
+    store = Store(db)
+    run_id, _ = store.create_run("cpu", "micro", {}, {})
+    store.put_cell(run_id, "g", "micro-gemm", "ok", {"dtype": "fp32", "tflops": 0.08, "gpu": None, "device": "cpu"},
+                   cell={})
+    store.close()
+    monkeypatch.setattr(api, "environment", lambda: {"gpus": []})
+    res = CliRunner().invoke(app, ["env", "--db", db, "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["cpu_measured"] == micro.measured_ceilings(db, "cpu") == {"fp32 GEMM TFLOPS": 0.08}
+    res = CliRunner().invoke(app, ["env", "--db", db])
+    assert res.exit_code == 0 and "fp32 GEMM TFLOPS 0.08" in res.output, res.output
 
 
 # --- counts by hand -----------------------------------------------------------------------------

@@ -48,6 +48,8 @@ def env(as_json: bool = typer.Option(False, "--json", help="print JSON"),
     info = api.environment()
     for g in info["gpus"]:
         g["measured"] = measured_ceilings(db, g["name"])
+    if not info["gpus"]:  # the CPU's, as the table prints them: --json left them out
+        info["cpu_measured"] = measured_ceilings(db, "cpu")
     if as_json:
         typer.echo(json.dumps(info, indent=1, default=str))
         return
@@ -71,9 +73,9 @@ def env(as_json: bool = typer.Option(False, "--json", help="print JSON"),
         console.print(gt)
     if not info["gpus"]:
         console.print("no CUDA GPU visible: benchmarks run on the CPU")
-        cpu = measured_ceilings(db, "cpu")
-        if cpu:
-            console.print("measured on this store's CPU runs: " + ", ".join(f"{k} {v:.4g}" for k, v in cpu.items()))
+        if info["cpu_measured"]:
+            console.print("measured on this store's CPU runs: "
+                          + ", ".join(f"{k} {v:.4g}" for k, v in info["cpu_measured"].items()))
 
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".toml", ".json")  # what spec.load_file reads
