@@ -341,6 +341,8 @@ def test_fp8_path_checks_its_output():
     (["layer", "--model", "bert-tiny", "--seq", "4096"], "longer than"),
     (["breakdown", "--model", "gpt2-tiny", "--dtype", "tf32"], "needs a CUDA GPU"),
     (["layer", "--model", "bert-tiny", "--threads", "0"], "--threads must be between 1 and 4096, got 0"),
+    (["layer", "--model", "bert-tiny,gpt2-tiny"], "time one model's layer: give one"),
+    (["breakdown", "--model", "bert-tiny,bert-tiny"], "time one model's layer: give one"),
 ])
 def test_bad_options_are_one_line_errors(db, args, words):
     res = CliRunner().invoke(app, ["micro", *args, "--db", db, *FAST])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -88,6 +89,10 @@ LAYER_FAMILIES = ("bert", "gpt2")  # micro layer/breakdown build these families'
 
 
 def _model(name: str, seq: int | None = None, layer: bool = False):
+    if layer and "," in name and not os.path.exists(name):
+        # layer and breakdown take one model, not gemm's list: `bert-tiny,gpt2-tiny` read "unknown model", both known
+        raise SpecError(f"--model {name}: micro layer and breakdown time one model's layer: give one, and run the "
+                        "command once for each")
     ref = build.resolve(name)  # SpecError for an unknown preset or folder
     if layer and ref.family not in LAYER_FAMILIES:
         raise SpecError(f"{name} is a {ref.family} model; micro layer and breakdown time one bert or gpt2 layer: "
