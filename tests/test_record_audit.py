@@ -92,7 +92,8 @@ def test_serve_record_has_median_and_sample_count_of_its_samples():
     assert rec["latency_ms"] == pytest.approx(np.percentile(a, 50))  # was absent: empty in --json / --csv
     assert rec["n_samples"] == len(samples) == rec["requests"] == 41
     for key, q in (("latency_p50_ms", 50), ("latency_p90_ms", 90), ("latency_p99_ms", 99), ("latency_p999_ms", 99.9)):
-        assert rec[key] == pytest.approx(np.percentile(a, q))
+        # 41 requests carry p50 and p90, not p99 or p99.9 (measure/timer.carried): those are empty
+        assert rec[key] == (pytest.approx(np.percentile(a, q)) if q <= 90 else None), key
 
 
 # --- serve: a cell's peak memory does not depend on the cells before it -------------------------------------

@@ -260,7 +260,9 @@ def test_serve_bert_tiny_on_cpu(tmp_path):
     (rec,) = json.loads(js.read_text())["cells"]
     assert rec["status"] == "ok" and rec["scenario"] == "serve" and rec["rate"] == 20.0
     assert rec["rel_err"] < 1e-3 and rec["offered_rate"] == 20.0 and rec["achieved_rate"] > 0
-    assert rec["latency_p50_ms"] <= rec["latency_p99_ms"] <= rec["latency_p999_ms"] <= rec["latency_max_ms"]
+    # a load of fewer than 100 requests carries no p99, of fewer than 1,000 no p99.9 (measure/timer.carried)
+    assert (rec["latency_p99_ms"] is None) == (rec["n_requests"] < 100) and rec["latency_p999_ms"] is None
+    assert rec["latency_p50_ms"] <= (rec["latency_p99_ms"] or rec["latency_p50_ms"]) <= rec["latency_max_ms"]
     assert 1 <= rec["mean_batch"] <= 4 and 0 <= rec["goodput"] <= 1 and rec["lengths"] == "lognormal:12:32:0.5"
     import sqlite3
 

@@ -44,7 +44,9 @@ def serve(given: dict, *, spec, db, json_path, csv_path) -> None:
         r = result.record
         # A max rate of 0 (no probed rate met the target) is an answer too: it printed as a bare "max-rate: ok".
         upper = r.get("latency_p99_upper_ms")
-        p99 = "failed" if r.get("latency_p99_ms") is None else f"{r['latency_p99_ms']:.2f} ms"
+        # empty: it falls on failed requests, or too few requests carry a p99 (measure/timer.carried)
+        p99 = (f"{r['latency_p99_ms']:.2f} ms" if r.get("latency_p99_ms") is not None
+               else "failed" if r.get("failed") else f"n/a: {r.get('n_requests')} requests")
         detail = (f"p99 {p99} (LoadGen estimate "
                   + (f"{upper:.2f} ms" if upper is not None else f"n/a: {r.get('n_requests')} requests") + ")"
                   + (f", verdict {'met' if r['slo_met'] else 'not met'}" + ("" if r.get("tail_valid") else

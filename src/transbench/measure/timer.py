@@ -29,9 +29,9 @@ class Stats:
     median_ms: float
     mean_ms: float
     min_ms: float
-    p90_ms: float
-    p99_ms: float
-    iqr_ms: float
+    p90_ms: float | None  # None: too few samples to carry it (carried)
+    p99_ms: float | None
+    iqr_ms: float | None
     std_ms: float
     n: int
     noisy: bool
@@ -48,22 +48,33 @@ def _quantile(sorted_ms: list[float], q: float) -> float:
     return sorted_ms[lo] + (sorted_ms[hi] - sorted_ms[lo]) * (pos - lo)
 
 
+def carried(q: float, n: int) -> bool:
+    """Whether n samples carry the q-quantile (0 < q < 1): the median always, any other once n x min(q, 1 - q) >= 1,
+    one sample expected beyond it: p90 from 10 samples, p99 from 100, p99.9 from 1,000, the IQR's quartiles from 4.
+    Below that the interpolation lands between the few most extreme samples, which is no estimate of the percentile:
+    5 samples gave a "p99" of 0.917 ms that was the slowest's neighbourhood, and one sample an IQR of 0, "0.0%", a
+    steady cell. Such a percentile is stored empty; the raw samples stay (every percentile is computed here or
+    through this rule: scenarios/serve/stats.spread)."""
+    return q == 0.5 or n * min(q, 1.0 - q) >= 1.0 - 1e-9
+
+
 def summarize(samples_ms: list[float]) -> Stats:
     if not samples_ms:
         raise ValueError("no samples to summarize")
     s = sorted(samples_ms)
+    n = len(s)
     median = _quantile(s, 0.5)
-    iqr = _quantile(s, 0.75) - _quantile(s, 0.25)
+    iqr = _quantile(s, 0.75) - _quantile(s, 0.25) if carried(0.75, n) else None
     return Stats(
         median_ms=median,
         mean_ms=statistics.fmean(s),
         min_ms=s[0],
-        p90_ms=_quantile(s, 0.90),
-        p99_ms=_quantile(s, 0.99),
+        p90_ms=_quantile(s, 0.90) if carried(0.90, n) else None,
+        p99_ms=_quantile(s, 0.99) if carried(0.99, n) else None,
         iqr_ms=iqr,
         std_ms=statistics.pstdev(s),
-        n=len(s),
-        noisy=median > 0 and iqr / median > NOISY_IQR_RATIO,
+        n=n,
+        noisy=iqr is not None and median > 0 and iqr / median > NOISY_IQR_RATIO,
     )
 
 

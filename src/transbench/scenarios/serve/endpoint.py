@@ -14,6 +14,7 @@ import math
 from collections import Counter
 
 from ...cells import CellResult
+from ...measure.timer import carried
 from .cell import ServeCell
 from .http_client import HttpTrace, Sent, payload, run_http_load
 from .measure import plan_for
@@ -36,9 +37,10 @@ def tokenizer_for(cell: ServeCell):
 
 
 def _failed_percentile(ok_ms: list[float], failed: int, q: float) -> float | None:
-    """The q-th percentile with failed requests ranked last; None where it falls on (or between) failures."""
+    """The q-th percentile with failed requests ranked last; None where it falls on (or between) failures, or where
+    the requests are too few to carry it (timer.carried)."""
     n = len(ok_ms) + failed
-    if not n:
+    if not n or not carried(q / 100, n):
         return None
     value = percentile(ok_ms + [math.inf] * failed, q) if ok_ms else math.inf
     return None if math.isinf(value) or math.isnan(value) else value
@@ -49,7 +51,7 @@ def _ranked_spread(prefix: str, ok_ms: list[float], failed: int, keep=None) -> d
     percentile that falls on failures is empty, and so are the max and the mean of a load with failures. Half the
     requests answered 500 and the TTFT and TPOT of the other half read as the load's."""
     out = spread(prefix, ok_ms + [math.inf] * failed)
-    return {k: v if math.isfinite(v) else None for k, v in out.items() if keep is None or k in keep}
+    return {k: v if v is not None and math.isfinite(v) else None for k, v in out.items() if keep is None or k in keep}
 
 
 def _tokens(r) -> int:

@@ -8,6 +8,7 @@ import math
 from collections import Counter
 
 from ...errors import SpecError
+from ...measure.timer import carried
 from ...spec import read_number
 from . import tails
 from .load import Trace, measured
@@ -78,11 +79,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def spread(prefix: str, values_ms: list[float], qs=STORED, upper=()) -> dict:
-    """Percentiles (empirical) of `values_ms` as `{prefix}_{pXX}_ms`, max and mean; for the percentiles in `upper`,
-    also LoadGen's early-stopping estimate `{prefix}_{pXX}_upper_ms` (None below its minimum count)."""
+    """Percentiles (empirical) of `values_ms` as `{prefix}_{pXX}_ms` (None where too few values carry one:
+    timer.carried), max and mean; for the percentiles in `upper`, also LoadGen's early-stopping estimate
+    `{prefix}_{pXX}_upper_ms` (None below its minimum count)."""
     if not values_ms:
         return {}
-    out = {f"{prefix}_{name(q)}_ms": percentile(values_ms, q) for q in sorted(set(qs) | set(upper))}
+    n = len(values_ms)
+    out = {f"{prefix}_{name(q)}_ms": percentile(values_ms, q) if carried(q / 100, n) else None
+           for q in sorted(set(qs) | set(upper))}
     out.update({f"{prefix}_{name(q)}_upper_ms": tails.upper_estimate(values_ms, q / 100) for q in upper})
     out[f"{prefix}_max_ms"] = max(values_ms)
     out[f"{prefix}_mean_ms"] = sum(values_ms) / len(values_ms)
