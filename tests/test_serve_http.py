@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -596,6 +598,29 @@ def test_an_embedding_of_another_width_than_the_loads_first_is_malformed(stub):
         stub.answer = None
     assert [r.status for r in sent] == ["ok", "ok", "malformed", "ok"], [(r.status, r.error) for r in sent]
     assert "has 2 values, where the load's first answer had 3" in sent[2].error
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.lists(st.sampled_from([b"a", b"d:", b" ", b"\r", b"\n", b"\r\n"]), max_size=24).map(b"".join),
+       cuts=st.lists(st.integers(0, 48)))
+@example(body=b"a\r\n\nb", cuts=[2, 3])  # CR | LF | LF b: the LF after the CR's is a line of its own
+def test_any_stream_split_anywhere_gives_the_lines_it_gives_whole(body, cuts):
+    # a line's end (CRLF, LF, CR) does not depend on where the network cut the bytes
+    import re
+
+    from transbench.scenarios.serve import http_client
+
+    async def lines(chunks):
+        async def gen():
+            for c in chunks:
+                yield c
+        return [line async for line in http_client._lines(gen())]
+
+    edges = sorted({0, len(body), *(c for c in cuts if c <= len(body))})
+    chunks = [body[a:b] for a, b in zip(edges, edges[1:])]
+    whole = re.split(rb"\r\n|\r|\n", body)
+    expect = [x.decode() for x in (whole if whole[-1] else whole[:-1])]
+    assert asyncio.run(lines(chunks)) == expect, chunks
 
 
 def test_stream_lines_split_across_chunks_and_a_line_without_end_is_cut():

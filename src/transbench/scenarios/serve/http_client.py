@@ -254,7 +254,7 @@ async def _lines(chunks):
     pending, size, after_cr = [], 0, False
     async for chunk in chunks:
         if after_cr and chunk.startswith(b"\n"):
-            chunk = chunk[1:]
+            chunk, after_cr = chunk[1:], False  # the CR's LF, once: a chunk of "\n" alone leaves none pending
         if not chunk:
             continue
         after_cr = chunk.endswith(b"\r")
