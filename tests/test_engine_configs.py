@@ -4,9 +4,11 @@ different numbers or a crash."""
 
 import pytest
 import torch
-from transformers import (BertConfig, BertForSequenceClassification, BertModel, GPT2Config, GPT2DoubleHeadsModel,
-                          GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model, RobertaConfig, RobertaForMaskedLM,
-                          RobertaModel)
+from transformers import (BertConfig, BertForSequenceClassification, BertModel, DistilBertConfig,
+                          DistilBertForMaskedLM, DistilBertForMultipleChoice, DistilBertForQuestionAnswering,
+                          DistilBertForSequenceClassification, DistilBertForTokenClassification, DistilBertModel,
+                          GPT2Config, GPT2DoubleHeadsModel, GPT2ForSequenceClassification, GPT2LMHeadModel, GPT2Model,
+                          RobertaConfig, RobertaForMaskedLM, RobertaForSequenceClassification, RobertaModel)
 
 from transbench.engine import EngineUnsupported, compile_model
 
@@ -30,6 +32,11 @@ def roberta(cls=RobertaModel, *args, **kw):
     return cls(RobertaConfig(**{**dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                        intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=34,
                                        pad_token_id=PAD), **kw}), *args)
+
+
+def distilbert(cls=DistilBertModel, **kw):
+    return cls(DistilBertConfig(**{**dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=VOCAB,
+                                          max_position_embeddings=32), **kw}))
 
 
 def gpt2(cls=GPT2Model, **kw):
@@ -82,6 +89,14 @@ MATCH = {
     "roberta-pad-id-token": (lambda: roberta(), _pad_id_inside),
     "roberta-pad-id-7": (lambda: roberta(RobertaModel, False, pad_token_id=7, max_position_embeddings=40),
                          lambda: ids_mask(left=True, pad_id=7)),
+    # DistilBERT: BERT's layers under other names, no token types, its own MLP width and activation fields
+    "distilbert-left-padding": (distilbert, lambda: ids_mask(left=True)),
+    "distilbert-head-size-25": (lambda: distilbert(dim=200, n_heads=8, hidden_dim=300), ids_mask),
+    "distilbert-sinusoidal-positions": (lambda: distilbert(sinusoidal_pos_embds=True, n_layers=1), ids_mask),
+    "distilbert-mlm-left-padding": (lambda: distilbert(DistilBertForMaskedLM), lambda: ids_mask(left=True)),
+    "distilbert-classifier": (lambda: distilbert(DistilBertForSequenceClassification, num_labels=3), ids_mask),
+    "distilbert-qa-left-padding": (lambda: distilbert(DistilBertForQuestionAnswering), lambda: ids_mask(left=True)),
+    "distilbert-token-classifier": (lambda: distilbert(DistilBertForTokenClassification), ids_mask),
 }
 
 
@@ -102,6 +117,7 @@ def test_engine_matches_transformers(name):
 
 REFUSED_CONFIGS = {
     "bert-relu": (lambda: bert(hidden_act="relu"), "activation 'relu'"),
+    "distilbert-relu": (lambda: distilbert(activation="relu"), "activation 'relu'"),
     "gpt2-silu": (lambda: gpt2(activation_function="silu"), "activation 'silu'"),
     "gpt2-quick-gelu": (lambda: gpt2(activation_function="quick_gelu"), "activation 'quick_gelu'"),
     "bert-relative-key": (lambda: bert(position_embedding_type="relative_key_query"), "position_embedding_type"),
@@ -136,6 +152,13 @@ REFUSED_INPUTS = {
                                      "pooler reads each sequence's first token"),
     "roberta-pooler-left-padding": (roberta, _left_padded, "pooler reads each sequence's first token"),
     "bert-pooler-all-padding-row": (bert, _all_padding_row, "pooler reads each sequence's first token"),
+    # Heads without a pooler that read the first token too: RoBERTa's classifier read rel_err 0.85 on left padding
+    "roberta-classifier-left-padding": (lambda: roberta(RobertaForSequenceClassification), _left_padded,
+                                        "RobertaForSequenceClassification's head reads each sequence's first token"),
+    "distilbert-classifier-left-padding": (lambda: distilbert(DistilBertForSequenceClassification),
+                                           lambda: ids_mask(left=True), "DistilBertForSequenceClassification's head"),
+    "distilbert-classifier-all-padding-row": (lambda: distilbert(DistilBertForSequenceClassification),
+                                              _all_padding_row, "reads each sequence's first token"),
     # transformers takes a 4-D mask as additive biases; read as a padding mask it gave rel_err 0.6
     "bert-4d-mask": (bert, lambda: (ids_mask()[0], ids_mask()[1][:, None, None, :].float()), "4-D attention_mask"),
     "gpt2-4d-mask": (gpt2, lambda: (ids_mask()[0], ids_mask()[1][:, None, None, :].float()), "4-D attention_mask"),

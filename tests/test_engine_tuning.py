@@ -357,7 +357,7 @@ def tune(*args):
     (["--batch", "1,1"], "--batch lists 1 twice"),
     (["--batch", "1", "--seq", "8,8"], "--seq lists 8 twice"),
     (["-m", "llama-tiny"], "llama-tiny is a llama model; the fused engine runs bert"),
-    (["-m", "distilbert-tiny"], "the fused engine runs"),
+    (["-m", "modernbert-tiny"], "the fused engine runs"),
     (["--cache-dir", ""], "--cache-dir is empty"),
     (["--cache-dir", "/proc/transbench-tuned"], "a file made in /proc failed"),
 ])

@@ -277,7 +277,10 @@ def test_fused_backend_on_roberta_tiny_and_unsupported_elsewhere(cache):
     assert r.record["rel_err"] < 1e-5
     r = run(cache, "roberta-tiny", "base", "fused", embeddings=False)
     assert r.status == "ok", r.error
-    for model in ("distilbert-tiny", "llama-tiny"):
+    for task, embeddings in (("qa", True), ("classification", False)):  # DistilBERT: BERT's layers, other names
+        r = run(cache, "distilbert-tiny", task, "fused", seq_stdev=5.0, embeddings=embeddings)
+        assert r.status == "ok" and r.record["rel_err"] < 1e-5, (r.status, r.error)
+    for model in ("modernbert-tiny", "llama-tiny"):
         r = run(cache, model, "base", "fused")
         assert r.status == "unsupported" and "fused engine runs" not in r.error
         assert "the engine runs bert, roberta" in r.error and "\n" not in r.error

@@ -1,5 +1,5 @@
 """GPU checks of the new families: every generic backend in fp16, generation with CUDA graphs and
-compile for decoders, the fused engine on RoBERTa at roberta-base's shape (python3 -m pytest tests/gpu -m gpu)."""
+compile for decoders, the fused engine on RoBERTa and DistilBERT at their base shapes (python3 -m pytest tests/gpu -m gpu)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,16 @@ def test_fused_roberta_base_matches_and_beats_eager():
     eager = execute(cell(model="roberta-base", backend="eager", batch=8, seq=128, seq_stdev=20.0), CACHE)
     assert eager.status == "ok"
     assert fused.record["latency_ms"] < eager.record["latency_ms"]
+
+
+@pytest.mark.parametrize("task,dtype,embeddings", [("base", "fp16", True), ("mlm", "bf16", True),
+                                                    ("classification", "fp16", False), ("qa", "bf16", False)])
+def test_fused_distilbert_matches_transformers(task, dtype, embeddings):
+    # Right-padded batches of varied lengths (seq_stdev): the packed path; a passing cell passed the fp32 gate
+    r = execute(cell(model="distilbert-base-uncased", task=task, backend="fused", dtype=dtype, batch=8, seq=128,
+                     seq_stdev=20.0, embeddings=embeddings), CACHE)
+    assert r.status == "ok", (r.status, r.error, r.info.get("traceback"))
+    assert r.record["rel_err"] < 2e-2
 
 
 @pytest.mark.parametrize("family,task,backend", [("falcon", "base", "sdpa"), ("falcon", "generate", "sdpa"),

@@ -1,5 +1,6 @@
 """BERT-family encoder: post-LN layers over packed tokens. RoBERTa (and XLM-R and CamemBERT, which reuse its
-code) is BERT with positions numbered from padding_idx + 1 (transformers' create_position_ids_from_input_ids)."""
+code) is BERT with positions numbered from padding_idx + 1 (transformers' create_position_ids_from_input_ids).
+DistilBERT is BERT without token types (its layers under other names: weights.distilbert_layer)."""
 from __future__ import annotations
 
 import torch
@@ -9,7 +10,7 @@ from .base import EngineBase, check_states
 from .config import GELU_KINDS, Dims, EngineConfig, EngineUnsupported
 from .ops import hp
 from .packing import Packing
-from .weights import bert_layer
+from .weights import bert_layer, distilbert_layer
 
 
 class BertEngine(EngineBase):
@@ -20,27 +21,37 @@ class BertEngine(EngineBase):
             raise EngineUnsupported("BERT as a decoder (causal / cross-attention) is not supported")
         if getattr(cfg, "position_embedding_type", "absolute") != "absolute":
             raise EngineUnsupported(f"position_embedding_type={cfg.position_embedding_type!r} is not supported")
-        if not isinstance(cfg.hidden_act, str) or cfg.hidden_act not in GELU_KINDS:
-            raise EngineUnsupported(f"activation {cfg.hidden_act!r} is not supported (gelu / gelu-tanh only)")
+        distil = cfg.model_type == "distilbert"
+        # DistilBERT names its activation `activation` and its MLP width `hidden_dim`; its LayerNorms' eps is fixed
+        # in its code (1e-12), not in its config.
+        act = cfg.activation if distil else cfg.hidden_act
+        if not isinstance(act, str) or act not in GELU_KINDS:
+            raise EngineUnsupported(f"activation {act!r} is not supported (gelu / gelu-tanh only)")
         H, nh = cfg.hidden_size, cfg.num_attention_heads
+        ffn, eps = (cfg.hidden_dim, bert.embeddings.LayerNorm.eps) if distil else (cfg.intermediate_size,
+                                                                                   cfg.layer_norm_eps)
         # RoBERTa's embeddings carry the padding_idx its positions start after; BERT's have none and start at 0.
         # From token ids RoBERTa numbers positions by the ids (_embed); from inputs_embeds by column + this offset.
         pad = getattr(bert.embeddings, "padding_idx", None)
         self.padding_idx = pad
         self.position_offset = 0 if pad is None else pad + 1
-        self.dims = Dims(H, nh, H // nh, cfg.num_hidden_layers, cfg.intermediate_size, cfg.layer_norm_eps,
-                         GELU_KINDS[cfg.hidden_act], False, cfg.max_position_embeddings - self.position_offset)
+        self.dims = Dims(H, nh, H // nh, cfg.num_hidden_layers, ffn, eps, GELU_KINDS[act], False,
+                         cfg.max_position_embeddings - self.position_offset)
         self.check_fp8_dims()
         c, e = self.conv, bert.embeddings
         self.word = c.t(e.word_embeddings.weight)
         self.vocab = self.word.shape[0]
         self.pos = c.t(e.position_embeddings.weight)
-        self.type = c.t(e.token_type_embeddings.weight)
+        # No token types (DistilBERT): one row of zeros, which the embedding kernel adds to every token.
+        self.type = c.t(torch.zeros(1, H) if distil else e.token_type_embeddings.weight)
         self.type_vocab, self.position_rows = self.type.shape[0], self.pos.shape[0]  # what forward's ids index
         self.emb_norm = c.norm(e.LayerNorm)
-        self.layers = [bert_layer(c, layer, self.dims.scale) for layer in bert.encoder.layer]
+        blocks, layer = (bert.transformer.layer, distilbert_layer) if distil else (bert.encoder.layer, bert_layer)
+        self.layers = [layer(c, block, self.dims.scale) for block in blocks]
         pool = getattr(bert, "pooler", None)
         self.pool = None if pool is None else c.linear(pool.dense.weight, pool.dense.bias)
+        # What reads each sequence's first token besides the pooler: a head on top (compiled._engine_for).
+        self.first_reader = None if pool is None else "the pooler"
 
     def _layers(self, x: torch.Tensor, p: Packing) -> torch.Tensor:
         ops, gelu, rows = self.ops, self.dims.gelu, x.shape[0]
@@ -79,12 +90,15 @@ class BertEngine(EngineBase):
 
     def packing(self, mask, B: int, S: int) -> Packing:
         p = super().packing(mask, B, S)
-        if p.first_padded and self.pool is not None:
-            # The pooler reads each sequence's first position, which transformers computes (a padding query still
-            # attends to the real tokens) but packing never does: its output there was tanh(bias), silently.
-            raise EngineUnsupported("the pooler reads each sequence's first token, and the attention_mask pads it "
-                                    "(left padding or an all-padding row); pad on the right, or build the model "
-                                    "without its pooler (add_pooling_layer=False)")
+        if p.first_padded and self.first_reader:
+            # The pooler (or a head: RoBERTa's and DistilBERT's classifiers) reads each sequence's first position,
+            # which transformers computes (a padding query still attends to the real tokens) but packing never
+            # does: the pooler's output there was tanh(bias), and RobertaForSequenceClassification's logits read
+            # rel_err 0.85 on left padding, silently.
+            fix = (" or build the model without its pooler (add_pooling_layer=False)" if self.first_reader ==
+                   "the pooler" else "")
+            raise EngineUnsupported(f"{self.first_reader} reads each sequence's first token, and the attention_mask "
+                                    f"pads it (left padding or an all-padding row); pad on the right{fix}")
         return p
 
     def _outputs(self, x: torch.Tensor, p: Packing):

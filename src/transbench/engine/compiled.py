@@ -15,7 +15,10 @@ from .gpt2 import Generator, GPT2Engine
 
 # model_type -> the transformers backbone class BertEngine reads (RoBERTa's code is BERT's with offset positions).
 BERT_LIKE = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel",
-             "camembert": "CamembertModel"}
+             "camembert": "CamembertModel", "distilbert": "DistilBertModel"}
+# Heads that read each sequence's first token off the backbone's output (RoBERTa's and DistilBERT's classifiers do
+# without a pooler): the engine refuses to pad that token (BertEngine.packing).
+FIRST_TOKEN_HEADS = ("ForSequenceClassification", "ForMultipleChoice", "ForNextSentencePrediction", "ForPreTraining")
 
 
 class EngineBackbone(nn.Module):
@@ -54,7 +57,10 @@ def _engine_for(hf_model: nn.Module, opts: EngineConfig):
     kind = getattr(cfg, "model_type", None)
     backbone = getattr(hf_model, "base_model", None)
     if BERT_LIKE.get(kind) == type(backbone).__name__:
-        return backbone, BertEngine(backbone, opts)
+        engine = BertEngine(backbone, opts)
+        if engine.first_reader is None and type(hf_model).__name__.endswith(FIRST_TOKEN_HEADS):
+            engine.first_reader = f"{type(hf_model).__name__}'s head"
+        return backbone, engine
     if type(hf_model).__name__ == "GPT2DoubleHeadsModel":
         # Its multiple-choice head reads each sequence's last position by default, padding in a padded batch, which
         # the engine never computes (it returns zeros there); its (batch, choices, seq) ids crashed the engine.

@@ -77,6 +77,21 @@ def bert_layer(c: Converter, layer, scale: float) -> Layer:
     )
 
 
+def distilbert_layer(c: Converter, block, scale: float) -> Layer:
+    """DistilBERT's TransformerBlock: BERT's post-LN layer under other names (q_lin, sa_layer_norm, ffn.lin1, ...)."""
+    a, f = block.attention, block.ffn
+    return Layer(
+        qkv=c.linear(torch.cat([a.q_lin.weight, a.k_lin.weight, a.v_lin.weight]),
+                     torch.cat([a.q_lin.bias, a.k_lin.bias, a.v_lin.bias])),
+        out=c.linear(a.out_lin.weight, a.out_lin.bias),
+        norm1=c.norm(block.sa_layer_norm),
+        fc1=c.linear(f.lin1.weight, f.lin1.bias),
+        fc2=c.linear(f.lin2.weight, f.lin2.bias),
+        norm2=c.norm(block.output_layer_norm),
+        scale=scale,
+    )
+
+
 def gpt2_layer(c: Converter, block, scale: float) -> Layer:
     # GPT-2's Conv1D stores (in, out): transpose once here so every GEMM is F.linear's (out, in).
     a, m = block.attn, block.mlp
