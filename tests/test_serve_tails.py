@@ -123,3 +123,25 @@ def test_slo_in_the_cell_key_is_text():
     assert c.identity()["slo"] == "tpot:50,ttft:200"
     assert c.objectives() == {"ttft": 200.0, "tpot": 50.0}
     assert ServeCell("bert-tiny", "generate", "sdpa", "fp32", "rate", rate=1.0, slo_ms=20).objectives() == {"e2e": 20}
+
+
+def test_tail_valid_reads_as_a_verdict_in_every_table():
+    """The serve table printed `tail valid` as on/off, as if it were a switch the user set; the training table's
+    switches stay on/off. One rule (keys.flag) for the terminal, the training table and the report."""
+    from rich.console import Console
+
+    from transbench.cli.serve import _table
+    from transbench.cli.train import training_table
+    from transbench.keys import show
+
+    recs = [{"backend": "eager", "mode": "rate", "rate": r, "status": "ok", "latency_p50_ms": 1.0,
+             "latency_p99_ms": 2.0, "n_requests": n, "tail_valid": n >= 662} for r, n in ((1.0, 4), (2.0, 700))]
+    console = Console(width=200, record=True, force_terminal=False)
+    console.print(_table(recs, "serve x"))
+    lines = [line for line in console.export_text().splitlines() if "│" in line]
+    assert [line.split("│")[-2].strip() for line in lines] == ["no", "yes"]
+    assert show("slo_met", True) == "yes" and show("grad_ckpt", True) == "on" and show("compile", False) == "off"
+    console = Console(width=200, record=True, force_terminal=False)
+    console.print(training_table([{"status": "ok", "grad_ckpt": True}, {"status": "ok", "grad_ckpt": False}],
+                                 [("status", "status"), ("grad_ckpt", "grad ckpt")]))
+    assert "on" in console.export_text() and "True" not in console.export_text()

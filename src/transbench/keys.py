@@ -19,7 +19,7 @@ class Key:
     unit: str = ""
     type: str = "number"  # its JSON type: number, integer, string, boolean, array
     fmt: str = "number"  # number (4 significant digits), pct (a 0..1 fraction as %), signed (+1.0), sci (1.0e-03),
-    # onoff (a switch in the options' words)
+    # onoff (a switch in the options' words), yesno (a verdict or a fact about the result: it was never switched)
     kind: str = ""  # "" = every record; else the kind of run that adds it: generation, training, serve
     always: bool = False  # every record of its kind has it (an export's columns put these first)
     doc: str = ""
@@ -161,9 +161,9 @@ CATALOGUE = (
     Key('tail_percentile', 'tail pct', kind='serve', doc="the verdict's percentile"),
     Key('tail_min_requests', 'tail min requests', type='integer', kind='serve',
         doc="the requests LoadGen's rule needs for that percentile (64 for p90, 662 for p99)"),
-    Key('tail_valid', 'tail valid', type='boolean', fmt='onoff', kind='serve',
+    Key('tail_valid', 'tail valid', type='boolean', fmt='yesno', kind='serve',
         doc='whether the cell had the requests its percentile needs'),
-    Key('slo_met', 'SLO met', type='boolean', fmt='onoff', kind='serve',
+    Key('slo_met', 'SLO met', type='boolean', fmt='yesno', kind='serve',
         doc="the verdict: the early-stopping estimate within every objective (never with too few requests)"),
     Key('slo_misses', 'SLO misses', type='integer', kind='serve', doc='requests that missed an objective'),
     Key('slo_allowed_misses', 'allowed misses', type='integer', kind='serve',
@@ -305,10 +305,20 @@ def fmt(value, spec: str = ".4g") -> str:
     return str(value)
 
 
+def flag(name: str, value: bool) -> str:
+    """A true/false key as every table (terminal, report, training) prints it: a switch the user set in the options'
+    words (on/off), a verdict or a fact about the result as yes/no: `tail valid on` read as a setting that was
+    turned on, and the report printed Python's True/False."""
+    how = KEYS[name].fmt if name in KEYS else "onoff"
+    return ("yes" if value else "no") if how == "yesno" else ("on" if value else "off")
+
+
 def show(name: str, value) -> str:
     """A record's value as every table prints it, by the key's declared format."""
     how = KEYS[name].fmt if name in KEYS else "number"
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool):
+        return flag(name, value)
+    if value is None or not isinstance(value, (int, float)):
         return fmt(value)
     if how == "pct":
         return percent(value * 100)  # a tiny MFU is not "0.0%"

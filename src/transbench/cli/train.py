@@ -15,7 +15,7 @@ from ..scenarios.training.spec import TrainSpec, zero_stage_refusal
 from ..api import export
 from .app import app, declared_command
 from .options import build_spec
-from .tables import Col, console, fitted, fmt, pct, status_text, visible
+from .tables import Col, console, fitted, fmt, pct, show, status_text, visible
 
 SETTINGS = [Col(k, setting=True) for k in ("model", "task", "backend", "dtype", "optim", "batch_size", "seq_len",
                                             "grad_accum", "grad_ckpt", "compile", "kernels", "head", "activation",
@@ -59,7 +59,7 @@ def training_table(recs: list[dict], columns: list[tuple[str, str]], title: str 
             elif key == "status" and v != "ok":
                 row.append(f"[bold red]{v}[/]")
             elif isinstance(v, bool):
-                row.append("on" if v else "off")
+                row.append(show(key, v))  # as every table prints a true/false key (keys.flag)
             else:
                 row.append(escape(fmt(v, ".4g")))  # a checkpoint folder's name may hold brackets
         t.add_row(*row)
