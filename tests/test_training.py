@@ -705,3 +705,21 @@ def test_a_padded_vocabulary_is_in_the_record_and_the_report_table():
     assert "pad vocab" in table.headers
     ms = table.headers.index("step ms")
     assert len({tuple(row[:ms]) for row in table.rows}) == 2
+
+
+@pytest.mark.usefixtures("in_tmp")
+def test_the_report_training_table_prints_switches_as_the_terminal_does():
+    """`train --grad-ckpt off,on --compile off,on` gave report rows of grad ckpt True / False (Python's words); the
+    terminal's tables print on/off. A micro key that is a verdict reads yes/no there too (keys.flag)."""
+    from transbench.report.data import ReportData
+    from transbench.report.tables import micro_tables, training_table
+
+    recs = [{**replace(TINY_CELL, grad_ckpt=g, compile=c).record_fields(), "run_id": "r1", "run_name": "r",
+             "status": "ok", "latency_ms": 20.0} for g, c in ((False, True), (True, False))]
+    table = training_table(ReportData([{"run_id": "r1", "name": "r"}], recs, {}))
+    cells = {h: [row[i] for row in table.rows] for i, h in enumerate(table.headers)}
+    assert cells["grad ckpt"] == ["off", "on"] and cells["compile"] == ["on", "off"]
+    assert not any(v in ("True", "False") for row in table.rows for v in row)
+    micro = [{"run_id": "r1", "run_name": "r", "scenario": "micro-x", "status": "ok", "n": 1, "tail_valid": True}]
+    (shown,) = micro_tables(ReportData([{"run_id": "r1", "name": "r"}], micro, {}))
+    assert shown.rows[0][shown.headers.index("tail_valid")] == "yes"

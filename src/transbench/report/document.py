@@ -3,7 +3,7 @@ html.py) from the same blocks, so the two never disagree."""
 
 from __future__ import annotations
 
-from ..keys import KEYS, percent  # noqa: F401  (report.document.percent)
+from ..keys import KEYS, flag, percent  # noqa: F401  (report.document.percent)
 from ..spec import escaped
 
 import re
@@ -43,7 +43,7 @@ def num(value, kind: str = "") -> str:
     """A measured value as text: enough digits to compare, no scientific notation for everyday sizes."""
     if value is None:
         return ""
-    if isinstance(value, bool):  # in the options' own words
+    if isinstance(value, bool):  # no key known: a switch's words (cell() gives a key's own, keys.flag)
         return "on" if value else "off"
     if not isinstance(value, (int, float)):
         return str(value)
@@ -75,7 +75,13 @@ def measured(rec: dict, key: str, kind: str | None = None) -> str:
         return STATUS_TEXT.get(status, str(status))
     if kind is None:
         kind = {"pct": "pct", "signed": "signed", "sci": "err"}.get(KEYS[key].fmt, "") if key in KEYS else ""
-    return num(rec.get(key), kind)
+    return cell(key, rec.get(key), kind)
+
+
+def cell(key: str, value, kind: str = "") -> str:
+    """One value of a report table: a true/false key as the terminal's tables print it (keys.flag: on/off for a
+    switch, yes/no for a verdict), never Python's True/False; anything else as num() writes it."""
+    return flag(key, value) if isinstance(value, bool) else num(value, kind)
 
 
 # Characters that markdown (GitHub's included) reads as markup: emphasis, links, code, strike-through,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..store import export
 from .data import ReportData, by_scenario, groups, is_ok, sorted_values
-from .document import STATUS_TEXT, Table, measured, num
+from .document import STATUS_TEXT, Table, cell, measured, num
 
 PRIVATE = "_"
 # Keys that identify a run or say nothing about a micro-benchmark point.
@@ -56,7 +56,9 @@ def _detail(data: ReportData, recs: list[dict], title: str, cols: list[tuple[str
         for key, _, kind in cols:
             if key in identity:
                 v = r.get(key)
-                row.append(STATUS_TEXT.get(v, v) if key == "status" else ("" if v is None else str(v)))
+                # a training axis such as grad_ckpt printed Python's True/False: true/false as every table has it
+                row.append(STATUS_TEXT.get(v, v) if key == "status" else "" if v is None else
+                           cell(key, v) if isinstance(v, bool) else str(v))
             elif key == "iqr_pct":
                 row.append(_iqr_ratio(r))
             elif key == "repeat_range":
