@@ -438,3 +438,15 @@ def test_gemm_tokens_past_their_limit_are_refused(tmp_path):
     refused(runner.invoke(app, ["micro", "gemm", "--model", "bert-tiny", "--sizes", "64", "--tokens",
                                 "1000000000000000000", "--db", str(db)]), "--tokens", "above its limit of 1,048,576")
     assert not db.exists()
+
+
+def test_gemm_on_a_cpu_titles_its_percentage_by_the_measured_ceiling(db):
+    """A CPU has no datasheet row: its GEMM table said "% of datasheet peak" and printed no percentage. Its
+    ceiling is the best GEMM of the dtype measured on it (what `env` shows), and the title says so."""
+    res = CliRunner().invoke(app, ["micro", "gemm", "--sizes", "16,32", "--model", "", "--db", db, *FAST],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "datasheet" not in text, res.output
+    assert "% of the measured ceiling: the best GEMM of its dtype stored for cpu" in text
+    assert "(100.0%)" in text  # the best point is the ceiling itself

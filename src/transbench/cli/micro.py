@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from ..keys import percent
+from ..api import measured_ceilings
 from ..api import micro_benchmarks as micro
 from ..api import export
 from .app import app, declared_command
@@ -81,19 +82,39 @@ def _progress(p) -> None:
 
 @declared_command(micro_app, micro.GemmOptions, command_options=("spec", "db", "json_path", "csv_path"))
 def gemm(given: dict, *, spec, db, json_path, csv_path, plot: Optional[str] = PLOT) -> None:
-    """TFLOPS of matrix products per size and dtype, next to the datasheet peak."""
+    """TFLOPS of matrix products per size and dtype, next to the device's ceiling (datasheet, or measured)."""
     outcome = _measure("gemm", micro.GemmOptions, spec, given, db, json_path, csv_path, plot)
     recs = outcome.records
+    ceiling, of_ceiling = _gemm_ceiling(recs, db)
     rows: dict[str, dict] = {}
     for r in recs:
         label = f"n={r['m']}" if r["shape"] == "square" else f"{r['model']} {r['shape']} {r['m']}x{r['n']}x{r['k']}"
         clock = f" @{r['sm_clock_mhz']:.0f} MHz {r['avg_power_w']:.0f} W" if r.get("sm_clock_mhz") and r.get("avg_power_w") else ""
-        rows.setdefault(label, {})[r["dtype"]] = _status(r) or _pct(r.get("tflops"), r.get("pct_of_peak")) + clock
+        rows.setdefault(label, {})[r["dtype"]] = _status(r) or _pct(r.get("tflops"), of_ceiling(r)) + clock
     # Each figure with the SM clock and board power it ran at: a GPU at its power cap runs large GEMMs
     # below its maximum clock, so a sustained figure is lower than a short burst (docs/micro.md).
-    _grid(f"GEMM TFLOPS (% of datasheet peak) on {recs[0]['gpu'] or 'cpu'}" if recs else "GEMM", "m x n x k",
+    _grid(f"GEMM TFLOPS{ceiling} on {recs[0]['gpu'] or 'cpu'}" if recs else "GEMM", "m x n x k",
           list(dict.fromkeys(r["dtype"] for r in recs)), rows)
     _finish(outcome, db, json_path, csv_path, plot)
+
+
+def _gemm_ceiling(recs: list[dict], db: str):
+    """(the title's words for the percentage, record -> its percent of that ceiling). A device with a datasheet row
+    has its peak in the records; a CPU (or a GPU of no known row) has none, and its ceiling is the best GEMM of the
+    dtype measured on it in this store (this run's points included: `env` shows the same figure). The title read
+    "% of datasheet peak" on a CPU, which has no datasheet figure."""
+    if any(r.get("pct_of_peak") is not None for r in recs):
+        return " (% of datasheet peak)", lambda r: r.get("pct_of_peak")
+    hardware = next((r["gpu"] or "cpu" for r in recs), "cpu")
+    best = measured_ceilings(db, hardware)
+
+    def of_measured(r: dict) -> float | None:
+        top = best.get(f"{r['dtype']} GEMM TFLOPS")
+        return 100 * r["tflops"] / top if top and r.get("tflops") is not None else None
+
+    if not any(of_measured(r) is not None for r in recs):
+        return "", of_measured  # nothing to compare with: no percentage, and no title claiming one
+    return f" (% of the measured ceiling: the best GEMM of its dtype stored for {hardware})", of_measured
 
 
 @declared_command(micro_app, micro.BandwidthOptions, command_options=("spec", "db", "json_path", "csv_path"))
@@ -107,7 +128,9 @@ def bandwidth(given: dict, *, spec, db, json_path, csv_path) -> None:
         cells = rows.setdefault(f"{r['elements']:,}", {})
         cells[f"{r['op']} GB/s"] = status or _pct(r.get("gbps"), r.get("pct_of_peak"))
         cells[f"{r['op']} TFLOPS"] = "" if status else f"{r['tflops']:.3g}"
-    _grid(f"memory bandwidth, {outcome.options.dtype}: GB/s (% of datasheet) and TFLOPS on {recs[0]['gpu'] or 'cpu'}"
+    # a percentage only where a datasheet gives the peak (a CPU has none: its title claimed one all the same)
+    of_peak = " (% of datasheet)" if any(r.get("pct_of_peak") is not None for r in recs) else ""
+    _grid(f"memory bandwidth, {outcome.options.dtype}: GB/s{of_peak} and TFLOPS on {recs[0]['gpu'] or 'cpu'}"
           if recs else "bandwidth", "elements",
           [f"{op} {unit}" for op in dict.fromkeys(r["op"] for r in recs) for unit in ("GB/s", "TFLOPS")], rows)
     _finish(outcome, db, json_path, csv_path)
@@ -123,7 +146,8 @@ def layer(given: dict, *, spec, db, json_path, csv_path) -> None:
     for r in recs:
         rows.setdefault(str(r["batch_size"]), {})[f"{r['pass']} seq={r['seq_len']}"] = (
             _status(r) or _pct(r.get("tflops"), r.get("pct_of_peak")))
-    _grid(f"one {res.model} layer, {res.dtype}: TFLOPS (% of datasheet peak)", "batch",
+    of_peak = " (% of datasheet peak)" if any(r.get("pct_of_peak") is not None for r in recs) else ""  # none on a CPU
+    _grid(f"one {res.model} layer, {res.dtype}: TFLOPS{of_peak}", "batch",
           [f"{p} seq={s}" for s in res.seqs for p in ("fwd", "fwd+bwd")], rows)
     _finish(outcome, db, json_path, csv_path)
 
