@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from transbench.cli import app
+from transbench.errors import SpecError
 from transbench.measure import device as dev
 from transbench.models import flops
 from transbench.models.parts import PARTS, attention_ffn_ratio, layer_parts
@@ -450,3 +453,54 @@ def test_gemm_on_a_cpu_titles_its_percentage_by_the_measured_ceiling(db):
     assert "datasheet" not in text, res.output
     assert "% of the measured ceiling: the best GEMM of its dtype stored for cpu" in text
     assert "(100.0%)" in text  # the best point is the ceiling itself
+
+
+# --- sizes: one reader for the command line and a spec file ------------------------------------------------------
+
+_SIZE_TEXT = st.one_of(
+    st.text(st.characters(blacklist_categories=("Cs",)), max_size=12),
+    st.from_regex(r"\s?[0-9]{1,3}((\^|\*\*)[0-9]{1,2})?\s?(KiB|k|MB|gib|b|x)?"
+                  r"((,|\.\.)[0-9]{1,3}((\^|\*\*)[0-9]{1,2})?(KiB|M|)?)?", fullmatch=True))
+
+
+def _sizes_read(kind: str, given: list[str], monkeypatch) -> tuple[int, object]:
+    """(exit code, the sizes the command would measure, or its one error line) of `micro KIND` given `given`."""
+    seen = []
+
+    def stop(kind, opts, db, on_point=None):
+        seen.append(opts.sizes)
+        raise SpecError("stopped before measuring")
+
+    monkeypatch.setattr(micro, "run_micro", stop)
+    res = CliRunner().invoke(app, ["micro", kind, *given, "--db", "never.db"])
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (given, res.output)
+    return (0, seen[0]) if seen else (2, lines[0])
+
+
+@pytest.mark.parametrize("kind", ["gemm", "collectives"])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_SIZE_TEXT)
+def test_a_spec_file_reads_sizes_as_the_command_line_does(kind, text, tmp_path, monkeypatch):
+    """A spec file refused `sizes: "2^6"` and `sizes: "1KiB"`, which --sizes takes: both go through the setting's
+    one reader (boundary.parse_size / parse_bytes), and agree on any text, taken or refused (exit 2, one line)."""
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({"sizes": text}))
+    cli, cli_out = _sizes_read(kind, [f"--sizes={text}"], monkeypatch)
+    file, file_out = _sizes_read(kind, ["--spec", str(spec)], monkeypatch)
+    assert cli == file, (text, cli_out, file_out)
+    if cli == 0:
+        assert cli_out == file_out
+    assert not (tmp_path / "never.db").exists()
+
+
+def test_a_spec_file_takes_the_command_lines_sizes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for kind, sizes, want in (("gemm", "2^6,128", [64, 128]), ("gemm", ["2**3", 16], [8, 16]),
+                              ("collectives", "1KiB..4KiB", [1024, 2048, 4096]), ("collectives", ["1KiB", 8], [1024, 8])):
+        (tmp_path / "s.json").write_text(json.dumps({"sizes": sizes}))
+        assert _sizes_read(kind, ["--spec", "s.json"], monkeypatch) == (0, want)
+    (tmp_path / "s.json").write_text(json.dumps({"sizes": "2^99"}))
+    code, line = _sizes_read("gemm", ["--spec", "s.json"], monkeypatch)
+    assert code == 2 and "s.json: sizes: size '2^99' is larger than a 64-bit integer holds" in line

@@ -356,6 +356,37 @@ def visible_text(text: str) -> bool:
                and not ("\ufe00" <= c <= "\ufe0f") for c in text)
 
 
+
+# The largest integer torch's sizes and seeds and SQLite's INTEGER hold (spec.INT_MAX, check_int).
+INT_MAX = 2**63 - 1
+BYTE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 2**10, "m": 2**20, "mib": 2**20, "mb": 2**20,
+              "g": 2**30, "gib": 2**30, "gb": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """'4096', '2^20' or '2**20' -> an int (at most what a 64-bit integer holds; a power is checked before it
+    is computed: 2^99999999 would take minutes). The one reader of a size, for an option and a spec file alike
+    (declare.setting's `read`, which spec.coerce applies to a file's text): a file refused `sizes: "2^6"`."""
+    # [0-9], not \d: \d takes another script's digits too (spec.py read_number)
+    m = re.fullmatch(r"\s*([0-9]+)\s*(?:(?:\^|\*\*)\s*([0-9]+)\s*)?", str(text))
+    if not m:
+        raise SpecError(f"cannot read size '{text}': write an integer or a power like 2^20")
+    try:
+        base, power = int(m.group(1)), int(m.group(2) or 1)
+    except ValueError:  # int() refuses text of over 4,300 digits: `--sizes 999...9` was a traceback
+        raise SpecError(f"size '{text.strip()}' is larger than a 64-bit integer holds ({INT_MAX:,})") from None
+    if base > 1 and power * math.log2(base) > 63 or base**power > INT_MAX:
+        raise SpecError(f"size '{text.strip()}' is larger than a 64-bit integer holds ({INT_MAX:,})")
+    return base**power
+
+
+def parse_bytes(text: str) -> int:
+    """'1KiB', '64M', '1GiB', '4096' or '2^20' -> bytes (KiB, MiB and GiB are powers of 1024, as nccl-tests' sizes)."""
+    m = re.fullmatch(r"\s*([0-9^*]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in BYTE_UNITS:
+        raise SpecError(f"cannot read size '{str(text).strip()}': write bytes as 4096, 2^20, 64KiB, 16MiB or 1GiB")
+    return parse_size(m.group(1)) * BYTE_UNITS[m.group(2).lower()]
+
 # --- environment --------------------------------------------------------------------------------------
 
 def env_text(name: str, default: str | None = None) -> str | None:

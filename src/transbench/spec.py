@@ -55,7 +55,7 @@ class _WrongType(Exception):
 
 # The largest integer torch's sizes and seeds and SQLite's INTEGER hold: a larger one stored an OverflowError
 # as an `error` cell (`--batch 99999999999999999999999`, `--seed` the same) instead of being refused.
-INT_MAX = 2**63 - 1
+INT_MAX = boundary.INT_MAX
 
 
 def check_int(value: int, what: str) -> int:
@@ -111,8 +111,14 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
     # Each count's limit comes from its option's spelling (declare.LIMITS), as --help states it: every command's
     # spec is read here, so `train --nproc 2000` or `micro gemm --warmup 200000` is refused like `run --batch`.
     limited = {f.name: option_of(f, s) for f, s in declared(cls) if option_of(f, s) in LIMITS}
+    # A setting that declares its own reader (sizes: 2^20, 1KiB..1GiB) has a file's text read by it, as its option's
+    # is (cli/options.read): one parser for both, so a file took exactly what the command line takes. `sizes: "2^6"`
+    # was refused in a file where `--sizes 2^6` ran.
+    readers = {f.name: s.read for f, s in declared(cls) if s.read is not None}
     out = {}
     for key, value in data.items():
+        if key in readers:
+            value = _read_text(readers[key], value, f"{where}{key}: ")
         kind, is_list, optional = _field_type(hints[key])
         expected = f"a list of {_PLURAL.get(kind, kind.__name__)}" if is_list else _EXPECTED.get(kind, kind.__name__)
         if value is None:
@@ -154,6 +160,24 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
                                 f"{f'[{example}]' if is_list else example}") from None
         out[key] = typed if is_list else typed[0]
     return out
+
+
+def _read_text(read, value, what: str):
+    """`value` with its text read by the setting's own reader: one text, or each text of a list (a list item may be a
+    range, 1KiB..1MiB, that reads as several); numbers and anything else are left to coerce's typed checks. A
+    refusal names the file and the key, as coerce's own do."""
+    try:
+        if isinstance(value, str):
+            return read(value)
+        if isinstance(value, (list, tuple)) and any(isinstance(v, str) for v in value):
+            out = []
+            for v in value:
+                got = read(v) if isinstance(v, str) else v
+                out.extend(got) if isinstance(got, list) else out.append(got)
+            return out
+    except SpecError as exc:
+        raise SpecError(f"{what}{exc}") from None
+    return value
 
 
 def _not_finite(item) -> bool:

@@ -8,15 +8,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from dataclasses import dataclass, field
 
+from ...boundary import parse_bytes, parse_size
 from ...declare import setting
 from ...errors import SpecError
 from ...measure.device import DTYPES
 from ...measure.load import check_cpu_ranks, check_threads, threads_setting
 from ...models import build
-from ...spec import INT_MAX, check_int, check_once, split_list
+from ...spec import check_once, split_list
 
 GEMM_DTYPES = DTYPES
 LAYER_DTYPES = tuple(d for d in DTYPES if d != "fp8")
@@ -24,22 +24,6 @@ STREAM_DTYPES = tuple(d for d in LAYER_DTYPES if d != "tf32")  # tf32 is a matri
 STREAM_OPS = ("copy", "scale", "add")
 GPU_ONLY = {"tf32": "TF32 is a tensor-core mode of NVIDIA GPUs",
             "fp8": "fp8 GEMMs need an NVIDIA GPU of compute capability 8.9 or newer"}
-
-
-def parse_size(text: str) -> int:
-    """'4096', '2^20' or '2**20' -> an int (at most what a 64-bit integer holds; a power is checked before it
-    is computed: 2^99999999 would take minutes)."""
-    # [0-9], not \d: \d takes another script's digits too (spec.py read_number)
-    m = re.fullmatch(r"\s*([0-9]+)\s*(?:(?:\^|\*\*)\s*([0-9]+)\s*)?", str(text))
-    if not m:
-        raise SpecError(f"cannot read size '{text}': write an integer or a power like 2^20")
-    try:
-        base, power = int(m.group(1)), int(m.group(2) or 1)
-    except ValueError:  # int() refuses text of over 4,300 digits: `--sizes 999...9` was a traceback
-        raise SpecError(f"size '{text.strip()}' is larger than a 64-bit integer holds ({INT_MAX:,})") from None
-    if base > 1 and power * math.log2(base) > 63:
-        raise SpecError(f"size '{text.strip()}' is larger than a 64-bit integer holds ({INT_MAX:,})")
-    return check_int(base**power, "size ")
 
 
 def parse_sizes(text: str | None) -> list[int] | None:
@@ -253,17 +237,7 @@ class BreakdownOptions(MicroCommon):
 
 COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter")
 COLLECTIVE_DTYPES = ("fp32", "fp16", "bf16")
-BYTE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 2**10, "m": 2**20, "mib": 2**20, "mb": 2**20,
-              "g": 2**30, "gib": 2**30, "gb": 2**30}
 MAX_COLLECTIVE_BYTES = 2**40  # 1 TiB: no GPU holds a buffer this large; a typo (2^60) is refused, not allocated
-
-
-def parse_bytes(text: str) -> int:
-    """'1KiB', '64M', '1GiB', '4096' or '2^20' -> bytes (KiB, MiB and GiB are powers of 1024, as nccl-tests' sizes)."""
-    m = re.fullmatch(r"\s*([0-9^*]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in BYTE_UNITS:
-        raise SpecError(f"cannot read size '{str(text).strip()}': write bytes as 4096, 2^20, 64KiB, 16MiB or 1GiB")
-    return parse_size(m.group(1)) * BYTE_UNITS[m.group(2).lower()]
 
 
 def parse_byte_sizes(text: str | None) -> list[int] | None:
