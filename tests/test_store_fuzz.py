@@ -635,3 +635,59 @@ def test_any_store_name_sqlite_reads_as_another_file_is_refused_in_one_line(tmp_
     res = invoke("runs", "--db", name)
     refused(res, f"store {name}")
     assert list(folder.iterdir()) == []
+
+
+_BAD_TEXT = st.one_of(
+    st.sampled_from(["nan", "-inf", "1e400", "9" * 30, "-1", "\x00", "٣", "1\u202e2", "x" * 5000, "", " ", "2^99"]),
+    st.text(st.characters(blacklist_categories=("Cs",)), max_size=8))
+_OPTIONS = [("run", "--batch"), ("run", "--seq"), ("run", "--seq-stdev"), ("run", "--timeout"), ("run", "--seed"),
+            ("run", "--name"), ("run", "--model"), ("serve", "--rate"), ("serve", "--max-wait-ms"),
+            ("serve", "--slo-ms"), ("micro gemm", "--sizes"), ("micro gemm", "--tokens"), ("train", "--lr")]
+_SPEC_VALUES = st.one_of(st.none(), st.booleans(), st.floats(), st.integers(min_value=-2**80, max_value=2**80),
+                         st.text(max_size=6), st.lists(st.one_of(st.none(), st.booleans(), st.floats()), max_size=2),
+                         st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(where=st.sampled_from(_OPTIONS), value=_BAD_TEXT, key=st.sampled_from(["batches", "seqs", "timeout", "seed",
+                                                                               "name", "seq_stdev", "models"]),
+       spec_value=_SPEC_VALUES, in_file=st.booleans())
+def test_any_refused_setting_leaves_the_store_readable_and_unchanged(tmp_path_factory, where, value, key, spec_value,
+                                                                    in_file):
+    """A refused run may not write a row (an error record rebuilt from its bad setting) that later makes `runs`,
+    `report`, `compare` or `merge` refuse the store: odd unicode, NaN, huge integers, long text, NUL bytes on the
+    command line, or a value of the wrong type in a spec file. A value that is taken reaches the sweep, which stops
+    there (nothing is measured), and is left out."""
+    from hypothesis import assume
+
+    import importlib
+
+    folder = tmp_path_factory.mktemp("refused")
+    db = folder / "t.db"
+    two_runs(db)
+    before = digest(folder)
+
+    def reached(*args, **kwargs):
+        raise AssertionError("reached the sweep")
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("runner.sweep", "scenarios.serve.run", "scenarios.inference.run", "scenarios.micro.run"):
+            patch.setattr(importlib.import_module(f"transbench.{name}"), "open_run", reached)
+        if in_file:
+            spec = folder / "s.json"
+            spec.write_text(json.dumps({key: spec_value}))
+            res = invoke("run", "--spec", spec, "--db", db, "--device", "cpu")
+        else:
+            res = invoke(*where[0].split(), f"{where[1]}={value}", "--db", db)
+    assume(res.exit_code != 1 or "reached the sweep" not in repr(res.exception))
+    refused(res)
+    if in_file:
+        spec.unlink()
+    assert digest(folder) == before
+    for command in (["runs", "--db", db], ["compare", "A", "B", "--db", db]):
+        assert invoke(*command).exit_code in (0, 1), command  # 1: compare's verdict, never a refusal (2)
+    store = Store(str(db), readonly=True)
+    try:
+        assert [len(store.cells(r["run_id"])) for r in store.runs()] == [2, 2]
+    finally:
+        store.close()
