@@ -229,3 +229,24 @@ def test_every_run_kind_a_command_writes_is_declared(tmp_path):
         assert s.runs() == []
     finally:
         s.close()
+
+
+def test_a_cell_whose_own_settings_the_store_would_refuse_is_not_written(tmp_path):
+    """A cell the store refuses is kept as an error without its figures; where its settings themselves break the
+    store's rules (validation refuses every such setting known), the rebuilt error record would break them too:
+    refused in one line, and nothing of the cell written, so the store stays readable."""
+    from dataclasses import replace
+
+    from transbench.errors import SpecError
+    from transbench.runner.sweep import store_result
+    from transbench.store.db import Store
+
+    db = tmp_path / "s.db"
+    make_run(str(db), "A", [(grid.expand(SPEC)[0], ok_result(samples(10.0), 1))])
+    cell = replace(grid.expand(SPEC)[0], batch=-3)  # a count the store reads as damaged, past validation
+    s = Store(str(db))
+    run_id = s.run_named("A")["run_id"]
+    with pytest.raises(SpecError, match="nothing of the cell was stored"):
+        store_result(s, run_id, cell, ok_result(samples(10.0), 1, tokens_per_s=-1.0))
+    s.close()
+    assert len(api.records(str(db), ["A"])) == 1 and invoke("runs", "--db", db).exit_code == 0

@@ -356,7 +356,6 @@ def visible_text(text: str) -> bool:
                and not ("\ufe00" <= c <= "\ufe0f") for c in text)
 
 
-
 # The largest integer torch's sizes and seeds and SQLite's INTEGER hold (spec.INT_MAX, check_int).
 INT_MAX = 2**63 - 1
 BYTE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 2**10, "m": 2**20, "mib": 2**20, "mb": 2**20,

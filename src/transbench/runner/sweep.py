@@ -78,6 +78,10 @@ def store_result(store, run_id: str, cell, result: CellResult, key: str | None =
         result = CellResult("error", info=result.info, warnings=result.warnings,
                             error=f"the measurement gave {why}: a figure no store holds, so none is kept")
         rec = flat_record(cell, result)
+        why = cell_problem(rec, [])
+        if why is not None:  # the cell's own settings: validation refuses them first (none is known to reach here)
+            raise SpecError(f"the cell's settings give {why}: a store cannot hold them, and nothing of the cell "
+                            "was stored")
     if scenario:
         rec["scenario"] = scenario
     store.put_cell(run_id, key or cell.key(), scenario or cell.scenario, result.status, rec,
