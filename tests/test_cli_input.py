@@ -450,3 +450,15 @@ def test_every_command_holds_the_limits_its_help_states(tmp_path, args, needle):
     assert not db.exists()
     refused(invoke("tune", "--model", "bert-tiny", "--batch", "2000000"), "--batch 2,000,000 is above its limit")
     refused(invoke("tune", "--batch", "0"), "checkpoint folder: give --model")  # was "..., got None: give --model"
+
+
+@pytest.mark.parametrize("argv, start", [
+    (["micro", "gemm", "--sizes", "x"], "error: --sizes: cannot read size 'x'"),
+    (["micro", "collectives", "--sizes", "1ZiB"], "error: --sizes: cannot read size '1ZiB'"),
+    (["run", "--batch", "x"], "error: --batch: cannot read 'x'"),
+])
+def test_a_value_its_reader_refuses_names_the_option(argv, start):
+    # `--sizes x` said "cannot read size 'x'" and left the user to find which option it was
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 2 and res.stderr.splitlines() == [res.stderr.strip()]
+    assert res.stderr.startswith(start), res.stderr

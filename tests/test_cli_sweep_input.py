@@ -497,6 +497,10 @@ _WHY = [
                                               "to the same empty list"),
 ]
 ACCEPTED = {(c, o, v): why for commands, o, values, why in _WHY for c in commands.split("|") for v in values}
+# Valid values whose answer depends on the stored samples: at a min effect of 0, runs `a` and `b` (timed apart) get a
+# verdict where all of one run's samples lie beyond the other's (exit 1), else none and a refusal (exit 2). The case
+# failed about one run in four on a busy machine.
+BY_THE_DATA = {("compare", "--min-effect", v): "no pair of cells got a verdict" for v in ("0", "1e-320")}
 
 
 def why_accepted(command: tuple[str, ...], key: str, value: str) -> str | None:
@@ -543,6 +547,10 @@ def test_a_bad_value_is_one_line_exit_2_and_changes_nothing(case, store, tmp_pat
     line = shown(argv)
     assert outcome != "crash", f"{line}: {res.exception!r}"
     assert "Traceback" not in res.stdout + res.stderr, line
+    refusal = BY_THE_DATA.get((" ".join(command), key, value))
+    if refusal:
+        assert outcome == "done" or (outcome == "refused" and refusal in res.stderr), f"{line}: {res.stderr!r}"
+        return
     why = why_accepted(command, key, value)
     if why:
         assert outcome in ("work", "done"), f"{line} is valid ({why}), and was refused: {res.stderr}"

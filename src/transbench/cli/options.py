@@ -215,12 +215,13 @@ def read(cls, name: str, value):
     item names the option (`--batch x`); text and on/off lists go through coerce() whole."""
     if value is None:
         return None
-    s = next(s for f, s in declared(cls) if f.name == name)
-    if s.read is not None:
-        return s.read(value)
+    f, s = next((f, s) for f, s in declared(cls) if f.name == name)
     kind, is_list = item_type(cls, name)
-    if isinstance(value, (list, tuple)):  # a repeated option: each value whole; none given is not given
+    if isinstance(value, (list, tuple)) and s.read is None:  # a repeated option: each whole; none given is not given
         return list(value) or None
-    if is_list and kind in (int, float):
-        return split_list(value, kind)
-    return value
+    try:
+        if s.read is not None:
+            return s.read(value)
+        return split_list(value, kind) if is_list and kind in (int, float) else value
+    except SpecError as exc:  # `--sizes x` said "cannot read size 'x'" without naming the option
+        raise SpecError(f"{option_of(f, s)}: {exc}") from None
