@@ -114,6 +114,20 @@ def test_account_exact_on_a_hand_made_trace():
     assert rec["queue_mean_ms"] == pytest.approx((0 + 200 + 100 + 0) / 4)
 
 
+def test_account_batch_figures_leave_out_the_warm_up_backlog():
+    """A warm-up request served after the warm-up ended (its backlog) is no measured request's batch: a batch of
+    warm-up requests alone counts nowhere, a batch mixing both counts whole (every request the model ran in it)."""
+    plan = LoadPlan([8], arrivals=[0.0, 0.1, 0.2, 0.6, 0.7], warmup_s=0.5)
+    r = [Request(i, t, 8) for i, t in enumerate(plan.arrivals)]
+    batches = [(0.0, 0.05, 1), (0.5, 0.6, 1), (0.6, 0.62, 2), (0.7, 0.71, 1)]  # r1 alone; r2 (warm-up) with r3
+    served = [Served(r[0], 0.0, 0.05, 1), Served(r[1], 0.5, 0.6, 1), Served(r[2], 0.6, 0.62, 2),
+              Served(r[3], 0.6, 0.62, 2), Served(r[4], 0.7, 0.71, 1)]
+    rec, samples, info = account(Trace(served, [], batches, plan, 0.71))
+    assert samples == pytest.approx([20, 10]) and info["warmup_requests"] == 3
+    assert rec["mean_batch"] == 1.5 and info["batch_sizes"] == {1: 1, 2: 1}  # was 4/3, the backlog's batch in it
+    assert rec["service_max_ms"] == pytest.approx(20) and rec["service_p50_ms"] == pytest.approx(15)
+
+
 def sleeper(service_s: float, stall_at: float | None = None, stall_s: float = 0.0):
     """A fake model of known service time; optionally one stall at the first batch after `stall_at`."""
     state = {"t0": None, "stalled": False}

@@ -190,8 +190,11 @@ CATALOGUE = (
     Key('achieved_rate', 'achieved /s', unit='1/s', kind='serve', doc='served requests over the arrival window'),
     Key('latency_p999_ms', 'p99.9 ms', unit='ms', kind='serve', doc='99.9th percentile (empty under 1,000 requests)'),
     Key('goodput', 'goodput', unit='fraction', fmt='pct', kind='serve', doc='share of requests within `--slo-ms`'),
-    Key('mean_batch', 'mean batch', kind='serve', doc='the batch the batcher formed, on average'),
-    Key('service_p50_ms', 'service p50 ms', unit='ms', kind='serve', doc="each batch's service time ([serve](serve.md#what-is-measured)), median"),
+    Key('mean_batch', 'mean batch', kind='serve',
+        doc='the batch the batcher formed, on average, over the batches that served a measured request; a batch '
+            'that also held warm-up requests counts all its requests, a batch of warm-up requests alone none'),
+    Key('service_p50_ms', 'service p50 ms', unit='ms', kind='serve',
+        doc="each batch's service time ([serve](serve.md#what-is-measured)), median, over the batches of `mean_batch`"),
     Key('service_p99_ms', 'service p99 ms', unit='ms', kind='serve', doc="each batch's service time, 99th percentile"),
     Key('service_max_ms', 'service max ms', unit='ms', kind='serve', doc="each batch's service time, maximum"),
     # Settings and figures every cell of a kind writes, declared with the rest so that docs/records.md and the

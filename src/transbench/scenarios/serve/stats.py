@@ -127,7 +127,12 @@ def account(trace: Trace, slo_ms: float | None = None, offered_rate: float | Non
     them at LoadGen's confidence (tails.verdict): with e2e alone, the early-stopping estimate of the latency's
     `tail_share` percentile is within it. Fewer requests than that percentile needs (tails.min_requests) make the
     verdict not valid (`tail_valid` false), and a verdict that is not valid is never met. `slo_ms` is the e2e
-    objective."""
+    objective.
+
+    The batch figures (mean_batch, service_*_ms, info's batch_sizes) are over the batches that served at least one
+    measured request. Such a batch's size is all the requests it held, warm-up ones included (the model computed
+    them, and its service time is theirs too); a batch of warm-up requests alone counts nowhere, even where it
+    started after the warm-up ended (the warm-up's backlog under a saturating load)."""
     objectives = {**(objectives or {}), **({"e2e": slo_ms} if slo_ms is not None else {})}
     done, lost = measured(trace)
     w = trace.plan.warmup_s
@@ -161,12 +166,18 @@ def account(trace: Trace, slo_ms: float | None = None, offered_rate: float | Non
                    slo_allowed_misses=tails.allowed_overs(n, tail_share), tail_valid=valid, slo_met=met)
         if "e2e" in objectives:
             rec["slo_ms"] = objectives["e2e"]
-    sizes = [b for s, e, b in trace.batches if s >= w]
+    # The measured batches: those that served at least one measured request, told by their start (a request's
+    # `start` is its batch's). A batch that only started after the warm-up may hold the warm-up's backlog alone: a
+    # saturated load's first measured batches were warm-up requests, and mean_batch counted them. A batch mixing
+    # both counts whole: the model ran every request in it, and its service time is that whole batch's.
+    starts = {s.start for s in done}
+    ours = [(s, e, b) for s, e, b in trace.batches if s in starts]
+    sizes = [b for _, _, b in ours]
     busy = sum(e - max(s, w) for s, e, _ in trace.batches if e > w)
     # Each batch's own service time (handed to the model -> results on the host): a p99 that grows while these
     # stay flat is queueing; one that follows service_p99 is the server itself (on an H100 the fused engine's
     # p99 under Poisson load was 8-34 ms beside a 2.8 ms p50, and these keys were not yet recorded to tell).
-    rec.update({k: v for k, v in spread("service", [(e - s) * 1e3 for s, e, _ in trace.batches if s >= w]).items()
+    rec.update({k: v for k, v in spread("service", [(e - s) * 1e3 for s, e, _ in ours]).items()
                 if k in ("service_p50_ms", "service_p99_ms", "service_max_ms")})
     rec.update(mean_batch=sum(sizes) / len(sizes) if sizes else None, busy_share=min(1.0, busy / span),
                real_tokens_mean=sum(s.request.length for s in done) / len(done) if done else None)
