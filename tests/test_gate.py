@@ -82,6 +82,42 @@ def test_bad_threads_and_repeat_are_one_line(tmp_path, option, value, says):
     assert res.stderr.count("\n") == 1 and not (tmp_path / "x.db").exists()
 
 
+# serve and train take run's --threads (one declaration, measure/load.threads_setting): tiny CPU cells of each
+SERVE_TINY = ["serve", "--model", "bert-tiny", "--device", "cpu", "--backend", "sdpa", "--lengths", "fixed:8",
+              "--max-batch-size", "2", "--rate", "20", "--duration", "0.5", "--warmup", "0.1"]
+TRAIN_TINY = ["train", "--model", "bert-tiny", "--device", "cpu", "--batch", "1", "--seq", "8", "--steps", "1",
+              "--warmup", "1"]
+
+
+@pytest.mark.parametrize("command", [SERVE_TINY, TRAIN_TINY], ids=["serve", "train"])
+def test_serve_and_train_apply_threads_in_the_cell(tmp_path, command):
+    """--threads 1 reaches torch where the cell computes (a serve worker; a training cell's rank, which says so in
+    the cell's info) and is stored with the run's spec; the default would be the cores this process may use."""
+    db, js = tmp_path / "t.db", tmp_path / "t.json"
+    res = invoke(*command, "--threads", "1", "--db", db, "--json", js, "--name", "one")
+    assert res.exit_code == 0, res.output
+    (rec,) = [r for r in json.loads(js.read_text())["cells"] if r["status"] == "ok"]
+    assert rec["threads"] == 1  # serve: torch.get_num_threads() in its worker
+    store = Store(str(db), readonly=True)
+    run = store.find_run("one")
+    assert run["spec"]["threads"] == 1
+    if command is TRAIN_TINY:
+        (stored,) = store.cells(run["run_id"])
+        assert stored["info"]["torch_threads"] == 1
+    store.close()
+
+
+@pytest.mark.parametrize("command", ["serve", "train"])
+@pytest.mark.parametrize("value, says", [("0", "--threads must be between 1"), ("-1", "--threads must be between 1"),
+                                         ("x", "--threads 'x': expected an integer"),
+                                         (str(10**9), "--threads must be between 1 and 4096")])
+def test_bad_threads_of_serve_and_train_are_one_line(tmp_path, command, value, says):
+    args = SERVE_TINY if command == "serve" else TRAIN_TINY
+    res = invoke(*args, "--threads", value, "--db", tmp_path / "x.db")
+    assert res.exit_code == 2 and res.stderr.startswith("error: ") and says in res.stderr, res.output
+    assert res.stderr.count("\n") == 1 and not (tmp_path / "x.db").exists()
+
+
 # --- load --------------------------------------------------------------------------------------------------
 
 def test_a_busy_process_is_seen_and_named(busy_child):

@@ -40,9 +40,10 @@ MAX_THREADS = 4096
 
 
 def threads_setting():
-    """--threads of the commands that time CPU work (run, micro): one declaration, a field in each spec."""
-    return setting(None, "CPU threads of every worker (torch, OpenMP, MKL), set before any work; recorded per cell",
-                   shown="the cores this process may use")
+    """--threads of the commands that run cells in workers (run, micro, serve, train): one declaration, a field in
+    each spec."""
+    return setting(None, "CPU threads of every worker (torch, OpenMP, MKL; a cell's ranks share them), set before "
+                   "any work; recorded per cell", shown="the cores this process may use")
 
 
 def check_threads(threads: int | None) -> None:
@@ -194,7 +195,7 @@ def warning(busy: Busy, threads: int | None, where: str = "during this cell") ->
     named = f" ({named}{more})" if named else " (none over a fifth of a core: many light ones)"
     return (f"busy: other processes used {busy.cores:.2g} of the {cores} cores {where}{named}, beside "
             f"{threads or cores} thread(s) of this benchmark: CPU figures move with that load; measure on a quiet "
-            "machine, or with fewer threads than free cores (run and micro take --threads)")
+            "machine, or with fewer threads than free cores (--threads)")
 
 
 def record(busy: Busy, threads: int | None) -> dict:

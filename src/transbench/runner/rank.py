@@ -129,13 +129,16 @@ def main(run: Callable[[dict, RankInfo, object], CellResult | None], argv: list[
     if os.environ.get(HANG_RANK_VAR) == str(info.rank):
         time.sleep(10**6)
     cell = json.loads(Path(args.cell).read_text())
-    from .worker import apply_cpus, apply_threads
+    from .worker import _threads, apply_cpus, apply_threads
 
     apply_cpus()
     threads = os.environ.get("TRANSBENCH_THREADS", "")
     apply_threads(int(threads) if threads.isdigit() else None)  # torchrun's default is 1 thread a rank
     result, failed = guarded(lambda device: run(cell, info, device), info, cell.get("device", "cpu"))
     if result is not None:
+        # The record's `threads` is the cell's, which its ranks share (runner/sweep.py _launch): what this rank's
+        # torch computed with is said here, where the launching process cannot see it.
+        result.info.setdefault("torch_threads", _threads())
         write_result(out, info.rank, result)
     sys.stdout.flush()
     sys.stderr.flush()

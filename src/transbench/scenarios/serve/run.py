@@ -47,7 +47,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
     # An endpoint's cells send HTTP requests from the worker (scenarios/serve/endpoint.py) instead of serving there.
     target = Target(ServeCell, measure="transbench.scenarios.serve." + ("endpoint" if spec.url else "measure")
                     + ":measure")
-    opts = SweepOptions(spec.timeout, progress=on_progress)
+    opts = SweepOptions(spec.timeout, progress=on_progress, threads=spec.threads)
     store = Store(db)
     lane = None
     try:
@@ -59,7 +59,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
 
         # The search decides each probe from the last one, so it drives one lane (one worker, its models kept
         # between probes) itself instead of a run_grid per probe (a new worker process each).
-        lane = _Lane(None, target, progress=on_progress)
+        lane = _Lane(None, target, progress=on_progress, threads=spec.threads)
 
         def measured(cell) -> dict | None:
             """Run one cell (or find it stored by an earlier attempt of this run) and return its stored row."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from ...declare import setting
 from ...errors import SpecError
 from ...measure.device import DTYPES
+from ...measure.load import check_threads, threads_setting
 from ...models import build
 from ...spec import MAX_SECONDS, check_once, checked
 from . import arrivals as serve_arrivals, lengths as serve_lengths, stats as serve_stats, tails
@@ -70,6 +71,7 @@ class ServeSpec:
     seed: int = setting(0, "seed of arrivals, lengths and weights")
     activation: str | None = setting(None, "gelu|gelu-tanh", cli=False)
     timeout: float = setting(900.0, "seconds a cell may take before it is `timeout`")
+    threads: int | None = threads_setting()
     shard: str | None = setting(None, "I/N: serve slice I of N of the grid (whole backends with --find-max-rate); "
                                 "auto: from the Slurm array task or Kubernetes Indexed Job pod")
     shard_count: int | None = setting(None, "--shard auto in a Kubernetes Indexed Job: its completions (else "
@@ -119,6 +121,7 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
             if isinstance(v, float) and not math.isfinite(v):
                 raise SpecError(f"{flag} {v}: give a finite number")
     spec = checked(ServeSpec, spec)  # api.serve(ServeSpec(...)): each field's type, as the CLI's options
+    check_threads(spec.threads)
     listed = True
     if spec.url is not None:
         from . import endpoint_spec

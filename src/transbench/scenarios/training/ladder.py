@@ -148,7 +148,7 @@ def sweep_measure(store, run_id: str, spec, on_cell, on_probe=lambda c, r: None)
 
     def measure(cell: TrainCell, search: bool) -> tuple[TrainCell, CellResult]:
         opts = SweepOptions(timeout=spec.timeout, max_batch=search, max_batch_limit=spec.max_batch_limit,
-                            max_batch_resolution=RESOLUTION)
+                            max_batch_resolution=RESOLUTION, threads=spec.threads)
         run_grid(store, run_id, [cell], target(spec), opts, on_cell, on_probe)
         got = _stored(store, run_id, max_batch_key(cell) if search else cell.key())
         if got is None:  # cannot happen after run_grid; kept so a store mismatch reads as an error row

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from ...errors import SpecError
 from ...cells import CellResult
 from ...declare import setting
-from ...measure.load import check_cpu_ranks
+from ...measure.load import check_cpu_ranks, check_threads, threads_setting
 from ...spec import check_once, checked, coerce
 from .cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, TRAIN_DTYPES, STRATEGIES, TRAIN_TASKS, TrainCell
 
@@ -92,6 +92,7 @@ class TrainSpec:
     node_rank: int = setting(0, "this host's rank (torchrun --node-rank); only node 0 stores")
     rdzv_endpoint: str | None = setting(None, "HOST:PORT of node 0 (torchrun --rdzv-endpoint)")
     timeout: float = setting(900.0, "seconds a cell (all its ranks) may take before it is `timeout`")
+    threads: int | None = threads_setting()
     shard: str | None = setting(None, "I/N: train slice I of N of the grid; auto: from the Slurm array task or "
                                 "Kubernetes Indexed Job pod")
     shard_count: int | None = setting(None, "--shard auto in a Kubernetes Indexed Job: its completions (else "
@@ -216,6 +217,7 @@ def validate(spec: TrainSpec) -> TrainSpec:
         raise SpecError("--lr must be positive")
     if spec.timeout <= 0:
         raise SpecError("--timeout must be positive")
+    check_threads(spec.threads)
     if any(z not in (1, 2, 3) for z in spec.zero_stages):
         raise SpecError("--zero-stage takes 1, 2 or 3")
     for v in spec.nccl_p2p or []:
@@ -381,11 +383,11 @@ def launch_config(cell: TrainCell, spec: TrainSpec):
 
 def run_cell(cell: TrainCell, spec: TrainSpec) -> CellResult:
     """One cell in its own process (torchrun for a strategy): the result rank 0 wrote, or why none came.
-    Only for the ranks of hosts other than node 0, which measure nothing they store."""
-    from ...runner import launch
+    Only for the ranks of hosts other than node 0, which measure nothing they store. Launched by a lane as node 0's
+    are, so that this host's ranks compute with --threads as node 0's do (they had torchrun's one thread a rank)."""
+    from ...runner.sweep import _Lane
 
-    cfg = launch_config(cell, spec)
-    return launch.outcome(launch.launch("transbench.scenarios.training.worker", cell.to_dict(), cfg), cfg)
+    return _Lane(None, target(spec), threads=spec.threads).run(cell, spec.timeout)
 
 
 def target(spec: TrainSpec):
@@ -462,7 +464,7 @@ def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None =
     try:
         run_id, _, done = open_training_run(store, spec, {c.key() for c in cells})
         on_start(cells, done)
-        run_grid(store, run_id, cells, target(spec), SweepOptions(timeout=spec.timeout), on_cell)
+        run_grid(store, run_id, cells, target(spec), SweepOptions(timeout=spec.timeout, threads=spec.threads), on_cell)
         recs = export.records(store, [run_id])
     finally:
         store.close()
