@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cells import CellResult
-from .worker import temp_files
+from .rank import READY
+from .worker import start_limit, temp_files
 
 # The GPU hosts this runs on need NVLink multicast off; a user's own setting wins.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -43,6 +44,7 @@ class Launched:
     timed_out: bool
     logs: dict[str, str]  # log file name -> its tail
     wall_s: float
+    started: bool = True  # every rank of this host started (a timeout before that was the start-up's)
 
 
 def environment(extra: dict) -> dict:
@@ -117,6 +119,22 @@ def _tail(path: Path) -> str:
         return ""
 
 
+def _wait(proc: subprocess.Popen, workdir: Path, cfg: LaunchConfig, started: float) -> tuple[int | None, bool]:
+    """(return code, None past the deadline; whether every rank of this host started). The deadline is
+    cfg.timeout from when the last of this host's ranks said it started (runner/rank.py), before that the
+    start-up's own limit (worker.start_limit) from the launch."""
+    ready_at = None
+    while True:
+        if ready_at is None and len(list(workdir.glob(READY + "*"))) >= cfg.nproc:
+            ready_at = time.monotonic()
+        deadline = started + start_limit(cfg.timeout) if ready_at is None else ready_at + cfg.timeout
+        try:
+            return proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic()))), ready_at is not None
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                return None, ready_at is not None
+
+
 def launch(module: str, payload: dict, cfg: LaunchConfig) -> Launched:
     """Run `python -m module --cell ... --out ...` (through torchrun when cfg.torchrun) until it ends or
     its deadline passes; no process of it is left running afterwards."""
@@ -130,11 +148,10 @@ def launch(module: str, payload: dict, cfg: LaunchConfig) -> Launched:
             proc = subprocess.Popen(command(module, workdir, cfg), env=environment(cfg.env), stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             try:
-                rc = proc.wait(timeout=cfg.timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                _stop(proc, workdir)
-                rc, timed_out = None, True
+                rc, ready = _wait(proc, workdir, cfg, started)
+                timed_out = rc is None
+                if timed_out:
+                    _stop(proc, workdir)
             except BaseException:  # Ctrl-C: take the ranks down with us
                 _stop(proc, workdir)
                 raise
@@ -143,7 +160,7 @@ def launch(module: str, payload: dict, cfg: LaunchConfig) -> Launched:
         for f in sorted(workdir.glob("result-rank*.json")):
             results[int(f.stem.removeprefix("result-rank"))] = CellResult.from_dict(json.loads(f.read_text()))
         logs = {f.name: _tail(f) for f in sorted(workdir.glob("*.log"))}
-        return Launched(results, rc, timed_out, logs, time.monotonic() - started)
+        return Launched(results, rc, timed_out, logs, time.monotonic() - started, ready)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -163,8 +180,9 @@ def outcome(launched: Launched, cfg: LaunchConfig) -> CellResult:
         result = res[min(res)]
     elif launched.timed_out:
         silent = [name for name, text in launched.logs.items() if name.startswith("rank") and not text.strip()]
-        result = CellResult("timeout", error=f"no result within the {cfg.timeout:g} s deadline"
-                            + (f" (no output from {', '.join(silent)})" if silent else ""))
+        what = (f"no result within the {cfg.timeout:g} s deadline" if launched.started else
+                f"the ranks did not start within {start_limit(cfg.timeout):g} s (importing torch, the rendezvous)")
+        result = CellResult("timeout", error=what + (f" (no output from {', '.join(silent)})" if silent else ""))
     elif launched.returncode == 0 and cfg.node_rank > 0:
         result = CellResult("ok", info={"note": "this node's ranks finished; node 0 stores the result"})
     else:

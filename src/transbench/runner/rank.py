@@ -22,6 +22,7 @@ from ..cells import CellResult
 
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "NVSHMEM_", "TORCH_SYMM_MEM_")
 HANG_RANK_VAR = "TRANSBENCH_TEST_HANG_RANK"  # test-only: this rank sleeps instead of joining
+READY = "ready-rank"  # the file a rank makes in its launch's folder once started (READY + its rank)
 
 
 @dataclass
@@ -126,14 +127,17 @@ def main(run: Callable[[dict, RankInfo, object], CellResult | None], argv: list[
     info = RankInfo.from_env()
     _redirect(out / f"rank{info.rank}.log")
     _die_with_parent()
-    if os.environ.get(HANG_RANK_VAR) == str(info.rank):
-        time.sleep(10**6)
     cell = json.loads(Path(args.cell).read_text())
     from .worker import _threads, apply_cpus, apply_threads
 
     apply_cpus()
     threads = os.environ.get("TRANSBENCH_THREADS", "")
     apply_threads(int(threads) if threads.isdigit() else None)  # torchrun's default is 1 thread a rank
+    import torch  # noqa: F401 - start-up (apply_threads may not have): every rank needs it
+
+    (out / f"{READY}{info.rank}").touch()  # start-up is over: the cell's clock starts (runner/launch.py)
+    if os.environ.get(HANG_RANK_VAR) == str(info.rank):
+        time.sleep(10**6)
     result, failed = guarded(lambda device: run(cell, info, device), info, cell.get("device", "cpu"))
     if result is not None:
         # The record's `threads` is the cell's, which its ranks share (runner/sweep.py _launch): what this rank's

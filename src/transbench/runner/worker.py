@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 from ..boundary import env_int
 from ..cells import CellResult
+from ..declare import setting
 from ..errors import SpecError
 
 LOG_TAIL_CHARS = 2000
@@ -25,6 +26,22 @@ LOG_TAIL_CHARS = 2000
 LONGEST_WAIT_S = 1e6
 # The thread-count variables of the libraries torch computes with on a CPU; TRANSBENCH_THREADS carries the count.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# A worker's start-up (spawning it, importing torch and the cell's code; a launched cell's ranks, a multi-host
+# cell's rendezvous) is not the cell's work: --timeout counts from its end, as users read it (the first cell of a
+# sweep had ~3 s of imports on a CPU taken from its limit). A start-up that hangs (an import on a stalled file
+# system) still ends: it has the longer of --timeout and this.
+WORKER_START_S = 300.0
+
+
+def start_limit(timeout: float) -> float:
+    """The seconds a worker's start-up may take before its cell is `timeout`."""
+    return max(timeout, WORKER_START_S)
+
+
+def timeout_setting(what: str = "a cell"):
+    """--timeout of the commands whose cells run in workers (run, serve, train): one declaration, a field in each."""
+    return setting(900.0, f"seconds {what} may take before it is `timeout`, counted from when its worker is ready "
+                   f"(the start-up, importing torch, has its own limit: the longer of this and {WORKER_START_S:g} s)")
 
 
 def resolve_target(target: str):
@@ -180,6 +197,8 @@ def _child_main(conn, env: dict, log_path: str) -> None:
     apply_cpus()
     threads = os.environ.get("TRANSBENCH_THREADS", "")
     apply_threads(int(threads) if threads.isdigit() else None)
+    import torch  # noqa: F401 - start-up (apply_threads may not have): every cell's execute() needs it
+
     state: dict = {"progress": lambda text: conn.send(("progress", str(text)))}
     while True:
         try:
@@ -189,6 +208,11 @@ def _child_main(conn, env: dict, log_path: str) -> None:
         if msg is None:
             return
         target, cell = msg
+        try:  # the cell's code is start-up too (a later cell of this worker finds it imported): then its clock starts
+            importlib.import_module(target.partition(":")[0])
+        except Exception:  # noqa: BLE001 - execute() makes the same failure the cell's result
+            pass
+        conn.send(("started", ""))
         result = execute(target, cell, state)
         left = _release(cell)
         conn.send((result.to_dict(), left))
@@ -245,16 +269,24 @@ class Worker:
         return self.proc.is_alive()
 
     def run(self, target: str, cell: dict, timeout: float, on_progress=None) -> CellResult:
+        """The cell's result. `timeout` counts from the worker's word that the cell started (WORKER_START_S)."""
         try:
             self.conn.send((target, cell))
-            deadline = time.monotonic() + min(timeout, LONGEST_WAIT_S)
+            started = False
+            deadline = time.monotonic() + min(start_limit(timeout), LONGEST_WAIT_S)
             while True:
                 if not self.conn.poll(max(0.0, deadline - time.monotonic())):
                     tail = self._log_tail()
                     self.stop(kill=True)
-                    return CellResult("timeout", error=f"no result within the {timeout:g} s deadline",
-                                      info={"log_tail": tail})
+                    error = (f"no result within the {timeout:g} s deadline" if started else
+                             f"the worker did not start within {start_limit(timeout):g} s (importing torch and the "
+                             "cell's code)")
+                    return CellResult("timeout", error=error, info={"log_tail": tail})
                 msg = self.conn.recv()
+                if msg[0] == "started":  # start-up is over: the cell's own clock starts
+                    started = True
+                    deadline = time.monotonic() + min(timeout, LONGEST_WAIT_S)
+                    continue
                 if isinstance(msg[0], str):  # ("progress", text): the cell is getting on; its deadline stands
                     if on_progress is not None:
                         on_progress(msg[1])

@@ -9,6 +9,7 @@ from ...declare import setting
 from ...measure.device import DTYPES
 from ...measure.load import threads_setting
 from ...models.quant import QUANTS
+from ...runner.worker import timeout_setting
 from ...spec import coerce
 
 TASKS = ("base", "mlm", "classification", "token-classification", "qa", "causal-lm", "generate")
@@ -42,7 +43,7 @@ class RunSpec:
     min_count: int | None = setting(None, "timed calls per cell, at least", shown="20 on GPU, 5 on CPU")
     warmup: int | None = setting(None, "untimed calls before timing", shown="5 on GPU, 2 on CPU",
                                  aliases=("--warmup-steps",))
-    timeout: float = setting(900.0, "seconds a cell may take before it is `timeout`")
+    timeout: float = timeout_setting()
     baseline: str | None = setting(None, "backend to compute speedup and mem_saved against")
     new_tokens: int = setting(128, "tokens to generate (--task generate)")
     compile_mode: str = setting("default", "torch.compile mode for the compile backend")

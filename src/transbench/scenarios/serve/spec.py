@@ -13,6 +13,7 @@ from ...errors import SpecError
 from ...measure.device import DTYPES
 from ...measure.load import check_threads, threads_setting
 from ...models import build
+from ...runner.worker import timeout_setting
 from ...spec import MAX_SECONDS, check_once, checked
 from . import arrivals as serve_arrivals, lengths as serve_lengths, stats as serve_stats, tails
 from . import trace as serve_trace
@@ -70,7 +71,7 @@ class ServeSpec:
     new_tokens: int = setting(32, "tokens generated per request (--task generate)")
     seed: int = setting(0, "seed of arrivals, lengths and weights")
     activation: str | None = setting(None, "gelu|gelu-tanh", cli=False)
-    timeout: float = setting(900.0, "seconds a cell may take before it is `timeout`")
+    timeout: float = timeout_setting()
     threads: int | None = threads_setting()
     shard: str | None = setting(None, "I/N: serve slice I of N of the grid (whole backends with --find-max-rate); "
                                 "auto: from the Slurm array task or Kubernetes Indexed Job pod")

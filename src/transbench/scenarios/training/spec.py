@@ -20,6 +20,7 @@ from ...errors import SpecError
 from ...cells import CellResult
 from ...declare import setting
 from ...measure.load import check_cpu_ranks, check_threads, threads_setting
+from ...runner.worker import timeout_setting
 from ...spec import check_once, checked, coerce
 from .cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, TRAIN_DTYPES, STRATEGIES, TRAIN_TASKS, TrainCell
 
@@ -91,7 +92,7 @@ class TrainSpec:
     nnodes: int = setting(1, "hosts (torchrun --nnodes)")
     node_rank: int = setting(0, "this host's rank (torchrun --node-rank); only node 0 stores")
     rdzv_endpoint: str | None = setting(None, "HOST:PORT of node 0 (torchrun --rdzv-endpoint)")
-    timeout: float = setting(900.0, "seconds a cell (all its ranks) may take before it is `timeout`")
+    timeout: float = timeout_setting("a cell (all its ranks)")
     threads: int | None = threads_setting()
     shard: str | None = setting(None, "I/N: train slice I of N of the grid; auto: from the Slurm array task or "
                                 "Kubernetes Indexed Job pod")

@@ -1,0 +1,26 @@
+"""A cell whose start-up is slow: importing this module takes TB_TEST_START_S seconds (as importing torch does on a
+CPU), its work TB_TEST_WORK_S. A worker target (`measure`) and a launched rank (`python -m slow_start_target`)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from transbench.cells import CellResult
+
+time.sleep(float(os.environ.get("TB_TEST_START_S", "0")))
+
+
+def measure(cell: dict, state: dict) -> CellResult:
+    time.sleep(float(os.environ.get("TB_TEST_WORK_S", "0")))
+    return CellResult("ok", record={"latency_ms": 1.0})
+
+
+def run(cell: dict, info, device) -> CellResult:
+    return measure(cell, {})
+
+
+if __name__ == "__main__":
+    from transbench.runner import rank
+
+    rank.main(run)
