@@ -546,7 +546,9 @@ def test_serve_generate_cli_on_cpu(tmp_path):
     assert res.exit_code == 0, res.output
     (rec,) = json.loads(js.read_text())["cells"]
     assert rec["status"] == "ok" and rec["task"] == "generate" and rec["new_tokens"] == 4
-    assert 0 < rec["ttft_p50_ms"] < rec["latency_p50_ms"] and rec["itl_p99_ms"] >= rec["itl_p50_ms"] > 0
+    assert 0 < rec["ttft_p50_ms"] < rec["latency_p50_ms"] and rec["itl_p50_ms"] > 0
+    # a p99 of the token gaps only from 100 of them (measure/timer.carried): a slow CPU answers fewer in 1 s
+    assert rec["itl_p99_ms"] is None or rec["itl_p99_ms"] >= rec["itl_p50_ms"]
 
 
 @pytest.mark.slow
