@@ -62,7 +62,8 @@ class ServeSpec:
                            "counts:FILE | text:FILE (tokenized, one request a line)")
     max_batch_size: int = setting(32, "the batcher's largest batch")
     max_wait_ms: float = max_wait_setting()
-    duration: float = setting(10.0, "seconds of arrivals measured per cell (at most 86,400)")
+    duration: float = setting(10.0, "seconds of arrivals measured per cell (at most 86,400); a --rate too low for 20 "
+                                    "arrivals in it measures 20 / rate seconds")
     warmup: float = setting(2.0, "seconds of arrivals served first and not counted (at most 86,400)")
     slo_ms: float | None = setting(None, "end-to-end latency target, ms (the e2e objective of --slo)")
     percentile: float = setting(99.0, "the percentile a verdict (--find-max-rate, slo_met) holds under --slo-ms / "
