@@ -40,6 +40,17 @@ def refused(res, *needles):
 
 # --- spec files ------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("kind,command,article", [("inference", ["serve"], "an"), ("training", ["run"], "a"),
+                                                  ("micro", ["train"], "a")])
+def test_spec_of_another_kind_names_its_command_in_english(tmp_path, kind, command, article):
+    """A spec file `runs --spec` wrote from an inference run, given to `serve --spec`, said 'written from a
+    inference run'; the refusal names the kind with its article."""
+    from transbench.store.export import spec_mark
+    f = tmp_path / "s.yaml"
+    f.write_text(spec_mark("x", kind) + "\nbatches: [1]\n")
+    refused(invoke(*command, "--spec", f, "--db", tmp_path / "t.db"), f"was written from {article} {kind} run")
+
+
 @pytest.mark.parametrize("name,text,needles", [
     ("bad.yaml", "batches: [1, 2\nseqs: 8\n", ["invalid YAML", "line 2, column 5"]),
     ("bad.json", '{"batches": [1,]}', ["invalid JSON", "line 1, column 16"]),

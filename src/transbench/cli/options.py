@@ -161,8 +161,9 @@ def build_spec(cls, spec_file: str | None, given: dict, whole: frozenset[str] = 
     command it belongs to (it was refused, listing every key that command does not know)."""
     made = export.spec_kind(spec_file) if spec_file is not None and kind is not None else None
     if made in COMMAND_OF_KIND and made != kind:  # a mark naming no kind of ours (edited by hand) tells nothing
-        raise SpecError(f"spec file {spec_file} was written from a {made} run (its first line says so): give it to "
-                        f"`transbench {COMMAND_OF_KIND[made]} --spec`")
+        article = "an" if made[0] in "aeiou" else "a"
+        raise SpecError(f"spec file {spec_file} was written from {article} {made} run (its first line says so): give "
+                        f"it to `transbench {COMMAND_OF_KIND[made]} --spec`")
     if spec_file is not None and command is not None:
         # `transbench runs --spec RUN --out f.yaml` writes a micro run's spec with its `micro: gemm` key, and
         # `micro gemm --spec f.yaml` refused that key as unknown: the file it wrote could not be read back.
