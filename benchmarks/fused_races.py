@@ -32,16 +32,21 @@ def main(argv=None):
         runs = store.runs()
     except SpecError as e:
         ap.error(str(e))
+    printed = 0
     for run in runs:
         for c in store.cells(run["run_id"]):
             cell = c["cell"]
             if cell.get("backend") != "fused":
                 continue
             for shape, tuned in c["info"].get("engine_tuning", {}).items():
+                printed += 1
                 races = tuned.get("races") or []
                 print(f"{run['name']} {cell['model']} {cell['batch']}x{cell['seq']} graph {shape}: {len(races)} races, "
                       f"{sum(bool(r.get('won')) for r in races)} won")
                 print("\n".join(describe(tuned, a.routes)))
+    if not printed:  # silence read as a script that did nothing: a CPU run's fused cells tune and capture nothing
+        print(f"no fused cell in {a.db} holds the engine's tuning (engine_tuning): the tuner races its routes on a "
+              "CUDA GPU only")
 
 
 if __name__ == "__main__":

@@ -42,3 +42,16 @@ def test_a_missing_or_foreign_store_is_refused_with_exit_2_and_left_as_it_was(tm
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert ("no store at" if content is None else "not a transbench store") in err
     assert (not path.exists()) if content is None else path.read_bytes() == content
+
+
+def test_a_store_without_tuned_fused_cells_says_so(tmp_path, capsys):
+    """A CPU run's fused cells tune nothing (no graphs): the script printed nothing at all and exited 0, which
+    reads as a broken script; it now says what the store lacks."""
+    store = Store(tmp_path / "r.db")
+    run_id, _ = store.create_run("s", "inference", {}, {})
+    store.put_cell(run_id, "fused", "inference", "ok", {}, info={},
+                   cell={"backend": "fused", "model": "bert-tiny", "batch": 1, "seq": 32})
+    store.close()
+    _script().main([str(tmp_path / "r.db")])
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("no fused cell in ") and "tuning" in out[0], out
