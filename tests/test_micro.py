@@ -498,7 +498,8 @@ def test_a_spec_file_reads_sizes_as_the_command_line_does(kind, text, tmp_path, 
 def test_a_spec_file_takes_the_command_lines_sizes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for kind, sizes, want in (("gemm", "2^6,128", [64, 128]), ("gemm", ["2**3", 16], [8, 16]),
-                              ("collectives", "1KiB..4KiB", [1024, 2048, 4096]), ("collectives", ["1KiB", 8], [1024, 8])):
+                              ("collectives", "1KiB..4KiB", [1024, 2048, 4096]),
+                              ("collectives", ["1KiB", 8], [1024, 8])):
         (tmp_path / "s.json").write_text(json.dumps({"sizes": sizes}))
         assert _sizes_read(kind, ["--spec", "s.json"], monkeypatch) == (0, want)
     (tmp_path / "s.json").write_text(json.dumps({"sizes": "2^99"}))

@@ -1,5 +1,6 @@
 """GPU checks of the new families: every generic backend in fp16, generation with CUDA graphs and
-compile for decoders, the fused engine on RoBERTa and DistilBERT at their base shapes (python3 -m pytest tests/gpu -m gpu)."""
+compile for decoders, the fused engine on RoBERTa and DistilBERT at their base shapes
+(python3 -m pytest tests/gpu -m gpu)."""
 
 from __future__ import annotations
 
