@@ -47,32 +47,17 @@ def _compile(model, cell, options=None):
 
 
 def _padding_read(model, inputs) -> str | None:
-    """Why the model's head would read a padding position of these inputs, or None. The engine computes real tokens
-    only (padding positions come back as zeros), so such a head's output cannot match transformers'.
-    GPT2ForSequenceClassification classifies each sequence by its last token that is not pad_token_id, and by the
-    last position from inputs_embeds (--encoders-only) or without a pad_token_id: padding in a padded batch, or
-    wherever the padding ids are not pad_token_id (a checkpoint's pad id outside its vocabulary). Such cells read
-    `wrong` (gpt2 classification --encoders-only --seq-stdev 4: rel_err 0.92)."""
-    import torch
+    """Why the model's head would read a padding position of these inputs, or None: the engine's own check
+    (engine/compiled.py padding_read), made before compiling so that such a cell reads `unsupported`. The engine
+    computes real tokens only (padding positions come back as zeros), so such a head's output cannot match
+    transformers': GPT2ForSequenceClassification on a gpt2 checkpoint whose pad id is outside its vocabulary, or
+    --encoders-only with --seq-stdev 4, read `wrong` (rel_err 0.92)."""
+    from ..engine.compiled import padding_read, reads_padding
 
-    if type(model).__name__ != "GPT2ForSequenceClassification" or inputs.attention_mask is None:
+    if not reads_padding(model):
         return None
-    mask = inputs.attention_mask.bool()
-    pad = model.config.pad_token_id
-    if pad is None or inputs.inputs_embeds is not None:
-        last = torch.full((mask.shape[0],), mask.shape[1] - 1, device=mask.device)
-    else:  # transformers' own search (GPT2ForSequenceClassification.forward)
-        ids = inputs.input_ids.to(mask.device)
-        last = (torch.arange(mask.shape[1], device=mask.device) * (ids != pad)).argmax(-1)
-    if bool(mask.gather(1, last[:, None]).all()):
-        return None
-    if pad is None:
-        how = "last position (the config has no pad_token_id)"
-    elif inputs.inputs_embeds is not None:
-        how = "last position (from inputs_embeds it finds no padding)"
-    else:
-        how = f"last token whose id is not pad_token_id {pad} (the padding ids are not {pad})"
-    return f"GPT-2's classification head reads each sequence's {how}: padding here, which the engine does not compute"
+    return padding_read(model, {"input_ids": inputs.input_ids, "inputs_embeds": inputs.inputs_embeds,
+                                "attention_mask": inputs.attention_mask})
 
 
 def _prepare(model, inputs, cell) -> Prepared:
