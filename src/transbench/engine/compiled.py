@@ -106,16 +106,28 @@ def _loss_read(name: str, a: dict, mask: torch.Tensor) -> str | None:
 class EngineBackbone(nn.Module):
     """Stands where `model.bert` / `model.transformer` stood, with the same call signature and outputs."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, signature: inspect.Signature):
         super().__init__()
         self.engine = engine
+        # The replaced backbone's forward signature: positional arguments are read in its order, which is not one
+        # order (GPT2Model takes `cache` second, DistilBertModel `inputs_embeds` third). Read in BertModel's order,
+        # GPT2Model(ids, None, mask) took the mask as token types: rel_err 0.58, silently.
+        self.signature = signature
+        self.var_keyword = next((n for n, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), None)
         # Encoders-only timing (BERT): the embedding block's output, computed once; calls then run the
         # encoder layers on it, as the benchmark does to transformers by replacing embeddings.forward.
         self.fixed_embeddings: torch.Tensor | None = None
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                inputs_embeds=None, past_key_values=None, cache=None, output_attentions=None, output_hidden_states=None,
-                encoder_hidden_states=None, return_dict=None, **unused):
+    def forward(self, *args, **kwargs):
+        if len(args) > 1:  # every backbone takes input_ids first
+            a = self.signature.bind(*args, **kwargs).arguments
+            kwargs = {**{k: v for k, v in a.items() if k != self.var_keyword}, **a.get(self.var_keyword, {})}
+            args = ()
+        return self._forward(*args, **kwargs)
+
+    def _forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                 inputs_embeds=None, past_key_values=None, cache=None, output_attentions=None,
+                 output_hidden_states=None, encoder_hidden_states=None, return_dict=None, **unused):
         if output_attentions or output_hidden_states:
             raise EngineUnsupported("output_attentions / output_hidden_states are not produced by the engine")
         if past_key_values is not None or cache is not None or encoder_hidden_states is not None:
@@ -160,7 +172,7 @@ class CompiledModel:
     def __init__(self, hf_model: nn.Module, opts: EngineConfig):
         self.opts = opts
         backbone, self.engine = _engine_for(hf_model, opts)
-        self.backbone = EngineBackbone(self.engine)
+        self.backbone = EngineBackbone(self.engine, inspect.signature(backbone.forward))
         self.module = self.backbone if backbone is hf_model else self._shell(hf_model, backbone)
         # Heads that may read padding positions, checked on each call's arguments (padding_read); others skip it.
         self._signature = inspect.signature(hf_model.forward) if reads_padding(hf_model) else None
