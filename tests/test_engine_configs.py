@@ -289,3 +289,13 @@ def test_positional_arguments_are_read_in_the_backbones_order(name):
     with torch.no_grad():
         ref = model(*args).last_hidden_state
     assert rel(compile_model(model, dtype=torch.float32)(*args).last_hidden_state, ref, mask) < 1e-5
+
+
+def test_a_bare_model_of_return_dict_false_returns_a_tuple():
+    # as transformers' does: the ModelOutput returned instead unpacked into its keys' names (h, pooled = model(ids))
+    model = bert(return_dict=False).eval()
+    ids, mask = ids_mask()
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask)
+    out = compile_model(model, dtype=torch.float32)(ids, attention_mask=mask)
+    assert type(out) is tuple and len(out) == len(ref) and rel(out[1], ref[1]) < 1e-5

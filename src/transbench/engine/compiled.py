@@ -106,9 +106,12 @@ def _loss_read(name: str, a: dict, mask: torch.Tensor) -> str | None:
 class EngineBackbone(nn.Module):
     """Stands where `model.bert` / `model.transformer` stood, with the same call signature and outputs."""
 
-    def __init__(self, engine, signature: inspect.Signature):
+    def __init__(self, engine, signature: inspect.Signature, return_dict: bool = True):
         super().__init__()
         self.engine = engine
+        # What return_dict=None means: the config's return_dict, as transformers' models read it (a bare BertModel
+        # of return_dict=False returns a tuple; the ModelOutput returned instead unpacked into its keys' names).
+        self.return_dict = return_dict
         # The replaced backbone's forward signature: positional arguments are read in its order, which is not one
         # order (GPT2Model takes `cache` second, DistilBertModel `inputs_embeds` third). Read in BertModel's order,
         # GPT2Model(ids, None, mask) took the mask as token types: rel_err 0.58, silently.
@@ -143,7 +146,7 @@ class EngineBackbone(nn.Module):
             out = BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=h, pooler_output=pooled)
         else:
             out = BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=h)
-        return out if return_dict is not False else out.to_tuple()
+        return out if (self.return_dict if return_dict is None else return_dict) else out.to_tuple()
 
 
 def _engine_for(hf_model: nn.Module, opts: EngineConfig):
@@ -172,8 +175,12 @@ class CompiledModel:
     def __init__(self, hf_model: nn.Module, opts: EngineConfig):
         self.opts = opts
         backbone, self.engine = _engine_for(hf_model, opts)
-        self.backbone = EngineBackbone(self.engine, inspect.signature(backbone.forward))
-        self.module = self.backbone if backbone is hf_model else self._shell(hf_model, backbone)
+        # A bare model answers return_dict=None by its config; under a head, a ModelOutput: GPT-2's heads call their
+        # backbone without return_dict and read its output's attributes (transformers' own crash on a tuple there).
+        bare = backbone is hf_model
+        self.backbone = EngineBackbone(self.engine, inspect.signature(backbone.forward),
+                                       not bare or getattr(backbone.config, "return_dict", True) is not False)
+        self.module = self.backbone if bare else self._shell(hf_model, backbone)
         # Heads that may read padding positions, checked on each call's arguments (padding_read); others skip it.
         self._signature = inspect.signature(hf_model.forward) if reads_padding(hf_model) else None
 
