@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import (BertConfig, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
                           BertForTokenClassification, BertModel, GPT2Config, GPT2ForSequenceClassification,
-                          GPT2LMHeadModel, GPT2Model, DistilBertConfig, DistilBertModel)
+                          GPT2LMHeadModel, GPT2Model, LlamaConfig, LlamaModel)
 
 from op_cases import bare_norms, greedy_feed_steps, random_norms
 from transbench.engine import EngineUnsupported, compile_model
@@ -211,9 +211,10 @@ def test_greedy_steps_take_the_tokens_they_are_given():
 
 
 def test_unsupported_models_and_options():
-    with pytest.raises(EngineUnsupported, match="engine runs bert, roberta, xlm-roberta, camembert and gpt2 only"):
-        compile_model(DistilBertModel(DistilBertConfig(dim=64, n_layers=1, n_heads=2, hidden_dim=128,
-                                                       vocab_size=VOCAB)))
+    with pytest.raises(EngineUnsupported, match="engine runs bert, roberta, xlm-roberta, camembert, distilbert and "
+                                                "gpt2 only"):
+        compile_model(LlamaModel(LlamaConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=128, vocab_size=VOCAB)))
     with pytest.raises(EngineUnsupported, match="activation"):
         compile_model(BertModel(bert_cfg(hidden_act="relu")))
     with pytest.raises(EngineUnsupported, match="fp8 GEMMs need"):  # (on the CPU fp8 is emulated: tests)

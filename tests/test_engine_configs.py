@@ -211,6 +211,16 @@ def test_inputs_the_engine_cannot_match_are_refused(name):
     kw = kw if isinstance(kw, dict) else dict(zip(("input_ids", "attention_mask"), kw))
     with pytest.raises(EngineUnsupported, match=reason):
         compiled(**kw)
+    with pytest.raises(EngineUnsupported, match=reason):  # a fixed call (a benchmark's) too
+        compiled.fixed_call(**kw)()
+
+
+def test_a_fixed_call_gives_what_a_call_gives():
+    model = gpt2(GPT2ForSequenceClassification, num_labels=3).eval()
+    ids, mask = ids_mask()
+    compiled = compile_model(model, dtype=torch.float32)
+    assert torch.equal(compiled.fixed_call(input_ids=ids, attention_mask=mask)().logits,
+                       compiled(input_ids=ids, attention_mask=mask).logits)
 
 
 def test_left_padding_without_a_pooler_still_runs():
