@@ -576,6 +576,54 @@ def test_a_max_rate_search_ended_by_a_failed_probe_is_not_a_measured_rate(tmp_pa
         assert any("300/s" in w and "may be above" in w for w in cell["warnings"]), cell["warnings"]
 
 
+@pytest.mark.parametrize("failing, probes, why", [
+    # 4.5% of requests answered 400 at every rate (bert-tiny's lognormal:64:256 inputs over its 128 positions):
+    # the search bisected down to its lowest rate (~14 minutes) for what the first probe already said
+    (lambda rate: {"http_400": 45}, 1, "refused for themselves (http_400 45)"),
+    (lambda rate: {"http_500": 50}, 2, "did not fall as the rate fell: 5.00% of 1,000 at 200/s"),  # a steady 500
+    # a server that sheds load (503), or fails its overload with 500, fails less as the rate falls: searched on
+    (lambda rate: {"http_503": round(1000 * max(0.0, 1 - 60 / rate))}, None, None),
+    (lambda rate: {"http_500": round(1000 * max(0.0, 1 - 60 / rate))}, None, None),
+    (lambda rate: {"http_400": 1}, None, None),  # one refusal in 1,000: a p99 verdict still passes
+])
+def test_a_max_rate_search_stops_where_its_failures_leave_no_lower_rate_to_pass(tmp_path, monkeypatch, failing,
+                                                                                 probes, why):
+    from transbench import api
+    from transbench.cells import CellResult
+    from transbench.runner import sweep
+    from transbench.scenarios.serve.spec import ServeSpec
+
+    class FakeLane:  # offline serves 400/s; each probe measures 1,000 requests, `failing(rate)` of them failed
+        def __init__(self, gpu, target, **kw):
+            pass
+
+        def run(self, cell, timeout):
+            if cell.mode == "offline":
+                return CellResult("ok", record={"achieved_rate": 400.0, "latency_p99_ms": 5.0})
+            failures = {k: v for k, v in failing(cell.rate).items() if v}
+            failed = sum(failures.values())
+            met = failed <= 2  # LoadGen's p99 verdict lets 1,000 requests miss a few
+            return CellResult("ok", record={"requests": 1000, "failed": failed, "achieved_rate": cell.rate,
+                                            "latency_p99_upper_ms": 5.0 if met else None, "slo_met": met},
+                              info={"failures": failures})
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(sweep, "_Lane", FakeLane)
+    spec = ServeSpec(model="bert-tiny", backends=["sdpa"], device="cpu", lengths="fixed:8", find_max_rate=True,
+                     slo_ms=10, name="mr")
+    recs = api.serve(spec, str(tmp_path / "m.db")).records
+    (summary,) = [r for r in recs if r["scenario"] == "serve-max-rate"]
+    rates = [r["rate"] for r in recs if r["mode"] == "rate"]
+    if why is None:
+        assert summary["status"] == "ok" and summary["max_rate"] > 0 and len(rates) > 2, (summary, rates)
+        return
+    assert len(rates) == probes and summary["status"] == "error" and summary["max_rate"] is None, (summary, rates)
+    error = summary["error"]
+    assert error.startswith("the search stopped: ") and why in error and "\n" not in error, error
+
+
 def test_a_multi_gpu_training_cells_energy_and_power_are_of_the_same_gpus():
     """Training reads NVML on rank 0's GPU and multiplied energy_j, j_per_seq and j_per_token by the world size, but
     not avg_power_w: a 2-GPU record said 6 J per 10 ms step (600 W) beside 300 W. Data-parallel inference sums the

@@ -128,6 +128,7 @@ class Stub:
         self.count = 0
         self.stall = (0.0, 0.0)  # perf_counter start, end
         self.answer = None  # a function giving a starlette Response
+        self.longest = None  # embeddings: an input of more words than this is refused (400), as a model's positions
 
         def route(path, handler, **kw):
             async def either(request):
@@ -169,7 +170,10 @@ class Stub:
             return StreamingResponse(events(), media_type="text/event-stream")
 
         async def embeddings(request):
-            await request.json()
+            body = await request.json()
+            if self.longest is not None and len(body["input"].split()) > self.longest:
+                return JSONResponse({"error": {"message": f"input is above {self.longest} tokens",
+                                               "type": "invalid_request_error"}}, status_code=400)
             start, end = self.stall
             now = time.perf_counter()
             if start <= now < end:
@@ -691,6 +695,29 @@ def test_serve_url_through_the_cli_shows_the_error_rate(tmp_path):
     assert rec["status"] == "ok" and rec["backend"] == "http" and rec["served_model"] == "stub"
     assert 0.4 < rec["error_rate"] < 0.8 and rec["failed"] > 0
     assert "errors" in res.output and "requests failed" in res.output
+
+
+@pytest.mark.slow
+def test_find_max_rate_stops_at_the_first_probe_whose_requests_are_refused_at_any_rate(tmp_path):
+    """`serve --url --find-max-rate` against `transbench server --model bert-tiny` with the default lognormal:64:256
+    lengths: ~4.5% of requests were over the model's 128 positions, answered 400 at every rate, and the search
+    bisected down to its lowest rate (~14 minutes) although no rate could pass. It stops at the first probe and says
+    why in the summary cell's error."""
+    with Stub() as stub:
+        stub.longest = 128
+        start = time.perf_counter()
+        res = CliRunner().invoke(app, ["serve", "--url", stub.url, "--api", "openai-embeddings", "--find-max-rate",
+                                       "--slo-ms", "20", "--lengths", "lognormal:64:256", "--duration", "0.5",
+                                       "--warmup", "0.1", "--db", str(tmp_path / "t.db"),
+                                       "--json", str(tmp_path / "t.json")])
+        took = time.perf_counter() - start
+    cells = json.loads((tmp_path / "t.json").read_text())["cells"]
+    probes = [c for c in cells if c["mode"] == "rate"]
+    (summary,) = [c for c in cells if c["scenario"] == "serve-max-rate"]
+    assert len(probes) == 1 and probes[0]["failed"] > 0, (res.output, [(c["rate"], c["failed"]) for c in probes])
+    assert summary["status"] == "error" and summary["max_rate"] is None, summary
+    assert "refused for themselves (http_400" in summary["error"] and "\n" not in summary["error"], summary["error"]
+    assert "refused for themselves" in res.output and took < 120, (took, res.output)
 
 
 @pytest.mark.parametrize("args, message", [

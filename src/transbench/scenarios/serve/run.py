@@ -15,7 +15,7 @@ from ...store import Store, export
 from . import spec as serve_spec
 from .arrivals import MIN_REQUESTS
 from .cell import ServeCell
-from .search import find_max_rate
+from .search import find_max_rate, hopeless
 from .stats import name as percentile_name
 
 
@@ -85,6 +85,13 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
             figure = (f"latency_{percentile_name(round(share * 100, 6))}_upper_ms" if spec.slo is None else "goodput")
             ended: dict[float, str] = {}  # rate -> the status of a probe that did not end ok
             rows: dict[float, dict] = {}
+            # The probes run while none passed, with their failed requests by kind (an endpoint's), and why the
+            # search stopped where they say no lower rate can pass (serve_search.hopeless): 4.5% of bert-tiny's
+            # requests over its 128 positions answered 400 at every rate, and the search probed down to the
+            # lowest rate (~14 minutes) for an answer known at the first probe.
+            failing: list[tuple[float, int, dict]] = []
+            passed: list[float] = []
+            stopped: list[str] = []
 
             def probe(rate: float):
                 row = measured(serve_spec.cell(spec, lengths, backend, "rate", rate))
@@ -95,10 +102,19 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                 value = row["record"].get(figure)
                 # An endpoint's percentile that falls on failed requests is stored empty (endpoint.py): the target
                 # was missed, which the search must take as a miss, not as a probe that measured nothing.
-                if value is None and row["record"].get("failed"):
-                    return math.inf, False
                 # LoadGen's verdict (stats.account): a probe short of its percentile's requests is never passed
-                return value, bool(row["record"].get("slo_met"))
+                value, ok = ((math.inf, False) if value is None and row["record"].get("failed") else
+                             (value, bool(row["record"].get("slo_met"))))
+                if ok:
+                    passed.append(rate)
+                if passed:  # once one passed, the probes go up from it: a lower rate passes
+                    return value, ok
+                failing.append((rate, row["record"].get("requests") or 0, (row.get("info") or {}).get("failures")
+                                or {}))
+                why = hopeless(failing, share)
+                if why:
+                    stopped.append(f"the search stopped: {why}")
+                return value, ok, why
 
             # A probe's window must end within --timeout, else it can only time out after waiting all of it (a model
             # too slow for the target bisected down to rates whose 20 expected arrivals took longer than that).
@@ -123,6 +139,13 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                        f"--timeout {spec.timeout:g} s")
                 result = CellResult("error", record=rec, info={"probes": trail},
                                     error=f"{why}: no rate was measured against the target")
+                store_result(store, run_id, summary, result, scenario="serve-max-rate")
+                on_cell(summary, result)
+                continue
+            # Failures no lower rate clears (serve_search.hopeless) end the search with no rate: a max rate of 0
+            # would read as a server too slow for the target, where the requests (or its answers to some) fail it.
+            if stopped:
+                result = CellResult("error", record=rec, info={"probes": trail}, error=stopped[0])
                 store_result(store, run_id, summary, result, scenario="serve-max-rate")
                 on_cell(summary, result)
                 continue
