@@ -302,6 +302,27 @@ def test_runs_spec_takes_a_name_before_another_runs_id(tmp_path):
         res = invoke("runs", "--spec", ref, "--db", db)
         assert res.exit_code == 0 and f"- {batch}\n" in res.output, (ref, res.output)
 
+@pytest.mark.parametrize("kind, spec, command, wrong", [
+    ("inference", {"batches": [1]}, "run", ["serve"]),
+    ("serve", {"model": "bert-tiny", "backends": ["sdpa"], "rates": [5.0]}, "serve", ["run"]),
+    ("training", {"model": "bert-tiny", "batches": [2]}, "train", ["serve"]),
+    ("micro", {"micro": "gemm", "sizes": [64]}, "micro KIND", ["train"]),
+])
+def test_runs_spec_on_stdout_is_the_file_it_writes_and_names_its_command(tmp_path, kind, spec, command, wrong):
+    """`runs --spec X` printed no first line naming the kind of run (and a serve, train or micro spec as JSON), so
+    `runs --spec X > s.yaml` given to another command's --spec was refused for its unknown keys instead of in one
+    line naming the command it belongs to. stdout is the text `--out f.yaml` writes, mark and all."""
+    db, written, redirected = tmp_path / "s.db", tmp_path / "f.yaml", tmp_path / "s.yaml"
+    make_run(str(db), "r", [(cell("eager", 1), ok_result(samples(10.0), 1))], kind=kind, spec=spec)
+    printed = invoke("runs", "--spec", "r", "--db", db)
+    assert printed.exit_code == 0, printed.output
+    assert invoke("runs", "--spec", "r", "--db", db, "--out", written).exit_code == 0
+    assert printed.stdout == written.read_text() and printed.stdout.startswith("# written by transbench runs")
+    redirected.write_text(printed.stdout)
+    refused(invoke(*wrong, "--spec", redirected, "--db", tmp_path / "t.db"), f"written from a", f"{kind} run",
+            f"`transbench {command} --spec`")
+
+
 # --- merge ---------------------------------------------------------------------------------------------------
 
 def test_merge_refuses_a_run_of_that_name_with_another_grid_or_kind(tmp_path):

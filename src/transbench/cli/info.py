@@ -85,7 +85,8 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".toml", ".json")  # what spec.load_file reads
 @friendly
 def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
          spec: Optional[str] = typer.Option(None, "--spec", help="write this run's spec (name or id) as YAML/TOML"),
-         out: str = typer.Option("-", help="where --spec writes: a .yaml, .toml or .json path, or - for stdout; "
+         out: str = typer.Option("-", help="where --spec writes: a .yaml, .toml or .json path, or - for stdout "
+                                           "(the text a .yaml file gets); "
                                            "without --spec, a .json file for every stored run as the JSON record")) -> None:
     """Stored runs; with --spec RUN, that run's spec, for its own command's --spec (run, serve, train, micro KIND);
     with --out FILE.json alone, every stored run and its cells as the versioned JSON record."""
@@ -121,20 +122,22 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
             fail(f"store {db} is damaged: the spec of run {match[0]['name']!r} does not read back ({exc}): restore it "
                  "from a copy, or give another --db")
         stored = api.spec_file(match[0])
-        if out != "-":
-            # a training, serve or micro run's spec too: --out was ignored for them (JSON on stdout, no file, exit 0)
-            text = dump_text(s or stored, Path(out).suffix)
-            if Path(out).suffix != ".json":
-                # YAML and TOML take a comment: the mark that tells a rerun this file is ours to replace (a spec
-                # the user wrote by hand is refused, store/export.py ours); JSON has none, and is told by its shape.
-                text = export.spec_mark(match[0]["name"], match[0]["kind"]) + "\n" + text
-            with export.writing(out):  # whole, or the file as it was (a full disk, Ctrl-C)
-                export.write_text(out, text)
-            typer.echo(f"wrote {out}")
-        elif s is None:
-            typer.echo(json.dumps(stored, indent=1))
-        else:
-            typer.echo(dump_text(s))
+        # a training, serve or micro run's spec too: --out was ignored for them (JSON on stdout, no file, exit 0).
+        # stdout gets the text a .yaml file gets, mark included: printed without it (and a serve, train or micro
+        # spec as JSON), `runs --spec X > s.yaml` given to another command's --spec was refused key by key instead
+        # of in one line naming the command it belongs to (cli/options.py build_spec reads the mark).
+        suffix = Path(out).suffix if out != "-" else ".yaml"
+        text = dump_text(s or stored, suffix)
+        if suffix != ".json":
+            # YAML and TOML take a comment: the mark that tells a rerun this file is ours to replace (a spec
+            # the user wrote by hand is refused, store/export.py ours); JSON has none, and is told by its shape.
+            text = export.spec_mark(match[0]["name"], match[0]["kind"]) + "\n" + text
+        if out == "-":
+            typer.echo(text, nl=False)
+            return
+        with export.writing(out):  # whole, or the file as it was (a full disk, Ctrl-C)
+            export.write_text(out, text)
+        typer.echo(f"wrote {out}")
         return
     listed = [{**r, "gpu": _first_gpu(r["env"])} for r in rows]
     console.print(fitted(listed, RUNS_COLUMNS, f"runs in {db}", console.width, notes_from=None))
