@@ -539,7 +539,7 @@ def test_a_max_rate_search_ended_by_a_failed_probe_is_not_a_measured_rate(tmp_pa
     from transbench.scenarios.serve.spec import ServeSpec
 
     class FakeLane:  # offline serves 400/s; a probe at or under `fail_above` meets the target, above it crashes
-        def __init__(self, gpu, target, progress=None):
+        def __init__(self, gpu, target, **kw):  # the lane's own keywords (progress, threads)
             pass
 
         def run(self, cell, timeout):
