@@ -59,7 +59,7 @@ def nothing_written(tmp_path):
     (lambda db: api.train(TrainSpec(**{**TRAIN, "name": 5}), db), "name: expected text, got 5"),
     (lambda db: api.micro("gemm", GemmOptions(sizes=[64], device="cpu", warmup="2"), db), "warmup: expected a whole number"),
     (lambda db: api.micro("gemm", GemmOptions(sizes=[64], device="cpu", name=5), db), "name: expected text, got 5"),
-    (lambda db: api.micro("bandwidth", BandwidthOptions(sizes=["x"], device="cpu"), db), "sizes: expected a list of whole"),
+    (lambda db: api.micro("bandwidth", BandwidthOptions(sizes=["x"], device="cpu"), db), "sizes: cannot read size 'x'"),
     (lambda db: api.micro("layer", LayerOptions(model="bert-tiny", device="cpu", min_time="0.1"), db),
      "min_time: expected a number, got '0.1'"),
     (lambda db: api.micro(["gemm"], GemmOptions(), db), "unknown micro-benchmark"),
