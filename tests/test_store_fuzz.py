@@ -302,11 +302,12 @@ def test_runs_spec_takes_a_name_before_another_runs_id(tmp_path):
         res = invoke("runs", "--spec", ref, "--db", db)
         assert res.exit_code == 0 and f"- {batch}\n" in res.output, (ref, res.output)
 
+
 @pytest.mark.parametrize("kind, spec, command, wrong", [
     ("inference", {"batches": [1]}, "run", ["serve"]),
     ("serve", {"model": "bert-tiny", "backends": ["sdpa"], "rates": [5.0]}, "serve", ["run"]),
     ("training", {"model": "bert-tiny", "batches": [2]}, "train", ["serve"]),
-    ("micro", {"micro": "gemm", "sizes": [64]}, "micro KIND", ["train"]),
+    ("micro", {"micro": "gemm", "sizes": [64]}, "micro gemm", ["train"]),  # the sub-command its `micro` key names
 ])
 def test_runs_spec_on_stdout_is_the_file_it_writes_and_names_its_command(tmp_path, kind, spec, command, wrong):
     """`runs --spec X` printed no first line naming the kind of run (and a serve, train or micro spec as JSON), so

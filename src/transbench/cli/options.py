@@ -162,8 +162,15 @@ def build_spec(cls, spec_file: str | None, given: dict, whole: frozenset[str] = 
     made = export.spec_kind(spec_file) if spec_file is not None and kind is not None else None
     if made in COMMAND_OF_KIND and made != kind:  # a mark naming no kind of ours (edited by hand) tells nothing
         article = "an" if made[0] in "aeiou" else "a"
+        target = COMMAND_OF_KIND[made]
+        if made == "micro":  # its `micro: gemm` key names the sub-command (where the file reads and names one)
+            try:
+                sub = load_file(spec_file).get("micro")
+            except SpecError:
+                sub = None
+            target = f"micro {sub}" if isinstance(sub, str) and sub.isidentifier() else target
         raise SpecError(f"spec file {spec_file} was written from {article} {made} run (its first line says so): give "
-                        f"it to `transbench {COMMAND_OF_KIND[made]} --spec`")
+                        f"it to `transbench {target} --spec`")
     if spec_file is not None and command is not None:
         # `transbench runs --spec RUN --out f.yaml` writes a micro run's spec with its `micro: gemm` key, and
         # `micro gemm --spec f.yaml` refused that key as unknown: the file it wrote could not be read back.
