@@ -528,27 +528,22 @@ def test_run_cell_peak_is_the_same_with_the_reference_cached(monkeypatch, task):
 # --- 4. serve --find-max-rate: a failed probe is no answer ------------------------------------------------------
 
 
-@pytest.mark.parametrize("offline, fail_above", [(400.0, 0.0), (400.0, 250.0), (0.01, 1e9)])
-def test_a_max_rate_search_ended_by_a_failed_probe_is_not_a_measured_rate(tmp_path, monkeypatch, offline, fail_above):
-    """A probe that crashed or timed out ended the search (serve_search.find_max_rate) and the summary cell was stored
-    `ok` with max_rate 0 (no probe had failed the target) or with the last passing rate and no word that the search
-    stopped early: a 0 that was never measured, a bound read as the answer."""
+def _max_rate_search(tmp_path, monkeypatch, offline: float, probe):
+    """serve --find-max-rate through a fake lane: offline serves `offline`/s, `probe(cell)` is a rate cell's result.
+    (the records, the serve-max-rate summary)."""
     from transbench import api
     from transbench.cells import CellResult
     from transbench.runner import sweep
     from transbench.scenarios.serve.spec import ServeSpec
 
-    class FakeLane:  # offline serves 400/s; a probe at or under `fail_above` meets the target, above it crashes
+    class FakeLane:
         def __init__(self, gpu, target, **kw):  # the lane's own keywords (progress, threads)
             pass
 
         def run(self, cell, timeout):
             if cell.mode == "offline":
                 return CellResult("ok", record={"achieved_rate": offline, "latency_p99_ms": 5.0})
-            if cell.rate <= fail_above:  # met by LoadGen's verdict as by the percentile (stats.account's slo_met)
-                return CellResult("ok", record={"achieved_rate": cell.rate, "latency_p99_ms": 5.0,
-                                                "latency_p99_upper_ms": 5.0, "slo_met": True})
-            return CellResult("error", error="worker process killed by signal 9")
+            return probe(cell)
 
         def close(self):
             pass
@@ -558,6 +553,22 @@ def test_a_max_rate_search_ended_by_a_failed_probe_is_not_a_measured_rate(tmp_pa
                      slo_ms=10, name="mr")
     recs = api.serve(spec, str(tmp_path / "m.db")).records
     (summary,) = [r for r in recs if r["scenario"] == "serve-max-rate"]
+    return recs, summary
+
+
+@pytest.mark.parametrize("offline, fail_above", [(400.0, 0.0), (400.0, 250.0), (0.01, 1e9)])
+def test_a_max_rate_search_ended_by_a_failed_probe_is_not_a_measured_rate(tmp_path, monkeypatch, offline, fail_above):
+    """A probe that crashed or timed out ended the search (serve_search.find_max_rate) and the summary cell was stored
+    `ok` with max_rate 0 (no probe had failed the target) or with the last passing rate and no word that the search
+    stopped early: a 0 that was never measured, a bound read as the answer."""
+    from transbench.cells import CellResult
+
+    def probe(cell):  # a probe at or under `fail_above` meets the target, above it crashes
+        if cell.rate <= fail_above:  # met by LoadGen's verdict as by the percentile (stats.account's slo_met)
+            return CellResult("ok", record={"achieved_rate": cell.rate, "latency_p99_ms": 5.0,
+                                            "latency_p99_upper_ms": 5.0, "slo_met": True})
+        return CellResult("error", error="worker process killed by signal 9")
+    _, summary = _max_rate_search(tmp_path, monkeypatch, offline, probe)
     if offline < 1:  # the first probe (0.005/s) would outlast --timeout: none ran, nothing was measured
         assert summary["status"] == "error" and summary["max_rate"] is None, summary
         assert "outlast --timeout" in summary["error"]
@@ -588,33 +599,16 @@ def test_a_max_rate_search_ended_by_a_failed_probe_is_not_a_measured_rate(tmp_pa
 ])
 def test_a_max_rate_search_stops_where_its_failures_leave_no_lower_rate_to_pass(tmp_path, monkeypatch, failing,
                                                                                  probes, why):
-    from transbench import api
     from transbench.cells import CellResult
-    from transbench.runner import sweep
-    from transbench.scenarios.serve.spec import ServeSpec
 
-    class FakeLane:  # offline serves 400/s; each probe measures 1,000 requests, `failing(rate)` of them failed
-        def __init__(self, gpu, target, **kw):
-            pass
-
-        def run(self, cell, timeout):
-            if cell.mode == "offline":
-                return CellResult("ok", record={"achieved_rate": 400.0, "latency_p99_ms": 5.0})
-            failures = {k: v for k, v in failing(cell.rate).items() if v}
-            failed = sum(failures.values())
-            met = failed <= 2  # LoadGen's p99 verdict lets 1,000 requests miss a few
-            return CellResult("ok", record={"requests": 1000, "failed": failed, "achieved_rate": cell.rate,
-                                            "latency_p99_upper_ms": 5.0 if met else None, "slo_met": met},
-                              info={"failures": failures})
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(sweep, "_Lane", FakeLane)
-    spec = ServeSpec(model="bert-tiny", backends=["sdpa"], device="cpu", lengths="fixed:8", find_max_rate=True,
-                     slo_ms=10, name="mr")
-    recs = api.serve(spec, str(tmp_path / "m.db")).records
-    (summary,) = [r for r in recs if r["scenario"] == "serve-max-rate"]
+    def probe(cell):  # each probe measures 1,000 requests, `failing(rate)` of them failed
+        failures = {k: v for k, v in failing(cell.rate).items() if v}
+        failed = sum(failures.values())
+        met = failed <= 2  # LoadGen's p99 verdict lets 1,000 requests miss a few
+        return CellResult("ok", record={"requests": 1000, "failed": failed, "achieved_rate": cell.rate,
+                                        "latency_p99_upper_ms": 5.0 if met else None, "slo_met": met},
+                          info={"failures": failures})
+    recs, summary = _max_rate_search(tmp_path, monkeypatch, 400.0, probe)
     rates = [r["rate"] for r in recs if r["mode"] == "rate"]
     if why is None:
         assert summary["status"] == "ok" and summary["max_rate"] > 0 and len(rates) > 2, (summary, rates)
