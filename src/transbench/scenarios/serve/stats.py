@@ -166,10 +166,8 @@ def account(trace: Trace, slo_ms: float | None = None, offered_rate: float | Non
                    slo_allowed_misses=tails.allowed_overs(n, tail_share), tail_valid=valid, slo_met=met)
         if "e2e" in objectives:
             rec["slo_ms"] = objectives["e2e"]
-    # The measured batches: those that served at least one measured request, told by their start (a request's
-    # `start` is its batch's). A batch that only started after the warm-up may hold the warm-up's backlog alone: a
-    # saturated load's first measured batches were warm-up requests, and mean_batch counted them. A batch mixing
-    # both counts whole: the model ran every request in it, and its service time is that whole batch's.
+    # The measured batches (the docstring's rule), told by their start: a request's `start` is its batch's. Counted
+    # from the warm-up's end instead, a saturated load's first batches were the warm-up's backlog alone.
     starts = {s.start for s in done}
     ours = [(s, e, b) for s, e, b in trace.batches if s in starts]
     sizes = [b for _, _, b in ours]
