@@ -204,6 +204,79 @@ def test_a_run_name_lock_that_cannot_be_taken_leaves_no_new_store(tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
+BANDWIDTH = ["micro", "bandwidth", "--device", "cpu", "--sizes", "1024", "--ops", "copy"]
+
+
+def test_a_new_store_at_a_link_that_is_refused_keeps_the_link(tmp_path, monkeypatch):
+    """`--db` a link to no file yet: SQLite made the link's target, and the refusal then unlinked the path itself,
+    removing the user's link and leaving the new store behind."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(not_a_folder))
+    (tmp_path / "stores").mkdir()
+    link = tmp_path / "link.db"
+    link.symlink_to(tmp_path / "stores" / "new.db")
+    one_line_error(invoke(*BANDWIDTH, "--db", link, "--name", "x"), "cannot lock run 'x'", str(not_a_folder))
+    assert link.is_symlink() and os.readlink(link) == str(tmp_path / "stores" / "new.db")
+    assert list((tmp_path / "stores").iterdir()) == []
+
+
+def _plant_links(folder: Path, store: Path, victim: Path) -> None:
+    """Another user's lock folder in a shared temporary folder: links named as the store's run-name lock and its
+    note, to a file of this user's."""
+    key = store_db._lock_key(str(store), "x")
+    for name in (f"{key}.lock", f"{key}.who"):
+        (folder / name).symlink_to(victim)
+
+
+def _world_writable(root: Path, store: Path, victim: Path) -> None:
+    folder = root / f"transbench-locks-{os.getuid()}"
+    folder.mkdir()
+    _plant_links(folder, store, victim)
+    folder.chmod(0o777)
+
+
+def _a_link(root: Path, store: Path, victim: Path) -> None:
+    (root / f"transbench-locks-{os.getuid()}").symlink_to(victim.parent)
+
+
+def _another_owner(root: Path, store: Path, victim: Path) -> None:
+    folder = root / f"transbench-locks-{os.getuid()}"
+    folder.mkdir(mode=0o700)
+    _plant_links(folder, store, victim)
+    os.chown(folder, os.getuid() + 1, -1)
+
+
+@pytest.mark.parametrize("plant", [_world_writable, _a_link, pytest.param(_another_owner, marks=pytest.mark.skipif(
+    os.getuid() != 0, reason="giving a folder to another user takes root"))])
+def test_a_lock_folder_not_ours_alone_is_refused_and_no_link_in_it_followed(tmp_path, monkeypatch, plant):
+    """The run-name locks' folder, in a shared temporary folder, was taken as found: another user who made it first
+    (or a link named so) could plant links in it, and the lock's note overwrote the file they led to."""
+    root, home = tmp_path / "runtime", tmp_path / "home"
+    root.mkdir()
+    home.mkdir()
+    victim = home / "notes.txt"
+    victim.write_text("mine\n")
+    store = tmp_path / "s.db"
+    _store_with_cells(store)
+    plant(root, store, victim)
+    before = snapshot(tmp_path)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(root))
+    one_line_error(invoke(*BANDWIDTH, "--db", store, "--name", "x"), "cannot lock run 'x'", "XDG_RUNTIME_DIR")
+    assert victim.read_text() == "mine\n" and sorted(p.name for p in home.iterdir()) == ["notes.txt"]
+    assert snapshot(tmp_path) == before
+
+
+def test_a_relative_runtime_folder_is_ignored(tmp_path, monkeypatch):
+    """A relative $XDG_RUNTIME_DIR named another lock folder from each working directory: two writers of one store
+    started in two folders missed each other's locks (the XDG spec says to ignore it)."""
+    import tempfile
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "run")
+    assert store_db._lock_folder_path().parent == Path(tempfile.gettempdir())
+
+
 def _good(tmp_path):
     good = tmp_path / "good.db"
     _store_with_cells(good)

@@ -103,19 +103,44 @@ def _release(held: tuple[str, str]) -> None:
 
 
 def _remove(path: str) -> None:
+    # The file SQLite made, where the path is a link to no file yet: SQLite creates the link's target (and names its
+    # side files after it), and unlinking the path itself removed the user's link and left the new store behind.
+    path = os.path.realpath(path)
     for suffix in ("", "-wal", "-shm", "-journal"):
         Path(path + suffix).unlink(missing_ok=True)
 
 
-def _lock_folder() -> Path:
-    """This user's folder of run-name locks on this host: the runtime folder (tmpfs, emptied at boot), else the
-    temporary folder."""
+LOCK_ROOT_HELP = "the run-name locks are kept in $XDG_RUNTIME_DIR, else the temporary folder"
+
+
+def _lock_folder_path() -> Path:
+    """Where this user's run-name locks are on this host: the runtime folder (tmpfs, emptied at boot) where
+    $XDG_RUNTIME_DIR is an absolute path, else the temporary folder. A relative one is ignored, as the XDG spec
+    says: it named another folder from each working directory, so two writers of one store missed each other's
+    locks."""
     import tempfile
 
-    root = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
-    folder = root / f"transbench-locks-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    return folder
+    root = boundary.env_text("XDG_RUNTIME_DIR")
+    if root is None or not os.path.isabs(root):
+        root = tempfile.gettempdir()
+    return Path(root) / f"transbench-locks-{os.getuid()}"
+
+
+def _own_lock_folder(folder: Path) -> None:
+    """Make the folder of run-name locks when missing, and refuse it (OSError) unless it is this user's own folder
+    that no one else can write: in a shared temporary folder another user could make it first, or a link named so,
+    and plant links in it that a lock or its note followed onto a file of this user's, which was overwritten."""
+    import stat
+
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, "it is not a folder (a file or a link): remove it")
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise OSError(errno.EPERM, "it is not this user's own folder, or others may write in it: remove it")
 
 
 def new_run_ident(kind: str) -> tuple[str, str]:
@@ -132,8 +157,10 @@ def _lock_key(path: str, name: str) -> str:
 
 def _note_holder(path: Path, part: str) -> None:
     """Who holds the lock, for the message a second writer prints (best effort: the lock itself decides)."""
-    try:
-        path.write_text(f"pid {os.getpid()}{f' (shard {part})' if part else ''}, since {_now()}")
+    try:  # O_NOFOLLOW: a link left in the folder is never followed onto another file
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"pid {os.getpid()}{f' (shard {part})' if part else ''}, since {_now()}")
     except OSError:
         pass
 
@@ -508,7 +535,9 @@ class Store:
             return
         fds, folder = [], "the runtime folder"
         try:
-            folder, key = _lock_folder(), _lock_key(self.path, name)
+            folder = _lock_folder_path()
+            _own_lock_folder(folder)
+            key = _lock_key(self.path, name)
             held = _HELD.get((key, part))
             if held is not None:  # this process holds it already (an earlier Store of this file, not closed)
                 held[1] += 1
@@ -519,7 +548,7 @@ class Store:
             if shard:
                 wanted.append((folder / f"{key}.{shard}.lock", fcntl.LOCK_EX))
             for path, mode in wanted:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
                 fds.append(fd)
                 try:
                     fcntl.flock(fd, mode | fcntl.LOCK_NB)
@@ -528,12 +557,14 @@ class Store:
                     raise SpecError(f"run '{name}'{f' (shard {part})' if part else ''} is being written to store "
                                     f"{self.path} by another process{holder}: wait for it to end, or choose "
                                     "another --name") from None
-        except OSError as exc:
+        except (OSError, boundary.BadInput) as exc:  # BadInput: an XDG_RUNTIME_DIR of thousands of characters
             for fd in fds:
                 os.close(fd)
             self._remove_if_unused()
-            raise SpecError(f"cannot lock run '{name}' of store {self.path} ({exc.strerror or exc}) in {folder}: "
-                            "check that folder's permissions") from None
+            raise SpecError(f"cannot lock run '{name}' of store {self.path} ({getattr(exc, 'strerror', None) or exc}) "
+                            f"in {folder}: "
+                            f"check that folder's permissions ({LOCK_ROOT_HELP}), or set XDG_RUNTIME_DIR to a "
+                            "folder of your own") from None
         except BaseException:
             for fd in fds:
                 os.close(fd)
