@@ -277,6 +277,39 @@ def test_a_relative_runtime_folder_is_ignored(tmp_path, monkeypatch):
     assert store_db._lock_folder_path().parent == Path(tempfile.gettempdir())
 
 
+def _gone(path: Path, how: str) -> None:
+    wal = Path(f"{path}-wal")
+    if how == "moved":
+        path.rename(path.with_name("moved.db"))
+        if wal.exists():
+            wal.rename(path.with_name("moved.db-wal"))
+        return
+    path.unlink()
+    wal.unlink(missing_ok=True)
+    if how == "replaced":  # another store made at the path: a new file, while the writer still holds the old one
+        _store_with_cells(path, name="other")
+
+
+@pytest.mark.parametrize("how", ["removed", "moved", "replaced"])
+def test_a_store_removed_during_a_run_stops_it_in_one_line(tmp_path, how):
+    """The connection went on writing to the file it had opened, which no path reached any more: the run printed
+    `stored in S as run R`, exit 0, and every cell was lost."""
+    path = tmp_path / "s.db"
+    store = Store(path)
+    try:
+        run_id, _ = store.create_run("r", "inference", {"models": ["m"]}, {"gpus": []})
+        store.put_cell(run_id, "k0", "inference", "ok", {"latency_ms": 1.0}, cell={"i": 0}, samples=[1.0])
+        _gone(path, how)
+        with pytest.raises(SpecError, match="removed, moved or replaced by another file while this command wrote"):
+            store.put_cell(run_id, "k1", "inference", "ok", {"latency_ms": 2.0}, cell={"i": 1}, samples=[1.0])
+    finally:
+        store.close()
+    if how == "replaced":
+        other = Store(path, readonly=True)
+        assert [r["name"] for r in other.runs()] == ["other"]
+        other.close()
+
+
 def _good(tmp_path):
     good = tmp_path / "good.db"
     _store_with_cells(good)

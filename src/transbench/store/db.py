@@ -143,6 +143,15 @@ def _own_lock_folder(folder: Path) -> None:
         raise OSError(errno.EPERM, "it is not this user's own folder, or others may write in it: remove it")
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """The file at `path` (a link's target) by device and inode, None where there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def new_run_ident(kind: str) -> tuple[str, str]:
     """(id, name) of a run the user did not name: a random id, and the kind, the time and the id's start as its name."""
     run_id = uuid.uuid4().hex[:12]
@@ -480,6 +489,18 @@ class Store:
                 _remove(self.path)
             raise
         self.new = kind == "missing"
+        self._where = os.path.abspath(self.path)  # a library caller may change its working folder meanwhile
+        self._identity = _identity(self._where)
+
+    def _check_in_place(self) -> None:
+        """A writer's store is still the file it opened. One removed, moved or replaced during a run went on being
+        written through the open connection, to a file no path reached: the run printed `stored in S as run R`, exit
+        0, and every cell was lost."""
+        if _identity(self._where) != self._identity:
+            raise SpecError(f"store {self.path} was removed, moved or replaced by another file while this command "
+                            "wrote to it: the cells it stored went with the file it had opened, and nothing more is "
+                            "stored; put that file back at this path and rerun the same command to go on, or "
+                            "rerun it to measure again")
 
     @_guarded
     def _check_orphans(self) -> None:
@@ -668,6 +689,7 @@ class Store:
     @_guarded
     def put_cell(self, run_id: str, key: str, scenario: str, status: str, record: dict, *, cell: dict,
                  samples: list | None = None, info: dict | None = None, warnings: list | None = None) -> None:
+        self._check_in_place()
         with self.conn:  # one transaction: the cell is stored whole or not at all
             self.conn.execute(
                 "INSERT OR REPLACE INTO cells VALUES (?,?,?,?,?,?,?,?,?,?)",
