@@ -310,6 +310,78 @@ def test_a_store_removed_during_a_run_stops_it_in_one_line(tmp_path, how):
         other.close()
 
 
+KILLED = """
+import os, sys
+from transbench.store import Store
+s = Store(sys.argv[1])
+run_id, _ = s.create_run("killed", "inference", {"models": ["m"]}, {"gpus": []})
+s.put_cell(run_id, "k0", "inference", "ok", {"latency_ms": 1.0}, cell={"i": 0}, samples=[1.0])
+os._exit(0)  # as kill -9 leaves it: the run and its cell in the -wal file, no checkpoint
+"""
+
+
+def test_a_killed_sweeps_wal_beside_a_links_target_is_read(tmp_path):
+    """SQLite keeps the side files beside the file a link leads to; the readers looked for the -wal file beside the
+    link, found none, and read the store as immutable: the killed sweep's run was left out of `runs`, and `merge`
+    dropped it, exit 0."""
+    import subprocess
+    import sys
+
+    (tmp_path / "stores").mkdir()
+    real = tmp_path / "stores" / "real.db"
+    _store_with_cells(real, name="done")
+    link = tmp_path / "link.db"
+    link.symlink_to(real)
+    subprocess.run([sys.executable, "-c", KILLED, str(link)], check=True, timeout=120,
+                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+    assert Path(f"{real}-wal").stat().st_size > 0 and not Path(f"{link}-wal").exists()
+
+    def stored():  # the store and its -wal file (-shm is SQLite's shared-memory index, which a reader maps)
+        return {k: v for k, v in snapshot(tmp_path / "stores").items() if not k.endswith("-shm")}
+
+    before = stored()
+    res = invoke("runs", "--db", link)
+    assert res.exit_code == 0 and "killed" in res.stdout, res.output
+    target = tmp_path / "all.db"
+    assert invoke("merge", link, "--into", target).exit_code == 0
+    merged = Store(target, readonly=True)
+    assert sorted(r["name"] for r in merged.runs()) == ["done", "killed"]
+    merged.close()
+    assert stored() == before
+
+
+def _side_folder(p: Path) -> None:
+    p.mkdir()
+
+
+def _side_link(p: Path) -> None:
+    victim = p.parent / "notes.txt"
+    victim.write_text("mine\n")
+    p.symlink_to(victim)
+
+
+def _side_fifo(p: Path) -> None:
+    os.mkfifo(p)
+
+
+@pytest.mark.parametrize("suffix", store_db.SIDE_FILES)
+@pytest.mark.parametrize("make", [_side_folder, _side_link, _side_fifo])
+def test_a_side_file_that_is_not_a_file_is_said_as_such(tmp_path, suffix, make):
+    """A folder, a link or a pipe named as the store's -wal, -shm or -journal failed inside SQLite, said as "store S
+    is damaged ...: restore it from a copy" or "check that the file and its folder are writable"."""
+    store = tmp_path / "s.db"
+    _store_with_cells(store)
+    make(tmp_path / f"s.db{suffix}")
+    before = snapshot(tmp_path)
+    source = tmp_path.parent / f"{tmp_path.name}-source.db"
+    _store_with_cells(source, name="other")
+    for args in (["runs", "--db", store], ["compare", "a", "b", "--db", store], ["merge", source, "--into", store],
+                 [*BANDWIDTH, "--db", store]):
+        line = one_line_error(invoke(*args), f"s.db{suffix} beside it, which is not a regular file")
+        assert "damaged" not in line
+    assert snapshot(tmp_path) == before
+
+
 def _good(tmp_path):
     good = tmp_path / "good.db"
     _store_with_cells(good)

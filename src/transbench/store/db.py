@@ -102,12 +102,21 @@ def _release(held: tuple[str, str]) -> None:
             os.close(fd)
 
 
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def side_file(path: str, suffix: str) -> Path:
+    """A file SQLite keeps beside a store (`suffix`: one of SIDE_FILES, or "" for the store itself): beside the file a
+    link leads to, named after it, as SQLite resolves links. Looked for beside the link, a killed sweep's -wal file was
+    missed: its runs were left out of `runs`, `compare` and `report`, and `merge` dropped them, exit 0."""
+    return Path(os.path.realpath(path) + suffix)
+
+
 def _remove(path: str) -> None:
     # The file SQLite made, where the path is a link to no file yet: SQLite creates the link's target (and names its
     # side files after it), and unlinking the path itself removed the user's link and left the new store behind.
-    path = os.path.realpath(path)
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        Path(path + suffix).unlink(missing_ok=True)
+    for suffix in ("", *SIDE_FILES):
+        side_file(path, suffix).unlink(missing_ok=True)
 
 
 LOCK_ROOT_HELP = "the run-name locks are kept in $XDG_RUNTIME_DIR, else the temporary folder"
@@ -287,7 +296,7 @@ def inspect(path: str) -> str:
     if path.endswith(("/", os.sep)):  # SQLite opened `x.db/` as x.db, and a new x.db was made beside the refusal
         raise SpecError(f"store {path} ends in a folder separator: give a file path, e.g. --db "
                         f"{path.rstrip('/' + os.sep) or 'transbench.db'}")
-    side = next((suffix for suffix in ("-wal", "-shm", "-journal") if path.endswith(suffix)), None)
+    side = next((suffix for suffix in SIDE_FILES if path.endswith(suffix)), None)
     if side:  # SQLite takes such a file for the side file of the store named without it, and deletes or rewrites it
         raise SpecError(f"store {path} is named as SQLite names the side files of a store ({side}): SQLite would "
                         f"delete or rewrite it when {path[:-len(side)]} is opened; give another name")
@@ -297,13 +306,14 @@ def inspect(path: str) -> str:
         # cannot be searched (EACCES): `--db` of a 10,000-character name was a traceback in every command
         raise SpecError(f"cannot use store {path} ({exc.strerror}): check the path, or give another --db") from None
     try:
-        os.stat(f"{path}-journal")  # the longest of the names SQLite keeps beside a store (also -wal, -shm)
+        os.stat(side_file(path, "-journal"))  # the longest of the names SQLite keeps beside a store (also -wal, -shm)
     except OSError as exc:  # a name of 248 to 255 bytes: the store's own fits, its -wal file's did not (a traceback)
         if exc.errno == errno.ENAMETOOLONG:
             raise SpecError(f"cannot use store {path}: SQLite keeps {p.name}-wal and -journal beside it, and that "
                             "name is too long for the file system: give a shorter name, or another --db") from None
     if folder:
         raise SpecError(f"store {path} is a folder: give a file path, e.g. --db {p / 'transbench.db'}")
+    _check_side_files(path)
     if not exists:
         return "missing"
     if not regular:
@@ -352,6 +362,25 @@ def inspect(path: str) -> str:
     if newer:
         raise newer
     return "ours" if tables else "empty"
+
+
+def _check_side_files(path: str) -> None:
+    """SQLite's side files of a store are regular files or absent. A folder, a link, a pipe or a device of that name
+    failed inside SQLite, said as "store S is damaged ...: restore it from a copy" or "check that the file and its
+    folder are writable", where the store was whole and writable."""
+    import stat
+
+    for suffix in SIDE_FILES:
+        side = side_file(path, suffix)
+        try:
+            mode = os.lstat(side).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise SpecError(f"store {path} has {side.name} beside it, which is not a regular file (a folder, a link, "
+                            "a pipe or a device): SQLite keeps a store's unfinished writes and its shared index in "
+                            "files of that name, and cannot use it; the store was left as it is: move that away, "
+                            "or give another --db")
 
 
 # _tables' entry for the file's triggers, where it has any. A transbench store has none: a trigger's RAISE turned a
@@ -403,7 +432,7 @@ def _tables(path: str, ours: bool = False) -> dict[str, tuple]:
     """{table: its _layout (() for a table not ours)} of a file (`ours`: one that carries our marker), read
     without writing a byte: immutable (no lock, no -shm file) unless a -wal file beside it may hold the newest
     schema, which only a plain read-only connection reads."""
-    wal = Path(f"{path}-wal")
+    wal = side_file(path, "-wal")
     flags = "mode=ro" if wal.exists() and wal.stat().st_size else "mode=ro&immutable=1"
     try:
         con = sqlite3.connect(f"{Path(path).absolute().as_uri()}?{flags}", uri=True)
@@ -415,8 +444,7 @@ def _tables(path: str, ours: bool = False) -> dict[str, tuple]:
         finally:
             con.close()
     except sqlite3.Error as exc:
-        if flags == "mode=ro" and not Path(f"{path}-shm").exists() and not os.access(Path(path).absolute().parent,
-                                                                                    os.W_OK):
+        if flags == "mode=ro" and not side_file(path, "-shm").exists() and not os.access(wal.parent, os.W_OK):
             # SQLite reads a -wal file only through a -shm file beside it, which this folder takes no new file for
             # (a read-only mount, a shared folder): a killed sweep's store there was called damaged, "restore it from
             # a copy", where store and -wal are whole.
@@ -434,7 +462,7 @@ def _tables(path: str, ours: bool = False) -> dict[str, tuple]:
 def _writable(path: str, kind: str) -> None:
     """A writer needs the file (when there) and its folder (for the new file, and WAL's -wal and -shm
     files) writable. os.access also answers EROFS for a read-only file system."""
-    folder = Path(path).absolute().parent
+    folder = side_file(path, "").parent  # a link's target's folder: SQLite makes the store and its side files there
     if not folder.is_dir():
         raise SpecError(f"folder {folder} of store {path} does not exist: create it (mkdir -p {folder}) "
                         "or give another --db")
@@ -451,7 +479,7 @@ def _reader(path: str) -> tuple[str, bool]:
     the file or its folder cannot be written ("attempt to write a readonly database"), and where they can, the
     last one to close checkpoints the -wal file of a killed sweep into the store and deletes it: a reader (a
     refused `compare`, `runs`) rewrote the store's bytes."""
-    wal = Path(f"{path}-wal")
+    wal = side_file(path, "-wal")
     flags = "mode=ro" if wal.exists() and wal.stat().st_size else "mode=ro&immutable=1"
     return f"{Path(path).absolute().as_uri()}?{flags}", True
 

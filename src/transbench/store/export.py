@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import boundary, keys
 from ..errors import SpecError
-from .db import Store, finite_json
+from .db import SIDE_FILES, Store, finite_json, side_file
 
 # Every record has these keys, in this order (docs/records.md): None where one does not apply
 # or the device cannot measure it (clock and power on a CPU), so a CPU run's export has a GPU run's columns.
@@ -642,7 +642,7 @@ def _refuse_kernel_fs(p: Path, shown: str) -> None:
 
 def _is_store(p: Path, db: Path) -> bool:
     """`p` is the store or one of the files SQLite keeps beside it (overwriting those corrupts it too)."""
-    return any(_same_file(p, Path(f"{db}{tail}")) for tail in ("", "-wal", "-shm", "-journal"))
+    return any(_same_file(p, side_file(str(db), tail)) for tail in ("", *SIDE_FILES))
 
 
 def _same_file(a: Path, b: Path) -> bool:
