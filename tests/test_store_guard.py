@@ -103,6 +103,22 @@ def _newer_schema_unmarked(p):  # the version of a newer schema, without the mar
     con.close()
 
 
+def _foreign_views(p):  # views alone, no table: read as an empty file, safe to start a store in
+    con = sqlite3.connect(p)
+    con.execute("CREATE VIEW runs AS SELECT 1 AS x")
+    con.execute("CREATE VIEW notes AS SELECT 'keep me' AS body")
+    con.commit()
+    con.close()
+
+
+def _marked_views(p):  # our marker over a view named as our table: a writer failed on CREATE TABLE, a traceback
+    con = sqlite3.connect(p)
+    con.execute(f"PRAGMA application_id={store_db.APP_ID}")
+    con.execute("CREATE VIEW runs AS SELECT 1 AS x")
+    con.commit()
+    con.close()
+
+
 BAD = {"random bytes": (_random_bytes, "not a SQLite database"),
        "foreign sqlite": (_foreign, "another application"),
        "foreign sqlite in WAL mode": (_foreign_wal, "another application"),
@@ -110,7 +126,9 @@ BAD = {"random bytes": (_random_bytes, "not a SQLite database"),
        "foreign runs/cells tables": (_foreign_same_table_names, "another application"),
        "truncated header": (_sqlite_header_only, "not a SQLite database"),
        "newer schema": (_newer_schema, "upgrade transbench"),
-       "newer schema, unmarked": (_newer_schema_unmarked, "upgrade transbench")}
+       "newer schema, unmarked": (_newer_schema_unmarked, "upgrade transbench"),
+       "foreign sqlite of views alone": (_foreign_views, "another application"),
+       "marked file of a view": (_marked_views, "damaged")}
 
 COMMANDS = {"runs": lambda bad, tmp: ["runs", "--db", bad],
             "runs --spec": lambda bad, tmp: ["runs", "--db", bad, "--spec", "last"],

@@ -429,7 +429,7 @@ def _no_triggers(path: str, tables: dict[str, list[str]]) -> None:
 
 
 def _tables(path: str, ours: bool = False) -> dict[str, tuple]:
-    """{table: its _layout (() for a table not ours)} of a file (`ours`: one that carries our marker), read
+    """{table or view: its _layout (() for a table not ours, ("view",) for a view)} of a file (`ours`: one that carries our marker), read
     without writing a byte: immutable (no lock, no -shm file) unless a -wal file beside it may hold the newest
     schema, which only a plain read-only connection reads."""
     wal = side_file(path, "-wal")
@@ -437,8 +437,11 @@ def _tables(path: str, ours: bool = False) -> dict[str, tuple]:
     try:
         con = sqlite3.connect(f"{Path(path).absolute().as_uri()}?{flags}", uri=True)
         try:
-            names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-            out = {n: _layout(con, n) if n in COLUMNS else () for n in names}
+            # Views too, as objects that are not our tables whatever their names: a file of views alone (another
+            # application's) read as empty, safe to start a store in, and a writer marked it, then failed on CREATE
+            # TABLE beside a view named runs: a traceback, the file changed.
+            rows = con.execute("SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
+            out = {n: (_layout(con, n) if n in COLUMNS else ()) if kind == "table" else ("view",) for n, kind in rows}
             triggers = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='trigger'")]
             return {**out, TRIGGERS: triggers} if triggers else out
         finally:
