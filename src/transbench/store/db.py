@@ -325,7 +325,8 @@ def inspect(path: str) -> str:
         with open(p, "rb") as f:
             head = f.read(100)
     except OSError as exc:
-        raise SpecError(f"cannot read store {path} ({exc.strerror}): check its permissions, or give another --db") from None
+        raise SpecError(f"cannot read store {path} ({exc.strerror}): check its permissions, or give another "
+                        "--db") from None
     if not head:
         return "empty"
     if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
@@ -429,9 +430,9 @@ def _no_triggers(path: str, tables: dict[str, list[str]]) -> None:
 
 
 def _tables(path: str, ours: bool = False) -> dict[str, tuple]:
-    """{table or view: its _layout (() for a table not ours, ("view",) for a view)} of a file (`ours`: one that carries our marker), read
-    without writing a byte: immutable (no lock, no -shm file) unless a -wal file beside it may hold the newest
-    schema, which only a plain read-only connection reads."""
+    """{table or view: its _layout (() for a table not ours, ("view",) for a view)} of a file (`ours`: one that
+    carries our marker), read without writing a byte: immutable (no lock, no -shm file) unless a -wal file beside it
+    may hold the newest schema, which only a plain read-only connection reads."""
     wal = side_file(path, "-wal")
     flags = "mode=ro" if wal.exists() and wal.stat().st_size else "mode=ro&immutable=1"
     try:
