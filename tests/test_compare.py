@@ -13,6 +13,7 @@ import pytest
 from report_helpers import bad_result, cell, make_run, ok_result
 from typer.testing import CliRunner
 
+from transbench import api
 from transbench.cells import Cell
 from transbench.cli import app
 from transbench.errors import SpecError
@@ -545,3 +546,13 @@ def test_b_over_a_lies_inside_its_interval_where_either_run_was_repeated(tmp_pat
         assert c.ratio == pytest.approx(c.median_b / c.median_a)
     (c,) = compare(db, "rep", "rep2").cells
     assert c.method == "repeats" and c.median_a == pytest.approx((9.0 * 11.0) ** 0.5)
+
+
+def test_a_missing_run_is_named_in_quotes_by_every_command_that_reads_one(two_runs):
+    # troubleshooting.md's line is `error: no run 'zz' in t.db`: runs --spec and api.records said `no run zz`
+    runner = CliRunner()
+    for args in (["runs", "--spec", "nope"], ["compare", "before", "nope"], ["report", "nope"]):
+        res = runner.invoke(app, [*args, "--db", two_runs])
+        assert res.exit_code == 2 and res.stderr.startswith(f"error: no run 'nope' in {two_runs}"), res.output
+    with pytest.raises(SpecError, match=r"no run 'nope', 'no pe' in"):
+        api.records(two_runs, ["nope", "no pe"])

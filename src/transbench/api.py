@@ -72,7 +72,9 @@ def records(db: str, run_refs: list[str] | None = None, baseline: str | None = N
     try:
         missing = [r for r in (run_refs or []) if store.find_run(r) is None]
         if missing:
-            raise SpecError(f"no run {', '.join(missing)} in {db}: `transbench runs` lists them")
+            # each name quoted, as compare and report say it: a name may hold spaces or commas
+            names = ", ".join(f"'{m}'" for m in missing)
+            raise SpecError(f"no run {names} in {db}: `transbench runs` lists them")
         recs = export.records(store, run_refs, baseline)
     finally:
         store.close()

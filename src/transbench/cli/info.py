@@ -115,7 +115,7 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
         match = (rows[-1:] if spec == "last" else
                  [r for r in rows if r["name"] == spec] or [r for r in rows if r["run_id"] == spec])
         if not match:
-            fail(f"no run {spec} in {db}: `transbench runs` lists them")
+            fail(f"no run '{spec}' in {db}: `transbench runs` lists them")  # quoted, as compare and report say it
         try:
             s = RunSpec.from_dict(match[0]["spec"]) if match[0]["kind"] == "inference" else None
         except SpecError as exc:  # said in a spec file's words ("batches: expected a list"), as if the user wrote it
