@@ -2,8 +2,9 @@
 /v1/embeddings at once with a fixed vector, under uvicorn in its own process), at Poisson rates and by the max-rate
 search. What it reaches here bounds what `serve --url` can say of any server on this host; where a model server's
 figures stop at the same rate, the client, not the server, is the limit (benchmarks/results/http_serving_h200_2026-11.md).
-    python3 benchmarks/http_client_ceiling.py DB [RATES]      (RATES default 1000,2000,4000,8000; needs
-    transbench[server]); then python3 benchmarks/print_serve.py DB"""
+    PYTHONPATH=src python3 benchmarks/http_client_ceiling.py DB [RATES]   (RATES default 1000,2000,4000,8000;
+    needs transbench[server]: it runs `python -m transbench serve`);
+    then PYTHONPATH=src python3 benchmarks/print_serve.py DB"""
 
 import os
 import subprocess

@@ -1,5 +1,5 @@
 """One line per serve cell of a store, in-process and HTTP side by side, for benchmarks/http_serving.sh's log:
-    python3 benchmarks/print_serve.py DB"""
+    PYTHONPATH=src python3 benchmarks/print_serve.py DB"""
 
 import sys
 
