@@ -1,7 +1,7 @@
 """Compact text tables of stored training runs, for the GPU script's logs (benchmarks/gpu.sh).
 
     PYTHONPATH=src python3 benchmarks/train_tables.py DB RUN [RUN ...]     every stored cell of each run, in order
-    PYTHONPATH=src python3 benchmarks/train_tables.py --ladder LADDER.json  a finished ladder (scenarios/training/ladder.py)
+    PYTHONPATH=src python3 benchmarks/train_tables.py --ladder LADDER.json  a finished ladder (train --ladder)
 
 The cell table reads the store, so a run cut short by its time box still shows what it measured (a
 ladder's steps and its batch-search probes alike)."""
