@@ -422,6 +422,22 @@ def test_compare_does_not_judge_one_machine_against_another(tmp_path):
     assert res.exit_code == 1 and "1 slower" in res.output, res.output
 
 
+def test_compare_does_not_judge_cpu_cells_of_other_thread_counts(tmp_path):
+    """A CPU run of 1 thread against one of 2 (`--threads`) was paired cell by cell and judged `slower` or
+    `faster` for the cores each was given, without a word."""
+    db = tmp_path / "s.db"
+    c = cell("eager", 1)
+    make_run(str(db), "one", [(c, ok_result(samples(10.0), 1, threads=1))])
+    make_run(str(db), "two", [(c, ok_result(samples(6.0), 1, threads=2))])
+    make_run(str(db), "two-again", [(c, ok_result(samples(6.1), 1, threads=2))])
+    before = digest(tmp_path)
+    refused(invoke("compare", "one", "two", "--db", db), "ran on other hardware",
+            "B ran it on cpu with 2 threads, A on cpu with 1 thread")
+    assert digest(tmp_path) == before
+    res = invoke("compare", "two", "two-again", "--db", db)  # the same threads: compared
+    assert res.exit_code in (0, 1) and "ran on other hardware" not in res.output, res.output
+
+
 def test_min_effect_out_of_range_says_the_range(tmp_path):
     db = tmp_path / "s.db"
     two_runs(db)

@@ -436,11 +436,14 @@ def _why_unmatched(rec: dict, others: list[tuple[object, dict]], other: str) -> 
     return f"not in {other} ({other} has {shown})" if shown else f"not in {other}"
 
 
-def hardware(rec: dict) -> tuple[str | None, str | None]:
-    """Where a cell ran: (device type, GPU name), None where the record does not say (the GPU of a cell that
-    failed before it saw one). cuda:0 and cuda:1 are one device type; GPUs tell apart by their name."""
+def hardware(rec: dict) -> tuple[str | None, str | None, int | None]:
+    """Where a cell ran: (device type, GPU name, CPU threads of a CPU cell), None where the record does not say (the
+    GPU of a cell that failed before it saw one). cuda:0 and cuda:1 are one device type; GPUs tell apart by their
+    name. A CPU cell's threads (`--threads`) are its hardware: a 1-thread run against a 2-thread one was paired and
+    judged `slower` or `faster` for the cores it was given, not for the code."""
     device = str(rec.get("device") or "").split(":")[0] or None
-    return device, (rec.get("gpu") or None) if device != "cpu" else None
+    threads = rec.get("threads") if device == "cpu" and isinstance(rec.get("threads"), int) else None
+    return device, (rec.get("gpu") or None) if device != "cpu" else None, threads
 
 
 def other_hardware(a: dict, b: dict) -> bool:
@@ -449,8 +452,9 @@ def other_hardware(a: dict, b: dict) -> bool:
 
 
 def hardware_text(rec: dict) -> str:
-    device, gpu = hardware(rec)
-    return f"{device or 'an unknown device'}" + (f" ({gpu})" if gpu else "")
+    device, gpu, threads = hardware(rec)
+    return (f"{device or 'an unknown device'}" + (f" ({gpu})" if gpu else "")
+            + (f" with {threads} thread{'s' if threads != 1 else ''}" if threads else ""))
 
 
 def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[dict],
