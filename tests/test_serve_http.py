@@ -963,3 +963,14 @@ def test_the_reference_check_catches_a_wrong_embedding(tmp_path):
     assert why is None and rec["reference_cosine_min"] > 0.9999 and rec["reference_checked"] == 3
     rec, why = endpoint.reference_check(cell, HttpTrace(wrong, plan, 1.0, 1, 1), None)
     assert "cosine" in why and rec["reference_cosine_min"] < 0.5
+
+
+def test_each_probe_line_shows_the_percentile_its_verdict_holds(tmp_path):
+    """`--percentile 90`: each cell's line printed p99 and p99's LoadGen estimate beside a verdict taken on p90."""
+    with Stub() as stub:
+        res = CliRunner().invoke(app, ["serve", "--url", stub.url, "--api", "openai-embeddings", "--rate", "40",
+                                       "--slo-ms", "1000", "--percentile", "90", "--duration", "0.5",
+                                       "--warmup", "0.1", "--lengths", "fixed:4", "--db", str(tmp_path / "t.db")])
+    assert res.exit_code == 0, res.output
+    (line,) = [ln for ln in res.output.splitlines() if "LoadGen estimate" in ln]
+    assert " p90 " in line and "p99" not in line and "verdict" in line, line

@@ -37,24 +37,27 @@ def serve(given: dict, *, spec, db, json_path, csv_path) -> None:
     # given at its default value, an option that nothing here uses is refused as any other value is
     serve_spec.check_given(spec, percentile=given["percentile"] is not None, new_tokens=given["new_tokens"] is not None)
 
+    # each probe's line shows the percentile its verdict holds: --percentile 90 printed p99 beside a p90 verdict
+    latency_key, upper_key, label = serve_spec.verdict_keys(spec)
+
     def on_cell(cell, result):
         if result is None:
             return
         level = {"rate": f"{cell.rate:.1f}/s", "concurrency": f"c{cell.concurrency}"}.get(cell.mode, cell.mode)
         r = result.record
         # A max rate of 0 (no probed rate met the target) is an answer too: it printed as a bare "max-rate: ok".
-        upper = r.get("latency_p99_upper_ms")
-        # empty: it falls on failed requests, or too few requests carry a p99 (measure/timer.carried)
-        p99 = (f"{r['latency_p99_ms']:.2f} ms" if r.get("latency_p99_ms") is not None
-               else "failed" if r.get("failed") else f"n/a: {r.get('n_requests')} requests")
-        detail = (f"p99 {p99} (LoadGen estimate "
+        upper = r.get(upper_key)
+        # empty: it falls on failed requests, or too few requests carry the percentile (measure/timer.carried)
+        tail = (f"{r[latency_key]:.2f} ms" if r.get(latency_key) is not None
+                else "failed" if r.get("failed") else f"n/a: {r.get('n_requests')} requests")
+        detail = (f"{label} {tail} (LoadGen estimate "
                   + (f"{upper:.2f} ms" if upper is not None else f"n/a: {r.get('n_requests')} requests") + ")"
                   + (f", verdict {'met' if r['slo_met'] else 'not met'}" + ("" if r.get("tail_valid") else
                      " (too few requests)") if "slo_met" in r else "")
                   + (f", achieved {r['achieved_rate']:.1f}/s" if r.get("achieved_rate") is not None else "")
                   + (f", errors {r['error_rate']:.1%}" if r.get("error_rate") else "")
                   + (f", max rate {r['max_rate']:.1f}/s" if r.get("max_rate") is not None else "")
-                  if "latency_p99_ms" in r else f"max rate {r['max_rate']:.1f}/s"
+                  if latency_key in r else f"max rate {r['max_rate']:.1f}/s"
                   if r.get("max_rate") is not None and result.status == "ok" else "")
         console.print(visible(f"  {cell.backend} {level}: {result.status} {detail or result.error or ''}")[:160],
                       markup=False, highlight=False)

@@ -16,7 +16,6 @@ from . import spec as serve_spec
 from .arrivals import MIN_REQUESTS
 from .cell import ServeCell
 from .search import find_max_rate, hopeless
-from .stats import name as percentile_name
 
 
 # The fields endpoint_spec.check resolves for a `serve --url` run (the endpoint serves its own model): stored with the
@@ -82,7 +81,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
             share = serve_spec.tail_share(spec)
             # The figure each probe shows beside its verdict: the early-stopping estimate of the latency percentile
             # where the end-to-end latency is the one objective, else the share of requests meeting all of them.
-            figure = (f"latency_{percentile_name(round(share * 100, 6))}_upper_ms" if spec.slo is None else "goodput")
+            figure = serve_spec.verdict_keys(spec)[1] if spec.slo is None else "goodput"
             ended: dict[float, str] = {}  # rate -> the status of a probe that did not end ok
             rows: dict[float, dict] = {}
             # The probes run while none passed, with their failed requests by kind (an endpoint's), and why the

@@ -278,6 +278,13 @@ def tail_share(spec: ServeSpec) -> float:
     return spec.goodput_target if spec.goodput_target is not None else spec.percentile / 100
 
 
+def verdict_keys(spec: ServeSpec) -> tuple[str, str, str]:
+    """The verdict's percentile in a cell's record: (its latency key, its LoadGen estimate's key, its label, p99.9):
+    what a probe's line and its trail show beside the verdict, which --percentile 90 judged on p90."""
+    q = round(tail_share(spec) * 100, 6)
+    return f"latency_{serve_stats.name(q)}_ms", f"latency_{serve_stats.name(q)}_upper_ms", f"p{q:g}"
+
+
 def cell(spec: ServeSpec, lengths, backend: str, mode: str, level: float = 0) -> ServeCell:
     share = tail_share(spec)
     # A --find-max-rate probe is planned long enough for its percentile's verdict (LoadGen's minimum, with a fifth
