@@ -370,6 +370,26 @@ def test_positions_numbered_from_the_pad_id_bound_the_sequence(tmp_path, family,
     assert not build.positions_from_pad("bert") and not build.positions_from_pad("no-such-family")
 
 
+def test_a_null_pad_id_bounds_the_sequence_by_the_pad_id_the_model_is_built_with(tmp_path, cache):
+    """A RoBERTa config.json whose pad_token_id is null is built with its eos id (2) as the pad id, so positions
+    start at 3; the limit was counted from 0 + 1, and --seq 18 or 19 of a 20-position model were IndexError cells."""
+    import transformers
+
+    config = transformers.RobertaConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=37, max_position_embeddings=20, pad_token_id=None)
+    d = tmp_path / "roberta-null-pad"
+    transformers.RobertaModel(config).save_pretrained(d)
+    assert json.loads((d / "config.json").read_text())["pad_token_id"] is None
+    ref = build.resolve(str(d))
+    assert build.hf_config(ref, "base").pad_token_id == 2 and ref.shape.max_positions == 20 - 3
+    cell = Cell(model=str(d), task="base", backend="eager", dtype="fp32", batch=1, seq=17, device="cpu", **FAST)
+    r = execute(cell, cache)
+    assert r.status == "ok", r.error
+    refused(invoke("run", "--model", d, "--seq", "18", "--db", tmp_path / "x.db"),
+            "seq 18 is longer than", "allows (17 positions)")
+    assert not (tmp_path / "x.db").exists()
+
+
 def test_a_weight_shard_in_a_subfolder_is_inside_the_folder(tmp_path):
     """An index naming `sub/x.safetensors` was refused as naming a shard outside the folder."""
     from transformers import BertConfig, BertModel

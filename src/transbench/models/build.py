@@ -125,6 +125,21 @@ def position_offset(family: str, pad_token_id) -> int:
     return (pad_token_id or 0) + 1 if positions_from_pad(family) else 0
 
 
+def built_pad_token_id(cfg) -> int:
+    """The pad_token_id of the model `hf_config` builds from `cfg`: its own, else (a config that names none) its
+    end-of-sequence id where that is in the vocabulary, else 0. A decoder's sequence classifier needs one, and a
+    family that numbers positions from it (RoBERTa's) spends that many of max_position_embeddings: the longest
+    --seq is counted with the id the model is built with, not the config's null."""
+    pad = getattr(cfg, "pad_token_id", None)
+    if pad is not None:
+        return pad
+    eos = getattr(cfg, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    # An end-of-sequence id outside the vocabulary (a config whose defaults name another model's ids) would make
+    # the embedding's padding_idx fail transformers' assertion, for a model transformers itself builds.
+    return eos if isinstance(eos, int) and 0 <= eos < (getattr(cfg, "vocab_size", 0) or 0) else 0
+
+
 def shape_from_config(name: str, cfg) -> Preset:
     """The benchmark's view of a transformers config (attribute_map makes GPT-2's n_embd read as hidden_size)."""
     hidden, heads = cfg.hidden_size, cfg.num_attention_heads
@@ -132,7 +147,7 @@ def shape_from_config(name: str, cfg) -> Preset:
     if not positions or positions < 0:  # none, or XLNet's -1: its config class says "no sequence length limit"
         positions = 1 << 20
     else:
-        positions -= position_offset(cfg.model_type, getattr(cfg, "pad_token_id", None))
+        positions -= position_offset(cfg.model_type, built_pad_token_id(cfg))
     head_dim = getattr(cfg, "head_dim", None)
     kv = getattr(cfg, "num_key_value_heads", None)
     if cfg.model_type == "falcon" and getattr(cfg, "multi_query", False) and \
@@ -698,12 +713,7 @@ def hf_config(ref: ModelRef, task: str, activation: str | None = None, dropout: 
         cfg = transformers.AutoConfig.from_pretrained(ref.path, trust_remote_code=False, local_files_only=True)
     else:
         cfg = preset_config(ref.shape)
-    if getattr(cfg, "pad_token_id", None) is None:  # sequence classification of decoders needs one
-        eos = getattr(cfg, "eos_token_id", None)
-        eos = eos[0] if isinstance(eos, list) and eos else eos
-        # An end-of-sequence id outside the vocabulary (a config whose defaults name another model's ids) would make
-        # the embedding's padding_idx fail transformers' assertion, for a model transformers itself builds.
-        cfg.pad_token_id = eos if isinstance(eos, int) and 0 <= eos < (getattr(cfg, "vocab_size", 0) or 0) else 0
+    cfg.pad_token_id = built_pad_token_id(cfg)  # sequence classification of decoders needs one
     if not (ref.path and (getattr(cfg, "num_labels", 0) or 0) >= 1):
         # A checkpoint's own classifier keeps its classes (a 3-label head would not load into 2), one included: a
         # regression head (num_labels 1) was refused by the loader ("ignore_mismatched_sizes"), every cell an
