@@ -378,8 +378,8 @@ def test_wrong_backend_is_never_loaded(tmp_path, extra_backends):
      "--new-tokens must be at least 1"),
     (["--model", "gpt2-tiny", "--task", "generate", "--concurrency", "1", "--new-tokens", "-3"],
      "--new-tokens must be at least 1"),
-    (["--model", "gpt2-tiny", "--task", "generate", "--concurrency", "1", "--new-tokens", "128"],
-     "--new-tokens 128 leaves no room for a prompt in gpt2-tiny's 128 positions: use --new-tokens 127 or less"),
+    (["--model", "gpt2-tiny", "--task", "generate", "--concurrency", "1", "--new-tokens", "129"],
+     "--new-tokens 129 leaves no room for a prompt in gpt2-tiny's 128 positions: use --new-tokens 128 or less"),
     (["--rate", "10", "--percentile", "101"], "--percentile 101: give a percentile above 0 and below 100"),
     (["--rate", "10", "--percentile", "-5"], "--percentile -5: give a percentile"),
     (["--rate", "10", "--percentile", "95"], "--percentile 95 is the percentile a verdict holds"),
@@ -671,8 +671,31 @@ def test_generation_prompt_limit_names_what_the_new_tokens_leave(tmp_path):
     out = serve_refusal(tmp_path, "--model", "gpt2-tiny", "--task", "generate", "--rate", "10", "--lengths",
                         "fixed:127")
     # was "max 127 is above the model's 96 positions": gpt2-tiny has 128
-    assert "max 127 is above the 96 positions a prompt has (gpt2-tiny's 128 less --new-tokens 32); " \
-           "lower it to 96 or less" in out
+    assert "max 127 is above the 97 positions a prompt has (gpt2-tiny's 128 less --new-tokens 32, but the last, " \
+           "which is never fed back); lower it to 97 or less" in out
+
+
+def test_a_generation_under_load_needs_the_positions_it_feeds_as_run_does(tmp_path):
+    """A prompt of S tokens and N new ones feed S + N - 1 positions (the last token is read, never fed), as `run`
+    counts them. serve asked for S + N: it refused a 1-position model with "use --new-tokens 0 or less", which it
+    then refused too, and every model's longest prompt was one token short of what its generators hold."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    d = tmp_path / "gpt2-4-positions"
+    GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=4)).save_pretrained(d)
+    out = serve_refusal(tmp_path, "--model", d, "--task", "generate", "--rate", "10", "--new-tokens", "5",
+                        "--lengths", "fixed:1")
+    assert "--new-tokens 5 leaves no room for a prompt in" in out and "use --new-tokens 4 or less" in out
+    out = serve_refusal(tmp_path, "--model", d, "--task", "generate", "--rate", "10", "--new-tokens", "2",
+                        "--lengths", "fixed:4")
+    assert "max 4 is above the 3 positions a prompt has" in out
+    js = tmp_path / "g.json"
+    res = invoke("serve", "--model", d, "--task", "generate", "--device", "cpu", "--backend", "eager", "--lengths",
+                 "fixed:3", "--new-tokens", "2", "--concurrency", "1", "--duration", "0.3", "--warmup", "0",
+                 "--db", tmp_path / "g.db", "--json", js)
+    assert res.exit_code == 0, res.output
+    (rec,) = json.loads(js.read_text())["cells"]
+    assert rec["status"] == "ok", rec
 
 
 def test_length_files_that_are_not_token_counts(tmp_path, monkeypatch):

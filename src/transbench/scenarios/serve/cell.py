@@ -9,6 +9,16 @@ from ...cells import SweepCell
 from .lengths import Lengths
 
 
+def prompt_room(max_positions: int, task: str, new_tokens: int, endpoint: bool) -> int:
+    """The longest prompt a cell of `task` may send to a model of `max_positions`. A generation in this process feeds
+    the prompt and each new token but the last, which is read and never fed back (cells.Cell.positions: S + N - 1,
+    as `run` counts it); an endpoint's context holds the prompt and every token it returns (an OpenAI-compatible
+    server refuses a prompt plus max_tokens above its length)."""
+    if task != "generate":
+        return max_positions
+    return max_positions - new_tokens + (0 if endpoint else 1)
+
+
 @dataclass(frozen=True)
 class ServeCell(SweepCell):
     model: str

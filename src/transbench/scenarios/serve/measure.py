@@ -42,7 +42,7 @@ from ..inference.measure import TOLERANCE, ModelCache, cell_inputs, model_for, o
 from . import arrivals as arrival_kinds
 from .arrivals import window_s
 from .batcher import BatchPolicy
-from .cell import ServeCell
+from .cell import ServeCell, prompt_room
 from .load import DRAIN_LIMIT_S, LoadPlan, run_load
 from .prepare import Step, by_need as _interleave, run_steps
 from .stats import account
@@ -377,7 +377,7 @@ class Decoders:
     @property
     def longest_prompt(self) -> int:
         """A prompt's bucket leaves room for the new tokens in the model's positions."""
-        return self.shape.max_positions - self.cell.new_tokens
+        return prompt_room(self.shape.max_positions, "generate", self.cell.new_tokens, endpoint=False)
 
     loading = False
     under_load = 0

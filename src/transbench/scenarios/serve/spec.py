@@ -17,7 +17,7 @@ from ...runner.worker import timeout_setting
 from ...spec import MAX_SECONDS, check_once, checked
 from . import arrivals as serve_arrivals, lengths as serve_lengths, stats as serve_stats, tails
 from . import trace as serve_trace
-from .cell import ServeCell
+from .cell import ServeCell, prompt_room
 from .load import DRAIN_LIMIT_S
 
 # A batch that waits longer than a minute for company is a misconfiguration (`serve --max-wait-ms 1e300` stored an
@@ -229,13 +229,18 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         raise SpecError(f"unknown activation '{spec.activation}': choose from {', '.join(build.ACTIVATIONS)}")
     if spec.new_tokens < 1:
         raise SpecError("--new-tokens must be at least 1")
-    top = ref.shape.max_positions - (spec.new_tokens if spec.task == "generate" else 0)
+    # In this process the last new token is never fed back: a 128-position model has room for a 97-token prompt and
+    # --new-tokens 32, and a 1-position one for --new-tokens 1 (the advice was "--new-tokens 0 or less").
+    endpoint = spec.url is not None
+    top = prompt_room(ref.shape.max_positions, spec.task, spec.new_tokens, endpoint)
     if top < 1:
+        most = ref.shape.max_positions - (1 if endpoint else 0)
         raise SpecError(f"--new-tokens {spec.new_tokens} leaves no room for a prompt in {ref.name}'s "
-                        f"{ref.shape.max_positions} positions: use --new-tokens {ref.shape.max_positions - 1} or less")
+                        f"{ref.shape.max_positions} positions: use --new-tokens {most} or less")
     # Generation: a prompt has what the new tokens leave ("the model's 96 positions" misnamed gpt2-tiny's 128).
+    fed = "" if endpoint else ", but the last, which is never fed back"
     room = (f"the {top} positions a prompt has ({ref.name}'s {ref.shape.max_positions} less --new-tokens "
-            f"{spec.new_tokens})" if spec.task == "generate" else None)
+            f"{spec.new_tokens}{fed})" if spec.task == "generate" else None)
     if spec.trace is not None:
         trace = serve_trace.read(spec.trace)
         over = [n for n in trace.inputs if n > top]
