@@ -390,6 +390,22 @@ def test_a_null_pad_id_bounds_the_sequence_by_the_pad_id_the_model_is_built_with
     assert not (tmp_path / "x.db").exists()
 
 
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "link-to-nowhere"])
+def test_a_file_given_as_the_model_is_named_a_file_not_an_unknown_preset(tmp_path, name):
+    """`--model ckpt/config.json` was "unknown model ...: use a preset (every preset listed)", as if the path did not
+    exist; it names the folder to give instead, and nothing is stored."""
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    path = d / name
+    if name == "link-to-nowhere":
+        path.symlink_to(tmp_path / "gone")
+    else:
+        path.write_text("{}")
+    line = refused(invoke("run", "--model", path, "--db", tmp_path / "x.db"), "is not a folder", str(d))
+    assert "unknown model" not in line and "bert-base-uncased" not in line
+    assert not (tmp_path / "x.db").exists()
+
+
 def test_a_weight_shard_in_a_subfolder_is_inside_the_folder(tmp_path):
     """An index naming `sub/x.safetensors` was refused as naming a shard outside the folder."""
     from transformers import BertConfig, BertModel

@@ -651,6 +651,11 @@ def resolve(model: str) -> ModelRef:
         if key not in _RESOLVED:
             _RESOLVED[key] = _resolve_folder(path)
         return _RESOLVED[key]
+    if os.path.lexists(path):
+        # A file of a checkpoint (its config.json, its weights) was called an unknown model, and the line listed every
+        # preset, as if the path had not been found.
+        raise SpecError(f"model '{model}' is not a folder: give the checkpoint folder that holds config.json and the "
+                        f"weights ({os.path.dirname(os.path.abspath(path))} if this file is one of them)")
     raise SpecError(
         f"unknown model '{model}': use a preset ({', '.join(PRESETS)}) or a local checkpoint folder"
     )
