@@ -309,3 +309,20 @@ def test_a_bare_model_of_return_dict_false_returns_a_tuple():
         ref = model(ids, attention_mask=mask)
     out = compile_model(model, dtype=torch.float32)(ids, attention_mask=mask)
     assert type(out) is tuple and len(out) == len(ref) and rel(out[1], ref[1]) < 1e-5
+
+
+@pytest.mark.parametrize("field", ["output_hidden_states", "output_attentions"])
+@pytest.mark.parametrize("make", [lambda **kw: bert(**kw), lambda **kw: gpt2(GPT2LMHeadModel, **kw)],
+                         ids=["bert", "gpt2-lm"])
+def test_outputs_a_config_asks_for_are_refused_as_the_same_arguments_are(field, make):
+    """A config that sets output_hidden_states answers a call without it with every layer's states, as transformers
+    reads it; the engine returned its ModelOutput without them (a tuple one element short), where the argument itself
+    is refused. The call that turns it off is run."""
+    model = make(**{field: True}).eval()
+    ids, mask = ids_mask()
+    compiled = compile_model(model, dtype=torch.float32)
+    with pytest.raises(EngineUnsupported, match=f"{field} \\(the model's config sets it: pass False\\)"):
+        compiled(ids, attention_mask=mask)
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask, **{field: False})[0]
+    assert rel(compiled(ids, attention_mask=mask, **{field: False})[0], ref, mask) < 1e-5

@@ -106,9 +106,13 @@ def _loss_read(name: str, a: dict, mask: torch.Tensor) -> str | None:
 class EngineBackbone(nn.Module):
     """Stands where `model.bert` / `model.transformer` stood, with the same call signature and outputs."""
 
-    def __init__(self, engine, signature: inspect.Signature, return_dict: bool = True):
+    def __init__(self, engine, signature: inspect.Signature, return_dict: bool = True, outputs: tuple = (False, False)):
         super().__init__()
         self.engine = engine
+        # What output_attentions / output_hidden_states=None mean: the config's, as transformers reads them. A
+        # checkpoint whose config.json sets output_hidden_states got its ModelOutput without hidden_states (and a
+        # tuple one element short), where the same request as an argument is refused.
+        self.outputs = outputs
         # What return_dict=None means: the config's return_dict, as transformers' models read it (a bare BertModel
         # of return_dict=False returns a tuple; the ModelOutput returned instead unpacked into its keys' names).
         self.return_dict = return_dict
@@ -131,8 +135,12 @@ class EngineBackbone(nn.Module):
     def _forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                  inputs_embeds=None, past_key_values=None, cache=None, output_attentions=None,
                  output_hidden_states=None, encoder_hidden_states=None, return_dict=None, **unused):
-        if output_attentions or output_hidden_states:
-            raise EngineUnsupported("output_attentions / output_hidden_states are not produced by the engine")
+        asked = [name for name, given, config in zip(("output_attentions", "output_hidden_states"),
+                                                      (output_attentions, output_hidden_states), self.outputs)
+                 if (config if given is None else given)]
+        if asked:
+            by = "" if output_attentions or output_hidden_states else " (the model's config sets it: pass False)"
+            raise EngineUnsupported(f"{' / '.join(asked)}{by}: the engine produces no attentions or hidden states")
         if past_key_values is not None or cache is not None or encoder_hidden_states is not None:
             # (`cache` is transformers 5.24's name for past_key_values)
             raise EngineUnsupported("past_key_values / cache / cross-attention inputs: use compiled.generator() "
@@ -179,7 +187,9 @@ class CompiledModel:
         # backbone without return_dict and read its output's attributes (transformers' own crash on a tuple there).
         bare = backbone is hf_model
         self.backbone = EngineBackbone(self.engine, inspect.signature(backbone.forward),
-                                       not bare or getattr(backbone.config, "return_dict", True) is not False)
+                                       not bare or getattr(backbone.config, "return_dict", True) is not False,
+                                       tuple(getattr(backbone.config, n, False) is True
+                                             for n in ("output_attentions", "output_hidden_states")))
         self.module = self.backbone if bare else self._shell(hf_model, backbone)
         # Heads that may read padding positions, checked on each call's arguments (padding_read); others skip it.
         self._signature = inspect.signature(hf_model.forward) if reads_padding(hf_model) else None
