@@ -390,6 +390,24 @@ def test_a_null_pad_id_bounds_the_sequence_by_the_pad_id_the_model_is_built_with
     assert not (tmp_path / "x.db").exists()
 
 
+def test_a_checkpoint_asking_for_hidden_states_runs_its_task_output_on_every_backend(tmp_path, cache):
+    """A config.json with output_hidden_states (or output_attentions) true: a cell measures the task's output, so
+    eager returned every layer's states beside it and each fused cell was an error (the engine produces none)."""
+    import transformers
+
+    d = tmp_path / "bert-hidden-states"
+    transformers.BertModel(transformers.BertConfig(
+        vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+        max_position_embeddings=16, output_hidden_states=True)).save_pretrained(d)
+    config = json.loads((d / "config.json").read_text())  # transformers refuses to build it with SDPA attention
+    (d / "config.json").write_text(json.dumps({**config, "output_attentions": True}))
+    cfg = build.hf_config(build.resolve(str(d)), "base")
+    assert cfg.output_hidden_states is False and cfg.output_attentions is False
+    for backend in ("eager", "fused"):
+        r = run(cache, str(d), "base", backend)
+        assert r.status == "ok", r.error
+
+
 @pytest.mark.parametrize("name", ["config.json", "model.safetensors", "link-to-nowhere"])
 def test_a_file_given_as_the_model_is_named_a_file_not_an_unknown_preset(tmp_path, name):
     """`--model ckpt/config.json` was "unknown model ...: use a preset (every preset listed)", as if the path did not

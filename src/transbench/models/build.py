@@ -719,6 +719,9 @@ def hf_config(ref: ModelRef, task: str, activation: str | None = None, dropout: 
     else:
         cfg = preset_config(ref.shape)
     cfg.pad_token_id = built_pad_token_id(cfg)  # sequence classification of decoders needs one
+    # A cell measures its task's output. A config.json that asks for every layer's hidden states or attention maps
+    # made eager return them, SDPA fall back to eager attention for the maps, and every fused cell an error.
+    cfg.output_hidden_states = cfg.output_attentions = False
     if not (ref.path and (getattr(cfg, "num_labels", 0) or 0) >= 1):
         # A checkpoint's own classifier keeps its classes (a 3-label head would not load into 2), one included: a
         # regression head (num_labels 1) was refused by the loader ("ignore_mismatched_sizes"), every cell an
