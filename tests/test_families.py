@@ -312,6 +312,8 @@ def test_a_valid_folder_resolves(tmp_path):
 @pytest.mark.parametrize("config,weights,needle", [
     ("{not json", "safetensors", "config.json: invalid JSON at line 1"),
     ({"hidden_size": 48}, "safetensors", "names no model_type"),
+    ({**TINY_BERT, "model_type": 5}, "safetensors", "model_type is 5, not a family name"),
+    ({**TINY_BERT, "model_type": None}, "safetensors", "model_type is null, not a family name"),
     (json.dumps(TINY_BERT)[:-1] + ', "layer_norm_eps": NaN}', "safetensors", "NaN is not a number JSON allows"),
     (json.dumps(TINY_BERT)[:-1] + ', "initializer_range": -Infinity}', "safetensors", "-Infinity is not a number"),
     ({**TINY_BERT, "model_type": "bertzilla"}, "safetensors", "model_type 'bertzilla' is unknown to transformers"),

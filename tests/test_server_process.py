@@ -176,6 +176,13 @@ def test_a_field_asking_for_another_answer_is_a_400_naming_it(field, value):
     assert resp.status_code == 400 and field in resp.json()["error"]["message"], resp.text
 
 
+def test_an_empty_prompt_is_said_to_be_empty():
+    # `"prompt": []` was told it "must be a string or a list of token ids", which it is
+    for body in ({"prompt": [], "max_tokens": 2}, {"prompt": "", "max_tokens": 2}):
+        resp = post(answering_api(True), "/v1/completions", {"model": "tiny", **body})
+        assert resp.status_code == 400 and resp.json()["error"]["message"].endswith("is empty"), resp.text
+
+
 def test_what_benchmark_clients_send_is_answered():
     """vLLM's benchmark client's completion fields (logprobs null, ignore_eos false, repetition_penalty 1, best_of 1),
     OpenAI's neutral values, and an embeddings request naming the model's own size."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import math
 import os
 import re
@@ -204,8 +205,11 @@ def _read_config(folder: Path) -> dict:
         _refuse(folder, "has no config.json", "point --model at a transformers checkpoint folder")
     where = f"checkpoint {folder}: config.json"
     cfg = boundary.load_json_file(path, where, limit=boundary.CONFIG_BYTES, fix="fix or re-download it", finite=True)
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("model_type"), str):
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
         _refuse(folder, "config.json names no model_type", "re-download the checkpoint's config.json")
+    if not isinstance(cfg["model_type"], str):  # `5` or null was said to be missing
+        _refuse(folder, f"config.json's model_type is {json.dumps(cfg['model_type'])[:60]}, not a family name "
+                "such as \"bert\"", "fix or re-download the checkpoint's config.json")
     return cfg
 
 

@@ -191,7 +191,7 @@ class Api:
         """One input's token ids: text through the tokenizer, or a list of token ids as given."""
         if isinstance(value, str):
             ids = self.tok.encode(text(value, what))
-        elif isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        elif isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
             if any(not 0 <= i < self.vocab for i in value):
                 raise BadRequest(f"{what}: a token id is outside the vocabulary (0..{self.vocab - 1})")
             ids = list(value)
