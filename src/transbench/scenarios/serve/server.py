@@ -339,21 +339,33 @@ class Api:
         async def events():
             # Counted once, however the stream ends: a client that hung up mid-stream ends it here (the generator is
             # closed), and was counted nowhere in /metrics.
+            # The events already queued go out in one write. Written one by one, no write waited for the event
+            # loop, so a client that hung up (a reset) was written to until the loop ran the transport's
+            # connection_lost: from the fifth write on, asyncio logged "socket.send() raised exception." each time,
+            # and a client hanging up on streams filled the server's log.
             status = GONE
             try:
-                while True:
-                    kind, value = await q.get()
-                    if kind == "error":
-                        status = self.failed("completions", value).status
-                        yield f"data: {json.dumps({'error': {'message': str(value), 'type': 'server_error'}})}\n\n"
-                        return
-                    if kind == "done":
-                        break
-                    yield f"data: {json.dumps(chunk(self.tok.decode([value])))}\n\n"
-                yield f"data: {json.dumps(chunk('', 'length'))}\n\n"
-                if usage:
-                    yield f"data: {json.dumps({**chunk(''), 'choices': [], 'usage': counts})}\n\n"
-                yield "data: [DONE]\n\n"
+                ended = False
+                while not ended:
+                    events = []
+                    for kind, value in [await q.get()] + [q.get_nowait() for _ in range(q.qsize())]:
+                        if kind == "error":
+                            status = self.failed("completions", value).status
+                            error = {"error": {"message": str(value), "type": "server_error"}}
+                            events.append(f"data: {json.dumps(error)}\n\n")
+                            yield "".join(events)
+                            return
+                        if kind == "done":
+                            ended = True
+                            break
+                        events.append(f"data: {json.dumps(chunk(self.tok.decode([value])))}\n\n")
+                    if ended:
+                        events.append(f"data: {json.dumps(chunk('', 'length'))}\n\n")
+                        if usage:
+                            events.append(f"data: {json.dumps({**chunk(''), 'choices': [], 'usage': counts})}\n\n")
+                        events.append("data: [DONE]\n\n")
+                    if events:
+                        yield "".join(events)
                 status = 200
                 self.model.metrics.request("completions", 200, time.perf_counter() - t0)
             finally:
