@@ -974,3 +974,25 @@ def test_each_probe_line_shows_the_percentile_its_verdict_holds(tmp_path):
     assert res.exit_code == 0, res.output
     (line,) = [ln for ln in res.output.splitlines() if "LoadGen estimate" in ln]
     assert " p90 " in line and "p99" not in line and "verdict" in line, line
+
+
+def test_a_closed_loop_against_an_endpoint_that_refuses_at_once_stops_at_the_request_cap(monkeypatch):
+    # every connection refused at once: 4 clients sent 17,000 requests a second, each kept, until --duration ended
+    from transbench.scenarios.serve import http_client
+
+    monkeypatch.setattr(http_client, "MAX_REQUESTS", 300)
+    plan = LoadPlan([4], concurrency=4, span_s=3.0, warmup_s=0.0)
+    started = time.perf_counter()
+    trace = run_http_load(f"http://127.0.0.1:{free_port()}", "openai-embeddings",
+                          lambda r: payload("openai-embeddings", "m", "x", 0), plan, timeout_s=5)
+    assert time.perf_counter() - started < 2.5 and len(trace.requests) == 300
+    assert {r.status for r in trace.requests} == {"refused"}
+    assert trace.capped_s is not None and trace.plan.span_s == trace.capped_s < 2.5  # its rates over what it ran
+    from transbench.scenarios.serve import lengths
+    from transbench.scenarios.serve.cell import ServeCell
+
+    cell = ServeCell(model="m", task="embed", backend="http", dtype="-", mode="concurrency", concurrency=4,
+                     lengths=lengths.parse("fixed:8", 128).to_dict(), duration=3, warmup=0,
+                     url=f"http://127.0.0.1:{free_port()}", api="openai-embeddings", served_model="m")
+    result = endpoint.run(cell)
+    assert result.status == "error" and any("stopped at 300 requests" in w for w in result.warnings)

@@ -257,9 +257,15 @@ def run(cell: ServeCell) -> CellResult:
     rec, samples, info = account(trace, None, offered, cell.tail_share, objectives=cell.objectives(),
                                  percentiles=cell.percentiles)
     info.update(prompts=source, url=cell.url, api=cell.api, served_model=model, token_counts=info_counts)
+    capped = None
+    if trace.capped_s is not None:
+        failed = Counter(r.status for r in trace.requests if not r.ok)
+        capped = (f"the closed loop stopped at {len(trace.requests):,} requests, the most a load keeps, "
+                  f"{trace.capped_s:.1f} s into its {cell.warmup + cell.duration:g} s"
+                  + (f" ({', '.join(f'{k} {v:,}' for k, v in sorted(failed.items()))})" if failed else ""))
     if not rec.get("requests"):
-        return CellResult("error", record=rec, info=info,
-                          error="no request was sent after the warm-up: lengthen --duration or raise the rate")
+        return CellResult("error", record=rec, info=info, error=f"{capped}, within the warm-up: none was measured"
+                          if capped else "no request was sent after the warm-up: lengthen --duration or raise the rate")
     warnings = []
     if rec["failed"]:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(info["failures"].items()))
@@ -268,6 +274,8 @@ def run(cell: ServeCell) -> CellResult:
     lag = lag_warning(rec, plan)
     if lag:
         warnings.append(lag)
+    if capped:
+        warnings.append(f"{capped}: every figure is over those seconds")
     if trace.waited:  # requests that found every connection busy; a pool as large as the load's requests never does
         warnings.append(f"{trace.waited} request(s) waited for one of the {trace.pool} connections, every one busy "
                         "(their wait is in their latency)")

@@ -16,6 +16,7 @@ for it with `stream_options.include_usage`)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import resource
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ... import boundary
 from ...errors import SpecError
-from .load import LoadPlan, no_collector
+from .load import MAX_REQUESTS, LoadPlan, no_collector
 
 API_PATHS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions",
              "openai-embeddings": "/v1/embeddings"}
@@ -79,6 +80,7 @@ class HttpTrace:
     peak_in_flight: int
     t0: float = 0.0  # time.perf_counter() at the start of the load (times above are relative to it)
     waited: int = 0  # requests that waited for a connection (every one of `pool` busy)
+    capped_s: float | None = None  # a closed loop stopped at MAX_REQUESTS requests, this long into the load
 
 
 def embedding_values(value) -> list[float]:
@@ -475,6 +477,7 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
     out: list[Sent] = []
     in_flight = peak = 0
     widths: dict = {}
+    capped = None
 
     async def one(r: Sent) -> None:
         nonlocal in_flight, peak
@@ -509,9 +512,16 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
             counter = iter(range(10**12))
 
             async def client_loop() -> None:
+                nonlocal capped
                 while True:
                     t = now()
                     if t >= plan.span_s:
+                        return
+                    # A closed loop keeps every request, as an open loop's plan does, and is held to the same cap:
+                    # against an endpoint that died mid-run each connection is refused at once, and 4 clients sent
+                    # 17,000 requests a second, the worker growing by about 1 KB each until --duration ended.
+                    if len(out) >= MAX_REQUESTS:
+                        capped = t if capped is None else capped
                         return
                     i = next(counter)
                     r = Sent(i, t, lengths[i % len(lengths)])
@@ -521,7 +531,9 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
             await asyncio.gather(*(client_loop() for _ in range(plan.concurrency)))
     finally:
         conns.close()
-    return HttpTrace(out, plan, now(), pool, peak, t0, conns.waited)
+    if capped is not None:  # the load's window ends where it stopped: every rate is over the seconds it ran
+        plan = dataclasses.replace(plan, span_s=capped)
+    return HttpTrace(out, plan, now(), pool, peak, t0, conns.waited, capped)
 
 
 def run_http_load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) -> HttpTrace:

@@ -24,6 +24,13 @@ from .batcher import Batcher, BatchPolicy
 DRAIN_LIMIT_S = 10.0
 
 
+# A rate's arrivals are planned in full before its load starts, and the load keeps every request as Python objects
+# (its arrival, start, finish): a million take under a second to plan and ~350 MB in the worker, and cover 80,000/s
+# over the default 12 s window (bert-base serves ~9,000/s on an H100). --rate 1e9 planned 7e8 arrivals for minutes
+# and grew the worker to gigabytes before the first request. Closed-loop clients are queued at the start alike.
+MAX_REQUESTS = 1_000_000
+
+
 @dataclass
 class Request:
     rid: int

@@ -18,7 +18,7 @@ from ...spec import MAX_SECONDS, check_once, checked
 from . import arrivals as serve_arrivals, lengths as serve_lengths, stats as serve_stats, tails
 from . import trace as serve_trace
 from .cell import ServeCell, prompt_room
-from .load import DRAIN_LIMIT_S
+from .load import DRAIN_LIMIT_S, MAX_REQUESTS
 
 # A batch that waits longer than a minute for company is a misconfiguration (`serve --max-wait-ms 1e300` stored an
 # `ok` cell that served nothing); `server` takes the same bound.
@@ -41,11 +41,6 @@ def max_wait_setting():
 
 # What a cell's deadline holds besides its load: the model's build, the correctness gate and the drain.
 DEADLINE_SLACK_S = 30.0
-# A rate's arrivals are planned in full before its load starts, and the load keeps every request as Python objects
-# (its arrival, start, finish): a million take under a second to plan and ~350 MB in the worker, and cover 80,000/s
-# over the default 12 s window (bert-base serves ~9,000/s on an H100). --rate 1e9 planned 7e8 arrivals for minutes
-# and grew the worker to gigabytes before the first request. Closed-loop clients are queued at the start alike.
-MAX_REQUESTS = 1_000_000
 
 
 @dataclass
