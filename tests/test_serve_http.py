@@ -734,8 +734,9 @@ def test_find_max_rate_stops_at_the_first_probe_whose_requests_are_refused_at_an
     (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--backend", "fused"], "set what runs"),
     (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--served-model", "m", "--new-tokens", "4"],
      "--new-tokens"),
-    (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings"], "lists no model"),
-    # nothing listens there: with --served-model no listing was asked for, and the load ran as a cell of failures
+    # nothing listens there: the listing's error sent the user to --served-model, which then failed for the port
+    (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings"], "nothing accepts a connection there"),
+    # with --served-model no listing was asked for, and the load ran as a cell of failures
     (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--served-model", "m"],
      "nothing accepts a connection there"),
     (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--served-model", "m", "--tokenizer", "/nope"],

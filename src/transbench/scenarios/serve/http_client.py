@@ -597,6 +597,10 @@ def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
     except (asyncio.TimeoutError, TimeoutError):
         refuse(f"no whole answer within {timeout_s:g} s")
     except httpx.HTTPError as exc:
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            # no connection, so no listing either: "lists no model (ConnectError): name it with --served-model" sent
+            # the user to an option that then failed for the refused port, unknown host or TLS handshake named here
+            check_reachable(url, timeout_s)
         refuse(f"no answer: {type(exc).__name__}")
     try:
         listed = boundary.loads_json(bytes(body), "the listing").get("data")
