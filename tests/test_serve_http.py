@@ -997,3 +997,18 @@ def test_a_closed_loop_against_an_endpoint_that_refuses_at_once_stops_at_the_req
                      url=f"http://127.0.0.1:{free_port()}", api="openai-embeddings", served_model="m")
     result = endpoint.run(cell)
     assert result.status == "error" and any("stopped at 300 requests" in w for w in result.warnings)
+
+
+def test_an_estimate_empty_for_failed_requests_is_not_shown_as_too_few():
+    from transbench.cli.serve import estimate_text
+
+    # 170,682 requests to an endpoint that had died: "n/a: 170682 requests" read as too few for the estimate
+    def p99(r):
+        return estimate_text(r, "latency_p99_upper_ms", 99.0)
+    assert p99({"latency_p99_upper_ms": None, "n_requests": 170682, "failed": 170672}) == "failed"
+    assert p99({"latency_p99_upper_ms": None, "n_requests": 17, "failed": 17}) == "n/a: 17 requests"
+    assert p99({"latency_p99_upper_ms": None, "n_requests": 100, "failed": 0}) == "n/a: 100 requests"
+    assert p99({"latency_p99_upper_ms": 12.345, "n_requests": 5000, "failed": 1}) == "12.35 ms"
+    # the verdict's own percentile (--percentile 90): its estimate needs 64 requests, not p99's 662
+    assert estimate_text({"latency_p90_upper_ms": None, "n_requests": 100, "failed": 100}, "latency_p90_upper_ms",
+                         90.0) == "failed"

@@ -29,6 +29,18 @@ SERVE_COLUMNS = [
 ]
 
 
+def estimate_text(r: dict, upper_key: str, q: float) -> str:
+    """A cell's LoadGen estimate of the q-th percentile (its key: `upper_key`) as its line shows it. The estimate is
+    empty below its minimum count, or where it falls on failed requests: 170,682 requests to an endpoint that had
+    died read "n/a: 170682 requests", as if too few."""
+    upper, n = r.get(upper_key), r.get("n_requests")
+    if upper is not None:
+        return f"{upper:.2f} ms"
+    if r.get("failed") and isinstance(n, int) and n >= serve_spec.estimate_min_requests(q):
+        return "failed"
+    return f"n/a: {n} requests"
+
+
 @declared_command(app, ServeSpec, command_options=("spec", "db", "json_path", "csv_path"))
 def serve(given: dict, *, spec, db, json_path, csv_path) -> None:
     """Serving under load: latency percentiles against offered load, and the largest rate under a target."""
@@ -39,6 +51,7 @@ def serve(given: dict, *, spec, db, json_path, csv_path) -> None:
 
     # each probe's line shows the percentile its verdict holds: --percentile 90 printed p99 beside a p90 verdict
     latency_key, upper_key, label = serve_spec.verdict_keys(spec)
+    q = serve_spec.tail_share(spec) * 100
 
     def on_cell(cell, result):
         if result is None:
@@ -46,12 +59,12 @@ def serve(given: dict, *, spec, db, json_path, csv_path) -> None:
         level = {"rate": f"{cell.rate:.1f}/s", "concurrency": f"c{cell.concurrency}"}.get(cell.mode, cell.mode)
         r = result.record
         # A max rate of 0 (no probed rate met the target) is an answer too: it printed as a bare "max-rate: ok".
-        upper = r.get(upper_key)
         # empty: it falls on failed requests, or too few requests carry the percentile (measure/timer.carried)
+        n = r.get("n_requests")
         tail = (f"{r[latency_key]:.2f} ms" if r.get(latency_key) is not None
-                else "failed" if r.get("failed") else f"n/a: {r.get('n_requests')} requests")
-        detail = (f"{label} {tail} (LoadGen estimate "
-                  + (f"{upper:.2f} ms" if upper is not None else f"n/a: {r.get('n_requests')} requests") + ")"
+                else "failed" if r.get("failed") and isinstance(n, int) and serve_spec.carried(q, n)
+                else f"n/a: {n} requests")
+        detail = (f"{label} {tail} (LoadGen estimate {estimate_text(r, upper_key, q)})"
                   + (f", verdict {'met' if r['slo_met'] else 'not met'}" + ("" if r.get("tail_valid") else
                      " (too few requests)") if "slo_met" in r else "")
                   + (f", achieved {r['achieved_rate']:.1f}/s" if r.get("achieved_rate") is not None else "")

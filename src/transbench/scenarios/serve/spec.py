@@ -11,6 +11,7 @@ from pathlib import Path
 from ...declare import setting
 from ...errors import SpecError
 from ...measure.device import DTYPES
+from ...measure import timer
 from ...measure.load import check_threads, threads_setting
 from ...models import build
 from ...runner.worker import timeout_setting
@@ -271,6 +272,16 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         check_reachable(spec.url)
     return dataclasses.replace(spec, device=device, dtype=dtype, percentile=float(spec.percentile),
                                percentiles=serve_stats.parse_percentiles(spec.percentiles)), lengths
+
+
+def estimate_min_requests(q: float) -> int:
+    """The fewest requests that carry LoadGen's estimate of the q-th percentile (662 for p99)."""
+    return tails.min_requests(q / 100)
+
+
+def carried(q: float, n: int) -> bool:
+    """Whether n requests carry the q-th percentile itself (measure/timer.carried: 100 for p99)."""
+    return timer.carried(q / 100, n)
 
 
 def tail_share(spec: ServeSpec) -> float:
