@@ -219,6 +219,7 @@ def test_any_value_of_a_completion_field_is_answered_or_refused_in_one_line(fiel
     ("/v1/completions", '{"model": "tiny", "prompt": "\\ud800", "max_tokens": 2}'),
     ("/v1/completions", '{"model": "tiny", "prompt": "a", "stream": true, "stream_options": "x"}'),
     ("/v1/completions", '{"model": "tiny", "prompt": "a", "stream": true, "stream_options": [1]}'),
+    ("/v1/completions", '{"model": "tiny", "prompt": "a", "stream": true, "stream_options": {"include_usage": "x"}}'),
 ])
 def test_a_lone_surrogate_or_stream_options_not_an_object_is_a_400(path, body):
     app = fake_api(path == "/v1/completions")
@@ -232,7 +233,7 @@ def test_a_lone_surrogate_or_stream_options_not_an_object_is_a_400(path, body):
     resp = asyncio.run(main())
     assert resp.status_code == 400, resp.text
     message = resp.json()["error"]["message"]
-    assert "surrogate" in message or "stream_options must be an object" in message
+    assert "surrogate" in message or "stream_options must be an object" in message or "include_usage must be" in message
 
 
 def call(app, messages, hang: bool = False, path: str = "/v1/embeddings", length: bytes = b"100") -> list[dict]:

@@ -310,6 +310,8 @@ class Api:
             options = data.get("stream_options") or {}
             if not isinstance(options, dict):
                 raise BadRequest("stream_options must be an object, such as {\"include_usage\": true}")
+            if not isinstance(options.get("include_usage", False), bool):  # "x" was taken as true
+                raise BadRequest("stream_options.include_usage must be true or false")
             ids = self.ids(prompt, "prompt", self.spec.max_length)
             usage = bool(options.get("include_usage")) if stream else True
         except BadRequest as exc:
