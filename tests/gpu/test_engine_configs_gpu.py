@@ -21,12 +21,14 @@ def test_engine_matches_transformers_on_cuda(name, dtype):
     torch.manual_seed(0)
     build, inputs = MATCH[name]
     model = build().eval().cuda()
-    ids, mask = inputs()
-    ids, mask = ids.cuda(), None if mask is None else mask.cuda()
+    kw = inputs()  # (ids, mask), or the call's arguments (labels, a QA head's positions), as the CPU test reads them
+    kw = kw if isinstance(kw, dict) else dict(zip(("input_ids", "attention_mask"), kw))
+    kw = {k: v.cuda() for k, v in kw.items() if v is not None}
+    mask = kw.get("attention_mask")
     with torch.no_grad():
-        ref = model(input_ids=ids, attention_mask=mask)
-    out = compile_model(model, dtype=dtype)(input_ids=ids, attention_mask=mask)
-    for key in ("last_hidden_state", "pooler_output", "logits"):
+        ref = model(**kw)
+    out = compile_model(model, dtype=dtype)(**kw)
+    for key in ("last_hidden_state", "pooler_output", "logits", "start_logits", "end_logits", "loss"):
         if getattr(ref, key, None) is not None:
             per_token = mask is not None and ref[key].shape[:mask.dim()] == mask.shape
             assert rel(out[key].float(), ref[key], mask if per_token else None) < TOLERANCE[dtype], key
@@ -37,9 +39,13 @@ def test_inputs_the_engine_cannot_match_are_refused_on_cuda(name):
     torch.manual_seed(0)
     build, inputs, reason = REFUSED_INPUTS[name]
     compiled = compile_model(build().eval().cuda(), dtype=torch.float16)
-    ids, mask = inputs()
+    kw = inputs()  # (ids, mask), or the call's arguments (labels, inputs_embeds), as the CPU test reads them
+    kw = kw if isinstance(kw, dict) else dict(zip(("input_ids", "attention_mask"), kw))
+    kw = {k: v.cuda().half() if v.is_floating_point() and k == "inputs_embeds" else v.cuda() for k, v in kw.items()}
     with pytest.raises(EngineUnsupported, match=reason):
-        compiled(input_ids=ids.cuda(), attention_mask=mask.cuda())
+        compiled(**kw)
+    with pytest.raises(EngineUnsupported, match=reason):  # a fixed call (a benchmark's) too
+        compiled.fixed_call(**kw)()
 
 
 def test_argument_checks_and_generator_ownership_on_cuda():
