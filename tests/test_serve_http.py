@@ -1012,3 +1012,18 @@ def test_an_estimate_empty_for_failed_requests_is_not_shown_as_too_few():
     # the verdict's own percentile (--percentile 90): its estimate needs 64 requests, not p99's 662
     assert estimate_text({"latency_p90_upper_ms": None, "n_requests": 100, "failed": 100}, "latency_p90_upper_ms",
                          90.0) == "failed"
+
+
+def test_a_max_rate_search_whose_offline_probe_failed_says_it_ran(tmp_path):
+    """Every request of the offline probe answered 500: the summary said the probe "did not run"."""
+    from starlette.responses import JSONResponse
+
+    with Stub() as stub:
+        stub.answer = lambda: JSONResponse({"error": {"message": "down", "type": "server_error"}}, status_code=500)
+        res = CliRunner().invoke(app, ["serve", "--url", stub.url, "--api", "openai-embeddings", "--served-model", "m",
+                                       "--find-max-rate", "--slo-ms", "20", "--lengths", "fixed:4", "--duration",
+                                       "0.5", "--warmup", "0.1", "--db", str(tmp_path / "t.db"),
+                                       "--json", str(tmp_path / "t.json")])
+    cells = json.loads((tmp_path / "t.json").read_text())["cells"]
+    (summary,) = [c for c in cells if c["scenario"] == "serve-max-rate"]
+    assert summary["error"].startswith("the offline probe ended "), (summary["error"], res.output)

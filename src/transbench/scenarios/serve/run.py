@@ -74,9 +74,12 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
             offline = measured(serve_spec.cell(spec, lengths, backend, "offline"))
             summary = serve_spec.cell(spec, lengths, backend, "max-rate")
             if offline is None or offline["status"] != "ok":
+                # "did not run" was said of a probe that ran and whose every request failed (a silent endpoint)
+                why = (offline or {}).get("record", {}).get("error") or "see its cell"
                 store_result(store, run_id, summary, CellResult(
-                    offline["status"] if offline else "error", error="the offline probe did not run: "
-                    + ((offline or {}).get("record", {}).get("error") or "see its cell")), scenario="serve-max-rate")
+                    offline["status"] if offline else "error",
+                    error=(f"the offline probe ended {offline['status']}: " if offline else
+                           "the offline probe did not run: ") + why), scenario="serve-max-rate")
                 continue
             share = serve_spec.tail_share(spec)
             # The figure each probe shows beside its verdict: the early-stopping estimate of the latency percentile
