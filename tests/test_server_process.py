@@ -202,7 +202,8 @@ _JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
 
 
 @given(field=st.sampled_from(["stop", "echo", "logprobs", "best_of", "suffix", "presence_penalty", "temperature",
-                              "top_p", "ignore_eos", "n", "logit_bias", "min_tokens", "repetition_penalty"]),
+                              "top_p", "ignore_eos", "n", "logit_bias", "min_tokens", "repetition_penalty",
+                              "stream_options"]),
        value=_JSON)
 def test_any_value_of_a_completion_field_is_answered_or_refused_in_one_line(field, value):
     resp = post(answering_api(True), "/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 2, field: value})
