@@ -29,16 +29,21 @@ SERVE_COLUMNS = [
 ]
 
 
-def estimate_text(r: dict, upper_key: str, q: float) -> str:
-    """A cell's LoadGen estimate of the q-th percentile (its key: `upper_key`) as its line shows it. The estimate is
-    empty below its minimum count, or where it falls on failed requests: 170,682 requests to an endpoint that had
-    died read "n/a: 170682 requests", as if too few."""
-    upper, n = r.get(upper_key), r.get("n_requests")
-    if upper is not None:
-        return f"{upper:.2f} ms"
-    if r.get("failed") and isinstance(n, int) and n >= serve_spec.estimate_min_requests(q):
+def _tail_text(r: dict, key: str, enough) -> str:
+    """A tail figure of a cell's record as its line shows it. It is empty below the count that carries it
+    (`enough(n)`), or where it falls on failed requests: 170,682 requests to an endpoint that had died read
+    "n/a: 170682 requests", as if too few."""
+    value, n = r.get(key), r.get("n_requests")
+    if value is not None:
+        return f"{value:.2f} ms"
+    if r.get("failed") and isinstance(n, int) and enough(n):
         return "failed"
     return f"n/a: {n} requests"
+
+
+def estimate_text(r: dict, upper_key: str, q: float) -> str:
+    """A cell's LoadGen estimate of the q-th percentile (its key: `upper_key`), carried from its minimum count."""
+    return _tail_text(r, upper_key, lambda n: n >= serve_spec.estimate_min_requests(q))
 
 
 @declared_command(app, ServeSpec, command_options=("spec", "db", "json_path", "csv_path"))
@@ -58,12 +63,8 @@ def serve(given: dict, *, spec, db, json_path, csv_path) -> None:
             return
         level = {"rate": f"{cell.rate:.1f}/s", "concurrency": f"c{cell.concurrency}"}.get(cell.mode, cell.mode)
         r = result.record
+        tail = _tail_text(r, latency_key, lambda n: serve_spec.carried(q, n))  # measure/timer.carried
         # A max rate of 0 (no probed rate met the target) is an answer too: it printed as a bare "max-rate: ok".
-        # empty: it falls on failed requests, or too few requests carry the percentile (measure/timer.carried)
-        n = r.get("n_requests")
-        tail = (f"{r[latency_key]:.2f} ms" if r.get(latency_key) is not None
-                else "failed" if r.get("failed") and isinstance(n, int) and serve_spec.carried(q, n)
-                else f"n/a: {n} requests")
         detail = (f"{label} {tail} (LoadGen estimate {estimate_text(r, upper_key, q)})"
                   + (f", verdict {'met' if r['slo_met'] else 'not met'}" + ("" if r.get("tail_valid") else
                      " (too few requests)") if "slo_met" in r else "")
