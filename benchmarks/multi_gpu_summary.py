@@ -125,7 +125,10 @@ def training(out: str) -> list[str]:
         why = (f"gradient all-reduce {r['allreduce_ms']:.3g} ms a step ({pct(r.get('comm_share'))}), "
                f"{r.get('allreduce_exposed_ms') or 0:.3g} ms of it after the backward"
                if r.get("allreduce_ms") is not None else "no all-reduce timing for this strategy: see its phases")
-        lines.append(f"- {r['model']} {r['strategy']} on {r['world_size']} GPUs: {pct(r['scaling_efficiency'])} "
+        # the stage and the NCCL setting name the cell: two cells of one strategy and GPU count differ by them
+        what = " ".join([r["strategy"]] + ([f"ZeRO-{r['zero_stage']}"] if r.get("zero_stage") else [])
+                        + ([r["nccl"]] if r.get("nccl") else []))
+        lines.append(f"- {r['model']} {what} on {r['world_size']} GPUs: {pct(r['scaling_efficiency'])} "
                      f"scaling; step {r['latency_ms']:.4g} ms (forward {fmt(r.get('forward_ms'))}, backward "
                      f"{fmt(r.get('backward_ms'))}, optimizer {fmt(r.get('optimizer_ms'))}); {why}.")
     return lines + ([""] if low else [])
