@@ -1027,3 +1027,59 @@ def test_a_max_rate_search_whose_offline_probe_failed_says_it_ran(tmp_path):
     cells = json.loads((tmp_path / "t.json").read_text())["cells"]
     (summary,) = [c for c in cells if c["scenario"] == "serve-max-rate"]
     assert summary["error"].startswith("the offline probe ended "), (summary["error"], res.output)
+
+
+def _offline_cell(url: str, need: int, **kw):
+    from transbench.scenarios.serve import lengths
+    from transbench.scenarios.serve.cell import ServeCell
+
+    return ServeCell(model="m", task="embed", backend="http", dtype="-", mode="offline",
+                     lengths=lengths.parse("fixed:4", 128).to_dict(), duration=0.4, warmup=0.1, need=need,
+                     window_limit=30.0, url=url, api="openai-embeddings", served_model="m", **kw)
+
+
+def test_an_offline_probe_whose_endpoint_stalled_at_first_goes_on_until_its_minimum_is_measured():
+    # The endpoint answers nothing for its first 1.2 s, then at once. The closed loop stopped at its 0.5 s window:
+    # every client's first request was in the warm-up, none was measured, and the max-rate search had no bound.
+    with Stub() as stub:
+        stub.stall = (0.0, time.perf_counter() + 1.2)
+        result = endpoint.run(_offline_cell(stub.url, 60, request_timeout=5))
+    assert result.status == "ok", (result.error, result.warnings)
+    assert result.record["n_requests"] >= 60
+    (warning,) = [w for w in result.warnings if "closed loop" in w]
+    assert "went on past its 0.5 s window" in warning and "until 60 requests were measured" in warning, warning
+    assert result.info["window"]["why"] == "measured"
+
+
+def test_an_offline_probe_of_a_silent_endpoint_ends_with_its_window_and_says_so():
+    # An endpoint that accepts and never answers: the probe must not go on past its window for want of answers
+    def handle(conn):
+        with conn:
+            _read_request(conn)
+            time.sleep(5)
+    url, stop = _raw_server(handle)
+    try:
+        started = time.perf_counter()
+        result = endpoint.run(_offline_cell(url, 60, request_timeout=0.5))
+        took = time.perf_counter() - started
+    finally:
+        stop()
+    assert took < 3.0, took
+    assert result.status == "error" and result.info["window"]["sent_past"] == 0
+    assert result.error == "the closed loop measured 0 of the 60 requests the cell asks for: it stopped at its " \
+        "window's end: no request was answered", result.error
+
+
+@settings(max_examples=300, deadline=None)
+@given(t=st.floats(0, 1e4), measured=st.integers(0, 2000), need=st.integers(1, 2000),
+       last=st.none() | st.floats(0, 1e4), limit=st.floats(0, 1e4), timeout=st.floats(0.1, 600))
+def test_a_closed_loop_goes_past_its_window_only_short_of_its_minimum_while_answers_come(t, measured, need, last,
+                                                                                         limit, timeout):
+    from transbench.scenarios.serve import http_client
+    from transbench.scenarios.serve.load import DRAIN_LIMIT_S
+
+    plan = LoadPlan([4], concurrency=4, span_s=0.0, min_measured=need, limit_s=limit)
+    why = http_client.past_window(t, measured, plan, last, timeout)
+    assert (why == "measured") == (measured >= need)
+    if why is None:  # bounded: an answer came lately, and the request ends within what the deadline leaves
+        assert last is not None and t - last <= http_client.QUIET_S and t + timeout <= limit + DRAIN_LIMIT_S

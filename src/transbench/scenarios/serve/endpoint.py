@@ -16,7 +16,7 @@ from collections import Counter
 from ...cells import CellResult
 from ...measure.timer import carried
 from .cell import ServeCell
-from .http_client import HttpTrace, Sent, payload, run_http_load
+from .http_client import QUIET_S, HttpTrace, Sent, payload, run_http_load
 from .measure import plan_for
 from .prompts import WordTokenizer, local_tokenizer, make_prompts
 from . import tails
@@ -177,6 +177,22 @@ def lag_warning(rec: dict, plan) -> str | None:
             "offered load was not the planned one; run the client on a less busy machine or lower the rate")
 
 
+def stretch_warning(stretch: dict | None, window_s: float) -> str | None:
+    """What a closed loop did past its window (http_client.past_window): went on until the cell's minimum of requests
+    was measured, or stopped short of it, and why."""
+    if not stretch:
+        return None
+    need, got, past = stretch["need"], stretch["measured"], stretch["sent_past"]
+    went = (f"went on past its {window_s:g} s window to {stretch['ended_s']:.1f} s ({past:,} requests more)"
+            if past else "")
+    if stretch["why"] == "measured":
+        return f"the closed loop {went} until {need:,} requests were measured, the cell's minimum"
+    why = {"silent": "no request was answered", "quiet": f"no request had been answered for {QUIET_S:g} s",
+           "limit": "a request's --request-timeout would outlast what --timeout leaves"}[stretch["why"]]
+    return (f"the closed loop measured {got:,} of the {need:,} requests the cell asks for: "
+            + (f"it {went}, then stopped: " if past else "it stopped at its window's end: ") + why)
+
+
 def reference_check(cell: ServeCell, trace: HttpTrace, tokenizer) -> tuple[dict, str | None]:
     """(record entries, why the cell is wrong or None): the first answered requests' outputs against the fp32
     reference of the --reference-model folder (embeddings: cosine; completions: greedy token agreement)."""
@@ -263,9 +279,13 @@ def run(cell: ServeCell) -> CellResult:
         capped = (f"the closed loop stopped at {len(trace.requests):,} requests, the most a load keeps, "
                   f"{trace.capped_s:.1f} s into its {cell.warmup + cell.duration:g} s"
                   + (f" ({', '.join(f'{k} {v:,}' for k, v in sorted(failed.items()))})" if failed else ""))
-    if not rec.get("requests"):
+    stretched = stretch_warning(trace.stretch, plan.span_s)
+    if stretched:
+        info["window"] = trace.stretch
+    if not rec.get("requests"):  # a closed loop's clients all still waiting on their warm-up requests: say why
         return CellResult("error", record=rec, info=info, error=f"{capped}, within the warm-up: none was measured"
-                          if capped else "no request was sent after the warm-up: lengthen --duration or raise the rate")
+                          if capped else stretched or
+                          "no request was sent after the warm-up: lengthen --duration or raise the rate")
     warnings = []
     if rec["failed"]:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(info["failures"].items()))
@@ -276,6 +296,8 @@ def run(cell: ServeCell) -> CellResult:
         warnings.append(lag)
     if capped:
         warnings.append(f"{capped}: every figure is over those seconds")
+    if stretched:
+        warnings.append(stretched)
     if trace.waited:  # requests that found every connection busy; a pool as large as the load's requests never does
         warnings.append(f"{trace.waited} request(s) waited for one of the {trace.pool} connections, every one busy "
                         "(their wait is in their latency)")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ... import boundary
 from ...errors import SpecError
-from .load import MAX_REQUESTS, LoadPlan, no_collector
+from .load import DRAIN_LIMIT_S, MAX_REQUESTS, LoadPlan, no_collector
 
 API_PATHS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions",
              "openai-embeddings": "/v1/embeddings"}
@@ -47,6 +47,10 @@ MODELS_BYTES = 2**20  # the /v1/models listing: tens of bytes a model
 MODEL_CHARS = 256  # a listed model name: sent in every request and stored as the record's `model`
 MAX_TOKENS = 10**9  # a usage count above this is no model's: a 400-digit one overflowed the accounting
 F32_MAX = 3.4028234663852886e38  # an embedding's values: float32 (the reference check's dtype)
+# A closed loop short of its plan's min_measured goes on past its window only while the endpoint answers: past this
+# long without one answered request it stops. An endpoint that stalled its first seconds (graphs captured under
+# load) left an offline probe of a handful of requests; one that never answers must not hold the probe to --timeout.
+QUIET_S = 10.0
 
 
 @dataclass
@@ -81,6 +85,9 @@ class HttpTrace:
     t0: float = 0.0  # time.perf_counter() at the start of the load (times above are relative to it)
     waited: int = 0  # requests that waited for a connection (every one of `pool` busy)
     capped_s: float | None = None  # a closed loop stopped at MAX_REQUESTS requests, this long into the load
+    # A closed loop that went on past its window, or ended it short of the plan's min_measured: {ended_s, measured,
+    # need, why (past_window's reason), sent_past (requests sent past the window)}, for the cell's warning and info
+    stretch: dict | None = None
 
 
 def embedding_values(value) -> list[float]:
@@ -413,6 +420,24 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             conn.close()
 
 
+def past_window(t: float, measured: int, plan: LoadPlan, last_answer: float | None,
+                timeout_s: float) -> str | None:
+    """Why a closed loop's client, free at `t` past its plan's window with `measured` requests sent after the warm-up,
+    sends no more (None: it sends another): as the in-process loop (load.py), it goes on until min_measured requests
+    are measured, within the plan's limit_s (a request sent then ends, answered or timed out, within the drain the
+    cell's deadline leaves after it); over HTTP only while the endpoint answers: `silent` where no request was ever
+    answered, `quiet` where none was for QUIET_S."""
+    if measured >= plan.min_measured:
+        return "measured"
+    if last_answer is None:
+        return "silent"
+    if t - last_answer > QUIET_S:
+        return "quiet"
+    if t + timeout_s > plan.limit_s + DRAIN_LIMIT_S:
+        return "limit"
+    return None
+
+
 def pool_size(plan: LoadPlan) -> int:
     """Connections enough for every request in flight at once (a plan's every request, or its clients), within the
     open files the process may hold: the client never makes a request wait for a connection where it can help it."""
@@ -478,9 +503,13 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
     in_flight = peak = 0
     widths: dict = {}
     capped = None
+    measured = 0  # closed loop: requests sent after the warm-up
+    last_answer: float | None = None  # when the latest answered request ended
+    past = 0  # closed loop: requests sent past the window
+    stops: list[tuple[float, str]] = []  # closed loop: when each client stopped past its window, and why
 
     async def one(r: Sent) -> None:
-        nonlocal in_flight, peak
+        nonlocal in_flight, peak, last_answer
         in_flight += 1
         peak = max(peak, in_flight)
         client = await conns.take()
@@ -493,6 +522,8 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
         finally:
             in_flight -= 1
             conns.give(client)
+            if r.ok:
+                last_answer = now()
 
     lengths = plan.lengths
     try:
@@ -512,11 +543,15 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
             counter = iter(range(10**12))
 
             async def client_loop() -> None:
-                nonlocal capped
+                nonlocal capped, measured, past
                 while True:
                     t = now()
                     if t >= plan.span_s:
-                        return
+                        why = past_window(t, measured, plan, last_answer, timeout_s)
+                        if why is not None:
+                            stops.append((t, why))
+                            return
+                        past += 1
                     # A closed loop keeps every request, as an open loop's plan does, and is held to the same cap:
                     # against an endpoint that died mid-run each connection is refused at once, and 4 clients sent
                     # 17,000 requests a second, the worker growing by about 1 KB each until --duration ended.
@@ -526,6 +561,7 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
                     i = next(counter)
                     r = Sent(i, t, lengths[i % len(lengths)])
                     out.append(r)
+                    measured += t >= plan.warmup_s
                     await one(r)
 
             await asyncio.gather(*(client_loop() for _ in range(plan.concurrency)))
@@ -533,7 +569,11 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
         conns.close()
     if capped is not None:  # the load's window ends where it stopped: every rate is over the seconds it ran
         plan = dataclasses.replace(plan, span_s=capped)
-    return HttpTrace(out, plan, now(), pool, peak, t0, conns.waited, capped)
+    stretch = None
+    if stops and (past or measured < plan.min_measured):  # the last client to stop says why the load ended
+        stretch = {"ended_s": stops[-1][0], "measured": measured, "need": plan.min_measured, "why": stops[-1][1],
+                   "sent_past": past}
+    return HttpTrace(out, plan, now(), pool, peak, t0, conns.waited, capped, stretch)
 
 
 def run_http_load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) -> HttpTrace:
