@@ -1083,3 +1083,65 @@ def test_a_closed_loop_goes_past_its_window_only_short_of_its_minimum_while_answ
     assert (why == "measured") == (measured >= need)
     if why is None:  # bounded: an answer came lately, and the request ends within what the deadline leaves
         assert last is not None and t - last <= http_client.QUIET_S and t + timeout <= limit + DRAIN_LIMIT_S
+
+
+_OK_BODY = b'{"data": [{"embedding": [1.0, 0.0]}], "usage": {"prompt_tokens": 2}}'
+_OK_ANSWER = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(_OK_BODY)).encode() + b"\r\n\r\n" + _OK_BODY)
+_DROPS = {"the server closed the connection without answering",
+          "the server closed the connection part way through its answer",
+          "the server reset the connection without answering",
+          "the server reset the connection part way through its answer"}
+
+
+@pytest.fixture(scope="module")
+def raw():
+    """A raw server that answers each connection's request with raw["send"], then closes (raw["reset"]: resets)."""
+    import struct
+
+    state = {"send": b"", "reset": False}
+
+    def handle(conn):
+        with conn:
+            if _read_request(conn):
+                conn.sendall(state["send"])
+                if state["reset"]:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    url, stop = _raw_server(handle)
+    state["url"] = url
+    yield state
+    stop()
+
+
+def _one(url: str) -> Sent:
+    plan = LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0)
+    return run_http_load(url, "openai-embeddings", lambda r: payload("openai-embeddings", "m", "x", 0), plan,
+                         timeout_s=5).requests[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(cut=st.integers(0, len(_OK_ANSWER)), reset=st.booleans())
+def test_an_answer_cut_anywhere_by_a_close_or_a_reset_is_a_drop_said_in_words(raw, cut, reset):
+    # h11's own words were the stored reason: "can't handle event type ConnectionClosed when role=SERVER and
+    # state=SEND_RESPONSE", "peer closed connection without sending complete message body (received 7 bytes, ...)"
+    raw.update(send=_OK_ANSWER[:cut], reset=reset)
+    r = _one(raw["url"])
+    if cut == len(_OK_ANSWER):
+        assert r.ok, r.error
+        return
+    assert r.status == "dropped" and r.error in _DROPS, r.error
+    assert ("without answering" in r.error) == (cut == 0), r.error
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.binary(min_size=1, max_size=200).filter(lambda b: not b.lstrip().upper().startswith(b"HTTP/")))
+@example(b"\x16\x03\x03\x00\x02\x02\x46")  # a TLS alert: a TLS server reading a plain request
+def test_an_answer_that_is_not_http_is_malformed_in_one_line(raw, garbage):
+    # "illegal status line: bytearray(b'\x15\x03...')" was the stored reason, and the request counted as dropped
+    raw.update(send=garbage + b"\r\n\r\n", reset=False)
+    r = _one(raw["url"])
+    assert r.status == "malformed", (r.status, r.error)
+    tls = garbage.startswith((b"\x15\x03", b"\x16\x03"))
+    assert r.error == "the server answered in TLS, not plain HTTP: give the URL as https://" if tls else \
+        r.error.startswith("the answer is not HTTP/1.1 (it began b"), r.error
+    assert "\n" not in r.error and len(r.error) < 120

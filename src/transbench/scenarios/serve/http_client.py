@@ -164,6 +164,16 @@ class Dropped(Exception):
     pass
 
 
+TLS_RECORDS = (b"\x15\x03", b"\x16\x03")  # a TLS alert or handshake record (version 3.x): TLS where HTTP was asked
+
+
+def not_http(first: bytes) -> str:
+    """Why an answer that h11 could not read as HTTP/1.1 is none, in words, from its first bytes."""
+    if first.startswith(TLS_RECORDS):
+        return "the server answered in TLS, not plain HTTP: give the URL as https://"
+    return f"the answer is not HTTP/1.1 (it began {first[:40]!r})"
+
+
 class Connection:
     """One HTTP/1.1 connection, h11 (the protocol library under httpx) over asyncio streams: one request at a time,
     kept alive between them, opened again where the server closed it.
@@ -171,12 +181,18 @@ class Connection:
     Why not httpx.AsyncClient: on a 2-core host under load, httpx answered 215 requests/s with 32 clients of one
     connection each (87/s with one client of 32 connections), where asyncio streams carried 4,200/s to the same
     server: the client, not the server, set the rate, and its send lag grew with it. httpx stays for the one-off
-    /v1/models lookup."""
+    /v1/models lookup.
+
+    A connection the server closed or reset, or bytes that are not HTTP, end the request with a line in words (Dropped,
+    Malformed): h11's own ("can't handle event type ConnectionClosed when role=SERVER and state=SEND_RESPONSE",
+    "illegal status line: bytearray(...)") was the reason a cell printed and stored."""
 
     def __init__(self, host: str, port: int, ssl_context):
         self.host, self.port, self.ssl = host, port, ssl_context
         self.authority = f"{host}:{port}"
         self.reader = self.writer = self.h11 = None
+        self.first = b""  # the current answer's first bytes (what a broken one began with)
+        self.eof = False  # the server closed the connection: h11's error after it is a drop, not a malformed answer
 
     async def _open(self) -> None:
         import h11
@@ -189,16 +205,31 @@ class Connection:
             self.writer.close()
         self.reader = self.writer = self.h11 = None
 
+    def _cut(self, how: str) -> Dropped:
+        """The server closed (or reset) the connection before its answer was whole."""
+        return Dropped(f"the server {how} the connection " + ("part way through its answer" if self.first else
+                                                              "without answering"))
+
     async def _event(self):
         import h11
 
         while True:
-            event = self.h11.next_event()
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError:
+                raise (self._cut("closed") if self.eof else Malformed(not_http(self.first))) from None
             if event is h11.NEED_DATA:
-                self.h11.receive_data(await self.reader.read(65536))  # b"": the server closed the connection
+                try:
+                    data = await self.reader.read(65536)
+                except ConnectionResetError:
+                    raise self._cut("reset") from None
+                if len(self.first) < 40:
+                    self.first += data[:40 - len(self.first)]
+                self.eof = not data
+                self.h11.receive_data(data)  # b"": the server closed the connection
                 continue
             if isinstance(event, h11.ConnectionClosed):
-                raise Dropped("the server closed the connection")
+                raise self._cut("closed")
             return event
 
     async def post(self, path: str, body: bytes):
@@ -216,15 +247,19 @@ class Connection:
         request = h11.Request(method="POST", target=path, headers=[
             ("Host", self.authority), ("Content-Type", "application/json"), ("Accept", "*/*"),
             ("Content-Length", str(len(body)))])
+        self.first, self.eof = b"", False
         try:
             self.writer.write(self.h11.send(request) + self.h11.send(h11.Data(data=body))
                               + self.h11.send(h11.EndOfMessage()))
-            await self.writer.drain()
+            try:
+                await self.writer.drain()
+            except ConnectionError:  # reset or closed under the request: a sent part may have reached the server
+                raise Dropped("the server closed the connection while the request was being sent") from None
             event = await self._event()
             while isinstance(event, h11.InformationalResponse):
                 event = await self._event()
             return event
-        except (Dropped, ConnectionResetError, BrokenPipeError, h11.RemoteProtocolError):
+        except (Dropped, Malformed, ConnectionError):
             self.close()
             raise
 
@@ -370,8 +405,6 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
                 widths: dict) -> None:
     """Send one request and read its answer into `r`. widths: the load's embedding width, set by its first answered
     embedding (an endpoint serves one model, so another width is a wrong answer: a mixed pool behind one URL)."""
-    import h11
-
     r.sent = now()
     clean = False
     try:
@@ -409,8 +442,10 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
         r.status, r.error = "malformed", str(exc)
     except (ConnectionRefusedError, socket.gaierror) as exc:
         r.status, r.error = "refused", str(exc)[:200] or "connection refused"
-    except (Dropped, ConnectionError, h11.RemoteProtocolError, asyncio.IncompleteReadError) as exc:
-        r.status, r.error = "dropped", str(exc)[:200] or "the connection closed"
+    except Dropped as exc:
+        r.status, r.error = "dropped", str(exc)
+    except ConnectionError:  # reset while a connection was opened (a closed or reset one mid-answer is Dropped above)
+        r.status, r.error = "dropped", "the server reset the connection without answering"
     except OSError as exc:
         r.status, r.error = "error", f"{type(exc).__name__}: {exc}"[:200]
     finally:
