@@ -398,7 +398,8 @@ def _read_request(conn) -> bool:
             return False
         data += got
     head, _, body = data.partition(b"\r\n\r\n")
-    length = int(re.search(rb"content-length: *(\d+)", head, re.I).group(1))
+    sized = re.search(rb"content-length: *(\d+)", head, re.I)  # a GET has none
+    length = int(sized.group(1)) if sized else 0
     while len(body) < length:
         body += conn.recv(65536)
     return True
@@ -1145,3 +1146,54 @@ def test_an_answer_that_is_not_http_is_malformed_in_one_line(raw, garbage):
     assert r.error == "the server answered in TLS, not plain HTTP: give the URL as https://" if tls else \
         r.error.startswith("the answer is not HTTP/1.1 (it began b"), r.error
     assert "\n" not in r.error and len(r.error) < 120
+
+
+@pytest.mark.parametrize("send, reset, why", [
+    (b"", False, "GET /v1/models: the server closed the connection without answering"),
+    (b"", True, "GET /v1/models: the server reset the connection without answering"),
+    (b"HTTP/1.1 200 OK\r\nContent-Le", False, "GET /v1/models: the server closed the connection part way through"),
+    (b"\x15\x03\x03\x00\x02\x02\x46", False, "give the URL as https://"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", False, "GET /v1/models: the answer is not HTTP/1.1 (it began b'SSH-2.0"),
+])
+def test_a_listing_the_server_dropped_or_garbled_is_refused_in_words(raw, send, reset, why):
+    # "the endpoint lists no model at /v1/models (no answer: RemoteProtocolError): name it with --served-model"
+    from transbench.errors import SpecError
+    from transbench.scenarios.serve.http_client import served_models
+
+    raw.update(send=send, reset=reset)
+    with pytest.raises(SpecError) as e:
+        served_models(raw["url"], timeout_s=5)
+    text = str(e.value)
+    assert why in text and "\n" not in text and "Error" not in text and "--served-model" not in text, text
+
+
+def test_an_endpoint_that_accepts_and_never_answers_or_never_ends_its_tls_handshake_is_one_line_in_time():
+    # the listing's deadline passed with "lists no model (no whole answer within 10 s): name it with --served-model",
+    # advice that then ran a load of requests all timed out; over https, a handshake that never ended said the same
+    from transbench.errors import SpecError
+    from transbench.scenarios.serve.http_client import check_reachable, served_models
+
+    def handle(conn):
+        with conn:
+            conn.recv(65536)
+            time.sleep(3)
+    url, stop = _raw_server(handle)
+    try:
+        started = time.perf_counter()
+        with pytest.raises(SpecError, match="accepted a connection and sent no answer to GET /v1/models within 0.5 s"):
+            served_models(url, timeout_s=0.5)
+        tls = url.replace("http://", "https://")
+        for ask in (served_models, check_reachable):
+            with pytest.raises(SpecError, match=r"the TLS handshake did not end within 0.5 s \(a plain HTTP server"):
+                ask(tls, timeout_s=0.5)
+        assert time.perf_counter() - started < 4
+    finally:
+        stop()
+
+
+def test_https_to_a_plain_http_endpoint_says_so(stub):
+    from transbench.errors import SpecError
+    from transbench.scenarios.serve.http_client import check_reachable
+
+    with pytest.raises(SpecError, match="it does not answer in TLS: give the URL as http://"):
+        check_reachable(stub.url.replace("http://", "https://"), timeout_s=5)

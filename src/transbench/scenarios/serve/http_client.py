@@ -180,8 +180,8 @@ class Connection:
 
     Why not httpx.AsyncClient: on a 2-core host under load, httpx answered 215 requests/s with 32 clients of one
     connection each (87/s with one client of 32 connections), where asyncio streams carried 4,200/s to the same
-    server: the client, not the server, set the rate, and its send lag grew with it. httpx stays for the one-off
-    /v1/models lookup.
+    server: the client, not the server, set the rate, and its send lag grew with it. The /v1/models listing is asked
+    over one of these too (served_models).
 
     A connection the server closed or reset, or bytes that are not HTTP, end the request with a line in words (Dropped,
     Malformed): h11's own ("can't handle event type ConnectionClosed when role=SERVER and state=SEND_RESPONSE",
@@ -232,10 +232,11 @@ class Connection:
                 raise self._cut("closed")
             return event
 
-    async def post(self, path: str, body: bytes):
-        """Send the request; the response (h11.Response: status_code, headers; its body: chunks()). A request is sent
-        once: one whose connection failed after it was written may have reached the server, and sent again it was
-        answered once and counted as one answered request where the server had dropped it."""
+    async def post(self, path: str, body: bytes | None, method: str = "POST"):
+        """Send the request (a GET where `body` is None); the response (h11.Response: status_code, headers; its body:
+        chunks()). A request is sent once: one whose connection failed after it was written may have reached the
+        server, and sent again it was answered once and counted as one answered request where the server had dropped
+        it."""
         import h11
 
         if self.writer is not None:
@@ -244,12 +245,12 @@ class Connection:
                 self.close()  # a kept-alive connection the server closed while idle (uvicorn after 5 s): a new one
         if self.writer is None:
             await self._open()
-        request = h11.Request(method="POST", target=path, headers=[
-            ("Host", self.authority), ("Content-Type", "application/json"), ("Accept", "*/*"),
-            ("Content-Length", str(len(body)))])
+        fields = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))] if body is not None else []
+        request = h11.Request(method=method, target=path, headers=[("Host", self.authority), ("Accept", "*/*"),
+                                                                   *fields])
         self.first, self.eof = b"", False
         try:
-            self.writer.write(self.h11.send(request) + self.h11.send(h11.Data(data=body))
+            self.writer.write(self.h11.send(request) + (self.h11.send(h11.Data(data=body)) if body else b"")
                               + self.h11.send(h11.EndOfMessage()))
             try:
                 await self.writer.drain()
@@ -618,23 +619,68 @@ def run_http_load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) 
         return asyncio.run(_load(url.rstrip("/"), api, bodies, plan, timeout_s))
 
 
-def check_reachable(url: str, timeout_s: float = 10.0) -> None:
-    """SpecError, one line, where nothing accepts a connection at the URL within `timeout_s` (a host name that does
-    not resolve, nothing listening, a TLS handshake refused). With --served-model no listing is asked for first, and
-    such a load ran to its end as a cell of failed requests, exit 0."""
+def tls_words(exc: Exception) -> str:
+    """Why a TLS handshake failed, in words: ssl's own ("[SSL: WRONG_VERSION_NUMBER] wrong version number
+    (_ssl.c:1006)") named no cause a user could act on."""
     import ssl
 
-    async def connect() -> None:
-        conns = Connections(url, 1)
-        _, writer = await asyncio.open_connection(conns.host, conns.port, ssl=conns.ssl)
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"its TLS certificate is not trusted here ({exc.verify_message or exc.reason})"
+    reason = getattr(exc, "reason", None) or ""
+    if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST"):
+        return "it does not answer in TLS: give the URL as http://"
+    return f"the TLS handshake failed ({reason or type(exc).__name__})"
+
+
+async def _connect(conns: "Connections", phase: list) -> Connection:
+    """An open connection to the URL's endpoint, `phase[0]` saying how far it got (connect, tls, then answer): over
+    https a plain TCP connection first, so a TLS handshake that never ends is told apart from no connection."""
+    phase[0] = "connect"
+    if conns.ssl is not None:
+        _, writer = await asyncio.open_connection(conns.host, conns.port)
         writer.close()
+        phase[0] = "tls"
+    conn = Connection(conns.host, conns.port, conns.ssl)
+    await conn._open()  # noqa: SLF001
+    phase[0] = "answer"
+    return conn
+
+
+def _unreachable(url: str, phase: str, exc: BaseException, timeout_s: float) -> SpecError:
+    """SpecError, one line: no connection (or TLS session) with the endpoint, in words."""
+    import ssl
+
+    nothing = f"--url {url}: nothing accepts a connection there"
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        if phase == "tls":
+            return SpecError(f"--url {url}: the TLS handshake did not end within {timeout_s:g} s (a plain HTTP server "
+                             "waits for a request: is the URL http://?)")
+        return SpecError(f"{nothing} (no connection within {timeout_s:g} s)")
+    if isinstance(exc, ssl.SSLError):
+        return SpecError(f"--url {url}: {tls_words(exc)}")
+    if isinstance(exc, ConnectionRefusedError):
+        return SpecError(f"{nothing} (connection refused)")
+    if isinstance(exc, socket.gaierror):
+        return SpecError(f"{nothing} (the host name does not resolve)")
+    if isinstance(exc, ConnectionError):
+        return SpecError(f"--url {url}: the server closed the connection "
+                         + ("during the TLS handshake" if phase == "tls" else "at once"))
+    return SpecError(f"{nothing} ({type(exc).__name__}: {str(exc)[:120]})")
+
+
+def check_reachable(url: str, timeout_s: float = 10.0) -> None:
+    """SpecError, one line, where nothing accepts a connection at the URL within `timeout_s` (a host name that does
+    not resolve, nothing listening, a TLS handshake refused or never ended). With --served-model no listing is asked
+    for first, and such a load ran to its end as a cell of failed requests, exit 0."""
+    phase = ["connect"]
+
+    async def connect() -> None:
+        (await _connect(Connections(url, 1), phase)).close()
 
     try:
         asyncio.run(asyncio.wait_for(connect(), timeout_s))
-    except (OSError, ssl.SSLError, asyncio.TimeoutError) as exc:
-        why = f"no connection within {timeout_s:g} s" if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) else \
-            f"{type(exc).__name__}: {str(exc)[:120]}"
-        raise SpecError(f"--url {url}: nothing accepts a connection there ({why})") from None
+    except (OSError, asyncio.TimeoutError) as exc:  # ssl.SSLError is an OSError
+        raise _unreachable(url, phase[0], exc, timeout_s) from None
 
 
 def is_model_name(name) -> bool:
@@ -648,35 +694,43 @@ def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
     printable characters (a number or a list landed in the record's text key `model`, a 5 MB name in every request).
     SpecError, one line, where it lists none or its listing cannot be read: no answer, an answer over MODELS_BYTES or
     not whole within `timeout_s`. The deadline holds for the whole exchange, headers included: httpx's timeout is a
-    read's, and a listing sent a byte a second, or headers a line a second, held `serve --url` for ever."""
-    import httpx
-
+    read's, and a listing sent a byte a second, or headers a line a second, held `serve --url` for ever. Asked over
+    the load's own connection (Connection), whose failures are said in words: httpx's were its class names ("no
+    answer: RemoteProtocolError"), and an endpoint that accepted and never answered was told to name its model."""
     def refuse(why: str):
         raise SpecError(f"--url {url}: the endpoint lists no model at /v1/models ({why}): name it with --served-model")
 
-    async def fetch() -> bytes:
-        body = bytearray()
-        # identity: a compressed listing would be bounded as sent, not as read
-        async with httpx.AsyncClient(timeout=timeout_s) as client, client.stream(
-                "GET", url.rstrip("/") + "/v1/models", headers={"Accept-Encoding": "identity"}) as resp:
-            if not 200 <= resp.status_code < 300:
-                refuse(f"HTTP {resp.status_code}")
-            async for chunk in resp.aiter_raw():
-                body += chunk
-                if len(body) > MODELS_BYTES:
-                    refuse(f"its answer is over {MODELS_BYTES:,} bytes")
-        return bytes(body)
+    phase = ["connect"]
+    held: list[Connection] = []
+
+    async def fetch() -> tuple[int, bytes]:
+        conn = await _connect(Connections(url, 1), phase)
+        held.append(conn)  # its first bytes say whether an answer had begun by the deadline
+        try:
+            response = await conn.post("/v1/models", None, method="GET")
+            phase[0] = "read"
+            body = await conn.read(MODELS_BYTES)
+        finally:
+            conn.close()
+        return response.status_code, body
 
     try:
-        body = asyncio.run(asyncio.wait_for(fetch(), timeout_s))
-    except (asyncio.TimeoutError, TimeoutError):
-        refuse(f"no whole answer within {timeout_s:g} s")
-    except httpx.HTTPError as exc:
-        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
-            # no connection, so no listing either: "lists no model (ConnectError): name it with --served-model" sent
-            # the user to an option that then failed for the refused port, unknown host or TLS handshake named here
-            check_reachable(url, timeout_s)
-        refuse(f"no answer: {type(exc).__name__}")
+        status, body = asyncio.run(asyncio.wait_for(fetch(), timeout_s))
+    except (Dropped, Malformed) as exc:
+        raise SpecError(f"--url {url}: GET /v1/models: {exc}") from None
+    except (OSError, asyncio.TimeoutError) as exc:
+        if phase[0] in ("connect", "tls"):
+            raise _unreachable(url, phase[0], exc, timeout_s) from None
+        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+            if phase[0] == "read" or (held and held[0].first):
+                refuse(f"no whole answer within {timeout_s:g} s")
+            raise SpecError(f"--url {url}: the endpoint accepted a connection and sent no answer to GET /v1/models "
+                            f"within {timeout_s:g} s") from None
+        raise SpecError(f"--url {url}: GET /v1/models: {type(exc).__name__}: {str(exc)[:120]}") from None
+    if not 200 <= status < 300:
+        refuse(f"HTTP {status}")
+    if len(body) > MODELS_BYTES:
+        refuse(f"its answer is over {MODELS_BYTES:,} bytes")
     try:
         listed = boundary.loads_json(bytes(body), "the listing").get("data")
     except (ValueError, AttributeError):
