@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import queue
+import re
 import signal
 import struct
 import subprocess
@@ -491,3 +492,79 @@ def test_streams_whose_clients_reset_leave_nothing_in_the_log(caplog):
         srv.should_exit = True
         thread.join(10)
     assert not [r for r in caplog.records if "raised exception" in r.getMessage()]
+
+
+def test_clients_sending_garbage_or_tls_leave_one_line_of_each_kind_in_the_log(caplog):
+    """uvicorn logged "Invalid HTTP request received." for each request that is not HTTP/1.1, a TLS ClientHello on the
+    plain port included, and two lines (one advising a WebSocket library) for each upgrade request: one client in a
+    loop filled the log. Each kind is one line in words, the TLS one telling http:// from https://."""
+    import logging
+    import socket
+    import ssl
+    import threading
+
+    import uvicorn
+
+    from test_serve_http import free_port
+    from transbench.errors import SpecError
+    from transbench.scenarios.serve import server
+    from transbench.scenarios.serve.http_client import check_reachable
+
+    port = free_port()
+    config = uvicorn.Config(answering_api(False), host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                            log_config=None, http=server.header_deadline_protocol())
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    caplog.set_level(logging.WARNING)
+
+    def send(data: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(data)
+            try:
+                return s.recv(100)
+            except OSError:
+                return b""
+    try:
+        for _ in range(100):
+            if srv.started:
+                break
+            time.sleep(0.05)
+        for _ in range(20):
+            assert send(b"\x00\x01 garbage\r\n\r\n").startswith(b"HTTP/1.1 400")
+            send(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+                    pytest.raises(ssl.SSLError):
+                context.wrap_socket(raw)
+        with pytest.raises(SpecError, match="closed the connection during the TLS handshake: is the URL http://"):
+            check_reachable(f"https://127.0.0.1:{port}", timeout_s=5)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200  # served on
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("uvicorn")]
+    assert sorted(lines) == sorted([server.PEER_LINES["Invalid HTTP request received."],
+                                    server.PEER_LINES["Unsupported upgrade request."], server.TLS_LINE]), lines
+
+
+@given(st.lists(st.floats(0, 1000), min_size=1, max_size=200))
+def test_a_kind_of_client_line_is_logged_at_most_once_a_period_and_counts_what_it_stood_for(gaps):
+    from transbench.scenarios.serve import server
+
+    now = [0.0]
+    said: list[str] = []
+    log = type("Log", (), {"warning": lambda self, line: said.append(line)})()
+    peers = server.PeerLog(clock=lambda: now[0])
+    times = []
+    for gap in gaps:
+        now[0] += gap
+        times.append(now[0])
+        peers.say(log, "x")
+    assert said[0] == "x"  # the first at once
+    # never two within PEER_LOG_S, and every event is either a line or counted in the next one (or still held)
+    counted = [int(m.group(1).replace(",", "")) for m in (re.search(r"\(([\d,]+) more", s) for s in said) if m]
+    assert len(said) + sum(counted) + peers.held.get("x", 0) == len(times)
+    assert len(said) <= 1 + (times[-1] - times[0]) / server.PEER_LOG_S

@@ -626,6 +626,8 @@ def tls_words(exc: Exception) -> str:
 
     if isinstance(exc, ssl.SSLCertVerificationError):
         return f"its TLS certificate is not trusted here ({exc.verify_message or exc.reason})"
+    if isinstance(exc, (ssl.SSLEOFError, ConnectionError)):  # transbench server closes a TLS handshake's connection
+        return "the server closed the connection during the TLS handshake: is the URL http://?"
     reason = getattr(exc, "reason", None) or ""
     if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST"):
         return "it does not answer in TLS: give the URL as http://"
@@ -656,15 +658,14 @@ def _unreachable(url: str, phase: str, exc: BaseException, timeout_s: float) -> 
             return SpecError(f"--url {url}: the TLS handshake did not end within {timeout_s:g} s (a plain HTTP server "
                              "waits for a request: is the URL http://?)")
         return SpecError(f"{nothing} (no connection within {timeout_s:g} s)")
-    if isinstance(exc, ssl.SSLError):
+    if isinstance(exc, ssl.SSLError) or (phase == "tls" and isinstance(exc, ConnectionError)):
         return SpecError(f"--url {url}: {tls_words(exc)}")
     if isinstance(exc, ConnectionRefusedError):
         return SpecError(f"{nothing} (connection refused)")
     if isinstance(exc, socket.gaierror):
         return SpecError(f"{nothing} (the host name does not resolve)")
     if isinstance(exc, ConnectionError):
-        return SpecError(f"--url {url}: the server closed the connection "
-                         + ("during the TLS handshake" if phase == "tls" else "at once"))
+        return SpecError(f"--url {url}: the server closed the connection at once")
     return SpecError(f"{nothing} ({type(exc).__name__}: {str(exc)[:120]})")
 
 

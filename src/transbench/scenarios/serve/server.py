@@ -43,6 +43,21 @@ BODY_S = 30.0
 # or half their headers, were held for ever, and 280 of them used up the descriptors: every other client timed out.
 HEADER_S = 10.0
 STOP_POLL_S = 0.2  # how often a body still arriving looks whether the server is stopping
+# uvicorn logs a line for each request that is not HTTP/1.1 (one client sending garbage wrote one a request); each such
+# kind of line about what a client sent is logged at most once this often, with the count of those it stood for.
+PEER_LOG_S = 60.0
+TLS_RECORD = b"\x16\x03"  # a TLS handshake record: a client speaking https:// to this plain-HTTP port
+# uvicorn's lines about what a client sent, in words (None: never logged)
+PEER_LINES = {
+    "Invalid HTTP request received.": "a client sent bytes that are not an HTTP/1.1 request: answered 400",
+    "Unsupported upgrade request.": "a client asked to upgrade its connection (WebSocket, h2c), which this server "
+                                    "does not do: answered as HTTP/1.1",
+    # its advice (install a WebSocket library) is for servers of WebSockets; this one serves none
+    "No supported WebSocket library detected. Please use \"pip install 'uvicorn[standard]'\", or install 'websockets' "
+    "or 'wsproto' manually.": None,
+}
+TLS_LINE = "a client began a TLS handshake on this plain-HTTP port, and its connection was closed: the server speaks " \
+           "http://, not https://"
 GONE = 499  # nginx's "client closed request", as /metrics counts a client that hung up before its body was read
 MAX_INPUTS = 2048  # inputs in one embeddings request
 SWITCH_S = 0.0005  # the interpreter's thread switch interval while serving (see run)
@@ -426,9 +441,16 @@ def header_deadline_protocol():
 
         idle = h11.IDLE
 
+    peers = PeerLog()  # one for the server: its limit holds across connections
+
     class HeaderDeadline(Base):
         _deadline = None
         _headers_in = False  # this request's line and headers have arrived
+        _fresh = True  # nothing received on this connection yet
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.logger = peers.over(self.logger)
 
         def _arm(self) -> None:
             self._disarm()
@@ -453,6 +475,11 @@ def header_deadline_protocol():
             self._arm()
 
         def data_received(self, data: bytes) -> None:
+            if self._fresh and data.startswith(TLS_RECORD):  # a ClientHello: no 400 in plain text can reach it
+                self.transport.close()
+                peers.say(self.logger, TLS_LINE)
+                return
+            self._fresh = False
             super().data_received(data)
             self._h11_headers_in()
             if self._headers_in:  # the body has BODY_S (Api.body)
@@ -475,6 +502,40 @@ def header_deadline_protocol():
             super().connection_lost(exc)
 
     return HeaderDeadline
+
+
+class PeerLog:
+    """uvicorn's lines about what clients sent (PEER_LINES, TLS_LINE), in words, each logged at most once a PEER_LOG_S
+    with the count of those it stood for: a client sending garbage in a loop logged a warning a request."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.last: dict[str, float] = {}
+        self.held: dict[str, int] = {}
+
+    def say(self, log, line: str) -> None:
+        now = self.clock()
+        if line in self.last and now - self.last[line] < PEER_LOG_S:
+            self.held[line] = self.held.get(line, 0) + 1
+            return
+        held, since = self.held.pop(line, 0), now - self.last.get(line, now)
+        self.last[line] = now
+        log.warning(line + (f" ({held:,} more like it in the {since:.0f} s before)" if held else ""))
+
+    def over(self, log):
+        """`log` (uvicorn's logger of a connection) with its lines about clients said through this."""
+        peers = self
+
+        class Quiet:
+            def __getattr__(self, name):
+                return getattr(log, name)
+
+            def warning(self, msg, *args, **kwargs):
+                if msg not in PEER_LINES:
+                    return log.warning(msg, *args, **kwargs)
+                if PEER_LINES[msg] is not None:
+                    peers.say(log, PEER_LINES[msg])
+        return Quiet()
 
 
 def _more_descriptors(most: int = 65_536) -> None:
