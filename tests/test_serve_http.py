@@ -1197,3 +1197,16 @@ def test_https_to_a_plain_http_endpoint_says_so(stub):
 
     with pytest.raises(SpecError, match="it does not answer in TLS: give the URL as http://"):
         check_reachable(stub.url.replace("http://", "https://"), timeout_s=5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=300) | st.binary(max_size=300), st.booleans())
+@example("boom\nline 2\x1b[2Jcleared\x00", True)
+def test_an_error_answers_message_is_stored_and_shown_as_one_printable_line(raw, message, as_json):
+    # an endpoint's "\x1b[2J" cleared the terminal the cell's warning went to, and its newlines split the warning
+    body = (json.dumps({"error": {"message": message}}).encode() if as_json and isinstance(message, str) else
+            message.encode("utf-8", "surrogatepass") if isinstance(message, str) else message)
+    raw.update(send=b"HTTP/1.1 500 X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+               + body, reset=False)
+    r = _one(raw["url"])
+    assert r.status == "http_500" and r.error.isprintable() and len(r.error) <= 200, r.error

@@ -130,13 +130,22 @@ def payload(api: str, model: str, prompt: str, new_tokens: int) -> dict:
     return {**gen, "prompt": prompt}
 
 
+def one_line(text: str) -> str:
+    """An endpoint's words as one printable line: runs of whitespace (newlines) as one space, other characters that
+    do not print (an escape sequence, NUL) escaped. An error message's "\\x1b[2J" cleared the terminal the cell's
+    warning was printed to, and its newlines split that warning and the stored first_errors over lines."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in " ".join(text.split()))
+
+
 def _message(body: bytes) -> str:
+    """An error answer's message (its error.message, its error, or its body's text), one line of 200 characters."""
     try:
         err = boundary.loads_json(body, "an error response").get("error")
         msg = err.get("message") if isinstance(err, dict) else err
-        return str(msg)[:200] if msg else body[:200].decode(errors="replace")
+        text = str(msg) if msg else body[:200].decode(errors="replace")
     except (ValueError, AttributeError):
-        return body[:200].decode(errors="replace")
+        text = body[:200].decode(errors="replace")
+    return one_line(text[:200])[:200]
 
 
 class Malformed(Exception):
