@@ -1210,3 +1210,20 @@ def test_an_error_answers_message_is_stored_and_shown_as_one_printable_line(raw,
                + body, reset=False)
     r = _one(raw["url"])
     assert r.status == "http_500" and r.error.isprintable() and len(r.error) <= 200, r.error
+
+
+@pytest.mark.parametrize("body, why", [
+    (b'{"data": [{"embedding": [1.0, 0.0]}], "x": "\xff"}', "the response: is not UTF-8 text (byte "),
+    (b"[" * 5000, "the response: nests deeper than"),
+    (b'{"data": [{"embedding": [1.0, 0.0]}], "usage": {"prompt_tokens": ' + b"9" * 5000 + b"}}",
+     "the response: a value cannot be read"),
+    (b'{"data": [{"embedding": [1.0, 0.0]}', "the response: invalid JSON at line 1"),
+])
+def test_an_embeddings_answer_that_cannot_be_read_as_json_says_why(raw, body, why):
+    # each read "the response is not an embeddings list: b'{"data": [{"embedding": [1.0, 0.0]}], ...'", which it
+    # looked like
+    raw.update(send=b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+               + body, reset=False)
+    r = _one(raw["url"])
+    assert r.status == "malformed" and r.error.startswith(why), r.error
+

@@ -429,7 +429,10 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             if len(raw) > RESPONSE_BYTES:
                 raise Malformed(f"the response is over {RESPONSE_BYTES:,} bytes")
             try:
-                data = boundary.loads_json(raw, "the response")
+                data = boundary.loads_json(raw, "the response", fix="")
+            except boundary.BadInput as exc:  # not UTF-8, nested past the bound, a number of 4,300 digits: said
+                raise Malformed(f"{exc} (it began {raw[:60]!r})") from None
+            try:
                 emb = embedding_values(data["data"][0]["embedding"])
             except (ValueError, KeyError, IndexError, TypeError) as exc:
                 why = f" ({exc})" if type(exc) is ValueError else ""  # embedding_values' reason
