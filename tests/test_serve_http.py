@@ -1227,3 +1227,11 @@ def test_an_embeddings_answer_that_cannot_be_read_as_json_says_why(raw, body, wh
     r = _one(raw["url"])
     assert r.status == "malformed" and r.error.startswith(why), r.error
 
+
+def test_an_ipv6_endpoints_host_header_has_its_address_in_brackets():
+    from transbench.scenarios.serve.http_client import Connection, Connections
+
+    # "Host: ::1:8000" is no host and port; a proxy in front of the endpoint refuses it
+    conns = Connections("http://[::1]:8000", 1)
+    assert Connection(conns.host, conns.port, conns.ssl).authority == "[::1]:8000"
+    assert Connection("127.0.0.1", 8000, None).authority == "127.0.0.1:8000"

@@ -198,7 +198,7 @@ class Connection:
 
     def __init__(self, host: str, port: int, ssl_context):
         self.host, self.port, self.ssl = host, port, ssl_context
-        self.authority = f"{host}:{port}"
+        self.authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address in brackets
         self.reader = self.writer = self.h11 = None
         self.first = b""  # the current answer's first bytes (what a broken one began with)
         self.eof = False  # the server closed the connection: h11's error after it is a drop, not a malformed answer
