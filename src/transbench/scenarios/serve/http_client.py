@@ -661,7 +661,7 @@ async def _connect(conns: "Connections", phase: list) -> Connection:
 
 
 def _unreachable(url: str, phase: str, exc: BaseException, timeout_s: float) -> SpecError:
-    """SpecError, one line: no connection (or TLS session) with the endpoint, in words."""
+    """SpecError, one line: no connection (or TLS handshake) with the endpoint, in words."""
     import ssl
 
     nothing = f"--url {url}: nothing accepts a connection there"
