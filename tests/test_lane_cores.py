@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from transbench.cells import Cell
-from transbench.runner import sweep
+from transbench.runner import launch, sweep, worker
 
 
 @pytest.mark.parametrize("cores, lanes, sizes", [(64, 4, [16] * 4), (10, 4, [3, 3, 2, 2]), (4, 4, [1] * 4),
@@ -59,3 +61,39 @@ def test_fewer_physical_cores_than_lanes_splits_the_logical_cpus(monkeypatch):
 def test_siblings_read_from_this_machine_include_the_cpu_itself():
     cpu = sorted(os.sched_getaffinity(0))[0] if hasattr(os, "sched_getaffinity") else 0
     assert cpu in sweep._siblings(cpu)
+
+
+# What a user's environment may hold under the lane's variable: core lists, numbers past a C long, any text.
+USER_CPUS = st.one_of(st.text(max_size=40), st.lists(st.integers(-2**70, 2**70), max_size=5).map(
+    lambda xs: ",".join(map(str, xs))))
+ORIGINAL_CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+
+
+@settings(max_examples=50, deadline=None)
+@given(value=USER_CPUS, mine=st.one_of(st.none(), st.lists(st.integers(0, 63), min_size=1, max_size=4, unique=True)))
+def test_the_users_transbench_cpus_never_reaches_a_worker(value, mine):
+    saved = os.environ.get("TRANSBENCH_CPUS")
+    os.environ["TRANSBENCH_CPUS"] = value.replace("\0", "")
+    try:
+        lane = sweep._Lane(None, sweep.Target(Cell, measure="repeat_target:measure"), cpus=mine)
+        # the worker's environment (and a cell's ranks', runner/launch.py) carries the lane's own cores, or none
+        assert launch.environment(lane.env)["TRANSBENCH_CPUS"] == ",".join(map(str, mine or []))
+        worker.apply_cpus()  # whatever the variable holds, a worker starts: a core list it cannot use is no error
+    finally:
+        if saved is None:
+            os.environ.pop("TRANSBENCH_CPUS", None)
+        else:
+            os.environ["TRANSBENCH_CPUS"] = saved
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, ORIGINAL_CPUS)
+
+
+
+def test_a_cpu_list_in_the_users_environment_does_not_fail_the_cells(monkeypatch):
+    monkeypatch.setenv("TRANSBENCH_CPUS", "99999999999999999999")  # past a C long: every worker died at start-up
+    lane = sweep._Lane(None, sweep.Target(Cell, measure="repeat_target:measure"))
+    try:
+        result = lane.run(Cell("bert-tiny", "base", "sdpa", "fp32", 1, 8), 120)
+    finally:
+        lane.close()
+    assert result.status == "ok", result.error

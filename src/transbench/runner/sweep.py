@@ -195,8 +195,10 @@ class _Lane:
         self.threads = threads or (len(cpus) if cpus else available_cores())
         self.env = {"TRANSBENCH_THREADS": str(self.threads), **{v: str(self.threads) for v in THREAD_VARS}}
         self.cpus = cpus
-        if cpus:
-            self.env["TRANSBENCH_CPUS"] = ",".join(map(str, cpus))
+        # Always set, empty for a lane of no cores of its own: a TRANSBENCH_CPUS in the user's environment reached the
+        # workers, pinned every cell to cores no option had named, and one too large for the kernel's CPU set killed
+        # every worker, each cell stored as `error` with no reason, exit 0.
+        self.env["TRANSBENCH_CPUS"] = ",".join(map(str, cpus)) if cpus else ""
         if gpu is not None:
             self.env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         self._thread_vars = ("TRANSBENCH_THREADS", *THREAD_VARS)

@@ -104,7 +104,7 @@ def apply_cpus() -> None:
     if cpus and hasattr(os, "sched_setaffinity"):
         try:
             os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
-        except (OSError, ValueError):
+        except (OSError, ValueError, OverflowError):
             pass  # a core the host took away since: the process keeps the cores it had
 
 
