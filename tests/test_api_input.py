@@ -8,6 +8,8 @@ import os
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from test_cli_input import invoke, refused
 from transbench import api
@@ -215,3 +217,19 @@ def test_a_value_given_twice_is_refused(tmp_path, args, needle):
 def test_report_comparison_options_without_a_comparison_are_refused(tmp_path, args, needle):
     refused(invoke(*args, "--db", tmp_path / "none.db", "--out", tmp_path / "out"), needle)
     nothing_written(tmp_path)
+
+
+# Whatever a caller hands from_dict that is not a mapping: nothing, numbers, text, bytes, lists and pairs of keys.
+NOT_A_MAPPING = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20),
+                          st.binary(max_size=20), st.lists(st.text(max_size=5), max_size=4),
+                          st.tuples(st.text(max_size=5), st.integers()), st.sets(st.integers(), max_size=3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=NOT_A_MAPPING)
+def test_from_dict_of_anything_but_a_mapping_is_one_spec_error(data):
+    for cls in (RunSpec, TrainSpec):
+        with pytest.raises(SpecError) as info:
+            cls.from_dict(data)
+        line = str(info.value)
+        assert "\n" not in line and f"{cls.__name__} is built from a mapping of settings" in line, line

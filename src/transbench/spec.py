@@ -104,6 +104,9 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
     values of the wrong type are one-line SpecErrors naming the key and the type expected (`where` names
     the file). A list field also takes one value or comma-separated text, as on the command line; fields in
     `whole` keep a text value in one piece (their values may hold commas)."""
+    if not isinstance(data, dict):  # RunSpec.from_dict(None) was a TypeError, and from_dict("seed") 4 unknown keys
+        raise SpecError(f"{where}{cls.__name__} is built from a mapping of settings (key: value), not "
+                        f"{type(data).__name__}: e.g. {cls.__name__}.from_dict({{'seed': 1}})")
     data = _today_keys(cls, data, where)
     whole = whole | whole_fields(cls)
     check_keys(cls, data, where)
