@@ -7,6 +7,8 @@ import sqlite3
 import typing
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -328,7 +330,7 @@ def test_server_refuses_decoder_options_for_an_encoder(args, needle):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["run", "--model", "bert-tiny", "--batch", ","], "--batch is empty"),
+    (["run", "--model", "bert-tiny", "--batch", ","], "--batch: ',' has only empty items between commas"),
     (["run", "--model", "bert-tiny", "--min-time", "nan"], "min_time: expected a number, got nan"),
     (["train", "--model", "bert-tiny", "--seq", " "], "--seq is empty"),
     (["train", "--model", "bert-tiny", "--lr", "nan"], "lr: expected a number, got nan"),
@@ -353,6 +355,21 @@ def test_server_refuses_decoder_options_for_an_encoder(args, needle):
 def test_empty_axes_and_nan_are_refused(tmp_path, args, needle):
     db = tmp_path / "x.db"
     refused(invoke(*args, *QUICK[:2], "--db", db), needle)
+    assert not db.exists()
+
+
+# A list option given commas alone: an axis of numbers, of names, and micro gemm's --model, where '' means none.
+COMMA_LISTS = [["run", "--model", "bert-tiny", "--batch"], ["run", "--model"],
+               ["micro", "gemm", "--sizes", "8", "--model"], ["micro", "gemm", "--sizes"],
+               ["train", "--model", "bert-tiny", "--grad-ckpt"]]
+
+
+@settings(max_examples=20, deadline=None)
+@given(text=st.text(alphabet=", \t", min_size=1).filter(lambda t: "," in t))
+def test_commas_alone_are_refused_by_every_list_option(tmp_path_factory, text):
+    db = tmp_path_factory.mktemp("commas") / "x.db"
+    for args in COMMA_LISTS:
+        refused(invoke(*args, text, "--device", "cpu", "--db", db), "has only empty items between commas")
     assert not db.exists()
 
 

@@ -208,10 +208,13 @@ def _today_keys(cls, data: dict, where: str) -> dict:
 
 def _comma_items(text: str, what: str) -> list[str]:
     """'1,8,64' -> ['1', '8', '64']. An empty item between commas ('8,', '1,,8') is refused, not dropped: it is
-    most often a value left out by mistake. Empty text is left to the axis's own check (scenarios/inference/cells.py)."""
+    most often a value left out by mistake, and so are commas alone (','). Empty text is left to the axis's own check
+    (scenarios/inference/cells.py)."""
     parts = [p.strip() for p in text.split(",")]
     if any(parts) and not all(parts):
         raise SpecError(f"{what}{text!r} has an empty item between commas: write e.g. {','.join(p for p in parts if p)}")
+    if len(parts) > 1 and not any(parts):  # commas alone: `micro gemm --model ,` measured no model, as `--model ''`
+        raise SpecError(f"{what}{text!r} has only empty items between commas: give a value, or leave the option out")
     return [p for p in parts if p]
 
 
