@@ -233,3 +233,17 @@ def test_from_dict_of_anything_but_a_mapping_is_one_spec_error(data):
             cls.from_dict(data)
         line = str(info.value)
         assert "\n" not in line and f"{cls.__name__} is built from a mapping of settings" in line, line
+
+
+@settings(max_examples=25, deadline=None)
+@given(refs=st.lists(st.sampled_from(["a", "b", "last", "id of a"]), min_size=1, max_size=6))
+def test_records_of_a_run_named_twice_are_its_records_once(tmp_path_factory, refs):
+    from report_helpers import cell, make_run, ok_result
+
+    db = str(tmp_path_factory.mktemp("twice") / "s.db")
+    ids = {name: make_run(db, name, [(cell(backend), ok_result([1.0, 1.1, 1.2], 1)) for backend in ("eager", "sdpa")])
+           for name in ("a", "b")}
+    refs = [ids["a"] if r == "id of a" else r for r in refs]
+    once = list(dict.fromkeys(ids["b"] if r == "last" else ids.get(r, r) for r in refs))  # each run, in given order
+    recs = api.records(db, refs)
+    assert [r["run_id"] for r in recs] == [i for i in once for _ in range(2)]

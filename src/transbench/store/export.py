@@ -64,9 +64,13 @@ def apply_baseline(records: list[dict], baseline: str | None) -> list[dict]:
 def records(store: Store, run_refs: list[str] | None = None, baseline: str | None = None) -> list[dict]:
     runs = [store.find_run(r) for r in run_refs] if run_refs else store.runs()
     out: list[dict] = []
+    seen: set[str] = set()
     for run in runs:
-        if run is None:
+        # A run named twice (`['a', 'a']`, its name and its id, or 'last') is read once, as `report` reads it: every
+        # record came back twice, and a mean or a count over them was wrong without a word.
+        if run is None or run["run_id"] in seen:
             continue
+        seen.add(run["run_id"])
         recs = []
         for c in store.cells(run["run_id"]):
             rec = {k: None for k in RECORD_KEYS}
