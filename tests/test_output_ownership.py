@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from report_helpers import cell, make_run, ok_result
 from test_cli_input import QUICK, invoke, refused
 from test_compare import noisy
@@ -375,3 +377,20 @@ def test_every_kind_of_run_names_the_command_that_repeats_it():
     from transbench.store.db import RUN_KINDS
 
     assert set(COMMAND_OF_KIND) == set(RUN_KINDS)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(side=st.sampled_from([".db-wal", ".db-shm", ".db-journal"]), there=st.sampled_from([None, b"", b"x" * 40]),
+       option=st.sampled_from(["--json", "--markdown", "--github-benchmark", "run --json", "run --csv"]))
+def test_a_side_file_of_another_database_is_refused_as_an_output(runs_db, tmp_path, side, there, option):
+    other = tmp_path / "other.db"  # a store beside, maybe in a sweep: its -wal file absent, empty between checkpoints
+    other.write_bytes(Path(runs_db).read_bytes())
+    target = tmp_path / f"other{side}"
+    target.unlink(missing_ok=True)
+    if there is not None:
+        target.write_bytes(there)
+    before = {p.name: digest(p) for p in tmp_path.iterdir() if p.is_file()}
+    args = ([*TINY_RUN, "--db", tmp_path / "new.db", option.split()[1], target] if option.startswith("run")
+            else ["compare", "a", "b", "--db", runs_db, option, target])
+    refused(invoke(*args), "named as SQLite names a side file", str(other))
+    assert {p.name: digest(p) for p in tmp_path.iterdir() if p.is_file()} == before

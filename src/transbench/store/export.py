@@ -660,6 +660,19 @@ def _same_file(a: Path, b: Path) -> bool:
 def _refuse_sqlite(p: Path) -> None:
     if is_sqlite(p):
         raise SpecError(f"cannot write {p}: it is a SQLite database (a store?), left as it is: give another file")
+    # A path named as SQLite names a database's side files (x.db-wal beside the store x.db): `compare --json x.db-wal`
+    # wrote its JSON there, a reader of x.db then made x.db-shm for it, and over the empty -wal file of a sweep
+    # between checkpoints it replaced the file the sweep's next cells went to.
+    try:
+        names = dict.fromkeys((str(p), os.path.realpath(p)))
+    except (OSError, ValueError):  # a NUL in the path: the write says why
+        return
+    for name in names:
+        side = next((suffix for suffix in SIDE_FILES if name.endswith(suffix)), None)
+        if side and is_sqlite(Path(name[:-len(side)])):
+            raise SpecError(f"cannot write {p}: it is named as SQLite names a side file ({side}) of the database "
+                            f"{name[:-len(side)]} (a store?), where SQLite keeps its unfinished writes: give another "
+                            "file")
 
 
 def _check_image_format(p: Path, option: str) -> None:
