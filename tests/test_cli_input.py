@@ -191,6 +191,13 @@ def test_help_shows_defaults_and_no_bare_bool(command):
         assert "--precision" not in flat and "--attn" not in flat  # old spellings stay hidden
 
 
+@pytest.mark.parametrize("command", [[], ["micro"]])
+def test_no_command_shows_the_help_and_says_what_is_missing(command):
+    res = invoke(*command)
+    assert "Commands" in res.stdout
+    refused(res, "error: no command given: choose one of the commands listed (see ")
+
+
 # --- names -----------------------------------------------------------------------------------------------
 
 @pytest.mark.slow

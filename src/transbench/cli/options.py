@@ -85,7 +85,9 @@ class Group(TyperGroup):
                 raise
             ctx = getattr(exc, "ctx", None)
             where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
-            message = " ".join(exc.format_message().split())
+            # No command (`transbench`, `transbench micro`): click prints the help and has no words of its own,
+            # which left `error:  (see ...)`, a line that said nothing.
+            message = " ".join(exc.format_message().split()) or "no command given: choose one of the commands listed"
             typer.echo(f"error: {visible(message)}{where}", err=True)
             sys.exit(exc.exit_code)
         sys.exit(rv if isinstance(rv, int) else 0)  # an Exit's code comes back instead of exiting with it
