@@ -35,6 +35,7 @@ class Command(TyperCommand):
                        for o in p.opts}
         out: list[str] = []
         given: dict[str, str] = {}  # a parameter's name -> the spelling it was first given as
+        noted: set[str] = set()
         i = 0
         while i < len(args):
             arg = args[i]
@@ -42,13 +43,16 @@ class Command(TyperCommand):
                 out += args[i:]
                 break
             name, eq, value = arg.partition("=")
+            typed = name  # as the user spelled it: `--precision fp32 --dtype fp32` was "--dtype was given twice"
             if name in ALIASES and name not in param_of and ALIASES[name] in param_of:
-                typer.echo(f"note: {name} is now {ALIASES[name]}", err=True)
+                if name not in noted:  # one notice a spelling: `--batches 1 --batches 2` printed it twice
+                    typer.echo(f"note: {name} is now {ALIASES[name]}", err=True)
+                    noted.add(name)
                 name = ALIASES[name]
                 arg = name + eq + value
             out.append(arg)
             if name in param_of:
-                _once(ctx, param_of[name], name, given)
+                _once(ctx, param_of[name], typed, given)
             if name in OPTIONAL_VALUE and name in param_of and not eq:
                 nxt = args[i + 1] if i + 1 < len(args) else None
                 if nxt is None or nxt.startswith("-"):
@@ -58,7 +62,7 @@ class Command(TyperCommand):
                 out.append(value)  # the option's value, never read as an option name
                 i += 1
             if name in takes_value and (eq or i < len(args)):
-                _ascii_number(ctx, param_of[name], name, value)
+                _ascii_number(ctx, param_of[name], typed, value)
             i += 1
         return super().parse_args(ctx, out)
 
