@@ -394,3 +394,17 @@ def test_a_side_file_of_another_database_is_refused_as_an_output(runs_db, tmp_pa
             else ["compare", "a", "b", "--db", runs_db, option, target])
     refused(invoke(*args), "named as SQLite names a side file", str(other))
     assert {p.name: digest(p) for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(target=st.text(st.characters(whitelist_categories=("L", "N")), min_size=1, max_size=12), loop=st.integers(0, 3))
+def test_report_out_as_a_link_to_no_folder_says_so(runs_db, tmp_path_factory, target, loop):
+    """A link to a missing name, or a loop of `loop` links: mkdir said only "File exists"."""
+    here = tmp_path_factory.mktemp("out")
+    out = here / "out"
+    chain = [out, *(here / f"link{i}" for i in range(loop))]
+    for link, to in zip(chain, [*chain[1:], here / target] if not loop else [*chain[1:], out]):
+        link.symlink_to(to)
+    before = sorted(p.name for p in here.iterdir())
+    refused(invoke("report", "a", "--db", runs_db, "--out", out), f"--out {out} is a symbolic link to ", "no folder")
+    assert sorted(p.name for p in here.iterdir()) == before

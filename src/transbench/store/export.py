@@ -705,6 +705,9 @@ def check_folder(path: str | Path, option: str, names: dict[str, str] | None = N
     try:
         if out.exists() and not out.is_dir():
             raise SpecError(f"{option} {out} is a file: give a folder")
+        if out.is_symlink() and not out.exists():  # mkdir said only "File exists" of a name that leads nowhere
+            raise SpecError(f"{option} {out} is a symbolic link to {os.readlink(out)}, which is no folder (missing, or "
+                            "a loop of links): make the folder it points to, or give another folder")
         for folder in reversed((out, *out.parents)):
             if not folder.exists():
                 folder.mkdir()
