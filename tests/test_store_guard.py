@@ -6,6 +6,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_cli_input import refused
 from typer.testing import CliRunner
 
 from transbench.cli import app
@@ -616,3 +619,21 @@ def test_merge_refuses_a_run_name_that_is_another_run_in_the_target(tmp_path):
     before = b.read_bytes()
     one_line_error(invoke("merge", a, "--into", b), "another run")
     assert b.read_bytes() == before
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(refusal=st.sampled_from([["--resume"], ["--resume", "--name", "zz"], ["--resume", "--name", "last run"]]),
+       mtime=st.integers(0, 2**31), linked=st.booleans())
+def test_a_zero_length_file_refused_as_a_store_stays_zero_length(tmp_path_factory, refusal, mtime, linked):
+    """A writer marks an empty file as a store on opening it: refused before its first run, it left a user's
+    zero-length file a 24 KiB store."""
+    here = tmp_path_factory.mktemp("blank")
+    blank = here / "kept.db"
+    blank.touch()
+    os.utime(blank, (mtime, mtime))
+    db = here / "link.db" if linked else blank
+    if linked:
+        db.symlink_to(blank)
+    refused(invoke("run", "--model", "bert-tiny", *QUICK, "--db", db, *refusal), "nothing to resume")
+    assert blank.stat().st_size == 0 and blank.stat().st_mtime == mtime
+    assert sorted(p.name for p in here.iterdir()) == sorted({"kept.db", db.name})

@@ -502,6 +502,11 @@ class Store:
                             "runs, or fill it with `transbench run`")
         if not readonly:
             _writable(self.path, kind)
+        # A zero-length file (made with `touch`, a name kept ready) that a writer marks as a store and then stores no
+        # run in is made zero-length again, with its times (_blank_again): `run --resume` refused "nothing to resume"
+        # and left the user's empty file a 24 KiB store.
+        blank = not readonly and kind == "empty" and not os.path.getsize(self.path)
+        self._blank = os.stat(self.path) if blank else None
         try:
             # lanes share the connection under a lock
             database, uri = _reader(self.path) if readonly else (self.path, False)
@@ -519,6 +524,7 @@ class Store:
             self.conn.close()
             if kind == "missing":  # a store that could not be started leaves no file behind
                 _remove(self.path)
+            self._blank_again()
             raise
         self.new = kind == "missing"
         self._where = os.path.abspath(self.path)  # a library caller may change its working folder meanwhile
@@ -544,12 +550,35 @@ class Store:
             raise SpecError(f"store {self.path} is damaged: it holds cells of run id {str(orphan[0])[:40]!r}, which it "
                             "does not list: restore it from a copy, or give another --db")
 
+    def _unused(self) -> bool:
+        """No run is stored (a command was refused before its first run)."""
+        try:
+            return not self.conn.execute("SELECT 1 FROM runs LIMIT 1").fetchone()
+        except sqlite3.Error:  # closed already, or unreadable: the file is left as it is
+            return False
+
     def _remove_if_unused(self) -> None:
         """A store this Store created and wrote no run to is removed: a command refused before its first run (the
-        run-name lock's folder cannot be made) left a new, empty store behind."""
-        if getattr(self, "new", False) and not self.conn.execute("SELECT 1 FROM runs LIMIT 1").fetchone():
+        run-name lock's folder cannot be made) left a new, empty store behind. One that was a zero-length file is
+        made one again."""
+        if (getattr(self, "new", False) or self._blank is not None) and self._unused():
             self.conn.close()
-            _remove(self.path)
+            if self.new:
+                _remove(self.path)
+            self._blank_again()
+
+    def _blank_again(self) -> None:
+        """The zero-length file this writer found (self._blank: its stat) as it was: zero bytes, its times. Called once
+        the connection is closed, which removes SQLite's side files of the store."""
+        before, self._blank = self._blank, None
+        if before is None:
+            return
+        target = side_file(self.path, "")
+        try:
+            os.truncate(target, 0)
+            os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+        except OSError:  # removed or replaced meanwhile: nothing of it to restore
+            pass
 
     @_guarded
     def _prepare(self, kind: str) -> None:
@@ -564,10 +593,13 @@ class Store:
         self.conn.execute("PRAGMA synchronous=NORMAL")
 
     def close(self) -> None:
+        blank = getattr(self, "_blank", None) is not None and self._unused()
         for held in getattr(self, "_locks", {}).values():  # the run names this store held for this process
             _release(held)
         self._locks = {}
         self.conn.close()
+        if blank:
+            self._blank_again()
 
     # --- who writes a run -----------------------------------------------------------------------
     def claim(self, name: str, part: str = "") -> None:
