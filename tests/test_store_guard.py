@@ -637,3 +637,17 @@ def test_a_zero_length_file_refused_as_a_store_stays_zero_length(tmp_path_factor
     refused(invoke("run", "--model", "bert-tiny", *QUICK, "--db", db, *refusal), "nothing to resume")
     assert blank.stat().st_size == 0 and blank.stat().st_mtime == mtime
     assert sorted(p.name for p in here.iterdir()) == sorted({"kept.db", db.name})
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=st.integers(1, 3), content=st.binary(max_size=20))
+def test_a_store_inside_a_file_is_said_as_such(tmp_path_factory, depth, content):
+    here = tmp_path_factory.mktemp("inside")
+    notes = here / "notes.txt"
+    notes.write_bytes(content)
+    db = notes.joinpath(*["sub"] * (depth - 1), "x.db")
+    for args in (["run", "--model", "bert-tiny", *QUICK, "--db", db], ["merge", str(db), "--into", db]):
+        line = refused(invoke(*args))
+        assert "which is a file, not a folder" in line or "no store at" in line, line  # merge reads its source first
+    refused(invoke("run", "--model", "bert-tiny", *QUICK, "--db", db), f"inside {notes}, which is a file")
+    assert notes.read_bytes() == content and sorted(here.iterdir()) == [notes]
