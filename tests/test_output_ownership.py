@@ -408,3 +408,15 @@ def test_report_out_as_a_link_to_no_folder_says_so(runs_db, tmp_path_factory, ta
     before = sorted(p.name for p in here.iterdir())
     refused(invoke("report", "a", "--db", runs_db, "--out", out), f"--out {out} is a symbolic link to ", "no folder")
     assert sorted(p.name for p in here.iterdir()) == before
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=st.integers(0, 2), option=st.sampled_from(["--json", "--markdown", "--github-benchmark"]))
+def test_an_output_inside_a_file_is_said_as_such(runs_db, tmp_path_factory, depth, option):
+    here = tmp_path_factory.mktemp("inside")
+    notes = here / "notes.txt"
+    notes.write_text("mine\n")
+    target = notes.joinpath(*["sub"] * depth, "out.json")
+    refused(invoke("compare", "a", "b", "--db", runs_db, option, target), f"inside {notes}, which is a file")
+    refused(invoke("report", "a", "--db", runs_db, "--out", target.parent / "report"), f"inside {notes}, which is a")
+    assert notes.read_text() == "mine\n" and sorted(here.iterdir()) == [notes]

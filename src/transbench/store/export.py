@@ -589,8 +589,11 @@ def _check_file(p: Path, option: str, db: str | None, image: bool) -> None:
                         f"{p / EXAMPLE_NAME.get(option, 'out.txt')}")
     folder = p.parent
     if not folder.is_dir():
-        why = "is not a folder" if folder.exists() else "does not exist (create it first)"
-        raise SpecError(f"cannot write {path}: folder {folder} {why}")
+        # The nearest part that is there: under a file (notes.txt/sub/x.json), "create it first" could not be done
+        there = next((f for f in (folder, *folder.parents) if f.exists()), None)
+        if there is not None and not there.is_dir():
+            raise SpecError(f"cannot write {path}: it is inside {there}, which is a file, not a folder")
+        raise SpecError(f"cannot write {path}: folder {folder} does not exist (create it first)")
     _refuse_kernel_fs(p, path)
     # An existing file needs only itself writable (e.g. /dev/stdout); a new one needs its folder.
     if not (os.access(p, os.W_OK) if p.exists() else os.access(folder, os.W_OK | os.X_OK)):
@@ -705,6 +708,9 @@ def check_folder(path: str | Path, option: str, names: dict[str, str] | None = N
     try:
         if out.exists() and not out.is_dir():
             raise SpecError(f"{option} {out} is a file: give a folder")
+        there = next((f for f in out.parents if f.exists()), None)
+        if there is not None and not there.is_dir():  # mkdir said only "Not a directory"
+            raise SpecError(f"{option} {out} is inside {there}, which is a file, not a folder: give another folder")
         if out.is_symlink() and not out.exists():  # mkdir said only "File exists" of a name that leads nowhere
             raise SpecError(f"{option} {out} is a symbolic link to {os.readlink(out)}, which is no folder (missing, or "
                             "a loop of links): make the folder it points to, or give another folder")
