@@ -497,3 +497,15 @@ def test_a_value_its_reader_refuses_names_the_option(argv, start):
     res = CliRunner().invoke(app, argv)
     assert res.exit_code == 2 and res.stderr.splitlines() == [res.stderr.strip()]
     assert res.stderr.startswith(start), res.stderr
+
+
+@pytest.mark.parametrize("kind", ["training", "micro"])
+def test_a_name_of_a_run_of_another_kind_names_both_kinds(tmp_path, kind):
+    from report_helpers import cell, make_run, ok_result
+
+    db = tmp_path / "k.db"
+    make_run(str(db), "a", [(cell("eager"), ok_result([1.0, 1.1], 1))], kind=kind)
+    before = db.read_bytes()
+    refused(invoke("run", "--model", "bert-tiny", *QUICK, "--db", db, "--name", "a"),
+            f"run 'a' is of kind {kind}, and this command stores inference runs")
+    assert db.read_bytes() == before

@@ -121,7 +121,9 @@ def open_run(store, kind: str, spec: dict, name: str | None, env: Callable[[], d
             if existing is None:  # the id is another name's: nothing to resume
                 raise
     if existing["kind"] != kind:
-        raise SpecError(f"run '{name}' is a {existing['kind']} run: choose another --name")
+        # the kinds' names as `runs` lists them: "is a inference run" named neither what the run is nor this command's
+        raise SpecError(f"run '{name}' is of kind {existing['kind']}, and this command stores {kind} runs: choose "
+                        "another --name")
     check_same_grid(existing["spec"], spec, name)
     stored = store.finished_keys(existing["run_id"])
     return existing["run_id"], existing["name"], len(stored if keys is None else stored & keys)
