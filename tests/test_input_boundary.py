@@ -603,6 +603,37 @@ def test_bad_environment_variables_are_one_line(tmp_path, monkeypatch, var, valu
     monkeypatch.setattr(backends, "_REGISTRY", None)
 
 
+# What a module named in TRANSBENCH_EXTRA_BACKENDS may hold where a Backend belongs, or do when it is imported.
+NOT_A_BACKEND = st.one_of(st.integers(), st.text(max_size=8), st.lists(st.integers(), max_size=2), st.just({}))
+EXTRA_MODULE = st.one_of(
+    NOT_A_BACKEND.map(lambda v: f"BACKEND = {v!r}\n"),
+    st.one_of(st.integers(), st.text(max_size=4), st.lists(st.integers(), min_size=1, max_size=2)).map(
+        lambda v: f"FORCED = {v!r}\n"),
+    st.one_of(st.none(), st.integers(-3, 3), st.text(max_size=6)).map(lambda code: f"import sys\nsys.exit({code!r})\n"))
+_extra_count = iter(range(10**9))
+
+
+@FAST
+@given(source=EXTRA_MODULE)
+def test_any_module_named_as_an_extra_backend_is_read_or_refused_in_one_line(tmp_path_factory, monkeypatch, source):
+    """A module's BACKEND of any other type (mpmath.libmp.backend's is 'python') was a traceback, and one that calls
+    sys.exit() on import ended `run` there, exit 0, nothing measured."""
+    from transbench import backends
+
+    folder = tmp_path_factory.mktemp("extra")
+    name = f"extra_backend_{next(_extra_count)}"
+    (folder / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("TRANSBENCH_EXTRA_BACKENDS", name)
+    monkeypatch.setattr(backends, "_REGISTRY", None)
+    try:
+        line = refused(invoke("run", "--model", "bert-tiny", "--device", "cpu", "--db", folder / "x.db"))
+    finally:
+        monkeypatch.setattr(backends, "_REGISTRY", None)
+    assert "TRANSBENCH_EXTRA_BACKENDS" in line and name in line
+    assert not (folder / "x.db").exists()
+
+
 # --- two writers on one run name --------------------------------------------------------------------------
 
 HOLDER = """

@@ -31,12 +31,19 @@ def _load() -> dict[str, Backend]:
                 raise
             raise SpecError(f"environment variable TRANSBENCH_EXTRA_BACKENDS names {name!r}, a module that cannot be "
                             "imported: fix or unset it") from None
-        except Exception as exc:  # noqa: BLE001 - an extra module's own import failing (ImportError: win32 only)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - an extra module's own import failing (ImportError:
+            # win32 only); a module that calls sys.exit() when imported ended the command there, exit 0, nothing run
             if name not in extras:
                 raise
             raise SpecError(f"environment variable TRANSBENCH_EXTRA_BACKENDS names {name!r}, whose import fails "
                             f"({type(exc).__name__}): fix or unset it") from None
-        for b in [getattr(mod, "BACKEND", None), *getattr(mod, "FORCED", [])]:
+        forced = getattr(mod, "FORCED", [])
+        given = [getattr(mod, "BACKEND", None), *(forced if isinstance(forced, (list, tuple)) else [forced])]
+        if name in extras and not all(b is None or isinstance(b, Backend) for b in given):
+            # Any module's BACKEND was taken for one (mpmath.libmp.backend's is the text 'python'): a traceback
+            raise SpecError(f"environment variable TRANSBENCH_EXTRA_BACKENDS names {name!r}, whose BACKEND or FORCED "
+                            "is not a transbench Backend (transbench.backends.base.Backend): fix or unset it")
+        for b in given:
             if b is not None:
                 found[b.name] = b
     return found
