@@ -493,8 +493,8 @@ _WHY = [
     ("report", "--min-effect", ["0", "1e-320"], "0 or more (docs/results.md, compare; compare refuses these runs at "
                                                 "it: their 5 + 5 samples put no pair beyond or within a min effect of 0)"),
     ("demo", "--prompt", [LONG, N], "text: 10,000 letters are one WordPiece word ([UNK]), a digit a token"),
-    ("micro gemm", "--model", ["", ",", " "], "no model (docs/micro.md: `--model ''` for none); ',' and ' ' split "
-                                              "to the same empty list"),
+    ("micro gemm", "--model", ["", " "], "no model (docs/micro.md: `--model ''` for none); ' ' splits to the same "
+                                         "empty list (',' is refused, as '1,,2' is: empty items between commas)"),
 ]
 ACCEPTED = {(c, o, v): why for commands, o, values, why in _WHY for c in commands.split("|") for v in values}
 # Valid values whose answer depends on the stored samples: at a min effect of 0, runs `a` and `b` (timed apart) get a

@@ -144,7 +144,7 @@ def test_cli_report_and_its_errors(stored, tmp_path):
     assert res.exit_code == 2 and "needs two runs" in res.output and not (tmp_path / "z").exists()
     # an --out that is a file, or a folder that cannot be made: one line, and the user's file untouched
     (tmp_path / "notes.txt").write_text("mine")
-    for out, message in ((tmp_path / "notes.txt", "is a file"), (tmp_path / "notes.txt" / "r", "cannot create")):
+    for out, message in ((tmp_path / "notes.txt", "is a file"), (tmp_path / "notes.txt" / "r", "which is a file, not a folder")):
         res = runner.invoke(app, ["report", "last", "--db", stored["db"], "--out", str(out)])
         assert res.exit_code == 2 and message in res.output, res.output
         assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output

@@ -386,6 +386,15 @@ def parse_bytes(text: str) -> int:
         raise SpecError(f"cannot read size '{str(text).strip()}': write bytes as 4096, 2^20, 64KiB, 16MiB or 1GiB")
     return parse_size(m.group(1)) * BYTE_UNITS[m.group(2).lower()]
 
+# --- paths --------------------------------------------------------------------------------------------
+
+def file_above(path: str | Path) -> Path | None:
+    """The nearest part of `path` that is there (itself or a folder above it) where it is a file, not a folder: a
+    path inside a file (notes.txt/sub/x.json), whose "create the folder" advice the file there refuses."""
+    path = Path(path)
+    there = next((f for f in (path, *path.parents) if f.exists()), None)
+    return there if there is not None and not there.is_dir() else None
+
 # --- environment --------------------------------------------------------------------------------------
 
 def env_text(name: str, default: str | None = None) -> str | None:

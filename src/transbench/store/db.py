@@ -469,8 +469,8 @@ def _writable(path: str, kind: str) -> None:
     folder = side_file(path, "").parent  # a link's target's folder: SQLite makes the store and its side files there
     if not folder.is_dir():
         # `--db notes.txt/x.db` was told to `mkdir -p notes.txt`, which the file there refuses
-        there = next((f for f in (folder, *folder.parents) if f.exists()), None)
-        if there is not None and not there.is_dir():
+        there = boundary.file_above(folder)
+        if there is not None:
             raise SpecError(f"store {path} is inside {there}, which is a file, not a folder: give another --db")
         raise SpecError(f"folder {folder} of store {path} does not exist: create it (mkdir -p {folder}) "
                         "or give another --db")

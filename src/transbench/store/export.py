@@ -590,8 +590,8 @@ def _check_file(p: Path, option: str, db: str | None, image: bool) -> None:
     folder = p.parent
     if not folder.is_dir():
         # The nearest part that is there: under a file (notes.txt/sub/x.json), "create it first" could not be done
-        there = next((f for f in (folder, *folder.parents) if f.exists()), None)
-        if there is not None and not there.is_dir():
+        there = boundary.file_above(folder)
+        if there is not None:
             raise SpecError(f"cannot write {path}: it is inside {there}, which is a file, not a folder")
         raise SpecError(f"cannot write {path}: folder {folder} does not exist (create it first)")
     _refuse_kernel_fs(p, path)
@@ -708,8 +708,8 @@ def check_folder(path: str | Path, option: str, names: dict[str, str] | None = N
     try:
         if out.exists() and not out.is_dir():
             raise SpecError(f"{option} {out} is a file: give a folder")
-        there = next((f for f in out.parents if f.exists()), None)
-        if there is not None and not there.is_dir():  # mkdir said only "Not a directory"
+        there = boundary.file_above(out.parent)
+        if there is not None:  # mkdir said only "Not a directory"
             raise SpecError(f"{option} {out} is inside {there}, which is a file, not a folder: give another folder")
         if out.is_symlink() and not out.exists():  # mkdir said only "File exists" of a name that leads nowhere
             raise SpecError(f"{option} {out} is a symbolic link to {os.readlink(out)}, which is no folder (missing, or "

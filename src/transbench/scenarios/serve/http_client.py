@@ -180,7 +180,8 @@ def not_http(first: bytes) -> str:
     """Why an answer that h11 could not read as HTTP/1.1 is none, in words, from its first bytes."""
     if first.startswith(TLS_RECORDS):
         return "the server answered in TLS, not plain HTTP: give the URL as https://"
-    return f"the answer is not HTTP/1.1 (it began {first[:40]!r})"
+    # the bytes' repr cut to 70 characters: 40 bytes of \xNN escapes ran to 160, a line longer than a terminal's
+    return f"the answer is not HTTP/1.1 (it began {repr(first[:40])[:70]})"
 
 
 class Connection:
