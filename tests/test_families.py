@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_cli_input import invoke, refused
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -1290,3 +1292,32 @@ def test_a_phi3_with_an_odd_head_size_is_refused_in_one_line(tmp_path):
     # DeBERTa needs a mask on the meta device and still resolves (its type_vocab_size 0 builds no embedding)
     build.resolve(_save(tmp_path, "deberta", "deberta-v2", "AutoModel", type_vocab_size=0, relative_attention=True,
                         position_buckets=8, pos_att_type=["p2c", "c2p"], **BERT))
+
+
+# --- mixture-of-experts widths torch's grouped_mm cannot take -----------------------------------------------------
+
+@settings(max_examples=8, deadline=None)
+@given(width=st.integers(1, 40), family=st.sampled_from(["mixtral", "qwen2_moe"]))
+def test_any_expert_width_runs_as_transformers_computes_it(width, family):
+    # Before: an expert width that is not a multiple of 8 kept transformers' grouped_mm route, whose rows must start on
+    # 16 bytes: "strides should be multiple of 16 bytes" in every cell, eager included.
+    import transformers
+
+    size = "moe_intermediate_size" if family == "qwen2_moe" else "intermediate_size"
+    cfg = transformers.AutoConfig.for_model(family, **{**MOE[family], size: width})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    ids = torch.randint(0, 1003, (2, 5))
+    model.set_experts_implementation("eager")
+    with torch.no_grad():
+        want = model(ids).logits
+        model.set_experts_implementation("grouped_mm")
+        build._experts_route(model)
+        assert torch.allclose(model(ids).logits, want, atol=1e-5)
+
+
+def test_a_moe_checkpoint_of_an_odd_expert_width_runs(tmp_path):
+    folder = _save_family(tmp_path, "mixtral", **{**MOE["mixtral"], "intermediate_size": 37, "num_hidden_layers": 1})
+    r = _family_cell(folder, "causal-lm")
+    assert r.status == "ok" and r.record["rel_err"] < 1e-5, r.error
+    assert _family_cell(folder, "causal-lm", "fused").status == "unsupported"

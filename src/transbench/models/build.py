@@ -823,7 +823,25 @@ def build_model(ref: ModelRef, task: str, *, attn: str = "eager", activation: st
         cfg._attn_implementation = attn
         with torch.device(device):
             model = cls(cfg, **extra)
+    _experts_route(model)
     return model.eval().requires_grad_(False)
+
+
+# torch's grouped_mm, transformers' default route for mixture-of-experts layers, takes matrices whose rows start on
+# 16-byte boundaries: an expert width that is not a multiple of 8 elements (2-byte dtypes; 4 in fp32) raised "strides
+# should be multiple of 16 bytes" in every cell of the model (a Mixtral of intermediate_size 37), eager included.
+GROUPED_MM_ALIGN = 8
+
+
+def _experts_route(model) -> None:
+    """Such a model's experts run transformers' own `eager` route (one matrix product per expert): the same
+    function, which takes any width."""
+    if getattr(model.config, "_experts_implementation", None) != "grouped_mm":
+        return
+    # Expert modules are the ones transformers' use_experts_implementation decorates (it sets is_concatenated).
+    if any(p.dim() == 3 and any(n % GROUPED_MM_ALIGN for n in p.shape[1:])
+           for m in model.modules() if hasattr(m, "is_concatenated") for p in m.parameters(recurse=False)):
+        model.set_experts_implementation("eager")
 
 
 def param_count(shape: Preset) -> int:
