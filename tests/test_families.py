@@ -1321,3 +1321,23 @@ def test_a_moe_checkpoint_of_an_odd_expert_width_runs(tmp_path):
     r = _family_cell(folder, "causal-lm")
     assert r.status == "ok" and r.record["rel_err"] < 1e-5, r.error
     assert _family_cell(folder, "causal-lm", "fused").status == "unsupported"
+
+
+@settings(max_examples=10, deadline=None)
+@given(eps=st.one_of(st.floats(max_value=-1e-300, allow_infinity=True, allow_nan=False), st.integers(max_value=-1)),
+       cls_name=st.sampled_from(["BertModel", "GPT2Model", "LlamaForCausalLM"]))
+def test_a_normalisation_epsilon_below_0_is_refused(tmp_path_factory, eps, cls_name):
+    # Before: built and run by transformers, NaN in every output, each cell `wrong` (rel_err inf) with eager too.
+    key = {"BertModel": "layer_norm_eps", "GPT2Model": "layer_norm_epsilon"}.get(cls_name, "rms_norm_eps")
+    path = tmp_path_factory.mktemp("eps") / "ckpt"
+    if eps == float("-inf"):  # not JSON: refused as such before any size is read
+        return
+    d = _saved(path, _tiny(cls_name), **{key: eps})
+    said = _refusal(d)  # an integer is refused by transformers' own type check, naming the field too
+    assert f"config.json sets {key} to {eps!r}, and it must be a number of 0 or more" in said or (
+        isinstance(eps, int) and f"field '{key}'" in said), said
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-12, 1.0])
+def test_a_normalisation_epsilon_of_0_or_more_resolves(tmp_path, eps):
+    assert build.resolve(str(_saved(tmp_path / "ckpt", _tiny(), layer_norm_eps=eps))).family == "bert"

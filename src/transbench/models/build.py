@@ -348,12 +348,26 @@ def _check_sizes(folder: Path, cfg, raw: dict) -> None:
             # rotary frequencies of base 0, or positions scaled by 0: transformers builds and runs it, and every
             # cell read `wrong` (rel_err inf)
             _refuse(folder, f"config.json sets {key} to {value!r}, and it must be a positive number", "fix config.json")
+    for key, value in _norm_eps_values(cfg):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not value >= 0:
+            # a LayerNorm or RMSNorm dividing by sqrt(variance + eps) of a negative eps: transformers builds and runs
+            # it, NaN wherever a token's variance is below -eps, and every cell read `wrong` (rel_err inf), eager too
+            _refuse(folder, f"config.json sets {key} to {value!r}, and it must be a number of 0 or more",
+                    "fix config.json")
     if getattr(cfg, "vocab_size", None) == 1:
         # The cells' random tokens avoid the padding id (RoBERTa numbers positions by it): one id leaves none to
         # draw, and every cell was an `error` ("random_ expects 'from' to be less than 'to'").
         key = getattr(cfg, "attribute_map", {}).get("vocab_size", "vocab_size")
         _refuse(folder, f"config.json sets {key} to 1, which leaves the random tokens no id but the padding id",
                 "use a vocabulary of 2 or more")
+
+
+def _norm_eps_values(cfg):
+    """(name, value) of each normalisation epsilon config.json sets: families name it layer_norm_eps,
+    layer_norm_epsilon, rms_norm_eps, norm_eps, norm_epsilon, ..."""
+    for key, value in vars(cfg).items():
+        if key.endswith(("_eps", "_epsilon")):
+            yield key, value
 
 
 def _rope_values(cfg):
