@@ -1341,3 +1341,18 @@ def test_a_normalisation_epsilon_below_0_is_refused(tmp_path_factory, eps, cls_n
 @pytest.mark.parametrize("eps", [0.0, 1e-12, 1.0])
 def test_a_normalisation_epsilon_of_0_or_more_resolves(tmp_path, eps):
     assert build.resolve(str(_saved(tmp_path / "ckpt", _tiny(), layer_norm_eps=eps))).family == "bert"
+
+
+@settings(max_examples=30, deadline=None)
+@given(text=st.text(max_size=2000))
+def test_an_exceptions_message_is_one_line_with_both_ends(text):
+    said = build._one_line(ValueError(text))
+    words = " ".join(text.split())
+    assert "\n" not in said and len(said) <= 300
+    assert said == (words or "ValueError") if len(words) <= 300 else said.endswith(words[-145:])
+
+
+def test_a_config_transformers_refuses_says_why_even_after_a_long_repr(tmp_path):
+    # Before: the message, a BertLayer's repr and then the reason, was cut at 300 characters inside the repr.
+    d = _saved(tmp_path / "ckpt", _tiny(), add_cross_attention=True)
+    assert "should be used as a decoder model if cross attention is added" in _refusal(d)

@@ -235,7 +235,9 @@ def read_tokenizer_json(path: Path) -> str | None:
 def _one_line(exc: BaseException) -> str:
     """An exception's message on one line: transformers' and torch's span several (and carry ANSI bold)."""
     text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+    # Both ends: transformers may open its message with a module's repr and say why only at its end ("BertLayer(
+    # (attention): ...) should be used as a decoder model if cross attention is added"), which a cut kept out.
+    return text if len(text) <= 300 else f"{text[:150]} ... {text[-145:]}"
 
 
 def _check_safetensors(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
