@@ -1356,3 +1356,18 @@ def test_a_config_transformers_refuses_says_why_even_after_a_long_repr(tmp_path)
     # Before: the message, a BertLayer's repr and then the reason, was cut at 300 characters inside the repr.
     d = _saved(tmp_path / "ckpt", _tiny(), add_cross_attention=True)
     assert "should be used as a decoder model if cross attention is added" in _refusal(d)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_checkpoint_whose_own_output_is_not_finite_is_an_error_saying_so(tmp_path, bad):
+    # Before: every cell, eager's included, read `wrong` (rel_err inf), blaming the backend for the checkpoint.
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "ckpt"
+    _tiny().save_pretrained(d)
+    weights = load_file(d / "model.safetensors")
+    next(v for k, v in weights.items() if k.endswith("query.weight"))[0, 0] = bad
+    save_file(weights, d / "model.safetensors", metadata={"format": "pt"})
+    for backend in ("eager", "fused"):
+        r = _odd_cell(str(d), "base", backend)
+        assert r.status == "error" and "fp32 output" in r.error and "not finite" in r.error, (backend, r.error)

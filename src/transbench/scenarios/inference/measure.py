@@ -68,6 +68,11 @@ class ModelCache:
         return self.models[key]
 
 
+NONFINITE_REFERENCE = ("the model's own fp32 output (eager attention, the reference every backend is checked "
+                      "against) is not finite on these inputs: the checkpoint's weights hold NaN or infinite values, "
+                      "or its config makes them; no backend can be judged")
+
+
 def reference_rows(batch: int) -> list[int]:
     """The sequences the reference is computed for: the first two and the last two."""
     return sorted({0, 1, batch - 2, batch - 1} & set(range(batch)))
@@ -261,6 +266,10 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     shape = build.resolve(cell.model).shape
     inputs = cell_inputs(cell, shape)
     rows, ref = reference(cache, cell, inputs, device)
+    if not bool(ref.isfinite().all()):
+        # A NaN or an infinity in a checkpoint's weights reaches every output: each cell, eager's too, read `wrong`
+        # (rel_err inf), as if its backend had computed badly.
+        return CellResult("error", error=NONFINITE_REFERENCE)
     on_sentences = answers.sentences(cache, cell, device) is not None
     if not on_sentences:
         answers.benchmark_reference(cache, cell, inputs, device)
