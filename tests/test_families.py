@@ -1371,3 +1371,19 @@ def test_a_checkpoint_whose_own_output_is_not_finite_is_an_error_saying_so(tmp_p
     for backend in ("eager", "fused"):
         r = _odd_cell(str(d), "base", backend)
         assert r.status == "error" and "fp32 output" in r.error and "not finite" in r.error, (backend, r.error)
+
+
+@pytest.mark.parametrize("chunk", [3, 5])
+def test_a_chunked_ffn_runs_at_any_length(tmp_path, chunk):
+    # Before: transformers chunks the FFN only where the length is a multiple of the chunk: at seq 8 every cell was an
+    # `error` ("The dimension to be chunked 8 has to be a multiple of the chunk size 3").
+    d = _saved(tmp_path / "ckpt", _tiny("BertForMaskedLM"), chunk_size_feed_forward=chunk)
+    r = _odd_cell(str(d), "mlm")
+    assert r.status == "ok" and r.record["rel_err"] < 1e-5, r.error
+    import transformers  # the whole FFN is the chunked one's function, where transformers can chunk
+
+    ids = torch.randint(0, 100, (2, 3 * chunk))
+    with torch.no_grad():
+        chunked = transformers.BertForMaskedLM.from_pretrained(d).eval()(ids).logits
+        whole = build.build_model(build.resolve(str(d)), "mlm")(ids).logits
+    assert torch.allclose(chunked, whole, atol=1e-5)

@@ -742,6 +742,11 @@ def hf_config(ref: ModelRef, task: str, activation: str | None = None, dropout: 
     # A cell measures its task's output. A config.json that asks for every layer's hidden states or attention maps
     # made eager return them, SDPA fall back to eager attention for the maps, and every fused cell an error.
     cfg.output_hidden_states = cfg.output_attentions = False
+    # A chunked FFN (chunk_size_feed_forward) is a memory knob, the same function over slices of the sequence, which
+    # transformers runs only where every call's length is a multiple of the chunk: at seq 8 and chunk 3 (or any decode
+    # step, or a padded batch's width) every cell of every command was an `error`. The FFN runs whole instead.
+    if getattr(cfg, "chunk_size_feed_forward", 0):
+        cfg.chunk_size_feed_forward = 0
     if not (ref.path and (getattr(cfg, "num_labels", 0) or 0) >= 1):
         # A checkpoint's own classifier keeps its classes (a 3-label head would not load into 2), one included: a
         # regression head (num_labels 1) was refused by the loader ("ignore_mismatched_sizes"), every cell an
