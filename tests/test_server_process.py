@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import queue
@@ -349,10 +350,10 @@ def test_a_path_with_a_trailing_slash_is_a_json_404_not_a_redirect(path):
     assert resp.json()["error"]["message"].startswith(f"POST {path}")
 
 
-def test_a_connection_whose_headers_do_not_arrive_is_closed_and_others_are_served(monkeypatch):
-    """uvicorn times a connection out only between requests: 280 connections that sent nothing, or half their headers,
-    were held for ever and used up the descriptors; every other client then timed out."""
-    import socket
+@contextlib.contextmanager
+def protocol_server(app, **config):
+    """`app` behind uvicorn with the server's own protocol (server.header_deadline_protocol), in a thread on
+    127.0.0.1: its port, once it listens; stopped on the way out."""
     import threading
 
     import uvicorn
@@ -360,11 +361,9 @@ def test_a_connection_whose_headers_do_not_arrive_is_closed_and_others_are_serve
     from test_serve_http import free_port
     from transbench.scenarios.serve import server
 
-    monkeypatch.setattr(server, "HEADER_S", 0.5)
     port = free_port()
-    config = uvicorn.Config(answering_api(False), host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                            http=server.header_deadline_protocol())
-    srv = uvicorn.Server(config)
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                                        http=server.header_deadline_protocol(), **config))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     try:
@@ -372,6 +371,21 @@ def test_a_connection_whose_headers_do_not_arrive_is_closed_and_others_are_serve
             if srv.started:
                 break
             time.sleep(0.05)
+        yield port
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+
+
+def test_a_connection_whose_headers_do_not_arrive_is_closed_and_others_are_served(monkeypatch):
+    """uvicorn times a connection out only between requests: 280 connections that sent nothing, or half their headers,
+    were held for ever and used up the descriptors; every other client then timed out."""
+    import socket
+
+    from transbench.scenarios.serve import server
+
+    monkeypatch.setattr(server, "HEADER_S", 0.5)
+    with protocol_server(answering_api(False)) as port:
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(5)]
         half = [socket.create_connection(("127.0.0.1", port)) for _ in range(5)]
         for s in half:
@@ -394,9 +408,6 @@ def test_a_connection_whose_headers_do_not_arrive_is_closed_and_others_are_serve
         assert resp.status_code == 200, resp.text
         for s in idle + half + [body]:
             s.close()
-    finally:
-        srv.should_exit = True
-        thread.join(10)
 
 
 def test_a_body_still_arriving_when_the_server_stops_gets_a_json_503():
@@ -453,26 +464,10 @@ def test_streams_whose_clients_reset_leave_nothing_in_the_log(caplog):
     logged "socket.send() raised exception." (12 such lines for 600 clients leaving gpt2-tiny's streams)."""
     import socket
     import struct
-    import threading
-
-    import uvicorn
-
-    from test_serve_http import free_port
-    from transbench.scenarios.serve import server
 
     jobs = []
-    port = free_port()
-    config = uvicorn.Config(fake_api(True, jobs.append), host="127.0.0.1", port=port, log_level="warning",
-                            lifespan="off", http=server.header_deadline_protocol())
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
     body = json.dumps({"model": "tiny", "prompt": "a b", "max_tokens": 8, "stream": True}).encode()
-    try:
-        for _ in range(100):
-            if srv.started:
-                break
-            time.sleep(0.05)
+    with protocol_server(fake_api(True, jobs.append)) as port:
         for _ in range(5):
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -488,9 +483,6 @@ def test_streams_whose_clients_reset_leave_nothing_in_the_log(caplog):
                 job.emit("token", 5)
             job.emit("done", None)
             time.sleep(0.5)
-    finally:
-        srv.should_exit = True
-        thread.join(10)
     assert not [r for r in caplog.records if "raised exception" in r.getMessage()]
 
 
@@ -501,35 +493,22 @@ def test_clients_sending_garbage_or_tls_leave_one_line_of_each_kind_in_the_log(c
     import logging
     import socket
     import ssl
-    import threading
 
-    import uvicorn
-
-    from test_serve_http import free_port
     from transbench.errors import SpecError
     from transbench.scenarios.serve import server
     from transbench.scenarios.serve.http_client import check_reachable
 
-    port = free_port()
-    config = uvicorn.Config(answering_api(False), host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                            log_config=None, http=server.header_deadline_protocol())
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
     caplog.set_level(logging.WARNING)
+    with protocol_server(answering_api(False), log_config=None) as port:
 
-    def send(data: bytes) -> bytes:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            s.sendall(data)
-            try:
-                return s.recv(100)
-            except OSError:
-                return b""
-    try:
-        for _ in range(100):
-            if srv.started:
-                break
-            time.sleep(0.05)
+        def send(data: bytes) -> bytes:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(data)
+                try:
+                    return s.recv(100)
+                except OSError:
+                    return b""
+
         for _ in range(20):
             assert send(b"\x00\x01 garbage\r\n\r\n").startswith(b"HTTP/1.1 400")
             send(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
@@ -542,9 +521,6 @@ def test_clients_sending_garbage_or_tls_leave_one_line_of_each_kind_in_the_log(c
         with pytest.raises(SpecError, match="closed the connection during the TLS handshake: is the URL http://"):
             check_reachable(f"https://127.0.0.1:{port}", timeout_s=5)
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200  # served on
-    finally:
-        srv.should_exit = True
-        thread.join(10)
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("uvicorn")]
     assert sorted(lines) == sorted([server.PEER_LINES["Invalid HTTP request received."],
                                     server.PEER_LINES["Unsupported upgrade request."], server.TLS_LINE]), lines
