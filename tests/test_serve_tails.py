@@ -2,6 +2,8 @@
 record's percentiles, TPOT and multi-objective goodput on hand-built request logs."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from transbench.errors import SpecError
 from transbench.scenarios.serve import tails
@@ -65,6 +67,14 @@ def test_percentile_names_are_unique():
 def test_bad_percentiles(text, message):
     with pytest.raises(SpecError, match=message):
         parse_percentiles(text)
+
+
+@given(st.floats(99.99995, 100, exclude_max=True) | st.floats(0, 5e-5, exclude_min=True))
+def test_a_percentile_refused_is_shown_as_given(q):
+    # a list of floats (the command line's, the API's) was shown through :g, so 99.99999999 read "100 must be below 100"
+    with pytest.raises(SpecError) as info:
+        parse_percentiles([q])
+    assert f"--percentiles: {q!r} must be" in str(info.value)
 
 
 @pytest.mark.parametrize("text, message", [("ttft", "not METRIC:MS"), ("latency:5", "not METRIC:MS"),
