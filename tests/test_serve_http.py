@@ -1235,3 +1235,12 @@ def test_an_ipv6_endpoints_host_header_has_its_address_in_brackets():
     conns = Connections("http://[::1]:8000", 1)
     assert Connection(conns.host, conns.port, conns.ssl).authority == "[::1]:8000"
     assert Connection("127.0.0.1", 8000, None).authority == "127.0.0.1:8000"
+
+
+@pytest.mark.parametrize("head", [b"HTTP/1.1 204 No Content\r\n\r\n",
+                                  b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n \n"])
+def test_an_embeddings_answer_with_no_body_says_so(raw, head):
+    # read "the response is not an embeddings list: b''"
+    raw.update(send=head, reset=False)
+    r = _one(raw["url"])
+    assert r.status == "malformed" and r.error.endswith("has no body: no embedding was sent"), r.error

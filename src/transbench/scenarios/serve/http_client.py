@@ -429,6 +429,8 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             raw = await conn.read(RESPONSE_BYTES)
             if len(raw) > RESPONSE_BYTES:
                 raise Malformed(f"the response is over {RESPONSE_BYTES:,} bytes")
+            if not raw.strip():  # a 204, or a 200 with nothing in it: "not an embeddings list: b''" said less
+                raise Malformed(f"the answer ({status}) has no body: no embedding was sent")
             try:
                 data = boundary.loads_json(raw, "the response", fix="")
             except boundary.BadInput as exc:  # not UTF-8, nested past the bound, a number of 4,300 digits: said
