@@ -1093,3 +1093,31 @@ def test_a_grid_is_refused_exactly_when_its_cells_pass_the_limit(a, b):
             checked(RunSpec, spec)
     else:
         assert checked(RunSpec, spec).batches == list(range(1, a + 1))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 4), st.booleans())
+def test_a_link_that_leads_nowhere_is_named_as_one(tmp_path_factory, links, loop):
+    # a loop of links was "unable to open database file: check that the file and its folder are writable" as a
+    # store, and "not found" as a spec file; a link to a missing file was "no store at" alone
+    from transbench.errors import SpecError
+    from transbench.spec import load_file
+    from transbench.store.db import Store
+
+    d = tmp_path_factory.mktemp("links")
+    names = [d / f"l{i}.yaml" for i in range(links)]
+    for a, b in zip(names, names[1:] + [names[0] if loop else d / "missing.yaml"]):
+        a.symlink_to(b.name)
+    why = boundary.link_nowhere(names[0])
+    missing = os.path.realpath(d / "missing.yaml")
+    assert why == ("is a loop of symbolic links" if loop else f"is a symbolic link to {missing}, which is missing"), why
+    with pytest.raises(boundary.BadInput, match="loop of symbolic links" if loop else "which is missing"):
+        boundary.read_bytes(names[0], "x", limit=10)
+    with pytest.raises(SpecError, match="loop of symbolic links" if loop else "which is missing"):
+        load_file(str(names[0]))
+    with pytest.raises(SpecError, match="loop of symbolic links" if loop else "which is missing"):
+        Store(str(names[0]), readonly=True)
+    if loop:
+        with pytest.raises(SpecError, match="loop of symbolic links"):
+            Store(str(names[0]))
+    assert sorted(p.name for p in d.iterdir()) == sorted(p.name for p in names)  # nothing made beside them

@@ -8,6 +8,7 @@ The engine depends on nothing of the benchmark and keeps its own two-line bounde
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -53,9 +54,9 @@ def read_bytes(path: str | Path, where: str, *, limit: int, fix: str = "check th
     try:
         st = os.stat(p)
     except FileNotFoundError:
-        _fail(where, "no such file", fix)
+        _fail(where, link_nowhere(p) or "no such file", fix)
     except OSError as exc:
-        _fail(where, f"cannot be read ({exc.strerror or exc})", fix)
+        _fail(where, link_nowhere(p) or f"cannot be read ({exc.strerror or exc})", fix)
     if stat.S_ISDIR(st.st_mode):
         _fail(where, "is a folder, not a file", fix)
     if not stat.S_ISREG(st.st_mode):
@@ -387,6 +388,22 @@ def parse_bytes(text: str) -> int:
     return parse_size(m.group(1)) * BYTE_UNITS[m.group(2).lower()]
 
 # --- paths --------------------------------------------------------------------------------------------
+
+def link_nowhere(path: str | Path) -> str | None:
+    """Why `path` is not there where it is a symbolic link: to a missing file, or a loop of links (SQLite said only
+    "unable to open database file", the spec reader "not found"); None where it is no such link."""
+    try:
+        if not os.path.islink(path) or os.path.exists(path):
+            return None
+        os.stat(path)
+    except FileNotFoundError:  # the file at the chain's end: a link to a link names the one that is missing
+        return f"is a symbolic link to {os.path.realpath(path)}, which is missing"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a loop of symbolic links"
+        return None
+    return None
+
 
 def file_above(path: str | Path) -> Path | None:
     """The nearest part of `path` that is there (itself or a folder above it) where it is a file, not a folder: a

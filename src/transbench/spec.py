@@ -358,7 +358,7 @@ def load_file(path: str, cls=None, whole: frozenset[str] = frozenset()) -> dict:
     if folder:
         raise SpecError(f"spec file {path} is a folder: give a .yaml, .toml or .json file")
     if not present:
-        raise SpecError(f"spec file {path} not found")
+        raise SpecError(f"spec file {path} {boundary.link_nowhere(p) or 'not found'}")
     if p.suffix not in (".yaml", ".yml", ".toml", ".json"):
         raise SpecError(f"spec file {path}: use .yaml, .yml, .toml or .json")
     text = boundary.read_text(p, f"spec file {path}", limit=boundary.SPEC_BYTES,

@@ -313,6 +313,9 @@ def inspect(path: str) -> str:
                             "name is too long for the file system: give a shorter name, or another --db") from None
     if folder:
         raise SpecError(f"store {path} is a folder: give a file path, e.g. --db {p / 'transbench.db'}")
+    loop = boundary.link_nowhere(p)
+    if loop and "loop" in loop:  # a link to a missing file is a store still to make, at the link's target
+        raise SpecError(f"store {path} {loop}: give another --db")
     _check_side_files(path)
     if not exists:
         return "missing"
@@ -499,8 +502,9 @@ class Store:
         self.path = str(path)
         kind = inspect(self.path)
         if readonly and kind == "missing":
-            raise SpecError(f"no store at {self.path}: check the path (`transbench run --db {self.path}` "
-                            "creates a store)")
+            why = boundary.link_nowhere(self.path)
+            raise SpecError(f"no store at {self.path}{f' (it {why})' if why else ''}: check the path (`transbench run "
+                            f"--db {self.path}` creates a store)")
         if readonly and kind == "empty":
             raise SpecError(f"{self.path} is an empty database with no runs: give the --db of a store with "
                             "runs, or fill it with `transbench run`")
