@@ -127,6 +127,7 @@ class Stub:
 
         self.count = 0
         self.stall = (0.0, 0.0)  # perf_counter start, end
+        self.stall_first = 0.0  # seconds of a stall that begins at the first embeddings request (sets `stall`)
         self.answer = None  # a function giving a starlette Response
         self.longest = None  # embeddings: an input of more words than this is refused (400), as a model's positions
 
@@ -174,8 +175,10 @@ class Stub:
             if self.longest is not None and len(body["input"].split()) > self.longest:
                 return JSONResponse({"error": {"message": f"input is above {self.longest} tokens",
                                                "type": "invalid_request_error"}}, status_code=400)
-            start, end = self.stall
             now = time.perf_counter()
+            if self.stall_first and not self.stall[1]:
+                self.stall = (now, now + self.stall_first)
+            start, end = self.stall
             if start <= now < end:
                 await asyncio.sleep(end - now)
             return JSONResponse({"data": [{"embedding": [1.0, 0.0]}], "usage": {"prompt_tokens": 3}})
@@ -1043,7 +1046,8 @@ def test_an_offline_probe_whose_endpoint_stalled_at_first_goes_on_until_its_mini
     # The endpoint answers nothing for its first 1.2 s, then at once. The closed loop stopped at its 0.5 s window:
     # every client's first request was in the warm-up, none was measured, and the max-rate search had no bound.
     with Stub() as stub:
-        stub.stall = (0.0, time.perf_counter() + 1.2)
+        # from the first request: timed from before the run, the stall ended before a loaded machine's first request
+        stub.stall_first = 1.2
         result = endpoint.run(_offline_cell(stub.url, 60, request_timeout=5))
     assert result.status == "ok", (result.error, result.warnings)
     assert result.record["n_requests"] >= 60
