@@ -37,7 +37,8 @@ def parse_percentiles(text) -> list[float]:
         except ValueError:
             raise SpecError(f"--percentiles: '{item}' is not a number; give percentiles such as 50,90,99") from None
         if not (math.isfinite(q) and 0 < q < 100) or round(q, 4) != q:
-            shown = repr(item) if isinstance(item, float) else item  # as given: `:g` showed 99.99999999 as 100
+            # as given: `:g` alone showed 99.99999999 as 100, and repr alone 100 as 100.0
+            shown = (f"{item:g}" if float(f"{item:g}") == item else repr(item)) if isinstance(item, float) else item
             raise SpecError(f"--percentiles: {shown} must be above 0 and below 100, with at most 4 decimals")
         if q in out:
             raise SpecError(f"--percentiles lists {q:g} twice: give each value once")
