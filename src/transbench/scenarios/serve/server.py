@@ -522,20 +522,26 @@ class PeerLog:
         self.last[line] = now
         log.warning(line + (f" ({held:,} more like it in the {since:.0f} s before)" if held else ""))
 
-    def over(self, log):
+    def over(self, log) -> "_PeerLogger":
         """`log` (uvicorn's logger of a connection) with its lines about clients said through this."""
-        peers = self
+        return _PeerLogger(log, self)
 
-        class Quiet:
-            def __getattr__(self, name):
-                return getattr(log, name)
 
-            def warning(self, msg, *args, **kwargs):
-                if msg not in PEER_LINES:
-                    return log.warning(msg, *args, **kwargs)
-                if PEER_LINES[msg] is not None:
-                    peers.say(log, PEER_LINES[msg])
-        return Quiet()
+class _PeerLogger:
+    """A connection's logger whose warnings about what the client sent go through PeerLog.say (one class for every
+    connection: it was made anew for each)."""
+
+    def __init__(self, log, peers: PeerLog):
+        self._log, self._peers = log, peers
+
+    def __getattr__(self, name):
+        return getattr(self._log, name)
+
+    def warning(self, msg, *args, **kwargs):
+        if msg not in PEER_LINES:
+            return self._log.warning(msg, *args, **kwargs)
+        if PEER_LINES[msg] is not None:
+            self._peers.say(self._log, PEER_LINES[msg])
 
 
 def _more_descriptors(most: int = 65_536) -> None:
