@@ -794,8 +794,9 @@ def test_serve_url_checks_its_names_and_folders_before_the_load(tmp_path, make, 
         cfg = json.loads((folder / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": -5}))
     if make == "config":
-        (folder / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": -48, "num_hidden_layers": 1,
-                                                        "num_attention_heads": 2, "intermediate_size": 8}))
+        (folder / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": -48,
+                                                        "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                        "intermediate_size": 8}))
         (folder / "model.safetensors").write_bytes(b"")
     args = [a.replace("{dir}", str(folder)) for a in args]
     res = CliRunner().invoke(app, ["serve", "--rate", "5", "--db", str(tmp_path / "t.db"), *URL, *args])
@@ -808,7 +809,7 @@ def test_serve_url_checks_its_names_and_folders_before_the_load(tmp_path, make, 
 
 
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, health_s: float = 120):
         self.port = free_port()
         # the caller's path after the source's: packages it added (a wheel unpacked beside the image's) stay visible
         path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
@@ -816,7 +817,7 @@ class Server:
         self.proc = subprocess.Popen([sys.executable, "-m", "transbench", "server", "--port", str(self.port), *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 120
+        deadline = time.time() + health_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(self.proc.stderr.read())

@@ -17,6 +17,11 @@ from typer.testing import CliRunner  # noqa: E402
 from transbench.cli import app  # noqa: E402
 
 
+# A fused server's first start on a fresh GPU machine compiles every Triton kernel it prepares: one took more than
+# the CPU tests' 120 s to answer /health, where one whose kernels were cached was healthy in 43 s (H200).
+HEALTH_S = 400
+
+
 @pytest.fixture
 def server_cls():
     import sys
@@ -35,7 +40,7 @@ def test_embeddings_behind_the_server(tmp_path, server_cls, backend):
     ckpt = tmp_path / "bert"
     build.build_model(build.resolve("bert-tiny"), "base").save_pretrained(ckpt)
     server = server_cls("--model", str(ckpt), "--backend", backend, "--dtype", "fp16", "--device", "cuda",
-                        "--max-length", "64", "--max-batch-size", "8")
+                        "--max-length", "64", "--max-batch-size", "8", health_s=HEALTH_S)
     try:
         res = CliRunner().invoke(app, ["serve", "--url", server.url, "--api", "openai-embeddings", "--rate", "200",
                                        "--duration", "2", "--warmup", "0.5", "--lengths", "lognormal:24:64",
@@ -57,7 +62,7 @@ def test_streamed_completions_behind_the_server(tmp_path, server_cls, backend):
     ckpt = tmp_path / "gpt2"
     build.build_model(build.resolve("gpt2-tiny"), "causal-lm").save_pretrained(ckpt)
     server = server_cls("--model", str(ckpt), "--backend", backend, "--dtype", "fp16", "--device", "cuda",
-                        "--max-tokens", "8", "--max-batch-size", "4", "--warm-lengths", "16")
+                        "--max-tokens", "8", "--max-batch-size", "4", "--warm-lengths", "16", health_s=HEALTH_S)
     try:
         res = CliRunner().invoke(app, ["serve", "--url", server.url, "--api", "openai-completions", "--rate", "50",
                                        "--duration", "2", "--warmup", "0.5", "--lengths", "fixed:16",
