@@ -1121,3 +1121,16 @@ def test_a_link_that_leads_nowhere_is_named_as_one(tmp_path_factory, links, loop
         with pytest.raises(SpecError, match="loop of symbolic links"):
             Store(str(names[0]))
     assert sorted(p.name for p in d.iterdir()) == sorted(p.name for p in names)  # nothing made beside them
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=400), limit=st.integers(1, 120))
+def test_one_line_is_one_printable_line_cut_at_its_limit(text, limit):
+    said = boundary.one_line(text, limit)
+    assert said.isprintable()
+    whole = boundary.one_line(text)
+    if len(whole) <= limit:
+        assert said == whole
+    else:  # cut on whole characters (an escape is never split) and says how long the value was
+        head, tail = said.rsplit("... (", 1)
+        assert len(head) <= limit and whole.startswith(head) and tail == f"{len(text):,} characters)"

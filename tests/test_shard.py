@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from transbench import api
@@ -45,20 +47,46 @@ def test_auto_reads_the_schedulers_index(env, count, want):
     ("auto", 5, SLURM, "differs from the Slurm array"),
     ("1/2", 2, {}, "--shard-count is the count"),
     (None, 2, {}, "--shard-count is the count"),
-    ("auto", 0, K8S, "at least 1"),
     ("3/2", None, {}, "bad --shard"),
     # another script's digits, and counts past any cluster's array (a run of no cells, exit 0)
     ("auto", 5, {"JOB_COMPLETION_INDEX": "٣"}, "whole number"),
     ("auto", None, {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "3",
                     "SLURM_ARRAY_TASK_STEP": "0"}, "SLURM_ARRAY_TASK_STEP=0 must be at least 1"),
-    ("1/100000000000000000000000", None, {}, "above the limit of 1,000,000"),
+    ("1/1000000000000000000", None, {}, "above the limit of 1,000,000"),
     ("auto", None, {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "0",
-                    "SLURM_ARRAY_TASK_MAX": "100000000000000000000"}, "above the limit of 1,000,000"),
+                    "SLURM_ARRAY_TASK_MAX": "1000000000000000000"}, "above the limit of 1,000,000"),
+    # more digits than a 64-bit integer holds: no scheduler's index or count
+    ("1/100000000000000000000000", None, {}, "at most 19 digits"),
+    ("auto", None, {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "0",
+                    "SLURM_ARRAY_TASK_MAX": "100000000000000000000"}, "at most 19 digits"),
+    ("auto", 0, K8S, "at least 1 and at most 1,000,000, got 0"),
+    ("auto", 10**40, K8S, "got a number of more than 19 digits"),
 ])
 def test_refusals_are_one_line(text, count, env, says):
     with pytest.raises(SpecError, match=says) as got:
         shard.resolve(text, count, env)
     assert "\n" not in str(got.value)
+
+
+# Values of any length and make-up in each variable --shard auto reads, and in --shard itself.
+_LONG = st.one_of(st.text(min_size=41, max_size=3000), st.integers(20, 6000).map(lambda n: "9" * n),
+                  st.integers(1, 2000).map(lambda n: "\x1b[2J\n" * n))
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=_LONG, var=st.sampled_from(["SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX",
+                                         "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_STEP", "JOB_COMPLETION_INDEX",
+                                         shard.COUNT_VAR]))
+def test_a_long_value_is_refused_in_one_short_printable_line(value, var):
+    # Before: a value of thousands of digits was read, then echoed whole (with thousands separators, twice) by the
+    # refusal that named it: a TRANSBENCH_SHARD_COUNT of 4,000 nines made a line of 10,755 characters.
+    env = {"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "2"} if var.startswith("SLURM") else \
+        {"JOB_COMPLETION_INDEX": "0", shard.COUNT_VAR: "2"}
+    for text, e in (("auto", {**env, var: value}), (f"1/{value}", {}), (f"{value}/2", {})):
+        with pytest.raises(SpecError) as got:
+            shard.resolve(text, None, e)
+        said = str(got.value)
+        assert len(said) <= 200 and said.isprintable(), said
 
 
 def test_slices_are_disjoint_and_cover_whole_groups():
@@ -108,6 +136,15 @@ def test_shard_auto_on_every_command(command, scheduler, clean_env, tmp_path):
     assert run["spec"]["shard"] == "2/2" and not run["spec"].get("shard_count")  # the slice this task ran
     assert cells == []  # one group: shard 1 of 2 holds it
     assert run["env"]["hostname"] and {k: run["env"]["scheduler"][k] for k in env} == env
+
+
+def test_a_100_kb_shard_count_is_one_short_line_exit_2_and_no_store(clean_env, tmp_path):
+    clean_env.setenv("JOB_COMPLETION_INDEX", "0")
+    clean_env.setenv(shard.COUNT_VAR, "7" * 100_000)
+    db = tmp_path / "s.db"
+    r = CliRunner().invoke(app, [*COMMANDS["run"], "--shard", "auto", "--db", str(db)])
+    assert r.exit_code == 2 and "at most 19 digits" in r.output and len(r.output) < 300, r.output[:300]
+    assert not db.exists()
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

@@ -347,6 +347,20 @@ def ascii_int(text: str) -> int:
     return int(text)
 
 
+def one_line(text: str, limit: int | None = None) -> str:
+    """Outside words (an endpoint's message, an environment variable's value) as one printable line: runs of
+    whitespace (newlines) as one space, other characters that do not print (an escape sequence, NUL) escaped, and
+    past `limit` characters cut, saying how long the whole was. An error message's "\\x1b[2J" cleared the terminal
+    it was printed to, its newlines split one warning over lines, and a 100 kB value echoed whole made a 100 kB
+    line."""
+    parts = [c if c.isprintable() else ascii(c)[1:-1] for c in " ".join(str(text).split())]
+    if limit is None or sum(map(len, parts)) <= limit:
+        return "".join(parts)
+    kept = list(accumulate(map(len, parts)))
+    cut = sum(1 for n in kept if n <= limit)  # whole escapes only: half of "\\x1b" would read as other text
+    return f"{''.join(parts[:cut])}... ({len(text):,} characters)"
+
+
 def visible_text(text: str) -> bool:
     """Text that shows something: not only spaces and invisible format characters (U+200B, U+2060, U+FEFF,
     soft hyphens, variation selectors, ...)."""

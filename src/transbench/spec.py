@@ -324,16 +324,31 @@ def check_grid_size(cls, spec) -> None:
 # Shards of one grid: far more than any cluster's job array, and far below what stored a run of no cells for
 # `--shard 1/100000000000000000000000`.
 MAX_SHARDS = 1_000_000
+# A shard's index or count, typed or set by a scheduler, has at most a 64-bit integer's digits: no cluster's array
+# comes near that, and a longer one (a TRANSBENCH_SHARD_COUNT of 100,000 digits) was echoed whole by the refusals
+# that name it, a line as long as the value.
+SHARD_DIGITS = 19
+
+
+def shard_number(text: str) -> int:
+    """An index or count of a shard (`--shard I/N`, a scheduler's variable): ASCII digits, at most SHARD_DIGITS of
+    them. ValueError otherwise."""
+    text = text.strip()
+    if len(text) > SHARD_DIGITS:
+        raise ValueError(f"more than {SHARD_DIGITS} digits")
+    return read_number(text, int)
 
 
 def parse_shard(shard: str | None) -> tuple[int, int] | None:
     if shard is None:
         return None
+    shown = boundary.one_line(shard, 40)
     try:
-        i, n = (read_number(x, int) for x in shard.split("/"))
+        i, n = (shard_number(x) for x in shard.split("/"))
     except ValueError:
-        raise SpecError(f"bad --shard '{shard}': write I/N, e.g. 1/4") from None
-    return check_shard(i, n, f"--shard '{shard}'")
+        raise SpecError(f"bad --shard '{shown}': write I/N, two whole numbers of at most {SHARD_DIGITS} digits, "
+                        "e.g. 1/4") from None
+    return check_shard(i, n, f"--shard '{shown}'")
 
 
 def check_shard(i: int, n: int, what: str) -> tuple[int, int]:

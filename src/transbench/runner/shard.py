@@ -13,7 +13,8 @@ import os
 from collections.abc import Callable, Mapping
 
 from ..errors import SpecError
-from ..spec import check_shard, parse_shard, read_number
+from ..boundary import one_line
+from ..spec import MAX_SHARDS, SHARD_DIGITS, check_shard, parse_shard, shard_number
 
 COUNT_VAR = "TRANSBENCH_SHARD_COUNT"
 SCHEDULER_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN",
@@ -26,9 +27,10 @@ def _int(env: Mapping[str, str], var: str) -> int | None:
     if text is None or not text.strip():
         return None
     try:
-        return read_number(text.strip(), int)  # ASCII digits, as every number transbench reads
+        return shard_number(text)  # ASCII digits, as every number transbench reads, and few enough of them
     except ValueError:
-        raise SpecError(f"--shard auto: {var}={text.strip()[:40]!r} is not a whole number") from None
+        raise SpecError(f"--shard auto: {var}='{one_line(text, 40)}' is not a whole number of at most {SHARD_DIGITS} "
+                        "digits: fix or unset it") from None
 
 
 def _slurm(env: Mapping[str, str]) -> tuple[int, int]:
@@ -72,8 +74,10 @@ def resolve(shard: str | None, count: int | None = None,
     if count is not None and (shard is None or shard.strip() != "auto"):
         raise SpecError("--shard-count is the count of --shard auto's Kubernetes Indexed Job: add --shard auto, or "
                         "leave --shard-count out")
-    if count is not None and count < 1:
-        raise SpecError(f"--shard-count must be at least 1, got {count}")
+    if count is not None and not 1 <= count <= MAX_SHARDS:
+        # not echoed whole: typed, it may have thousands of digits
+        got = count if abs(count) < 10**SHARD_DIGITS else f"a number of more than {SHARD_DIGITS} digits"
+        raise SpecError(f"--shard-count must be at least 1 and at most {MAX_SHARDS:,}, got {got}")
     if shard is None or shard.strip() != "auto":
         return parse_shard(shard)
     if _int(env, "SLURM_ARRAY_TASK_ID") is not None:

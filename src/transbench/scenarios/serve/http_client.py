@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from ... import boundary
+from ...boundary import one_line
 from ...errors import SpecError
 from .load import DRAIN_LIMIT_S, MAX_REQUESTS, LoadPlan, no_collector
 
@@ -128,13 +129,6 @@ def payload(api: str, model: str, prompt: str, new_tokens: int) -> dict:
     if api == "openai-chat":
         return {**gen, "messages": [{"role": "user", "content": prompt}]}
     return {**gen, "prompt": prompt}
-
-
-def one_line(text: str) -> str:
-    """An endpoint's words as one printable line: runs of whitespace (newlines) as one space, other characters that
-    do not print (an escape sequence, NUL) escaped. An error message's "\\x1b[2J" cleared the terminal the cell's
-    warning was printed to, and its newlines split that warning and the stored first_errors over lines."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in " ".join(text.split()))
 
 
 def _message(body: bytes) -> str:
