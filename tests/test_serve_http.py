@@ -53,6 +53,33 @@ def _trace(latencies_ms, failed: int, lag_ms: float = 0.0) -> HttpTrace:
     return HttpTrace(reqs, plan, 3.0, 100, 4)
 
 
+@settings(max_examples=100, deadline=None)
+@given(stall=st.floats(0.0, 60.0), clients=st.integers(1, 64), service=st.floats(1e-3, 1.0), rounds=st.integers(1, 30),
+       warmup=st.floats(0.0, 1.0))
+def test_a_closed_loops_rate_leaves_out_a_stall_before_its_first_measured_request(stall, clients, service, rounds,
+                                                                                   warmup):
+    # Each client's warm-up request waits out the endpoint's stall, then the clients go on at one answer per
+    # `service` seconds each. Before: the rate's span opened at the warm-up's end, stall included, and an offline
+    # probe of an endpoint that stalled 1.2 s read 52/s where it answered 1,000/s once answering.
+    start = max(stall, warmup)
+    reqs = [Sent(c, 0.0, 8, sent=0.0, done=start) for c in range(clients)] if warmup > 0 else []
+    for k in range(rounds):
+        for c in range(clients):
+            t = start + k * service
+            reqs.append(Sent(len(reqs), t, 8, sent=t, done=t + service))
+    window = min(start, warmup + 1e-3)  # the loop went on past its window, as an offline probe short of its minimum
+    plan = LoadPlan([8], concurrency=clients, span_s=window, warmup_s=warmup)
+    rec, _, info = endpoint.account(HttpTrace(reqs, plan, start + rounds * service, clients, clients), None, None)
+    assert rec["requests"] == clients * rounds and rec["rate_from_s"] == start
+    assert rec["achieved_rate"] == pytest.approx(clients / service, rel=1e-9)
+    assert info["measured_span_s"] == pytest.approx(rounds * service, rel=1e-9)
+
+
+def test_a_planned_loads_rate_is_over_its_arrival_window_after_the_warm_up():
+    rec, _, info = endpoint.account(_trace([10.0] * 50, 0), None, 100)
+    assert rec["rate_from_s"] == 0.5 and info["measured_span_s"] == pytest.approx(3.0 - 0.5)
+
+
 def test_failed_requests_are_ranked_last_and_never_meet_the_target():
     # 95 answered in 10 ms, 5 refused in 1 ms: a server that refuses fast must not look faster
     rec, samples, info = endpoint.account(_trace([10.0] * 95, 5), slo_ms=50, offered_rate=100)

@@ -187,7 +187,12 @@ CATALOGUE = (
         doc='serve --url: requests refused, answered 4xx/5xx, dropped, malformed or timed out (counted in every figure)'),
     Key('error_rate', 'errors', fmt='pct', kind='serve', doc='serve --url: failed requests over all requests'),
     Key('offered_rate', 'offered /s', unit='1/s', kind='serve', doc='the planned arrival rate'),
-    Key('achieved_rate', 'achieved /s', unit='1/s', kind='serve', doc='served requests over the arrival window'),
+    Key('achieved_rate', 'achieved /s', unit='1/s', kind='serve',
+        doc='served requests over the arrival window (serve --url: from `rate_from_s` to the last answer)'),
+    Key('rate_from_s', 'rate from s', unit='s', kind='serve',
+        doc='serve --url: where the span of `achieved_rate`, `goodput_rate` and `tokens_per_s` opens, in seconds from '
+            "the load's start: the warm-up's end for planned arrivals, a closed loop's first measured request (an "
+            'endpoint that stalled before it is not counted against its rate)'),
     Key('latency_p999_ms', 'p99.9 ms', unit='ms', kind='serve', doc='99.9th percentile (empty under 1,000 requests)'),
     Key('goodput', 'goodput', unit='fraction', fmt='pct', kind='serve', doc='share of requests within `--slo-ms`'),
     Key('mean_batch', 'mean batch', kind='serve',
