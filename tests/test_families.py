@@ -1316,6 +1316,27 @@ def test_any_expert_width_runs_as_transformers_computes_it(width, family):
         assert torch.allclose(model(ids).logits, want, atol=1e-5)
 
 
+@settings(max_examples=12, deadline=None)
+@given(width=st.integers(1, 40), dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+def test_the_experts_route_chosen_on_the_fp32_model_runs_in_every_dtype_cells_cast_it_to(width, dtype):
+    # torch's grouped_mm needs rows on 16 bytes: a multiple of 4 elements in fp32, of 8 in fp16 and bf16. build_model
+    # chooses the route on the fp32 model and each cell casts it after: chosen by fp32's multiple, a width of 12, 20
+    # or 28 kept grouped_mm and its fp16 and bf16 cells raised "strides should be multiple of 16 bytes".
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model("mixtral", **{**MOE["mixtral"], "intermediate_size": width})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    model.set_experts_implementation("grouped_mm")
+    build._experts_route(model)
+    ids = torch.randint(0, 1003, (2, 5))
+    with torch.no_grad():
+        got = model.to(dtype)(ids).logits.float()
+        model.set_experts_implementation("eager")
+        want = model(ids).logits.float()
+    assert torch.allclose(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())
+
+
 def test_a_moe_checkpoint_of_an_odd_expert_width_runs(tmp_path):
     folder = _save_family(tmp_path, "mixtral", **{**MOE["mixtral"], "intermediate_size": 37, "num_hidden_layers": 1})
     r = _family_cell(folder, "causal-lm")

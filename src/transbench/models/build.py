@@ -849,9 +849,16 @@ def build_model(ref: ModelRef, task: str, *, attn: str = "eager", activation: st
 
 
 # torch's grouped_mm, transformers' default route for mixture-of-experts layers, takes matrices whose rows start on
-# 16-byte boundaries: an expert width that is not a multiple of 8 elements (2-byte dtypes; 4 in fp32) raised "strides
-# should be multiple of 16 bytes" in every cell of the model (a Mixtral of intermediate_size 37), eager included.
-GROUPED_MM_ALIGN = 8
+# 16-byte boundaries: an expert width that is not a multiple of 16 bytes' elements raised "strides should be multiple
+# of 16 bytes" in every cell of the model (a Mixtral of intermediate_size 37), eager included. The multiple is the
+# element size's (4 in fp32, 8 in fp16 and bf16), and the route is chosen here, once, on the fp32 model that every
+# cell then casts to its own dtype: so it is the narrowest element's, 2 bytes. fp32's 4 would keep a width of 12 on
+# grouped_mm, and each fp16 and bf16 cell of it failed. No cell casts the experts narrower: --quant swaps nn.Linear
+# layers only (experts are 3-D parameters), and the fused engine, whose fp8 is the one 1-byte dtype, runs no
+# mixture of experts. One route per model also keeps an fp32-against-bf16 comparison a comparison of dtypes alone.
+GROUPED_MM_BYTES = 16
+NARROWEST_ELEMENT_BYTES = 2  # fp16 and bf16
+GROUPED_MM_ALIGN = GROUPED_MM_BYTES // NARROWEST_ELEMENT_BYTES
 
 
 def _experts_route(model) -> None:
