@@ -14,7 +14,7 @@ from transbench.cli import app
 from transbench.errors import SpecError
 from transbench.measure import device as dev
 from transbench.models import flops
-from transbench.models.parts import PARTS, attention_ffn_ratio, layer_parts
+from transbench.models.parts import ACTIVATION_FLOPS, PARTS, attention_ffn_ratio, layer_parts
 from transbench.models.presets import PRESETS
 from transbench.report.roofline import attainable_tflops, bound, plot_roofline, ridge_point
 from transbench.scenarios import micro
@@ -254,6 +254,40 @@ def test_part_costs_by_hand():
     g = layer_parts(PRESETS["gpt2-tiny"], 2, 8, 2)
     assert g["attention core"].matmul_flops == 2 * 2 * 8 * 9 * 48  # causal: s (s + 1) / 2 of the s^2 pairs
     assert g["dense+act"].elementwise_flops == 16 * 96 * 10  # bias + tanh GELU (9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(act=st.sampled_from(sorted(ACTIVATION_FLOPS)), family=st.sampled_from(["bert-tiny", "gpt2-tiny"]))
+def test_the_activations_flops_are_those_of_the_activation_the_layer_runs(act, family):
+    # Before: counted by family, BERT's erf GELU (5) or GPT-2's tanh GELU (9), whatever config.json's activation:
+    # a ReLU BERT's dense+act read 6 FLOPs an element where it runs 2 (bias, max).
+    import dataclasses
+
+    from transformers.activations import ACT2CLS
+
+    from transbench.models import build
+
+    shape = PRESETS[family]
+    field = "hidden_act" if shape.family == "bert" else "activation_function"
+    shape = dataclasses.replace(shape, config={**shape.config, field: act})
+    assert act in ACT2CLS and getattr(build.preset_config(shape), field) == act  # the layer built runs it
+    p = layer_parts(shape, 2, 8, 2)
+    t, i = 16, shape.intermediate
+    assert p["dense+act"].elementwise_flops == t * i * (1 + ACTIVATION_FLOPS[act])
+    assert p["ffn"].elementwise_flops - p["dense+act"].elementwise_flops == 9 * t * shape.hidden
+
+
+def test_breakdown_refuses_an_activation_it_has_no_count_for(tmp_path):
+    import transformers
+
+    folder = tmp_path / "laplace-bert"
+    transformers.BertModel(transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                                                   num_attention_heads=2, intermediate_size=64,
+                                                   hidden_act="laplace")).save_pretrained(folder)
+    db = tmp_path / "m.db"
+    res = invoke("breakdown", "--model", str(folder), "--batch", "1", "--seq", "8", "--db", str(db))
+    assert res.exit_code == 2 and "activation 'laplace' has no FLOP count" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and not db.exists()
 
 
 @pytest.mark.parametrize("model", ["bert-tiny", "llama-tiny", "qwen2-tiny", "modernbert-tiny", "smollm2-135m"])

@@ -5,7 +5,8 @@ Per layer, for ``b`` sequences of ``s`` tokens (``T = b s``), hidden ``h``, ``a`
 FLOP per arithmetic step of the textbook formula, per element:
 
     bias add 1 · residual add 1 · LayerNorm 7 (mean 1, centre 1, square 1, sum 1, normalise 1, affine 2)
-    GELU (erf form, BERT's "gelu") 5 (x/sqrt2, erf, +1, *x, *0.5) · GELU tanh form (GPT-2) 9
+    the FFN's activation ``act``: the model's own (ACTIVATION_FLOPS), e.g. GELU's erf form (BERT's "gelu") 5
+    (x/sqrt2, erf, +1, *x, *0.5), its tanh form (GPT-2's "gelu_new") 9, ReLU 1
     softmax 6 per attention score (scale, max, subtract, exp, sum, divide)
 
     part             matrix FLOPs              element-wise FLOPs          minimum bytes / e
@@ -13,8 +14,8 @@ FLOP per arithmetic step of the textbook formula, per element:
     attention core   4 b s^2 h (half: causal)  6 a b s^2 (half: causal)    3 T h + T h
     output proj      2 T h^2                   T h                         T h + h^2 + h + T h
     dense            2 T h i                   T i                         T h + h i + i + T i
-    dense+act        2 T h i                   T i (1 + GELU)              T h + h i + i + T i
-    ffn (sub-layer)  4 T h i                   T i (1 + GELU) + 9 T h      T h + 2 h i + i + h + 2h + T h
+    dense+act        2 T h i                   T i (1 + act)               T h + h i + i + T i
+    ffn (sub-layer)  4 T h i                   T i (1 + act) + 9 T h       T h + 2 h i + i + h + 2h + T h
     layernorms       0                         2 x 7 T h                   2 (T h + 2h + T h)
     attention block  qkv + core + proj         theirs + 8 T h              T h + 4h^2 + 4h + 2h + T h
     layer            attention block + ffn     theirs                      T h + all weights + T h
@@ -35,14 +36,52 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import SpecError
 from .flops import attention_flops
 from .presets import Preset
 
 PARTS = ("qkv", "attention core", "output proj", "dense", "dense+act", "ffn", "layernorms",
          "attention block", "layer")
 LAYERNORM_FLOPS = 7
-GELU_FLOPS = {"bert": 5, "gpt2": 9}
+# FLOPs per element of each FFN activation, by its transformers name (ACT2FN: config.json's hidden_act or
+# activation_function), one per step of its textbook formula. The count follows the activation the layer runs: keyed
+# by family, a BERT checkpoint of hidden_act "relu" was counted as GELU's 5, its dense+act FLOPs and intensity
+# overstated.
+# 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): x^3 2, *0.044715, +x, *sqrt(2/pi), tanh, +1, *x, *0.5
+_TANH_GELU = 9
+_SIGMOID = 4  # 1 / (1 + exp(-x)): negate, exp, +1, divide
+ACTIVATION_FLOPS = {
+    "linear": 0, "relu": 1, "tanh": 1,
+    "relu6": 2, "leaky_relu": 2, "relu2": 2,  # max and min; a multiply and a max; max, then square
+    "gelu": 5, "gelu_python": 5,  # x/sqrt2, erf, +1, *x, *0.5
+    "gelu_10": 7,  # GELU, clipped to [-10, 10]
+    "gelu_new": _TANH_GELU, "gelu_pytorch_tanh": _TANH_GELU, "gelu_fast": _TANH_GELU, "gelu_accurate": _TANH_GELU,
+    "gelu_python_tanh": _TANH_GELU,
+    "sigmoid": _SIGMOID, "silu": _SIGMOID + 1, "swish": _SIGMOID + 1,  # silu: x * sigmoid(x)
+    "quick_gelu": _SIGMOID + 2,  # x * sigmoid(1.702 x)
+    "mish": 5,  # x * tanh(log(1 + exp(x)))
+    "hardswish": 5,  # x * min(max(x + 3, 0), 6) / 6
+}
 SOFTMAX_FLOPS = 6
+
+
+def activation(shape: Preset) -> str | None:
+    """The FFN activation `shape`'s layer runs: its config's (a checkpoint's config.json), else its family's default,
+    as transformers builds the layer; None for a family that names none."""
+    from .build import activation_field, preset_config
+
+    cfg = preset_config(shape)
+    name = activation_field(cfg)
+    return getattr(cfg, name) if name else None
+
+
+def activation_flops(shape: Preset) -> int:
+    """FLOPs per element of `shape`'s FFN activation; SpecError for one without a count."""
+    act = activation(shape)
+    if not isinstance(act, str) or act not in ACTIVATION_FLOPS:
+        raise SpecError(f"{shape.name}: its FFN activation {str(act)[:40]!r} has no FLOP count here "
+                        f"(counted: {', '.join(sorted(ACTIVATION_FLOPS))}): micro breakdown cannot weigh its parts")
+    return ACTIVATION_FLOPS[act]
 
 
 @dataclass(frozen=True)
@@ -67,7 +106,7 @@ def layer_parts(shape: Preset, batch: int, seq: int, bytes_per_element: int) -> 
     b, s, h, i, a, e = batch, seq, shape.hidden, shape.intermediate, shape.heads, bytes_per_element
     t = b * s
     causal = shape.family == "gpt2"
-    act = GELU_FLOPS[shape.family]
+    act = activation_flops(shape)
     ln_params = 2 * h  # weight and bias
 
     def cost(name, mm, ew, elements):

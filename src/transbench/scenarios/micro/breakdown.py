@@ -119,7 +119,7 @@ def measure(opts: BreakdownOptions, ctx: Context) -> list[Point]:
         dev.free_memory(ctx.device)
         return failed
     info = {"attn_implementation": attn_implementation(cast.layer), "out_dtype": out_dtype,
-            "sdpa_kernel": sdpa, "layer": type(cast.layer).__name__}
+            "sdpa_kernel": sdpa, "layer": type(cast.layer).__name__, "activation": parts_mod.activation(shape)}
     if not err <= TOLERANCE[dtype]:
         return [Point(key(p), "wrong", {**record(p), "rel_err": err}, info=info,
                       error=f"layer rel_err {err:.3g} over the {dtype} tolerance {TOLERANCE[dtype]:g}")

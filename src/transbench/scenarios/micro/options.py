@@ -15,7 +15,7 @@ from ...declare import setting
 from ...errors import SpecError
 from ...measure.device import DTYPES
 from ...measure.load import check_cpu_ranks, check_threads, threads_setting
-from ...models import build
+from ...models import build, parts
 from ...spec import check_once, split_list
 
 GEMM_DTYPES = DTYPES
@@ -231,7 +231,7 @@ class BreakdownOptions(MicroCommon):
         _positive([out.batch], "batch", "--batch 64")
         _positive([out.seq], "seq", "--seq 128")
         _dtypes([out.dtype], LAYER_DTYPES, device)
-        _model(out.model, out.seq, layer=True)
+        parts.activation_flops(_model(out.model, out.seq, layer=True).shape)  # its parts' FLOPs count it
         return out
 
 
