@@ -744,7 +744,8 @@ def hf_config(ref: ModelRef, task: str, activation: str | None = None, dropout: 
     cfg.output_hidden_states = cfg.output_attentions = False
     # A chunked FFN (chunk_size_feed_forward) is a memory knob, the same function over slices of the sequence, which
     # transformers runs only where every call's length is a multiple of the chunk: at seq 8 and chunk 3 (or any decode
-    # step, or a padded batch's width) every cell of every command was an `error`. The FFN runs whole instead.
+    # step, or a padded batch's width) every cell of every command was an `error`. The FFN runs whole instead: the
+    # same outputs and FLOPs, a memory peak of the whole FFN's activation (docs/models.md says so where loading is).
     if getattr(cfg, "chunk_size_feed_forward", 0):
         cfg.chunk_size_feed_forward = 0
     if not (ref.path and (getattr(cfg, "num_labels", 0) or 0) >= 1):
