@@ -403,6 +403,67 @@ def test_a_side_file_that_is_not_a_file_is_said_as_such(tmp_path, suffix, make):
     assert snapshot(tmp_path) == before
 
 
+# A process that holds a store exclusively, its write in the -wal file, as a sqlite3 shell with
+# `PRAGMA locking_mode=EXCLUSIVE` holds it: no other process reads the store until it ends.
+HOLDER = """
+import sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("PRAGMA locking_mode=EXCLUSIVE")
+con.execute("UPDATE runs SET name = name")
+print("held", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_store_another_process_holds_is_locked_not_damaged(tmp_path):
+    """Said "store S is damaged (database is locked): restore it from a copy", which would have the user throw a
+    whole store away for a lock that ends with its process."""
+    import subprocess
+    import sys
+
+    store = tmp_path / "s.db"
+    _store_with_cells(store)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(store)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = snapshot(tmp_path)
+        for args in (["runs", "--db", store], ["merge", store, "--into", tmp_path / "t.db"]):
+            line = one_line_error(invoke(*args), f"store {store} is locked by another process")
+            assert "damaged" not in line
+        assert snapshot(tmp_path) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+def test_a_side_file_this_user_cannot_read_is_said_as_such(tmp_path, monkeypatch, suffix):
+    """A killed sweep's -wal file (or the -shm beside it) that this user may not read: SQLite says "unable to open
+    database file", which was "store S is damaged: restore it from a copy"."""
+    store = tmp_path / "s.db"
+    _store_with_cells(store)
+    for side in ("-wal", "-shm"):
+        (tmp_path / f"s.db{side}").write_bytes(b"\0" * 4096)  # as a kill -9 leaves them
+    side = tmp_path / f"s.db{suffix}"
+    side.chmod(0)
+    # As SQLite meets it under a user who is not root (root reads any file)
+    real_access, real_connect = os.access, sqlite3.connect
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p) == str(side) and mode == os.R_OK
+                        else real_access(p, mode, **kw))
+
+    def connect(database, *args, **kwargs):
+        if "mode=ro" in str(database) and "immutable" not in str(database):
+            raise sqlite3.OperationalError("unable to open database file")
+        return real_connect(database, *args, **kwargs)
+
+    monkeypatch.setattr(store_db.sqlite3, "connect", connect)
+    before = snapshot(tmp_path)
+    for args in (["runs", "--db", store], ["compare", "a", "b", "--db", store]):
+        line = one_line_error(invoke(*args), f"cannot read s.db{suffix} beside store {store} (no permission)")
+        assert "damaged" not in line
+    assert snapshot(tmp_path) == before
+
+
 def _good(tmp_path):
     good = tmp_path / "good.db"
     _store_with_cells(good)

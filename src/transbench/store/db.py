@@ -459,6 +459,18 @@ def _tables(path: str, ours: bool = False) -> dict[str, tuple]:
                             f"to make {Path(path).name}-shm beside it to read them, which its folder does not allow "
                             "(read-only): copy the store and its -wal file to a folder you can write in, and give "
                             "that --db") from None
+        # Neither is damage, and "restore it from a copy" would have the user throw away a whole store: a process
+        # that holds it exclusively (`PRAGMA locking_mode=EXCLUSIVE`, with writes in its -wal file), and a -wal or
+        # -shm file this user cannot read (SQLite said "unable to open database file").
+        if _errname(exc).startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+            raise _translate(path, exc) from None
+        unreadable = next((s for s in (wal, side_file(path, "-shm")) if s.exists() and not os.access(s, os.R_OK)),
+                          None)
+        if unreadable is not None:
+            why = ("SQLite keeps the store's newest writes in it" if unreadable == wal else
+                   "SQLite reads the store's -wal file through it")
+            raise SpecError(f"cannot read {unreadable.name} beside store {path} (no permission): {why}; make it "
+                            "readable, or give another --db") from None
         if ours:  # a store of ours, damaged: said as _translate says it
             raise SpecError(f"store {path} is damaged ({exc}): it was left as it is; restore it from a copy, "
                             "or give another --db") from None
