@@ -127,6 +127,36 @@ def test_a_damaged_rows_line_escapes_the_line_separators_of_its_names(tmp_path):
     assert "\u2028" not in line and "\u2029" not in line
 
 
+# A stored text a damaged row's line quotes, and how it is put there (`{t}`: the text, quotes doubled for SQL)
+QUOTED = {
+    "key": "UPDATE cells SET key = '{{' || '{t}' || ',' WHERE rowid = 1",  # JSON cut short: damage naming the key
+    "status": "UPDATE cells SET status = '{t}' WHERE rowid = 1",
+    "cell date": "UPDATE cells SET created = '{t}' WHERE rowid = 1",
+    "run kind": "UPDATE runs SET kind = '{t}' WHERE name = 'A'",
+    "run date": "UPDATE runs SET created = '{t}' WHERE name = 'A'",
+    "run name": "UPDATE runs SET name = '{t}', spec = '[]' WHERE name = 'A'",
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(column=st.sampled_from(sorted(QUOTED)), piece=st.text(min_size=1, max_size=8), times=st.integers(1, 50_000))
+def test_a_damaged_rows_line_quotes_a_stored_text_of_any_length_in_a_short_line(tmp_path_factory, column, piece,
+                                                                                times):
+    """A key of 200,000 brackets, cut short, was quoted whole: an error line of 200 KB."""
+    tmp_path = tmp_path_factory.mktemp("quoted")
+    db = tmp_path / "s.db"
+    two_runs(db)
+    text = (piece * times).replace("\0", "")
+    if column not in ("key", "run name"):  # never a status, kind or date transbench writes
+        text += "?"
+    edit_store(db, QUOTED[column].format(t=text.replace("'", "''")))
+    before = digest(tmp_path)
+    for args in (["runs", "--db", db, "--out", tmp_path / "all.json"], ["compare", "A", "B", "--db", db]):
+        line = refused(invoke(*args), f"store {db} is damaged")
+        assert len(line) < 1_500 + len(str(db)), len(line)
+    assert digest(tmp_path) == before
+
+
 def test_a_stored_spec_that_does_not_read_back_is_damage(tmp_path):
     """`runs --spec` refused it in a spec file's words, as if the user had written it."""
     db = tmp_path / "s.db"

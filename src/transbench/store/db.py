@@ -732,14 +732,14 @@ class Store:
         return [{**self._run(r[:6]), "cells": r[6]} for r in rows]
 
     def _run(self, row) -> dict:
-        where = f"run '{row[1]}'"
+        where = f"run '{_cut(str(row[1]))}'"
         if not all(isinstance(v, str) for v in row[:4]):
-            raise SpecError(f"store {self.path} is damaged: run {row[1]!r} has an id, name, kind or date that is not "
-                            "text: restore it from a copy, or give another --db")
+            raise SpecError(f"store {self.path} is damaged: run {_cut(repr(row[1]))} has an id, name, kind or date "
+                            "that is not text: restore it from a copy, or give another --db")
         if row[2] not in RUN_KINDS:
-            self._damaged("kind", where, f"{row[2]!r}, not one of {', '.join(RUN_KINDS)}")
+            self._damaged("kind", where, f"{_cut(repr(row[2]))}, not one of {', '.join(RUN_KINDS)}")
         if not _is_date(row[3]):
-            self._damaged("date", where, f"{row[3]!r}, not an ISO 8601 date and time")
+            self._damaged("date", where, f"{_cut(repr(row[3]))}, not an ISO 8601 date and time")
         return {"run_id": row[0], "name": row[1], "kind": row[2], "created": row[3],
                 "spec": self._json(row[4], dict, "spec", where), "env": self._json(row[5], dict, "env", where)}
 
@@ -799,7 +799,7 @@ class Store:
             "SELECT key, scenario, status, record, cell, samples, info, warnings, created FROM cells "
             "WHERE run_id=? ORDER BY rowid", (run_id,)).fetchall()
         run = self.conn.execute("SELECT name, kind FROM runs WHERE run_id=?", (run_id,)).fetchone()
-        run_name = run[0] if run and isinstance(run[0], str) else run_id
+        run_name = _cut(run[0] if run and isinstance(run[0], str) else str(run_id))
         scenarios = RUN_KINDS.get(run[1]) if run and isinstance(run[1], str) else None
         out = []
         for r in rows:
@@ -808,25 +808,25 @@ class Store:
                                 "status that is not text: restore it from a copy, or give another --db")
             where = f"cell '{_key_text(r[0])}' of run '{run_name}'"  # as docs/input-boundary.md quotes it
             if r[2] not in STATUSES:  # compare took any other status for a failure: `fixed`, "A was bogus"
-                self._damaged("status", where, f"{r[2]!r}, not one of {', '.join(STATUSES)}")
+                self._damaged("status", where, f"{_cut(repr(r[2]))}, not one of {', '.join(STATUSES)}")
             if r[0][:1] in ("{", "[") and not isinstance(_parsed(r[0]), dict if r[0][0] == "{" else list):
                 # The form sweep.store_result writes (cell.key(): the settings as a JSON object), cut short or edited:
                 # compare took it for one setting of that text. A key in no JSON form at all is left as it is:
                 # Store.put_cell takes any text as a key (compare.settings reads it as one setting).
                 self._damaged("key", where, "JSON cut short or edited, not the cell's settings")
             if not _is_date(r[8]):
-                self._damaged("date", where, f"{r[8]!r}, not an ISO 8601 date and time")
+                self._damaged("date", where, f"{_cut(repr(r[8]))}, not an ISO 8601 date and time")
             record, cell, samples, info, warnings = (self._json(text, kind, name, where) for text, kind, name in zip(
                 r[3:8], (dict, dict, list, dict, list), ("record", "cell", "samples", "info", "warnings")))
             problem = cell_type.field_problem(cell) if cell_type is not None else None
             if problem:
                 self._damaged("cell", where, problem)
             if scenarios is not None and r[1] not in scenarios:
-                self._damaged("scenario", where, f"{r[1]!r}, not a scenario of its run's kind, {run[1]} "
+                self._damaged("scenario", where, f"{_cut(repr(r[1]))}, not a scenario of its run's kind, {run[1]} "
                               f"({', '.join(scenarios)})")
             if record.get("scenario", r[1]) != r[1]:
                 self._damaged("record", where, f"a record of scenario {repr(record['scenario'])[:80]}, not its row's "
-                              f"{r[1]!r}")
+                              f"{_cut(repr(r[1]))}")
             out.append({"key": r[0], "scenario": r[1], "status": r[2], "record": record, "cell": cell,
                         "samples": samples, "info": info, "warnings": warnings, "created": r[8]})
         return out
@@ -1029,8 +1029,17 @@ def _key_text(key: str) -> str:
     """A cell key (JSON of the settings that make the cell) as its set values: 'backend eager, batch 1, ...'."""
     settings = _parsed(key)
     if not isinstance(settings, dict):
-        return key
-    return ", ".join(f"{k} {v}" for k, v in settings.items() if v not in (None, False, "", 0, 0.0))
+        return _cut(key)
+    return _cut(", ".join(f"{k} {v}" for k, v in settings.items() if v not in (None, False, "", 0, 0.0)))
+
+
+# The characters of a stored text that a line about its row quotes: a damaged key of 200,000 brackets was quoted
+# whole, an error line of 200 KB. A key transbench writes reads in about 150.
+SHOWN = 300
+
+
+def _cut(text: str, limit: int = SHOWN) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _is_date(text) -> bool:
