@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from report_helpers import bad_result, cell, make_run, ok_result
@@ -22,7 +22,8 @@ from transbench.cli import app
 from transbench.errors import SpecError
 from transbench.report import CompareConfig, build_report, compare
 from transbench.report.compare import (MIN_BLOCKS, block_medians, compare_records, comparison_table, judge,
-                                       rank_counts, rank_interval, ratio_interval, settings, t_quantile,
+                                       percent, rank_counts, rank_interval, ratio_interval, settings,
+                                       t_quantile,
                                        unmatched_reasons, unmatched_table, _why_unmatched)
 from transbench.runner.sweep import store_result
 from transbench.store import Store
@@ -346,6 +347,14 @@ def test_thousands_of_cells_in_one_run_only_are_listed_in_seconds(two_runs):
     rows = unmatched_table(cmp).rows
     assert time.perf_counter() - start < 10
     assert len(rows) == 6000 and rows[0][3] == "not in B (B has seq=9)"
+
+
+@given(st.floats(0, 10, exclude_max=True))
+@example(9.9999)
+def test_any_min_effect_reads_as_a_plain_percentage(min_effect):
+    text = percent(min_effect)
+    assert text.endswith("%") and "e+" not in text, text
+    assert math.isclose(float(text[:-1]), min_effect * 100, rel_tol=0.01, abs_tol=1e-300)
 
 
 def test_output_fits_100_columns(tmp_path):

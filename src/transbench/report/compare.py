@@ -141,6 +141,8 @@ def percent(x: float) -> str:
         text = f"{p:.{digits}g}"
         if p in (0.0, 100.0) or float(text) not in (0.0, 100.0):
             break
+    if "e+" in text:  # --min-effect 9.9999 read "min effect 1e+03%": 3 digits of 999.99 round up to 1,000
+        text = f"{float(text):.0f}"
     return text + "%"
 
 
