@@ -509,3 +509,22 @@ def test_a_name_of_a_run_of_another_kind_names_both_kinds(tmp_path, kind):
     refused(invoke("run", "--model", "bert-tiny", *QUICK, "--db", db, "--name", "a"),
             f"run 'a' is of kind {kind}, and this command stores inference runs")
     assert db.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", [["run"], ["serve"], ["train"], ["micro", "gemm"]])
+def test_an_exported_record_given_as_a_spec_says_what_it_is(tmp_path, command):
+    """`run --spec results.json` with what `--json` or `runs --out` wrote listed its keys as unknown spec keys beside
+    every known one."""
+    from report_helpers import cell, make_run, ok_result
+
+    db = tmp_path / "k.db"
+    for name in ("a", "b"):  # enough samples for a verdict: compare writes no --json where it judged nothing
+        make_run(str(db), name, [(cell("eager"), ok_result([1.0 + i / 100 for i in range(30)], 1))])
+    record, comparison = tmp_path / "record.json", tmp_path / "comparison.json"
+    assert invoke("runs", "--db", db, "--out", record).exit_code == 0
+    assert invoke("compare", "a", "b", "--db", db, "--json", comparison).exit_code == 0
+    for path, kind in ((record, "record"), (comparison, "comparison")):
+        line = refused(invoke(*command, "--spec", path, "--db", tmp_path / "new.db"),
+                       f"spec file {path} is a {kind} transbench exports", "runs --spec RUN --out spec.yaml")
+        assert "unknown spec key" not in line
+    assert not (tmp_path / "new.db").exists()
