@@ -62,3 +62,28 @@ def no_work(monkeypatch):
     monkeypatch.setattr(micro, "run_micro", started)
     monkeypatch.setattr(api, "train", started)
     monkeypatch.setattr(api, "run", started)
+
+
+@pytest.fixture
+def unopenable(monkeypatch):
+    """deny(path, mode): the store as a user who is not root meets a path it may not read or write (the tests run
+    as root, which may do either): os.access says no for `mode` on `path`, and SQLite cannot open a store
+    read-only, as it cannot where it may not read the -wal or -shm or make one."""
+    import sqlite3
+
+    from transbench.store import db as store_db
+
+    real_access, real_connect = os.access, sqlite3.connect
+
+    def deny(path, mode):
+        monkeypatch.setattr(os, "access", lambda p, m, **kw: False if str(p) == str(path) and m == mode
+                            else real_access(p, m, **kw))
+
+        def connect(database, *args, **kwargs):
+            if "mode=ro" in str(database) and "immutable" not in str(database):
+                raise sqlite3.OperationalError("unable to open database file")
+            return real_connect(database, *args, **kwargs)
+
+        monkeypatch.setattr(store_db.sqlite3, "connect", connect)
+
+    return deny

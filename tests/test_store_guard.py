@@ -437,7 +437,7 @@ def test_a_store_another_process_holds_is_locked_not_damaged(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", ["-wal", "-shm"])
-def test_a_side_file_this_user_cannot_read_is_said_as_such(tmp_path, monkeypatch, suffix):
+def test_a_side_file_this_user_cannot_read_is_said_as_such(tmp_path, unopenable, suffix):
     """A killed sweep's -wal file (or the -shm beside it) that this user may not read: SQLite says "unable to open
     database file", which was "store S is damaged: restore it from a copy"."""
     store = tmp_path / "s.db"
@@ -446,17 +446,7 @@ def test_a_side_file_this_user_cannot_read_is_said_as_such(tmp_path, monkeypatch
         (tmp_path / f"s.db{side}").write_bytes(b"\0" * 4096)  # as a kill -9 leaves them
     side = tmp_path / f"s.db{suffix}"
     side.chmod(0)
-    # As SQLite meets it under a user who is not root (root reads any file)
-    real_access, real_connect = os.access, sqlite3.connect
-    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p) == str(side) and mode == os.R_OK
-                        else real_access(p, mode, **kw))
-
-    def connect(database, *args, **kwargs):
-        if "mode=ro" in str(database) and "immutable" not in str(database):
-            raise sqlite3.OperationalError("unable to open database file")
-        return real_connect(database, *args, **kwargs)
-
-    monkeypatch.setattr(store_db.sqlite3, "connect", connect)
+    unopenable(side, os.R_OK)
     before = snapshot(tmp_path)
     for args in (["runs", "--db", store], ["compare", "a", "b", "--db", store]):
         line = one_line_error(invoke(*args), f"cannot read s.db{suffix} beside store {store} (no permission)")
