@@ -49,6 +49,18 @@ def test_the_shipped_schema_is_the_generated_one_and_a_valid_schema():
     jsonschema.Draft202012Validator.check_schema(schema.record_schema())
 
 
+def test_python_m_schema_prints_the_schema_and_nothing_on_stderr(tmp_path):
+    """docs/results.md and ci-gate.md give `python -m transbench.store.schema`: it must print the shipped schema
+    without runpy's warning about a module the package had imported already."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "transbench.store.schema"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)  # conftest's PYTHONPATH
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert json.loads(out.stdout) == schema.record_schema()
+
+
 def test_a_schema_from_a_key_catalogue_mapping():
     """The generator takes any mapping of result key -> JSON type (the result-key catalogue's)."""
     s = schema.record_schema({"run_id": "string", "latency_ms": "number", "batch_size": "integer"})

@@ -29,7 +29,6 @@ from typing import NoReturn
 from .. import boundary
 from ..keys import CATALOGUE, KEYS, STATUSES
 from ..errors import SpecError
-from .schema import list_problem
 
 # Marks a file as a transbench store (PRAGMA application_id: ASCII "tbnc"); stores written before the
 # marker existed are recognized by their two tables and get it on their next write.
@@ -960,6 +959,9 @@ def _column_problem(column: str, value) -> str | None:
             if k in TEXT_KEYS and not isinstance(v, str):
                 return f"a record whose {k} is {_JSON_NAME.get(type(v), type(v).__name__)}, not text"
             if k in LIST_KEYS:  # an export wrote {"busy_processes": "lots"}, which its own schema refuses
+                # imported here: `python -m transbench.store.schema` warns where the package imported it first
+                from .schema import list_problem
+
                 problem = list_problem(k, v)
                 if problem:
                     return f"a record whose {k} is {problem}"
