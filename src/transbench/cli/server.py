@@ -35,6 +35,10 @@ def server(given: dict) -> None:
         if given["warm_lengths"] == []:
             raise SpecError("--warm-lengths is empty: give prompt lengths (8,64) or leave it out")
         spec = build_spec(ServerSpec, None, given)
+        # Loading and preparing come before the server listens, and a fused server's first start on a machine
+        # compiles its kernels: minutes where nothing was printed (tests/gpu/test_server_gpu.py HEALTH_S).
+        typer.echo(visible(f"transbench server: preparing {spec.model} ({spec.backend}) before it listens on port "
+                           f"{spec.port}, up to {spec.prepare_budget:g} s of shapes once loaded"), err=True)
         ended = api.server(spec, on_ready=ready)
     except SpecError as exc:
         fail(str(exc))
