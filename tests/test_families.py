@@ -1294,6 +1294,22 @@ def test_a_phi3_with_an_odd_head_size_is_refused_in_one_line(tmp_path):
                         position_buckets=8, pos_att_type=["p2c", "c2p"], **BERT))
 
 
+
+@settings(max_examples=6, deadline=None)
+@given(family=st.sampled_from(["bert", "roberta", "xlm-roberta", "camembert"]),
+       kind=st.sampled_from(["relative_key", "relative_key_query"]))
+def test_relative_positions_transformers_no_longer_implements_are_refused(tmp_path_factory, family, kind):
+    # Before: transformers 5 builds BERT and its kin with absolute positions whatever position_embedding_type says,
+    # and every eager and sdpa cell ran `ok` on a model other than the checkpoint's (fused alone said `unsupported`).
+    folder = _save(tmp_path_factory.mktemp("positions"), "relative", family, "AutoModel",
+                   position_embedding_type=kind, **dict(BERT, pad_token_id=1))
+    said = _refusal(folder)
+    assert f"sets position_embedding_type to '{kind}'" in said and "it would run absolute positions" in said, said
+
+
+def test_absolute_positions_resolve(tmp_path):
+    assert build.resolve(str(_saved(tmp_path / "ckpt", _tiny(), position_embedding_type="absolute"))).family == "bert"
+
 # --- mixture-of-experts widths torch's grouped_mm cannot take -----------------------------------------------------
 
 @settings(max_examples=8, deadline=None)

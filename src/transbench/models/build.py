@@ -364,6 +364,37 @@ def _check_sizes(folder: Path, cfg, raw: dict) -> None:
                 "use a vocabulary of 2 or more")
 
 
+@functools.cache
+def _modeling_reads(family: str, field: str) -> bool:
+    """Whether `family`'s transformers modeling module names the config field `field` (its source text does); True
+    where the module cannot be read, so that nothing is refused on a guess."""
+    import importlib
+    import inspect
+
+    import transformers
+
+    try:
+        config_module = transformers.CONFIG_MAPPING[family].__module__
+        module = importlib.import_module(config_module.replace(".configuration_", ".modeling_"))
+        return field in inspect.getsource(module)
+    except Exception:  # noqa: BLE001 - no such module, optional imports failing, no source on disk: not known
+        return True
+
+
+def _check_positions_kind(folder: Path, family: str, cfg) -> None:
+    """Relative positions (position_embedding_type relative_key or relative_key_query) a family's code no longer
+    reads: transformers 5 dropped them from BERT, RoBERTa and their kin and builds the model with absolute positions
+    without a word (a relative checkpoint's distance_embedding tensors are left unused), so every eager and sdpa
+    cell ran `ok` on a model other than the checkpoint's."""
+    from transformers import __version__
+
+    kind = getattr(cfg, "position_embedding_type", None)
+    if isinstance(kind, str) and kind != "absolute" and not _modeling_reads(family, "position_embedding_type"):
+        _refuse(folder, f"config.json sets position_embedding_type to {kind!r}, which transformers {__version__}'s "
+                        f"{family} does not implement (it would run absolute positions)",
+                "use a checkpoint of absolute positions, or a transformers version that implements them")
+
+
 def _norm_eps_values(cfg):
     """(name, value) of each normalisation epsilon config.json sets: families name it layer_norm_eps,
     layer_norm_epsilon, rms_norm_eps, norm_eps, norm_epsilon, ..."""
@@ -625,6 +656,7 @@ def _resolve_folder(folder: Path) -> ModelRef:
         _refuse(folder, f"{family} is an encoder-decoder family{alone}", "transbench benchmarks encoders and decoders")
     _check_text_transformer(folder, family, cfg)
     _check_sizes(folder, cfg, raw)
+    _check_positions_kind(folder, family, cfg)
     try:
         ref = ModelRef(str(folder), shape_from_config(str(folder), cfg), str(folder))
     except (ValueError, TypeError, AttributeError, KeyError) as exc:
