@@ -2,6 +2,8 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from transbench.models import build, flops
@@ -67,6 +69,33 @@ def test_modernbert_local_layers_count_their_window():
     assert flops.attention_flops(p, 64, 1) < flops.attention_flops(p, 64, 0) / 6
     assert flops.attention_flops(p, 4, 1) == 4 * flops._local_pairs(4, 8) * 48 == 4 * 16 * 48  # window covers all
 
+
+
+def _modernbert(layers: int, local: int, **config) -> Preset:
+    base = {k: v for k, v in PRESETS["modernbert-tiny"].config.items() if k != "global_attn_every_n_layers"}
+    return dataclasses.replace(PRESETS["modernbert-tiny"], name=f"mb-{layers}-{local}-{sorted(config.items())}",
+                               layers=layers, config={**base, "local_attention": local, **config})
+
+
+@settings(max_examples=25, deadline=None)
+@given(layers=st.integers(1, 5), every=st.integers(1, 4), local=st.integers(1, 12).map(lambda n: 2 * n),
+       seq=st.integers(1, 40))
+def test_modernbert_local_layers_are_its_layer_types(layers, every, local, seq):
+    # A checkpoint saved by transformers 5 names its layers in layer_types and keeps no global_attn_every_n_layers:
+    # before, each of its local layers counted as a global one (+14% at modernbert-tiny's shape and 64 tokens).
+    old = _modernbert(layers, local, global_attn_every_n_layers=every)  # what transformers 4 saved
+    types = ["sliding_attention" if k % every else "full_attention" for k in range(layers)]
+    new = _modernbert(layers, local, layer_types=types)  # what transformers 5 saves: the same model
+    assert flops.forward_flops(new, [seq], "mlm") == flops.forward_flops(old, [seq], "mlm")
+    q = new.heads * new.dim
+    want = [4 * (flops._local_pairs(seq, local) if t == "sliding_attention" else seq * seq) * q for t in types]
+    assert [flops.attention_flops(new, seq, k) for k in range(layers)] == want
+
+
+def test_modernbert_layer_types_outrank_an_every_n_layers_transformers_does_not_read():
+    # transformers builds the layers from layer_types where a config has them: all global here, whatever the 3 says
+    shape = _modernbert(3, 8, layer_types=["full_attention"] * 3, global_attn_every_n_layers=3)
+    assert all(flops.attention_flops(shape, 64, k) == 4 * 64 * 64 * 48 for k in range(3))
 
 def test_meta_counter_matches_analytic_where_both_exist():
     # The counted path (meta device, no weights) agrees with the formula on a family the formula covers.
