@@ -1310,6 +1310,20 @@ def test_relative_positions_transformers_no_longer_implements_are_refused(tmp_pa
 def test_absolute_positions_resolve(tmp_path):
     assert build.resolve(str(_saved(tmp_path / "ckpt", _tiny(), position_embedding_type="absolute"))).family == "bert"
 
+
+@settings(max_examples=6, deadline=None)
+@given(family=st.sampled_from(["llama", "qwen2", "mistral"]),
+       name=st.text("abcdefghijklmnopqrstuvwxyz_0123456789", min_size=1, max_size=12).filter(
+           lambda n: n not in ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")))
+def test_a_rotary_type_transformers_does_not_know_is_named(tmp_path_factory, family, name):
+    # Before: "transformers cannot build the model its config.json describes ('foo')": its rotary code's KeyError.
+    folder = Path(_save(tmp_path_factory.mktemp("rope"), "rope", family, **dict(BERT, num_key_value_heads=2)))
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": name, "rope_theta": 10000.0}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    said = _refusal(folder)
+    assert f"config.json names the rotary embedding type {name!r}, which transformers" in said and "yarn" in said, said
+
 # --- mixture-of-experts widths torch's grouped_mm cannot take -----------------------------------------------------
 
 @settings(max_examples=8, deadline=None)

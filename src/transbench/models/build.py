@@ -461,8 +461,33 @@ def _meta_model(folder: Path, ref: ModelRef):
     try:
         return build_model(ref, tasks[0], device="meta")
     except Exception as exc:
+        unknown = _unknown_rope_type(exc)
+        if unknown:
+            _refuse(folder, unknown, "use one transformers knows, or \"default\"")
         _refuse(folder, f"transformers cannot build the model its config.json describes ({_one_line(exc)})",
                 "fix config.json")
+
+
+def _unknown_rope_type(exc: Exception) -> str | None:
+    """What a build that failed on a rope_type transformers has no rotary function for is told, or None. Its rotary
+    code looks the type up in ROPE_INIT_FUNCTIONS, and the KeyError said only "('foo')"."""
+    try:
+        from transformers import __version__
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    except ImportError:  # a transformers without the table: its own words
+        return None
+    name = exc.args[0] if isinstance(exc, KeyError) and len(exc.args) == 1 else None
+    if not isinstance(name, str) or name in ROPE_INIT_FUNCTIONS:
+        return None
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = type(tb.tb_frame.f_locals.get("self")).__name__ if tb is not None else ""
+    if not any(word in where.lower() for word in ("rotary", "rope")):  # a KeyError of other code: not a rotary type
+        return None
+    known = ", ".join(["default", *ROPE_INIT_FUNCTIONS])
+    return (f"config.json names the rotary embedding type {name!r}, which transformers {__version__} does not know "
+            f"({known})")
 
 
 # torch's messages for operands whose shapes do not fit: on the meta device they depend on the shapes alone, so a
