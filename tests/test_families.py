@@ -1324,6 +1324,24 @@ def test_a_rotary_type_transformers_does_not_know_is_named(tmp_path_factory, fam
     said = _refusal(folder)
     assert f"config.json names the rotary embedding type {name!r}, which transformers" in said and "yarn" in said, said
 
+
+@settings(max_examples=8, deadline=None)
+@given(family=st.sampled_from(["llama", "qwen2", "gpt2", "bert"]), setting=st.sampled_from(
+    [{"return_dict": False}, {"torchscript": True}]), task=st.sampled_from(["causal-lm", "qa", "classification"]))
+def test_a_config_asking_for_tuples_still_runs_every_task(tmp_path_factory, family, setting, task):
+    # Before: Llama's causal LM head read its backbone's tuple ("'tuple' object has no attribute
+    # 'last_hidden_state'"), every eager and sdpa cell of a config.json of return_dict false an `error`.
+    config = dict(n_embd=32, n_layer=1, n_head=2, n_positions=64, vocab_size=10) if family == "gpt2" else \
+        dict(BERT, num_key_value_heads=2, pad_token_id=0)
+    folder = _save(tmp_path_factory.mktemp("tuples"), "tuples", family, "AutoModel", **config)
+    _saved(Path(folder), build.build_model(build.resolve(folder), "base"), **setting)
+    if family == "bert" and task == "causal-lm":
+        task = "mlm"
+    model = build.build_model(build.resolve(folder), task)
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(1, 10, (2, 5)))
+    assert not isinstance(out, tuple) and torch.isfinite(out[0]).all()
+
 # --- mixture-of-experts widths torch's grouped_mm cannot take -----------------------------------------------------
 
 @settings(max_examples=8, deadline=None)

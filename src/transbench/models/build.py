@@ -799,6 +799,10 @@ def hf_config(ref: ModelRef, task: str, activation: str | None = None, dropout: 
     # A cell measures its task's output. A config.json that asks for every layer's hidden states or attention maps
     # made eager return them, SDPA fall back to eager attention for the maps, and every fused cell an error.
     cfg.output_hidden_states = cfg.output_attentions = False
+    # Outputs as ModelOutputs, as every cell reads them (out.logits): a config.json of return_dict false made Llama's
+    # own causal LM head fail on its backbone's tuple ("'tuple' object has no attribute 'last_hidden_state'"), every
+    # eager and sdpa cell an `error`. torchscript (an export setting) implies tuples too.
+    cfg.return_dict, cfg.torchscript = True, False
     # A chunked FFN (chunk_size_feed_forward) is a memory knob, the same function over slices of the sequence, which
     # transformers runs only where every call's length is a multiple of the chunk: at seq 8 and chunk 3 (or any decode
     # step, or a padded batch's width) every cell of every command was an `error`. The FFN runs whole instead: the
