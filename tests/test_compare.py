@@ -23,8 +23,7 @@ from transbench.errors import SpecError
 from transbench.report import CompareConfig, build_report, compare
 from transbench.report.compare import (MIN_BLOCKS, block_medians, compare_records, comparison_table, judge,
                                        percent, rank_counts, rank_interval, ratio_interval, settings,
-                                       t_quantile,
-                                       unmatched_reasons, unmatched_table, _why_unmatched)
+                                       t_quantile, unmatched_reasons, unmatched_table, _differ, _text)
 from transbench.runner.sweep import store_result
 from transbench.store import Store
 
@@ -325,6 +324,22 @@ _CELL = st.tuples(st.sampled_from(["inference", "generation"]),
 
 def _unmatched(scenario: str, named: dict) -> dict:
     return {"scenario": scenario, "_key": json.dumps(named), "status": "ok"}
+
+
+def _why_unmatched(rec: dict, others: list[tuple[object, dict]], other: str) -> str:
+    """The reference unmatched_reasons is held to: the other run's nearest cell (same scenario, fewest differing
+    settings, the earliest among equals), found by looking at every other cell; shown where at most two differ."""
+    mine = settings(rec)
+    best: list[str] | None = None
+    best_settings: dict = {}
+    for scenario, theirs in others:
+        if scenario != rec.get("scenario"):
+            continue
+        diff = _differ(mine, theirs)
+        if best is None or len(diff) < len(best):
+            best, best_settings = diff, theirs
+    shown = _text(best_settings, best) if best and len(best) <= 2 else ""
+    return f"not in {other} ({other} has {shown})" if shown else f"not in {other}"
 
 
 @hypothesis_settings(max_examples=300, deadline=None)

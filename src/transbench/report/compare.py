@@ -424,23 +424,6 @@ def common(records: list[dict]) -> str:
     return _text(first, [n for n in first if n not in vary])
 
 
-def _why_unmatched(rec: dict, others: list[tuple[object, dict]], other: str) -> str:
-    """Reason a cell has no partner: the other run's nearest cell (same scenario, settings as
-    (scenario, settings) pairs) when it differs in at most two settings. One cell's reason, by looking at every
-    other cell: the reference that unmatched_reasons gives for all cells at once."""
-    mine = settings(rec)
-    best: list[str] | None = None
-    best_settings: dict = {}
-    for scenario, theirs in others:
-        if scenario != rec.get("scenario"):
-            continue
-        diff = _differ(mine, theirs)
-        if best is None or len(diff) < len(best):
-            best, best_settings = diff, theirs
-    shown = _text(best_settings, best) if best and len(best) <= 2 else ""
-    return f"not in {other} ({other} has {shown})" if shown else f"not in {other}"
-
-
 def _differ(mine: dict, theirs: dict) -> list[str]:
     return [n for n in dict.fromkeys([*mine, *theirs]) if not _same(mine.get(n), theirs.get(n))]
 
@@ -451,11 +434,13 @@ def _token(v: object) -> tuple[str, str]:
 
 
 def unmatched_reasons(recs: list[dict], others: list[tuple[object, dict]], other: str) -> list[str]:
-    """_why_unmatched of each of `recs`, the same text, found through an index instead of by looking at every
-    other cell: two runs of 3,000 cells each that shared one took a minute (10,000 ten), as the nearest cell was
-    sought among all the others for each. A cell within two settings of another agrees with it on all the rest,
-    so each set of at most two settings left out (of those that vary) is one lookup in a table of the other run's
-    cells keyed by the rest: the earliest of the fewest differences, as the look at every cell chose."""
+    """Why each of `recs` has no partner: `not in B`, and where the other run's nearest cell (same scenario) differs
+    in at most two settings, what it has there (`not in B (B has batch 8)`). Found through an index, not by looking
+    at every other cell (tests/test_compare.py keeps that look as the reference): two runs of 3,000 cells each that
+    shared one took a minute (10,000 ten), as the nearest cell was sought among all the others for each. A cell
+    within two settings of another agrees with it on all the rest, so each set of at most two settings left out (of
+    those that vary) is one lookup in a table of the other run's cells keyed by the rest: the earliest of the fewest
+    differences, as the look at every cell chose."""
     reasons = [f"not in {other}"] * len(recs)
     by_scenario: dict[object, list[int]] = {}
     for i, rec in enumerate(recs):
