@@ -930,9 +930,6 @@ def test_a_server_prepares_within_its_budget_and_counts_what_requests_prepared(t
     finally:
         code, err = server.stop()
     assert code == 0, err
-    # said before the minutes a first start may take, so a silent terminal is not read as a hang
-    assert err.startswith(f"transbench server: preparing {tmp_path / 'bert'} (sdpa) before it listens on port "
-                          f"{server.port}, up to 1e-09 s of shapes once loaded\n"), err
     assert re.search(r"prepared in [0-9.]+ s \(0 shapes; [1-9][0-9]* left to pad into larger ones, or to prepare on "
                      r"first use where the backend has no graph per shape\)", err), err
     for one, row in zip(single, together["data"]):

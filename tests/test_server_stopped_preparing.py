@@ -15,10 +15,44 @@ from transbench.cli.app import Stopped
                                              (Stopped(signal.SIGHUP), 129, "server stopped (SIGHUP)"),
                                              (KeyboardInterrupt(), 130, "server stopped (interrupted)")])
 def test_a_signal_while_the_server_prepares_is_named(monkeypatch, exc, code, line):
-    def preparing(spec, on_ready=None):
+    def preparing(spec, **callbacks):
         raise exc  # what cli/app.py raises for SIGTERM or SIGHUP before the server takes the signals itself
 
     monkeypatch.setattr(server_cli.api, "server", preparing)
     res = invoke("server", "--model", "bert-tiny", "--backend", "sdpa", "--device", "cpu", "--port", "18999")
     # SIGTERM was "server stopped (interrupted)", exit 130, as if Ctrl-C had been pressed.
     assert res.exit_code == code and res.stderr.strip() == line
+
+
+def test_a_server_preparing_a_while_says_so_once_and_a_refusal_after_it_is_its_own_line(monkeypatch):
+    """A fused server's first start compiles its kernels before it listens: minutes of silence, read as a hang. Past
+    PREPARING_S it says it is still preparing, once; what it refuses after that is the line after it."""
+    import threading
+    import types
+
+    from transbench.scenarios.serve import server as srv
+
+    class Slow:  # a model process whose preparing fails after 0.6 s
+        def __init__(self, *args):
+            self.ready, self.failure = threading.Event(), None
+
+        def start(self):
+            def fail():
+                self.failure = "its output was wrong"
+                self.ready.set()
+            threading.Timer(0.6, fail).start()
+
+        def stop(self, timeout):
+            pass
+
+    monkeypatch.setattr(srv, "ModelProcess", Slow)
+    monkeypatch.setattr(srv, "PREPARING_S", 0.2)
+    monkeypatch.setattr(srv, "check_port", lambda host, port: None)
+    monkeypatch.setattr(server_cli.api, "server", lambda spec, on_ready, on_preparing: srv.run(
+        types.SimpleNamespace(backend="sdpa", dtype="fp32", host="127.0.0.1", port=18999), types.SimpleNamespace(
+            name="bert-tiny"), False, on_ready, on_preparing))
+    res = invoke("server", "--model", "bert-tiny", "--backend", "sdpa", "--device", "cpu", "--port", "18999")
+    first, second = res.stderr.strip().splitlines()
+    assert res.exit_code == 2
+    assert first.startswith("transbench server: still preparing after 0 s (") and "compiles kernels" in first
+    assert second == "error: sdpa fp32 could not be prepared for bert-tiny: its output was wrong"

@@ -175,16 +175,18 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
     return tuning.run(spec, progress, options)
 
 
-def server(spec, on_ready: Callable = lambda info: None) -> str | None:
-    """`transbench server` (scenarios.serve.server_spec.ServerSpec): prepare the backend, call on_ready(info) once it
-    listens, and serve until SIGTERM or SIGINT; returns the name of the signal that ended it (scenarios.serve.server
-    .Stopped, a str whose `cut` counts the requests still in flight when the grace ran out)."""
+def server(spec, on_ready: Callable = lambda info: None,
+           on_preparing: Callable = lambda seconds: None) -> str | None:
+    """`transbench server` (scenarios.serve.server_spec.ServerSpec): prepare the backend, call on_preparing(seconds)
+    once if that takes more than scenarios.serve.server.PREPARING_S, call on_ready(info) once it listens, and serve
+    until SIGTERM or SIGINT; returns the name of the signal that ended it (scenarios.serve.server.Stopped, a str
+    whose `cut` counts the requests still in flight when the grace ran out)."""
     from .scenarios.serve import server as srv
     from .scenarios.serve import server_spec
 
     srv.need_server_extra()
-    check_callbacks(on_ready=on_ready)  # on_ready=5 was called only after the backend was prepared
+    check_callbacks(on_ready=on_ready, on_preparing=on_preparing)  # on_ready=5 was called only once prepared
     spec, ref, decoder = server_spec.check(spec)
-    return srv.run(spec, ref, decoder, on_ready)
+    return srv.run(spec, ref, decoder, on_ready, on_preparing)
 
 

@@ -31,15 +31,18 @@ def server(given: dict) -> None:
                            f"{info['endpoint']}, prepared in {info.get('prepare_s', 0):.1f} s{left(info)}; tokenizer "
                            f"{info['tokenizer']}; /health, /metrics; Ctrl-C or SIGTERM stops it"), err=True)
 
+    def preparing(seconds: float) -> None:
+        # A fused server's first start on a machine compiles its kernels before it listens: minutes in which
+        # nothing was printed (tests/gpu/test_server_gpu.py HEALTH_S). Said once preparing has run a while, so that
+        # a refusal found at once stays one line.
+        typer.echo(f"transbench server: still preparing after {seconds:.0f} s (loading, the fp32 check, shapes; a "
+                   "first start also compiles kernels)", err=True)
+
     try:
         if given["warm_lengths"] == []:
             raise SpecError("--warm-lengths is empty: give prompt lengths (8,64) or leave it out")
         spec = build_spec(ServerSpec, None, given)
-        # Loading and preparing come before the server listens, and a fused server's first start on a machine
-        # compiles its kernels: minutes where nothing was printed (tests/gpu/test_server_gpu.py HEALTH_S).
-        typer.echo(visible(f"transbench server: preparing {spec.model} ({spec.backend}) before it listens on port "
-                           f"{spec.port}, up to {spec.prepare_budget:g} s of shapes once loaded"), err=True)
-        ended = api.server(spec, on_ready=ready)
+        ended = api.server(spec, on_ready=ready, on_preparing=preparing)
     except SpecError as exc:
         fail(str(exc))
     except KeyboardInterrupt as exc:

@@ -34,6 +34,9 @@ from .prompts import HFTokenizer, WordTokenizer, has_tokenizer
 from .server_model import Emit, Job
 
 GRACE_S = 10.0  # seconds the requests in flight get to finish after SIGTERM
+# Seconds of preparing after which the server says it is still at it (run's on_preparing): past what loading and
+# checking a small model take on a CPU, so that a refusal found by then stays one line.
+PREPARING_S = 15.0
 MAX_BODY = 16 * 2**20  # a request body past this is refused (413) as it arrives, before it is parsed
 # A body has this long to arrive in full: a client that stalls part way would otherwise hold its connection (and the
 # bytes read so far) for as long as it stays connected; the slowest real client sends a body in well under a second.
@@ -579,9 +582,10 @@ class _GraceCut(logging.Filter):
         return True
 
 
-def run(spec, ref, decoder: bool, on_ready=lambda info: None) -> str | None:
+def run(spec, ref, decoder: bool, on_ready=lambda info: None, on_preparing=lambda seconds: None) -> str | None:
     """Prepare the backend, then serve until SIGTERM or SIGINT; returns the signal's name that ended it. A backend
-    that cannot run here (or whose output is wrong) is refused with one line before anything listens."""
+    that cannot run here (or whose output is wrong) is refused with one line before anything listens, or after
+    on_preparing's where preparing took more than PREPARING_S."""
     import uvicorn
 
     check_port(spec.host, spec.port)
@@ -598,9 +602,13 @@ def run(spec, ref, decoder: bool, on_ready=lambda info: None) -> str | None:
     model = ModelProcess(spec, ref, decoder)
     try:
         model.start()
+        began, said = time.monotonic(), False
         while not model.ready.wait(0.2):
             if stopped:
                 return signal.Signals(stopped[0]).name
+            if not said and time.monotonic() - began >= PREPARING_S:
+                said = True
+                on_preparing(time.monotonic() - began)
         if model.failure:
             raise SpecError(f"{spec.backend} {spec.dtype} could not be prepared for {ref.name}: {model.failure}")
         if stopped:
