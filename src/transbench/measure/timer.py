@@ -78,6 +78,18 @@ def summarize(samples_ms: list[float]) -> Stats:
     )
 
 
+def mark(cuda: bool):
+    """Now, on the clock of the work: a CUDA event recorded on the current stream (read with `elapsed_time` once it
+    has completed, so a mark adds no synchronization) on a GPU, perf_counter seconds on a CPU."""
+    if cuda:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
 class Clock:
     """Times one call. On CUDA: events around the call, then a synchronize, so each sample is the
     device time of one call started on an idle device (its launch overhead included). On CPU: perf_counter."""

@@ -58,7 +58,7 @@ class TrainCell(SweepCell):
     nnodes: int = 1
     zero_stage: int | None = None  # deepspeed only
     nccl: str = ""  # NCCL environment of this cell, "KEY=VAL KEY=VAL" (sorted), empty: the inherited one
-    comm_timing: bool = True  # ddp over several GPUs: time each gradient bucket's all-reduce (loop.GradSyncTimer)
+    comm_timing: bool = True  # ddp over several GPUs: time each gradient bucket's all-reduce (comm.GradSyncTimer)
     device: str = "cpu"  # the device type ("cuda" or "cpu"); each rank takes its local GPU
     steps: int = 10
     warmup_steps: int = 2

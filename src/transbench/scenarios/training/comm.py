@@ -11,7 +11,7 @@ waited for beyond its own compute."""
 
 from __future__ import annotations
 
-import time
+from ...measure import timer
 
 METHOD = ("measured: a DDP comm hook (divide + all-reduce, as DDP's default) with each bucket timed from its "
           "gradients being ready to its all-reduce's end (CUDA events; host clock on the CPU); allreduce_ms is the "
@@ -32,22 +32,13 @@ def union_ms(spans: list[tuple[float, float]]) -> float:
 
 
 class GradSyncTimer:
-    """Register with `ddp_model.register_comm_hook(None, timer.hook)`; `take()` after each step returns that step's
+    """Register with `ddp_model.register_comm_hook(None, grad_timer.hook)`; `take()` after each step returns that step's
     (all-reduce ms, exposed ms, bytes reduced) and starts the next."""
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
         self.spans: list[list] = []
         self.bytes = 0
-
-    def _now(self):
-        if self.cuda:
-            import torch
-
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
 
     def hook(self, state, bucket):
         import torch.distributed as dist
@@ -56,11 +47,11 @@ class GradSyncTimer:
         buffer = bucket.buffer()
         self.bytes += buffer.numel() * buffer.element_size()
         buffer.div_(dist.get_world_size(group))  # divided first, as DDP's own hook (no fp16 overflow in the sum)
-        span = [self._now(), None]
+        span = [timer.mark(self.cuda), None]
         self.spans.append(span)
 
         def done(fut):
-            span[1] = self._now()  # on the GPU: on the callback's stream, which waits for the all-reduce
+            span[1] = timer.mark(self.cuda)  # on the GPU: on the callback's stream, which waits for the all-reduce
             return fut.value()[0]
 
         return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(done)

@@ -517,20 +517,11 @@ class PhaseClock:
         self.cuda = device.type == "cuda"
         self.marks: list[tuple[str, object]] = []
 
-    def _now(self):
-        if self.cuda:
-            import torch
-
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
     def start(self) -> None:
-        self.marks = [("start", self._now())]
+        self.marks = [("start", timer.mark(self.cuda))]
 
     def mark(self, phase: str) -> None:
-        self.marks.append((phase, self._now()))
+        self.marks.append((phase, timer.mark(self.cuda)))
 
     def finish(self) -> tuple[float, dict[str, float]]:
         """(step ms, {"forward_ms": ms, "backward_ms": ms, "optimizer_ms": ms}) summed over micro-batches."""
