@@ -375,6 +375,8 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: i
     async for data in _events(_lines(conn.chunks())):
         if finished:  # after [DONE]: read to the end, so the connection is left ready for the next request
             continue
+        if not data.strip():  # an event of no data (a keep-alive `data:` line) carries nothing: it was `malformed`
+            continue
         if data.strip() == "[DONE]":
             finished = True
             r.done = now()  # the answer's end: a server that holds the body open after it does not lengthen it
