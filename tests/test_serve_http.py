@@ -614,7 +614,9 @@ def test_an_endless_body_is_cut_where_it_passes_its_bound(stub, api, response, s
     'data: {"choices": [{"text": " b"}]}\r\n\r\ndata: [DONE]',  # the last event's blank line never sent
     # events of no data (keep-alives), which were read as JSON and made the request `malformed`
     'data:\n\ndata: {"choices": [{"text": " a"}]}\n\nevent: ping\ndata: \n\ndata: {"choices": [{"text": " b"}]}\n\n'
-    'data: [DONE]\n\n'])
+    'data: [DONE]\n\n',
+    # a byte order mark, which the format strips: kept, the first event was skipped and TTFT was the second token's
+    '\ufeffdata: {"choices": [{"text": " a"}]}\n\ndata: {"choices": [{"text": " b"}]}\n\ndata: [DONE]\n\n'])
 def test_every_form_the_event_stream_format_allows_is_read_as_its_events(stub, body):
     from starlette.responses import Response
 

@@ -300,7 +300,7 @@ async def _lines(chunks):
     of one chunk and an LF at the start of the next are one ending). A line's pieces are joined once, when it ends
     (`buf += chunk` copied the pending line on every chunk: quadratic in a line without end), and a line over
     LINE_BYTES is Malformed."""
-    pending, size, after_cr = [], 0, False
+    pending, size, after_cr, first = [], 0, False, True
     async for chunk in chunks:
         if after_cr and chunk.startswith(b"\n"):
             chunk, after_cr = chunk[1:], False  # the CR's LF, once: a chunk of "\n" alone leaves none pending
@@ -314,10 +314,18 @@ async def _lines(chunks):
             if size > LINE_BYTES:
                 raise Malformed(f"a line of the event stream is over {LINE_BYTES:,} bytes")
             if i < len(parts) - 1:
-                yield b"".join(pending).decode("utf-8", errors="replace")
-                pending, size = [], 0
+                yield _text(pending, first)
+                pending, size, first = [], 0, False
     if size:
-        yield b"".join(pending).decode("utf-8", errors="replace")
+        yield _text(pending, first)
+
+
+def _text(pieces: list[bytes], first: bool) -> str:
+    """A line of the stream as text; the stream's first line without its byte order mark (U+FEFF), which the
+    event-stream format strips: kept, it made the first event's field another name than `data`, skipped, and the first
+    token's time (TTFT) the second's."""
+    line = b"".join(pieces).decode("utf-8", errors="replace")
+    return line.removeprefix("\ufeff") if first else line
 
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
