@@ -1281,3 +1281,31 @@ def test_an_embeddings_answer_with_no_body_says_so(raw, head):
     raw.update(send=head, reset=False)
     r = _one(raw["url"])
     assert r.status == "malformed" and r.error.endswith("has no body: no embedding was sent"), r.error
+
+
+@pytest.mark.parametrize("api", ["openai-embeddings", "openai-completions"])
+def test_an_answer_encoded_where_the_request_asked_for_none_says_so(api):
+    # without Accept-Encoding any coding is acceptable (RFC 9110): a gzip stream read as events was `dropped`, "the
+    # stream ended before its [DONE] event", and a gzip embedding "not UTF-8 text"; the request asks for identity
+    import gzip
+
+    heads = []
+    plain = b'{"data": [{"embedding": [1.0]}]}' if api == "openai-embeddings" else \
+        b'data: {"choices": [{"text": " a"}]}\n\ndata: [DONE]\n\n'
+    body = gzip.compress(plain)
+
+    def handle(conn):
+        with conn:
+            heads.append(conn.recv(65536, socket.MSG_PEEK))
+            if _read_request(conn):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Encoding: gzip\r\nContent-Length: %d"
+                             b"\r\n\r\n" % (b"application/json" if api == "openai-embeddings" else b"text/event-stream",
+                                            len(body)) + body)
+    url, stop = _raw_server(handle)
+    try:
+        plan = LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0)
+        (r,) = run_http_load(url, api, lambda r: payload(api, "m", "x", 4), plan, timeout_s=5).requests
+    finally:
+        stop()
+    assert r.status == "malformed" and "encoded ('gzip', its Content-Encoding)" in r.error, (r.status, r.error)
+    assert b"\r\naccept-encoding: identity\r\n" in heads[0].lower()

@@ -250,8 +250,9 @@ class Connection:
         if self.writer is None:
             await self._open()
         fields = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))] if body is not None else []
+        # identity: the answer as it is (the client decodes no gzip); without the field any coding is acceptable
         request = h11.Request(method=method, target=path, headers=[("Host", self.authority), ("Accept", "*/*"),
-                                                                   *fields])
+                                                                   ("Accept-Encoding", "identity"), *fields])
         self.first, self.eof = b"", False
         try:
             self.writer.write(self.h11.send(request) + (self.h11.send(h11.Data(data=body)) if body else b"")
@@ -429,6 +430,11 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             message = _message(await conn.read(ERROR_BYTES))
             moved = headers.get(b"location", b"")[:120].decode(errors="replace")
             r.status, r.error = f"http_{status}", f"redirected to {moved!r}, not followed" if moved else message
+        elif headers.get(b"content-encoding", b"identity").strip().lower() != b"identity":
+            # a gzip stream read as events was `dropped` ("the stream ended before its [DONE] event"), its lines none
+            coding = headers[b"content-encoding"][:40].decode(errors="replace")
+            raise Malformed(f"the answer is encoded ({one_line(coding)!r}, its Content-Encoding), where the request "
+                            "asked for none (Accept-Encoding: identity)")
         elif api == "openai-embeddings":
             raw = await conn.read(RESPONSE_BYTES)
             if len(raw) > RESPONSE_BYTES:
