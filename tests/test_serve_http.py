@@ -1309,3 +1309,15 @@ def test_an_answer_encoded_where_the_request_asked_for_none_says_so(api):
         stop()
     assert r.status == "malformed" and "encoded ('gzip', its Content-Encoding)" in r.error, (r.status, r.error)
     assert b"\r\naccept-encoding: identity\r\n" in heads[0].lower()
+
+
+@pytest.mark.parametrize("head, body, why", [
+    (b"HTTP/1.1 500 Internal Server Error\r\n", b"", "no message (HTTP 500 Internal Server Error)"),
+    (b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 5\r\n", b"",
+     "no message (HTTP 429 Too Many Requests) (Retry-After: 5)"),
+    (b"HTTP/1.1 503 \r\nRetry-After: 2\r\n", b'{"error": {"message": "busy"}}', "busy (Retry-After: 2)")])
+def test_an_error_answer_of_no_body_says_what_it_was_and_when_to_come_back(raw, head, body, why):
+    # a status line alone left the request's error empty: the cell's warning read "first: http_500: "
+    raw.update(send=head + b"Content-Length: %d\r\n\r\n" % len(body) + body, reset=False)
+    r = _one(raw["url"])
+    assert r.error == why, r.error

@@ -427,7 +427,13 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
         response = await conn.post(path, body)
         status, headers = response.status_code, dict(response.headers)
         if not 200 <= status < 300:  # redirects are not followed: a 307's empty body read as a stream was `dropped`
-            message = _message(await conn.read(ERROR_BYTES))
+            # an answer of no body (a 429 or 500 of its status line alone) left its error empty: "http_500: " the
+            # cell's only word; its reason phrase and Retry-After (a server shedding load) say what it sent
+            reason = one_line(f"HTTP {status} " + bytes(response.reason)[:60].decode(errors="replace"))
+            message = _message(await conn.read(ERROR_BYTES)) or f"no message ({reason})"
+            wait = one_line(headers.get(b"retry-after", b"")[:40].decode(errors="replace"))
+            if wait:
+                message = f"{message[:200 - len(wait) - 16]} (Retry-After: {wait})"
             moved = headers.get(b"location", b"")[:120].decode(errors="replace")
             r.status, r.error = f"http_{status}", f"redirected to {moved!r}, not followed" if moved else message
         elif headers.get(b"content-encoding", b"identity").strip().lower() != b"identity":
