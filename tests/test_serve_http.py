@@ -1321,3 +1321,16 @@ def test_an_error_answer_of_no_body_says_what_it_was_and_when_to_come_back(raw, 
     raw.update(send=head + b"Content-Length: %d\r\n\r\n" % len(body) + body, reset=False)
     r = _one(raw["url"])
     assert r.error == why, r.error
+
+
+@pytest.mark.parametrize("send, why", [
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n", "illegal chunk header"),
+    (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n", "its head is over the 16 KiB read of one"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "conflicting Content-Length"),
+    (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", "a 101 Switching")])
+def test_an_http_answer_that_breaks_its_framing_says_how(raw, send, why):
+    # each read "the answer is not HTTP/1.1 (it began b'HTTP/1.1 200 OK...')", which contradicted itself
+    raw.update(send=send, reset=False)
+    r = _one(raw["url"])
+    assert r.status == "malformed" and r.error.startswith("the answer began as HTTP/1.1 and broke its rules: ") \
+        and why in r.error, r.error

@@ -170,10 +170,20 @@ class Dropped(Exception):
 TLS_RECORDS = (b"\x15\x03", b"\x16\x03")  # a TLS alert or handshake record (version 3.x): TLS where HTTP was asked
 
 
-def not_http(first: bytes) -> str:
-    """Why an answer that h11 could not read as HTTP/1.1 is none, in words, from its first bytes."""
+STATUS_LINE = re.compile(rb"HTTP/1\.[01] [1-5][0-9][0-9][ \r]")
+H11_WORDS = {"Receive buffer too long": "its head is over the 16 KiB read of one",  # h11's own words, where unclear
+             "Received server _SWITCH_UPGRADE event without a pending proposal":
+                 "a 101 Switching Protocols that no request asked for"}
+
+
+def not_http(first: bytes, why: str = "") -> str:
+    """Why an answer that h11 could not read as HTTP/1.1 is none, in words, from its first bytes and h11's reason
+    (`why`)."""
     if first.startswith(TLS_RECORDS):
         return "the server answered in TLS, not plain HTTP: give the URL as https://"
+    if why and STATUS_LINE.match(first):  # a status line, then a broken head or body: "not HTTP/1.1 (it began
+        # b'HTTP/1.1 200 OK')" contradicted itself (a chunk size not in hex, a head of 70 kB, two Content-Lengths)
+        return f"the answer began as HTTP/1.1 and broke its rules: {one_line(H11_WORDS.get(why, why), 100)}"
     # the bytes' repr cut to 70 characters: 40 bytes of \xNN escapes ran to 160, a line longer than a terminal's
     return f"the answer is not HTTP/1.1 (it began {repr(first[:40])[:70]})"
 
@@ -220,8 +230,8 @@ class Connection:
         while True:
             try:
                 event = self.h11.next_event()
-            except h11.RemoteProtocolError:
-                raise (self._cut("closed") if self.eof else Malformed(not_http(self.first))) from None
+            except h11.RemoteProtocolError as exc:
+                raise (self._cut("closed") if self.eof else Malformed(not_http(self.first, str(exc)))) from None
             if event is h11.NEED_DATA:
                 try:
                     data = await self.reader.read(65536)
