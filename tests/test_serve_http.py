@@ -130,6 +130,28 @@ def test_goodput_against_several_objectives_on_a_streamed_log():
     assert rec["goodput"] == pytest.approx(3 / 5) and rec["slo_ms"] == 200  # only the 150 ms TTFT and the drop miss
 
 
+@pytest.mark.parametrize("failed", [0, 30])
+def test_token_figures_carry_the_chosen_percentiles_and_their_estimates_as_in_process(failed):
+    # --percentiles 95 stored no ttft_p95_ms, ttft_p95_upper_ms, tpot_p95_ms or itl_p95_ms for an endpoint, where the
+    # in-process load stores each (stats.token_figures); 1,000 streams of 4 tokens, TTFT 50..99 ms, gaps of 10 ms
+    from transbench.scenarios.serve import tails
+
+    reqs = []
+    for i in range(1000):
+        a, ttft = 1.0 + i * 0.01, 50 + i % 50
+        steps = [a + (ttft + k * 10) / 1e3 for k in range(4)]
+        ok = i >= failed
+        reqs.append(Sent(i, a, 8, sent=a, done=steps[-1] if ok else a + 0.001, steps=steps if ok else [],
+                         completion_tokens=4 if ok else None, status="ok" if ok else "http_500"))
+    trace = HttpTrace(reqs, LoadPlan([8], arrivals=[r.arrival for r in reqs], span_s=12.0, warmup_s=0.5), 12.0, 8, 2)
+    rec, _, _ = endpoint.account(trace, None, 100.0, percentiles=(95.0,))
+    assert rec["tpot_p95_ms"] == pytest.approx(10.0) and rec["itl_p95_ms"] == pytest.approx(10.0)
+    assert rec["ttft_p95_ms"] == pytest.approx(97.0 if not failed else 97.5, abs=0.6)
+    ranked = sorted(50.0 + i % 50 for i in range(failed, 1000)) + [float("inf")] * failed
+    assert rec["ttft_p95_upper_ms"] == pytest.approx(tails.upper_estimate(ranked, 0.95))
+    assert (rec["ttft_mean_ms"] is None) == bool(failed) and (rec["tpot_mean_ms"] is None) == bool(failed)
+
+
 def test_client_lag_is_measured_and_a_late_client_is_warned_about():
     rec, _, _ = endpoint.account(_trace([10.0] * 50, 0, lag_ms=5.0), None, 100)
     assert rec["client_lag_p99_ms"] == pytest.approx(5.0) and rec["client_lag_max_ms"] == pytest.approx(5.0)

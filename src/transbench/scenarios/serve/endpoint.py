@@ -20,7 +20,7 @@ from .http_client import QUIET_S, HttpTrace, Sent, payload, run_http_load
 from .measure import plan_for
 from .prompts import WordTokenizer, local_tokenizer, make_prompts
 from . import tails
-from .stats import DEFAULT_PERCENTILES, STORED, name, percentile, spread, within
+from .stats import DEFAULT_PERCENTILES, STORED, name, percentile, token_figures, within
 
 # The client fell behind when its send lag's p99 passes the larger of these: a fixed floor (the event loop sleeps
 # in whole milliseconds) and a share of the mean gap between planned arrivals (a lag that size reshapes the
@@ -44,14 +44,6 @@ def _failed_percentile(ok_ms: list[float], failed: int, q: float) -> float | Non
         return None
     value = percentile(ok_ms + [math.inf] * failed, q) if ok_ms else math.inf
     return None if math.isinf(value) or math.isnan(value) else value
-
-
-def _ranked_spread(prefix: str, ok_ms: list[float], failed: int, keep=None) -> dict:
-    """stats.spread with the failed requests ranked after every answered one, as the latency's percentiles are: a
-    percentile that falls on failures is empty, and so are the max and the mean of a load with failures. Half the
-    requests answered 500 and the TTFT and TPOT of the other half read as the load's."""
-    out = spread(prefix, ok_ms + [math.inf] * failed)
-    return {k: v if v is not None and math.isfinite(v) else None for k, v in out.items() if keep is None or k in keep}
 
 
 def _tokens(r) -> int:
@@ -120,13 +112,11 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
     if streamed:
         # TTFT and TPOT per request, failures ranked last; the gaps between tokens are the answered streams' own
         # (a failure has no place among them), and tokens_per_s the tokens that arrived in answered requests
-        rec.update(_ranked_spread("ttft", [(r.steps[0] - r.arrival) * 1e3 for r in streamed], failed))
         gaps = [(b - a) * 1e3 for r in streamed for a, b in zip(r.steps, r.steps[1:])]
-        rec.update({k: v for k, v in spread("itl", gaps).items() if k in ("itl_p50_ms", "itl_p99_ms")})
-        counts = [_tokens(r) for r in streamed]
         tpot = [t for t in map(_tpot_ms, streamed) if t is not None]
-        if tpot:
-            rec.update(_ranked_spread("tpot", tpot, failed, ("tpot_p50_ms", "tpot_p99_ms")))
+        rec.update(token_figures([(r.steps[0] - r.arrival) * 1e3 for r in streamed] + [math.inf] * failed,
+                                 tpot + [math.inf] * failed if tpot else [], gaps, chosen))
+        counts = [_tokens(r) for r in streamed]
         rec.update(tokens_per_s=sum(counts) / span, completion_tokens_mean=sum(counts) / len(counts))
     prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
     rec["prompt_tokens_mean"] = sum(prompts) / len(prompts) if prompts else None

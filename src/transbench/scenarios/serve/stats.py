@@ -94,6 +94,20 @@ def spread(prefix: str, values_ms: list[float], qs=STORED, upper=()) -> dict:
     return out
 
 
+def token_figures(ttft_ms: list[float], tpot_ms: list[float], gaps_ms: list[float], chosen) -> dict:
+    """A generating load's token figures, in-process and at an endpoint alike: TTFT at the stored and `chosen`
+    percentiles, with LoadGen's estimate of the chosen ones, its max and mean; TPOT at the chosen percentiles and its
+    mean; the gaps between tokens (ITL) at p50, p99 and the chosen. A value that is not finite (a failed request, which
+    the endpoint's accounting ranks after every answered one) leaves each figure it decides empty. The endpoint's own
+    set had no TTFT estimates and no chosen percentile of TPOT or ITL: `--percentiles 95` stored none of them."""
+    qs = sorted(set(STORED) | set(chosen))
+    out = spread("ttft", ttft_ms, qs, chosen)
+    out.update({k: v for k, v in spread("tpot", tpot_ms, chosen).items() if k != "tpot_max_ms"})
+    keep = {f"itl_{name(q)}_ms" for q in {50.0, 99.0, *chosen}}
+    out.update({k: v for k, v in spread("itl", gaps_ms, qs).items() if k in keep})
+    return {k: v if v is None or math.isfinite(v) else None for k, v in out.items()}
+
+
 def tpot_ms(s) -> float | None:
     """Time per output token of one generated request: (end to end - TTFT) / (tokens - 1); None for one token."""
     if len(s.steps) < 2:
@@ -185,13 +199,9 @@ def account(trace: Trace, slo_ms: float | None = None, offered_rate: float | Non
         rec.update(client_lag_p99_ms=percentile(lags, 99), client_lag_max_ms=max(lags))
     gen = [s for s in done if s.steps]
     if gen:  # generation: time to first token, time per output token, gaps between tokens, end to end
-        qs = sorted(set(STORED) | set(chosen))
-        rec.update(spread("ttft", [(s.steps[0] - s.request.arrival) * 1e3 for s in gen], qs, chosen))
-        tpots = [x for x in map(tpot_ms, gen) if x is not None]
-        rec.update({k: v for k, v in spread("tpot", tpots, chosen).items() if k != "tpot_max_ms"})
         gaps = [(b - a) * 1e3 for s in gen for a, b in zip(s.steps, s.steps[1:])]
-        keep = {f"itl_{name(q)}_ms" for q in {50.0, 99.0, *chosen}}
-        rec.update({k: v for k, v in spread("itl", gaps, qs).items() if k in keep})
+        rec.update(token_figures([(s.steps[0] - s.request.arrival) * 1e3 for s in gen],
+                                 [x for x in map(tpot_ms, gen) if x is not None], gaps, chosen))
         rec["tokens_per_s"] = sum(len(s.steps) for s in gen) / span
     info = {"batch_sizes": dict(sorted(Counter(sizes).items())), "measured_span_s": span,
             "warmup_requests": len(trace.served) - len(done), "gc_collections_under_load": trace.gc_collections}
