@@ -544,3 +544,19 @@ def test_a_kind_of_client_line_is_logged_at_most_once_a_period_and_counts_what_i
     counted = [int(m.group(1).replace(",", "")) for m in (re.search(r"\(([\d,]+) more", s) for s in said) if m]
     assert len(said) + sum(counted) + peers.held.get("x", 0) == len(times)
     assert len(said) <= 1 + (times[-1] - times[0]) / server.PEER_LOG_S
+
+
+def test_a_field_sent_as_null_takes_its_default_and_a_model_not_text_is_a_400():
+    # OpenAI's API has max_tokens, stream and encoding_format "or null": a client that sends every field, null where
+    # unset, was refused "max_tokens must be a whole number"; a model of another type was a 404 "not served here"
+    resp = post(answering_api(True), "/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": None,
+                                                         "stream": None})
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 8, resp.text  # min(16, 8)
+    resp = post(answering_api(False), "/v1/embeddings", {"model": "tiny", "input": "a", "encoding_format": None})
+    assert resp.status_code == 200 and len(resp.json()["data"][0]["embedding"]) == 16, resp.text
+    for stream in (0, ""):  # falsy, and still not true or false
+        resp = post(answering_api(True), "/v1/completions", {"model": "tiny", "prompt": "a", "stream": stream})
+        assert resp.status_code == 400 and "stream must be true or false" in resp.text, resp.text
+    resp = post(answering_api(False), "/v1/embeddings", {"model": ["tiny"], "input": "a"})
+    assert resp.status_code == 400 and resp.json()["error"]["message"] == "model must be a string, the served name " \
+        "('tiny')", resp.text

@@ -200,6 +200,8 @@ class Api:
         model = data.get("model")
         if model is None:
             raise BadRequest("missing field 'model'")
+        if not isinstance(model, str):  # ["x"] was "the model '['x']' is not served here", a 404 for a wrong type
+            raise BadRequest(f"model must be a string, the served name ('{self.name}')")
         if model != self.name:
             raise BadRequest(f"the model '{text(str(model), 'model')[:100]}' is not served here: this server serves "
                              f"'{self.name}'", 404, "model_not_found")
@@ -264,7 +266,8 @@ class Api:
             data = await self.body(request)
             if "input" not in data:
                 raise BadRequest("missing field 'input'")
-            encoding = data.get("encoding_format", "float")
+            encoding = data.get("encoding_format")
+            encoding = "float" if encoding is None else encoding  # absent or null: OpenAI's default
             if encoding not in ("float", "base64"):
                 raise BadRequest("encoding_format must be 'float' or 'base64'")
             dims = data.get("dimensions")
@@ -313,7 +316,10 @@ class Api:
             prompt = data["prompt"]
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
                 prompt = prompt[0]  # a batch of one
-            max_tokens = data.get("max_tokens", min(16, self.spec.max_tokens))  # OpenAI's default, 16
+            # OpenAI's default, 16, where the field is absent or null (the API's "integer or null"; a client that
+            # sends every field, null where unset, was refused "max_tokens must be a whole number")
+            max_tokens = data.get("max_tokens")
+            max_tokens = min(16, self.spec.max_tokens) if max_tokens is None else max_tokens
             if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= \
                     self.spec.max_tokens:
                 raise BadRequest(f"max_tokens must be a whole number in 1..{self.spec.max_tokens} (--max-tokens)")
@@ -322,7 +328,8 @@ class Api:
             if low is not None and not (type(low) is int and 0 <= low <= max_tokens):
                 raise BadRequest("min_tokens must be a whole number in 0..max_tokens (a completion here has exactly "
                                  "max_tokens tokens)")
-            stream = data.get("stream", False)
+            stream = data.get("stream")
+            stream = False if stream is None else stream  # absent or null: OpenAI's default, as max_tokens
             if not isinstance(stream, bool):
                 raise BadRequest("stream must be true or false")
             options = data.get("stream_options") or {}
