@@ -1356,3 +1356,31 @@ def test_an_http_answer_that_breaks_its_framing_says_how(raw, send, why):
     r = _one(raw["url"])
     assert r.status == "malformed" and r.error.startswith("the answer began as HTTP/1.1 and broke its rules: ") \
         and why in r.error, r.error
+
+
+@pytest.mark.parametrize("after", ["hold", "close", "reset", "garble"])
+def test_a_stream_whole_at_its_done_event_is_answered_whatever_ends_its_body(after):
+    # the body after [DONE] was read within the request's timeout and as part of the answer: held open past the
+    # timeout the whole answer was `timeout`; closed, reset or garbled before its last chunk, `dropped` or `malformed`
+    import struct
+
+    events = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in (f"data: {TEXT}\n\n".encode(), b"data: [DONE]\n\n"))
+
+    def handle(conn):
+        with conn:
+            while _read_request(conn):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             + events + (b"zz\r\n" if after == "garble" else b""))
+                if after == "hold":
+                    time.sleep(2.5)
+                if after == "reset":
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return
+    url, stop = _raw_server(handle)
+    try:
+        plan = LoadPlan([4], arrivals=[0.0, 0.1], span_s=0.2, warmup_s=0.0)
+        api = "openai-completions"
+        sent = run_http_load(url, api, lambda r: payload(api, "m", "x", 4), plan, timeout_s=1.5).requests
+    finally:
+        stop()
+    assert all(r.ok and len(r.steps) == 1 and r.done - r.sent < 0.5 for r in sent), [(r.status, r.error) for r in sent]

@@ -33,6 +33,9 @@ API_PATHS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/c
              "openai-embeddings": "/v1/embeddings"}
 APIS = tuple(API_PATHS)
 KEEP_OUTPUTS = 64  # requests (the first ones) whose outputs are kept for the reference check
+# Seconds the body after a stream's [DONE] may take to end (its last chunk follows at once from a real server) before
+# the connection is closed instead of kept for the next request.
+AFTER_DONE_S = 1.0
 SPIN_S = 0.0015  # the event loop sleeps in whole milliseconds (epoll): the last of a wait is spent yielding instead
 # What is kept of an endpoint's answers, each far above a real one's: a body without end (or of gigabytes) was held
 # whole until --request-timeout, 2.8 GB in 12 s.
@@ -385,21 +388,21 @@ def _piece(event: dict, api: str, data: str) -> str | None:
     return piece
 
 
-async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int) -> None:
+async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int):
     """Read a stream of events into `r`: more events carrying text than `asked` tokens can send (EVENTS_PER_TOKEN
     each, and EXTRA_EVENTS) is Malformed, and so is a usage count of more completion tokens than asked, or of none
-    where text came: 10^9 tokens for 4 asked made a token rate of billions a second."""
+    where text came: 10^9 tokens for 4 asked made a token rate of billions a second. Returns, where the stream sent
+    its [DONE], what is left of the body to read (_rest), outside the request's timeout: the answer is whole."""
     most = EVENTS_PER_TOKEN * asked + EXTRA_EVENTS
     finished = False
-    async for data in _events(_lines(conn.chunks())):
-        if finished:  # after [DONE]: read to the end, so the connection is left ready for the next request
-            continue
+    events = _events(_lines(conn.chunks()))
+    async for data in events:
         if not data.strip():  # an event of no data (a keep-alive `data:` line) carries nothing: it was `malformed`
             continue
         if data.strip() == "[DONE]":
             finished = True
             r.done = now()  # the answer's end: a server that holds the body open after it does not lengthen it
-            continue
+            break
         try:
             event = boundary.loads_json(data, "a streamed event")
         except ValueError:
@@ -425,14 +428,30 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: i
     elif r.ok and r.completion_tokens is not None and not 1 <= r.completion_tokens <= asked:
         r.status, r.error = "malformed", (f"usage.completion_tokens is {r.completion_tokens:,} for a stream of "
                                           f"{len(r.steps):,} events of text, {asked:,} tokens asked for")
+    return _rest(conn, events) if finished else None
+
+
+async def _rest(conn: Connection, events) -> None:
+    """What follows a stream's [DONE], read to the body's end within AFTER_DONE_S so that the connection can carry the
+    next request; a body held open past that, or cut, reset or garbled after [DONE], closes the connection and leaves
+    the answer as it was: read within the request's timeout, a server holding the body open made a whole answer
+    `timeout`, and one closing the connection without the body's last chunk made it `dropped`."""
+    async def drain() -> None:
+        async for _ in events:
+            pass
+    try:
+        await asyncio.wait_for(drain(), AFTER_DONE_S)
+    except (asyncio.TimeoutError, Dropped, Malformed, OSError):
+        conn.close()
 
 
 async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now, keep: bool, asked: int,
-                widths: dict) -> None:
-    """Send one request and read its answer into `r`. widths: the load's embedding width, set by its first answered
+                widths: dict):
+    """Send one request and read its answer into `r`; returns what is left to read of a whole stream (_stream), or
+    None. widths: the load's embedding width, set by its first answered
     embedding (an endpoint serves one model, so another width is a wrong answer: a mixed pool behind one URL)."""
     r.sent = now()
-    clean = False
+    clean, rest = False, None
     try:
         response = await conn.post(path, body)
         status, headers = response.status_code, dict(response.headers)
@@ -478,7 +497,7 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             if kind and kind != b"text/event-stream":
                 raise Malformed(f"the answer is not an event stream (Content-Type {kind.decode(errors='replace')!r})")
-            await _stream(conn, r, api, now, keep, asked)
+            rest = await _stream(conn, r, api, now, keep, asked)
         clean = True
     except Malformed as exc:
         r.status, r.error = "malformed", str(exc)
@@ -495,6 +514,7 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             r.done = now()
         if not clean:  # cancelled (timed out) or failed mid-response: the connection's state is unknown
             conn.close()
+    return rest
 
 
 def past_window(t: float, measured: int, plan: LoadPlan, last_answer: float | None,
@@ -592,8 +612,10 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
         client = await conns.take()
         try:  # the whole request's deadline, connecting, body and stream included
             body = bodies(r)
-            await asyncio.wait_for(_send(client, path, api, json.dumps(body).encode(), r, now, r.rid < KEEP_OUTPUTS,
-                                         body.get("max_tokens", 0), widths), timeout_s)
+            rest = await asyncio.wait_for(_send(client, path, api, json.dumps(body).encode(), r, now,
+                                                r.rid < KEEP_OUTPUTS, body.get("max_tokens", 0), widths), timeout_s)
+            if rest is not None:  # the answer is whole: the body after its [DONE] is the connection's business
+                await rest
         except asyncio.TimeoutError:
             r.status, r.error, r.done = "timeout", f"no complete answer within {timeout_s:g} s", now()
         finally:
