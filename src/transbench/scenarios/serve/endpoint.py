@@ -100,7 +100,8 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
     # LoadGen's early-stopping verdict (tails.verdict), as in-process serving judges (stats.account): a failed
     # request misses the target, and too few requests for the percentile make the verdict not valid, never met
     need = tails.min_requests(tail_share)
-    rec.update(n_requests=n, tail_percentile=tail_share * 100, tail_min_requests=need, tail_valid=n >= need)
+    rec.update(n_requests=n, tail_percentile=tail_share * 100, tail_min_requests=need,
+               tail_valid=n >= need)
     if objectives:
         good = sum(1 for r in ok if _meets(r, objectives))
         valid, met = tails.verdict(n, n - good, tail_share)
