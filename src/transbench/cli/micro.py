@@ -20,7 +20,8 @@ micro_app = App(no_args_is_help=True, help="Micro-benchmarks: GEMM and memory ce
                                                    "collectives between GPUs.")
 app.add_typer(micro_app, name="micro")
 
-PLOT = typer.Option(None, "--plot", help="write a roofline PNG here")
+PLOT = typer.Option(None, "--plot", help="write a roofline plot here (the suffix picks the format: .png, .svg, .pdf, "
+                                          "...)")
 
 
 def _measure(kind: str, cls, spec, given: dict, db: str, json_path, csv_path, plot=None):

@@ -69,7 +69,8 @@ def training_table(recs: list[dict], columns: list[tuple[str, str]], title: str 
 @declared_command(app, TrainSpec, command_options=("spec", "db", "json_path", "csv_path", "wide"))
 def train(given: dict, *, spec, db, json_path, csv_path, wide,
           plot: Optional[str] = typer.Option(None, show_default="ladder-MODEL.png",
-                                             help="where --ladder writes its plot (PNG)")) -> None:
+                                             help="where --ladder writes its plot (the suffix picks the format: "
+                                                  ".png, .svg, .pdf, ...)")) -> None:
     """Measure training samples/s, tokens/s, TFLOPS per GPU, MFU, memory and scaling over a grid of choices."""
     zero_stage, max_batch_limit = given["zero_stages"], given["max_batch_limit"]
     the_spec = build_spec(TrainSpec, spec, given, kind="training")
