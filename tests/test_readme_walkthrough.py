@@ -182,3 +182,16 @@ def test_run_max_batch_says_on_the_console_that_its_answer_is_the_cap(tmp_path):
     assert "max-batch search bert-tiny sdpa fp32 s8: largest batch 4 ok" in res.output
     assert ("warning: batch 4 is the search's cap (4: train's --max-batch-limit, run's spec key max_batch_limit), "
             "not the largest batch that fits") in res.output
+
+
+def test_run_backend_help_names_every_backend_itself():
+    """`run --help` said `eager,sdpa,sdpa-math,...,fused (`transbench env` lists them)`, and `transbench env` lists no
+    backend: the help names each built-in one itself."""
+    from transbench.backends import registry
+
+    res = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())
+    assert "transbench env` lists" not in text
+    for name in registry():
+        assert f" {name}," in text or f" {name} (" in text, name

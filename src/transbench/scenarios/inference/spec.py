@@ -22,7 +22,9 @@ class RunSpec:
 
     models: list[str] = setting(["bert-base-uncased"], MODEL_HELP, option="--model", short="-m", aliases=("--models",))
     tasks: list[str] = setting(["base"], "what the model computes", option="--task", choices=TASKS)
-    backends: list[str] = setting(["eager", "sdpa"], "eager,sdpa,sdpa-math,...,fused (`transbench env` lists them)",
+    # every built-in backend by name: `transbench env`, which this help once pointed to, lists none
+    backends: list[str] = setting(["eager", "sdpa"], "eager, sdpa, sdpa-math, sdpa-efficient, sdpa-flash, sdpa-cudnn, "
+                                  "flash-attn2, compile, cudagraph, onnxruntime, fused (docs/run.md: what each runs)",
                                   option="--backend", short="-b", aliases=("--backends", "--attn"))
     dtypes: list[str] | None = setting(None, "fp8: the fused backend only", option="--dtype", choices=DTYPES,
                                        shown="fp16 on GPU, fp32 on CPU",
