@@ -374,6 +374,22 @@ def test_positions_numbered_from_the_pad_id_bound_the_sequence(tmp_path, family,
     assert not build.positions_from_pad("bert") and not build.positions_from_pad("no-such-family")
 
 
+def test_a_pad_id_on_the_last_position_is_refused(tmp_path):
+    """A RoBERTa whose pad_token_id is its last position has no position left for a token (each is numbered from
+    pad_token_id + 1): refused when the folder is read. It passed as a model of 0 positions, and `run --seq 8` was
+    told to "give --seq and --new-tokens that add up to 1 or less", though no length runs it."""
+    import transformers
+
+    config = transformers.RobertaConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=37, max_position_embeddings=20, pad_token_id=19)
+    d = tmp_path / "roberta-pad-last"
+    transformers.RobertaModel(config).save_pretrained(d)
+    with pytest.raises(SpecError, match=r"leaves no position for a token: roberta numbers positions from "
+                                        r"pad_token_id \+ 1 \(19 \+ 1\), and max_position_embeddings is 20"):
+        build.resolve(str(d))
+    refused(invoke("run", "--model", d, "--seq", "8", "--db", tmp_path / "x.db"), "leaves no position for a token")
+
+
 def test_a_null_pad_id_bounds_the_sequence_by_the_pad_id_the_model_is_built_with(tmp_path, cache):
     """A RoBERTa config.json whose pad_token_id is null is built with its eos id (2) as the pad id, so positions
     start at 3; the limit was counted from 0 + 1, and --seq 18 or 19 of a 20-position model were IndexError cells."""

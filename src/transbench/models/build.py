@@ -686,6 +686,13 @@ def _resolve_folder(folder: Path) -> ModelRef:
         ref = ModelRef(str(folder), shape_from_config(str(folder), cfg), str(folder))
     except (ValueError, TypeError, AttributeError, KeyError) as exc:
         _refuse(folder, f"transformers cannot read its config.json ({str(exc).splitlines()[0]})", "fix config.json")
+    if ref.shape.max_positions < 1:
+        # A family numbering positions from pad_token_id + 1 whose pad id is its last position: no token has a
+        # position, and `run --seq 8` advised "--seq and --new-tokens that add up to 1 or less".
+        pad = built_pad_token_id(cfg)
+        _refuse(folder, f"config.json leaves no position for a token: {family} numbers positions from pad_token_id + 1 "
+                        f"({pad} + 1), and max_position_embeddings is {cfg.max_position_embeddings}",
+                "use the checkpoint's own pad_token_id and max_position_embeddings")
     if not getattr(cfg, "quantization_config", None):  # packed tensors: their shapes differ by design
         _check_sizes_fit_weights(folder, cfg, shapes)
     model = _meta_model(folder, ref)
