@@ -1310,6 +1310,19 @@ def test_a_phi3_with_an_odd_head_size_is_refused_in_one_line(tmp_path):
                         position_buckets=8, pos_att_type=["p2c", "c2p"], **BERT))
 
 
+@pytest.mark.parametrize("window", [0, -4])
+def test_a_mistral_of_no_sliding_window_width_is_refused_in_one_line(tmp_path, window):
+    # Mistral masks with sliding_window whenever it is not null: a window of 0 or below builds a mask 1 - w keys
+    # short of the sequence, which the two-token check forward fitted; every cell of --seq 3 and up was an `error`
+    # ("The size of tensor a (12) must match the size of tensor b (11)"). A window of 1 runs.
+    mistral = dict(BERT, num_key_value_heads=2, pad_token_id=0)
+    folder = _save(tmp_path, f"w{window}", "mistral", "AutoModelForCausalLM", sliding_window=window, **mistral)
+    assert "cannot run it" in _refusal(folder)
+    refused(invoke("run", "-m", folder, "--seq", "8", "--batch", "1", "--device", "cpu", "--db", tmp_path / "x.db"),
+            "cannot run it")
+    build.resolve(_save(tmp_path, "w1", "mistral", "AutoModelForCausalLM", sliding_window=1, **mistral))
+
+
 
 @settings(max_examples=6, deadline=None)
 @given(family=st.sampled_from(["bert", "roberta", "xlm-roberta", "camembert"]),

@@ -497,6 +497,10 @@ _SHAPE_ERRORS = re.compile(r"must match the size of tensor|Attempting to broadca
                            r"multiplied|mat1 and mat2 shapes|is invalid for input of size")
 
 
+# The length of the meta-device forward that tells whether a model transformers built can run at all.
+CHECK_TOKENS = 8
+
+
 def _check_runs(folder: Path, ref: ModelRef, cfg, model) -> None:
     """The model transformers built can run a forward. transformers builds some it cannot run: a BERT of
     type_vocab_size 0 (a token-type embedding of no rows that every forward looks up: "index_select(): self
@@ -512,7 +516,9 @@ def _check_runs(folder: Path, ref: ModelRef, cfg, model) -> None:
                                 f"type 0 ({name})", "set it to 1 (as RoBERTa's checkpoints do) or more")
             _refuse(folder, f"config.json makes {name} an embedding of 0 rows, which every {ref.family} forward looks "
                             "up", "fix config.json")
-    ids = torch.ones(1, min(2, ref.shape.max_positions), dtype=torch.long, device="meta")
+    # Eight tokens, not two: a Mistral of sliding_window w of 0 or below builds a mask short of the sequence
+    # (1 - w keys short), which two tokens fit and three do not: every cell of any longer --seq was an `error`.
+    ids = torch.ones(1, min(CHECK_TOKENS, ref.shape.max_positions), dtype=torch.long, device="meta")
     for kwargs in ({}, {"attention_mask": torch.ones_like(ids)}):  # DeBERTa reads the ids without a mask
         try:
             with torch.no_grad():
