@@ -257,7 +257,7 @@ def test_the_kv_cache_goes_by_the_name_the_installed_transformers_takes():
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from transbench.backends.decoders import _cache_kw
+    from transbench.models.build import cache_kw
     from transbench.engine import EngineUnsupported, compile_model
 
     class New:
@@ -265,9 +265,9 @@ def test_the_kv_cache_goes_by_the_name_the_installed_transformers_takes():
 
     class Old:
         def forward(self, input_ids, past_key_values=None): ...
-    assert (_cache_kw(New()), _cache_kw(Old())) == ("cache", "past_key_values")
+    assert (cache_kw(New()), cache_kw(Old())) == ("cache", "past_key_values")
     m = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).eval()
-    assert _cache_kw(m) in inspect.signature(m.forward).parameters
+    assert cache_kw(m) in inspect.signature(m.forward).parameters
     c = compile_model(m, dtype=torch.float32)
     for name in ("cache", "past_key_values"):
         with pytest.raises(EngineUnsupported, match="generator"), warnings.catch_warnings():

@@ -10,9 +10,9 @@ its captured step: greedy_step); a backend can bring its own through `Backend.ge
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 from ..cells import Cell
+from ..models.build import cache_kw, takes
 from ..errors import Unsupported
 
 
@@ -27,31 +27,14 @@ def _cache_tensors(cache):
                 yield t
 
 
-def _takes(model, name: str) -> bool:
-    return name in inspect.signature(model.forward).parameters
-
-
-def _cache_kw(model) -> str:
-    """The forward's name for the KV cache: transformers 5.24 calls it `cache`; `past_key_values`, the name of
-    earlier versions (the device image's 5.17), warns there and is removed in 5.40. A forward that takes neither
-    (GPT-1's OpenAIGPTLMHeadModel, XLNet's memory) swallowed the cache in its **kwargs: each decode step then ran
-    the new token alone, without its context, and the cell was `ok` with an empty cache and a per-token time of
-    that context-free step."""
-    for name in ("cache", "past_key_values"):
-        if _takes(model, name):
-            return name
-    raise Unsupported(f"generation: {type(model).__name__}.forward takes no KV cache (past_key_values), so a decode "
-                      "step could not attend to the tokens before it")
-
-
 class HFGenerator:
     """transformers' forward with a DynamicCache that grows by one position per step."""
 
     def __init__(self, model, context=contextlib.nullcontext):
         self.model, self.context, self.cache = model, context, None
         self.info = {"kv_cache": "DynamicCache"}
-        self._keep = {"logits_to_keep": 1} if _takes(model, "logits_to_keep") else {}
-        self.cache_kw = _cache_kw(model)  # once: inspect.signature per decode step would sit in the timed loop
+        self._keep = {"logits_to_keep": 1} if takes(model, "logits_to_keep") else {}
+        self.cache_kw = cache_kw(model)  # once: inspect.signature per decode step would sit in the timed loop
 
     def prefill(self, input_ids):
         import torch
@@ -111,8 +94,8 @@ class StaticGenerator:
         self.n = 0
         self.prompt = None  # the last prefill's input ids: _build runs them again
         self.step = None
-        self.cache_position = _takes(model, "cache_position")  # older transformers place keys by it
-        self.cache_kw = _cache_kw(model)  # once, not per step (_kwargs builds every decode step's arguments)
+        self.cache_position = takes(model, "cache_position")  # older transformers place keys by it
+        self.cache_kw = cache_kw(model)  # once, not per step (_kwargs builds every decode step's arguments)
         self.info = {"kv_cache": "StaticCache", "decode_step": step}
 
     def _kwargs(self, ids, pos) -> dict:

@@ -888,6 +888,26 @@ def _backbone_mapping(model, family: str, info: dict) -> dict[str, str] | None:
     return None
 
 
+def takes(model, name: str) -> bool:
+    """Whether the model's forward has a parameter of this name (transformers renames them across versions)."""
+    import inspect
+
+    return name in inspect.signature(model.forward).parameters
+
+
+def cache_kw(model) -> str:
+    """The forward's name for the KV cache: transformers 5.24 calls it `cache`; `past_key_values`, the name of
+    earlier versions (the device image's 5.17), warns there and is removed in 5.40. A forward that takes neither
+    (GPT-1's OpenAIGPTLMHeadModel, XLNet's memory) swallowed the cache in its **kwargs: each decode step then ran
+    the new token alone, without its context, and the cell was `ok` with an empty cache and a per-token time of
+    that context-free step."""
+    for name in ("cache", "past_key_values"):
+        if takes(model, name):
+            return name
+    raise Unsupported(f"generation: {type(model).__name__}.forward takes no KV cache (past_key_values), so a decode "
+                      "step could not attend to the tokens before it")
+
+
 def build_model(ref: ModelRef, task: str, *, attn: str = "eager", activation: str | None = None,
                 dropout: float | None = None, device: str = "cpu", seed: int = 0):
     """An fp32 model in eval mode on `device`; random weights from `seed` unless `ref` has a folder."""

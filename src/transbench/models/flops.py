@@ -356,13 +356,12 @@ def _measured_step(shape: Preset) -> tuple[tuple[int, ...], tuple[int, ...]] | N
     import torch
     from transformers import DynamicCache
 
-    from ..backends.decoders import _cache_kw
-    from .build import build_model
+    from .build import build_model, cache_kw
 
     model = build_model(_counted_ref(shape), "causal-lm", attn="eager", device="meta")
     _countable_experts(model)
     ids = torch.ones(1, 1, dtype=torch.long, device="meta")
-    cache_kw = _cache_kw(model)
+    kw = cache_kw(model)
     failure = None
     for masked in (False, True):  # as counted_flops: some families read an explicit mask's values when there is none
         first = {"attention_mask": torch.ones(1, 1, dtype=torch.long, device="meta")} if masked else {}
@@ -372,11 +371,11 @@ def _measured_step(shape: Preset) -> tuple[tuple[int, ...], tuple[int, ...]] | N
                 with _per_layer_counter(model) as alone:
                     model(input_ids=ids, **first)
                 cache = DynamicCache(config=model.config)
-                model(input_ids=ids, **{cache_kw: cache}, use_cache=True, **first)
+                model(input_ids=ids, **{kw: cache}, use_cache=True, **first)
                 widths = tuple(sum(t.numel() for name in ("keys", "values") for t in [getattr(layer, name, None)]
                                    if isinstance(t, torch.Tensor)) for layer in cache.layers)
                 with _per_layer_counter(model) as step:
-                    model(input_ids=ids, **{cache_kw: cache}, use_cache=True, **second)
+                    model(input_ids=ids, **{kw: cache}, use_cache=True, **second)
             break
         except RuntimeError as exc:
             if "meta" not in str(exc):
