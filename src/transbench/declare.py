@@ -129,5 +129,5 @@ class CommandOptions:
     json_path: str | None = setting(None, "also write the records as JSON", option="--json")
     csv_path: str | None = setting(None, "also write the records as CSV", option="--csv")
     resume: bool = setting(False, "skip finished cells of the named (or newest) run", flag="--resume")
-    wide: bool = setting(False, "print every column of the result tables that holds a figure (p99, tokens/s, memory, ...)",
+    wide: bool = setting(False, "print every table column that holds a figure (p99, tokens/s, memory, ...)",
                          flag="--wide")
