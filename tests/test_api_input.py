@@ -112,6 +112,29 @@ def test_api_bad_input_is_a_spec_error_before_any_file(tmp_path, call, needle):
     nothing_written(tmp_path)
 
 
+@settings(max_examples=30, deadline=None)
+@given(path=st.builds(lambda a, b: f"{a}\0{b}", st.text(max_size=8), st.text(max_size=8)),
+       where=st.sampled_from(["db", "target", "source", "json_path", "csv_path", "out_dir", "cache_dir"]))
+def test_a_path_holding_a_nul_is_one_spec_error(tmp_path_factory, path, where):
+    """The command line cannot pass a NUL; the API can, and every path it takes was os.stat's ValueError."""
+    folder = tmp_path_factory.mktemp("nul")
+    db = str(folder / "x.db")
+    calls = {"db": [lambda: api.runs(path), lambda: api.records(path), lambda: api.compare(path, "a", "b"),
+                    lambda: api.run(RunSpec(**RUN), path), lambda: api.train(TrainSpec(**TRAIN), path),
+                    lambda: api.micro("gemm", GemmOptions(sizes=[64], device="cpu"), path),
+                    lambda: api.serve(ServeSpec(**SERVE), path), lambda: api.report(path, ["a"], str(folder / "r"))],
+             "target": [lambda: api.merge(path, [db])], "source": [lambda: api.merge(db, [path])],
+             "json_path": [lambda: api.run(RunSpec(**RUN), db, json_path=path)],
+             "csv_path": [lambda: api.train(TrainSpec(**TRAIN), db, csv_path=path)],
+             "out_dir": [lambda: api.report(db, ["a"], path)],
+             "cache_dir": [lambda: api.tune("bert-tiny", [1], [8], device="cpu", cache_dir=path)]}[where]
+    for call in calls:
+        with pytest.raises(SpecError, match="holds a NUL character") as exc:
+            call()
+        assert "\n" not in str(exc.value)
+    assert os.listdir(folder) == []
+
+
 @pytest.mark.slow
 def test_api_reads_one_run_name_as_a_list_of_one(tmp_path):
     """`records(db, "ab")` looked up the runs 'a' and 'b'."""

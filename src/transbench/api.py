@@ -100,7 +100,7 @@ def merge(target: str, sources: list[str]) -> Merged:
     """Join stores (e.g. the shards of one sweep run on several hosts) without duplicate cells: all of them or,
     refused, none. Returns the runs and cells added, and a line per cell stored twice with other results
     (store/db.py merge_from says which copy is kept)."""
-    sources = check_names(sources, "sources")
+    sources = [check_path(s, "sources") for s in check_names(sources, "sources")]
     if not sources:  # an empty store was created and "0 new runs" reported
         raise SpecError("merge needs at least one source store")
     target = check_path(target, "target")
@@ -170,6 +170,8 @@ def tune(model: str, batches: list[int], seqs: list[int], dtype: str = "fp16", d
         raise SpecError(f"model must be a preset name or a checkpoint folder, got {model!r}")
     if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):  # was pathlib's TypeError, unnamed
         raise SpecError(f"cache_dir must be a folder path (text), got {cache_dir!r}")
+    if cache_dir:
+        check_path(cache_dir, "cache_dir")  # a NUL in it
     spec = TuneSpec(**coerce(TuneSpec, {"model": os.fspath(model), "batches": batches, "seqs": seqs, "dtype": dtype,
                                         "device": device, "cache_dir": cache_dir and os.fspath(cache_dir)}))
     return tuning.run(spec, progress, options)
