@@ -329,6 +329,19 @@ def test_bad_folders_are_refused(tmp_path, config, weights, needle):
         build.resolve(str(d))
 
 
+def test_a_config_key_transformers_has_renamed_prints_no_python_warning(tmp_path):
+    """Every Llama 3.2 checkpoint names rope_scaling, which transformers 5 has renamed: reading its config.json
+    printed a FutureWarning with transformers' source line, twice, at every run of the folder."""
+    import warnings
+
+    d = _folder(tmp_path, {**TINY_BERT, "rope_scaling": {"rope_type": "default"}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ref = build.resolve(str(d))
+        build.hf_config(ref, "base")
+    assert not caught, [str(w.message) for w in caught]
+
+
 def test_corrupt_weight_files_are_refused(tmp_path):
     d = _folder(tmp_path, TINY_BERT)
     w = d / "model.safetensors"

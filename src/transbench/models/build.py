@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,11 +316,15 @@ def _load_config(folder: Path):
     from transformers.utils import logging as hf_logging
 
     # Its warnings about the file (a pad_token_id outside a vocab_size of -5) would print before the one line that
-    # refuses the folder; the checks after it say what is wrong.
+    # refuses the folder; the checks after it say what is wrong. Python's warnings too: a key it has renamed since
+    # (rope_scaling, in every Llama 3.2 checkpoint) printed a FutureWarning with its source line, twice, at every
+    # run of the folder, about transformers' own API rather than anything the user could change.
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        return AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
     except Exception as exc:
         _refuse(folder, f"transformers cannot read its config.json ({_one_line(exc)})", "fix config.json")
     finally:
@@ -805,7 +810,7 @@ def hf_config(ref: ModelRef, task: str, activation: str | None = None, dropout: 
     import transformers
 
     if ref.path:
-        cfg = transformers.AutoConfig.from_pretrained(ref.path, trust_remote_code=False, local_files_only=True)
+        cfg = _load_config(Path(ref.path))  # read and checked by resolve() through the same function
     else:
         cfg = preset_config(ref.shape)
     cfg.pad_token_id = built_pad_token_id(cfg)  # sequence classification of decoders needs one
