@@ -151,6 +151,24 @@ def test_cli_report_and_its_errors(stored, tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+def test_a_baseline_for_runs_of_no_backend_is_refused_without_offering_none(tmp_path):
+    """A micro run's records name no backend: `report MICRO --baseline eager` and api.records said "use one of None"."""
+    db = str(tmp_path / "s.db")
+    store = Store(db)
+    micro_id, _ = store.create_run("micro", "micro", {}, {})
+    store.put_cell(micro_id, "g1", "micro-gemm", "ok", {"scenario": "micro-gemm", "dtype": "fp32", "m": 256,
+                   "n": 256, "k": 256, "tflops": 0.5, "latency_ms": 0.067}, cell={})
+    store.close()
+    res = CliRunner().invoke(app, ["report", "micro", "--db", db, "--baseline", "eager", "--out", tmp_path / "out"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert res.stderr.strip() == ("error: baseline 'eager' is not a backend of these runs: they measure none: leave "
+                                  "the baseline out")
+    with pytest.raises(SpecError, match="they measure none") as exc:
+        api.records(db, ["micro"], baseline="eager")
+    assert "None" not in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
 def test_generation_training_micro_and_max_batch_tables(tmp_path):
     db = str(tmp_path / "s.db")
     gen = ok_result([30.0, 31.0, 32.0], 1, prefill_ms=4.25, decode_ms_per_token=0.2125, kv_cache_mb=3.5,

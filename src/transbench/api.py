@@ -80,9 +80,7 @@ def records(db: str, run_refs: list[str] | None = None, baseline: str | None = N
         store.close()
     # as api.report refuses it (report/data.py): a misspelt baseline left every speedup None without a word, and
     # baseline="" fell back to each run's own baseline
-    if baseline is not None and not any(r.get("backend") == baseline for r in recs):
-        present = sorted({str(r.get("backend")) for r in recs})
-        raise SpecError(f"baseline '{baseline}' is not a backend of these runs: use one of {', '.join(present)}")
+    export.check_baseline(baseline, recs)
     return recs
 
 

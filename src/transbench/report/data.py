@@ -63,9 +63,7 @@ def load(store: Store, run_refs: list[str], baseline: str | None = None) -> Repo
         records += recs
     shared_columns(records)
     # `is not None`: `--baseline ''` fell back to the run's own baseline without a word
-    if baseline is not None and not any(r.get("backend") == baseline for r in records):
-        present = sorted({str(r.get("backend")) for r in records})
-        raise SpecError(f"baseline '{baseline}' is not a backend of these runs: use one of {', '.join(present)}")
+    export.check_baseline(baseline, records)
     return ReportData(runs, records, baselines)
 
 

@@ -61,6 +61,16 @@ def apply_baseline(records: list[dict], baseline: str | None) -> list[dict]:
     return records
 
 
+def check_baseline(baseline: str | None, recs: list[dict]) -> None:
+    """A baseline (report --baseline, api.records) that no record's backend is: a misspelt one left every speedup None
+    without a word. Records of no backend (micro runs) are not offered as one: the line read "use one of None"."""
+    if baseline is None or any(r.get("backend") == baseline for r in recs):
+        return
+    present = sorted({r["backend"] for r in recs if isinstance(r.get("backend"), str)})
+    fix = f"use one of {', '.join(present)}" if present else "they measure none: leave the baseline out"
+    raise SpecError(f"baseline '{baseline}' is not a backend of these runs: {fix}")
+
+
 def records(store: Store, run_refs: list[str] | None = None, baseline: str | None = None) -> list[dict]:
     runs = [store.find_run(r) for r in run_refs] if run_refs else store.runs()
     out: list[dict] = []
