@@ -6,9 +6,12 @@ rendered: that is what takes the time)."""
 from __future__ import annotations
 
 import json
+import statistics
 import warnings
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from matplotlib.colors import to_hex
 from report_helpers import bad_result, cell, make_run, ok_result
 
@@ -208,6 +211,36 @@ def test_zero_throughput_is_not_drawn_on_a_log_axis(tmp_path, drawn):
     assert [p["batch"] for p in throughput] == [1]
     texts = [t.get_text() for ax in drawn[fig.path.name].axes for t in ax.texts]
     assert "1 value(s) <= 0 not drawn (log axis)" in texts
+
+
+# Times up to 1e300 ms: matplotlib's linear ticks cannot step through an axis near the largest float at all (a plot
+# that fails is a line in report.md, and the others are written).
+FINITE_MS = st.floats(min_value=0.0, max_value=1e300, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(samples=st.lists(st.lists(FINITE_MS, min_size=1, max_size=6), min_size=2, max_size=3))
+@example(samples=[[0.0], [1.0000000000022387e+307]])
+@example(samples=[[1e-300, 1e300], [1.7e308, 5e-324]])
+def test_any_finite_samples_a_store_holds_make_every_plot_and_no_warning(tmp_path_factory, samples):
+    """A store reads any finite time of 0 ms or more. Times that span more decades than a float (1e-300 beside
+    1e300 ms) printed numpy's overflow RuntimeWarnings with matplotlib's source lines, and one near the largest
+    float lost the distributions plot ("Axis limits cannot be NaN or Inf")."""
+    from transbench.cells import CellResult
+
+    folder = tmp_path_factory.mktemp("finite")
+    db = str(folder / "s.db")
+    results = []
+    for batch, s in enumerate(samples, start=1):
+        med = statistics.median(s)
+        record = {"latency_ms": med, "latency_p99_ms": max(s), "n_samples": len(s), "rel_err": 1e-7}
+        results.append((cell("eager", batch, 8), CellResult("ok", record=record, samples_ms=s)))
+    make_run(db, "a", results)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        paths = build_report(db, ["a"], folder / "out")
+    assert not caught, sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    assert "failed" not in paths.markdown.read_text()
 
 
 def test_records_without_keys_of_newer_stores(tmp_path):

@@ -10,6 +10,7 @@ import errno
 import hashlib
 import math
 import re
+import sys
 import textwrap
 import warnings
 import zlib
@@ -100,9 +101,13 @@ def _suptitle(fig, title: str, **kwargs) -> None:
 @contextmanager
 def quiet_glyphs():
     """A name in a script the bundled font lacks (CJK) is drawn as boxes in the PNG, and matplotlib warned once
-    per character and figure on stderr; the report's text (captions, tables) keeps every name as it is."""
+    per character and figure on stderr; the report's text (captions, tables) keeps every name as it is.
+    Figures a store holds as finite but that span more decades than a float does (a latency of 1e-300 ms beside one
+    of 1e300) overflowed numpy in the log axes' scales and ticks: RuntimeWarnings with matplotlib's source lines on
+    stderr, around a report that was written."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from", category=UserWarning)
+        warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning)
         yield
 
 
@@ -406,6 +411,9 @@ def _sample_axis(ax, samples: list[list[float]]) -> None:
     else:
         pad = (hi - lo) * 0.08 or abs(hi) * 0.05 or 1.0
         bottom, top = lo - pad, hi + pad
+    # A stored sample near the largest float (finite, so read) padded past it to inf: "Axis limits cannot be NaN
+    # or Inf", and the plot was lost.
+    top = min(top, sys.float_info.max)
     ax.set_ylim(bottom, top)
     if ax.get_yscale() == "log":
         _log_axes(ax)  # ticks as plain numbers
@@ -591,7 +599,8 @@ def all_figures(data: ReportData, out: Path) -> tuple[list[Figure], list[str]]:
     figures, failures = [], []
     for plot in PLOTS:
         try:
-            figures += plot(data, out)
+            with quiet_glyphs():  # the axes are laid out before a figure is saved
+                figures += plot(data, out)
         except OSError as exc:
             if exc.errno in DISK_ERRORS:
                 raise
