@@ -342,6 +342,24 @@ def test_a_config_key_transformers_has_renamed_prints_no_python_warning(tmp_path
     assert not caught, [str(w.message) for w in caught]
 
 
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+@pytest.mark.parametrize("kind,needle", [("folder", "is a folder"), ("fifo", "is not a regular file"),
+                                         ("dangling", "which is missing"), ("loop", "is a loop of symbolic links")])
+def test_a_config_or_weight_file_that_is_not_a_file_is_named_as_such(tmp_path, name, kind, needle):
+    """A weight file that was a folder, a pipe or a link to nothing was "has no weight file", and a config.json
+    that was a link to nothing "has no config.json": the folder looked complete to the user."""
+    import os
+
+    d = _folder(tmp_path, TINY_BERT)
+    p = d / name
+    p.unlink()
+    {"folder": p.mkdir, "fifo": lambda: os.mkfifo(p), "dangling": lambda: p.symlink_to(d / "gone"),
+     "loop": lambda: p.symlink_to(p)}[kind]()
+    with pytest.raises(SpecError, match=f"{name}.* {needle}") as exc:
+        build.resolve(str(d))
+    assert "\n" not in str(exc.value)
+
+
 def test_corrupt_weight_files_are_refused(tmp_path):
     d = _folder(tmp_path, TINY_BERT)
     w = d / "model.safetensors"

@@ -203,7 +203,9 @@ def _read_config(folder: Path) -> dict:
         _refuse(folder, f"config.json cannot be read ({exc.strerror or exc})", "check the permissions of the folder "
                 "and its files")
     if not present:
-        _refuse(folder, "has no config.json", "point --model at a transformers checkpoint folder")
+        nowhere = boundary.link_nowhere(path)  # a link to a missing file, or a loop: said to be missing
+        _refuse(folder, f"config.json {nowhere}" if nowhere else "has no config.json",
+                "point --model at a transformers checkpoint folder")
     where = f"checkpoint {folder}: config.json"
     cfg = boundary.load_json_file(path, where, limit=boundary.CONFIG_BYTES, fix="fix or re-download it", finite=True)
     if not isinstance(cfg, dict) or "model_type" not in cfg:
@@ -283,6 +285,11 @@ def _check_weights(folder: Path) -> dict[str, tuple[int, ...]]:
     """The weight files are there and readable; returns every tensor's shape across them (shards included)."""
     found = [folder / n for n in _WEIGHTS if (folder / n).is_file()]
     if not found:
+        # A weight file's name taken by a folder, a pipe, a device or a link to nothing was said not to be there.
+        for p in (folder / n for n in _WEIGHTS if os.path.lexists(folder / n)):
+            why = boundary.link_nowhere(p) or ("is a folder" if p.is_dir() else "is not a regular file (a pipe, a "
+                                               "device or a socket)")
+            _refuse(folder, f"weight file {p.name} {why}", "give the weights as a plain file")
         _refuse(folder, f"has no weight file ({', '.join(_WEIGHTS)})", "add the weights or use a preset")
     first = found[0]
     files = [first]
