@@ -360,6 +360,23 @@ def test_a_config_or_weight_file_that_is_not_a_file_is_named_as_such(tmp_path, n
     assert "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize("kind,needle", [("folder", "is a folder"), ("fifo", "is not a regular file"),
+                                         ("dangling", "which is missing"), ("loop", "is a loop of symbolic links")])
+def test_a_weight_shard_that_is_not_a_file_is_named_as_such(tmp_path, kind, needle):
+    """A shard named by the weight index that was a folder, a pipe or a link to nothing was "is missing"."""
+    import os
+
+    d = _folder(tmp_path, TINY_BERT)
+    shard = d / "model-00001-of-00001.safetensors"
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": shard.name}}))
+    {"folder": shard.mkdir, "fifo": lambda: os.mkfifo(shard), "dangling": lambda: shard.symlink_to(d / "gone"),
+     "loop": lambda: shard.symlink_to(shard)}[kind]()
+    with pytest.raises(SpecError, match=f"weight shard {shard.name} named by .* {needle}") as exc:
+        build.resolve(str(d))
+    assert "\n" not in str(exc.value)
+
+
 def test_corrupt_weight_files_are_refused(tmp_path):
     d = _folder(tmp_path, TINY_BERT)
     w = d / "model.safetensors"

@@ -281,15 +281,20 @@ def _torch_shapes(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
+def _not_a_file(path: Path) -> str:
+    """Why a name that is there (os.path.lexists) is no file to read: a link to nothing or a loop, a folder, or
+    another kind (a pipe, a device, a socket)."""
+    return boundary.link_nowhere(path) or ("is a folder" if path.is_dir() else
+                                           "is not a regular file (a pipe, a device or a socket)")
+
+
 def _check_weights(folder: Path) -> dict[str, tuple[int, ...]]:
     """The weight files are there and readable; returns every tensor's shape across them (shards included)."""
     found = [folder / n for n in _WEIGHTS if (folder / n).is_file()]
     if not found:
         # A weight file's name taken by a folder, a pipe, a device or a link to nothing was said not to be there.
         for p in (folder / n for n in _WEIGHTS if os.path.lexists(folder / n)):
-            why = boundary.link_nowhere(p) or ("is a folder" if p.is_dir() else "is not a regular file (a pipe, a "
-                                               "device or a socket)")
-            _refuse(folder, f"weight file {p.name} {why}", "give the weights as a plain file")
+            _refuse(folder, f"weight file {p.name} {_not_a_file(p)}", "give the weights as a plain file")
         _refuse(folder, f"has no weight file ({', '.join(_WEIGHTS)})", "add the weights or use a preset")
     first = found[0]
     files = [first]
@@ -308,7 +313,8 @@ def _check_weights(folder: Path) -> dict[str, tuple[int, ...]]:
         shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
-            _refuse(folder, f"weight shard {missing[0]} named by {first.name} is missing", "re-download the checkpoint")
+            why = _not_a_file(folder / missing[0]) if os.path.lexists(folder / missing[0]) else "is missing"
+            _refuse(folder, f"weight shard {missing[0]} named by {first.name} {why}", "re-download the checkpoint")
         files = [folder / s for s in shards]
     shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
