@@ -281,6 +281,14 @@ def _window_of_product(model, windows: Sequence[int | None]):
         only = windows[0] if windows else None
         yield lambda: only
         return
+    with _layer_stack(model) as stack:
+        yield lambda: windows[stack[-1]] if stack and 0 <= stack[-1] < len(windows) else None
+
+
+@contextlib.contextmanager
+def _layer_stack(model):
+    """Yields the indices (`_layer_index`) of the layers whose forwards are running, innermost last: forward hooks on
+    every module with a layer index push and pop it."""
     stack: list[int] = []
 
     def enter(module, args) -> None:
@@ -294,7 +302,7 @@ def _window_of_product(model, windows: Sequence[int | None]):
         if _layer_index(module) is not None:
             handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
     try:
-        yield lambda: windows[stack[-1]] if stack and 0 <= stack[-1] < len(windows) else None
+        yield stack
     finally:
         for handle in handles:
             handle.remove()
@@ -320,32 +328,17 @@ def _per_layer_counter(model):
     from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
     tally: collections.Counter = collections.Counter()
-    stack: list[int] = []
+    with _layer_stack(model) as stack:
+        def tallied(formula):
+            def count(*args, **kwargs) -> int:
+                flops = formula(*args, **kwargs)
+                tally[stack[-1] if stack else None] += flops
+                return flops
+            count._get_raw = True  # the registry's formulas take the raw tensors: passed on as they come
+            return count
 
-    def enter(module, args) -> None:
-        stack.append(_layer_index(module))
-
-    def leave(module, args, output) -> None:  # None: a forward hook that returns a value replaces the output
-        stack.pop()
-
-    def tallied(formula):
-        def count(*args, **kwargs) -> int:
-            flops = formula(*args, **kwargs)
-            tally[stack[-1] if stack else None] += flops
-            return flops
-        count._get_raw = True  # the registry's formulas take the raw tensors: passed on as they come
-        return count
-
-    handles = []
-    for module in model.modules():
-        if _layer_index(module) is not None:
-            handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
-    try:
         with FlopCounterMode(display=False, custom_mapping={op: tallied(f) for op, f in flop_registry.items()}):
             yield tally
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _measured_step(shape: Preset) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
