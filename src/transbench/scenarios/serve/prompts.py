@@ -66,6 +66,26 @@ class HFTokenizer:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
+# A text longer than this many characters a position of the limit is tokenized by its start first (encode_within).
+# Real text runs about 4 characters a token; 16 leaves a prompt of long words whole.
+PROBE_CHARS = 16
+
+
+def encode_within(tok, text: str, limit: int) -> tuple[list[int], bool]:
+    """(text's token ids, True), or, where the text's start alone is over `limit` tokens, (that start's ids, False):
+    the whole text was not tokenized. A tokenizer's time grows with the text (16 MiB of words took 13.6 s through
+    MiniLM's), so a text past PROBE_CHARS characters a position is first tokenized up to its last whitespace within
+    that reach (or the reach itself in a text without any): the tokenizers served here split at whitespace before
+    anything else, so the start's tokens begin the whole text's, and more than `limit` of them settle it."""
+    reach = PROBE_CHARS * (limit + 8)
+    if len(text) > reach:
+        cut = max(text.rfind(c, 0, reach) for c in " \n\t")
+        head = tok.encode(text[:cut if cut > 0 else reach])
+        if len(head) > limit:
+            return head, False
+    return tok.encode(text), True
+
+
 def has_tokenizer(folder: str | None) -> bool:
     from pathlib import Path
 
