@@ -732,6 +732,31 @@ def test_a_non_stream_a_redirect_and_a_stream_of_no_text_are_failures_of_their_k
     assert r.ok and len(r.steps) == 1 and r.text == " c"
 
 
+@pytest.mark.parametrize("body, has_text", [(b"", False), (b": keep-alive\n\n", False),
+                                            (b'data: {"choices": [{"text": " a"}]}\n\n', True)])
+@pytest.mark.parametrize("framing", ["length", "chunks", "close"])
+def test_a_stream_without_its_done_event_is_malformed_where_its_body_came_whole(raw, body, has_text, framing):
+    # an empty 200 stream read as `dropped` ("the stream ended before its [DONE] event"), a network fault where the
+    # server had answered in full; only a body ended by closing the connection may have been cut
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    if framing == "length":
+        head += b"Content-Length: %d\r\n\r\n" % len(body) + body
+    elif framing == "chunks":
+        head += b"Transfer-Encoding: chunked\r\n\r\n" + (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") \
+            + b"0\r\n\r\n"
+    else:
+        head += b"Connection: close\r\n\r\n" + body
+    raw.update(send=head, reset=False)
+    plan = LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0)
+    (r,) = run_http_load(raw["url"], "openai-completions", lambda r: payload("openai-completions", "m", "x y", 4),
+                         plan, timeout_s=5).requests
+    if framing == "close":
+        assert r.status == "dropped" and r.error == "the stream ended before its [DONE] event", r.error
+    else:
+        assert r.status == "malformed", (r.status, r.error)
+        assert r.error == f"the stream's body came whole with {'text' if has_text else 'no text'} and no [DONE] event"
+
+
 def test_a_root_with_or_without_its_slash_is_one_endpoint():
     from transbench.scenarios.serve import endpoint_spec
     from transbench.scenarios.serve.spec import ServeSpec

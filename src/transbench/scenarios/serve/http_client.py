@@ -388,11 +388,12 @@ def _piece(event: dict, api: str, data: str) -> str | None:
     return piece
 
 
-async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int):
+async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int, framed: bool):
     """Read a stream of events into `r`: more events carrying text than `asked` tokens can send (EVENTS_PER_TOKEN
     each, and EXTRA_EVENTS) is Malformed, and so is a usage count of more completion tokens than asked, or of none
     where text came: 10^9 tokens for 4 asked made a token rate of billions a second. Returns, where the stream sent
-    its [DONE], what is left of the body to read (_rest), outside the request's timeout: the answer is whole."""
+    its [DONE], what is left of the body to read (_rest), outside the request's timeout: the answer is whole. framed:
+    the body has a length or chunks, so its end without [DONE] was not a cut connection."""
     most = EVENTS_PER_TOKEN * asked + EXTRA_EVENTS
     finished = False
     events = _events(_lines(conn.chunks()))
@@ -421,7 +422,11 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: i
             if keep and len(r.text) < TEXT_CHARS:
                 r.text += piece
         _usage(r, event.get("usage"))
-    if not finished and r.ok:
+    if not finished and r.ok and framed:  # the body came whole (its length or last chunk): nothing was cut, and an
+        # empty 200 read as `dropped` sent the user after a network fault
+        r.status, r.error = "malformed", (f"the stream's body came whole with {'text' if r.steps else 'no text'} and "
+                                          "no [DONE] event")
+    elif not finished and r.ok:  # a body ended by closing the connection: where [DONE] is missing, it may be cut
         r.status, r.error = "dropped", "the stream ended before its [DONE] event"
     elif r.ok and not r.steps:  # a usage count alone is no generation: there is no token time to measure
         r.status, r.error = "malformed", "no content was streamed: no event carried text"
@@ -497,7 +502,8 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             if kind and kind != b"text/event-stream":
                 raise Malformed(f"the answer is not an event stream (Content-Type {kind.decode(errors='replace')!r})")
-            rest = await _stream(conn, r, api, now, keep, asked)
+            framed = b"content-length" in headers or b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+            rest = await _stream(conn, r, api, now, keep, asked, framed)
         clean = True
     except Malformed as exc:
         r.status, r.error = "malformed", str(exc)
