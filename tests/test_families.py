@@ -438,6 +438,25 @@ def test_a_pad_id_on_the_last_position_is_refused(tmp_path):
     refused(invoke("run", "--model", d, "--seq", "8", "--db", tmp_path / "x.db"), "leaves no position for a token")
 
 
+def test_a_checkpoint_quantized_by_a_library_that_is_missing_is_refused_before_any_cell(tmp_path):
+    # each backend's cell was an `error` of transformers' ImportError, stored, where nothing could have run
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") and importlib.util.find_spec("bitsandbytes"):
+        pytest.skip("bitsandbytes and accelerate are installed here")
+    d = _folder(tmp_path, {**TINY_BERT, "quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": True}})
+    refused(invoke("run", "--model", d, "--seq", "8", "--db", tmp_path / "x.db"),
+            "its weights are quantized (bitsandbytes, config.json's quantization_config), which transformers cannot "
+            "load here: ", "install what it names")
+    assert not (tmp_path / "x.db").exists()
+    # a method transformers does not know is loaded as plain weights (transformers warns), not refused here
+    d2 = tmp_path / "plain"
+    d.rename(d2)
+    config = json.loads((d2 / "config.json").read_text())
+    (d2 / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "homemade"}}))
+    assert build.resolve(str(d2)).shape.family == "bert"
+
+
 def test_a_null_pad_id_bounds_the_sequence_by_the_pad_id_the_model_is_built_with(tmp_path, cache):
     """A RoBERTa config.json whose pad_token_id is null is built with its eos id (2) as the pad id, so positions
     start at 3; the limit was counted from 0 + 1, and --seq 18 or 19 of a 20-position model were IndexError cells."""

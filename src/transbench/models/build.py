@@ -695,6 +695,7 @@ def _resolve_folder(folder: Path) -> ModelRef:
                 "may have", "fix config.json")
     shapes = _check_weights(folder)
     cfg = _load_config(folder)
+    _check_quantizer(folder, cfg)
     if getattr(cfg, "is_encoder_decoder", False) or _encoder_decoder_family(family):
         # Its forward needs decoder inputs that no task here defines (T5 fails without them, BART's classifier
         # wants an end-of-sequence token in every row): refused, not benchmarked half-way. A T5EncoderModel's
@@ -726,6 +727,29 @@ def _resolve_folder(folder: Path) -> ModelRef:
     if model is not None and not getattr(cfg, "quantization_config", None):
         _check_against_weights(folder, model, family, shapes)
     return ref
+
+
+def _check_quantizer(folder: Path, cfg) -> None:
+    """A checkpoint quantized by a library this environment lacks (config.json's quantization_config: bitsandbytes
+    without accelerate, GPTQ without its kernels) is refused here, in transformers' own words: loaded in each cell, it
+    made an `error` cell per backend, stored."""
+    qc = getattr(cfg, "quantization_config", None)
+    if not qc:
+        return
+    try:
+        from transformers.quantizers import AutoHfQuantizer
+
+        if not AutoHfQuantizer.supports_quant_method(qc):  # transformers loads it as plain weights, and says so
+            return
+        quantizer = AutoHfQuantizer.from_config(qc, pre_quantized=True)
+        quantizer.validate_environment(device_map=None, weights_only=True)
+    except ImportError as exc:
+        method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+        _refuse(folder, f"its weights are quantized ({getattr(method, 'value', method)}, config.json's "
+                        f"quantization_config), which transformers cannot load here: {_one_line(exc)}",
+                "install what it names, or give an unquantized checkpoint")
+    except Exception:  # a device the quantizer wants (a GPU) or a setting it refuses: the cell says so where it runs
+        return
 
 
 # Folders this process resolved, by what their checks read: a worker resolves its model for every cell, and
