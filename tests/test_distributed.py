@@ -68,21 +68,20 @@ def test_ddp_and_fsdp_train_over_two_ranks(tmp_path):
         assert len(c["info"]["per_rank"]) == 2
 
 
-def test_hung_rank_times_out_and_leaves_no_process(tmp_path, monkeypatch):
-    marker = f"TB_TEST_{uuid.uuid4().hex}"
-    monkeypatch.setenv("TRANSBENCH_TEST_HANG_RANK", "1")
-    monkeypatch.setenv(marker, "1")
-    spec = TrainSpec(models=["bert-tiny"], device="cpu", strategies=["ddp"], nprocs=[2], batches=[2], seqs=[16],
-                     steps=1, warmup_steps=1, timeout=8)
-    (rec,) = train(spec, db=str(tmp_path / "h.db"))
-    assert rec["status"] == "timeout"
-    assert "8 s deadline" in rec["error"] and rec["samples_per_s"] is None
-    from transbench.store import Store
+def test_hung_rank_times_out_and_leaves_no_process(monkeypatch):
+    # a rank that never ends (tests/slow_start_target.py): the launch ends at its deadline, keeps the ranks' and
+    # torchrun's logs, and leaves no process of its tree
+    from transbench.runner import launch
 
-    store = Store(tmp_path / "h.db")
-    (cell,) = store.cells(store.runs()[0]["run_id"])
-    store.close()
-    assert "launcher.log" in cell["info"]["logs"]  # the ranks' and torchrun's messages are kept
+    marker = f"TB_TEST_{uuid.uuid4().hex}"
+    monkeypatch.setenv("TB_TEST_HANG_RANK", "0")
+    monkeypatch.setenv(marker, "1")
+    tests = str(Path(__file__).resolve().parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p))
+    cfg = launch.LaunchConfig(nproc=2, torchrun=True, timeout=8)
+    result = launch.outcome(launch.launch("slow_start_target", {"device": "cpu"}, cfg), cfg)
+    assert result.status == "timeout" and "8 s deadline" in result.error, result.error
+    assert "launcher.log" in result.info["logs"]  # the ranks' and torchrun's messages are kept
     assert _processes_with(marker) == []
 
 

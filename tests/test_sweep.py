@@ -467,9 +467,9 @@ def test_sigterm_mid_training_cell_stops_its_process_tree_and_removes_its_folder
     """A launched cell (train: its own process, or torchrun's ranks) was left to its parent-death signal and its
     temporary folder (cell.json, the ranks' logs) stayed behind."""
     db = tmp_path / "t.db"
-    args = ["train", "--model", "bert-tiny", "--task", "mlm", "--seq", "8", "--batch", "1", "--steps", "2",
-            "--device", "cpu", "--db", str(db), "--name", "t"]
-    s = sweeps(tmp_path, args, TRANSBENCH_TEST_HANG_RANK="0").start()
+    args = ["train", "--model", "bert-tiny", "--task", "mlm", "--seq", "8", "--batch", "1", "--steps", "1000000",
+            "--device", "cpu", "--db", str(db), "--name", "t"]  # steps for hours: busy when the signal comes
+    s = sweeps(tmp_path, args).start()
     s.wait_for(lambda: any((d / "rank0.log").exists() for d in s.tmp.glob("transbench-launch-*")))
     time.sleep(0.5)
     s.stop_with(signal.SIGTERM)

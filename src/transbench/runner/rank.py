@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from ..boundary import env_int
 from ..cells import CellResult
 
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "NVSHMEM_", "TORCH_SYMM_MEM_")
-HANG_RANK_VAR = "TRANSBENCH_TEST_HANG_RANK"  # test-only: this rank sleeps instead of joining
 READY = "ready-rank"  # the file a rank makes in its launch's folder once started (READY + its rank)
 
 
@@ -136,8 +134,6 @@ def main(run: Callable[[dict, RankInfo, object], CellResult | None], argv: list[
     import torch  # noqa: F401 - start-up (apply_threads may not have): every rank needs it
 
     (out / f"{READY}{info.rank}").touch()  # start-up is over: the cell's clock starts (runner/launch.py)
-    if os.environ.get(HANG_RANK_VAR) == str(info.rank):
-        time.sleep(10**6)
     result, failed = guarded(lambda device: run(cell, info, device), info, cell.get("device", "cpu"))
     if result is not None:
         # The record's `threads` is the cell's, which its ranks share (runner/sweep.py _launch): what this rank's
