@@ -15,7 +15,11 @@ from dataclasses import dataclass, field
 from . import device as dev
 from . import load
 
-POLL_S = 0.02  # NVML refreshes clocks and power every ~20 ms; polling faster reads the same values
+# Each poll's four NVML calls hand the interpreter's lock to this thread and back four times, time a host-bound
+# cell's launching thread loses: polling every 20 ms (NVML's own refresh) made a plain loop inside a Monitor 2.6%
+# slower at roberta-base sdpa 3 x 250 and 16 x 64 on an H200 (95% intervals 0.5-4.2%;
+# benchmarks/results/host_bound_h200_2026-12.md). A tenth of a second still reads a 1 s region ten times.
+POLL_S = 0.1
 # The board's energy counter advances in steps: over a region of 0.2 s an H100 read 1,027 W against its
 # 700 W cap, so shorter regions report power from the samples and no energy.
 MIN_ENERGY_REGION_S = 1.0
@@ -179,7 +183,7 @@ class Monitor:
             self.context.energy_j, self.context.energy_source = e1 - self._energy0, "counter"
         elif self._energy0 is None and e1 is None:
             # A board with no energy counter (NVML answers no total energy): the power readings, integrated over the
-            # region. Only there: over a short region a counter's steps are the trouble, and 50 ms polls of a
+            # region. Only there: over a short region a counter's steps are the trouble, and polls of a
             # power figure that NVML itself averages do not resolve it either.
             energy = integrate_energy(self.context.power_t, self.context.power_w, self._t0, end)
             if energy is not None:
