@@ -597,7 +597,7 @@ def test_a_long_text_refused_by_its_start_is_over_the_limit_whole(tokenizer, tex
 
 def test_a_16_mib_prompt_is_refused_by_its_start_and_a_long_one_leaves_the_loop_free():
     """A prompt past INLINE_CHARS is tokenized in a thread (other requests go on), and a huge one by its start
-    alone: a 16 MiB body of words took 13.6 s of the event loop through MiniLM's tokenizer."""
+    alone: a 16 MiB body of words took 14.3 s of the event loop through MiniLM's tokenizer."""
     from types import SimpleNamespace as NS
 
     from transbench.scenarios.serve import server

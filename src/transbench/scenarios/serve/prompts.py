@@ -73,7 +73,7 @@ PROBE_CHARS = 16
 
 def encode_within(tok, text: str, limit: int) -> tuple[list[int], bool]:
     """(text's token ids, True), or, where the text's start alone is over `limit` tokens, (that start's ids, False):
-    the whole text was not tokenized. A tokenizer's time grows with the text (16 MiB of words took 13.6 s through
+    the whole text was not tokenized. A tokenizer's time grows with the text (16 MiB of words took 14.3 s through
     MiniLM's), so a text past PROBE_CHARS characters a position is first tokenized up to its last whitespace within
     that reach (or the reach itself in a text without any): the tokenizers served here split at whitespace before
     anything else, so the start's tokens begin the whole text's, and more than `limit` of them settle it."""
