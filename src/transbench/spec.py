@@ -394,7 +394,9 @@ def load_file(path: str, cls=None, whole: frozenset[str] = frozenset()) -> dict:
     if "schema_version" in data and data.get("kind") in ("record", "comparison"):
         # An export given for the spec it holds (run --json, runs --out, compare --json): its keys were listed as
         # unknown spec keys beside every known one, which did not say what the file is or where a spec comes from.
-        raise SpecError(f"spec file {path} is a {data['kind']} transbench exports (--json, runs --out), not a spec: "
+        # Each kind named with what writes it: a comparison was said to come from `--json, runs --out`.
+        writer = "compare --json" if data["kind"] == "comparison" else "--json, runs --out"
+        raise SpecError(f"spec file {path} is a {data['kind']} transbench exports ({writer}), not a spec: "
                         "`transbench runs --spec RUN --out spec.yaml` writes a stored run's spec")
     return coerce(cls, data, f"spec file {path}: ", whole) if cls is not None else data
 
