@@ -616,3 +616,36 @@ def test_a_missing_run_is_named_in_quotes_by_every_command_that_reads_one(two_ru
         assert res.exit_code == 2 and res.stderr.startswith(f"error: no run 'nope' in {two_runs}"), res.output
     with pytest.raises(SpecError, match=r"no run 'nope', 'no pe' in"):
         api.records(two_runs, ["nope", "no pe"])
+
+
+def _max_rate_search(db: str, name: str, offline_ms: float, max_rate: float, probes: list[float]) -> None:
+    """A `serve --find-max-rate` run as serve/run.py stores it: the offline cell, a cell per rate probe, the answer."""
+    store = Store(db)
+    run_id, _ = store.create_run(name, "serve", {"find_max_rate": True, "slo_ms": 10.0}, {"gpus": []})
+    base = {"model": "bert-tiny", "task": "base", "backend": "eager", "dtype": "fp32", "lengths": "fixed:32",
+            "max_batch_size": 8, "max_wait_ms": 2.0, "slo_ms": 10.0, "seed": 0, "activation": None}
+    for mode, rate in [("offline", None), *(("rate", r) for r in probes)]:
+        ident = {**base, "scenario": "serve", "mode": mode, **({"rate": rate} if rate else {})}
+        samples = noisy(offline_ms if rate is None else 2.0, seed=int(rate or 0))
+        store.put_cell(run_id, json.dumps(ident, sort_keys=True), "serve", "ok",
+                       {**ident, "device": "cpu", "latency_ms": float(np.median(samples))}, cell={}, samples=samples)
+    ident = {**base, "scenario": "serve-max-rate", "mode": "max-rate"}
+    store.put_cell(run_id, json.dumps(ident, sort_keys=True), "serve-max-rate", "ok",
+                   {**ident, "max_rate": max_rate, "percentile": 99.0}, cell={})
+    store.close()
+
+
+@pytest.mark.parametrize("offline_b,exit_code", [(5.0, 0), (5.6, 1)])
+def test_the_probes_of_two_max_rate_searches_are_a_search_not_cells_missing_in_b(tmp_path, offline_b, exit_code):
+    """Each probe's rate follows from the one before, so a rerun of one server probes other rates: every probe of A
+    was `missing in B` and the gate failed, exit 1, on no change. The offline cells are judged; the answers shown."""
+    db = str(tmp_path / "s.db")
+    _max_rate_search(db, "a", 5.0, 540.5, [298.22, 447.34, 521.89, 559.17, 540.53])
+    _max_rate_search(db, "b", offline_b, 541.2, [298.3, 447.45, 522.0, 559.3, 541.2])
+    cmp = compare(db, "a", "b")
+    assert not cmp.only_a and not cmp.only_b
+    offline, answer = sorted(cmp.cells, key=lambda c: c.record_a["scenario"])
+    assert offline.verdict == ("slower" if exit_code else "same"), offline
+    assert answer.verdict == "n/a" and "max rate 540.5/s in A, 541.2/s in B" in answer.note, answer.note
+    res = CliRunner().invoke(app, ["compare", "a", "b", "--db", db])
+    assert res.exit_code == exit_code and "missing in B" not in res.output, res.output

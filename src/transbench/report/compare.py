@@ -2,7 +2,8 @@
 
 Cells of two runs are matched on their stored cell key (the `key` column of the cells table), which holds
 every setting that changes what is measured; settings outside it (timing parameters such as --min-time)
-may differ. A cell in one run only is listed with the reason.
+may differ. A cell in one run only is listed with the reason. A search's cells are not a grid: max-batch answers and
+the rate probes of `serve --find-max-rate` are not paired (search_probe).
 
 For each matched pair of ok cells, the verdict comes from the raw per-call samples, in the time order they
 were stored:
@@ -498,12 +499,22 @@ def hardware_text(rec: dict) -> str:
             + (f" with {threads} thread{'s' if threads != 1 else ''}" if threads else ""))
 
 
+def search_probe(run: dict, rec: dict) -> bool:
+    """A rate probe of `serve --find-max-rate` (every rate cell of such a run: the option takes no --rate beside it,
+    serve/spec.py). Each probe's rate comes from the probe before it (serve/run.py bisects from the offline rate), so
+    two runs of one server probe other rates: their probes were all `missing in B` and every such compare failed the
+    gate, exit 1. Like the max-batch search's (whose probes are not stored), they are a search, not a grid."""
+    return bool((run.get("spec") or {}).get("find_max_rate")) and rec.get("scenario") == "serve" \
+        and rec.get("mode") == "rate"
+
+
 def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[dict],
                     cfg: CompareConfig) -> Comparison:
-    def index(recs):
-        return {(r.get("scenario"), r["_key"]): r for r in recs if r.get("scenario") not in NOT_COMPARED}
+    def index(run, recs):
+        return {(r.get("scenario"), r["_key"]): r for r in recs
+                if r.get("scenario") not in NOT_COMPARED and not search_probe(run, r)}
 
-    a, b = index(recs_a), index(recs_b)
+    a, b = index(run_a, recs_a), index(run_b, recs_b)
     out = Comparison(run_a, run_b, cfg, only_a=[a[k] for k in a if k not in b],
                      only_b=[b[k] for k in b if k not in a])
     for k, ra in a.items():
@@ -523,8 +534,11 @@ def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[d
         elif ok_b and not ok_a:
             out.cells.append(CellComparison(ra, rb, None, mb, None, None, "fixed", f"A was {ra['status']}"))
         elif not ok_a or not ma or mb is None:
-            # "no latency in either run" was also said where one of them had one
+            # "no latency in either run" was also said where one of them had one, and of a max-rate search's answer,
+            # whose figure is its rate: one number a run, with no spread to bound a ratio
             why = (f"A {ra['status']}, B {rb['status']}" if not ok_a
+                   else f"max rate {num(ra.get('max_rate'))}/s in A, {num(rb.get('max_rate'))}/s in B: one figure a "
+                        "run, no interval" if ra.get("scenario") == "serve-max-rate"
                    else "no latency in either run" if not ma and mb is None
                    else "no latency in A" if not ma else "no latency in B")
             out.cells.append(CellComparison(ra, rb, ma, mb, None, None, "n/a", why))
