@@ -649,3 +649,19 @@ def test_the_probes_of_two_max_rate_searches_are_a_search_not_cells_missing_in_b
     assert answer.verdict == "n/a" and "max rate 540.5/s in A, 541.2/s in B" in answer.note, answer.note
     res = CliRunner().invoke(app, ["compare", "a", "b", "--db", db])
     assert res.exit_code == exit_code and "missing in B" not in res.output, res.output
+
+
+def test_a_b_that_lacks_cells_of_a_fails_the_gate_where_its_one_pair_is_na(tmp_path):
+    """A run B that crashed after one cell of a few samples: its pair is n/a, and compare refused the runs as judging
+    nothing (exit 2) without a word of the cells B lacks. Those fail the gate (exit 1) and are listed."""
+    db = str(tmp_path / "c.db")
+    make_run(db, "a", [(cell("eager", b), ok_result(noisy(10.0, seed=b), b)) for b in (1, 2, 4)])
+    make_run(db, "b", [(cell("eager", 1), ok_result([10.0, 12.0], 1))])
+    res = CliRunner().invoke(app, ["compare", "a", "b", "--db", db, "--json", str(tmp_path / "c.json")])
+    assert res.exit_code == 1, res.output
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["missing_in_b"] == 2 and doc["counts"] == {"n/a": 1} and doc["failed"]
+    # with nothing missing, every pair n/a is still no comparison
+    make_run(db, "c", [(cell("eager", b), ok_result([10.0, 12.0], b)) for b in (1, 2, 4)])
+    res = CliRunner().invoke(app, ["compare", "a", "c", "--db", db])
+    assert res.exit_code == 2 and "no pair of cells got a verdict" in res.output, res.output

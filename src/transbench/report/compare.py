@@ -598,8 +598,10 @@ def compare(db: str, run_a: str, run_b: str, cfg: CompareConfig | None = None) -
     why = nothing_compared(cmp)
     if why is not None:
         raise SpecError(why)
-    if all(c.verdict == "n/a" for c in cmp.cells):
-        # every pair too uncertain to judge (3 samples a side): a 10x regression passed the gate, exit 0
+    if all(c.verdict == "n/a" for c in cmp.cells) and not any("_why" not in r for r in cmp.only_a):
+        # every pair too uncertain to judge (3 samples a side): a 10x regression passed the gate, exit 0. A cell of A
+        # that B lacks is a verdict that fails the gate whatever the pairs say: a B that crashed after one cell of a
+        # few samples was refused as judging nothing (exit 2), its missing cells unsaid.
         note = next((c.note for c in cmp.cells if c.note), "")
         raise SpecError(f"runs '{a['name']}' and '{b['name']}': no pair of cells got a verdict"
                         + (f" ({note})" if note else "") + ": a gate that judged nothing must not pass; time more "
