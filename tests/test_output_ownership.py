@@ -175,6 +175,17 @@ def test_compare_markdown_appends(runs_db, tmp_path):
     assert new.read_text().startswith("**transbench compare")
 
 
+def test_a_compare_that_refuses_its_runs_says_why_in_the_step_summary(runs_db, tmp_path):
+    # a refused gate (exit 2) left $GITHUB_STEP_SUMMARY silent, its reason in the job's log alone
+    summary, js = tmp_path / "step_summary.md", tmp_path / "c.json"
+    summary.write_text("## Build\n")
+    res = invoke("compare", "a", "nosuch", "--db", runs_db, "--markdown", summary, "--json", js)
+    assert res.exit_code == 2
+    line = res.output.strip().splitlines()[-1].removeprefix("error: ")
+    assert summary.read_text() == f"## Build\n\n**transbench compare: refused** (exit 2): {line}\n"
+    assert not js.exists()  # no comparison to write
+
+
 def test_compare_markdown_refuses_a_file_that_is_not_text(runs_db, tmp_path):
     png = matplotlib_png(tmp_path / "plot.png")
     before = digest(png)

@@ -33,7 +33,7 @@ from .models import build  # noqa: F401
 from .models.presets import PRESETS  # noqa: F401
 from .report import CompareConfig, build_report, compare as compare_runs  # noqa: F401
 from .report.compare import (comparison_document, comparison_markdown, comparison_table,  # noqa: F401
-                             github_benchmark as github_benchmark_export, unmatched_table)
+                             github_benchmark as github_benchmark_export, refusal_markdown, unmatched_table)
 from .scenarios import micro as micro_benchmarks  # noqa: F401
 from .scenarios.micro import measured_ceilings  # noqa: F401
 from .scenarios.training.ladder import plot as ladder_plot  # noqa: F401

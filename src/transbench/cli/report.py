@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..errors import SpecError
 from .app import app, fail, friendly
 from .tables import console, visible
 
@@ -76,7 +77,7 @@ def compare(
     from ..api import CompareConfig
     from ..api import compare_runs
     from ..api import (comparison_document, comparison_markdown, comparison_table,
-                       github_benchmark_export as benchmark_entries, unmatched_table)
+                       github_benchmark_export as benchmark_entries, refusal_markdown, unmatched_table)
     from ..api import export
 
     outputs = {"--json": json_path, "--markdown": markdown, "--github-benchmark": github_benchmark}
@@ -92,7 +93,13 @@ def compare(
         for other, before in list(files.items())[:i]:
             if os.path.realpath(path) == os.path.realpath(before):
                 fail(f"{other} and {option} both write {path}: give them different files")
-    cmp = compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
+    try:
+        cmp = compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
+    except SpecError as exc:
+        if "--markdown" in files:
+            with export.writing(files["--markdown"]):
+                export.append_text(files["--markdown"], refusal_markdown(visible(str(exc))))
+        raise
     def strict(doc) -> str:  # JSON a CI's parser reads: an undefined figure is null, never a bare NaN
         return json.dumps(export.finite_json(doc), indent=1, default=str, allow_nan=False) + "\n"
 

@@ -722,6 +722,12 @@ def comparison_markdown(cmp: Comparison) -> str:
     return "\n".join(parts) + "\n"
 
 
+def refusal_markdown(message: str) -> str:
+    """`compare --markdown` where the runs could not be compared (exit 2): the reason in the step summary too, which
+    a refused gate left silent, its reason in the job's log alone."""
+    return f"**transbench compare: refused** (exit 2): {message}\n"
+
+
 def github_benchmark(cmp: Comparison) -> list[dict]:
     """`compare --github-benchmark`: run B's ok cells in github-action-benchmark's `customSmallerIsBetter` format,
     [{name, unit, value, range, extra}]: its median latency per cell, named by the cell's settings (stable from
