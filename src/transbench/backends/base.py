@@ -24,7 +24,7 @@ class Prepared:
     # and capture again: that first call may also have timed kernel routes, whose memory no later call needs.
     release: Callable[[], None] | None = None
     # The packed token counts a padded call of the prepared shape can run, each a graph (the fused engine's ladder
-    # when prepared for a server, engine/attention.py token_ladder); empty: token_bucket's multiples, or no graphs.
+    # when prepared for a server, engine/packing.py token_ladder); empty: token_bucket's multiples, or no graphs.
     token_sizes: tuple[int, ...] | list[int] = ()
     # Sets the tuning seconds a new shape's first call may take (0: borrowed routes, a capture only): a server's
     # shapes first met under load capture without racing kernels for seconds.

@@ -33,7 +33,7 @@ def _compile(model, cell, options=None):
     # the nearest tuned shape, engine/tuning.py Tuner.choose, and the info's route_origins counts them).
     budget = TUNE_BUDGET_S if cell.first_call_budget else None
     # A server (serving, the demo) bounds its graphs: packed sizes on a ladder each at most SERVER_TOKEN_GROWTH above
-    # the one below (engine/attention.py token_ladder states the worst-case padding), not every multiple of 128:
+    # the one below (engine/packing.py token_ladder states the worst-case padding), not every multiple of 128:
     # bert-base 32 x 512 captured and tuned 128 graphs per batch size before its load (260 s on an H100).
     growth = SERVER_TOKEN_GROWTH if cell.first_call_budget else None
     # fp32/tf32 cells run the engine in fp32; CUDA graphs only where there is CUDA. An fp8 cell's model is stored in

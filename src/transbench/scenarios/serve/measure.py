@@ -13,7 +13,7 @@ the inputs change per batch, copied into the bucket's buffers (the token ids and
 what decides the real work of a packing backend). Padding rows of a partly filled bucket are one token long.
 A packing backend (fused) runs the real tokens of each batch only (no padding work), so it gets one width per
 batch size; the fused engine keys its graphs on the packed token count, which a server rounds up to a
-geometric ladder (engine/attention.py token_ladder: each size at most 1.25x the one below, so padding stays
+geometric ladder (engine/packing.py token_ladder: each size at most 1.25x the one below, so padding stays
 under a quarter of the tokens or one 128-token step, and at most one width S above the real count): bert-base
 at batch 32 x 512 is 40 graphs where every multiple of 128 made 128. Warming runs each batch size's engine once
 per ladder size the lengths can reach (token_counts), each capture tuning its kernel routes (engine/tuning.py)
