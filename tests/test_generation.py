@@ -142,7 +142,8 @@ def test_generation_needs_the_positions_it_feeds_not_one_more(tmp_path):
         s.close()
     assert [c["status"] for c in cells] == ["ok", "ok"], json.dumps([c["record"].get("error") for c in cells])
     refused(invoke(*common, "--new-tokens", "10"),
-            "seq 8 + 10 new tokens needs 17 positions, more than", "allows (16 positions): use --seq 7 or less")
+            "seq 8 + 10 new tokens needs 17 positions, more than",
+            "allows (16 positions): use --seq 7 or less, or --new-tokens 9 or less")
 
 
 @pytest.mark.parametrize("window,ok", [(4, False), (64, True)])

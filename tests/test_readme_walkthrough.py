@@ -195,3 +195,18 @@ def test_run_backend_help_names_every_backend_itself():
     assert "transbench env` lists" not in text
     for name in registry():
         assert f" {name}," in text or f" {name} (" in text, name
+
+
+@pytest.mark.parametrize("seqs, tokens, fix", [
+    ("32", "128", "use --seq 1 or less, or --new-tokens 97 or less"),
+    # the longest prompt sets how many new tokens fit: 113 after 16 would still overflow after 32
+    ("16,32", "120", "use --seq 9 or less, or --new-tokens 97 or less"),
+])
+def test_a_generation_past_the_positions_is_told_both_fixes(tmp_path, seqs, tokens, fix):
+    """docs/run.md's generate example on gpt2-tiny (`--seq 32 --new-tokens 128`) was told only "use --seq 1 or less":
+    fewer new tokens after the prompt fit as well."""
+    db = tmp_path / "t.db"
+    res = runner.invoke(app, ["run", "--model", "gpt2-tiny", "--task", "generate", "--seq", seqs, "--new-tokens",
+                              tokens, "--device", "cpu", "--db", str(db)])
+    assert res.exit_code == 2 and not db.exists(), res.output
+    assert res.output.rstrip().endswith(f"than gpt2-tiny allows (128 positions): {fix}"), res.output

@@ -101,7 +101,11 @@ def validate(spec: RunSpec) -> RunSpec:
                     what = f"seq {s} + {extra + 1} new tokens needs {s + extra} positions, more" if extra else \
                         f"seq {s} is longer"
                     room = top - extra
-                    fix = (f"use --seq {room} or less" if room >= 1 else  # `--seq -72 or less` was the advice
+                    # fewer new tokens after the longest prompt fit too: `--seq 32 --new-tokens 128` was told
+                    # only `use --seq 1 or less`
+                    tokens = top - max(spec.seqs) + 1
+                    fewer = f", or --new-tokens {tokens} or less" if extra and tokens >= 1 else ""
+                    fix = (f"use --seq {room} or less{fewer}" if room >= 1 else  # `--seq -72 or less` was the advice
                            f"use --new-tokens {top - s + 1} or less" if s <= top
                            else f"give --seq and --new-tokens that add up to {top + 1} or less")
                     raise SpecError(f"{what} than {ref.name} allows ({top} positions): {fix}")
