@@ -231,6 +231,24 @@ def test_control_characters_in_other_input_are_printed_escaped(tmp_path):
     assert "\x1b" not in line and "bert\\x1b[2J" in line
 
 
+# Options whose refusal quotes the value given, and a command name: each echoed a value of 100,000 characters whole.
+ECHOING = [["run", "--model"], ["run", "--model", "bert-tiny", "--backend"], ["run", "--model", "bert-tiny", "--batch"],
+           ["run", "--model", "bert-tiny", "--dtype"], ["run", "--spec"], ["serve", "--url"], ["train", "--optim"],
+           ["micro", "gemm", "--sizes"], ["micro", "bandwidth", "--ops"], ["server", "--host"]]
+
+
+@settings(max_examples=8, deadline=None)
+@given(value=st.one_of(
+    st.text(st.characters(blacklist_categories=("Cs", "Zs", "Cc")), min_size=2_001, max_size=30_000),
+    st.lists(st.text("xy\u202e", min_size=1, max_size=8), min_size=600, max_size=4_000).map(" ".join)))
+def test_a_value_of_any_length_is_refused_in_a_short_line(tmp_path_factory, value):
+    db = tmp_path_factory.mktemp("long") / "x.db"
+    for args in [*ECHOING, []]:
+        line = refused(invoke(*args, value, "--db", db) if args else invoke(value))
+        assert len(line) < 2_200, len(line)
+    assert not db.exists()
+
+
 # --- tables fit 100 columns ------------------------------------------------------------------------------
 
 def render(renderable, width=100) -> str:

@@ -361,6 +361,27 @@ def one_line(text: str, limit: int | None = None) -> str:
     return f"{''.join(parts[:cut])}... ({len(text):,} characters)"
 
 
+# A refusal's line shows a run of characters with no space in it (a value typed or pointed at) whole up to WORD
+# characters, as db.SHOWN a stored text, and the whole line up to LINE: `run --model` of 100,000 characters echoed
+# the value whole in "unknown model '...'", a line of 100 KB, and so did 30 other options. A path, a key list or a
+# preset list reads in well under these.
+WORD, LINE = 300, 2_000
+
+
+def shortened(text: str) -> str:
+    """A message with each run of over WORD characters with no space cut to its start and its end, saying how long
+    it was, and the message, past LINE characters, cut in its middle: its start says what is wrong, its end the fix
+    (a value of 100,000 words has no long run)."""
+    def cut(m) -> str:
+        word = m.group()
+        return f"{word[:WORD - 40]}...({len(word):,} characters)...{word[-20:]}"
+
+    text = re.sub(rf"\S{{{WORD + 1},}}", cut, str(text))
+    if len(text) <= LINE:
+        return text
+    return f"{text[:LINE // 2]} ...({len(text):,} characters)... {text[-(LINE // 2 - 100):]}"
+
+
 def visible_text(text: str) -> bool:
     """Text that shows something: not only spaces and invisible format characters (U+200B, U+2060, U+FEFF,
     soft hyphens, variation selectors, ...)."""

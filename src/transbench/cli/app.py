@@ -12,6 +12,7 @@ import typing
 
 import typer
 
+from ..boundary import shortened
 from ..errors import SpecError
 from ..declare import CommandOptions, declared, option_of
 from .options import ALIASES, OPTIONAL_VALUE, App, parameter, read
@@ -47,8 +48,9 @@ def _options(show_version: bool = typer.Option(False, "--version", callback=_pri
 
 
 def fail(message: str, code: int = 2) -> None:
-    # One line, literally: a control character from user input (a model path, a name) is shown escaped.
-    typer.echo(f"error: {visible(message)}", err=True)
+    # One line, literally: a control character from user input (a model path, a name) is shown escaped, and a value
+    # of 100,000 characters cut (boundary.shortened; after the escapes, which lengthen it).
+    typer.echo(f"error: {shortened(visible(message))}", err=True)
     raise typer.Exit(code)
 
 

@@ -12,6 +12,7 @@ from typing import List, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from ..boundary import shortened
 from ..errors import SpecError
 from ..declare import (CommandOptions, declared, default_of, help_text, item_type, option_of,
                        shown_default)
@@ -92,7 +93,7 @@ class Group(TyperGroup):
             # No command (`transbench`, `transbench micro`): click prints the help and has no words of its own,
             # which left `error:  (see ...)`, a line that said nothing.
             message = " ".join(exc.format_message().split()) or "no command given: choose one of the commands listed"
-            typer.echo(f"error: {visible(message)}{where}", err=True)
+            typer.echo(f"error: {shortened(visible(message))}{where}", err=True)  # as app.fail
             sys.exit(exc.exit_code)
         sys.exit(rv if isinstance(rv, int) else 0)  # an Exit's code comes back instead of exiting with it
 
