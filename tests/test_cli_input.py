@@ -132,6 +132,18 @@ def test_gpus_that_do_not_exist_are_refused(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("command", [["run", "--model", "bert-tiny", *QUICK], ["train", "--model", "bert-tiny"],
+                                     ["micro", "bandwidth", "--device", "cpu"], ["serve", "--model", "bert-tiny",
+                                                                                 "--offline", "--device", "cpu"]])
+@pytest.mark.parametrize("option", ["--json", "--csv"])
+def test_an_export_to_a_dash_is_refused_not_written_to_a_file_named_dash(tmp_path, monkeypatch, command, option):
+    """`compare --json -` and `runs --out -` print to stdout; these commands made a file named "-" (their table
+    is on stdout), so "-" is refused before anything runs, and ./- is a file of that name."""
+    monkeypatch.chdir(tmp_path)
+    refused(invoke(*command, "--db", "e.db", option, "-"), f"{option} -", "./-")
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+@pytest.mark.parametrize("command", [["run", "--model", "bert-tiny", *QUICK], ["train", "--model", "bert-tiny"],
                                      ["micro", "bandwidth", "--device", "cpu"]])
 def test_export_paths_are_checked_before_anything_runs(tmp_path, command):
     db = tmp_path / "e.db"

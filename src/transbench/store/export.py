@@ -316,6 +316,9 @@ def check_paths(json_path: str | None, csv_path: str | None, db: str | None = No
     time: each as in `check_output`, and no two the same file."""
     given = {o: p for o, p in (("--json", json_path), ("--csv", csv_path), ("--plot", plot)) if p is not None}
     for option, path in given.items():
+        if path == "-":  # compare --json and runs --out read "-" as stdout; here it made a file named "-", exit 0
+            raise SpecError(f"{option} -: this command writes its {option[2:]} to a file, and its table to stdout: "
+                            "give a file path (./- for a file named -)")
         check_output(path, option, db)
     options = list(given)
     for i, option in enumerate(options):
