@@ -100,6 +100,8 @@ def nothing_written(tmp_path):
     (lambda db: api.report(db, ["a"], "out", compare_runs="no"), "compare_runs must be True or False, got 'no'"),
     (lambda db: api.report(db, ["a"], "out", bogus=1), "report() takes no keyword 'bogus'"),
     (lambda db: api.train(TrainSpec(**TRAIN), db, on_cel=print), "train() takes no keyword 'on_cel'"),
+    (lambda db: api.run(RunSpec(**RUN), db, on_cel=print), "run() takes no keyword 'on_cel': it takes json_path,"),
+    (lambda db: api.serve(None, db, jsonpath="x"), "serve() takes no keyword 'jsonpath'"),
     (lambda db: api.run(RunSpec(**RUN), db, resume=True, explicit=5), "explicit must be None or the names of the"),
     (lambda db: api.spec_file({"kind": "serve", "spec": None}), "run must be a row of runs()"),
     (lambda db: api.spec_file(None), "run must be a row of runs()"),

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .arguments import (RunOutcome, check_callbacks, check_flag, check_keywords, check_names,  # noqa: F401
-                        check_outputs, check_path)
+                        check_outputs, check_path, keywords_of)
 from .errors import SpecError
 from .measure import env as env_mod
-from .scenarios.inference.run import inference_target, run, spec_to_store  # noqa: F401  (api.run, ...)
+from .scenarios.inference import run as inference
+from .scenarios.inference.run import inference_target, spec_to_store  # noqa: F401
 from .scenarios.inference.spec import RunSpec  # noqa: F401  (api.RunSpec)
-from .scenarios.serve.run import serve  # noqa: F401  (api.serve)
+from .scenarios.serve import run as serving
 from .scenarios.training import spec as training
 from .scenarios.training.spec import TrainSpec  # noqa: F401  (api.TrainSpec)
 from .spec import checked, coerce
@@ -40,6 +41,16 @@ from .scenarios.training.ladder import plot as ladder_plot  # noqa: F401
 
 if TYPE_CHECKING:  # the engine (and Triton) load when tune runs
     from .engine import EngineOptions
+
+
+def run(spec: RunSpec, db: str = "transbench.db", **kwargs) -> RunOutcome:
+    """An inference sweep: scenarios/inference/run.py run, whose keyword arguments it takes."""
+    return inference.run(spec, db, **keywords_of(inference.run, kwargs, "run"))
+
+
+def serve(spec, db: str = "transbench.db", **kwargs) -> RunOutcome:
+    """A load test: scenarios/serve/run.py serve, whose keyword arguments it takes."""
+    return serving.serve(spec, db, **keywords_of(serving.serve, kwargs, "serve"))
 
 
 def train(spec: TrainSpec, db: str = "transbench.db", **kwargs) -> list[dict]:
@@ -125,8 +136,6 @@ def micro(kind: str, options, db: str = "transbench.db"):
 def report(db: str = "transbench.db", runs: list[str] | None = None, out_dir: str = "report",
            baseline: str | None = None, **kwargs):
     """report.md, PNG plots and a self-contained report.html for stored runs."""
-    from .report import build_report
-
     # Only None or an empty list is "the newest run", as no run named on the command line: runs="" (a name left
     # empty by mistake) reported the newest run without a word, where records(db, "") and `report ''` refuse it.
     runs = ["last"] if runs is None or (isinstance(runs, list) and not runs) else runs
@@ -140,9 +149,6 @@ def report(db: str = "transbench.db", runs: list[str] | None = None, out_dir: st
 
 def compare(db: str, run_a: str, run_b: str, alpha: float = 0.05, min_effect: float = 0.03):
     """Per-cell median ratios B/A with a bootstrap interval over block medians (faster / slower / same)."""
-    from .report import CompareConfig
-    from .report import compare as compare_runs
-
     run_a, run_b = check_names([run_a, run_b], "runs")  # None or a number: a SpecError, not an AttributeError
     for value, what in ((alpha, "alpha"), (min_effect, "min_effect")):
         if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -54,6 +54,16 @@ def check_keywords(given: dict, allowed: tuple[str, ...], function: str) -> None
         raise SpecError(f"{function}() takes no keyword {unknown[0]!r}: it takes {', '.join(allowed)}")
 
 
+def keywords_of(fn, kwargs: dict, function: str) -> dict:
+    """kwargs, checked against the keyword-only parameters of the scenario function `fn` that api.`function` passes
+    them on to: `api.run(spec, on_cel=print)` was Python's TypeError where train's and report's are a SpecError."""
+    import inspect
+
+    check_keywords(kwargs, tuple(p.name for p in inspect.signature(fn).parameters.values()
+                                 if p.kind is p.KEYWORD_ONLY), function)
+    return kwargs
+
+
 def check_flag(value, what: str) -> bool:
     """resume="no" is a true value: it asked for a resume (and refused a new store) rather than a fresh run."""
     if not isinstance(value, bool):
