@@ -69,11 +69,31 @@ def test_fp8_dynamic_keeps_a_layer_with_an_all_zero_row_in_the_dtype():
     """torchao's per-row fp8 scale of an all-zero row is 0 and the row's output not finite (H200: llama-3.2-1b's
     lm_head, tied to an embedding whose padding row is zero): such a layer is found and kept, by name."""
     model = build.build_model(build.resolve("llama-tiny"), "causal-lm")
-    assert quant._zero_row_layers(model) == []
+    assert quant._kept_layers(model, "fp8-dynamic") == []
     with torch.no_grad():
         model.lm_head.weight[3].zero_()
         model.model.layers[1].mlp.up_proj.weight[0, :5].zero_()  # a partly zero row is quantized as usual
-    assert quant._zero_row_layers(model) == ["lm_head"]
+    assert quant._kept_layers(model, "fp8-dynamic") == ["lm_head"]
+    assert quant._kept_layers(model, "int8-weight") == []  # int8's scales of a zero row are not 0
+
+
+@pytest.mark.parametrize("name", ["int8-weight", "int8-dynamic"])
+@pytest.mark.parametrize("width", [1, 2, 3])
+def test_int8_keeps_a_layer_of_one_input_feature_in_the_dtype_and_runs(torchao, tmp_path, quick, name, width):
+    """torchao's per-row int8 scales of a one-element row fail to reshape: a Llama of intermediate_size 1 (its
+    down_proj takes one feature) was an `error` cell under both int8 recipes. That layer is kept, by name."""
+    import transformers
+
+    folder = tmp_path / "llama"
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=61, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=width, max_position_embeddings=32)).save_pretrained(folder)
+    model = build.build_model(build.resolve(str(folder)), "causal-lm")
+    info = quant.apply(model, name)
+    kept = ["model.layers.0.mlp.down_proj"] if width == 1 else []
+    assert info.get("kept_layers", []) == kept and info["quantized_layers"] == info["linear_layers"] - len(kept)
+    with torch.inference_mode():
+        assert torch.isfinite(model(input_ids=torch.randint(0, 61, (2, 5))).logits).all()
 
 
 def test_fp8_dynamic_runs_bf16_cells_of_a_gpu_from_compute_capability_8_9():

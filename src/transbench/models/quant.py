@@ -162,7 +162,7 @@ def apply(model, quant: str) -> dict:
         from torchao.quantization import quantize_
 
         config = _torchao_config(quant)
-        kept = _zero_row_layers(model) if quant == "fp8-dynamic" else []
+        kept = _kept_layers(model, quant)
         quantize_(model, config, filter_fn=(lambda m, name: isinstance(m, torch.nn.Linear) and name not in kept)
                   if kept else None)
         recipe = type(config).__name__ + ("(granularity=PerRow)" if quant == "fp8-dynamic" else "")
@@ -181,11 +181,15 @@ def apply(model, quant: str) -> dict:
     return info
 
 
-def _zero_row_layers(model) -> list[str]:
-    """Linear layers with an all-zero output row, which fp8-dynamic keeps in the dtype: torchao's per-row scale of
-    that row is 0, and its quantized row not finite. A head tied to an embedding with a padding row has one:
-    llama-3.2-1b's lm_head gave non-finite logits on an H200 (benchmarks/results/quantization_h200_2026-11.md)."""
+def _kept_layers(model, quant: str) -> list[str]:
+    """Linear layers a torchao recipe would break, kept in the dtype. One of a single input feature (a Llama of
+    intermediate_size 1: its down_proj): torchao's per-row int8 scales of a one-element row fail to reshape ("shape
+    '[48, 1]' is invalid for input of size 1"), in quantize_ for the weight and, under int8-dynamic, at run time for
+    the activations, and every cell of such a model was an `error`. Under fp8-dynamic, one with an all-zero output
+    row: torchao's per-row scale of that row is 0, and its quantized row not finite. A head tied to an embedding with
+    a padding row has one: llama-3.2-1b's lm_head gave non-finite logits on an H200
+    (benchmarks/results/quantization_h200_2026-11.md)."""
     import torch
 
-    return [name for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and bool((m.weight.detach() == 0).all(dim=1).any())]
+    return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and (
+        m.in_features == 1 or quant == "fp8-dynamic" and bool((m.weight.detach() == 0).all(dim=1).any()))]
