@@ -822,6 +822,19 @@ def test_a_config_of_fewer_layers_than_its_weights_is_refused(tmp_path, cls_name
     assert ".1." in says
 
 
+@pytest.mark.parametrize("cls_name,head", [("BertForSequenceClassification", "classifier"),
+                                            ("BertForTokenClassification", "classifier"),
+                                            ("LlamaForSequenceClassification", "score")])
+def test_a_config_whose_classes_differ_from_its_heads_rows_is_refused(tmp_path, cls_name, head):
+    """The bare model has no head, so only the files' own task class sees it: a num_labels edited from 7 to 3 loaded,
+    and each classification cell was an `error` in transformers' words ("ignore_mismatched_sizes")."""
+    whole = _saved(tmp_path / "whole", _tiny(cls_name, num_labels=7))
+    assert build.resolve(str(whole)).shape.hidden == 32
+    d = _saved(tmp_path / "edited", _tiny(cls_name, num_labels=7), num_labels=3)
+    assert _refusal(d).endswith(f"config.json does not fit its weights: tensor {head}.weight is [7, 32] in the weight "
+                                "files, but config.json makes it [3, 32]; use the config.json saved with these weights")
+
+
 def test_a_folder_is_checked_once_per_process_until_it_changes(tmp_path, monkeypatch):
     d = _saved(tmp_path / "ckpt", _tiny())
     calls = []

@@ -592,12 +592,9 @@ def _key_renamer(model, expected: dict, prefixes: list[str]):
     return rename
 
 
-def _check_against_weights(folder: Path, model, family: str, shapes: dict[str, tuple[int, ...]]) -> None:
-    """The weight files fit the model config.json describes. transformers would refuse a shape that differs
-    only when loading, in a cell (`ignore_mismatched_sizes`), and would load a folder whose tensors all have
-    other names (a BERT config.json next to GPT-2 weights) with every weight random and a warning nobody
-    sees. Tensors the model lacks (a task head it does not run) or the files lack (a head the task adds)
-    are normal."""
+def _check_shapes(folder: Path, model, family: str, shapes: dict[str, tuple[int, ...]]):
+    """Each tensor of the weight files that `model` has is of the shape config.json makes it; (the model's tensor
+    shapes, the renamer of file names to the model's, the files' tensors found by the model's name)."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     rename = _key_renamer(model, expected, _backbone_names(model, family))
     found = {}
@@ -611,6 +608,33 @@ def _check_against_weights(folder: Path, model, family: str, shapes: dict[str, t
             _refuse(folder, f"config.json does not fit its weights: tensor {key} is {list(have)} in the weight "
                             f"files, but config.json makes it {list(want)}",
                     "use the config.json saved with these weights")
+    return expected, rename, found
+
+
+def _own_head(ref: ModelRef, raw: dict):
+    """The model of the task class config.json's `architectures` names (a BertForSequenceClassification's), on the
+    meta device, where it is another task's than the bare model's; else None. Its head's tensors are checked against
+    the files too: a config.json whose num_labels differs from its classifier's rows (3 against 7) built the bare
+    model, which has no head, and transformers refused the head in every classification cell ("You set
+    `ignore_mismatched_sizes` to `False`"), each an `error`."""
+    names = raw.get("architectures")
+    own = names[0] if isinstance(names, list) and names else None
+    task = next((t for t in family_tasks(ref.family) if task_class(ref.family, t) == own), None)
+    if task is None or task == family_tasks(ref.family)[0]:  # the bare model's tensors are checked already
+        return None
+    try:
+        return build_model(ref, task, device="meta")
+    except Exception:  # noqa: BLE001 - a head transformers cannot build is the cells' to report, as before
+        return None
+
+
+def _check_against_weights(folder: Path, model, family: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    """The weight files fit the model config.json describes. transformers would refuse a shape that differs
+    only when loading, in a cell (`ignore_mismatched_sizes`), and would load a folder whose tensors all have
+    other names (a BERT config.json next to GPT-2 weights) with every weight random and a warning nobody
+    sees. Tensors the model lacks (a task head it does not run) or the files lack (a head the task adds)
+    are normal."""
+    expected, rename, found = _check_shapes(folder, model, family, shapes)
     # More copies of a repeated module (layers, blocks) in the files than config.json builds: transformers leaves
     # them unused with a note nobody sees, and a config.json of 1 layer over 2 layers' weights measured half the
     # model its files hold. A head the model lacks is no repeated module of it, so it passes.
@@ -726,6 +750,9 @@ def _resolve_folder(folder: Path) -> ModelRef:
     # A quantized checkpoint's files hold packed tensors whose shapes differ from the model's by design.
     if model is not None and not getattr(cfg, "quantization_config", None):
         _check_against_weights(folder, model, family, shapes)
+        head = _own_head(ref, raw)
+        if head is not None:
+            _check_shapes(folder, head, family, shapes)
     return ref
 
 
