@@ -948,6 +948,13 @@ def test_a_family_without_sdpa_stays_unsupported(tmp_path):
     folder = _save(tmp_path, "bloom", "bloom", hidden_size=48, n_head=4, n_layer=1, vocab_size=1003)
     r = _cell(folder, "base", "sdpa", ModelCache())
     assert r.status == "unsupported" and "bloom has no 'sdpa' attention" in r.error
+    # transformers' reason in its first sentence: Gemma 2's went on with a link, a request and an example loading
+    # openai/whisper-tiny, a paragraph of 400 characters in the cell's line
+    folder = _save(tmp_path, "gemma2", "gemma2", hidden_size=32, intermediate_size=37, num_hidden_layers=1,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=100)
+    r = _cell(folder, "base", "sdpa", ModelCache())
+    assert r.status == "unsupported" and "gemma2 has no 'sdpa' attention" in r.error, r.error
+    assert "whisper" not in r.error and len(r.error) < 250, r.error
 
 
 # --- counted decoders: the causal half of attention, as the analytic families ------------------------------------

@@ -1104,7 +1104,8 @@ def set_attention(model, attn: str, fallback: str | None = None):
     try:
         model.set_attn_implementation(attn)
     except (ValueError, ImportError) as exc:
-        why = str(exc).splitlines()[0]
+        # its first sentence: Gemma 2's goes on with a link, a request and an example loading openai/whisper-tiny
+        why = re.split(r"(?<=\.)\s", str(exc).strip(), maxsplit=1)[0].splitlines()[0]
     if model.config._attn_implementation == attn:
         return model
     rebuilt = _rebuilt(model, attn)
