@@ -85,6 +85,9 @@ def nothing_written(tmp_path):
     # the readers and merge: names and paths of the wrong type
     (lambda db: api.records(db, [5]), "run_refs: expected a list of names"),
     (lambda db: api.runs(None), "db must be a file path"),
+    # an empty path is said as every command's store says it, not "must be a file path (text), got ''"
+    (lambda db: api.runs(" "), "store path is empty: give a file path, e.g. --db transbench.db"),
+    (lambda db: api.merge(db, [""]), "sources is empty: give a file path"),
     (lambda db: api.report(db, [None], "out"), "runs: expected a list of names"),
     (lambda db: api.compare(db, None, "a"), "runs: expected a list of names"),
     (lambda db: api.compare(db, "a", "b", alpha="0.05"), "alpha must be a number, got '0.05'"),

@@ -8,11 +8,14 @@ from dataclasses import dataclass
 
 from .errors import SpecError
 from .store import export
+from .store.db import EMPTY_STORE
 
 
 def check_path(value, what: str = "db") -> str:
     """A store or output path given in Python: `db=None` made a store named `None` in the current folder."""
-    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+    if isinstance(value, (str, os.PathLike)) and not str(value).strip():  # as the store says it for every command
+        raise SpecError(EMPTY_STORE if what == "db" else f"{what} is empty: give a file path")
+    if not isinstance(value, (str, os.PathLike)):
         raise SpecError(f"{what} must be a file path (text), got {value!r}")
     if "\0" in str(value):  # the command line cannot pass one; given here it was os.stat's ValueError, a traceback
         raise SpecError(f"{what} {str(value)!r:.200} holds a NUL character, which no file path can: give a file path")

@@ -280,13 +280,16 @@ def _foreign(path: str) -> SpecError:
                      "it was left as it is; give a transbench store's path")
 
 
+EMPTY_STORE = "store path is empty: give a file path, e.g. --db transbench.db"
+
+
 def inspect(path: str) -> str:
     """What is at `path`, read without writing: 'missing', 'empty' (no tables: safe to start a store in)
     or 'ours'. A folder, a file that is not SQLite, another application's database or a store of a newer
     schema raises SpecError."""
     p = Path(path)
     if not path.strip():  # `--db ' '` made a store named ' ' (`--db ''` read as the folder '.')
-        raise SpecError("store path is empty: give a file path, e.g. --db transbench.db")
+        raise SpecError(EMPTY_STORE)
     if path == ":memory:" or path.startswith("file:"):
         # SQLite's names for a database in memory and for a URI: `merge --into :memory:` said it merged, and kept
         # nothing
