@@ -16,9 +16,10 @@ from . import device as dev
 from . import load
 
 # Each poll's four NVML calls hand the interpreter's lock to this thread and back four times, time a host-bound
-# cell's launching thread loses: polling every 20 ms (NVML's own refresh) made a plain loop inside a Monitor 2.6%
-# slower at roberta-base sdpa 3 x 250 and 16 x 64 on an H200 (95% intervals 0.5-4.2%;
-# benchmarks/results/host_bound_h200_2026-12.md). A tenth of a second still reads a 1 s region ten times.
+# cell's launching thread may lose: in one call on an H200, polling every 20 ms (NVML's own refresh) made a plain
+# loop inside a Monitor 2.6% slower at roberta-base sdpa 3 x 250 and 16 x 64 (95% intervals 0.5-4.2%), though in a
+# later call neither 20 ms nor 0.1 s cost anything measurable (benchmarks/results/host_bound_h200_2026-12.md). A
+# fifth of the handovers costs nothing: a tenth of a second still reads a 1 s region ten times.
 POLL_S = 0.1
 # The board's energy counter advances in steps: over a region of 0.2 s an H100 read 1,027 W against its
 # 700 W cap, so shorter regions report power from the samples and no energy.
