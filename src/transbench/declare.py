@@ -22,9 +22,6 @@ LIMITS = {"--batch": 1_048_576, "--seq": 1_048_576, "--warmup": 100_000, "--min-
           "--grad-accum": 1024,  # micro-batches a step: 1e11 ran until the cell's timeout
           "--pad-vocab": 65_536,  # a multiple past any vocabulary: 1e8 sized embeddings until the OS killed the worker
           "--tokens": 1_048_576}  # micro gemm's layer rows: 1e18 stored `error` cells (storage size overflowed), exit 0
-# The most seconds of the options that are numbers of seconds: a day, as serve's --duration. `run --min-time 1e300`
-# ran each cell until its timeout. Apart from LIMITS: `--warmup` is a count in run and seconds in serve.
-SECONDS_LIMITS = {"--min-time": 86_400}
 # The most cells one run's grid may have (the product of its axes' lengths): a spec file of 60,000 batches x 128 seqs
 # (7.7 million cells, each axis within its limit) held 4.5 GB before a cell ran. At a second a cell this is a day.
 MAX_CELLS = 100_000
@@ -82,9 +79,9 @@ def words(value) -> str:
 def help_text(f: dataclasses.Field, s: Setting, is_list: bool, item_kind: type = str) -> str:
     """--help's text: the choices, the help, and for a list that it is a sweep axis."""
     text = f"{'|'.join(s.choices)}{': ' if s.help else ''}{s.help}" if s.choices else s.help
-    limit = (LIMITS if item_kind is int else SECONDS_LIMITS if item_kind is float else {}).get(option_of(f, s))
-    if limit is not None:  # by the setting's type: a seconds option of a count's spelling is not that count
-        text = f"{text} (at most {limit:,})" if item_kind is int else f"{text} (limit {limit:,} s)"
+    limit = LIMITS.get(option_of(f, s))
+    if limit is not None and item_kind is int:  # counts; a seconds option of the same spelling is not one
+        text = f"{text} (at most {limit:,})"
     if is_axis(s, is_list):
         return f"{text} (comma-separated; a sweep axis)"
     return f"{text} (comma-separated)" if is_list and not s.repeat else text

@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .declare import LIMITS, MAX_CELLS, SECONDS_LIMITS, declared, is_axis, item_type, old_keys, option_of, whole_fields
+from .declare import LIMITS, MAX_CELLS, declared, is_axis, item_type, old_keys, option_of, whole_fields
 from . import boundary
 from .errors import SpecError
 
@@ -114,7 +114,6 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
     # Each count's limit comes from its option's spelling (declare.LIMITS), as --help states it: every command's
     # spec is read here, so `train --nproc 2000` or `micro gemm --warmup 200000` is refused like `run --batch`.
     limited = {f.name: option_of(f, s) for f, s in declared(cls) if option_of(f, s) in LIMITS}
-    timed = {f.name: option_of(f, s) for f, s in declared(cls) if option_of(f, s) in SECONDS_LIMITS}
     # A setting that declares its own reader (sizes: 2^20, 1KiB..1GiB) has a file's text read by it, as its option's
     # is (cli/options.read): one parser for both, so a file took exactly what the command line takes. `sizes: "2^6"`
     # was refused in a file where `--sizes 2^6` ran.
@@ -144,9 +143,6 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
                     check_int(typed[-1], f"{where}{key}: ")
                     if key in limited:
                         check_limit(limited[key], typed[-1])
-                elif kind is float and key in timed and typed[-1] > SECONDS_LIMITS[timed[key]]:
-                    raise SpecError(f"{timed[key]} {typed[-1]:g} s is above its limit of "
-                                    f"{SECONDS_LIMITS[timed[key]]:,} s (a day): give fewer seconds")
             except _WrongType:
                 if labels and key in labels and kind is float and _not_finite(item):
                     # the command line's own words: `--rate nan` names the option as the user typed it
