@@ -553,7 +553,8 @@ def test_an_exported_record_given_as_a_spec_says_what_it_is(tmp_path, command):
     record, comparison = tmp_path / "record.json", tmp_path / "comparison.json"
     assert invoke("runs", "--db", db, "--out", record).exit_code == 0
     assert invoke("compare", "a", "b", "--db", db, "--json", comparison).exit_code == 0
-    for path, kind, writer in ((record, "record", "(--json, runs --out)"), (comparison, "comparison", "(compare --json)")):
+    for path, kind, writer in ((record, "record", "(--json, runs --out)"),
+                               (comparison, "comparison", "(compare --json)")):
         line = refused(invoke(*command, "--spec", path, "--db", tmp_path / "new.db"),
                        f"spec file {path} is a {kind} transbench exports {writer}", "runs --spec RUN --out spec.yaml")
         assert "unknown spec key" not in line
