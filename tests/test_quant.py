@@ -224,6 +224,8 @@ def test_quant_is_an_axis_in_help_and_options_doc():
     (["--quant", "int4"], "unknown --quant 'int4': choose from none, int8-weight"),
     (["--quant", "fp8-dynamic"], "--quant fp8-dynamic needs a CUDA GPU of compute capability 8.9 or newer"),
     (["--quant", "int8-weight", "--backend", "fused"], "the fused engine quantizes on its own (--dtype fp8)"),
+    # each backend's reason, where only the first backend's was said
+    (["--quant", "int8-weight", "--backend", "fused,onnxruntime"], "--quant none only; onnxruntime runs an ONNX export"),
     (["--quant", "int8-weight,int8-weight"], "--quant lists int8-weight twice"),
     (["--quant", "int8-weight", "--task", "generate", "--model", "gpt2-tiny"], "generation runs unquantized"),
 ])

@@ -125,8 +125,10 @@ def check_quants(spec: RunSpec, device) -> None:
     quantization.check(spec.quants, device.type, capability)
     takers = [b for b in spec.backends if backends.get(b).quant_refusal is None]
     if not takers:
-        raise SpecError(f"--quant {','.join(asked)}: {backends.get(spec.backends[0]).quant_refusal}; add a backend "
-                        "that takes it (eager, sdpa, compile, ...) or leave --quant out")
+        # each backend's own reason: `--backend fused,onnxruntime` named the engine's alone
+        reasons = "; ".join(dict.fromkeys(backends.get(b).quant_refusal for b in spec.backends))
+        raise SpecError(f"--quant {','.join(asked)}: {reasons}; add a backend that takes it (eager, sdpa, compile, "
+                        "...) or leave --quant out")
     if not any(quantization.unsupported_reason(q, d, device.type, capability) is None for q in asked
                for d in spec.dtypes):
         raise SpecError(quantization.unsupported_reason(asked[0], spec.dtypes[0], device.type, capability))
