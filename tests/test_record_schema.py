@@ -59,6 +59,11 @@ def test_python_m_schema_prints_the_schema_and_nothing_on_stderr(tmp_path):
                          text=True, timeout=120)  # conftest's PYTHONPATH
     assert out.returncode == 0 and out.stderr == "", out.stderr
     assert json.loads(out.stdout) == schema.record_schema()
+    # a reader that went away (`| head -1` once it has its line): a BrokenPipeError traceback was the output
+    proc = subprocess.Popen([sys.executable, "-m", "transbench.store.schema"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the module has imported and printed: every write meets a closed pipe
+    assert proc.wait(timeout=120) == 0 and proc.stderr.read() == b""
 
 
 def test_a_schema_from_a_key_catalogue_mapping():

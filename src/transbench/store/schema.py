@@ -152,4 +152,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import os
+    import sys
+
+    try:
+        main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `| head` read what it wanted: no traceback; fd 1 to /dev/null so the exit's flush is quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
