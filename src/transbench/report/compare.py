@@ -14,7 +14,9 @@ were stored:
    identical back-to-back H100 runs `slower` with p = 6.7e-45. Medians of blocks of
    consecutive samples are close to independent once a block outlasts the correlation, and sqrt(n) blocks
    of sqrt(n) samples is the classical batch-means choice (Flegal and Jones 2010) that lets both the block
-   length and the block count grow with n.
+   length and the block count grow with n. From 25 samples, a block spans at least BLOCK_TAUS integrated
+   autocorrelation times of the samples (autocorrelation_time); where that leaves under MIN_BLOCKS blocks, their
+   medians are independent draws as repeats are (rule 5's Welch interval), or `n/a` under two a side (correlated).
 2. A percentile bootstrap interval of median(B's block medians) / median(A's block medians): RESAMPLES
    resamples of each side's block medians with replacement, from a fixed seed, so the same data always
    give the same verdict; its level is 1 - alpha (95% by default).
@@ -65,6 +67,17 @@ NOT_COMPARED = ("max-batch",)
 # samples; any cell timed for the default --min-time 1 s at under 40 ms per call has them.
 MIN_BLOCKS = 5
 RESAMPLES = 2000
+# Sokal's window constant (autocorrelation_time): the window is closed once it spans WINDOW correlation times.
+WINDOW = 5.0
+# A block spans at least BLOCK_TAUS correlation times where the samples are autocorrelated (tau >= DEPENDENT_TAU):
+# adjacent blocks of AR(1) samples then correlate about (tau - 1) / (2 x BLOCK_TAUS x tau), under 0.25. sqrt(n)
+# blocks alone were shorter than the correlation of AR(1) noise with phi 0.9 (tau 19) below 360 samples, and two
+# runs of one distribution failed the gate (`slower`) several times as often as the interval's level says.
+BLOCK_TAUS = 2
+DEPENDENT_TAU = 2.0
+# The lag-1 rank autocorrelation above which samples count as dependent: its 99th percentile for independent ones
+# (about normal with variance 1 / n); 40 independent samples were cut into blocks for a chance tau of 3.
+DEPENDENT_Z = 2.326
 # The most samples a side of the rank interval (rule 4) takes as they are; past that, its block medians.
 RANK_SAMPLES = 2000
 SEED = 0
@@ -147,12 +160,52 @@ def percent(x: float) -> str:
     return text + "%"
 
 
-def block_medians(samples: list[float]) -> np.ndarray:
-    """Medians of floor(sqrt(n)) blocks of consecutive samples (the oldest remainder left out)."""
+def autocorrelation_time(samples) -> float:
+    """The integrated autocorrelation time tau of a series (1 for independent samples; n / tau of them are worth as
+    much as independent ones: the effective sample size), by Sokal's automatic windowing (Sokal 1997, as emcee uses
+    it): tau(M) = 1 + 2 (rho_1 + ... + rho_M) at the smallest window M >= WINDOW x tau(M). Over the samples' ranks:
+    one preempted call 100x slower would otherwise set the whole correlation. Independent samples' tau(M) wanders
+    by about sqrt(4M / n) (Sokal's variance), so their correlation counts only where the lag-1 rank autocorrelation
+    lies above what independent samples give 99% of the time (DEPENDENT_Z / sqrt(n)); else tau is 1. A series
+    whose window does not close within half its length is too short to show all of its correlation: the largest
+    tau(M) it shows."""
     x = np.asarray(samples, dtype=np.float64)
-    m = math.isqrt(len(x))
+    n = len(x)
+    if n < 4:
+        return 1.0
+    ordered = np.sort(x)  # mid-ranks: tied samples share one (a constant series is no ramp)
+    r = (np.searchsorted(ordered, x, "left") + np.searchsorted(ordered, x, "right")) / 2.0
+    r -= r.mean()
+    spectrum = np.fft.rfft(r, 2 * n)
+    acf = np.fft.irfft(spectrum * np.conj(spectrum))[:n]
+    if acf[0] <= 0:  # every sample equal: nothing varies, nothing correlates
+        return 1.0
+    rho = acf / acf[0]
+    if rho[1] <= DEPENDENT_Z / math.sqrt(n):
+        return 1.0
+    taus = 2 * np.cumsum(rho) - 1
+    window = np.arange(n)
+    closed = np.flatnonzero((window >= WINDOW * taus) & (window >= 1) & (window <= n // 2))
+    return max(1.0, float(taus[closed[0]] if len(closed) else taus[1:n // 2 + 1].max()))
+
+
+def block_count(n: int, tau: float) -> int:
+    """How many blocks n samples of autocorrelation time tau are cut into: floor(sqrt(n)), fewer where a block
+    would be shorter than BLOCK_TAUS x tau (blocks much shorter than the correlation are not independent)."""
+    m = math.isqrt(n)
+    if tau >= DEPENDENT_TAU:
+        m = min(m, n // math.ceil(BLOCK_TAUS * tau))
+    return m
+
+
+def block_medians(samples: list[float]) -> np.ndarray:
+    """Medians of block_count(n, tau) blocks of consecutive samples (the oldest remainder left out). Under 25
+    samples (fewer than MIN_BLOCKS blocks whatever their length: rule 4 takes the samples) tau is not estimated."""
+    x = np.asarray(samples, dtype=np.float64)
+    tau = autocorrelation_time(x) if len(x) >= MIN_BLOCKS * MIN_BLOCKS else 1.0
+    m = block_count(len(x), tau)
     if m == 0:
-        return x
+        return x if len(x) == 0 else np.median(x)[None]
     size = len(x) // m
     return np.median(x[len(x) - m * size:].reshape(m, size), axis=1)
 
@@ -307,18 +360,70 @@ def judge(samples_a: list[float], samples_b: list[float], median_a: float, media
                                         "ratio at this --alpha: more repeats (--repeat) bound it")
         return ratio, (lo, hi), _beyond(lo, hi, cfg) or "same", f"over {len(repeats_a)} + {len(repeats_b)} repeats"
     blocks_a, blocks_b = block_medians(samples_a), block_medians(samples_b)
+    if _too_correlated(samples_a, blocks_a) or _too_correlated(samples_b, blocks_b):
+        return (ratio, *correlated(samples_a, samples_b, cfg, scenario))
     if min(len(blocks_a), len(blocks_b)) < MIN_BLOCKS:
         return (ratio, *few_samples(samples_a, samples_b, cfg, scenario))
     with np.errstate(divide="ignore", invalid="ignore"):  # over 0 ms: no finite bound, checked below
         lo, hi = ratio_interval(blocks_a, blocks_b, cfg.alpha)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return ratio, None, "n/a", ZERO_NOTE
+    # where the correlation lengthened the blocks, the note says what the calls were worth
+    lengthened = any(len(blocks) < math.isqrt(len(x)) for x, blocks in ((samples_a, blocks_a), (samples_b, blocks_b)))
+    worth = (f"{_effective(samples_a)} + {_effective(samples_b)} samples, autocorrelated: "
+             f"{len(blocks_a)} + {len(blocks_b)} blocks" if lengthened else "")
     verdict = _beyond(lo, hi, cfg)
     if verdict:
-        return ratio, (lo, hi), verdict, ""
+        return ratio, (lo, hi), verdict, worth
     if lo > 1 or hi < 1:
-        return ratio, (lo, hi), "same", f"a change, but not all of it beyond the {percent(cfg.min_effect)} min effect"
-    return ratio, (lo, hi), "same", ""
+        return ratio, (lo, hi), "same", "; ".join(
+            x for x in (worth, f"a change, but not all of it beyond the {percent(cfg.min_effect)} min effect") if x)
+    return ratio, (lo, hi), "same", worth
+
+
+def _too_correlated(samples: list[float], blocks: np.ndarray) -> bool:
+    """Samples enough for MIN_BLOCKS blocks that their correlation cut to fewer (`correlated` judges them)."""
+    return len(samples) >= MIN_BLOCKS * MIN_BLOCKS and len(blocks) < MIN_BLOCKS
+
+
+def _effective(samples: list[float]) -> str:
+    """A side's sample count with its effective size where its samples are autocorrelated: `300 (about 9)`."""
+    n = len(samples)
+    tau = autocorrelation_time(samples) if n >= MIN_BLOCKS * MIN_BLOCKS else 1.0
+    return f"{n} (about {max(1, round(n / tau))})" if tau >= DEPENDENT_TAU else f"{n}"
+
+
+def correlated(samples_a: list[float], samples_b: list[float], cfg: CompareConfig,
+               scenario: object = None) -> tuple[tuple[float, float] | None, str, str]:
+    """(interval, verdict, note) where a side's samples are so autocorrelated that they make fewer than MIN_BLOCKS
+    blocks of BLOCK_TAUS correlation times: the blocks' medians (a side under 25 samples: its samples) are taken
+    as independent draws, as repeats are (rule 5: a Welch t-interval of their mean log), never the samples, which
+    are not. Under two blocks a side: `n/a`, saying how many independent samples the calls were worth (n / tau)."""
+    units_a, units_b = (np.asarray(x, dtype=np.float64) if len(x) < MIN_BLOCKS * MIN_BLOCKS else block_medians(x)
+                        for x in (samples_a, samples_b))
+    counts = f"{_effective(samples_a)} + {_effective(samples_b)} samples"
+    hint = ("time longer (--min-time) or repeat the runs (--repeat)" if longer(scenario) == "--min-time"
+            else f"raise {longer(scenario)} or repeat the runs (--repeat)")
+    blocks = f"{len(units_a)} + {len(units_b)} blocks"
+    if not len(units_a) or not len(units_b):
+        return None, "n/a", f"{counts}: a verdict needs samples on both sides; {hint}"
+    interval = None
+    if min(len(units_a), len(units_b)) >= 2 and min(*units_a, *units_b) > 0:
+        interval = repeat_interval(units_a.tolist(), units_b.tolist(), cfg.alpha)
+    if interval is None and min(*samples_a, *samples_b) <= 0:  # a step of 0 ms samples reads as a correlation too
+        return None, "n/a", f"{counts}: {ZERO_NOTE}"
+    if interval is None or not all(math.isfinite(v) for v in interval):
+        return None, "n/a", (f"{counts}, autocorrelated (effective size in brackets): too few independent stretches "
+                             f"for a verdict at alpha {cfg.alpha:g} ({blocks} of at least {BLOCK_TAUS} correlation "
+                             f"times; an interval needs 2 a cell, spread narrowly enough); {hint}")
+    lo, hi = interval
+    verdict = _beyond(lo, hi, cfg)
+    note = f"{counts}, autocorrelated: t-interval over {blocks}"
+    if verdict:
+        return interval, verdict, note
+    if lo >= 1 - cfg.min_effect and hi <= 1 + cfg.min_effect:
+        return interval, "same", f"{note}, within the {percent(cfg.min_effect)} min effect"
+    return interval, "n/a", f"{note} reaches past the {percent(cfg.min_effect)} min effect; {hint}"
 
 
 def few_samples(samples_a: list[float], samples_b: list[float], cfg: CompareConfig,
@@ -349,12 +454,16 @@ def few_samples(samples_a: list[float], samples_b: list[float], cfg: CompareConf
 
 def method(samples_a: list[float], samples_b: list[float], reps_a: list[float] | None,
            reps_b: list[float] | None, interval) -> str | None:
-    """Which rule gave the interval: `repeats` (rule 5), `ranks` (rule 4) or `blocks` (rules 1-3); None: none."""
+    """Which rule gave the interval: `repeats` (rule 5), `ranks` (rule 4) or `blocks` (rules 1-3, and blocks cut
+    short by the samples' correlation); None: none."""
     if interval is None:
         return None
     if reps_a and reps_b and len(reps_a) >= 2 and len(reps_b) >= 2:
         return "repeats"
-    return "blocks" if min(len(block_medians(samples_a)), len(block_medians(samples_b))) >= MIN_BLOCKS else "ranks"
+    blocks_a, blocks_b = block_medians(samples_a), block_medians(samples_b)
+    if _too_correlated(samples_a, blocks_a) or _too_correlated(samples_b, blocks_b):
+        return "blocks"  # a t-interval over the blocks there are
+    return "blocks" if min(len(blocks_a), len(blocks_b)) >= MIN_BLOCKS else "ranks"
 
 
 def repeat_medians(rec: dict) -> list[float] | None:
