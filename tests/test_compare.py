@@ -6,7 +6,10 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -749,3 +752,42 @@ def test_a_b_that_lacks_cells_of_a_fails_the_gate_where_its_one_pair_is_na(tmp_p
     make_run(db, "c", [(cell("eager", b), ok_result([10.0, 12.0], b)) for b in (1, 2, 4)])
     res = CliRunner().invoke(app, ["compare", "a", "c", "--db", db])
     assert res.exit_code == 2 and "no pair of cells got a verdict" in res.output, res.output
+
+
+def _gate_runs(tmp_path) -> str:
+    """Runs `a` and `b` of one distribution (exit 0) and `slow`, 50% slower (exit 1)."""
+    db = str(tmp_path / "gate.db")
+    make_run(db, "a", [(cell("eager", n), ok_result(noisy(10.0 * n, seed=n), n)) for n in (1, 2)])
+    make_run(db, "b", [(cell("eager", n), ok_result(noisy(10.0 * n, seed=10 + n), n)) for n in (1, 2)])
+    make_run(db, "slow", [(cell("eager", n), ok_result(noisy(15.0 * n, seed=20 + n), n)) for n in (1, 2)])
+    return db
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("extra", [[], ["--json", "-"], ["--markdown", "-"]])
+def test_a_stdout_that_cannot_be_written_is_not_read_as_a_regression(tmp_path, extra):
+    """stdout on a full disk exited 1, the gate's "regression", where the runs were the same: now one line and
+    exit 3, whatever the verdict would have been."""
+    db = _gate_runs(tmp_path)
+    for run_b in ("b", "slow"):
+        with open("/dev/full", "w") as full:
+            out = subprocess.run([sys.executable, "-m", "transbench", "compare", "a", run_b, "--db", db, *extra],
+                                 stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+        assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.count("\n") == 1 and "No space left on device" in out.stderr and "exit 3" in out.stderr
+
+
+@pytest.mark.parametrize("extra", [[], ["--json", "-"]])
+def test_a_pipe_closed_early_ends_quietly_with_the_verdicts_exit(tmp_path, extra):
+    """`compare a b | head -1` exited 1 (rich's answer to a broken pipe) where B was no regression."""
+    db = _gate_runs(tmp_path)
+    for run_b, code in (("b", 0), ("slow", 1)):
+        for read in (0, 1):  # closed before a word was written; after its first line
+            proc = subprocess.Popen([sys.executable, "-m", "transbench", "compare", "a", run_b, "--db", db, *extra],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            if read:
+                proc.stdout.readline()
+            proc.stdout.close()
+            err = proc.stderr.read().decode()
+            assert proc.wait(timeout=120) == code and err == "", (run_b, read, err)
+            proc.stderr.close()

@@ -47,12 +47,9 @@ def _streams() -> None:
 def _output_failed(exc: OSError) -> int:
     """One line for stdout that cannot be written, and fd 1 pointed at /dev/null so the interpreter's last flush
     of what stays buffered does not fail again ('Exception ignored ... BrokenPipeError', exit 120)."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass
+    from .app import stdout_to_devnull
+
+    stdout_to_devnull()
     if exc.errno != errno.EPIPE:  # a reader that went away asked for no more: no word (as `yes | head`), exit 1
         try:
             sys.stderr.write(f"error: cannot write the output ({exc.strerror or exc}): free some space or write "

@@ -54,6 +54,17 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def stdout_to_devnull() -> None:
+    """Point fd 1 at /dev/null after stdout failed (a reader gone, a full disk): the interpreter's last flush of what
+    stays buffered would fail again ('Exception ignored ... BrokenPipeError', exit 120)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 class Stopped(KeyboardInterrupt):
     """A SIGTERM or SIGHUP, raised where the command is, so it ends as Ctrl-C does."""
 

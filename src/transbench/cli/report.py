@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import sys
+from contextlib import contextmanager
 from typing import Optional
 
 import typer
@@ -10,10 +13,37 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import SpecError
-from .app import app, fail, friendly
+from .app import app, fail, friendly, stdout_to_devnull
 from .tables import console, visible
 
 VERDICT_STYLE = {"slower": "bold red", "broken": "bold red", "faster": "bold green", "fixed": "green"}
+# `compare`'s exit where its table or document could not be written to stdout (a full disk, an I/O error): 1 is the
+# gate's "regression" and 2 its refusal of the input, and the comparison was neither.
+OUTPUT_FAILED = 3
+# Errors of stdout itself, not of the comparison (as cli/__init__.py's _OUTPUT_ERRORS)
+STDOUT_ERRORS = frozenset({errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+@contextmanager
+def judged_output(failed: bool):
+    """Print a comparison whose verdict is known; end with its exit code (1: a regression) whatever stdout does.
+    Everything printed is flushed here, inside the command: a write error surfaced at the interpreter's last flush
+    (cli/__init__.py main) as exit 1, and a CI gate read a full disk, or a `| head -1` that had read its line, as a
+    regression. A reader gone (EPIPE) asked for no more: no word, the verdict's exit. Another write error: one line
+    and exit OUTPUT_FAILED."""
+    try:
+        yield
+        sys.stdout.flush()
+    except OSError as exc:
+        if exc.errno not in STDOUT_ERRORS:
+            raise
+        stdout_to_devnull()
+        if exc.errno != errno.EPIPE:
+            typer.echo(f"error: cannot write the comparison to stdout ({exc.strerror or exc}): free some space or "
+                       f"write it elsewhere (exit {OUTPUT_FAILED}: no verdict was given)", err=True)
+            raise typer.Exit(OUTPUT_FAILED)
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -71,13 +101,14 @@ def compare(
                                                    "github-action-benchmark (tool: customSmallerIsBetter)"),
 ) -> None:
     """Per-cell latency ratio B/A with an interval (over block medians; an exact rank interval for few samples;
-    over repeats where both runs have them); exit code 1 when a cell got slower or broke."""
+    over repeats where both runs have them). Exit 0: no regression; 1: a cell got slower, broke or is missing in B;
+    2: the input was refused; 3: stdout could not be written."""
     import json
 
     from ..api import CompareConfig
     from ..api import compare_runs
-    from ..api import (comparison_document, comparison_markdown, comparison_table,
-                       github_benchmark_export as benchmark_entries, refusal_markdown, unmatched_table)
+    from ..api import (comparison_document, comparison_markdown, github_benchmark_export as benchmark_entries,
+                       refusal_markdown)
     from ..api import export
 
     outputs = {"--json": json_path, "--markdown": markdown, "--github-benchmark": github_benchmark}
@@ -111,10 +142,17 @@ def compare(
             (export.append_text if option == "--markdown" else export.write_text)(path, texts[option]())
     stdout = next((o for o, p in outputs.items() if p == "-"), None)
     if stdout is not None:  # the document alone on stdout, for a pipe; the gate's exit code as always
-        typer.echo(texts[stdout](), nl=False)
-        if cmp.failed:
-            raise typer.Exit(1)
+        with judged_output(cmp.failed):
+            typer.echo(texts[stdout](), nl=False)
         return
+    with judged_output(cmp.failed):
+        print_comparison(cmp)
+
+
+def print_comparison(cmp) -> None:
+    """The comparison's tables and summary line on stdout."""
+    from ..api import comparison_table, unmatched_table
+
     # A CI log or a narrow terminal: every value whole within 100 columns (long text folds, never "...").
     width = min(console.width, 100)
     for doc in (comparison_table(cmp), unmatched_table(cmp)):
@@ -129,5 +167,3 @@ def compare(
                         for h, v in zip(doc.headers, row)])
         console.print(t, width=width)
     console.print(visible(cmp.summary()), highlight=False, markup=False, width=width)
-    if cmp.failed:
-        raise typer.Exit(1)

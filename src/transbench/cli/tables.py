@@ -7,6 +7,7 @@ user-provided names and error messages are printed literally, never read as mark
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -42,7 +43,14 @@ def _width() -> int:
     return 180
 
 
-console = Console(width=_width())
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """A reader gone (`| head -1`) is an OSError for the command to handle, as every other write's is. rich's own
+        answer was SystemExit(1), which `compare` (where 1 means a regression) could not tell from a verdict."""
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+console = _Console(width=_width())
 
 
 def visible(text) -> str:
