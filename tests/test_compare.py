@@ -791,3 +791,67 @@ def test_a_pipe_closed_early_ends_quietly_with_the_verdicts_exit(tmp_path, extra
             err = proc.stderr.read().decode()
             assert proc.wait(timeout=120) == code and err == "", (run_b, read, err)
             proc.stderr.close()
+
+
+# Values of each JSON type; a key retyped takes one its declared type is not (null is every key's "does not apply")
+JSON_VALUES = {"string": "x", "number": 2.5, "integer": 3, "boolean": True, "array": [1], "object": {"a": 1}}
+_RECORD_TEXT = {"scenario": "string", "status": "string", "model": "string", "backend": "string", "dtype": "string",
+                "device": "string", "latency_ms": "number", "batch_size": "integer", "seq_len": "integer"}
+
+
+def _wrong_values(key: str) -> list:
+    declared = _RECORD_TEXT[key]
+    wrong = {"string": ("number", "integer", "boolean", "array", "object"),
+             "number": ("string", "boolean", "array", "object"), "integer": ("string", "number", "boolean", "array",
+                                                                              "object")}[declared]
+    return [JSON_VALUES[t] for t in wrong]
+
+
+@pytest.fixture(scope="module")
+def stored_pair(tmp_path_factory):
+    db = str(tmp_path_factory.mktemp("records") / "pair.db")
+    make_run(db, "a", [(cell("eager", n), ok_result(noisy(10.0 * n, seed=n), n)) for n in (1, 2)])
+    make_run(db, "b", [(cell("eager", n), ok_result(noisy(10.0 * n, seed=10 + n), n)) for n in (1, 2)])
+    return db
+
+
+@hypothesis_settings(max_examples=60, deadline=None)
+@given(key=st.sampled_from(sorted(_RECORD_TEXT)), data=st.data(), run=st.sampled_from(["a", "b"]),
+       removed=st.booleans(), every=st.booleans())
+@example(key="scenario", data=None, run="a", removed=True, every=True)
+def test_a_record_missing_or_retyping_a_required_key_is_refused_in_one_line(stored_pair, tmp_path_factory, key, data,
+                                                                            run, removed, every):
+    """A stored record without its `scenario` read as a cell of no scenario: compare said the runs "share no cell"
+    (exit 2, the damage unsaid). Any record key removed (of the required, store.db.RECORD_REQUIRED) or given another
+    JSON type (of those the catalogue types) is refused as damage: one line naming the store, the run and the key,
+    exit 2, nothing written."""
+    import shutil
+    import sqlite3
+
+    from transbench.store.db import RECORD_REQUIRED
+
+    if removed and key not in RECORD_REQUIRED:
+        removed = False  # an optional key may be left out: a record of another scenario has none of it
+    value = None if removed else (data.draw(st.sampled_from(_wrong_values(key))) if data is not None
+                                  else _wrong_values(key)[0])
+    db = str(tmp_path_factory.mktemp("edited") / "s.db")
+    shutil.copy(stored_pair, db)
+    con = sqlite3.connect(db)
+    run_id = con.execute("SELECT run_id FROM runs WHERE name = ?", (run,)).fetchone()[0]
+    rows = con.execute("SELECT rowid, record FROM cells WHERE run_id = ?", (run_id,)).fetchall()
+    for rowid, text in rows if every else rows[:1]:
+        record = json.loads(text)
+        if removed:
+            del record[key]
+        else:
+            record[key] = value
+        con.execute("UPDATE cells SET record = ? WHERE rowid = ?", (json.dumps(record), rowid))
+    con.commit()
+    con.close()
+    before = open(db, "rb").read()
+    res = CliRunner().invoke(app, ["compare", "a", "b", "--db", db])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    assert res.output.startswith("error: store ") and res.output.count("\n") == 1, res.output
+    assert "is damaged" in res.output and f"of run '{run}'" in res.output and key in res.output, res.output
+    assert "share no cell" not in res.output and "Traceback" not in res.output
+    assert open(db, "rb").read() == before

@@ -43,6 +43,9 @@ SCHEMA_VERSION = 1  # PRAGMA user_version: a newer one is refused rather than mi
 RUN_KINDS = {"inference": ("inference", "generation", "max-batch"), "training": ("training", "max-batch"),
              "serve": ("serve", "serve-max-rate"),
              "micro": ("micro-gemm", "micro-bandwidth", "micro-layer", "micro-breakdown", "micro-collectives")}
+# The keys every stored record holds as text, equal to its row's columns of the same name (put_cell writes them):
+# a record missing one, or holding another type, is damage named by run and cell, never a cell of no scenario.
+RECORD_REQUIRED = ("scenario", "status")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -775,11 +778,13 @@ class Store:
     @_guarded
     def put_cell(self, run_id: str, key: str, scenario: str, status: str, record: dict, *, cell: dict,
                  samples: list | None = None, info: dict | None = None, warnings: list | None = None) -> None:
+        """Store a cell; its record names the row's scenario and status where it does not (RECORD_REQUIRED)."""
         self._check_in_place()
         with self.conn:  # one transaction: the cell is stored whole or not at all
             self.conn.execute(
                 "INSERT OR REPLACE INTO cells VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (run_id, key, scenario, status, json.dumps(finite_json(record), default=str), json.dumps(cell),
+                (run_id, key, scenario, status, json.dumps(finite_json({"scenario": scenario, "status": status,
+                                                                         **record}), default=str), json.dumps(cell),
                  json.dumps(samples or []), json.dumps(finite_json(info or {}), default=str),
                  json.dumps(warnings or []), _now()),
             )
@@ -826,9 +831,18 @@ class Store:
             if scenarios is not None and r[1] not in scenarios:
                 self._damaged("scenario", where, f"{_cut(repr(r[1]))}, not a scenario of its run's kind, {run[1]} "
                               f"({', '.join(scenarios)})")
-            if record.get("scenario", r[1]) != r[1]:
-                self._damaged("record", where, f"a record of scenario {repr(record['scenario'])[:80]}, not its row's "
-                              f"{_cut(repr(r[1]))}")
+            for name, row_value in zip(RECORD_REQUIRED, (r[1], r[2])):
+                if name not in record:
+                    # A record without its scenario read as a cell of no scenario: `compare` then matched none of
+                    # the other run's cells and said the runs "share no cell", hiding the damage.
+                    self._damaged("record", where, f"a record without its {name} key (its row's is "
+                                  f"{_cut(repr(row_value))})")
+                if not isinstance(record[name], str):
+                    self._damaged("record", where, f"a record whose {name} is "
+                                  f"{_JSON_NAME.get(type(record[name]), type(record[name]).__name__)}, not text")
+                if record[name] != row_value:
+                    self._damaged("record", where, f"a record of {name} {repr(record[name])[:80]}, not its row's "
+                                  f"{_cut(repr(row_value))}")
             out.append({"key": r[0], "scenario": r[1], "status": r[2], "record": record, "cell": cell,
                         "samples": samples, "info": info, "warnings": warnings, "created": r[8]})
         return out
