@@ -855,3 +855,16 @@ def test_a_record_missing_or_retyping_a_required_key_is_refused_in_one_line(stor
     assert "is damaged" in res.output and f"of run '{run}'" in res.output and key in res.output, res.output
     assert "share no cell" not in res.output and "Traceback" not in res.output
     assert open(db, "rb").read() == before
+
+
+@pytest.mark.parametrize("run_a, run_b, empty", [("a", "empty", "'empty' holds"), ("empty", "a", "'empty' holds")])
+def test_a_run_without_cells_is_named_not_sent_to_compare_grids(tmp_path, run_a, run_b, empty):
+    """A run that stored no cell (stopped before its first) was refused as "no cell of one has the settings of a cell
+    of the other", which sends the reader to compare two grids: the line names the run that holds none."""
+    db = str(tmp_path / "e.db")
+    make_run(db, "a", [(cell("eager", n), ok_result(noisy(10.0 * n, seed=n), n)) for n in (1, 2)])
+    make_run(db, "empty", [])
+    res = CliRunner().invoke(app, ["compare", run_a, run_b, "--db", db])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert empty in res.output and "no cell that compare judges" in res.output
+    assert "settings of a cell" not in res.output

@@ -733,6 +733,13 @@ def nothing_compared(cmp: Comparison) -> str | None:
     elif moved is not None:
         why = (f"their cells ran on other hardware ({moved['_why']}): their latencies would compare the "
                "machines, not the code")
+    elif not cmp.cells and not (cmp.only_a and cmp.only_b):
+        # "no cell of one has the settings of a cell of the other" sent the reader to compare grids where one run
+        # held no cell at all: a B that stopped before its first cell, or a name given to the wrong run
+        empty = [run["name"] for run, recs in ((a, cmp.only_a), (b, cmp.only_b)) if not recs]
+        why = (f"{' and '.join(repr(n) for n in empty)} hold{'s' if len(empty) == 1 else ''} no cell that compare "
+               "judges (none stored, or only max-batch answers and rate probes, which are searches): `transbench "
+               "runs` counts each run's cells")
     elif cmp.cells:
         why = (f"the {len(cmp.cells)} cell(s) they share ran ok in neither (A: {_statuses(c.record_a for c in cmp.cells)};"
                f" B: {_statuses(c.record_b for c in cmp.cells)}): fix what failed and run them again")
