@@ -338,6 +338,17 @@ def test_config_json_deep_or_far_beyond_its_weights_is_refused_before_building(t
     assert not (tmp_path / "x.db").exists()
 
 
+@pytest.mark.parametrize("command", [["run"], ["serve", "--offline"], ["train"], ["micro", "layer"], ["server"]])
+def test_a_model_folder_named_in_bytes_that_are_not_utf8_is_refused(tmp_path, weights, command):
+    """Such a name reaches Python as lone surrogates: it resolved, and every cell was stored as an `error`
+    (UnicodeEncodeError in the worker: safetensors opens UTF-8 paths only), exit 0."""
+    d = folder_with(tmp_path, weights, TINY_BERT).rename(tmp_path / os.fsdecode(b"ckpt\xff"))
+    line = refused(invoke(*command, "--model", d, "--device", "cpu", *(["--db", tmp_path / "x.db"]
+                                                                        if command != ["server"] else [])))
+    assert "is not UTF-8 text" in line and "\\udcff" in line
+    assert not (tmp_path / "x.db").exists()
+
+
 @FAST
 @given(header=st.binary(max_size=200) | values.map(lambda v: json.dumps(v).encode())
        | depths.map(lambda n: nested_json(n).encode()),

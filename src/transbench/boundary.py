@@ -340,6 +340,16 @@ def is_number(v) -> bool:
         return False
 
 
+def is_utf8(text: str) -> bool:
+    """Text UTF-8 can hold. Bytes given that are not UTF-8 (a name typed in a Latin-1 terminal, a folder named so)
+    reach Python as lone surrogates, which SQLite cannot store and safetensors cannot open as a path."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def ascii_int(text: str) -> int:
     """int() of ASCII digits only: int('٣') is 3, and a counts file or an option is written in ASCII."""
     if not text.isascii():

@@ -800,6 +800,11 @@ def resolve(model: str) -> ModelRef:
     if not model.strip():  # Path("") is the current folder: `--model ''` benchmarked whatever checkpoint was there
         raise SpecError(f"a model name is empty: use a preset ({', '.join(PRESETS)}) or a local checkpoint "
                         "folder (./ for the current one)")
+    if not boundary.is_utf8(model):
+        # A folder named in bytes that are not UTF-8 resolved, and every cell of it was stored as an `error`
+        # (UnicodeEncodeError: safetensors and the tokenizers open UTF-8 paths only), exit 0.
+        raise SpecError(f"model {model!r} is not UTF-8 text (bytes the terminal could not decode): transformers "
+                        "and safetensors open UTF-8 paths only; rename the folder (or link to it) with a UTF-8 name")
     path = Path(model).expanduser()
     # os.path.isdir, not Path.is_dir: before Python 3.13 the latter raises for a name too long (ENAMETOOLONG) or a
     # folder that cannot be searched (EACCES), and `--model` of a 10,000-character name was a traceback

@@ -262,18 +262,9 @@ _JSON_NAME = {type(None): "null", bool: "true or false", int: "a number", float:
               list: "a list", dict: "an object"}
 
 
-def _encodable(text: str) -> bool:
-    """Text SQLite can hold: a name given as bytes that are not UTF-8 reaches Python as lone surrogates."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def check_name_text(name: str | None) -> None:
     """A run name SQLite can store: refused before a command creates its store, and again on storing it."""
-    if name is not None and not _encodable(name):
+    if name is not None and not boundary.is_utf8(name):
         raise SpecError(f"run name {name!r} is not UTF-8 text (bytes the terminal could not decode): "
                         "use letters, digits, spaces and punctuation")
 
@@ -712,7 +703,7 @@ class Store:
     def find_run(self, ref: str) -> dict | None:
         """A run by name, by id, or 'last' for the newest. A name wins over another run's id: a run may be
         named like one (12 hex digits), and must not then stand for that other run."""
-        if not _encodable(ref):
+        if not boundary.is_utf8(ref):
             return None  # no stored name holds text that is not UTF-8 (a shell's undecodable bytes)
         if ref == "last":
             row = self.conn.execute("SELECT * FROM runs ORDER BY created DESC, rowid DESC LIMIT 1").fetchone()
@@ -724,7 +715,7 @@ class Store:
     @_guarded
     def run_named(self, name: str) -> dict | None:
         """The run of exactly this name (never 'last', never an id): the run a --name resumes."""
-        if not _encodable(name):
+        if not boundary.is_utf8(name):
             return None
         row = self.conn.execute("SELECT * FROM runs WHERE name=?", (name,)).fetchone()
         return None if row is None else self._run(row)
