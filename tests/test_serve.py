@@ -70,6 +70,37 @@ def test_lengths_forms_and_refusals(tmp_path):
         serve_lengths.parse(f"text:{counts}", 512, str(folder))
 
 
+def test_a_text_lengths_file_is_tokenized_in_chunks_and_refused_past_its_caps(tmp_path, monkeypatch):
+    """Tokenized whole, 2 million short lines held 5.8 GB and one line of 20 MB 3.4 GB: a file near the byte limit
+    ran the host out of memory. Lines are now split as before (form feeds, U+2028, CRLF) and tokenized a chunk at a
+    time; a file past the request or line cap is refused before any tokenizer loads."""
+    chunks = []
+
+    def tokenizer(model_dir, name):
+        def tokenize(lines):
+            chunks.append(len(lines))
+            return {"input_ids": [line.split() for line in lines]}
+        return tokenize
+
+    monkeypatch.setattr(serve_lengths, "_tokenizer", tokenizer)
+    monkeypatch.setattr(serve_lengths, "TEXT_CHUNK", 4)
+    text = tmp_path / "t.txt"
+    lines = [" ".join(["w"] * (i % 7 + 1)) for i in range(10)]
+    text.write_text("a b\x0ca\r\n\u2028  \n" + "\n".join(lines) + "\n", encoding="utf-8")
+    got = serve_lengths.parse(f"text:{text}", 512, "unused")
+    want = [2, 1, *(len(line.split()) for line in lines)]
+    assert dict(zip(got.counts, got.weights)) == {n: want.count(n) for n in set(want)}
+    assert sum(chunks) == len(want) and max(chunks) <= 4 + 1
+    monkeypatch.setattr(serve_lengths, "_tokenizer", lambda *a: pytest.fail("tokenizer loaded"))
+    monkeypatch.setattr(serve_lengths, "MAX_REQUESTS", 11)
+    with pytest.raises(SpecError, match=r"more than 11 requests; give a sample"):
+        serve_lengths.parse(f"text:{text}", 512, "unused")
+    monkeypatch.setattr(serve_lengths, "MAX_REQUESTS", 100)
+    monkeypatch.setattr(serve_lengths, "TEXT_LINE_CHARS", 10)
+    with pytest.raises(SpecError, match=r"line 8: 12 characters, above the 10 a request may hold"):
+        serve_lengths.parse(f"text:{text}", 512, "unused")
+
+
 def test_shape_buckets():
     assert [batch_bucket(n, 24) for n in (1, 2, 3, 5, 17, 24)] == [1, 2, 4, 8, 24, 24]
     assert [len_bucket(n, 100) for n in (1, 32, 33, 99)] == [32, 32, 64, 100]

@@ -15,6 +15,7 @@ from pathlib import Path
 from ...boundary import ascii_int
 from ...errors import SpecError
 from ...spec import read_number
+from .load import MAX_REQUESTS
 
 FORMS = "fixed:N, normal:MEAN:MAX[:STDEV], lognormal:MEAN:MAX[:SIGMA], counts:FILE or text:FILE"
 LOGNORMAL_SIGMA = 0.5  # a spread typical of chat/query lengths; MEAN and MAX are what users quote
@@ -159,9 +160,7 @@ def _from_file(kind: str, name: str, tokenizer_dir: str | None) -> Lengths:
             if kind == "counts":
                 counts, digest = _histogram(_parse_counts(f, label, name))
             else:
-                lines = [line for line in f.read().splitlines() if line.strip()]
-                counts, digest = _histogram(len(ids) for ids in _tokenizer(tokenizer_dir, name)(lines)["input_ids"]
-                                            ) if lines else (Counter(), "")
+                counts, digest = _histogram(_token_counts(f, label, tokenizer_dir, name))
     except OSError as exc:  # unreadable (permissions, a device): bad input, not a traceback
         raise SpecError(f"{label}: cannot be read ({exc.strerror or exc})") from None
     if not counts:
@@ -188,6 +187,42 @@ def _parse_counts(lines, label: str, name: str):
             raise SpecError(f"{label} line {i}: a count of {len(text)} digits is past {MAX_FILE_NUMBER:,}, the "
                             "largest a counts file may hold")
         yield n
+
+
+# A text file is tokenized TEXT_CHUNK lines at a time, keeping only each line's count: tokenized whole, 2 million
+# short lines (39 MB) held 5.8 GB and took 2.5 minutes; a file near MAX_FILE_BYTES would have held tens of GB.
+# Requests are capped as a trace's are (MAX_REQUESTS: each is tokenized, not counted), and so is a line: tokenizing
+# one line of 20 MB held 3.4 GB, and a line of over TEXT_LINE_CHARS characters is longer than any model's positions
+# at a few characters a token.
+TEXT_CHUNK = 1000
+TEXT_LINE_CHARS = 2**20
+
+
+def _token_counts(f, label: str, tokenizer_dir: str | None, name: str):
+    """Each non-blank line's token count, in file order. Lines as str.splitlines splits them (form feeds, U+2028
+    too), as the whole text was split before: a counts' digest names the cell. The file is read through once first,
+    so a file past the caps is refused in seconds, before any line is tokenized."""
+    lines = 0
+    for i, physical in enumerate(f, 1):
+        if len(physical) > TEXT_LINE_CHARS:
+            raise SpecError(f"{label} line {i}: {len(physical):,} characters, above the {TEXT_LINE_CHARS:,} a request "
+                            "may hold (more tokens than any model's positions): shorten or drop it")
+        lines += sum(1 for line in physical.splitlines() if line.strip())
+        if lines > MAX_REQUESTS:
+            raise SpecError(f"{label}: more than {MAX_REQUESTS:,} requests; give a sample of its lines "
+                            f"(shuf -n {MAX_REQUESTS})")
+    if not lines:
+        return
+    tokenize = _tokenizer(tokenizer_dir, name)
+    f.seek(0)
+    chunk = []
+    for physical in f:
+        chunk += [line for line in physical.splitlines() if line.strip()]
+        if len(chunk) >= TEXT_CHUNK:
+            yield from (len(ids) for ids in tokenize(chunk)["input_ids"])
+            chunk = []
+    if chunk:
+        yield from (len(ids) for ids in tokenize(chunk)["input_ids"])
 
 
 def _histogram(counts) -> tuple[Counter, str]:
