@@ -349,6 +349,30 @@ def test_a_model_folder_named_in_bytes_that_are_not_utf8_is_refused(tmp_path, we
     assert not (tmp_path / "x.db").exists()
 
 
+@pytest.mark.parametrize("option,content", [
+    ("--trace", '{"timestamp": 0, "input_length": 8, "output_length": 1}\n'
+                '{"timestamp": 500, "input_length": 8, "output_length": 1}\n'),
+    ("--lengths", "8\n8\n"),
+])
+def test_a_file_named_in_bytes_that_are_not_utf8_is_refused_before_its_run_stores_it(tmp_path, monkeypatch, option,
+                                                                                     content):
+    """`serve --trace` of such a file measured, exit 0, and the run's spec held its name as a lone surrogate, which
+    the TOML `runs --spec` wrote from it could not read back. Every text setting of a spec is refused so (spec.coerce),
+    from the command line and a spec file alike."""
+    monkeypatch.chdir(tmp_path)
+    name = os.fsdecode(b"f\xff.txt")
+    Path(name).write_text(content)
+    value = name if option == "--trace" else f"counts:{name}"
+    line = refused(invoke("serve", "--model", "bert-tiny", "--device", "cpu", "--warmup", "0",
+                          *(["--offline", "--duration", "0.2"] if option == "--lengths" else []), option, value,
+                          "--db", "x.db"))
+    assert line.startswith(f"error: {option} ") and "is not UTF-8 text" in line
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({"models": ["bert-tiny"], "compile_mode": "\udcff"}))
+    refused(invoke("run", "--spec", spec, "--db", "x.db"), "compile_mode: '\\udcff' is not UTF-8 text")
+    assert not (tmp_path / "x.db").exists()
+
+
 @FAST
 @given(header=st.binary(max_size=200) | values.map(lambda v: json.dumps(v).encode())
        | depths.map(lambda n: nested_json(n).encode()),
