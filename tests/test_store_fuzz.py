@@ -168,6 +168,26 @@ def test_a_stored_spec_that_does_not_read_back_is_damage(tmp_path):
     assert digest(tmp_path) == before
 
 
+def test_text_stored_before_it_was_refused_as_not_utf8_is_reported_and_its_spec_is_damage(tmp_path):
+    """A model folder or a trace named in bytes that are not UTF-8 was stored (as a lone surrogate's JSON escape)
+    before spec.coerce refused such text: `report` of the run was a UnicodeEncodeError traceback, and `runs --spec`
+    wrote a serve run's spec as TOML its --spec refused."""
+    db = tmp_path / "s.db"
+    two_runs(db)
+    edit_store(db, "UPDATE cells SET key=replace(key, 'bert-tiny', 'bert-tiny\\udcff'), "
+                   "record=replace(record, 'bert-tiny', 'bert-tiny\\udcff')")
+    res = invoke("report", "A", "B", "--db", db, "--out", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    assert "bert-tiny\\udcff" in (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    make_run(str(db), "S", [], kind="serve", spec={"model": "bert-tiny", "trace": "t\udcff.jsonl"})
+    before = digest(tmp_path)
+    for out in ("s.toml", "-"):
+        refused(invoke("runs", "--db", db, "--spec", "S", "--out", tmp_path / out if out != "-" else out),
+                f"store {db} is damaged: the spec of run 'S' does not read back (a setting holds text that is not "
+                "UTF-8)")
+    assert digest(tmp_path) == before
+
+
 def test_merge_joins_a_host_whose_gpus_are_bare_names(tmp_path):
     """Older stores hold a GPU as its name alone, which every reader takes; merge's host entry took only objects."""
     source, target = tmp_path / "s.db", tmp_path / "t.db"

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .. import api
+from .. import api, boundary
 from ..scenarios.inference.spec import RunSpec
 from ..spec import dump_text
 from ..api import export
@@ -122,6 +122,11 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
             fail(f"store {db} is damaged: the spec of run {match[0]['name']!r} does not read back ({exc}): restore it "
                  "from a copy, or give another --db")
         stored = api.spec_file(match[0])
+        if not boundary.is_utf8(json.dumps(stored, ensure_ascii=False)):
+            # a setting given in bytes that are not UTF-8, stored before spec.coerce refused it: the TOML written from
+            # it (a lone surrogate's escape) was refused by the --spec it was written for
+            fail(f"store {db} is damaged: the spec of run {match[0]['name']!r} does not read back (a setting holds "
+                 "text that is not UTF-8): restore it from a copy, or write the spec by hand")
         # a training, serve or micro run's spec too: --out was ignored for them (JSON on stdout, no file, exit 0).
         # stdout gets the text a .yaml file gets, mark included: printed without it (and a serve, train or micro
         # spec as JSON), `runs --spec X > s.yaml` given to another command's --spec was refused key by key instead

@@ -175,17 +175,20 @@ def replacing(path: str | Path, binary: bool = False):
     except FileNotFoundError:
         special = False
     mode, newline = ("b", None) if binary else ("", "")
+    # A lone surrogate (a name given in bytes that are not UTF-8, kept in a store written before spec.coerce refused
+    # such text) is written as its escape: strict, `report` of such a run was a UnicodeEncodeError traceback.
+    errors = None if binary else "backslashreplace"
     if special:  # by the path given: /dev/stdout on a pipe resolves to '/proc/PID/fd/pipe:[N]', a name not there
-        with open(_open_special(path), "w" + mode, newline=newline) as f:
+        with open(_open_special(path), "w" + mode, newline=newline, errors=errors) as f:
             yield f
         return
     target = Path(os.path.realpath(path))
     # A short name of its own: the target's name plus a suffix could pass the file system's longest name.
     tmp = target.with_name(f".transbench-{uuid.uuid4().hex[:12]}.tmp")
     try:
-        f = open(tmp, "x" + mode, newline=newline)  # the mode `open(path, "w")` gives (umask), never a shared name
+        f = open(tmp, "x" + mode, newline=newline, errors=errors)  # the mode `open(path, "w")` gives, never shared
     except PermissionError:
-        with open(path, "w" + mode, newline=newline) as f:
+        with open(path, "w" + mode, newline=newline, errors=errors) as f:
             yield f
         return
     try:
@@ -218,7 +221,7 @@ def append_text(path: str | Path, text: str) -> None:
     except FileNotFoundError:
         special = False
     if special:
-        with open(_open_special(path), "w", newline="") as f:
+        with open(_open_special(path), "w", newline="", errors="backslashreplace") as f:
             f.write(text)
         return
     with open(path, "a+b") as f:  # a+: the end can be read; every write goes to the end
@@ -227,7 +230,7 @@ def append_text(path: str | Path, text: str) -> None:
         end = f.read()
         gap = b"" if not size or end.endswith(b"\n\n") else b"\n" if end.endswith(b"\n") else b"\n\n"
         try:
-            f.write(gap + text.encode("utf-8"))
+            f.write(gap + text.encode("utf-8", "backslashreplace"))  # a lone surrogate, as replacing() writes it
             f.flush()
         except BaseException:
             with suppress(OSError):
