@@ -324,6 +324,42 @@ def test_a_config_number_json_does_not_allow_is_refused_in_one_line(tmp_path_fac
         assert math.isfinite(value)
 
 
+# Fields of a BERT config.json that transformers reads while building or running the model, besides the sizes above.
+RUN_FIELDS = ["type_vocab_size", "layer_norm_eps", "initializer_range", "hidden_dropout_prob",
+              "attention_probs_dropout_prob", "pad_token_id", "classifier_dropout", "chunk_size_feed_forward",
+              "bos_token_id", "eos_token_id", "num_labels", "hidden_act", "position_embedding_type", "is_decoder",
+              "use_cache", "torch_dtype", "tie_word_embeddings", "output_hidden_states", "output_attentions",
+              "return_dict", "pruned_heads", "add_cross_attention", "problem_type", "id2label", "label2id"]
+config_values = values | st.sampled_from([0, 1, -1, 2, 2**31, 2**63, 1e-300, 1e300, 0.5, 2.5, "gelu", "relu"])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(edit=st.dictionaries(st.sampled_from(RUN_FIELDS), config_values, min_size=1, max_size=2))
+@example(edit={"chunk_size_feed_forward": None})
+def test_any_config_field_a_forward_reads_is_refused_in_one_line_or_runs_a_cell(tmp_path_factory, weights, edit):
+    """config.json with any of those fields set to any JSON value: refused in one line before anything is built, or
+    the model builds and runs a cell's inputs. `chunk_size_feed_forward: null` built, and every cell was an `error`
+    (TypeError in the forward), exit 0."""
+    import torch
+
+    from transbench.cells import Cell
+    from transbench.models import build
+    from transbench.scenarios.inference.measure import cell_inputs
+
+    d = folder_with(tmp_path_factory.mktemp("cfg"), weights, {**TINY_BERT, **edit})
+    try:
+        ref = build.resolve(str(d))
+    except SpecError as exc:
+        one_line(exc)
+        return
+    model = build.build_model(ref, "base")
+    inputs = cell_inputs(Cell(model=str(d), task="base", backend="eager", dtype="fp32", batch=1, seq=8,
+                              device="cpu"), ref.shape)
+    with torch.no_grad():
+        model(**inputs.model_kwargs())
+
+
 @pytest.mark.parametrize("config,needle", [
     (nested_json(100_000).replace('"batches"', '"model_type": "bert", "x"'), "nests deeper"),
     ("[" * 100_000, "nests deeper"),

@@ -374,6 +374,12 @@ def _check_sizes(folder: Path, cfg, raw: dict) -> None:
             # it, NaN wherever a token's variance is below -eps, and every cell read `wrong` (rel_err inf), eager too
             _refuse(folder, f"config.json sets {key} to {value!r}, and it must be a number of 0 or more",
                     "fix config.json")
+    chunk = getattr(cfg, "chunk_size_feed_forward", 0)
+    if isinstance(chunk, bool) or not isinstance(chunk, int):
+        # transformers' feed-forward chunking compares it with 0 in every forward: null (or 2.5) built, and every cell
+        # was an `error` ("'>' not supported between instances of 'NoneType' and 'int'"), exit 0
+        _refuse(folder, f"config.json sets chunk_size_feed_forward to {chunk!r}, and it must be a whole number "
+                        "(0: no chunking)", "fix config.json")
     if getattr(cfg, "vocab_size", None) == 1:
         # The cells' random tokens avoid the padding id (RoBERTa numbers positions by it): one id leaves none to
         # draw, and every cell was an `error` ("random_ expects 'from' to be less than 'to'").
