@@ -851,6 +851,19 @@ def missing_head(ref: ModelRef, task: str) -> str | None:
     return f"task '{task}' needs {kind}; {ref.name} is {ref.family}, which runs {', '.join(family_tasks(ref.family))}"
 
 
+def too_long(ref: ModelRef, seq: int, new_tokens: int = 0) -> str | None:
+    """Why a cell of `seq` prompt positions, generating `new_tokens` after them (0: no generation), does not fit
+    `ref`'s positions, or None. Generation feeds each new token but the last, read from the logits (Cell.positions).
+    One wording for the grid's refusal and for the cell a grid records `unsupported` while its other cells run."""
+    extra = max(new_tokens - 1, 0)
+    top = ref.shape.max_positions
+    if seq + extra <= top:
+        return None
+    what = (f"seq {seq} + {new_tokens} new tokens needs {seq + extra} positions, more" if extra
+            else f"seq {seq} is longer")
+    return f"{what} than {ref.name} allows ({top} positions)"
+
+
 def check_task(ref: ModelRef, task: str) -> None:
     """One model, one task: bad input when the family has no such head."""
     reason = missing_head(ref, task)

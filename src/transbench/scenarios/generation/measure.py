@@ -179,7 +179,9 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
 
     device = dev.resolve(cell.device)
     backend = backends.get(cell.backend)
-    reason = backend.unsupported_reason(device.type, cell.dtype, cell.task)
+    # a prompt and new tokens past the model's positions: the grid's other cells run (inference/cells.py check_lengths)
+    reason = build.too_long(build.resolve(cell.model), cell.seq, cell.new_tokens) or \
+        backend.unsupported_reason(device.type, cell.dtype, cell.task)
     if reason:
         return CellResult("unsupported", error=reason)
     if cell.quant != "none":

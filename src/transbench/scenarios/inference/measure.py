@@ -188,8 +188,10 @@ def model_for(cache: ModelCache, cell: Cell, backend, device):
 
 
 def unsupported_reason(cell: Cell, backend, device) -> str | None:
-    """Why the cell cannot run here: its backend's reason, or its quant's."""
-    reason = backend.unsupported_reason(device.type, cell.dtype, cell.task, cell.quant)
+    """Why the cell cannot run here: its prompt longer than its model's positions (cells.py check_lengths), its
+    backend's reason, or its quant's."""
+    reason = build.too_long(build.resolve(cell.model), cell.seq) or \
+        backend.unsupported_reason(device.type, cell.dtype, cell.task, cell.quant)
     if reason or cell.quant == "none":
         return reason
     capability = dev.nvml_capability(device.index or 0) if device.type == "cuda" else None

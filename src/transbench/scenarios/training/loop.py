@@ -49,6 +49,9 @@ def _missing(module: str) -> bool:
 def check_supported(cell: TrainCell, device_type: str) -> None:
     """Raise Unsupported naming what to install or where it runs, before anything is built."""
     cuda = device_type == "cuda"
+    too_long = build.too_long(build.resolve(cell.model), cell.seq)  # the grid's cells that fit run (spec.py validate)
+    if too_long:
+        raise Unsupported(too_long)
     if cell.dtype in ("fp16", "tf32") and not cuda:
         raise Unsupported(f"--dtype {cell.dtype} trains on CUDA only: use fp32 or bf16 on the CPU")
     if cell.backend == "flash-attn2":

@@ -180,10 +180,10 @@ def validate(spec: TrainSpec) -> TrainSpec:
         if "masked" in spec.heads and "mlm" not in (spec.tasks or [default_task(ref.shape)]):
             raise SpecError(f"--head masked runs the MLM head on the masked positions: {ref.name} trains "
                             f"{'/'.join(spec.tasks or [default_task(ref.shape)])} (use --task mlm or --head all)")
-        too_long = [s for s in spec.seqs if s > ref.shape.max_positions]
-        if too_long:
-            raise SpecError(f"seq {too_long[0]} is longer than {ref.name} allows ({ref.shape.max_positions} "
-                            f"positions): use --seq {ref.shape.max_positions} or less")
+    # A cell longer than its model's positions is `unsupported` where it runs (loop.py check_supported), so the cells
+    # of the grid that fit still train; a grid none of whose cells fits is bad input.
+    if all(build.too_long(ref, s) for ref in refs for s in spec.seqs):
+        raise SpecError(f"{build.too_long(refs[0], min(spec.seqs))}: use --seq {refs[0].shape.max_positions} or less")
     for p in spec.dtypes:
         if p not in TRAIN_DTYPES:
             raise SpecError(f"unknown dtype '{p}': choose from {', '.join(TRAIN_DTYPES)}")
