@@ -1391,10 +1391,59 @@ def test_a_phi3_with_an_odd_head_size_is_refused_in_one_line(tmp_path):
     # Before: every cell an `error` ("The size of tensor a (25) must match the size of tensor b (26)").
     folder = _save(tmp_path, "phi3", "phi3", "AutoModelForCausalLM", **dict(BERT, hidden_size=100,
                                                                              num_key_value_heads=1, pad_token_id=9))
-    assert "cannot run it" in _refusal(folder)
+    assert "phi3 attention heads of 25 dimensions" in _refusal(folder)
     # DeBERTa needs a mask on the meta device and still resolves (its type_vocab_size 0 builds no embedding)
     build.resolve(_save(tmp_path, "deberta", "deberta-v2", "AutoModel", type_vocab_size=0, relative_attention=True,
                         position_buckets=8, pos_att_type=["p2c", "c2p"], **BERT))
+
+
+def _odd_rotary(tmp_path, family, head, keep_partial, cls_name, **extra):
+    """A checkpoint of 4 heads of `head` dimensions, saved with partial_rotary_factor 0.5 (which transformers 5.24's
+    config check lets through) and, without keep_partial, that factor taken out of config.json after: a checkpoint
+    transformers 5.17 makes, whose config check passes an odd head."""
+    import transformers
+
+    shape = dict(BERT, hidden_size=4 * head, pad_token_id=0, **extra)
+    if family != "modernbert":
+        shape.update(num_key_value_heads=2)
+    config = transformers.AutoConfig.for_model(family, partial_rotary_factor=0.5, **shape)
+    torch.manual_seed(0)
+    getattr(transformers, cls_name).from_config(config).save_pretrained(tmp_path / family)
+    path = tmp_path / family / "config.json"
+    cfg = json.loads(path.read_text())
+    if not keep_partial:
+        for table in (cfg, cfg.get("rope_parameters") or {}):
+            table.pop("partial_rotary_factor", None)
+    path.write_text(json.dumps(cfg))
+    return tmp_path / family
+
+
+@pytest.mark.parametrize("family, head, keep_partial, given", [
+    ("llama", 25, False, "head_dim 25"),  # transformers 5.24 refused its config in its own words ("RoPE requires ...")
+    ("llama", 25, True, "head_dim 25"),  # Llama rotates the whole head whatever the factor: a torch broadcast message
+    ("llama", 3, False, "head_dim 3"),  # a head of 4 or fewer passes transformers' check, and failed in torch
+    ("qwen2", 25, False, "hidden_size 100 / num_attention_heads 4"),  # no head_dim in its config: failed in torch
+    ("modernbert", 25, False, "hidden_size 100 / num_attention_heads 4"),
+])
+def test_an_odd_head_a_rotary_embedding_turns_whole_is_refused_in_our_own_words(tmp_path, family, head, keep_partial,
+                                                                              given):
+    cls_name = "AutoModelForMaskedLM" if family == "modernbert" else "AutoModelForCausalLM"
+    extra = dict(bos_token_id=0, eos_token_id=0, cls_token_id=0, sep_token_id=0) if family == "modernbert" else {}
+    folder = _odd_rotary(tmp_path, family, head, keep_partial, cls_name, **extra)
+    said = _refusal(folder)
+    assert said == (f"checkpoint {folder}: config.json gives {family} attention heads of {head} dimensions ({given}), "
+                    "and its rotary position embedding turns a head's dimensions in pairs, so it cannot run an odd "
+                    "head size; use an even head size"), said
+    db = tmp_path / "x.db"
+    refused(invoke("run", "-m", folder, "--seq", "8", "--batch", "1", "--device", "cpu", "--db", db), said)
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("family, head", [("llama", 24), ("qwen2", 6), ("phi", 25)])
+def test_an_even_head_and_a_partial_rotation_of_an_even_width_resolve(tmp_path, family, head):
+    # phi rotates int(25 x 0.5) = 12 of its 25 dimensions and runs; Llama's and Qwen2's even heads run whole
+    _odd_rotary(tmp_path, family, head, True, "AutoModelForCausalLM")
+    assert build.resolve(str(tmp_path / family)).family == family
 
 
 @pytest.mark.parametrize("window", [0, -4])

@@ -441,6 +441,58 @@ def _rope_values(cfg):
                     yield f"{field}.{key}", table[key]
 
 
+def _size(raw: dict, default, name: str):
+    """config.json's value of the size `name` under the key its family stores it by (GPT-2's n_head), else None."""
+    value = raw.get(getattr(default, "attribute_map", {}).get(name, name), raw.get(name))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _rotary_head(family: str, raw: dict) -> tuple[int, str] | None:
+    """(head size, where config.json gives it) of a family whose attention turns each whole head by rotary positions
+    (Llama, Qwen2, Mistral, Phi-3, ModernBERT, ...), or None: no rotary embedding, a rotated part smaller than the head
+    (partial_rotary_factor, where the family reads it), or sizes config.json does not give as positive integers (the
+    checks after transformers reads it say so)."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        default = CONFIG_MAPPING[family]()
+    except Exception:  # noqa: BLE001 - a config class that cannot be built from its defaults: not known to rotate
+        return None
+    params = getattr(default, "rope_parameters", None)
+    if not params and getattr(default, "rope_theta", None) is None:
+        return None
+    head = raw.get("head_dim")
+    if isinstance(head, int) and not isinstance(head, bool) and head > 0:
+        where = f"head_dim {head}"
+    else:
+        hidden, heads = _size(raw, default, "hidden_size"), _size(raw, default, "num_attention_heads")
+        own = getattr(default, "head_dim", None)
+        derived = own is None or own == default.hidden_size // default.num_attention_heads
+        if not (hidden and heads and derived):  # Gemma's head_dim is its own setting (256), not hidden / heads
+            return None
+        head, where = hidden // heads, f"hidden_size {hidden} / num_attention_heads {heads}"
+    if _modeling_reads(family, "partial_rotary_factor"):
+        tables = [raw, *(t for t in (raw.get("rope_parameters"), raw.get("rope_scaling")) if isinstance(t, dict))]
+        given = [t["partial_rotary_factor"] for t in tables if "partial_rotary_factor" in t]
+        factor = given[0] if given else (params or {}).get("partial_rotary_factor",
+                                                             getattr(default, "partial_rotary_factor", 1.0))
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or int(head * factor) != head:
+            return None
+    return head, where
+
+
+def _check_rotary_head(folder: Path, family: str, raw: dict) -> None:
+    """A rotary embedding turns a head's dimensions in pairs, so a head it rotates whole must have an even size. An odd
+    one was refused by transformers 5.24's config check ("RoPE requires an even rotary dimension"), passed 5.17's
+    (and 5.24's for a head of 4 or fewer, or where the family's config has no head_dim: Qwen2) and failed in torch
+    ("Attempting to broadcast a dimension of length 26"): one line here, the same on every version."""
+    found = _rotary_head(family, raw)
+    if found is not None and found[0] % 2:
+        _refuse(folder, f"config.json gives {family} attention heads of {found[0]} dimensions ({found[1]}), and its "
+                        "rotary position embedding turns a head's dimensions in pairs, so it cannot run an odd "
+                        "head size", "use an even head size")
+
+
 def _encoder_decoder_family(family: str) -> bool:
     """Whether transformers' default config of `family` is an encoder-decoder's (T5, BART, ...)."""
     from transformers import CONFIG_MAPPING
@@ -724,6 +776,7 @@ def _resolve_folder(folder: Path) -> ModelRef:
         _refuse(folder, f"config.json sets num_labels to {labels:,}, above the {MAX_LABELS:,} a classifier here "
                 "may have", "fix config.json")
     shapes = _check_weights(folder)
+    _check_rotary_head(folder, family, raw)  # before transformers reads it: some versions refuse it there, some not
     cfg = _load_config(folder)
     _check_quantizer(folder, cfg)
     if getattr(cfg, "is_encoder_decoder", False) or _encoder_decoder_family(family):
