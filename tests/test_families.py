@@ -1439,6 +1439,19 @@ def test_an_odd_head_a_rotary_embedding_turns_whole_is_refused_in_our_own_words(
     assert not db.exists()
 
 
+@pytest.mark.parametrize("family, kv, given", [("qwen2", None, 32), ("llama", 3, 3), ("mistral", 8, 8)])
+def test_query_heads_that_their_key_value_heads_do_not_divide_are_refused_in_one_line(tmp_path, family, kv, given):
+    # Before: "transformers builds the model its config.json describes but cannot run it (The size of tensor a (4) must
+    # match the size of tensor b (0) ...)": a Qwen2 of 4 heads keeps its class's 32 key/value heads unless told
+    shape = dict(BERT, pad_token_id=0, **({} if kv is None else {"num_key_value_heads": kv}))
+    folder = _save(tmp_path, family, family, **shape)
+    said = _refusal(folder)
+    assert said.endswith(f"config.json gives {family} 4 attention heads over {given} key/value heads, and each "
+                         "key/value head serves a whole group of query heads; give num_key_value_heads a divisor of "
+                         "4"), said
+    build.resolve(_save(tmp_path, f"{family}-2", family, **dict(shape, num_key_value_heads=2)))
+
+
 @pytest.mark.parametrize("family, head", [("llama", 24), ("qwen2", 6), ("phi", 25)])
 def test_an_even_head_and_a_partial_rotation_of_an_even_width_resolve(tmp_path, family, head):
     # phi rotates int(25 x 0.5) = 12 of its 25 dimensions and runs; Llama's and Qwen2's even heads run whole

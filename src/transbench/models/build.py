@@ -388,6 +388,23 @@ def _check_sizes(folder: Path, cfg, raw: dict) -> None:
                 "use a vocabulary of 2 or more")
 
 
+def _check_kv_heads(folder: Path, family: str, cfg, raw: dict) -> None:
+    """Grouped-query attention gives each key/value head a whole group of query heads (transformers' repeat_kv, by
+    num_key_value_groups = heads // kv heads). A Qwen2 config of 4 heads that kept its class's 32 key/value heads
+    (a group of 0), or a Llama of 4 over 3, built, and the meta forward refused it in torch's words ("The size of
+    tensor a (4) must match the size of tensor b (0) at non-singleton dimension 1")."""
+    kv, heads = getattr(cfg, "num_key_value_heads", None), getattr(cfg, "num_attention_heads", None)
+    if not (isinstance(kv, int) and isinstance(heads, int) and kv > 0 and heads > 0) or heads % kv == 0:
+        return
+    if not _modeling_reads(family, "num_key_value_groups"):  # a family that shares keys and values otherwise
+        return
+    key = getattr(cfg, "attribute_map", {}).get("num_key_value_heads", "num_key_value_heads")
+    default = "" if key in raw else f" (config.json names none: {family}'s default)"
+    _refuse(folder, f"config.json gives {family} {heads} attention heads over {kv} key/value heads{default}, and "
+                    "each key/value head serves a whole group of query heads",
+            f"give num_key_value_heads a divisor of {heads}")
+
+
 @functools.cache
 def _modeling_reads(family: str, field: str) -> bool:
     """Whether `family`'s transformers modeling module names the config field `field` (its source text does); True
@@ -789,6 +806,7 @@ def _resolve_folder(folder: Path) -> ModelRef:
         _refuse(folder, f"{family} is an encoder-decoder family{alone}", "transbench benchmarks encoders and decoders")
     _check_text_transformer(folder, family, cfg)
     _check_sizes(folder, cfg, raw)
+    _check_kv_heads(folder, family, cfg, raw)
     _check_positions_kind(folder, family, cfg)
     try:
         ref = ModelRef(str(folder), shape_from_config(str(folder), cfg), str(folder))
