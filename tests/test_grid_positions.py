@@ -1,6 +1,6 @@
 """A grid some of whose cells are longer than their model's positions: those cells are `unsupported` with the reason
-(as a family's missing head is) and the rest run, exit 0; a grid none of whose cells fits is refused, exit 2, one line,
-nothing stored (`run`, `run --task generate`, `train`)."""
+(as a family's missing head is) and the rest run, exit 0; a seq that fits none of the grid's models is refused, exit 2,
+one line, nothing stored (`run`, `run --task generate`, `train`)."""
 
 from __future__ import annotations
 
@@ -48,9 +48,24 @@ def test_the_reason_names_the_positions_a_cell_needs():
     assert build.too_long(ref, 129, 1) == "seq 129 is longer than gpt2-tiny allows (128 positions)"
 
 
-@pytest.mark.parametrize("tasks, seqs", [(["base"], [8, 200]), (["generate"], [8, 100]), (["base", "generate"], [100])])
-def test_a_grid_some_of_whose_cells_fit_is_valid(tasks, seqs):
-    grid.validate(RunSpec(models=["gpt2-tiny"], tasks=tasks, seqs=seqs, new_tokens=64, device="cpu"))
+@pytest.mark.parametrize("tasks, seqs", [(["base"], [8, 100]), (["generate"], [8, 60]), (["base", "generate"], [60])])
+def test_a_grid_some_of_whose_cells_fit_is_valid(tasks, seqs, short_model):
+    # 100 and 60 fit gpt2-tiny's 128 positions, not the short model's 16
+    grid.validate(RunSpec(models=[short_model, "gpt2-tiny"], tasks=tasks, seqs=seqs, new_tokens=64, device="cpu"))
+
+
+@pytest.mark.parametrize("tasks, seqs, needle", [
+    (["base"], [8, 200], "seq 200 is longer than gpt2-tiny allows (128 positions): use --seq 128 or less"),
+    (["generate"], [8, 100], "seq 100 + 64 new tokens needs 163 positions, more than gpt2-tiny allows (128 positions): "
+                             "use --seq 65 or less, or --new-tokens 29 or less"),
+    (["base", "generate"], [8, 300], "seq 300 is longer than gpt2-tiny allows (128 positions): use --seq 128 or less"),
+])
+def test_a_seq_no_model_of_the_grid_fits_is_refused(tasks, seqs, needle, short_model):
+    """The seq typed past every model's positions would measure nothing: `--model gpt2-tiny --seq 8,200` stays bad
+    input, as it was before the cells that fit some models ran."""
+    with pytest.raises(SpecError) as err:
+        grid.validate(RunSpec(models=[short_model, "gpt2-tiny"], tasks=tasks, seqs=seqs, new_tokens=64, device="cpu"))
+    assert str(err.value) == needle
 
 
 def test_a_grid_of_cells_that_fit_one_model_only_is_valid(short_model):
@@ -105,20 +120,21 @@ def test_the_cells_that_fit_run_and_the_others_are_recorded_unsupported(tmp_path
     assert f"seq 32 is longer than {short_model} allows (16 positions)" in " ".join(res.output.split())
 
 
-def test_train_refuses_only_a_grid_none_of_whose_cells_fits(short_model):
+def test_train_refuses_only_a_seq_no_model_of_the_grid_fits(short_model):
     training.validate(training.TrainSpec(models=[short_model, "gpt2-tiny"], seqs=[8, 32], device="cpu"))
-    with pytest.raises(SpecError, match=r"seq 200 is longer than gpt2-tiny allows \(128 positions\): use --seq 128"):
-        training.validate(training.TrainSpec(models=["gpt2-tiny"], seqs=[300, 200], device="cpu"))
+    for seqs in ([300, 200], [8, 200]):
+        with pytest.raises(SpecError, match=r"seq 200 is longer than gpt2-tiny allows \(128 positions\): use --seq 128"):
+            training.validate(training.TrainSpec(models=[short_model, "gpt2-tiny"], seqs=seqs, device="cpu"))
     cell = TrainCell(model=short_model, task="causal-lm", backend="eager", dtype="fp32", optim="adamw", batch=1, seq=32)
     with pytest.raises(Unsupported, match="seq 32 is longer than .* allows \\(16 positions\\)"):
         training_loop.check_supported(cell, "cpu")
 
 
 @pytest.mark.slow
-def test_train_runs_the_cells_that_fit(tmp_path):
+def test_train_runs_the_cells_that_fit(tmp_path, short_model):
     db = tmp_path / "t.db"
-    recs = api.train(training.TrainSpec(models=["gpt2-tiny"], seqs=[8, 200], batches=[1], steps=1, warmup_steps=1,
-                                        device="cpu"), db=str(db))
-    got = {r["seq_len"]: (r["status"], r["error"]) for r in recs}
-    assert got[8][0] == "ok", got
-    assert got[200] == ("unsupported", "seq 200 is longer than gpt2-tiny allows (128 positions)")
+    recs = api.train(training.TrainSpec(models=[short_model, "gpt2-tiny"], seqs=[8, 32], batches=[1], steps=1,
+                                        warmup_steps=1, device="cpu"), db=str(db))
+    got = {(r["model"], r["seq_len"]): (r["status"], r["error"]) for r in recs}
+    assert got[short_model, 8][0] == got["gpt2-tiny", 8][0] == got["gpt2-tiny", 32][0] == "ok", got
+    assert got[short_model, 32] == ("unsupported", f"seq 32 is longer than {short_model} allows (16 positions)")

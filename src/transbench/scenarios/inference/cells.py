@@ -100,25 +100,25 @@ def validate(spec: RunSpec) -> RunSpec:
 def check_lengths(spec: RunSpec, refs: list) -> None:
     """A cell longer than its model's positions is `unsupported` where it runs (measure.py unsupported_reason), with
     the reason, so the cells of a grid that fit still run: `--model gpt2-tiny,llama-3.2-1b --seq 8,200` was refused
-    whole for gpt2-tiny's 128 positions. A grid none of whose cells (with a head for their task) fits measures
-    nothing: bad input, with what would fit."""
+    whole for gpt2-tiny's 128 positions. A seq that fits none of the grid's models (with a head for their task)
+    would measure nothing, as a seq typed past the one model's positions: bad input, with what would fit."""
     runnable = [(ref, task) for ref in refs for task in spec.tasks if not build.missing_head(ref, task)]
     tokens = {task: spec.new_tokens if task == "generate" else 0 for task in spec.tasks}
-    if not runnable or any(build.too_long(ref, s, tokens[task]) is None for ref, task in runnable for s in spec.seqs):
-        return
-    ref, task = runnable[0]
-    s = min(spec.seqs)
     # Generation feeds the prompt and every new token but the last (Cell.positions): seq + new tokens - 1.
-    extra = max(tokens[task] - 1, 0)
-    top = ref.shape.max_positions
-    room = top - extra
-    # fewer new tokens after the longest prompt fit too: `--seq 32 --new-tokens 128` was told only `use --seq 1 or less`
-    most = top - max(spec.seqs) + 1
-    fewer = f", or --new-tokens {most} or less" if extra and most >= 1 else ""
-    fix = (f"use --seq {room} or less{fewer}" if room >= 1 else  # `--seq -72 or less` was the advice
-           f"use --new-tokens {top - s + 1} or less" if s <= top
-           else f"give --seq and --new-tokens that add up to {top + 1} or less")
-    raise SpecError(f"{build.too_long(ref, s, tokens[task])}: {fix}")
+    room = {(ref.name, task): ref.shape.max_positions - max(tokens[task] - 1, 0) for ref, task in runnable}
+    for s in sorted(set(spec.seqs)):
+        if not runnable or any(build.too_long(ref, s, tokens[task]) is None for ref, task in runnable):
+            continue
+        ref, task = max(runnable, key=lambda rt: room[rt[0].name, rt[1]])  # the advice that fits the most
+        top, most = ref.shape.max_positions, room[ref.name, task]
+        # fewer new tokens after the longest prompt fit too: `--seq 32 --new-tokens 128` was told only `use --seq 1 or
+        # less`
+        tokens_fit = top - max(spec.seqs) + 1
+        fewer = f", or --new-tokens {tokens_fit} or less" if tokens[task] > 1 and tokens_fit >= 1 else ""
+        fix = (f"use --seq {most} or less{fewer}" if most >= 1 else  # `--seq -72 or less` was the advice
+               f"use --new-tokens {top - s + 1} or less" if s <= top
+               else f"give --seq and --new-tokens that add up to {top + 1} or less")
+        raise SpecError(f"{build.too_long(ref, s, tokens[task])}: {fix}")
 
 
 def check_quants(spec: RunSpec, device) -> None:

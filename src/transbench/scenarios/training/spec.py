@@ -181,9 +181,11 @@ def validate(spec: TrainSpec) -> TrainSpec:
             raise SpecError(f"--head masked runs the MLM head on the masked positions: {ref.name} trains "
                             f"{'/'.join(spec.tasks or [default_task(ref.shape)])} (use --task mlm or --head all)")
     # A cell longer than its model's positions is `unsupported` where it runs (loop.py check_supported), so the cells
-    # of the grid that fit still train; a grid none of whose cells fits is bad input.
-    if all(build.too_long(ref, s) for ref in refs for s in spec.seqs):
-        raise SpecError(f"{build.too_long(refs[0], min(spec.seqs))}: use --seq {refs[0].shape.max_positions} or less")
+    # of the grid that fit still train; a seq that fits none of the grid's models would train nothing: bad input.
+    widest = max(refs, key=lambda ref: ref.shape.max_positions)
+    for s in sorted(set(spec.seqs)):
+        if build.too_long(widest, s):
+            raise SpecError(f"{build.too_long(widest, s)}: use --seq {widest.shape.max_positions} or less")
     for p in spec.dtypes:
         if p not in TRAIN_DTYPES:
             raise SpecError(f"unknown dtype '{p}': choose from {', '.join(TRAIN_DTYPES)}")
