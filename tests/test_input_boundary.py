@@ -853,6 +853,9 @@ def test_a_named_pipe_with_no_reader_as_an_output_file_does_not_hang(tmp_path):
     (["serve", "--model", "bert-tiny", "--device", "cpu", "--offline", "--duration", "1e9"], "--duration"),
     (["run", "--model", "bert-tiny", "--device", "cpu", "--name", "\u200b"], "only invisible characters"),
     (["run", "--model", "bert-tiny", "--device", "cpu", "--name", "\u2060\ufeff "], "only invisible characters"),
+    # a name of bytes that are not UTF-8 alone (`--name $'\\xff'`): it was told it held only invisible characters
+    (["run", "--model", "bert-tiny", "--device", "cpu", "--name", "\udcff"], "run name '\\udcff' is not UTF-8 text"),
+    (["train", "--model", "bert-tiny", "--device", "cpu", "--name", "\udcff\udcfe"], "is not UTF-8 text"),
 ])
 def test_counts_past_their_limit_and_invisible_names_are_refused(tmp_path, args, needle):
     assert needle in refused(invoke(*args, "--db", tmp_path / "x.db"))
