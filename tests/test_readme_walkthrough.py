@@ -210,3 +210,21 @@ def test_a_generation_past_the_positions_is_told_both_fixes(tmp_path, seqs, toke
                               tokens, "--device", "cpu", "--db", str(db)])
     assert res.exit_code == 2 and not db.exists(), res.output
     assert res.output.rstrip().endswith(f"than gpt2-tiny allows (128 positions): {fix}"), res.output
+
+
+def test_train_progress_lines_tell_every_cell_of_the_grid_apart():
+    """docs/train.md's `--strategy deepspeed --zero-stage 2,3` (and `--nccl-p2p on,off`): each cell's progress line was
+    `... deepspeed@2: unsupported ...`, the same for both stages, where the table below told them apart."""
+    from transbench.cli.train import cell_label
+    from transbench.scenarios.training.spec import TrainSpec, expand
+
+    def labels(**kw):
+        cells = expand(TrainSpec(models=["bert-tiny"], dtypes=["fp32"], batches=[2], seqs=[16], device="cpu", **kw))
+        return [cell_label(c) for c in cells]
+
+    zero = labels(strategies=["deepspeed"], nprocs=[2], zero_stages=[2, 3])
+    assert len(set(zero)) == 2 and any("ZeRO-2" in x for x in zero) and any("ZeRO-3" in x for x in zero), zero
+    nccl = labels(strategies=["ddp"], nprocs=[2], nccl_p2p=["on", "off"])
+    assert len(set(nccl)) == 2 and any("NCCL_P2P_DISABLE=1" in x for x in nccl), nccl
+    plain = labels()
+    assert plain == ["bert-tiny mlm sdpa fp32 adamw-fused b2 s16 x1 torch none@1"], plain  # no axis: as before

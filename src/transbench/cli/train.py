@@ -93,10 +93,7 @@ def train(given: dict, *, spec, db, json_path, csv_path, wide,
                       + (f", {done} already stored: resuming" if done else ""))
 
     def on_cell(cell, result):
-        label = (f"{cell.model} {cell.task} {cell.backend} {cell.dtype} {cell.optim} b{cell.batch} s{cell.seq} "
-                 f"x{cell.grad_accum}{' ckpt' if cell.grad_ckpt else ''}{' compile' if cell.compile else ''} {cell.kernels}"
-                 f"{' masked-head' if cell.head == 'masked' else ''} "
-                 f"{cell.strategy}@{cell.world_size}")
+        label = cell_label(cell)
         if result is None:
             console.print(visible(f"  {label}: already stored"), highlight=False, markup=False)
             return
@@ -125,3 +122,14 @@ def train(given: dict, *, spec, db, json_path, csv_path, wide,
                                                    "state = activations and workspace)", console.width, wide,
                              notes_from=None))
         console.print(f"stored in {escape(visible(db))} as run [bold]{escape(visible(recs[0]['run_name']))}[/]")
+
+
+def cell_label(cell) -> str:
+    """A training cell's progress line: every axis of the grid that tells two cells apart. `--zero-stage 2,3` and
+    `--nccl-p2p on,off` printed two identical lines (`... deepspeed@2: unsupported ...` twice)."""
+    return (f"{cell.model} {cell.task} {cell.backend} {cell.dtype} {cell.optim} b{cell.batch} s{cell.seq} "
+            f"x{cell.grad_accum}{' ckpt' if cell.grad_ckpt else ''}{' compile' if cell.compile else ''} {cell.kernels}"
+            f"{' masked-head' if cell.head == 'masked' else ''} "
+            f"{cell.strategy}@{cell.world_size}"
+            f"{f' ZeRO-{cell.zero_stage}' if cell.zero_stage is not None else ''}"
+            f"{f' {cell.nccl}' if cell.nccl else ''}")
