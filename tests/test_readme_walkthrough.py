@@ -228,3 +228,8 @@ def test_train_progress_lines_tell_every_cell_of_the_grid_apart():
     assert len(set(nccl)) == 2 and any("NCCL_P2P_DISABLE=1" in x for x in nccl), nccl
     plain = labels()
     assert plain == ["bert-tiny mlm sdpa fp32 adamw-fused b2 s16 x1 torch none@1"], plain  # no axis: as before
+    # a ladder's steps: the masked head, then the vocabulary padded, then no dropout, each on the one before
+    steps = [labels(heads=["masked"]), labels(heads=["masked"], pad_vocab=64),
+             labels(heads=["masked"], pad_vocab=64, dropout=0.0, activation="gelu-tanh")]
+    assert len({x for s in steps for x in s}) == 3, steps
+    assert steps[2][0].endswith("masked-head gelu-tanh pad-vocab-64 dropout-0 none@1"), steps

@@ -125,11 +125,15 @@ def train(given: dict, *, spec, db, json_path, csv_path, wide,
 
 
 def cell_label(cell) -> str:
-    """A training cell's progress line: every axis of the grid that tells two cells apart. `--zero-stage 2,3` and
-    `--nccl-p2p on,off` printed two identical lines (`... deepspeed@2: unsupported ...` twice)."""
+    """A training cell's progress line: every setting that tells two cells of a grid or a ladder apart.
+    `--zero-stage 2,3` and `--nccl-p2p on,off` printed two identical lines (`... deepspeed@2: unsupported ...` twice),
+    and so did a ladder's masked-head, padded-vocabulary and no-dropout steps (three)."""
     return (f"{cell.model} {cell.task} {cell.backend} {cell.dtype} {cell.optim} b{cell.batch} s{cell.seq} "
             f"x{cell.grad_accum}{' ckpt' if cell.grad_ckpt else ''}{' compile' if cell.compile else ''} {cell.kernels}"
-            f"{' masked-head' if cell.head == 'masked' else ''} "
+            f"{' masked-head' if cell.head == 'masked' else ''}"
+            f"{f' {cell.activation}' if cell.activation else ''}"
+            f"{f' pad-vocab-{cell.pad_vocab}' if cell.pad_vocab != 1 else ''}"
+            f"{f' dropout-{cell.dropout:g}' if cell.dropout is not None else ''} "
             f"{cell.strategy}@{cell.world_size}"
             f"{f' ZeRO-{cell.zero_stage}' if cell.zero_stage is not None else ''}"
             f"{f' {cell.nccl}' if cell.nccl else ''}")
