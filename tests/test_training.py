@@ -723,3 +723,20 @@ def test_the_report_training_table_prints_switches_as_the_terminal_does():
     micro = [{"run_id": "r1", "run_name": "r", "scenario": "micro-x", "status": "ok", "n": 1, "tail_valid": True}]
     (shown,) = micro_tables(ReportData([{"run_id": "r1", "name": "r"}], micro, {}))
     assert shown.rows[0][shown.headers.index("tail_valid")] == "yes"
+
+
+@pytest.mark.parametrize("given, built", [
+    ("9.0a", "9.0"), ("8.0;9.0a;10.0a+PTX", "8.0;9.0;10.0+PTX"), ("7.5 8.6 12.0f", "7.5 8.6 12.0"), ("9.0", "9.0")])
+def test_deepspeed_builds_its_ops_for_an_arch_list_it_can_read(given, built):
+    """DeepSpeed 0.19.8 reads each TORCH_CUDA_ARCH_LIST entry as int(part.split('+')[0]) for part in cc.split('.'):
+    the GPU image's 9.0a failed every ds-fused-adam cell ("invalid literal for int() with base 10: '0a'")."""
+    from transbench.scenarios.training.loop import plain_arch_list
+
+    env = {"TORCH_CUDA_ARCH_LIST": given}
+    plain_arch_list(env)
+    assert env["TORCH_CUDA_ARCH_LIST"] == built
+    for cc in built.replace(";", " ").split():
+        assert tuple(int(part.split("+")[0]) for part in cc.split("."))
+    empty: dict = {}
+    plain_arch_list(empty)
+    assert empty == {}

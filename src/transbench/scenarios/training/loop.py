@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import math
+import os
+import re
 import time
 
 from ...errors import Unsupported
@@ -135,6 +137,7 @@ def make_optimizer(name: str, params, lr: float):
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
     if name == "ds-fused-adam":
+        plain_arch_list(os.environ)
         from deepspeed.ops.adam import FusedAdam
 
         return FusedAdam(params, lr=lr, adam_w_mode=True)
@@ -145,10 +148,24 @@ def make_optimizer(name: str, params, lr: float):
     raise Unsupported(f"unknown optimizer {name}")
 
 
+def plain_arch_list(environ) -> None:
+    """TORCH_CUDA_ARCH_LIST without architecture-specific suffixes (9.0a -> 9.0), for DeepSpeed's build of its ops.
+    DeepSpeed (0.19.8, op_builder/builder.py) compiles FusedAdam at first use for the archs that variable names and
+    reads each one's parts as integers: the GPU image's 9.0a failed every ds-fused-adam cell with "invalid literal
+    for int() with base 10: '0a'" (benchmarks/gpu.sh sets 9.0 for the same reason). The suffix enables instructions
+    of one architecture that FusedAdam does not use; the cell records the list built for (optimizer_info)."""
+    value = environ.get("TORCH_CUDA_ARCH_LIST")
+    if value:
+        environ["TORCH_CUDA_ARCH_LIST"] = re.sub(r"(\d+\.\d+)[a-z]+", r"\1", value)
+
+
 def optimizer_info(opt) -> dict:
     d = getattr(opt, "defaults", {})
-    return {"optimizer": f"{type(opt).__module__}.{type(opt).__name__}",
+    info = {"optimizer": f"{type(opt).__module__}.{type(opt).__name__}",
             "optimizer_fused": d.get("fused"), "optimizer_foreach": d.get("foreach")}
+    if type(opt).__module__.startswith("deepspeed"):  # its ops were built for these archs (plain_arch_list)
+        info["torch_cuda_arch_list"] = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    return info
 
 
 def _local(t):
