@@ -265,11 +265,9 @@ def check_name(name: str) -> str:
                         "use letters, digits, spaces and punctuation")
     if not name.strip():
         raise SpecError("run name is empty: give --name a visible name, or leave it out for a generated one")
-    try:  # bytes the terminal could not decode arrive as lone surrogates, which visible_text counts as invisible
-        name.encode()
-    except UnicodeEncodeError:
+    if not boundary.is_utf8(name):  # bytes the terminal could not decode: lone surrogates, invisible to visible_text
         raise SpecError(f"run name {name!r} is not UTF-8 text (bytes the terminal could not decode): "
-                        "use letters, digits, spaces and punctuation") from None
+                        "use letters, digits, spaces and punctuation")
     if not boundary.visible_text(name):  # a zero-width space, a word joiner, a byte-order mark: a name no one sees
         raise SpecError(f"run name '{name.encode('unicode_escape').decode()}' holds only invisible characters: give "
                         "--name a visible name, or leave it out for a generated one")
