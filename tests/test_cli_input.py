@@ -548,7 +548,9 @@ def test_an_exported_record_given_as_a_spec_says_what_it_is(tmp_path, command):
     from report_helpers import cell, make_run, ok_result
 
     db = tmp_path / "k.db"
-    for name in ("a", "b"):  # enough samples, in no trend (a ramp is one long correlation), for a verdict: compare writes no --json where it judged nothing
+    # enough samples in no trend for a verdict (compare reads a ramp as one long correlation, and judges nothing;
+    # then it writes no --json)
+    for name in ("a", "b"):
         make_run(str(db), name, [(cell("eager"), ok_result([1.0 + (i * 7 % 30) / 100 for i in range(30)], 1))])
     record, comparison = tmp_path / "record.json", tmp_path / "comparison.json"
     assert invoke("runs", "--db", db, "--out", record).exit_code == 0
