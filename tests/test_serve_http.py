@@ -832,6 +832,17 @@ def test_serve_url_refuses_bad_input_in_one_line(tmp_path, args, message):
     assert not (tmp_path / "t.db").exists()
 
 
+@pytest.mark.parametrize("url", ["http://user:s3cret@127.0.0.1:9", "http://user:s3cr@et@127.0.0.1:9",
+                                 "https://:s3cret@[::1]:9", "http://u:s3cret@127.0.0.1:9/v1", "http://s3cret@x y:1"])
+def test_a_url_with_credentials_is_refused_without_printing_them(tmp_path, url):
+    """`--url http://user:secret@host` was refused with the whole URL, its password in clear."""
+    res = CliRunner().invoke(app, ["serve", "--rate", "5", "--db", str(tmp_path / "t.db"), "--url", url,
+                                   "--api", "openai-embeddings"])
+    assert res.exit_code == 2, res.output
+    assert "s3cr" not in res.output and "credentials in the URL are not supported" in res.output, res.output
+    assert "***@" in res.output and len(res.output.strip().splitlines()) == 1, res.output
+
+
 URL = ["--url", "http://127.0.0.1:9", "--api", "openai-embeddings"]
 
 

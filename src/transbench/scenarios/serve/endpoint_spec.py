@@ -54,6 +54,12 @@ def _is_root(url: str) -> bool:
     return True
 
 
+def shown(url: str) -> str:
+    """The URL as it may be printed: credentials before an `@` (user:password@) hidden. Up to the last `@`, where a
+    password holding one unescaped would otherwise leave its end in clear; a root URL has no `@` after its host."""
+    return re.sub(r"^([^:/?#]*://).*@", r"\1***@", url, flags=re.DOTALL)
+
+
 def check(spec):
     import importlib.util
 
@@ -62,6 +68,9 @@ def check(spec):
     if missing:
         raise SpecError(f"serve --url needs {' and '.join(missing)}: pip install 'transbench[http]'")
 
+    if "@" in spec.url:  # the refusal below printed the password in clear, and this client sends no credentials
+        raise SpecError(f"--url {shown(spec.url)}: credentials in the URL are not supported (this client sends no "
+                        "Authorization header): give the endpoint's root, http://HOST:PORT")
     if not _is_root(spec.url):
         raise SpecError(f"--url {spec.url}: give the endpoint's root, http://HOST:PORT (its API paths are added: "
                         "/v1/completions, /v1/chat/completions, /v1/embeddings)")
