@@ -129,9 +129,9 @@ def test_a_malformed_embedding_is_refused(value):
         embedding_values(value)
 
 
-def fake_api(decoder: bool, submit=lambda job: None):
+def fake_api(decoder: bool, submit=lambda job: None, cancel=lambda job: None):
     """The HTTP side over a model that runs `submit(job)` for each input (by default it answers nothing: what is
-    refused never reaches it)."""
+    refused never reaches it), and `cancel(job)` for a job whose client has gone."""
     from types import SimpleNamespace as NS
 
     from transbench.scenarios.serve import server
@@ -139,7 +139,7 @@ def fake_api(decoder: bool, submit=lambda job: None):
     from transbench.scenarios.serve.server_model import Metrics
 
     spec = NS(served_model_name="tiny", max_length=32, max_tokens=8)
-    model = NS(alive=True, failure=None, metrics=Metrics(), submit=submit)
+    model = NS(alive=True, failure=None, metrics=Metrics(), submit=submit, cancel=cancel)
     return server.build_app(server.Api(spec, NS(shape=NS(vocab=100, hidden=16)), decoder, model, WordTokenizer(100)))
 
 
@@ -337,6 +337,131 @@ def test_a_stream_its_client_left_before_it_began_is_counted_in_metrics():
          length=str(len(body)).encode())
     metrics = next(r.endpoint.__self__.model.metrics for r in app.routes if r.path == "/metrics")
     assert metrics.requests == {("completions", 499): 1}
+
+
+@pytest.mark.parametrize("first_token", [True, False])
+def test_a_stream_its_client_left_has_its_job_cancelled(first_token):
+    # the model ran a stream whose client had hung up to its last token, holding its batch's slot (and every request
+    # queued behind the batch) for tokens no one would read
+    submitted, cancelled = [], []
+
+    def submit(job):
+        submitted.append(job)
+        if first_token:
+            job.emit("token", 5)
+    app = fake_api(True, submit, cancelled.append)
+    body = json.dumps({"model": "tiny", "prompt": "a b", "max_tokens": 4, "stream": True}).encode()
+    call(app, [{"type": "http.request", "body": body, "more_body": False}], path="/v1/completions",
+         length=str(len(body)).encode())
+    assert cancelled == submitted and len(submitted) == 1
+
+
+class FakeGen:
+    """A decoder's generator that counts its decode steps: every token is 0."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def prefill(self, ids):
+        import torch
+
+        return torch.zeros(ids.shape[0], 4)
+
+    def decode(self, ids):
+        import torch
+
+        self.steps += 1
+        return torch.zeros(ids.shape[0], 4)
+
+
+def fake_model_thread(gen):
+    from types import SimpleNamespace as NS
+
+    from transbench.scenarios.serve.server_model import ModelThread
+
+    model = ModelThread(NS(max_batch_size=4, max_wait_ms=0.0), None, True)
+    model.device = "cpu"
+    model.runner = NS(entry=lambda b, n: (gen,), under_load=0)
+    return model
+
+
+def test_a_batch_whose_every_client_left_stops_decoding_and_the_others_run_on():
+    from transbench.scenarios.serve.server_model import Job
+
+    gen = FakeGen()
+    model = fake_model_thread(gen)
+    got = {0: [], 1: []}
+
+    def emit_for(i):
+        def emit(kind, value):
+            got[i].append(kind)
+            if i == 0 and len(got[0]) == 2:
+                model.cancel(jobs[0])  # its client leaves after two tokens
+        return emit
+    jobs = [Job([1, 2], emit_for(0), max_tokens=100), Job([1, 2], emit_for(1), max_tokens=5)]
+    model._generate(jobs)
+    assert got[1] == ["token"] * 5 + ["done"] and got[0] == ["token", "token"]
+    assert gen.steps == 4  # job 1's five tokens (the first from the prefill), not job 0's 100
+
+
+def test_a_job_whose_client_left_while_queued_is_never_run():
+    from transbench.scenarios.serve.server_model import Job
+
+    model = fake_model_thread(FakeGen())
+    ran = []
+    model._run = lambda batch: ran.append([j.ids for j in batch])
+    gone, kept = Job([1], lambda *a: None, 2), Job([2], lambda *a: None, 2)
+    model.cancel(gone)
+    for job in (gone, kept, None):
+        model.inbox.put(job)
+    model._loop()
+    assert ran == [[[2]]]
+
+
+def test_a_cancel_reaches_the_job_in_the_model_process_and_its_late_results_are_dropped(monkeypatch):
+    import multiprocessing
+    import threading
+
+    from transbench.scenarios.serve import model_process
+    from transbench.scenarios.serve.server_model import Job
+
+    class Model:  # the child's model thread: takes jobs, answers nothing
+        def __init__(self, *args):
+            self.ready, self.failure, self.info, self.jobs = threading.Event(), None, {}, []
+            self.thread = threading.Thread(target=self.ready.wait)
+            self.ready.set()
+
+        def start(self):
+            self.thread.start()
+
+        def submit(self, job):
+            self.jobs.append(job)
+
+        def cancel(self, job):
+            job.cancelled = True
+
+        def stop(self):
+            pass
+    models = []
+    monkeypatch.setattr(model_process, "ModelThread", lambda *a: models.append(Model()) or models[-1])
+    monkeypatch.setattr(model_process.signal, "signal", lambda *a: None)  # the child's own, run here in a thread
+    monkeypatch.setattr(model_process.sys, "setswitchinterval", lambda s: None)
+    parent, child = multiprocessing.Pipe()
+    runs = threading.Thread(target=model_process.child_main, args=(child, None, None, True), daemon=True)
+    runs.start()
+    assert parent.recv()[0] == "ready"
+    proc = model_process.ModelProcess.__new__(model_process.ModelProcess)
+    proc._conn, proc._send_lock, proc._emits = parent, threading.Lock(), {}
+    heard = []
+    job = Job([1, 2], lambda *a: heard.append(a), max_tokens=9, jid=7)
+    proc._emits[7] = job.emit
+    parent.send(("jobs", [(7, [1, 2], 9, 0.0)]))
+    proc.cancel(job)
+    parent.send(("stop",))
+    runs.join(5)
+    assert job.cancelled and models[0].jobs[0].cancelled
+    proc._deliver([(7, "token", 3)])  # sent by the child before the cancel reached it: no one reads it
+    assert heard == [] and 7 not in proc._emits
 
 
 @pytest.mark.parametrize("path", ["/v1/completions/", "/v1/embeddings/", "/health/"])

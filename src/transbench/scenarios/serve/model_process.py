@@ -16,7 +16,8 @@ per batch or decode step (ModelThread.flush), so a stream's tokens still leave o
 reader hands all the results of a message to the event loop in one wake-up (server_model.Emit's loop and put).
 
 ModelProcess has the interface of ModelThread that server.py uses (start, submit, stop, alive, ready, failure,
-info, metrics). Messages, parent to child: ("jobs", [(id, ids, max_tokens, arrival), ...]), ("metrics",), ("stop",);
+info, metrics, cancel). Messages, parent to child: ("jobs", [(id, ids, max_tokens, arrival), ...]), ("cancel", [id,
+...]), ("metrics",), ("stop",);
 child to parent: ("ready", info), ("failed", why), ("emits", [(id, kind, value), ...]), ("metrics", text).
 `arrival` is time.perf_counter(), the system-wide monotonic clock on Linux, so the child's batcher times a request
 from its receipt here.
@@ -110,9 +111,17 @@ class ModelProcess:
         if self.failure is not None:
             job.emit("error", self.failure)
             return
-        jid = next(self._ids)
+        jid = job.jid = next(self._ids)
         self._emits[jid] = job.emit
         self._outbox.put((jid, job.ids, job.max_tokens, job.arrival))
+
+    def cancel(self, job: Job) -> None:
+        """The job's client has gone: the child runs nothing more for it (Job.cancelled), and what it already sent
+        is dropped here. Sent at once, not through the sender: a client hanging up is rare, and its steps are the
+        ones to save."""
+        job.cancelled = True
+        if self._emits.pop(job.jid, None) is not None:
+            self._send(("cancel", [job.jid]))
 
     def model_text(self) -> str:
         """The child's queue and batch metrics; empty once it has ended or when it does not answer in time."""
@@ -218,8 +227,12 @@ def child_main(conn, spec, ref, decoder: bool) -> None:
             except (OSError, ValueError):
                 pass
 
+    live: dict[int, Job] = {}  # the jobs not yet ended, by id: a cancel finds its job here
+
     def emitter(jid: int):
         def emit(kind, value) -> None:
+            if kind in ENDS:
+                live.pop(jid, None)
             with lock:
                 results.append((jid, kind, value))
         return emit
@@ -250,7 +263,13 @@ def child_main(conn, spec, ref, decoder: bool) -> None:
                 send(("emits", [(jid, "error", model.failure) for jid, *_ in msg[1]]))
             elif msg[0] == "jobs":
                 for jid, ids, max_tokens, arrival in msg[1]:
-                    model.submit(Job(ids, emitter(jid), max_tokens, arrival))
+                    live[jid] = Job(ids, emitter(jid), max_tokens, arrival)
+                    model.submit(live[jid])
+            elif msg[0] == "cancel":
+                for jid in msg[1]:
+                    job = live.pop(jid, None)
+                    if job is not None:
+                        model.cancel(job)
             elif msg[0] == "metrics":
                 send(("metrics", model.metrics.model_text()))
             elif msg[0] == "stop":

@@ -355,7 +355,8 @@ class Api:
             self.model.metrics.request("completions", exc.status, None)
             return self.error(exc)
         q, emit = self.bridge()
-        self.model.submit(Job(ids, emit, max_tokens=max_tokens))
+        job = Job(ids, emit, max_tokens=max_tokens)
+        self.model.submit(job)
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
         def chunk(text: str, finish=None, **extra) -> dict:
@@ -410,6 +411,7 @@ class Api:
             finally:
                 if status == GONE:
                     self.model.metrics.request("completions", GONE, None)
+                    self.model.cancel(job)  # its slot in the batch freed for the requests behind it
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

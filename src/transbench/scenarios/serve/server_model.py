@@ -35,6 +35,10 @@ class Job:
     emit: Callable[[str, Any], None]
     max_tokens: int = 0
     arrival: float = field(default_factory=time.perf_counter)
+    # Its client has gone (hung up mid-stream): a job still queued is dropped, and a batch whose every job has gone
+    # stops decoding. Set from another thread; the model thread only reads it.
+    cancelled: bool = False
+    jid: int | None = None  # its id where the model runs in another process (model_process.py)
 
 
 class Emit:
@@ -147,6 +151,10 @@ class ModelThread:
     def submit(self, job: Job) -> None:
         self.inbox.put(job)
 
+    def cancel(self, job: Job) -> None:
+        """The job's client has gone: nothing more is run for it (Job.cancelled)."""
+        job.cancelled = True
+
     def stop(self, timeout: float = 30.0) -> None:
         self.inbox.put(None)
         self.thread.join(timeout)
@@ -254,7 +262,13 @@ class ModelThread:
                     pass
                 continue
             q = min(ready, key=lambda q: q[0].arrival)  # the oldest request first
-            batch = [q.popleft() for _ in range(min(policy.max_batch_size, len(q)))]
+            batch = []
+            while q and len(batch) < policy.max_batch_size:
+                job = q.popleft()
+                if not job.cancelled:  # its client left while it waited: a slot no one would read
+                    batch.append(job)
+            if not batch:
+                continue
             start = time.perf_counter()
             try:
                 self._run(batch)
@@ -321,11 +335,15 @@ class ModelThread:
         steps = max(j.max_tokens for j in batch)
         nxt = gen.prefill(ids).argmax(-1)
         for k in range(steps):
+            # every job still decoding has lost its client: its steps would hold the requests queued behind it
+            # (a client that hung up on a stream of 4,096 tokens kept the model busy to the last)
+            if all(j.cancelled or k >= j.max_tokens for j in batch):
+                break
             if k:
                 nxt = greedy_step(gen, nxt)
             tokens = nxt[:n].tolist()  # on the host as it is produced: what a stream returns
             for j, t in zip(batch, tokens):
-                if k < j.max_tokens:
+                if k < j.max_tokens and not j.cancelled:
                     j.emit("token", t)
                     if k + 1 == j.max_tokens:
                         j.emit("done", None)
