@@ -313,6 +313,23 @@ def test_refused_connections_and_timeouts_are_failures():
     assert all(0.25 < r.done - r.arrival < 1.0 for r in trace.requests)
 
 
+def test_a_request_that_waits_for_a_connection_ends_within_its_timeout(monkeypatch):
+    from transbench.scenarios.serve import http_client
+
+    monkeypatch.setattr(http_client, "pool_size", lambda plan: 1)  # as an open-file limit too low for the load
+    plan = LoadPlan([4], arrivals=[0.0, 0.01, 0.02, 0.03], span_s=0.1, warmup_s=0.0)
+    with Stub() as stub:
+        stub.stall = (0.0, time.perf_counter() + 1.0)
+        trace = run_http_load(stub.url, "openai-embeddings", lambda r: payload("openai-embeddings", "m", "x", 0),
+                              plan, timeout_s=0.3)
+        stub.stall = (0.0, 0.0)
+    assert [r.status for r in trace.requests] == ["timeout"] * 4
+    assert all(r.done - r.arrival < 0.6 for r in trace.requests), [r.done - r.arrival for r in trace.requests]
+    # each waiter had the connection once the one before it timed out, or never had it
+    assert all(r.error.startswith(("no complete answer within 0.3 s", "no connection free within 0.3 s: every one "
+                                   "of the 1 the client")) for r in trace.requests) and trace.waited == 3
+
+
 def test_a_stall_is_carried_by_the_requests_that_arrive_during_it():
     with Stub() as stub:
         # a stall long enough that a loaded machine (CI shares its two cores) still sends dozens into it

@@ -591,6 +591,8 @@ class Connections:
     def close(self) -> None:
         for c in self.idle:
             c.close()
+        while self.waiters is not None and not self.waiters.empty():  # given to a waiter whose deadline then came
+            self.waiters.get_nowait().close()
 
 
 async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) -> HttpTrace:
@@ -615,18 +617,30 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
         nonlocal in_flight, peak, last_answer
         in_flight += 1
         peak = max(peak, in_flight)
-        client = await conns.take()
-        try:  # the whole request's deadline, connecting, body and stream included
-            body = bodies(r)
-            rest = await asyncio.wait_for(_send(client, path, api, json.dumps(body).encode(), r, now,
-                                                r.rid < KEEP_OUTPUTS, body.get("max_tokens", 0), widths), timeout_s)
+        body = bodies(r)
+        client = None
+
+        async def exchange():
+            nonlocal client
+            client = await conns.take()
+            return await _send(client, path, api, json.dumps(body).encode(), r, now, r.rid < KEEP_OUTPUTS,
+                               body.get("max_tokens", 0), widths)
+        # The whole request's deadline, the wait for a free connection included: with every connection of the pool
+        # busy (its size held down by the open-file limit) a request waited outside it, and against an endpoint that
+        # stalled, the fourth of four requests on one connection ended four timeouts after it was planned.
+        try:
+            rest = await asyncio.wait_for(exchange(), timeout_s)
             if rest is not None:  # the answer is whole: the body after its [DONE] is the connection's business
                 await rest
         except asyncio.TimeoutError:
             r.status, r.error, r.done = "timeout", f"no complete answer within {timeout_s:g} s", now()
+            if client is None:
+                r.error = (f"no connection free within {timeout_s:g} s: every one of the {conns.limit:,} the "
+                           "client may open (its open-file limit) was busy")
         finally:
             in_flight -= 1
-            conns.give(client)
+            if client is not None:
+                conns.give(client)
             if r.ok:
                 last_answer = now()
 
