@@ -631,6 +631,20 @@ def test_an_event_of_another_shape_makes_the_request_malformed(stub, api, event,
     assert r.status == "malformed" and why in r.error, r.error
 
 
+@pytest.mark.parametrize("api", ["openai-completions", "openai-chat"])
+@pytest.mark.parametrize("bad", [b"\xff", b"\xc3(", b"\xed\xa0\x80"])  # no UTF-8; a cut sequence; a surrogate's bytes
+def test_an_event_that_is_not_utf8_makes_the_request_malformed(stub, api, bad):
+    # its bytes were replaced by U+FFFD and the request answered `ok`; a comment of such bytes carries no event
+    from starlette.responses import Response
+
+    text = b'{"choices": [{"text": " a%s", "delta": {"content": " a%s"}}]}' % (bad, bad)
+    stream = b": \xff\n\ndata: %s\n\ndata: [DONE]\n\n"
+    r = answer(stub, api, Response(stream % text, media_type="text/event-stream"))
+    assert r.status == "malformed" and "an event is not UTF-8 text (byte b'\\x" in r.error, (r.status, r.error)
+    r = answer(stub, api, Response(stream % text.replace(bad, "é".encode()), media_type="text/event-stream"))
+    assert r.ok and r.text.endswith("é"), (r.status, r.error, r.text)
+
+
 @pytest.mark.parametrize("api, response, status, why", [
     ("openai-embeddings", endless(b"[", b"1," * 2**15), "malformed", "over 8,388,608 bytes"),
     ("openai-completions", endless(b"data: ", b"d" * 2**16, media_type="text/event-stream"), "malformed",

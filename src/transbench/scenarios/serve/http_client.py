@@ -337,8 +337,9 @@ async def _lines(chunks):
 def _text(pieces: list[bytes], first: bool) -> str:
     """A line of the stream as text; the stream's first line without its byte order mark (U+FEFF), which the
     event-stream format strips: kept, it made the first event's field another name than `data`, skipped, and the first
-    token's time (TTFT) the second's."""
-    line = b"".join(pieces).decode("utf-8", errors="replace")
+    token's time (TTFT) the second's. Bytes that are not UTF-8 are kept as surrogates (surrogateescape), for _events
+    to refuse in an event's data: replaced by U+FFFD, a stream of broken text was answered `ok`."""
+    line = b"".join(pieces).decode("utf-8", errors="surrogateescape")
     return line.removeprefix("\ufeff") if first else line
 
 
@@ -348,8 +349,9 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 async def _events(lines):
     """The data of each event: its `data` fields' values joined by newlines (one event may span several), dispatched
     at the blank line that ends it, as the event-stream format says; other fields (event, id, retry) and comments
-    (lines starting with ":") are skipped. An event's data over LINE_BYTES is Malformed. Data left without its
-    blank line when the stream ends is dispatched too: a `data: [DONE]` that ends the body is the stream's end."""
+    (lines starting with ":") are skipped. An event's data over LINE_BYTES, or not UTF-8, is Malformed. Data left
+    without its blank line when the stream ends is dispatched too: a `data: [DONE]` that ends the body is the
+    stream's end."""
     data, size = [], 0
     async for line in lines:
         if not line:
@@ -361,6 +363,11 @@ async def _events(lines):
         if name != "data":
             continue
         value = value[1:] if colon and value.startswith(" ") else value
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:  # a byte _text kept as a surrogate: JSON text is UTF-8 (RFC 8259)
+            bad = value[exc.start].encode(errors="surrogateescape")
+            raise Malformed(f"an event is not UTF-8 text (byte {bad!r} in {value[:60].encode(errors='replace')!r})")
         data.append(value)
         size += len(value) + 1
         if size > LINE_BYTES:
