@@ -753,6 +753,11 @@ def test_a_non_stream_a_redirect_and_a_stream_of_no_text_are_failures_of_their_k
     assert r.status == "malformed" and "'text/html'" in r.error
     r = answer(stub, "openai-chat", Response(status_code=307, headers={"Location": "http://127.0.0.1:9/"}))
     assert r.status == "http_307" and "redirected to 'http://127.0.0.1:9/'" in r.error
+    for to, said in (("https://u:t0ken@other.example:9/v1", "https://***@other.example:9/v1"),
+                     ("//t0ken@other.example/", "//***@other.example/"), ("http://u:t0/k@en@h/", "http://***@h/")):
+        # a redirect to another host stored its credentials in clear
+        r = answer(stub, "openai-chat", Response(status_code=302, headers={"Location": to}))
+        assert r.status == "http_302" and f"redirected to {said!r}" in r.error and "t0" not in r.error, r.error
     r = answer(stub, "openai-completions", sse('{"choices": [], "usage": {"completion_tokens": 3}}'))
     assert r.status == "malformed" and "no content was streamed" in r.error
     r = answer(stub, "openai-completions", sse(TEXT, media_type=None))  # no Content-Type: its events decide

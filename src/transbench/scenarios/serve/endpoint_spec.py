@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 from ...errors import SpecError
-from .http_client import APIS, MODEL_CHARS, is_model_name, served_models
+from .http_client import APIS, MODEL_CHARS, is_model_name, served_models, shown
 
 # An endpoint with no local folder to say how long its model's inputs may be: lengths are not capped by positions.
 NO_POSITIONS = 1 << 20
@@ -52,12 +52,6 @@ def _is_root(url: str) -> bool:
     except httpx.InvalidURL:  # `http://¡` passed Python's idna codec, and failed in the client
         return False
     return True
-
-
-def shown(url: str) -> str:
-    """The URL as it may be printed: credentials before an `@` (user:password@) hidden. Up to the last `@`, where a
-    password holding one unescaped would otherwise leave its end in clear; a root URL has no `@` after its host."""
-    return re.sub(r"^([^:/?#]*://).*@", r"\1***@", url, flags=re.DOTALL)
 
 
 def check(spec):

@@ -145,6 +145,12 @@ def _message(body: bytes) -> str:
     return one_line(text[:200])[:200]
 
 
+def shown(url: str) -> str:
+    """A URL as it may be printed or stored: credentials before an `@` (user:password@) hidden, up to the last `@`,
+    where a password holding one unescaped would otherwise leave its end in clear."""
+    return re.sub(r"^((?:[^:/?#]*:)?//).*@", r"\1***@", url, flags=re.DOTALL)  # with a scheme or without (//host)
+
+
 class Malformed(Exception):
     pass
 
@@ -475,7 +481,8 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             wait = one_line(headers.get(b"retry-after", b"")[:40].decode(errors="replace"))
             if wait:
                 message = f"{message[:200 - len(wait) - 16]} (Retry-After: {wait})"
-            moved = headers.get(b"location", b"")[:120].decode(errors="replace")
+            # credentials in it hidden (shown): a redirect to `http://user:token@other-host/` stored the token in clear
+            moved = shown(one_line(headers.get(b"location", b"")[:120].decode(errors="replace")))
             r.status, r.error = f"http_{status}", f"redirected to {moved!r}, not followed" if moved else message
         elif headers.get(b"content-encoding", b"identity").strip().lower() != b"identity":
             # a gzip stream read as events was `dropped` ("the stream ended before its [DONE] event"), its lines none
