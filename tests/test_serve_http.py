@@ -330,6 +330,28 @@ def test_a_request_that_waits_for_a_connection_ends_within_its_timeout(monkeypat
                                    "of the 1 the client")) for r in trace.requests) and trace.waited == 3
 
 
+def test_a_resolver_that_does_not_answer_is_held_to_the_deadline(monkeypatch):
+    # asyncio.run waited for its executor's getaddrinfo as it ended: the check of a 0.5 s deadline took 3 s
+    from transbench.errors import SpecError
+    from transbench.scenarios.serve.http_client import check_reachable
+
+    real = socket.getaddrinfo
+
+    def stalls(host, *args, **kwargs):
+        if host == "stalls.test":
+            time.sleep(3)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+    monkeypatch.setattr(socket, "getaddrinfo", stalls)
+    start = time.monotonic()
+    with pytest.raises(SpecError, match="nothing accepts a connection there \\(no connection within 0.5 s\\)"):
+        check_reachable("http://stalls.test:9", timeout_s=0.5)
+    plan = LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0)
+    (r,) = run_http_load("http://stalls.test:9", "openai-embeddings",
+                         lambda r: payload("openai-embeddings", "m", "x", 0), plan, timeout_s=0.5).requests
+    assert r.status == "timeout" and time.monotonic() - start < 2.5
+
+
 def test_a_stall_is_carried_by_the_requests_that_arrive_during_it():
     with Stub() as stub:
         # a stall long enough that a loaded machine (CI shares its two cores) still sends dozens into it

@@ -16,11 +16,13 @@ for it with `stream_options.include_usage`)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import re
 import resource
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -709,11 +711,41 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
     return HttpTrace(out, plan, now(), pool, peak, t0, conns.waited, capped, stretch)
 
 
+class _Daemons(concurrent.futures.ThreadPoolExecutor):
+    """The event loop's executor, where asyncio resolves host names (getaddrinfo blocks): a daemon thread a call, never
+    waited for. asyncio.run waits for its default executor's threads as it ends, so a resolver that did not answer
+    held `serve --url`'s reachability check past its deadline (30 s for one of 1 s), and the load past its requests'
+    timeouts; a host name is resolved once per connection opened, so these threads are few."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future = concurrent.futures.Future()
+
+        def work() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:  # noqa: BLE001  (handed to whoever waits, as the pool's own threads do)
+                    future.set_exception(exc)
+        threading.Thread(target=work, name="transbench-resolve", daemon=True).start()
+        return future
+
+    def shutdown(self, wait=True, *, cancel_futures=False) -> None:
+        pass
+
+
+def run(coro):
+    """asyncio.run(coro) with _Daemons for its executor: it ends when `coro` does."""
+    async def main():
+        asyncio.get_running_loop().set_default_executor(_Daemons(max_workers=1))
+        return await coro
+    return asyncio.run(main())
+
+
 def run_http_load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) -> HttpTrace:
     """Run the plan against the endpoint, without the cyclic collector (load.no_collector: a full collection stalls
     the sends). `bodies(sent)` gives a request's JSON body."""
     with no_collector():
-        return asyncio.run(_load(url.rstrip("/"), api, bodies, plan, timeout_s))
+        return run(_load(url.rstrip("/"), api, bodies, plan, timeout_s))
 
 
 def tls_words(exc: Exception) -> str:
@@ -776,7 +808,7 @@ def check_reachable(url: str, timeout_s: float = 10.0) -> None:
         (await _connect(Connections(url, 1), phase)).close()
 
     try:
-        asyncio.run(asyncio.wait_for(connect(), timeout_s))
+        run(asyncio.wait_for(connect(), timeout_s))
     except (OSError, asyncio.TimeoutError) as exc:  # ssl.SSLError is an OSError
         raise _unreachable(url, phase[0], exc, timeout_s) from None
 
@@ -813,7 +845,7 @@ def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
         return response.status_code, body
 
     try:
-        status, body = asyncio.run(asyncio.wait_for(fetch(), timeout_s))
+        status, body = run(asyncio.wait_for(fetch(), timeout_s))
     except (Dropped, Malformed) as exc:
         raise SpecError(f"--url {url}: GET /v1/models: {exc}") from None
     except (OSError, asyncio.TimeoutError) as exc:
