@@ -315,6 +315,35 @@ def test_requests_waiting_on_a_model_process_that_dies_get_503():
     assert model.metrics.requests == {("embeddings", 503): 1, ("completions", 503): 1}
 
 
+def test_a_metrics_scrape_waiting_on_the_model_process_leaves_the_other_requests_served():
+    # /metrics asked the model's process on the event loop: a child slow to answer (up to 5 s) stalled every request
+    from types import SimpleNamespace as NS
+
+    from transbench.scenarios.serve import server
+    from transbench.scenarios.serve.prompts import WordTokenizer
+    from transbench.scenarios.serve.server_model import Metrics
+
+    class Slow(Metrics):
+        def text(self):
+            time.sleep(1.0)
+            return super().text()
+    model = NS(alive=True, failure=None, metrics=Slow(), submit=lambda job: None, cancel=lambda job: None)
+    spec = NS(served_model_name="tiny", max_length=32, max_tokens=8)
+    app = server.build_app(server.Api(spec, NS(shape=NS(vocab=100, hidden=16)), False, model, WordTokenizer(100)))
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+            start = time.perf_counter()
+            scrape = asyncio.ensure_future(client.get("/metrics"))
+            await asyncio.sleep(0)
+            health = await client.get("/health")
+            took = time.perf_counter() - start
+            return health, took, await scrape
+    health, took, scrape = asyncio.run(main())
+    assert health.status_code == 200 and took < 0.5 and scrape.status_code == 200, took
+    assert "transbench_queue_depth" in scrape.text
+
+
 def test_a_stream_its_client_left_part_way_is_counted_in_metrics():
     # a streamed completion whose client hung up was counted under no status at all
     def one_token(job):  # a token, then nothing: the stream is still open when the client leaves

@@ -259,7 +259,10 @@ class Api:
     async def metrics(self, request):
         from starlette.responses import Response
 
-        return Response(self.model.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        # In a thread: the model's side is asked of its process, up to METRICS_WAIT_S, and asked on the event loop
+        # every stream and request stalled while a scrape waited (scrapes one after another, under one lock)
+        body = await asyncio.to_thread(self.model.metrics.text)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def models(self, request):
         from starlette.responses import JSONResponse
