@@ -1307,6 +1307,9 @@ def test_an_answer_that_is_not_http_is_malformed_in_one_line(raw, garbage):
     (b"HTTP/1.1 200 OK\r\nContent-Le", False, "GET /v1/models: the server closed the connection part way through"),
     (b"\x15\x03\x03\x00\x02\x02\x46", False, "give the URL as https://"),
     (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", False, "GET /v1/models: the answer is not HTTP/1.1 (it began b'SSH-2.0"),
+    # "lists no model (HTTP 301): name it with --served-model", and every request of that load was redirected too
+    (b"HTTP/1.1 301 Moved\r\nLocation: https://u:t0k@h.example/v1/models\r\nContent-Length: 0\r\n\r\n", False,
+     "GET /v1/models was redirected (HTTP 301) to 'https://***@h.example/v1/models', and redirects are not followed"),
 ])
 def test_a_listing_the_server_dropped_or_garbled_is_refused_in_words(raw, send, reset, why):
     # "the endpoint lists no model at /v1/models (no answer: RemoteProtocolError): name it with --served-model"

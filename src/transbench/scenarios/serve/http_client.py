@@ -833,7 +833,7 @@ def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
     phase = ["connect"]
     held: list[Connection] = []
 
-    async def fetch() -> tuple[int, bytes]:
+    async def fetch() -> tuple[int, bytes, str]:
         conn = await _connect(Connections(url, 1), phase)
         held.append(conn)  # its first bytes say whether an answer had begun by the deadline
         try:
@@ -842,10 +842,11 @@ def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
             body = await conn.read(MODELS_BYTES)
         finally:
             conn.close()
-        return response.status_code, body
+        moved = dict(response.headers).get(b"location", b"")[:120].decode(errors="replace")
+        return response.status_code, body, shown(one_line(moved))
 
     try:
-        status, body = run(asyncio.wait_for(fetch(), timeout_s))
+        status, body, moved = run(asyncio.wait_for(fetch(), timeout_s))
     except (Dropped, Malformed) as exc:
         raise SpecError(f"--url {url}: GET /v1/models: {exc}") from None
     except (OSError, asyncio.TimeoutError) as exc:
@@ -857,6 +858,10 @@ def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
             raise SpecError(f"--url {url}: the endpoint accepted a connection and sent no answer to GET /v1/models "
                             f"within {timeout_s:g} s") from None
         raise SpecError(f"--url {url}: GET /v1/models: {type(exc).__name__}: {str(exc)[:120]}") from None
+    if 300 <= status < 400 and moved:  # "lists no model ... name it with --served-model" sent the user to a load
+        # whose every request was redirected too (http:// to https://, another host): redirects are not followed
+        raise SpecError(f"--url {url}: GET /v1/models was redirected (HTTP {status}) to {moved!r}, and redirects are "
+                        "not followed: give the URL it redirects to")
     if not 200 <= status < 300:
         refuse(f"HTTP {status}")
     if len(body) > MODELS_BYTES:
