@@ -385,6 +385,18 @@ def test_a_stream_its_client_left_has_its_job_cancelled(first_token):
     assert cancelled == submitted and len(submitted) == 1
 
 
+def test_a_completion_whose_client_left_before_its_answer_is_cancelled_and_counted():
+    # not streamed: the model ran it to max_tokens for no one, and the handler waited on it to the end
+    submitted, cancelled = [], []
+    app = fake_api(True, submitted.append, cancelled.append)  # the model is slow: no token before the client leaves
+    body = json.dumps({"model": "tiny", "prompt": "a b", "max_tokens": 4}).encode()
+    call(app, [{"type": "http.request", "body": body, "more_body": False}], path="/v1/completions",
+         length=str(len(body)).encode())
+    assert cancelled == submitted and len(submitted) == 1
+    metrics = next(r.endpoint.__self__.model.metrics for r in app.routes if r.path == "/metrics")
+    assert metrics.requests == {("completions", 499): 1}
+
+
 class FakeGen:
     """A decoder's generator that counts its decode steps: every token is 0."""
 

@@ -319,7 +319,7 @@ class Api:
                              "usage": {"prompt_tokens": n, "total_tokens": n}})
 
     async def completions(self, request):
-        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.responses import JSONResponse, Response, StreamingResponse
 
         t0 = time.perf_counter()
         try:
@@ -368,14 +368,24 @@ class Api:
 
         counts = {"prompt_tokens": len(ids), "completion_tokens": max_tokens, "total_tokens": len(ids) + max_tokens}
         if not stream:
+            # A client that hangs up is heard (its http.disconnect, after the body): the model ran its completion to
+            # max_tokens for no one, its batch holding the requests behind it, as a stream's did (events below)
+            watch = asyncio.ensure_future(gone(request, q))
             tokens = []
-            while True:
-                kind, value = await q.get()
-                if kind == "error":
-                    return self.error(self.failed("completions", value))
-                if kind == "done":
-                    break
-                tokens.append(value)
+            try:
+                while True:
+                    kind, value = await q.get()
+                    if kind == "error":
+                        return self.error(self.failed("completions", value))
+                    if kind == "gone":
+                        self.model.cancel(job)
+                        self.model.metrics.request("completions", GONE, None)
+                        return Response(status_code=GONE)  # to no one: the connection has closed
+                    if kind == "done":
+                        break
+                    tokens.append(value)
+            finally:
+                watch.cancel()
             self.model.metrics.request("completions", 200, time.perf_counter() - t0)
             return JSONResponse(chunk(self.tok.decode(tokens), "length", usage=counts))
 
@@ -418,6 +428,14 @@ class Api:
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def gone(request, q: asyncio.Queue) -> None:
+    """Puts ("gone", None) on `q` once the client has hung up: after its body, the server's next ASGI message for
+    the request is http.disconnect (uvicorn sends it when the connection closes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    q.put_nowait(("gone", None))
 
 
 def build_app(api: Api):
