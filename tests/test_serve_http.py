@@ -1310,6 +1310,11 @@ def test_an_answer_that_is_not_http_is_malformed_in_one_line(raw, garbage):
     # "lists no model (HTTP 301): name it with --served-model", and every request of that load was redirected too
     (b"HTTP/1.1 301 Moved\r\nLocation: https://u:t0k@h.example/v1/models\r\nContent-Length: 0\r\n\r\n", False,
      "GET /v1/models was redirected (HTTP 301) to 'https://***@h.example/v1/models', and redirects are not followed"),
+    # "lists no model (HTTP 401): name it with --served-model", a load whose every request was refused the same
+    (b'HTTP/1.1 401 Unauthorized\r\nContent-Length: 32\r\n\r\n{"error": {"message": "no key"}}', False,
+     "GET /v1/models was refused (HTTP 401: no key): the endpoint asks for credentials, which this client does not"),
+    (b"HTTP/1.1 503 Busy\r\nRetry-After: 30\r\nContent-Length: 0\r\n\r\n", False,
+     "GET /v1/models answered HTTP 503 (no message; Retry-After: 30): the endpoint is not serving now"),
 ])
 def test_a_listing_the_server_dropped_or_garbled_is_refused_in_words(raw, send, reset, why):
     # "the endpoint lists no model at /v1/models (no answer: RemoteProtocolError): name it with --served-model"

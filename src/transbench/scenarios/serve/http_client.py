@@ -842,11 +842,13 @@ def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
             body = await conn.read(MODELS_BYTES)
         finally:
             conn.close()
-        moved = dict(response.headers).get(b"location", b"")[:120].decode(errors="replace")
-        return response.status_code, body, shown(one_line(moved))
+        headers = dict(response.headers)
+        moved = shown(one_line(headers.get(b"location", b"")[:120].decode(errors="replace")))
+        wait = one_line(headers.get(b"retry-after", b"")[:40].decode(errors="replace"))
+        return response.status_code, body, moved, wait
 
     try:
-        status, body, moved = run(asyncio.wait_for(fetch(), timeout_s))
+        status, body, moved, wait = run(asyncio.wait_for(fetch(), timeout_s))
     except (Dropped, Malformed) as exc:
         raise SpecError(f"--url {url}: GET /v1/models: {exc}") from None
     except (OSError, asyncio.TimeoutError) as exc:
@@ -862,6 +864,16 @@ def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
         # whose every request was redirected too (http:// to https://, another host): redirects are not followed
         raise SpecError(f"--url {url}: GET /v1/models was redirected (HTTP {status}) to {moved!r}, and redirects are "
                         "not followed: give the URL it redirects to")
+    # "lists no model: name it with --served-model" sent the user to a load whose every request was refused the same:
+    # credentials asked for (this client sends none), or an endpoint shedding load or not serving
+    said = _message(body[:ERROR_BYTES]) or "no message"
+    if status in (401, 403):
+        raise SpecError(f"--url {url}: GET /v1/models was refused (HTTP {status}: {said[:120]}): the endpoint asks for "
+                        "credentials, which this client does not send")
+    if status == 429 or status >= 500:
+        after = f"; Retry-After: {wait}" if wait else ""
+        raise SpecError(f"--url {url}: GET /v1/models answered HTTP {status} ({said[:120]}{after}): the endpoint is "
+                        "not serving now")
     if not 200 <= status < 300:
         refuse(f"HTTP {status}")
     if len(body) > MODELS_BYTES:
