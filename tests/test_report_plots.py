@@ -63,7 +63,7 @@ def _boxes(fig) -> dict[str, set[str]]:
     """Box plot colours by the backend label under each box."""
     out: dict[str, set[str]] = {}
     for ax in fig.axes:
-        names = [t.get_text().replace("/\n", "/") for t in ax.get_xticklabels()]
+        names = [t.get_text().split("\nn=")[0].replace("/\n", "/") for t in ax.get_xticklabels()]
         boxes = [p for p in ax.patches if type(p).__name__ == "PathPatch"]
         for name, box in zip(names, boxes):
             out.setdefault(name, set()).add(to_hex(box.get_facecolor()))
@@ -160,7 +160,8 @@ def test_latency_distribution_is_not_flattened_by_an_outlier(tmp_path, drawn):
                           (cell("fused", 1, 8), bad_result("wrong", "rel_err 1"))])
     build_report(db, ["tail"], tmp_path / "r")
     (ax,) = drawn["latency_dist_bert-tiny-base-fp32.png"].axes
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["eager", "sdpa", "fused"]
+    # each box says its sample count: a percentile whisker of a few samples is their extreme
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["eager\nn=200", "sdpa\nn=40", "fused"]
     low, high = ax.get_ylim()
     assert ax.get_yscale() == "linear" and high < 10 and low > 1  # the boxes fill the axis, not the 300 ms call
     texts = [t.get_text() for t in ax.texts]
@@ -244,3 +245,14 @@ def test_latency_distribution_of_many_runs_stays_within_the_row_width(tmp_path, 
     assert fig.get_figwidth() <= plots.PANEL_ROW_WIDTH
     (ax,) = fig.axes
     assert len([t for t in ax.get_xticklabels() if t.get_text()]) == 55  # every box keeps its name
+
+
+def test_latency_distribution_says_each_box_sample_count(tmp_path, drawn):
+    db = str(tmp_path / "s.db")
+    make_run(db, "few", [(cell("eager", 1, 8), ok_result([1.0, 1.2, 1.1], 1)),
+                         (cell("sdpa", 1, 8), ok_result(_samples(1.0, 2500), 1))])
+    build_report(db, ["few"], tmp_path / "r")
+    fig = drawn["latency_dist_bert-tiny-base-fp32.png"]
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["eager\nn=3", "sdpa\nn=2,500"]
+    assert "n= samples a box" in fig._suptitle.get_text()

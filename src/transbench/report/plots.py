@@ -471,7 +471,10 @@ def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
                 ax.text(k, 0.5, "no samples" if ok else STATUS_TEXT.get(r["status"], str(r["status"])),
                         transform=ax.get_xaxis_transform(), ha="center", va="center", rotation=90, fontsize=8,
                         color="dimgray" if ok else "red")
-            names = [wrap(r["_label"].replace("/", "/\n"), 24) for r in boxed + gone]
+            # Each box's sample count under its name: whiskers at p0.5 and p99.5 of 5 samples are their extremes,
+            # and a reader could not tell that box from one of 2,000 samples.
+            counts = [f"\nn={len(r['_samples']):,}" for r in boxed] + [""] * len(gone)
+            names = [wrap(r["_label"].replace("/", "/\n"), 24) + n for r, n in zip(boxed + gone, counts)]
             ax.set_xticks(range(1, len(names) + 1), names, rotation=45, ha="right", rotation_mode="anchor")
             ax.set_xlim(0.4, len(names) + 0.6)
             ax.set_title(f"batch {b}, seq {seq}", fontsize=9)
@@ -484,7 +487,7 @@ def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
         figure_legend(fig, list(legend.values()), list(legend))
         lo, hi = AXIS_PERCENTILES
         title = (f"{model} {task} {dtype}: latency distribution of the raw samples\n"
-                 f"(whiskers p{lo:g}-p{hi:g}; \u25b2n: n samples above the axis)")
+                 f"(n= samples a box; whiskers p{lo:g}-p{hi:g}; \u25b2n: n samples above the axis)")
         _suptitle(fig, title, fontsize=10)
         figs.append(_save(fig, out / f"latency_dist_{slug(model, task, dtype)}.png", title.replace("\n", " "),
                           points))
