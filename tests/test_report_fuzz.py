@@ -97,7 +97,7 @@ def _serve_run(db: str, name: str, backends: list[str]) -> None:
                      "seed": 0, "activation": None, "rate": rate}
             rec = {**ident, "device": "cpu", "batch_size": 8, "offered_rate": rate, "achieved_rate": rate * 0.9,
                    "latency_ms": 2.0, "latency_p50_ms": 2.0, "latency_p99_ms": 4.0, "latency_p999_ms": 5.0,
-                   "goodput": 0.99, "mean_batch": 1.5}
+                   "goodput": 0.99, "mean_batch": 1.5, "n_requests": int(rate * 60)}
             store.put_cell(run_id, json.dumps(ident, sort_keys=True), "serve", "ok", rec, cell={}, samples=[2.0])
         ident = {"scenario": "serve-max-rate", "model": "bert-tiny", "task": "base", "backend": backend,
                  "dtype": "fp32", "mode": "max-rate", "lengths": "fixed:32", "slo_ms": 10.0}
@@ -125,6 +125,8 @@ def test_serve_plots_keep_backend_colours_and_the_max_rate_table_names_runs(tmp_
                 backend = line.get_label().split(" ")[0]
                 if not backend.startswith("_"):
                     assert to_hex(line.get_color()) == plots.backend_color(backend), line.get_label()
+    # the percentiles drawn say how many requests each load held
+    assert [fig.axes[0].get_title() for fig in figs] == ["latency vs load (n=600..6,000 requests a load)"] * 2
     top = next(b for b in section.blocks if isinstance(b, Table) and b.title.startswith("largest rate"))
     # two runs' sdpa rows differed only in their numbers
     assert top.headers[0] == "run"

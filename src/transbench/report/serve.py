@@ -98,7 +98,11 @@ def figures(recs: list[dict], out: Path) -> list[Figure]:
         if slo:
             lat.axhline(slo, color="grey", lw=0.8)
         _log_axes(lat)  # ticks as plain numbers (2, 5, 10), as in the other plots, not 2 x 10^0
-        lat.set(xlabel="offered rate (requests/s)", ylabel="latency (ms)", title="latency vs load")
+        # The percentiles' sample counts: a p99.9 of 900 requests is their slowest, not a tail estimate.
+        counts = sorted(r["n_requests"] for r in rows if r.get("n_requests") is not None)
+        told = "" if not counts else f"{counts[0]:,}" if counts[0] == counts[-1] else f"{counts[0]:,}..{counts[-1]:,}"
+        lat.set(xlabel="offered rate (requests/s)", ylabel="latency (ms)",
+                title="latency vs load" + (f" (n={told} requests a load)" if counts else ""))
         top = max(r["offered_rate"] for r in rows)
         ach.plot([0, top], [0, top], color="grey", lw=0.8)
         ach.set(xlabel="offered rate (requests/s)", ylabel="achieved rate (requests/s)", title="achieved vs offered")
