@@ -343,3 +343,17 @@ def test_report_of_one_run_named_twice_refuses_the_comparison_it_cannot_make(tmp
         assert not (tmp_path / "out").exists()
     res = CliRunner().invoke(app, ["report", "a", "a", "--no-compare", "--db", db, "--out", str(tmp_path / "out")])
     assert res.exit_code == 0 and (tmp_path / "out" / "report.md").is_file(), res.output
+
+
+def test_a_list_in_a_micro_record_reads_as_json_as_csv_writes_it(tmp_path):
+    db = str(tmp_path / "s.db")
+    store = Store(db)
+    micro_id, _ = store.create_run("busy", "micro", {}, {})
+    store.put_cell(micro_id, "g1", "micro-gemm", "ok",
+                   {"scenario": "micro-gemm", "dtype": "fp32", "shape": "square", "m": 8, "n": 8, "k": 8, "tflops": 0.5,
+                    "latency_ms": 0.067, "busy_processes": [{"pid": 7, "name": "python", "cores": 0.5}]}, cell={})
+    store.close()
+    md = build_report(db, ["busy"], tmp_path / "out", compare_runs=False).markdown.read_text()
+    row = next(r for r in _table(md, "#### micro-gemm") if "python" in r)
+    # Python's repr ([{'pid': 7, ...}], True) was in the table, a format no reader parses; now --csv's JSON
+    assert '{"pid": 7, "name": "python", "cores": 0.5}' in row and "'pid'" not in row

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..keys import KEYS, flag, percent  # noqa: F401  (report.document.percent)
 from ..spec import escaped
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,8 @@ def num(value, kind: str = "") -> str:
         return ""
     if isinstance(value, bool):  # no key known: a switch's words (cell() gives a key's own, keys.flag)
         return "on" if value else "off"
+    if isinstance(value, (list, dict)):  # as --json and --csv write it: Python's repr ({'pid': 1}) is no format
+        return json.dumps(value, default=str)
     if not isinstance(value, (int, float)):
         return str(value)
     if kind == "pct":
