@@ -273,3 +273,17 @@ def test_check_output_needs_no_write_permission_on_the_folder_of_an_existing_fil
     finally:
         folder.chmod(0o700)
     assert Path(target).exists()
+
+
+def test_csv_cells_are_written_as_stored_even_where_a_spreadsheet_reads_a_formula(tmp_path):
+    """docs/results.md: the CSV is data for scripts; a quote before `=`, `+`, `-` or `@` would change a run name
+    and turn -0.5 into text, so cells are written as stored, quoted only where CSV needs it."""
+    import csv
+
+    path = tmp_path / "r.csv"
+    recs = [{"run_id": "1", "run_name": '=HYPERLINK("x"),|`a`', "scenario": "inference", "model": "@m",
+             "seq_stdev": -0.5, "error": "line one\nline two"}]
+    export.write(recs, csv_path=str(path))
+    (row,) = list(csv.DictReader(path.open(newline="")))
+    assert (row["run_name"], row["model"], row["seq_stdev"], row["error"]) == (
+        '=HYPERLINK("x"),|`a`', "@m", "-0.5", "line one\nline two")
