@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 from transbench.cli import app
 from transbench.errors import SpecError
 from transbench.scenarios import micro
-from transbench.scenarios.micro.collectives import BUS_FACTOR, _elements
+from transbench.scenarios.micro.collectives import BUS_FACTOR
+from transbench.scenarios.micro.options import buffer_elements as _elements
 from transbench.scenarios.training.comm import union_ms
 
 
@@ -36,6 +37,9 @@ def test_bus_factors_are_nccl_tests():
     (["--sizes", "2^50"], "over 1 TiB"),
     (["--sizes", ""], "--sizes is empty"),
     (["--op", "all-reduce,all-reduce"], "twice"),
+    # sizes round down to whole elements: 1, 3 and 4 bytes were three cells of one 4-byte buffer, one table row
+    (["--op", "all-reduce", "--sizes", "1,3"], "--sizes 1 and 3 are one 4-byte all-reduce of fp32 over 2 ranks"),
+    (["--op", "reduce-scatter", "--sizes", "8,12"], "--sizes 8 and 12 are one 8-byte reduce-scatter"),
 ])
 def test_bad_options_are_one_line_and_exit_2(tmp_path, args, says):
     db = tmp_path / "c.db"

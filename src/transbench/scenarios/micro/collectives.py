@@ -20,7 +20,7 @@ from ...measure import timer
 from ...measure.record import timing_record
 from ...runner import rank as rank_mod
 from .common import MAX_CALLS_PER_SAMPLE, SAMPLE_TARGET_MS, Context, Point
-from .options import CollectivesOptions
+from .options import CollectivesOptions, buffer_elements
 
 # busbw / algbw (nccl-tests, doc/PERFORMANCE.md): what each rank sends and receives over its links per byte of the op
 BUS_FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
@@ -61,12 +61,6 @@ def measure_unit(unit: dict, opts: CollectivesOptions, ctx: Context) -> list[Poi
 
 
 # ---- the rank side -------------------------------------------------------------------------------------------------
-
-def _elements(op: str, nbytes: int, esize: int, n: int) -> int:
-    """Elements of the op's full buffer: `nbytes` of them, a multiple of n where it is split over the ranks."""
-    count = max(1, nbytes // esize)
-    return count if op == "all-reduce" else max(n, count - count % n)
-
 
 def _buffers(op: str, count: int, n: int, rank: int, dtype, device):
     """(the call, its check): inputs filled with rank + 1 (sums and chunks exact in every dtype here)."""
@@ -125,7 +119,7 @@ def _time_size(op: str, nbytes: int, dtype_name: str, payload: dict, info: rank_
     n = info.world_size
     dtype = dev.torch_dtype(dtype_name)
     esize = torch.empty((), dtype=dtype).element_size()
-    count = _elements(op, nbytes, esize, n)
+    count = buffer_elements(op, nbytes, esize, n)
     record = {"bytes": count * esize, "elements": count, "element_bytes": esize}
     failed = None
     try:

@@ -237,6 +237,13 @@ class BreakdownOptions(MicroCommon):
 
 COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter")
 COLLECTIVE_DTYPES = ("fp32", "fp16", "bf16")
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def buffer_elements(op: str, nbytes: int, esize: int, n: int) -> int:
+    """Elements of a collective's full buffer: `nbytes` of them, a multiple of n where it is split over the ranks."""
+    count = max(1, nbytes // esize)
+    return count if op == "all-reduce" else max(n, count - count % n)
 MAX_COLLECTIVE_BYTES = 2**40  # 1 TiB: no GPU holds a buffer this large; a typo (2^60) is refused, not allocated
 
 
@@ -308,4 +315,20 @@ class CollectivesOptions(MicroCommon):
                             "give --device cuda, and CUDA_VISIBLE_DEVICES to choose the GPUs")
         if not (out.timeout > 0 and math.isfinite(out.timeout)):
             raise SpecError(f"--timeout {out.timeout}: give a positive number of seconds")
+        _one_buffer_each(out)
         return out
+
+
+def _one_buffer_each(opts: CollectivesOptions) -> None:
+    """Sizes round down to whole elements (a multiple of the ranks for all-gather and reduce-scatter): `--sizes 1,3,4`
+    measured one 4-byte all-reduce three times, stored as three cells whose table showed one row."""
+    esize = ELEMENT_BYTES[opts.dtype]
+    for op in opts.ops:
+        seen: dict[int, int] = {}
+        for size in opts.sizes:
+            nbytes = buffer_elements(op, size, esize, opts.nproc) * esize
+            if nbytes in seen:
+                raise SpecError(f"--sizes {seen[nbytes]:,} and {size:,} are one {nbytes:,}-byte {op} of {opts.dtype} "
+                                f"over {opts.nproc} ranks (whole elements, a multiple of the ranks where split): "
+                                "give sizes that differ by more")
+            seen[nbytes] = size
