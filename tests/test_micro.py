@@ -553,3 +553,22 @@ def test_the_measured_ceilings_own_point_reads_100_percent(monkeypatch):
     title, of_ceiling = micro_cli._gemm_ceiling([rec], "unused.db")
     assert "measured ceiling" in title and of_ceiling(rec) == 100.0
     assert micro_cli._pct(t, of_ceiling(rec)).endswith("(100.0%)")
+
+
+def test_breakdown_warns_where_a_part_runs_above_the_stored_ceilings(db):
+    # `micro bandwidth --sizes 3` stored a copy of 0.009 GB/s (the call's overhead) as the CPU's memory ceiling;
+    # the breakdown then showed parts at 293% of the roofline without a word
+    store = Store(db)
+    run_id, _ = store.create_run("tiny", "micro", {}, {})
+    store.put_cell(run_id, "g", "micro-gemm", "ok", {"dtype": "fp32", "tflops": 1e-9, "gpu": None, "device": "cpu"},
+                   cell={})
+    store.put_cell(run_id, "c", "micro-bandwidth", "ok", {"op": "copy", "gbps": 1e-6, "dtype": "fp32", "gpu": None,
+                                                          "device": "cpu"}, cell={})
+    store.close()
+    seen = []
+    out = micro.run_micro("breakdown", micro.BreakdownOptions(model="bert-tiny", batch=1, seq=8, device="cpu",
+                                                              min_time=0.01), db, on_point=seen.append)
+    qkv = next(r for r in out.records if r["part"] == "qkv")
+    assert qkv["ceiling_source"] == "measured" and qkv["pct_of_roofline"] > 110
+    (warning,) = [w for p in seen if p.key["part"] == "qkv" for w in p.warnings if "roofline" in w]
+    assert "above the roofline" in warning and "measure `micro gemm` and `micro bandwidth`" in warning

@@ -83,6 +83,10 @@ def point_key(opts: BreakdownOptions, part: str) -> dict:
     return {"model": opts.model, "dtype": opts.dtype, "batch": opts.batch, "seq": opts.seq, "part": part}
 
 
+# A part this far above its roofline is no timing noise: the ceilings, or the memory level they describe, are off.
+ABOVE_ROOF = 1.1
+
+
 def measure(opts: BreakdownOptions, ctx: Context) -> list[Point]:
     import torch
 
@@ -138,6 +142,13 @@ def measure(opts: BreakdownOptions, ctx: Context) -> list[Point]:
             roof = attainable_tflops(c.intensity, ceil.tflops, ceil.gbps) if ceil.tflops and ceil.gbps else None
             rec = {**record(part), "rel_err": err, **timing, "tflops": tflops,
                    "gbps": c.min_bytes / seconds / 1e9, "pct_of_roofline": 100 * tflops / roof if roof else None}
+            if roof and tflops > roof * ABOVE_ROOF:
+                # A store whose only `bandwidth` run was of 3 elements had a 0.009 GB/s "ceiling" (the call's
+                # overhead, not the memory): parts read 293% of the roofline and "memory"-bound without a word.
+                warnings.append(f"above the roofline ({rec['pct_of_roofline']:.0f}%): its data stayed in a cache, "
+                                f"or the {ceil.source} ceilings ({ceil.tflops:.4g} TFLOPS, {ceil.gbps:.4g} GB/s) are "
+                                "below this device's; measure `micro gemm` and `micro bandwidth` at sizes past the "
+                                "caches into this --db")
             return Point(key(part), "ok", rec, per_call, {**info, "calls_per_sample": reps,
                                                           "stats": stats.as_dict()}, warnings)
 
