@@ -255,4 +255,16 @@ def test_latency_distribution_says_each_box_sample_count(tmp_path, drawn):
     fig = drawn["latency_dist_bert-tiny-base-fp32.png"]
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_xticklabels()] == ["eager\nn=3", "sdpa\nn=2,500"]
-    assert "n= samples a box" in fig._suptitle.get_text()
+    assert "n= samples a box" in fig._suptitle.get_text().replace("\n", " ")
+
+
+def test_latency_distribution_of_a_large_grid_draws_a_spread_of_its_points(tmp_path, drawn):
+    db = str(tmp_path / "s.db")
+    grid = [(b, s) for s in (8, 16, 32) for b in range(1, 21)]  # 60 points
+    make_run(db, "grid", [(cell("eager", b, s), ok_result(_samples(1.0 + b / 10, 5), b)) for b, s in grid])
+    build_report(db, ["grid"], tmp_path / "r")
+    fig = drawn["latency_dist_bert-tiny-base-fp32.png"]
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert len(titles) == plots.DIST_PANELS == len(set(titles))
+    assert titles[0] == "batch 1, seq 8" and titles[-1] == "batch 20, seq 32"  # both ends of the grid
+    assert "48 of 60 batch x seq points, spread evenly" in fig._suptitle.get_text().replace("\n", " ")
