@@ -11,13 +11,23 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 from transbench.cells import Cell  # noqa: E402
 from transbench.models import quant  # noqa: E402
 from transbench.runner import worker  # noqa: E402
-from transbench.scenarios.inference.measure import QUANT_TOLERANCE, ModelCache  # noqa: E402
+from transbench.scenarios.inference.measure import QUANT_TOLERANCE  # noqa: E402
 
-CACHE = ModelCache()
+TARGET = "transbench.scenarios.inference.target:measure"
+_LANE: dict = {}
 
 
 def execute(cell):
-    return worker.execute("transbench.scenarios.inference.target:measure", cell.to_dict(), {"models": CACHE})
+    """The cell in a worker process that is replaced where the result asks for it (`fresh_worker_after`: a failed
+    capture, a compile mode with CUDA graphs), as `run`'s lanes do (runner/sweep.py). In this process, the nf4
+    compile cell read `wrong` (rel_err 1.25) as the 17th cell, after the int8-dynamic CUDA-graph capture failed, and
+    passed alone and through the CLI."""
+    if "worker" not in _LANE or not _LANE["worker"].alive():
+        _LANE["worker"] = worker.Worker()
+    result = _LANE["worker"].run(TARGET, cell.to_dict(), 600)
+    if result.info.get("fresh_worker_after"):
+        _LANE.pop("worker").stop()
+    return result
 
 
 def cell(**kw) -> Cell:
