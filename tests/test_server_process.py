@@ -655,6 +655,46 @@ def test_streams_whose_clients_reset_leave_nothing_in_the_log(caplog):
     assert not [r for r in caplog.records if "raised exception" in r.getMessage()]
 
 
+def test_a_stream_whose_client_reads_nothing_is_dropped_and_its_job_cancelled(monkeypatch):
+    """uvicorn has no write timeout: a client that opened a stream and never read it held its connection, and the
+    events queued for it, for as long as it stayed connected."""
+    import socket
+
+    from transbench.scenarios.serve import server
+
+    monkeypatch.setattr(server, "WRITE_S", 0.5)
+    jobs, cancelled = [], []
+    body = json.dumps({"model": "tiny", "prompt": "a b", "max_tokens": 8, "stream": True}).encode()
+    with protocol_server(fake_api(True, jobs.append, cancelled.append)) as port:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window it offers
+        s.settimeout(5)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        for _ in range(100):
+            if jobs:
+                break
+            time.sleep(0.05)
+        job = jobs[0]
+        for _ in range(20):  # a model far ahead of a client that reads nothing: megabytes of events
+            for _ in range(2000):
+                job.emit("token", 5)
+            time.sleep(0.05)
+        for _ in range(100):
+            if cancelled:
+                break
+            time.sleep(0.05)
+        assert cancelled == [job]
+        try:  # the server dropped it: what was buffered reads out, then the end (a timeout here fails the test)
+            while s.recv(65536):
+                pass
+        except ConnectionResetError:
+            pass
+        s.close()
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200  # and serves on
+
+
 def test_clients_sending_garbage_or_tls_leave_one_line_of_each_kind_in_the_log(caplog):
     """uvicorn logged "Invalid HTTP request received." for each request that is not HTTP/1.1, a TLS ClientHello on the
     plain port included, and two lines (one advising a WebSocket library) for each upgrade request: one client in a

@@ -45,6 +45,10 @@ BODY_S = 30.0
 # is closed: uvicorn's h11 protocol times a connection out only between requests, so connections that sent nothing,
 # or half their headers, were held for ever, and 280 of them used up the descriptors: every other client timed out.
 HEADER_S = 10.0
+# A connection whose client has read nothing this long while the server has output waiting for it (its transport's
+# writing paused: uvicorn's flow control) is dropped: uvicorn has no write timeout, so a client that opened a stream
+# and never read it held its connection, and the events queued for it, for as long as it stayed connected.
+WRITE_S = 30.0
 STOP_POLL_S = 0.2  # how often a body still arriving looks whether the server is stopping
 # uvicorn logs a line for each request that is not HTTP/1.1 (one client sending garbage wrote one a request); each such
 # kind of line about what a client sent is logged at most once this often, with the count of those it stood for.
@@ -479,7 +483,8 @@ def check_port(host: str, port: int) -> None:
 
 def header_deadline_protocol():
     """The HTTP protocol uvicorn picks (httptools where it is installed, else h11), with a deadline on each request's
-    line and headers (HEADER_S): both time a connection out only between requests."""
+    line and headers (HEADER_S), both of which time a connection out only between requests, and one on a client that
+    reads none of what is written to it (WRITE_S)."""
     import importlib.util
 
     idle = None  # h11's state of a connection whose next request has not begun; httptools says so itself
@@ -497,6 +502,7 @@ def header_deadline_protocol():
         _deadline = None
         _headers_in = False  # this request's line and headers have arrived
         _fresh = True  # nothing received on this connection yet
+        _stall = None  # the deadline of a client reading nothing, armed while writing is paused
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
@@ -547,8 +553,28 @@ def header_deadline_protocol():
             if not self._headers_in and not self.transport.is_closing():
                 self._arm()
 
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._stall is None:
+                self._stall = self.loop.call_later(WRITE_S, self._stalled)
+
+        def resume_writing(self) -> None:
+            self._unstall()
+            super().resume_writing()
+
+        def _unstall(self) -> None:
+            if self._stall is not None:
+                self._stall.cancel()
+                self._stall = None
+
+        def _stalled(self) -> None:
+            self._stall = None
+            if not self.transport.is_closing():
+                self.transport.abort()  # close() would wait to flush what the client does not read
+
         def connection_lost(self, exc) -> None:
             self._disarm()
+            self._unstall()
             super().connection_lost(exc)
 
     return HeaderDeadline
