@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 
 from transbench import api
@@ -212,4 +213,5 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends it quietly, as it does a shell tool
     main(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "/tmp/out"))

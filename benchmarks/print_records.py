@@ -2,12 +2,14 @@
     python3 benchmarks/print_records.py RECORDS.json LABEL"""
 
 import json
+import signal
 import sys
 
 KEYS = ("run_name", "model", "dtype", "quant", "status", "latency_ms", "throughput_per_s", "rel_err", "task_agreement", "host_ms",
         "peak_mem_mb", "sm_clock_mhz", "busy_cores", "decode_ms_per_token", "decode_hbm_share")
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends it quietly, as it does a shell tool
     path, label = sys.argv[1], " ".join(sys.argv[2:])
     try:
         with open(path) as f:

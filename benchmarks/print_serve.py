@@ -1,6 +1,7 @@
 """One line per serve cell of a store, in-process and HTTP side by side, for benchmarks/http_serving.sh's log:
     PYTHONPATH=src python3 benchmarks/print_serve.py DB"""
 
+import signal
 import sys
 
 from transbench import api
@@ -14,6 +15,7 @@ def show(value) -> str:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends it quietly, as it does a shell tool
     db = sys.argv[1]
     runs = [r for r in api.runs(db) if str(r.get("name", "")).startswith(("inproc-", "http-"))]
     for r in api.records(db, [r["run_id"] for r in runs]):

@@ -6,6 +6,7 @@ A fused cell that shows `under 0` ran its whole load on graphs captured and tune
 from __future__ import annotations
 
 import argparse
+import signal
 
 from transbench.errors import SpecError
 from transbench.store.db import Store
@@ -48,4 +49,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends it quietly, as it does a shell tool
     main()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 COLUMNS = [("dtype", "dtype", "s"), ("optim", "optim", "s"), ("batch", "batch", "s"), ("flags", "options", "s"),
@@ -84,4 +85,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends it quietly, as it does a shell tool
     sys.exit(main())
