@@ -31,8 +31,14 @@ def noisy_text(s: Sampled) -> list[str]:
 # (cudagraph, fused) agreed within 2.1% (benchmarks/plain_loop_check.py,
 # benchmarks/results/sampler_host_h100_2026-11.md).
 HOST_BOUND = 0.9
-HOST_BOUND_TEXT = ("host-bound: the host was inside each call for {:.3g} of its {:.3g} ms (launching kernels, or "
-                   "waiting where the call synchronizes); this time moves with the CPU")
+HOST_BOUND_TEXT = ("host-bound: the host was inside each {} for {:.3g} of its {:.3g} ms (launching kernels, or "
+                   "waiting where it synchronizes); this time moves with the CPU")
+
+
+def host_bound(host_ms: float, call_ms: float, call: str = "call") -> list[str]:
+    """The host-bound warning where the host's time inside a call (measured with the GPU's queue empty: the
+    call's own work) is most of the call's time on the GPU."""
+    return [HOST_BOUND_TEXT.format(call, host_ms, call_ms)] if host_ms >= HOST_BOUND * call_ms else []
 
 
 def timing_record(s: Sampled, *, items: float | None = None, tokens: float | None = None,
@@ -59,8 +65,7 @@ def timing_record(s: Sampled, *, items: float | None = None, tokens: float | Non
         warnings.append(f"short: {s.short}")
     if s.parts.get("host_ms"):
         rec["host_ms"] = statistics.median(s.parts["host_ms"])
-        if rec["host_ms"] >= HOST_BOUND * st.median_ms:
-            warnings.append(HOST_BOUND_TEXT.format(rec["host_ms"], st.median_ms))
+        warnings += host_bound(rec["host_ms"], st.median_ms)
     return rec, warnings + s.context.warnings()
 
 

@@ -17,13 +17,14 @@ tuning: serve/measure.py Decoders). The default is transformers' own forward wit
 
 from __future__ import annotations
 
+import statistics
 import time
 
 from ... import backends
 from ...errors import Unsupported
 from ...measure import device as dev
 from ...measure import memory, timer
-from ...measure.record import timing_record
+from ...measure.record import host_bound, timing_record
 from ...models import build, flops
 from ...cells import Cell, CellResult
 from ...backends.decoders import HFGenerator, cache_bytes, greedy_step, make_generator
@@ -33,7 +34,8 @@ from ..inference.measure import TOLERANCE, ModelCache, cell_inputs, model_for, r
 
 class StepClock:
     """Timestamps between generation steps: CUDA events recorded back to back (no synchronization
-    until `elapsed_ms`), or perf_counter on the CPU, where every op has finished when it returns."""
+    until `elapsed_ms`), or perf_counter on the CPU, where every op has finished when it returns. The host's
+    clock is read at every mark too (`times`)."""
 
     def __init__(self, device, steps: int):
         import torch
@@ -49,8 +51,14 @@ class StepClock:
     def mark(self, i: int) -> None:
         if self.cuda:
             self.marks[i].record()
-        else:
-            self.times.append(time.perf_counter())
+        self.times.append(time.perf_counter())
+
+    def first_step_host_ms(self) -> float | None:
+        """On a GPU, the host's time inside the first decode step: its own work (launching its kernels, or waiting
+        where it synchronizes), as the prefill's few kernels leave the GPU's queue nearly empty. The later steps'
+        host time is not theirs alone: a GPU-bound decoder's host runs ahead until the queue is full, then waits
+        on it. None on a CPU (there every step's host time is the step) or with no decode step."""
+        return (self.times[2] - self.times[1]) * 1e3 if self.cuda and len(self.times) > 2 else None
 
     def elapsed_ms(self) -> list[float]:
         """Milliseconds of each step, in order."""
@@ -221,8 +229,9 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
 
     def one_generation():
         greedy(gen, prompt, n, clock)
+        host = clock.first_step_host_ms()
         steps = clock.elapsed_ms()
-        return sum(steps), {"prefill": steps[0], "decode": steps[1:]}
+        return sum(steps), {"prefill": steps[0], "decode": steps[1:], **({} if host is None else {"decode_host": host})}
 
     sampled = timer.sample_steps(one_generation, device, timer.TimerConfig(cell.warmup, cell.min_time, cell.min_count))
     pre = timer.summarize(sampled.parts["prefill"])
@@ -238,6 +247,9 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     timing, warnings = timing_record(sampled, items=cell.batch, tokens=cell.batch * n, flops=fl, gpu=gpu,
                                      dtype=cell.dtype)
     record.update(timing)
+    if sampled.parts.get("decode_host") and dec:  # a decode step that holds the host is timed by the CPU's speed
+        record["host_ms"] = statistics.median(sampled.parts["decode_host"])
+        warnings += host_bound(record["host_ms"], dec.median_ms, "decode step")
     record.update({
         "prefill_ms": pre.median_ms, "ttft_ms": pre.median_ms,
         "decode_ms_per_token": dec.median_ms if dec else None,
