@@ -28,7 +28,8 @@ from ...measure.record import host_bound, timing_record
 from ...models import build, flops
 from ...cells import Cell, CellResult
 from ...backends.decoders import HFGenerator, cache_bytes, greedy_step, make_generator
-from ..inference.measure import TOLERANCE, ModelCache, cell_inputs, model_for, reference_rows, rel_err
+from ..inference.measure import (BROKEN, EAGER_SLACK, TOLERANCE, ModelCache, cell_inputs, eager_judged, model_for,
+                                 reference_rows, rel_err)
 
 # --- timing ---------------------------------------------------------------------------------------
 
@@ -127,6 +128,27 @@ def _reference(cache: ModelCache, cell: Cell, prompt, device):
     return rows, *cache.refs[key]
 
 
+def _eager_prefill_err(cache: ModelCache, cell: Cell, prompt, device) -> float | None:
+    """rel_err against the fp32 reference's of the same model's eager prefill in the cell's dtype: how far the dtype
+    itself moves this model's first logits, as eager_dtype_err for a forward. None where it cannot run."""
+    import copy
+
+    rows, ref_first, *_ = _reference(cache, cell, prompt, device)
+    key = ("generate", cell.model_key(), cell.batch, cell.seq, cell.seed, cell.dtype)
+    if key not in cache.eager_errs:
+        model = copy.deepcopy(cache.base_model(cell))
+        try:
+            model.to(device=device, dtype=dev.torch_dtype(cell.dtype))
+            cache.eager_errs[key] = rel_err(HFGenerator(model).prefill(prompt[rows].to(device)).float().cpu(),
+                                            ref_first, None)
+        except RuntimeError:  # out of memory beside the cell's model, or an op the dtype lacks here: no relief
+            cache.eager_errs[key] = None
+        finally:
+            del model
+            dev.free_memory(device)
+    return cache.eager_errs[key]
+
+
 def _agreement(tokens, ref_tokens) -> dict:
     same = (tokens.cpu() == ref_tokens)
     diverged = (~same).any(1)
@@ -218,10 +240,24 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
     if not cell.embeddings:
         info["embeddings"] = "timed: generation always embeds the new token"
     record = {"rel_err": err, "new_tokens": n}
-    if not err <= TOLERANCE[cell.dtype]:
-        return CellResult("wrong", record=record, info=info,
-                          error=f"prefill rel_err {err:.3g} over the {cell.dtype} tolerance {TOLERANCE[cell.dtype]:g}")
-    off = _divergence(tokens[rows], ref_tokens, ref_steps, TOLERANCE[cell.dtype])
+    tol, judged = TOLERANCE[cell.dtype], []
+    if not err <= tol and eager_judged(cell):
+        # Past the tolerance, held to how far the dtype itself moves this model, as a forward is (inference's
+        # `wrong`): llama-3.2-1b's random weights in bf16 read prefill rel_err 0.0746 at 4 x 200 through CUDA graphs
+        # (H200), and every backend's generation of it was `wrong`.
+        info["eager_dtype_rel_err"] = eager = _eager_prefill_err(cache, cell, prompt, device)
+        if eager is not None and eager < BROKEN and err <= EAGER_SLACK * eager:
+            tol = EAGER_SLACK * eager  # the decode steps' gate too: their logits move as the prefill's may
+            judged = [f"prefill rel_err {err:.3g} is over the {cell.dtype} tolerance {TOLERANCE[cell.dtype]:g}, and "
+                      f"within {EAGER_SLACK:g} x the same model's eager {cell.dtype} prefill ({eager:.3g}): judged by "
+                      "that"]
+            memory.restart_peak(device)  # the eager copy sat beside the cell's model
+    if not err <= tol:
+        eager = info.get("eager_dtype_rel_err")
+        beyond = "" if eager is None else f" and over {EAGER_SLACK:g} x the eager {cell.dtype} prefill's {eager:.3g}"
+        return CellResult("wrong", record=record, info=info, error=f"prefill rel_err {err:.3g} over the {cell.dtype} "
+                          f"tolerance {TOLERANCE[cell.dtype]:g}{beyond}")
+    off = _divergence(tokens[rows], ref_tokens, ref_steps, tol)
     if off:
         return CellResult("wrong", record=record, info=info, error=off)
 
@@ -269,4 +305,4 @@ def run(cell: Cell, cache: ModelCache) -> CellResult:
                  "allocated_growth_mb": (after - before) if before is not None else None,
                  "prefill_samples_ms": sampled.parts["prefill"], "device_context": sampled.context.summary()})
     del model, gen
-    return CellResult("ok", record=record, samples_ms=sampled.samples_ms, info=info, warnings=warnings)
+    return CellResult("ok", record=record, samples_ms=sampled.samples_ms, info=info, warnings=judged + warnings)
