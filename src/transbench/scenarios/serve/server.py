@@ -45,9 +45,9 @@ BODY_S = 30.0
 # is closed: uvicorn's h11 protocol times a connection out only between requests, so connections that sent nothing,
 # or half their headers, were held for ever, and 280 of them used up the descriptors: every other client timed out.
 HEADER_S = 10.0
-# A connection whose client has read nothing this long while the server has output waiting for it (its transport's
-# writing paused: uvicorn's flow control) is dropped: uvicorn has no write timeout, so a client that opened a stream
-# and never read it held its connection, and the events queued for it, for as long as it stayed connected.
+# A connection whose client leaves the server's output backed up this long (its transport's writing paused all that
+# time: uvicorn's flow control) is dropped: uvicorn has no write timeout, so a client that opened a stream and never
+# read it held its connection, and the events queued for it, for as long as it stayed connected.
 WRITE_S = 30.0
 STOP_POLL_S = 0.2  # how often a body still arriving looks whether the server is stopping
 # uvicorn logs a line for each request that is not HTTP/1.1 (one client sending garbage wrote one a request); each such
@@ -484,7 +484,7 @@ def check_port(host: str, port: int) -> None:
 def header_deadline_protocol():
     """The HTTP protocol uvicorn picks (httptools where it is installed, else h11), with a deadline on each request's
     line and headers (HEADER_S), both of which time a connection out only between requests, and one on a client that
-    reads none of what is written to it (WRITE_S)."""
+    leaves what is written to it unread (WRITE_S)."""
     import importlib.util
 
     idle = None  # h11's state of a connection whose next request has not begun; httptools says so itself
