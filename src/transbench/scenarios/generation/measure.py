@@ -56,9 +56,9 @@ class StepClock:
 
     def first_step_host_ms(self) -> float | None:
         """On a GPU, the host's time inside the first decode step: its own work (launching its kernels, or waiting
-        where it synchronizes), as the prefill's few kernels leave the GPU's queue nearly empty. The later steps'
-        host time is not theirs alone: a GPU-bound decoder's host runs ahead until the queue is full, then waits
-        on it. None on a CPU (there every step's host time is the step) or with no decode step."""
+        where it synchronizes), as the GPU's queue then holds only the prefill's kernels. The later steps' host
+        time is not theirs alone: a GPU-bound decoder's host runs ahead until the queue is full, then waits on it.
+        None on a CPU (there every step's host time is the step) or with no decode step."""
         return (self.times[2] - self.times[1]) * 1e3 if self.cuda and len(self.times) > 2 else None
 
     def elapsed_ms(self) -> list[float]:
