@@ -360,6 +360,77 @@ def test_any_config_field_a_forward_reads_is_refused_in_one_line_or_runs_a_cell(
         model(**inputs.model_kwargs())
 
 
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory) -> Path:
+    """A 1-layer GPT-2 folder as save_pretrained writes it (config.json, weights, generation_config.json)."""
+    import transformers
+
+    d = tmp_path_factory.mktemp("gpt2")
+    cfg = transformers.GPT2Config(n_embd=32, n_head=2, n_layer=1, n_positions=64, vocab_size=100, bos_token_id=1,
+                                  eos_token_id=1)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(d)
+    return d
+
+
+def decoder_with(tmp_path: Path, decoder: Path) -> Path:
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        os.symlink(decoder / name, d / name)
+    return d
+
+
+GENERATION_FIELDS = ["max_new_tokens", "max_length", "min_new_tokens", "eos_token_id", "pad_token_id",
+                     "bos_token_id", "do_sample", "temperature", "top_k", "top_p", "num_beams", "use_cache"]
+generation_documents = values | st.dictionaries(st.sampled_from(GENERATION_FIELDS), config_values, max_size=3)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(document=generation_documents)
+@example(document=[1, 2])
+@example(document={"max_new_tokens": "x"})
+def test_any_generation_config_json_is_refused_in_one_line_or_read_by_transformers(tmp_path_factory, decoder,
+                                                                                   document):
+    """from_pretrained of a class that can generate reads generation_config.json in every cell: a list there, or a
+    max_new_tokens of "x", made every causal-lm and generate cell of the folder an `error` ("TypeError: 'list' object
+    is not a mapping"), exit 0. The folder's check reads it first: refused in one line, or transformers reads it."""
+    from transformers import GenerationConfig
+
+    from transbench.models import build
+
+    d = decoder_with(tmp_path_factory.mktemp("gen"), decoder)
+    (d / "generation_config.json").write_text(json.dumps(document))
+    try:
+        build.resolve(str(d))
+    except SpecError as exc:
+        assert "generation_config.json" in one_line(exc)
+    else:
+        GenerationConfig.from_pretrained(str(d))
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "loop", "empty"])
+def test_a_generation_config_json_that_is_no_json_file_is_refused_in_one_line(tmp_path, decoder, kind):
+    from transbench.models import build
+
+    d = decoder_with(tmp_path, decoder)
+    path = d / "generation_config.json"
+    {"folder": path.mkdir, "fifo": lambda: os.mkfifo(path), "loop": lambda: os.symlink(path.name, path),
+     "empty": lambda: path.write_text("")}[kind]()
+    with pytest.raises(SpecError) as exc:
+        build.resolve(str(d))
+    assert "generation_config.json" in one_line(exc.value)
+
+
+def test_a_broken_generation_config_json_beside_an_encoder_is_not_read(tmp_path, weights):
+    """No class of an encoder's tasks can generate, so transformers never reads the file there: its folder runs."""
+    from transbench.models import build
+
+    d = folder_with(tmp_path, weights, TINY_BERT)
+    (d / "generation_config.json").write_text("[1, 2]")
+    assert build.resolve(str(d)).family == "bert"
+
+
 @pytest.mark.parametrize("config,needle", [
     (nested_json(100_000).replace('"batches"', '"model_type": "bert", "x"'), "nests deeper"),
     ("[" * 100_000, "nests deeper"),

@@ -344,6 +344,36 @@ def _load_config(folder: Path):
         hf_logging.set_verbosity(level)
 
 
+def _check_generation_config(folder: Path) -> None:
+    """generation_config.json, where the folder has one, read through the input boundary and then by transformers'
+    GenerationConfig: from_pretrained of every class that can generate (a decoder's causal-lm and generate tasks,
+    train's causal-lm) reads it in each cell, so a list or a max_new_tokens of "x" there made every such cell an
+    `error` ("TypeError: 'list' object is not a mapping"), exit 0, and no limit bounded what it read."""
+    path = folder / "generation_config.json"
+    if not os.path.lexists(path):
+        return
+    where = f"checkpoint {folder}: generation_config.json"
+    raw = boundary.load_json_file(path, where, limit=boundary.CONFIG_BYTES, fix="fix, re-download or remove it",
+                                  finite=True)
+    if not isinstance(raw, dict):
+        _refuse(folder, f"generation_config.json holds a JSON {type(raw).__name__}, not an object",
+                "fix, re-download or remove it")
+    from transformers import GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            GenerationConfig.from_dict(copy.deepcopy(raw))
+    except Exception as exc:  # noqa: BLE001 - whatever it raises is the file's fault (TypeError, ValueError, ...)
+        _refuse(folder, f"transformers cannot read its generation_config.json ({_one_line(exc)})",
+                "fix, re-download or remove it")
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def _bad_size(value) -> bool:
     if isinstance(value, list):  # per-layer sizes (Gemma 3n's intermediate_size)
         return not value or any(_bad_size(v) for v in value)
@@ -795,6 +825,8 @@ def _resolve_folder(folder: Path) -> ModelRef:
     shapes = _check_weights(folder)
     _check_rotary_head(folder, family, raw)  # before transformers reads it: some versions refuse it there, some not
     cfg = _load_config(folder)
+    if is_decoder(family):  # the classes that can generate are decoders': an encoder's folder never reads it
+        _check_generation_config(folder)
     _check_quantizer(folder, cfg)
     if getattr(cfg, "is_encoder_decoder", False) or _encoder_decoder_family(family):
         # Its forward needs decoder inputs that no task here defines (T5 fails without them, BART's classifier
