@@ -927,6 +927,9 @@ def test_a_named_pipe_with_no_reader_as_an_output_file_does_not_hang(tmp_path):
     # a name of bytes that are not UTF-8 alone (`--name $'\\xff'`): it was told it held only invisible characters
     (["run", "--model", "bert-tiny", "--device", "cpu", "--name", "\udcff"], "run name '\\udcff' is not UTF-8 text"),
     (["train", "--model", "bert-tiny", "--device", "cpu", "--name", "\udcff\udcfe"], "is not UTF-8 text"),
+    # the largest-batch search doubled past --batch's limit (2^21, 2^22, ...) until a batch ran out of the host's memory
+    (["train", "--model", "bert-tiny", "--device", "cpu", "--ladder", "--max-batch-limit", "99999999999"],
+     "--max-batch-limit 99,999,999,999 is above its limit of 1,048,576"),
 ])
 def test_counts_past_their_limit_and_invisible_names_are_refused(tmp_path, args, needle):
     assert needle in refused(invoke(*args, "--db", tmp_path / "x.db"))
@@ -935,7 +938,7 @@ def test_counts_past_their_limit_and_invisible_names_are_refused(tmp_path, args,
 
 @pytest.mark.parametrize("command,options", [("run", ["--warmup", "--min-count", "--batch", "--new-tokens"]),
                                              ("serve", ["--max-batch-size", "--concurrency"]),
-                                             ("train", ["--steps", "--warmup"])])
+                                             ("train", ["--steps", "--warmup", "--max-batch-limit"])])
 def test_help_states_each_limit(command, options):
     text = " ".join(invoke(command, "--help").output.split())
     assert text.count("at most") >= len(options)

@@ -21,7 +21,11 @@ LIMITS = {"--batch": 1_048_576, "--seq": 1_048_576, "--warmup": 100_000, "--min-
           "--steps": 10_000_000,
           "--grad-accum": 1024,  # micro-batches a step: 1e11 ran until the cell's timeout
           "--pad-vocab": 65_536,  # a multiple past any vocabulary: 1e8 sized embeddings until the OS killed the worker
-          "--tokens": 1_048_576}  # micro gemm's layer rows: 1e18 stored `error` cells (storage size overflowed), exit 0
+          "--tokens": 1_048_576,  # micro gemm's layer rows: 1e18 stored `error` cells (storage size overflowed), exit 0
+          # The largest-batch search's cap (train's option, run's spec key): it doubles the batch up to this, and
+          # `train --ladder --max-batch-limit 99999999999` probed batches past --batch's own limit (2^21, 2^22, ...)
+          # until one ran out of memory, which on a CPU is the host's (runner/sweep.find_max_batch).
+          "--max-batch-limit": 1_048_576}
 # The most cells one run's grid may have (the product of its axes' lengths): a spec file of 60,000 batches x 128 seqs
 # (7.7 million cells, each axis within its limit) held 4.5 GB before a cell ran. At a second a cell this is a day.
 MAX_CELLS = 100_000
