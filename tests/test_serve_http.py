@@ -1486,3 +1486,23 @@ def test_a_stream_whole_at_its_done_event_is_answered_whatever_ends_its_body(aft
     finally:
         stop()
     assert all(r.ok and len(r.steps) == 1 and r.done - r.sent < 0.5 for r in sent), [(r.status, r.error) for r in sent]
+
+
+@pytest.mark.slow  # builds a model: transformers imports alone take seconds
+def test_the_greedy_reference_ignores_the_folders_generation_settings():
+    # The reference of `serve --url --reference-model` decoded with the folder's generation_config.json: beams, a
+    # repetition penalty or banned n-grams there made it no greedy answer, and a greedy endpoint read as disagreeing.
+    import torch
+    from transformers import GenerationConfig
+
+    from transbench.models import build
+    from transbench.scenarios.serve.endpoint import greedy_reference
+
+    model = build.build_model(build.resolve("gpt2-tiny"), "causal-lm").eval()
+    ids = torch.tensor([[5, 6, 7, 5, 6]])
+    x = ids
+    with torch.inference_mode():
+        for _ in range(8):
+            x = torch.cat([x, model(x).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    model.generation_config = GenerationConfig(num_beams=3, repetition_penalty=50.0, no_repeat_ngram_size=1)
+    assert greedy_reference(model, ids, 8) == x[0, 5:].tolist()

@@ -223,10 +223,7 @@ def reference_check(cell: ServeCell, trace: HttpTrace, tokenizer) -> tuple[dict,
     agree, first = [], []
     for r in sample:
         ids = torch.tensor([tok.encode(prompts[r.rid])])
-        with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=cell.new_tokens,
-                                 do_sample=False, min_new_tokens=cell.new_tokens, pad_token_id=0)
-        ref = out[0, ids.shape[1]:].tolist()
+        ref = greedy_reference(model, ids, cell.new_tokens)
         got = _generated_ids(tok, r.text)
         same = sum(1 for a, b in zip(got, ref) if a == b)
         agree.append(same / max(1, len(ref)))
@@ -236,6 +233,21 @@ def reference_check(cell: ServeCell, trace: HttpTrace, tokenizer) -> tuple[dict,
     share = out["reference_first_token_agreement"]
     return out, (None if share >= MIN_FIRST_AGREEMENT else f"only {share:.0%} of first tokens agree with the fp32 "
                  "reference's greedy choice")
+
+
+def greedy_reference(model, ids, new_tokens: int) -> list[int]:
+    """`model`'s greedy decoding of exactly `new_tokens` tokens after `ids` (one row), its generation config replaced
+    by transformers' defaults: the folder's generation_config.json would otherwise set beams, a repetition penalty or
+    banned n-grams (a config passed to generate() takes them from the model's where it leaves them at their
+    defaults), and the reference would not be the greedy answer the endpoint is asked for."""
+    import torch
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return out[0, ids.shape[1]:].tolist()
 
 
 def _vocab(folder: str) -> int:
