@@ -225,6 +225,20 @@ def test_a_trace_whose_requests_are_all_at_time_zero_says_so(tmp_path):
                                                                                      "--warmup", "0")
 
 
+@settings(max_examples=12, deadline=None)
+@given(last_ms=st.floats(min_value=0.0, max_value=1e-3, exclude_max=True, allow_subnormal=True),
+       speed=st.sampled_from([1.0, 1e3, 1e300, 1e308]))
+def test_a_trace_spanning_under_a_microsecond_is_refused_not_measured(tmp_path_factory, last_ms, speed):
+    """Timestamps 0 and 1e-320 ms, or a 2-s trace at --trace-speed 1e308, span more than 0 s: the cell measured,
+    its offered rate (requests over the span) overflowed to inf, and it was stored an `error`, exit 0."""
+    tmp_path = tmp_path_factory.mktemp("span")
+    f = tmp_path / "short.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 8, "output_length": 1}\n'
+                 f'{{"timestamp": {last_ms!r}, "input_length": 8, "output_length": 1}}\n')
+    # all at time 0 (a span that rounds to 0) or under a microsecond: refused in one line either way
+    assert "trace spans" in _refused(tmp_path, "--trace", f, "--warmup", "0", "--trace-speed", speed)
+
+
 def test_trace_too_long_for_the_model(tmp_path):
     f = tmp_path / "long.jsonl"
     f.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1}\n'

@@ -42,6 +42,10 @@ def max_wait_setting():
 
 # What a cell's deadline holds besides its load: the model's build, the correctness gate and the drain.
 DEADLINE_SLACK_S = 30.0
+# The shortest span a trace may replay in. A span of a few 1e-320 s (timestamps 0 and 1e-320 ms, or a 2-s trace
+# at --trace-speed 1e308) is above 0, but a rate over it (measure.py plan_for: requests over the span) overflows
+# to inf, and the cell measured, stored an `error` ("offered_rate is inf") and exited 0.
+MIN_TRACE_SPAN_S = 1e-6
 
 
 @dataclass
@@ -248,6 +252,10 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         if span <= 0:  # every request at time 0: `lower --warmup` was the advice, with --warmup 0
             raise SpecError(f"--trace {spec.trace}: every request is at timestamp 0, so the trace spans no time to "
                             "measure a rate over: give a trace whose timestamps advance")
+        if span < MIN_TRACE_SPAN_S:
+            raise SpecError(f"--trace {spec.trace}: the trace spans {span:.3g} s at --trace-speed "
+                            f"{spec.trace_speed:g}, less than a microsecond to measure a rate over: give a trace "
+                            "whose timestamps advance further, or a lower --trace-speed")
         if spec.warmup >= span:
             raise SpecError(f"--warmup {spec.warmup:g} s is not shorter than the trace's {span:.4g} s at --trace-speed "
                             f"{spec.trace_speed:g}: nothing would be measured; lower --warmup")
