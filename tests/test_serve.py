@@ -10,6 +10,8 @@ from collections import deque
 
 import pytest
 from typer.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from transbench.cli import app
 from transbench.errors import SpecError
@@ -623,6 +625,22 @@ def serve_refusal(tmp_path, *args):
 def test_lengths_are_whole_tokens(tmp_path, lengths, message):
     assert message in serve_refusal(tmp_path, "--rate", "10", "--lengths", lengths)
     assert serve_lengths.parse("fixed:1e1", 128).draw(3, 0) == [10, 10, 10]  # a whole number in any spelling
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 10**40), form=st.sampled_from(["fixed:{}", "normal:1:{}", "lognormal:1:{}:0.5"]),
+       tail=st.sampled_from(["", ".0", ".99999999999999999", "e0"]))
+def test_a_length_is_read_as_written_not_as_its_float(n, form, tail):
+    """`fixed:99999999999999999999999` was refused as "max 99999999999999991611392 is above the model's 128
+    positions", a number never given, and `fixed:8.99999999999999999` (9.0 as a float) ran requests of 9 tokens."""
+    text = form.format(f"{n}{tail}")
+    try:
+        got = serve_lengths.parse(text, 128)
+    except SpecError as exc:
+        assert tail == ".99999999999999999" and "is not a whole number of tokens" in str(exc) \
+            or n > 128 and f"max {n} is above the model's 128 positions" in str(exc), (text, str(exc))
+    else:
+        assert tail != ".99999999999999999" and got.max == n <= 128
 
 
 @pytest.mark.parametrize("args, message", [

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from decimal import Decimal
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,8 +96,12 @@ def _number(text: str, what: str, spec: str) -> float:
 
 def _whole(text: str, what: str, spec: str) -> int:
     """A token count: `fixed:0.5` was truncated to requests of 0 tokens (an error cell), `fixed:1.5` to 1."""
-    value = _number(text, what, spec)
-    if value != int(value):
+    _number(text, what, spec)  # a finite number above 0
+    # read exactly as written, not as its float: `fixed:99999999999999999999999` was refused as "max
+    # 99999999999999991611392 is above the model's 128 positions", a number never given, and `fixed:8.99999999999999999`
+    # (9.0 as a float) read as a whole 9
+    value = Decimal(text.strip())
+    if value != value.to_integral_value():
         raise SpecError(f"--lengths {spec}: {what} '{text}' is not a whole number of tokens")
     return int(value)
 
