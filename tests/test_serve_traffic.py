@@ -198,6 +198,8 @@ def _refused(tmp_path, *args):
     (["--trace", "no-such.jsonl"], "--trace no-such.jsonl: no such file"),
     (["--trace", str(EXAMPLE), "--trace-speed", "0"], "--trace-speed must be a finite number above 0"),
     (["--trace", str(EXAMPLE), "--lengths", "fixed:8"], "--lengths and --trace both say"),
+    # a replay lasts as long as its timestamps: --duration was ignored without a word, and stored with the cell
+    (["--trace", str(EXAMPLE), "--duration", "5"], "--duration and --trace both say how long the load lasts"),
     (["--trace", str(EXAMPLE), "--warmup", "100"], "is not shorter than the trace's"),
     (["--trace", str(EXAMPLE), "--trace-speed", "0.001"], "not within --timeout"),
 ])

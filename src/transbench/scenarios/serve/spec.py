@@ -175,6 +175,11 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
     if spec.trace is not None and spec.lengths != ServeSpec.lengths:
         raise SpecError("--lengths and --trace both say how long requests are: the trace's input_length is used; "
                         "leave --lengths out")
+    # A replay lasts as long as its timestamps (measure.py plan_for never reads --duration for a trace): `--trace F
+    # --duration 5` replayed the whole trace without a word, and stored the 5 in the cell's settings.
+    if spec.trace is not None and spec.duration != ServeSpec.duration:
+        raise SpecError("--duration and --trace both say how long the load lasts: the trace's timestamps are used; "
+                        "leave --duration out (--trace-speed replays it faster)")
     serve_stats.parse_percentiles(spec.percentiles)
     objectives = {**(serve_stats.parse_slo(spec.slo) if spec.slo is not None else {})}
     if "e2e" in objectives and spec.slo_ms is not None:
