@@ -627,6 +627,27 @@ def test_lengths_are_whole_tokens(tmp_path, lengths, message):
     assert serve_lengths.parse("fixed:1e1", 128).draw(3, 0) == [10, 10, 10]  # a whole number in any spelling
 
 
+def test_a_setting_of_negative_zero_is_zero_in_a_cells_key():
+    """`serve --name R --max-wait-ms -0` over a run made with `--max-wait-ms 0` measured its cell again and stored it
+    beside the first: the key, its settings' JSON, read "max_wait_ms": -0.0."""
+    import dataclasses
+    import math
+
+    from transbench.cli.options import build_spec
+    from transbench.scenarios.serve.spec import ServeSpec
+    from transbench.spec import checked
+
+    types = {f.name: f.type for f in dataclasses.fields(ServeSpec) if "float" in str(f.type)}
+    assert {"max_wait_ms", "warmup", "prepare_budget", "rates"} <= set(types)
+    zeros = {name: [-0.0] if str(kind).startswith("list") else -0.0 for name, kind in types.items()}
+    for spec in (build_spec(ServeSpec, None, zeros), checked(ServeSpec, ServeSpec(**zeros)),
+                 build_spec(ServeSpec, None, {"rates": "-0"})):
+        for name in types:
+            values = getattr(spec, name)
+            for v in values if isinstance(values, list) else [values]:
+                assert v is None or math.copysign(1.0, v) == 1.0, (name, v)
+
+
 @settings(max_examples=200, deadline=None)
 @given(n=st.integers(1, 10**40), form=st.sampled_from(["fixed:{}", "normal:1:{}", "lognormal:1:{}:0.5"]),
        tail=st.sampled_from(["", ".0", ".99999999999999999", "e0"]))

@@ -86,13 +86,15 @@ def _scalar(value, kind: type, text_ok: bool):
             try:
                 number = read_number(word, kind)
                 if boundary.is_number(number):
-                    return number
+                    return number + 0 if kind is float else number  # -0 as 0: see the float case below
             except ValueError:
                 pass
     elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         if not boundary.is_number(value):  # NaN passes every `< 0` check; inf never ends a deadline or a timer loop
             raise _WrongType
-        return float(value)
+        # -0.0 + 0 is 0.0: a cell's key is its settings' JSON, where -0.0 is not 0.0, so `serve --name R
+        # --max-wait-ms -0` over a run made with 0 measured its cell again and stored it twice (cells/serve cell.py)
+        return float(value) + 0
     elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
     raise _WrongType
