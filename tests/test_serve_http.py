@@ -570,7 +570,8 @@ def test_client_lag_leaves_out_the_warm_up_requests():
 
 @pytest.mark.parametrize("ids, why", [
     ([12345], "no id is a name"), ([["a"]], "no id is a name"), (["a\nb\x1b[31m"], "no id is a name"),
-    (["x" * 257], "no id is a name"), ([], "none listed"), (["x" * 2**20], "over 1,048,576 bytes")])
+    (["x" * 257], "no id is a name"), ([" "], "not all blank"), ([], "none listed"),
+    (["x" * 2**20], "over 1,048,576 bytes")])
 def test_a_listing_of_no_usable_model_name_is_refused_in_one_line(stub, ids, why):
     from starlette.responses import JSONResponse
 
@@ -907,6 +908,9 @@ URL = ["--url", "http://127.0.0.1:9", "--api", "openai-embeddings"]
 @pytest.mark.parametrize("make, args, message", [
     (None, ["--served-model", ""], "--served-model '': give the name the endpoint serves"),
     (None, ["--served-model", "a\nb"], "1 to 256 printable characters"),
+    # a blank name was sent with every request: a load of requests for a model no endpoint serves, exit 0
+    (None, ["--served-model", " "], "1 to 256 printable characters, not all blank"),
+    (None, ["--served-model", "\u3000\u00a0"], "not all blank"),
     ("tokenizer", ["--served-model", "m", "--tokenizer", "{dir}"], "its tokenizer files cannot be read"),
     ("config", ["--served-model", "m", "--reference-model", "{dir}"], "is not a readable safetensors file"),
     # `use --new-tokens -6 or less` was the advice

@@ -113,7 +113,7 @@ def check(spec):
         prompt_ids(tokenizer)  # a vocabulary of special tokens alone, refused before the load
     if spec.served_model is not None and not is_model_name(spec.served_model):
         raise SpecError(f"--served-model {spec.served_model!r}: give the name the endpoint serves, 1 to "
-                        f"{MODEL_CHARS} printable characters (GET /v1/models lists them)")
+                        f"{MODEL_CHARS} printable characters, not all blank (GET /v1/models lists them)")
     served = spec.served_model if spec.served_model is not None else served_models(spec.url)[0]
     task = TASK[spec.api]
     return dataclasses.replace(spec, served_model=served, model=served, task=task, backends=["http"], dtype="-",

@@ -815,8 +815,8 @@ def check_reachable(url: str, timeout_s: float = 10.0) -> None:
 
 def is_model_name(name) -> bool:
     """A model's name as an endpoint lists it and every request sends it: text of 1 to MODEL_CHARS printable
-    characters."""
-    return isinstance(name, str) and 0 < len(name) <= MODEL_CHARS and name.isprintable()
+    characters, not all blank (`serve --url U --served-model ' '` measured a load whose model no endpoint serves)."""
+    return isinstance(name, str) and 0 < len(name) <= MODEL_CHARS and name.isprintable() and bool(name.strip())
 
 
 def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
@@ -885,5 +885,5 @@ def served_models(url: str, timeout_s: float = 10.0) -> list[str]:
     ids = [m.get("id") for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
     names = [i for i in ids if is_model_name(i)]
     if not names:
-        refuse(f"no id is a name of 1 to {MODEL_CHARS} printable characters" if ids else "none listed")
+        refuse(f"no id is a name of 1 to {MODEL_CHARS} printable characters, not all blank" if ids else "none listed")
     return names
