@@ -911,6 +911,9 @@ URL = ["--url", "http://127.0.0.1:9", "--api", "openai-embeddings"]
     # a blank name was sent with every request: a load of requests for a model no endpoint serves, exit 0
     (None, ["--served-model", " "], "1 to 256 printable characters, not all blank"),
     (None, ["--served-model", "\u3000\u00a0"], "not all blank"),
+    # a name too long for the file system: pathlib's is_dir raised it (Python 3.11), a traceback
+    (None, ["--served-model", "m", "--tokenizer", "/" + "a" * 5000], "cannot be read (File name too long)"),
+    (None, ["--served-model", "m", "--reference-model", "/" + "a" * 5000], "cannot be read (File name too long)"),
     ("tokenizer", ["--served-model", "m", "--tokenizer", "{dir}"], "its tokenizer files cannot be read"),
     ("config", ["--served-model", "m", "--reference-model", "{dir}"], "is not a readable safetensors file"),
     # `use --new-tokens -6 or less` was the advice

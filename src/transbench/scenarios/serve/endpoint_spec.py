@@ -89,7 +89,11 @@ def check(spec):
         if folder is not None:
             from pathlib import Path
 
-            if not Path(folder).expanduser().is_dir():
+            try:
+                is_dir = Path(folder).expanduser().is_dir()
+            except OSError as exc:  # a name too long: pathlib before Python 3.13 raises (lengths.py _from_file too)
+                raise SpecError(f"{flag} {folder}: cannot be read ({exc.strerror or exc})") from None
+            if not is_dir:
                 raise SpecError(f"{flag} {folder}: no such folder (give a local checkpoint or tokenizer folder)")
     from .prompts import has_tokenizer, local_tokenizer, prompt_ids
 
