@@ -1282,3 +1282,26 @@ def test_one_line_is_one_printable_line_cut_at_its_limit(text, limit):
     else:  # cut on whole characters (an escape is never split) and says how long the value was
         head, tail = said.rsplit("... (", 1)
         assert len(head) <= limit and whole.startswith(head) and tail == f"{len(text):,} characters)"
+
+
+@settings(max_examples=50, deadline=None)
+@given(user=st.text(st.characters(whitelist_categories=("Ll", "Lu", "Nd")), min_size=1, max_size=30),
+       rest=st.sampled_from(["", "/", "/a/b.txt"]))
+def test_any_tilde_path_is_expanded_or_refused_in_one_line(user, rest):
+    """boundary.user_path: `~user` of no such user raised RuntimeError in Path.expanduser, a traceback of
+    `serve --trace`, `--lengths counts:`, `--tokenizer` and `--model` alike."""
+    import pwd
+
+    from transbench.boundary import user_path
+
+    try:
+        pwd.getpwnam(user)
+        exists = True
+    except (KeyError, ValueError):
+        exists = False
+    try:
+        got = user_path(f"~{user}{rest}", "--trace x")
+    except SpecError as exc:
+        assert not exists and "\n" not in str(exc) and str(exc).startswith("--trace x: cannot expand")
+    else:
+        assert exists and not str(got).startswith("~")

@@ -627,6 +627,12 @@ def test_lengths_are_whole_tokens(tmp_path, lengths, message):
     assert serve_lengths.parse("fixed:1e1", 128).draw(3, 0) == [10, 10, 10]  # a whole number in any spelling
 
 
+def test_a_model_under_a_user_who_does_not_exist_is_one_line(tmp_path):
+    """Path.expanduser raised RuntimeError for `--model ~nosuchuser/ckpt` (build.resolve): a traceback."""
+    assert "model ~nosuchuser-tb/ckpt: cannot expand '~nosuchuser-tb'" in serve_refusal(
+        tmp_path, "--rate", "5", "--lengths", "fixed:8", "--model", "~nosuchuser-tb/ckpt")
+
+
 def test_a_setting_of_negative_zero_is_zero_in_a_cells_key():
     """`serve --name R --max-wait-ms -0` over a run made with `--max-wait-ms 0` measured its cell again and stored it
     beside the first: the key, its settings' JSON, read "max_wait_ms": -0.0."""

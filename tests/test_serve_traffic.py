@@ -241,6 +241,13 @@ def test_a_trace_spanning_under_a_microsecond_is_refused_not_measured(tmp_path_f
     assert "trace spans" in _refused(tmp_path, "--trace", f, "--warmup", "0", "--trace-speed", speed)
 
 
+@pytest.mark.parametrize("args", [["--trace", "~nosuchuser-tb/t.jsonl"],
+                                  ["--rate", "5", "--lengths", "counts:~nosuchuser-tb/c.txt"]])
+def test_a_path_under_a_user_who_does_not_exist_is_one_line(tmp_path, args):
+    """Path.expanduser raises RuntimeError for `~user` of no such user: each of these was a traceback."""
+    assert "cannot expand '~nosuchuser-tb' (no such user, or no home folder)" in _refused(tmp_path, *args)
+
+
 def test_trace_too_long_for_the_model(tmp_path):
     f = tmp_path / "long.jsonl"
     f.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1}\n'

@@ -434,6 +434,18 @@ def parse_bytes(text: str) -> int:
 
 # --- paths --------------------------------------------------------------------------------------------
 
+def user_path(name: str | Path, where: str) -> Path:
+    """`name` with a leading `~` or `~user` expanded, as Path.expanduser does: it raises RuntimeError where the user
+    does not exist (or HOME is unset and the password database has no entry), and `serve --trace ~nosuchuser/t.jsonl`,
+    `--lengths counts:~x/c.txt` and `--model ~x/ckpt` were tracebacks. SpecError names the input."""
+    try:
+        return Path(name).expanduser()
+    except RuntimeError:
+        user = str(name)[1:].split("/", 1)[0]
+        raise SpecError(f"{where}: cannot expand '~{user}' (no such user, or no home folder): give the path "
+                        "in full") from None
+
+
 def link_nowhere(path: str | Path) -> str | None:
     """Why `path` is not there where it is a symbolic link: to a missing file, or a loop of links (SQLite said only
     "unable to open database file", the spec reader "not found"); None where it is no such link."""

@@ -914,7 +914,7 @@ def resolve(model: str) -> ModelRef:
         # (UnicodeEncodeError: safetensors and the tokenizers open UTF-8 paths only), exit 0.
         raise SpecError(f"model {model!r} is not UTF-8 text (bytes the terminal could not decode): transformers "
                         "and safetensors open UTF-8 paths only; rename the folder (or link to it) with a UTF-8 name")
-    path = Path(model).expanduser()
+    path = boundary.user_path(model, f"model {model}")
     # os.path.isdir, not Path.is_dir: before Python 3.13 the latter raises for a name too long (ENAMETOOLONG) or a
     # folder that cannot be searched (EACCES), and `--model` of a 10,000-character name was a traceback
     if os.path.isdir(path):

@@ -11,6 +11,7 @@ import re
 from types import SimpleNamespace
 from urllib.parse import urlsplit
 
+from ...boundary import user_path
 from ...errors import SpecError
 from .http_client import APIS, MODEL_CHARS, is_model_name, served_models, shown
 
@@ -90,7 +91,7 @@ def check(spec):
             from pathlib import Path
 
             try:
-                is_dir = Path(folder).expanduser().is_dir()
+                is_dir = user_path(folder, f"{flag} {folder}").is_dir()
             except OSError as exc:  # a name too long: pathlib before Python 3.13 raises (lengths.py _from_file too)
                 raise SpecError(f"{flag} {folder}: cannot be read ({exc.strerror or exc})") from None
             if not is_dir:

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...boundary import ascii_int
+from ...boundary import ascii_int, user_path
 from ...errors import SpecError
 from ...spec import read_number
 from .load import MAX_REQUESTS
@@ -144,7 +144,7 @@ MAX_FILE_BYTES = 256 * 2**20
 
 def _from_file(kind: str, name: str, tokenizer_dir: str | None) -> Lengths:
     label = f"--lengths {kind}:{name}"
-    path = Path(name).expanduser()
+    path = user_path(name, label)
     try:  # stat too: pathlib before Python 3.13 raises for a name too long (ENAMETOOLONG), a traceback
         if path.exists() and not path.is_dir() and not path.is_file():  # a FIFO blocks the read, a device never ends
             raise SpecError(f"{label}: is not a regular file (a pipe, a device or a socket); give a text file")

@@ -54,7 +54,7 @@ def _field(row: dict, key: str, where: str, whole: bool) -> float:
 
 def read(name: str) -> RequestTrace:
     label = f"--trace {name}"
-    path = Path(name).expanduser()
+    path = boundary.user_path(name, label)
     try:
         if path.is_dir():
             raise SpecError(f"{label}: is a folder; give a JSON-lines file, one request a line with {FIELDS}")
