@@ -8,9 +8,9 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from decimal import Decimal
 from collections import Counter
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 from ...boundary import ascii_int, user_path
