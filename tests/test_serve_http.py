@@ -177,6 +177,7 @@ class Stub:
         self.count = 0
         self.stall = (0.0, 0.0)  # perf_counter start, end
         self.stall_first = 0.0  # seconds of a stall that begins at the first embeddings request (sets `stall`)
+        self.stall_after = 0.0  # how long after the first embeddings request that stall begins
         self.answer = None  # a function giving a starlette Response
         self.longest = None  # embeddings: an input of more words than this is refused (400), as a model's positions
 
@@ -226,7 +227,7 @@ class Stub:
                                                "type": "invalid_request_error"}}, status_code=400)
             now = time.perf_counter()
             if self.stall_first and not self.stall[1]:
-                self.stall = (now, now + self.stall_first)
+                self.stall = (now + self.stall_after, now + self.stall_after + self.stall_first)
             start, end = self.stall
             if start <= now < end:
                 await asyncio.sleep(end - now)
@@ -319,10 +320,12 @@ def test_a_request_that_waits_for_a_connection_ends_within_its_timeout(monkeypat
     monkeypatch.setattr(http_client, "pool_size", lambda plan: 1)  # as an open-file limit too low for the load
     plan = LoadPlan([4], arrivals=[0.0, 0.01, 0.02, 0.03], span_s=0.1, warmup_s=0.0)
     with Stub() as stub:
-        stub.stall = (0.0, time.perf_counter() + 1.0)
+        # from the first request on, as the stub sees it: a load slow to start on a busy machine (the whole suite
+        # beside other work) sent its requests after a stall timed from before the call, and all were `ok`
+        stub.stall_first = 1.0
         trace = run_http_load(stub.url, "openai-embeddings", lambda r: payload("openai-embeddings", "m", "x", 0),
                               plan, timeout_s=0.3)
-        stub.stall = (0.0, 0.0)
+        stub.stall_first, stub.stall = 0.0, (0.0, 0.0)
     assert [r.status for r in trace.requests] == ["timeout"] * 4
     assert all(r.done - r.arrival < 0.6 for r in trace.requests), [r.done - r.arrival for r in trace.requests]
     # each waiter had the connection once the one before it timed out, or never had it
@@ -356,8 +359,9 @@ def test_a_stall_is_carried_by_the_requests_that_arrive_during_it():
     with Stub() as stub:
         # a stall long enough that a loaded machine (CI shares its two cores) still sends dozens into it
         plan = LoadPlan([4], arrivals=[i * 0.01 for i in range(200)], span_s=2.0, warmup_s=0.0)
-        start = time.perf_counter() + 0.4
-        stub.stall = (start, start + 0.7)
+        # timed from the first request the stub sees, not from before the call: a load slow to start on a busy
+        # machine sent none of its requests inside a stall timed from here
+        stub.stall_after, stub.stall_first = 0.4, 0.7
         trace = run_http_load(stub.url, "openai-embeddings", lambda r: payload("openai-embeddings", "stub", "x", 0),
                               plan, timeout_s=10)
     assert all(r.ok for r in trace.requests)
