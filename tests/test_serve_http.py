@@ -306,10 +306,10 @@ def test_refused_connections_and_timeouts_are_failures():
                           lambda r: payload("openai-embeddings", "m", "x", 0), plan, timeout_s=5)
     assert [r.status for r in trace.requests] == ["refused", "refused"]
     with Stub() as stub:
-        stub.stall = (0.0, time.perf_counter() + 2.0)  # every answer stalls past the request timeout
+        stub.stall_first = 2.0  # every answer stalls past the request timeout, from the first (a late start too)
         trace = run_http_load(stub.url, "openai-embeddings", lambda r: payload("openai-embeddings", "m", "x", 0),
                               plan, timeout_s=0.3)
-        stub.stall = (0.0, 0.0)
+        stub.stall_first, stub.stall = 0.0, (0.0, 0.0)
     assert [r.status for r in trace.requests] == ["timeout", "timeout"]
     assert all(0.25 < r.done - r.arrival < 1.0 for r in trace.requests)
 
