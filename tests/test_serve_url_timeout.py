@@ -16,3 +16,25 @@ def test_an_endpoint_load_within_its_timeout_is_not_refused_for_the_preparation_
         spec, _ = check(ServeSpec(url=url, api="openai-embeddings", served_model="m", rates=[50.0], duration=1.0,
                                   warmup=0.5, request_timeout=1.0, timeout=10.0))
     assert spec.timeout == 10.0
+
+
+def test_an_endpoint_probe_window_is_not_cut_by_the_preparation_budget_and_the_budget_is_refused():
+    from transbench.errors import SpecError
+    from transbench.scenarios.serve.spec import cell
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        base = dict(url=url, api="openai-embeddings", served_model="m", find_max_rate=True, slo_ms=100.0,
+                    duration=1.0, warmup=0.5, request_timeout=1.0, timeout=100.0)
+        spec, lengths = check(ServeSpec(**base))
+        # The default 20 s of preparation, which an endpoint never spends here, was taken from each probe's window
+        assert cell(spec, lengths, "http", "rate", 10.0).window_limit == 100.0 - 30.0 - 10.0
+        # --prepare-budget 50 cut it to 10 s: an in-process setting, refused as --max-batch-size is
+        try:
+            check(ServeSpec(**base, prepare_budget=50.0))
+        except SpecError as exc:
+            assert "--prepare-budget" in str(exc) and "\n" not in str(exc)
+        else:
+            raise AssertionError("--prepare-budget with --url was taken")

@@ -79,7 +79,7 @@ def check(spec):
     ignored = [flag for flag, name in (("--model", "model"), ("--task", "task"), ("--backend", "backends"),
                                        ("--dtype", "dtype"), ("--device", "device"),
                                        ("--max-batch-size", "max_batch_size"), ("--max-wait-ms", "max_wait_ms"),
-                                       ("--activation", "activation"))
+                                       ("--activation", "activation"), ("--prepare-budget", "prepare_budget"))
                if getattr(spec, name) != _default(ServeSpec, name)]
     if ignored:
         raise SpecError(f"{', '.join(ignored)} set what runs in this process; the endpoint serves its own model: "

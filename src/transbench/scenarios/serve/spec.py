@@ -316,7 +316,8 @@ def cell(spec: ServeSpec, lengths, backend: str, mode: str, level: float = 0) ->
     # short of it is not valid, never passed. A --rate cell keeps the --duration asked (its record says whether
     # its requests were enough: tail_valid).
     need = math.ceil(1.2 * tails.min_requests(share)) if spec.find_max_rate else serve_arrivals.MIN_REQUESTS
-    limit = spec.timeout - spec.prepare_budget - DEADLINE_SLACK_S - DRAIN_LIMIT_S
+    # An endpoint prepares nothing here: its default --prepare-budget (20 s) was taken from a --url probe's window.
+    limit = spec.timeout - (0.0 if spec.url is not None else spec.prepare_budget) - DEADLINE_SLACK_S - DRAIN_LIMIT_S
     trace = {}
     if mode == "trace":
         t = serve_trace.read(spec.trace)
