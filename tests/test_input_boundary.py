@@ -1265,6 +1265,13 @@ def test_a_link_that_leads_nowhere_is_named_as_one(tmp_path_factory, links, loop
         load_file(str(names[0]))
     with pytest.raises(SpecError, match="loop of symbolic links" if loop else "which is missing"):
         Store(str(names[0]), readonly=True)
+    # serve --trace and --lengths counts: said "no such file" of either
+    from transbench.scenarios.serve import lengths as serve_lengths, trace as serve_trace
+
+    with pytest.raises(SpecError, match="loop of symbolic links" if loop else "which is missing"):
+        serve_trace.read(str(names[0]))
+    with pytest.raises(SpecError, match="loop of symbolic links" if loop else "which is missing"):
+        serve_lengths.parse(f"counts:{names[0]}", 128, None)
     if loop:
         with pytest.raises(SpecError, match="loop of symbolic links"):
             Store(str(names[0]))

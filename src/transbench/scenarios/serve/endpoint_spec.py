@@ -11,7 +11,7 @@ import re
 from types import SimpleNamespace
 from urllib.parse import urlsplit
 
-from ...boundary import user_path
+from ...boundary import link_nowhere, user_path
 from ...errors import SpecError
 from .http_client import APIS, MODEL_CHARS, is_model_name, served_models, shown
 
@@ -95,7 +95,8 @@ def check(spec):
             except OSError as exc:  # a name too long: pathlib before Python 3.13 raises (lengths.py _from_file too)
                 raise SpecError(f"{flag} {folder}: cannot be read ({exc.strerror or exc})") from None
             if not is_dir:
-                raise SpecError(f"{flag} {folder}: no such folder (give a local checkpoint or tokenizer folder)")
+                why = link_nowhere(user_path(folder, flag)) or "no such folder"  # a loop of links named as one
+                raise SpecError(f"{flag} {folder}: {why} (give a local checkpoint or tokenizer folder)")
     from .prompts import has_tokenizer, local_tokenizer, prompt_ids
 
     if spec.tokenizer is not None and not has_tokenizer(spec.tokenizer):

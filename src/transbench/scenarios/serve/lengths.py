@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from ...boundary import ascii_int, user_path
+from ...boundary import ascii_int, link_nowhere, user_path
 from ...errors import SpecError
 from ...spec import read_number
 from .load import MAX_REQUESTS
@@ -152,7 +152,7 @@ def _from_file(kind: str, name: str, tokenizer_dir: str | None) -> Lengths:
             raise SpecError(f"{label}: is a folder; give a file with one "
                             f"{'token count' if kind == 'counts' else 'request'} a line")
         if not path.is_file():
-            raise SpecError(f"{label}: no such file")
+            raise SpecError(f"{label}: {link_nowhere(path) or 'no such file'}")  # a loop of links named as one
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
             raise SpecError(f"{label}: {size / 2**20:,.0f} MiB is above the {MAX_FILE_BYTES // 2**20} MiB read for a "

@@ -60,7 +60,9 @@ def read(name: str) -> RequestTrace:
             raise SpecError(f"{label}: is a folder; give a JSON-lines file, one request a line with {FIELDS}")
         if not path.is_file():  # a pipe or a device (/dev/zero) is there, but no file to read
             raise SpecError(f"{label}: " + ("is not a regular file (a pipe, a device or a socket); give a JSON-lines "
-                                            "file" if path.exists() else "no such file"))
+                                            "file" if path.exists() else
+                                            # a dangling link or a loop of links: said, not "no such file"
+                                            boundary.link_nowhere(path) or "no such file"))
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
             raise SpecError(f"{label}: {size / 2**20:,.0f} MiB is above the {MAX_FILE_BYTES // 2**20} MiB read for a "
