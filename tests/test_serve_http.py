@@ -829,6 +829,22 @@ def test_a_root_with_or_without_its_slash_is_one_endpoint():
     assert checked == {"http://127.0.0.1:9"}
 
 
+def test_a_traces_requests_ask_the_endpoint_for_their_own_output_length(tmp_path, stub):
+    # every request of a trace asked for --new-tokens (32 by default), its output_length read and never sent
+    from transbench.scenarios.serve.spec import ServeSpec, check, expand
+
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps({"timestamp": i * 20, "input_length": 4, "output_length": 2 + i % 3}) + "\n"
+                         for i in range(8)))
+    spec, lengths = check(ServeSpec(url=stub.url, api="openai-chat", trace=str(f), warmup=0.0, new_tokens=3,
+                                    request_timeout=5, timeout=60))
+    (cell,) = expand(spec, lengths)
+    res = endpoint.run(cell)
+    assert res.status == "ok" and res.info["failures"] == {}, (res.error, res.info)
+    assert res.record["completion_tokens_mean"] == pytest.approx(sum(min(2 + i % 3, 3) for i in range(8)) / 8)
+    assert any("cut to it" in w for w in res.warnings), res.warnings  # 4 asked, at most --new-tokens 3
+
+
 @pytest.mark.slow
 def test_serve_url_through_the_cli_shows_the_error_rate(tmp_path):
     with Stub() as stub:

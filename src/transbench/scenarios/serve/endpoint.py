@@ -32,6 +32,12 @@ MIN_COSINE = 0.99  # an embedding this far from the fp32 reference's is wrong (f
 MIN_FIRST_AGREEMENT = 0.5  # greedy completions: a share of first tokens below this against fp32 is wrong
 
 
+def asked(plan, rid: int, new_tokens: int) -> int:
+    """The tokens request `rid` asks for: a trace's output_length, at most --new-tokens, as in-process serving decodes
+    it (load.Request.output); else --new-tokens. Every request of a trace asked for --new-tokens (32 by default)."""
+    return min(plan.outputs[rid % len(plan.outputs)], new_tokens) if plan.outputs else new_tokens
+
+
 def tokenizer_for(cell: ServeCell):
     return local_tokenizer(cell.tokenizer, cell.reference_model)
 
@@ -223,7 +229,7 @@ def reference_check(cell: ServeCell, trace: HttpTrace, tokenizer) -> tuple[dict,
     agree, first = [], []
     for r in sample:
         ids = torch.tensor([tok.encode(prompts[r.rid])])
-        ref = greedy_reference(model, ids, cell.new_tokens)
+        ref = greedy_reference(model, ids, asked(trace.plan, r.rid, cell.new_tokens))  # what the request asked
         got = _generated_ids(tok, r.text)
         same = sum(1 for a, b in zip(got, ref) if a == b)
         agree.append(same / max(1, len(ref)))
@@ -275,7 +281,7 @@ def run(cell: ServeCell) -> CellResult:
     model = cell.served_model or cell.model
 
     def body(r: Sent) -> dict:
-        return payload(cell.api, model, prompts[r.rid % len(prompts)], cell.new_tokens)
+        return payload(cell.api, model, prompts[r.rid % len(prompts)], asked(plan, r.rid, cell.new_tokens))
 
     trace = run_http_load(cell.url, cell.api, body, plan, cell.request_timeout)
     info_counts = fill_counts(trace, prompts, tokenizer)
@@ -307,6 +313,8 @@ def run(cell: ServeCell) -> CellResult:
         warnings.append(f"{capped}: every figure is over those seconds")
     if stretched:
         warnings.append(stretched)
+    if plan.outputs and cell.api != "openai-embeddings" and max(plan.outputs) > cell.new_tokens:
+        warnings.append(f"trace requests asking more than --new-tokens {cell.new_tokens} output tokens were cut to it")
     if trace.waited:  # requests that found every connection busy; a pool as large as the load's requests never does
         warnings.append(f"{trace.waited} request(s) waited for one of the {trace.pool} connections, every one busy "
                         "(their wait is in their latency)")
