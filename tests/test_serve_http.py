@@ -890,7 +890,7 @@ def test_find_max_rate_stops_at_the_first_probe_whose_requests_are_refused_at_an
     *[(["--url", url, "--api", "openai-embeddings", "--served-model", "m"], "give the endpoint's root")
       for url in ("http://[::1", "http://999.999.999.999:80", "http://a b:1", "http://1.2.3:8", "http://-x:1",
                   "http://x..y:1", "http://127.0.0.1:0", "http://127.0.0.1:70000", "http://u:p@127.0.0.1:9",
-                  "http://¡:80")],
+                  "http://¡:80", "http://x[::1]:9", "http://[::1]]:9", "http://[::1]x:9")],
     (["--url", "http://127.0.0.1:9"], "--url needs --api"),
     (["--url", "http://127.0.0.1:9", "--api", "grpc"], "unknown --api"),
     (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--backend", "fused"], "set what runs"),

@@ -35,17 +35,17 @@ def _is_root(url: str) -> bool:
         return False
     try:
         ipaddress.ip_address(host)
-        return True
     except ValueError:
-        pass
-    try:
-        name = host.encode("idna").decode("ascii")  # an internationalised name, as the client sends it
-    except UnicodeError:
-        return False
-    labels = name.removesuffix(".").split(".")
-    if len(name) > 253 or all(label.isdigit() for label in labels) \
-            or not all(re.fullmatch(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)", label) for label in labels):
-        return False  # dotted numbers: a bad IPv4 address; other characters: no host name
+        try:
+            name = host.encode("idna").decode("ascii")  # an internationalised name, as the client sends it
+        except UnicodeError:
+            return False
+        labels = name.removesuffix(".").split(".")
+        if len(name) > 253 or all(label.isdigit() for label in labels) \
+                or not all(re.fullmatch(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)", label) for label in labels):
+            return False  # dotted numbers: a bad IPv4 address; other characters: no host name
+    # An address is read by the client too: urlsplit finds the host ::1 in `http://x[::1]:1` and `http://[::1]]:1`,
+    # which were taken and stored as the cell's URL
     import httpx  # the client (check() has made sure it is installed): its IDNA rules are stricter than Python's
 
     try:
