@@ -30,7 +30,12 @@ def test_an_endpoint_probe_window_is_not_cut_by_the_preparation_budget_and_the_b
                     duration=1.0, warmup=0.5, request_timeout=1.0, timeout=100.0)
         spec, lengths = check(ServeSpec(**base))
         # The default 20 s of preparation, which an endpoint never spends here, was taken from each probe's window
-        assert cell(spec, lengths, "http", "rate", 10.0).window_limit == 100.0 - 30.0 - 10.0
+        assert cell(spec, lengths, "http", "rate", 10.0).window_limit == 100.0 - 1.0 - 30.0
+        # ... and the last request's --request-timeout was not: a low rate's window and its last request's timeout
+        # outlasted --timeout (200 s: a window of 140 s, requests of 60 s)
+        spec, lengths = check(ServeSpec(**{**base, "request_timeout": 60.0, "timeout": 200.0}))
+        probe = cell(spec, lengths, "http", "rate", 1.0)
+        assert probe.window_limit + spec.request_timeout <= spec.timeout - 30.0
         # --prepare-budget 50 cut it to 10 s: an in-process setting, refused as --max-batch-size is
         try:
             check(ServeSpec(**base, prepare_budget=50.0))

@@ -316,8 +316,12 @@ def cell(spec: ServeSpec, lengths, backend: str, mode: str, level: float = 0) ->
     # short of it is not valid, never passed. A --rate cell keeps the --duration asked (its record says whether
     # its requests were enough: tail_valid).
     need = math.ceil(1.2 * tails.min_requests(share)) if spec.find_max_rate else serve_arrivals.MIN_REQUESTS
-    # An endpoint prepares nothing here: its default --prepare-budget (20 s) was taken from a --url probe's window.
-    limit = spec.timeout - (0.0 if spec.url is not None else spec.prepare_budget) - DEADLINE_SLACK_S - DRAIN_LIMIT_S
+    limit = spec.timeout - spec.prepare_budget - DEADLINE_SLACK_S - DRAIN_LIMIT_S
+    if spec.url is not None:
+        # An endpoint prepares nothing here (its default --prepare-budget, 20 s, was taken from each window), and the
+        # last request sent may take --request-timeout to end, not DRAIN_LIMIT_S: at --timeout 200 a probe of 1/s
+        # stretched to 140 s, and requests timing out at 60 s made it a `timeout` cell, not a measured miss.
+        limit = spec.timeout - spec.request_timeout - DEADLINE_SLACK_S
     trace = {}
     if mode == "trace":
         t = serve_trace.read(spec.trace)
