@@ -43,3 +43,24 @@ def test_an_endpoint_probe_window_is_not_cut_by_the_preparation_budget_and_the_b
             assert "--prepare-budget" in str(exc) and "\n" not in str(exc)
         else:
             raise AssertionError("--prepare-budget with --url was taken")
+
+
+def test_an_endpoint_trace_leaves_its_last_request_its_request_timeout(tmp_path):
+    import json
+
+    import pytest
+
+    from transbench.errors import SpecError
+
+    f = tmp_path / "t.jsonl"  # 100 s of requests
+    f.write_text("".join(json.dumps({"timestamp": t, "input_length": 4, "output_length": 2}) + "\n"
+                         for t in (0, 50_000, 100_000)))
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        base = dict(url=f"http://127.0.0.1:{srv.getsockname()[1]}", api="openai-embeddings", served_model="m",
+                    trace=str(f), warmup=0.0, timeout=150.0)
+        with pytest.raises(SpecError, match="beside --request-timeout 60 s"):  # 100 + 60 past 150: taken
+            check(ServeSpec(**base))
+        spec, _ = check(ServeSpec(**base, request_timeout=40.0))
+    assert spec.trace == str(f)

@@ -264,9 +264,13 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         if spec.warmup >= span:
             raise SpecError(f"--warmup {spec.warmup:g} s is not shorter than the trace's {span:.4g} s at --trace-speed "
                             f"{spec.trace_speed:g}: nothing would be measured; lower --warmup")
-        if span + DEADLINE_SLACK_S >= spec.timeout:
+        # An endpoint's last request may take --request-timeout to end: a trace of 100 s with requests of 60 s was
+        # taken under --timeout 150, and a slow endpoint made the cell a `timeout`
+        after, beside = ((spec.request_timeout, f" beside --request-timeout {spec.request_timeout:g} s")
+                         if spec.url is not None else (DEADLINE_SLACK_S, ""))
+        if span + after >= spec.timeout:
             raise SpecError(f"the trace lasts {span:,.4g} s at --trace-speed {spec.trace_speed:g}, not within --timeout "
-                            f"{spec.timeout:g} s: raise --trace-speed or --timeout")
+                            f"{spec.timeout:g} s{beside}: raise --trace-speed or --timeout")
         # The trace's own lengths as a histogram: the gate, the buckets and the label read it (requests take theirs)
         hist = Counter(trace.inputs)
         counts = tuple(sorted(hist))
