@@ -223,8 +223,10 @@ def test_a_trace_whose_requests_are_all_at_time_zero_says_so(tmp_path):
     """`lower --warmup` was the advice, with --warmup 0."""
     f = tmp_path / "zero.jsonl"
     f.write_text('{"timestamp": 0, "input_length": 8, "output_length": 1}\n' * 3)
-    assert "every request is at timestamp 0, so the trace spans no time" in _refused(tmp_path, "--trace", f,
-                                                                                     "--warmup", "0")
+    assert "every request is at one timestamp, so the trace spans no time" in _refused(tmp_path, "--trace", f,
+                                                                                       "--warmup", "0")
+    f.write_text('{"timestamp": 5000, "input_length": 8, "output_length": 1}\n')  # one request: said at time 0
+    assert "every request is at one timestamp" in _refused(tmp_path, "--trace", f, "--warmup", "0")
 
 
 @settings(max_examples=12, deadline=None)

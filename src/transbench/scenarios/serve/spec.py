@@ -254,8 +254,10 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
             raise SpecError(f"--trace {spec.trace}: {len(over):,} requests ask for more than {where} (the longest "
                             f"{max(over):,} tokens): give a trace that fits the model")
         span = trace.times_s[-1] / spec.trace_speed
-        if span <= 0:  # every request at time 0: `lower --warmup` was the advice, with --warmup 0
-            raise SpecError(f"--trace {spec.trace}: every request is at timestamp 0, so the trace spans no time to "
+        # every request at one time: `lower --warmup` was the advice, with --warmup 0; and a trace of one request at
+        # 5000 ms was said to be "at timestamp 0" (times count from the first)
+        if span <= 0:
+            raise SpecError(f"--trace {spec.trace}: every request is at one timestamp, so the trace spans no time to "
                             "measure a rate over: give a trace whose timestamps advance")
         if span < MIN_TRACE_SPAN_S:
             raise SpecError(f"--trace {spec.trace}: the trace spans {span:.3g} s at --trace-speed "
