@@ -903,6 +903,9 @@ def test_find_max_rate_stops_at_the_first_probe_whose_requests_are_refused_at_an
      "nothing accepts a connection there"),
     (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--served-model", "m", "--tokenizer", "/nope"],
      "no such folder"),
+    # "point --model at a checkpoint folder" was the advice, and --url refuses --model
+    (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--served-model", "m", "--lengths",
+      "text:README.md"], "(with --url: give --tokenizer FOLDER)"),
 ])
 def test_serve_url_refuses_bad_input_in_one_line(tmp_path, args, message):
     res = CliRunner().invoke(app, ["serve", "--rate", "5", "--db", str(tmp_path / "t.db"), *args])

@@ -246,8 +246,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
 def _tokenizer(model_dir: str | None, name: str):
     """The model's own tokenizer: only a checkpoint folder has one (presets are random weights)."""
     if model_dir is None:
+        # --url refuses --model: its tokenizer is --tokenizer's (or --reference-model's)
         raise SpecError(f"--lengths text:{name} needs the model's tokenizer: point --model at a checkpoint "
-                        "folder with tokenizer files, or give token counts with --lengths counts:FILE")
+                        "folder with tokenizer files (with --url: give --tokenizer FOLDER), or give token counts with "
+                        "--lengths counts:FILE")
     if not any((Path(model_dir) / f).is_file() for f in TOKENIZER_FILES):
         raise SpecError(f"--lengths text:{name}: folder {model_dir} has no tokenizer files "
                         f"({', '.join(TOKENIZER_FILES[:4])}, ...): add them, or use --lengths counts:FILE")

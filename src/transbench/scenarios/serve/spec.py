@@ -279,7 +279,10 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         lengths = serve_lengths.Lengths("counts", sum(trace.inputs) / len(trace.inputs), counts[-1], 0.0, counts,
                                         tuple(hist[c] for c in counts), f"trace:{trace.source}")
     else:
-        lengths = serve_lengths.parse(spec.lengths, top, spec.tokenizer or ref.path, room)
+        # an endpoint's tokenizer is the one its prompts are made with (prompts.local_tokenizer): a --reference-model
+        # folder whose config gives no positions was no tokenizer here
+        tokens = (spec.tokenizer or spec.reference_model) if spec.url is not None else ref.path
+        lengths = serve_lengths.parse(spec.lengths, top, tokens, room)
     from ...runner import shard as sharding
 
     spec = sharding.resolved(spec)  # `auto` becomes this task's I/N, stored with the run
