@@ -64,3 +64,17 @@ def test_an_endpoint_trace_leaves_its_last_request_its_request_timeout(tmp_path)
             check(ServeSpec(**base))
         spec, _ = check(ServeSpec(**base, request_timeout=40.0))
     assert spec.trace == str(f)
+
+
+def test_an_endpoint_trace_is_not_refused_for_the_duration_it_may_not_be_given(tmp_path):
+    # a 3-s trace with --request-timeout 40 under --timeout 50 was refused as "--warmup + --duration +
+    # --request-timeout is 50 s": the default --duration of 10 s, which --trace refuses to be given
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 4, "output_length": 2}\n'
+                 '{"timestamp": 3000, "input_length": 4, "output_length": 2}\n')
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        spec, _ = check(ServeSpec(url=f"http://127.0.0.1:{srv.getsockname()[1]}", api="openai-embeddings",
+                                  served_model="m", trace=str(f), warmup=0.0, request_timeout=40.0, timeout=50.0))
+    assert spec.timeout == 50.0

@@ -157,7 +157,10 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         raise SpecError(f"--slo-ms must be above 0, got {spec.slo_ms:g}")
     if spec.timeout <= 0:
         raise SpecError(f"--timeout must be above 0, got {spec.timeout:g}")
-    if spec.url is not None and spec.warmup + spec.duration + spec.request_timeout >= spec.timeout:
+    # A trace lasts as its timestamps say (checked with --request-timeout below): a 3-s trace was refused here for
+    # the default --duration of 10 s, which --trace refuses to be given
+    if spec.url is not None and spec.trace is None \
+            and spec.warmup + spec.duration + spec.request_timeout >= spec.timeout:
         total = spec.warmup + spec.duration + spec.request_timeout
         raise SpecError(f"--warmup + --duration + --request-timeout is {total:g} s, not within --timeout "
                         f"{spec.timeout:g} s: the cell could time out waiting on its last requests; shorten them or "
@@ -272,7 +275,8 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
                          if spec.url is not None else (DEADLINE_SLACK_S, ""))
         if span + after >= spec.timeout:
             raise SpecError(f"the trace lasts {span:,.4g} s at --trace-speed {spec.trace_speed:g}, not within --timeout "
-                            f"{spec.timeout:g} s{beside}: raise --trace-speed or --timeout")
+                            f"{spec.timeout:g} s{beside}: raise --trace-speed or --timeout"
+                            + (", or lower --request-timeout" if beside else ""))
         # The trace's own lengths as a histogram: the gate, the buckets and the label read it (requests take theirs)
         hist = Counter(trace.inputs)
         counts = tuple(sorted(hist))
