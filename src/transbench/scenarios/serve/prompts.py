@@ -53,8 +53,15 @@ class HFTokenizer:
     GPT-2), as servers do."""
 
     def __init__(self, folder: str):
+        from pathlib import Path
+
         from transformers import AutoTokenizer
 
+        from ...models.build import read_tokenizer_json
+
+        # through the input boundary first, as `--lengths text:` reads it: bounded (a tokenizer.json of 600 MB held
+        # 1.5 GB before its JSON error), its model and vocabulary checked
+        read_tokenizer_json(Path(folder) / "tokenizer.json")
         self.tok = AutoTokenizer.from_pretrained(folder)
         self.name = f"tokenizer:{folder}"
         self.vocab = len(self.tok)

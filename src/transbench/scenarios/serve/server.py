@@ -467,7 +467,18 @@ def build_app(api: Api):
 
 
 def tokenizer_for(ref):
-    return HFTokenizer(ref.path) if has_tokenizer(ref.path) else WordTokenizer(ref.shape.vocab)
+    """The model folder's tokenizer (else one token a word), or SpecError: a tokenizer.json without `added_tokens`
+    was a KeyError traceback once the backend had been prepared (run loads it first)."""
+    if not has_tokenizer(ref.path):
+        return WordTokenizer(ref.shape.vocab)
+    try:
+        return HFTokenizer(ref.path)
+    except SpecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a corrupt file: transformers and tokenizers raise many kinds
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise SpecError(f"--model {ref.path}: its tokenizer files cannot be read ({type(exc).__name__}: "
+                        f"{first})") from None
 
 
 def check_port(host: str, port: int) -> None:
@@ -686,6 +697,7 @@ def run(spec, ref, decoder: bool, on_ready=lambda info: None, on_preparing=lambd
     import uvicorn
 
     check_port(spec.host, spec.port)
+    tokenizer = tokenizer_for(ref)  # a broken one refused before minutes of preparing, not after
     stopped: list[int] = []
     main = threading.current_thread() is threading.main_thread()
     previous = {}
@@ -710,7 +722,7 @@ def run(spec, ref, decoder: bool, on_ready=lambda info: None, on_preparing=lambd
             raise SpecError(f"{spec.backend} {spec.dtype} could not be prepared for {ref.name}: {model.failure}")
         if stopped:
             return signal.Signals(stopped[0]).name
-        api = Api(spec, ref, decoder, model, tokenizer_for(ref))
+        api = Api(spec, ref, decoder, model, tokenizer)
         _more_descriptors()
         config = uvicorn.Config(build_app(api), host=spec.host, port=spec.port, log_level="warning",
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=GRACE_S,
