@@ -903,6 +903,9 @@ def test_find_max_rate_stops_at_the_first_probe_whose_requests_are_refused_at_an
      "nothing accepts a connection there"),
     (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--served-model", "m", "--tokenizer", "/nope"],
      "no such folder"),
+    # the reference continued the bare prompt, the endpoint the prompt in its chat template: a false `wrong`
+    (["--url", "http://127.0.0.1:9", "--api", "openai-chat", "--served-model", "m", "--reference-model", "/nope"],
+     "check the endpoint with --api openai-completions"),
     # "point --model at a checkpoint folder" was the advice, and --url refuses --model
     (["--url", "http://127.0.0.1:9", "--api", "openai-embeddings", "--served-model", "m", "--lengths",
       "text:README.md"], "(with --url: give --tokenizer FOLDER)"),

@@ -84,6 +84,11 @@ def check(spec):
     if ignored:
         raise SpecError(f"{', '.join(ignored)} set what runs in this process; the endpoint serves its own model: "
                         "leave them out with --url (name the model with --served-model)")
+    if spec.reference_model is not None and spec.api == "openai-chat":
+        # the reference continues the prompt as sent, and a chat endpoint answers it wrapped in its chat template: a
+        # right answer to another input made the cell `wrong`, its speed never reported
+        raise SpecError("--reference-model checks a completion of the prompt as sent, and a chat endpoint answers it "
+                        "inside its chat template: check the endpoint with --api openai-completions")
     if not (math.isfinite(spec.request_timeout) and spec.request_timeout > 0):
         raise SpecError(f"--request-timeout must be a positive number of seconds, got {spec.request_timeout:g}")
     for flag, folder in (("--tokenizer", spec.tokenizer), ("--reference-model", spec.reference_model)):
