@@ -353,6 +353,31 @@ def test_runs_spec_takes_a_name_before_another_runs_id(tmp_path):
         assert res.exit_code == 0 and f"- {batch}\n" in res.output, (ref, res.output)
 
 
+def test_a_run_read_back_by_its_id_is_never_the_run_named_like_that_id(tmp_path):
+    """The records of a run that was written or looked up were read back through its id as a reference, and a name
+    wins over an id: where another run was named like that id, `run` printed and exported (--json) that other
+    run's cells as its own, and compare and report of the run ended in a traceback (records and cells of two runs)
+    or read the other run's figures."""
+    db = tmp_path / "s.db"
+    first_id = hashlib.sha256(b"first").hexdigest()[:12]
+    make_run(str(db), first_id, [(cell("eager", 1), ok_result(samples(10.0), 1)),
+                                 (cell("eager", 7), ok_result(samples(10.0), 7))], spec={"batches": [1, 7]})
+    assert make_run(str(db), "first", [(cell("eager", 1), ok_result(samples(10.0), 1))],
+                    spec={"batches": [1]}) == first_id
+    store = Store(db, readonly=True)
+    try:
+        from transbench.store import export
+        assert [r["batch_size"] for r in export.records(store, [first_id], by_id=True)] == [1]
+        assert [r["name"] for r in export.runs_of([{"run_id": first_id}], str(db))] == ["first"]
+    finally:
+        store.close()
+    res = invoke("compare", "first", first_id, "--db", db, "--json", tmp_path / "c.json")
+    assert res.exit_code == 0, res.output
+    compared = json.loads((tmp_path / "c.json").read_text())
+    assert [c["verdict"] for c in compared["cells"]] == ["same"] and len(compared["unmatched"]) == 1
+    assert invoke("report", "first", "--db", db, "--out", tmp_path / "r").exit_code == 0
+
+
 @pytest.mark.parametrize("kind, spec, command, wrong", [
     ("inference", {"batches": [1]}, "run", ["serve"]),
     ("serve", {"model": "bert-tiny", "backends": ["sdpa"], "rates": [5.0]}, "serve", ["run"]),

@@ -48,7 +48,7 @@ def load(store: Store, run_refs: list[str], baseline: str | None = None) -> Repo
     baselines: dict[str, str | None] = {}
     for index, run in enumerate(runs):
         # export.records keeps the contract: no speed for a cell that is not ok.
-        recs = export.records(store, [run["run_id"]], baseline)
+        recs = export.records(store, [run["run_id"]], baseline, by_id=True)
         cells = store.cells(run["run_id"])  # same order as the records: both read the cells by rowid
         base = effective_baseline(baseline, run, recs)
         if base and not (baseline or spec_baseline(run)):

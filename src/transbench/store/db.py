@@ -713,6 +713,14 @@ class Store:
         return None if row is None else self._run(row)
 
     @_guarded
+    def run_by_id(self, run_id: str) -> dict | None:
+        """The run of exactly this id: what a command reads back after it wrote or looked up a run. find_run would
+        take another run whose name is this id (`run --name ca978112ca1b`, then `run --name a`, whose id that is),
+        and a run printed, exported, compared or reported that other run's cells."""
+        row = self.conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        return None if row is None else self._run(row)
+
+    @_guarded
     def run_named(self, name: str) -> dict | None:
         """The run of exactly this name (never 'last', never an id): the run a --name resumes."""
         if not boundary.is_utf8(name):

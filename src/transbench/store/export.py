@@ -71,8 +71,12 @@ def check_baseline(baseline: str | None, recs: list[dict]) -> None:
     raise SpecError(f"baseline '{baseline}' is not a backend of these runs: {fix}")
 
 
-def records(store: Store, run_refs: list[str] | None = None, baseline: str | None = None) -> list[dict]:
-    runs = [store.find_run(r) for r in run_refs] if run_refs else store.runs()
+def records(store: Store, run_refs: list[str] | None = None, baseline: str | None = None, *,
+            by_id: bool = False) -> list[dict]:
+    """The records of the runs named by `run_refs` (a name, an id or 'last'); `by_id`: they are run ids, each read
+    as exactly that run (a run may be named like another run's id, and a name wins in find_run)."""
+    find = store.run_by_id if by_id else store.find_run
+    runs = [find(r) for r in run_refs] if run_refs else store.runs()
     out: list[dict] = []
     seen: set[str] = set()
     for run in runs:
@@ -126,8 +130,8 @@ def runs_of(recs: list[dict], db: str | None) -> list[dict]:
         store = Store(db, readonly=True)
         try:
             for run_id in ids:
-                run = store.find_run(run_id)
-                if run is not None and run["run_id"] == run_id:
+                run = store.run_by_id(run_id)
+                if run is not None:
                     found[run_id] = run
         finally:
             store.close()

@@ -68,7 +68,7 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
         opts = SweepOptions(spec.timeout, spec.gpus, spec.max_batch, spec.max_batch_limit, threads=spec.threads,
                             repeat=spec.repeat)
         run_grid(store, run_id, cells, inference_target(spec), opts, on_cell, on_probe)
-        recs = export.records(store, [run_id])
+        recs = export.records(store, [run_id], by_id=True)
     finally:
         store.close()
     export.write(recs, json_path, csv_path, db=db)

@@ -141,7 +141,7 @@ def run_micro(kind: str, options, db: str = "transbench.db",
         run_grid(store, run_id, todo,
                  Target(MicroCell, measure="transbench.scenarios.micro.run:measure"),
                  SweepOptions(timeout=NO_DEADLINE_S, threads=opts.threads), on_cell)
-        recs = export.records(store, [run_id])
+        recs = export.records(store, [run_id], by_id=True)
     finally:
         store.close()
     return MicroOutcome(run_id, name, recs, opts)

@@ -174,7 +174,7 @@ def serve(spec, db: str = "transbench.db", *, json_path: str | None = None, csv_
                                        f"rate meeting the target may be above {best:.3g}/s")
             store_result(store, run_id, summary, result, scenario="serve-max-rate")
             on_cell(summary, result)
-        recs = export.records(store, [run_id])
+        recs = export.records(store, [run_id], by_id=True)
     finally:
         if lane is not None:
             lane.close()

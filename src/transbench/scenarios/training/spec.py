@@ -468,7 +468,7 @@ def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None =
         run_id, _, done = open_training_run(store, spec, {c.key() for c in cells})
         on_start(cells, done)
         run_grid(store, run_id, cells, target(spec), SweepOptions(timeout=spec.timeout, threads=spec.threads), on_cell)
-        recs = export.records(store, [run_id])
+        recs = export.records(store, [run_id], by_id=True)
     finally:
         store.close()
     export.write(recs, json_path, csv_path, db=db)
