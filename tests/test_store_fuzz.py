@@ -353,6 +353,17 @@ def test_runs_spec_takes_a_name_before_another_runs_id(tmp_path):
         assert res.exit_code == 0 and f"- {batch}\n" in res.output, (ref, res.output)
 
 
+def test_resume_of_a_name_no_run_has_is_refused_though_it_is_another_runs_id(tmp_path):
+    """`run --resume --name X` looked X up as a reference: X another run's id found that run, and a new run named
+    X was measured, exit 0, where no run of that name could be resumed."""
+    db = tmp_path / "s.db"
+    run_id = make_run(str(db), "first", [(cell("eager", 1), ok_result(samples(10.0), 1))], spec={"batches": [1]})
+    before = digest(tmp_path)
+    refused(invoke("run", "--model", "bert-tiny", "--device", "cpu", "--db", db, "--resume",
+                   "--name", run_id), "nothing to resume")
+    assert digest(tmp_path) == before
+
+
 def test_a_run_read_back_by_its_id_is_never_the_run_named_like_that_id(tmp_path):
     """The records of a run that was written or looked up were read back through its id as a reference, and a name
     wins over an id: where another run was named like that id, `run` printed and exported (--json) that other

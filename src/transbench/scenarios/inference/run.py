@@ -56,7 +56,9 @@ def run(spec: RunSpec, db: str = "transbench.db", *, json_path: str | None = Non
             except SpecError as exc:  # a value the caller never typed: say it came from the stored run
                 raise SpecError(f"cannot resume run '{last['name']}' with the spec stored with it: {exc}") from None
             cells, name = grid.expand(spec), last["name"]
-        elif resume and store.find_run(name) is None:
+        # the run of exactly that name, as open_run resumes it: find_run also takes another run's id, and a fresh
+        # run of that name was measured where nothing could be resumed
+        elif resume and store.run_named(name) is None:
             raise SpecError(f"nothing to resume: no run named {name} in {db}")
         run_id, name, done = open_run(store, "inference", spec_to_store(spec), name,
                                       lambda: env_mod.collect(open_cuda=False), {c.key() for c in cells})
