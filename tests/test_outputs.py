@@ -194,6 +194,20 @@ def test_kernel_fs_names_the_kernels_file_systems_only(tmp_path):
 
 # --- 4. runs --out, report --out and empty paths ----------------------------------------------------------
 
+def test_runs_out_at_a_folder_names_the_file_that_option_writes_there(tmp_path):
+    """`runs --out FOLDER` without --spec (the JSON record) was told to give FOLDER/spec.yaml, which it then refused
+    for not ending in .json."""
+    from report_helpers import cell, make_run, ok_result
+
+    db = tmp_path / "s.db"
+    make_run(str(db), "a", [(cell("eager", 1), ok_result([1.0, 1.1, 1.2], 1))])
+    (tmp_path / "d.json").mkdir()
+    for folder in (tmp_path, tmp_path / "d.json"):
+        refused(invoke("runs", "--db", db, "--out", folder), "it is a folder", f"such as {folder / 'runs.json'}")
+    refused(invoke("runs", "--db", db, "--spec", "a", "--out", tmp_path), f"such as {tmp_path / 'spec.yaml'}")
+    assert invoke("runs", "--db", db, "--out", tmp_path / "d.json" / "runs.json").exit_code == 0
+
+
 @pytest.mark.slow
 def test_runs_out_is_checked(stored, tmp_path):
     db, before = stored

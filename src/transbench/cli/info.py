@@ -95,7 +95,8 @@ def runs(db: str = typer.Option("transbench.db", help="SQLite store"),
         fail("--spec is empty: give a run's name or id (`transbench runs` lists them), or leave --spec out")
     if spec is None and out != "-":
         # every stored run as the versioned record (the --json of the commands that made them)
-        export.check_output(out, "--out", db, writes=export.RUNS_OUT)
+        # a folder is told of a .json file in it: `runs --out o` was told of o/spec.yaml (--spec's), refused here
+        export.check_output(out, "--out", db, writes=export.RUNS_OUT, example="runs.json")
         if Path(out).suffix != ".json":
             fail(f"--out {out}: without --spec, --out writes every stored run as the JSON record: end the name in "
                  ".json (or add --spec RUN to write that run's spec)")

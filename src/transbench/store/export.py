@@ -335,19 +335,21 @@ def check_paths(json_path: str | None, csv_path: str | None, db: str | None = No
 
 
 def check_output(path: str, option: str, db: str | None = None, *, image: bool = False,
-                 writes: str | tuple[str, ...] | None = None, append: bool = False) -> None:
+                 writes: str | tuple[str, ...] | None = None, append: bool = False,
+                 example: str | None = None) -> None:
     """One file a command will write: not empty, not the store `db` (nor its journal), not a folder, in a
     folder that exists and is writable, never over a SQLite database, and for a plot (`image`, or `writes`
     "plot") a format matplotlib writes (by the suffix). `writes`: the kinds of file the option writes (KINDS;
     default WRITES[option]): an existing non-empty regular file is replaced only when `ours` recognises it as one
     of them, so a rerun replaces its previous output and a user's file is refused (refuse_foreign); an empty file,
     a new path, /dev/stdout and pipes are written. With `append` (compare --markdown) the file is added to, never
-    replaced: an existing one need only hold text. Nothing is created or changed here."""
+    replaced: an existing one need only hold text. `example`: the file name a folder given as `path` is told to
+    hold (default EXAMPLE_NAME[option]). Nothing is created or changed here."""
     if not str(path).strip():  # `--json ' '` wrote a file named ' ' (api.py's _path refuses it too)
         raise SpecError(f"{option} is empty: give a file path")
     kinds = () if append else _kinds(writes if writes is not None else WRITES[option])
     with writing(path):  # a name too long, a symlink loop: one line too
-        _check_file(Path(path), option, db, image or "plot" in kinds)
+        _check_file(Path(path), option, db, image or "plot" in kinds, example)
         if append:
             _refuse_binary(Path(path), option)
         else:
@@ -597,7 +599,7 @@ def _plot_format(p: Path) -> str:
     return suffix if suffix in _PLOT_MARKS or suffix in ("raw", "rgba") else "png"
 
 
-def _check_file(p: Path, option: str, db: str | None, image: bool) -> None:
+def _check_file(p: Path, option: str, db: str | None, image: bool, example: str | None = None) -> None:
     path = str(p)
     if db and _is_store(p, Path(db)):
         raise SpecError(f"cannot write {path}: it is the store (--db); writing there would overwrite every "
@@ -606,7 +608,7 @@ def _check_file(p: Path, option: str, db: str | None, image: bool) -> None:
         raise SpecError(f"cannot write {path}: it is a symbolic link in a loop: give another file")
     if p.is_dir():
         raise SpecError(f"cannot write {path}: it is a folder; give a file path such as "
-                        f"{p / EXAMPLE_NAME.get(option, 'out.txt')}")
+                        f"{p / (example or EXAMPLE_NAME.get(option, 'out.txt'))}")
     folder = p.parent
     if not folder.is_dir():
         # The nearest part that is there: under a file (notes.txt/sub/x.json), "create it first" could not be done
