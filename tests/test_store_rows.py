@@ -214,6 +214,32 @@ def test_an_unmarked_store_of_a_newer_schema_is_not_written(tmp_path):
     assert digest(tmp_path) == before
 
 
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_newer_schema_version_in_a_killed_writers_wal_is_refused(tmp_path, marked):
+    """The version was read from the main file's header alone: a newer transbench killed with its version still in the
+    -wal file (no checkpoint yet) left a store that every command read by this schema, and `run` wrote into."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.db"
+    two_runs(path)
+    unmark = "" if marked else "c.execute('PRAGMA application_id = 0')\n"
+    writer = (f"import os, sqlite3\nc = sqlite3.connect({str(path)!r})\nc.execute('PRAGMA wal_autocheckpoint=0')\n"
+              f"{unmark}c.execute('PRAGMA user_version = {store_db.SCHEMA_VERSION + 1}')\nc.commit()\nos._exit(0)")
+    subprocess.run([sys.executable, "-c", writer], check=True)
+    head = path.read_bytes()[:100]
+    assert int.from_bytes(head[60:64], "big") == store_db.SCHEMA_VERSION  # the new version is in the -wal file only
+    assert (tmp_path / "s.db-wal").stat().st_size
+    before = digest(tmp_path)
+    refusal = f"store {path} has schema version 2, newer than this transbench knows (1)"
+    for args in (["runs", "--db", path], ["compare", "A", "B", "--db", path],
+                 ["merge", path, "--into", tmp_path / "m.db"],
+                 ["run", "--model", "bert-tiny", "--batch", "1", "--seq", "8", "--device", "cpu", "--min-time", "0.01",
+                  "--warmup", "1", "--db", path, "--name", "new"]):
+        one_line_error(invoke(*args), refusal, "upgrade transbench")
+    assert digest(tmp_path) == before
+
+
 def test_every_run_kind_a_command_writes_is_declared(tmp_path):
     """The kinds the commands pass to open_run are the ones a stored run is read with (store.db.RUN_KINDS); a kind
     of no command is not written, so what is stored reads back."""

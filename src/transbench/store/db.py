@@ -333,16 +333,21 @@ def inspect(path: str) -> str:
                         "give a transbench store's path")
     app_id = int.from_bytes(head[68:72], "big", signed=True)
     version = int.from_bytes(head[60:64], "big", signed=True)
-    newer = None if version <= SCHEMA_VERSION else SpecError(
-        f"store {path} has schema version {version}, newer than this transbench knows ({SCHEMA_VERSION}): "
-        "upgrade transbench to read it")
+
+    def refuse_newer(version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise SpecError(f"store {path} has schema version {version}, newer than this transbench knows "
+                            f"({SCHEMA_VERSION}): upgrade transbench to read it")
+
     if app_id == APP_ID:
-        if newer:
-            raise newer
+        refuse_newer(version)
         # The marker alone does not make the tables: a writer killed between marking a new file and creating
         # its tables leaves a marked file with none (safe to start in), and a marked file whose tables are
         # not ours would fail on the first query with a traceback, after a writer had switched its journal.
-        tables = _tables(path, ours=True)
+        tables, version = _tables(path, ours=True)
+        # the version as SQLite reads it, through a killed writer's -wal file: a newer transbench's version there
+        # (not yet in the main file's header) was read, and written to, by this schema
+        refuse_newer(version)
         _no_triggers(path, tables)
         if not tables:
             return "empty"
@@ -353,14 +358,13 @@ def inspect(path: str) -> str:
         return "ours"
     if app_id != 0:
         raise _foreign(path)
-    tables = _tables(path)
+    tables, wal_version = _tables(path)
     if tables and not _our_tables(tables):
         raise _foreign(path)
     _no_triggers(path, tables)
     # Our tables (a store from before the marker) or none, with the version of a newer schema: only marked files were
     # checked for it, so `runs` read such a file by today's schema and a writer stamped it with this one's version.
-    if newer:
-        raise newer
+    refuse_newer(max(version, wal_version))
     return "ours" if tables else "empty"
 
 
@@ -428,10 +432,10 @@ def _no_triggers(path: str, tables: dict[str, list[str]]) -> None:
                         "is; restore it from a copy, or give another --db")
 
 
-def _tables(path: str, ours: bool = False) -> dict[str, tuple]:
-    """{table or view: its _layout (() for a table not ours, ("view",) for a view)} of a file (`ours`: one that
-    carries our marker), read without writing a byte: immutable (no lock, no -shm file) unless a -wal file beside it
-    may hold the newest schema, which only a plain read-only connection reads."""
+def _tables(path: str, ours: bool = False) -> tuple[dict[str, tuple], int]:
+    """({table or view: its _layout (() for a table not ours, ("view",) for a view)}, user_version) of a file (`ours`:
+    one that carries our marker), read without writing a byte: immutable (no lock, no -shm file) unless a -wal file
+    beside it may hold the newest schema and version, which only a plain read-only connection reads."""
     wal = side_file(path, "-wal")
     flags = "mode=ro" if wal.exists() and wal.stat().st_size else "mode=ro&immutable=1"
     try:
@@ -443,7 +447,8 @@ def _tables(path: str, ours: bool = False) -> dict[str, tuple]:
             rows = con.execute("SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
             out = {n: (_layout(con, n) if n in COLUMNS else ()) if kind == "table" else ("view",) for n, kind in rows}
             triggers = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='trigger'")]
-            return {**out, TRIGGERS: triggers} if triggers else out
+            (version,) = con.execute("PRAGMA user_version").fetchone()
+            return ({**out, TRIGGERS: triggers} if triggers else out), version
         finally:
             con.close()
     except sqlite3.Error as exc:
