@@ -223,6 +223,26 @@ def test_the_correlation_time_ranks_samples_by_mid_rank(samples, ramp):
     assert autocorrelation_time(samples) == _tau_by_lookup(samples)
 
 
+def test_the_correlation_time_of_many_samples_is_kept_by_their_content(monkeypatch):
+    """From MEMO_SAMPLES samples tau is computed once per content: a pair's samples were ranked and transformed three
+    times. Equal samples in another list get the kept tau; samples changed in place are not served the old one."""
+    n = compare_module.MEMO_SAMPLES
+    rng = np.random.default_rng(3)
+    ramp = (np.cumsum(rng.normal(size=n)) + 1000.0).tolist()  # a random walk: strongly correlated
+    independent = (1.0 + rng.random(n)).tolist()
+    tau = compare_module._autocorrelation_time(np.asarray(ramp))
+    computed = []
+    compute = compare_module._autocorrelation_time
+    monkeypatch.setattr(compare_module, "_autocorrelation_time", lambda x: computed.append(len(x)) or compute(x))
+    assert tau > 2 and [autocorrelation_time(list(ramp)) for _ in range(3)] == [tau] * 3
+    assert len(computed) <= 1  # kept (or kept already by another test of these samples)
+    ramp[:] = independent  # the same list, other samples
+    assert autocorrelation_time(ramp) == compare_module._autocorrelation_time(np.asarray(independent)) == 1.0
+    for size in range(compare_module.MEMO_KEPT + 2):  # the kept taus are bounded
+        autocorrelation_time(independent + [2.0] * size)
+    assert len(compare_module._TAUS) <= compare_module.MEMO_KEPT
+
+
 @pytest.mark.slow
 def test_the_correlation_time_of_millions_of_samples_is_seconds():
     """Each sample was looked up in the sorted samples in time order, jumping about memory: 6,000,000 samples of one
