@@ -403,6 +403,30 @@ def test_a_side_file_that_is_not_a_file_is_said_as_such(tmp_path, suffix, make):
     assert snapshot(tmp_path) == before
 
 
+def test_a_wal_file_whose_store_is_gone_is_kept_and_said(tmp_path):
+    """A store moved or removed without the -wal file of its killed sweep: `run` made a new store at the path, and
+    SQLite deleted that -wal file, the only copy of the sweep's newest cells."""
+    import subprocess
+    import sys
+
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    store = moved / "s.db"
+    _store_with_cells(store)
+    killed = (f"import os, sqlite3\nc = sqlite3.connect({str(store)!r})\nc.execute('PRAGMA wal_autocheckpoint=0')\n"
+              "c.execute(\"UPDATE runs SET name = 'newest'\")\nc.commit()\nos._exit(0)")
+    subprocess.run([sys.executable, "-c", killed], check=True)
+    (moved / "s.db-wal").rename(tmp_path / "s.db-wal")  # the store moved away, its -wal file left behind
+    source = tmp_path.parent / f"{tmp_path.name}-source.db"
+    _store_with_cells(source, name="other")
+    before = snapshot(tmp_path)
+    for args in (["runs", "--db", tmp_path / "s.db"], [*BANDWIDTH, "--db", tmp_path / "s.db"],
+                 ["merge", source, "--into", tmp_path / "s.db"]):
+        one_line_error(invoke(*args), f"no store at {tmp_path / 's.db'}, but s.db-wal beside it",
+                       "put that store back")
+    assert snapshot(tmp_path) == before
+
+
 # A process that holds a store exclusively, its write in the -wal file, as a sqlite3 shell with
 # `PRAGMA locking_mode=EXCLUSIVE` holds it: no other process reads the store until it ends.
 HOLDER = """

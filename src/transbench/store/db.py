@@ -314,6 +314,13 @@ def inspect(path: str) -> str:
         raise SpecError(f"store {path} {loop}: give another --db")
     _check_side_files(path)
     if not exists:
+        wal = side_file(path, "-wal")
+        if wal.is_file() and wal.stat().st_size:
+            # A store moved or removed without its -wal file (a killed sweep's newest cells): a writer made a new store
+            # here, and SQLite deleted that -wal file, the only copy of those cells.
+            raise SpecError(f"no store at {path}, but {wal.name} beside it holds the newest writes of a store of that "
+                            f"name (moved or removed without it): it was left as it is; put that store back beside "
+                            f"it, or move {wal.name} away")
         return "missing"
     if not regular:
         # A FIFO blocked the read below for ever; /dev/null read as an empty file, and a writer then made
