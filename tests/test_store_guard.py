@@ -403,7 +403,8 @@ def test_a_side_file_that_is_not_a_file_is_said_as_such(tmp_path, suffix, make):
     assert snapshot(tmp_path) == before
 
 
-def test_a_wal_file_whose_store_is_gone_is_kept_and_said(tmp_path):
+@pytest.mark.parametrize("emptied", [False, True])
+def test_a_wal_file_whose_store_is_gone_is_kept_and_said(tmp_path, emptied):
     """A store moved or removed without the -wal file of its killed sweep: `run` made a new store at the path, and
     SQLite deleted that -wal file, the only copy of the sweep's newest cells."""
     import subprocess
@@ -417,13 +418,15 @@ def test_a_wal_file_whose_store_is_gone_is_kept_and_said(tmp_path):
               "c.execute(\"UPDATE runs SET name = 'newest'\")\nc.commit()\nos._exit(0)")
     subprocess.run([sys.executable, "-c", killed], check=True)
     (moved / "s.db-wal").rename(tmp_path / "s.db-wal")  # the store moved away, its -wal file left behind
+    if emptied:  # or a zero-length file in its place
+        (tmp_path / "s.db").touch()
     source = tmp_path.parent / f"{tmp_path.name}-source.db"
     _store_with_cells(source, name="other")
     before = snapshot(tmp_path)
     for args in (["runs", "--db", tmp_path / "s.db"], [*BANDWIDTH, "--db", tmp_path / "s.db"],
                  ["merge", source, "--into", tmp_path / "s.db"]):
-        one_line_error(invoke(*args), f"no store at {tmp_path / 's.db'}, but s.db-wal beside it",
-                       "put that store back")
+        one_line_error(invoke(*args), f"store {tmp_path / 's.db'} is an empty file" if emptied
+                       else f"no store at {tmp_path / 's.db'}", "but s.db-wal beside it", "put that store back")
     assert snapshot(tmp_path) == before
 
 

@@ -314,13 +314,7 @@ def inspect(path: str) -> str:
         raise SpecError(f"store {path} {loop}: give another --db")
     _check_side_files(path)
     if not exists:
-        wal = side_file(path, "-wal")
-        if wal.is_file() and wal.stat().st_size:
-            # A store moved or removed without its -wal file (a killed sweep's newest cells): a writer made a new store
-            # here, and SQLite deleted that -wal file, the only copy of those cells.
-            raise SpecError(f"no store at {path}, but {wal.name} beside it holds the newest writes of a store of that "
-                            f"name (moved or removed without it): it was left as it is; put that store back beside "
-                            f"it, or move {wal.name} away")
+        _refuse_orphan_wal(path, f"no store at {path}")
         return "missing"
     if not regular:
         # A FIFO blocked the read below for ever; /dev/null read as an empty file, and a writer then made
@@ -334,6 +328,7 @@ def inspect(path: str) -> str:
         raise SpecError(f"cannot read store {path} ({exc.strerror}): check its permissions, or give another "
                         "--db") from None
     if not head:
+        _refuse_orphan_wal(path, f"store {path} is an empty file")
         return "empty"
     if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
         raise SpecError(f"{path} is not a SQLite database, so not a transbench store: it was left as it is; "
@@ -373,6 +368,16 @@ def inspect(path: str) -> str:
     # checked for it, so `runs` read such a file by today's schema and a writer stamped it with this one's version.
     refuse_newer(max(version, wal_version))
     return "ours" if tables else "empty"
+
+
+def _refuse_orphan_wal(path: str, what: str) -> None:
+    """A -wal file with cells beside a store that is gone or empty (moved, removed or emptied without it: a killed
+    sweep's newest cells): a writer made a new store at the path, and SQLite deleted that -wal file, their only copy."""
+    wal = side_file(path, "-wal")
+    if wal.is_file() and wal.stat().st_size:
+        raise SpecError(f"{what}, but {wal.name} beside it holds the newest writes of a store of that name (moved, "
+                        f"removed or emptied without it): it was left as it is; put that store back beside it, or move "
+                        f"{wal.name} away")
 
 
 def _check_side_files(path: str) -> None:
