@@ -721,6 +721,16 @@ def test_repeats_that_bound_no_ratio_are_na_not_a_traceback(reps_a, reps_b, alph
     assert (interval, verdict) == (None, "n/a") and note
 
 
+@pytest.mark.parametrize("zero_side", ["A", "B"])
+def test_a_side_of_0_ms_calls_is_na_either_way(zero_side):
+    """A clock coarser than the call reads 0 ms: B all 0 ms was `faster` within the interval (0, 0), while A all 0 ms
+    was n/a; neither side bounds B/A."""
+    timed, zero = [1.0 + 0.01 * i for i in range(40)], [0.0] * 40
+    a, b = (zero, timed) if zero_side == "A" else (timed, zero)
+    _, interval, verdict, note = judge(a, b, float(np.median(a)), float(np.median(b)), CompareConfig())
+    assert (interval, verdict) == (None, "n/a") and "0 ms" in note
+
+
 def test_samples_at_the_ends_of_the_floats_are_compared_and_shown_in_one_width(tmp_path):
     """Samples the store takes (finite, 0 or more) whose ratios pass any float: no interval of inf, and a median of
     1e300 ms shown in 301 digits, wider than any terminal."""

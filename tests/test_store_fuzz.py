@@ -432,6 +432,17 @@ def test_merge_refuses_a_run_of_that_name_with_another_grid_or_kind(tmp_path):
     assert res.exit_code == 0 and "0 new run(s), 1 new cell(s)" in res.output, res.output
 
 
+def test_merge_refuses_a_run_named_last(tmp_path):
+    """`run` refuses the name 'last' (every command reads it as the newest run); a hand-made store's run of that name
+    was merged, and `compare last` then read another run."""
+    target, other = tmp_path / "t.db", tmp_path / "o.db"
+    make_run(str(target), "A", [(cell("eager", 1), ok_result(samples(10.0), 1))])
+    make_run(str(other), "last", [(cell("eager", 1), ok_result(samples(10.0), 1))])
+    before = digest(tmp_path)
+    refused(invoke("merge", other, "--into", target), "a run named 'last'", "nothing was merged")
+    assert digest(tmp_path) == before
+
+
 def test_merge_refuses_one_run_under_two_names_and_shards_of_other_library_versions(tmp_path):
     """A run renamed in one copy joined its cells to the other name's run, exit 0; a shard that ran another torch
     mixed two versions' cells under one environment."""

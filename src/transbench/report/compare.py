@@ -374,6 +374,8 @@ def judge(samples_a: list[float], samples_b: list[float], median_a: float, media
     `repeats_a` / `repeats_b`: the medians of each side's repeats, where its run was repeated (rule 5)."""
     with np.errstate(over="ignore", divide="ignore"):
         ratio = float(np.float64(median_b) / np.float64(median_a))
+    if min(median_a, median_b) <= 0:  # a side of 0 ms calls: B all 0 ms read `faster` within the interval (0, 0)
+        return (ratio if math.isfinite(ratio) else None), None, "n/a", ZERO_NOTE
     if not math.isfinite(ratio):  # medians at the two ends of the floats (1e300 ms over 1e-300 ms)
         return None, None, "n/a", f"B/A is past the largest float (medians {median_a:.4g} and {median_b:.4g} ms)"
     if repeats_a and repeats_b and len(repeats_a) >= 2 and len(repeats_b) >= 2:

@@ -886,6 +886,10 @@ class Store:
             # INSERT OR REPLACE of the same keys without a word.
             for other in others:
                 for row in other.rows("runs"):
+                    if isinstance(row[1], str) and row[1].strip() == "last":
+                        # `run` refuses the name (spec.check_name): merged, `compare last` read the newest run instead
+                        raise SpecError(f"store {other.path} has a run named 'last', which stands for the latest run "
+                                        "in every command: nothing was merged; rename that run in its store first")
                     if isinstance(row[1], str):  # a name that is not text is damage, refused by the check below
                         self.claim(row[1])
             # This store is read back too: merging into a damaged one spread nothing, but wrote beside the damage
