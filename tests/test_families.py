@@ -725,6 +725,49 @@ def test_a_config_that_does_not_fit_its_weights_is_refused(tmp_path):
     assert "tensor embeddings.word_embeddings.weight is [100, 32]" in _refusal(d)
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool, torch.complex64,
+                                   torch.float16, torch.bfloat16, torch.float64, torch.float8_e4m3fn])
+def test_a_float_parameter_stored_as_integers_is_refused_and_stored_as_floats_loads_its_values(tmp_path, dtype):
+    # An int8 or bool tensor loaded as those integers (quantized codes read as weights), a complex one lost its
+    # imaginary part with a warning on stderr: each ran `ok`, exit 0, a model the checkpoint is not
+    from safetensors.torch import load_file, save_file
+
+    key = "encoder.layer.0.attention.self.query.weight"
+    d = _saved(tmp_path / "ckpt", _tiny())
+    weights = load_file(str(d / "model.safetensors"))
+    weights[key] = (weights[key] * 100).to(dtype) if dtype != torch.bool else weights[key] > 0
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    if dtype.is_floating_point:
+        loaded = build.build_model(build.resolve(str(d)), "base").state_dict()[key]
+        assert loaded.dtype == torch.float32 and torch.equal(loaded, weights[key].float())
+        return
+    stored = {torch.int8: "I8", torch.uint8: "U8", torch.int32: "I32", torch.int64: "I64", torch.bool: "BOOL",
+              torch.complex64: "C64"}[dtype]
+    assert (f"tensor {key} is stored as {stored} in the weight files, where the model holds floating-point values "
+            "(F32, F16, BF16, F64 or F8); re-save the weights in a float dtype") in _refusal(d)
+
+
+def test_integer_weights_in_a_torch_file_are_refused_and_an_integer_buffer_loads(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from transformers import MraConfig, MraModel
+
+    d = _saved(tmp_path / "bin", _tiny())
+    weights = load_file(str(d / "model.safetensors"))
+    weights["embeddings.LayerNorm.weight"] = weights["embeddings.LayerNorm.weight"].to(torch.int32)
+    torch.save(weights, d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+    assert "tensor embeddings.LayerNorm.weight is stored as int32 in the weight files" in _refusal(d)
+    # MRA keeps its position ids (from 2) as a buffer of its state dict: stored as int32, they load as those ids
+    d = tmp_path / "mra"
+    MraModel(MraConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+                       vocab_size=100, max_position_embeddings=64)).save_pretrained(d)
+    weights = load_file(str(d / "model.safetensors"))
+    weights["embeddings.position_ids"] = weights["embeddings.position_ids"].to(torch.int32)
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    ids = build.build_model(build.resolve(str(d)), "base").embeddings.position_ids
+    assert ids.dtype == torch.int64 and ids[0, :3].tolist() == [2, 3, 4] and ids[0, -1] == 65
+
+
 def test_a_config_next_to_another_familys_weights_is_refused(tmp_path):
     # Ran `ok`: every GPT-2 weight ignored, a random BERT benchmarked as if it were the checkpoint
     _tiny("GPT2LMHeadModel").save_pretrained(tmp_path / "ckpt")

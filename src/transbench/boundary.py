@@ -260,6 +260,12 @@ def safetensors_shapes(path: str | Path, where: str, fix: str = "re-download or 
                        ) -> dict[str, tuple[int, ...]]:
     """Each tensor's shape, from the header read here with limits (8 bytes of little-endian length, then that
     many bytes of JSON) before transformers or safetensors opens the file; offsets checked against its size."""
+    return {name: shape for name, (_, shape) in safetensors_tensors(path, where, fix).items()}
+
+
+def safetensors_tensors(path: str | Path, where: str, fix: str = "re-download or re-save the weights"
+                        ) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each tensor's (dtype as the header names it, shape), read and checked as `safetensors_shapes` says."""
     p = Path(path)
     try:
         st = os.stat(p)
@@ -281,7 +287,7 @@ def safetensors_shapes(path: str | Path, where: str, fix: str = "re-download or 
     header = loads_json(text, where, depth=8, fix=fix)
     if not isinstance(header, dict):
         _fail(where, "its header is not a JSON object", fix)
-    shapes, spans = {}, []
+    tensors, spans = {}, []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
@@ -299,7 +305,7 @@ def safetensors_shapes(path: str | Path, where: str, fix: str = "re-download or 
         if bits % 8 == 0 and offsets[1] - offsets[0] != bits // 8:
             _fail(where, f"tensor {name[:80]!r} ({dtype} {shape}) needs {bits // 8:,} bytes, its offsets give "
                   f"{offsets[1] - offsets[0]:,}", fix)
-        shapes[name] = tuple(shape)
+        tensors[name] = (dtype, tuple(shape))
         spans.append((offsets[0], offsets[1], name))
     # As safetensors reads them: the tensors' bytes follow each other from the header's end, no gap or overlap, and
     # end where the file ends. A header that lies here passed this check and failed every cell in the library.
@@ -313,7 +319,7 @@ def safetensors_shapes(path: str | Path, where: str, fix: str = "re-download or 
         _fail(where, f"truncated: {size:,} bytes, the header describes {8 + n + end:,}", fix)
     if 8 + n + end < size:
         _fail(where, f"{size - 8 - n - end:,} bytes past the last tensor's end, which safetensors refuses", fix)
-    return shapes
+    return tensors
 
 
 # Bits of one element of each dtype safetensors writes (its Dtype enum); the sub-byte ones are packed.

@@ -243,14 +243,22 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else f"{text[:150]} ... {text[-145:]}"
 
 
-def _check_safetensors(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
-    """Each tensor's shape, as the header declares it, read through the input boundary (bounded header, offsets
-    checked against the file's size)."""
-    return boundary.safetensors_shapes(file, f"checkpoint {folder}: weight file {file.name} is not a readable "
-                                             "safetensors file")
+# The dtypes a weight file may store a floating-point parameter in: values transformers converts to the model's
+# floats as numbers (safetensors' names, and torch's for .bin files). An integer, bool or complex tensor, or a packed
+# 4- or 6-bit float (F4, F6_*), is no such value: transformers loaded an int8 or bool tensor as those integers
+# (quantized codes read as weights, without their scales), dropped a complex one's imaginary part with a warning on
+# stderr, and failed each cell of an F4 one ("shape '[32, 32]' is invalid for input of size 512"), exit 0.
+_FLOAT_STORED = {"F64", "F32", "F16", "BF16", "F8_E5M2", "F8_E4M3", "F8_E8M0"}
 
 
-def _check_torch_zip(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
+def _check_safetensors(folder: Path, file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each tensor's dtype and shape, as the header declares them, read through the input boundary (bounded header,
+    offsets checked against the file's size)."""
+    return boundary.safetensors_tensors(file, f"checkpoint {folder}: weight file {file.name} is not a readable "
+                                              "safetensors file")
+
+
+def _check_torch_zip(folder: Path, file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     try:
         with zipfile.ZipFile(file) as z:  # the central directory, not every member's CRC: a cheap check
             ok = any(n.endswith("data.pkl") for n in z.namelist())
@@ -262,8 +270,9 @@ def _check_torch_zip(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
     return _torch_shapes(folder, file)
 
 
-def _torch_shapes(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
-    """Each tensor's shape in a torch zip archive. weights_only: no code in the pickle ever runs (transformers
+def _torch_shapes(folder: Path, file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each tensor's dtype (its safetensors name where it is a float safetensors has, else torch's) and shape in a
+    torch zip archive. weights_only: no code in the pickle ever runs (transformers
     loads .bin files the same way, so what it refuses here it would refuse later); mmap: the tensors' bytes
     are mapped, never read, so this costs the pickle's size whatever the checkpoint's."""
     import torch
@@ -278,7 +287,17 @@ def _torch_shapes(folder: Path, file: Path) -> dict[str, tuple[int, ...]]:
     if not isinstance(state, dict):
         _refuse(folder, f"weight file {file.name} holds a {type(state).__name__}, not a state dict of tensors",
                 "re-save the weights with save_pretrained")
-    return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+    return {k: (_stored_dtype(v.dtype), tuple(v.shape)) for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def _stored_dtype(dtype) -> str:
+    """A torch dtype by its safetensors name where it is one of _FLOAT_STORED (float16: F16), else torch's own."""
+    import torch
+
+    names = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+             getattr(torch, "float8_e5m2", None): "F8_E5M2", getattr(torch, "float8_e4m3fn", None): "F8_E4M3",
+             getattr(torch, "float8_e8m0fnu", None): "F8_E8M0"}
+    return names.get(dtype) or str(dtype).removeprefix("torch.")
 
 
 def _not_a_file(path: Path) -> str:
@@ -288,8 +307,9 @@ def _not_a_file(path: Path) -> str:
                                            "is not a regular file (a pipe, a device or a socket)")
 
 
-def _check_weights(folder: Path) -> dict[str, tuple[int, ...]]:
-    """The weight files are there and readable; returns every tensor's shape across them (shards included)."""
+def _check_weights(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The weight files are there and readable; returns every tensor's dtype and shape across them (shards
+    included)."""
     found = [folder / n for n in _WEIGHTS if (folder / n).is_file()]
     if not found:
         # A weight file's name taken by a folder, a pipe, a device or a link to nothing was said not to be there.
@@ -316,10 +336,10 @@ def _check_weights(folder: Path) -> dict[str, tuple[int, ...]]:
             why = _not_a_file(folder / missing[0]) if os.path.lexists(folder / missing[0]) else "is missing"
             _refuse(folder, f"weight shard {missing[0]} named by {first.name} {why}", "re-download the checkpoint")
         files = [folder / s for s in shards]
-    shapes: dict[str, tuple[int, ...]] = {}
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
     for f in files:
-        shapes.update((_check_safetensors if f.suffix == ".safetensors" else _check_torch_zip)(folder, f))
-    return shapes
+        tensors.update((_check_safetensors if f.suffix == ".safetensors" else _check_torch_zip)(folder, f))
+    return tensors
 
 
 def _load_config(folder: Path):
@@ -697,10 +717,12 @@ def _key_renamer(model, expected: dict, prefixes: list[str]):
     return rename
 
 
-def _check_shapes(folder: Path, model, family: str, shapes: dict[str, tuple[int, ...]]):
-    """Each tensor of the weight files that `model` has is of the shape config.json makes it; (the model's tensor
-    shapes, the renamer of file names to the model's, the files' tensors found by the model's name)."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+def _check_shapes(folder: Path, model, family: str, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]):
+    """Each tensor of the weight files that `model` has is of the shape config.json makes it, and a floating-point
+    one is stored as floats (_FLOAT_STORED); (the model's tensor shapes, the renamer of file names to the model's,
+    the files' tensors found by the model's name)."""
+    state = model.state_dict()
+    expected = {k: tuple(v.shape) for k, v in state.items()}
     rename = _key_renamer(model, expected, _backbone_names(model, family))
     found = {}
     for key, shape in shapes.items():
@@ -713,6 +735,11 @@ def _check_shapes(folder: Path, model, family: str, shapes: dict[str, tuple[int,
             _refuse(folder, f"config.json does not fit its weights: tensor {key} is {list(have)} in the weight "
                             f"files, but config.json makes it {list(want)}",
                     "use the config.json saved with these weights")
+        if key is not None and state[name].is_floating_point() and dtypes.get(key, "F32") not in _FLOAT_STORED:
+            # An integer buffer (position ids) may be stored in any dtype: torch converts whole numbers exactly.
+            _refuse(folder, f"tensor {key} is stored as {dtypes[key]} in the weight files, where the model holds "
+                            "floating-point values (F32, F16, BF16, F64 or F8)", "re-save the weights in a float "
+                    "dtype (save_pretrained does), or give a quantized checkpoint its quantization_config")
     return expected, rename, found
 
 
@@ -733,13 +760,14 @@ def _own_head(ref: ModelRef, raw: dict):
         return None
 
 
-def _check_against_weights(folder: Path, model, family: str, shapes: dict[str, tuple[int, ...]]) -> None:
+def _check_against_weights(folder: Path, model, family: str, shapes: dict[str, tuple[int, ...]],
+                           dtypes: dict[str, str]) -> None:
     """The weight files fit the model config.json describes. transformers would refuse a shape that differs
     only when loading, in a cell (`ignore_mismatched_sizes`), and would load a folder whose tensors all have
     other names (a BERT config.json next to GPT-2 weights) with every weight random and a warning nobody
     sees. Tensors the model lacks (a task head it does not run) or the files lack (a head the task adds)
     are normal."""
-    expected, rename, found = _check_shapes(folder, model, family, shapes)
+    expected, rename, found = _check_shapes(folder, model, family, shapes, dtypes)
     # More copies of a repeated module (layers, blocks) in the files than config.json builds: transformers leaves
     # them unused with a note nobody sees, and a config.json of 1 layer over 2 layers' weights measured half the
     # model its files hold. A head the model lacks is no repeated module of it, so it passes.
@@ -822,7 +850,9 @@ def _resolve_folder(folder: Path) -> ModelRef:
         # before any check (the process was killed, nothing printed).
         _refuse(folder, f"config.json sets num_labels to {labels:,}, above the {MAX_LABELS:,} a classifier here "
                 "may have", "fix config.json")
-    shapes = _check_weights(folder)
+    tensors = _check_weights(folder)
+    shapes = {name: shape for name, (_, shape) in tensors.items()}
+    dtypes = {name: dtype for name, (dtype, _) in tensors.items()}
     _check_rotary_head(folder, family, raw)  # before transformers reads it: some versions refuse it there, some not
     cfg = _load_config(folder)
     if is_decoder(family):  # the classes that can generate are decoders': an encoder's folder never reads it
@@ -858,10 +888,10 @@ def _resolve_folder(folder: Path) -> ModelRef:
         _check_runs(folder, ref, cfg, model)
     # A quantized checkpoint's files hold packed tensors whose shapes differ from the model's by design.
     if model is not None and not getattr(cfg, "quantization_config", None):
-        _check_against_weights(folder, model, family, shapes)
+        _check_against_weights(folder, model, family, shapes, dtypes)
         head = _own_head(ref, raw)
         if head is not None:
-            _check_shapes(folder, head, family, shapes)
+            _check_shapes(folder, head, family, shapes, dtypes)
     return ref
 
 
