@@ -188,6 +188,8 @@ def test_nan_loss_is_an_error_without_speed():
     # transformers refused to build it: a ValueError, `error`, where inference's sdpa cells read `unsupported`
     ({"model": "deberta-tiny", "backend": "sdpa"}, (None, "deberta-v2 has no 'sdpa' attention in transformers: train "
                                                           "it with --backend eager")),
+    # one token leaves a causal LM's shifted labels no target: its loss was NaN, an `error` saying the run diverged
+    ({"model": "gpt2-tiny", "task": "causal-lm", "seq": 1}, (None, "task causal-lm at seq 1 has no next token")),
 ])
 def test_unavailable_choices_are_unsupported_with_the_fix(change, needs):
     module, text = needs
@@ -221,10 +223,18 @@ def test_validation_errors_are_one_line():
         ({"pad_vocab": 0}, "--pad-vocab must be at least 1"),
         ({"dropout": 1.0}, "--dropout must be a probability"), ({"dropout": -0.1}, "--dropout must be a probability"),
         ({"models": ["gpt2-tiny"], "heads": ["masked"]}, "--head masked runs the MLM head"),
+        ({"models": ["gpt2-tiny"], "seqs": [1, 8]}, "--seq 1: a causal LM trains on predicting each next token"),
     ]
     for change, text in bad:
         with pytest.raises(SpecError, match=text):
             validate(TrainSpec(**{**ok, **change}))
+
+
+def test_seq_1_is_refused_only_where_every_cell_is_a_causal_lms():
+    # beside an encoder's MLM cell, a decoder's seq 1 cell is `unsupported` (check_supported) and the MLM one trains
+    validate(TrainSpec(models=["gpt2-tiny", "bert-tiny"], seqs=[1], device="cpu"))
+    validate(TrainSpec(models=["gpt2-tiny"], tasks=["classification"], seqs=[1], device="cpu"))
+    assert run_guarded(replace(BASE, seq=1)).status == "ok"  # bert-tiny's MLM at seq 1 masks its one token
 
 
 def test_expand_scaling_defaults_and_dedup():

@@ -48,12 +48,19 @@ def _missing(module: str) -> bool:
     return importlib.util.find_spec(module) is None
 
 
+NO_NEXT_TOKEN = "task causal-lm at seq 1 has no next token to predict (its loss has no target)"
+
+
 def check_supported(cell: TrainCell, device_type: str) -> None:
     """Raise Unsupported naming what to install or where it runs, before anything is built."""
     cuda = device_type == "cuda"
     too_long = build.too_long(build.resolve(cell.model), cell.seq)  # the grid's cells that fit run (spec.py validate)
     if too_long:
         raise Unsupported(too_long)
+    if cell.task == "causal-lm" and cell.seq < 2:
+        # transformers' causal LM loss shifts the labels by one: one token leaves no target, the loss is NaN, and the
+        # cell was an `error` saying the run diverged (spec.py validate refuses a --seq 1 of only such cells)
+        raise Unsupported(NO_NEXT_TOKEN)
     if cell.dtype in ("fp16", "tf32") and not cuda:
         raise Unsupported(f"--dtype {cell.dtype} trains on CUDA only: use fp32 or bf16 on the CPU")
     if cell.backend == "flash-attn2":

@@ -186,6 +186,10 @@ def validate(spec: TrainSpec) -> TrainSpec:
     for s in sorted(set(spec.seqs)):
         if build.too_long(widest, s):
             raise SpecError(f"{build.too_long(widest, s)}: use --seq {widest.shape.max_positions} or less")
+    if 1 in spec.seqs and {t for ref in refs for t in spec.tasks or [default_task(ref.shape)]} == {"causal-lm"}:
+        # each such cell is `unsupported` (loop.py check_supported): a seq at which every cell is would train nothing
+        raise SpecError("--seq 1: a causal LM trains on predicting each next token, and one token has none: use "
+                        "--seq 2 or more")
     for p in spec.dtypes:
         if p not in TRAIN_DTYPES:
             raise SpecError(f"unknown dtype '{p}': choose from {', '.join(TRAIN_DTYPES)}")
