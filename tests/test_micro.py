@@ -290,6 +290,27 @@ def test_breakdown_refuses_an_activation_it_has_no_count_for(tmp_path):
     assert len(res.output.strip().splitlines()) == 1 and not db.exists()
 
 
+@pytest.mark.parametrize("dtype", ["int8", "float16"])
+def test_a_checkpoints_layer_is_its_own_weights_in_fp32_whatever_dtype_config_json_names(tmp_path, dtype):
+    # transformers' from_pretrained built the model in config.json's dtype: "int8" made every point an `error`
+    # ("BertModel cannot be instantiated under `dtype=torch.int8`"), exit 0, where `run` of the folder measured it
+    import torch
+    import transformers
+
+    from transbench.scenarios.micro.layer import build_layer
+
+    folder = tmp_path / "bert"
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                                                                 num_attention_heads=4, intermediate_size=37))
+    model.save_pretrained(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "dtype": dtype}))
+    layer, _ = build_layer(str(folder), "cpu", seed=1)
+    want = model.bert.encoder.layer[0].state_dict()
+    assert all(v.dtype == torch.float32 and torch.equal(v, want[k]) for k, v in layer.state_dict().items())
+
+
 @pytest.mark.parametrize("model", ["bert-tiny", "llama-tiny", "qwen2-tiny", "modernbert-tiny", "smollm2-135m"])
 def test_layer_gemms_are_the_models_own_widths(model):
     """Each layer GEMM of `micro gemm --model` has the widths its model computes, so their FLOPs are the layer's

@@ -38,16 +38,17 @@ def build_layer(model: str, device, seed: int):
     with torch.device(device):
         layer = cls(cfg, layer_idx=0)
     if ref.path:
-        _load_first_layer(layer, ref.path, ref.family)
+        _load_first_layer(layer, ref)
     return layer.eval(), ref.shape
 
 
-def _load_first_layer(layer, path: str, family: str) -> None:
-    """A local checkpoint's weights for layer 0, so `--model FOLDER` times its real weights."""
-    import transformers
-
-    model = transformers.AutoModel.from_pretrained(path, local_files_only=True)
-    src = model.encoder.layer[0] if family == "bert" else model.h[0]
+def _load_first_layer(layer, ref) -> None:
+    """A local checkpoint's weights for layer 0, so `--model FOLDER` times its real weights. Loaded as `run` loads
+    them (build.build_model: fp32 whatever config.json's dtype says): transformers' own default builds the model in
+    that dtype, and a config.json of dtype "int8" made every point an `error` ("BertModel cannot be instantiated
+    under `dtype=torch.int8`"), exit 0, where `run` of the same folder measured it."""
+    model = build.build_model(ref, "base")
+    src = model.encoder.layer[0] if ref.family == "bert" else model.h[0]
     layer.load_state_dict(src.state_dict())
 
 
