@@ -398,6 +398,12 @@ def test_corrupt_weight_files_are_refused(tmp_path):
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
     with pytest.raises(SpecError, match="weight shard model-00001-of-00002.safetensors .* is missing"):
         build.resolve(str(d))
+    # a name too long for the file system: Path.is_file raised ENAMETOOLONG, an OSError traceback (exit 1)
+    for name in ("a" * 5000 + ".safetensors", "d/" * 3000 + "x.safetensors"):
+        (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": name}}))
+        with pytest.raises(SpecError, match=r"weight shard [ad/]{200}\.\.\. \([56],0\d\d characters\) named by model"
+                                            r"\.safetensors\.index\.json is missing"):
+            build.resolve(str(d))
 
 
 @pytest.mark.parametrize("family,cls_name,extra", [

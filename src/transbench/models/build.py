@@ -331,10 +331,13 @@ def _check_weights(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
             _refuse(folder, f"{first.name} names a weight shard outside the folder ({outside[:80]!r})",
                     "re-download it")
         shards = sorted(set(weight_map.values()))
-        missing = [s for s in shards if not (folder / s).is_file()]
+        # os.path.isfile, not Path.is_file: before Python 3.13 the latter raises for a name too long (ENAMETOOLONG),
+        # and an index naming a shard of 5,000 characters was an OSError traceback, exit 1
+        missing = [s for s in shards if not os.path.isfile(folder / s)]
         if missing:
             why = _not_a_file(folder / missing[0]) if os.path.lexists(folder / missing[0]) else "is missing"
-            _refuse(folder, f"weight shard {missing[0]} named by {first.name} {why}", "re-download the checkpoint")
+            _refuse(folder, f"weight shard {boundary.one_line(missing[0], 200)} named by {first.name} {why}",
+                    "re-download the checkpoint")
         files = [folder / s for s in shards]
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
     for f in files:
