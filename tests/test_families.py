@@ -8,6 +8,7 @@ import json
 import struct
 import subprocess
 import sys
+import warnings
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -772,6 +773,30 @@ def test_integer_weights_in_a_torch_file_are_refused_and_an_integer_buffer_loads
     save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
     ids = build.build_model(build.resolve(str(d)), "base").embeddings.position_ids
     assert ids.dtype == torch.int64 and ids[0, :3].tolist() == [2, 3, 4] and ids[0, -1] == 65
+
+
+@pytest.mark.parametrize("kind,needle", [
+    ("sparse", "holds encoder.layer.0.attention.self.query.weight as a torch.sparse_coo tensor, not a dense one"),
+    ("meta", "holds encoder.layer.0.attention.self.query.weight as a meta tensor, a shape without data"),
+    ("qint8", "tensor encoder.layer.0.attention.self.query.weight is stored as qint8 in the weight files")])
+def test_a_torch_file_of_tensors_without_plain_values_is_refused_in_one_line(tmp_path, kind, needle):
+    # sparse and meta tensors passed the shape check, and each cell was an `error` in the loader ("Cannot access
+    # storage of SparseTensorImpl"), exit 0; a quantized tensor's load printed torch's TypedStorage warning first
+    from safetensors.torch import load_file
+
+    d = _saved(tmp_path / "bin", _tiny())
+    weights = load_file(str(d / "model.safetensors"))
+    key = "encoder.layer.0.attention.self.query.weight"
+    with warnings.catch_warnings():  # torch's own deprecation of quantized tensors
+        warnings.simplefilter("ignore")
+        weights[key] = {"sparse": lambda t: t.to_sparse(), "meta": lambda t: t.to("meta"),
+                        "qint8": lambda t: torch.quantize_per_tensor(t, 0.01, 0, torch.qint8)}[kind](weights[key])
+    torch.save(weights, d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert needle in _refusal(d)
+    assert not seen, [str(w.message) for w in seen]
 
 
 def test_a_config_next_to_another_familys_weights_is_refused(tmp_path):

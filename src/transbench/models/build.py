@@ -278,7 +278,9 @@ def _torch_shapes(folder: Path, file: Path) -> dict[str, tuple[str, tuple[int, .
     import torch
 
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        with warnings.catch_warnings():  # torch's deprecation notes on stderr (a quantized tensor's TypedStorage)
+            warnings.simplefilter("ignore")
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, ... for what it cannot read
         why = _one_line(exc)
         why = why.split("WeightsUnpickler error: ", 1)[-1].split(". ", 1)[0]
@@ -287,7 +289,15 @@ def _torch_shapes(folder: Path, file: Path) -> dict[str, tuple[str, tuple[int, .
     if not isinstance(state, dict):
         _refuse(folder, f"weight file {file.name} holds a {type(state).__name__}, not a state dict of tensors",
                 "re-save the weights with save_pretrained")
-    return {k: (_stored_dtype(v.dtype), tuple(v.shape)) for k, v in state.items() if isinstance(v, torch.Tensor)}
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    odd = next(((k, v) for k, v in tensors.items() if v.is_meta or v.layout != torch.strided), None)
+    if odd is not None:
+        # A sparse tensor, or a meta one (a shape without data), passed the shape check, and every cell was an
+        # `error` in the loader ("Cannot access storage of SparseTensorImpl", "Cannot copy out of meta tensor")
+        kind = "a meta tensor, a shape without data" if odd[1].is_meta else f"a {odd[1].layout} tensor, not a dense one"
+        _refuse(folder, f"weight file {file.name} holds {odd[0]} as {kind}",
+                "re-save the weights with save_pretrained")
+    return {k: (_stored_dtype(v.dtype), tuple(v.shape)) for k, v in tensors.items()}
 
 
 def _stored_dtype(dtype) -> str:
