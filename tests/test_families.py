@@ -603,6 +603,22 @@ def test_a_torch_zip_checkpoint_resolves(tmp_path):
     assert build.resolve(str(d)).path
 
 
+def test_a_torch_file_this_user_may_not_read_is_said_as_such(tmp_path, monkeypatch):
+    """It was "weight file pytorch_model.bin is not a readable torch zip archive; re-download it"."""
+    import os
+
+    d = _folder(tmp_path, TINY_BERT, weights=None)
+    torch.save(build.build_model(build.resolve("bert-tiny"), "base").state_dict(), d / "pytorch_model.bin")
+    (d / "pytorch_model.bin").chmod(0)
+    if os.geteuid() == 0:  # root reads it anyway: the open fails as it does for any other user
+
+        def denied(file, *args, **kwargs):
+            raise PermissionError(13, "Permission denied", str(file))
+        monkeypatch.setattr(build.zipfile, "ZipFile", denied)
+    assert _refusal(d).endswith("weight file pytorch_model.bin cannot be read (Permission denied); check its "
+                                "permissions")
+
+
 @pytest.mark.slow
 def test_cli_refuses_custom_code_before_the_sweep_and_never_runs_it(tmp_path):
     marker = tmp_path / "executed"

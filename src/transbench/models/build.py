@@ -262,7 +262,9 @@ def _check_torch_zip(folder: Path, file: Path) -> dict[str, tuple[str, tuple[int
     try:
         with zipfile.ZipFile(file) as z:  # the central directory, not every member's CRC: a cheap check
             ok = any(n.endswith("data.pkl") for n in z.namelist())
-    except (OSError, zipfile.BadZipFile):
+    except OSError as exc:  # a file this user may not read was said to be no torch zip archive
+        _refuse(folder, f"weight file {file.name} cannot be read ({exc.strerror or exc})", "check its permissions")
+    except zipfile.BadZipFile:
         ok = False
     if not ok:
         _refuse(folder, f"weight file {file.name} is not a readable torch zip archive",
