@@ -528,6 +528,45 @@ def test_a_safetensors_header_that_lies_is_refused_before_the_run(tmp_path, weig
 
 
 @FAST
+@given(dtype=st.sampled_from(sorted(boundary.SAFETENSORS_BITS)), data=st.data())
+def test_a_float_parameter_of_any_stored_dtype_loads_its_values_or_is_refused(tmp_path_factory, weights, dtype, data):
+    """A floating-point parameter stored in a float dtype loads as its stored values, in fp32; stored in any other
+    (integers, bool, complex, packed 4- and 6-bit floats) it is refused in one line naming the tensor and its dtype.
+    transformers read an int8 or bool tensor's numbers as the weights, and failed each cell of an F4 one."""
+    import torch
+    from safetensors import safe_open
+
+    from transbench.models import build
+
+    key = "embeddings.LayerNorm.weight"  # 48 floats
+    header, blobs = {}, []
+    with safe_open(str(weights), "pt") as f:
+        for k in f.keys():
+            t = f.get_tensor(k)
+            kind, raw = ("F32", t.numpy().tobytes()) if k != key else (dtype, data.draw(st.binary(
+                min_size=t.numel() * boundary.SAFETENSORS_BITS[dtype] // 8,
+                max_size=t.numel() * boundary.SAFETENSORS_BITS[dtype] // 8)))
+            start = sum(map(len, blobs))
+            header[k] = {"dtype": kind, "shape": list(t.shape), "data_offsets": [start, start + len(raw)]}
+            blobs.append(raw)
+    text = json.dumps(header).encode()
+    d = tmp_path_factory.mktemp("dtype") / "ckpt"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(TINY_BERT))
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    if dtype not in ("F64", "F32", "F16", "BF16", "F8_E5M2", "F8_E4M3", "F8_E8M0"):
+        with pytest.raises(SpecError) as exc:
+            build.resolve(str(d))
+        assert f"tensor {key} is stored as {dtype} in the weight files, where the model holds floating-point " \
+               "values" in one_line(exc.value)
+        return
+    loaded = build.build_model(build.resolve(str(d)), "base").state_dict()[key]
+    with safe_open(str(d / "model.safetensors"), "pt") as f:
+        stored = f.get_tensor(key).float()
+    assert loaded.dtype == torch.float32 and torch.allclose(loaded, stored, rtol=0, atol=0, equal_nan=True)
+
+
+@FAST
 @given(data=st.data())
 def test_any_header_the_boundary_takes_safetensors_opens(tmp_path_factory, weights, data):
     """Edits of a real header (dtypes, shapes, offsets): refused in one line, or the library reads every tensor."""
