@@ -464,6 +464,35 @@ def test_a_checkpoint_quantized_by_a_library_that_is_missing_is_refused_before_a
     assert build.resolve(str(d2)).shape.family == "bert"
 
 
+@pytest.mark.parametrize("quantization,edit,needle", [
+    ({"quant_method": "homemade"}, {"num_hidden_layers": 4}, "config.json sets num_hidden_layers to 4, but the "
+                                                             "weight files hold 2 layers"),
+    ({"quant_method": "homemade"}, {"hidden_size": 64, "num_attention_heads": 4}, "config.json does not fit its "
+                                                                                 "weights: tensor"),
+    ({"bits": 4}, {}, "transformers cannot read config.json's quantization_config (The model's quantization config "
+                      "from the arguments has no `quant_method` attribute"),
+    ({}, {}, "has no `quant_method` attribute"),
+])
+def test_a_quantization_config_transformers_skips_or_cannot_read_does_not_pass_weights_unchecked(
+        tmp_path, quantization, edit, needle):
+    # transformers skips a method it does not know and loads plain weights: they went unchecked, so a config.json of 4
+    # layers over 2 ran `ok` with two random layers, and a wider one was an `error` cell; a quantization_config without
+    # a quant_method was an `error` cell of transformers' ValueError; each exit 0
+    d = _saved(tmp_path / "ckpt", _tiny(num_hidden_layers=2), quantization_config=quantization, **edit)
+    assert needle in _refusal(d)
+
+
+def test_plain_weights_under_a_method_transformers_skips_are_checked_as_any(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    d = _saved(tmp_path / "ckpt", _tiny(), quantization_config={"quant_method": "homemade"})
+    weights = load_file(str(d / "model.safetensors"))
+    key = "encoder.layer.0.attention.self.query.weight"
+    weights[key] = (weights[key] * 100).to(torch.int8)  # ran `ok`, the int8 codes read as weights
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    assert f"tensor {key} is stored as I8 in the weight files" in _refusal(d)
+
+
 def test_a_null_pad_id_bounds_the_sequence_by_the_pad_id_the_model_is_built_with(tmp_path, cache):
     """A RoBERTa config.json whose pad_token_id is null is built with its eos id (2) as the pad id, so positions
     start at 3; the limit was counted from 0 + 1, and --seq 18 or 19 of a 20-position model were IndexError cells."""

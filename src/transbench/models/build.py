@@ -872,7 +872,7 @@ def _resolve_folder(folder: Path) -> ModelRef:
     cfg = _load_config(folder)
     if is_decoder(family):  # the classes that can generate are decoders': an encoder's folder never reads it
         _check_generation_config(folder)
-    _check_quantizer(folder, cfg)
+    quantized = _check_quantizer(folder, cfg)
     if getattr(cfg, "is_encoder_decoder", False) or _encoder_decoder_family(family):
         # Its forward needs decoder inputs that no task here defines (T5 fails without them, BART's classifier
         # wants an end-of-sequence token in every row): refused, not benchmarked half-way. A T5EncoderModel's
@@ -896,13 +896,13 @@ def _resolve_folder(folder: Path) -> ModelRef:
         _refuse(folder, f"config.json leaves no position for a token: {family} numbers positions from pad_token_id + 1 "
                         f"({pad} + 1), and max_position_embeddings is {cfg.max_position_embeddings}",
                 "use the checkpoint's own pad_token_id and max_position_embeddings")
-    if not getattr(cfg, "quantization_config", None):  # packed tensors: their shapes differ by design
+    if not quantized:  # packed tensors: their shapes differ by design
         _check_sizes_fit_weights(folder, cfg, shapes)
     model = _meta_model(folder, ref)
     if model is not None:
         _check_runs(folder, ref, cfg, model)
     # A quantized checkpoint's files hold packed tensors whose shapes differ from the model's by design.
-    if model is not None and not getattr(cfg, "quantization_config", None):
+    if model is not None and not quantized:
         _check_against_weights(folder, model, family, shapes, dtypes)
         head = _own_head(ref, raw)
         if head is not None:
@@ -910,18 +910,31 @@ def _resolve_folder(folder: Path) -> ModelRef:
     return ref
 
 
-def _check_quantizer(folder: Path, cfg) -> None:
-    """A checkpoint quantized by a library this environment lacks (config.json's quantization_config: bitsandbytes
-    without accelerate, GPTQ without its kernels) is refused here, in transformers' own words: loaded in each cell, it
-    made an `error` cell per backend, stored."""
-    qc = getattr(cfg, "quantization_config", None)
-    if not qc:
-        return
-    try:
-        from transformers.quantizers import AutoHfQuantizer
+def _check_quantizer(folder: Path, cfg) -> bool:
+    """Whether transformers loads the weights through a quantizer: config.json's quantization_config names a method
+    it knows. Only then do the files hold packed tensors whose shapes and dtypes differ from the model's by design; a
+    method it does not know it skips ("Hence, we will skip the quantization") and loads the files as plain weights,
+    which are then checked as any (a "homemade" method over int8 codes, or over a config.json of 4 layers and weights
+    of 2, ran `ok` unchecked: codes read as weights, two layers random). A quantization_config without a quant_method
+    failed every cell in transformers' own words, and so did one quantized by a library this environment lacks
+    (bitsandbytes without accelerate, GPTQ without its kernels): both are refused here, in those words."""
+    if getattr(cfg, "quantization_config", None) is None:  # transformers' own test: {} is a config without a method
+        return False
+    qc = cfg.quantization_config
+    from transformers.quantizers import AutoHfQuantizer
+    from transformers.utils import logging as hf_logging
 
-        if not AutoHfQuantizer.supports_quant_method(qc):  # transformers loads it as plain weights, and says so
-            return
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its warning about an unknown method, above the line or the table
+    try:
+        if not AutoHfQuantizer.supports_quant_method(qc):  # transformers loads it as plain weights
+            return False
+    except Exception as exc:  # noqa: BLE001 - no quant_method (a ValueError), a value of another type
+        _refuse(folder, f"transformers cannot read config.json's quantization_config ({_one_line(exc)})",
+                "fix it, or remove it from a checkpoint that is not quantized")
+    finally:
+        hf_logging.set_verbosity(level)
+    try:
         quantizer = AutoHfQuantizer.from_config(qc, pre_quantized=True)
         quantizer.validate_environment(device_map=None, weights_only=True)
     except ImportError as exc:
@@ -929,8 +942,9 @@ def _check_quantizer(folder: Path, cfg) -> None:
         _refuse(folder, f"its weights are quantized ({getattr(method, 'value', method)}, config.json's "
                         f"quantization_config), which transformers cannot load here: {_one_line(exc)}",
                 "install what it names, or give an unquantized checkpoint")
-    except Exception:  # a device the quantizer wants (a GPU) or a setting it refuses: the cell says so where it runs
-        return
+    except Exception:  # noqa: BLE001 - a device the quantizer wants (a GPU) or a setting it refuses: the cell says so
+        pass
+    return True
 
 
 # Folders this process resolved, by what their checks read: a worker resolves its model for every cell, and
