@@ -531,18 +531,24 @@ def test_a_checkpoint_asking_for_hidden_states_runs_its_task_output_on_every_bac
         assert r.status == "ok", r.error
 
 
-@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "link-to-nowhere"])
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "link-to-nowhere", "link-loop"])
 def test_a_file_given_as_the_model_is_named_a_file_not_an_unknown_preset(tmp_path, name):
     """`--model ckpt/config.json` was "unknown model ...: use a preset (every preset listed)", as if the path did not
-    exist; it names the folder to give instead, and nothing is stored."""
+    exist; it names the folder to give instead, and nothing is stored. A link to nothing, or a loop of links, is said
+    to be one (it was "not a folder", with its parent to try)."""
     d = tmp_path / "ckpt"
     d.mkdir()
     path = d / name
+    says = {"link-to-nowhere": f"is a symbolic link to {tmp_path / 'gone'}, which is missing",
+            "link-loop": "is a loop of symbolic links"}
     if name == "link-to-nowhere":
         path.symlink_to(tmp_path / "gone")
+    elif name == "link-loop":
+        path.symlink_to(path.name)
     else:
         path.write_text("{}")
-    line = refused(invoke("run", "--model", path, "--db", tmp_path / "x.db"), "is not a folder", str(d))
+    line = refused(invoke("run", "--model", path, "--db", tmp_path / "x.db"), *([says[name]] if name in says else
+                                                                                 ["is not a folder", str(d)]))
     assert "unknown model" not in line and "bert-base-uncased" not in line
     assert not (tmp_path / "x.db").exists()
 

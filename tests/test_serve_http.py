@@ -1544,3 +1544,16 @@ def test_the_greedy_reference_ignores_the_folders_generation_settings():
             x = torch.cat([x, model(x).logits[:, -1].argmax(-1, keepdim=True)], 1)
     model.generation_config = GenerationConfig(num_beams=3, repetition_penalty=50.0, no_repeat_ngram_size=1)
     assert greedy_reference(model, ids, 8) == x[0, 5:].tolist()
+
+
+@pytest.mark.parametrize("model_type, positions, room", [("roberta", 514, 512), ("bert", 512, 512)])
+def test_a_reference_folders_positions_are_counted_as_run_counts_them(tmp_path, model_type, positions, room):
+    """RoBERTa numbers positions from pad_token_id + 1: a roberta folder's 514 let 514-token requests through."""
+    from types import SimpleNamespace
+
+    from transbench.scenarios.serve.endpoint_spec import shape_ref
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "max_position_embeddings": positions,
+                                                      "pad_token_id": 1, "vocab_size": 100}))
+    spec = SimpleNamespace(reference_model=str(tmp_path), tokenizer=None, served_model="m")
+    assert shape_ref(spec).shape.max_positions == room

@@ -983,6 +983,9 @@ def resolve(model: str) -> ModelRef:
         if key not in _RESOLVED:
             _RESOLVED[key] = _resolve_folder(path)
         return _RESOLVED[key]
+    nowhere = boundary.link_nowhere(path)
+    if nowhere:  # a link to nothing, or a loop of links, was called "not a folder" with a folder to try instead
+        raise SpecError(f"model '{model}' {nowhere}: give the checkpoint folder that holds config.json and the weights")
     if os.path.lexists(path):
         # A file of a checkpoint (its config.json, its weights) was called an unknown model, and the line listed every
         # preset, as if the path had not been found.

@@ -141,15 +141,21 @@ def shape_ref(spec):
         try:
             from transformers import AutoConfig
 
-            positions = getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", None)
+            config = AutoConfig.from_pretrained(folder)
+            positions = getattr(config, "max_position_embeddings", None)
         except (OSError, ValueError):
-            positions = None
+            config = positions = None
         if positions is not None and (isinstance(positions, bool) or not isinstance(positions, int) or positions < 1):
             # a tokenizer folder's config is read only here (a --reference-model's was checked by build.resolve):
             # -5 advised `--new-tokens -6 or less`
             raise SpecError(f"{folder}: its config.json sets max_position_embeddings to {positions!r}, and it must be "
                             "a positive integer: fix config.json")
         if positions:
+            # RoBERTa's families number positions from pad_token_id + 1 (build.position_offset), as run counts them:
+            # a roberta folder's 514 let 514-token requests through, of which the model holds 512
+            from ...models.build import built_pad_token_id, position_offset
+
+            positions -= position_offset(config.model_type, built_pad_token_id(config))
             return SimpleNamespace(name=folder, path=folder, shape=SimpleNamespace(max_positions=positions))
     return SimpleNamespace(name=spec.served_model, path=None, shape=SimpleNamespace(max_positions=NO_POSITIONS))
 
