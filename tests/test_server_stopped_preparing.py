@@ -50,7 +50,7 @@ def test_a_server_preparing_a_while_says_so_once_and_a_refusal_after_it_is_its_o
     monkeypatch.setattr(srv, "check_port", lambda host, port: None)
     monkeypatch.setattr(server_cli.api, "server", lambda spec, on_ready, on_preparing: srv.run(
         types.SimpleNamespace(backend="sdpa", dtype="fp32", host="127.0.0.1", port=18999), types.SimpleNamespace(
-            name="bert-tiny"), False, on_ready, on_preparing))
+            name="bert-tiny", path=None, shape=types.SimpleNamespace(vocab=100)), False, on_ready, on_preparing))
     res = invoke("server", "--model", "bert-tiny", "--backend", "sdpa", "--device", "cpu", "--port", "18999")
     first, second = res.stderr.strip().splitlines()
     assert res.exit_code == 2
