@@ -299,6 +299,56 @@ def test_chat_streams_count_content_deltas_and_usage_falls_back_to_events():
     assert rec["completion_tokens_mean"] == 5 and rec["prompt_tokens_mean"] == 4
 
 
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])  # vLLM, SGLang, DeepSeek; newer vLLM, OpenRouter
+def test_a_reasoning_models_reasoning_tokens_are_output_tokens(stub, field):
+    # TTFT is the first token of either kind, and every event counts for the gaps and the output tokens: read as
+    # content alone, TTFT ran to the answer's first token, and a stream of reasoning alone was `malformed`
+    from starlette.responses import StreamingResponse
+
+    def reasoning(thoughts: int, answers: int, usage: str = ""):
+        async def events():
+            yield 'data: {"choices": [{"delta": {"role": "assistant", "content": null}}]}\n\n'
+            for _ in range(thoughts):
+                await asyncio.sleep(0.03)
+                yield 'data: {"choices": [{"delta": {"content": null, "%s": " t"}}]}\n\n' % field
+            for _ in range(answers):
+                await asyncio.sleep(0.03)
+                yield 'data: {"choices": [{"delta": {"content": " c", "%s": null}}]}\n\n' % field
+            if usage:
+                yield f"data: {usage}\n\n"
+            yield "data: [DONE]\n\n"
+        return lambda: StreamingResponse(events(), media_type="text/event-stream")
+
+    r = answer(stub, "openai-chat", reasoning(3, 1))
+    assert r.ok and len(r.steps) == 4 and r.reasoning_events == 3 and r.text == " c", (r.status, r.error)
+    assert r.steps[-1] - r.steps[0] > 0.05  # TTFT is the first reasoning token's, three sleeps before the answer's
+    r = answer(stub, "openai-chat", reasoning(4, 0))  # max_tokens all spent reasoning: answered, with no text
+    assert r.ok and len(r.steps) == 4 and r.text == "", (r.status, r.error)
+    usage = ('{"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 4, '
+             '"completion_tokens_details": {"reasoning_tokens": 3}}}')
+    r = answer(stub, "openai-chat", reasoning(2, 1, usage))  # the endpoint's count stands over the events'
+    assert r.ok and r.completion_tokens == 4 and r.reasoning_tokens == 3, (r.status, r.error)
+    trace = HttpTrace([r], LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0), 1.0, 1, 1)
+    rec, _, _ = endpoint.account(trace, None, 10)
+    assert rec["completion_tokens_mean"] == 4 and rec["reasoning_tokens_mean"] == 3
+    r = answer(stub, "openai-chat", reasoning(2, 1, usage.replace('"reasoning_tokens": 3', '"reasoning_tokens": 9')))
+    assert r.status == "malformed" and "reasoning_tokens is 9, over the 4 completion tokens" in r.error
+    r = answer(stub, "openai-chat", reasoning(2, 1, usage.replace("3}", '"3"}')))
+    assert r.status == "malformed" and "reasoning_tokens is '3'" in r.error
+    r = answer(stub, "openai-chat", sse('{"choices": [{"delta": {"%s": 5}}]}' % field))
+    assert r.status == "malformed" and "text is not text" in r.error
+    # without usage, the events that carried reasoning alone are its count; a plain model's record has no such key
+    r = answer(stub, "openai-chat", reasoning(3, 1))
+    trace = HttpTrace([r], LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0), 1.0, 1, 1)
+    endpoint.fill_counts(trace, ["x y"], None)
+    rec, _, _ = endpoint.account(trace, None, 10)
+    assert rec["completion_tokens_mean"] == 4 and rec["reasoning_tokens_mean"] == 3
+    r = answer(stub, "openai-chat", reasoning(0, 2))
+    trace = HttpTrace([r], LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0), 1.0, 1, 1)
+    rec, _, _ = endpoint.account(trace, None, 10)
+    assert "reasoning_tokens_mean" not in rec
+
+
 def test_refused_connections_and_timeouts_are_failures():
     port = free_port()  # nothing listens there
     plan = LoadPlan([4], arrivals=[0.0, 0.01], span_s=0.1, warmup_s=0.0)

@@ -247,6 +247,10 @@ CATALOGUE = (
         doc='serve --url: mean prompt tokens (`usage`, else counted)'),
     Key('completion_tokens_mean', 'completion tokens', kind='serve',
         doc='serve --url: mean completion tokens of the answered streams (`usage`, else their events)'),
+    Key('reasoning_tokens_mean', 'reasoning tokens', kind='serve',
+        doc="serve --url, chat: mean reasoning tokens of the answered streams, part of `completion_tokens_mean` "
+            "(`usage`'s `completion_tokens_details.reasoning_tokens`, else their events of reasoning); absent where "
+            "none reasoned"),
     Key('client_lag_p50_ms', 'client lag p50 ms', unit='ms', kind='serve',
         doc="serve --url: the load generator's send lag, median"),
     Key('shape', 'shape', type='string', kind='micro',

@@ -57,6 +57,12 @@ def _tokens(r) -> int:
     return r.completion_tokens if r.completion_tokens is not None else len(r.steps)
 
 
+def _reasoning(r) -> int:
+    """Of a streamed answer's tokens, its reasoning's: usage.completion_tokens_details.reasoning_tokens, else its events
+    that carried reasoning alone (a reasoning token is an output token: _tokens counts it too)."""
+    return r.reasoning_tokens if r.reasoning_tokens is not None else r.reasoning_events
+
+
 def _tpot_ms(r) -> float | None:
     """(end to end - TTFT) / (tokens - 1) of a streamed answer; None for one token or none streamed."""
     count = _tokens(r)
@@ -125,6 +131,9 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
                                  tpot + [math.inf] * failed if tpot else [], gaps, chosen))
         counts = [_tokens(r) for r in streamed]
         rec.update(tokens_per_s=sum(counts) / span, completion_tokens_mean=sum(counts) / len(counts))
+        thoughts = [_reasoning(r) for r in streamed]
+        if any(thoughts):  # a reasoning model's: how many of the output tokens counted above were its reasoning
+            rec["reasoning_tokens_mean"] = sum(thoughts) / len(thoughts)
     prompts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
     rec["prompt_tokens_mean"] = sum(prompts) / len(prompts) if prompts else None
     info = {"failures": dict(Counter(r.status for r in reqs if not r.ok)), "measured_span_s": span,

@@ -73,6 +73,8 @@ class Sent:
     error: str = ""
     prompt_tokens: int | None = None  # from usage
     completion_tokens: int | None = None
+    reasoning_tokens: int | None = None  # of completion_tokens, where usage.completion_tokens_details says
+    reasoning_events: int = 0  # of steps: events that carried reasoning and no answer text (chat)
     text: str = ""  # generated text (kept for the first KEEP_OUTPUTS requests)
     embedding: list[float] | None = None
 
@@ -172,6 +174,13 @@ def _usage(r: Sent, usage) -> None:
         if type(count) is not int or not 0 <= count <= MAX_TOKENS:
             raise Malformed(f"usage.{key} is {str(count)[:40]!r}, not a whole number of tokens in 0..{MAX_TOKENS:,}")
         setattr(r, key, count)
+    details = usage.get("completion_tokens_details")  # OpenAI's, vLLM's, DeepSeek's: reasoning_tokens among them
+    count = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    if count is not None:
+        if type(count) is not int or not 0 <= count <= MAX_TOKENS:
+            raise Malformed(f"usage.completion_tokens_details.reasoning_tokens is {str(count)[:40]!r}, not a whole "
+                            f"number of tokens in 0..{MAX_TOKENS:,}")
+        r.reasoning_tokens = count
 
 
 class Dropped(Exception):
@@ -384,23 +393,34 @@ async def _events(lines):
         yield "\n".join(data)
 
 
-def _piece(event: dict, api: str, data: str) -> str | None:
-    """The text a streamed event carries (None: none), or Malformed where its `choices` are not the API's: a list of
-    objects, each with a `text` (completions) or a `delta` object with a `content` (chat), text or null."""
+# Where a reasoning model's chat stream carries its reasoning, before the answer's `content`: vLLM, SGLang and
+# DeepSeek send `reasoning_content`, newer vLLM and OpenRouter `reasoning`. Its tokens are output tokens, as vLLM's
+# benchmark client and NVIDIA AIPerf count them: read as content alone, TTFT ran to the first answer token, the gaps
+# between tokens skipped the reasoning, and a request whose max_tokens all went to reasoning was `malformed`.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def _piece(event: dict, api: str, data: str) -> tuple[str | None, str | None]:
+    """(the answer text a streamed event carries, the reasoning text it carries), None where none, or Malformed where
+    its `choices` are not the API's: a list of objects, each with a `text` (completions) or a `delta` object with a
+    `content` and maybe a reasoning field (chat, REASONING_FIELDS), text or null."""
     choices = event.get("choices")
     if choices is None or choices == []:  # a usage-only event
-        return None
+        return None, None
     if not isinstance(choices, list) or not isinstance(choices[0], dict):
         raise Malformed(f"an event's choices are not a list of objects: {data[:80]!r}")
     holder = choices[0] if api == "openai-completions" else choices[0].get("delta")
     if holder is None:
-        return None
+        return None, None
     if not isinstance(holder, dict):
         raise Malformed(f"an event's delta is not an object: {data[:80]!r}")
     piece = holder.get("text" if api == "openai-completions" else "content")
-    if piece is not None and not isinstance(piece, str):
+    thought = None
+    if api == "openai-chat":
+        thought = next((holder[k] for k in REASONING_FIELDS if holder.get(k) is not None), None)
+    if any(t is not None and not isinstance(t, str) for t in (piece, thought)):
         raise Malformed(f"an event's text is not text: {data[:80]!r}")
-    return piece
+    return piece, thought
 
 
 async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int, framed: bool):
@@ -428,13 +448,14 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: i
         if event.get("error"):
             r.status, r.error = "error", _message(data.encode())
             continue
-        piece = _piece(event, api, data)
-        if piece:  # a chat stream's first delta carries the role alone
+        piece, thought = _piece(event, api, data)
+        if piece or thought:  # a chat stream's first delta carries the role alone
             if len(r.steps) == most:
                 raise Malformed(f"the stream sent over {most:,} events of text ({EVENTS_PER_TOKEN} a token asked for, "
                                 f"and {EXTRA_EVENTS})")
-            r.steps.append(now())
-            if keep and len(r.text) < TEXT_CHARS:
+            r.steps.append(now())  # a token of either kind: TTFT is the first, every gap counts
+            r.reasoning_events += not piece  # an event of both counts as the answer's
+            if piece and keep and len(r.text) < TEXT_CHARS:  # the answer alone: the reference check compares it
                 r.text += piece
         _usage(r, event.get("usage"))
     if not finished and r.ok and framed:  # the body came whole (its length or last chunk): nothing was cut, and an
@@ -448,6 +469,10 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: i
     elif r.ok and r.completion_tokens is not None and not 1 <= r.completion_tokens <= asked:
         r.status, r.error = "malformed", (f"usage.completion_tokens is {r.completion_tokens:,} for a stream of "
                                           f"{len(r.steps):,} events of text, {asked:,} tokens asked for")
+    elif r.ok and r.reasoning_tokens is not None and r.reasoning_tokens > (r.completion_tokens or asked):
+        r.status, r.error = "malformed", ("usage.completion_tokens_details.reasoning_tokens is "
+                                          f"{r.reasoning_tokens:,}, over the {r.completion_tokens or asked:,} "
+                                          "completion tokens")
     return _rest(conn, events) if finished else None
 
 
