@@ -349,6 +349,53 @@ def test_a_reasoning_models_reasoning_tokens_are_output_tokens(stub, field):
     assert "reasoning_tokens_mean" not in rec
 
 
+def test_prompts_are_made_at_send_from_a_bounded_pool_each_requests_own_and_seeded():
+    # built in full before the load, `--offline --lengths fixed:1048576` held ~18 GB of words for ~25 minutes
+    from transbench.scenarios.serve.prompts import HEAD, WordTokenizer, make_prompts
+
+    start = time.perf_counter()
+    huge, source = make_prompts([2**20] * 4096, 7)
+    assert source == "synthetic-words" and time.perf_counter() - start < 10
+    assert sum(map(len, huge.blocks)) < 8 * 2**20  # the pool: about one longest prompt, not 4,096 of them
+    assert len(huge[4095].split()) == 2**20
+    lengths = [1, 5, HEAD, HEAD + 1, 79, 80, 300, 2048]
+    for tok in (None, WordTokenizer(50_000)):  # words; token ids decoded (" w<id>", one token a word)
+        prompts, _ = make_prompts(lengths, 3, tok)
+        again, _ = make_prompts(lengths, 3, tok)
+        other, _ = make_prompts(lengths, 4, tok)
+        words = [prompts[rid].split() for rid in range(800)]
+        assert [len(w) for w in words] == [lengths[rid % len(lengths)] for rid in range(800)]
+        assert all(prompts[rid] == again[rid] for rid in range(800))  # same seed, same prompt for a request
+        assert not any(prompts[rid] == other[rid] for rid in range(800) if lengths[rid % 8] >= HEAD)  # seeded
+        # no two requests share a prefix (nor the whole prompt) beyond chance, beyond the closed loop's 4,096 too
+        heads = [tuple(w[:HEAD]) for rid, w in enumerate(words) if len(w) >= HEAD]
+        assert len(set(heads)) == len(heads)
+        assert prompts[5000] != prompts[5000 - 4096] and prompts[5000] != prompts[5000 - len(lengths)]
+        # the counts after the load are of each request's own prompt
+        plan = LoadPlan(lengths, arrivals=[0.0] * 16, span_s=1.0, warmup_s=0.0)
+        trace = HttpTrace([Sent(rid, 0.0, lengths[rid % 8]) for rid in range(16)], plan, 1.0, 1, 1)
+        endpoint.fill_counts(trace, prompts, tok)
+        assert [r.prompt_tokens for r in trace.requests] == [lengths[rid % 8] for rid in range(16)]
+
+
+def test_prompt_blocks_are_joined_as_the_tokenizer_joins_its_text():
+    # SentencePiece's decode drops a text's leading space: blocks joined bare glued two words into one
+    from transbench.scenarios.serve.prompts import make_prompts
+
+    class Piece:
+        name, vocab = "tokenizer:piece", 5000
+
+        def decode(self, ids):
+            return " ".join(f"p{i}" for i in ids)
+
+        def encode(self, text):
+            return text.split()
+
+    prompts, source = make_prompts([300, 2048], 1, Piece())
+    assert source == "tokenizer:piece" and prompts.sep == " "
+    assert [len(prompts[rid].split()) for rid in range(6)] == [300, 2048] * 3
+
+
 def test_refused_connections_and_timeouts_are_failures():
     port = free_port()  # nothing listens there
     plan = LoadPlan([4], arrivals=[0.0, 0.01], span_s=0.1, warmup_s=0.0)

@@ -150,19 +150,15 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
     return rec, lat_ok, info
 
 
-def fill_counts(trace: HttpTrace, prompts: list[str], tokenizer) -> str:
+def fill_counts(trace: HttpTrace, prompts, tokenizer) -> str:
     """Token counts the endpoint did not report (`usage`): a prompt's through the local tokenizer (or its planned
     length: synthetic words are a token each where no tokenizer is given), a completion's as its streamed events.
-    Returns where the counts came from."""
+    Returns where the counts came from. `prompts[rid]`: request rid's prompt (prompts.Prompts)."""
     answered = [r for r in trace.requests if r.ok]
     missing_prompt = [r for r in answered if r.prompt_tokens is None]
     missing_completion = [r for r in answered if r.steps and r.completion_tokens is None]
-    sizes: dict[int, int] = {}
-    for r in missing_prompt:
-        i = r.rid % len(prompts)
-        if i not in sizes:
-            sizes[i] = len(tokenizer.encode(prompts[i])) if tokenizer is not None else r.length
-        r.prompt_tokens = sizes[i]
+    for r in missing_prompt:  # each request's own prompt: no two are the same
+        r.prompt_tokens = len(tokenizer.encode(prompts[r.rid])) if tokenizer is not None else r.length
     for r in missing_completion:
         r.completion_tokens = len(r.steps)
     if not missing_prompt and not missing_completion:
@@ -280,7 +276,7 @@ def _generated_ids(tok, text: str) -> list[int]:
 def _prompts_of(cell: ServeCell, rids: list[int], tokenizer) -> list[str]:
     plan, _ = plan_for(cell)
     prompts, _ = make_prompts(plan.lengths, cell.seed + 2, tokenizer)
-    return [prompts[i % len(prompts)] for i in rids]
+    return [prompts[i] for i in rids]
 
 
 def run(cell: ServeCell) -> CellResult:
@@ -290,7 +286,7 @@ def run(cell: ServeCell) -> CellResult:
     model = cell.served_model or cell.model
 
     def body(r: Sent) -> dict:
-        return payload(cell.api, model, prompts[r.rid % len(prompts)], asked(plan, r.rid, cell.new_tokens))
+        return payload(cell.api, model, prompts[r.rid], asked(plan, r.rid, cell.new_tokens))  # made as it is sent
 
     trace = run_http_load(cell.url, cell.api, body, plan, cell.request_timeout)
     info_counts = fill_counts(trace, prompts, tokenizer)

@@ -4,7 +4,8 @@ An endpoint takes text. With a tokenizer (`--tokenizer FOLDER`), a prompt is ran
 it re-encodes to about the requested count (a decode/encode round trip may merge or split a few tokens: the count
 the endpoint reports in `usage` is what is recorded). Without one, a prompt is that many synthetic words, which
 `transbench server` over a preset (random weights, no tokenizer) reads one token a word (WordTokenizer), so the
-requested length is exact there; a real server's tokenizer splits them into about 1-3 tokens each."""
+requested length is exact there; a real server's tokenizer splits them into about 1-3 tokens each. Each request's
+prompt is made as it is sent (Prompts), from a pool drawn once."""
 
 from __future__ import annotations
 
@@ -123,18 +124,66 @@ def prompt_ids(tokenizer) -> tuple[int, set[int]]:
                     "ordinary tokens")
 
 
-def make_prompts(lengths: list[int], seed: int, tokenizer=None) -> tuple[list[str], str]:
-    """A prompt per requested length, and what made them ("synthetic-words" or "tokenizer:FOLDER")."""
-    rng = random.Random(seed)
-    if tokenizer is None:
-        return [" ".join(rng.choice(WORDS) for _ in range(n)) for n in lengths], "synthetic-words"
-    low, special = prompt_ids(tokenizer)
-    out = []
-    for n in lengths:
-        ids = []
-        while len(ids) < n:
-            i = rng.randrange(low, tokenizer.vocab)
-            if i not in special:
-                ids.append(i)
-        out.append(tokenizer.decode(ids))
-    return out, tokenizer.name
+# A prompt is made when its request is sent, from a pool drawn once: built in full before the load, every planned
+# prompt was held at once with no bound on their total (a closed loop's 4,096, a rate's every arrival), and
+# `--offline --lengths fixed:1048576` built about 18 GB of words for 25 minutes before its first request. A prompt
+# of n units (words, or token ids through --tokenizer) is a head of HEAD to HEAD + BLOCK - 1 units drawn afresh
+# for its request, then whole blocks of BLOCK units from the pool, consecutive from a block drawn for it: the head
+# makes each request's prefix its own (a server's prefix cache meets no shared prefix beyond chance), the blocks
+# are text made once and joined (a copy), so what a request costs at its send is a head's draw and decode (at
+# most HEAD + BLOCK - 1 ids: a whole prompt's decode at each send, a 2,048-token one's, would add to the client's
+# send lag at high rates, where a refusal past a bound on the total would refuse ordinary long loads).
+# The pool holds max(MIN_BLOCKS, the longest prompt's) blocks: its memory and time grow with the longest prompt,
+# never with the number of requests.
+HEAD = 16
+BLOCK = 64
+MIN_BLOCKS = 64
+
+
+class Prompts:
+    """Request `rid`'s prompt, `prompts[rid]`: its planned length lengths[rid % len(lengths)], the same text for the
+    same seed and rid in every process (fill_counts and the reference check ask for it again after the load)."""
+
+    def __init__(self, lengths: list[int], seed: int, tokenizer=None):
+        self.lengths, self.seed, self.tokenizer = list(lengths), seed, tokenizer
+        if tokenizer is None:
+            self.units, self.sep = WORDS, " "
+        else:
+            low, special = prompt_ids(tokenizer)
+            # drawn from a list of the allowed ids: rejection against the specials drew id by id
+            self.units = [i for i in range(low, tokenizer.vocab) if i not in special]
+        rng = random.Random(seed)
+        count = max(MIN_BLOCKS, -(-max(self.lengths, default=0) // BLOCK))
+        drawn = [rng.choices(self.units, k=BLOCK) for _ in range(count)]
+        if tokenizer is not None:
+            # decoded apart, blocks are joined as the tokenizer joins them: a decode that drops a text's leading
+            # space (SentencePiece's) would glue the last word of one block to the first of the next
+            whole, a, b = (tokenizer.decode(drawn[0] + drawn[1]), tokenizer.decode(drawn[0]),
+                           tokenizer.decode(drawn[1]))
+            self.sep = " " if whole != a + b and whole == f"{a} {b}" else ""
+        self.blocks = [self._text(units) for units in drawn]
+        self.rng = random.Random()
+
+    def _text(self, units: list) -> str:
+        return " ".join(units) if self.tokenizer is None else self.tokenizer.decode(units)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, rid: int) -> str:
+        n = self.lengths[rid % len(self.lengths)]
+        rng = self.rng  # seeded anew for each request (one instance: a new one's seeding took twice as long)
+        rng.seed(int.from_bytes(hashlib.blake2b(f"{self.seed}:{rid}".encode(), digest_size=8).digest(), "little"))
+        whole = max(0, (n - HEAD) // BLOCK)
+        head = self._text(rng.choices(self.units, k=n - whole * BLOCK))
+        if not whole:
+            return head
+        start = rng.randrange(len(self.blocks))
+        picked = [self.blocks[(start + j) % len(self.blocks)] for j in range(whole)]
+        return self.sep.join([head, *picked])
+
+
+def make_prompts(lengths: list[int], seed: int, tokenizer=None) -> tuple[Prompts, str]:
+    """Every request's prompt, made as it is asked for (Prompts), and what makes them ("synthetic-words" or
+    "tokenizer:FOLDER")."""
+    return Prompts(lengths, seed, tokenizer), "synthetic-words" if tokenizer is None else tokenizer.name
