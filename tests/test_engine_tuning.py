@@ -399,6 +399,24 @@ def test_tune_refuses_a_cache_dir_under_a_file_and_creates_nothing(tmp_path, mon
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
 
 
+@pytest.mark.parametrize("link", ["missing", "loop"])
+def test_tune_refuses_a_cache_dir_that_is_a_link_to_nothing(tmp_path, link):
+    """The save's mkdir cannot make a link to a missing folder or a loop of links: the check passed such a
+    --cache-dir (exists() is False for it too), and the minutes of tuning were kept nowhere."""
+    target = tmp_path / "there"
+    if link == "missing":
+        target.symlink_to(tmp_path / "gone")
+    else:
+        (tmp_path / "back").symlink_to(target)
+        target.symlink_to(tmp_path / "back")
+    for cache_dir in (target, target / "sub"):
+        refused(tune("--cache-dir", cache_dir), f"{target} is a symbolic link to nothing")
+    assert not (tmp_path / "gone").exists()
+    (tmp_path / "real").mkdir()  # a link to a folder that is there is a folder
+    (tmp_path / "to-real").symlink_to(tmp_path / "real")
+    assert tuning.table_problem(tmp_path / "to-real" / "new" / tuning.TABLE_NAME) is None
+
+
 def test_a_usable_table_passes_and_the_check_creates_nothing(tmp_path):
     assert tuning.table_problem(tmp_path / "new" / "sub" / tuning.TABLE_NAME) is None
     assert not (tmp_path / "new").exists()

@@ -715,6 +715,13 @@ def _table_problem(path: Path) -> str | None:
     folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
     if not folder.is_dir():
         return f"{folder} is a file, not a folder"
+    # A link to a missing folder, or a loop of links, is not there for exists() either, but mkdir cannot make it:
+    # `--cache-dir` of such a link passed here, and the table was lost after the tuning (the save's mkdir failed)
+    for above in (path.parent, *path.parent.parents):
+        if above == folder:
+            break
+        if above.is_symlink():  # not there (folder is the nearest that is), yet a name taken
+            return f"{above} is a symbolic link to nothing (a missing folder, or a loop of links)"
     # The folders the Tuner would make, by the length of their names: exists() stops at the first missing one, so
     # `--cache-dir new/NAME` with a NAME too long passed here and its table was lost after the tuning
     limit = os.pathconf(folder, "PC_NAME_MAX")
