@@ -1,6 +1,7 @@
 """Bad stores and failing disks: one line, exit 2, no traceback, and every file left as it was."""
 
 import errno
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -195,6 +196,22 @@ def test_env_without_db_and_no_store_shows_the_datasheet_only(tmp_path, monkeypa
     res = invoke("env")
     assert res.exit_code == 0, res.output
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("content", [b"", b"not a store\n", b"SQLite format 3\x00" + b"\x00" * 200])
+def test_env_without_db_describes_the_machine_beside_a_stray_file_it_cannot_read(tmp_path, monkeypatch, content):
+    """env only looks in ./transbench.db for measured ceilings: an empty file or another program's there refused the
+    whole command, exit 2, where a folder of that name was skipped. Now one note names it, and --json stays JSON."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "transbench.db").write_bytes(content)
+    res = invoke("env", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["gpus"] or json.loads(res.stdout)["cpu_measured"] == {}
+    notes = res.stderr.splitlines()
+    assert len(notes) == 1 and notes[0].startswith("note: measured ceilings left out: transbench.db"), res.stderr
+    assert (tmp_path / "transbench.db").read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["transbench.db"]
+    one_line_error(invoke("env", "--db", "transbench.db"), "transbench.db")  # a --db given must be a store
 
 
 def test_an_empty_file_is_no_store_to_read_but_a_writer_may_start_one(tmp_path):
