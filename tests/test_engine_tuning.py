@@ -394,8 +394,8 @@ def test_tune_refuses_a_cache_dir_under_a_file_and_creates_nothing(tmp_path, mon
     a_file = tmp_path / "notes.txt"
     a_file.write_text("x")
     refused(tune("--cache-dir", a_file / "tuned"), f"{a_file} is a file, not a folder")
-    monkeypatch.setenv("TRANSBENCH_CACHE_DIR", str(a_file))  # the default folder, from the environment
-    refused(tune(), f"{a_file} is a file, not a folder")
+    monkeypatch.setenv("TRANSBENCH_CACHE_DIR", str(a_file))  # the default folder, from the environment: named
+    refused(tune(), "(from $TRANSBENCH_CACHE_DIR)", f"{a_file} is a file, not a folder")
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
 
 

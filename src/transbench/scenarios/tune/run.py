@@ -61,7 +61,9 @@ def run(spec: TuneSpec, progress: Callable[[dict], None] | None = None, options=
     table = Path(cache_dir) / tuning.TABLE_NAME if cache_dir is not None else tuning.cache_path()
     problem = tuning.table_problem(table)
     if problem:  # else minutes of tuning would be kept nowhere (the engine's tables are caches: a save may fail)
-        raise SpecError(f"cannot use the tuning table {table}: {problem}; give --cache-dir another folder "
+        # the default's folder may come from the environment: named, as the user did not type it here
+        source = " (from $TRANSBENCH_CACHE_DIR)" if cache_dir is None and os.environ.get("TRANSBENCH_CACHE_DIR") else ""
+        raise SpecError(f"cannot use the tuning table {table}{source}: {problem}; give --cache-dir another folder "
                         "(or delete a damaged table)")
     if dev.gpu_count() == 0:  # before dev.resolve, whose advice for a missing GPU is --device cpu
         raise SpecError("tune needs a CUDA GPU: the table holds kernel timings of the GPU it ran on")
