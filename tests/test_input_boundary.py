@@ -969,6 +969,9 @@ def test_a_named_pipe_with_no_reader_as_an_output_file_does_not_hang(tmp_path):
     # the largest-batch search doubled past --batch's limit (2^21, 2^22, ...) until a batch ran out of the host's memory
     (["train", "--model", "bert-tiny", "--device", "cpu", "--ladder", "--max-batch-limit", "99999999999"],
      "--max-batch-limit 99,999,999,999 is above its limit of 1,048,576"),
+    # a world size no rank takes: the cell was launched and stored as an `error`, exit 0
+    (["train", "--model", "bert-tiny", "--device", "cpu", "--nnodes", "9223372036854775807", "--rdzv-endpoint", "h:1"],
+     "--nnodes 9,223,372,036,854,775,807 is above its limit of 1,048,576"),
 ])
 def test_counts_past_their_limit_and_invisible_names_are_refused(tmp_path, args, needle):
     assert needle in refused(invoke(*args, "--db", tmp_path / "x.db"))
@@ -977,7 +980,7 @@ def test_counts_past_their_limit_and_invisible_names_are_refused(tmp_path, args,
 
 @pytest.mark.parametrize("command,options", [("run", ["--warmup", "--min-count", "--batch", "--new-tokens"]),
                                              ("serve", ["--max-batch-size", "--concurrency"]),
-                                             ("train", ["--steps", "--warmup", "--max-batch-limit"])])
+                                             ("train", ["--steps", "--warmup", "--max-batch-limit", "--nnodes"])])
 def test_help_states_each_limit(command, options):
     text = " ".join(invoke(command, "--help").output.split())
     assert text.count("at most") >= len(options)

@@ -25,7 +25,10 @@ LIMITS = {"--batch": 1_048_576, "--seq": 1_048_576, "--warmup": 100_000, "--min-
           # The largest-batch search's cap (train's option, run's spec key): it doubles the batch up to this, and
           # `train --ladder --max-batch-limit 99999999999` probed batches past --batch's own limit (2^21, 2^22, ...)
           # until one ran out of memory, which on a CPU is the host's (runner/sweep.find_max_batch).
-          "--max-batch-limit": 1_048_576}
+          "--max-batch-limit": 1_048_576,
+          # hosts: the ranks take a world size of at most 2^20 (runner/rank.py), and
+          # `train --nnodes 9223372036854775807` launched a cell every rank refused, stored as an `error`, exit 0
+          "--nnodes": 1_048_576}
 # The most cells one run's grid may have (the product of its axes' lengths): a spec file of 60,000 batches x 128 seqs
 # (7.7 million cells, each axis within its limit) held 4.5 GB before a cell ran. At a second a cell this is a day.
 MAX_CELLS = 100_000
