@@ -972,6 +972,9 @@ def test_a_named_pipe_with_no_reader_as_an_output_file_does_not_hang(tmp_path):
     # a world size no rank takes: the cell was launched and stored as an `error`, exit 0
     (["train", "--model", "bert-tiny", "--device", "cpu", "--nnodes", "9223372036854775807", "--rdzv-endpoint", "h:1"],
      "--nnodes 9,223,372,036,854,775,807 is above its limit of 1,048,576"),
+    # each within its limit, their product past it
+    (["train", "--model", "bert-tiny", "--device", "cpu", "--nnodes", "2048", "--nproc", "1024", "--rdzv-endpoint",
+      "h:1"], "--nnodes 2048 x --nproc 1024 is 2,097,152 ranks, above the 1,048,576 a run takes"),
 ])
 def test_counts_past_their_limit_and_invisible_names_are_refused(tmp_path, args, needle):
     assert needle in refused(invoke(*args, "--db", tmp_path / "x.db"))

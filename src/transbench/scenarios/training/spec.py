@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from ...errors import SpecError
 from ...cells import CellResult
-from ...declare import setting
+from ...declare import LIMITS, setting
 from ...measure.load import check_cpu_ranks, check_threads, threads_setting
 from ...runner.worker import timeout_setting
 from ...spec import check_once, checked, coerce
@@ -247,6 +247,10 @@ def validate(spec: TrainSpec) -> TrainSpec:
             raise SpecError(f"--nccl-env '{e}' sets NCCL_P2P_DISABLE, which --nccl-p2p sets: use one of them")
     if spec.nnodes < 1:  # was "--node-rank must be between 0 and --nnodes - 1 (-1)"
         raise SpecError(f"--nnodes must be at least 1, got {spec.nnodes}")
+    world = spec.nnodes * max(spec.nprocs)
+    if world > LIMITS["--nnodes"]:  # each within its limit, their product past the world size a rank takes (rank.py)
+        raise SpecError(f"--nnodes {spec.nnodes} x --nproc {max(spec.nprocs)} is {world:,} ranks, above the "
+                        f"{LIMITS['--nnodes']:,} a run takes: use fewer hosts or processes")
     if not 0 <= spec.node_rank < spec.nnodes:
         raise SpecError(f"--node-rank must be between 0 and --nnodes - 1 ({spec.nnodes - 1})")
     if spec.nnodes > 1 and not (spec.rdzv_endpoint or "").strip():
