@@ -377,6 +377,14 @@ def one_line(text: str, limit: int | None = None) -> str:
     return f"{''.join(parts[:cut])}... ({len(text):,} characters)"
 
 
+def exception_line(exc: BaseException) -> str:
+    """An exception's message on one line: transformers' and torch's span several (and carry ANSI bold)."""
+    text = one_line(re.sub(r"\x1b\[[0-9;]*m", "", str(exc))) or type(exc).__name__
+    # Both ends: transformers may open its message with a module's repr and say why only at its end ("BertLayer(
+    # (attention): ...) should be used as a decoder model if cross attention is added"), which a cut kept out.
+    return text if len(text) <= 300 else f"{text[:150]} ... {text[-145:]}"
+
+
 # A refusal's line shows a run of characters with no space in it (a value typed or pointed at) whole up to WORD
 # characters, as db.SHOWN a stored text, and the whole line up to LINE: `run --model` of 100,000 characters echoed
 # the value whole in "unknown model '...'", a line of 100 KB, and so did 30 other options. A path, a key list or a

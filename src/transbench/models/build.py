@@ -255,14 +255,6 @@ def read_tokenizer_json(path: Path) -> str | None:
     return kind
 
 
-def _one_line(exc: BaseException) -> str:
-    """An exception's message on one line: transformers' and torch's span several (and carry ANSI bold)."""
-    text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).split()) or type(exc).__name__
-    # Both ends: transformers may open its message with a module's repr and say why only at its end ("BertLayer(
-    # (attention): ...) should be used as a decoder model if cross attention is added"), which a cut kept out.
-    return text if len(text) <= 300 else f"{text[:150]} ... {text[-145:]}"
-
-
 # The dtypes a weight file may store a floating-point parameter in: values transformers converts to the model's
 # floats as numbers (safetensors' names, and torch's for .bin files). An integer, bool or complex tensor, or a packed
 # 4- or 6-bit float (F4, F6_*), is no such value: transformers loaded an int8 or bool tensor as those integers
@@ -304,7 +296,7 @@ def _torch_shapes(folder: Path, file: Path) -> dict[str, tuple[str, tuple[int, .
             warnings.simplefilter("ignore")
             state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, ... for what it cannot read
-        why = _one_line(exc)
+        why = boundary.exception_line(exc)
         why = why.split("WeightsUnpickler error: ", 1)[-1].split(". ", 1)[0]
         _refuse(folder, f"weight file {file.name} cannot be read as plain tensors with torch.load(weights_only=True) "
                         f"({why})", "re-save the weights as model.safetensors (save_pretrained does)")
@@ -324,12 +316,16 @@ def _torch_shapes(folder: Path, file: Path) -> dict[str, tuple[str, tuple[int, .
 
 def _stored_dtype(dtype) -> str:
     """A torch dtype by its safetensors name where it is one of _FLOAT_STORED (float16: F16), else torch's own."""
+    return _safetensors_names().get(dtype) or str(dtype).removeprefix("torch.")
+
+
+@functools.cache
+def _safetensors_names() -> dict:
     import torch
 
-    names = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-             getattr(torch, "float8_e5m2", None): "F8_E5M2", getattr(torch, "float8_e4m3fn", None): "F8_E4M3",
-             getattr(torch, "float8_e8m0fnu", None): "F8_E8M0"}
-    return names.get(dtype) or str(dtype).removeprefix("torch.")
+    return {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+            getattr(torch, "float8_e5m2", None): "F8_E5M2", getattr(torch, "float8_e4m3fn", None): "F8_E4M3",
+            getattr(torch, "float8_e8m0fnu", None): "F8_E8M0"}
 
 
 def _not_a_file(path: Path) -> str:
@@ -394,7 +390,7 @@ def _load_config(folder: Path):
             warnings.simplefilter("ignore")
             return AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
     except Exception as exc:
-        _refuse(folder, f"transformers cannot read its config.json ({_one_line(exc)})", "fix config.json")
+        _refuse(folder, f"transformers cannot read its config.json ({boundary.exception_line(exc)})", "fix config.json")
     finally:
         hf_logging.set_verbosity(level)
 
@@ -423,7 +419,7 @@ def _check_generation_config(folder: Path) -> None:
             warnings.simplefilter("ignore")
             GenerationConfig.from_dict(copy.deepcopy(raw))
     except Exception as exc:  # noqa: BLE001 - whatever it raises is the file's fault (TypeError, ValueError, ...)
-        _refuse(folder, f"transformers cannot read its generation_config.json ({_one_line(exc)})",
+        _refuse(folder, f"transformers cannot read its generation_config.json ({boundary.exception_line(exc)})",
                 "fix, re-download or remove it")
     finally:
         hf_logging.set_verbosity(level)
@@ -642,7 +638,7 @@ def _meta_model(folder: Path, ref: ModelRef):
         unknown = _unknown_rope_type(exc)
         if unknown:
             _refuse(folder, unknown, "use one transformers knows, or \"default\"")
-        _refuse(folder, f"transformers cannot build the model its config.json describes ({_one_line(exc)})",
+        _refuse(folder, f"transformers cannot build the model its config.json describes ({boundary.exception_line(exc)})",
                 "fix config.json")
 
 
@@ -705,7 +701,7 @@ def _check_runs(folder: Path, ref: ModelRef, cfg, model) -> None:
         except Exception as exc:  # noqa: BLE001 - only a shape error is the config's: the rest is left to the cells
             if _SHAPE_ERRORS.search(str(exc)):
                 _refuse(folder, f"transformers builds the model its config.json describes but cannot run it "
-                                f"({_one_line(exc)})", "fix config.json")
+                                f"({boundary.exception_line(exc)})", "fix config.json")
             if "meta" not in str(exc):
                 return
 
@@ -950,7 +946,7 @@ def _check_quantizer(folder: Path, cfg) -> bool:
         if not AutoHfQuantizer.supports_quant_method(qc):  # transformers loads it as plain weights
             return False
     except Exception as exc:  # noqa: BLE001 - no quant_method (a ValueError), a value of another type
-        _refuse(folder, f"transformers cannot read config.json's quantization_config ({_one_line(exc)})",
+        _refuse(folder, f"transformers cannot read config.json's quantization_config ({boundary.exception_line(exc)})",
                 "fix it, or remove it from a checkpoint that is not quantized")
     finally:
         hf_logging.set_verbosity(level)
@@ -960,7 +956,7 @@ def _check_quantizer(folder: Path, cfg) -> bool:
     except ImportError as exc:
         method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
         _refuse(folder, f"its weights are quantized ({getattr(method, 'value', method)}, config.json's "
-                        f"quantization_config), which transformers cannot load here: {_one_line(exc)}",
+                        f"quantization_config), which transformers cannot load here: {boundary.exception_line(exc)}",
                 "install what it names, or give an unquantized checkpoint")
     except Exception:  # noqa: BLE001 - a device the quantizer wants (a GPU) or a setting it refuses: the cell says so
         pass

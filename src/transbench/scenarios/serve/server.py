@@ -476,9 +476,8 @@ def tokenizer_for(ref):
     except SpecError:
         raise
     except Exception as exc:  # noqa: BLE001 - a corrupt file: transformers and tokenizers raise many kinds
-        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise SpecError(f"--model {ref.path}: its tokenizer files cannot be read ({type(exc).__name__}: "
-                        f"{first})") from None
+                        f"{boundary.exception_line(exc)})") from None
 
 
 def check_port(host: str, port: int) -> None:
