@@ -47,8 +47,8 @@ CATALOGUE = (
     Key('latency_p99_ms', 'p99 ms', unit='ms', doc='99th percentile (empty under 100 samples)'),
     Key('latency_iqr_ms', 'IQR ms', unit='ms', doc='interquartile range (empty under 4 samples)'),
     Key('n_samples', 'samples', type='integer', doc='timed samples (serve: its requests)'),
-    Key('host_ms', 'host ms', unit='ms', doc="the host's time inside one call, or a generation's first decode step "
-        "([host-bound calls](measurement.md#how-transbench-measures))"),
+    Key('host_ms', 'host ms', unit='ms', doc="the host's time inside one call, or inside a generation's first two "
+        "decode steps, the less of the two ([host-bound calls](measurement.md#how-transbench-measures))"),
     Key('throughput_per_s', 'seq/s', unit='1/s', doc='sequences/s'),
     Key('tokens_per_s', 'tokens/s', unit='1/s', doc='real (unpadded) tokens/s'),
     Key('tflops', 'TFLOPS', unit='TFLOPS', doc='achieved TFLOPS'),
