@@ -892,6 +892,77 @@ def test_a_non_stream_a_redirect_and_a_stream_of_no_text_are_failures_of_their_k
     assert r.ok and len(r.steps) == 1 and r.text == " c"
 
 
+def test_an_answer_not_streamed_is_answered_its_ttft_the_whole_answers_time(stub):
+    # A server that ignores "stream": true and sends the whole completion as one JSON body was `malformed` ("not an
+    # event stream (Content-Type 'application/json')"): it answered, its first token with its last
+    from starlette.responses import JSONResponse
+
+    r = answer(stub, "openai-completions", JSONResponse({"choices": [{"text": " a b c"}],
+                                                         "usage": {"prompt_tokens": 2, "completion_tokens": 3}}))
+    assert r.ok and not r.streamed and r.steps == [r.done] and r.text == " a b c", (r.status, r.error)
+    assert (r.completion_tokens, r.prompt_tokens, r.uncounted) == (3, 2, None)
+    r = answer(stub, "openai-chat", JSONResponse({"choices": [{"message": {"role": "assistant", "content": " a b"}}]}))
+    assert r.ok and not r.streamed and r.completion_tokens is None and r.uncounted == " a b" and r.text == " a b"
+    r = answer(stub, "openai-chat", JSONResponse({"choices": [{"message": {"reasoning_content": " t u v w",
+                                                                           "content": None}}]}))
+    assert r.ok and r.reasoning_events == 1 and r.uncounted == " t u v w" and r.text == ""
+    for body, why in [({"choices": [{"text": " a"}], "usage": {"completion_tokens": 9}},
+                       "usage.completion_tokens is 9 for an answer not streamed, 4 tokens asked for"),
+                      ({"choices": [{"text": " a"}], "usage": {"completion_tokens": "3"}}, "not a whole number"),
+                      ({"choices": [{"text": " a"}], "usage": {"prompt_tokens": -1}}, "usage.prompt_tokens is '-1'"),
+                      ({"choices": [{"text": ""}], "usage": {"completion_tokens": 1}}, "carries no text"),
+                      ({"choices": "a b"}, "the answer's choices are not a list of objects"),
+                      ({"choices": [{"text": 5}]}, "the answer's text is not text"), ([1, 2], "not a JSON object")]:
+        r = answer(stub, "openai-completions", JSONResponse(body))
+        assert r.status == "malformed" and why in r.error, (body, r.error)
+    r = answer(stub, "openai-chat", JSONResponse({"choices": [{"message": "a b"}]}))
+    assert r.status == "malformed" and "the answer's message is not an object" in r.error, r.error
+    r = answer(stub, "openai-completions", JSONResponse({"error": {"message": "out of memory"}}))
+    assert r.status == "error" and r.error == "out of memory"
+    from starlette.responses import Response
+
+    r = answer(stub, "openai-completions", Response("{not json", media_type="application/json"))
+    assert r.status == "malformed" and "{not json" in r.error, r.error
+
+
+@pytest.mark.parametrize("count", ["-3", "2.0", '"4"', "true", "1" + "0" * 12, "[4]"])
+def test_a_prompt_count_that_is_no_token_count_makes_a_completion_malformed(stub, count):
+    r = answer(stub, "openai-completions", sse(TEXT, '{"choices": [], "usage": {"prompt_tokens": %s}}' % count))
+    assert r.status == "malformed" and "usage.prompt_tokens is" in r.error and r.prompt_tokens is None, r.error
+
+
+def test_a_cell_of_answers_not_streamed_counts_them_and_warns_once(tmp_path, stub):
+    # half the answers one JSON body without usage (counted a word a token), half streamed: TTFT from both, TPOT and
+    # the gaps between tokens from the streams alone, and one warning naming how many were not streamed
+    from starlette.responses import JSONResponse
+
+    from transbench.scenarios.serve.spec import ServeSpec, check, expand
+
+    sent = []
+
+    def either():
+        sent.append(1)
+        return sse(TEXT, TEXT, TEXT) if len(sent) % 2 else JSONResponse({"choices": [{"text": " a b"}]})
+
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps({"timestamp": i * 20, "input_length": 4, "output_length": 3}) + "\n"
+                         for i in range(8)))
+    spec, lengths = check(ServeSpec(url=stub.url, api="openai-completions", trace=str(f), warmup=0.0,
+                                    new_tokens=3, request_timeout=5, timeout=60))
+    (cell,) = expand(spec, lengths)
+    stub.answer = either
+    try:
+        res = endpoint.run(cell)
+    finally:
+        stub.answer = None
+    assert res.status == "ok" and res.info["failures"] == {}, (res.error, res.info)
+    assert res.info["not_streamed"] == 4 and res.record["completion_tokens_mean"] == pytest.approx(2.5)
+    assert "completions not streamed: their text through words" in res.info["token_counts"]
+    assert res.record["ttft_p50_ms"] is not None and res.record["tpot_mean_ms"] is not None
+    (warning,) = [w for w in res.warnings if "not streamed" in w]
+    assert warning.startswith("4 of 8 answers were not streamed") and "TTFT is the whole answer's time" in warning
+
+
 @pytest.mark.parametrize("body, has_text", [(b"", False), (b": keep-alive\n\n", False),
                                             (b'data: {"choices": [{"text": " a"}]}\n\n', True)])
 @pytest.mark.parametrize("framing", ["length", "chunks", "close"])

@@ -53,7 +53,8 @@ def _failed_percentile(ok_ms: list[float], failed: int, q: float) -> float | Non
 
 
 def _tokens(r) -> int:
-    """A streamed answer's tokens: its usage count (http_client._usage has checked it is one), else its events."""
+    """An answer's tokens: its usage count (http_client._usage has checked it is one), else its events (fill_counts
+    sets the count of an answer not streamed before the accounting)."""
     return r.completion_tokens if r.completion_tokens is not None else len(r.steps)
 
 
@@ -64,9 +65,10 @@ def _reasoning(r) -> int:
 
 
 def _tpot_ms(r) -> float | None:
-    """(end to end - TTFT) / (tokens - 1) of a streamed answer; None for one token or none streamed."""
+    """(end to end - TTFT) / (tokens - 1) of a streamed answer; None for one token, none streamed, or an answer not
+    streamed (http_client._whole): its tokens all came at once, and 0 ms a token would flatter the server."""
     count = _tokens(r)
-    return (r.done - r.steps[0]) * 1e3 / (count - 1) if r.steps and count > 1 else None
+    return (r.done - r.steps[0]) * 1e3 / (count - 1) if r.steps and r.streamed and count > 1 else None
 
 
 def _meets(r, objectives: dict[str, float]) -> bool:
@@ -139,6 +141,9 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
     info = {"failures": dict(Counter(r.status for r in reqs if not r.ok)), "measured_span_s": span,
             "warmup_requests": len(trace.requests) - n, "connections": trace.pool,
             "peak_in_flight": trace.peak_in_flight, "connection_waits": trace.waited}
+    whole = sum(1 for r in ok if not r.streamed)
+    if whole:  # answers sent as one JSON body (http_client._whole): their TTFT is the whole answer's time
+        info["not_streamed"] = whole
     errors = [r for r in reqs if not r.ok]
     if errors:
         info["first_errors"] = [f"{r.status}: {r.error}"[:200] for r in errors[:5]]
@@ -150,24 +155,40 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
     return rec, lat_ok, info
 
 
+def _text_tokens(tokenizer, text: str) -> int:
+    """The tokens of a completion's text: through the local tokenizer without its special tokens (a model's [CLS] is
+    no generated token), else a word a token, as synthetic prompts count (prompts.WordTokenizer); at least one, as
+    the text is not empty (http_client._whole)."""
+    if tokenizer is not None and not isinstance(tokenizer, WordTokenizer):
+        return max(1, len(tokenizer.tok(text, add_special_tokens=False)["input_ids"]))
+    return max(1, len(text.split()))
+
+
 def fill_counts(trace: HttpTrace, prompts, tokenizer) -> str:
     """Token counts the endpoint did not report (`usage`): a prompt's through the local tokenizer (or its planned
-    length: synthetic words are a token each where no tokenizer is given), a completion's as its streamed events.
-    Returns where the counts came from. `prompts[rid]`: request rid's prompt (prompts.Prompts)."""
+    length: synthetic words are a token each where no tokenizer is given), a completion's as its streamed events, or
+    where it was not streamed (http_client._whole), as its text's tokens (_text_tokens). Returns where the counts came
+    from. `prompts[rid]`: request rid's prompt (prompts.Prompts)."""
     answered = [r for r in trace.requests if r.ok]
     missing_prompt = [r for r in answered if r.prompt_tokens is None]
     missing_completion = [r for r in answered if r.steps and r.completion_tokens is None]
     for r in missing_prompt:  # each request's own prompt: no two are the same
         r.prompt_tokens = len(tokenizer.encode(prompts[r.rid])) if tokenizer is not None else r.length
     for r in missing_completion:
-        r.completion_tokens = len(r.steps)
+        r.completion_tokens = len(r.steps) if r.streamed else _text_tokens(tokenizer, r.uncounted or "")
+    for r in trace.requests:  # counted: the text is not kept past the load's first answers (r.text)
+        r.uncounted = None
     if not missing_prompt and not missing_completion:
         return "usage"
     parts = []
     if missing_prompt:
         parts.append("prompts: " + ("the local tokenizer" if tokenizer is not None else "planned words"))
-    if missing_completion:
+    if any(r.streamed for r in missing_completion):
         parts.append("completions: streamed events")
+    if any(not r.streamed for r in missing_completion):
+        local = tokenizer is not None and not isinstance(tokenizer, WordTokenizer)
+        parts.append("completions not streamed: their text through " + ("the local tokenizer" if local else
+                                                                         "words"))
     return "usage where given; " + ", ".join(parts)
 
 
@@ -320,6 +341,10 @@ def run(cell: ServeCell) -> CellResult:
         warnings.append(stretched)
     if plan.outputs and cell.api != "openai-embeddings" and max(plan.outputs) > cell.new_tokens:
         warnings.append(f"trace requests asking more than --new-tokens {cell.new_tokens} output tokens were cut to it")
+    if info.get("not_streamed"):
+        warnings.append(f"{info['not_streamed']} of {rec['requests'] - rec['failed']} answers were not "
+                        "streamed (one JSON body, the request's \"stream\" ignored): their TTFT is the whole answer's "
+                        "time, and they have no TPOT or gaps between tokens")
     if trace.waited:  # requests that found every connection busy; a pool as large as the load's requests never does
         warnings.append(f"{trace.waited} request(s) waited for one of the {trace.pool} connections, every one busy "
                         "(their wait is in their latency)")

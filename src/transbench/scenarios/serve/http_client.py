@@ -11,7 +11,9 @@ request so a load that was not offered as planned says so (endpoint.py).
 Streaming (server-sent events) for completions and chat: each event carrying text is a token's arrival (servers
 such as vLLM send one event a token; one that bundles tokens shows fewer, wider gaps), giving time to first token
 and the gaps between tokens. Token counts come from the response's `usage` where the server gives it (streams ask
-for it with `stream_options.include_usage`)."""
+for it with `stream_options.include_usage`). A server that ignores `"stream": true` and sends the whole completion as
+one JSON body (_whole) is answered too: its first token arrived with the rest, so its TTFT is the whole answer's
+time and it has no gaps between tokens."""
 
 from __future__ import annotations
 
@@ -49,6 +51,10 @@ TEXT_CHARS = 2**20  # generated text kept for the reference check (its tokens up
 # some a few (text split where a character's bytes are). A stream past this is malformed: one that never ended grew
 # its list of event times until --request-timeout.
 EVENTS_PER_TOKEN, EXTRA_EVENTS = 8, 64
+# An answer not streamed and of no usage count keeps this many characters of its text a token asked for, to be
+# counted after the load (endpoint.fill_counts): a load keeps up to MAX_REQUESTS answers of up to RESPONSE_BYTES
+# each, terabytes of text kept whole, where a real answer runs a few characters a token.
+COUNT_CHARS_PER_TOKEN = 64
 MODELS_BYTES = 2**20  # the /v1/models listing: tens of bytes a model
 MODEL_CHARS = 256  # a listed model name: sent in every request and stored as the record's `model`
 MAX_TOKENS = 10**9  # a usage count above this is no model's: a 400-digit one overflowed the accounting
@@ -76,6 +82,12 @@ class Sent:
     reasoning_tokens: int | None = None  # of completion_tokens, where usage.completion_tokens_details says
     reasoning_events: int = 0  # of steps: events that carried reasoning and no answer text (chat)
     text: str = ""  # generated text (kept for the first KEEP_OUTPUTS requests)
+    # False for an answer sent as one JSON body, not streamed (_whole): `steps` holds its arrival alone, and it has no
+    # gaps between tokens or TPOT (endpoint._tpot_ms)
+    streamed: bool = True
+    # an answer not streamed whose usage gave no completion count: its text, reasoning included, for
+    # endpoint.fill_counts to count (then dropped)
+    uncounted: str | None = None
     embedding: list[float] | None = None
 
     @property
@@ -400,26 +412,28 @@ async def _events(lines):
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
-def _piece(event: dict, api: str, data: str) -> tuple[str | None, str | None]:
+def _piece(event: dict, api: str, data: str, whole: bool = False) -> tuple[str | None, str | None]:
     """(the answer text a streamed event carries, the reasoning text it carries), None where none, or Malformed where
     its `choices` are not the API's: a list of objects, each with a `text` (completions) or a `delta` object with a
-    `content` and maybe a reasoning field (chat, REASONING_FIELDS), text or null."""
+    `content` and maybe a reasoning field (chat, REASONING_FIELDS), text or null. whole: an answer not streamed
+    (_whole), whose chat choice holds a `message` object where a stream's holds a `delta`."""
+    what, holder_key = ("the answer", "message") if whole else ("an event", "delta")
     choices = event.get("choices")
     if choices is None or choices == []:  # a usage-only event
         return None, None
     if not isinstance(choices, list) or not isinstance(choices[0], dict):
-        raise Malformed(f"an event's choices are not a list of objects: {data[:80]!r}")
-    holder = choices[0] if api == "openai-completions" else choices[0].get("delta")
+        raise Malformed(f"{what}'s choices are not a list of objects: {data[:80]!r}")
+    holder = choices[0] if api == "openai-completions" else choices[0].get(holder_key)
     if holder is None:
         return None, None
     if not isinstance(holder, dict):
-        raise Malformed(f"an event's delta is not an object: {data[:80]!r}")
+        raise Malformed(f"{what}'s {holder_key} is not an object: {data[:80]!r}")
     piece = holder.get("text" if api == "openai-completions" else "content")
     thought = None
     if api == "openai-chat":
         thought = next((holder[k] for k in REASONING_FIELDS if holder.get(k) is not None), None)
     if any(t is not None and not isinstance(t, str) for t in (piece, thought)):
-        raise Malformed(f"an event's text is not text: {data[:80]!r}")
+        raise Malformed(f"{what}'s text is not text: {data[:80]!r}")
     return piece, thought
 
 
@@ -466,14 +480,59 @@ async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: i
         r.status, r.error = "dropped", "the stream ended before its [DONE] event"
     elif r.ok and not r.steps:  # a usage count alone is no generation: there is no token time to measure
         r.status, r.error = "malformed", "no content was streamed: no event carried text"
-    elif r.ok and r.completion_tokens is not None and not 1 <= r.completion_tokens <= asked:
-        r.status, r.error = "malformed", (f"usage.completion_tokens is {r.completion_tokens:,} for a stream of "
-                                          f"{len(r.steps):,} events of text, {asked:,} tokens asked for")
-    elif r.ok and r.reasoning_tokens is not None and r.reasoning_tokens > (r.completion_tokens or asked):
+    elif r.ok:
+        _counts_fit(r, asked, f"a stream of {len(r.steps):,} events of text")
+    return _rest(conn, events) if finished else None
+
+
+def _counts_fit(r: Sent, asked: int, what: str) -> None:
+    """`r` malformed where its usage counts no answer of text could have: a completion count outside 1..asked (10^9
+    tokens for 4 asked made a token rate of billions a second, 0 for text sent made 0 tokens/s), or more reasoning
+    tokens than completion tokens. what: the answer, in words."""
+    if r.completion_tokens is not None and not 1 <= r.completion_tokens <= asked:
+        r.status, r.error = "malformed", (f"usage.completion_tokens is {r.completion_tokens:,} for {what}, "
+                                          f"{asked:,} tokens asked for")
+    elif r.reasoning_tokens is not None and r.reasoning_tokens > (r.completion_tokens or asked):
         r.status, r.error = "malformed", ("usage.completion_tokens_details.reasoning_tokens is "
                                           f"{r.reasoning_tokens:,}, over the {r.completion_tokens or asked:,} "
                                           "completion tokens")
-    return _rest(conn, events) if finished else None
+
+
+async def _whole(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int) -> None:
+    """Read into `r` a completion sent as one JSON body (Content-Type application/json), where the request asked for
+    a stream: servers that ignore `"stream": true` answer so, and AIPerf and vLLM's benchmark client read such an
+    answer as one whose first token came with its last. It is answered, its one arrival (`steps`) the body's end, so
+    its TTFT is the whole answer's time and it has no gaps between tokens or TPOT (`streamed` False; the cell warns).
+    Its tokens are usage.completion_tokens, held to what a stream's are (_usage, _counts_fit); without one, its text
+    is kept for endpoint.fill_counts to count. A body over RESPONSE_BYTES, not JSON, of another shape or of no text
+    is Malformed; an `error` in it makes the request `error`, as in a stream."""
+    raw = await conn.read(RESPONSE_BYTES)
+    r.done = now()  # the answer's last byte, and its first token's arrival
+    if len(raw) > RESPONSE_BYTES:
+        raise Malformed(f"the response is over {RESPONSE_BYTES:,} bytes")
+    if not raw.strip():
+        raise Malformed("the answer (application/json) has no body: no completion was sent")
+    try:
+        data = boundary.loads_json(raw, "the response", fix="")
+    except boundary.BadInput as exc:
+        raise Malformed(f"{exc} (it began {raw[:60]!r})") from None
+    if not isinstance(data, dict):
+        raise Malformed(f"the answer is not a JSON object: {raw[:80]!r}")
+    if data.get("error"):
+        r.status, r.error = "error", _message(raw[:ERROR_BYTES])
+        return
+    piece, thought = _piece(data, api, raw[:80].decode(errors="replace"), whole=True)
+    _usage(r, data.get("usage"))
+    if not (piece or thought):
+        raise Malformed("the answer was not streamed and carries no text")
+    r.steps.append(r.done)
+    r.streamed = False
+    r.reasoning_events = int(not piece)  # as a stream's event: one of reasoning alone counts as reasoning
+    if piece and keep:  # the answer alone: the reference check compares it
+        r.text = piece[:TEXT_CHARS]
+    if r.completion_tokens is None:
+        r.uncounted = ((thought or "") + (piece or ""))[:COUNT_CHARS_PER_TOKEN * max(1, asked)]
+    _counts_fit(r, asked, "an answer not streamed")
 
 
 async def _rest(conn: Connection, events) -> None:
@@ -541,10 +600,14 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             # an HTML page (a proxy's error) read as a stream was `dropped`, its lines being no events; a stream sent
             # with no Content-Type at all is read as one (its events, or their absence, decide)
             kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-            if kind and kind != b"text/event-stream":
+            if kind == b"application/json":  # the whole answer at once: a server that ignores "stream"
+                await _whole(conn, r, api, now, keep, asked)
+            elif kind and kind != b"text/event-stream":
                 raise Malformed(f"the answer is not an event stream (Content-Type {kind.decode(errors='replace')!r})")
-            framed = b"content-length" in headers or b"chunked" in headers.get(b"transfer-encoding", b"").lower()
-            rest = await _stream(conn, r, api, now, keep, asked, framed)
+            else:
+                framed = b"content-length" in headers or b"chunked" in headers.get(b"transfer-encoding",
+                                                                                     b"").lower()
+                rest = await _stream(conn, r, api, now, keep, asked, framed)
         clean = True
     except Malformed as exc:
         r.status, r.error = "malformed", str(exc)
