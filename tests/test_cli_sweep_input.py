@@ -486,8 +486,6 @@ _WHY = [
                                           "with the NaN loss (docs/train.md): a measured answer"),
     ("train", "--dropout", ["0", "1e-320"], "a probability in [0, 1): 0 is no dropout, as nanoGPT pretrains GPT-2"),
     ("train", "--node-rank", ["0"], "node 0 of --nnodes 2"),
-    ("train", "--rdzv-endpoint", ["host:1:2"], "torchrun reads it as host 'host:1', port 2 (an unbracketed IPv6 "
-                                               "address reads the same way)"),
     ("report", "--alpha", ["1e-320"], "between 0 and 1: an interval of almost 100% (compare refuses the runs: no pair "
                                       "of 5 + 5 samples gets a verdict at it, and a gate that judged nothing fails)"),
     ("report", "--min-effect", ["0", "1e-320"], "0 or more (docs/results.md, compare; compare refuses these runs at "

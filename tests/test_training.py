@@ -750,3 +750,60 @@ def test_deepspeed_builds_its_ops_for_an_arch_list_it_can_read(given, built):
     empty: dict = {}
     plain_arch_list(empty)
     assert empty == {}
+
+
+# --- several hosts: a rendezvous that cannot be reached is refused, not waited on --------------------------------
+
+def _closed_port() -> int:
+    """A local port nobody listens on: one the OS just handed out, closed again."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.usefixtures("in_tmp")
+def test_an_endpoint_host_that_does_not_resolve_is_refused_before_anything_starts(tmp_path):
+    """torchrun failed every cell on it one by one; .invalid never resolves (RFC 6761)."""
+    for rank in ("0", "1"):
+        refused(invoke("train", "-m", "bert-tiny", "--device", "cpu", "--nnodes", "2", "--node-rank", rank,
+                       "--rdzv-endpoint", "no-such-host.invalid:29500", "--db", tmp_path / "t.db"),
+                "--rdzv-endpoint no-such-host.invalid:29500: the host name no-such-host.invalid does not resolve")
+    assert os.listdir(tmp_path) == []  # no store, no run
+
+
+@pytest.mark.usefixtures("in_tmp")
+def test_a_node_that_cannot_reach_node_0_gives_up_within_the_bound(tmp_path, monkeypatch):
+    """Node 1 against an endpoint nobody listens on waited torch's rendezvous timeouts with nothing said; now it says
+    at once what it waits for, and after RDZV_WAIT_S one line names the endpoint, exit 2."""
+    import time
+
+    from transbench.scenarios.training import spec as training_spec
+
+    monkeypatch.setattr(training_spec, "RDZV_WAIT_S", 1.5)
+    port = _closed_port()
+    began = time.monotonic()
+    res = invoke("train", "-m", "bert-tiny", "--device", "cpu", "--nnodes", "2", "--node-rank", "1",
+                 "--rdzv-endpoint", f"127.0.0.1:{port}", "--db", tmp_path / "t.db")
+    took = time.monotonic() - began
+    refused(res, f"--rdzv-endpoint 127.0.0.1:{port}: node 0's rendezvous did not answer within 1.5 s", "--node-rank 0")
+    assert f"note: node 1 of 2: waiting up to 1.5 s for node 0's rendezvous at 127.0.0.1:{port}" in res.stderr
+    assert 1.5 <= took < 15, took
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_node_that_reaches_node_0_goes_on(capsys):
+    """A c10d store as node 0's torchrun hosts it (torch's c10d_rendezvous_backend): node 1's check passes."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from transbench.scenarios.training.spec import check_rendezvous
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5), wait_for_workers=False)
+    endpoint = f"127.0.0.1:{store.port}"
+    check_rendezvous(TrainSpec(**{**TRAIN, "nnodes": 2, "node_rank": 1, "rdzv_endpoint": endpoint}))
+    check_rendezvous(TrainSpec(**{**TRAIN, "nnodes": 2, "node_rank": 0, "rdzv_endpoint": endpoint}))
+    err = capsys.readouterr().err
+    assert "note: node 1 of 2: waiting" in err and "note: node 0 of 2: hosting the rendezvous" in err

@@ -13,6 +13,9 @@ import itertools
 import json
 import math
 import re
+import os
+import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -20,7 +23,7 @@ from ...errors import SpecError
 from ...cells import CellResult
 from ...declare import LIMITS, setting
 from ...measure.load import check_cpu_ranks, check_threads, threads_setting
-from ...runner.worker import timeout_setting
+from ...runner.worker import WORKER_START_S, start_limit, timeout_setting
 from ...spec import check_once, checked, coerce
 from .cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, TRAIN_DTYPES, STRATEGIES, TRAIN_TASKS, TrainCell
 
@@ -29,6 +32,9 @@ def default_task(shape) -> str:
     return "causal-lm" if shape.decoder else "mlm"
 
 
+# How long a node > 0 tries to reach node 0's --rdzv-endpoint before the run is refused (check_rendezvous): the
+# start-up limit a cell's ranks have (runner/worker.py), as node 0 may itself still be starting.
+RDZV_WAIT_S = WORKER_START_S
 NCCL_ENV_KEY = re.compile(r"^(NCCL|TORCH_NCCL|GLOO)_[A-Z0-9_]+$")
 
 
@@ -320,6 +326,68 @@ def _check_endpoint(endpoint: str) -> None:
                         "most 253: give node 0's HOST:PORT, e.g. host0:29500")
 
 
+def _endpoint(spec: TrainSpec) -> tuple[str, int] | None:
+    """(host, port) as torchrun reads --rdzv-endpoint (_check_endpoint); None for a torch without torchrun."""
+    try:
+        from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+    except ImportError:
+        return None
+    return parse_rendezvous_endpoint(spec.rdzv_endpoint, 29400)
+
+
+def check_rendezvous(spec: TrainSpec) -> None:
+    """Before any cell of several hosts: node 0's host name resolves, and on another node something answers at
+    --rdzv-endpoint within RDZV_WAIT_S. Left to torchrun, a name that did not resolve failed every cell one by one,
+    and a node > 0 whose node 0 never answered waited silently: torch's c10d store retries its connect for its
+    read_timeout, its rendezvous for a join_timeout of 600 s, and each cell's start-up had WORKER_START_S
+    (runner/worker.py) before it was a `timeout`, cell after cell, exit 0."""
+    endpoint = _endpoint(spec) if spec.nnodes > 1 else None
+    if endpoint is None:
+        return
+    host, port = endpoint
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise SpecError(f"--rdzv-endpoint {spec.rdzv_endpoint}: the host name {host} does not resolve "
+                        f"({getattr(exc, 'strerror', None) or exc}): give node 0's HOST:PORT as every node "
+                        "can reach it") from None
+    if spec.node_rank == 0:  # node 0 hosts the rendezvous (torchrun's c10d store): nothing to reach
+        print(f"note: node 0 of {spec.nnodes}: hosting the rendezvous at {host}:{port}; each cell waits up to "
+              f"{start_limit(spec.timeout):g} s (its start-up limit) for the other nodes to join", file=sys.stderr,
+              flush=True)
+        return
+    print(f"note: node {spec.node_rank} of {spec.nnodes}: waiting up to {RDZV_WAIT_S:g} s for node 0's rendezvous at "
+          f"{host}:{port}", file=sys.stderr, flush=True)
+    try:
+        _reach_store(host, port)
+    except (RuntimeError, TimeoutError) as exc:  # torch's DistNetworkError is a RuntimeError
+        why = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)[:200].rstrip(".")
+        raise SpecError(f"--rdzv-endpoint {host}:{port}: node 0's rendezvous did not answer within {RDZV_WAIT_S:g} s "
+                        f"({why}): start node 0 (--node-rank 0) with the same --nnodes and --rdzv-endpoint, and "
+                        "check that this host reaches that address and port (firewall, the address node 0 listens "
+                        "on)") from None
+
+
+def _reach_store(host: str, port: int) -> None:
+    """A client of the c10d store torchrun's rendezvous uses (torch's c10d_rendezvous_backend), connected and
+    validated within RDZV_WAIT_S, then closed: torch retries a refused connect until then, and a port where something
+    other than a store answers (a proxy that takes every connection) fails its validation, where a bare TCP connect
+    succeeded. Its C++ side logs each retry as lines and a stack on file descriptor 2: kept off the terminal."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        TCPStore(host, port, is_master=False, timeout=timedelta(seconds=RDZV_WAIT_S), wait_for_workers=False)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _check_once(spec: TrainSpec) -> None:
     for axis, option in (("models", "--model"), ("tasks", "--task"), ("dtypes", "--dtype"), ("optims", "--optim"),
                          ("backends", "--backend"), ("batches", "--batch"), ("seqs", "--seq"),
@@ -466,6 +534,8 @@ def train(spec: TrainSpec, db: str = "transbench.db", *, json_path: str | None =
     if spec.ladder:
         raise SpecError("a ladder runs through transbench.api.train (scenarios/training/ladder.py)")
     cells = expand(spec)
+    if cells:
+        check_rendezvous(spec)
     if spec.node_rank > 0:  # another host's ranks; node 0 measures and stores
         on_start(cells, 0)
         for cell in cells:
