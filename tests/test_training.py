@@ -807,3 +807,27 @@ def test_a_node_that_reaches_node_0_goes_on(capsys):
     check_rendezvous(TrainSpec(**{**TRAIN, "nnodes": 2, "node_rank": 0, "rdzv_endpoint": endpoint}))
     err = capsys.readouterr().err
     assert "note: node 1 of 2: waiting" in err and "note: node 0 of 2: hosting the rendezvous" in err
+
+
+@pytest.mark.usefixtures("in_tmp")
+def test_node_0_stops_when_the_other_nodes_never_join(tmp_path, monkeypatch):
+    """Node 0 waited each cell's start-up limit for nodes that never came, each cell then stored as a `timeout`:
+    now the first such cell ends the run in one line, exit 2, and is not stored (a resume runs it)."""
+    import time
+
+    from transbench.runner import worker
+
+    monkeypatch.setattr(worker, "WORKER_START_S", 2.0)  # the start-up limit: the longer of this and --timeout
+    began = time.monotonic()
+    res = invoke("train", "-m", "bert-tiny", "--device", "cpu", "--batch", "2", "--seq", "8", "--steps", "1",
+                 "--warmup", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{_closed_port()}", "--timeout", "1",
+                 "--db", tmp_path / "t.db")
+    line = refused(res, "--nnodes 2: the other nodes did not join the rendezvous at 127.0.0.1:", "within 2 s",
+                   "--node-rank 1 to 1")
+    assert time.monotonic() - began < 30, line
+    assert "note: node 0 of 2: hosting the rendezvous" in res.stderr
+    store = Store(str(tmp_path / "t.db"))
+    try:
+        assert [store.cells(r["run_id"], TrainCell) for r in store.runs()] == [[]]
+    finally:
+        store.close()

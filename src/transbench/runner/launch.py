@@ -4,6 +4,7 @@ or hosts. A deadline ends the whole process tree; every rank's log tail is kept 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -23,6 +24,9 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 LOG_TAIL_CHARS = 2000
 KILL_GRACE_S = 5.0
 POLL_S = 0.2
+# How a cell of several hosts whose ranks never started says so (outcome): torchrun starts a node's ranks only once
+# every node joined its rendezvous, and node 0's training run stops at it (scenarios/training/spec.py).
+NOT_JOINED = "the other nodes did not join the rendezvous"
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,12 @@ def command(module: str, workdir: Path, cfg: LaunchConfig) -> list[str]:
         if cfg.nnodes == 1:
             cmd.append("--standalone")  # a free local port for the rendezvous
         else:
-            cmd += [f"--node-rank={cfg.node_rank}", "--rdzv-backend=c10d",
-                    f"--rdzv-endpoint={cfg.rdzv_endpoint}", f"--rdzv-id={cfg.rdzv_id}"]
+            # torch's join_timeout (600 s by default) past the start-up limit (_wait): that limit ends a rendezvous
+            # the other nodes never joined, with outcome's line, where torch's own would end it first in an
+            # `error` cell of a rendezvous exception, or not before the limit
+            join = math.ceil(start_limit(cfg.timeout) + 2 * KILL_GRACE_S)
+            cmd += [f"--node-rank={cfg.node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={cfg.rdzv_endpoint}",
+                    f"--rdzv-id={cfg.rdzv_id}", f"--rdzv-conf=join_timeout={join}"]
     return cmd + ["-m", module, "--cell", str(workdir / "cell.json"), "--out", str(workdir)]
 
 
@@ -180,8 +188,10 @@ def outcome(launched: Launched, cfg: LaunchConfig) -> CellResult:
         result = res[min(res)]
     elif launched.timed_out:
         silent = [name for name, text in launched.logs.items() if name.startswith("rank") and not text.strip()]
+        limit = start_limit(cfg.timeout)
         what = (f"no result within the {cfg.timeout:g} s deadline" if launched.started else
-                f"the ranks did not start within {start_limit(cfg.timeout):g} s (importing torch, the rendezvous)")
+                f"{NOT_JOINED} at {cfg.rdzv_endpoint} within {limit:g} s (or the ranks' start-up took that long)"
+                if cfg.nnodes > 1 else f"the ranks did not start within {limit:g} s (importing torch, the rendezvous)")
         result = CellResult("timeout", error=what + (f" (no output from {', '.join(silent)})" if silent else ""))
     elif launched.returncode == 0 and cfg.node_rank > 0:
         result = CellResult("ok", info={"note": "this node's ranks finished; node 0 stores the result"})

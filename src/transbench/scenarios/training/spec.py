@@ -474,8 +474,24 @@ def target(spec: TrainSpec):
     so each cell's memory split starts from an empty allocator."""
     from ...runner.sweep import Target
 
+    def after(store, run_id: str, cell: TrainCell, result: CellResult) -> None:
+        stop_unjoined(spec, cell, result)
+        add_scaling(store, run_id, cell, result)
+
     return Target(TrainCell, launch=lambda cell: ("transbench.scenarios.training.worker", launch_config(cell, spec)),
-                  after=add_scaling)
+                  after=after)
+
+
+def stop_unjoined(spec: TrainSpec, cell: TrainCell, result: CellResult) -> None:
+    """Node 0's run stops at a cell whose rendezvous the other nodes never joined (runner/launch.py NOT_JOINED),
+    before it is stored: every later cell waited the same start-up limit for them, each stored as a `timeout`."""
+    from ...runner.launch import NOT_JOINED
+
+    if spec.node_rank == 0 and cell.nnodes > 1 and result.status == "timeout" and \
+            (result.error or "").startswith(NOT_JOINED):
+        raise SpecError(f"--nnodes {spec.nnodes}: {result.error}: start the other nodes (--node-rank 1 to "
+                        f"{spec.nnodes - 1}) with the same --nnodes and --rdzv-endpoint, then rerun this command with "
+                        "its --name to resume (`transbench runs` lists a run's name)")
 
 
 def find_baseline(store, run_id: str, cell: TrainCell, gpu: str | None) -> dict | None:
