@@ -69,9 +69,9 @@ def command(module: str, workdir: Path, cfg: LaunchConfig) -> list[str]:
         if cfg.nnodes == 1:
             cmd.append("--standalone")  # a free local port for the rendezvous
         else:
-            # torch's join_timeout (600 s by default) past the start-up limit (_wait): that limit ends a rendezvous
-            # the other nodes never joined, with outcome's line, where torch's own would end it first in an
-            # `error` cell of a rendezvous exception, or not before the limit
+            # torch's join_timeout (600 s by default) set past the start-up limit (_wait), so that the limit ends a
+            # rendezvous the other nodes never joined, with outcome's NOT_JOINED line: torch's 600 s came first
+            # under the default --timeout 900, an `error` cell whose line was a rendezvous exception's
             join = math.ceil(start_limit(cfg.timeout) + 2 * KILL_GRACE_S)
             cmd += [f"--node-rank={cfg.node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={cfg.rdzv_endpoint}",
                     f"--rdzv-id={cfg.rdzv_id}", f"--rdzv-conf=join_timeout={join}"]

@@ -12,8 +12,8 @@ import hashlib
 import itertools
 import json
 import math
-import re
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable
