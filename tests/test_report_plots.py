@@ -268,3 +268,32 @@ def test_latency_distribution_of_a_large_grid_draws_a_spread_of_its_points(tmp_p
     assert len(titles) == plots.DIST_PANELS == len(set(titles))
     assert titles[0] == "batch 1, seq 8" and titles[-1] == "batch 20, seq 32"  # both ends of the grid
     assert "48 of 60 batch x seq points, spread evenly" in fig._suptitle.get_text().replace("\n", " ")
+
+
+def test_a_heatmap_of_hundreds_of_batches_keeps_the_size_of_a_written_grid(tmp_path, drawn):
+    """A heatmap panel grew 0.45 inch a batch, each cell's value written in it: 600 batches of a 3,000-cell run made
+    a 2.6 MB PNG, 3.4 MB of its 6.3 MB report.html. Past plots.HEATMAP_CELLS batches the panel keeps the size of
+    that many, its cells coloured only (the title sends the reader to the tables) and its axis names spread."""
+    from transbench.report.data import load
+    from transbench.store import Store
+
+    def heatmap(batches: int):
+        db = str(tmp_path / f"b{batches}.db")
+        _run(db, "wide", {(b, n, seq): 0.1 * n * seq for b in ("eager", "sdpa") for n in range(1, batches + 1)
+                          for seq in (8, 16)})
+        store, out = Store(db, readonly=True), tmp_path / f"out{batches}"
+        out.mkdir()
+        try:
+            (figure,) = plots.efficiency_heatmap(load(store, ["wide"]), out)
+        finally:
+            store.close()
+        return figure, drawn[figure.path.name]
+
+    small, small_fig = heatmap(plots.HEATMAP_CELLS)
+    wide, wide_fig = heatmap(300)
+    assert len(small_fig.axes[0].texts) == plots.HEATMAP_CELLS * 2  # each value written, as before
+    assert not wide_fig.axes[0].texts and "values in the tables" in wide.title
+    assert list(wide_fig.get_size_inches()) == list(small_fig.get_size_inches())
+    assert len([t for t in wide_fig.axes[0].get_yticklabels() if t.get_text()]) <= plots.AXIS_LABELS + 1
+    assert len(wide.points) == 300 * 2 * 2  # every measured cell still in the figure's data
+    assert wide.path.stat().st_size < 2 * small.path.stat().st_size  # was 0.45 inch of PNG a batch

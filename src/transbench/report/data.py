@@ -13,9 +13,9 @@ OK = "ok"
 @dataclass
 class ReportData:
     runs: list[dict]  # Store.find_run dicts, in the order asked for
-    # export.records rows plus private keys: _key, _samples, _baseline, _run (index into runs), _series
-    # (one run's backend: "backend", or "run/backend" in a report of several runs) and _label (its column
-    # in a table: see shared_columns)
+    # export.records rows plus private keys: _key, _samples (Store.cells' numpy float64 array; empty for a cell
+    # that is not ok), _baseline, _run (index into runs), _series (one run's backend: "backend", or "run/backend"
+    # in a report of several runs) and _label (its column in a table: see shared_columns)
     records: list[dict]
     baselines: dict[str, str | None]  # run_id -> the backend its speedup and mem_saved are against
 
@@ -47,16 +47,17 @@ def load(store: Store, run_refs: list[str], baseline: str | None = None) -> Repo
     records: list[dict] = []
     baselines: dict[str, str | None] = {}
     for index, run in enumerate(runs):
-        # export.records keeps the contract: no speed for a cell that is not ok.
-        recs = export.records(store, [run["run_id"]], baseline, by_id=True)
-        cells = store.cells(run["run_id"])  # same order as the records: both read the cells by rowid
+        # export keeps the contract: no speed for a cell that is not ok. The cells are read once: export.records
+        # read them again for the records, and each cell's samples were decoded twice.
+        cells = store.cells(run["run_id"])
+        recs = export.run_records(run, cells, baseline)
         base = effective_baseline(baseline, run, recs)
         if base and not (baseline or spec_baseline(run)):
             export.apply_baseline(recs, base)
         baselines[run["run_id"]] = base
         for rec, cell in zip(recs, cells, strict=True):
             rec["_key"] = cell["key"]
-            rec["_samples"] = cell["samples"] if cell["status"] == OK else []
+            rec["_samples"] = cell["samples"] if cell["status"] == OK else cell["samples"][:0]
             rec["_baseline"] = base
             rec["_run"] = index
             rec["_series"] = variant(rec) if len(runs) == 1 else f"{run['name']}/{variant(rec)}"

@@ -23,6 +23,11 @@ from .document import STATUS_TEXT, Figure, percent
 
 DPI = 110
 PANEL_ROW_WIDTH = 24.0  # inches: the widest row of heatmap (and latency distribution) panels
+# The most batch sizes (rows) and sequence lengths (columns) a heatmap panel draws at full size, each cell's value
+# written in it. Past them the panel keeps that size, its cells thinner and coloured only (every value is in the
+# tables): a panel grew 0.45 inch a batch, and 600 batches of 3,000 cells made a 2.6 MB heatmap, 3.4 MB of
+# report.html's 6.3 MB.
+HEATMAP_CELLS = 24
 
 
 def _canvas(width: float, height: float):
@@ -321,6 +326,12 @@ def speedup_memory(data: ReportData, out: Path) -> list[Figure]:
     return figs
 
 
+def _grid_names(values: list) -> list[str]:
+    """A heatmap axis's names: each value up to HEATMAP_CELLS of them, past that AXIS_LABELS spread over it."""
+    names = [str(v) for v in values]
+    return names if len(names) <= HEATMAP_CELLS else spread_labels(list(range(len(names))), names)
+
+
 def efficiency_heatmap(data: ReportData, out: Path) -> list[Figure]:
     """MFU over batch x sequence length per backend; TFLOPS where the device's peak is unknown (MFU empty)."""
     figs = []
@@ -340,7 +351,8 @@ def efficiency_heatmap(data: ReportData, out: Path) -> list[Figure]:
         top = max(r[key] * scale for r in recs if is_ok(r, key))
         # Panels in rows of at most PANEL_ROW_WIDTH inches: six backends over eight lengths made one 50-inch row,
         # its figures too small to read once the page fits it to the screen.
-        width, height = 1.2 + 0.9 * len(seqs), 1.6 + 0.45 * len(batches)
+        width, height = 1.2 + 0.9 * min(len(seqs), HEATMAP_CELLS), 1.6 + 0.45 * min(len(batches), HEATMAP_CELLS)
+        written = len(seqs) <= HEATMAP_CELLS and len(batches) <= HEATMAP_CELLS
         ncols = max(1, min(len(labels), int(PANEL_ROW_WIDTH // width)))
         fig = _canvas(width * ncols + 1.0, height * -(-len(labels) // ncols))
         axes = _panels(fig, len(labels), ncols)
@@ -358,7 +370,7 @@ def efficiency_heatmap(data: ReportData, out: Path) -> list[Figure]:
             for bi, b in enumerate(batches):
                 for si, s in enumerate(seqs):
                     r = cell.get((b, s))
-                    if r is None:
+                    if r is None or not written:
                         continue
                     if is_ok(r, key):
                         value = grid[bi][si]
@@ -372,8 +384,8 @@ def efficiency_heatmap(data: ReportData, out: Path) -> list[Figure]:
                         text = "n/a" if r["status"] == "ok" else STATUS_TEXT.get(r["status"], str(r["status"]))
                         color = "dimgray" if r["status"] == "ok" else "red"
                     ax.text(si, bi, text, ha="center", va="center", fontsize=8, color=color)
-            ax.set_xticks(range(len(seqs)), [str(s) for s in seqs])
-            ax.set_yticks(range(len(batches)), [str(b) for b in batches])
+            ax.set_xticks(range(len(seqs)), _grid_names(seqs))
+            ax.set_yticks(range(len(batches)), _grid_names(batches))
             ax.set_xlabel("sequence length")
             ax.set_ylabel("batch size")
             # folded to the panel's width (about 12 characters an inch at 9 points, less the batch axis's labels):
@@ -383,7 +395,8 @@ def efficiency_heatmap(data: ReportData, out: Path) -> list[Figure]:
         what = ("MFU (dense datasheet peak)" if use_mfu else
                 "TFLOPS (no datasheet peak for a device of these cells: no MFU)" if any(is_ok(r, "mfu") for r in recs)
                 else "TFLOPS (no datasheet peak for this device: no MFU)")
-        title = f"{model} {task} {dtype}: {what}"
+        over = f" (over {HEATMAP_CELLS} batches or lengths: values in the tables)"
+        title = f"{model} {task} {dtype}: {what}" + ("" if written else over)
         _suptitle(fig, title)
         figs.append(_save(fig, out / f"{key}_heatmap_{slug(model, task, dtype)}.png", title, points))
     return figs
@@ -406,8 +419,10 @@ def _sample_axis(ax, samples: list[list[float]]) -> None:
     hi = max(float(np.percentile(s, AXIS_PERCENTILES[1])) for s in samples)
     # The low end from the positive samples: a sample of 0 ms (a clock coarser than the call) made the axis linear
     # from 0, and boxes 10x apart flat lines; it is counted below the axis (a log axis draws no value <= 0).
-    positive = [[v for v in s if v > 0] for s in samples]
-    lo = min((float(np.percentile(s, AXIS_PERCENTILES[0])) for s in positive if s), default=0.0)
+    # Through numpy: lists of numpy scalars, one per sample of millions, took hundreds of MB (Store.cells' arrays)
+    samples = [np.asarray(s, dtype=np.float64) for s in samples]
+    positive = [s[s > 0] for s in samples]
+    lo = min((float(np.percentile(s, AXIS_PERCENTILES[0])) for s in positive if len(s)), default=0.0)
     if lo > 0 and hi / lo > 10:
         ax.set_yscale("log")
         bottom, top = lo / 1.15, hi * 1.15
@@ -421,7 +436,7 @@ def _sample_axis(ax, samples: list[list[float]]) -> None:
     if ax.get_yscale() == "log":
         _log_axes(ax)  # ticks as plain numbers
     for x, s in enumerate(samples, start=1):
-        above, below = sum(v > top for v in s), sum(v < bottom for v in s)
+        above, below = int(np.count_nonzero(s > top)), int(np.count_nonzero(s < bottom))
         if above:
             ax.annotate(f"\u25b2{above}", (x, 1), xycoords=("data", "axes fraction"), ha="center", va="top",
                         fontsize=7, color="dimgray")
@@ -437,7 +452,7 @@ def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
 
     figs = []
     for (model, task, dtype), group in _inference_groups(data).items():
-        recs = [r for r in group if is_ok(r) and r["_samples"]]
+        recs = [r for r in group if is_ok(r) and len(r["_samples"])]
         if not recs:
             continue
         points_at = list(groups(recs, ("seq_len", "batch_size")))
@@ -460,7 +475,7 @@ def latency_distributions(data: ReportData, out: Path) -> list[Figure]:
         for ax, (seq, b) in zip(axes, points_at):
             here = [r for lab in labels for r in group
                     if r["_label"] == lab and r["seq_len"] == seq and r["batch_size"] == b]
-            boxed = [r for r in here if is_ok(r) and r["_samples"]]
+            boxed = [r for r in here if is_ok(r) and len(r["_samples"])]
             box = ax.boxplot([r["_samples"] for r in boxed], positions=range(1, len(boxed) + 1), widths=0.7,
                              whis=AXIS_PERCENTILES, patch_artist=True, flierprops={"markersize": 2},
                              medianprops={"color": "black"})

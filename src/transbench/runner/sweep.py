@@ -366,7 +366,7 @@ def run_grid(store, run_id: str, cells: list, target: Target, opts: SweepOptions
                         before = stored.get(cell.key())
                         if before is not None and before["status"] == "ok" and cell.batch >= fitted:
                             fitted, known = cell.batch, CellResult(
-                                "ok", before["record"], before["samples"], before["info"], before["warnings"])
+                                "ok", before["record"], before["samples"].tolist(), before["info"], before["warnings"])
                         on_cell(cell, None)
                         continue
                     if oom_at is not None and cell.batch > oom_at:

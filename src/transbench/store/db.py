@@ -844,6 +844,20 @@ class Store:
             return value
         self._damaged(column, where, why)
 
+    def _samples(self, text, where: str):
+        """A stored samples column as one numpy float64 array, checked as _json checks it. A list of floats as
+        put_cell writes it is read straight into the array (decode_samples); anything else goes through _json,
+        which refuses it in the same line as before or reads it."""
+        import numpy as np
+
+        x = decode_samples(text) if isinstance(text, str) else None
+        if x is None:
+            return np.asarray(self._json(text, list, "samples", where), dtype=np.float64)
+        why = _column_problem("samples", x)
+        if why is not None:
+            self._damaged("samples", where, why)
+        return x
+
     # --- cells ----------------------------------------------------------------------------------
     @_guarded
     def put_cell(self, run_id: str, key: str, scenario: str, status: str, record: dict, *, cell: dict,
@@ -872,10 +886,14 @@ class Store:
     def cells(self, run_id: str, cell_type=None) -> list[dict]:
         """The run's cells, every column checked; with `cell_type` (a cells.SweepCell class: the reader builds its
         cells from the `cell` column) that column's fields against the types the class declares."""
+        run = self.conn.execute("SELECT name, kind FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        # Row by row, not fetchall: each row's samples text is let go once decoded, not every row's held at once. The
+        # rowids are looked up first and the rows read in their order: `WHERE run_id=? ORDER BY rowid` sorted whole
+        # rows in a temporary b-tree, a copy of every samples text (305 MB of memory to read one cell of 6,000,000
+        # samples, 126 MB so).
         rows = self.conn.execute(
             "SELECT key, scenario, status, record, cell, samples, info, warnings, created FROM cells "
-            "WHERE run_id=? ORDER BY rowid", (run_id,)).fetchall()
-        run = self.conn.execute("SELECT name, kind FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            "WHERE rowid IN (SELECT rowid FROM cells WHERE run_id=?) ORDER BY rowid", (run_id,))
         run_name = _cut(run[0] if run and isinstance(run[0], str) else str(run_id))
         scenarios = RUN_KINDS.get(run[1]) if run and isinstance(run[1], str) else None
         out = []
@@ -893,8 +911,9 @@ class Store:
                 self._damaged("key", where, "JSON cut short or edited, not the cell's settings")
             if not _is_date(r[8]):
                 self._damaged("date", where, f"{_cut(repr(r[8]))}, not an ISO 8601 date and time")
-            record, cell, samples, info, warnings = (self._json(text, kind, name, where) for text, kind, name in zip(
-                r[3:8], (dict, dict, list, dict, list), ("record", "cell", "samples", "info", "warnings")))
+            record, cell, info, warnings = (self._json(text, kind, name, where) for text, kind, name in zip(
+                (r[3], r[4], r[6], r[7]), (dict, dict, dict, list), ("record", "cell", "info", "warnings")))
+            samples = self._samples(r[5], where)
             problem = cell_type.field_problem(cell) if cell_type is not None else None
             if problem:
                 self._damaged("cell", where, problem)
@@ -1023,13 +1042,58 @@ MAGNITUDE_KEYS = frozenset(k.name for k in CATALOGUE if k.unit in MAGNITUDE_UNIT
 ENV_TEXT_KEYS = ("torch", "transformers", "cuda", "driver")
 
 
+# What json.dumps writes between the brackets of a list of floats, and one JSON number (RFC 8259): a samples column
+# of only these is read by decode_samples. json.loads made a Python float of each sample (24 bytes, and 8 more in its
+# list, against 8 in an array): 6,000,000 samples of one cell (a 59 MB store) took compare and report to 1.2 GB.
+_SAMPLE_TEXT = re.compile(r"[^0-9eE+\-., ]")
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+# The characters decode_samples checks and parses at a time, cut at a comma: re.subn over the whole text held a piece
+# of text per sample, 6,000,000 of them.
+SAMPLE_CHUNK = 1 << 20
+
+
+def decode_samples(text: str):
+    """A samples column holding a JSON list of numbers and nothing else, as a numpy float64 array with the values
+    json.loads gives; None for any other text (the caller reads that through json, and refuses it as json does).
+    Each number is checked against JSON's grammar, then parsed by numpy, never made a Python float."""
+    import numpy as np
+
+    end = len(text) - 1
+    if text[:1] != "[" or text[-1:] != "]" or _SAMPLE_TEXT.search(text, 1, end):
+        return None
+    if not text[1:end].strip(" "):
+        return np.empty(0) if end >= 1 else None
+    n = text.count(",", 1, end) + 1
+    out = np.empty(n)
+    done, start = 0, 1
+    while start < end:
+        stop = text.find(",", min(start + SAMPLE_CHUNK, end), end)
+        stop = end if stop < 0 else stop
+        piece = text[start:stop]
+        rest, k = _JSON_NUMBER.subn("", piece)
+        if not k or done + k > n or rest.replace(" ", "") != "," * (k - 1):
+            return None  # a number out of JSON's grammar (01, 1., .5, +1), a comma missing or doubled
+        x = np.fromstring(piece, sep=",")
+        if len(x) != k:
+            return None
+        out[done:done + k] = x
+        done, start = done + k, stop + 1
+    return out if done == n else None
+
+
 def _column_problem(column: str, value) -> str | None:
     """What in a parsed column breaks its declaration, or None."""
     if column == "samples":
-        if not all(boundary.is_number(v) for v in value):
-            # json reads NaN too; a NaN sample made every bootstrap bound NaN, and compare said `same`
+        import numpy as np
+
+        # json reads NaN too; a NaN sample made every bootstrap bound NaN, and compare said `same`
+        if not isinstance(value, np.ndarray) and not all(boundary.is_number(v) for v in value):
             return "a list that holds something other than finite numbers"
-        negative = next((v for v in value if v < 0), None)
+        x = np.asarray(value, dtype=np.float64)
+        if not np.isfinite(x).all():
+            return "a list that holds something other than finite numbers"
+        below = np.flatnonzero(x < 0)
+        negative = value[below[0]] if len(below) else None
         if negative is not None:
             # Samples are times in ms (CellResult.samples_ms, every scenario's): -1, -2, -3 were compared as `faster`
             # with a negative interval. 0 is a time a clock coarser than the call reads (measure/record.py guards it).

@@ -85,17 +85,22 @@ def records(store: Store, run_refs: list[str] | None = None, baseline: str | Non
         if run is None or run["run_id"] in seen:
             continue
         seen.add(run["run_id"])
-        recs = []
-        for c in store.cells(run["run_id"]):
-            rec = {k: None for k in RECORD_KEYS}
-            rec.update(c["record"])
-            rec.update(run_id=run["run_id"], run_name=run["name"], status=c["status"])
-            if rec["status"] != "ok":
-                for k in SPEED_KEYS:
-                    rec[k] = None
-            recs.append(rec)
-        out += apply_baseline(recs, baseline or run["spec"].get("baseline"))
+        out += run_records(run, store.cells(run["run_id"]), baseline)
     return out
+
+
+def run_records(run: dict, cells: list[dict], baseline: str | None = None) -> list[dict]:
+    """The records of one run's cells (Store.cells, in its order), against `baseline` or the run's own."""
+    recs = []
+    for c in cells:
+        rec = {k: None for k in RECORD_KEYS}
+        rec.update(c["record"])
+        rec.update(run_id=run["run_id"], run_name=run["name"], status=c["status"])
+        if rec["status"] != "ok":
+            for k in SPEED_KEYS:
+                rec[k] = None
+        recs.append(rec)
+    return apply_baseline(recs, baseline or run["spec"].get("baseline"))
 
 
 def columns(recs: list[dict]) -> list[str]:
