@@ -459,124 +459,25 @@ time.sleep(300)
 """
 
 
-def locked_refusal(res, store, wait: str = "1") -> str:
-    """The refusal of a command that waited for a locked store: the wait said first, then one line of error."""
-    assert res.exit_code == 2, res.output
-    assert "Traceback" not in res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 2, res.stderr
-    assert lines[0] == f"store {store} is locked by another process: waiting up to {wait} s for it (Ctrl-C stops)"
-    assert lines[1].startswith(f"error: store {store} is locked by another process"), lines[1]
-    return lines[1]
-
-
-def test_a_store_another_process_holds_is_locked_not_damaged(tmp_path, monkeypatch):
+def test_a_store_another_process_holds_is_locked_not_damaged(tmp_path):
     """Said "store S is damaged (database is locked): restore it from a copy", which would have the user throw a
-    whole store away for a lock that ends with its process. Readers wait for it as writers do, aloud (they waited
-    sqlite3's default 5 s in silence)."""
+    whole store away for a lock that ends with its process."""
     import subprocess
     import sys
 
     store = tmp_path / "s.db"
     _store_with_cells(store)
-    monkeypatch.setattr(store_db, "LOCK_WAIT", 1.0)
-    monkeypatch.setattr(store_db, "LOCK_NOTICE", 0.1)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(store)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         before = snapshot(tmp_path)
         for args in (["runs", "--db", store], ["merge", store, "--into", tmp_path / "t.db"]):
-            line = locked_refusal(invoke(*args), store)
+            line = one_line_error(invoke(*args), f"store {store} is locked by another process")
             assert "damaged" not in line
         assert snapshot(tmp_path) == before
     finally:
         holder.kill()
         holder.wait()
-
-
-def _rows(path) -> list:
-    con = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True)
-    try:
-        return [con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in ("runs", "cells")]
-    finally:
-        con.close()
-
-
-def _write_locked(path):
-    """Another holder of the store's write lock, as an SQLite browser with unsaved edits holds it."""
-    con = sqlite3.connect(path, check_same_thread=False)
-    con.execute("BEGIN EXCLUSIVE")
-    return con
-
-
-def test_a_store_locked_for_the_whole_wait_is_said_at_once_then_refused(tmp_path, monkeypatch):
-    """A writer waited 60 s for another process's write lock without a word (a hang), then was refused."""
-    store = tmp_path / "s.db"
-    _store_with_cells(store)
-    monkeypatch.setattr(store_db, "LOCK_WAIT", 1.0)
-    monkeypatch.setattr(store_db, "LOCK_NOTICE", 0.1)
-    before = _rows(store)
-    holder = _write_locked(store)
-    try:
-        res = invoke(*BANDWIDTH, "--db", store, "--name", "x")
-    finally:
-        holder.rollback()
-        holder.close()
-    locked_refusal(res, store)
-    assert _rows(store) == before  # the refused run left no run, no cell
-
-
-def test_a_store_lock_released_during_the_wait_lets_the_command_go_on(tmp_path, monkeypatch):
-    import threading
-
-    store = tmp_path / "s.db"
-    _store_with_cells(store)
-    monkeypatch.setattr(store_db, "LOCK_NOTICE", 0.1)
-    holder = _write_locked(store)
-    release = threading.Timer(1.0, holder.rollback)
-    release.start()
-    try:
-        res = invoke(*BANDWIDTH, "--db", store, "--name", "x")
-    finally:
-        release.join()
-        holder.close()
-    assert res.exit_code == 0, res.output
-    assert f"store {store} is locked by another process: waiting up to 60 s" in res.stderr.splitlines()[0]
-    runs, cells = _rows(store)
-    (run_id,) = [r[0] for r in runs if r[1] == "x"]
-    assert [c for c in cells if c[0] == run_id and c[3] == "ok"], cells
-
-
-def test_ctrl_c_during_the_lock_wait_ends_the_command_as_ctrl_c_does(tmp_path):
-    """SQLite's busy wait is one C call: Ctrl-C pressed in it took effect only at its end, up to 60 s later."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    store = tmp_path / "s.db"
-    _store_with_cells(store)
-    before = _rows(store)
-    holder = _write_locked(store)
-    try:
-        cmd = subprocess.Popen([sys.executable, "-m", "transbench", *BANDWIDTH, "--db", str(store), "--name", "x"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": str(Path(store_db.__file__).parents[2])})
-        try:
-            assert "is locked by another process: waiting up to 60 s" in cmd.stderr.readline()
-            pressed = time.monotonic()
-            cmd.send_signal(signal.SIGINT)
-            rest = cmd.communicate(timeout=30)[1]
-            assert time.monotonic() - pressed < 10  # the wait ended with the interruption, not 60 s later
-        finally:
-            cmd.kill()
-            cmd.wait()
-    finally:
-        holder.rollback()
-        holder.close()
-    assert cmd.returncode == 130, rest
-    assert rest.startswith("interrupted") and len(rest.strip().splitlines()) == 1, rest
-    assert _rows(store) == before
 
 
 @pytest.mark.parametrize("suffix", ["-wal", "-shm"])
