@@ -253,7 +253,7 @@ part_sampler() {
     --timeout 100 --name energy --db "$OUT/sampler.db" --json "$OUT/energy.json" > "$OUT/energy.txt" 2>&1
   python3 - "$OUT/energy.json" <<'PY'
 import json, sys
-for r in json.load(open(sys.argv[1])):
+for r in json.load(open(sys.argv[1]))["cells"]:  # the versioned record (docs/records.md)
     print(r["backend"], r["status"], "ms", r.get("latency_ms"), "seq/s", r.get("throughput_per_s"), "J/seq",
           r.get("j_per_seq"), "W", r.get("avg_power_w"), "MHz", r.get("sm_clock_mhz"), r.get("error") or "")
 PY
@@ -295,7 +295,7 @@ part_generate() {
       --lengths fixed:1000 --new-tokens 24 --concurrency 2 --max-batch-size 2 --duration 2 --warmup 1 --timeout 260 \
       --name "gate-$b" --db "$OUT/generate.db" --json "$OUT/generate_$b.json" > "$OUT/generate_$b.txt" 2>&1
     echo "serve generate $b rc $?"
-    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))[0]; print({k: r.get(k) for k in ('status','rel_err',
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['cells'][0]; print({k: r.get(k) for k in ('status','rel_err',
       'ttft_p50_ms','itl_p50_ms','latency_p99_ms','achieved_rate','error')})" "$OUT/generate_$b.json"
   done
   python3 -c "
@@ -392,7 +392,7 @@ cols = ["model", "strategy", "world_size", "nccl", "batch_size", "global_batch",
         "tokens_per_s", "tflops_per_gpu", "mfu", "scaling_efficiency", "peak_mem_mb", "params_mb", "optim_state_mb"]
 print("\t".join(cols))
 for p in sorted(glob.glob(os.path.join(sys.argv[1], "x2_*.json"))):
-    for r in json.load(open(p)):
+    for r in json.load(open(p))["cells"]:
         print("\t".join(f"{v:.4g}" if isinstance(v, float) else "-" if v is None else str(v) for v in map(r.get, cols)))
         if r["status"] != "ok":
             print("   ", (r.get("error") or "")[:300])

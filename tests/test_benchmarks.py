@@ -84,3 +84,11 @@ def test_plain_loop_check_refuses_a_generation_without_decode_steps(value):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plain_loop_check.py"), "--new-tokens", value],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--new-tokens" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args", [["--point", "8"], ["--point", "0x128"], ["--point", "8x-1"], ["--point", "axb"],
+                                  ["--model", "no-such-preset"], ["--backend", "fused"], ["--task", "generate"]])
+def test_transformers_loop_check_refuses_bad_arguments_before_building_a_model(args):
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "transformers_loop_check.py"), *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3, r.stderr
