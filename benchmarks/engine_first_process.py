@@ -34,13 +34,14 @@ STEP_TIMEOUT_S = 400
 ORIGINS = ("table", "tuned", "partial", "neighbour", "rule")  # engine/tuning.py ORIGINS
 
 
-def _shape(text: str) -> tuple[int, int]:
+def batch_by_seq(text: str) -> tuple[int, int]:
+    """An argparse type for BATCHxSEQ (transformers_loop_check.py's --point too)."""
     try:
         b, s = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--shape must be BATCHxSEQ (256x128), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be BATCHxSEQ (256x128), got {text!r}") from None
     if b < 1 or s < 1:
-        raise argparse.ArgumentTypeError(f"--shape must be at least 1x1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be at least 1x1, got {text!r}")
     return b, s
 
 
@@ -64,7 +65,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("step", nargs="?", choices=["_measure", "_tune"], help=argparse.SUPPRESS)
     ap.add_argument("--model", default="bert-base-uncased")
     ap.add_argument("--dtype", default="fp8", choices=["fp16", "bf16", "fp8"])
-    ap.add_argument("--shape", type=_shape, default=(256, 128), help="BATCHxSEQ measured (default 256x128)")
+    ap.add_argument("--shape", type=batch_by_seq, default=(256, 128), help="BATCHxSEQ measured (default 256x128)")
     ap.add_argument("--nearby", type=_positive, default=None,
                     help="the batch tuned for the nearby table (default: half of the shape's batch, at least 1)")
     ap.add_argument("--again", type=_count, default=1, help="later processes on the first table (default 1)")

@@ -22,19 +22,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from engine_first_process import batch_by_seq
+
 TASKS = {"base": "AutoModel", "mlm": "AutoModelForMaskedLM", "causal-lm": "AutoModelForCausalLM",
          "classification": "AutoModelForSequenceClassification"}
 DTYPES = ("fp16", "bf16", "fp32")
-
-
-def point(text: str) -> tuple[int, int]:
-    try:
-        batch, seq = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a point is BATCHxSEQ, such as 8x384; got {text!r}") from None
-    if batch < 1 or seq < 1:
-        raise argparse.ArgumentTypeError(f"batch and seq must be at least 1; got {text!r}")
-    return batch, seq
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -43,7 +35,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--task", default="base", choices=sorted(TASKS))
     p.add_argument("--backend", default="sdpa", choices=("eager", "sdpa"))
     p.add_argument("--dtype", default="fp16", choices=DTYPES)
-    p.add_argument("--point", type=point, action="append", default=None, help="BATCHxSEQ, repeatable")
+    p.add_argument("--point", type=batch_by_seq, action="append", default=None, help="BATCHxSEQ, repeatable")
     p.add_argument("--out", default=None, help="folder for the cells' store and records (default: a temporary one)")
     args = p.parse_args(argv)
     from transbench.models.presets import PRESETS

@@ -9,7 +9,7 @@ def _script():
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--shape", "256"], "--shape must be BATCHxSEQ"),
+    (["--shape", "256"], "argument --shape: must be BATCHxSEQ"),
     (["--shape", "0x128"], "at least 1x1"),
     (["--nearby", "256"], "--nearby 256 is the measured batch"),
     (["--reps", "0"], "at least 1"),
