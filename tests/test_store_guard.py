@@ -4,6 +4,7 @@ import errno
 import json
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -459,25 +460,181 @@ time.sleep(300)
 """
 
 
-def test_a_store_another_process_holds_is_locked_not_damaged(tmp_path):
+def _first_line(proc, seconds: float) -> str:
+    """The first line a process prints, or "" if none comes within `seconds`: a holder that never says it holds the
+    lock must fail the test, not hang it (readline alone waits for ever)."""
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        return proc.stdout.readline().strip() if sel.select(timeout=seconds) else ""
+
+
+def locked_refusal(res, store, wait: str = "1") -> str:
+    """The refusal of a command that waited for a locked store: the wait said first, then one line of error."""
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 2, res.stderr
+    assert lines[0] == f"store {store} is locked by another process: waiting up to {wait} s for it (Ctrl-C stops)"
+    assert lines[1].startswith(f"error: store {store} is locked by another process"), lines[1]
+    return lines[1]
+
+
+def test_a_store_another_process_holds_is_locked_not_damaged(tmp_path, monkeypatch):
     """Said "store S is damaged (database is locked): restore it from a copy", which would have the user throw a
-    whole store away for a lock that ends with its process."""
+    whole store away for a lock that ends with its process. Readers wait for it as writers do, aloud (they waited
+    sqlite3's default 5 s in silence)."""
     import subprocess
     import sys
 
     store = tmp_path / "s.db"
     _store_with_cells(store)
+    monkeypatch.setattr(store_db, "LOCK_WAIT", 1.0)
+    monkeypatch.setattr(store_db, "LOCK_NOTICE", 0.1)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(store)], stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == "held"
+        assert _first_line(holder, 60) == "held"
         before = snapshot(tmp_path)
         for args in (["runs", "--db", store], ["merge", store, "--into", tmp_path / "t.db"]):
-            line = one_line_error(invoke(*args), f"store {store} is locked by another process")
+            line = locked_refusal(invoke(*args), store)
             assert "damaged" not in line
         assert snapshot(tmp_path) == before
     finally:
         holder.kill()
         holder.wait()
+
+
+def _rows(path) -> list:
+    con = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True)
+    try:
+        return [con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in ("runs", "cells")]
+    finally:
+        con.close()
+
+
+def _write_locked(path):
+    """Another holder of the store's write lock, as an SQLite browser with unsaved edits holds it."""
+    con = sqlite3.connect(path, check_same_thread=False)
+    con.execute("BEGIN EXCLUSIVE")
+    return con
+
+
+def test_a_store_locked_for_the_whole_wait_is_said_at_once_then_refused(tmp_path, monkeypatch):
+    """A writer waited 60 s for another process's write lock without a word (a hang), then was refused."""
+    store = tmp_path / "s.db"
+    _store_with_cells(store)
+    monkeypatch.setattr(store_db, "LOCK_WAIT", 1.0)
+    monkeypatch.setattr(store_db, "LOCK_NOTICE", 0.1)
+    before = _rows(store)
+    holder = _write_locked(store)
+    try:
+        res = invoke(*BANDWIDTH, "--db", store, "--name", "x")
+    finally:
+        holder.rollback()
+        holder.close()
+    locked_refusal(res, store)
+    assert _rows(store) == before  # the refused run left no run, no cell
+
+
+def test_a_store_lock_released_during_the_wait_lets_the_command_go_on(tmp_path, monkeypatch):
+    import threading
+
+    store = tmp_path / "s.db"
+    _store_with_cells(store)
+    monkeypatch.setattr(store_db, "LOCK_NOTICE", 0.1)
+    monkeypatch.setattr(store_db, "LOCK_WAIT", 20.0)  # a release that never came fails in 20 s
+    holder = _write_locked(store)
+    release = threading.Timer(1.0, holder.rollback)
+    release.start()
+    try:
+        res = invoke(*BANDWIDTH, "--db", store, "--name", "x")
+    finally:
+        release.join()
+        holder.close()
+    assert res.exit_code == 0, res.output
+    assert f"store {store} is locked by another process: waiting up to 20 s" in res.stderr.splitlines()[0]
+    runs, cells = _rows(store)
+    (run_id,) = [r[0] for r in runs if r[1] == "x"]
+    assert [c for c in cells if c[0] == run_id and c[3] == "ok"], cells
+
+
+class _Locked:
+    """A connection whose every statement but a PRAGMA meets another process's lock, waiting out its busy timeout on
+    a clock of its own: the wait loop as SQLite drives it, with no lock, no sleep and no signal."""
+
+    def __init__(self, interrupt_at: int | None = None):
+        self.now, self.timeouts, self.attempts, self.interrupt_at = 0.0, [], 0, interrupt_at
+
+    def execute(self, sql):
+        if sql.startswith("PRAGMA busy_timeout="):
+            self.timeouts.append(int(sql.split("=")[1]))
+            return None
+        self.attempts += 1
+        self.now += self.timeouts[-1] / 1000  # SQLite's busy handler waits the whole timeout
+        if self.attempts == self.interrupt_at:
+            # Ctrl-C pressed during this slice: Python raises it as the statement returns, never inside it
+            raise KeyboardInterrupt
+        raise sqlite3.OperationalError("database is locked")
+
+
+def _wait(monkeypatch, con):
+    monkeypatch.setattr(store_db, "time", type("Clock", (), {"monotonic": staticmethod(lambda: con.now)}))
+    return store_db._wait_for_lock(con, "s.db", lambda: con.execute("BEGIN IMMEDIATE"))
+
+
+def test_the_lock_wait_is_said_once_and_taken_in_slices_until_its_end(monkeypatch, capsys):
+    """SQLite's busy wait is one C call that Python cannot interrupt: Ctrl-C pressed in it took effect only at its
+    end, up to 60 s later. After the first LOCK_NOTICE the wait is said, and no statement waits more than a slice."""
+    con = _Locked()
+    with pytest.raises(sqlite3.OperationalError):
+        _wait(monkeypatch, con)
+    wait_ms, notice_ms, slice_ms = (int(store_db.LOCK_WAIT * 1000), int(store_db.LOCK_NOTICE * 1000),
+                                    int(store_db.LOCK_SLICE * 1000))
+    assert con.timeouts[0] == notice_ms
+    assert all(0 < t <= slice_ms for t in con.timeouts[1:-1]), con.timeouts
+    assert con.timeouts[-1] == wait_ms  # the statements after the wait keep SQLite's whole wait
+    assert con.now == pytest.approx(store_db.LOCK_WAIT)  # refused at the end of the wait, not before or after
+    assert capsys.readouterr().err == ("store s.db is locked by another process: waiting up to 60 s for it "
+                                       "(Ctrl-C stops)\n")
+
+
+def test_ctrl_c_during_the_lock_wait_ends_it_within_a_slice(monkeypatch, capsys):
+    con = _Locked(interrupt_at=5)
+    with pytest.raises(KeyboardInterrupt):
+        _wait(monkeypatch, con)
+    assert con.attempts == 5  # no statement after the interruption but the timeout's reset
+    assert con.timeouts[-1] == int(store_db.LOCK_WAIT * 1000)
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_lock_wait_ended_by_ctrl_c_ends_the_command_as_ctrl_c_does(tmp_path, monkeypatch):
+    """A writer interrupted while it waited for the write lock: one line, exit 130, nothing stored."""
+    store = tmp_path / "s.db"
+    _store_with_cells(store)
+    before = _rows(store)
+    monkeypatch.setattr(store_db, "LOCK_NOTICE", 0.05)
+    said = []
+    err = type("Err", (), {"write": staticmethod(said.append), "flush": staticmethod(lambda: None)})
+
+    def clock():  # the first reading after the wait was said is taken between two slices: Ctrl-C lands there
+        if said:
+            raise KeyboardInterrupt
+        return time.monotonic()
+
+    holder = _write_locked(store)
+    try:
+        monkeypatch.setattr(store_db, "sys", type("Sys", (), {"stderr": err}))
+        monkeypatch.setattr(store_db, "time", type("Clock", (), {"monotonic": staticmethod(clock)}))
+        res = invoke(*BANDWIDTH, "--db", store, "--name", "x")
+    finally:
+        holder.rollback()
+        holder.close()
+    assert said == [f"store {store} is locked by another process: waiting up to 60 s for it (Ctrl-C stops)\n"]
+    assert res.exit_code == 130, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interrupted"), lines
+    assert _rows(store) == before
 
 
 @pytest.mark.parametrize("suffix", ["-wal", "-shm"])

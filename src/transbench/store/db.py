@@ -12,6 +12,7 @@ before anything could add tables to it or switch its journal mode. Commands that
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import functools
@@ -21,6 +22,8 @@ import math
 import os
 import re
 import sqlite3
+import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +80,15 @@ COLUMNS = {"runs": ["run_id", "name", "kind", "created", "spec", "env"],
 # how long cells run, not what they measure.
 RESUMABLE = frozenset({"timeout", "gpus", "shard", "shard_count", "name", "node_rank", "rdzv_endpoint"})
 RESUME = "free some space, then rerun the same command (add --resume if the run has no --name) to go on"
+# How long a command waits for a lock of the store that another process holds (a writer for the write lock, held by
+# an SQLite browser's open transaction or a merge into the store; any command for a store held with `PRAGMA
+# locking_mode=EXCLUSIVE`), in all, before it is refused as locked; and the first part of that wait, after which the
+# wait is said on stderr. SQLite's own busy wait (connect's timeout) printed nothing for the whole 60 s, and a Ctrl-C
+# pressed during it took effect only when it ended: Python raises KeyboardInterrupt between statements, never inside
+# one. The rest of the wait is taken in slices of LOCK_SLICE, so Ctrl-C ends it within one.
+LOCK_WAIT = 60.0
+LOCK_NOTICE = 1.0
+LOCK_SLICE = 0.25
 
 
 class StoreFull(SpecError):
@@ -239,6 +251,32 @@ def _translate(path: str, exc: BaseException) -> SpecError | None:
     if code.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
         return SpecError(f"store {path} is locked by another process: wait for it to finish, or give another --db")
     return None
+
+
+def _wait_for_lock(con: sqlite3.Connection, path: str, attempt):
+    """attempt() (a statement on `con` that takes a lock of store `path` and changes nothing when refused), tried for
+    LOCK_WAIT in all: after LOCK_NOTICE the wait is said on stderr in one line, and the rest is taken in LOCK_SLICE
+    slices, so Ctrl-C ends it at once. Still locked at the end, SQLite's error is raised, said as "locked by another
+    process" (_translate). `con`'s busy timeout is LOCK_WAIT again afterwards, for the statements that follow."""
+    start = time.monotonic()
+    told = False
+    con.execute(f"PRAGMA busy_timeout={int(min(LOCK_NOTICE, LOCK_WAIT) * 1000)}")
+    try:
+        while True:
+            try:
+                return attempt()
+            except sqlite3.OperationalError as exc:
+                left = LOCK_WAIT - (time.monotonic() - start)
+                if not _errname(exc).startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or left <= 0:
+                    raise
+            if not told:
+                told = True
+                sys.stderr.write(f"store {path} is locked by another process: waiting up to {LOCK_WAIT:g} s for it "
+                                 "(Ctrl-C stops)\n")
+                sys.stderr.flush()
+            con.execute(f"PRAGMA busy_timeout={max(1, int(min(LOCK_SLICE, left) * 1000))}")
+    finally:
+        con.execute(f"PRAGMA busy_timeout={int(LOCK_WAIT * 1000)}")
 
 
 def _guarded(method):
@@ -456,7 +494,10 @@ def _tables(path: str, ours: bool = False) -> tuple[dict[str, tuple], int]:
             # Views too, as objects that are not our tables whatever their names: a file of views alone (another
             # application's) read as empty, safe to start a store in, and a writer marked it, then failed on CREATE
             # TABLE beside a view named runs: a traceback, the file changed.
-            rows = con.execute("SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
+            # The first read takes the file's read lock: a process that holds the store exclusively (`PRAGMA
+            # locking_mode=EXCLUSIVE`) is waited for as a writer waits for the write lock, not sqlite3's silent 5 s.
+            rows = _wait_for_lock(con, path, lambda: con.execute(
+                "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')").fetchall())
             out = {n: (_layout(con, n) if n in COLUMNS else ()) if kind == "table" else ("view",) for n, kind in rows}
             triggers = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='trigger'")]
             (version,) = con.execute("PRAGMA user_version").fetchone()
@@ -543,7 +584,7 @@ class Store:
         try:
             # lanes share the connection under a lock
             database, uri = _reader(self.path) if readonly else (self.path, False)
-            self.conn = sqlite3.connect(database, timeout=60, check_same_thread=False, uri=uri)
+            self.conn = sqlite3.connect(database, timeout=LOCK_WAIT, check_same_thread=False, uri=uri)
         except sqlite3.Error as exc:
             raise _translate(self.path, exc) or exc from None
         try:
@@ -618,12 +659,25 @@ class Store:
         # The marker goes in before WAL is switched on, so it is in the main file's header at once
         # (a header change made in WAL mode sits in the -wal file until a checkpoint).
         if kind != "ours" or self.conn.execute("PRAGMA application_id").fetchone()[0] != APP_ID:
-            self.conn.execute(f"PRAGMA application_id={APP_ID}")
-            self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            self.conn.executescript(SCHEMA)
-            self.conn.commit()
+            with self._writing():  # statement by statement: executescript would commit the marker alone first
+                self.conn.execute(f"PRAGMA application_id={APP_ID}")
+                self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        self.conn.execute(statement)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """One write transaction (committed whole, or rolled back), begun by taking the store's write lock: every write
+        of a Store goes through here, so a lock another process holds is met here, and waited for aloud
+        (_wait_for_lock). BEGIN IMMEDIATE takes it before any statement, so a refused or interrupted writer has
+        changed nothing, and retrying it is safe (a deferred transaction meets the lock at its first INSERT, where a
+        retry may find its snapshot stale)."""
+        with self.conn:
+            _wait_for_lock(self.conn, self.path, lambda: self.conn.execute("BEGIN IMMEDIATE"))
+            yield
 
     def close(self) -> None:
         blank = getattr(self, "_blank", None) is not None and self._unused()
@@ -706,7 +760,7 @@ class Store:
         elif run_id is None:
             run_id = hashlib.sha256(name.encode()).hexdigest()[:12]
         try:
-            with self.conn:
+            with self._writing():
                 self.conn.execute("INSERT INTO runs VALUES (?,?,?,?,?,?)",
                                   (run_id, name, kind, _now(), json.dumps(spec), json.dumps(env)))
         except sqlite3.IntegrityError:
@@ -810,7 +864,7 @@ class Store:
                  samples: list | None = None, info: dict | None = None, warnings: list | None = None) -> None:
         """Store a cell; its record names the row's scenario and status where it does not (RECORD_REQUIRED)."""
         self._check_in_place()
-        with self.conn:  # one transaction: the cell is stored whole or not at all
+        with self._writing():  # one transaction: the cell is stored whole or not at all
             self.conn.execute(
                 "INSERT OR REPLACE INTO cells VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (run_id, key, scenario, status, json.dumps(finite_json({"scenario": scenario, "status": status,
@@ -915,7 +969,7 @@ class Store:
             # without a word.
             check_mergeable([self, *others], {})
             names = {r["run_id"]: r["name"] for r in self.runs()}
-            with self.conn:
+            with self._writing():
                 for other in others:
                     for row in other.rows("runs"):
                         added = self.conn.execute("INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?)", row).rowcount
