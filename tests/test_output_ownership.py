@@ -186,6 +186,24 @@ def test_a_compare_that_refuses_its_runs_says_why_in_the_step_summary(runs_db, t
     assert not js.exists()  # no comparison to write
 
 
+def test_a_refused_compare_leaves_an_earlier_output_as_it_was_and_says_so(runs_db, tmp_path):
+    """A CI step that reads --json after a refusal (`compare ... || true`) found the last job's comparison there, of
+    other runs, with nothing to tell it apart: the refusal names the files it left, each byte for byte as it was."""
+    js, bench, summary = tmp_path / "c.json", tmp_path / "bench.json", tmp_path / "summary.md"
+    assert invoke("compare", "a", "b", "--db", runs_db, "--json", js, "--github-benchmark", bench).exit_code == 1
+    before = {p: (digest(p), p.stat().st_mtime_ns) for p in (js, bench)}
+    res = invoke("compare", "a", "nosuch", "--db", runs_db, "--json", js, "--github-benchmark", bench,
+                 "--markdown", summary)
+    line = refused(res, "nosuch", f"(nothing was written: --json {js} and --github-benchmark {bench} still hold an "
+                   "earlier compare's output)")
+    assert {p: (digest(p), p.stat().st_mtime_ns) for p in (js, bench)} == before
+    assert line.removeprefix("error: ") in summary.read_text()  # the step summary says it too
+    js.unlink()
+    line = refused(invoke("compare", "a", "nosuch", "--db", runs_db, "--json", js, "--github-benchmark", bench),
+                   f"(nothing was written: --github-benchmark {bench} still holds an earlier compare's output)")
+    assert "--json" not in line and not js.exists()
+
+
 def test_compare_markdown_refuses_a_file_that_is_not_text(runs_db, tmp_path):
     png = matplotlib_png(tmp_path / "plot.png")
     before = digest(png)

@@ -127,10 +127,17 @@ def compare(
     try:
         cmp = compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
     except SpecError as exc:
+        # A file an earlier compare wrote at --json or --github-benchmark stays as it was (each is replaced only
+        # whole, on success): the line says so, as a CI step that reads it after a refusal (`|| true`) read a
+        # comparison of other runs as this one's.
+        kept = [f"{o} {p}" for o, p in files.items() if o != "--markdown" and os.path.isfile(p) and os.path.getsize(p)]
+        if kept:
+            exc = SpecError(f"{exc} (nothing was written: {' and '.join(kept)} still hold"
+                            f"{'s' if len(kept) == 1 else ''} an earlier compare's output)")
         if "--markdown" in files:
             with export.writing(files["--markdown"]):
                 export.append_text(files["--markdown"], refusal_markdown(visible(str(exc))))
-        raise
+        raise exc from None
     def strict(doc) -> str:  # JSON a CI's parser reads: an undefined figure is null, never a bare NaN
         return json.dumps(export.finite_json(doc), indent=1, default=str, allow_nan=False) + "\n"
 
