@@ -713,8 +713,9 @@ def compare_records(run_a: dict, recs_a: list[dict], run_b: dict, recs_b: list[d
             if reps_a and reps_b:  # rule 5: the repeats' geometric means, the centre of the Welch interval
                 ma, mb = _geometric_mean(reps_a), _geometric_mean(reps_b)
             elif reps_a or reps_b:  # the samples, every repeat's pooled: their medians
-                ma = ma if sample_median(ra["_samples"]) is None else sample_median(ra["_samples"])
-                mb = mb if sample_median(rb["_samples"]) is None else sample_median(rb["_samples"])
+                pooled_a, pooled_b = sample_median(ra["_samples"]), sample_median(rb["_samples"])
+                ma = ma if pooled_a is None else pooled_a
+                mb = mb if pooled_b is None else pooled_b
             ratio, interval, verdict, note = judge(ra["_samples"], rb["_samples"], ma, mb, cfg, ra.get("scenario"),
                                                    reps_a, reps_b)
             failing = more_failures(ra, rb, cfg)
