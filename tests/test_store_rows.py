@@ -276,3 +276,28 @@ def test_a_cell_whose_own_settings_the_store_would_refuse_is_not_written(tmp_pat
         store_result(s, run_id, cell, ok_result(samples(10.0), 1, tokens_per_s=-1.0))
     s.close()
     assert len(api.records(str(db), ["A"])) == 1 and invoke("runs", "--db", db).exit_code == 0
+
+
+def test_a_run_of_no_date_is_refused_by_last_not_passed_over(tmp_path):
+    """A damaged page read a run's date as NULL, which sorts below every date: `report` (its run 'last') reported the
+    run before it as the newest, exit 0, where `runs` refused the store."""
+    db = tmp_path / "s.db"
+    two_runs(db)
+    con = sqlite3.connect(db)
+    # NOT NULL holds against an UPDATE: the table's CREATE text is lifted for it and put back as it was
+    (sql,) = con.execute("SELECT sql FROM sqlite_master WHERE name = 'runs'").fetchone()
+    con.execute("PRAGMA writable_schema = ON")
+    con.execute("UPDATE sqlite_master SET sql = ? WHERE name = 'runs'", (sql.replace("created TEXT NOT NULL",
+                                                                                     "created TEXT"),))
+    con.commit()
+    con.close()
+    con = sqlite3.connect(db)
+    con.execute("UPDATE runs SET created = NULL WHERE name = 'A'")
+    con.execute("PRAGMA writable_schema = ON")
+    con.execute("UPDATE sqlite_master SET sql = ? WHERE name = 'runs'", (sql,))
+    con.commit()
+    con.close()
+    before = digest(tmp_path)
+    for args in (["report", "--db", db, "--out", tmp_path / "out"], ["compare", "B", "last", "--db", db]):
+        one_line_error(invoke(*args), f"store {db} is damaged", "run 'A' has an id, name, kind or date that is not text")
+    assert digest(tmp_path) == before

@@ -777,7 +777,11 @@ class Store:
         if not boundary.is_utf8(ref):
             return None  # no stored name holds text that is not UTF-8 (a shell's undecodable bytes)
         if ref == "last":
-            row = self.conn.execute("SELECT * FROM runs ORDER BY created DESC, rowid DESC LIMIT 1").fetchone()
+            # A run whose date is not text (NULL in a damaged page) sorts below every date: 'last' passed over it to
+            # an older run, reported as the newest, exit 0, where `runs` refused the store as damaged. Which run is
+            # the newest is not known then: that run is refused as damaged (_run) here too.
+            row = self.conn.execute("SELECT * FROM runs WHERE typeof(created) != 'text' LIMIT 1").fetchone()
+            row = row or self.conn.execute("SELECT * FROM runs ORDER BY created DESC, rowid DESC LIMIT 1").fetchone()
         else:
             row = self.conn.execute("SELECT * FROM runs WHERE run_id=? OR name=? ORDER BY name=? DESC LIMIT 1",
                                     (ref, ref, ref)).fetchone()
