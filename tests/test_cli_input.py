@@ -149,6 +149,10 @@ def test_export_paths_are_checked_before_anything_runs(tmp_path, command):
     db = tmp_path / "e.db"
     refused(invoke(*command, "--db", db, "--json", tmp_path / "no" / "r.json"), "folder", "does not exist")
     refused(invoke(*command, "--db", db, "--csv", tmp_path), "is a folder")
+    # a link to a file in a missing folder: written at its target, it failed at the write, after the measuring
+    (tmp_path / "link.json").symlink_to(tmp_path / "no" / "r.json")
+    refused(invoke(*command, "--db", db, "--json", tmp_path / "link.json"), "symbolic link to", "folder",
+            "does not exist")
     if os.geteuid() != 0:  # root may write anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)

@@ -204,6 +204,16 @@ def test_a_refused_compare_leaves_an_earlier_output_as_it_was_and_says_so(runs_d
     assert "--json" not in line and not js.exists()
 
 
+def test_an_output_that_links_into_a_missing_folder_is_refused_before_the_work(runs_db, tmp_path):
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "gone" / "c.json")
+    for args in (["compare", "a", "b", "--db", runs_db, "--json", link], ["runs", "--db", runs_db, "--out", link],
+                 ["runs", "--db", runs_db, "--spec", "a", "--out", link]):
+        refused(invoke(*args), f"cannot write {link}: it is a symbolic link to {tmp_path / 'gone' / 'c.json'}, and "
+                f"folder {tmp_path / 'gone'} does not exist")
+    assert link.is_symlink() and not (tmp_path / "gone").exists()
+
+
 def test_compare_markdown_refuses_a_file_that_is_not_text(runs_db, tmp_path):
     png = matplotlib_png(tmp_path / "plot.png")
     before = digest(png)

@@ -614,13 +614,17 @@ def _check_file(p: Path, option: str, db: str | None, image: bool, example: str 
     if p.is_dir():
         raise SpecError(f"cannot write {path}: it is a folder; give a file path such as "
                         f"{p / (example or EXAMPLE_NAME.get(option, 'out.txt'))}")
-    folder = p.parent
+    # A link to no file yet is written at its target (replacing): a target in a missing folder was let through and
+    # failed at the write, after the work ("No such file or directory"; `run --json` measured first).
+    dangling = p.is_symlink() and not p.exists()
+    folder = Path(os.path.realpath(p)).parent if dangling else p.parent
+    link = f"it is a symbolic link to {os.path.realpath(p)}, and " if dangling else ""
     if not folder.is_dir():
         # The nearest part that is there: under a file (notes.txt/sub/x.json), "create it first" could not be done
         there = boundary.file_above(folder)
         if there is not None:
-            raise SpecError(f"cannot write {path}: it is inside {there}, which is a file, not a folder")
-        raise SpecError(f"cannot write {path}: folder {folder} does not exist (create it first)")
+            raise SpecError(f"cannot write {path}: {link}it is inside {there}, which is a file, not a folder")
+        raise SpecError(f"cannot write {path}: {link}folder {folder} does not exist (create it first)")
     _refuse_kernel_fs(p, path)
     # An existing file needs only itself writable (e.g. /dev/stdout); a new one needs its folder.
     if not (os.access(p, os.W_OK) if p.exists() else os.access(folder, os.W_OK | os.X_OK)):
