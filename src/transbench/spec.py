@@ -484,4 +484,25 @@ def dump_file(spec, path: str) -> None:
 
 def _toml(data: dict) -> str:
     """Flat TOML writer: specs are flat mappings of scalars and lists of scalars."""
-    return "".join(f"{k} = {json.dumps(v)}\n" for k, v in data.items())
+    return "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in data.items())
+
+
+def _toml_key(key) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", str(key)) else _toml_value(str(key))
+
+
+def _toml_value(v) -> str:
+    """A value in TOML's own spelling. json.dumps wrote a stored spec's NaN or infinity as NaN / Infinity, a character
+    past U+FFFF (a model folder named with an emoji) as a surrogate pair of escapes, None in a list as null and a
+    mapping as a JSON object: `runs --spec RUN --out s.toml` wrote a file its own `--spec` refused as invalid TOML."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else "inf" if v > 0 else "-inf"
+    if v is None:  # a key of no value is left out (dump_text, and below); TOML has no null to hold its place
+        raise SpecError("this spec holds null inside a list, which TOML cannot write: write it as .yaml or .json")
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
+    if isinstance(v, str):  # control characters escaped (JSON's escapes are TOML's; DEL is not JSON's), the rest raw
+        return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
+    return json.dumps(v)
