@@ -202,6 +202,15 @@ def test_a_refused_compare_leaves_an_earlier_output_as_it_was_and_says_so(runs_d
     line = refused(invoke("compare", "a", "nosuch", "--db", runs_db, "--json", js, "--github-benchmark", bench),
                    f"(nothing was written: --github-benchmark {bench} still holds an earlier compare's output)")
     assert "--json" not in line and not js.exists()
+    # refused before the comparison (an output of the user's at --markdown): the earlier file is named too, and a
+    # file at --json that compare did not write is not said to be an earlier compare's
+    png = matplotlib_png(tmp_path / "plot.png")
+    line = refused(invoke("compare", "a", "b", "--db", runs_db, "--github-benchmark", bench, "--markdown", png),
+                   "not a text file", f"(nothing was written: --github-benchmark {bench} still holds")
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}')
+    line = refused(invoke("compare", "a", "nosuch", "--db", runs_db, "--json", notes), "is not a file transbench wrote")
+    assert "earlier compare" not in line and notes.read_text() == '{"mine": 1}'
 
 
 def test_an_output_that_links_into_a_missing_folder_is_refused_before_the_work(runs_db, tmp_path):

@@ -118,26 +118,32 @@ def compare(
     # What each writes (store/export.py KINDS): a file already there is replaced only when it is one of those, and
     # the markdown is appended, as a step summary expects ($GITHUB_STEP_SUMMARY holds the job's earlier steps').
     writes = {"--json": "json", "--github-benchmark": "benchmark"}
-    for option, path in files.items():
-        export.check_output(path, option, db, writes=writes.get(option), append=option == "--markdown")
-    for i, (option, path) in enumerate(files.items()):
-        for other, before in list(files.items())[:i]:
-            if os.path.realpath(path) == os.path.realpath(before):
-                fail(f"{other} and {option} both write {path}: give them different files")
+    # A file an earlier compare wrote at --json or --github-benchmark stays as it was when this one is refused (each
+    # is replaced only whole, once the runs are judged): the refusal's line names it, as a CI step that read it after
+    # a refusal (`compare ... || true`) took a comparison of other runs for this one's.
+    kept = [f"{o} {p}" for o, p in files.items() if o in writes and os.path.isfile(p) and os.path.getsize(p)
+            and export.ours(p, writes[o])]
+    kept_note = (f" (nothing was written: {' and '.join(kept)} still hold{'s' if len(kept) == 1 else ''} an earlier "
+                 "compare's output)" if kept else "")
     try:
-        cmp = compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
+        for option, path in files.items():
+            export.check_output(path, option, db, writes=writes.get(option), append=option == "--markdown")
+        for i, (option, path) in enumerate(files.items()):
+            for other, before in list(files.items())[:i]:
+                if os.path.realpath(path) == os.path.realpath(before):
+                    raise SpecError(f"{other} and {option} both write {path}: give them different files")
+        try:
+            cmp = compare_runs(db, run_a, run_b, CompareConfig(alpha, min_effect))
+        except SpecError as exc:
+            if "--markdown" in files:
+                with export.writing(files["--markdown"]):
+                    export.append_text(files["--markdown"], refusal_markdown(visible(str(exc) + kept_note)))
+            raise
     except SpecError as exc:
-        # A file an earlier compare wrote at --json or --github-benchmark stays as it was (each is replaced only
-        # whole, on success): the line says so, as a CI step that reads it after a refusal (`|| true`) read a
-        # comparison of other runs as this one's.
-        kept = [f"{o} {p}" for o, p in files.items() if o != "--markdown" and os.path.isfile(p) and os.path.getsize(p)]
-        if kept:
-            exc = SpecError(f"{exc} (nothing was written: {' and '.join(kept)} still hold"
-                            f"{'s' if len(kept) == 1 else ''} an earlier compare's output)")
-        if "--markdown" in files:
-            with export.writing(files["--markdown"]):
-                export.append_text(files["--markdown"], refusal_markdown(visible(str(exc))))
-        raise exc from None
+        if kept_note:
+            raise SpecError(str(exc) + kept_note) from None
+        raise
+
     def strict(doc) -> str:  # JSON a CI's parser reads: an undefined figure is null, never a bare NaN
         return json.dumps(export.finite_json(doc), indent=1, default=str, allow_nan=False) + "\n"
 
