@@ -688,6 +688,9 @@ def test_a_store_path_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
 @pytest.mark.parametrize("name,says", [(":memory:", "is SQLite's name for a database that is not a plain file"),
                                        ("file:x.db", "is SQLite's name for a database that is not a plain file"),
                                        ("s.db/", "ends in a folder separator: give a file path, e.g. --db"),
+                                       ("s.db/.", "ends in '.', which names a folder: give a file path, e.g. "
+                                                  "--db s.db"),
+                                       ("s.db/..", "ends in '..', which names a folder"),
                                        ("s.db-wal", "is named as SQLite names the side files of a store (-wal)"),
                                        ("s.db-journal", "(-journal): SQLite would delete or rewrite it when"),
                                        ("new.db-shm", "(-shm)")])
@@ -761,10 +764,10 @@ def test_a_stored_cell_field_of_any_value_reads_back_or_is_named(field, value):
 
 @settings(max_examples=60, deadline=None)
 @given(stem=st.text(alphabet="abcdefgh_-.0123", min_size=1, max_size=12),
-       tail=st.sampled_from(["-wal", "-shm", "-journal", "/"]))
+       tail=st.sampled_from(["-wal", "-shm", "-journal", "/", "/.", "/.."]))
 def test_any_store_name_sqlite_reads_as_another_file_is_refused_in_one_line(tmp_path_factory, stem, tail):
-    """A store named as SQLite names a store's side files, or ending in a folder separator: SQLite deleted, rewrote or
-    opened another file than the one named. Refused before anything is made."""
+    """A store named as SQLite names a store's side files, or ending in a folder separator (or in /. or /..): SQLite
+    deleted, rewrote or opened another file than the one named. Refused before anything is made."""
     folder = tmp_path_factory.mktemp("names")
     name = str(folder / stem) + tail
     res = invoke("runs", "--db", name)

@@ -330,6 +330,13 @@ def inspect(path: str) -> str:
     if path.endswith(("/", os.sep)):  # SQLite opened `x.db/` as x.db, and a new x.db was made beside the refusal
         raise SpecError(f"store {path} ends in a folder separator: give a file path, e.g. --db "
                         f"{path.rstrip('/' + os.sep) or 'transbench.db'}")
+    dots = next((d for d in (".", "..") for sep in {"/", os.sep} if path.endswith(sep + d)), None)
+    if dots:
+        # pathlib reads `s.db/.` as s.db, the OS as no file: readers read s.db, a writer was told that s.db is
+        # read-only, and `merge --into m.db/.` that the run-name lock's folder was not one
+        named = path[:-len(dots) - 1]
+        raise SpecError(f"store {path} ends in '{dots}', which names a folder: give a file path, e.g. --db "
+                        f"{named if os.path.isfile(named) else os.path.normpath(os.path.join(path, 'transbench.db'))}")
     side = next((suffix for suffix in SIDE_FILES if path.endswith(suffix)), None)
     if side:  # SQLite takes such a file for the side file of the store named without it, and deletes or rewrites it
         raise SpecError(f"store {path} is named as SQLite names the side files of a store ({side}): SQLite would "
