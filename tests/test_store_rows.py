@@ -301,3 +301,33 @@ def test_a_run_of_no_date_is_refused_by_last_not_passed_over(tmp_path):
     for args in (["report", "--db", db, "--out", tmp_path / "out"], ["compare", "B", "last", "--db", db]):
         one_line_error(invoke(*args), f"store {db} is damaged", "run 'A' has an id, name, kind or date that is not text")
     assert digest(tmp_path) == before
+
+
+def test_a_store_with_a_write_under_way_in_a_rollback_journal_is_refused_not_read_half_written(tmp_path):
+    """A program writing the store in SQLite's rollback-journal mode, stopped part-way, leaves its uncommitted pages in
+    the file and the old ones in s.db-journal: readers (immutable, no lock) listed, compared and merged the half-written
+    rows as stored, exit 0. The file and its journal are left for SQLite to roll back."""
+    live = tmp_path / "live.db"
+    two_runs(live)
+    con = sqlite3.connect(live, isolation_level=None)
+    con.execute("PRAGMA journal_mode=DELETE")
+    con.execute("PRAGMA cache_size=1")  # the write's pages spill into the file before its commit
+    con.execute("BEGIN")
+    con.execute("UPDATE runs SET name = name || ' (uncommitted)'")
+    con.execute("UPDATE cells SET record = record || ' '")
+    db = tmp_path / "s.db"
+    # the file and its journal as a writer killed now leaves them
+    db.write_bytes(live.read_bytes())
+    (tmp_path / "s.db-journal").write_bytes((tmp_path / "live.db-journal").read_bytes())
+    con.rollback()
+    con.close()
+    target = tmp_path / "t.db"
+    make_run(str(target), "T", [(grid.expand(SPEC)[0], ok_result(samples(5.0), 1))])
+    before = digest(tmp_path)
+    for args in (["runs", "--db", db], ["compare", "A", "B", "--db", db], ["merge", db, "--into", target],
+                 ["report", "A", "--db", db, "--out", tmp_path / "out"]):
+        one_line_error(invoke(*args), f"store {db} has an unfinished write in s.db-journal", "sqlite3")
+    assert digest(tmp_path) == before
+    sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs").fetchone()  # as sqlite3 opens it: the write rolled back
+    res = invoke("runs", "--db", db)
+    assert res.exit_code == 0 and "uncommitted" not in res.output, res.output

@@ -378,6 +378,11 @@ def inspect(path: str) -> str:
     if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
         raise SpecError(f"{path} is not a SQLite database, so not a transbench store: it was left as it is; "
                         "give a transbench store's path")
+    if _unfinished_write(path):
+        raise SpecError(f"store {path} has an unfinished write in {side_file(path, '-journal').name} beside it (a "
+                        "program writing it in SQLite's rollback-journal mode, running or stopped part-way): what the "
+                        "file holds may be half written; it was left as it is: let that program finish, or open the "
+                        "store once with sqlite3, which rolls the write back")
     app_id = int.from_bytes(head[68:72], "big", signed=True)
     version = int.from_bytes(head[60:64], "big", signed=True)
 
@@ -413,6 +418,24 @@ def inspect(path: str) -> str:
     # checked for it, so `runs` read such a file by today's schema and a writer stamped it with this one's version.
     refuse_newer(max(version, wal_version))
     return "ours" if tables else "empty"
+
+
+# The first bytes of a rollback journal that holds a write not yet committed or rolled back (SQLite's file format,
+# "the rollback journal"); a committed one is deleted, truncated or has its header zeroed.
+JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
+
+
+def _unfinished_write(path: str) -> bool:
+    """A -journal file beside the store that holds a write under way, or a hot journal left by a writer stopped
+    part-way. Readers open a store immutable (no lock; _reader) and read its pages as they are: such a store's
+    uncommitted, half-written rows were listed, compared and merged as stored, exit 0. Transbench keeps its stores in
+    WAL mode, so only another program (or an older store's writer) leaves one. Side files that are not regular files
+    are refused before (_check_side_files), so this read cannot block."""
+    try:
+        with open(side_file(path, "-journal"), "rb") as f:
+            return f.read(len(JOURNAL_MAGIC)) == JOURNAL_MAGIC
+    except OSError:
+        return False
 
 
 def _refuse_orphan_wal(path: str, what: str) -> None:
