@@ -326,8 +326,31 @@ def test_a_store_with_a_write_under_way_in_a_rollback_journal_is_refused_not_rea
     before = digest(tmp_path)
     for args in (["runs", "--db", db], ["compare", "A", "B", "--db", db], ["merge", db, "--into", target],
                  ["report", "A", "--db", db, "--out", tmp_path / "out"]):
-        one_line_error(invoke(*args), f"store {db} has an unfinished write in s.db-journal", "sqlite3")
+        one_line_error(invoke(*args), f"store {db} has an unfinished write in s.db-journal", "was stopped",
+                       "sqlite3")
     assert digest(tmp_path) == before
     sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs").fetchone()  # as sqlite3 opens it: the write rolled back
     res = invoke("runs", "--db", db)
     assert res.exit_code == 0 and "uncommitted" not in res.output, res.output
+
+
+def test_a_rollback_journal_whose_writer_is_at_work_is_waited_for_as_a_lock(tmp_path, monkeypatch):
+    """A live writer's journal (a new store's first transaction, before WAL is on: shards started at once on one new
+    store) is no stopped write: the command waits for its lock, and reads the store once it is committed."""
+    db = tmp_path / "s.db"
+    two_runs(db)
+    monkeypatch.setattr(store_db, "LOCK_WAIT", 0.5)
+    monkeypatch.setattr(store_db, "LOCK_NOTICE", 0.1)
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("PRAGMA journal_mode=DELETE")
+    con.execute("PRAGMA cache_size=1")
+    con.execute("BEGIN")
+    con.execute("UPDATE cells SET record = record || ' '")  # pages spilled: the writer holds the file exclusively
+    try:
+        res = invoke("runs", "--db", db)
+    finally:
+        con.rollback()
+        con.close()
+    assert res.exit_code == 2 and "unfinished" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith(f"error: store {db} is locked by another process")
+    assert invoke("runs", "--db", db).exit_code == 0

@@ -380,9 +380,9 @@ def inspect(path: str) -> str:
                         "give a transbench store's path")
     if _unfinished_write(path):
         raise SpecError(f"store {path} has an unfinished write in {side_file(path, '-journal').name} beside it (a "
-                        "program writing it in SQLite's rollback-journal mode, running or stopped part-way): what the "
-                        "file holds may be half written; it was left as it is: let that program finish, or open the "
-                        "store once with sqlite3, which rolls the write back")
+                        "program that wrote it in SQLite's rollback-journal mode was stopped part-way): what the file "
+                        "holds may be half written; it was left as it is: open the store once with sqlite3, which rolls "
+                        "the write back, or restore it from a copy")
     app_id = int.from_bytes(head[68:72], "big", signed=True)
     version = int.from_bytes(head[60:64], "big", signed=True)
 
@@ -426,16 +426,30 @@ JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
 
 
 def _unfinished_write(path: str) -> bool:
-    """A -journal file beside the store that holds a write under way, or a hot journal left by a writer stopped
-    part-way. Readers open a store immutable (no lock; _reader) and read its pages as they are: such a store's
-    uncommitted, half-written rows were listed, compared and merged as stored, exit 0. Transbench keeps its stores in
-    WAL mode, so only another program (or an older store's writer) leaves one. Side files that are not regular files
-    are refused before (_check_side_files), so this read cannot block."""
+    """A hot journal beside the store: a -journal file that holds a write no process is finishing (a program writing
+    the store in SQLite's rollback-journal mode, stopped part-way). Readers open a store immutable (no lock; _reader)
+    and read its pages as they are: such a store's half-written rows were listed, compared and merged as stored, exit
+    0. A journal a live writer holds (a new store's first transaction runs before WAL is on: shards started at once
+    on one store) ends with its commit: the read lock taken here waits for it, as for any lock (_wait_for_lock). Side
+    files that are not regular files are refused before (_check_side_files), so the read of the journal cannot
+    block."""
     try:
         with open(side_file(path, "-journal"), "rb") as f:
-            return f.read(len(JOURNAL_MAGIC)) == JOURNAL_MAGIC
+            if f.read(len(JOURNAL_MAGIC)) != JOURNAL_MAGIC:
+                return False
     except OSError:
         return False
+    con = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True)
+    try:
+        # SQLite rolls a hot journal back before the first read, which a read-only connection may not do
+        _wait_for_lock(con, path, lambda: con.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall())
+        return False
+    except sqlite3.Error as exc:
+        if _errname(exc).startswith("SQLITE_READONLY"):
+            return True
+        raise _translate(path, exc) or exc from None
+    finally:
+        con.close()
 
 
 def _refuse_orphan_wal(path: str, what: str) -> None:
