@@ -299,7 +299,8 @@ def test_a_run_of_no_date_is_refused_by_last_not_passed_over(tmp_path):
     con.close()
     before = digest(tmp_path)
     for args in (["report", "--db", db, "--out", tmp_path / "out"], ["compare", "B", "last", "--db", db]):
-        one_line_error(invoke(*args), f"store {db} is damaged", "run 'A' has an id, name, kind or date that is not text")
+        one_line_error(invoke(*args), f"store {db} is damaged",
+                       "run 'A' has an id, name, kind or date that is not text")
     assert digest(tmp_path) == before
 
 

@@ -381,8 +381,8 @@ def inspect(path: str) -> str:
     if _unfinished_write(path):
         raise SpecError(f"store {path} has an unfinished write in {side_file(path, '-journal').name} beside it (a "
                         "program that wrote it in SQLite's rollback-journal mode was stopped part-way): what the file "
-                        "holds may be half written; it was left as it is: open the store once with sqlite3, which rolls "
-                        "the write back, or restore it from a copy")
+                        "holds may be half written; it was left as it is: open the store once with sqlite3, which "
+                        "rolls the write back, or restore it from a copy")
     app_id = int.from_bytes(head[68:72], "big", signed=True)
     version = int.from_bytes(head[60:64], "big", signed=True)
 
