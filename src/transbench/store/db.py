@@ -439,8 +439,9 @@ def _unfinished_write(path: str) -> bool:
                 return False
     except OSError:
         return False
-    con = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True)
+    con = None
     try:
+        con = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True)
         # SQLite rolls a hot journal back before the first read, which a read-only connection may not do
         _wait_for_lock(con, path, lambda: con.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall())
         return False
@@ -449,7 +450,8 @@ def _unfinished_write(path: str) -> bool:
             return True
         raise _translate(path, exc) or exc from None
     finally:
-        con.close()
+        if con is not None:
+            con.close()
 
 
 def _refuse_orphan_wal(path: str, what: str) -> None:
