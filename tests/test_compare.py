@@ -17,6 +17,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
+from process_helpers import first_line
 from report_helpers import bad_result, cell, make_run, ok_result
 from typer.testing import CliRunner
 
@@ -857,7 +858,7 @@ def test_a_pipe_closed_early_ends_quietly_with_the_verdicts_exit(tmp_path, extra
             proc = subprocess.Popen([sys.executable, "-m", "transbench", "compare", "a", run_b, "--db", db, *extra],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             if read:
-                proc.stdout.readline()
+                first_line(proc)
             proc.stdout.close()
             err = proc.stderr.read().decode()
             assert proc.wait(timeout=120) == code and err == "", (run_b, read, err)

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from process_helpers import first_line
 from report_helpers import cell, make_run, ok_result
 from test_cli_input import invoke, refused
 
@@ -835,7 +836,7 @@ def test_a_second_writer_on_a_run_name_is_refused_and_a_dead_one_is_taken_over(t
     holder = subprocess.Popen([PY, "-c", HOLDER, str(db), "shared"], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     try:
-        assert holder.stdout.readline().strip() == "holding"
+        assert first_line(holder) == "holding"
         before = digest(tmp_path)
         line = refused(invoke("run", "--model", "bert-tiny", "--batch", "1", "--seq", "8", "--name", "shared",
                               "--db", db, *[f"--{k.replace('_', '-')}={v}" for k, v in quick.items()]))
@@ -869,7 +870,7 @@ def test_shards_of_one_name_write_side_by_side_and_the_whole_grid_waits_for_them
                                 env={**os.environ, "PYTHONPATH": str(ROOT / "src")}) for part in ("1/3", "2/3")]
     store = Store(db)
     try:
-        assert all(h.stdout.readline().strip() == "holding" for h in holders)
+        assert all(first_line(h) == "holding" for h in holders)
         with pytest.raises(SpecError, match=r"run 's' \(shard 1/3\) is being written"):
             store.claim("s", "1/3")
         with pytest.raises(SpecError, match="being written"):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from process_helpers import first_line
 from report_helpers import cell, make_run, ok_result
 
 from transbench import api
@@ -39,7 +40,7 @@ def test_merge_into_a_run_another_process_is_writing_is_refused(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(target), "sweep"], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     try:
-        assert holder.stdout.readline().strip() == "holding"
+        assert first_line(holder) == "holding"
         # Merged, its cells were replaced by the writer's own of the same keys while merge said they went in.
         with pytest.raises(SpecError, match=rf"run 'sweep' is being written to store {target} by another process"):
             api.merge(str(target), [str(source)])

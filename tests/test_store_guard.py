@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from process_helpers import first_line
 from test_cli_input import refused
 from typer.testing import CliRunner
 
@@ -460,16 +461,6 @@ time.sleep(300)
 """
 
 
-def _first_line(proc, seconds: float) -> str:
-    """The first line a process prints, or "" if none comes within `seconds`: a holder that never says it holds the
-    lock must fail the test, not hang it (readline alone waits for ever)."""
-    import selectors
-
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        return proc.stdout.readline().strip() if sel.select(timeout=seconds) else ""
-
-
 def locked_refusal(res, store, wait: str = "1") -> str:
     """The refusal of a command that waited for a locked store: the wait said first, then one line of error."""
     assert res.exit_code == 2, res.output
@@ -494,7 +485,7 @@ def test_a_store_another_process_holds_is_locked_not_damaged(tmp_path, monkeypat
     monkeypatch.setattr(store_db, "LOCK_NOTICE", 0.1)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(store)], stdout=subprocess.PIPE, text=True)
     try:
-        assert _first_line(holder, 60) == "held"
+        assert first_line(holder) == "held"
         before = snapshot(tmp_path)
         for args in (["runs", "--db", store], ["merge", store, "--into", tmp_path / "t.db"]):
             line = locked_refusal(invoke(*args), store)
