@@ -41,7 +41,7 @@ def test_no_part_prints_the_usage_and_exits_2():
 
 @pytest.mark.parametrize("script", sorted(BENCHMARKS.rglob("*.sh")), ids=lambda p: p.name)
 def test_shell_scripts_parse(script):
-    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 
 

@@ -609,7 +609,7 @@ def test_the_permission_cases_as_another_user(tmp_path):
     they run as uid 1000 of a user namespace (where the files root owns are that user's and the bits hold): a
     checkpoint folder that could not be read was a PermissionError traceback in every command taking --model."""
     ns = ["unshare", "--user", "--map-user=1000", "--map-group=1000"]
-    if subprocess.run([*ns, "true"], capture_output=True).returncode != 0:
+    if subprocess.run([*ns, "true"], capture_output=True, timeout=60).returncode != 0:
         pytest.skip("user namespaces are not available here")
     res = subprocess.run([*ns, sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__,
                           "-k", "unreadable or readonly", f"--basetemp={tmp_path / 'as-user'}"],

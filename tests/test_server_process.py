@@ -91,7 +91,8 @@ def test_base64_embeddings_and_a_killed_model_process_turning_health_and_request
         assert embedding_values(b64.json()["data"][0]["embedding"]) == pytest.approx(floats, rel=1e-6, abs=1e-6)
         bad = httpx.post(server.url + "/v1/embeddings", json={"model": name, "input": "a", "encoding_format": "hex"})
         assert bad.status_code == 400 and "encoding_format" in bad.json()["error"]["message"]
-        children = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+        children = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True,
+                                  timeout=30).stdout.split()
         model = [int(c) for c in children if "spawn_main" in open(f"/proc/{c}/cmdline").read().replace("\0", " ")]
         assert len(model) == 1, children
         os.kill(model[0], signal.SIGKILL)

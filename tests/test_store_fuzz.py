@@ -610,7 +610,7 @@ def test_readers_leave_a_killed_sweeps_wal_file_as_it_is(tmp_path):
             f"s = Store({str(db)!r})\n"
             "store_result(s, s.find_run('A')['run_id'], cell('eager', 4), ok_result([1.0] * 30, 4))\n"
             "os._exit(0)\n")  # killed: no close, no checkpoint
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     assert os.path.getsize(f"{db}-wal") > 0
     before = digest(tmp_path)
     refused(invoke("compare", "A", "nope", "--db", db), "no run 'nope'")

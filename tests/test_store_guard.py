@@ -435,7 +435,7 @@ def test_a_wal_file_whose_store_is_gone_is_kept_and_said(tmp_path, emptied):
     _store_with_cells(store)
     killed = (f"import os, sqlite3\nc = sqlite3.connect({str(store)!r})\nc.execute('PRAGMA wal_autocheckpoint=0')\n"
               "c.execute(\"UPDATE runs SET name = 'newest'\")\nc.commit()\nos._exit(0)")
-    subprocess.run([sys.executable, "-c", killed], check=True)
+    subprocess.run([sys.executable, "-c", killed], check=True, timeout=120)
     (moved / "s.db-wal").rename(tmp_path / "s.db-wal")  # the store moved away, its -wal file left behind
     if emptied:  # or a zero-length file in its place
         (tmp_path / "s.db").touch()

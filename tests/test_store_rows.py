@@ -226,7 +226,7 @@ def test_a_newer_schema_version_in_a_killed_writers_wal_is_refused(tmp_path, mar
     unmark = "" if marked else "c.execute('PRAGMA application_id = 0')\n"
     writer = (f"import os, sqlite3\nc = sqlite3.connect({str(path)!r})\nc.execute('PRAGMA wal_autocheckpoint=0')\n"
               f"{unmark}c.execute('PRAGMA user_version = {store_db.SCHEMA_VERSION + 1}')\nc.commit()\nos._exit(0)")
-    subprocess.run([sys.executable, "-c", writer], check=True)
+    subprocess.run([sys.executable, "-c", writer], check=True, timeout=120)
     head = path.read_bytes()[:100]
     assert int.from_bytes(head[60:64], "big") == store_db.SCHEMA_VERSION  # the new version is in the -wal file only
     assert (tmp_path / "s.db-wal").stat().st_size

@@ -21,7 +21,8 @@ from transbench.cli import app  # noqa: E402
 def test_gpu_count_opens_no_cuda_context():
     code = ("import torch; from transbench.measure import device; n = device.gpu_count(); "
             "print(n, torch.cuda.is_initialized())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=300).stdout.split()
     assert int(out[0]) == torch.cuda.device_count() and out[1] == "False"
 
 
