@@ -925,6 +925,77 @@ def test_an_answer_not_streamed_is_answered_its_ttft_the_whole_answers_time(stub
     assert r.status == "malformed" and "{not json" in r.error, r.error
 
 
+# --- answers not streamed, as a class: any body, any Content-Type ---------------------------------------------------
+
+_TYPES = [None, b"application/octet-stream", b"text/plain", b"application/json", b"text/event-stream", b"text/html",
+          b"application/xml", b"application/x-ndjson"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from(_TYPES), upper=st.booleans(), params=st.sampled_from([b"", b"; charset=utf-8", b" ;q=1"]),
+       streamed=st.booleans(), lead=st.sampled_from([b"", b"\xef\xbb\xbf", b"\r\n", b"\xef\xbb\xbf\n"]),
+       blanks=st.sampled_from([b"", b" \t"]), framing=st.sampled_from(["length", "chunks", "close"]),
+       coding=st.sampled_from([None, b"identity", b" Identity ", b"gzip"]))
+@example(kind=None, upper=False, params=b"", streamed=False, lead=b"", blanks=b"", framing="length", coding=None)
+def test_an_answer_is_told_json_or_a_stream_by_its_content_type_or_where_that_says_neither_by_its_body(
+        raw, kind, upper, params, streamed, lead, blanks, framing, coding):
+    # A JSON answer sent with no Content-Type was read as a stream, `malformed` ("came whole with no text and no
+    # [DONE] event"), and one sent as application/octet-stream or text/plain (Go's net/http names JSON so) "not an
+    # event stream": where the type is generic or absent, the body's first byte tells
+    body = lead + (b"data: " + TEXT.encode() + b"\n\ndata: [DONE]\n\n" if streamed else
+                   blanks + b'{"choices": [{"text": " a b"}], "usage": {"completion_tokens": 2}}')
+    head = b"HTTP/1.1 200 OK\r\n"
+    if kind is not None:
+        head += b"Content-Type: " + (kind.upper() if upper else kind) + params + b"\r\n"
+    if coding is not None:
+        head += b"Content-Encoding: " + coding + b"\r\n"
+    if framing == "length":
+        head += b"Content-Length: %d\r\n\r\n" % len(body) + body
+    elif framing == "chunks":
+        head += b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in
+                                                                  (body[:3], body[3:]) if p) + b"0\r\n\r\n"
+    else:
+        head += b"Connection: close\r\n\r\n" + body
+    raw.update(send=head, reset=False)
+    plan = LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0)
+    (r,) = run_http_load(raw["url"], "openai-completions", lambda r: payload("openai-completions", "m", "x y", 4),
+                         plan, timeout_s=5).requests
+    read_as = (kind or b"").lower()
+    if read_as in (b"", b"application/octet-stream", b"text/plain"):
+        read_as = b"text/event-stream" if streamed else b"application/json"
+    if coding is not None and coding.strip().lower() != b"identity":
+        assert r.status == "malformed" and "the answer is encoded" in r.error, r.error
+    elif read_as == b"application/json" and not streamed:
+        assert r.ok and not r.streamed and r.text == " a b" and r.completion_tokens == 2, (r.status, r.error)
+    elif read_as == b"text/event-stream" and streamed:
+        assert r.ok and r.streamed and r.text == " a" and len(r.steps) == 1, (r.status, r.error)
+    elif read_as == b"text/event-stream":  # a JSON body declared an event stream: its lines are no events
+        assert r.status == ("dropped" if framing == "close" else "malformed"), (r.status, r.error)
+    elif read_as == b"application/json":  # an event stream declared JSON
+        assert r.status == "malformed" and "invalid JSON" in r.error, r.error
+    else:
+        assert r.status == "malformed" and f"not an event stream (Content-Type {read_as.decode()!r})" in r.error
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.lists(st.sampled_from([b"\xef", b"\xbb", b"\xbf", b"\xef\xbb\xbf", b" ", b"\r\n", b"\t", b"{", b"d",
+                                      b":"]), max_size=12).map(b"".join), cuts=st.lists(st.integers(0, 24)))
+def test_a_body_is_told_by_its_first_byte_past_a_byte_order_mark_and_blanks_wherever_it_is_split(body, cuts):
+    from transbench.scenarios.serve import http_client
+
+    async def sniff(chunks):
+        async def gen():
+            for c in chunks:
+                yield c
+        first, rest = await http_client._sniff(gen())
+        return first, b"".join([c async for c in rest])
+
+    edges = sorted({0, len(body), *(c for c in cuts if c <= len(body))})
+    chunks = [body[a:b] for a, b in zip(edges, edges[1:])]
+    first, whole = asyncio.run(sniff(chunks))
+    assert whole == body and first == body.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:1], chunks
+
+
 @pytest.mark.parametrize("count", ["-3", "2.0", '"4"', "true", "1" + "0" * 12, "[4]"])
 def test_a_prompt_count_that_is_no_token_count_makes_a_completion_malformed(stub, count):
     r = answer(stub, "openai-completions", sse(TEXT, '{"choices": [], "usage": {"prompt_tokens": %s}}' % count))

@@ -325,17 +325,58 @@ class Connection:
                     self.close()
                 return
 
-    async def read(self, limit: int) -> bytes:
+    async def read(self, limit: int, chunks=None) -> bytes:
         """The body, or where it is longer than `limit`, its first limit + 1 bytes: the rest is left unread (it may
-        never end) and the connection closed."""
+        never end) and the connection closed. chunks: the body's chunks where some were read already (_sniff)."""
         kept, size = [], 0
-        async for chunk in self.chunks():
+        async for chunk in chunks if chunks is not None else self.chunks():
             kept.append(chunk)
             size += len(chunk)
             if size > limit:
                 self.close()
                 break
         return b"".join(kept)[:limit + 1]
+
+
+# Content-Types that do not say whether a body is one JSON answer or an event stream: none at all, the one RFC 9110
+# (8.3) lets a recipient assume where none is sent, and text/plain, which Go's net/http gives a body it does not
+# recognise (its DetectContentType names JSON and an event stream alike so). Such an answer is told by its body.
+GENERIC_TYPES = (b"", b"application/octet-stream", b"text/plain")
+BLANK = b" \t\r\n"  # JSON's whitespace (RFC 8259), which may come before its first byte
+BOM = b"\xef\xbb\xbf"  # a byte order mark that may open a body
+
+
+async def _sniff(chunks):
+    """(the first byte of the body past a byte order mark and blanks, or b"" where it has none within LINE_BYTES,
+    the body's chunks from its start): a JSON answer begins with `{` or `[`, which no line of an event stream that
+    carries data does (a stream's lines are fields, `data: ...`, or comments, `: ...`). A body of no Content-Type
+    whose JSON answer was read as a stream was `malformed` ("came whole with no text and no [DONE] event"), one
+    sent as application/octet-stream or text/plain "not an event stream"."""
+    held, size, pending, start = [], 0, b"", True
+    first = b""
+    async for chunk in chunks:
+        held.append(chunk)
+        size += len(chunk)
+        pending += chunk  # at most the 2 bytes of a byte order mark begun, and this chunk
+        if start:
+            if len(pending) < len(BOM) and BOM.startswith(pending):
+                continue  # a byte order mark may be split across chunks
+            pending, start = pending.removeprefix(BOM), False
+        pending = pending.lstrip(BLANK)
+        if pending:
+            first = pending[:1]
+            break
+        if size > LINE_BYTES:  # blanks without end: the stream's reader bounds them
+            break
+    else:
+        first = pending[:1] if start else b""  # a body that ended within a byte order mark's first bytes
+
+    async def body():
+        for chunk in held:
+            yield chunk
+        async for chunk in chunks:  # the rest (none where the body ended within the look)
+            yield chunk
+    return first, body()
 
 
 async def _lines(chunks):
@@ -437,15 +478,15 @@ def _piece(event: dict, api: str, data: str, whole: bool = False) -> tuple[str |
     return piece, thought
 
 
-async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int, framed: bool):
+async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int, framed: bool, chunks):
     """Read a stream of events into `r`: more events carrying text than `asked` tokens can send (EVENTS_PER_TOKEN
     each, and EXTRA_EVENTS) is Malformed, and so is a usage count of more completion tokens than asked, or of none
     where text came: 10^9 tokens for 4 asked made a token rate of billions a second. Returns, where the stream sent
     its [DONE], what is left of the body to read (_rest), outside the request's timeout: the answer is whole. framed:
-    the body has a length or chunks, so its end without [DONE] was not a cut connection."""
+    the body has a length or chunks, so its end without [DONE] was not a cut connection. chunks: the body's."""
     most = EVENTS_PER_TOKEN * asked + EXTRA_EVENTS
     finished = False
-    events = _events(_lines(conn.chunks()))
+    events = _events(_lines(chunks))
     async for data in events:
         if not data.strip():  # an event of no data (a keep-alive `data:` line) carries nothing: it was `malformed`
             continue
@@ -498,22 +539,22 @@ def _counts_fit(r: Sent, asked: int, what: str) -> None:
                                           "completion tokens")
 
 
-async def _whole(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int) -> None:
+async def _whole(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int, chunks) -> None:
     """Read into `r` a completion sent as one JSON body (Content-Type application/json), where the request asked for
     a stream: servers that ignore `"stream": true` answer so, and AIPerf and vLLM's benchmark client read such an
     answer as one whose first token came with its last. It is answered, its one arrival (`steps`) the body's end, so
     its TTFT is the whole answer's time and it has no gaps between tokens or TPOT (`streamed` False; the cell warns).
     Its tokens are usage.completion_tokens, held to what a stream's are (_usage, _counts_fit); without one, its text
     is kept for endpoint.fill_counts to count. A body over RESPONSE_BYTES, not JSON, of another shape or of no text
-    is Malformed; an `error` in it makes the request `error`, as in a stream."""
-    raw = await conn.read(RESPONSE_BYTES)
+    is Malformed; an `error` in it makes the request `error`, as in a stream. chunks: the body's."""
+    raw = await conn.read(RESPONSE_BYTES, chunks)
     r.done = now()  # the answer's last byte, and its first token's arrival
     if len(raw) > RESPONSE_BYTES:
         raise Malformed(f"the response is over {RESPONSE_BYTES:,} bytes")
     if not raw.strip():
         raise Malformed("the answer (application/json) has no body: no completion was sent")
-    try:
-        data = boundary.loads_json(raw, "the response", fix="")
+    try:  # a byte order mark before it, which RFC 8259 (8.1) lets a reader ignore, as _sniff steps over it
+        data = boundary.loads_json(raw.removeprefix(BOM), "the response", fix="")
     except boundary.BadInput as exc:
         raise Malformed(f"{exc} (it began {raw[:60]!r})") from None
     if not isinstance(data, dict):
@@ -597,17 +638,22 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
                 r.embedding = emb
             _usage(r, data.get("usage"))
         else:
-            # an HTML page (a proxy's error) read as a stream was `dropped`, its lines being no events; a stream sent
-            # with no Content-Type at all is read as one (its events, or their absence, decide)
+            # an HTML page (a proxy's error) read as a stream was `dropped`, its lines being no events; an answer
+            # whose Content-Type is generic or absent is told by its body (_sniff): JSON, else a stream whose events,
+            # or their absence, decide
             kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            chunks = conn.chunks()
+            if kind in GENERIC_TYPES:
+                first, chunks = await _sniff(chunks)
+                kind = b"application/json" if first in (b"{", b"[") else b"text/event-stream"
             if kind == b"application/json":  # the whole answer at once: a server that ignores "stream"
-                await _whole(conn, r, api, now, keep, asked)
-            elif kind and kind != b"text/event-stream":
+                await _whole(conn, r, api, now, keep, asked, chunks)
+            elif kind != b"text/event-stream":
                 raise Malformed(f"the answer is not an event stream (Content-Type {kind.decode(errors='replace')!r})")
             else:
                 framed = b"content-length" in headers or b"chunked" in headers.get(b"transfer-encoding",
                                                                                      b"").lower()
-                rest = await _stream(conn, r, api, now, keep, asked, framed)
+                rest = await _stream(conn, r, api, now, keep, asked, framed, chunks)
         clean = True
     except Malformed as exc:
         r.status, r.error = "malformed", str(exc)
