@@ -927,6 +927,129 @@ def test_an_answer_not_streamed_is_answered_its_ttft_the_whole_answers_time(stub
 
 # --- answers not streamed, as a class: any body, any Content-Type ---------------------------------------------------
 
+def _mostly(good, bad):
+    """`good` three times in four, else `bad`: an answer of the API's shape with a field of another type or range."""
+    return st.integers(0, 3).flatmap(lambda k: bad if k == 0 else good)
+
+
+_COUNTS = _mostly(st.none() | st.integers(1, 6), st.one_of(
+    st.integers(-2, 0), st.sampled_from([10**9, 10**9 + 1, 2**70]), st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=3), st.lists(st.integers(0, 4), max_size=2)))
+_TEXTS = _mostly(st.text(min_size=1, max_size=8), st.one_of(
+    st.none(), st.just(""), st.integers(), st.lists(st.text(max_size=2), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.text(max_size=2), max_size=1)))
+_HOLDER = st.fixed_dictionaries({"content": _TEXTS}, optional={"reasoning_content": _TEXTS, "reasoning": _TEXTS,
+                                                               "role": st.just("assistant")})
+_CHOICE = st.fixed_dictionaries({"text": _TEXTS, "message": _mostly(_HOLDER, st.none() | _TEXTS)},
+                                optional={"index": st.integers(0, 2)})
+_USAGE = _mostly(st.none() | st.fixed_dictionaries({}, optional={
+    "prompt_tokens": _COUNTS, "completion_tokens": _COUNTS,
+    "completion_tokens_details": _mostly(st.fixed_dictionaries({}, optional={"reasoning_tokens": _COUNTS}), _TEXTS)}),
+    st.integers() | st.text(max_size=3))
+_ANSWER = st.fixed_dictionaries({
+    "choices": _mostly(st.lists(_CHOICE, min_size=1, max_size=2), st.lists(_CHOICE | _TEXTS, max_size=2) | _TEXTS),
+    "usage": _USAGE,
+    "error": _mostly(st.none(), st.one_of(st.text(max_size=3), st.just({}),
+                                          st.fixed_dictionaries({"message": st.text(max_size=5)})))})
+_JSON_DOC = _mostly(_ANSWER, st.one_of(st.none(), st.integers(), st.text(max_size=4), st.lists(_ANSWER, max_size=2)))
+
+
+def _expected_fate(doc, api: str, asked: int) -> str:
+    """What docs/http.md says becomes of a completion answered as one JSON document `doc`: ok, error or malformed."""
+    completions = api == "openai-completions"
+    if not isinstance(doc, dict):
+        return "malformed"
+    if doc.get("error"):
+        return "error"
+    piece = thought = None
+    choices = doc.get("choices")
+    if choices not in (None, []):
+        if not isinstance(choices, list) or not isinstance(choices[0], dict):
+            return "malformed"
+        holder = choices[0] if completions else choices[0].get("message")
+        if holder is not None:
+            if not isinstance(holder, dict):
+                return "malformed"
+            piece = holder.get("text" if completions else "content")
+            if not completions:
+                thought = next((holder[k] for k in ("reasoning_content", "reasoning") if holder.get(k) is not None),
+                               None)
+            if any(t is not None and not isinstance(t, str) for t in (piece, thought)):
+                return "malformed"
+    usage = doc.get("usage")
+    counts = {}
+    if usage is not None:
+        if not isinstance(usage, dict):
+            return "malformed"
+        details = usage.get("completion_tokens_details")
+        thought_count = details.get("reasoning_tokens") if isinstance(details, dict) else None
+        for key, count in [("prompt_tokens", usage.get("prompt_tokens")),
+                           ("completion_tokens", usage.get("completion_tokens")), ("reasoning_tokens", thought_count)]:
+            if count is not None and (type(count) is not int or not 0 <= count <= 10**9):
+                return "malformed"
+            counts[key] = count
+    if not (piece or thought):
+        return "malformed"
+    done = counts.get("completion_tokens")
+    if done is not None and not 1 <= done <= asked:
+        return "malformed"
+    if counts.get("reasoning_tokens") is not None and counts["reasoning_tokens"] > (done or asked):
+        return "malformed"
+    return "ok"
+
+
+def _whole_answer(chunks: list[bytes], api: str, asked: int) -> Sent:
+    """A completion sent as one JSON body in `chunks`, read as the client reads it (http_client._whole)."""
+    from transbench.scenarios.serve import http_client
+
+    async def read() -> Sent:
+        async def body():
+            for c in chunks:
+                yield c
+        r = Sent(0, 0.0, 4)
+        try:
+            await http_client._whole(http_client.Connection("127.0.0.1", 9, None), r, api, lambda: 1.0, True, asked,
+                                     body())
+        except http_client.Malformed as exc:
+            r.status, r.error = "malformed", str(exc)
+        return r
+    return asyncio.run(read())
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=_JSON_DOC, api=st.sampled_from(["openai-completions", "openai-chat"]), asked=st.integers(1, 6),
+       form=st.sampled_from(["json", "cut", "bom", "not-utf8"]), cut=st.integers(0, 40),
+       splits=st.lists(st.integers(0, 80)))
+@example(doc={"choices": [{"text": " a"}], "usage": {"completion_tokens": True}}, api="openai-completions", asked=4,
+         form="json", cut=0, splits=[])
+def test_any_answer_not_streamed_is_answered_only_where_it_has_the_apis_shape(doc, api, asked, form, cut, splits):
+    # The refusals of an answer sent as one JSON body (a server that ignores "stream"), over the class: any document,
+    # of any type where the API has one, cut, after a byte order mark, or not UTF-8, split anywhere by the network.
+    # Answered where docs/http.md says it is, and then as a stream's counts are held; else `malformed` or `error` in
+    # one printable line; never an exception.
+    from transbench.scenarios.serve.http_client import TEXT_CHARS
+
+    text = json.dumps(doc).encode()
+    body = {"json": text, "cut": text[:len(text) - 1 - cut % max(1, len(text))], "bom": b"\xef\xbb\xbf" + text,
+            "not-utf8": text[:cut] + b"\xff" + text[cut:]}[form]
+    edges = sorted({0, len(body), *(c for c in splits if c <= len(body))})
+    r = _whole_answer([body[a:b] for a, b in zip(edges, edges[1:])], api, asked)
+    fate = _expected_fate(doc, api, asked) if form in ("json", "bom") else "malformed"
+    if not body.strip():
+        fate = "malformed"
+    assert r.status == fate, (r.status, r.error, body)
+    assert r.error.isprintable() and len(r.error) <= 300, r.error
+    if fate != "ok":  # what else it holds is not read: the accounting takes answered requests alone
+        assert r.error
+        return
+    assert not r.streamed and r.steps == [r.done] and r.error == ""
+    holder = doc["choices"][0] if api == "openai-completions" else doc["choices"][0]["message"]
+    piece = holder.get("text" if api == "openai-completions" else "content")
+    assert r.text == (piece or "")[:TEXT_CHARS] and r.reasoning_events == int(not piece)
+    assert (r.uncounted is None) == (r.completion_tokens is not None)
+    assert r.completion_tokens is None or 1 <= r.completion_tokens <= asked
+
+
 _TYPES = [None, b"application/octet-stream", b"text/plain", b"application/json", b"text/event-stream", b"text/html",
           b"application/xml", b"application/x-ndjson"]
 
