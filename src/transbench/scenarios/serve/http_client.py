@@ -51,6 +51,12 @@ TEXT_CHARS = 2**20  # generated text kept for the reference check (its tokens up
 # some a few (text split where a character's bytes are). A stream past this is malformed: one that never ended grew
 # its list of event times until --request-timeout.
 EVENTS_PER_TOKEN, EXTRA_EVENTS = 8, 64
+# Lines a stream may send for each event of text it may send (its data line, the blank line that ends it, and event:,
+# id: or retry: fields or comments beside it) and more (keep-alives), and bytes, beside a JSON answer's worth: a stream
+# of comments, blank lines or events of no text sent as fast as it was read went on until --request-timeout, each of
+# its lines parsed on the load's one event loop, and 17 such requests made sends lag a second, a load of 6 s run 26.
+LINES_PER_EVENT, EXTRA_LINES = 8, 4096
+EVENT_BYTES = 4096
 # An answer not streamed and of no usage count keeps this many characters of its text a token asked for, to be
 # counted after the load (endpoint.fill_counts): a load keeps up to MAX_REQUESTS answers of up to RESPONSE_BYTES
 # each, terabytes of text kept whole, where a real answer runs a few characters a token.
@@ -344,10 +350,11 @@ class Connection:
 GENERIC_TYPES = (b"", b"application/octet-stream", b"text/plain")
 BLANK = b" \t\r\n"  # JSON's whitespace (RFC 8259), which may come before its first byte
 BOM = b"\xef\xbb\xbf"  # a byte order mark that may open a body
+SNIFF_BYTES = 2**16  # blanks a body may open with before it is read as a stream (whose reader bounds its lines)
 
 
 async def _sniff(chunks):
-    """(the first byte of the body past a byte order mark and blanks, or b"" where it has none within LINE_BYTES,
+    """(the first byte of the body past a byte order mark and blanks, or b"" where it has none within SNIFF_BYTES,
     the body's chunks from its start): a JSON answer begins with `{` or `[`, which no line of an event stream that
     carries data does (a stream's lines are fields, `data: ...`, or comments, `: ...`). A body of no Content-Type
     whose JSON answer was read as a stream was `malformed` ("came whole with no text and no [DONE] event"), one
@@ -366,7 +373,7 @@ async def _sniff(chunks):
         if pending:
             first = pending[:1]
             break
-        if size > LINE_BYTES:  # blanks without end: the stream's reader bounds them
+        if size > SNIFF_BYTES:  # blanks without end: the stream's reader bounds them
             break
     else:
         first = pending[:1] if start else b""  # a body that ended within a byte order mark's first bytes
@@ -379,13 +386,18 @@ async def _sniff(chunks):
     return first, body()
 
 
-async def _lines(chunks):
+async def _lines(chunks, most_lines: int | None = None, most_bytes: int | None = None):
     """The stream's lines, ended by CRLF, LF or a bare CR (the event-stream format allows all three; a CR at the end
     of one chunk and an LF at the start of the next are one ending). A line's pieces are joined once, when it ends
     (`buf += chunk` copied the pending line on every chunk: quadratic in a line without end), and a line over
-    LINE_BYTES is Malformed."""
+    LINE_BYTES is Malformed, as are more than `most_lines` lines or `most_bytes` bytes in all (None: any)."""
     pending, size, after_cr, first = [], 0, False, True
+    lines = total = 0
     async for chunk in chunks:
+        total += len(chunk)
+        if most_bytes is not None and total > most_bytes:
+            raise Malformed(f"the stream is over {most_bytes:,} bytes ({EVENT_BYTES:,} for each event of text it may "
+                            f"send, and {RESPONSE_BYTES:,})")
         if after_cr and chunk.startswith(b"\n"):
             chunk, after_cr = chunk[1:], False  # the CR's LF, once: a chunk of "\n" alone leaves none pending
         if not chunk:
@@ -398,6 +410,11 @@ async def _lines(chunks):
             if size > LINE_BYTES:
                 raise Malformed(f"a line of the event stream is over {LINE_BYTES:,} bytes")
             if i < len(parts) - 1:
+                lines += 1
+                if most_lines is not None and lines > most_lines:
+                    raise Malformed(f"the stream sent over {most_lines:,} lines ({LINES_PER_EVENT} for each event of "
+                                    f"text it may send, and {EXTRA_LINES:,}): comments, blank lines or events of no "
+                                    "text without end")
                 yield _text(pending, first)
                 pending, size, first = [], 0, False
     if size:
@@ -480,13 +497,14 @@ def _piece(event: dict, api: str, data: str, whole: bool = False) -> tuple[str |
 
 async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int, framed: bool, chunks):
     """Read a stream of events into `r`: more events carrying text than `asked` tokens can send (EVENTS_PER_TOKEN
-    each, and EXTRA_EVENTS) is Malformed, and so is a usage count of more completion tokens than asked, or of none
+    each, and EXTRA_EVENTS), or more lines or bytes than those events take (_lines), is Malformed, and so is a usage
+    count of more completion tokens than asked, or of none
     where text came: 10^9 tokens for 4 asked made a token rate of billions a second. Returns, where the stream sent
     its [DONE], what is left of the body to read (_rest), outside the request's timeout: the answer is whole. framed:
     the body has a length or chunks, so its end without [DONE] was not a cut connection. chunks: the body's."""
     most = EVENTS_PER_TOKEN * asked + EXTRA_EVENTS
     finished = False
-    events = _events(_lines(chunks))
+    events = _events(_lines(chunks, LINES_PER_EVENT * most + EXTRA_LINES, RESPONSE_BYTES + EVENT_BYTES * most))
     async for data in events:
         if not data.strip():  # an event of no data (a keep-alive `data:` line) carries nothing: it was `malformed`
             continue
