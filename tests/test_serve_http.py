@@ -1854,6 +1854,24 @@ def test_an_error_answer_of_no_body_says_what_it_was_and_when_to_come_back(raw, 
     assert r.error == why, r.error
 
 
+def test_informational_answers_without_end_are_malformed_and_a_hundred_are_passed_over(raw):
+    # 1xx answers sent as fast as they were read were each parsed until the request's timeout on the load's one event
+    # loop: 20 such requests made the sends lag half a second and their timeouts come 2.6 s late
+    from transbench.errors import SpecError
+    from transbench.scenarios.serve.http_client import served_models
+
+    hints = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+    raw.update(send=hints * 100 + _OK_ANSWER, reset=False)
+    r = _one(raw["url"])
+    assert r.ok, r.error
+    raw.update(send=hints * 101 + _OK_ANSWER)
+    r = _one(raw["url"])
+    assert r.status == "malformed" and r.error == "the server sent over 100 informational (1xx) answers before its " \
+        "answer", r.error
+    with pytest.raises(SpecError, match=r"GET /v1/models: the server sent over 100 informational \(1xx\) answers"):
+        served_models(raw["url"], timeout_s=5)
+
+
 @pytest.mark.parametrize("send, why", [
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n", "illegal chunk header"),
     (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n", "its head is over the 16 KiB read of one"),

@@ -205,6 +205,10 @@ class Dropped(Exception):
     pass
 
 
+# Informational (1xx) answers a request's answer may follow (103 Early Hints, 102 Processing now and then): sent
+# without end as fast as they were read, each was parsed until --request-timeout on the load's one event loop, and 20
+# such requests made sends lag half a second and their timeouts come 2.6 s late.
+INFORMATIONAL = 100
 TLS_RECORDS = (b"\x15\x03", b"\x16\x03")  # a TLS alert or handshake record (version 3.x): TLS where HTTP was asked
 
 
@@ -309,8 +313,12 @@ class Connection:
                 await self.writer.drain()
             except ConnectionError:  # reset or closed under the request: a sent part may have reached the server
                 raise Dropped("the server closed the connection while the request was being sent") from None
-            event = await self._event()
+            event, informational = await self._event(), 0
             while isinstance(event, h11.InformationalResponse):
+                informational += 1
+                if informational > INFORMATIONAL:
+                    raise Malformed(f"the server sent over {INFORMATIONAL} informational (1xx) answers before its "
+                                    "answer")
                 event = await self._event()
             return event
         except (Dropped, Malformed, ConnectionError):
