@@ -783,7 +783,12 @@ def test_an_event_that_is_not_utf8_makes_the_request_malformed(stub, api, bad):
       for chunk, kind in [(b": keep-alive\n" * 256, "text/event-stream"), (b"\n" * 4096, "text/event-stream"),
                           (b'data: {"choices": []}\n\n' * 128, "text/event-stream"), (b"\r\n" * 4096, None)]],
     ("openai-completions", endless(b"", b": " + b"x" * (2**20 - 3) + b"\n", media_type="text/event-stream"),
-     "malformed", "the stream is over 8,781,824 bytes")])
+     "malformed", "the stream is over 8,781,824 bytes"),
+    # bodies in chunks of a byte: one of 1 MB took 15 s of the load's one event loop
+    ("openai-embeddings", endless(b'{"data": [{"embedding": [1.0]}], "x": "', b"a"), "malformed",
+     "the body came in over 4,096 pieces of under 256 bytes on average"),
+    ("openai-completions", endless(b"", b":", media_type="text/event-stream"), "malformed",
+     "the stream came in over 4,864 pieces")])
 def test_an_endless_body_is_cut_where_it_passes_its_bound(stub, api, response, status, why):
     r = answer(stub, api, response)
     assert r.status == status and why in r.error, (r.status, r.error)

@@ -57,6 +57,9 @@ EVENTS_PER_TOKEN, EXTRA_EVENTS = 8, 64
 # its lines parsed on the load's one event loop, and 17 such requests made sends lag a second, a load of 6 s run 26.
 LINES_PER_EVENT, EXTRA_LINES = 8, 4096
 EVENT_BYTES = 4096
+# Pieces (HTTP chunks, or reads of a body) a body read whole may come in: PIECES, and one for each PIECE_BYTES; a
+# stream, as many as its lines. A body of 1 MB in chunks of a byte took 15 s of the load's one event loop to read.
+PIECES, PIECE_BYTES = 4096, 256
 # An answer not streamed and of no usage count keeps this many characters of its text a token asked for, to be
 # counted after the load (endpoint.fill_counts): a load keeps up to MAX_REQUESTS answers of up to RESPONSE_BYTES
 # each, terabytes of text kept whole, where a real answer runs a few characters a token.
@@ -349,6 +352,9 @@ class Connection:
             if size > limit:
                 self.close()
                 break
+            if len(kept) > PIECES + size // PIECE_BYTES:
+                self.close()
+                raise Malformed(f"the body came in over {PIECES:,} pieces of under {PIECE_BYTES} bytes on average")
         return b"".join(kept)[:limit + 1]
 
 
@@ -398,14 +404,19 @@ async def _lines(chunks, most_lines: int | None = None, most_bytes: int | None =
     """The stream's lines, ended by CRLF, LF or a bare CR (the event-stream format allows all three; a CR at the end
     of one chunk and an LF at the start of the next are one ending). A line's pieces are joined once, when it ends
     (`buf += chunk` copied the pending line on every chunk: quadratic in a line without end), and a line over
-    LINE_BYTES is Malformed, as are more than `most_lines` lines or `most_bytes` bytes in all (None: any)."""
+    LINE_BYTES is Malformed, as are more than `most_lines` lines or pieces (chunks) or `most_bytes` bytes in all
+    (None: any)."""
     pending, size, after_cr, first = [], 0, False, True
-    lines = total = 0
+    lines = total = pieces = 0
     async for chunk in chunks:
         total += len(chunk)
+        pieces += 1
         if most_bytes is not None and total > most_bytes:
             raise Malformed(f"the stream is over {most_bytes:,} bytes ({EVENT_BYTES:,} for each event of text it may "
                             f"send, and {RESPONSE_BYTES:,})")
+        if most_lines is not None and pieces > most_lines:
+            raise Malformed(f"the stream came in over {most_lines:,} pieces (HTTP chunks or reads), as many as the "
+                            "lines it may send")
         if after_cr and chunk.startswith(b"\n"):
             chunk, after_cr = chunk[1:], False  # the CR's LF, once: a chunk of "\n" alone leaves none pending
         if not chunk:
