@@ -73,12 +73,25 @@ def test_example_trace_reads(tmp_path):
     (f'{{"timestamp": 0, "input_length": 8, "output_length": {2**53 + 1}}}\n', "line 1: 'output_length' is past"),
     ('{"timestamp": 1e300, "input_length": 8, "output_length": 4}\n', "line 1: 'timestamp' is past"),
     ('{"timestamp": NaN, "input_length": 8, "output_length": 4}\n', "'timestamp' must be a number"),
+    # json keeps the last of two without a word: read as 8,000 tokens
+    ('{"timestamp": 0, "input_length": 8, "input_length": 8000, "output_length": 4}\n',
+     "line 1: 'input_length' is given twice: keep one"),
+    ('{"timestamp": 0, "input_length": 8, "output_length": 4}\n{"timestamp": 1, "input_length": 8, '
+     '"output_length": 4, "output\\u005flength": 9}\n', "line 2: 'output_length' is given twice: keep one"),
 ])
 def test_bad_trace_lines(tmp_path, text, message):
     f = tmp_path / "t.jsonl"
     f.write_text(text)
     with pytest.raises(SpecError, match=message):
         serve_trace.read(str(f))
+
+
+def test_a_field_a_trace_ignores_may_be_given_twice(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 8, "output_length": 4, "hash_ids": [1], "hash_ids": [2]}\n'
+                 '{"timestamp": 5, "input_length": 9, "output_length": 3, "note": "timestamp"}\n')
+    t = serve_trace.read(str(f))
+    assert (t.inputs, t.outputs, t.times_s) == ((8, 9), (4, 3), (0.0, 0.005))
 
 
 def test_bad_trace_files(tmp_path):
