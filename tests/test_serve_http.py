@@ -1194,6 +1194,17 @@ def test_a_stream_without_its_done_event_is_malformed_where_its_body_came_whole(
         assert r.error == f"the stream's body came whole with {'text' if has_text else 'no text'} and no [DONE] event"
 
 
+@pytest.mark.parametrize("api", ["openai-completions", "openai-chat"])
+def test_a_completion_answered_204_no_content_is_malformed_not_dropped(raw, api):
+    # a 204 has no body by its status: "the stream ended before its [DONE] event" (`dropped`) sent the user after a
+    # network fault where the server had answered in full
+    raw.update(send=b"HTTP/1.1 204 No Content\r\n\r\n", reset=False)
+    plan = LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0)
+    (r,) = run_http_load(raw["url"], api, lambda r: payload(api, "m", "x y", 4), plan, timeout_s=5).requests
+    assert r.status == "malformed" and r.error == "the stream's body came whole with no text and no [DONE] event", \
+        (r.status, r.error)
+
+
 def test_a_root_with_or_without_its_slash_is_one_endpoint():
     from transbench.scenarios.serve import endpoint_spec
     from transbench.scenarios.serve.spec import ServeSpec

@@ -688,8 +688,9 @@ async def _send(conn: Connection, path: str, api: str, body: bytes, r: Sent, now
             elif kind != b"text/event-stream":
                 raise Malformed(f"the answer is not an event stream (Content-Type {kind.decode(errors='replace')!r})")
             else:
-                framed = b"content-length" in headers or b"chunked" in headers.get(b"transfer-encoding",
-                                                                                     b"").lower()
+                # 204 No Content has no body by its status (RFC 9110, 15.3.5): it came whole, and was `dropped`
+                framed = status == 204 or b"content-length" in headers or b"chunked" in headers.get(
+                    b"transfer-encoding", b"").lower()
                 rest = await _stream(conn, r, api, now, keep, asked, framed, chunks)
         clean = True
     except Malformed as exc:
