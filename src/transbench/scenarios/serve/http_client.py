@@ -517,10 +517,10 @@ def _piece(event: dict, api: str, data: str, whole: bool = False) -> tuple[str |
 async def _stream(conn: Connection, r: Sent, api: str, now, keep: bool, asked: int, framed: bool, chunks):
     """Read a stream of events into `r`: more events carrying text than `asked` tokens can send (EVENTS_PER_TOKEN
     each, and EXTRA_EVENTS), or more lines or bytes than those events take (_lines), is Malformed, and so is a usage
-    count of more completion tokens than asked, or of none
-    where text came: 10^9 tokens for 4 asked made a token rate of billions a second. Returns, where the stream sent
-    its [DONE], what is left of the body to read (_rest), outside the request's timeout: the answer is whole. framed:
-    the body has a length or chunks, so its end without [DONE] was not a cut connection. chunks: the body's."""
+    count of more completion tokens than asked, or of none where text came: 10^9 tokens for 4 asked made a token rate
+    of billions a second. Returns, where the stream sent its [DONE], what is left of the body to read (_rest), outside
+    the request's timeout: the answer is whole. framed: the body has a length or chunks, so its end without [DONE] was
+    not a cut connection. chunks: the body's."""
     most = EVENTS_PER_TOKEN * asked + EXTRA_EVENTS
     finished = False
     events = _events(_lines(chunks, LINES_PER_EVENT * most + EXTRA_LINES, RESPONSE_BYTES + EVENT_BYTES * most))
