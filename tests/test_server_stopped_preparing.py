@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 
 import pytest
 from test_cli_input import invoke
@@ -47,7 +48,7 @@ def test_a_server_preparing_a_while_says_so_once_and_a_refusal_after_it_is_its_o
 
     monkeypatch.setattr(srv, "ModelProcess", Slow)
     monkeypatch.setattr(srv, "PREPARING_S", 0.2)
-    monkeypatch.setattr(srv, "check_port", lambda host, port: None)
+    monkeypatch.setattr(srv, "bind", lambda host, port: socket.socket())
     monkeypatch.setattr(server_cli.api, "server", lambda spec, on_ready, on_preparing: srv.run(
         types.SimpleNamespace(backend="sdpa", dtype="fp32", host="127.0.0.1", port=18999), types.SimpleNamespace(
             name="bert-tiny", path=None, shape=types.SimpleNamespace(vocab=100)), False, on_ready, on_preparing))
@@ -56,3 +57,46 @@ def test_a_server_preparing_a_while_says_so_once_and_a_refusal_after_it_is_its_o
     assert res.exit_code == 2
     assert first.startswith("transbench server: still preparing after 0 s (") and "compiles kernels" in first
     assert second == "error: sdpa fp32 could not be prepared for bert-tiny: its output was wrong"
+
+
+def test_the_port_is_held_from_its_check_through_the_preparing(monkeypatch):
+    """The port was checked free, then bound again once the backend was ready: another process that took it in
+    between (a test beside others did) left a server that said it was ready on that port, then failed to bind it,
+    exit 3. The socket bound at the check is the one the server listens on, so nothing can take the port meanwhile."""
+    import errno
+    import threading
+    import types
+
+    from transbench.scenarios.serve import server as srv
+
+    with socket.socket() as probe:  # a port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    taken: list = []
+
+    class Preparing:  # a model process that, while it prepares, finds the port its server holds
+        def __init__(self, *args):
+            self.ready, self.failure = threading.Event(), None
+
+        def start(self):
+            def try_port():
+                with socket.socket() as other:
+                    try:
+                        other.bind(("127.0.0.1", port))
+                        taken.append(None)
+                    except OSError as exc:
+                        taken.append(exc.errno)
+                self.failure = "stopped by the test"
+                self.ready.set()
+            threading.Timer(0.2, try_port).start()
+
+        def stop(self, timeout):
+            pass
+
+    monkeypatch.setattr(srv, "ModelProcess", Preparing)
+    with pytest.raises(srv.SpecError, match="stopped by the test"):
+        srv.run(types.SimpleNamespace(backend="sdpa", dtype="fp32", host="127.0.0.1", port=port), types.SimpleNamespace(
+            name="bert-tiny", path=None, shape=types.SimpleNamespace(vocab=100)), False)
+    assert taken == [errno.EADDRINUSE]
+    with socket.socket() as again:  # and given back when the server ends
+        again.bind(("127.0.0.1", port))

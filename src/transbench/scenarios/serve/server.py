@@ -480,15 +480,19 @@ def tokenizer_for(ref):
                         f"{boundary.exception_line(exc)})") from None
 
 
-def check_port(host: str, port: int) -> None:
-    """The address is free to listen on: refused before minutes of preparing the backend, not after."""
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to the address, refused before minutes of preparing the backend, not after, and held until
+    the server ends: a port checked free and bound again once the backend was ready could be taken in between (a test
+    beside others took it), and the server said it was ready on that port, then uvicorn failed to bind it, exit 3."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise SpecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as exc:
+        s.close()
+        raise SpecError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return s
 
 
 def header_deadline_protocol():
@@ -693,9 +697,16 @@ def run(spec, ref, decoder: bool, on_ready=lambda info: None, on_preparing=lambd
     """Prepare the backend, then serve until SIGTERM or SIGINT; returns the signal's name that ended it. A backend
     that cannot run here (or whose output is wrong) is refused with one line before anything listens, or after
     on_preparing's where preparing took more than PREPARING_S."""
+    sock = bind(spec.host, spec.port)
+    try:
+        return _serve(spec, ref, decoder, sock, on_ready, on_preparing)
+    finally:
+        sock.close()
+
+
+def _serve(spec, ref, decoder: bool, sock: socket.socket, on_ready, on_preparing) -> str | None:
     import uvicorn
 
-    check_port(spec.host, spec.port)
     tokenizer = tokenizer_for(ref)  # a broken one refused before minutes of preparing, not after
     stopped: list[int] = []
     main = threading.current_thread() is threading.main_thread()
@@ -728,13 +739,14 @@ def run(spec, ref, decoder: bool, on_ready=lambda info: None, on_preparing=lambd
                                 http=header_deadline_protocol())
         server = uvicorn_server(config)
         api.stopping = lambda: server.should_exit
+        sock.listen(config.backlog)  # before the ready line: a client that connects on reading it waits, not refused
         on_ready({**model.info, "dtype": spec.dtype, "backend": spec.backend, "model": api.name,
                   "url": f"http://{f'[{spec.host}]' if ':' in spec.host else spec.host}:{spec.port}",  # IPv6 in []
                   "tokenizer": api.tok.name, "endpoint": "/v1/completions" if decoder else "/v1/embeddings"})
         cut = _GraceCut()
         logging.getLogger("uvicorn.error").addFilter(cut)
         try:
-            server.run()
+            server.run(sockets=[sock])
         finally:
             logging.getLogger("uvicorn.error").removeFilter(cut)
         if not server.started and not stopped:
