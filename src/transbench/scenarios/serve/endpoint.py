@@ -16,7 +16,7 @@ from collections import Counter
 from ...cells import CellResult
 from ...measure.timer import carried
 from .cell import ServeCell
-from .http_client import QUIET_S, HttpTrace, Sent, payload, run_http_load
+from .http_client import MAX_IN_FLIGHT, QUIET_S, HttpTrace, Sent, payload, run_http_load
 from .measure import plan_for
 from .prompts import WordTokenizer, local_tokenizer, make_prompts
 from . import tails
@@ -140,7 +140,8 @@ def account(trace: HttpTrace, slo_ms: float | None, offered_rate: float | None, 
     rec["prompt_tokens_mean"] = sum(prompts) / len(prompts) if prompts else None
     info = {"failures": dict(Counter(r.status for r in reqs if not r.ok)), "measured_span_s": span,
             "warmup_requests": len(trace.requests) - n, "connections": trace.pool,
-            "peak_in_flight": trace.peak_in_flight, "connection_waits": trace.waited}
+            "peak_in_flight": trace.peak_in_flight, "connection_waits": trace.waited,
+            "not_sent": trace.unsent}
     whole = sum(1 for r in ok if not r.streamed)
     if whole:  # answers sent as one JSON body (http_client._whole): their TTFT is the whole answer's time
         info["not_streamed"] = whole
@@ -345,6 +346,9 @@ def run(cell: ServeCell) -> CellResult:
         warnings.append(f"{info['not_streamed']} of {rec['requests'] - rec['failed']} answers were not "
                         "streamed (one JSON body, the request's \"stream\" ignored): their TTFT is the whole answer's "
                         "time, and they have no TPOT or gaps between tokens")
+    if trace.unsent:  # an open loop's requests planned while http_client.MAX_IN_FLIGHT were in flight
+        warnings.append(f"{trace.unsent:,} request(s) were not sent, {MAX_IN_FLIGHT:,} being in flight, the most the "
+                        "client keeps at once: each counts as a timeout (the endpoint fell far behind the rate)")
     if trace.waited:  # requests that found every connection busy; a pool as large as the load's requests never does
         warnings.append(f"{trace.waited} request(s) waited for one of the {trace.pool} connections, every one busy "
                         "(their wait is in their latency)")

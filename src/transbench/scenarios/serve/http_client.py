@@ -117,6 +117,7 @@ class HttpTrace:
     # A closed loop that went on past its window, or ended it short of the plan's min_measured: {ended_s, measured,
     # need, why (past_window's reason), sent_past (requests sent past the window)}, for the cell's warning and info
     stretch: dict | None = None
+    unsent: int = 0  # open loop: requests not sent, MAX_IN_FLIGHT being in flight (each a `timeout`)
 
 
 def embedding_values(value) -> list[float]:
@@ -729,18 +730,38 @@ def past_window(t: float, measured: int, plan: LoadPlan, last_answer: float | No
     return None
 
 
-def pool_size(plan: LoadPlan) -> int:
-    """Connections enough for every request in flight at once (a plan's every request, or its clients), within the
-    open files the process may hold: the client never makes a request wait for a connection where it can help it."""
+# Open files the process keeps for its own (its modules, the store, a tokenizer's files) beside its connections.
+OWN_FILES = 128
+# Requests one load keeps in flight at once: a closed loop's clients (--concurrency above it is refused, spec.check),
+# an open loop's requests (one planned while this many are in flight is not sent, and counts as a `timeout`). The
+# load's one event loop opens, serves and times out every request; measured on a 2-core host against a local endpoint
+# in another process, --duration 1 --request-timeout 5 (6 s planned): 10,000 clients ran 4.3 s against an endpoint
+# that answers at once and 6.2 s against one that never answers (a rate of 10,000/s, 6.9 s); 15,000 clients ran
+# 7.4 s and 19,000 ran 11.5 s and 17.6 s, every request a timeout; 100,000 (80,000 waiting for a connection) ran 37 s.
+MAX_IN_FLIGHT = 10_000
+
+
+def connection_limit() -> int:
+    """Connections this process may hold: its open-file limit, the soft limit raised first to the hard one (a process
+    may raise its own), less OWN_FILES; no limit at all, MAX_REQUESTS (no load has more requests)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:  # a process may raise its own soft limit up to the hard one
+    try:
         if hard == resource.RLIM_INFINITY or soft < hard:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (ValueError, OSError):
         pass
+    if soft == resource.RLIM_INFINITY:  # -1: soft - OWN_FILES made a pool of one connection
+        return MAX_REQUESTS
+    return max(1, soft - OWN_FILES)
+
+
+def pool_size(plan: LoadPlan) -> int:
+    """Connections enough for every request in flight at once (a plan's every request, or its clients, at most
+    MAX_IN_FLIGHT), within the open files the process may hold (connection_limit): the client never makes a request
+    wait for a connection where it can help it."""
     wanted = len(plan.arrivals) if plan.arrivals is not None else plan.concurrency
-    return max(1, min(wanted, soft - 128))
+    return max(1, min(wanted, MAX_IN_FLIGHT, connection_limit()))
 
 
 class Connections:
@@ -800,9 +821,10 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
     last_answer: float | None = None  # when the latest answered request ended
     past = 0  # closed loop: requests sent past the window
     stops: list[tuple[float, str]] = []  # closed loop: when each client stopped past its window, and why
+    ended = unsent = 0  # open loop: requests ended, and not sent (MAX_IN_FLIGHT were in flight)
 
     async def one(r: Sent) -> None:
-        nonlocal in_flight, peak, last_answer
+        nonlocal in_flight, peak, last_answer, ended
         in_flight += 1
         peak = max(peak, in_flight)
         body = bodies(r)
@@ -827,6 +849,7 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
                            "client may open (its open-file limit) was busy")
         finally:
             in_flight -= 1
+            ended += 1
             if client is not None:
                 conns.give(client)
             if r.ok:
@@ -844,6 +867,14 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
                     await asyncio.sleep(0)
                 r = Sent(i, t, lengths[i % len(lengths)])
                 out.append(r)
+                # counted from the tasks made, not from those begun: behind its plan the loop makes tasks without a
+                # pause, and none has begun
+                if len(tasks) - ended >= MAX_IN_FLIGHT:
+                    unsent += 1
+                    r.status, r.done = "timeout", now()
+                    r.error = (f"not sent: {MAX_IN_FLIGHT:,} requests were in flight, the most the client keeps at "
+                               "once")
+                    continue
                 tasks.append(asyncio.create_task(one(r)))
             await asyncio.gather(*tasks)
         else:
@@ -880,7 +911,7 @@ async def _load(url: str, api: str, bodies, plan: LoadPlan, timeout_s: float) ->
     if stops and (past or measured < plan.min_measured):  # the last client to stop says why the load ended
         stretch = {"ended_s": stops[-1][0], "measured": measured, "need": plan.min_measured, "why": stops[-1][1],
                    "sent_past": past}
-    return HttpTrace(out, plan, now(), pool, peak, t0, conns.waited, capped, stretch)
+    return HttpTrace(out, plan, now(), pool, peak, t0, conns.waited, capped, stretch, unsent)
 
 
 class _Daemons(concurrent.futures.ThreadPoolExecutor):

@@ -204,6 +204,8 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
                         "it (the shapes it leaves are prepared on first use)")
     if any(r <= 0 for r in spec.rates) or any(c < 1 for c in spec.concurrency):
         raise SpecError("--rate must be above 0 and --concurrency at least 1")
+    if spec.url is not None and spec.concurrency:
+        check_clients(max(spec.concurrency))
     if spec.max_batch_size < 1 or not 0 <= spec.max_wait_ms <= MAX_WAIT_MS:  # NaN fails too
         raise SpecError(f"--max-batch-size must be at least 1 and --max-wait-ms in 0..{MAX_WAIT_MS:,.0f}")
     if spec.duration <= 0 or spec.warmup < 0:
@@ -298,6 +300,24 @@ def check(spec: ServeSpec) -> tuple[ServeSpec, serve_lengths.Lengths]:
         check_reachable(spec.url)
     return dataclasses.replace(spec, device=device, dtype=dtype, percentile=float(spec.percentile),
                                percentiles=serve_stats.parse_percentiles(spec.percentiles)), lengths
+
+
+def check_clients(clients: int) -> None:
+    """A closed loop against an endpoint holds a connection per client, on the load's one event loop: clients beyond
+    the connections the process may hold waited for one, and those beyond what one event loop drives
+    (http_client.MAX_IN_FLIGHT) stretched the load, `--concurrency 100000 --duration 1 --request-timeout 5` to 37 s
+    for 6 s planned. Refused before the load."""
+    from .http_client import MAX_IN_FLIGHT, OWN_FILES, connection_limit
+
+    held = connection_limit()
+    if clients > held:
+        raise SpecError(f"--concurrency {clients:,} needs a connection per client, and this process may hold "
+                        f"{held:,} (its open-file limit, raised to the hard one, less {OWN_FILES} for its own files): "
+                        "lower --concurrency, or raise the limit (ulimit -n)")
+    if clients > MAX_IN_FLIGHT:
+        raise SpecError(f"--concurrency {clients:,} is above the {MAX_IN_FLIGHT:,} clients one load's event loop "
+                        "drives within their deadlines: lower --concurrency, or split the clients over several "
+                        "`serve --url` processes")
 
 
 def estimate_min_requests(q: float) -> int:
