@@ -9,6 +9,8 @@ import json
 import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from transbench.engine import tuning
 
@@ -108,6 +110,27 @@ def test_shape_signatures_keep_the_model_dimensions_and_blank_the_varying_ones()
     assert tuning.shape_of(f"{dev}|decode_attention|4x384x16x64|{FP16}|ef01") == (
         f"{dev}|decode_attention|*x*x16x64|{FP16}", (4, 384))
     assert tuning.shape_of(f"{dev}|no shape here|ef01") is None and t.op_name(f"{dev}|{gemm(8)}|ab") == gemm(8)
+
+
+# Dimensions a table left on disk may hold where a shape's belong: huge, zero, another script's digits, empty.
+HOSTILE_DIMS = st.one_of(st.integers(0, 10**20).map(str), st.integers(10**300, 10**400).map(str),
+                         st.integers(4300, 6000).map(lambda n: "9" * n), st.sampled_from(["", "\u0663", "-5", "1e3"]))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dims=st.lists(st.lists(HOSTILE_DIMS, min_size=1, max_size=4), min_size=1, max_size=4),
+       route=st.text(max_size=20))
+def test_any_shape_a_table_holds_lends_its_route_or_is_passed_over(tmp_path_factory, dims, route):
+    """A table edited by hand or by another program: a key of a dimension of 5,000 digits was int()'s ValueError,
+    and one of 10^400 a math domain error, tracebacks of the first budgeted call that looked for a neighbour."""
+    path = tmp_path_factory.mktemp("table") / "t.json"
+    dev = tuning.Tuner._device_key()
+    digest = tuning.Tuner(path).key(gemm(1), LARGE).rsplit("|", 1)[1]
+    path.write_text(json.dumps({f"{dev}|linear|bias=True|{'x'.join([*d, '768', '768'])}|{FP16}|{digest}": route
+                                for d in dims}))
+    t = tuning.Tuner(path)
+    with t.budget(0.0):
+        assert t.choose(gemm(1024), cands(*LARGE)) in LARGE
 
 
 # --- a route borrowed from the nearest tuned shape --------------------------------------------------------------------

@@ -785,6 +785,74 @@ def test_bad_environment_variables_are_one_line(tmp_path, monkeypatch, var, valu
     monkeypatch.setattr(backends, "_REGISTRY", None)
 
 
+def _bad_cache_dir(tmp_path: Path, kind: str) -> tuple[str, str]:
+    """A TRANSBENCH_CACHE_DIR of `kind` and the words its refusal holds."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "pipe")
+    return {"file": (str(a_file), f"{a_file} is a file, not a folder"),
+            "fifo": (str(tmp_path / "pipe"), "pipe is a file, not a folder"),
+            "under a file": (str(a_file / "cache"), f"{a_file} is a file, not a folder"),
+            # /proc takes no new file, not even root's (a folder's permissions do not stop root)
+            "unwritable": ("/proc/self/cache", "a file made in /proc/self failed"),
+            "damaged table": (str(tmp_path / "damaged"), "it is not valid JSON"),
+            "long": ("x" * 4097, "is 4,097 characters long"),
+            "newline": (f"{tmp_path}/a\nb", "a character that does not print"),
+            "escape": (f"{tmp_path}/\x1b[2J", "\\x1b[2J holds a character that does not print"),
+            "not utf-8": (f"{tmp_path}/caf\udce9", "is not UTF-8"),
+            "tilde": ("~/cache", "opens with a '~' no shell expanded")}[kind]
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo", "under a file", "unwritable", "damaged table", "long", "newline",
+                                  "escape", "not utf-8", "tilde"])
+def test_a_bad_cache_dir_in_the_environment_is_refused_before_anything_runs(tmp_path, monkeypatch, kind):
+    """$TRANSBENCH_CACHE_DIR, the folder of the fused engine's tuning table, read through the boundary by every
+    command that builds the engine: `run --backend fused` ran its cells with their tuning kept nowhere, without a
+    word, and one of a newline made a folder so named. Nothing is created or changed."""
+    value, words = _bad_cache_dir(tmp_path, kind)
+    if kind == "damaged table":
+        (tmp_path / "damaged").mkdir()
+        (tmp_path / "damaged" / "engine-tuning.json").write_text('{"cut')
+    monkeypatch.setenv("TRANSBENCH_CACHE_DIR", value)
+    before = sorted(os.walk(tmp_path))
+    db = tmp_path / "x.db"
+    for args in (["run", "--model", "bert-tiny", "--backend", "eager,fused", "--device", "cpu", "--db", db],
+                 ["serve", "--model", "bert-tiny", "--backend", "fused", "--device", "cpu", "--duration", "0.1",
+                  "--db", db],
+                 ["demo", "--model", "bert-tiny", "--backend", "fused", "--device", "cpu", "--prompt", "a"],
+                 ["tune", "--model", "bert-tiny", "--batch", "1", "--seq", "8"]):
+        refused(invoke(*args), "TRANSBENCH_CACHE_DIR", words)
+    assert sorted(os.walk(tmp_path)) == before
+
+
+def test_a_cache_dir_is_read_only_where_the_engine_runs(tmp_path, monkeypatch):
+    """A backend other than the fused engine reads no tuning table: a bad $TRANSBENCH_CACHE_DIR is not its concern."""
+    from transbench import backends
+
+    monkeypatch.setenv("TRANSBENCH_CACHE_DIR", str(tmp_path / "a\nb"))
+    assert backends.get("eager").name == "eager"
+    with pytest.raises(SpecError, match="TRANSBENCH_CACHE_DIR"):
+        backends.get("fused")
+
+
+@FAST
+@given(value=st.text(st.characters(blacklist_characters="\x00"), max_size=40)
+       | st.integers(4090, 4200).map(lambda n: "/" * n))
+def test_any_folder_an_environment_variable_names_is_a_path_or_one_short_line(monkeypatch, value):
+    """boundary.env_folder: any value is unset (None), the path as given, or refused in one line of bounded length
+    that names the variable."""
+    monkeypatch.setenv("TRANSBENCH_CACHE_DIR", value)
+    try:
+        folder = boundary.env_folder("TRANSBENCH_CACHE_DIR")
+    except boundary.BadInput as exc:
+        assert "\n" not in str(exc) and str(exc).isprintable() and len(str(exc)) < 400
+        assert "TRANSBENCH_CACHE_DIR" in str(exc)
+        return
+    assert folder == (Path(value) if value else None)
+    assert value.isprintable() and len(value) <= boundary.ENV_CHARS and not value.startswith("~")
+
+
 # What a module named in TRANSBENCH_EXTRA_BACKENDS may hold where a Backend belongs, or do when it is imported.
 NOT_A_BACKEND = st.one_of(st.integers(), st.text(max_size=8), st.lists(st.integers(), max_size=2), st.just({}))
 EXTRA_MODULE = st.one_of(
@@ -1056,6 +1124,56 @@ def test_every_external_reader_goes_through_the_boundary():
 def test_the_scan_sees_readers():
     assert external_reads(PKG / "runner" / "rank.py") and external_reads(PKG / "engine" / "tuning.py")
     assert all((PKG / rel).exists() for rel in INTERNAL)
+
+
+# Environment variables read outside boundary.py (env_text, env_int, env_folder), each with its reason: values the
+# sweep set for its own workers, or values recorded or filtered as they are, never taken as a path or a number.
+ENV_INTERNAL = {
+    "runner/worker.py:TRANSBENCH_CPUS": "the sweep's own value, set for every worker (runner/launch.py)",
+    "runner/worker.py:TRANSBENCH_THREADS": "the sweep's own value, set for every worker",
+    "runner/rank.py:TRANSBENCH_THREADS": "the sweep's own value, set for every rank",
+    "runner/rank.py:*": "the NCCL, gloo and NVSHMEM variables (ENV_PREFIXES), recorded with a cell as they are",
+    "engine/tuning.py:TRANSBENCH_CACHE_DIR": "the engine imports nothing of the benchmark; backends/fused.py "
+                                             "check_cache_dir reads it through the boundary before any engine is built",
+    "engine/tuning.py:XDG_CACHE_HOME": "the engine's default folder, a cache whose failures cost only re-tuning",
+    "scenarios/training/loop.py:TORCH_CUDA_ARCH_LIST": "torch's own variable, recorded as torch read it",
+    "measure/env.py:CUDA_VISIBLE_DEVICES": "recorded with the run as it is",
+    "measure/env.py:*": "the scheduler's variables, recorded with the run as they are",
+    "measure/device.py:CUDA_VISIBLE_DEVICES": "only its items of ASCII digits are read, as NVML indexes",
+}
+
+
+def environment_reads(path: Path) -> list[str]:
+    """`os.environ.get(X)`, `os.environ[X]`, `os.getenv(X)` and `os.environ.items()` in a module, as NAME (the
+    variable, * for all of them, ? for a name computed at run time)."""
+    def name(args) -> str:
+        return args[0].value if args and isinstance(args[0], ast.Constant) else "?"
+
+    def is_environ(node) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ" and getattr(node.value, "id", None) == "os"
+
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if is_environ(node.func.value) and node.func.attr in ("get", "items", "values"):
+                out.append(name(node.args) if node.func.attr == "get" else "*")
+            elif node.func.attr == "getenv" and getattr(node.func.value, "id", None) == "os":
+                out.append(name(node.args))
+        elif isinstance(node, ast.Subscript) and is_environ(node.value) and isinstance(node.ctx, ast.Load):
+            out.append(name([node.slice]))
+    return out
+
+
+def test_every_environment_variable_goes_through_the_boundary():
+    """A variable read raw was taken whole: $TRANSBENCH_CACHE_DIR of a newline made a folder so named, one of 4,097
+    characters was echoed whole, and a TRANSBENCH_PARENT_PID of 5,000 digits was int()'s traceback (measure/load.py)."""
+    found = [f"{rel}:{var}" for p in sorted(PKG.rglob("*.py"))
+             if (rel := p.relative_to(PKG).as_posix()) != "boundary.py" for var in environment_reads(p)]
+    assert environment_reads(PKG / "engine" / "tuning.py")  # the scan sees them
+    bad = sorted(set(found) - set(ENV_INTERNAL))
+    assert not bad, ("environment variables read outside src/transbench/boundary.py (read them with env_text, "
+                     f"env_int or env_folder, or list them in ENV_INTERNAL with the reason): {bad}")
+    assert not set(ENV_INTERNAL) - set(found), "ENV_INTERNAL lists reads that are no longer there"
 
 
 def test_the_concurrency_limit_in_help_is_the_one_serve_checks():

@@ -486,7 +486,8 @@ def file_above(path: str | Path) -> Path | None:
 # --- environment --------------------------------------------------------------------------------------
 
 def env_text(name: str, default: str | None = None) -> str | None:
-    """A variable's value, refused when absurdly long or holding a NUL-like control character."""
+    """A variable's value (unset or empty: `default`), refused when absurdly long (a NUL cannot reach a process's
+    environment)."""
     value = os.environ.get(name)
     if value is None or value == "":
         return default
@@ -494,6 +495,23 @@ def env_text(name: str, default: str | None = None) -> str | None:
         raise BadInput(f"environment variable {name} is {len(value):,} characters long: set it to a short value "
                        "or unset it")
     return value
+
+
+def env_folder(name: str) -> Path | None:
+    """The folder a variable names (unset or empty: None), refused in one line when absurdly long (env_text), when it
+    holds a character that does not print or is not UTF-8 (a newline, an escape sequence: the folder was made under
+    that name, and each line that named it broke or rewrote the terminal), or when it opens with a `~` no shell
+    expanded (a quoted `~/cache` made a folder named `~` in the working folder)."""
+    value = env_text(name)
+    if value is None:
+        return None
+    if not (value.isprintable() and is_utf8(value)):
+        raise BadInput(f"environment variable {name}={one_line(value, 80)} holds a character that does not print or "
+                       "is not UTF-8: set it to a folder's path, or unset it")
+    if value.startswith("~"):
+        raise BadInput(f"environment variable {name}={one_line(value, 80)} opens with a '~' no shell expanded: "
+                       "give the path in full, or unset it")
+    return Path(value)
 
 
 def env_int(name: str, default: int | None, lo: int, hi: int, *, strict: bool = False) -> int | None:

@@ -63,6 +63,8 @@ def get(name: str) -> Backend:
     reg = registry()
     if name not in reg:
         raise SpecError(f"unknown backend '{name}': choose from {', '.join(reg)}")
+    if reg[name].check_environment is not None:
+        reg[name].check_environment()
     return reg[name]
 
 

@@ -63,6 +63,9 @@ class Backend:
     # Why the backend takes `--quant none` only (models/quant.py quantizes the transformers model it is given);
     # None: it runs the quantized model.
     quant_refusal: str | None = None
+    # Checks the environment variables the backend reads (SpecError, one line), called by backends.get: so before
+    # any cell of run, serve, server and demo, which look each backend up first. None: it reads none.
+    check_environment: Callable[[], None] | None = None
 
     def unsupported_reason(self, device_type: str, dtype: str, task: str, quant: str = "none") -> str | None:
         """Why this backend cannot run such a cell here, or None when it can."""

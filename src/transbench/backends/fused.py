@@ -5,6 +5,25 @@ from __future__ import annotations
 from .base import Backend, Prepared
 
 SERVER_TOKEN_GROWTH = 1.25  # each packed size of a server's ladder at most 1.25x the one below
+CACHE_VARIABLE = "TRANSBENCH_CACHE_DIR"  # the folder of the engine's tuning table (engine/tuning.py cache_path)
+
+
+def check_cache_dir() -> None:
+    """$TRANSBENCH_CACHE_DIR read at the input boundary (boundary.env_folder), and its tuning table checked as
+    `tune` checks its own (tuning.table_problem), before anything runs. The engine reads the variable itself, as it
+    depends on nothing of the benchmark; unchecked, a value naming a file, a pipe or a folder no one may write ran
+    every cell with its tuning kept nowhere, without a word, and one holding a newline made a folder so named."""
+    from ..boundary import BadInput, env_folder
+    from ..engine import tuning
+
+    folder = env_folder(CACHE_VARIABLE)
+    if folder is None:
+        return
+    table = folder / tuning.TABLE_NAME
+    problem = tuning.table_problem(table)
+    if problem:
+        raise BadInput(f"cannot use the tuning table {table} (from ${CACHE_VARIABLE}): {problem}; set "
+                       f"{CACHE_VARIABLE} to a folder you can write (or delete a damaged table), or unset it")
 
 
 def _compile(model, cell, options=None):
@@ -125,4 +144,5 @@ BACKEND = Backend(
     quant_refusal="the fused engine quantizes on its own (--dtype fp8) and takes --quant none only",
     describe="transbench.engine: fused QKV, Triton bias+GELU / residual+LayerNorm, packed varlen, CUDA graphs, fp8",
     per_shape=True,
+    check_environment=check_cache_dir,
 )

@@ -166,7 +166,10 @@ def _rivals(ranked: list[str]) -> list[str]:
     return (firsts + [n for n in ranked[1:] if n not in firsts])[:RIVALS_PER_OP]
 
 
-_SHAPE = re.compile(r"\d+(?:x\d+)+")  # an op's shape field: "32768x2304x768", "256x128x12x64"
+# An op's shape field: "32768x2304x768", "256x128x12x64". Dimensions of ASCII digits, at most 18 of them (a tensor's
+# size is below 2^63): a table's key of a 5,000-digit dimension was int()'s ValueError, and one of 10^400 against a
+# real shape a math domain error in _distance, each a traceback of a budgeted call (a server's warm-up).
+_SHAPE = re.compile(r"[0-9]{1,18}(?:x[0-9]{1,18})+")
 
 
 def shape_of(key: str) -> tuple[str, tuple[int, ...]] | None:

@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from ..boundary import env_int
 from ..declare import setting
 from ..errors import SpecError
 
@@ -102,9 +103,11 @@ def own_family() -> set[int]:
     (torch.compile's compile workers; busy_between), the benchmark's own work, which is not load beside it. Other
     children of the sweep are not excluded: another lane's worker takes cores too."""
     pids = {os.getpid()}
-    parent = os.environ.get("TRANSBENCH_PARENT_PID", "")
-    if parent.isdigit():
-        pids.add(int(parent))
+    # through the boundary, as the worker reads it (runner/worker.py): isdigit() took '٣' and int() refused a value
+    # of over 4,300 digits with a traceback
+    parent = env_int("TRANSBENCH_PARENT_PID", None, 0, 1 << 31)
+    if parent is not None:
+        pids.add(parent)
     return pids
 
 

@@ -26,6 +26,7 @@ def run(spec: TuneSpec, progress: Callable[[dict], None] | None = None, options=
     import torch
 
     from ...backends.decoders import greedy_step
+    from ...backends.fused import check_cache_dir
     from ...engine import EngineOptions, EngineUnsupported, compile_model, tuning
     from ...measure import device as dev
     from ...models import build
@@ -58,12 +59,12 @@ def run(spec: TuneSpec, progress: Callable[[dict], None] | None = None, options=
         raise SpecError("--cache-dir is empty: give a folder, or leave it out for the default")
     if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):  # was pathlib's TypeError, unnamed
         raise SpecError(f"cache_dir must be a folder path (text), got {cache_dir!r}")
+    if cache_dir is None:  # the default's folder may come from the environment: checked there, and named
+        check_cache_dir()
     table = Path(cache_dir) / tuning.TABLE_NAME if cache_dir is not None else tuning.cache_path()
     problem = tuning.table_problem(table)
     if problem:  # else minutes of tuning would be kept nowhere (the engine's tables are caches: a save may fail)
-        # the default's folder may come from the environment: named, as the user did not type it here
-        source = " (from $TRANSBENCH_CACHE_DIR)" if cache_dir is None and os.environ.get("TRANSBENCH_CACHE_DIR") else ""
-        raise SpecError(f"cannot use the tuning table {table}{source}: {problem}; give --cache-dir another folder "
+        raise SpecError(f"cannot use the tuning table {table}: {problem}; give --cache-dir another folder "
                         "(or delete a damaged table)")
     if dev.gpu_count() == 0:  # before dev.resolve, whose advice for a missing GPU is --device cpu
         raise SpecError("tune needs a CUDA GPU: the table holds kernel timings of the GPU it ran on")
