@@ -11,6 +11,8 @@ import statistics
 from dataclasses import replace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 from test_cli_input import invoke, refused
 from typer.testing import CliRunner
@@ -807,6 +809,132 @@ def test_a_node_that_reaches_node_0_goes_on(capsys):
     check_rendezvous(TrainSpec(**{**TRAIN, "nnodes": 2, "node_rank": 0, "rdzv_endpoint": endpoint}))
     err = capsys.readouterr().err
     assert "note: node 1 of 2: waiting" in err and "note: node 0 of 2: hosting the rendezvous" in err
+
+
+@pytest.mark.usefixtures("in_tmp")
+def test_a_node_waits_for_node_0_as_long_as_rdzv_wait_says(tmp_path):
+    """--rdzv-wait, the declared bound of that wait (a scheduler may start one job's hosts minutes apart): the note
+    and the refusal say it, and nothing is created."""
+    import time
+
+    port = _closed_port()
+    began = time.monotonic()
+    res = invoke("train", "-m", "bert-tiny", "--device", "cpu", "--nnodes", "2", "--node-rank", "1",
+                 "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-wait", "0.5", "--db", tmp_path / "t.db")
+    refused(res, f"node 0's rendezvous did not answer within 0.5 s", "--rdzv-wait")
+    assert f"note: node 1 of 2: waiting up to 0.5 s for node 0's rendezvous at 127.0.0.1:{port}" in res.stderr
+    assert time.monotonic() - began < 15
+    assert os.listdir(tmp_path) == []
+
+
+# Rendezvous settings of every kind: each is taken, or refused in one line (SpecError) before anything starts.
+# check_rendezvous's name lookup and its wait for node 0 are replaced by fakes (no network, no waiting): what is
+# tested is that every failure of theirs is one line naming the endpoint.
+RDZV_FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+HOSTS = st.one_of(st.text(max_size=20), st.text(st.characters(max_codepoint=127), min_size=1, max_size=300),
+                  st.sampled_from(["no-such-host.invalid", "a..b", "-", "[::1]", "x" * 64 + ".com", "h\x00st",
+                                   "\u00fcber.example", "\ud800", "127.0.0.1", "[127.0.0.1]"]))
+PORTS = st.one_of(st.integers(-10, 70_000).map(str), st.sampled_from(["", "abc", "0x10", "1e3", "\u0663", " 1",
+                                                                        "99999999999999999999999"]))
+
+
+def _fake_lookup(resolves: bool):
+    """socket.getaddrinfo as it behaves offline: a host that is not ASCII is IDNA-encoded first (which refuses an
+    empty or over-long label), then the name resolves or not."""
+    import socket
+
+    def lookup(host, port, *args, **kwargs):
+        host.encode("idna")
+        if not resolves:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+    return lookup
+
+
+@RDZV_FAST
+@given(host=HOSTS, port=PORTS, resolves=st.booleans(), reached=st.booleans(), node_rank=st.integers(0, 1))
+def test_any_rendezvous_endpoint_is_taken_or_refused_in_one_line(monkeypatch, capsys, host, port, resolves,
+                                                                 reached, node_rank):
+    """--rdzv-endpoint HOST:PORT of any host and port, on node 0 and on another node, its host resolving or not and
+    node 0 answering or not: validate and check_rendezvous take it or refuse it in one line naming the endpoint."""
+    import socket
+
+    from transbench.scenarios.training import spec as training_spec
+
+    def reach(h, p, wait):
+        if not reached:
+            raise TimeoutError(f"The client socket has timed out after {wait * 1000:.0f}ms")
+
+    monkeypatch.setattr(socket, "getaddrinfo", _fake_lookup(resolves))
+    monkeypatch.setattr(training_spec, "_reach_store", reach)
+    endpoint = f"{host}:{port}"
+    try:
+        spec = validate(TrainSpec(models=["bert-tiny"], device="cpu", nnodes=2, node_rank=node_rank,
+                                  rdzv_endpoint=endpoint))
+        training_spec.check_rendezvous(spec)
+    except SpecError as exc:
+        line = tables.visible(str(exc))  # as the command line prints it: control characters escaped
+        assert "\n" not in line and ("--rdzv-endpoint" in line or "rdzv_endpoint:" in line), line
+        return
+    assert resolves and (node_rank == 0 or reached)  # taken: the host resolved, and node 0 answered another node
+    capsys.readouterr()
+
+
+@RDZV_FAST
+@given(nnodes=st.integers(-3, 2**63 - 1) | st.integers(-3, 5), node_rank=st.integers(-(2**63), 2**63 - 1)
+       | st.integers(-3, 5), nproc=st.integers(1, 4))
+def test_any_node_count_and_rank_is_taken_or_refused_in_one_line(nnodes, node_rank, nproc):
+    """--nnodes and --node-rank of any integers: taken where 0 <= rank < nnodes and nnodes x nproc is within the world
+    size a rank takes (declare.LIMITS), else one line naming the option."""
+    from transbench.declare import LIMITS
+    from transbench.measure.load import available_cores
+
+    fine = (1 <= nnodes and 0 <= node_rank < nnodes and nnodes * nproc <= LIMITS["--nnodes"]
+            and nproc <= available_cores())  # a CPU cell's ranks: one per core at most (load.check_cpu_ranks)
+    spec = TrainSpec(models=["bert-tiny"], device="cpu", nnodes=nnodes, node_rank=node_rank, nprocs=[nproc],
+                     strategies=["ddp"], rdzv_endpoint="127.0.0.1:29500" if nnodes != 1 else None)
+    try:
+        validate(spec)
+    except SpecError as exc:
+        assert not fine, exc
+        line = str(exc)
+        assert "\n" not in line and ("--nnodes" in line or "--node-rank" in line or "--nproc" in line), line
+        return
+    assert fine
+
+
+@RDZV_FAST
+@given(wait=st.floats(allow_nan=True, allow_infinity=True) | st.floats(0, 100_000) | st.integers(-5, 10**6),
+       nnodes=st.sampled_from([1, 2]))
+def test_any_rdzv_wait_is_the_bound_of_the_wait_or_refused_in_one_line(monkeypatch, capsys, wait, nnodes):
+    """--rdzv-wait of any number: taken, with several hosts, where above 0 and at most a day, and then the bound the
+    node waits for node 0 (the wait itself replaced: nothing waits here) and the one its refusal names."""
+    import socket
+
+    from transbench.scenarios.training import spec as training_spec
+    from transbench.spec import MAX_SECONDS
+
+    waited = []
+
+    def reach(h, p, seconds):
+        waited.append(seconds)
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(socket, "getaddrinfo", _fake_lookup(True))
+    monkeypatch.setattr(training_spec, "_reach_store", reach)
+    fine = nnodes > 1 and 0 < wait <= MAX_SECONDS
+    try:
+        spec = validate(TrainSpec(models=["bert-tiny"], device="cpu", nnodes=nnodes, node_rank=nnodes - 1,
+                                  rdzv_endpoint="127.0.0.1:29500" if nnodes > 1 else None, rdzv_wait=wait))
+    except SpecError as exc:
+        # named as the option, or as the spec key where coerce refuses the value's type (inf, NaN) from Python
+        assert not fine and "\n" not in str(exc) and ("--rdzv-wait" in str(exc) or "rdzv_wait:" in str(exc)), exc
+        return
+    assert fine
+    with pytest.raises(SpecError) as exc:
+        training_spec.check_rendezvous(spec)
+    assert waited == [wait] and f"did not answer within {wait:g} s" in str(exc.value)
+    assert f"waiting up to {wait:g} s" in capsys.readouterr().err
 
 
 @pytest.mark.usefixtures("in_tmp")

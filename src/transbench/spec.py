@@ -145,9 +145,10 @@ def coerce(cls, data: dict, where: str = "", whole: frozenset[str] = frozenset()
                     # A path typed in bytes that are not UTF-8 (--trace, a model folder) measured, and the run's spec
                     # stored it as a lone surrogate that `runs --spec`'s TOML could not read back, nor safetensors open.
                     named = labels[key] if labels and key in labels else f"{where}{key}:"
+                    # Not only paths: `--rdzv-endpoint` of such bytes was told to rename a file.
                     raise SpecError(f"{named} {item!r} is not UTF-8 text (bytes the terminal could not decode): a run "
-                                    "stores its settings as UTF-8; rename the file or folder (or link to it) with a "
-                                    "UTF-8 name")
+                                    "stores its settings as UTF-8; give it in UTF-8 (a file or folder: rename it, or "
+                                    "link to it, with a UTF-8 name)")
                 if kind is int:
                     check_int(typed[-1], f"{where}{key}: ")
                     if key in limited:

@@ -78,7 +78,8 @@ COLUMNS = {"runs": ["run_id", "name", "kind", "created", "spec", "env"],
                      "created"]}
 # Spec settings that may differ within one run (a resumed run, the shards of one sweep): they decide where and
 # how long cells run, not what they measure.
-RESUMABLE = frozenset({"timeout", "gpus", "shard", "shard_count", "name", "node_rank", "rdzv_endpoint"})
+RESUMABLE = frozenset({"timeout", "gpus", "shard", "shard_count", "name", "node_rank", "rdzv_endpoint",
+                       "rdzv_wait"})
 RESUME = "free some space, then rerun the same command (add --resume if the run has no --name) to go on"
 # How long a command waits for a lock of the store that another process holds (a writer for the write lock, held by
 # an SQLite browser's open transaction or a merge into the store; any command for a store held with `PRAGMA

@@ -24,7 +24,7 @@ from ...cells import CellResult
 from ...declare import LIMITS, setting
 from ...measure.load import check_cpu_ranks, check_threads, threads_setting
 from ...runner.worker import WORKER_START_S, start_limit, timeout_setting
-from ...spec import check_once, checked, coerce
+from ...spec import MAX_SECONDS, check_once, checked, coerce
 from .cell import ATTENTION, HEADS, KERNELS, OPTIMIZERS, TRAIN_DTYPES, STRATEGIES, TRAIN_TASKS, TrainCell
 
 def default_task(shape) -> str:
@@ -32,8 +32,10 @@ def default_task(shape) -> str:
     return "causal-lm" if shape.decoder else "mlm"
 
 
-# How long a node > 0 tries to reach node 0's --rdzv-endpoint before the run is refused (check_rendezvous): the
-# start-up limit a cell's ranks have (runner/worker.py), as node 0 may itself still be starting.
+# How long a node > 0 tries to reach node 0's --rdzv-endpoint before the run is refused (check_rendezvous), unless
+# --rdzv-wait says otherwise: the start-up limit a cell's ranks have (runner/worker.py), as node 0 may itself still be
+# starting. A setting (--rdzv-wait), as torchrun's own join_timeout is: a scheduler may start one job's hosts minutes
+# apart (an image pulled on one node, a queue on another), and a node that gave up after 300 s failed that job.
 RDZV_WAIT_S = WORKER_START_S
 NCCL_ENV_KEY = re.compile(r"^(NCCL|TORCH_NCCL|GLOO)_[A-Z0-9_]+$")
 
@@ -98,6 +100,10 @@ class TrainSpec:
     nnodes: int = setting(1, "hosts (torchrun --nnodes)")
     node_rank: int = setting(0, "this host's rank (torchrun --node-rank); only node 0 stores")
     rdzv_endpoint: str | None = setting(None, "HOST:PORT of node 0 (torchrun --rdzv-endpoint)")
+    rdzv_wait: float | None = setting(None, "seconds a node other than node 0 waits for node 0's rendezvous before "
+                                      "giving up (at most 86,400; node 0 waits each cell's start-up limit for the "
+                                      "others)",
+                                      shown=f"{RDZV_WAIT_S:g}")
     timeout: float = timeout_setting("a cell (all its ranks)")
     threads: int | None = threads_setting()
     shard: str | None = setting(None, "I/N: train slice I of N of the grid; auto: from the Slurm array task or "
@@ -266,6 +272,13 @@ def validate(spec: TrainSpec) -> TrainSpec:
     if spec.nnodes == 1 and spec.rdzv_endpoint is not None:  # runner/launch.py passes it only to several hosts
         raise SpecError("--rdzv-endpoint joins several hosts, and --nnodes is 1: add --nnodes 2 (or more), "
                         "or leave --rdzv-endpoint out")
+    if spec.rdzv_wait is not None:
+        if spec.nnodes == 1:  # one host waits for no rendezvous: the option would be dropped without a word
+            raise SpecError("--rdzv-wait is how long a node waits for node 0 of several hosts, and --nnodes is 1: "
+                            "add --nnodes 2 (or more), or leave --rdzv-wait out")
+        if not 0 < spec.rdzv_wait <= MAX_SECONDS:  # NaN fails too; a wait of a year is a typo
+            raise SpecError(f"--rdzv-wait must be above 0 and at most {MAX_SECONDS:,} s (a day), got "
+                            f"{spec.rdzv_wait:g}")
     # Options of one strategy or of several GPUs, given where no cell uses them, were dropped without a word: the
     # run said ok and measured something else than asked (ZeRO 3 under ddp, NCCL settings on one process).
     if spec.zero_stages != [2] and "deepspeed" not in (spec.strategies or []):
@@ -337,10 +350,10 @@ def _endpoint(spec: TrainSpec) -> tuple[str, int] | None:
 
 def check_rendezvous(spec: TrainSpec) -> None:
     """Before any cell of several hosts: node 0's host name resolves, and on another node something answers at
-    --rdzv-endpoint within RDZV_WAIT_S. Left to torchrun, a name that did not resolve failed every cell one by one,
-    and a node > 0 whose node 0 never answered waited silently: torch's c10d store retries its connect for its
-    read_timeout, its rendezvous for a join_timeout of 600 s, and each cell's start-up had WORKER_START_S
-    (runner/worker.py) before it was a `timeout`, cell after cell, exit 0."""
+    --rdzv-endpoint within --rdzv-wait (default RDZV_WAIT_S). Left to torchrun, a name that did not resolve failed
+    every cell one by one, and a node > 0 whose node 0 never answered waited silently: torch's c10d store retries
+    its connect for its read_timeout, its rendezvous for a join_timeout of 600 s, and each cell's start-up had
+    WORKER_START_S (runner/worker.py) before it was a `timeout`, cell after cell, exit 0."""
     endpoint = _endpoint(spec) if spec.nnodes > 1 else None
     if endpoint is None:
         return
@@ -356,21 +369,22 @@ def check_rendezvous(spec: TrainSpec) -> None:
               f"{start_limit(spec.timeout):g} s (its start-up limit) for the other nodes to join", file=sys.stderr,
               flush=True)
         return
-    print(f"note: node {spec.node_rank} of {spec.nnodes}: waiting up to {RDZV_WAIT_S:g} s for node 0's rendezvous at "
+    wait = RDZV_WAIT_S if spec.rdzv_wait is None else spec.rdzv_wait
+    print(f"note: node {spec.node_rank} of {spec.nnodes}: waiting up to {wait:g} s for node 0's rendezvous at "
           f"{host}:{port}", file=sys.stderr, flush=True)
     try:
-        _reach_store(host, port)
+        _reach_store(host, port, wait)
     except (RuntimeError, TimeoutError) as exc:  # torch's DistNetworkError is a RuntimeError
         why = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)[:200].rstrip(".")
-        raise SpecError(f"--rdzv-endpoint {host}:{port}: node 0's rendezvous did not answer within {RDZV_WAIT_S:g} s "
+        raise SpecError(f"--rdzv-endpoint {host}:{port}: node 0's rendezvous did not answer within {wait:g} s "
                         f"({why}): start node 0 (--node-rank 0) with the same --nnodes and --rdzv-endpoint, and "
                         "check that this host reaches that address and port (firewall, the address node 0 listens "
-                        "on)") from None
+                        "on), or wait longer (--rdzv-wait)") from None
 
 
-def _reach_store(host: str, port: int) -> None:
+def _reach_store(host: str, port: int, wait: float) -> None:
     """A client of the c10d store torchrun's rendezvous uses (torch's c10d_rendezvous_backend), connected and
-    validated within RDZV_WAIT_S, then closed: torch retries a refused connect until then, and a port where something
+    validated within `wait` seconds, then closed: torch retries a refused connect until then, and a port where something
     other than a store answers (a proxy that takes every connection) fails its validation, where a bare TCP connect
     succeeded. Its C++ side logs each retry as lines and a stack on file descriptor 2: kept off the terminal."""
     from datetime import timedelta
@@ -382,7 +396,7 @@ def _reach_store(host: str, port: int) -> None:
     try:
         with open(os.devnull, "w") as null:
             os.dup2(null.fileno(), 2)
-        TCPStore(host, port, is_master=False, timeout=timedelta(seconds=RDZV_WAIT_S), wait_for_workers=False)
+        TCPStore(host, port, is_master=False, timeout=timedelta(seconds=wait), wait_for_workers=False)
     finally:
         os.dup2(saved, 2)
         os.close(saved)
