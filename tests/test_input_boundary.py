@@ -826,6 +826,34 @@ def test_a_bad_cache_dir_in_the_environment_is_refused_before_anything_runs(tmp_
     assert sorted(os.walk(tmp_path)) == before
 
 
+def test_the_default_table_follows_the_xdg_rules_and_a_user_with_no_home_is_told(tmp_path, monkeypatch):
+    """XDG_CACHE_HOME empty or relative is not set (an empty one kept the table in ./transbench of each working
+    folder); and a user with no HOME and no passwd entry (a container run as an arbitrary uid), whose Path.home()
+    raises RuntimeError, was a traceback from `tune` and an `error` of every fused cell: now one line."""
+    import pwd
+
+    from transbench.engine import tuning
+
+    monkeypatch.delenv("TRANSBENCH_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for xdg in ("", "relative/cache"):
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+        assert tuning.cache_path() == tmp_path / ".cache" / "transbench" / tuning.TABLE_NAME
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tuning.cache_path() == tmp_path / "xdg" / "transbench" / tuning.TABLE_NAME
+
+    def no_entry(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+    monkeypatch.delenv("HOME")
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    assert tuning.cache_path() == tmp_path / "xdg" / "transbench" / tuning.TABLE_NAME  # no home needed
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    for args in (["run", "--model", "bert-tiny", "--backend", "fused", "--device", "cpu", "--db", tmp_path / "x.db"],
+                 ["tune", "--model", "bert-tiny", "--batch", "1", "--seq", "8"]):
+        refused(invoke(*args), "no folder for its tuning table: HOME is unset", "set TRANSBENCH_CACHE_DIR")
+    assert not (tmp_path / "x.db").exists()
+
+
 def test_a_cache_dir_is_read_only_where_the_engine_runs(tmp_path, monkeypatch):
     """A backend other than the fused engine reads no tuning table: a bad $TRANSBENCH_CACHE_DIR is not its concern."""
     from transbench import backends

@@ -18,6 +18,11 @@ def check_cache_dir() -> None:
 
     folder = env_folder(CACHE_VARIABLE)
     if folder is None:
+        try:  # the default under the home folder, which a user with no passwd entry and no HOME does not have
+            tuning.cache_path()
+        except RuntimeError:
+            raise BadInput(f"the fused engine has no folder for its tuning table: HOME is unset and this user has no "
+                           f"home folder; set {CACHE_VARIABLE} (or XDG_CACHE_HOME) to a folder you can write") from None
         return
     table = folder / tuning.TABLE_NAME
     problem = tuning.table_problem(table)

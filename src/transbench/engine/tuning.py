@@ -79,9 +79,16 @@ TABLE_NAME = "engine-tuning.json"
 
 
 def cache_path() -> Path:
-    """The tuning table: $TRANSBENCH_CACHE_DIR/engine-tuning.json, else under $XDG_CACHE_HOME or ~/.cache."""
-    root = os.environ.get("TRANSBENCH_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "transbench"
-    return Path(root) / TABLE_NAME
+    """The tuning table: $TRANSBENCH_CACHE_DIR/engine-tuning.json, else under $XDG_CACHE_HOME or ~/.cache.
+    XDG_CACHE_HOME empty or relative is not set, as the XDG base directory spec says: an empty one kept the table in
+    ./transbench of each working folder. The home folder is looked up only when needed: Path.home() raises
+    RuntimeError where HOME is unset and the user has no passwd entry (a container run as an arbitrary uid), and
+    it was looked up even with XDG_CACHE_HOME set."""
+    root = os.environ.get("TRANSBENCH_CACHE_DIR")
+    if root:
+        return Path(root) / TABLE_NAME
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "transbench" / TABLE_NAME
 
 
 def _event_ms(run: Callable[[], object], reps: int, per_sample: int = 1) -> float:
