@@ -656,6 +656,37 @@ def test_any_tuning_table_is_a_problem_line_or_read(tmp_path_factory, text):
     tuning.Tuner(path)  # a table it cannot use is ignored (re-timed), never a traceback
 
 
+@pytest.mark.parametrize("reader", ["boundary", "safetensors", "tuning table"])
+def test_a_pipe_put_in_a_files_place_after_its_check_does_not_block(tmp_path, monkeypatch, reader):
+    """A file changed while it is read: a FIFO in its place after the stat that found a regular file held the
+    blocking open() for ever (boundary.read_bytes, boundary.safetensors_tensors, tuning.read_table). The stat is
+    faked to say a regular file."""
+    from transbench.engine import tuning
+
+    fifo = tmp_path / "x.json"
+    os.mkfifo(fifo)
+    regular, real_stat = os.stat(__file__), os.stat
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: regular if str(p) == str(fifo) else real_stat(p, *a, **k))
+    got = {}
+
+    def read():
+        try:
+            {"boundary": lambda: boundary.read_bytes(fifo, "x.json", limit=2**20),
+             "safetensors": lambda: boundary.safetensors_tensors(fifo, "x.json"),
+             "tuning table": lambda: tuning.read_table(fifo)}[reader]()
+        except (SpecError, ValueError) as exc:
+            got["error"] = str(exc)
+
+    reading = threading.Thread(target=read, daemon=True)
+    reading.start()
+    reading.join(10)
+    if reading.is_alive():
+        with open(fifo, "w"):  # a writer releases the blocked open()
+            pass
+        pytest.fail("the read of a FIFO blocked")
+    assert "not a regular file" in got["error"]
+
+
 def test_a_named_pipe_as_the_tuning_table_does_not_block(tmp_path):
     from transbench.engine import tuning
 

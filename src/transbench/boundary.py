@@ -64,7 +64,12 @@ def read_bytes(path: str | Path, where: str, *, limit: int, fix: str = "check th
     if st.st_size > limit:
         _fail(where, f"{st.st_size:,} bytes is above the {limit:,} bytes read for it", fix)
     try:
-        with open(p, "rb") as f:
+        # Non-blocking, and checked again once open: a FIFO put in the file's place after the stat above (a file
+        # changed while it is read) held a blocking open() for ever. O_NONBLOCK leaves a regular file's reads as
+        # they are.
+        with os.fdopen(os.open(p, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                _fail(where, "is not a regular file (a pipe, a device or a socket)", "give a plain file")
             data = f.read(limit + 1)
     except OSError as exc:
         _fail(where, f"cannot be read ({exc.strerror or exc})", "check its permissions")
@@ -271,8 +276,11 @@ def safetensors_tensors(path: str | Path, where: str, fix: str = "re-download or
         st = os.stat(p)
         if not stat.S_ISREG(st.st_mode):
             _fail(where, "is not a regular file", fix)
-        size = st.st_size
-        with open(p, "rb") as f:
+        with os.fdopen(os.open(p, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:  # as read_bytes: never blocks
+            st = os.fstat(f.fileno())  # the file opened, which a FIFO may have replaced since the stat above
+            if not stat.S_ISREG(st.st_mode):
+                _fail(where, "is not a regular file", fix)
+            size = st.st_size
             raw = f.read(8)
             if len(raw) < 8:
                 _fail(where, "is shorter than a safetensors header", fix)

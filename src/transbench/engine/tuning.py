@@ -271,8 +271,14 @@ def read_table(path: Path):
         raise ValueError("it is not a regular file (a pipe, a device or a socket)")
     if st.st_size > TABLE_MAX_BYTES:
         raise ValueError(f"it is {st.st_size:,} bytes, above the {TABLE_MAX_BYTES:,} a table may have")
-    with open(path, "rb") as f:
-        text = f.read(TABLE_MAX_BYTES + 1).decode("utf-8")
+    # opened without blocking and checked again: a FIFO put in its place after the stat held open() for ever
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("it is not a regular file (a pipe, a device or a socket)")
+        data = f.read(TABLE_MAX_BYTES + 1)
+    if len(data) > TABLE_MAX_BYTES:  # grew while it was read
+        raise ValueError(f"it is above the {TABLE_MAX_BYTES:,} bytes a table may have")
+    text = data.decode("utf-8")
     try:
         return json.loads(text)
     except RecursionError:  # the parser's own bound on nesting (a table nests one level)
