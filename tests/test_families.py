@@ -1717,6 +1717,25 @@ def test_a_normalisation_epsilon_below_0_is_refused(tmp_path_factory, eps, cls_n
         isinstance(eps, int) and f"field '{key}'" in said), said
 
 
+@settings(max_examples=15, deadline=None)
+@given(key=st.sampled_from(["hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+                            "vocab_size", "max_position_embeddings", "type_vocab_size", "pad_token_id",
+                            "eos_token_id", "rope_scaling"]),
+       value=st.integers(min_value=2**63, max_value=10**200) | st.integers(max_value=-(2**63) - 1, min_value=-10**200))
+def test_an_integer_past_64_bits_in_config_json_is_refused_in_a_short_line(tmp_path_factory, key, value):
+    """torch's refusal of such a size was its C++ stack in the line ("Overflow when unpacking long long Exception
+    raised from THPUtils_unpackLong ... frame #"), and a pad_token_id of 2^70 failed every cell, exit 0; the value
+    is cut to its start where long, and one nested in an object is named by its path."""
+    nested = key == "rope_scaling"
+    d = _folder(tmp_path_factory.mktemp("huge"), {**TINY_BERT, key: {"factor": [1, value]} if nested else value})
+    with pytest.raises(SpecError) as exc:
+        build.resolve(str(d))
+    line = str(exc.value)
+    where = "rope_scaling.factor[1]" if nested else key
+    assert f"config.json sets {where} to " in line and "beyond the 64-bit integers torch holds" in line, line
+    assert "frame #" not in line and len(line) < 400, line
+
+
 @pytest.mark.parametrize("eps", [0.0, 1e-12, 1.0])
 def test_a_normalisation_epsilon_of_0_or_more_resolves(tmp_path, eps):
     assert build.resolve(str(_saved(tmp_path / "ckpt", _tiny(), layer_norm_eps=eps))).family == "bert"

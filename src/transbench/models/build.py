@@ -431,9 +431,31 @@ def _bad_size(value) -> bool:
     return isinstance(value, bool) or not isinstance(value, int) or value < 1
 
 
+def _huge_int(raw: dict) -> tuple[str, int] | None:
+    """The first integer of config.json (nested objects and lists included, as `key.sub` / `key[i]`) beyond what
+    torch's 64-bit integers hold, or None. No size, token id or count of a model is that large; torch's refusal of
+    one was its C++ stack in the line ("Overflow when unpacking long long Exception raised from THPUtils_unpackLong
+    ... frame #"), and a GPT-2 pad_token_id of 2^70 built, then failed every cell ("int too big to convert"), exit 0."""
+    stack: list[tuple[str, object]] = [(k, v) for k, v in reversed(raw.items())]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{k}", v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+        elif isinstance(value, int) and not isinstance(value, bool) and not -boundary.INT_MAX - 1 <= value <= \
+                boundary.INT_MAX:
+            return path, value
+    return None
+
+
 def _check_sizes(folder: Path, cfg, raw: dict) -> None:
     """The sizes the benchmark's shape is made of are positive integers. transformers builds a model of
     0 layers, 0 positions or -2 heads without a word and fails (or runs an empty model) only in the forward."""
+    huge = _huge_int(raw) if isinstance(raw, dict) else None
+    if huge is not None:
+        _refuse(folder, f"config.json sets {huge[0][:200]} to {boundary.one_line(repr(huge[1]), 60)}, beyond the "
+                        f"64-bit integers torch holds (at most {boundary.INT_MAX:,})", "fix config.json")
     for name in _SIZES:
         value = getattr(cfg, name, None)
         if name == "max_position_embeddings" and value == -1 and name not in raw:
