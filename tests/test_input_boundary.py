@@ -656,6 +656,19 @@ def test_any_tuning_table_is_a_problem_line_or_read(tmp_path_factory, text):
     tuning.Tuner(path)  # a table it cannot use is ignored (re-timed), never a traceback
 
 
+def test_a_torch_errors_cpp_stack_is_cut_from_its_line():
+    """torch's C++ errors carry where they were raised and a stack of frames, which every refusal and cell error
+    that quotes an exception (boundary.exception_line) showed after the cause."""
+    import torch
+
+    with pytest.raises(Exception) as exc:
+        torch.empty(2**70)
+    assert "Exception raised from" in str(exc.value)  # what torch says (else the test tests nothing)
+    line = boundary.exception_line(exc.value)
+    assert line.endswith("Overflow when unpacking long long") and "frame #" not in line, line
+    assert boundary.exception_line(ValueError("a\nb")) == "a b"
+
+
 @pytest.mark.parametrize("reader", ["boundary", "safetensors", "tuning table"])
 def test_a_pipe_put_in_a_files_place_after_its_check_does_not_block(tmp_path, monkeypatch, reader):
     """A file changed while it is read: a FIFO in its place after the stat that found a regular file held the

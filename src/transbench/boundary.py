@@ -386,8 +386,11 @@ def one_line(text: str, limit: int | None = None) -> str:
 
 
 def exception_line(exc: BaseException) -> str:
-    """An exception's message on one line: transformers' and torch's span several (and carry ANSI bold)."""
-    text = one_line(re.sub(r"\x1b\[[0-9;]*m", "", str(exc))) or type(exc).__name__
+    """An exception's message on one line: transformers' and torch's span several (and carry ANSI bold). torch's
+    C++ errors append where they were raised and a stack of frames ("Exception raised from THPUtils_unpackLong at
+    ...python_numbers.h:90 (most recent call first): frame #0: c10::Error::Error(...)"): cut, the cause kept."""
+    text = re.split(r"\n?Exception raised from \S+ at ", str(exc), maxsplit=1)[0]
+    text = one_line(re.sub(r"\x1b\[[0-9;]*m", "", text)) or type(exc).__name__
     # Both ends: transformers may open its message with a module's repr and say why only at its end ("BertLayer(
     # (attention): ...) should be used as a decoder model if cross attention is added"), which a cut kept out.
     return text if len(text) <= 300 else f"{text[:150]} ... {text[-145:]}"
