@@ -1062,6 +1062,26 @@ def test_any_answer_not_streamed_is_answered_only_where_it_has_the_apis_shape(do
     assert r.completion_tokens is None or 1 <= r.completion_tokens <= asked
 
 
+def framed(head: bytes, body: bytes, framing: str, pieces: list[bytes] | None = None) -> bytes:
+    """An answer of `head` (status line and headers) and `body`, framed by its length, by chunks (one per piece of
+    `pieces`, else the body as one) or by the connection's close."""
+    if framing == "length":
+        return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    if framing == "chunks":
+        chunks = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (pieces or [body]) if p)
+        return head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+    return head + b"Connection: close\r\n\r\n" + body
+
+
+def _completion(raw, send: bytes) -> Sent:
+    """The one completion request of a load against the raw endpoint answering `send`."""
+    raw.update(send=send, reset=False)
+    plan = LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0)
+    (r,) = run_http_load(raw["url"], "openai-completions", lambda r: payload("openai-completions", "m", "x y", 4),
+                         plan, timeout_s=5).requests
+    return r
+
+
 _TYPES = [None, b"application/octet-stream", b"text/plain", b"application/json", b"text/event-stream", b"text/html",
           b"application/xml", b"application/x-ndjson"]
 
@@ -1084,17 +1104,7 @@ def test_an_answer_is_told_json_or_a_stream_by_its_content_type_or_where_that_sa
         head += b"Content-Type: " + (kind.upper() if upper else kind) + params + b"\r\n"
     if coding is not None:
         head += b"Content-Encoding: " + coding + b"\r\n"
-    if framing == "length":
-        head += b"Content-Length: %d\r\n\r\n" % len(body) + body
-    elif framing == "chunks":
-        head += b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in
-                                                                  (body[:3], body[3:]) if p) + b"0\r\n\r\n"
-    else:
-        head += b"Connection: close\r\n\r\n" + body
-    raw.update(send=head, reset=False)
-    plan = LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0)
-    (r,) = run_http_load(raw["url"], "openai-completions", lambda r: payload("openai-completions", "m", "x y", 4),
-                         plan, timeout_s=5).requests
+    r = _completion(raw, framed(head, body, framing, [body[:3], body[3:]]))
     read_as = (kind or b"").lower()
     if read_as in (b"", b"application/octet-stream", b"text/plain"):
         read_as = b"text/event-stream" if streamed else b"application/json"
@@ -1175,18 +1185,7 @@ def test_a_cell_of_answers_not_streamed_counts_them_and_warns_once(tmp_path, stu
 def test_a_stream_without_its_done_event_is_malformed_where_its_body_came_whole(raw, body, has_text, framing):
     # an empty 200 stream read as `dropped` ("the stream ended before its [DONE] event"), a network fault where the
     # server had answered in full; only a body ended by closing the connection may have been cut
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-    if framing == "length":
-        head += b"Content-Length: %d\r\n\r\n" % len(body) + body
-    elif framing == "chunks":
-        head += b"Transfer-Encoding: chunked\r\n\r\n" + (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") \
-            + b"0\r\n\r\n"
-    else:
-        head += b"Connection: close\r\n\r\n" + body
-    raw.update(send=head, reset=False)
-    plan = LoadPlan([4], arrivals=[0.0], span_s=0.1, warmup_s=0.0)
-    (r,) = run_http_load(raw["url"], "openai-completions", lambda r: payload("openai-completions", "m", "x y", 4),
-                         plan, timeout_s=5).requests
+    r = _completion(raw, framed(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n", body, framing))
     if framing == "close":
         assert r.status == "dropped" and r.error == "the stream ended before its [DONE] event", r.error
     else:

@@ -25,28 +25,35 @@ def test_a_signal_while_the_server_prepares_is_named(monkeypatch, exc, code, lin
     assert res.exit_code == code and res.stderr.strip() == line
 
 
-def test_a_server_preparing_a_while_says_so_once_and_a_refusal_after_it_is_its_own_line(monkeypatch):
-    """A fused server's first start compiles its kernels before it listens: minutes of silence, read as a hang. Past
-    PREPARING_S it says it is still preparing, once; what it refuses after that is the line after it."""
+def failing_model_process(after_s: float, failure: str, first=lambda: None):
+    """A stand-in for the server's model process whose preparing fails after `after_s`, calling `first` before."""
     import threading
-    import types
 
-    from transbench.scenarios.serve import server as srv
-
-    class Slow:  # a model process whose preparing fails after 0.6 s
+    class Failing:
         def __init__(self, *args):
             self.ready, self.failure = threading.Event(), None
 
         def start(self):
             def fail():
-                self.failure = "its output was wrong"
+                first()
+                self.failure = failure
                 self.ready.set()
-            threading.Timer(0.6, fail).start()
+            threading.Timer(after_s, fail).start()
 
         def stop(self, timeout):
             pass
 
-    monkeypatch.setattr(srv, "ModelProcess", Slow)
+    return Failing
+
+
+def test_a_server_preparing_a_while_says_so_once_and_a_refusal_after_it_is_its_own_line(monkeypatch):
+    """A fused server's first start compiles its kernels before it listens: minutes of silence, read as a hang. Past
+    PREPARING_S it says it is still preparing, once; what it refuses after that is the line after it."""
+    import types
+
+    from transbench.scenarios.serve import server as srv
+
+    monkeypatch.setattr(srv, "ModelProcess", failing_model_process(0.6, "its output was wrong"))
     monkeypatch.setattr(srv, "PREPARING_S", 0.2)
     monkeypatch.setattr(srv, "bind", lambda host, port: socket.socket())
     monkeypatch.setattr(server_cli.api, "server", lambda spec, on_ready, on_preparing: srv.run(
@@ -64,7 +71,6 @@ def test_the_port_is_held_from_its_check_through_the_preparing(monkeypatch):
     between (a test beside others did) left a server that said it was ready on that port, then failed to bind it,
     exit 3. The socket bound at the check is the one the server listens on, so nothing can take the port meanwhile."""
     import errno
-    import threading
     import types
 
     from transbench.scenarios.serve import server as srv
@@ -74,26 +80,15 @@ def test_the_port_is_held_from_its_check_through_the_preparing(monkeypatch):
         port = probe.getsockname()[1]
     taken: list = []
 
-    class Preparing:  # a model process that, while it prepares, finds the port its server holds
-        def __init__(self, *args):
-            self.ready, self.failure = threading.Event(), None
+    def try_port():  # while the model process prepares, another process tries the port its server holds
+        with socket.socket() as other:
+            try:
+                other.bind(("127.0.0.1", port))
+                taken.append(None)
+            except OSError as exc:
+                taken.append(exc.errno)
 
-        def start(self):
-            def try_port():
-                with socket.socket() as other:
-                    try:
-                        other.bind(("127.0.0.1", port))
-                        taken.append(None)
-                    except OSError as exc:
-                        taken.append(exc.errno)
-                self.failure = "stopped by the test"
-                self.ready.set()
-            threading.Timer(0.2, try_port).start()
-
-        def stop(self, timeout):
-            pass
-
-    monkeypatch.setattr(srv, "ModelProcess", Preparing)
+    monkeypatch.setattr(srv, "ModelProcess", failing_model_process(0.2, "stopped by the test", try_port))
     with pytest.raises(srv.SpecError, match="stopped by the test"):
         srv.run(types.SimpleNamespace(backend="sdpa", dtype="fp32", host="127.0.0.1", port=port), types.SimpleNamespace(
             name="bert-tiny", path=None, shape=types.SimpleNamespace(vocab=100)), False)
