@@ -4,6 +4,8 @@ one line, nothing stored (`run`, `run --task generate`, `train`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from test_cli_input import invoke, refused
 
@@ -46,6 +48,8 @@ def test_the_reason_names_the_positions_a_cell_needs():
     assert build.too_long(ref, 100, 64) == ("seq 100 + 64 new tokens needs 163 positions, more than gpt2-tiny allows "
                                             "(128 positions)")
     assert build.too_long(ref, 129, 1) == "seq 129 is longer than gpt2-tiny allows (128 positions)"
+    one = dataclasses.replace(ref, shape=dataclasses.replace(ref.shape, max_positions=1))  # a config of 1 position
+    assert build.too_long(one, 2) == "seq 2 is longer than gpt2-tiny allows (1 position)"
 
 
 @pytest.mark.parametrize("tasks, seqs", [(["base"], [8, 100]), (["generate"], [8, 60]), (["base", "generate"], [60])])

@@ -1064,7 +1064,7 @@ def too_long(ref: ModelRef, seq: int, new_tokens: int = 0) -> str | None:
         return None
     what = (f"seq {seq} + {new_tokens} new tokens needs {seq + extra} positions, more" if extra
             else f"seq {seq} is longer")
-    return f"{what} than {ref.name} allows ({top} positions)"
+    return f"{what} than {ref.name} allows ({top} position{'' if top == 1 else 's'})"
 
 
 def check_task(ref: ModelRef, task: str) -> None:
