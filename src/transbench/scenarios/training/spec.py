@@ -101,8 +101,8 @@ class TrainSpec:
     node_rank: int = setting(0, "this host's rank (torchrun --node-rank); only node 0 stores")
     rdzv_endpoint: str | None = setting(None, "HOST:PORT of node 0 (torchrun --rdzv-endpoint)")
     rdzv_wait: float | None = setting(None, "seconds a node other than node 0 waits for node 0's rendezvous before "
-                                      "giving up (at most 86,400; node 0 waits each cell's start-up limit for the "
-                                      "others)",
+                                      f"giving up (at most {MAX_SECONDS:,}; node 0 waits each cell's start-up limit "
+                                      "for the others)",
                                       shown=f"{RDZV_WAIT_S:g}")
     timeout: float = timeout_setting("a cell (all its ranks)")
     threads: int | None = threads_setting()
